@@ -1,0 +1,20 @@
+//! # keel
+//!
+//! An agent harness whose every tool is a WebAssembly component. This crate is the host: the
+//! owner spine, the tool runtime and the `keel` command.
+//!
+//! Owners (one module each, one owner per fact):
+//! - [`sandbox`] — ProcessSandbox: runs one component call under a budget, with only the
+//!   granted directories. Decides nothing about what is allowed.
+//! - [`tools`] — ToolService: the tool catalog (install, validate, pin by digest) and the
+//!   governance chain of one call (resolve → schema → lease → sandbox → normalise).
+//! - [`store`] — the SQLite store: connection setup and numbered migrations.
+//! - [`home`] — where keel keeps its state (`--home`, `KEEL_HOME`).
+#![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
+
+pub mod builtin;
+pub mod home;
+pub mod sandbox;
+pub mod store;
+pub mod tools;
+pub mod units;

@@ -1,1 +1,54 @@
-fn main(){}
+//! The `keel` command: parses arguments and calls the library. Each command is one file in
+//! `commands/` with an `execute()`.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+mod commands;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// keel: an agent harness whose every tool is a sandboxed WebAssembly component.
+#[derive(Parser)]
+#[command(name = "keel", version, about, long_about = None)]
+struct Cli {
+    /// keel home directory (database, components, compiled cache).
+    /// Default: $KEEL_HOME, else $XDG_DATA_HOME/keel, else ~/.local/share/keel.
+    #[arg(long, global = true, value_name = "DIR")]
+    home: Option<PathBuf>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install, inspect, remove and call tool components.
+    #[command(subcommand)]
+    Tool(commands::tool::ToolCommand),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let home = cli.home.unwrap_or_else(keel::home::Home::default_root);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(commands::EXIT_SETUP);
+        }
+    };
+    runtime.block_on(async {
+        match cli.command {
+            Command::Tool(cmd) => commands::tool::execute(home, cmd).await,
+        }
+    })
+}

@@ -1,0 +1,279 @@
+//! `keel tool …`: install, list, inspect, remove and call tool components.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use keel::sandbox::{Budget, CancelToken, Grant};
+use keel::tools::{CallRequest, ToolService};
+use serde_json::json;
+
+use super::{EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert, open_tools, report_error};
+
+#[derive(Subcommand)]
+pub enum ToolCommand {
+    /// Validate and install a tool component (.wasm), pinned by its sha256.
+    Install(InstallArgs),
+    /// List installed tools.
+    List(JsonArg),
+    /// Show a tool or component: description, effect, schemas, digest.
+    Inspect(NameArgs),
+    /// Remove an installed component (by its name or one of its tools).
+    Remove(NameArgs),
+    /// Run one governed call of a tool, in the sandbox, with only the granted directories.
+    Call(CallArgs),
+}
+
+#[derive(Args)]
+pub struct JsonArg {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct InstallArgs {
+    /// The component file.
+    file: PathBuf,
+    /// Component name (default: the file name without `.wasm`).
+    #[arg(long)]
+    name: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct NameArgs {
+    /// Tool or component name.
+    name: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct CallArgs {
+    /// Tool name (see `keel tool list`).
+    name: String,
+    /// Input: a JSON object matching the tool's input schema.
+    #[arg(long, default_value = "{}")]
+    input: String,
+    /// Grant a host directory: HOST_DIR[=GUEST_PATH][:ro|:rw]. Repeatable. The guest path
+    /// defaults to /NAME (the directory's name); access defaults to read-only.
+    #[arg(long = "grant", value_name = "HOST_DIR[=GUEST][:ro|:rw]")]
+    grants: Vec<Grant>,
+    /// Fuel budget (≈ WebAssembly instructions). Default 20000000000.
+    #[arg(long)]
+    fuel: Option<u64>,
+    /// Wall-clock deadline, e.g. 500ms, 30s, 2m. Default 30s.
+    #[arg(long, value_parser = keel::units::parse_duration)]
+    timeout: Option<Duration>,
+    /// Memory budget, e.g. 64MiB, 1G. Default 256MiB.
+    #[arg(long, value_parser = keel::units::parse_size)]
+    memory: Option<u64>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn execute(home: PathBuf, cmd: ToolCommand) -> ExitCode {
+    let json = match &cmd {
+        ToolCommand::Install(a) => a.json,
+        ToolCommand::List(a) => a.json,
+        ToolCommand::Inspect(a) | ToolCommand::Remove(a) => a.json,
+        ToolCommand::Call(a) => a.json,
+    };
+    let service = match open_tools(home).await {
+        Ok(s) => s,
+        Err(e) => {
+            if json {
+                println!("{}", json!({"ok": false, "error": {"kind": "setup", "message": e}}));
+            } else {
+                eprintln!("error: {e}");
+            }
+            return ExitCode::from(EXIT_SETUP);
+        }
+    };
+    match cmd {
+        ToolCommand::Install(a) => install(&service, a).await,
+        ToolCommand::List(a) => list(&service, a.json),
+        ToolCommand::Inspect(a) => inspect(&service, a),
+        ToolCommand::Remove(a) => remove(&service, a),
+        ToolCommand::Call(a) => call(&service, a).await,
+    }
+}
+
+async fn install(service: &ToolService, a: InstallArgs) -> ExitCode {
+    let bytes = match std::fs::read(&a.file) {
+        Ok(b) => b,
+        Err(e) => {
+            let msg = format!("cannot read {}: {e}", a.file.display());
+            if a.json {
+                println!("{}", json!({"ok": false, "error": {"kind": "io", "message": msg}}));
+            } else {
+                eprintln!("error: {msg}");
+            }
+            return ExitCode::from(EXIT_REFUSED);
+        }
+    };
+    let name = a.name.clone().unwrap_or_else(|| {
+        a.file.file_stem().map(|s| s.to_string_lossy().replace('_', "-").to_lowercase()).unwrap_or_default()
+    });
+    eprintln!("keel: validating and compiling {} ({} bytes)…", a.file.display(), bytes.len());
+    match service.install(&bytes, &name, &a.file.display().to_string(), false).await {
+        Ok(r) => {
+            if a.json {
+                println!("{}", json!({"ok": true, "install": r}));
+            } else {
+                println!(
+                    "installed component `{}` sha256:{} ({} bytes, compiled in {:.0} ms){}",
+                    r.component.name,
+                    r.component.digest,
+                    r.component.size,
+                    r.compile_ms,
+                    r.replaced.as_ref().map(|d| format!(", replacing sha256:{d}")).unwrap_or_default()
+                );
+                for t in &r.tools {
+                    println!("  {:<20} {:<16} {}", t.name, t.effect, inert(&t.description));
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => report_error(a.json, &e),
+    }
+}
+
+fn list(service: &ToolService, json_out: bool) -> ExitCode {
+    let tools = match service.tools() {
+        Ok(t) => t,
+        Err(e) => return report_error(json_out, &e),
+    };
+    if json_out {
+        let rows: Vec<_> = tools
+            .iter()
+            .map(|t| {
+                json!({"name": t.name, "component": t.component, "effect": t.effect,
+                       "idempotent": t.idempotent, "description": t.description})
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+    } else {
+        println!("{:<20} {:<10} {:<16} DESCRIPTION", "TOOL", "COMPONENT", "EFFECT");
+        for t in &tools {
+            println!("{:<20} {:<10} {:<16} {}", t.name, t.component, t.effect, inert(&t.description));
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn inspect(service: &ToolService, a: NameArgs) -> ExitCode {
+    let (component, tools) = match service.component_for(&a.name) {
+        Ok(x) => x,
+        Err(e) => return report_error(a.json, &e),
+    };
+    let shown: Vec<_> = tools.iter().filter(|t| t.name == a.name || component.name == a.name).collect();
+    if a.json {
+        println!("{}", json!({"component": component, "tools": shown}));
+        return ExitCode::SUCCESS;
+    }
+    println!("component  {}{}", component.name, if component.builtin { " (first-party)" } else { "" });
+    println!("sha256     {}", component.digest);
+    println!("size       {} bytes", component.size);
+    println!("source     {}", inert(&component.source));
+    for t in shown {
+        println!();
+        println!("tool        {}", t.name);
+        println!("effect      {}{}", t.effect, if t.idempotent { ", idempotent" } else { "" });
+        println!("description {}", inert(&t.description));
+        println!("input       {}", inert(&serde_json::to_string_pretty(&t.input_schema).unwrap_or_default()));
+    }
+    ExitCode::SUCCESS
+}
+
+fn remove(service: &ToolService, a: NameArgs) -> ExitCode {
+    match service.remove(&a.name) {
+        Ok((component, tools)) => {
+            if a.json {
+                println!("{}", json!({"ok": true, "removed": component.name, "tools": tools}));
+            } else {
+                println!("removed component `{}` (tools: {})", component.name, tools.join(", "));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => report_error(a.json, &e),
+    }
+}
+
+async fn call(service: &ToolService, a: CallArgs) -> ExitCode {
+    let defaults = Budget::default();
+    let budget = Budget {
+        fuel: a.fuel.unwrap_or(defaults.fuel),
+        timeout: a.timeout.unwrap_or(defaults.timeout),
+        memory: a.memory.unwrap_or(defaults.memory),
+        ..defaults
+    };
+    let cancel = CancelToken::new();
+    let on_interrupt = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            on_interrupt.cancel();
+        }
+    });
+    let req = CallRequest { tool: &a.name, input: &a.input, grants: &a.grants, budget, cancel: Some(cancel) };
+    let outcome = match service.call(req).await {
+        Ok(o) => o,
+        Err(e) => return report_error(a.json, &e),
+    };
+    let r = &outcome.report;
+    if a.json {
+        let (ok, output, error) = match &r.result {
+            Ok(v) => (true, v.clone(), serde_json::Value::Null),
+            Err(e) => (false, serde_json::Value::Null, json!({"kind": e.kind(), "message": e.to_string()})),
+        };
+        println!(
+            "{}",
+            json!({
+                "ok": ok, "tool": outcome.tool.name, "effect": outcome.tool.effect,
+                "output": output, "error": error, "changes": outcome.changes,
+                "stdout": r.stdout, "stderr": r.stderr, "logs": r.logs,
+                "fuel_used": r.fuel_used, "memory_peak": r.memory_peak,
+                "duration_ms": r.duration.as_secs_f64() * 1e3,
+            })
+        );
+    } else {
+        for (name, c) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {
+            if !c.text.is_empty() || c.dropped_bytes > 0 {
+                eprintln!("--- tool {name} ---\n{}", inert(&c.display()));
+            }
+        }
+        for l in &r.logs {
+            eprintln!("[{}] {}", l.level, inert(&l.message));
+        }
+        match &r.result {
+            Ok(v) => println!("{}", inert(&serde_json::to_string_pretty(v).unwrap_or_default())),
+            Err(e) => eprintln!("error ({}): {}", e.kind(), inert(&e.to_string())),
+        }
+        if let Some(ch) = &outcome.changes {
+            for (what, list) in [("created", &ch.created), ("modified", &ch.modified), ("deleted", &ch.deleted)] {
+                for c in list {
+                    let hash = c.sha256.as_deref().map(|h| format!(" sha256:{}", &h[..16])).unwrap_or_default();
+                    eprintln!("{what:<8} {} ({} bytes){hash}", inert(&c.path), c.size);
+                }
+            }
+            if !ch.complete {
+                eprintln!("(change set incomplete: a workspace walk hit its bound)");
+            }
+        }
+        eprintln!(
+            "keel: {} {} in {:.1} ms, fuel {}, memory {} KiB",
+            outcome.tool.name,
+            if r.result.is_ok() { "ok" } else { "failed" },
+            r.duration.as_secs_f64() * 1e3,
+            r.fuel_used,
+            r.memory_peak / 1024
+        );
+    }
+    if r.result.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_TOOL_ERROR) }
+}

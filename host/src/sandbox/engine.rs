@@ -1,0 +1,82 @@
+//! The wasmtime engine keel runs every tool on, and its epoch ticker.
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use super::SandboxLimits;
+
+/// How often the epoch advances; deadlines and cancellation are checked at this granularity.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Builds the engine: Cranelift, component model, fuel, epoch interruption, async calls (so a
+/// call blocked in a host import can still be stopped), and the pooling allocator.
+pub fn build_engine(limits: &SandboxLimits) -> wasmtime::Result<Engine> {
+    let mut pool = PoolingAllocationConfig::default();
+    let n = limits.max_concurrent_calls;
+    pool.total_component_instances(n)
+        .total_core_instances(n.saturating_mul(16))
+        .total_memories(n.saturating_mul(4))
+        .total_tables(n.saturating_mul(16))
+        .total_stacks(n)
+        .max_memory_size(usize::try_from(limits.max_memory).unwrap_or(usize::MAX));
+    let mut cfg = Config::new();
+    cfg.wasm_component_model(true)
+        .consume_fuel(true)
+        .epoch_interruption(true)
+        .max_wasm_stack(limits.max_wasm_stack)
+        .async_stack_size(limits.max_wasm_stack + 1024 * 1024)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    Engine::new(&cfg)
+}
+
+/// A stable hex digest of everything that makes a precompiled artifact loadable by this engine.
+pub fn compatibility_hash(engine: &Engine) -> String {
+    struct ShaHasher(Sha256);
+    impl Hasher for ShaHasher {
+        fn finish(&self) -> u64 {
+            0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            self.0.update(bytes);
+        }
+    }
+    let mut h = ShaHasher(Sha256::new());
+    engine.precompile_compatibility_hash().hash(&mut h);
+    hex::encode(&h.0.finalize()[..16])
+}
+
+/// A thread that advances the engine's epoch every [`EPOCH_TICK`]; stopped on drop.
+pub struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    pub fn start(engine: &Engine) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let engine = engine.clone();
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new().name("keel-epoch".into()).spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                std::thread::sleep(EPOCH_TICK);
+                engine.increment_epoch();
+            }
+        })?;
+        Ok(Self { stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

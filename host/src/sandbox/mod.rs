@@ -1,0 +1,277 @@
+//! ProcessSandbox: runs one component call under a budget.
+//!
+//! Owns the engine, the compiled-artifact cache, the linker and the per-call machinery: a
+//! fresh `Store` per call from an `InstancePre`, fuel, an epoch deadline, memory/table/instance
+//! limits, capped stdio and an output cap, and a WASI context built only from the call's
+//! grants. It does **not** decide what is allowed: which tool runs, with which grants and
+//! budget, is decided by the caller (the ToolService).
+
+mod cache;
+mod engine;
+mod error;
+pub mod grant;
+mod host_api;
+mod limits;
+mod pipe;
+mod run;
+mod wasi;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use wasmtime::Engine;
+use wasmtime::component::{Component, ComponentExportIndex, InstancePre, Linker};
+
+pub use cache::{LoadSource, check_header, sha256_hex};
+pub use engine::EPOCH_TICK;
+pub use error::{CallError, LoadError, ToolErrorKind};
+pub use grant::{Access, Grant, GrantError};
+pub use host_api::{LogRecord, Progress};
+pub use pipe::Captured;
+pub use run::{CallReport, RawSpec};
+pub use wasi::GRANTED_INTERFACES;
+
+use cache::ArtifactCache;
+use wasi::CallState;
+
+/// The WIT interface every tool component exports.
+pub const TOOLS_INTERFACE: &str = "keel:tool/tools@0.1.0";
+
+/// Elements a table may hold.
+pub const MAX_TABLE_ELEMENTS: u64 = 1_000_000;
+/// Core instances one call may create.
+pub const MAX_INSTANCES_PER_CALL: usize = 256;
+/// Tables one call may create.
+pub const MAX_TABLES_PER_CALL: usize = 256;
+/// Linear memories one call may create.
+pub const MAX_MEMORIES_PER_CALL: usize = 16;
+
+/// Limits of the sandbox as a whole (not per call).
+#[derive(Debug, Clone)]
+pub struct SandboxLimits {
+    /// Largest `.wasm` accepted, in bytes.
+    pub max_component_bytes: u64,
+    /// Longest a component may take to compile.
+    pub compile_timeout: Duration,
+    /// Ceiling of any call's memory budget, in bytes (the pooling allocator's slot size).
+    pub max_memory: u64,
+    /// Wasm stack per call, in bytes.
+    pub max_wasm_stack: usize,
+    /// Calls that may run at once (sizes the pooling allocator).
+    pub max_concurrent_calls: u32,
+}
+
+impl Default for SandboxLimits {
+    fn default() -> Self {
+        Self {
+            max_component_bytes: 64 * 1024 * 1024,
+            compile_timeout: Duration::from_secs(60),
+            max_memory: 4 * 1024 * 1024 * 1024,
+            max_wasm_stack: 1024 * 1024,
+            max_concurrent_calls: 128,
+        }
+    }
+}
+
+/// The budget of one call. Every field is a hard limit.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Budget {
+    /// Fuel units (roughly one per WebAssembly instruction).
+    pub fuel: u64,
+    /// Wall-clock deadline.
+    #[serde(with = "duration_ms")]
+    pub timeout: Duration,
+    /// Linear memory across all of the component's memories, in bytes.
+    pub memory: u64,
+    /// Largest output accepted, in bytes.
+    pub max_output: u64,
+    /// Bytes of stdout and of stderr kept (the rest is counted and dropped).
+    pub max_stdio: usize,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Self {
+            fuel: 20_000_000_000,
+            timeout: Duration::from_secs(30),
+            memory: 256 * 1024 * 1024,
+            max_output: 4 * 1024 * 1024,
+            max_stdio: 1024 * 1024,
+        }
+    }
+}
+
+mod duration_ms {
+    use std::time::Duration;
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let ms: u64 = serde::Deserialize::deserialize(d)?;
+        Ok(Duration::from_millis(ms))
+    }
+}
+
+/// Cancels a running call (a user interrupt). Clones share the flag.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<CancelInner>);
+
+#[derive(Debug, Default)]
+struct CancelInner {
+    flag: AtomicBool,
+    notify: Notify,
+}
+
+impl CancelToken {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Requests cancellation; a running call stops at its next epoch tick or host call.
+    pub fn cancel(&self) {
+        self.0.flag.store(true, Ordering::SeqCst);
+        self.0.notify.notify_waiters();
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.flag.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once [`cancel`](Self::cancel) has been called.
+    pub async fn cancelled(&self) {
+        loop {
+            let notified = self.0.notify.notified();
+            if self.is_cancelled() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A component ready to run: linked once, instantiated fresh for every call.
+pub struct Prepared {
+    pre: InstancePre<CallState>,
+    describe: ComponentExportIndex,
+    invoke: ComponentExportIndex,
+}
+
+/// The sandbox: one engine, one linker, one epoch ticker, one artifact cache.
+pub struct Sandbox {
+    engine: Engine,
+    linker: Linker<CallState>,
+    limits: SandboxLimits,
+    engine_hash: String,
+    cache: ArtifactCache,
+    _ticker: engine::EpochTicker,
+}
+
+impl Sandbox {
+    /// A sandbox whose compiled artifacts are cached under `cache_root`.
+    pub fn new(cache_root: &Path, limits: SandboxLimits) -> Result<Self, LoadError> {
+        let engine = engine::build_engine(&limits).map_err(|source| LoadError::Engine { source })?;
+        let mut linker = Linker::new(&engine);
+        wasi::add_to_linker(&mut linker).map_err(|source| LoadError::Engine { source })?;
+        let ticker = engine::EpochTicker::start(&engine).map_err(|source| LoadError::Cache {
+            context: "starting the epoch ticker thread".into(),
+            source,
+        })?;
+        let engine_hash = engine::compatibility_hash(&engine);
+        let cache = ArtifactCache::new(cache_root, &engine_hash);
+        Ok(Self { engine, linker, limits, engine_hash, cache, _ticker: ticker })
+    }
+
+    /// Digest of the engine settings that artifacts are compiled for.
+    pub fn engine_hash(&self) -> &str {
+        &self.engine_hash
+    }
+
+    pub fn limits(&self) -> &SandboxLimits {
+        &self.limits
+    }
+
+    /// Compiles `bytes` (bounded in size and time) without caching.
+    pub fn compile(&self, bytes: &[u8]) -> Result<Component, LoadError> {
+        cache::compile(
+            &self.engine,
+            Arc::from(bytes),
+            self.limits.max_component_bytes,
+            self.limits.compile_timeout,
+        )
+    }
+
+    /// Writes the compiled artifact of `component` (whose `.wasm` hashes to `digest`).
+    pub fn cache_artifact(&self, component: &Component, digest: &str) -> Result<(), LoadError> {
+        self.cache.store(component, digest)
+    }
+
+    /// Loads the component with `digest` from the artifact cache, or compiles it from `wasm`
+    /// (refusing a file that does not hash to `digest`).
+    pub fn load(&self, digest: &str, wasm: &Path) -> Result<(Component, LoadSource), LoadError> {
+        self.cache.load_or_compile(
+            &self.engine,
+            digest,
+            wasm,
+            self.limits.max_component_bytes,
+            self.limits.compile_timeout,
+        )
+    }
+
+    /// Checks that `component` targets the keel tool world and imports only granted
+    /// interfaces, and links it.
+    pub fn prepare(&self, component: &Component) -> Result<Prepared, LoadError> {
+        let ty = component.component_type();
+        let mut ungranted = Vec::new();
+        for (name, _) in ty.imports(&self.engine) {
+            let unversioned = name.split('@').next().unwrap_or(name);
+            if !GRANTED_INTERFACES.contains(&unversioned) {
+                ungranted.push((name.to_string(), wasi::why_not_granted(unversioned)));
+            }
+        }
+        if !ungranted.is_empty() {
+            return Err(LoadError::UngrantedImports { imports: ungranted });
+        }
+        let exports: Vec<String> = ty.exports(&self.engine).map(|(n, _)| n.to_string()).collect();
+        let wrong = |what: &str| LoadError::WrongWorld {
+            reason: format!(
+                "{what}; it exports [{}]",
+                if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") }
+            ),
+        };
+        let iface = component
+            .get_export_index(None, TOOLS_INTERFACE)
+            .ok_or_else(|| wrong(&format!("it does not export `{TOOLS_INTERFACE}`")))?;
+        let describe = component
+            .get_export_index(Some(&iface), "describe")
+            .ok_or_else(|| wrong("its tools interface has no `describe` function"))?;
+        let invoke = component
+            .get_export_index(Some(&iface), "invoke")
+            .ok_or_else(|| wrong("its tools interface has no `invoke` function"))?;
+        let pre = self.linker.instantiate_pre(component).map_err(|source| LoadError::Link { source })?;
+        Ok(Prepared { pre, describe, invoke })
+    }
+
+    /// Calls `describe` on a fresh instance, with `budget` and no filesystem.
+    pub async fn describe(&self, prepared: &Prepared, budget: &Budget) -> CallReport<Vec<RawSpec>> {
+        run::describe(&self.engine, prepared, budget).await
+    }
+
+    /// Runs tool `tool` with JSON `input` on a fresh instance, under `budget`, seeing only
+    /// `grants`. Never panics on guest behaviour: every failure is a typed [`CallError`].
+    pub async fn invoke(
+        &self,
+        prepared: &Prepared,
+        tool: &str,
+        input: &str,
+        grants: &[Grant],
+        budget: &Budget,
+        cancel: Option<&CancelToken>,
+    ) -> CallReport<String> {
+        run::invoke(&self.engine, prepared, tool, input, grants, budget, cancel).await
+    }
+}

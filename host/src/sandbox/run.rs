@@ -1,0 +1,281 @@
+//! One call: a fresh store, the budget, the guest call, and the classification of failures.
+
+use std::time::{Duration, Instant};
+
+use wasmtime::component::{Instance, WasmStr};
+use wasmtime::{Engine, Store, Trap};
+
+use super::error::{CallError, ToolErrorKind};
+use super::grant::Grant;
+use super::host_api::{LogRecord, Progress, ToolSpec, WitEffect, WitToolError};
+use super::limits::{CallLimits, LimitExceeded};
+use super::pipe::{CappedPipe, Captured};
+use super::wasi::{self, CallState};
+use super::{Budget, CancelToken, Prepared};
+
+/// Bytes of stderr quoted in a crash report.
+const CRASH_STDERR_TAIL: usize = 2048;
+
+/// A tool description exactly as a component returned it (validated by the caller).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawSpec {
+    pub name: String,
+    pub description: String,
+    pub input_schema: String,
+    pub output_schema: Option<String>,
+    /// `read-only`, `workspace-write`, `external` or `destructive`.
+    pub effect: &'static str,
+    pub idempotent: bool,
+}
+
+/// Everything one call produced, whether it succeeded or not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallReport<T> {
+    pub result: Result<T, CallError>,
+    pub stdout: Captured,
+    pub stderr: Captured,
+    pub logs: Vec<LogRecord>,
+    pub dropped_logs: u64,
+    pub progress: Option<Progress>,
+    pub fuel_used: u64,
+    /// Peak linear memory, in bytes.
+    pub memory_peak: u64,
+    pub duration: Duration,
+}
+
+enum Action<'a> {
+    Describe,
+    Invoke { tool: &'a str, input: &'a str, max_output: u64 },
+}
+
+enum Output {
+    Specs(Vec<RawSpec>),
+    Text(String),
+}
+
+pub async fn describe(engine: &Engine, prepared: &Prepared, budget: &Budget) -> CallReport<Vec<RawSpec>> {
+    let report = execute(engine, prepared, Action::Describe, &[], budget, None).await;
+    map_report(report, |o| match o {
+        Output::Specs(s) => Ok(s),
+        Output::Text(_) => Err(CallError::InvalidOutput { reason: "describe returned text".into() }),
+    })
+}
+
+pub async fn invoke(
+    engine: &Engine,
+    prepared: &Prepared,
+    tool: &str,
+    input: &str,
+    grants: &[Grant],
+    budget: &Budget,
+    cancel: Option<&CancelToken>,
+) -> CallReport<String> {
+    let action = Action::Invoke { tool, input, max_output: budget.max_output };
+    let report = execute(engine, prepared, action, grants, budget, cancel).await;
+    map_report(report, |o| match o {
+        Output::Text(t) => Ok(t),
+        Output::Specs(_) => Err(CallError::InvalidOutput { reason: "invoke returned specs".into() }),
+    })
+}
+
+fn map_report<A, B>(r: CallReport<A>, f: impl FnOnce(A) -> Result<B, CallError>) -> CallReport<B> {
+    CallReport {
+        result: r.result.and_then(f),
+        stdout: r.stdout,
+        stderr: r.stderr,
+        logs: r.logs,
+        dropped_logs: r.dropped_logs,
+        progress: r.progress,
+        fuel_used: r.fuel_used,
+        memory_peak: r.memory_peak,
+        duration: r.duration,
+    }
+}
+
+async fn execute(
+    engine: &Engine,
+    prepared: &Prepared,
+    action: Action<'_>,
+    grants: &[Grant],
+    budget: &Budget,
+    cancel: Option<&CancelToken>,
+) -> CallReport<Output> {
+    let started = Instant::now();
+    let stdout = CappedPipe::new(budget.max_stdio);
+    let stderr = CappedPipe::new(budget.max_stdio);
+    let report = |result, store: Option<&Store<CallState>>| {
+        let (logs, dropped_logs, progress, fuel_used, memory_peak) = match store {
+            Some(s) => (
+                s.data().host.logs.clone(),
+                s.data().host.dropped_logs,
+                s.data().host.progress.clone(),
+                budget.fuel.saturating_sub(s.get_fuel().unwrap_or(0)),
+                s.data().limits.memory_used(),
+            ),
+            None => (Vec::new(), 0, None, 0, 0),
+        };
+        CallReport {
+            result,
+            stdout: stdout.captured(),
+            stderr: stderr.captured(),
+            logs,
+            dropped_logs,
+            progress,
+            fuel_used,
+            memory_peak,
+            duration: started.elapsed(),
+        }
+    };
+    let ctx = match wasi::build_ctx(grants, &stdout, &stderr) {
+        Ok(c) => c,
+        Err(e) => return report(Err(CallError::Setup { detail: format!("{e:#}") }), None),
+    };
+    let mut store = Store::new(engine, CallState::new(ctx, CallLimits::new(budget.memory)));
+    store.limiter(|s| &mut s.limits);
+    if let Err(e) = store.set_fuel(budget.fuel) {
+        return report(Err(CallError::Setup { detail: format!("{e:#}") }), Some(&store));
+    }
+    // Yield to the executor at every epoch tick, so the deadline and cancellation below are
+    // observed even while the guest spins.
+    store.epoch_deadline_async_yield_and_update(1);
+    let outcome = {
+        let run = run_action(&mut store, prepared, &action);
+        let cancelled = async {
+            match cancel {
+                Some(c) => c.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = run => r,
+            () = tokio::time::sleep(budget.timeout) => Err(Stop::Timeout),
+            () = cancelled => Err(Stop::Cancelled),
+        }
+    };
+    let result = outcome.map_err(|stop| match stop {
+        Stop::Timeout => CallError::Timeout { limit: budget.timeout },
+        Stop::Cancelled => CallError::Cancelled,
+        Stop::Error(e) => e,
+        Stop::Trap(e) => classify(e, budget, &stderr.captured()),
+    });
+    report(result, Some(&store))
+}
+
+enum Stop {
+    Timeout,
+    Cancelled,
+    Error(CallError),
+    Trap(wasmtime::Error),
+}
+
+async fn run_action(
+    store: &mut Store<CallState>,
+    prepared: &Prepared,
+    action: &Action<'_>,
+) -> Result<Output, Stop> {
+    let instance: Instance = prepared.pre.instantiate_async(&mut *store).await.map_err(Stop::Trap)?;
+    match action {
+        Action::Describe => {
+            let f = instance
+                .get_typed_func::<(), (Vec<ToolSpec>,)>(&mut *store, &prepared.describe)
+                .map_err(Stop::Trap)?;
+            let (specs,) = f.call_async(&mut *store, ()).await.map_err(Stop::Trap)?;
+            Ok(Output::Specs(specs.into_iter().map(raw_spec).collect()))
+        }
+        Action::Invoke { tool, input, max_output } => {
+            let f = instance
+                .get_typed_func::<(&str, &str), (Result<WasmStr, WitToolError>,)>(
+                    &mut *store,
+                    &prepared.invoke,
+                )
+                .map_err(Stop::Trap)?;
+            let (result,) = f.call_async(&mut *store, (tool, input)).await.map_err(Stop::Trap)?;
+            match result {
+                Ok(text) => {
+                    // Borrow the string in guest memory and check its size before the host
+                    // copies a single byte of it.
+                    let text = text.to_str(&*store).map_err(|e| {
+                        Stop::Error(CallError::InvalidOutput { reason: format!("{e:#}") })
+                    })?;
+                    if text.len() as u64 > *max_output {
+                        return Err(Stop::Error(CallError::OutputTooLarge {
+                            bytes: text.len() as u64,
+                            limit: *max_output,
+                        }));
+                    }
+                    if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&text) {
+                        return Err(Stop::Error(CallError::InvalidOutput { reason: e.to_string() }));
+                    }
+                    Ok(Output::Text(text.into_owned()))
+                }
+                Err(e) => {
+                    let (kind, message) = match e {
+                        WitToolError::InvalidInput(m) => (ToolErrorKind::InvalidInput, m),
+                        WitToolError::UnknownTool(m) => (ToolErrorKind::UnknownTool, m),
+                        WitToolError::NotFound(m) => (ToolErrorKind::NotFound, m),
+                        WitToolError::Denied(m) => (ToolErrorKind::Denied, m),
+                        WitToolError::Failed(m) => (ToolErrorKind::Failed, m),
+                    };
+                    Err(Stop::Error(CallError::Tool { kind, message }))
+                }
+            }
+        }
+    }
+}
+
+fn raw_spec(s: ToolSpec) -> RawSpec {
+    RawSpec {
+        name: s.name,
+        description: s.description,
+        input_schema: s.input_schema,
+        output_schema: s.output_schema,
+        effect: match s.effect {
+            WitEffect::ReadOnly => "read-only",
+            WitEffect::WorkspaceWrite => "workspace-write",
+            WitEffect::External => "external",
+            WitEffect::Destructive => "destructive",
+        },
+        idempotent: s.idempotent,
+    }
+}
+
+/// Turns a wasmtime error from instantiation or the call into a typed [`CallError`].
+fn classify(err: wasmtime::Error, budget: &Budget, stderr: &Captured) -> CallError {
+    if let Some(limit) = err.downcast_ref::<LimitExceeded>() {
+        return CallError::MemoryLimit { detail: limit.to_string() };
+    }
+    if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        return CallError::Crashed { detail: format!("the tool called exit({})", exit.0) };
+    }
+    match err.downcast_ref::<Trap>() {
+        Some(Trap::OutOfFuel) => CallError::FuelExhausted { limit: budget.fuel },
+        Some(Trap::StackOverflow) => CallError::StackOverflow,
+        Some(Trap::Interrupt) => CallError::Timeout { limit: budget.timeout },
+        Some(trap) => {
+            let tail = stderr_tail(stderr);
+            let detail = if tail.is_empty() {
+                format!("{trap}")
+            } else {
+                format!("{trap}; its stderr ends with: {tail}")
+            };
+            CallError::Crashed { detail }
+        }
+        None => {
+            let text = format!("{err:#}");
+            if text.contains("forcing trap when growing memory") {
+                CallError::MemoryLimit { detail: text }
+            } else {
+                CallError::Crashed { detail: text }
+            }
+        }
+    }
+}
+
+fn stderr_tail(stderr: &Captured) -> String {
+    let text = stderr.text.trim_end();
+    let mut start = text.len().saturating_sub(CRASH_STDERR_TAIL);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text[start..].to_string()
+}

@@ -1,0 +1,178 @@
+//! The tool catalog: installed components and the tools they describe (SQLite tables
+//! `components` and `tools`). Only the ToolService writes them; each change is one transaction.
+
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+
+use crate::store::StoreError;
+
+/// One installed component.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ComponentRecord {
+    pub name: String,
+    /// sha256 of the `.wasm` file; the component is pinned to it.
+    pub digest: String,
+    pub size: u64,
+    /// Where it was installed from (`builtin` for first-party tools).
+    pub source: String,
+    pub builtin: bool,
+    pub installed_at: String,
+}
+
+/// One tool, as its component described it at install time.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ToolRecord {
+    pub name: String,
+    pub component: String,
+    pub description: String,
+    pub input_schema: serde_json::Value,
+    pub output_schema: Option<serde_json::Value>,
+    pub effect: String,
+    pub idempotent: bool,
+    /// sha256 of the tool's description, schemas, effect and idempotence.
+    pub spec_digest: String,
+}
+
+fn tool_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ToolRecord> {
+    let input: String = r.get(3)?;
+    let output: Option<String> = r.get(4)?;
+    Ok(ToolRecord {
+        name: r.get(0)?,
+        component: r.get(1)?,
+        description: r.get(2)?,
+        input_schema: serde_json::from_str(&input).unwrap_or(serde_json::Value::Null),
+        output_schema: output.and_then(|o| serde_json::from_str(&o).ok()),
+        effect: r.get(5)?,
+        idempotent: r.get(6)?,
+        spec_digest: r.get(7)?,
+    })
+}
+
+const TOOL_COLUMNS: &str =
+    "name, component, description, input_schema, output_schema, effect, idempotent, spec_digest";
+
+fn component_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ComponentRecord> {
+    Ok(ComponentRecord {
+        name: r.get(0)?,
+        digest: r.get(1)?,
+        size: r.get::<_, i64>(2)?.max(0) as u64,
+        source: r.get(3)?,
+        builtin: r.get(4)?,
+        installed_at: r.get(5)?,
+    })
+}
+
+const COMPONENT_COLUMNS: &str = "name, digest, size, source, builtin, installed_at";
+
+pub fn component(conn: &Connection, name: &str) -> Result<Option<ComponentRecord>, StoreError> {
+    let sql = format!("SELECT {COMPONENT_COLUMNS} FROM components WHERE name = ?1");
+    Ok(conn.query_row(&sql, [name], component_from_row).optional()?)
+}
+
+pub fn components(conn: &Connection) -> Result<Vec<ComponentRecord>, StoreError> {
+    let sql = format!("SELECT {COMPONENT_COLUMNS} FROM components ORDER BY name");
+    let mut stmt = conn.prepare(&sql)?;
+    let rows = stmt.query_map([], component_from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub fn tool(conn: &Connection, name: &str) -> Result<Option<ToolRecord>, StoreError> {
+    let sql = format!("SELECT {TOOL_COLUMNS} FROM tools WHERE name = ?1");
+    Ok(conn.query_row(&sql, [name], tool_from_row).optional()?)
+}
+
+pub fn tools(conn: &Connection) -> Result<Vec<ToolRecord>, StoreError> {
+    let sql = format!("SELECT {TOOL_COLUMNS} FROM tools ORDER BY name");
+    let mut stmt = conn.prepare(&sql)?;
+    let rows = stmt.query_map([], tool_from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub fn tools_of(conn: &Connection, component: &str) -> Result<Vec<ToolRecord>, StoreError> {
+    let sql = format!("SELECT {TOOL_COLUMNS} FROM tools WHERE component = ?1 ORDER BY name");
+    let mut stmt = conn.prepare(&sql)?;
+    let rows = stmt.query_map([component], tool_from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Tools of other components whose names clash with `names`.
+pub fn clashes(
+    conn: &Connection,
+    component: &str,
+    names: &[String],
+) -> Result<Vec<(String, String)>, StoreError> {
+    let mut out = Vec::new();
+    for name in names {
+        if let Some(t) = tool(conn, name)? {
+            if t.component != component {
+                out.push((t.name, t.component));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Records `component` and its `tools`, replacing an earlier version of the same component,
+/// in one transaction.
+pub fn put(
+    conn: &mut Connection,
+    component: &ComponentRecord,
+    tools: &[ToolRecord],
+) -> Result<(), StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute("DELETE FROM tools WHERE component = ?1", [&component.name])?;
+    tx.execute("DELETE FROM components WHERE name = ?1", [&component.name])?;
+    tx.execute(
+        "INSERT INTO components (name, digest, size, source, builtin, installed_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            component.name,
+            component.digest,
+            component.size as i64,
+            component.source,
+            component.builtin,
+            component.installed_at
+        ],
+    )?;
+    for t in tools {
+        tx.execute(
+            "INSERT INTO tools (name, component, description, input_schema, output_schema,
+                                effect, idempotent, spec_digest)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                t.name,
+                t.component,
+                t.description,
+                t.input_schema.to_string(),
+                t.output_schema.as_ref().map(|s| s.to_string()),
+                t.effect,
+                t.idempotent,
+                t.spec_digest
+            ],
+        )?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// Removes `component` and its tools; returns the names of the removed tools.
+pub fn remove(conn: &mut Connection, component: &str) -> Result<Vec<String>, StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let names: Vec<String> = {
+        let mut stmt = tx.prepare("SELECT name FROM tools WHERE component = ?1 ORDER BY name")?;
+        let rows = stmt.query_map([component], |r| r.get(0))?;
+        rows.collect::<Result<_, _>>()?
+    };
+    tx.execute("DELETE FROM tools WHERE component = ?1", [component])?;
+    tx.execute("DELETE FROM components WHERE name = ?1", [component])?;
+    tx.commit()?;
+    Ok(names)
+}
+
+/// Whether any component still uses the file with `digest`.
+pub fn digest_in_use(conn: &Connection, digest: &str) -> Result<bool, StoreError> {
+    Ok(conn.query_row(
+        "SELECT EXISTS(SELECT 1 FROM components WHERE digest = ?1)",
+        [digest],
+        |r| r.get(0),
+    )?)
+}

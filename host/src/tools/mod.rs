@@ -1,0 +1,407 @@
+//! ToolService: the tool catalog and the governance chain of one call.
+//!
+//! Owns which components are installed and pinned (by sha256), the tools they describe, and
+//! the order of checks every call goes through, each a named step:
+//! [`resolve`](ToolService::resolve) → [`check_input`](ToolService::check_input) →
+//! lease → change snapshot → sandbox run → change set. It does not own sessions, goals or
+//! approvals (later owners call it), and it does not run guest code itself (the
+//! [`Sandbox`](crate::sandbox::Sandbox) does).
+
+pub mod catalog;
+pub mod changes;
+pub mod install;
+pub mod lease;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use rusqlite::Connection;
+
+use crate::home::Home;
+use crate::sandbox::{
+    Access, Budget, CallError, CallReport, CancelToken, Grant, GrantError, LoadError, LoadSource,
+    Prepared, Sandbox, SandboxLimits,
+};
+use crate::store::{self, StoreError};
+
+pub use catalog::{ComponentRecord, ToolRecord};
+pub use changes::ChangeSet;
+pub use lease::{LeaseBusy, LeaseRequest, Leases};
+
+/// Budget of the `describe` call made at install time.
+pub fn describe_budget() -> Budget {
+    Budget { fuel: 2_000_000_000, timeout: Duration::from_secs(10), memory: 128 << 20, ..Budget::default() }
+}
+
+/// Why a tool operation could not be carried out (before or around the sandbox run; failures
+/// inside the run are [`CallError`]s in the [`CallOutcome`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ToolServiceError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error(transparent)]
+    Grant(#[from] GrantError),
+    #[error(transparent)]
+    Busy(#[from] LeaseBusy),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "`{name}` is not a valid component name: use lowercase letters, digits, `-` and `_`, \
+         starting with a letter (pass --name NAME)"
+    )]
+    InvalidComponentName { name: String },
+    #[error("no tool or component named `{name}` is installed; installed tools: {available}")]
+    NotInstalled { name: String, available: String },
+    #[error("`{name}` is a first-party component and cannot be removed")]
+    Builtin { name: String },
+    #[error("the component's `describe` call failed: {error}")]
+    Describe { error: CallError },
+    #[error("the component's tool descriptions are not acceptable:\n  - {}", .problems.join("\n  - "))]
+    InvalidSpecs { problems: Vec<String> },
+    #[error("tool names already belong to other components: {}; remove those first or rename the tools",
+        .clashes.iter().map(|(t, c)| format!("`{t}` (component `{c}`)")).collect::<Vec<_>>().join(", "))]
+    NameClash { clashes: Vec<(String, String)> },
+    #[error("input for `{tool}` is rejected: {}", .problems.join("; "))]
+    InvalidInput { tool: String, problems: Vec<String> },
+    #[error("{what} {asked} exceeds the host's ceiling of {ceiling}")]
+    OverCeiling { what: &'static str, asked: u64, ceiling: u64 },
+}
+
+impl ToolServiceError {
+    /// A stable, machine-readable name of the error's kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Store(_) => "store",
+            Self::Load(_) => "load",
+            Self::Grant(_) => "grant",
+            Self::Busy(_) => "busy",
+            Self::Io { .. } => "io",
+            Self::InvalidComponentName { .. } => "invalid_name",
+            Self::NotInstalled { .. } => "not_installed",
+            Self::Builtin { .. } => "builtin",
+            Self::Describe { .. } => "describe_failed",
+            Self::InvalidSpecs { .. } => "invalid_specs",
+            Self::NameClash { .. } => "name_clash",
+            Self::InvalidInput { .. } => "invalid_input",
+            Self::OverCeiling { .. } => "over_ceiling",
+        }
+    }
+}
+
+/// What `install` did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct InstallReport {
+    pub component: ComponentRecord,
+    pub tools: Vec<ToolRecord>,
+    /// Digest of the version this one replaced, if any.
+    pub replaced: Option<String>,
+    pub compile_ms: f64,
+}
+
+/// One call to make.
+#[derive(Debug, Clone)]
+pub struct CallRequest<'a> {
+    pub tool: &'a str,
+    /// JSON object text.
+    pub input: &'a str,
+    pub grants: &'a [Grant],
+    pub budget: Budget,
+    pub cancel: Option<CancelToken>,
+}
+
+/// What a call produced.
+#[derive(Debug, Clone)]
+pub struct CallOutcome {
+    pub tool: ToolRecord,
+    pub report: CallReport<serde_json::Value>,
+    /// Changes in the read-write grants (calls that may write only).
+    pub changes: Option<ChangeSet>,
+}
+
+/// The ToolService of one keel home.
+pub struct ToolService {
+    home: Home,
+    sandbox: Arc<Sandbox>,
+    db: Mutex<Connection>,
+    prepared: Mutex<HashMap<String, Arc<Prepared>>>,
+    validators: Mutex<HashMap<String, Arc<jsonschema::Validator>>>,
+    leases: Leases,
+}
+
+fn now() -> String {
+    let secs = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    format!("{secs}")
+}
+
+impl ToolService {
+    /// Opens the home's catalog and sandbox, installing or upgrading the first-party tools
+    /// (their compile progress goes to `progress`).
+    pub async fn open(
+        home: Home,
+        limits: SandboxLimits,
+        progress: &(dyn Fn(&str) + Sync),
+    ) -> Result<Self, ToolServiceError> {
+        let conn = store::open(&home.database())?;
+        let sandbox = Arc::new(Sandbox::new(&home.cache_dir(), limits)?);
+        let service = Self {
+            home,
+            sandbox,
+            db: Mutex::new(conn),
+            prepared: Mutex::new(HashMap::new()),
+            validators: Mutex::new(HashMap::new()),
+            leases: Leases::default(),
+        };
+        for (name, bytes) in crate::builtin::BUILTIN_COMPONENTS {
+            let digest = crate::sandbox::sha256_hex(bytes);
+            let current = catalog::component(&service.db(), name)?;
+            if current.is_some_and(|c| c.digest == digest) {
+                continue;
+            }
+            progress(&format!("installing first-party tool component `{name}` (compiling…)"));
+            service.install(bytes, name, "builtin", true).await?;
+        }
+        Ok(service)
+    }
+
+    fn db(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.db.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn sandbox(&self) -> &Arc<Sandbox> {
+        &self.sandbox
+    }
+
+    pub fn home(&self) -> &Home {
+        &self.home
+    }
+
+    /// Validates and installs a component: it must be a component (not a core module), target
+    /// the keel tool world, import only granted interfaces, and describe well-formed tools with
+    /// valid JSON Schemas whose names no other component uses. Replaces an earlier version of
+    /// the same component name.
+    pub async fn install(
+        &self,
+        bytes: &[u8],
+        name: &str,
+        source: &str,
+        builtin: bool,
+    ) -> Result<InstallReport, ToolServiceError> {
+        if !install::valid_component_name(name) {
+            return Err(ToolServiceError::InvalidComponentName { name: name.to_string() });
+        }
+        let limit = self.sandbox.limits().max_component_bytes;
+        if bytes.len() as u64 > limit {
+            return Err(LoadError::TooLarge { size: bytes.len() as u64, limit }.into());
+        }
+        crate::sandbox::check_header(bytes)?;
+        let digest = crate::sandbox::sha256_hex(bytes);
+        let started = std::time::Instant::now();
+        let component = self.sandbox.compile(bytes)?;
+        let compile_ms = started.elapsed().as_secs_f64() * 1e3;
+        let prepared = Arc::new(self.sandbox.prepare(&component)?);
+        let report = self.sandbox.describe(&prepared, &describe_budget()).await;
+        let specs = report.result.map_err(|error| ToolServiceError::Describe { error })?;
+        let tools = install::validate_specs(name, specs)
+            .map_err(|problems| ToolServiceError::InvalidSpecs { problems })?;
+        let names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
+        let clashes = catalog::clashes(&self.db(), name, &names)?;
+        if !clashes.is_empty() {
+            return Err(ToolServiceError::NameClash { clashes });
+        }
+        let path = self.home.component_path(&digest);
+        if !path.exists() {
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            let io = |context: &str| {
+                let context = context.to_string();
+                move |source| ToolServiceError::Io { context, source }
+            };
+            std::fs::write(&tmp, bytes).map_err(io("writing the component file"))?;
+            std::fs::rename(&tmp, &path).map_err(io("publishing the component file"))?;
+        }
+        self.sandbox.cache_artifact(&component, &digest)?;
+        let record = ComponentRecord {
+            name: name.to_string(),
+            digest: digest.clone(),
+            size: bytes.len() as u64,
+            source: source.to_string(),
+            builtin,
+            installed_at: now(),
+        };
+        let replaced = {
+            let mut db = self.db();
+            let old = catalog::component(&db, name)?.map(|c| c.digest).filter(|d| *d != digest);
+            catalog::put(&mut db, &record, &tools)?;
+            old
+        };
+        if let Some(old) = &replaced {
+            self.forget_file(old)?;
+        }
+        self.prepared.lock().unwrap_or_else(PoisonError::into_inner).insert(digest, prepared);
+        Ok(InstallReport { component: record, tools, replaced, compile_ms })
+    }
+
+    fn forget_file(&self, digest: &str) -> Result<(), ToolServiceError> {
+        if !catalog::digest_in_use(&self.db(), digest)? {
+            let _ = std::fs::remove_file(self.home.component_path(digest));
+        }
+        Ok(())
+    }
+
+    /// Every installed component.
+    pub fn components(&self) -> Result<Vec<ComponentRecord>, ToolServiceError> {
+        Ok(catalog::components(&self.db())?)
+    }
+
+    /// Every installed tool.
+    pub fn tools(&self) -> Result<Vec<ToolRecord>, ToolServiceError> {
+        Ok(catalog::tools(&self.db())?)
+    }
+
+    /// The component named `name`, or the component of the tool named `name`.
+    pub fn component_for(&self, name: &str) -> Result<(ComponentRecord, Vec<ToolRecord>), ToolServiceError> {
+        let db = self.db();
+        let component = match catalog::component(&db, name)? {
+            Some(c) => Some(c),
+            None => match catalog::tool(&db, name)? {
+                Some(t) => catalog::component(&db, &t.component)?,
+                None => None,
+            },
+        };
+        let Some(component) = component else {
+            drop(db);
+            return Err(self.not_installed(name));
+        };
+        let tools = catalog::tools_of(&db, &component.name)?;
+        Ok((component, tools))
+    }
+
+    fn not_installed(&self, name: &str) -> ToolServiceError {
+        let available = self
+            .tools()
+            .map(|t| t.into_iter().map(|t| t.name).collect::<Vec<_>>().join(", "))
+            .unwrap_or_default();
+        ToolServiceError::NotInstalled { name: name.to_string(), available }
+    }
+
+    /// Removes a component (by its name or one of its tools' names).
+    pub fn remove(&self, name: &str) -> Result<(ComponentRecord, Vec<String>), ToolServiceError> {
+        let (component, _) = self.component_for(name)?;
+        if component.builtin {
+            return Err(ToolServiceError::Builtin { name: component.name });
+        }
+        let removed = catalog::remove(&mut self.db(), &component.name)?;
+        self.forget_file(&component.digest)?;
+        Ok((component, removed))
+    }
+
+    /// Step 1: the tool must be installed.
+    pub fn resolve(&self, tool: &str) -> Result<ToolRecord, ToolServiceError> {
+        let found = catalog::tool(&self.db(), tool)?;
+        found.ok_or_else(|| self.not_installed(tool))
+    }
+
+    /// Step 2: the input must be a JSON object matching the tool's input schema; the error
+    /// names each failing field.
+    pub fn check_input(&self, tool: &ToolRecord, input: &str) -> Result<serde_json::Value, ToolServiceError> {
+        let invalid = |problems| ToolServiceError::InvalidInput { tool: tool.name.clone(), problems };
+        let value: serde_json::Value = serde_json::from_str(input)
+            .map_err(|e| invalid(vec![format!("input is not valid JSON: {e}")]))?;
+        let validator = {
+            let mut cache = self.validators.lock().unwrap_or_else(PoisonError::into_inner);
+            match cache.get(&tool.spec_digest) {
+                Some(v) => v.clone(),
+                None => {
+                    let v = Arc::new(jsonschema::validator_for(&tool.input_schema).map_err(|e| {
+                        invalid(vec![format!("the tool's input schema cannot be compiled: {e}")])
+                    })?);
+                    cache.insert(tool.spec_digest.clone(), v.clone());
+                    v
+                }
+            }
+        };
+        let problems: Vec<String> = validator
+            .iter_errors(&value)
+            .take(10)
+            .map(|e| {
+                let at = e.instance_path().to_string();
+                let at = if at.is_empty() { "input".to_string() } else { format!("field `{at}`") };
+                format!("{at}: {e}")
+            })
+            .collect();
+        if problems.is_empty() { Ok(value) } else { Err(invalid(problems)) }
+    }
+
+    /// Loads (from memory, the artifact cache, or by compiling) the component with `digest`.
+    pub fn prepared(&self, digest: &str) -> Result<(Arc<Prepared>, Option<LoadSource>), ToolServiceError> {
+        if let Some(p) = self.prepared.lock().unwrap_or_else(PoisonError::into_inner).get(digest) {
+            return Ok((p.clone(), None));
+        }
+        let (component, source) = self.sandbox.load(digest, &self.home.component_path(digest))?;
+        let prepared = Arc::new(self.sandbox.prepare(&component)?);
+        self.prepared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(digest.to_string(), prepared.clone());
+        Ok((prepared, Some(source)))
+    }
+
+    /// Runs one governed call: resolve → input schema → budget ceiling → grants → lease →
+    /// change snapshot → sandbox → change set.
+    pub async fn call(&self, req: CallRequest<'_>) -> Result<CallOutcome, ToolServiceError> {
+        let tool = self.resolve(req.tool)?;
+        self.check_input(&tool, req.input)?;
+        let ceiling = self.sandbox.limits().max_memory;
+        if req.budget.memory > ceiling {
+            return Err(ToolServiceError::OverCeiling { what: "memory budget", asked: req.budget.memory, ceiling });
+        }
+        Grant::check_disjoint(req.grants)?;
+        let writes = tool.effect != "read-only";
+        let requests: Vec<LeaseRequest> = req
+            .grants
+            .iter()
+            .map(|g| LeaseRequest { dir: g.host.clone(), exclusive: writes && g.access == Access::Rw })
+            .collect();
+        let _lease = match self.leases.acquire(requests.clone(), Duration::ZERO) {
+            Ok(l) => l,
+            Err(_) => {
+                let leases = self.leases.clone();
+                let wait = req.budget.timeout;
+                tokio::task::spawn_blocking(move || leases.acquire(requests, wait))
+                    .await
+                    .map_err(|e| ToolServiceError::Io {
+                        context: "waiting for the workspace lease".into(),
+                        source: std::io::Error::other(e.to_string()),
+                    })??
+            }
+        };
+        let (prepared, _) = self.prepared(&self.component_for(&tool.component)?.0.digest)?;
+        let track = writes && req.grants.iter().any(|g| g.access == Access::Rw);
+        let before = track.then(|| changes::snapshot(req.grants));
+        let report = self
+            .sandbox
+            .invoke(&prepared, &tool.name, req.input, req.grants, &req.budget, req.cancel.as_ref())
+            .await;
+        let changes = before.map(|b| changes::diff(&b, &changes::snapshot(req.grants), req.grants));
+        let report = CallReport {
+            result: report.result.and_then(|text| {
+                serde_json::from_str(&text).map_err(|e| CallError::InvalidOutput { reason: e.to_string() })
+            }),
+            stdout: report.stdout,
+            stderr: report.stderr,
+            logs: report.logs,
+            dropped_logs: report.dropped_logs,
+            progress: report.progress,
+            fuel_used: report.fuel_used,
+            memory_peak: report.memory_peak,
+            duration: report.duration,
+        };
+        Ok(CallOutcome { tool, report, changes })
+    }
+}

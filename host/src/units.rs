@@ -1,0 +1,66 @@
+//! Parsing of human-friendly durations (`500ms`, `30s`, `2m`) and sizes (`64MiB`, `1G`).
+
+use std::time::Duration;
+
+/// Parses a duration: a number with a unit `ms`, `s`, `m` or `h` (a bare number is seconds).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration; use e.g. 500ms, 30s, 2m or 1h"))?;
+    let secs = match unit.trim() {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        other => return Err(format!("unknown duration unit `{other}` in `{text}`; use ms, s, m or h")),
+    };
+    if !secs.is_finite() || secs <= 0.0 || secs > 7.0 * 86400.0 {
+        return Err(format!("duration `{text}` must be positive and at most a week"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parses a size in bytes: a number with an optional unit `B`, `K`/`KiB`, `M`/`MiB`,
+/// `G`/`GiB` (binary multiples; `KB`, `MB`, `GB` are read the same way).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: u64 =
+        num.parse().map_err(|_| format!("`{text}` is not a size; use e.g. 64MiB, 512K or 1G"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => return Err(format!("unknown size unit `{other}` in `{text}`; use K, M or G")),
+    };
+    value.checked_mul(mult).ok_or_else(|| format!("size `{text}` is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("0s").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999999999G").is_err());
+    }
+}
