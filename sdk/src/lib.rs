@@ -119,9 +119,12 @@ impl ToolError {
         use std::io::ErrorKind;
         let text = err.to_string();
         match err.kind() {
-            ErrorKind::NotFound if !text.contains("pre-opened") => {
+            ErrorKind::NotFound if !text.contains("pre-opened") && inside_a_grant(path) => {
                 Self::NotFound(format!("{path}: no such file or directory"))
             }
+            ErrorKind::NotFound => Self::Denied(format!(
+                "{path}: outside every directory granted to this session"
+            )),
             ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem => {
                 Self::Denied(format!("{path}: access denied by the session's grants ({text})"))
             }
@@ -130,6 +133,16 @@ impl ToolError {
             ),
             _ => Self::Failed(format!("{path}: {text}")),
         }
+    }
+}
+
+/// Whether the first component of `path` (e.g. `/data` of `/data/x.csv`) is reachable: in
+/// the sandbox, only granted directories are.
+fn inside_a_grant(path: &str) -> bool {
+    let p = std::path::Path::new(path);
+    match p.components().nth(1) {
+        Some(first) if p.is_absolute() => std::path::Path::new("/").join(first).exists(),
+        _ => !p.is_absolute(),
     }
 }
 

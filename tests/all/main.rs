@@ -1,1 +1,8 @@
+//! keel's integration tests: one binary, one module per area. Each hostile case asserts its
+//! typed error **and** that the host serves the next call normally.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod grants;
+mod install;
+mod plugins;
+mod sandbox;

@@ -1,0 +1,57 @@
+//! Shared fixtures of keel's integration tests: paths of the test guest components (built by
+//! `build.rs`), and helpers to open a ToolService on a temporary home.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use keel::home::Home;
+use keel::sandbox::{Budget, Grant, SandboxLimits};
+use keel::tools::{CallOutcome, CallRequest, ToolService};
+
+/// Paths of the test guest components.
+pub mod guests {
+    include!(concat!(env!("OUT_DIR"), "/guests.rs"));
+}
+
+/// Limits for test sandboxes: a small pool, so many sandboxes fit in one test process.
+pub fn test_limits() -> SandboxLimits {
+    SandboxLimits { max_concurrent_calls: 16, ..SandboxLimits::default() }
+}
+
+/// A ToolService on a fresh home in `dir`, with the `hostile` guest installed.
+pub async fn service_in(dir: &Path, limits: SandboxLimits) -> ToolService {
+    let home = Home::at(dir).unwrap();
+    let service = ToolService::open(home, limits, &|_| {}).await.unwrap();
+    let bytes = std::fs::read(guests::HOSTILE_COMPONENT).unwrap();
+    service.install(&bytes, "hostile", "test", false).await.unwrap();
+    service
+}
+
+/// One ToolService shared by the tests of this process (its home lives as long as it does).
+pub async fn shared() -> &'static ToolService {
+    static HOME: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static SERVICE: tokio::sync::OnceCell<ToolService> = tokio::sync::OnceCell::const_new();
+    let dir = HOME.get_or_init(|| tempfile::tempdir().unwrap());
+    SERVICE.get_or_init(|| service_in(dir.path(), test_limits())).await
+}
+
+/// Calls `tool` with `input` under `budget` and `grants`; panics if the call is refused
+/// before it runs.
+pub async fn call(
+    service: &ToolService,
+    tool: &str,
+    input: serde_json::Value,
+    grants: &[Grant],
+    budget: Budget,
+) -> CallOutcome {
+    let input = input.to_string();
+    let req = CallRequest { tool, input: &input, grants, budget, cancel: None };
+    service.call(req).await.unwrap()
+}
+
+/// Asserts that the service still serves a normal call: the host is alive and healthy.
+pub async fn assert_healthy(service: &ToolService) {
+    let out = call(service, "echo", serde_json::json!({"text": "still alive"}), &[], Budget::default()).await;
+    assert_eq!(out.report.result, Ok(serde_json::json!({"text": "still alive"})));
+}

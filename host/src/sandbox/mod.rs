@@ -29,7 +29,7 @@ pub use cache::{LoadSource, check_header, sha256_hex};
 pub use engine::EPOCH_TICK;
 pub use error::{CallError, LoadError, ToolErrorKind};
 pub use grant::{Access, Grant, GrantError};
-pub use host_api::{LogRecord, Progress};
+pub use host_api::{LogRecord, MAX_LOG_RECORDS, Progress};
 pub use pipe::Captured;
 pub use run::{CallReport, RawSpec};
 pub use wasi::GRANTED_INTERFACES;

@@ -234,12 +234,16 @@ fn search(input: SearchInput) -> Result<SearchOutput, ToolError> {
             } else if kind.is_file() {
                 if out.matches.len() >= max || out.files_searched >= MAX_SEARCH_FILES {
                     out.truncated = true;
-                    return Ok(out);
+                    break;
                 }
                 search_file(&child.path(), &input.pattern, max, &mut out);
             }
         }
+        if out.truncated {
+            break;
+        }
     }
+    out.matches.sort_by(|a, b| (&a.path, a.line).cmp(&(&b.path, b.line)));
     Ok(out)
 }
 

@@ -1,0 +1,179 @@
+//! RELIABILITY A9–A12 and G4: what `install` refuses, and the integrity of stored components
+//! and compiled artifacts.
+
+use std::time::Duration;
+
+use keel::sandbox::{Budget, LoadError, LoadSource, SandboxLimits};
+use keel::tools::{ToolService, ToolServiceError};
+use keel_tests::{assert_healthy, call, guests, service_in, test_limits};
+use serde_json::json;
+
+async fn install_err(s: &ToolService, bytes: &[u8], name: &str) -> ToolServiceError {
+    s.install(bytes, name, "test", false).await.expect_err("install should be refused")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a9_garbage_core_modules_and_wrong_worlds_are_refused_with_reasons() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = service_in(dir.path(), test_limits()).await;
+    let e = install_err(&s, b"#!/bin/sh\necho hi\n", "garbage").await;
+    assert!(matches!(e, ToolServiceError::Load(LoadError::NotWasm { .. })), "{e}");
+    assert!(e.to_string().contains("\\0asm"), "{e}");
+    let e = install_err(&s, b"\0asm\x01\0\0\0", "core").await;
+    assert!(matches!(e, ToolServiceError::Load(LoadError::CoreModule)), "{e}");
+    assert!(e.to_string().contains("wasm32-wasip2"), "{e}");
+    let e = install_err(&s, b"\0asm\x0d\0\x01\0garbage", "broken").await;
+    assert!(matches!(e, ToolServiceError::Load(LoadError::Compile { .. })), "{e}");
+    let wrong = std::fs::read(guests::WRONG_WORLD_COMPONENT).unwrap();
+    let e = install_err(&s, &wrong, "wrong").await;
+    assert!(matches!(e, ToolServiceError::Load(LoadError::WrongWorld { .. })), "{e}");
+    assert!(e.to_string().contains("does not export `keel:tool/tools@0.1.0`; it exports [run]"), "{e}");
+    let bad = std::fs::read(guests::BAD_SPECS_COMPONENT).unwrap();
+    match install_err(&s, &bad, "bad").await {
+        ToolServiceError::InvalidSpecs { problems } => {
+            assert_eq!(problems.len(), 4, "{problems:#?}");
+            assert!(problems[0].contains("`dup` is described twice"));
+            assert!(problems[1].contains("\"Not A Name\" is not well-formed"));
+            assert!(problems[2].contains("`not_json`: input schema is not JSON"));
+            assert!(problems[3].contains("`not_object`: input schema must describe an object"));
+        }
+        other => panic!("expected invalid specs, got {other}"),
+    }
+    let hostile = std::fs::read(guests::HOSTILE_COMPONENT).unwrap();
+    let e = install_err(&s, &hostile, "Bad Name").await;
+    assert!(matches!(e, ToolServiceError::InvalidComponentName { .. }), "{e}");
+    let e = install_err(&s, &hostile, "other-name").await;
+    match e {
+        ToolServiceError::NameClash { clashes } => assert!(clashes.contains(&("echo".into(), "hostile".into()))),
+        other => panic!("expected a name clash, got {other}"),
+    }
+    // Nothing refused was recorded.
+    let names: Vec<String> = s.components().unwrap().into_iter().map(|c| c.name).collect();
+    assert_eq!(names, ["csv", "fs", "hostile"]);
+    assert_healthy(&s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a10_ungranted_imports_are_refused_at_link_time_listing_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = service_in(dir.path(), test_limits()).await;
+    let sockets = std::fs::read(guests::SOCKETS_COMPONENT).unwrap();
+    match install_err(&s, &sockets, "sockets").await {
+        ToolServiceError::Load(LoadError::UngrantedImports { imports }) => {
+            let names: Vec<&str> = imports.iter().map(|(i, _)| i.split('@').next().unwrap()).collect();
+            assert!(names.contains(&"wasi:sockets/tcp"), "{names:?}");
+            assert!(names.contains(&"wasi:sockets/ip-name-lookup"), "{names:?}");
+            assert!(imports.iter().all(|(_, why)| *why == "network access is not granted to tools"));
+        }
+        other => panic!("expected ungranted imports, got {other}"),
+    }
+    let vault = std::fs::read(guests::VAULT_IMPORT_COMPONENT).unwrap();
+    let e = install_err(&s, &vault, "vault").await;
+    assert!(e.to_string().contains("`keel:vault/secrets@0.1.0` (this host interface is only linked for trusted control tools)"), "{e}");
+    assert_healthy(&s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a11_tampered_artifact_is_detected_and_recompiled_never_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let digest = {
+        let s = service_in(dir.path(), test_limits()).await;
+        s.component_for("hostile").unwrap().0.digest
+    };
+    let cache = std::fs::read_dir(dir.path().join("cache")).unwrap().next().unwrap().unwrap().path();
+    let artifact = cache.join(format!("{digest}.cwasm"));
+    // Flip bytes in the middle of the artifact: same size, different content.
+    let mut bytes = std::fs::read(&artifact).unwrap();
+    let mid = bytes.len() / 2;
+    for b in &mut bytes[mid..mid + 64] {
+        *b ^= 0xff;
+    }
+    std::fs::write(&artifact, &bytes).unwrap();
+    let s = ToolService::open(keel::home::Home::at(dir.path()).unwrap(), test_limits(), &|_| {}).await.unwrap();
+    match s.prepared(&digest).unwrap().1 {
+        Some(LoadSource::Recompiled { reason, .. }) => assert!(reason.contains("does not match its recorded digest"), "{reason}"),
+        other => panic!("expected a recompile, got {other:?}"),
+    }
+    assert_healthy(&s).await;
+    // The artifact of another component swapped in is caught the same way.
+    let csv = s.component_for("csv").unwrap().0.digest;
+    std::fs::copy(cache.join(format!("{csv}.cwasm")), &artifact).unwrap();
+    let s = ToolService::open(keel::home::Home::at(dir.path()).unwrap(), test_limits(), &|_| {}).await.unwrap();
+    assert!(matches!(s.prepared(&digest).unwrap().1, Some(LoadSource::Recompiled { .. })));
+    // And a clean artifact is used as it is.
+    let s = ToolService::open(keel::home::Home::at(dir.path()).unwrap(), test_limits(), &|_| {}).await.unwrap();
+    assert_eq!(s.prepared(&digest).unwrap().1, Some(LoadSource::Cache));
+    assert_healthy(&s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g4_a_modified_component_file_is_refused_before_compile() {
+    let dir = tempfile::tempdir().unwrap();
+    let digest = service_in(dir.path(), test_limits()).await.component_for("hostile").unwrap().0.digest;
+    let wasm = dir.path().join("components").join(format!("{digest}.wasm"));
+    let mut bytes = std::fs::read(&wasm).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&wasm, &bytes).unwrap();
+    for entry in std::fs::read_dir(dir.path().join("cache")).unwrap() {
+        std::fs::remove_dir_all(entry.unwrap().path()).unwrap();
+    }
+    let s = ToolService::open(keel::home::Home::at(dir.path()).unwrap(), test_limits(), &|_| {}).await.unwrap();
+    let input = json!({"text": "x"}).to_string();
+    let req = keel::tools::CallRequest { tool: "echo", input: &input, grants: &[], budget: Budget::default(), cancel: None };
+    match s.call(req).await {
+        Err(ToolServiceError::Load(LoadError::DigestMismatch { expected, .. })) => assert_eq!(expected, digest),
+        other => panic!("expected a digest mismatch, got {:?}", other.map(|o| o.report.result)),
+    }
+    // Other tools are unaffected.
+    let out = call(&s, "fs_list_dir", json!({"path": "/"}), &[], Budget::default()).await;
+    assert!(out.report.result.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a12_oversized_and_slow_compiles_are_bounded() {
+    let hostile = std::fs::read(guests::HOSTILE_COMPONENT).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let small = SandboxLimits { max_component_bytes: 100_000, ..test_limits() };
+    let s = ToolService::open(keel::home::Home::at(dir.path()).unwrap(), small, &|_| {}).await;
+    // The first-party components are larger than 100 kB, so even opening is refused, typed.
+    match s {
+        Err(ToolServiceError::Load(LoadError::TooLarge { limit, .. })) => assert_eq!(limit, 100_000),
+        other => panic!("expected too large, got {:?}", other.err()),
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = service_in(dir.path(), test_limits()).await;
+    let sandbox = keel::sandbox::Sandbox::new(
+        &dir.path().join("cache2"),
+        SandboxLimits { compile_timeout: Duration::from_millis(1), ..test_limits() },
+    )
+    .unwrap();
+    match sandbox.compile(&hostile) {
+        Err(LoadError::CompileTimeout { limit }) => assert_eq!(limit, Duration::from_millis(1)),
+        other => panic!("expected a compile timeout, got {:?}", other.err()),
+    }
+    assert_healthy(&s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reinstall_replaces_and_remove_forgets() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = service_in(dir.path(), test_limits()).await;
+    let hostile = std::fs::read(guests::HOSTILE_COMPONENT).unwrap();
+    let again = s.install(&hostile, "hostile", "test", false).await.unwrap();
+    assert_eq!(again.replaced, None);
+    assert!(matches!(s.remove("fs"), Err(ToolServiceError::Builtin { .. })));
+    let (component, tools) = s.remove("echo").unwrap();
+    assert_eq!(component.name, "hostile");
+    assert!(tools.contains(&"spin".to_string()));
+    assert!(!dir.path().join("components").join(format!("{}.wasm", component.digest)).exists());
+    let input = json!({"text": "x"}).to_string();
+    let req = keel::tools::CallRequest { tool: "echo", input: &input, grants: &[], budget: Budget::default(), cancel: None };
+    match s.call(req).await {
+        Err(ToolServiceError::NotInstalled { name, available }) => {
+            assert_eq!(name, "echo");
+            assert!(available.contains("fs_read_file"));
+        }
+        other => panic!("expected not installed, got {:?}", other.map(|o| o.report.result)),
+    }
+}
