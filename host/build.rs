@@ -21,11 +21,15 @@ fn main() {
     }
     let dir = guests::cargo_build_guests(&args);
     let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap_or_default());
-    let mut code = String::from("/// First-party tool components embedded in the binary: (name, bytes).\n");
+    let mut code =
+        String::from("/// First-party tool components embedded in the binary: (name, bytes).\n");
     code.push_str("pub const BUILTIN_COMPONENTS: &[(&str, &[u8])] = &[\n");
     for (name, _, file) in PLUGINS {
         let path = dir.join(file);
-        code.push_str(&format!("    ({name:?}, include_bytes!({:?})),\n", path.display().to_string()));
+        code.push_str(&format!(
+            "    ({name:?}, include_bytes!({:?})),\n",
+            path.display().to_string()
+        ));
         println!("cargo:rerun-if-changed={}", root.join("plugins").join(name).display());
     }
     code.push_str("];\n");

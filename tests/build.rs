@@ -13,7 +13,8 @@ fn main() {
     let examples = root.join("tests").join("guests").join("examples");
     let mut code = String::new();
     for entry in std::fs::read_dir(&examples).into_iter().flatten().flatten() {
-        let name = entry.path().file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let name =
+            entry.path().file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         if !GUESTS.contains(&name.as_str()) {
             panic!("test guest `{name}` is not listed in tests/build.rs GUESTS");
         }

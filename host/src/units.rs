@@ -15,7 +15,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "" | "s" => value,
         "m" | "min" => value * 60.0,
         "h" => value * 3600.0,
-        other => return Err(format!("unknown duration unit `{other}` in `{text}`; use ms, s, m or h")),
+        other => {
+            return Err(format!("unknown duration unit `{other}` in `{text}`; use ms, s, m or h"));
+        }
     };
     if !secs.is_finite() || secs <= 0.0 || secs > 7.0 * 86400.0 {
         return Err(format!("duration `{text}` must be positive and at most a week"));

@@ -122,15 +122,15 @@ impl ToolError {
             ErrorKind::NotFound if !text.contains("pre-opened") && inside_a_grant(path) => {
                 Self::NotFound(format!("{path}: no such file or directory"))
             }
-            ErrorKind::NotFound => Self::Denied(format!(
-                "{path}: outside every directory granted to this session"
-            )),
+            ErrorKind::NotFound => {
+                Self::Denied(format!("{path}: outside every directory granted to this session"))
+            }
             ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem => {
                 Self::Denied(format!("{path}: access denied by the session's grants ({text})"))
             }
-            _ if text.contains("pre-opened") || text.contains("capabilit") => Self::Denied(
-                format!("{path}: outside every directory granted to this session"),
-            ),
+            _ if text.contains("pre-opened") || text.contains("capabilit") => {
+                Self::Denied(format!("{path}: outside every directory granted to this session"))
+            }
             _ => Self::Failed(format!("{path}: {text}")),
         }
     }

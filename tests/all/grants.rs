@@ -34,7 +34,10 @@ fn grant(dir: &Path, guest: &str, access: Access) -> Grant {
 fn assert_refused(result: &Result<Value, CallError>, what: &str) {
     match result {
         Err(CallError::Tool { kind, message }) => {
-            assert!(matches!(kind, ToolErrorKind::Denied | ToolErrorKind::NotFound), "{what}: {kind:?} {message}");
+            assert!(
+                matches!(kind, ToolErrorKind::Denied | ToolErrorKind::NotFound),
+                "{what}: {kind:?} {message}"
+            );
             assert!(!message.contains(CANARY), "{what}: canary leaked in the error");
         }
         other => panic!("{what}: expected a refusal, got {other:?}"),
@@ -80,7 +83,9 @@ async fn b3_symlinks_pointing_outside_are_not_followed() {
         assert!(out.report.result.is_err(), "{path}: {:?}", out.report.result);
         assert!(!format!("{:?}", out.report).contains(CANARY), "{path}: canary leaked");
         // Writing through the link must not reach the target either.
-        let out = call(s, "write", json!({"path": path, "content": "pwned"}), &g, Budget::default()).await;
+        let out =
+            call(s, "write", json!({"path": path, "content": "pwned"}), &g, Budget::default())
+                .await;
         assert!(out.report.result.is_err(), "{path}: write went through: {:?}", out.report.result);
     }
     assert_eq!(std::fs::read_to_string(t.path().join("outside/secret.txt")).unwrap(), CANARY);
@@ -94,7 +99,10 @@ async fn b4_read_only_grants_refuse_every_mutation() {
     let ws = t.path().join("ws");
     let g = [grant(&ws, "/w", Access::Ro)];
     let listing = |p: &Path| {
-        let mut v: Vec<String> = std::fs::read_dir(p).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let mut v: Vec<String> = std::fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
         v.sort();
         v
     };
@@ -129,13 +137,27 @@ async fn b5_no_hard_link_or_rename_from_a_read_only_grant_into_a_writable_one() 
     std::fs::create_dir(&rw).unwrap();
     let g = [grant(&ro, "/ro", Access::Ro), grant(&rw, "/rw", Access::Rw)];
     for tool in ["hard_link", "rename"] {
-        let out = call(s, tool, json!({"from": "/ro/notes.txt", "to": "/rw/notes.txt"}), &g, Budget::default()).await;
+        let out = call(
+            s,
+            tool,
+            json!({"from": "/ro/notes.txt", "to": "/rw/notes.txt"}),
+            &g,
+            Budget::default(),
+        )
+        .await;
         assert!(out.report.result.is_err(), "{tool}: {:?}", out.report.result);
     }
     assert_eq!(std::fs::read_to_string(ro.join("notes.txt")).unwrap(), "hello");
     assert!(!rw.join("notes.txt").exists());
     // Copying through read + write is allowed: it is what the grants say.
-    let out = call(s, "write", json!({"path": "/rw/copy.txt", "content": "hello"}), &g, Budget::default()).await;
+    let out = call(
+        s,
+        "write",
+        json!({"path": "/rw/copy.txt", "content": "hello"}),
+        &g,
+        Budget::default(),
+    )
+    .await;
     assert_eq!(out.report.result, Ok(json!(5)));
     assert_healthy(s).await;
 }
@@ -151,7 +173,12 @@ async fn b6_one_session_cannot_reach_another_sessions_workspace() {
     std::fs::write(b.join("private.txt"), CANARY).unwrap();
     let g = [grant(&a, "/workspace", Access::Rw)];
     let b_abs = b.join("private.txt").display().to_string();
-    for path in [b_abs.as_str(), "/workspace/../session-b/private.txt", "/session-b/private.txt", "/b/private.txt"] {
+    for path in [
+        b_abs.as_str(),
+        "/workspace/../session-b/private.txt",
+        "/session-b/private.txt",
+        "/b/private.txt",
+    ] {
         let out = call(s, "read", json!({"path": path}), &g, Budget::default()).await;
         assert_refused(&out.report.result, path);
     }
@@ -166,7 +193,14 @@ async fn b7_change_reconciliation_never_follows_planted_symlinks() {
     let t = tree();
     let ws = t.path().join("ws");
     let g = [grant(&ws, "/w", Access::Rw)];
-    let out = call(s, "write", json!({"path": "/w/sub/out.txt", "content": "result"}), &g, Budget::default()).await;
+    let out = call(
+        s,
+        "write",
+        json!({"path": "/w/sub/out.txt", "content": "result"}),
+        &g,
+        Budget::default(),
+    )
+    .await;
     assert_eq!(out.report.result, Ok(json!(6)));
     let changes = out.changes.expect("a write call reports its change set");
     assert!(changes.complete);
@@ -180,7 +214,14 @@ async fn b7_change_reconciliation_never_follows_planted_symlinks() {
     let paths = format!("{snapshot:?}");
     assert!(!paths.contains("/w/dir_link/secret.txt") && !paths.contains("/w/loop/"), "{paths}");
     // A symlink swapped in for a file the tool changed is reported without being hashed through.
-    let out = call(s, "write", json!({"path": "/w/notes.txt", "content": "changed"}), &g, Budget::default()).await;
+    let out = call(
+        s,
+        "write",
+        json!({"path": "/w/notes.txt", "content": "changed"}),
+        &g,
+        Budget::default(),
+    )
+    .await;
     let modified = &out.changes.unwrap().modified;
     assert_eq!(modified.len(), 1);
     assert_eq!(modified[0].sha256.as_deref(), Some(keel::sandbox::sha256_hex(b"changed").as_str()));
@@ -199,7 +240,10 @@ fn grants_are_validated_when_made() {
     assert_eq!(parsed, Grant::new(&ws, "/data", Access::Rw).unwrap());
     let default: Grant = ws.display().to_string().parse().unwrap();
     assert_eq!((default.guest.as_str(), default.access), ("/ws", Access::Ro));
-    let overlapping = [Grant::new(&ws, "/d", Access::Ro).unwrap(), Grant::new(&ws, "/d/sub", Access::Rw).unwrap()];
+    let overlapping = [
+        Grant::new(&ws, "/d", Access::Ro).unwrap(),
+        Grant::new(&ws, "/d/sub", Access::Rw).unwrap(),
+    ];
     assert!(Grant::check_disjoint(&overlapping).is_err());
     let e = "x=y=z:rw".parse::<Grant>().unwrap_err().to_string();
     assert!(e.contains("x"), "{e}");

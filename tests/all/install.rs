@@ -27,7 +27,10 @@ async fn a9_garbage_core_modules_and_wrong_worlds_are_refused_with_reasons() {
     let wrong = std::fs::read(guests::WRONG_WORLD_COMPONENT).unwrap();
     let e = install_err(&s, &wrong, "wrong").await;
     assert!(matches!(e, ToolServiceError::Load(LoadError::WrongWorld { .. })), "{e}");
-    assert!(e.to_string().contains("does not export `keel:tool/tools@0.1.0`; it exports [run]"), "{e}");
+    assert!(
+        e.to_string().contains("does not export `keel:tool/tools@0.1.0`; it exports [run]"),
+        "{e}"
+    );
     let bad = std::fs::read(guests::BAD_SPECS_COMPONENT).unwrap();
     match install_err(&s, &bad, "bad").await {
         ToolServiceError::InvalidSpecs { problems } => {
@@ -44,7 +47,9 @@ async fn a9_garbage_core_modules_and_wrong_worlds_are_refused_with_reasons() {
     assert!(matches!(e, ToolServiceError::InvalidComponentName { .. }), "{e}");
     let e = install_err(&s, &hostile, "other-name").await;
     match e {
-        ToolServiceError::NameClash { clashes } => assert!(clashes.contains(&("echo".into(), "hostile".into()))),
+        ToolServiceError::NameClash { clashes } => {
+            assert!(clashes.contains(&("echo".into(), "hostile".into())))
+        }
         other => panic!("expected a name clash, got {other}"),
     }
     // Nothing refused was recorded.
@@ -60,10 +65,13 @@ async fn a10_ungranted_imports_are_refused_at_link_time_listing_them() {
     let sockets = std::fs::read(guests::SOCKETS_COMPONENT).unwrap();
     match install_err(&s, &sockets, "sockets").await {
         ToolServiceError::Load(LoadError::UngrantedImports { imports }) => {
-            let names: Vec<&str> = imports.iter().map(|(i, _)| i.split('@').next().unwrap()).collect();
+            let names: Vec<&str> =
+                imports.iter().map(|(i, _)| i.split('@').next().unwrap()).collect();
             assert!(names.contains(&"wasi:sockets/tcp"), "{names:?}");
             assert!(names.contains(&"wasi:sockets/ip-name-lookup"), "{names:?}");
-            assert!(imports.iter().all(|(_, why)| *why == "network access is not granted to tools"));
+            assert!(
+                imports.iter().all(|(_, why)| *why == "network access is not granted to tools")
+            );
         }
         other => panic!("expected ungranted imports, got {other}"),
     }
@@ -80,7 +88,8 @@ async fn a11_tampered_artifact_is_detected_and_recompiled_never_loaded() {
         let s = service_in(dir.path(), test_limits()).await;
         s.component_for("hostile").unwrap().0.digest
     };
-    let cache = std::fs::read_dir(dir.path().join("cache")).unwrap().next().unwrap().unwrap().path();
+    let cache =
+        std::fs::read_dir(dir.path().join("cache")).unwrap().next().unwrap().unwrap().path();
     let artifact = cache.join(format!("{digest}.cwasm"));
     // Flip bytes in the middle of the artifact: same size, different content.
     let mut bytes = std::fs::read(&artifact).unwrap();
@@ -89,19 +98,27 @@ async fn a11_tampered_artifact_is_detected_and_recompiled_never_loaded() {
         *b ^= 0xff;
     }
     std::fs::write(&artifact, &bytes).unwrap();
-    let s = ToolService::open(keel::home::Home::at(dir.path()).unwrap(), test_limits(), &|_| {}).await.unwrap();
+    let s = ToolService::open(keel::home::Home::at(dir.path()).unwrap(), test_limits(), &|_| {})
+        .await
+        .unwrap();
     match s.prepared(&digest).unwrap().1 {
-        Some(LoadSource::Recompiled { reason, .. }) => assert!(reason.contains("does not match its recorded digest"), "{reason}"),
+        Some(LoadSource::Recompiled { reason, .. }) => {
+            assert!(reason.contains("does not match its recorded digest"), "{reason}")
+        }
         other => panic!("expected a recompile, got {other:?}"),
     }
     assert_healthy(&s).await;
     // The artifact of another component swapped in is caught the same way.
     let csv = s.component_for("csv").unwrap().0.digest;
     std::fs::copy(cache.join(format!("{csv}.cwasm")), &artifact).unwrap();
-    let s = ToolService::open(keel::home::Home::at(dir.path()).unwrap(), test_limits(), &|_| {}).await.unwrap();
+    let s = ToolService::open(keel::home::Home::at(dir.path()).unwrap(), test_limits(), &|_| {})
+        .await
+        .unwrap();
     assert!(matches!(s.prepared(&digest).unwrap().1, Some(LoadSource::Recompiled { .. })));
     // And a clean artifact is used as it is.
-    let s = ToolService::open(keel::home::Home::at(dir.path()).unwrap(), test_limits(), &|_| {}).await.unwrap();
+    let s = ToolService::open(keel::home::Home::at(dir.path()).unwrap(), test_limits(), &|_| {})
+        .await
+        .unwrap();
     assert_eq!(s.prepared(&digest).unwrap().1, Some(LoadSource::Cache));
     assert_healthy(&s).await;
 }
@@ -109,7 +126,8 @@ async fn a11_tampered_artifact_is_detected_and_recompiled_never_loaded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g4_a_modified_component_file_is_refused_before_compile() {
     let dir = tempfile::tempdir().unwrap();
-    let digest = service_in(dir.path(), test_limits()).await.component_for("hostile").unwrap().0.digest;
+    let digest =
+        service_in(dir.path(), test_limits()).await.component_for("hostile").unwrap().0.digest;
     let wasm = dir.path().join("components").join(format!("{digest}.wasm"));
     let mut bytes = std::fs::read(&wasm).unwrap();
     let last = bytes.len() - 1;
@@ -118,11 +136,21 @@ async fn g4_a_modified_component_file_is_refused_before_compile() {
     for entry in std::fs::read_dir(dir.path().join("cache")).unwrap() {
         std::fs::remove_dir_all(entry.unwrap().path()).unwrap();
     }
-    let s = ToolService::open(keel::home::Home::at(dir.path()).unwrap(), test_limits(), &|_| {}).await.unwrap();
+    let s = ToolService::open(keel::home::Home::at(dir.path()).unwrap(), test_limits(), &|_| {})
+        .await
+        .unwrap();
     let input = json!({"text": "x"}).to_string();
-    let req = keel::tools::CallRequest { tool: "echo", input: &input, grants: &[], budget: Budget::default(), cancel: None };
+    let req = keel::tools::CallRequest {
+        tool: "echo",
+        input: &input,
+        grants: &[],
+        budget: Budget::default(),
+        cancel: None,
+    };
     match s.call(req).await {
-        Err(ToolServiceError::Load(LoadError::DigestMismatch { expected, .. })) => assert_eq!(expected, digest),
+        Err(ToolServiceError::Load(LoadError::DigestMismatch { expected, .. })) => {
+            assert_eq!(expected, digest)
+        }
         other => panic!("expected a digest mismatch, got {:?}", other.map(|o| o.report.result)),
     }
     // Other tools are unaffected.
@@ -138,7 +166,9 @@ async fn a12_oversized_and_slow_compiles_are_bounded() {
     let s = ToolService::open(keel::home::Home::at(dir.path()).unwrap(), small, &|_| {}).await;
     // The first-party components are larger than 100 kB, so even opening is refused, typed.
     match s {
-        Err(ToolServiceError::Load(LoadError::TooLarge { limit, .. })) => assert_eq!(limit, 100_000),
+        Err(ToolServiceError::Load(LoadError::TooLarge { limit, .. })) => {
+            assert_eq!(limit, 100_000)
+        }
         other => panic!("expected too large, got {:?}", other.err()),
     }
     let dir = tempfile::tempdir().unwrap();
@@ -168,7 +198,13 @@ async fn reinstall_replaces_and_remove_forgets() {
     assert!(tools.contains(&"spin".to_string()));
     assert!(!dir.path().join("components").join(format!("{}.wasm", component.digest)).exists());
     let input = json!({"text": "x"}).to_string();
-    let req = keel::tools::CallRequest { tool: "echo", input: &input, grants: &[], budget: Budget::default(), cancel: None };
+    let req = keel::tools::CallRequest {
+        tool: "echo",
+        input: &input,
+        grants: &[],
+        budget: Budget::default(),
+        cancel: None,
+    };
     match s.call(req).await {
         Err(ToolServiceError::NotInstalled { name, available }) => {
             assert_eq!(name, "echo");

@@ -20,15 +20,23 @@ async fn fs_tools_read_write_list_search_delete() {
     let s = shared().await;
     let (t, g) = workspace();
     let b = Budget::default;
-    let out = call(s, "fs_read_file", json!({"path": "/w/a.txt", "offset": 1, "limit": 2}), &g, b()).await;
+    let out =
+        call(s, "fs_read_file", json!({"path": "/w/a.txt", "offset": 1, "limit": 2}), &g, b())
+            .await;
     assert_eq!(
         out.report.result,
-        Ok(json!({"path": "/w/a.txt", "content": "two\nthree", "offset": 1, "lines": 2, "total_lines": 4, "truncated": true}))
+        Ok(
+            json!({"path": "/w/a.txt", "content": "two\nthree", "offset": 1, "lines": 2, "total_lines": 4, "truncated": true})
+        )
     );
     assert!(out.changes.is_none(), "read-only calls do not walk the workspace");
 
-    let out = call(s, "fs_write_file", json!({"path": "/w/new/b.txt", "content": "bee"}), &g, b()).await;
-    assert_eq!(out.report.result, Ok(json!({"path": "/w/new/b.txt", "bytes_written": 3, "created": true})));
+    let out =
+        call(s, "fs_write_file", json!({"path": "/w/new/b.txt", "content": "bee"}), &g, b()).await;
+    assert_eq!(
+        out.report.result,
+        Ok(json!({"path": "/w/new/b.txt", "bytes_written": 3, "created": true}))
+    );
     let changes = out.changes.unwrap();
     let created: Vec<&str> = changes.created.iter().map(|c| c.path.as_str()).collect();
     assert_eq!(created, ["/w/new", "/w/new/b.txt"]);
@@ -36,8 +44,20 @@ async fn fs_tools_read_write_list_search_delete() {
 
     let out = call(s, "fs_list_dir", json!({"path": "/w", "recursive": true}), &g, b()).await;
     let entries = out.report.result.unwrap()["entries"].clone();
-    let paths: Vec<&str> = entries.as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap()).collect();
-    assert_eq!(paths, ["/w/a.txt", "/w/new", "/w/new/b.txt", "/w/src", "/w/src/deep", "/w/src/deep/lib.rs", "/w/src/main.rs"]);
+    let paths: Vec<&str> =
+        entries.as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/w/a.txt",
+            "/w/new",
+            "/w/new/b.txt",
+            "/w/src",
+            "/w/src/deep",
+            "/w/src/deep/lib.rs",
+            "/w/src/main.rs"
+        ]
+    );
 
     let out = call(s, "fs_search", json!({"path": "/w", "pattern": "TODO"}), &g, b()).await;
     assert_eq!(
@@ -47,20 +67,30 @@ async fn fs_tools_read_write_list_search_delete() {
             {"path": "/w/src/main.rs", "line": 2, "text": "    // TODO: greet"}
         ])
     );
-    let out = call(s, "fs_search", json!({"path": "/w", "pattern": "TODO", "max_results": 1}), &g, b()).await;
+    let out =
+        call(s, "fs_search", json!({"path": "/w", "pattern": "TODO", "max_results": 1}), &g, b())
+            .await;
     let r = out.report.result.unwrap();
     assert_eq!((r["matches"].as_array().unwrap().len(), r["truncated"].clone()), (1, json!(true)));
 
-    let out = call(s, "fs_delete_files", json!({"paths": ["/w/a.txt", "/w/missing.txt"]}), &g, b()).await;
-    assert_eq!(out.report.result, Ok(json!({"deleted": ["/w/a.txt"], "missing": ["/w/missing.txt"]})));
-    let deleted: Vec<&str> = out.changes.as_ref().unwrap().deleted.iter().map(|c| c.path.as_str()).collect();
+    let out =
+        call(s, "fs_delete_files", json!({"paths": ["/w/a.txt", "/w/missing.txt"]}), &g, b()).await;
+    assert_eq!(
+        out.report.result,
+        Ok(json!({"deleted": ["/w/a.txt"], "missing": ["/w/missing.txt"]}))
+    );
+    let deleted: Vec<&str> =
+        out.changes.as_ref().unwrap().deleted.iter().map(|c| c.path.as_str()).collect();
     assert_eq!(deleted, ["/w/a.txt"]);
     assert!(!t.path().join("a.txt").exists());
 
     let out = call(s, "fs_read_file", json!({"path": "/w/nope.txt"}), &g, b()).await;
     assert_eq!(
         out.report.result,
-        Err(CallError::Tool { kind: ToolErrorKind::NotFound, message: "/w/nope.txt: no such file or directory".into() })
+        Err(CallError::Tool {
+            kind: ToolErrorKind::NotFound,
+            message: "/w/nope.txt: no such file or directory".into()
+        })
     );
 }
 
@@ -76,7 +106,14 @@ async fn csv_inspect_finds_the_eighth_column() {
     )
     .unwrap();
     let g = [Grant::new(t.path(), "/data", Access::Ro).unwrap()];
-    let out = call(s, "csv_inspect", json!({"path": "/data/orders.csv", "expected_columns": 7}), &g, Budget::default()).await;
+    let out = call(
+        s,
+        "csv_inspect",
+        json!({"path": "/data/orders.csv", "expected_columns": 7}),
+        &g,
+        Budget::default(),
+    )
+    .await;
     assert_eq!(
         out.report.result,
         Ok(json!({
@@ -89,8 +126,18 @@ async fn csv_inspect_finds_the_eighth_column() {
             "ok": false
         }))
     );
-    let out = call(s, "csv_inspect", json!({"path": "/data/orders.csv", "delimiter": "ab"}), &g, Budget::default()).await;
-    assert!(matches!(out.report.result, Err(CallError::Tool { kind: ToolErrorKind::InvalidInput, .. })));
+    let out = call(
+        s,
+        "csv_inspect",
+        json!({"path": "/data/orders.csv", "delimiter": "ab"}),
+        &g,
+        Budget::default(),
+    )
+    .await;
+    assert!(matches!(
+        out.report.result,
+        Err(CallError::Tool { kind: ToolErrorKind::InvalidInput, .. })
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -103,16 +150,31 @@ async fn g3_input_failing_the_schema_is_rejected_before_the_sandbox_naming_the_f
     ];
     for (input, expected) in cases {
         let input = input.to_string();
-        let req = CallRequest { tool: "fs_read_file", input: &input, grants: &[], budget: Budget::default(), cancel: None };
+        let req = CallRequest {
+            tool: "fs_read_file",
+            input: &input,
+            grants: &[],
+            budget: Budget::default(),
+            cancel: None,
+        };
         match s.call(req).await {
             Err(ToolServiceError::InvalidInput { tool, problems }) => {
                 assert_eq!(tool, "fs_read_file");
-                assert!(problems.iter().any(|p| p.contains(expected)), "{problems:?} lacks {expected}");
+                assert!(
+                    problems.iter().any(|p| p.contains(expected)),
+                    "{problems:?} lacks {expected}"
+                );
             }
             other => panic!("expected invalid input, got {:?}", other.map(|o| o.report.result)),
         }
     }
-    let req = CallRequest { tool: "fs_read_file", input: "{not json", grants: &[], budget: Budget::default(), cancel: None };
+    let req = CallRequest {
+        tool: "fs_read_file",
+        input: "{not json",
+        grants: &[],
+        budget: Budget::default(),
+        cancel: None,
+    };
     assert!(matches!(s.call(req).await, Err(ToolServiceError::InvalidInput { .. })));
 }
 
@@ -129,7 +191,18 @@ async fn writers_on_one_workspace_are_exclusive_readers_share() {
         call(s, "write", json!({"path": "/w/y.txt", "content": "y"}), &rw, b.clone()),
     );
     assert_eq!((x.report.result, y.report.result), (Ok(json!(1)), Ok(json!(1))));
-    let mut created: Vec<String> = x.changes.unwrap().created.into_iter().chain(y.changes.unwrap().created).map(|c| c.path).collect();
+    let mut created: Vec<String> = x
+        .changes
+        .unwrap()
+        .created
+        .into_iter()
+        .chain(y.changes.unwrap().created)
+        .map(|c| c.path)
+        .collect();
     created.sort();
-    assert_eq!(created, ["/w/x.txt", "/w/y.txt"], "each writer's change set holds only its own file");
+    assert_eq!(
+        created,
+        ["/w/x.txt", "/w/y.txt"],
+        "each writer's change set holds only its own file"
+    );
 }

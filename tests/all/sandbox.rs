@@ -44,7 +44,14 @@ async fn a1_infinite_loop_runs_out_of_fuel() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a2_loop_through_a_host_import_still_hits_the_deadline() {
     let s = shared().await;
-    let out = call(s, "spin_host", json!({}), &[], budget_with(|b| b.timeout = Duration::from_millis(200))).await;
+    let out = call(
+        s,
+        "spin_host",
+        json!({}),
+        &[],
+        budget_with(|b| b.timeout = Duration::from_millis(200)),
+    )
+    .await;
     assert_eq!(out.report.result, Err(CallError::Timeout { limit: Duration::from_millis(200) }));
     assert_eq!(out.report.logs.len(), keel::sandbox::MAX_LOG_RECORDS);
     assert!(out.report.dropped_logs > 0);
@@ -55,7 +62,14 @@ async fn a2_loop_through_a_host_import_still_hits_the_deadline() {
 async fn a2_blocking_host_call_is_stopped_by_the_deadline() {
     let s = shared().await;
     let started = Instant::now();
-    let out = call(s, "sleep", json!({"ms": 60_000}), &[], budget_with(|b| b.timeout = Duration::from_millis(200))).await;
+    let out = call(
+        s,
+        "sleep",
+        json!({"ms": 60_000}),
+        &[],
+        budget_with(|b| b.timeout = Duration::from_millis(200)),
+    )
+    .await;
     assert_eq!(out.report.result, Err(CallError::Timeout { limit: Duration::from_millis(200) }));
     assert!(started.elapsed() < Duration::from_secs(2));
     assert_healthy(s).await;
@@ -107,7 +121,10 @@ async fn a5_huge_output_is_refused_before_the_host_copies_it() {
     let s = shared().await;
     let budget = budget_with(|b| b.max_output = 1 << 20);
     let out = call(s, "huge_output", json!({"mib": 16}), &[], budget).await;
-    assert_eq!(out.report.result, Err(CallError::OutputTooLarge { bytes: (16 << 20) + 2, limit: 1 << 20 }));
+    assert_eq!(
+        out.report.result,
+        Err(CallError::OutputTooLarge { bytes: (16 << 20) + 2, limit: 1 << 20 })
+    );
     assert_healthy(s).await;
 }
 
@@ -115,7 +132,8 @@ async fn a5_huge_output_is_refused_before_the_host_copies_it() {
 async fn a6_stdout_and_stderr_floods_are_capped_with_a_marker() {
     let s = shared().await;
     for stream in ["stdout", "stderr"] {
-        let out = call(s, "flood", json!({"mib": 64, "stream": stream}), &[], Budget::default()).await;
+        let out =
+            call(s, "flood", json!({"mib": 64, "stream": stream}), &[], Budget::default()).await;
         assert_eq!(out.report.result, Ok(json!(64 << 20)));
         let captured = if stream == "stdout" { &out.report.stdout } else { &out.report.stderr };
         assert_eq!(captured.text.len(), 1 << 20);
@@ -137,7 +155,13 @@ async fn a7_cancelled_call_stops_and_is_recorded_cancelled() {
         });
         let input = input.to_string();
         let started = Instant::now();
-        let req = CallRequest { tool, input: &input, grants: &[], budget: Budget::default(), cancel: Some(cancel) };
+        let req = CallRequest {
+            tool,
+            input: &input,
+            grants: &[],
+            budget: Budget::default(),
+            cancel: Some(cancel),
+        };
         let out = s.call(req).await.unwrap();
         assert_eq!(out.report.result, Err(CallError::Cancelled), "{tool}");
         assert!(started.elapsed() < Duration::from_secs(2), "{tool} took {:?}", started.elapsed());

@@ -52,6 +52,8 @@ pub async fn call(
 
 /// Asserts that the service still serves a normal call: the host is alive and healthy.
 pub async fn assert_healthy(service: &ToolService) {
-    let out = call(service, "echo", serde_json::json!({"text": "still alive"}), &[], Budget::default()).await;
+    let out =
+        call(service, "echo", serde_json::json!({"text": "still alive"}), &[], Budget::default())
+            .await;
     assert_eq!(out.report.result, Ok(serde_json::json!({"text": "still alive"})));
 }

@@ -17,7 +17,8 @@ pub const EXIT_SETUP: u8 = 3;
 
 /// Opens the ToolService of `home`, with first-party tool installs reported on stderr.
 pub async fn open_tools(home: PathBuf) -> Result<ToolService, String> {
-    let home = Home::at(&home).map_err(|e| format!("cannot use keel home {}: {e}", home.display()))?;
+    let home =
+        Home::at(&home).map_err(|e| format!("cannot use keel home {}: {e}", home.display()))?;
     let progress = |msg: &str| eprintln!("keel: {msg}");
     ToolService::open(home, SandboxLimits::default(), &progress).await.map_err(|e| e.to_string())
 }

@@ -119,7 +119,10 @@ async fn install(service: &ToolService, a: InstallArgs) -> ExitCode {
         }
     };
     let name = a.name.clone().unwrap_or_else(|| {
-        a.file.file_stem().map(|s| s.to_string_lossy().replace('_', "-").to_lowercase()).unwrap_or_default()
+        a.file
+            .file_stem()
+            .map(|s| s.to_string_lossy().replace('_', "-").to_lowercase())
+            .unwrap_or_default()
     });
     eprintln!("keel: validating and compiling {} ({} bytes)…", a.file.display(), bytes.len());
     match service.install(&bytes, &name, &a.file.display().to_string(), false).await {
@@ -133,7 +136,10 @@ async fn install(service: &ToolService, a: InstallArgs) -> ExitCode {
                     r.component.digest,
                     r.component.size,
                     r.compile_ms,
-                    r.replaced.as_ref().map(|d| format!(", replacing sha256:{d}")).unwrap_or_default()
+                    r.replaced
+                        .as_ref()
+                        .map(|d| format!(", replacing sha256:{d}"))
+                        .unwrap_or_default()
                 );
                 for t in &r.tools {
                     println!("  {:<20} {:<16} {}", t.name, t.effect, inert(&t.description));
@@ -162,7 +168,13 @@ fn list(service: &ToolService, json_out: bool) -> ExitCode {
     } else {
         println!("{:<20} {:<10} {:<16} DESCRIPTION", "TOOL", "COMPONENT", "EFFECT");
         for t in &tools {
-            println!("{:<20} {:<10} {:<16} {}", t.name, t.component, t.effect, inert(&t.description));
+            println!(
+                "{:<20} {:<10} {:<16} {}",
+                t.name,
+                t.component,
+                t.effect,
+                inert(&t.description)
+            );
         }
     }
     ExitCode::SUCCESS
@@ -173,12 +185,17 @@ fn inspect(service: &ToolService, a: NameArgs) -> ExitCode {
         Ok(x) => x,
         Err(e) => return report_error(a.json, &e),
     };
-    let shown: Vec<_> = tools.iter().filter(|t| t.name == a.name || component.name == a.name).collect();
+    let shown: Vec<_> =
+        tools.iter().filter(|t| t.name == a.name || component.name == a.name).collect();
     if a.json {
         println!("{}", json!({"component": component, "tools": shown}));
         return ExitCode::SUCCESS;
     }
-    println!("component  {}{}", component.name, if component.builtin { " (first-party)" } else { "" });
+    println!(
+        "component  {}{}",
+        component.name,
+        if component.builtin { " (first-party)" } else { "" }
+    );
     println!("sha256     {}", component.digest);
     println!("size       {} bytes", component.size);
     println!("source     {}", inert(&component.source));
@@ -187,7 +204,10 @@ fn inspect(service: &ToolService, a: NameArgs) -> ExitCode {
         println!("tool        {}", t.name);
         println!("effect      {}{}", t.effect, if t.idempotent { ", idempotent" } else { "" });
         println!("description {}", inert(&t.description));
-        println!("input       {}", inert(&serde_json::to_string_pretty(&t.input_schema).unwrap_or_default()));
+        println!(
+            "input       {}",
+            inert(&serde_json::to_string_pretty(&t.input_schema).unwrap_or_default())
+        );
     }
     ExitCode::SUCCESS
 }
@@ -221,7 +241,13 @@ async fn call(service: &ToolService, a: CallArgs) -> ExitCode {
             on_interrupt.cancel();
         }
     });
-    let req = CallRequest { tool: &a.name, input: &a.input, grants: &a.grants, budget, cancel: Some(cancel) };
+    let req = CallRequest {
+        tool: &a.name,
+        input: &a.input,
+        grants: &a.grants,
+        budget,
+        cancel: Some(cancel),
+    };
     let outcome = match service.call(req).await {
         Ok(o) => o,
         Err(e) => return report_error(a.json, &e),
@@ -230,7 +256,11 @@ async fn call(service: &ToolService, a: CallArgs) -> ExitCode {
     if a.json {
         let (ok, output, error) = match &r.result {
             Ok(v) => (true, v.clone(), serde_json::Value::Null),
-            Err(e) => (false, serde_json::Value::Null, json!({"kind": e.kind(), "message": e.to_string()})),
+            Err(e) => (
+                false,
+                serde_json::Value::Null,
+                json!({"kind": e.kind(), "message": e.to_string()}),
+            ),
         };
         println!(
             "{}",
@@ -256,9 +286,15 @@ async fn call(service: &ToolService, a: CallArgs) -> ExitCode {
             Err(e) => eprintln!("error ({}): {}", e.kind(), inert(&e.to_string())),
         }
         if let Some(ch) = &outcome.changes {
-            for (what, list) in [("created", &ch.created), ("modified", &ch.modified), ("deleted", &ch.deleted)] {
+            for (what, list) in
+                [("created", &ch.created), ("modified", &ch.modified), ("deleted", &ch.deleted)]
+            {
                 for c in list {
-                    let hash = c.sha256.as_deref().map(|h| format!(" sha256:{}", &h[..16])).unwrap_or_default();
+                    let hash = c
+                        .sha256
+                        .as_deref()
+                        .map(|h| format!(" sha256:{}", &h[..16]))
+                        .unwrap_or_default();
                     eprintln!("{what:<8} {} ({} bytes){hash}", inert(&c.path), c.size);
                 }
             }

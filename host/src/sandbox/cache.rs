@@ -69,7 +69,10 @@ pub fn compile(
         .spawn(move || {
             let _ = tx.send(Component::new(&engine, &bytes[..]));
         })
-        .map_err(|source| LoadError::Cache { context: "spawning the compile thread".into(), source })?;
+        .map_err(|source| LoadError::Cache {
+            context: "spawning the compile thread".into(),
+            source,
+        })?;
     match rx.recv_timeout(timeout) {
         Ok(Ok(component)) => Ok(component),
         Ok(Err(source)) => Err(LoadError::Compile { source }),

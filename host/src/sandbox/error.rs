@@ -78,7 +78,9 @@ pub enum CallError {
     MemoryLimit { detail: String },
     #[error("the tool overflowed its call stack (unbounded recursion?)")]
     StackOverflow,
-    #[error("the tool's output is {bytes} bytes, over the limit of {limit} bytes; it was discarded")]
+    #[error(
+        "the tool's output is {bytes} bytes, over the limit of {limit} bytes; it was discarded"
+    )]
     OutputTooLarge { bytes: u64, limit: u64 },
     #[error("the tool returned output that is not valid JSON: {reason}")]
     InvalidOutput { reason: String },

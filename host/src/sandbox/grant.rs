@@ -141,11 +141,12 @@ impl FromStr for Grant {
         let (host, guest) = match rest.split_once('=') {
             Some((h, g)) => (h, g.to_string()),
             None => {
-                let canonical = Path::new(rest).canonicalize().map_err(|e| GrantError::HostDir {
-                    spec: spec.to_string(),
-                    host: rest.to_string(),
-                    reason: e.to_string(),
-                })?;
+                let canonical =
+                    Path::new(rest).canonicalize().map_err(|e| GrantError::HostDir {
+                        spec: spec.to_string(),
+                        host: rest.to_string(),
+                        reason: e.to_string(),
+                    })?;
                 let name = canonical.file_name().and_then(|n| n.to_str()).ok_or_else(syntax)?;
                 (rest, format!("/{name}"))
             }

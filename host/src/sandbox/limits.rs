@@ -68,8 +68,11 @@ impl ResourceLimiter for CallLimits {
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         if desired as u64 > self.table_elements {
-            return Err(LimitExceeded::Table { wanted: desired as u64, limit: self.table_elements }
-                .into());
+            return Err(LimitExceeded::Table {
+                wanted: desired as u64,
+                limit: self.table_elements,
+            }
+            .into());
         }
         Ok(true)
     }

@@ -174,7 +174,8 @@ pub struct Sandbox {
 impl Sandbox {
     /// A sandbox whose compiled artifacts are cached under `cache_root`.
     pub fn new(cache_root: &Path, limits: SandboxLimits) -> Result<Self, LoadError> {
-        let engine = engine::build_engine(&limits).map_err(|source| LoadError::Engine { source })?;
+        let engine =
+            engine::build_engine(&limits).map_err(|source| LoadError::Engine { source })?;
         let mut linker = Linker::new(&engine);
         wasi::add_to_linker(&mut linker).map_err(|source| LoadError::Engine { source })?;
         let ticker = engine::EpochTicker::start(&engine).map_err(|source| LoadError::Cache {
@@ -252,7 +253,8 @@ impl Sandbox {
         let invoke = component
             .get_export_index(Some(&iface), "invoke")
             .ok_or_else(|| wrong("its tools interface has no `invoke` function"))?;
-        let pre = self.linker.instantiate_pre(component).map_err(|source| LoadError::Link { source })?;
+        let pre =
+            self.linker.instantiate_pre(component).map_err(|source| LoadError::Link { source })?;
         Ok(Prepared { pre, describe, invoke })
     }
 

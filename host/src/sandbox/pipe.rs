@@ -45,7 +45,10 @@ impl Captured {
         if self.dropped_bytes == 0 {
             self.text.clone()
         } else {
-            format!("{}\n[… {} more bytes dropped: output cap reached]", self.text, self.dropped_bytes)
+            format!(
+                "{}\n[… {} more bytes dropped: output cap reached]",
+                self.text, self.dropped_bytes
+            )
         }
     }
 }
@@ -67,7 +70,10 @@ impl CappedPipe {
     /// What was written so far.
     pub fn captured(&self) -> Captured {
         let buf = self.buffer.lock().unwrap_or_else(PoisonError::into_inner);
-        Captured { text: String::from_utf8_lossy(&buf.kept).into_owned(), dropped_bytes: buf.dropped }
+        Captured {
+            text: String::from_utf8_lossy(&buf.kept).into_owned(),
+            dropped_bytes: buf.dropped,
+        }
     }
 }
 
@@ -109,7 +115,11 @@ impl OutputStream for CappedPipe {
 }
 
 impl AsyncWrite for CappedPipe {
-    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         self.push(buf);
         Poll::Ready(Ok(buf.len()))
     }

@@ -53,11 +53,17 @@ enum Output {
     Text(String),
 }
 
-pub async fn describe(engine: &Engine, prepared: &Prepared, budget: &Budget) -> CallReport<Vec<RawSpec>> {
+pub async fn describe(
+    engine: &Engine,
+    prepared: &Prepared,
+    budget: &Budget,
+) -> CallReport<Vec<RawSpec>> {
     let report = execute(engine, prepared, Action::Describe, &[], budget, None).await;
     map_report(report, |o| match o {
         Output::Specs(s) => Ok(s),
-        Output::Text(_) => Err(CallError::InvalidOutput { reason: "describe returned text".into() }),
+        Output::Text(_) => {
+            Err(CallError::InvalidOutput { reason: "describe returned text".into() })
+        }
     })
 }
 
@@ -74,7 +80,9 @@ pub async fn invoke(
     let report = execute(engine, prepared, action, grants, budget, cancel).await;
     map_report(report, |o| match o {
         Output::Text(t) => Ok(t),
-        Output::Specs(_) => Err(CallError::InvalidOutput { reason: "invoke returned specs".into() }),
+        Output::Specs(_) => {
+            Err(CallError::InvalidOutput { reason: "invoke returned specs".into() })
+        }
     })
 }
 
@@ -173,7 +181,8 @@ async fn run_action(
     prepared: &Prepared,
     action: &Action<'_>,
 ) -> Result<Output, Stop> {
-    let instance: Instance = prepared.pre.instantiate_async(&mut *store).await.map_err(Stop::Trap)?;
+    let instance: Instance =
+        prepared.pre.instantiate_async(&mut *store).await.map_err(Stop::Trap)?;
     match action {
         Action::Describe => {
             let f = instance
@@ -204,7 +213,9 @@ async fn run_action(
                         }));
                     }
                     if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&text) {
-                        return Err(Stop::Error(CallError::InvalidOutput { reason: e.to_string() }));
+                        return Err(Stop::Error(CallError::InvalidOutput {
+                            reason: e.to_string(),
+                        }));
                     }
                     Ok(Output::Text(text.into_owned()))
                 }

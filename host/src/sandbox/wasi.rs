@@ -104,10 +104,10 @@ pub fn build_ctx(
 /// Links the granted WASI interfaces and `keel:tool/host`.
 pub fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
     use wasmtime_wasi::cli::{WasiCli, WasiCliView};
-    use wasmtime_wasi::clocks::WasiClocksView;
-    use wasmtime_wasi::filesystem::WasiFilesystemView;
     use wasmtime_wasi::clocks::WasiClocks;
+    use wasmtime_wasi::clocks::WasiClocksView;
     use wasmtime_wasi::filesystem::WasiFilesystem;
+    use wasmtime_wasi::filesystem::WasiFilesystemView;
     use wasmtime_wasi::random::WasiRandom;
     type T = CallState;
     let l = linker;

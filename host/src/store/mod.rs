@@ -89,7 +89,9 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         tx.commit()?;
     }
     let found: i64 =
-        conn.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| r.get(0))?;
+        conn.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| {
+            r.get(0)
+        })?;
     if found > known {
         return Err(StoreError::TooNew { found, known });
     }

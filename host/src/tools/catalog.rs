@@ -102,10 +102,10 @@ pub fn clashes(
 ) -> Result<Vec<(String, String)>, StoreError> {
     let mut out = Vec::new();
     for name in names {
-        if let Some(t) = tool(conn, name)? {
-            if t.component != component {
-                out.push((t.name, t.component));
-            }
+        if let Some(t) = tool(conn, name)?
+            && t.component != component
+        {
+            out.push((t.name, t.component));
         }
     }
     Ok(out)

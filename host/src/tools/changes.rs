@@ -172,7 +172,12 @@ pub fn diff(before: &Snapshot, after: &Snapshot, grants: &[Grant]) -> ChangeSet 
     }
     for (path, m) in &before.entries {
         if !after.entries.contains_key(path) {
-            set.deleted.push(Change { path: path.clone(), kind: kind_name(m.kind), size: m.size, sha256: None });
+            set.deleted.push(Change {
+                path: path.clone(),
+                kind: kind_name(m.kind),
+                size: m.size,
+                sha256: None,
+            });
         }
     }
     set
@@ -181,10 +186,9 @@ pub fn diff(before: &Snapshot, after: &Snapshot, grants: &[Grant]) -> ChangeSet 
 /// sha256 of the regular file at guest `path`, opened inside its grant without following
 /// symlinks.
 fn hash(grants: &[Grant], path: &str) -> Option<String> {
-    let g = grants
-        .iter()
-        .filter(|g| g.access == Access::Rw)
-        .find(|g| g.guest == "/" || path.strip_prefix(&g.guest).is_some_and(|r| r.starts_with('/')))?;
+    let g = grants.iter().filter(|g| g.access == Access::Rw).find(|g| {
+        g.guest == "/" || path.strip_prefix(&g.guest).is_some_and(|r| r.starts_with('/'))
+    })?;
     let rel = if g.guest == "/" { &path[1..] } else { &path[g.guest.len() + 1..] };
     let dir = Dir::open_ambient_dir(&g.host, ambient_authority()).ok()?;
     let mut opts = OpenOptions::new();

@@ -30,9 +30,17 @@ fn valid_name(name: &str, extra: &[char]) -> bool {
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || extra.contains(&c))
 }
 
-fn parse_schema(tool: &str, which: &str, text: &str, problems: &mut Vec<String>) -> Option<serde_json::Value> {
+fn parse_schema(
+    tool: &str,
+    which: &str,
+    text: &str,
+    problems: &mut Vec<String>,
+) -> Option<serde_json::Value> {
     if text.len() > MAX_SCHEMA_BYTES {
-        problems.push(format!("`{tool}`: {which} schema is {} bytes, over {MAX_SCHEMA_BYTES}", text.len()));
+        problems.push(format!(
+            "`{tool}`: {which} schema is {} bytes, over {MAX_SCHEMA_BYTES}",
+            text.len()
+        ));
         return None;
     }
     let value: serde_json::Value = match serde_json::from_str(text) {
@@ -43,7 +51,10 @@ fn parse_schema(tool: &str, which: &str, text: &str, problems: &mut Vec<String>)
         }
     };
     if let Err(e) = jsonschema::meta::validate(&value) {
-        problems.push(format!("`{tool}`: {which} schema is not a valid JSON Schema: {e} (at {})", e.instance_path()));
+        problems.push(format!(
+            "`{tool}`: {which} schema is not a valid JSON Schema: {e} (at {})",
+            e.instance_path()
+        ));
         return None;
     }
     if let Err(e) = jsonschema::validator_for(&value) {
@@ -55,13 +66,19 @@ fn parse_schema(tool: &str, which: &str, text: &str, problems: &mut Vec<String>)
 
 /// Validates every spec and turns them into catalog records for `component`. Returns every
 /// problem found, not just the first.
-pub fn validate_specs(component: &str, specs: Vec<RawSpec>) -> Result<Vec<ToolRecord>, Vec<String>> {
+pub fn validate_specs(
+    component: &str,
+    specs: Vec<RawSpec>,
+) -> Result<Vec<ToolRecord>, Vec<String>> {
     let mut problems = Vec::new();
     if specs.is_empty() {
         problems.push("`describe` returned no tools".to_string());
     }
     if specs.len() > MAX_TOOLS_PER_COMPONENT {
-        problems.push(format!("`describe` returned {} tools, over {MAX_TOOLS_PER_COMPONENT}", specs.len()));
+        problems.push(format!(
+            "`describe` returned {} tools, over {MAX_TOOLS_PER_COMPONENT}",
+            specs.len()
+        ));
     }
     let mut seen = std::collections::BTreeSet::new();
     let mut records = Vec::new();
@@ -79,13 +96,17 @@ pub fn validate_specs(component: &str, specs: Vec<RawSpec>) -> Result<Vec<ToolRe
             continue;
         }
         if s.description.trim().is_empty() || s.description.len() > MAX_DESCRIPTION {
-            problems.push(format!("`{}`: description must be 1 to {MAX_DESCRIPTION} bytes", s.name));
+            problems
+                .push(format!("`{}`: description must be 1 to {MAX_DESCRIPTION} bytes", s.name));
         }
         let input = parse_schema(&s.name, "input", &s.input_schema, &mut problems);
-        if let Some(v) = &input {
-            if v.get("type").and_then(|t| t.as_str()) != Some("object") {
-                problems.push(format!("`{}`: input schema must describe an object (\"type\": \"object\")", s.name));
-            }
+        if let Some(v) = &input
+            && v.get("type").and_then(|t| t.as_str()) != Some("object")
+        {
+            problems.push(format!(
+                "`{}`: input schema must describe an object (\"type\": \"object\")",
+                s.name
+            ));
         }
         let output = match &s.output_schema {
             Some(text) => parse_schema(&s.name, "output", text, &mut problems).map(Some),
@@ -144,7 +165,14 @@ mod tests {
         let obj = r#"{"type":"object"}"#;
         let err = validate_specs(
             "c",
-            vec![spec("ok", obj), spec("ok", obj), spec("Bad", obj), spec("s", "{"), spec("t", r#"{"type":"string"}"#), spec("u", r#"{"type": 5}"#)],
+            vec![
+                spec("ok", obj),
+                spec("ok", obj),
+                spec("Bad", obj),
+                spec("s", "{"),
+                spec("t", r#"{"type":"string"}"#),
+                spec("u", r#"{"type": 5}"#),
+            ],
         )
         .unwrap_err();
         assert_eq!(err.len(), 5, "{err:#?}");

@@ -48,7 +48,11 @@ pub struct LeaseBusy {
 
 impl Leases {
     /// Takes every requested lease, waiting at most `wait` for them to become free.
-    pub fn acquire(&self, requests: Vec<LeaseRequest>, wait: Duration) -> Result<LeaseGuard, LeaseBusy> {
+    pub fn acquire(
+        &self,
+        requests: Vec<LeaseRequest>,
+        wait: Duration,
+    ) -> Result<LeaseGuard, LeaseBusy> {
         let started = Instant::now();
         let mut dirs = self.0.dirs.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
@@ -127,7 +131,8 @@ mod tests {
         let leases = Leases::default();
         let reader = leases.acquire(req("/w", false), Duration::from_secs(1)).unwrap();
         let l2 = leases.clone();
-        let t = std::thread::spawn(move || l2.acquire(req("/w", true), Duration::from_secs(5)).is_ok());
+        let t =
+            std::thread::spawn(move || l2.acquire(req("/w", true), Duration::from_secs(5)).is_ok());
         std::thread::sleep(Duration::from_millis(50));
         drop(reader);
         assert!(t.join().unwrap());

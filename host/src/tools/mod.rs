@@ -31,7 +31,12 @@ pub use lease::{LeaseBusy, LeaseRequest, Leases};
 
 /// Budget of the `describe` call made at install time.
 pub fn describe_budget() -> Budget {
-    Budget { fuel: 2_000_000_000, timeout: Duration::from_secs(10), memory: 128 << 20, ..Budget::default() }
+    Budget {
+        fuel: 2_000_000_000,
+        timeout: Duration::from_secs(10),
+        memory: 128 << 20,
+        ..Budget::default()
+    }
 }
 
 /// Why a tool operation could not be carried out (before or around the sandbox run; failures
@@ -136,7 +141,8 @@ pub struct ToolService {
 }
 
 fn now() -> String {
-    let secs = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs =
+        SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     format!("{secs}")
 }
 
@@ -265,7 +271,10 @@ impl ToolService {
     }
 
     /// The component named `name`, or the component of the tool named `name`.
-    pub fn component_for(&self, name: &str) -> Result<(ComponentRecord, Vec<ToolRecord>), ToolServiceError> {
+    pub fn component_for(
+        &self,
+        name: &str,
+    ) -> Result<(ComponentRecord, Vec<ToolRecord>), ToolServiceError> {
         let db = self.db();
         let component = match catalog::component(&db, name)? {
             Some(c) => Some(c),
@@ -309,8 +318,13 @@ impl ToolService {
 
     /// Step 2: the input must be a JSON object matching the tool's input schema; the error
     /// names each failing field.
-    pub fn check_input(&self, tool: &ToolRecord, input: &str) -> Result<serde_json::Value, ToolServiceError> {
-        let invalid = |problems| ToolServiceError::InvalidInput { tool: tool.name.clone(), problems };
+    pub fn check_input(
+        &self,
+        tool: &ToolRecord,
+        input: &str,
+    ) -> Result<serde_json::Value, ToolServiceError> {
+        let invalid =
+            |problems| ToolServiceError::InvalidInput { tool: tool.name.clone(), problems };
         let value: serde_json::Value = serde_json::from_str(input)
             .map_err(|e| invalid(vec![format!("input is not valid JSON: {e}")]))?;
         let validator = {
@@ -318,9 +332,12 @@ impl ToolService {
             match cache.get(&tool.spec_digest) {
                 Some(v) => v.clone(),
                 None => {
-                    let v = Arc::new(jsonschema::validator_for(&tool.input_schema).map_err(|e| {
-                        invalid(vec![format!("the tool's input schema cannot be compiled: {e}")])
-                    })?);
+                    let v =
+                        Arc::new(jsonschema::validator_for(&tool.input_schema).map_err(|e| {
+                            invalid(vec![format!(
+                                "the tool's input schema cannot be compiled: {e}"
+                            )])
+                        })?);
                     cache.insert(tool.spec_digest.clone(), v.clone());
                     v
                 }
@@ -339,7 +356,10 @@ impl ToolService {
     }
 
     /// Loads (from memory, the artifact cache, or by compiling) the component with `digest`.
-    pub fn prepared(&self, digest: &str) -> Result<(Arc<Prepared>, Option<LoadSource>), ToolServiceError> {
+    pub fn prepared(
+        &self,
+        digest: &str,
+    ) -> Result<(Arc<Prepared>, Option<LoadSource>), ToolServiceError> {
         if let Some(p) = self.prepared.lock().unwrap_or_else(PoisonError::into_inner).get(digest) {
             return Ok((p.clone(), None));
         }
@@ -359,26 +379,33 @@ impl ToolService {
         self.check_input(&tool, req.input)?;
         let ceiling = self.sandbox.limits().max_memory;
         if req.budget.memory > ceiling {
-            return Err(ToolServiceError::OverCeiling { what: "memory budget", asked: req.budget.memory, ceiling });
+            return Err(ToolServiceError::OverCeiling {
+                what: "memory budget",
+                asked: req.budget.memory,
+                ceiling,
+            });
         }
         Grant::check_disjoint(req.grants)?;
         let writes = tool.effect != "read-only";
         let requests: Vec<LeaseRequest> = req
             .grants
             .iter()
-            .map(|g| LeaseRequest { dir: g.host.clone(), exclusive: writes && g.access == Access::Rw })
+            .map(|g| LeaseRequest {
+                dir: g.host.clone(),
+                exclusive: writes && g.access == Access::Rw,
+            })
             .collect();
         let _lease = match self.leases.acquire(requests.clone(), Duration::ZERO) {
             Ok(l) => l,
             Err(_) => {
                 let leases = self.leases.clone();
                 let wait = req.budget.timeout;
-                tokio::task::spawn_blocking(move || leases.acquire(requests, wait))
-                    .await
-                    .map_err(|e| ToolServiceError::Io {
+                tokio::task::spawn_blocking(move || leases.acquire(requests, wait)).await.map_err(
+                    |e| ToolServiceError::Io {
                         context: "waiting for the workspace lease".into(),
                         source: std::io::Error::other(e.to_string()),
-                    })??
+                    },
+                )??
             }
         };
         let (prepared, _) = self.prepared(&self.component_for(&tool.component)?.0.digest)?;
@@ -391,7 +418,8 @@ impl ToolService {
         let changes = before.map(|b| changes::diff(&b, &changes::snapshot(req.grants), req.grants));
         let report = CallReport {
             result: report.result.and_then(|text| {
-                serde_json::from_str(&text).map_err(|e| CallError::InvalidOutput { reason: e.to_string() })
+                serde_json::from_str(&text)
+                    .map_err(|e| CallError::InvalidOutput { reason: e.to_string() })
             }),
             stdout: report.stdout,
             stderr: report.stderr,

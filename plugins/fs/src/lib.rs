@@ -107,10 +107,11 @@ struct WriteOutput {
 
 fn write_file(input: WriteInput) -> Result<WriteOutput, ToolError> {
     let created = !Path::new(&input.path).exists();
-    if let Some(parent) = Path::new(&input.path).parent() {
-        if !parent.as_os_str().is_empty() && !parent.exists() {
-            fs::create_dir_all(parent).map_err(|e| ToolError::io(&input.path, &e))?;
-        }
+    if let Some(parent) = Path::new(&input.path).parent()
+        && !parent.as_os_str().is_empty()
+        && !parent.exists()
+    {
+        fs::create_dir_all(parent).map_err(|e| ToolError::io(&input.path, &e))?;
     }
     fs::write(&input.path, input.content.as_bytes()).map_err(|e| ToolError::io(&input.path, &e))?;
     Ok(WriteOutput { path: input.path, bytes_written: input.content.len(), created })
@@ -265,7 +266,11 @@ fn search_file(path: &Path, pattern: &str, max: usize, out: &mut SearchOutput) {
                 return;
             }
             let text: String = line.chars().take(500).collect();
-            out.matches.push(Match { path: path.to_string_lossy().into_owned(), line: i + 1, text });
+            out.matches.push(Match {
+                path: path.to_string_lossy().into_owned(),
+                line: i + 1,
+                text,
+            });
         }
     }
 }
@@ -297,7 +302,10 @@ fn delete_files(input: DeleteInput) -> Result<DeleteOutput, ToolError> {
                 )));
             }
             Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !e.to_string().contains("pre-opened") => {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && !e.to_string().contains("pre-opened") =>
+            {
                 out.missing.push(path);
                 continue;
             }
