@@ -14,6 +14,13 @@ use super::SandboxLimits;
 /// How often the epoch advances; deadlines and cancellation are checked at this granularity.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
+/// Bytes of each linear memory slot kept resident (reset by memset) between calls.
+pub const KEEP_RESIDENT_MEMORY: usize = 2 << 20;
+/// Bytes of each table slot kept resident between calls.
+pub const KEEP_RESIDENT_TABLE: usize = 64 << 10;
+/// Bytes of each async stack kept resident between calls.
+pub const KEEP_RESIDENT_STACK: usize = 256 << 10;
+
 /// Builds the engine: Cranelift, component model, fuel, epoch interruption, async calls (so a
 /// call blocked in a host import can still be stopped), and the pooling allocator.
 pub fn build_engine(limits: &SandboxLimits) -> wasmtime::Result<Engine> {
@@ -24,7 +31,12 @@ pub fn build_engine(limits: &SandboxLimits) -> wasmtime::Result<Engine> {
         .total_memories(n.saturating_mul(4))
         .total_tables(n.saturating_mul(16))
         .total_stacks(n)
-        .max_memory_size(usize::try_from(limits.max_memory).unwrap_or(usize::MAX));
+        .max_memory_size(usize::try_from(limits.max_memory).unwrap_or(usize::MAX))
+        // Reset the first pages of a slot with memset instead of madvise: a typical tool touches
+        // about 1 MiB, and madvise in a multi-threaded host costs a TLB shootdown per call.
+        .linear_memory_keep_resident(KEEP_RESIDENT_MEMORY)
+        .table_keep_resident(KEEP_RESIDENT_TABLE)
+        .async_stack_keep_resident(KEEP_RESIDENT_STACK);
     let mut cfg = Config::new();
     cfg.wasm_component_model(true)
         .consume_fuel(true)
