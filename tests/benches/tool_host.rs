@@ -1,0 +1,187 @@
+//! Tool host benchmark: prints figures, asserts nothing about time.
+//!
+//! `cargo bench -p keel-tests --bench tool_host` (or `cargo bench` at the root). Measures, in one
+//! run: compile time of a component; cached load time; latency p50/p99 of one call (fresh
+//! store + instantiate + invoke + drop) for a trivial tool and a small file read, at the sandbox
+//! and through the whole ToolService chain; throughput on 2 threads; and the baseline of
+//! spawning a native process (`/bin/cat`) per call, printed as a ratio.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use keel::home::Home;
+use keel::sandbox::{Access, Budget, Grant, Sandbox};
+use keel::tools::CallRequest;
+use keel_tests::test_limits;
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+struct Stats {
+    p50: Duration,
+    p99: Duration,
+    mean: Duration,
+}
+
+fn stats(mut samples: Vec<Duration>) -> Stats {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
+    let mean = samples.iter().sum::<Duration>() / samples.len() as u32;
+    Stats { p50: at(0.5), p99: at(0.99), mean }
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn row(name: &str, s: &Stats) {
+    println!("{name:<52} p50 {:>9.1} µs   p99 {:>9.1} µs   mean {:>9.1} µs", us(s.p50), us(s.p99), us(s.mean));
+}
+
+fn main() {
+    let iters = env_usize("KEEL_BENCH_ITERS", 5000);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let home = Home::at(dir.path()).unwrap();
+    let service = rt.block_on(keel_tests::service_in(dir.path(), test_limits()));
+    let sandbox: &Arc<Sandbox> = service.sandbox();
+    println!("keel tool host benchmark ({iters} calls per latency figure)");
+    println!();
+
+    // Compile time of the first-party components.
+    for (name, bytes) in keel::builtin::BUILTIN_COMPONENTS {
+        let samples: Vec<Duration> = (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                sandbox.compile(bytes).unwrap();
+                t.elapsed()
+            })
+            .collect();
+        let s = stats(samples);
+        println!("compile `{name}` ({} KiB)                          median {:>8.1} ms", bytes.len() / 1024, us(s.p50) / 1e3);
+    }
+
+    // Cached load: verify the artifact's digest + deserialize (+ link).
+    let fs_digest = service.component_for("fs").unwrap().0.digest;
+    let wasm = home.component_path(&fs_digest);
+    sandbox.load(&fs_digest, &wasm).unwrap();
+    let samples: Vec<Duration> = (0..200)
+        .map(|_| {
+            let t = Instant::now();
+            let (_c, source) = sandbox.load(&fs_digest, &wasm).unwrap();
+            assert_eq!(source, keel::sandbox::LoadSource::Cache);
+            t.elapsed()
+        })
+        .collect();
+    let load = stats(samples);
+    row("cached load of `fs` (verify digest + deserialize)", &load);
+    let samples: Vec<Duration> = (0..200)
+        .map(|_| {
+            let t = Instant::now();
+            let (c, _) = sandbox.load(&fs_digest, &wasm).unwrap();
+            sandbox.prepare(&c).unwrap();
+            t.elapsed()
+        })
+        .collect();
+    row("cached load + link (InstancePre) of `fs`", &stats(samples));
+    println!();
+
+    // Fresh-store calls, at the sandbox.
+    let ws = tempfile::tempdir().unwrap();
+    let small = "x".repeat(1023) + "\n";
+    std::fs::write(ws.path().join("small.txt"), &small).unwrap();
+    let grants = [Grant::new(ws.path(), "/w", Access::Ro).unwrap()];
+    let budget = Budget::default();
+    let hostile = service.component_for("hostile").unwrap().0.digest;
+    let (echo_pre, _) = service.prepared(&hostile).unwrap();
+    let (fs_pre, _) = service.prepared(&fs_digest).unwrap();
+    let measure = |pre: &keel::sandbox::Prepared, tool: &str, input: &str, grants: &[Grant]| {
+        let mut samples = Vec::with_capacity(iters);
+        for i in 0..iters + iters / 10 {
+            let t = Instant::now();
+            let r = rt.block_on(sandbox.invoke(pre, tool, input, grants, &budget, None));
+            let e = t.elapsed();
+            assert!(r.result.is_ok(), "{tool}: {:?}", r.result);
+            if i >= iters / 10 {
+                samples.push(e);
+            }
+        }
+        stats(samples)
+    };
+    let trivial = measure(&echo_pre, "echo", r#"{"text":"hi"}"#, &[]);
+    row("sandbox call: trivial tool (echo)", &trivial);
+    let list = measure(&fs_pre, "fs_list_dir", r#"{"path":"/w"}"#, &grants);
+    row("sandbox call: fs_list_dir (1 entry)", &list);
+    let read = measure(&fs_pre, "fs_read_file", r#"{"path":"/w/small.txt"}"#, &grants);
+    row("sandbox call: fs_read_file (1 KiB file)", &read);
+
+    // The whole governed chain: resolve (SQLite) → schema → lease → sandbox.
+    let mut samples = Vec::with_capacity(iters);
+    let input = r#"{"path":"/w/small.txt"}"#;
+    for i in 0..iters + iters / 10 {
+        let t = Instant::now();
+        let req = CallRequest { tool: "fs_read_file", input, grants: &grants, budget: budget.clone(), cancel: None };
+        let out = rt.block_on(service.call(req)).unwrap();
+        let e = t.elapsed();
+        assert!(out.report.result.is_ok());
+        if i >= iters / 10 {
+            samples.push(e);
+        }
+    }
+    let governed = stats(samples);
+    row("ToolService call: fs_read_file (governed chain)", &governed);
+    println!();
+
+    // Baseline: one native process per call.
+    let path = ws.path().join("small.txt");
+    let spawns = (iters / 10).max(100);
+    let samples: Vec<Duration> = (0..spawns)
+        .map(|_| {
+            let t = Instant::now();
+            let out = std::process::Command::new("/bin/cat").arg(&path).output().unwrap();
+            assert_eq!(out.stdout.len(), small.len());
+            t.elapsed()
+        })
+        .collect();
+    let spawn = stats(samples);
+    row("baseline: spawn `/bin/cat` of the same file", &spawn);
+    println!(
+        "ratio: process spawn p50 / sandbox fs_read_file p50 = {:.1}x; / trivial p50 = {:.1}x",
+        spawn.p50.as_secs_f64() / read.p50.as_secs_f64(),
+        spawn.p50.as_secs_f64() / trivial.p50.as_secs_f64()
+    );
+    println!();
+
+    // Throughput: 2 worker threads, fresh store per call.
+    let mt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let total = iters * 4;
+    let per_task = total / 8;
+    for (label, tool, input, pre, g) in [
+        ("throughput, 2 threads: trivial tool (echo)", "echo", r#"{"text":"hi"}"#, echo_pre.clone(), vec![]),
+        ("throughput, 2 threads: fs_read_file (1 KiB)", "fs_read_file", input, fs_pre.clone(), grants.to_vec()),
+    ] {
+        let started = Instant::now();
+        mt.block_on(async {
+            let mut tasks = Vec::new();
+            for _ in 0..8 {
+                let sandbox = sandbox.clone();
+                let pre = pre.clone();
+                let g = g.clone();
+                let budget = budget.clone();
+                tasks.push(tokio::spawn(async move {
+                    for _ in 0..per_task {
+                        let r = sandbox.invoke(&pre, tool, input, &g, &budget, None).await;
+                        assert!(r.result.is_ok());
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+        let secs = started.elapsed().as_secs_f64();
+        println!("{label:<52} {:>9.0} calls/s", (per_task * 8) as f64 / secs);
+    }
+}
