@@ -37,7 +37,12 @@ fn us(d: Duration) -> f64 {
 }
 
 fn row(name: &str, s: &Stats) {
-    println!("{name:<52} p50 {:>9.1} µs   p99 {:>9.1} µs   mean {:>9.1} µs", us(s.p50), us(s.p99), us(s.mean));
+    println!(
+        "{name:<52} p50 {:>9.1} µs   p99 {:>9.1} µs   mean {:>9.1} µs",
+        us(s.p50),
+        us(s.p99),
+        us(s.mean)
+    );
 }
 
 fn main() {
@@ -60,7 +65,11 @@ fn main() {
             })
             .collect();
         let s = stats(samples);
-        println!("compile `{name}` ({} KiB)                          median {:>8.1} ms", bytes.len() / 1024, us(s.p50) / 1e3);
+        println!(
+            "compile `{name}` ({} KiB)                          median {:>8.1} ms",
+            bytes.len() / 1024,
+            us(s.p50) / 1e3
+        );
     }
 
     // Cached load: verify the artifact's digest + deserialize (+ link).
@@ -122,7 +131,13 @@ fn main() {
     let input = r#"{"path":"/w/small.txt"}"#;
     for i in 0..iters + iters / 10 {
         let t = Instant::now();
-        let req = CallRequest { tool: "fs_read_file", input, grants: &grants, budget: budget.clone(), cancel: None };
+        let req = CallRequest {
+            tool: "fs_read_file",
+            input,
+            grants: &grants,
+            budget: budget.clone(),
+            cancel: None,
+        };
         let out = rt.block_on(service.call(req)).unwrap();
         let e = t.elapsed();
         assert!(out.report.result.is_ok());
@@ -155,12 +170,25 @@ fn main() {
     println!();
 
     // Throughput: 2 worker threads, fresh store per call.
-    let mt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let mt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let total = iters * 4;
     let per_task = total / 8;
     for (label, tool, input, pre, g) in [
-        ("throughput, 2 threads: trivial tool (echo)", "echo", r#"{"text":"hi"}"#, echo_pre.clone(), vec![]),
-        ("throughput, 2 threads: fs_read_file (1 KiB)", "fs_read_file", input, fs_pre.clone(), grants.to_vec()),
+        (
+            "throughput, 2 threads: trivial tool (echo)",
+            "echo",
+            r#"{"text":"hi"}"#,
+            echo_pre.clone(),
+            vec![],
+        ),
+        (
+            "throughput, 2 threads: fs_read_file (1 KiB)",
+            "fs_read_file",
+            input,
+            fs_pre.clone(),
+            grants.to_vec(),
+        ),
     ] {
         let started = Instant::now();
         mt.block_on(async {

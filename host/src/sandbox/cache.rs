@@ -132,7 +132,8 @@ impl ArtifactCache {
         let (artifact, sidecar) = self.paths(digest);
         let tmp = artifact.with_extension(format!("tmp{}", std::process::id()));
         std::fs::write(&tmp, &bytes).map_err(io("writing the artifact"))?;
-        std::fs::write(&sidecar, artifact_digest(&bytes)).map_err(io("writing the artifact digest"))?;
+        std::fs::write(&sidecar, artifact_digest(&bytes))
+            .map_err(io("writing the artifact digest"))?;
         std::fs::rename(&tmp, &artifact).map_err(io("publishing the artifact"))?;
         Ok(())
     }

@@ -168,6 +168,11 @@ pub fn remove(conn: &mut Connection, component: &str) -> Result<Vec<String>, Sto
     Ok(names)
 }
 
+/// The database's data version: it changes whenever another connection commits.
+pub fn data_version(conn: &Connection) -> Result<i64, StoreError> {
+    Ok(conn.prepare_cached("PRAGMA data_version")?.query_row([], |r| r.get(0))?)
+}
+
 /// Whether any component still uses the file with `digest`.
 pub fn digest_in_use(conn: &Connection, digest: &str) -> Result<bool, StoreError> {
     Ok(conn.query_row(

@@ -130,11 +130,27 @@ pub struct CallOutcome {
     pub changes: Option<ChangeSet>,
 }
 
+/// A resolved tool: its record and the digest of the component that provides it.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub record: ToolRecord,
+    pub digest: String,
+}
+
+/// An in-memory copy of the catalog, valid while the database's `data_version` (which changes
+/// when another connection commits) is unchanged; this service's own writes clear it.
+#[derive(Default)]
+struct CatalogCache {
+    version: Option<i64>,
+    tools: HashMap<String, Arc<Resolved>>,
+}
+
 /// The ToolService of one keel home.
 pub struct ToolService {
     home: Home,
     sandbox: Arc<Sandbox>,
     db: Mutex<Connection>,
+    catalog: Mutex<CatalogCache>,
     prepared: Mutex<HashMap<String, Arc<Prepared>>>,
     validators: Mutex<HashMap<String, Arc<jsonschema::Validator>>>,
     leases: Leases,
@@ -160,6 +176,7 @@ impl ToolService {
             home,
             sandbox,
             db: Mutex::new(conn),
+            catalog: Mutex::new(CatalogCache::default()),
             prepared: Mutex::new(HashMap::new()),
             validators: Mutex::new(HashMap::new()),
             leases: Leases::default(),
@@ -246,6 +263,7 @@ impl ToolService {
             catalog::put(&mut db, &record, &tools)?;
             old
         };
+        self.invalidate_catalog();
         if let Some(old) = &replaced {
             self.forget_file(old)?;
         }
@@ -306,13 +324,35 @@ impl ToolService {
             return Err(ToolServiceError::Builtin { name: component.name });
         }
         let removed = catalog::remove(&mut self.db(), &component.name)?;
+        self.invalidate_catalog();
         self.forget_file(&component.digest)?;
         Ok((component, removed))
     }
 
-    /// Step 1: the tool must be installed.
-    pub fn resolve(&self, tool: &str) -> Result<ToolRecord, ToolServiceError> {
-        let found = catalog::tool(&self.db(), tool)?;
+    fn invalidate_catalog(&self) {
+        self.catalog.lock().unwrap_or_else(PoisonError::into_inner).version = None;
+    }
+
+    /// Step 1: the tool must be installed. Served from memory while the catalog is unchanged.
+    pub fn resolve(&self, tool: &str) -> Result<Arc<Resolved>, ToolServiceError> {
+        let found = {
+            let db = self.db();
+            let version = catalog::data_version(&db)?;
+            let mut cache = self.catalog.lock().unwrap_or_else(PoisonError::into_inner);
+            if cache.version != Some(version) {
+                let digests: HashMap<String, String> =
+                    catalog::components(&db)?.into_iter().map(|c| (c.name, c.digest)).collect();
+                cache.tools = catalog::tools(&db)?
+                    .into_iter()
+                    .filter_map(|record| {
+                        let digest = digests.get(&record.component)?.clone();
+                        Some((record.name.clone(), Arc::new(Resolved { record, digest })))
+                    })
+                    .collect();
+                cache.version = Some(version);
+            }
+            cache.tools.get(tool).cloned()
+        };
         found.ok_or_else(|| self.not_installed(tool))
     }
 
@@ -375,8 +415,9 @@ impl ToolService {
     /// Runs one governed call: resolve → input schema → budget ceiling → grants → lease →
     /// change snapshot → sandbox → change set.
     pub async fn call(&self, req: CallRequest<'_>) -> Result<CallOutcome, ToolServiceError> {
-        let tool = self.resolve(req.tool)?;
-        self.check_input(&tool, req.input)?;
+        let resolved = self.resolve(req.tool)?;
+        let tool = &resolved.record;
+        self.check_input(tool, req.input)?;
         let ceiling = self.sandbox.limits().max_memory;
         if req.budget.memory > ceiling {
             return Err(ToolServiceError::OverCeiling {
@@ -408,7 +449,7 @@ impl ToolService {
                 )??
             }
         };
-        let (prepared, _) = self.prepared(&self.component_for(&tool.component)?.0.digest)?;
+        let (prepared, _) = self.prepared(&resolved.digest)?;
         let track = writes && req.grants.iter().any(|g| g.access == Access::Rw);
         let before = track.then(|| changes::snapshot(req.grants));
         let report = self
@@ -430,6 +471,6 @@ impl ToolService {
             memory_peak: report.memory_peak,
             duration: report.duration,
         };
-        Ok(CallOutcome { tool, report, changes })
+        Ok(CallOutcome { tool: tool.clone(), report, changes })
     }
 }
