@@ -5,7 +5,7 @@
 //! [`resolve`](ToolService::resolve) → [`check_input`](ToolService::check_input) →
 //! lease → change snapshot → sandbox run → change set. It does not own sessions, goals or
 //! approvals (later owners call it), and it does not run guest code itself (the
-//! [`Sandbox`](crate::sandbox::Sandbox) does).
+//! [`Sandbox`] does).
 
 pub mod catalog;
 pub mod changes;
