@@ -24,16 +24,23 @@ fn quick_start_call_on_a_granted_directory() {
     let home = tempfile::tempdir().unwrap();
     let grant = format!("{}=/data:ro", data_dir());
     let input = r#"{"path":"/data/orders.csv","expected_columns":7}"#;
-    let out = keel(home.path(), &["tool", "call", "csv_inspect", "--grant", &grant, "--input", input, "--json"]);
+    let out = keel(
+        home.path(),
+        &["tool", "call", "csv_inspect", "--grant", &grant, "--input", input, "--json"],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let v = json_of(&out);
     assert_eq!(v["ok"], json!(true));
-    assert_eq!(v["output"]["ragged_rows"], json!([{"line": 4, "columns": 6}, {"line": 6, "columns": 8}]));
+    assert_eq!(
+        v["output"]["ragged_rows"],
+        json!([{"line": 4, "columns": 6}, {"line": 6, "columns": 8}])
+    );
     assert_eq!(v["error"], Value::Null);
     // The first-party tools were installed on first use, with progress on stderr.
     assert!(String::from_utf8_lossy(&out.stderr).contains("installing first-party tool component"));
     // A second run reuses the compiled artifacts: no install step.
-    let out = keel(home.path(), &["tool", "call", "csv_inspect", "--grant", &grant, "--input", input]);
+    let out =
+        keel(home.path(), &["tool", "call", "csv_inspect", "--grant", &grant, "--input", input]);
     assert_eq!(out.status.code(), Some(0));
     assert!(!String::from_utf8_lossy(&out.stderr).contains("installing"));
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"ragged_count\": 2"));
@@ -43,9 +50,23 @@ fn quick_start_call_on_a_granted_directory() {
 fn list_inspect_remove() {
     let home = tempfile::tempdir().unwrap();
     let out = keel(home.path(), &["tool", "list", "--json"]);
-    let names: Vec<String> =
-        json_of(&out).as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_string()).collect();
-    assert_eq!(names, ["csv_inspect", "fs_delete_files", "fs_list_dir", "fs_read_file", "fs_search", "fs_write_file"]);
+    let names: Vec<String> = json_of(&out)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "csv_inspect",
+            "fs_delete_files",
+            "fs_list_dir",
+            "fs_read_file",
+            "fs_search",
+            "fs_write_file"
+        ]
+    );
     let out = keel(home.path(), &["tool", "inspect", "fs_delete_files", "--json"]);
     let v = json_of(&out);
     assert_eq!(v["tools"][0]["effect"], json!("destructive"));
@@ -64,11 +85,24 @@ fn errors_are_typed_and_exit_codes_distinguish_them() {
     let home = tempfile::tempdir().unwrap();
     let grant = format!("{}=/data:ro", data_dir());
     // The tool ran and failed: exit 1, typed error.
-    let out = keel(home.path(), &["tool", "call", "fs_read_file", "--grant", &grant, "--input", r#"{"path":"/data/none.txt"}"#, "--json"]);
+    let out = keel(
+        home.path(),
+        &[
+            "tool",
+            "call",
+            "fs_read_file",
+            "--grant",
+            &grant,
+            "--input",
+            r#"{"path":"/data/none.txt"}"#,
+            "--json",
+        ],
+    );
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(json_of(&out)["error"]["kind"], json!("not_found"));
     // Refused before running: exit 2, the error names the field.
-    let out = keel(home.path(), &["tool", "call", "fs_read_file", "--input", r#"{"path":1}"#, "--json"]);
+    let out =
+        keel(home.path(), &["tool", "call", "fs_read_file", "--input", r#"{"path":1}"#, "--json"]);
     assert_eq!(out.status.code(), Some(2));
     let v = json_of(&out);
     assert_eq!(v["error"]["kind"], json!("invalid_input"));
@@ -77,15 +111,41 @@ fn errors_are_typed_and_exit_codes_distinguish_them() {
     let out = keel(home.path(), &["tool", "call", "fs_read_file", "--timeout", "soon"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a duration"));
-    let out = keel(home.path(), &["tool", "call", "fs_read_file", "--grant", "/definitely/missing=/m"]);
+    let out =
+        keel(home.path(), &["tool", "call", "fs_read_file", "--grant", "/definitely/missing=/m"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used"));
     // A write into a read-only grant is denied, and the message says so.
-    let out = keel(home.path(), &["tool", "call", "fs_write_file", "--grant", &grant, "--input", r#"{"path":"/data/x.txt","content":"x"}"#]);
+    let out = keel(
+        home.path(),
+        &[
+            "tool",
+            "call",
+            "fs_write_file",
+            "--grant",
+            &grant,
+            "--input",
+            r#"{"path":"/data/x.txt","content":"x"}"#,
+        ],
+    );
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("error (denied)"));
     // A deadline stops a call: exit 1, `timeout`.
-    let out = keel(home.path(), &["tool", "call", "fs_search", "--grant", &grant, "--input", r#"{"path":"/data","pattern":"x"}"#, "--fuel", "1000", "--json"]);
+    let out = keel(
+        home.path(),
+        &[
+            "tool",
+            "call",
+            "fs_search",
+            "--grant",
+            &grant,
+            "--input",
+            r#"{"path":"/data","pattern":"x"}"#,
+            "--fuel",
+            "1000",
+            "--json",
+        ],
+    );
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(json_of(&out)["error"]["kind"], json!("fuel_exhausted"));
 }
@@ -100,7 +160,12 @@ fn install_refuses_what_is_not_a_component() {
     assert_eq!(out.status.code(), Some(2));
     let v = json_of(&out);
     assert_eq!(v["error"]["kind"], json!("load"));
-    assert!(v["error"]["message"].as_str().unwrap().contains("core WebAssembly module, not a component"));
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("core WebAssembly module, not a component")
+    );
     let out = keel(home.path(), &["tool", "install", "/definitely/missing.wasm"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /definitely/missing.wasm"));
@@ -111,14 +176,29 @@ fn write_calls_print_their_change_set() {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
     let grant = format!("{}=/w:rw", ws.path().display());
-    let out = keel(home.path(), &["tool", "call", "fs_write_file", "--grant", &grant, "--input", r#"{"path":"/w/out.md","content":"\u001b[31mred"}"#, "--json"]);
+    let out = keel(
+        home.path(),
+        &[
+            "tool",
+            "call",
+            "fs_write_file",
+            "--grant",
+            &grant,
+            "--input",
+            r#"{"path":"/w/out.md","content":"\u001b[31mred"}"#,
+            "--json",
+        ],
+    );
     assert_eq!(out.status.code(), Some(0));
     let v = json_of(&out);
     assert_eq!(v["changes"]["created"][0]["path"], json!("/w/out.md"));
     assert_eq!(v["changes"]["created"][0]["size"], json!(8));
     assert_eq!(std::fs::read(ws.path().join("out.md")).unwrap(), b"\x1b[31mred");
     // Text mode renders control characters inert.
-    let out = keel(home.path(), &["tool", "call", "fs_read_file", "--grant", &grant, "--input", r#"{"path":"/w/out.md"}"#]);
+    let out = keel(
+        home.path(),
+        &["tool", "call", "fs_read_file", "--grant", &grant, "--input", r#"{"path":"/w/out.md"}"#],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!stdout.contains('\x1b') && stdout.contains("\\u001b[31mred"), "{stdout}");
 }
