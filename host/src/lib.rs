@@ -12,9 +12,14 @@
 //! - [`home`] — where keel keeps its state (`--home`, `KEEL_HOME`).
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
+pub mod agent;
+pub mod brain;
 pub mod builtin;
+pub mod harness;
 pub mod home;
+pub mod model;
 pub mod sandbox;
+pub mod session;
 pub mod store;
 pub mod tools;
 pub mod units;

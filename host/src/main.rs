@@ -24,6 +24,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a task: create (or continue, with --session) a session and run its turn.
+    Run(commands::run::RunArgs),
+    /// Inspect and steer sessions.
+    #[command(subcommand)]
+    Session(commands::session::SessionCommand),
     /// Install, inspect, remove and call tool components.
     #[command(subcommand)]
     Tool(commands::tool::ToolCommand),
@@ -49,6 +54,8 @@ fn main() -> ExitCode {
     runtime.block_on(async {
         match cli.command {
             Command::Tool(cmd) => commands::tool::execute(home, cmd).await,
+            Command::Run(args) => commands::run::execute(home, args).await,
+            Command::Session(cmd) => commands::session::execute(home, cmd).await,
         }
     })
 }

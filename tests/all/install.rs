@@ -146,6 +146,8 @@ async fn g4_a_modified_component_file_is_refused_before_compile() {
         grants: &[],
         budget: Budget::default(),
         cancel: None,
+        loaded: None,
+        policy: None,
     };
     match s.call(req).await {
         Err(ToolServiceError::Load(LoadError::DigestMismatch { expected, .. })) => {
@@ -204,6 +206,8 @@ async fn reinstall_replaces_and_remove_forgets() {
         grants: &[],
         budget: Budget::default(),
         cancel: None,
+        loaded: None,
+        policy: None,
     };
     match s.call(req).await {
         Err(ToolServiceError::NotInstalled { name, available }) => {

@@ -161,6 +161,8 @@ async fn a7_cancelled_call_stops_and_is_recorded_cancelled() {
             grants: &[],
             budget: Budget::default(),
             cancel: Some(cancel),
+            loaded: None,
+            policy: None,
         };
         let out = s.call(req).await.unwrap();
         assert_eq!(out.report.result, Err(CallError::Cancelled), "{tool}");

@@ -137,6 +137,8 @@ fn main() {
             grants: &grants,
             budget: budget.clone(),
             cancel: None,
+            loaded: None,
+            policy: None,
         };
         let out = rt.block_on(service.call(req)).unwrap();
         let e = t.elapsed();

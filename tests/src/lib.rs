@@ -46,7 +46,15 @@ pub async fn call(
     budget: Budget,
 ) -> CallOutcome {
     let input = input.to_string();
-    let req = CallRequest { tool, input: &input, grants, budget, cancel: None };
+    let req = CallRequest {
+        tool,
+        input: &input,
+        grants,
+        budget,
+        cancel: None,
+        loaded: None,
+        policy: None,
+    };
     service.call(req).await.unwrap()
 }
 

@@ -1,5 +1,7 @@
 //! One module per command.
 
+pub mod run;
+pub mod session;
 pub mod tool;
 
 use std::path::PathBuf;

@@ -247,6 +247,8 @@ async fn call(service: &ToolService, a: CallArgs) -> ExitCode {
         grants: &a.grants,
         budget,
         cancel: Some(cancel),
+        loaded: None,
+        policy: None,
     };
     let outcome = match service.call(req).await {
         Ok(o) => o,

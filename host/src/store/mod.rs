@@ -14,9 +14,10 @@ use rusqlite::{Connection, TransactionBehavior};
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Numbered migrations; append only, never edit one that shipped.
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    "CREATE TABLE components (
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        "CREATE TABLE components (
         name         TEXT PRIMARY KEY,
         digest       TEXT NOT NULL,
         size         INTEGER NOT NULL,
@@ -35,7 +36,94 @@ const MIGRATIONS: &[(i64, &str)] = &[(
         spec_digest   TEXT NOT NULL
     );
     CREATE INDEX tools_by_component ON tools(component);",
-)];
+    ),
+    (
+        2,
+        "CREATE TABLE sessions (
+        id                  TEXT PRIMARY KEY,
+        created_at          INTEGER NOT NULL,
+        session_goal        TEXT,
+        phase_goal          TEXT,
+        state               TEXT NOT NULL,
+        state_detail        TEXT,
+        loaded_tools        TEXT NOT NULL,
+        policy              TEXT NOT NULL,
+        budget              TEXT NOT NULL,
+        model               TEXT NOT NULL,
+        system_prompt       TEXT NOT NULL,
+        meta_version        INTEGER NOT NULL,
+        context_start       INTEGER NOT NULL DEFAULT 0,
+        steps               INTEGER NOT NULL DEFAULT 0,
+        turns               INTEGER NOT NULL DEFAULT 0,
+        interrupt_requested INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE session_grants (
+        session_id TEXT NOT NULL REFERENCES sessions(id),
+        host       TEXT NOT NULL,
+        guest      TEXT NOT NULL,
+        access     TEXT NOT NULL,
+        PRIMARY KEY (session_id, guest)
+    );
+    CREATE TABLE messages (
+        session_id TEXT NOT NULL REFERENCES sessions(id),
+        seq        INTEGER NOT NULL,
+        turn       INTEGER NOT NULL,
+        role       TEXT NOT NULL,
+        body       TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (session_id, seq)
+    );
+    CREATE TABLE inbox (
+        session_id  TEXT NOT NULL REFERENCES sessions(id),
+        seq         INTEGER NOT NULL,
+        text        TEXT NOT NULL,
+        created_at  INTEGER NOT NULL,
+        consumed_at INTEGER,
+        PRIMARY KEY (session_id, seq)
+    );
+    CREATE TABLE tool_calls (
+        session_id       TEXT NOT NULL REFERENCES sessions(id),
+        step             INTEGER NOT NULL,
+        call_id          TEXT NOT NULL,
+        position         INTEGER NOT NULL,
+        tool             TEXT NOT NULL,
+        input            TEXT NOT NULL,
+        input_digest     TEXT NOT NULL,
+        component_digest TEXT,
+        effect           TEXT,
+        status           TEXT NOT NULL,
+        result           TEXT,
+        error_kind       TEXT,
+        changes          TEXT,
+        duration_ms      REAL,
+        created_at       INTEGER NOT NULL,
+        finished_at      INTEGER,
+        PRIMARY KEY (session_id, step, call_id)
+    );
+    CREATE TABLE evidence (
+        session_id   TEXT NOT NULL REFERENCES sessions(id),
+        step         INTEGER NOT NULL,
+        created_at   INTEGER NOT NULL,
+        head         TEXT NOT NULL,
+        system_hash  TEXT NOT NULL,
+        tools_hash   TEXT,
+        history_from INTEGER NOT NULL,
+        history_to   INTEGER NOT NULL,
+        body_sha256  TEXT NOT NULL,
+        meta_version INTEGER NOT NULL,
+        PRIMARY KEY (session_id, step)
+    );
+    CREATE TABLE blobs (
+        hash TEXT PRIMARY KEY,
+        body TEXT NOT NULL
+    );
+    CREATE TABLE runner_leases (
+        session_id   TEXT PRIMARY KEY,
+        owner        TEXT NOT NULL,
+        heartbeat_ms INTEGER NOT NULL
+    );",
+    ),
+];
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -48,11 +136,29 @@ pub enum StoreError {
     },
     #[error("database error: {0}")]
     Sql(#[from] rusqlite::Error),
+    #[error("the database commit failed: {message}")]
+    Commit { message: String },
+    #[error("the database writer has stopped")]
+    WriterGone,
+    #[error("{0}")]
+    Invalid(String),
     #[error(
         "database schema version {found} is newer than this keel understands ({known}); \
          upgrade keel"
     )]
     TooNew { found: i64, known: i64 },
+}
+
+mod writer;
+
+pub use writer::{Db, DbStats};
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
 }
 
 /// Opens (creating if needed) the database at `path` and brings its schema up to date.

@@ -28,6 +28,7 @@ use crate::store::{self, StoreError};
 pub use catalog::{ComponentRecord, ToolRecord};
 pub use changes::ChangeSet;
 pub use lease::{LeaseBusy, LeaseRequest, Leases};
+use serde::{Deserialize, Serialize};
 
 /// Budget of the `describe` call made at install time.
 pub fn describe_budget() -> Budget {
@@ -75,6 +76,10 @@ pub enum ToolServiceError {
     NameClash { clashes: Vec<(String, String)> },
     #[error("input for `{tool}` is rejected: {}", .problems.join("; "))]
     InvalidInput { tool: String, problems: Vec<String> },
+    #[error("the tool `{name}` is not loaded in this session; loaded tools: {loaded}")]
+    NotLoaded { name: String, loaded: String },
+    #[error("{reason}")]
+    PolicyDenied { reason: String },
     #[error("{what} {asked} exceeds the host's ceiling of {ceiling}")]
     OverCeiling { what: &'static str, asked: u64, ceiling: u64 },
 }
@@ -96,6 +101,30 @@ impl ToolServiceError {
             Self::NameClash { .. } => "name_clash",
             Self::InvalidInput { .. } => "invalid_input",
             Self::OverCeiling { .. } => "over_ceiling",
+            Self::NotLoaded { .. } => "unknown_tool",
+            Self::PolicyDenied { .. } => "denied",
+        }
+    }
+}
+
+/// Which calls a session allows: every loaded tool, except those denied by name or effect.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    #[serde(default)]
+    pub deny_tools: Vec<String>,
+    #[serde(default)]
+    pub deny_effects: Vec<String>,
+}
+
+impl Policy {
+    /// `None` when allowed, else why not.
+    pub fn check(&self, tool: &str, effect: &str) -> Option<String> {
+        if self.deny_tools.iter().any(|t| t == tool) {
+            Some(format!("the session's policy denies the tool `{tool}`"))
+        } else if self.deny_effects.iter().any(|e| e == effect) {
+            Some(format!("the session's policy denies `{effect}` tools such as `{tool}`"))
+        } else {
+            None
         }
     }
 }
@@ -119,6 +148,10 @@ pub struct CallRequest<'a> {
     pub grants: &'a [Grant],
     pub budget: Budget,
     pub cancel: Option<CancelToken>,
+    /// When set, only these tools may be called (the tools loaded in a session).
+    pub loaded: Option<&'a [String]>,
+    /// When set, the allow/deny policy the call must pass.
+    pub policy: Option<&'a Policy>,
 }
 
 /// What a call produced.
@@ -412,12 +445,42 @@ impl ToolService {
         Ok((prepared, Some(source)))
     }
 
+    /// The loaded tools as the model sees them (name, description, input schema); names that
+    /// are not installed are skipped.
+    pub fn tools_for_model(
+        &self,
+        loaded: &[String],
+    ) -> Result<Vec<crate::session::ToolForModel>, ToolServiceError> {
+        let mut out = Vec::new();
+        for name in loaded {
+            if let Ok(r) = self.resolve(name) {
+                out.push(crate::session::ToolForModel {
+                    name: r.record.name.clone(),
+                    description: r.record.description.clone(),
+                    parameters: r.record.input_schema.clone(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
     /// Runs one governed call: resolve → input schema → budget ceiling → grants → lease →
     /// change snapshot → sandbox → change set.
     pub async fn call(&self, req: CallRequest<'_>) -> Result<CallOutcome, ToolServiceError> {
+        if let Some(loaded) = req.loaded
+            && !loaded.iter().any(|t| t == req.tool)
+        {
+            return Err(ToolServiceError::NotLoaded {
+                name: req.tool.to_string(),
+                loaded: loaded.join(", "),
+            });
+        }
         let resolved = self.resolve(req.tool)?;
         let tool = &resolved.record;
         self.check_input(tool, req.input)?;
+        if let Some(reason) = req.policy.and_then(|p| p.check(&tool.name, &tool.effect)) {
+            return Err(ToolServiceError::PolicyDenied { reason });
+        }
         let ceiling = self.sandbox.limits().max_memory;
         if req.budget.memory > ceiling {
             return Err(ToolServiceError::OverCeiling {

@@ -1,4 +1,5 @@
 //! The `keel` command end to end: real binary, real home directory, first-party tools.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 use std::process::{Command, Output};

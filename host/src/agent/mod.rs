@@ -1,0 +1,240 @@
+//! AgentService: the fixed model/tool loop of one turn.
+//!
+//! assemble (SessionEngine) → model → tools (ToolService) → commit (SessionEngine) → repeat,
+//! with loop guards (steps per turn, the same call repeated, consecutive tool errors), each
+//! ending the turn with a notice instead of spinning. Read-only calls of one response run in
+//! parallel (bounded); side-effecting calls run one at a time, their intents committed before
+//! they run; results commit in the model's order. Owns nothing that must survive a request:
+//! every fact it produces is committed through SessionEngine.
+
+mod calls;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::model::{ModelClient, ModelError};
+use crate::sandbox::CancelToken;
+use crate::session::{RuntimeState, SessionEngine, StepCommit, TurnStart};
+use crate::store::StoreError;
+use crate::tools::ToolService;
+
+pub use calls::result_content;
+
+/// The loop guards and bounds of a turn.
+#[derive(Debug, Clone)]
+pub struct LoopGuards {
+    /// Model calls per turn at most.
+    pub max_steps: u32,
+    /// Steps in a row that may repeat the very same call (tool + arguments).
+    pub max_repeats: u32,
+    /// Tool errors in a row before the turn stops.
+    pub max_consecutive_errors: u32,
+    /// Read-only calls run at once.
+    pub max_parallel: usize,
+    /// Bytes of one tool result shown to the model; the rest is cut with a marker.
+    pub result_cap: usize,
+}
+
+impl Default for LoopGuards {
+    fn default() -> Self {
+        Self {
+            max_steps: 24,
+            max_repeats: 3,
+            max_consecutive_errors: 5,
+            max_parallel: 4,
+            result_cap: 16 * 1024,
+        }
+    }
+}
+
+/// Something worth telling the user while a turn runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    State(RuntimeState),
+    ModelCall { step: i64 },
+    ToolStarted { name: String, call_id: String },
+    ToolFinished { name: String, call_id: String, ok: bool, kind: Option<String>, ms: f64 },
+}
+
+/// A sink for [`Event`]s.
+pub type Events = Arc<dyn Fn(&Event) + Send + Sync>;
+
+/// How a turn ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TurnOutcome {
+    /// The model gave its final answer.
+    Answer(String),
+    /// A loop guard stopped the turn; the notice is in the history.
+    Stopped(String),
+    /// The user interrupted the turn.
+    Interrupted,
+    /// The model could not be reached or answered nonsense; nothing of the step was committed.
+    Failed(String),
+}
+
+/// Why a turn could not run at all.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Tools(#[from] crate::tools::ToolServiceError),
+}
+
+/// The AgentService.
+#[derive(Clone)]
+pub struct AgentService {
+    engine: SessionEngine,
+    tools: Arc<ToolService>,
+    model: ModelClient,
+    guards: LoopGuards,
+}
+
+impl AgentService {
+    pub fn new(
+        engine: SessionEngine,
+        tools: Arc<ToolService>,
+        model: ModelClient,
+        guards: LoopGuards,
+    ) -> Self {
+        Self { engine, tools, model, guards }
+    }
+
+    pub fn engine(&self) -> &SessionEngine {
+        &self.engine
+    }
+
+    /// Runs one turn of session `id` to its end.
+    pub async fn run_turn(
+        &self,
+        id: &str,
+        turn: &TurnStart,
+        cancel: &CancelToken,
+        events: &Events,
+    ) -> Result<TurnOutcome, AgentError> {
+        let mut repeats: HashMap<String, u32> = HashMap::new();
+        let mut consecutive_errors = 0u32;
+        self.engine.set_state(id, RuntimeState::Running, None).await?;
+        events(&Event::State(RuntimeState::Running));
+        for step_in_turn in 1..=self.guards.max_steps {
+            if cancel.is_cancelled() {
+                return self.interrupted(id, events).await;
+            }
+            let meta = self.engine.meta(id).await?;
+            let tools = self.tools.tools_for_model(&meta.loaded_tools)?;
+            let assembled = self.engine.assemble(id, tools).await?;
+            events(&Event::ModelCall { step: assembled.step });
+            let reply = match self.model.complete(&meta.model, &assembled.body, cancel).await {
+                Ok(r) => r,
+                Err(f) if f.last == ModelError::Cancelled => {
+                    return self.interrupted(id, events).await;
+                }
+                Err(f) => {
+                    let detail = f.to_string();
+                    self.engine.set_state(id, RuntimeState::Failed, Some(detail.clone())).await?;
+                    events(&Event::State(RuntimeState::Failed));
+                    return Ok(TurnOutcome::Failed(detail));
+                }
+            };
+            if reply.tool_calls.is_empty() {
+                let answer = reply.content.clone().unwrap_or_default();
+                let assistant =
+                    serde_json::json!({"role": "assistant", "content": answer}).to_string();
+                self.engine
+                    .commit_step(
+                        id,
+                        StepCommit {
+                            turn: turn.turn,
+                            evidence: Some(assembled.clone()),
+                            step: assembled.step,
+                            assistant,
+                            results: Vec::new(),
+                            journal: Vec::new(),
+                            notice: None,
+                            state: RuntimeState::Idle,
+                            detail: None,
+                        },
+                    )
+                    .await?;
+                events(&Event::State(RuntimeState::Idle));
+                return Ok(TurnOutcome::Answer(answer));
+            }
+            let started = Instant::now();
+            let step = calls::run_calls(self, &meta, &assembled, reply, cancel, events).await?;
+            tracing::debug!(
+                step = assembled.step,
+                ms = started.elapsed().as_secs_f64() * 1e3,
+                "tool calls done"
+            );
+            // Loop guards.
+            if step.all_failed {
+                consecutive_errors += step.calls as u32;
+            } else {
+                consecutive_errors = 0;
+            }
+            let mut notice = None;
+            for sig in &step.signatures {
+                let n = repeats.entry(sig.clone()).or_insert(0);
+                *n += 1;
+            }
+            repeats.retain(|k, _| step.signatures.contains(k));
+            if repeats.values().any(|n| *n >= self.guards.max_repeats) {
+                notice = Some(format!(
+                    "[keel] Turn stopped: the same tool call was repeated {} times in a row without progress.",
+                    self.guards.max_repeats
+                ));
+            } else if consecutive_errors >= self.guards.max_consecutive_errors {
+                notice = Some(format!(
+                    "[keel] Turn stopped: {consecutive_errors} tool calls failed in a row. Check the errors above, then send a new instruction."
+                ));
+            } else if step_in_turn == self.guards.max_steps {
+                notice = Some(format!(
+                    "[keel] Turn stopped: it reached the limit of {} model calls per turn. Send a message to continue.",
+                    self.guards.max_steps
+                ));
+            }
+            let interrupted = cancel.is_cancelled();
+            let state = if interrupted {
+                RuntimeState::Interrupted
+            } else if notice.is_some() {
+                RuntimeState::Idle
+            } else {
+                RuntimeState::Running
+            };
+            self.engine
+                .commit_step(
+                    id,
+                    StepCommit {
+                        turn: turn.turn,
+                        evidence: (!step.intents_committed).then(|| assembled.clone()),
+                        step: assembled.step,
+                        assistant: step.assistant,
+                        results: step.results,
+                        journal: step.journal,
+                        notice: notice.clone(),
+                        state,
+                        detail: interrupted.then(|| "interrupted by the user".to_string()),
+                    },
+                )
+                .await?;
+            if interrupted {
+                events(&Event::State(RuntimeState::Interrupted));
+                return Ok(TurnOutcome::Interrupted);
+            }
+            if let Some(n) = notice {
+                events(&Event::State(RuntimeState::Idle));
+                return Ok(TurnOutcome::Stopped(n));
+            }
+        }
+        Ok(TurnOutcome::Stopped("step limit".into()))
+    }
+
+    async fn interrupted(&self, id: &str, events: &Events) -> Result<TurnOutcome, AgentError> {
+        self.engine
+            .set_state(id, RuntimeState::Interrupted, Some("interrupted by the user".into()))
+            .await?;
+        events(&Event::State(RuntimeState::Interrupted));
+        Ok(TurnOutcome::Interrupted)
+    }
+}

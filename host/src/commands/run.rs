@@ -1,0 +1,236 @@
+//! `keel run "TASK"`: create or continue a session and run its turn.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use keel::agent::{Event, Events, LoopGuards, TurnOutcome};
+use keel::brain::Submitted;
+use keel::harness::{DEFAULT_SYSTEM_PROMPT, Harness, model_config};
+use keel::home::Home;
+use keel::model::ModelClient;
+use keel::sandbox::{Budget, CancelToken, Grant, SandboxLimits};
+use keel::session::{NewSession, Policy};
+use serde_json::json;
+
+use super::{EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert};
+
+/// Exit code of an interrupted turn.
+pub const EXIT_INTERRUPTED: u8 = 130;
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// The task, in plain words.
+    task: String,
+    /// Session id to create or continue (default: a new session with a generated id).
+    #[arg(long)]
+    session: Option<String>,
+    /// Grant a host directory to the session: HOST_DIR[=GUEST_PATH][:ro|:rw]. Repeatable.
+    #[arg(long = "grant", value_name = "HOST_DIR[=GUEST][:ro|:rw]")]
+    grants: Vec<Grant>,
+    /// Tools to load, comma-separated (default: every installed tool).
+    #[arg(long, value_delimiter = ',')]
+    tools: Vec<String>,
+    /// Deny a tool or an effect class (read-only, workspace-write, external, destructive).
+    #[arg(long = "deny", value_name = "TOOL|EFFECT")]
+    deny: Vec<String>,
+    /// Model server base URL, the part before /chat/completions (env KEEL_MODEL_URL).
+    #[arg(long)]
+    model_url: Option<String>,
+    /// Model name (env KEEL_MODEL).
+    #[arg(long)]
+    model: Option<String>,
+    /// Per-tool-call fuel budget.
+    #[arg(long)]
+    fuel: Option<u64>,
+    /// Per-tool-call deadline, e.g. 30s.
+    #[arg(long, value_parser = keel::units::parse_duration)]
+    timeout: Option<Duration>,
+    /// Per-tool-call memory budget, e.g. 256MiB.
+    #[arg(long, value_parser = keel::units::parse_size)]
+    memory: Option<u64>,
+    /// Model calls per turn at most.
+    #[arg(long, default_value_t = 24)]
+    max_steps: u32,
+    /// Print one JSON object instead of the answer.
+    #[arg(long)]
+    json: bool,
+}
+
+fn fail(json: bool, kind: &str, message: &str, code: u8) -> ExitCode {
+    if json {
+        println!("{}", json!({"ok": false, "error": {"kind": kind, "message": message}}));
+    } else {
+        eprintln!("error: {message}");
+    }
+    ExitCode::from(code)
+}
+
+/// Progress lines on stderr.
+pub fn stderr_events() -> Events {
+    Arc::new(|e: &Event| match e {
+        Event::State(s) => eprintln!("keel: state {s}"),
+        Event::ModelCall { step } => eprintln!("keel: model call (step {step})"),
+        Event::ToolStarted { name, call_id } => eprintln!("keel:   → {name} [{}]", inert(call_id)),
+        Event::ToolFinished { name, ok, kind, ms, .. } => {
+            if *ok {
+                eprintln!("keel:   ✓ {name} ({ms:.1} ms)");
+            } else {
+                eprintln!("keel:   ✗ {name} ({ms:.1} ms): {}", kind.as_deref().unwrap_or("error"));
+            }
+        }
+    })
+}
+
+/// Opens the harness of `home`, with first-party installs reported on stderr.
+pub async fn open_harness(home: &PathBuf, max_steps: u32) -> Result<(Home, Harness), String> {
+    let home =
+        Home::at(home).map_err(|e| format!("cannot use keel home {}: {e}", home.display()))?;
+    let guards = LoopGuards { max_steps, ..LoopGuards::default() };
+    let progress = |m: &str| eprintln!("keel: {m}");
+    let harness = Harness::open(
+        home.clone(),
+        SandboxLimits::default(),
+        ModelClient::key_from_env(),
+        guards,
+        &progress,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok((home, harness))
+}
+
+/// Cancels `cancel` on Ctrl-C.
+pub fn cancel_on_ctrl_c(cancel: &CancelToken) {
+    let c = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("keel: interrupting…");
+            c.cancel();
+        }
+    });
+}
+
+/// Prints the outcome of a submit and returns the exit code.
+pub fn report(json_out: bool, id: &str, harness_state: &str, submitted: &Submitted) -> ExitCode {
+    let (outcome, answer, code) = match submitted {
+        Submitted::Ran(TurnOutcome::Answer(a)) => ("answer", a.clone(), 0),
+        Submitted::Ran(TurnOutcome::Stopped(n)) => ("stopped", n.clone(), 0),
+        Submitted::Ran(TurnOutcome::Interrupted) => {
+            ("interrupted", String::new(), EXIT_INTERRUPTED)
+        }
+        Submitted::Ran(TurnOutcome::Failed(e)) => ("failed", e.clone(), EXIT_TOOL_ERROR),
+        Submitted::Queued { .. } => ("queued", String::new(), 0),
+    };
+    if json_out {
+        println!(
+            "{}",
+            json!({"ok": code == 0, "session_id": id, "state": harness_state, "outcome": outcome, "answer": answer})
+        );
+    } else {
+        match submitted {
+            Submitted::Ran(TurnOutcome::Failed(e)) => eprintln!("error: {}", inert(e)),
+            Submitted::Ran(TurnOutcome::Interrupted) => eprintln!("keel: session {id} interrupted"),
+            Submitted::Queued { inbox_seq } => eprintln!(
+                "keel: session {id} is running in another process; your input is queued (#{inbox_seq}) and it will run it next"
+            ),
+            _ => println!("{}", inert(&answer)),
+        }
+        eprintln!("keel: session {id} ({harness_state})");
+    }
+    ExitCode::from(code)
+}
+
+pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
+    let (home_dir, h) = match open_harness(&home, a.max_steps).await {
+        Ok(x) => x,
+        Err(e) => return fail(a.json, "setup", &e, EXIT_SETUP),
+    };
+    let existing = match &a.session {
+        Some(id) => match h.engine.exists(id).await {
+            Ok(b) => b,
+            Err(e) => return fail(a.json, "store", &e.to_string(), EXIT_SETUP),
+        },
+        None => false,
+    };
+    let id = if existing {
+        let id = a.session.clone().unwrap_or_default();
+        if !a.grants.is_empty() {
+            return fail(
+                a.json,
+                "grant",
+                &format!(
+                    "session `{id}` exists; its grants are fixed at creation (start a new session to change them)"
+                ),
+                EXIT_REFUSED,
+            );
+        }
+        if !a.tools.is_empty()
+            && let Err(e) = h.engine.add_tools(&id, a.tools.clone()).await
+        {
+            return fail(a.json, "store", &e.to_string(), EXIT_REFUSED);
+        }
+        id
+    } else {
+        let model = match model_config(&home_dir, a.model_url.as_deref(), a.model.as_deref()) {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                return fail(
+                    a.json,
+                    "config",
+                    "no model configured: pass --model-url URL --model NAME, set KEEL_MODEL_URL and KEEL_MODEL, \
+                     or add a [model] table to keel.toml in the keel home",
+                    EXIT_REFUSED,
+                );
+            }
+            Err(e) => return fail(a.json, "config", &e, EXIT_REFUSED),
+        };
+        if let Err(e) = Grant::check_disjoint(&a.grants) {
+            return fail(a.json, "grant", &e.to_string(), EXIT_REFUSED);
+        }
+        let tools = if a.tools.is_empty() {
+            h.tools.tools().map(|t| t.into_iter().map(|t| t.name).collect()).unwrap_or_default()
+        } else {
+            for t in &a.tools {
+                if let Err(e) = h.tools.resolve(t) {
+                    return fail(a.json, "not_installed", &e.to_string(), EXIT_REFUSED);
+                }
+            }
+            a.tools.clone()
+        };
+        let effects = ["read-only", "workspace-write", "external", "destructive"];
+        let (deny_effects, deny_tools) =
+            a.deny.iter().cloned().partition(|d| effects.contains(&d.as_str()));
+        let d = Budget::default();
+        let budget = Budget {
+            fuel: a.fuel.unwrap_or(d.fuel),
+            timeout: a.timeout.unwrap_or(d.timeout),
+            memory: a.memory.unwrap_or(d.memory),
+            ..d
+        };
+        let new = NewSession {
+            id: a.session.clone(),
+            grants: a.grants.clone(),
+            tools,
+            policy: Policy { deny_tools, deny_effects },
+            budget,
+            model,
+            system_prompt: DEFAULT_SYSTEM_PROMPT.to_string(),
+        };
+        match h.engine.create(new).await {
+            Ok(id) => id,
+            Err(e) => return fail(a.json, "store", &e.to_string(), EXIT_REFUSED),
+        }
+    };
+    eprintln!("keel: session {id}");
+    let cancel = CancelToken::new();
+    cancel_on_ctrl_c(&cancel);
+    let submitted = match h.brain.submit(&id, &a.task, &cancel, &stderr_events()).await {
+        Ok(s) => s,
+        Err(e) => return fail(a.json, "run", &e.to_string(), EXIT_TOOL_ERROR),
+    };
+    let state = h.engine.meta(&id).await.map(|m| m.state.to_string()).unwrap_or_default();
+    report(a.json, &id, &state, &submitted)
+}

@@ -1,0 +1,210 @@
+//! `keel session …`: list, show, send, interrupt, evidence.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use keel::sandbox::CancelToken;
+use serde_json::json;
+
+use super::run::{cancel_on_ctrl_c, open_harness, report, stderr_events};
+use super::{EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert};
+
+#[derive(Subcommand)]
+pub enum SessionCommand {
+    /// List sessions, newest first.
+    List(JsonFlag),
+    /// Show a session's timeline: messages, tool calls (inputs, outputs, change sets), state.
+    Show(IdArgs),
+    /// Send a message to a session and run it (or queue it if another process is running it).
+    Send(SendArgs),
+    /// Interrupt a session's running turn (from any process).
+    Interrupt(IdArgs),
+    /// Print the exact request body of a model call, byte for byte.
+    Evidence(EvidenceArgs),
+}
+
+#[derive(Args)]
+pub struct JsonFlag {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct IdArgs {
+    /// Session id.
+    id: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct SendArgs {
+    /// Session id.
+    id: String,
+    /// The message.
+    message: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct EvidenceArgs {
+    /// Session id.
+    id: String,
+    /// Step (model call) number; default: the last.
+    #[arg(long)]
+    step: Option<i64>,
+}
+
+fn fail(json_out: bool, message: &str, code: u8) -> ExitCode {
+    if json_out {
+        println!("{}", json!({"ok": false, "error": {"kind": "session", "message": message}}));
+    } else {
+        eprintln!("error: {message}");
+    }
+    ExitCode::from(code)
+}
+
+pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
+    let json_out = match &cmd {
+        SessionCommand::List(a) => a.json,
+        SessionCommand::Show(a) | SessionCommand::Interrupt(a) => a.json,
+        SessionCommand::Send(a) => a.json,
+        SessionCommand::Evidence(_) => false,
+    };
+    let (_, h) = match open_harness(&home, 24).await {
+        Ok(x) => x,
+        Err(e) => return fail(json_out, &e, EXIT_SETUP),
+    };
+    match cmd {
+        SessionCommand::List(_) => match h.engine.list().await {
+            Ok(list) if json_out => {
+                println!("{}", json!(list));
+                ExitCode::SUCCESS
+            }
+            Ok(list) => {
+                println!("{:<20} {:<18} {:>5} {:>5}  GOAL", "SESSION", "STATE", "TURNS", "STEPS");
+                for s in list {
+                    let goal: String =
+                        s.session_goal.unwrap_or_default().chars().take(60).collect();
+                    println!(
+                        "{:<20} {:<18} {:>5} {:>5}  {}",
+                        s.id,
+                        s.state,
+                        s.turns,
+                        s.steps,
+                        inert(&goal)
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(json_out, &e.to_string(), EXIT_REFUSED),
+        },
+        SessionCommand::Show(a) => match h.engine.timeline(&a.id).await {
+            Ok(t) if a.json => {
+                println!("{}", json!(t));
+                ExitCode::SUCCESS
+            }
+            Ok(t) => {
+                println!(
+                    "session {}  state {}{}",
+                    t.id,
+                    t.state,
+                    t.state_detail.map(|d| format!(" ({})", inert(&d))).unwrap_or_default()
+                );
+                println!("goal    {}", inert(t.session_goal.as_deref().unwrap_or("-")));
+                println!("tools   {}", t.loaded_tools.join(", "));
+                for g in &t.grants {
+                    println!("grant   {g}");
+                }
+                for m in &t.messages {
+                    let content = m.body.get("content").and_then(|c| c.as_str()).unwrap_or("");
+                    let calls = m
+                        .body
+                        .get("tool_calls")
+                        .and_then(|c| c.as_array())
+                        .cloned()
+                        .unwrap_or_default();
+                    println!("\n#{} turn {} {}", m.seq, m.turn, m.role);
+                    if !content.is_empty() {
+                        println!("  {}", inert(content));
+                    }
+                    for c in calls {
+                        println!(
+                            "  → {} {}",
+                            c["function"]["name"].as_str().unwrap_or(""),
+                            inert(c["function"]["arguments"].as_str().unwrap_or(""))
+                        );
+                    }
+                }
+                if !t.tool_calls.is_empty() {
+                    println!("\ntool calls:");
+                    for c in &t.tool_calls {
+                        let e = &c.entry;
+                        println!(
+                            "  step {} {} {} [{}{}] {:.1} ms{}",
+                            c.step,
+                            e.tool,
+                            inert(&e.input),
+                            e.status,
+                            e.error_kind.as_deref().map(|k| format!(", {k}")).unwrap_or_default(),
+                            e.duration_ms.unwrap_or(0.0),
+                            e.changes
+                                .as_deref()
+                                .map(|ch| format!("\n    changes {}", inert(ch)))
+                                .unwrap_or_default()
+                        );
+                    }
+                }
+                if t.pending_inputs > 0 {
+                    println!("\n{} input(s) waiting in the inbox", t.pending_inputs);
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(a.json, &e.to_string(), EXIT_REFUSED),
+        },
+        SessionCommand::Send(a) => {
+            if let Err(e) = h.engine.meta(&a.id).await {
+                return fail(a.json, &e.to_string(), EXIT_REFUSED);
+            }
+            let cancel = CancelToken::new();
+            cancel_on_ctrl_c(&cancel);
+            match h.brain.submit(&a.id, &a.message, &cancel, &stderr_events()).await {
+                Ok(s) => {
+                    let state =
+                        h.engine.meta(&a.id).await.map(|m| m.state.to_string()).unwrap_or_default();
+                    report(a.json, &a.id, &state, &s)
+                }
+                Err(e) => fail(a.json, &e.to_string(), EXIT_TOOL_ERROR),
+            }
+        }
+        SessionCommand::Interrupt(a) => match h.engine.request_interrupt(&a.id).await {
+            Ok(state) => {
+                if a.json {
+                    println!("{}", json!({"ok": true, "session_id": a.id, "state": state}));
+                } else {
+                    println!(
+                        "interrupt requested for session {} (state {state}); a running turn stops at its next check (≤ 0.1 s)",
+                        a.id
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(a.json, &e.to_string(), EXIT_REFUSED),
+        },
+        SessionCommand::Evidence(a) => match h.engine.evidence(&a.id, a.step).await {
+            Ok((_, body)) => {
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(&body);
+                let _ = out.flush();
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(false, &e.to_string(), EXIT_REFUSED),
+        },
+    }
+}

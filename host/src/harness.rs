@@ -1,0 +1,107 @@
+//! Wiring of the owner spine for one keel home: the store's writer, SessionEngine,
+//! ToolService, AgentService and Brain. Front-ends (CLI, tests, benchmarks) start here.
+
+use std::sync::Arc;
+
+use crate::agent::{AgentService, LoopGuards};
+use crate::brain::Brain;
+use crate::home::Home;
+use crate::model::{ModelClient, ModelConfig};
+use crate::sandbox::SandboxLimits;
+use crate::session::SessionEngine;
+use crate::store::Db;
+use crate::tools::{ToolService, ToolServiceError};
+
+/// The default system prompt of a session.
+pub const DEFAULT_SYSTEM_PROMPT: &str = "You are keel, an agent that completes the user's task with the tools provided. \
+Use tools to inspect and change files; never claim a change you did not make. \
+Verify results with a tool before declaring the task done. Answer concisely.";
+
+/// The owners of one home, wired together.
+#[derive(Clone)]
+pub struct Harness {
+    pub tools: Arc<ToolService>,
+    pub engine: SessionEngine,
+    pub brain: Brain,
+    pub db: Db,
+}
+
+/// Why the harness could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error(transparent)]
+    Tools(#[from] ToolServiceError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+}
+
+impl Harness {
+    /// Opens the home's tools and store and wires the spine.
+    pub async fn open(
+        home: Home,
+        limits: SandboxLimits,
+        api_key: Option<String>,
+        guards: LoopGuards,
+        progress: &(dyn Fn(&str) + Sync),
+    ) -> Result<Self, HarnessError> {
+        let db_path = home.database();
+        let tools = Arc::new(ToolService::open(home, limits, progress).await?);
+        let db = Db::open(&db_path)?;
+        let engine = SessionEngine::new(db.clone());
+        let agent =
+            AgentService::new(engine.clone(), tools.clone(), ModelClient::new(api_key)?, guards);
+        let brain = Brain::new(db.clone(), agent);
+        Ok(Self { tools, engine, brain, db })
+    }
+}
+
+/// Model settings from `HOME/keel.toml` (`[model]` table: base_url, model, temperature,
+/// max_tokens, timeout_ms, stream, max_retries), overridden by `KEEL_MODEL_URL` / `KEEL_MODEL`,
+/// overridden by the given flags. `None` when no base URL or model name is known.
+pub fn model_config(
+    home: &Home,
+    url_flag: Option<&str>,
+    model_flag: Option<&str>,
+) -> Result<Option<ModelConfig>, String> {
+    #[derive(serde::Deserialize, Default)]
+    struct File {
+        #[serde(default)]
+        model: Option<Partial>,
+    }
+    #[derive(serde::Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct Partial {
+        base_url: Option<String>,
+        model: Option<String>,
+        temperature: Option<f64>,
+        max_tokens: Option<u32>,
+        timeout_ms: Option<u64>,
+        stream: Option<bool>,
+        max_retries: Option<u32>,
+    }
+    let path = home.root().join("keel.toml");
+    let file: File = match std::fs::read_to_string(&path) {
+        Ok(text) => toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?,
+        Err(_) => File::default(),
+    };
+    let p = file.model.unwrap_or_default();
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let url = url_flag.map(str::to_string).or_else(|| env("KEEL_MODEL_URL")).or(p.base_url);
+    let model = model_flag.map(str::to_string).or_else(|| env("KEEL_MODEL")).or(p.model);
+    let (Some(url), Some(model)) = (url, model) else { return Ok(None) };
+    let mut cfg = ModelConfig::new(&url, &model);
+    cfg.temperature = p.temperature;
+    cfg.max_tokens = p.max_tokens;
+    if let Some(t) = p.timeout_ms {
+        cfg.timeout_ms = t;
+    }
+    if let Some(s) = p.stream {
+        cfg.stream = s;
+    }
+    if let Some(r) = p.max_retries {
+        cfg.max_retries = r;
+    }
+    Ok(Some(cfg))
+}

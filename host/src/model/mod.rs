@@ -1,0 +1,302 @@
+//! The model provider: OpenAI-compatible Chat Completions (OpenAI, DeepSeek, vLLM, Ollama,
+//! llama.cpp server), streamed (SSE) or not.
+//!
+//! Owns the HTTP exchange of one model call: sending the exact request bytes it is given,
+//! retries with backoff on 429/5xx (honouring `Retry-After`), and parsing the reply — robust to
+//! servers' quirks (null vs empty content, ids and names repeated in every delta, arguments split
+//! across chunks, the legacy `function_call` field, an empty 200, a stream cut mid-way). It does
+//! not assemble requests (SessionEngine does) and commits nothing: a failed call leaves no trace.
+
+mod sse;
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::sandbox::CancelToken;
+
+pub use sse::parse_stream;
+
+/// Where and how to call the model. Never contains the API key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    /// The part before `/chat/completions`, e.g. `http://127.0.0.1:8080/v1`.
+    pub base_url: String,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Per-request timeout, in milliseconds.
+    pub timeout_ms: u64,
+    /// Stream the reply (SSE).
+    pub stream: bool,
+    /// Retries after the first attempt, for retryable failures.
+    pub max_retries: u32,
+}
+
+impl ModelConfig {
+    pub fn new(base_url: &str, model: &str) -> Self {
+        Self {
+            base_url: base_url.trim_end_matches('/').to_string(),
+            model: model.to_string(),
+            temperature: None,
+            max_tokens: None,
+            timeout_ms: 120_000,
+            stream: true,
+            max_retries: 3,
+        }
+    }
+}
+
+/// One tool call the model asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ToolCallRequest {
+    pub id: String,
+    pub name: String,
+    /// The raw arguments text (JSON, as the model produced it).
+    pub arguments: String,
+}
+
+/// The model's reply.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ModelReply {
+    pub content: Option<String>,
+    pub tool_calls: Vec<ToolCallRequest>,
+    pub finish_reason: Option<String>,
+}
+
+/// Why a model call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    #[error("the model server answered HTTP {status}: {body}")]
+    Status { status: u16, body: String, retry_after: Option<Duration> },
+    #[error("cannot reach the model server: {0}")]
+    Transport(String),
+    #[error("the model server answered 200 with an empty body")]
+    Empty,
+    #[error("the model's stream ended before it finished (no [DONE] or finish_reason)")]
+    Truncated,
+    #[error("the model server's reply is not understood: {0}")]
+    Malformed(String),
+    #[error("the model call was cancelled")]
+    Cancelled,
+}
+
+impl ModelError {
+    /// Whether trying again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Status { status, .. } => *status == 429 || *status >= 500,
+            Self::Transport(_) | Self::Empty | Self::Truncated => true,
+            Self::Malformed(_) | Self::Cancelled => false,
+        }
+    }
+}
+
+/// A failed call after all its attempts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("model call failed after {attempts} attempt(s): {last}")]
+pub struct ModelFailure {
+    pub attempts: u32,
+    pub last: ModelError,
+}
+
+/// First retry delay; doubles each attempt, capped by [`MAX_BACKOFF`].
+pub const BASE_BACKOFF: Duration = Duration::from_millis(200);
+pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// An OpenAI-compatible client.
+#[derive(Clone)]
+pub struct ModelClient {
+    http: reqwest::Client,
+    api_key: Option<String>,
+}
+
+impl ModelClient {
+    /// A client using `api_key` (if any) as a bearer token.
+    pub fn new(api_key: Option<String>) -> Result<Self, ModelError> {
+        let http =
+            reqwest::Client::builder().build().map_err(|e| ModelError::Transport(e.to_string()))?;
+        Ok(Self { http, api_key: api_key.filter(|k| !k.is_empty()) })
+    }
+
+    /// The key from `KEEL_API_KEY`, else `OPENAI_API_KEY`.
+    pub fn key_from_env() -> Option<String> {
+        std::env::var("KEEL_API_KEY").ok().or_else(|| std::env::var("OPENAI_API_KEY").ok())
+    }
+
+    /// Sends `body` (the exact request bytes) and parses the reply, retrying retryable
+    /// failures with backoff.
+    pub async fn complete(
+        &self,
+        config: &ModelConfig,
+        body: &[u8],
+        cancel: &CancelToken,
+    ) -> Result<ModelReply, ModelFailure> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let result = tokio::select! {
+                r = self.attempt(config, body) => r,
+                () = cancel.cancelled() => Err(ModelError::Cancelled),
+            };
+            match result {
+                Ok(reply) => return Ok(reply),
+                Err(e) if e.is_retryable() && attempt <= config.max_retries => {
+                    let backoff = match &e {
+                        ModelError::Status { retry_after: Some(d), .. } => *d,
+                        _ => BASE_BACKOFF * 2u32.saturating_pow(attempt - 1),
+                    }
+                    .min(MAX_BACKOFF);
+                    tracing::warn!(attempt, ?backoff, error = %e, "model call failed; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        () = cancel.cancelled() => {
+                            return Err(ModelFailure { attempts: attempt, last: ModelError::Cancelled });
+                        }
+                    }
+                }
+                Err(last) => return Err(ModelFailure { attempts: attempt, last }),
+            }
+        }
+    }
+
+    async fn attempt(&self, config: &ModelConfig, body: &[u8]) -> Result<ModelReply, ModelError> {
+        let url = format!("{}/chat/completions", config.base_url);
+        let mut req = self
+            .http
+            .post(&url)
+            .timeout(Duration::from_millis(config.timeout_ms))
+            .header("content-type", "application/json")
+            .body(body.to_vec());
+        if let Some(key) = &self.api_key {
+            req = req.bearer_auth(key);
+        }
+        let mut resp = req.send().await.map_err(|e| ModelError::Transport(transport(&e)))?;
+        let status = resp.status().as_u16();
+        if status != 200 {
+            let retry_after = resp
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map(Duration::from_secs_f64);
+            let text = resp.text().await.unwrap_or_default();
+            let body: String = text.chars().take(2000).collect();
+            return Err(ModelError::Status { status, body, retry_after });
+        }
+        let mut bytes = Vec::new();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
+                Ok(None) => break,
+                Err(e) => {
+                    if bytes.is_empty() {
+                        return Err(ModelError::Transport(transport(&e)));
+                    }
+                    // A stream cut mid-way: parse what came, which reports it truncated.
+                    break;
+                }
+            }
+        }
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Err(ModelError::Empty);
+        }
+        if config.stream && looks_like_sse(&bytes) {
+            parse_stream(&bytes)
+        } else {
+            parse_json(&bytes)
+        }
+    }
+}
+
+fn transport(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+fn looks_like_sse(bytes: &[u8]) -> bool {
+    let start = bytes.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(0);
+    bytes[start..].starts_with(b"data:")
+        || bytes[start..].starts_with(b":")
+        || bytes[start..].starts_with(b"event:")
+}
+
+#[derive(Deserialize)]
+struct Completion {
+    #[serde(default)]
+    choices: Vec<Choice>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    message: Option<Message>,
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct Message {
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<Vec<FullCall>>,
+    function_call: Option<FunctionPart>,
+}
+
+#[derive(Deserialize)]
+struct FullCall {
+    #[serde(default)]
+    id: Option<String>,
+    function: FunctionPart,
+}
+
+#[derive(Deserialize, Default)]
+pub(crate) struct FunctionPart {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub arguments: Option<String>,
+}
+
+/// Parses a non-streamed reply.
+pub fn parse_json(bytes: &[u8]) -> Result<ModelReply, ModelError> {
+    let c: Completion = serde_json::from_slice(bytes)
+        .map_err(|e| ModelError::Malformed(format!("not a chat completion: {e}")))?;
+    let choice = c
+        .choices
+        .into_iter()
+        .next()
+        .ok_or_else(|| ModelError::Malformed("the reply has no choices".into()))?;
+    let message = choice.message.unwrap_or_default();
+    let mut tool_calls: Vec<ToolCallRequest> = message
+        .tool_calls
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| ToolCallRequest {
+            id: c.id.unwrap_or_default(),
+            name: c.function.name.unwrap_or_default(),
+            arguments: c.function.arguments.unwrap_or_default(),
+        })
+        .collect();
+    if tool_calls.is_empty()
+        && let Some(f) = message.function_call
+    {
+        tool_calls.push(ToolCallRequest {
+            id: String::new(),
+            name: f.name.unwrap_or_default(),
+            arguments: f.arguments.unwrap_or_default(),
+        });
+    }
+    Ok(ModelReply {
+        content: message.content.filter(|c| !c.is_empty()),
+        tool_calls,
+        finish_reason: choice.finish_reason,
+    })
+}

@@ -1,0 +1,161 @@
+//! Parsing of a streamed (SSE) chat completion.
+
+use serde::Deserialize;
+
+use super::{FunctionPart, ModelError, ModelReply, ToolCallRequest};
+
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Vec<ChunkChoice>,
+}
+
+#[derive(Deserialize)]
+struct ChunkChoice {
+    #[serde(default)]
+    delta: Option<Delta>,
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct Delta {
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<Vec<DeltaCall>>,
+    function_call: Option<FunctionPart>,
+}
+
+#[derive(Deserialize)]
+struct DeltaCall {
+    #[serde(default)]
+    index: Option<usize>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    function: Option<FunctionPart>,
+}
+
+/// Merges a repeated-or-split field: servers either send it once, repeat it whole in every
+/// delta, or split it; a repeat of what is already there is ignored.
+fn merge(into: &mut String, part: Option<String>) {
+    if let Some(p) = part
+        && !p.is_empty()
+        && *into != p
+    {
+        into.push_str(&p);
+    }
+}
+
+/// Parses a complete SSE body: `data: {json}` events until `data: [DONE]`. A body that ends
+/// without `[DONE]` and without a finish reason is [`ModelError::Truncated`].
+pub fn parse_stream(bytes: &[u8]) -> Result<ModelReply, ModelError> {
+    let text = String::from_utf8_lossy(bytes);
+    let mut content = String::new();
+    let mut saw_content = false;
+    let mut calls: Vec<ToolCallRequest> = Vec::new();
+    let mut legacy: Option<ToolCallRequest> = None;
+    let mut finish_reason = None;
+    let mut done = false;
+    for line in text.lines() {
+        let line = line.trim_end_matches('\r');
+        let Some(data) = line.strip_prefix("data:") else { continue };
+        let data = data.trim();
+        if data == "[DONE]" {
+            done = true;
+            break;
+        }
+        if data.is_empty() {
+            continue;
+        }
+        let chunk: Chunk = serde_json::from_str(data)
+            .map_err(|e| ModelError::Malformed(format!("bad stream event {data:?}: {e}")))?;
+        let Some(choice) = chunk.choices.into_iter().next() else { continue };
+        if choice.finish_reason.is_some() {
+            finish_reason = choice.finish_reason;
+        }
+        let delta = choice.delta.unwrap_or_default();
+        if let Some(c) = delta.content {
+            saw_content |= !c.is_empty();
+            content.push_str(&c);
+        }
+        for (n, d) in delta.tool_calls.unwrap_or_default().into_iter().enumerate() {
+            let index = d.index.unwrap_or(n);
+            while calls.len() <= index {
+                calls.push(ToolCallRequest {
+                    id: String::new(),
+                    name: String::new(),
+                    arguments: String::new(),
+                });
+            }
+            let call = &mut calls[index];
+            merge(&mut call.id, d.id);
+            let f = d.function.unwrap_or_default();
+            merge(&mut call.name, f.name);
+            if let Some(a) = f.arguments {
+                call.arguments.push_str(&a);
+            }
+        }
+        if let Some(f) = delta.function_call {
+            let call = legacy.get_or_insert_with(|| ToolCallRequest {
+                id: String::new(),
+                name: String::new(),
+                arguments: String::new(),
+            });
+            merge(&mut call.name, f.name);
+            if let Some(a) = f.arguments {
+                call.arguments.push_str(&a);
+            }
+        }
+    }
+    if !done && finish_reason.is_none() {
+        return Err(ModelError::Truncated);
+    }
+    if calls.is_empty()
+        && let Some(l) = legacy
+    {
+        calls.push(l);
+    }
+    Ok(ModelReply { content: saw_content.then_some(content), tool_calls: calls, finish_reason })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_arguments_repeated_names_and_done() {
+        let body = concat!(
+            "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":null}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"c1\",\"function\":{\"name\":\"fs_read_file\",\"arguments\":\"{\\\"pa\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"c1\",\"function\":{\"name\":\"fs_read_file\",\"arguments\":\"th\\\": \\\"/w\\\"}\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
+            "data: [DONE]\n\n"
+        );
+        let r = parse_stream(body.as_bytes()).unwrap();
+        assert_eq!(
+            r.tool_calls,
+            vec![ToolCallRequest {
+                id: "c1".into(),
+                name: "fs_read_file".into(),
+                arguments: "{\"path\": \"/w\"}".into()
+            }]
+        );
+        assert_eq!(r.content, None);
+    }
+
+    #[test]
+    fn cut_stream_is_truncated() {
+        let body = "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n";
+        assert_eq!(parse_stream(body.as_bytes()), Err(ModelError::Truncated));
+    }
+
+    #[test]
+    fn legacy_function_call() {
+        let body = concat!(
+            "data: {\"choices\":[{\"delta\":{\"function_call\":{\"name\":\"echo\",\"arguments\":\"{}\"}}}]}\n\n",
+            "data: [DONE]\n"
+        );
+        let r = parse_stream(body.as_bytes()).unwrap();
+        assert_eq!(r.tool_calls[0].name, "echo");
+    }
+}

@@ -1,0 +1,225 @@
+//! Request assembly and request evidence ("model-visible means logged").
+//!
+//! Every request body is built the same way from parts: a head (model and parameters), the
+//! system message (prompt, goals, workspace), the history from the context start, and the tool
+//! schemas. The evidence of a step stores the head, the system message and tool schemas by
+//! content hash (identical ones are stored once), and the history range; rebuilding from those
+//! parts reproduces the body byte for byte, checked against the recorded sha256.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::Serialize;
+
+use crate::sandbox::{Access, sha256_hex};
+use crate::store::{StoreError, now_ms};
+
+use super::facts::{SessionMeta, load_meta};
+
+/// A tool as the model sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolForModel {
+    pub name: String,
+    pub description: String,
+    pub parameters: serde_json::Value,
+}
+
+/// One assembled request and the facts it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assembled {
+    pub step: i64,
+    pub head: String,
+    pub system: String,
+    pub tools: Option<String>,
+    pub history_from: i64,
+    pub history_to: i64,
+    pub meta_version: i64,
+    pub body: Vec<u8>,
+    pub body_sha256: String,
+}
+
+/// Builds the body from its parts. The only place a request body is built.
+pub fn reconstruct_body(
+    head: &str,
+    system: &str,
+    history: &[String],
+    tools: Option<&str>,
+) -> Vec<u8> {
+    let mut body = String::with_capacity(
+        head.len() + system.len() + history.iter().map(String::len).sum::<usize>() + 64,
+    );
+    body.push_str(head.trim_end_matches('}'));
+    body.push_str(",\"messages\":[");
+    body.push_str(system);
+    for m in history {
+        body.push(',');
+        body.push_str(m);
+    }
+    body.push(']');
+    if let Some(t) = tools {
+        body.push_str(",\"tools\":");
+        body.push_str(t);
+    }
+    body.push('}');
+    body.into_bytes()
+}
+
+fn system_message(meta: &SessionMeta) -> String {
+    let mut text = meta.system_prompt.clone();
+    if let Some(goal) = &meta.session_goal {
+        text.push_str("\n\nSession goal: ");
+        text.push_str(goal);
+    }
+    if let Some(phase) = &meta.phase_goal {
+        text.push_str("\nCurrent phase goal: ");
+        text.push_str(phase);
+    }
+    if meta.grants.is_empty() {
+        text.push_str("\n\nNo directories are granted to this session.");
+    } else {
+        text.push_str("\n\nDirectories your tools can reach (nothing else exists for them):");
+        for g in &meta.grants {
+            let access = if g.access == Access::Rw { "read-write" } else { "read-only" };
+            text.push_str(&format!("\n- {} ({access})", g.guest));
+        }
+    }
+    serde_json::json!({"role": "system", "content": text}).to_string()
+}
+
+fn head(meta: &SessionMeta) -> String {
+    let mut head = serde_json::Map::new();
+    head.insert("model".into(), meta.model.model.clone().into());
+    if meta.model.stream {
+        head.insert("stream".into(), true.into());
+    }
+    if let Some(t) = meta.model.temperature {
+        head.insert("temperature".into(), t.into());
+    }
+    if let Some(m) = meta.model.max_tokens {
+        head.insert("max_tokens".into(), m.into());
+    }
+    serde_json::Value::Object(head).to_string()
+}
+
+pub fn history(c: &Connection, id: &str, from: i64, to: i64) -> Result<Vec<String>, StoreError> {
+    let mut stmt = c.prepare_cached(
+        "SELECT body FROM messages WHERE session_id=?1 AND seq>=?2 AND seq<=?3 ORDER BY seq",
+    )?;
+    let rows = stmt.query_map(params![id, from, to], |r| r.get::<_, String>(0))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub fn assemble(c: &Connection, id: &str, tools: &[ToolForModel]) -> Result<Assembled, StoreError> {
+    let meta = load_meta(c, id)?;
+    let history_from = meta.context_start + 1;
+    let history_to: i64 =
+        c.query_row("SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id=?1", [id], |r| {
+            r.get(0)
+        })?;
+    let messages = history(c, id, history_from, history_to)?;
+    let tools_json = (!tools.is_empty()).then(|| {
+        serde_json::Value::Array(
+            tools
+                .iter()
+                .map(|t| {
+                    serde_json::json!({"type": "function", "function": {
+                        "name": t.name, "description": t.description, "parameters": t.parameters}})
+                })
+                .collect(),
+        )
+        .to_string()
+    });
+    let head = head(&meta);
+    let system = system_message(&meta);
+    let body = reconstruct_body(&head, &system, &messages, tools_json.as_deref());
+    let body_sha256 = sha256_hex(&body);
+    Ok(Assembled {
+        step: meta.steps + 1,
+        head,
+        system,
+        tools: tools_json,
+        history_from,
+        history_to,
+        meta_version: meta.meta_version,
+        body,
+        body_sha256,
+    })
+}
+
+fn put_blob(c: &Connection, text: &str) -> Result<String, StoreError> {
+    let hash = sha256_hex(text.as_bytes());
+    c.prepare_cached("INSERT OR IGNORE INTO blobs (hash, body) VALUES (?1, ?2)")?
+        .execute(params![hash, text])?;
+    Ok(hash)
+}
+
+fn blob(c: &Connection, hash: &str) -> Result<String, StoreError> {
+    Ok(c.query_row("SELECT body FROM blobs WHERE hash=?1", [hash], |r| r.get(0))?)
+}
+
+pub fn record_evidence(c: &Connection, id: &str, a: &Assembled) -> Result<(), StoreError> {
+    let system_hash = put_blob(c, &a.system)?;
+    let tools_hash = a.tools.as_deref().map(|t| put_blob(c, t)).transpose()?;
+    let head_hash = put_blob(c, &a.head)?;
+    c.prepare_cached(
+        "INSERT INTO evidence (session_id, step, created_at, head, system_hash, tools_hash, history_from,
+                               history_to, body_sha256, meta_version)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )?
+    .execute(params![
+        id,
+        a.step,
+        now_ms(),
+        head_hash,
+        system_hash,
+        tools_hash,
+        a.history_from,
+        a.history_to,
+        a.body_sha256,
+        a.meta_version
+    ])?;
+    c.prepare_cached("UPDATE sessions SET steps=?2 WHERE id=?1")?.execute(params![id, a.step])?;
+    Ok(())
+}
+
+pub fn evidence(c: &Connection, id: &str, step: Option<i64>) -> Result<(i64, Vec<u8>), StoreError> {
+    load_meta(c, id)?;
+    let step = match step {
+        Some(s) => s,
+        None => c.query_row(
+            "SELECT COALESCE(MAX(step), 0) FROM evidence WHERE session_id=?1",
+            [id],
+            |r| r.get(0),
+        )?,
+    };
+    let row = c
+        .query_row(
+            "SELECT head, system_hash, tools_hash, history_from, history_to, body_sha256
+             FROM evidence WHERE session_id=?1 AND step=?2",
+            params![id, step],
+            |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, Option<String>>(2)?,
+                    r.get::<_, i64>(3)?,
+                    r.get::<_, i64>(4)?,
+                    r.get::<_, String>(5)?,
+                ))
+            },
+        )
+        .optional()?;
+    let Some((head_hash, system_hash, tools_hash, from, to, sha)) = row else {
+        return Err(StoreError::Invalid(format!(
+            "session `{id}` has no model request at step {step}"
+        )));
+    };
+    let head = blob(c, &head_hash)?;
+    let system = blob(c, &system_hash)?;
+    let tools = tools_hash.map(|h| blob(c, &h)).transpose()?;
+    let body = reconstruct_body(&head, &system, &history(c, id, from, to)?, tools.as_deref());
+    if sha256_hex(&body) != sha {
+        return Err(StoreError::Invalid(format!(
+            "the evidence of step {step} does not rebuild to its recorded digest; the history was altered"
+        )));
+    }
+    Ok((step, body))
+}

@@ -1,0 +1,354 @@
+//! The session facts and the SQL that reads and writes them.
+
+use std::fmt;
+use std::str::FromStr;
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+use crate::model::ModelConfig;
+use crate::sandbox::{Access, Budget, Grant};
+use crate::store::{StoreError, now_ms};
+
+use super::JournalEntry;
+use crate::tools::Policy;
+
+/// The runtime state a user sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuntimeState {
+    Idle,
+    PreparingContext,
+    Running,
+    WaitingApproval,
+    Compressing,
+    Interrupted,
+    Failed,
+}
+
+impl RuntimeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Idle => "idle",
+            Self::PreparingContext => "preparing_context",
+            Self::Running => "running",
+            Self::WaitingApproval => "waiting_approval",
+            Self::Compressing => "compressing",
+            Self::Interrupted => "interrupted",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for RuntimeState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for RuntimeState {
+    type Err = StoreError;
+    fn from_str(s: &str) -> Result<Self, StoreError> {
+        Ok(match s {
+            "idle" => Self::Idle,
+            "preparing_context" => Self::PreparingContext,
+            "running" => Self::Running,
+            "waiting_approval" => Self::WaitingApproval,
+            "compressing" => Self::Compressing,
+            "interrupted" => Self::Interrupted,
+            "failed" => Self::Failed,
+            other => return Err(StoreError::Invalid(format!("unknown session state `{other}`"))),
+        })
+    }
+}
+
+/// SessionMeta: the session's facts besides its history.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionMeta {
+    pub id: String,
+    pub session_goal: Option<String>,
+    pub phase_goal: Option<String>,
+    pub state: RuntimeState,
+    pub state_detail: Option<String>,
+    pub loaded_tools: Vec<String>,
+    pub policy: Policy,
+    pub budget: Budget,
+    pub model: ModelConfig,
+    pub system_prompt: String,
+    pub grants: Vec<Grant>,
+    pub meta_version: i64,
+    pub context_start: i64,
+    pub steps: i64,
+    pub turns: i64,
+}
+
+fn parse<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, StoreError> {
+    serde_json::from_str(text)
+        .map_err(|e| StoreError::Invalid(format!("stored {what} is unreadable: {e}")))
+}
+
+pub fn load_meta(c: &Connection, id: &str) -> Result<SessionMeta, StoreError> {
+    let row = c
+        .query_row(
+            "SELECT session_goal, phase_goal, state, state_detail, loaded_tools, policy, budget, model,
+                    system_prompt, meta_version, context_start, steps, turns
+             FROM sessions WHERE id=?1",
+            [id],
+            |r| {
+                Ok((
+                    r.get::<_, Option<String>>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, Option<String>>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, String>(5)?,
+                    r.get::<_, String>(6)?,
+                    r.get::<_, String>(7)?,
+                    r.get::<_, String>(8)?,
+                    (r.get::<_, i64>(9)?, r.get::<_, i64>(10)?, r.get::<_, i64>(11)?, r.get::<_, i64>(12)?),
+                ))
+            },
+        )
+        .optional()?;
+    let Some((
+        goal,
+        phase,
+        state,
+        detail,
+        tools,
+        policy,
+        budget,
+        model,
+        system,
+        (mv, cs, steps, turns),
+    )) = row
+    else {
+        return Err(StoreError::Invalid(format!("no session `{id}`; see `keel session list`")));
+    };
+    let mut stmt = c.prepare_cached(
+        "SELECT host, guest, access FROM session_grants WHERE session_id=?1 ORDER BY guest",
+    )?;
+    let grants = stmt
+        .query_map([id], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+        })?
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .map(|(host, guest, access)| Grant {
+            host: host.into(),
+            guest,
+            access: if access == "rw" { Access::Rw } else { Access::Ro },
+        })
+        .collect();
+    Ok(SessionMeta {
+        id: id.to_string(),
+        session_goal: goal,
+        phase_goal: phase,
+        state: state.parse()?,
+        state_detail: detail,
+        loaded_tools: parse(&tools, "tool list")?,
+        policy: parse(&policy, "policy")?,
+        budget: parse(&budget, "budget")?,
+        model: parse(&model, "model config")?,
+        system_prompt: system,
+        grants,
+        meta_version: mv,
+        context_start: cs,
+        steps,
+        turns,
+    })
+}
+
+pub fn append_message(
+    c: &Connection,
+    id: &str,
+    turn: i64,
+    role: &str,
+    body: &str,
+) -> Result<i64, StoreError> {
+    let seq: i64 = c.query_row(
+        "SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id=?1",
+        [id],
+        |r| r.get(0),
+    )?;
+    c.prepare_cached(
+        "INSERT INTO messages (session_id, seq, turn, role, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![id, seq, turn, role, body, now_ms()])?;
+    Ok(seq)
+}
+
+pub fn set_state(
+    c: &Connection,
+    id: &str,
+    state: RuntimeState,
+    detail: Option<&str>,
+) -> Result<(), StoreError> {
+    c.prepare_cached("UPDATE sessions SET state=?2, state_detail=?3 WHERE id=?1")?
+        .execute(params![id, state.as_str(), detail])?;
+    Ok(())
+}
+
+pub fn pending_inputs(c: &Connection, id: &str) -> Result<i64, StoreError> {
+    Ok(c.query_row(
+        "SELECT COUNT(*) FROM inbox WHERE session_id=?1 AND consumed_at IS NULL",
+        [id],
+        |r| r.get(0),
+    )?)
+}
+
+pub fn put_journal(
+    c: &Connection,
+    id: &str,
+    step: i64,
+    e: &JournalEntry,
+) -> Result<(), StoreError> {
+    let digest = crate::sandbox::sha256_hex(e.input.as_bytes());
+    let finished = (e.status != "intent").then(now_ms);
+    c.prepare_cached(
+        "INSERT INTO tool_calls (session_id, step, call_id, position, tool, input, input_digest, component_digest,
+                                 effect, status, result, error_kind, changes, duration_ms, created_at, finished_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
+         ON CONFLICT (session_id, step, call_id) DO UPDATE SET status=excluded.status, result=excluded.result,
+             error_kind=excluded.error_kind, changes=excluded.changes, duration_ms=excluded.duration_ms,
+             finished_at=excluded.finished_at",
+    )?
+    .execute(params![
+        id,
+        step,
+        e.call_id,
+        e.position,
+        e.tool,
+        e.input,
+        digest,
+        e.component_digest,
+        e.effect,
+        e.status,
+        e.result,
+        e.error_kind,
+        e.changes,
+        e.duration_ms,
+        now_ms(),
+        finished
+    ])?;
+    Ok(())
+}
+
+/// One line of `keel session list`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionSummary {
+    pub id: String,
+    pub state: String,
+    pub turns: i64,
+    pub steps: i64,
+    pub session_goal: Option<String>,
+    pub created_at: i64,
+}
+
+pub fn list(c: &Connection) -> Result<Vec<SessionSummary>, StoreError> {
+    let mut stmt = c.prepare(
+        "SELECT id, state, turns, steps, session_goal, created_at FROM sessions ORDER BY created_at DESC, id",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(SessionSummary {
+            id: r.get(0)?,
+            state: r.get(1)?,
+            turns: r.get(2)?,
+            steps: r.get(3)?,
+            session_goal: r.get(4)?,
+            created_at: r.get(5)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// One message of a timeline.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TimelineMessage {
+    pub seq: i64,
+    pub turn: i64,
+    pub role: String,
+    /// The message exactly as the model sees it.
+    pub body: serde_json::Value,
+}
+
+/// One tool call of a timeline.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TimelineCall {
+    pub step: i64,
+    #[serde(flatten)]
+    pub entry: JournalEntry,
+}
+
+/// `keel session show`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Timeline {
+    pub id: String,
+    pub state: RuntimeState,
+    pub state_detail: Option<String>,
+    pub session_goal: Option<String>,
+    pub loaded_tools: Vec<String>,
+    pub grants: Vec<Grant>,
+    pub messages: Vec<TimelineMessage>,
+    pub tool_calls: Vec<TimelineCall>,
+    pub pending_inputs: i64,
+}
+
+pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
+    let meta = load_meta(c, id)?;
+    let mut stmt =
+        c.prepare("SELECT seq, turn, role, body FROM messages WHERE session_id=?1 ORDER BY seq")?;
+    let messages = stmt
+        .query_map([id], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+            ))
+        })?
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .map(|(seq, turn, role, body)| TimelineMessage {
+            seq,
+            turn,
+            role,
+            body: serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)),
+        })
+        .collect();
+    let mut stmt = c.prepare(
+        "SELECT step, call_id, position, tool, input, component_digest, effect, status, result, error_kind, changes, duration_ms
+         FROM tool_calls WHERE session_id=?1 ORDER BY step, position",
+    )?;
+    let tool_calls = stmt
+        .query_map([id], |r| {
+            Ok(TimelineCall {
+                step: r.get(0)?,
+                entry: JournalEntry {
+                    call_id: r.get(1)?,
+                    position: r.get(2)?,
+                    tool: r.get(3)?,
+                    input: r.get(4)?,
+                    component_digest: r.get(5)?,
+                    effect: r.get(6)?,
+                    status: r.get(7)?,
+                    result: r.get(8)?,
+                    error_kind: r.get(9)?,
+                    changes: r.get(10)?,
+                    duration_ms: r.get(11)?,
+                },
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Timeline {
+        id: id.to_string(),
+        state: meta.state,
+        state_detail: meta.state_detail,
+        session_goal: meta.session_goal,
+        loaded_tools: meta.loaded_tools,
+        grants: meta.grants,
+        messages,
+        tool_calls,
+        pending_inputs: pending_inputs(c, id)?,
+    })
+}

@@ -1,0 +1,386 @@
+//! SessionEngine: the session aggregate.
+//!
+//! Owns every session fact: SessionMeta (goals, loaded tools, policy, budget, model config,
+//! runtime state, version counters), the append-only history, the durable inbox, the tool-call
+//! journal, request evidence, and per-session grants. Each business operation below is one
+//! transaction on the store's single writer; no other module writes these tables. It assembles
+//! each model request from the current facts. It does not call the model or run tools.
+
+mod assemble;
+mod facts;
+
+use std::sync::Arc;
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+use crate::model::ModelConfig;
+use crate::sandbox::{Budget, Grant};
+use crate::store::{Db, StoreError, now_ms};
+
+pub use crate::tools::Policy;
+pub use assemble::{Assembled, ToolForModel, reconstruct_body};
+pub use facts::{
+    RuntimeState, SessionMeta, SessionSummary, Timeline, TimelineCall, TimelineMessage,
+};
+
+/// What a new session starts with.
+#[derive(Debug, Clone)]
+pub struct NewSession {
+    /// Chosen id (letters, digits, `-`, `_`), or a generated one.
+    pub id: Option<String>,
+    pub grants: Vec<Grant>,
+    /// Tools loaded into the session (the only ones its model sees and may call).
+    pub tools: Vec<String>,
+    pub policy: Policy,
+    pub budget: Budget,
+    pub model: ModelConfig,
+    pub system_prompt: String,
+}
+
+/// A journal row: one tool call of one step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JournalEntry {
+    pub call_id: String,
+    pub position: i64,
+    pub tool: String,
+    pub input: String,
+    pub component_digest: Option<String>,
+    pub effect: Option<String>,
+    /// `intent` (recorded before a side effect) or `done`.
+    pub status: String,
+    /// The content given to the model as the tool result.
+    pub result: Option<String>,
+    pub error_kind: Option<String>,
+    pub changes: Option<String>,
+    pub duration_ms: Option<f64>,
+}
+
+/// The start of a turn: the input it answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnStart {
+    pub turn: i64,
+    pub text: String,
+}
+
+/// The SessionEngine of one database.
+#[derive(Clone)]
+pub struct SessionEngine {
+    db: Db,
+}
+
+fn invalid(msg: impl Into<String>) -> StoreError {
+    StoreError::Invalid(msg.into())
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+impl SessionEngine {
+    pub fn new(db: Db) -> Self {
+        Self { db }
+    }
+
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// Creates a session with its grants, tools, policy and model.
+    pub async fn create(&self, new: NewSession) -> Result<String, StoreError> {
+        let id = match &new.id {
+            Some(id) if !valid_id(id) => {
+                return Err(invalid(format!(
+                    "session id `{id}` is not valid: use letters, digits, `-` and `_` (at most 64)"
+                )));
+            }
+            Some(id) => id.clone(),
+            None => format!(
+                "s-{}",
+                &blake3::hash(format!("{}-{:?}", now_ms(), std::thread::current().id()).as_bytes())
+                    .to_hex()[..12]
+            ),
+        };
+        let new = Arc::new(new);
+        let id2 = id.clone();
+        self.db
+            .run(move |c| {
+                let exists: bool = c.query_row("SELECT EXISTS(SELECT 1 FROM sessions WHERE id=?1)", [&id2], |r| r.get(0))?;
+                if exists {
+                    return Err(invalid(format!("session `{id2}` already exists")));
+                }
+                c.execute(
+                    "INSERT INTO sessions (id, created_at, state, loaded_tools, policy, budget, model, system_prompt, meta_version)
+                     VALUES (?1, ?2, 'idle', ?3, ?4, ?5, ?6, ?7, 1)",
+                    params![
+                        id2,
+                        now_ms(),
+                        json(&new.tools)?,
+                        json(&new.policy)?,
+                        json(&new.budget)?,
+                        json(&new.model)?,
+                        new.system_prompt
+                    ],
+                )?;
+                for g in &new.grants {
+                    c.execute(
+                        "INSERT INTO session_grants (session_id, host, guest, access) VALUES (?1, ?2, ?3, ?4)",
+                        params![id2, g.host.display().to_string(), g.guest, g.access.to_string()],
+                    )?;
+                }
+                Ok(())
+            })
+            .await?;
+        Ok(id)
+    }
+
+    /// Whether a session exists.
+    pub async fn exists(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.db
+            .run(move |c| {
+                Ok(c.query_row("SELECT EXISTS(SELECT 1 FROM sessions WHERE id=?1)", [&id], |r| {
+                    r.get(0)
+                })?)
+            })
+            .await
+    }
+
+    /// The session's meta facts.
+    pub async fn meta(&self, id: &str) -> Result<SessionMeta, StoreError> {
+        let id = id.to_string();
+        self.db.run(move |c| facts::load_meta(c, &id)).await
+    }
+
+    /// Adds tools to the session's loaded set (add-only) and updates its model config.
+    pub async fn add_tools(&self, id: &str, tools: Vec<String>) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.db
+            .run(move |c| {
+                let meta = facts::load_meta(c, &id)?;
+                let mut loaded = meta.loaded_tools;
+                let before = loaded.len();
+                for t in tools {
+                    if !loaded.contains(&t) {
+                        loaded.push(t);
+                    }
+                }
+                if loaded.len() != before {
+                    c.execute(
+                        "UPDATE sessions SET loaded_tools=?2, meta_version=meta_version+1 WHERE id=?1",
+                        params![id, json(&loaded)?],
+                    )?;
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    /// Appends an input to the durable inbox; returns its sequence number. Committed before
+    /// anything runs.
+    pub async fn submit(&self, id: &str, text: &str) -> Result<i64, StoreError> {
+        let (id, text) = (id.to_string(), text.to_string());
+        self.db
+            .run(move |c| {
+                facts::load_meta(c, &id)?;
+                let seq: i64 = c.query_row(
+                    "SELECT COALESCE(MAX(seq), 0) + 1 FROM inbox WHERE session_id=?1",
+                    [&id],
+                    |r| r.get(0),
+                )?;
+                c.execute(
+                    "INSERT INTO inbox (session_id, seq, text, created_at) VALUES (?1, ?2, ?3, ?4)",
+                    params![id, seq, text, now_ms()],
+                )?;
+                Ok(seq)
+            })
+            .await
+    }
+
+    /// Takes the oldest unconsumed input: marks it consumed, appends it to history as the user
+    /// message of a new turn, sets the session goal if it has none, and clears an interrupt
+    /// request. One transaction.
+    pub async fn begin_turn(&self, id: &str) -> Result<Option<TurnStart>, StoreError> {
+        let id = id.to_string();
+        self.db
+            .run(move |c| {
+                let next: Option<(i64, String)> = c
+                    .query_row(
+                        "SELECT seq, text FROM inbox WHERE session_id=?1 AND consumed_at IS NULL ORDER BY seq LIMIT 1",
+                        [&id],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()?;
+                let Some((seq, text)) = next else { return Ok(None) };
+                c.execute("UPDATE inbox SET consumed_at=?3 WHERE session_id=?1 AND seq=?2", params![id, seq, now_ms()])?;
+                c.execute(
+                    "UPDATE sessions SET turns=turns+1, session_goal=COALESCE(session_goal, ?2),
+                     interrupt_requested=0, state='preparing_context', state_detail=NULL,
+                     meta_version=meta_version+1 WHERE id=?1",
+                    params![id, text],
+                )?;
+                let turn: i64 = c.query_row("SELECT turns FROM sessions WHERE id=?1", [&id], |r| r.get(0))?;
+                let body = serde_json::json!({"role": "user", "content": text}).to_string();
+                facts::append_message(c, &id, turn, "user", &body)?;
+                Ok(Some(TurnStart { turn, text }))
+            })
+            .await
+    }
+
+    /// Whether inputs are waiting in the inbox.
+    pub async fn has_pending_input(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.db.run(move |c| facts::pending_inputs(c, &id).map(|n| n > 0)).await
+    }
+
+    /// Sets the runtime state (with an optional detail shown to the user).
+    pub async fn set_state(
+        &self,
+        id: &str,
+        state: RuntimeState,
+        detail: Option<String>,
+    ) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.db.run(move |c| facts::set_state(c, &id, state, detail.as_deref())).await
+    }
+
+    /// Records that the user asked to interrupt the session's running turn.
+    pub async fn request_interrupt(&self, id: &str) -> Result<RuntimeState, StoreError> {
+        let id = id.to_string();
+        self.db
+            .run(move |c| {
+                let meta = facts::load_meta(c, &id)?;
+                c.execute("UPDATE sessions SET interrupt_requested=1 WHERE id=?1", [&id])?;
+                Ok(meta.state)
+            })
+            .await
+    }
+
+    /// Whether an interrupt was requested.
+    pub async fn interrupt_requested(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.db
+            .run(move |c| {
+                Ok(c.query_row(
+                    "SELECT interrupt_requested FROM sessions WHERE id=?1",
+                    [&id],
+                    |r| r.get(0),
+                )?)
+            })
+            .await
+    }
+
+    /// Assembles the next model request from the current facts.
+    pub async fn assemble(
+        &self,
+        id: &str,
+        tools: Vec<ToolForModel>,
+    ) -> Result<Assembled, StoreError> {
+        let id = id.to_string();
+        self.db.run(move |c| assemble::assemble(c, &id, &tools)).await
+    }
+
+    /// Commits a step whose tools were all safe to re-run: the request evidence, the assistant
+    /// message and every tool result (as pairs, in the model's order), the journal rows and
+    /// the new state — one transaction.
+    pub async fn commit_step(&self, id: &str, step: StepCommit) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.db.run(move |c| commit_step(c, &id, &step)).await
+    }
+
+    /// Commits the evidence of a step and the intents of its side-effecting calls, before any
+    /// of them runs — one transaction.
+    pub async fn commit_intents(
+        &self,
+        id: &str,
+        evidence: Assembled,
+        intents: Vec<JournalEntry>,
+        step_turn: i64,
+    ) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.db
+            .run(move |c| {
+                assemble::record_evidence(c, &id, &evidence)?;
+                for e in &intents {
+                    facts::put_journal(c, &id, evidence.step, e)?;
+                }
+                let _ = step_turn;
+                facts::set_state(c, &id, RuntimeState::Running, None)
+            })
+            .await
+    }
+
+    /// Records the result of one side-effecting call in the journal — one transaction.
+    pub async fn commit_call_result(
+        &self,
+        id: &str,
+        step: i64,
+        entry: JournalEntry,
+    ) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.db.run(move |c| facts::put_journal(c, &id, step, &entry)).await
+    }
+
+    /// Every session, newest first.
+    pub async fn list(&self) -> Result<Vec<SessionSummary>, StoreError> {
+        self.db.run(facts::list).await
+    }
+
+    /// The session's timeline: messages, tool calls, state.
+    pub async fn timeline(&self, id: &str) -> Result<Timeline, StoreError> {
+        let id = id.to_string();
+        self.db.run(move |c| facts::timeline(c, &id)).await
+    }
+
+    /// The exact request body of `step` (the last step if `None`), byte for byte.
+    pub async fn evidence(
+        &self,
+        id: &str,
+        step: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), StoreError> {
+        let id = id.to_string();
+        self.db.run(move |c| assemble::evidence(c, &id, step)).await
+    }
+}
+
+/// Everything one step commits at its end.
+#[derive(Debug, Clone)]
+pub struct StepCommit {
+    pub turn: i64,
+    /// Evidence to record (None when [`SessionEngine::commit_intents`] already did).
+    pub evidence: Option<Assembled>,
+    pub step: i64,
+    /// The assistant message, as sent back to the model in later requests.
+    pub assistant: String,
+    /// Tool result messages, in the model's order.
+    pub results: Vec<String>,
+    pub journal: Vec<JournalEntry>,
+    /// A closing notice (loop guard) appended after the results.
+    pub notice: Option<String>,
+    pub state: RuntimeState,
+    pub detail: Option<String>,
+}
+
+fn commit_step(c: &Connection, id: &str, s: &StepCommit) -> Result<(), StoreError> {
+    if let Some(e) = &s.evidence {
+        assemble::record_evidence(c, id, e)?;
+    }
+    facts::append_message(c, id, s.turn, "assistant", &s.assistant)?;
+    for r in &s.results {
+        facts::append_message(c, id, s.turn, "tool", r)?;
+    }
+    for e in &s.journal {
+        facts::put_journal(c, id, s.step, e)?;
+    }
+    if let Some(n) = &s.notice {
+        let body = serde_json::json!({"role": "assistant", "content": n}).to_string();
+        facts::append_message(c, id, s.turn, "assistant", &body)?;
+    }
+    facts::set_state(c, id, s.state, s.detail.as_deref())
+}
+
+pub(crate) fn json<T: Serialize>(v: &T) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| invalid(e.to_string()))
+}

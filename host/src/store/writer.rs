@@ -1,0 +1,152 @@
+//! The single writer: one connection on a dedicated thread, off the async executor.
+//!
+//! Every business operation is a closure run inside its own SAVEPOINT. The writer takes all
+//! operations waiting at that moment and commits them in **one** transaction — group commit: one
+//! WAL fsync (under `synchronous=FULL`) acknowledges many operations, from many sessions. An
+//! operation that fails is rolled back to its savepoint alone; an operation's caller hears of
+//! success only after the COMMIT is durable.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rusqlite::Connection;
+use tokio::sync::{mpsc, oneshot};
+
+use super::StoreError;
+
+/// Most operations committed together.
+pub const MAX_BATCH: usize = 256;
+
+type Completion = Box<dyn FnOnce(Option<&str>) + Send>;
+type Job = Box<dyn FnOnce(Result<&Connection, &str>) -> (bool, Completion) + Send>;
+
+/// Counters of the writer (for benchmarks and diagnostics).
+#[derive(Debug, Default)]
+pub struct DbStats {
+    /// Transactions committed (each one WAL sync under `synchronous=FULL`).
+    pub commits: AtomicU64,
+    /// Operations run.
+    pub operations: AtomicU64,
+}
+
+/// A handle to the database writer. Clones share it.
+#[derive(Clone)]
+pub struct Db {
+    jobs: mpsc::UnboundedSender<Job>,
+    stats: Arc<DbStats>,
+}
+
+impl Db {
+    /// Opens the database at `path` (migrating it) and starts its writer thread.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let conn = super::open(path)?;
+        let (jobs, rx) = mpsc::unbounded_channel();
+        let stats = Arc::new(DbStats::default());
+        let counters = stats.clone();
+        std::thread::Builder::new()
+            .name("keel-db-writer".into())
+            .spawn(move || run(conn, rx, &counters))
+            .map_err(|e| StoreError::Invalid(format!("cannot start the database writer: {e}")))?;
+        Ok(Self { jobs, stats })
+    }
+
+    pub fn stats(&self) -> &DbStats {
+        &self.stats
+    }
+
+    /// Runs `op` as one atomic operation and returns its result once it is durably committed.
+    pub async fn run<R, F>(&self, op: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            let result = match conn {
+                Ok(conn) => op(conn),
+                Err(message) => Err(StoreError::Commit { message: message.to_string() }),
+            };
+            let ok = result.is_ok();
+            let done: Completion = Box::new(move |commit_error| {
+                let _ = tx.send(match commit_error {
+                    None => result,
+                    Some(message) => Err(StoreError::Commit { message: message.to_string() }),
+                });
+            });
+            (ok, done)
+        });
+        self.jobs.send(job).map_err(|_| StoreError::WriterGone)?;
+        rx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Like [`run`](Self::run), blocking the calling (non-async) thread.
+    pub fn run_blocking<R, F>(&self, op: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let job: Job = Box::new(move |conn| {
+            let result = match conn {
+                Ok(conn) => op(conn),
+                Err(message) => Err(StoreError::Commit { message: message.to_string() }),
+            };
+            let ok = result.is_ok();
+            let done: Completion = Box::new(move |commit_error| {
+                let _ = tx.send(match commit_error {
+                    None => result,
+                    Some(message) => Err(StoreError::Commit { message: message.to_string() }),
+                });
+            });
+            (ok, done)
+        });
+        self.jobs.send(job).map_err(|_| StoreError::WriterGone)?;
+        rx.recv().map_err(|_| StoreError::WriterGone)?
+    }
+}
+
+fn run(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, stats: &DbStats) {
+    while let Some(first) = rx.blocking_recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut done = Vec::with_capacity(batch.len());
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            // Run nothing; every caller hears why.
+            let message = format!("cannot begin a transaction: {e}");
+            for job in batch {
+                let (_, completion) = job(Err(&message));
+                completion(None);
+            }
+            continue;
+        }
+        for job in batch {
+            let _ = conn.execute_batch("SAVEPOINT op");
+            let (ok, completion) = job(Ok(&conn));
+            if ok {
+                let _ = conn.execute_batch("RELEASE op");
+            } else {
+                let _ = conn.execute_batch("ROLLBACK TO op; RELEASE op");
+            }
+            stats.operations.fetch_add(1, Ordering::Relaxed);
+            done.push(completion);
+        }
+        let commit = conn.execute_batch("COMMIT");
+        stats.commits.fetch_add(1, Ordering::Relaxed);
+        let error = match commit {
+            Ok(()) => None,
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                Some(e.to_string())
+            }
+        };
+        for completion in done {
+            completion(error.as_deref());
+        }
+    }
+}
