@@ -2,6 +2,7 @@
 //! typed error **and** that the host serves the next call normally.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod agent;
 mod grants;
 mod install;
 mod plugins;

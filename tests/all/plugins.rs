@@ -176,6 +176,8 @@ async fn g3_input_failing_the_schema_is_rejected_before_the_sandbox_naming_the_f
         grants: &[],
         budget: Budget::default(),
         cancel: None,
+        loaded: None,
+        policy: None,
     };
     assert!(matches!(s.call(req).await, Err(ToolServiceError::InvalidInput { .. })));
 }

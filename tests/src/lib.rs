@@ -9,6 +9,8 @@ use keel::home::Home;
 use keel::sandbox::{Budget, Grant, SandboxLimits};
 use keel::tools::{CallOutcome, CallRequest, ToolService};
 
+pub mod mock_model;
+
 /// Paths of the test guest components.
 pub mod guests {
     include!(concat!(env!("OUT_DIR"), "/guests.rs"));
@@ -64,4 +66,45 @@ pub async fn assert_healthy(service: &ToolService) {
         call(service, "echo", serde_json::json!({"text": "still alive"}), &[], Budget::default())
             .await;
     assert_eq!(out.report.result, Ok(serde_json::json!({"text": "still alive"})));
+}
+
+/// A harness (the whole owner spine) on a fresh home in `dir`, with the `hostile` guest
+/// installed, and a session `id` whose model is `url`, loading `tools`, granting `grants`.
+pub async fn harness_with_session(
+    dir: &Path,
+    url: &str,
+    id: &str,
+    tools: &[&str],
+    grants: Vec<Grant>,
+    guards: keel::agent::LoopGuards,
+) -> keel::harness::Harness {
+    let home = Home::at(dir).unwrap();
+    let h = keel::harness::Harness::open(home, test_limits(), None, guards, &|_| {}).await.unwrap();
+    if h.tools.resolve("echo").is_err() {
+        let bytes = std::fs::read(guests::HOSTILE_COMPONENT).unwrap();
+        h.tools.install(&bytes, "hostile", "test", false).await.unwrap();
+    }
+    if !h.engine.exists(id).await.unwrap() {
+        let mut model = keel::model::ModelConfig::new(url, "test-model");
+        model.max_retries = 2;
+        model.timeout_ms = 10_000;
+        h.engine
+            .create(keel::session::NewSession {
+                id: Some(id.to_string()),
+                grants,
+                tools: tools.iter().map(|t| t.to_string()).collect(),
+                policy: keel::session::Policy::default(),
+                budget: Budget { timeout: std::time::Duration::from_secs(20), ..Budget::default() },
+                model,
+                system_prompt: "You are a test agent.".into(),
+            })
+            .await
+            .unwrap();
+    }
+    h
+}
+
+/// An event sink that drops events.
+pub fn no_events() -> keel::agent::Events {
+    std::sync::Arc::new(|_: &keel::agent::Event| {})
 }

@@ -1,0 +1,402 @@
+//! The owner spine end to end against a scripted OpenAI-compatible server on loopback:
+//! turns, tool calls, ordering, protocol faults (G1, G2, G3), loop guards, interruption (A7),
+//! one runner per session (C4) and request evidence.
+
+use std::time::{Duration, Instant};
+
+use keel::agent::{LoopGuards, TurnOutcome};
+use keel::brain::Submitted;
+use keel::sandbox::{Access, CancelToken, Grant};
+use keel::session::RuntimeState;
+use keel_tests::harness_with_session;
+use keel_tests::mock_model::{MockModel, Reply};
+use keel_tests::no_events;
+use serde_json::{Value, json};
+
+fn ws() -> (tempfile::TempDir, Vec<Grant>) {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::write(t.path().join("a.txt"), "alpha\n").unwrap();
+    let g = vec![Grant::new(t.path(), "/w", Access::Rw).unwrap()];
+    (t, g)
+}
+
+fn bodies(h: &keel::harness::Harness, id: &str) -> Vec<Value> {
+    let rt = tokio::runtime::Handle::current();
+    let t = tokio::task::block_in_place(|| rt.block_on(h.engine.timeline(id))).unwrap();
+    t.messages.into_iter().map(|m| m.body).collect()
+}
+
+async fn submit(h: &keel::harness::Harness, id: &str, text: &str) -> Submitted {
+    h.brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
+}
+
+const FS: &[&str] = &["fs_read_file", "fs_write_file", "fs_list_dir"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tool_turn_and_byte_identical_evidence() {
+    let (t, g) = ws();
+    let model = MockModel::start(vec![
+        Reply::calls(&[("call_1", "fs_read_file", r#"{"path": "/w/a.txt"}"#)]),
+        Reply::text("The file says alpha."),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let h =
+        harness_with_session(home.path(), &model.url(), "s1", FS, g, LoopGuards::default()).await;
+    let out = submit(&h, "s1", "What does a.txt say?").await;
+    assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("The file says alpha.".into())));
+    let msgs = bodies(&h, "s1");
+    assert_eq!(msgs.len(), 4);
+    assert_eq!(msgs[0], json!({"role": "user", "content": "What does a.txt say?"}));
+    assert_eq!(
+        msgs[1]["tool_calls"][0]["function"],
+        json!({"name": "fs_read_file", "arguments": r#"{"path": "/w/a.txt"}"#})
+    );
+    assert_eq!(msgs[2]["role"], "tool");
+    assert_eq!(msgs[2]["tool_call_id"], "call_1");
+    let result: Value = serde_json::from_str(msgs[2]["content"].as_str().unwrap()).unwrap();
+    assert_eq!(result["content"], "alpha");
+    assert_eq!(msgs[3], json!({"role": "assistant", "content": "The file says alpha."}));
+    let meta = h.engine.meta("s1").await.unwrap();
+    assert_eq!(meta.state, RuntimeState::Idle);
+    // Evidence: what the server received, byte for byte.
+    let received = model.requests();
+    assert_eq!(received.len(), 2);
+    for (i, body) in received.iter().enumerate() {
+        let (step, evidence) = h.engine.evidence("s1", Some(i as i64 + 1)).await.unwrap();
+        assert_eq!(step, i as i64 + 1);
+        assert_eq!(&evidence, body, "evidence of step {step} differs from the request");
+    }
+    let first: Value = serde_json::from_slice(&received[0]).unwrap();
+    assert_eq!(first["model"], "test-model");
+    assert_eq!(first["stream"], true);
+    assert_eq!(first["tools"].as_array().unwrap().len(), 3);
+    assert!(first["messages"][0]["content"].as_str().unwrap().contains("- /w (read-write)"));
+    drop(t);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_calls_run_in_parallel_and_commit_in_model_order() {
+    let model = MockModel::start(vec![
+        Reply::calls(&[
+            ("a", "sleep", r#"{"ms": 600}"#),
+            ("b", "sleep", r#"{"ms": 10}"#),
+            ("c", "sleep", r#"{"ms": 300}"#),
+        ]),
+        Reply::text("slept"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let h = harness_with_session(
+        home.path(),
+        &model.url(),
+        "p",
+        &["sleep"],
+        vec![],
+        LoopGuards::default(),
+    )
+    .await;
+    let started = Instant::now();
+    assert_eq!(
+        submit(&h, "p", "sleep three times").await,
+        Submitted::Ran(TurnOutcome::Answer("slept".into()))
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(900 + 400),
+        "not parallel: {:?}",
+        started.elapsed()
+    );
+    let ids: Vec<String> = bodies(&h, "p")
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["tool_call_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, ["a", "b", "c"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn side_effects_run_in_order_with_intent_then_result() {
+    let (t, g) = ws();
+    let model = MockModel::start(vec![
+        Reply::calls(&[
+            ("w", "fs_write_file", r#"{"path": "/w/b.txt", "content": "bravo"}"#),
+            ("r", "fs_read_file", r#"{"path": "/w/b.txt"}"#),
+        ]),
+        Reply::text("wrote and read"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let h =
+        harness_with_session(home.path(), &model.url(), "w", FS, g, LoopGuards::default()).await;
+    submit(&h, "w", "write then read").await;
+    let msgs = bodies(&h, "w");
+    let read: Value = serde_json::from_str(msgs[3]["content"].as_str().unwrap()).unwrap();
+    assert_eq!(read["content"], "bravo", "the read ran after the write");
+    let write: Value = serde_json::from_str(msgs[2]["content"].as_str().unwrap()).unwrap();
+    assert_eq!(write["changes"]["created"][0]["path"], "/w/b.txt");
+    let tl = h.engine.timeline("w").await.unwrap();
+    let statuses: Vec<(String, String)> =
+        tl.tool_calls.iter().map(|c| (c.entry.tool.clone(), c.entry.status.clone())).collect();
+    assert_eq!(
+        statuses,
+        [("fs_write_file".to_string(), "done".to_string()), ("fs_read_file".into(), "done".into())]
+    );
+    assert!(tl.tool_calls[0].entry.changes.as_deref().unwrap().contains("/w/b.txt"));
+    drop(t);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g1_g3_bad_calls_become_typed_tool_errors_and_the_loop_goes_on() {
+    let (t, g) = ws();
+    let model = MockModel::start(vec![
+        Reply::calls(&[
+            ("x", "fs_read_file", r#"{"path": "/w/a.txt""#),
+            ("y", "rm_rf", "{}"),
+            ("z", "fs_read_file", r#"{"path": 7}"#),
+            ("z", "fs_read_file", r#"  {"path": "/w/a.txt"}  "#),
+        ]),
+        Reply::text("handled"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let h =
+        harness_with_session(home.path(), &model.url(), "g", FS, g, LoopGuards::default()).await;
+    assert_eq!(submit(&h, "g", "go").await, Submitted::Ran(TurnOutcome::Answer("handled".into())));
+    let msgs = bodies(&h, "g");
+    let kinds: Vec<String> = msgs[2..6]
+        .iter()
+        .map(|m| {
+            let v: Value = serde_json::from_str(m["content"].as_str().unwrap()).unwrap();
+            v["error"]["kind"].as_str().unwrap_or("ok").to_string()
+        })
+        .collect();
+    assert_eq!(kinds, ["invalid_input", "unknown_tool", "invalid_input", "duplicate_call_id"]);
+    assert!(
+        msgs[4]["content"].as_str().unwrap().contains("/path"),
+        "G3: the error names the field"
+    );
+    assert!(msgs[3]["content"].as_str().unwrap().contains("available tools: fs_read_file"));
+    // Every call got exactly one result, under a unique id.
+    let ids: Vec<&str> = msgs[1]["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["x", "y", "z", "z#3"]);
+    drop(t);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g2_retryable_failures_are_retried_then_fail_clearly_without_partial_commit() {
+    let model = MockModel::start(vec![
+        Reply::Status { code: 429, retry_after: Some(0), body: "slow down".into() },
+        Reply::Sse {
+            events: vec![json!({"choices": [{"delta": {"content": "partial"}}]})],
+            cut: true,
+        },
+        Reply::Empty,
+        Reply::text("finally"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let h = harness_with_session(home.path(), &model.url(), "r", FS, vec![], LoopGuards::default())
+        .await;
+    // max_retries = 2: 429, truncated, empty would be 3 failures — set 3 for this session.
+    let out = submit(&h, "r", "hello").await;
+    // Three failures exhaust two retries.
+    match out {
+        Submitted::Ran(TurnOutcome::Failed(e)) => {
+            assert!(e.contains("after 3 attempt(s)") && e.contains("empty body"), "{e}")
+        }
+        other => panic!("expected failure, got {other:?}"),
+    }
+    assert_eq!(bodies(&h, "r"), [json!({"role": "user", "content": "hello"})], "no partial commit");
+    assert_eq!(h.engine.meta("r").await.unwrap().state, RuntimeState::Failed);
+    // The next input runs normally (the scripted answer is next).
+    assert_eq!(
+        submit(&h, "r", "again").await,
+        Submitted::Ran(TurnOutcome::Answer("finally".into()))
+    );
+    model.push(vec![
+        Reply::Status { code: 500, retry_after: None, body: "boom".into() },
+        Reply::Status { code: 503, retry_after: None, body: "boom".into() },
+        Reply::Status { code: 500, retry_after: None, body: "boom".into() },
+        Reply::Status { code: 400, retry_after: None, body: "bad request".into() },
+    ]);
+    let out = submit(&h, "r", "third").await;
+    assert!(
+        matches!(&out, Submitted::Ran(TurnOutcome::Failed(e)) if e.contains("HTTP 500")),
+        "{out:?}"
+    );
+    // 400 is not retried.
+    let out = submit(&h, "r", "fourth").await;
+    assert!(
+        matches!(&out, Submitted::Ran(TurnOutcome::Failed(e)) if e.contains("after 1 attempt(s)") && e.contains("HTTP 400")),
+        "{out:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loop_guards_end_the_turn_with_a_notice() {
+    let home = tempfile::tempdir().unwrap();
+    let same = || Reply::calls(&[("c", "echo", r#"{"text": "again"}"#)]);
+    let model = MockModel::start(vec![same(), same(), same(), same()]).await;
+    let h = harness_with_session(
+        home.path(),
+        &model.url(),
+        "rep",
+        &["echo", "boom"],
+        vec![],
+        LoopGuards::default(),
+    )
+    .await;
+    match submit(&h, "rep", "loop").await {
+        Submitted::Ran(TurnOutcome::Stopped(n)) => assert!(n.contains("repeated 3 times"), "{n}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(model.requests().len(), 3);
+    let failing = || Reply::calls(&[("c", "boom", "{}")]);
+    model.push((0..6).map(|_| failing()).collect());
+    let guards = LoopGuards { max_repeats: 100, ..LoopGuards::default() };
+    let h =
+        harness_with_session(home.path(), &model.url(), "err", &["echo", "boom"], vec![], guards)
+            .await;
+    match submit(&h, "err", "fail").await {
+        Submitted::Ran(TurnOutcome::Stopped(n)) => {
+            assert!(n.contains("5 tool calls failed in a row"), "{n}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let varied = |i: usize| Reply::calls(&[("c", "echo", &format!(r#"{{"text": "{i}"}}"#))]);
+    model.push((0..5).map(varied).collect());
+    let guards = LoopGuards { max_steps: 4, ..LoopGuards::default() };
+    let h =
+        harness_with_session(home.path(), &model.url(), "steps", &["echo"], vec![], guards).await;
+    match submit(&h, "steps", "count").await {
+        Submitted::Ran(TurnOutcome::Stopped(n)) => {
+            assert!(n.contains("limit of 4 model calls"), "{n}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let last = bodies(&h, "steps").pop().unwrap();
+    assert!(last["content"].as_str().unwrap().starts_with("[keel] Turn stopped"));
+    assert_eq!(h.engine.meta("steps").await.unwrap().state, RuntimeState::Idle);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a7_interrupt_during_a_model_call_and_during_a_running_tool() {
+    let home = tempfile::tempdir().unwrap();
+    let model = MockModel::start(vec![
+        Reply::Delay(Duration::from_secs(20), Box::new(Reply::text("too late"))),
+        Reply::calls(&[("s", "spin", "{}")]),
+        Reply::text("resumed"),
+    ])
+    .await;
+    let h = harness_with_session(
+        home.path(),
+        &model.url(),
+        "int",
+        &["spin"],
+        vec![],
+        LoopGuards::default(),
+    )
+    .await;
+    for _ in 0..2 {
+        let h2 = h.clone();
+        let interrupter = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            h2.engine.request_interrupt("int").await.unwrap();
+        });
+        let started = Instant::now();
+        assert_eq!(submit(&h, "int", "work").await, Submitted::Ran(TurnOutcome::Interrupted));
+        assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+        interrupter.await.unwrap();
+        assert_eq!(h.engine.meta("int").await.unwrap().state, RuntimeState::Interrupted);
+    }
+    // The interrupted tool call was closed with a result: no orphan call in the history.
+    let msgs = bodies(&h, "int");
+    let calls: usize = msgs.iter().filter_map(|m| m["tool_calls"].as_array()).map(Vec::len).sum();
+    let results = msgs.iter().filter(|m| m["role"] == "tool").count();
+    assert_eq!((calls, results), (1, 1));
+    assert!(msgs.last().unwrap()["content"].as_str().unwrap().contains("cancelled"));
+    // The next input continues cleanly.
+    assert_eq!(
+        submit(&h, "int", "go on").await,
+        Submitted::Ran(TurnOutcome::Answer("resumed".into()))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c4_two_hosts_one_session_one_runner_nothing_lost_order_kept() {
+    let home = tempfile::tempdir().unwrap();
+    let model = MockModel::start(vec![
+        Reply::Delay(Duration::from_millis(500), Box::new(Reply::text("answer one"))),
+        Reply::text("answer two"),
+        Reply::text("answer three"),
+    ])
+    .await;
+    let a = harness_with_session(
+        home.path(),
+        &model.url(),
+        "c4",
+        &["echo"],
+        vec![],
+        LoopGuards::default(),
+    )
+    .await;
+    // A second, independent host on the same database (its own writer and runner identity).
+    let b = harness_with_session(
+        home.path(),
+        &model.url(),
+        "c4",
+        &["echo"],
+        vec![],
+        LoopGuards::default(),
+    )
+    .await;
+    assert_ne!(a.brain.owner(), b.brain.owner());
+    let first = tokio::spawn({
+        let a = a.clone();
+        async move { submit(&a, "c4", "one").await }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let second = submit(&b, "c4", "two").await;
+    let third = submit(&b, "c4", "three").await;
+    assert!(matches!(second, Submitted::Queued { .. }), "{second:?}");
+    assert!(matches!(third, Submitted::Queued { .. }), "{third:?}");
+    assert!(matches!(first.await.unwrap(), Submitted::Ran(TurnOutcome::Answer(_))));
+    let msgs = bodies(&a, "c4");
+    let texts: Vec<&str> = msgs.iter().map(|m| m["content"].as_str().unwrap_or("")).collect();
+    assert_eq!(texts, ["one", "answer one", "two", "answer two", "three", "answer three"]);
+    assert_eq!(model.requests().len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_function_call_and_non_streamed_replies_are_understood() {
+    let home = tempfile::tempdir().unwrap();
+    let model = MockModel::start(vec![
+        Reply::Json(json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": null,
+            "function_call": {"name": "echo", "arguments": "{\"text\": \"legacy\"}"}}, "finish_reason": "function_call"}]})),
+        Reply::Json(json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "t1", "type": "function", "function": {"name": "echo", "arguments": "{\"text\": \"modern\"}"}}]}, "finish_reason": "tool_calls"}]})),
+        Reply::Json(json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": "done"}, "finish_reason": "stop"}]})),
+    ])
+    .await;
+    let h = harness_with_session(
+        home.path(),
+        &model.url(),
+        "leg",
+        &["echo"],
+        vec![],
+        LoopGuards::default(),
+    )
+    .await;
+    assert_eq!(submit(&h, "leg", "hi").await, Submitted::Ran(TurnOutcome::Answer("done".into())));
+    let results: Vec<Value> = bodies(&h, "leg")
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| serde_json::from_str(m["content"].as_str().unwrap()).unwrap())
+        .collect();
+    assert_eq!(results, [json!({"text": "legacy"}), json!({"text": "modern"})]);
+}

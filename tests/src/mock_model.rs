@@ -1,0 +1,180 @@
+//! A scripted OpenAI-compatible model server on loopback, speaking real HTTP/1.1: it records
+//! every request body byte for byte and answers each request with the next scripted reply.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// One scripted reply.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// 200 with a JSON body (a non-streamed completion).
+    Json(Value),
+    /// 200 with SSE events (`data: …`), ended by `data: [DONE]` unless `cut`.
+    Sse { events: Vec<Value>, cut: bool },
+    /// Any status, with an optional `Retry-After` (seconds) and a body.
+    Status { code: u16, retry_after: Option<u32>, body: String },
+    /// 200 with an empty body.
+    Empty,
+    /// Waits, then replies.
+    Delay(Duration, Box<Reply>),
+}
+
+impl Reply {
+    /// A streamed final answer, split in two content deltas.
+    pub fn text(answer: &str) -> Self {
+        let (a, b) = answer.split_at(answer.len() / 2);
+        Reply::Sse {
+            events: vec![
+                json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": a}}]}),
+                json!({"choices": [{"index": 0, "delta": {"content": b}}]}),
+                json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+            ],
+            cut: false,
+        }
+    }
+
+    /// Streamed tool calls `(id, name, arguments)`, each with its id and name repeated in every
+    /// delta and its arguments split across two chunks (as several real servers do).
+    pub fn calls(calls: &[(&str, &str, &str)]) -> Self {
+        let mut events = vec![
+            json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": null}}]}),
+        ];
+        for (i, (id, name, args)) in calls.iter().enumerate() {
+            let cut = args.len() / 2;
+            let cut = (0..=cut).rev().find(|c| args.is_char_boundary(*c)).unwrap_or(0);
+            for part in [&args[..cut], &args[cut..]] {
+                events.push(json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                    {"index": i, "id": id, "type": "function", "function": {"name": name, "arguments": part}}
+                ]}}]}));
+            }
+        }
+        events.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}));
+        Reply::Sse { events, cut: false }
+    }
+}
+
+/// The server.
+pub struct MockModel {
+    addr: SocketAddr,
+    requests: Arc<Mutex<Vec<Vec<u8>>>>,
+    script: Arc<Mutex<VecDeque<Reply>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for MockModel {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl MockModel {
+    /// Starts a server that answers with `script`, in order (a request past its end gets 500).
+    pub async fn start(script: Vec<Reply>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let script = Arc::new(Mutex::new(VecDeque::from(script)));
+        let (r, s) = (requests.clone(), script.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (r, s) = (r.clone(), s.clone());
+                tokio::spawn(async move {
+                    let _ = serve(stream, r, s).await;
+                });
+            }
+        });
+        Self { addr, requests, script, task }
+    }
+
+    /// The base URL (the part before `/chat/completions`).
+    pub fn url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Every request body received so far, in order.
+    pub fn requests(&self) -> Vec<Vec<u8>> {
+        self.requests.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// Appends replies to the script.
+    pub fn push(&self, replies: Vec<Reply>) {
+        if let Ok(mut s) = self.script.lock() {
+            s.extend(replies);
+        }
+    }
+}
+
+async fn serve(
+    mut stream: TcpStream,
+    requests: Arc<Mutex<Vec<Vec<u8>>>>,
+    script: Arc<Mutex<VecDeque<Reply>>>,
+) -> std::io::Result<()> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let header_end = loop {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break p + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..header_end]).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while buf.len() < header_end + len {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let body = buf[header_end..].to_vec();
+    if let Ok(mut r) = requests.lock() {
+        r.push(body);
+    }
+    let mut reply = script.lock().ok().and_then(|mut s| s.pop_front()).unwrap_or(Reply::Status {
+        code: 500,
+        retry_after: None,
+        body: "script exhausted".into(),
+    });
+    while let Reply::Delay(d, inner) = reply {
+        tokio::time::sleep(d).await;
+        reply = *inner;
+    }
+    let out = match reply {
+        Reply::Json(v) => {
+            let b = v.to_string();
+            format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{b}", b.len())
+        }
+        Reply::Sse { events, cut } => {
+            let mut b = String::new();
+            for e in events {
+                b.push_str(&format!("data: {e}\n\n"));
+            }
+            if !cut {
+                b.push_str("data: [DONE]\n\n");
+            }
+            format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n{b}")
+        }
+        Reply::Status { code, retry_after, body } => {
+            let ra = retry_after.map(|s| format!("retry-after: {s}\r\n")).unwrap_or_default();
+            format!("HTTP/1.1 {code} Error\r\ncontent-type: text/plain\r\n{ra}content-length: {}\r\nconnection: close\r\n\r\n{body}", body.len())
+        }
+        Reply::Empty => "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_string(),
+        Reply::Delay(..) => String::new(),
+    };
+    stream.write_all(out.as_bytes()).await?;
+    stream.shutdown().await
+}
