@@ -59,12 +59,22 @@ impl Reply {
     }
 }
 
+/// Computes a reply from the request body (for servers that answer many sessions at once).
+pub type Responder = Arc<dyn Fn(&[u8]) -> Reply + Send + Sync>;
+
 /// The server.
 pub struct MockModel {
     addr: SocketAddr,
     requests: Arc<Mutex<Vec<Vec<u8>>>>,
     script: Arc<Mutex<VecDeque<Reply>>>,
     task: tokio::task::JoinHandle<()>,
+}
+
+struct Shared {
+    requests: Arc<Mutex<Vec<Vec<u8>>>>,
+    script: Arc<Mutex<VecDeque<Reply>>>,
+    responder: Option<Responder>,
+    record: bool,
 }
 
 impl Drop for MockModel {
@@ -76,16 +86,30 @@ impl Drop for MockModel {
 impl MockModel {
     /// Starts a server that answers with `script`, in order (a request past its end gets 500).
     pub async fn start(script: Vec<Reply>) -> Self {
+        Self::start_with(script, None, true).await
+    }
+
+    /// Starts a server that computes each reply with `responder` and records nothing.
+    pub async fn start_fn(responder: Responder) -> Self {
+        Self::start_with(Vec::new(), Some(responder), false).await
+    }
+
+    async fn start_with(script: Vec<Reply>, responder: Option<Responder>, record: bool) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
         let requests = Arc::new(Mutex::new(Vec::new()));
         let script = Arc::new(Mutex::new(VecDeque::from(script)));
-        let (r, s) = (requests.clone(), script.clone());
+        let shared = Arc::new(Shared {
+            requests: requests.clone(),
+            script: script.clone(),
+            responder,
+            record,
+        });
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let (r, s) = (r.clone(), s.clone());
+                let shared = shared.clone();
                 tokio::spawn(async move {
-                    let _ = serve(stream, r, s).await;
+                    let _ = serve(stream, &shared).await;
                 });
             }
         });
@@ -110,11 +134,7 @@ impl MockModel {
     }
 }
 
-async fn serve(
-    mut stream: TcpStream,
-    requests: Arc<Mutex<Vec<Vec<u8>>>>,
-    script: Arc<Mutex<VecDeque<Reply>>>,
-) -> std::io::Result<()> {
+async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     let header_end = loop {
@@ -141,10 +161,16 @@ async fn serve(
         buf.extend_from_slice(&chunk[..n]);
     }
     let body = buf[header_end..].to_vec();
-    if let Ok(mut r) = requests.lock() {
+    let scripted = match &shared.responder {
+        Some(f) => Some(f(&body)),
+        None => shared.script.lock().ok().and_then(|mut s| s.pop_front()),
+    };
+    if shared.record
+        && let Ok(mut r) = shared.requests.lock()
+    {
         r.push(body);
     }
-    let mut reply = script.lock().ok().and_then(|mut s| s.pop_front()).unwrap_or(Reply::Status {
+    let mut reply = scripted.unwrap_or(Reply::Status {
         code: 500,
         retry_after: None,
         body: "script exhausted".into(),

@@ -24,6 +24,9 @@ pub(super) struct StepResult {
     pub signatures: Vec<String>,
 }
 
+/// A call's result: content for the model, error kind, change set (JSON), duration (ms).
+type Outcome = (String, Option<String>, Option<String>, f64);
+
 /// A call after validation.
 struct Planned {
     call: ToolCallRequest,
@@ -110,7 +113,7 @@ fn plan(
             let mut effect = None;
             let mut digest = None;
             if refused.is_none() {
-                if !meta.loaded_tools.iter().any(|t| *t == call.name) {
+                if !meta.loaded_tools.contains(&call.name) {
                     refused = refusal(
                         "unknown_tool",
                         format!("there is no tool `{}` in this session; available tools: {}", call.name, meta.loaded_tools.join(", ")),
@@ -188,8 +191,7 @@ pub(super) async fn run_calls(
         agent.engine.commit_intents(&id, assembled.clone(), intents, 0).await?;
     }
     let meta = Arc::new(meta.clone());
-    let mut outcomes: Vec<Option<(String, Option<String>, Option<String>, f64)>> =
-        vec![None; planned.len()];
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; planned.len()];
     let semaphore = Arc::new(Semaphore::new(agent.guards.max_parallel.max(1)));
     let mut i = 0;
     while i < planned.len() {
@@ -255,7 +257,10 @@ pub(super) async fn run_calls(
                 kind: kind.clone(),
                 ms,
             });
-            if writes(p) {
+            // A side-effecting call's result is made durable at once when more calls follow in
+            // this step; for the last one, the step's own commit records it (one fsync less).
+            let more_follow = i + group.len() < planned.len();
+            if writes(p) && more_follow {
                 let mut e = entry(p, k, "done");
                 e.result = Some(content.clone());
                 e.error_kind = kind.clone();

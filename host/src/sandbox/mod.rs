@@ -168,6 +168,8 @@ pub struct Sandbox {
     limits: SandboxLimits,
     engine_hash: String,
     cache: ArtifactCache,
+    /// One permit per pooled instance slot: calls beyond the pool wait instead of failing.
+    slots: Arc<tokio::sync::Semaphore>,
     _ticker: engine::EpochTicker,
 }
 
@@ -184,7 +186,8 @@ impl Sandbox {
         })?;
         let engine_hash = engine::compatibility_hash(&engine);
         let cache = ArtifactCache::new(cache_root, &engine_hash);
-        Ok(Self { engine, linker, limits, engine_hash, cache, _ticker: ticker })
+        let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_concurrent_calls as usize));
+        Ok(Self { engine, linker, limits, engine_hash, cache, slots, _ticker: ticker })
     }
 
     /// Digest of the engine settings that artifacts are compiled for.
@@ -260,6 +263,7 @@ impl Sandbox {
 
     /// Calls `describe` on a fresh instance, with `budget` and no filesystem.
     pub async fn describe(&self, prepared: &Prepared, budget: &Budget) -> CallReport<Vec<RawSpec>> {
+        let _slot = self.slots.acquire().await;
         run::describe(&self.engine, prepared, budget).await
     }
 
@@ -274,6 +278,7 @@ impl Sandbox {
         budget: &Budget,
         cancel: Option<&CancelToken>,
     ) -> CallReport<String> {
+        let _slot = self.slots.acquire().await;
         run::invoke(&self.engine, prepared, tool, input, grants, budget, cancel).await
     }
 }

@@ -151,7 +151,7 @@ impl SessionEngine {
     /// The session's meta facts.
     pub async fn meta(&self, id: &str) -> Result<SessionMeta, StoreError> {
         let id = id.to_string();
-        self.db.run(move |c| facts::load_meta(c, &id)).await
+        self.db.read(move |c| facts::load_meta(c, &id)).await
     }
 
     /// Adds tools to the session's loaded set (add-only) and updates its model config.
@@ -232,7 +232,7 @@ impl SessionEngine {
     /// Whether inputs are waiting in the inbox.
     pub async fn has_pending_input(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
-        self.db.run(move |c| facts::pending_inputs(c, &id).map(|n| n > 0)).await
+        self.db.read(move |c| facts::pending_inputs(c, &id).map(|n| n > 0)).await
     }
 
     /// Sets the runtime state (with an optional detail shown to the user).
@@ -279,7 +279,7 @@ impl SessionEngine {
         tools: Vec<ToolForModel>,
     ) -> Result<Assembled, StoreError> {
         let id = id.to_string();
-        self.db.run(move |c| assemble::assemble(c, &id, &tools)).await
+        self.db.read(move |c| assemble::assemble(c, &id, &tools)).await
     }
 
     /// Commits a step whose tools were all safe to re-run: the request evidence, the assistant
@@ -325,13 +325,13 @@ impl SessionEngine {
 
     /// Every session, newest first.
     pub async fn list(&self) -> Result<Vec<SessionSummary>, StoreError> {
-        self.db.run(facts::list).await
+        self.db.read(facts::list).await
     }
 
     /// The session's timeline: messages, tool calls, state.
     pub async fn timeline(&self, id: &str) -> Result<Timeline, StoreError> {
         let id = id.to_string();
-        self.db.run(move |c| facts::timeline(c, &id)).await
+        self.db.read(move |c| facts::timeline(c, &id)).await
     }
 
     /// The exact request body of `step` (the last step if `None`), byte for byte.
@@ -341,7 +341,7 @@ impl SessionEngine {
         step: Option<i64>,
     ) -> Result<(i64, Vec<u8>), StoreError> {
         let id = id.to_string();
-        self.db.run(move |c| assemble::evidence(c, &id, step)).await
+        self.db.read(move |c| assemble::evidence(c, &id, step)).await
     }
 }
 

@@ -5,6 +5,9 @@
 //! WAL fsync (under `synchronous=FULL`) acknowledges many operations, from many sessions. An
 //! operation that fails is rolled back to its savepoint alone; an operation's caller hears of
 //! success only after the COMMIT is durable.
+//!
+//! Reads do not queue behind the writer's fsync: [`Db::read`] runs on a pooled read-only
+//! connection (WAL readers see the last committed state and never block the writer).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,6 +20,8 @@ use super::StoreError;
 
 /// Most operations committed together.
 pub const MAX_BATCH: usize = 256;
+/// Read connections kept open.
+pub const MAX_READERS: usize = 64;
 
 type Completion = Box<dyn FnOnce(Option<&str>) + Send>;
 type Job = Box<dyn FnOnce(Result<&Connection, &str>) -> (bool, Completion) + Send>;
@@ -24,17 +29,22 @@ type Job = Box<dyn FnOnce(Result<&Connection, &str>) -> (bool, Completion) + Sen
 /// Counters of the writer (for benchmarks and diagnostics).
 #[derive(Debug, Default)]
 pub struct DbStats {
-    /// Transactions committed (each one WAL sync under `synchronous=FULL`).
+    /// Transactions committed that changed something: each is one WAL sync (fsync) under
+    /// `synchronous=FULL`.
     pub commits: AtomicU64,
-    /// Operations run.
+    /// Operations run by the writer.
     pub operations: AtomicU64,
+    /// Reads run on the read pool.
+    pub reads: AtomicU64,
 }
 
-/// A handle to the database writer. Clones share it.
+/// A handle to the database writer and read pool. Clones share them.
 #[derive(Clone)]
 pub struct Db {
     jobs: mpsc::UnboundedSender<Job>,
     stats: Arc<DbStats>,
+    path: Arc<std::path::PathBuf>,
+    readers: Arc<std::sync::Mutex<Vec<Connection>>>,
 }
 
 impl Db {
@@ -48,7 +58,52 @@ impl Db {
             .name("keel-db-writer".into())
             .spawn(move || run(conn, rx, &counters))
             .map_err(|e| StoreError::Invalid(format!("cannot start the database writer: {e}")))?;
-        Ok(Self { jobs, stats })
+        Ok(Self {
+            jobs,
+            stats,
+            path: Arc::new(path.to_path_buf()),
+            readers: Arc::new(std::sync::Mutex::new(Vec::new())),
+        })
+    }
+
+    /// Runs `op` on a read-only connection from the pool, off the async executor.
+    pub async fn read<R, F>(&self, op: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        let db = self.clone();
+        tokio::task::spawn_blocking(move || db.read_blocking(op))
+            .await
+            .map_err(|e| StoreError::Invalid(format!("a database read failed: {e}")))?
+    }
+
+    /// Like [`read`](Self::read), on the calling (non-async) thread.
+    pub fn read_blocking<R, F>(&self, op: F) -> Result<R, StoreError>
+    where
+        F: FnOnce(&Connection) -> Result<R, StoreError>,
+    {
+        let pooled = self.readers.lock().ok().and_then(|mut p| p.pop());
+        let conn = match pooled {
+            Some(c) => c,
+            None => {
+                let c = Connection::open_with_flags(
+                    &*self.path,
+                    rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+                        | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )?;
+                c.busy_timeout(super::BUSY_TIMEOUT)?;
+                c
+            }
+        };
+        let result = op(&conn);
+        self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut p) = self.readers.lock()
+            && p.len() < MAX_READERS
+        {
+            p.push(conn);
+        }
+        result
     }
 
     pub fn stats(&self) -> &DbStats {
@@ -116,6 +171,7 @@ fn run(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, stats: &DbStats) 
             }
         }
         let mut done = Vec::with_capacity(batch.len());
+        let changes_before = conn.total_changes();
         if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
             // Run nothing; every caller hears why.
             let message = format!("cannot begin a transaction: {e}");
@@ -136,8 +192,11 @@ fn run(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, stats: &DbStats) 
             stats.operations.fetch_add(1, Ordering::Relaxed);
             done.push(completion);
         }
+        let wrote = conn.total_changes() != changes_before;
         let commit = conn.execute_batch("COMMIT");
-        stats.commits.fetch_add(1, Ordering::Relaxed);
+        if wrote {
+            stats.commits.fetch_add(1, Ordering::Relaxed);
+        }
         let error = match commit {
             Ok(()) => None,
             Err(e) => {
