@@ -1,7 +1,8 @@
 //! Harness overhead per step against a zero-latency scripted model server on loopback, one
 //! governed tool call per step, `synchronous=FULL`. Prints figures; asserts nothing about time.
 //!
-//! `cargo bench -p keel-tests --bench harness`. `KEEL_BENCH_STEPS` sets steps per session.
+//! `cargo bench -p keel-tests --bench harness`. `KEEL_BENCH_STEPS` sets the steps of each
+//! session's turn (default 25), `KEEL_BENCH_SESSIONS` the concurrent sessions (default 64).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::sync::Arc;
@@ -51,6 +52,7 @@ struct Figures {
 
 async fn run(
     sessions: usize,
+    concurrent: bool,
     steps: usize,
     tool: &'static str,
     args: &'static str,
@@ -83,17 +85,19 @@ async fn run(
     let mut tasks = Vec::new();
     for i in 0..sessions {
         let h = h.clone();
-        tasks.push(tokio::spawn(async move {
-            let r = h
-                .brain
-                .submit(&format!("b{i}"), "go", &CancelToken::new(), &no_events())
-                .await
-                .unwrap();
+        let task = tokio::spawn(async move {
+            let r = h.brain.submit(&format!("b{i}"), "go", &CancelToken::new(), &no_events()).await;
+            let r = r.unwrap();
             assert!(
                 matches!(r, keel::brain::Submitted::Ran(keel::agent::TurnOutcome::Answer(_))),
                 "{r:?}"
             );
-        }));
+        });
+        if concurrent {
+            tasks.push(task);
+        } else {
+            task.await.unwrap();
+        }
     }
     for t in tasks {
         t.await.unwrap();
@@ -107,40 +111,47 @@ async fn run(
     }
 }
 
+/// Commits every turn makes besides its steps: input, runner lease, turn start, running state,
+/// lease release.
+const PER_TURN_COMMITS: f64 = 5.0;
+
 fn print(label: &str, f: &Figures, sessions: usize) {
+    let steps = f.steps as f64;
     println!(
-        "{label:<46} {:>6} steps  {:>8.0} steps/s  {:>7.1} µs CPU/step  {:>5.2} commits(fsyncs)/step",
+        "{label:<44} {:>5} steps {:>7.0} steps/s {:>7.1} µs CPU/step {:>5.2} fsyncs/step ({:.2} with per-turn commits)",
         f.steps,
-        f.steps as f64 / f.wall.as_secs_f64(),
-        f.cpu.as_secs_f64() * 1e6 / f.steps as f64,
-        f.commits as f64 / f.steps as f64 - 2.0 / (f.steps as f64 / sessions as f64).max(1.0) * 0.0,
+        steps / f.wall.as_secs_f64(),
+        f.cpu.as_secs_f64() * 1e6 / steps,
+        (f.commits as f64 - PER_TURN_COMMITS * sessions as f64).max(0.0) / steps,
+        f.commits as f64 / steps,
     );
 }
 
 fn main() {
-    let steps: usize =
-        std::env::var("KEEL_BENCH_STEPS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    // Every run uses the same turn shape: one turn of `steps` steps per session.
+    let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    let steps = env("KEEL_BENCH_STEPS", 25);
+    let sessions = env("KEEL_BENCH_SESSIONS", 64);
+    let serial = 8;
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let ws = tempfile::tempdir().unwrap();
     std::fs::write(ws.path().join("a.txt"), "alpha").unwrap();
     println!(
-        "keel harness benchmark: {steps} steps per session, one governed tool call per step, synchronous=FULL"
+        "keel harness benchmark: one turn of {steps} steps per session, one governed tool call per step, synchronous=FULL"
     );
     println!(
         "(commits include the per-turn ones: input, turn start, running state; CPU includes the in-process model server)"
     );
-    let one_ro = rt.block_on(run(1, steps, "echo", r#"{"text":"hi"}"#, ws.path()));
-    print("1 session, read-only tool (echo)", &one_ro, 1);
-    let one_rw =
-        rt.block_on(run(1, steps, "write", r#"{"path":"/w/out.txt","content":"x"}"#, ws.path()));
-    print("1 session, side-effecting tool (write)", &one_rw, 1);
-    let per = (steps / 8).max(10);
-    let sessions: usize =
-        std::env::var("KEEL_BENCH_SESSIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
-    let many = rt.block_on(run(sessions, per, "echo", r#"{"text":"hi"}"#, ws.path()));
-    print(&format!("{sessions} sessions, read-only tool (echo)"), &many, sessions);
+    let echo = r#"{"text":"hi"}"#;
+    let write = r#"{"path":"/w/out.txt","content":"x"}"#;
+    let one_ro = rt.block_on(run(serial, false, steps, "echo", echo, ws.path()));
+    print(&format!("1 session at a time ({serial} in turn), read-only"), &one_ro, serial);
+    let one_rw = rt.block_on(run(serial, false, steps, "write", write, ws.path()));
+    print(&format!("1 session at a time ({serial} in turn), side-effecting"), &one_rw, serial);
+    let many = rt.block_on(run(sessions, true, steps, "echo", echo, ws.path()));
+    print(&format!("{sessions} sessions at once, read-only"), &many, sessions);
     let one_rate = one_ro.steps as f64 / one_ro.wall.as_secs_f64();
     let many_rate = many.steps as f64 / many.wall.as_secs_f64();
-    println!("ratio: 64 sessions / 1 session steps/s = {:.1}x", many_rate / one_rate);
+    println!("ratio: {sessions} sessions / 1 session steps/s = {:.1}x", many_rate / one_rate);
 }

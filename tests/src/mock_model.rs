@@ -135,72 +135,88 @@ impl MockModel {
 }
 
 async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
+    // Keep-alive: answer requests on this connection until the client closes it.
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
-    let header_end = loop {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
+    loop {
+        let header_end = loop {
+            if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break p + 4;
+            }
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..header_end]).to_ascii_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        while buf.len() < header_end + len {
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.extend_from_slice(&chunk[..n]);
         }
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break p + 4;
+        let body: Vec<u8> = buf[header_end..header_end + len].to_vec();
+        buf.drain(..header_end + len);
+        let scripted = match &shared.responder {
+            Some(f) => Some(f(&body)),
+            None => shared.script.lock().ok().and_then(|mut s| s.pop_front()),
+        };
+        if shared.record
+            && let Ok(mut r) = shared.requests.lock()
+        {
+            r.push(body);
         }
-    };
-    let head = String::from_utf8_lossy(&buf[..header_end]).to_ascii_lowercase();
-    let len: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
-    while buf.len() < header_end + len {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            break;
+        let mut reply = scripted.unwrap_or(Reply::Status {
+            code: 500,
+            retry_after: None,
+            body: "script exhausted".into(),
+        });
+        while let Reply::Delay(d, inner) = reply {
+            tokio::time::sleep(d).await;
+            reply = *inner;
         }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    let body = buf[header_end..].to_vec();
-    let scripted = match &shared.responder {
-        Some(f) => Some(f(&body)),
-        None => shared.script.lock().ok().and_then(|mut s| s.pop_front()),
-    };
-    if shared.record
-        && let Ok(mut r) = shared.requests.lock()
-    {
-        r.push(body);
-    }
-    let mut reply = scripted.unwrap_or(Reply::Status {
-        code: 500,
-        retry_after: None,
-        body: "script exhausted".into(),
-    });
-    while let Reply::Delay(d, inner) = reply {
-        tokio::time::sleep(d).await;
-        reply = *inner;
-    }
-    let out = match reply {
-        Reply::Json(v) => {
-            let b = v.to_string();
-            format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{b}", b.len())
-        }
-        Reply::Sse { events, cut } => {
-            let mut b = String::new();
+        if let Reply::Sse { events, cut: true } = &reply {
+            // A stream cut mid-way: no [DONE], no length, and the connection closes.
+            let mut out = String::from(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
+            );
             for e in events {
-                b.push_str(&format!("data: {e}\n\n"));
+                out.push_str(&format!("data: {e}\n\n"));
             }
-            if !cut {
-                b.push_str("data: [DONE]\n\n");
+            stream.write_all(out.as_bytes()).await?;
+            return stream.shutdown().await;
+        }
+        let (status, content_type, extra, body) = match reply {
+            Reply::Json(v) => (200, "application/json", String::new(), v.to_string()),
+            Reply::Sse { events, cut } => {
+                let mut b = String::new();
+                for e in events {
+                    b.push_str(&format!("data: {e}\n\n"));
+                }
+                if !cut {
+                    b.push_str("data: [DONE]\n\n");
+                }
+                (200, "text/event-stream", String::new(), b)
             }
-            format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n{b}")
-        }
-        Reply::Status { code, retry_after, body } => {
-            let ra = retry_after.map(|s| format!("retry-after: {s}\r\n")).unwrap_or_default();
-            format!("HTTP/1.1 {code} Error\r\ncontent-type: text/plain\r\n{ra}content-length: {}\r\nconnection: close\r\n\r\n{body}", body.len())
-        }
-        Reply::Empty => "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_string(),
-        Reply::Delay(..) => String::new(),
-    };
-    stream.write_all(out.as_bytes()).await?;
-    stream.shutdown().await
+            Reply::Status { code, retry_after, body } => {
+                let ra = retry_after.map(|s| format!("retry-after: {s}\r\n")).unwrap_or_default();
+                (code, "text/plain", ra, body)
+            }
+            Reply::Empty | Reply::Delay(..) => {
+                (200, "application/json", String::new(), String::new())
+            }
+        };
+        let out = format!(
+            "HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\n{extra}content-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(out.as_bytes()).await?;
+    }
 }

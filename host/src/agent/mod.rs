@@ -121,9 +121,9 @@ impl AgentService {
             if cancel.is_cancelled() {
                 return self.interrupted(id, events).await;
             }
-            let meta = self.engine.meta(id).await?;
-            let tools = self.tools.tools_for_model(&meta.loaded_tools)?;
-            let assembled = self.engine.assemble(id, tools).await?;
+            let catalog = self.tools.clone();
+            let (meta, assembled) =
+                self.engine.assemble(id, move |m| catalog.tools_json(&m.loaded_tools)).await?;
             events(&Event::ModelCall { step: assembled.step });
             let reply = match self.model.complete(&meta.model, &assembled.body, cancel).await {
                 Ok(r) => r,

@@ -7,20 +7,11 @@
 //! parts reproduces the body byte for byte, checked against the recorded sha256.
 
 use rusqlite::{Connection, OptionalExtension, params};
-use serde::Serialize;
 
 use crate::sandbox::{Access, sha256_hex};
 use crate::store::{StoreError, now_ms};
 
 use super::facts::{SessionMeta, load_meta};
-
-/// A tool as the model sees it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ToolForModel {
-    pub name: String,
-    pub description: String,
-    pub parameters: serde_json::Value,
-}
 
 /// One assembled request and the facts it came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,7 +98,13 @@ pub fn history(c: &Connection, id: &str, from: i64, to: i64) -> Result<Vec<Strin
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
-pub fn assemble(c: &Connection, id: &str, tools: &[ToolForModel]) -> Result<Assembled, StoreError> {
+/// Assembles the next request of session `id`; `tools` gives the serialized tool schemas of
+/// the session's loaded tools.
+pub fn assemble(
+    c: &Connection,
+    id: &str,
+    tools: impl FnOnce(&SessionMeta) -> Option<std::sync::Arc<str>>,
+) -> Result<(SessionMeta, Assembled), StoreError> {
     let meta = load_meta(c, id)?;
     let history_from = meta.context_start + 1;
     let history_to: i64 =
@@ -115,23 +112,12 @@ pub fn assemble(c: &Connection, id: &str, tools: &[ToolForModel]) -> Result<Asse
             r.get(0)
         })?;
     let messages = history(c, id, history_from, history_to)?;
-    let tools_json = (!tools.is_empty()).then(|| {
-        serde_json::Value::Array(
-            tools
-                .iter()
-                .map(|t| {
-                    serde_json::json!({"type": "function", "function": {
-                        "name": t.name, "description": t.description, "parameters": t.parameters}})
-                })
-                .collect(),
-        )
-        .to_string()
-    });
+    let tools_json: Option<String> = tools(&meta).map(|t| t.to_string());
     let head = head(&meta);
     let system = system_message(&meta);
     let body = reconstruct_body(&head, &system, &messages, tools_json.as_deref());
     let body_sha256 = sha256_hex(&body);
-    Ok(Assembled {
+    let assembled = Assembled {
         step: meta.steps + 1,
         head,
         system,
@@ -141,7 +127,8 @@ pub fn assemble(c: &Connection, id: &str, tools: &[ToolForModel]) -> Result<Asse
         meta_version: meta.meta_version,
         body,
         body_sha256,
-    })
+    };
+    Ok((meta, assembled))
 }
 
 fn put_blob(c: &Connection, text: &str) -> Result<String, StoreError> {

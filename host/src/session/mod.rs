@@ -19,7 +19,7 @@ use crate::sandbox::{Budget, Grant};
 use crate::store::{Db, StoreError, now_ms};
 
 pub use crate::tools::Policy;
-pub use assemble::{Assembled, ToolForModel, reconstruct_body};
+pub use assemble::{Assembled, reconstruct_body};
 pub use facts::{
     RuntimeState, SessionMeta, SessionSummary, Timeline, TimelineCall, TimelineMessage,
 };
@@ -272,14 +272,18 @@ impl SessionEngine {
             .await
     }
 
-    /// Assembles the next model request from the current facts.
-    pub async fn assemble(
+    /// Assembles the next model request from the current facts, in one read; `tools` turns
+    /// the session's facts into the serialized schemas of its loaded tools.
+    pub async fn assemble<F>(
         &self,
         id: &str,
-        tools: Vec<ToolForModel>,
-    ) -> Result<Assembled, StoreError> {
+        tools: F,
+    ) -> Result<(SessionMeta, Assembled), StoreError>
+    where
+        F: FnOnce(&SessionMeta) -> Option<Arc<str>> + Send + 'static,
+    {
         let id = id.to_string();
-        self.db.read(move |c| assemble::assemble(c, &id, &tools)).await
+        self.db.read(move |c| assemble::assemble(c, &id, tools)).await
     }
 
     /// Commits a step whose tools were all safe to re-run: the request evidence, the assistant

@@ -176,6 +176,8 @@ pub struct Resolved {
 struct CatalogCache {
     version: Option<i64>,
     tools: HashMap<String, Arc<Resolved>>,
+    /// Serialized `tools` arrays by loaded-tool list.
+    tools_json: HashMap<Vec<String>, Option<Arc<str>>>,
 }
 
 /// The ToolService of one keel home.
@@ -382,6 +384,7 @@ impl ToolService {
                         Some((record.name.clone(), Arc::new(Resolved { record, digest })))
                     })
                     .collect();
+                cache.tools_json.clear();
                 cache.version = Some(version);
             }
             cache.tools.get(tool).cloned()
@@ -445,23 +448,31 @@ impl ToolService {
         Ok((prepared, Some(source)))
     }
 
-    /// The loaded tools as the model sees them (name, description, input schema); names that
-    /// are not installed are skipped.
-    pub fn tools_for_model(
-        &self,
-        loaded: &[String],
-    ) -> Result<Vec<crate::session::ToolForModel>, ToolServiceError> {
-        let mut out = Vec::new();
-        for name in loaded {
-            if let Ok(r) = self.resolve(name) {
-                out.push(crate::session::ToolForModel {
-                    name: r.record.name.clone(),
-                    description: r.record.description.clone(),
-                    parameters: r.record.input_schema.clone(),
-                });
+    /// The loaded tools as the model sees them — the OpenAI `tools` array (name, description,
+    /// input schema), serialized once per catalog version and tool list. `None` when no loaded
+    /// tool is installed.
+    pub fn tools_json(&self, loaded: &[String]) -> Option<Arc<str>> {
+        {
+            let cache = self.catalog.lock().unwrap_or_else(PoisonError::into_inner);
+            if cache.version.is_some()
+                && let Some(hit) = cache.tools_json.get(loaded)
+            {
+                return hit.clone();
             }
         }
-        Ok(out)
+        let mut items = Vec::new();
+        for name in loaded {
+            if let Ok(r) = self.resolve(name) {
+                items.push(serde_json::json!({"type": "function", "function": {
+                    "name": r.record.name, "description": r.record.description,
+                    "parameters": r.record.input_schema}}));
+            }
+        }
+        let json: Option<Arc<str>> =
+            (!items.is_empty()).then(|| serde_json::Value::Array(items).to_string().into());
+        let mut cache = self.catalog.lock().unwrap_or_else(PoisonError::into_inner);
+        cache.tools_json.insert(loaded.to_vec(), json.clone());
+        json
     }
 
     /// Runs one governed call: resolve → input schema → budget ceiling → grants → lease →
