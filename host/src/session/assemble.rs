@@ -107,10 +107,9 @@ pub fn assemble(
 ) -> Result<(SessionMeta, Assembled), StoreError> {
     let meta = load_meta(c, id)?;
     let history_from = meta.context_start + 1;
-    let history_to: i64 =
-        c.query_row("SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id=?1", [id], |r| {
-            r.get(0)
-        })?;
+    let history_to: i64 = c
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id=?1")?
+        .query_row([id], |r| r.get(0))?;
     let messages = history(c, id, history_from, history_to)?;
     let tools_json: Option<String> = tools(&meta).map(|t| t.to_string());
     let head = head(&meta);
@@ -139,7 +138,7 @@ fn put_blob(c: &Connection, text: &str) -> Result<String, StoreError> {
 }
 
 fn blob(c: &Connection, hash: &str) -> Result<String, StoreError> {
-    Ok(c.query_row("SELECT body FROM blobs WHERE hash=?1", [hash], |r| r.get(0))?)
+    Ok(c.prepare_cached("SELECT body FROM blobs WHERE hash=?1")?.query_row([hash], |r| r.get(0))?)
 }
 
 pub fn record_evidence(c: &Connection, id: &str, a: &Assembled) -> Result<(), StoreError> {
@@ -171,28 +170,25 @@ pub fn evidence(c: &Connection, id: &str, step: Option<i64>) -> Result<(i64, Vec
     load_meta(c, id)?;
     let step = match step {
         Some(s) => s,
-        None => c.query_row(
-            "SELECT COALESCE(MAX(step), 0) FROM evidence WHERE session_id=?1",
-            [id],
-            |r| r.get(0),
-        )?,
+        None => c
+            .prepare_cached("SELECT COALESCE(MAX(step), 0) FROM evidence WHERE session_id=?1")?
+            .query_row([id], |r| r.get(0))?,
     };
     let row = c
-        .query_row(
+        .prepare_cached(
             "SELECT head, system_hash, tools_hash, history_from, history_to, body_sha256
              FROM evidence WHERE session_id=?1 AND step=?2",
-            params![id, step],
-            |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, Option<String>>(2)?,
-                    r.get::<_, i64>(3)?,
-                    r.get::<_, i64>(4)?,
-                    r.get::<_, String>(5)?,
-                ))
-            },
-        )
+        )?
+        .query_row(params![id, step], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Option<String>>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, i64>(4)?,
+                r.get::<_, String>(5)?,
+            ))
+        })
         .optional()?;
     let Some((head_hash, system_hash, tools_hash, from, to, sha)) = row else {
         return Err(StoreError::Invalid(format!(

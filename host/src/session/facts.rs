@@ -88,11 +88,9 @@ fn parse<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, St
 }
 
 pub fn load_meta(c: &Connection, id: &str) -> Result<SessionMeta, StoreError> {
-    let row = c
-        .query_row(
-            "SELECT session_goal, phase_goal, state, state_detail, loaded_tools, policy, budget, model,
+    let row = c.prepare_cached("SELECT session_goal, phase_goal, state, state_detail, loaded_tools, policy, budget, model,
                     system_prompt, meta_version, context_start, steps, turns
-             FROM sessions WHERE id=?1",
+             FROM sessions WHERE id=?1")?.query_row(
             [id],
             |r| {
                 Ok((
@@ -166,11 +164,9 @@ pub fn append_message(
     role: &str,
     body: &str,
 ) -> Result<i64, StoreError> {
-    let seq: i64 = c.query_row(
-        "SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id=?1",
-        [id],
-        |r| r.get(0),
-    )?;
+    let seq: i64 = c
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id=?1")?
+        .query_row([id], |r| r.get(0))?;
     c.prepare_cached(
         "INSERT INTO messages (session_id, seq, turn, role, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
@@ -190,11 +186,8 @@ pub fn set_state(
 }
 
 pub fn pending_inputs(c: &Connection, id: &str) -> Result<i64, StoreError> {
-    Ok(c.query_row(
-        "SELECT COUNT(*) FROM inbox WHERE session_id=?1 AND consumed_at IS NULL",
-        [id],
-        |r| r.get(0),
-    )?)
+    Ok(c.prepare_cached("SELECT COUNT(*) FROM inbox WHERE session_id=?1 AND consumed_at IS NULL")?
+        .query_row([id], |r| r.get(0))?)
 }
 
 pub fn put_journal(
