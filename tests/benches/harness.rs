@@ -111,9 +111,9 @@ async fn run(
     }
 }
 
-/// Commits every turn makes besides its steps: input, runner lease, turn start, running state,
-/// lease release.
-const PER_TURN_COMMITS: f64 = 5.0;
+/// Commits every turn makes besides its steps: input with the runner lease, turn start, lease
+/// release.
+const PER_TURN_COMMITS: f64 = 3.0;
 
 fn print(label: &str, f: &Figures, sessions: usize) {
     let steps = f.steps as f64;
@@ -140,9 +140,7 @@ fn main() {
     println!(
         "keel harness benchmark: one turn of {steps} steps per session, one governed tool call per step, synchronous=FULL"
     );
-    println!(
-        "(commits include the per-turn ones: input, turn start, running state; CPU includes the in-process model server)"
-    );
+    println!("(CPU includes the in-process model server)");
     let echo = r#"{"text":"hi"}"#;
     let write = r#"{"path":"/w/out.txt","content":"x"}"#;
     let one_ro = rt.block_on(run(serial, false, steps, "echo", echo, ws.path()));

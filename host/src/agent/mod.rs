@@ -115,7 +115,7 @@ impl AgentService {
     ) -> Result<TurnOutcome, AgentError> {
         let mut repeats: HashMap<String, u32> = HashMap::new();
         let mut consecutive_errors = 0u32;
-        self.engine.set_state(id, RuntimeState::Running, None).await?;
+        // begin_turn already committed `running`.
         events(&Event::State(RuntimeState::Running));
         for step_in_turn in 1..=self.guards.max_steps {
             if cancel.is_cancelled() {

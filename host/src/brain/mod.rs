@@ -70,8 +70,19 @@ impl Brain {
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<Submitted, AgentError> {
-        let seq = self.engine().submit(id, input).await?;
-        self.drain(id, cancel, events)
+        // The input and the lease attempt commit together: one fsync acknowledges the input.
+        let (sid, text, owner) = (id.to_string(), input.to_string(), self.owner.clone());
+        let (seq, acquired) = self
+            .db
+            .run(move |c| {
+                let seq = crate::session::submit_in(c, &sid, &text)?;
+                Ok((seq, acquire_in(c, &sid, &owner)?))
+            })
+            .await?;
+        if !acquired {
+            return Ok(Submitted::Queued { inbox_seq: seq });
+        }
+        self.drain_held(id, true, cancel, events)
             .await
             .map(|r| r.unwrap_or(Submitted::Queued { inbox_seq: seq }))
     }
@@ -84,11 +95,22 @@ impl Brain {
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<Option<Submitted>, AgentError> {
+        self.drain_held(id, false, cancel, events).await
+    }
+
+    async fn drain_held(
+        &self,
+        id: &str,
+        mut held: bool,
+        cancel: &CancelToken,
+        events: &Events,
+    ) -> Result<Option<Submitted>, AgentError> {
         let mut last = None;
         loop {
-            if !self.try_acquire(id).await? {
+            if !held && !self.try_acquire(id).await? {
                 return Ok(last.map(Submitted::Ran));
             }
+            held = true;
             let guard = RunnerTasks::start(self, id, cancel);
             let result = self.run_inbox(id, cancel, events).await;
             drop(guard);
@@ -131,29 +153,7 @@ impl Brain {
     /// Takes the runner lease of `id` if it is free, abandoned, or already ours.
     pub async fn try_acquire(&self, id: &str) -> Result<bool, StoreError> {
         let (id, owner) = (id.to_string(), self.owner.clone());
-        self.db
-            .run(move |c| {
-                let now = now_ms();
-                let held: Option<(String, i64)> = c
-                    .query_row("SELECT owner, heartbeat_ms FROM runner_leases WHERE session_id=?1", [&id], |r| {
-                        Ok((r.get(0)?, r.get(1)?))
-                    })
-                    .optional()?;
-                let free = match &held {
-                    None => true,
-                    Some((o, _)) if **o == *owner => true,
-                    Some((_, beat)) => now - beat > LEASE_TTL.as_millis() as i64,
-                };
-                if free {
-                    c.execute(
-                        "INSERT INTO runner_leases (session_id, owner, heartbeat_ms) VALUES (?1, ?2, ?3)
-                         ON CONFLICT (session_id) DO UPDATE SET owner=excluded.owner, heartbeat_ms=excluded.heartbeat_ms",
-                        params![id, &*owner, now],
-                    )?;
-                }
-                Ok(free)
-            })
-            .await
+        self.db.run(move |c| acquire_in(c, &id, &owner)).await
     }
 
     /// Releases the lease unless unconsumed inputs are waiting (then keeps it and returns
@@ -191,6 +191,28 @@ impl Brain {
             })
             .await
     }
+}
+
+/// Takes the runner lease of `id` for `owner` if it is free, abandoned, or already theirs.
+fn acquire_in(c: &rusqlite::Connection, id: &str, owner: &str) -> Result<bool, StoreError> {
+    let now = now_ms();
+    let held: Option<(String, i64)> = c
+        .prepare_cached("SELECT owner, heartbeat_ms FROM runner_leases WHERE session_id=?1")?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let free = match &held {
+        None => true,
+        Some((o, _)) if o == owner => true,
+        Some((_, beat)) => now - beat > LEASE_TTL.as_millis() as i64,
+    };
+    if free {
+        c.prepare_cached(
+            "INSERT INTO runner_leases (session_id, owner, heartbeat_ms) VALUES (?1, ?2, ?3)
+             ON CONFLICT (session_id) DO UPDATE SET owner=excluded.owner, heartbeat_ms=excluded.heartbeat_ms",
+        )?
+        .execute(params![id, owner, now])?;
+    }
+    Ok(free)
 }
 
 /// The background work of a runner: lease renewal and interrupt watching. Stopped on drop.

@@ -182,21 +182,7 @@ impl SessionEngine {
     /// anything runs.
     pub async fn submit(&self, id: &str, text: &str) -> Result<i64, StoreError> {
         let (id, text) = (id.to_string(), text.to_string());
-        self.db
-            .run(move |c| {
-                facts::load_meta(c, &id)?;
-                let seq: i64 = c.query_row(
-                    "SELECT COALESCE(MAX(seq), 0) + 1 FROM inbox WHERE session_id=?1",
-                    [&id],
-                    |r| r.get(0),
-                )?;
-                c.execute(
-                    "INSERT INTO inbox (session_id, seq, text, created_at) VALUES (?1, ?2, ?3, ?4)",
-                    params![id, seq, text, now_ms()],
-                )?;
-                Ok(seq)
-            })
-            .await
+        self.db.run(move |c| submit_in(c, &id, &text)).await
     }
 
     /// Takes the oldest unconsumed input: marks it consumed, appends it to history as the user
@@ -217,7 +203,7 @@ impl SessionEngine {
                 c.execute("UPDATE inbox SET consumed_at=?3 WHERE session_id=?1 AND seq=?2", params![id, seq, now_ms()])?;
                 c.execute(
                     "UPDATE sessions SET turns=turns+1, session_goal=COALESCE(session_goal, ?2),
-                     interrupt_requested=0, state='preparing_context', state_detail=NULL,
+                     interrupt_requested=0, state='running', state_detail=NULL,
                      meta_version=meta_version+1 WHERE id=?1",
                     params![id, text],
                 )?;
@@ -347,6 +333,24 @@ impl SessionEngine {
         let id = id.to_string();
         self.db.read(move |c| assemble::evidence(c, &id, step)).await
     }
+}
+
+/// The inbox append of [`SessionEngine::submit`], for callers that compose it into a larger
+/// transaction (the Brain takes the runner lease in the same one). A session that is not
+/// running shows `preparing_context` until its runner starts the turn.
+pub fn submit_in(c: &Connection, id: &str, text: &str) -> Result<i64, StoreError> {
+    let meta = facts::load_meta(c, id)?;
+    let seq: i64 = c
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM inbox WHERE session_id=?1")?
+        .query_row([id], |r| r.get(0))?;
+    c.prepare_cached(
+        "INSERT INTO inbox (session_id, seq, text, created_at) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![id, seq, text, now_ms()])?;
+    if meta.state != RuntimeState::Running {
+        facts::set_state(c, id, RuntimeState::PreparingContext, None)?;
+    }
+    Ok(seq)
 }
 
 /// Everything one step commits at its end.
