@@ -400,3 +400,28 @@ async fn legacy_function_call_and_non_streamed_replies_are_understood() {
         .collect();
     assert_eq!(results, [json!({"text": "legacy"}), json!({"text": "modern"})]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_key_never_reaches_the_database_or_the_evidence() {
+    const KEY: &str = "sk-canary-5e1f0c2a9d";
+    let home = tempfile::tempdir().unwrap();
+    let model = MockModel::start(vec![Reply::text("ok")]).await;
+    harness_with_session(home.path(), &model.url(), "k", &["echo"], vec![], LoopGuards::default())
+        .await;
+    let keyed = keel::harness::Harness::open(
+        keel::home::Home::at(home.path()).unwrap(),
+        keel_tests::test_limits(),
+        Some(KEY.to_string()),
+        LoopGuards::default(),
+        &|_| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!(submit(&keyed, "k", "hi").await, Submitted::Ran(TurnOutcome::Answer("ok".into())));
+    let (_, evidence) = keyed.engine.evidence("k", None).await.unwrap();
+    assert!(!String::from_utf8_lossy(&evidence).contains(KEY));
+    for file in ["keel.db", "keel.db-wal"] {
+        let bytes = std::fs::read(home.path().join(file)).unwrap_or_default();
+        assert!(!String::from_utf8_lossy(&bytes).contains(KEY), "the key is in {file}");
+    }
+}
