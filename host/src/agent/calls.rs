@@ -188,7 +188,7 @@ pub(super) async fn run_calls(
         .collect();
     let intents_committed = !intents.is_empty();
     if intents_committed {
-        agent.engine.commit_intents(&id, assembled.clone(), intents, 0).await?;
+        agent.engine.commit_intents(&id, assembled.clone(), intents).await?;
     }
     let meta = Arc::new(meta.clone());
     let mut outcomes: Vec<Option<Outcome>> = vec![None; planned.len()];

@@ -287,7 +287,6 @@ impl SessionEngine {
         id: &str,
         evidence: Assembled,
         intents: Vec<JournalEntry>,
-        step_turn: i64,
     ) -> Result<(), StoreError> {
         let id = id.to_string();
         self.db
@@ -296,7 +295,6 @@ impl SessionEngine {
                 for e in &intents {
                     facts::put_journal(c, &id, evidence.step, e)?;
                 }
-                let _ = step_turn;
                 facts::set_state(c, &id, RuntimeState::Running, None)
             })
             .await

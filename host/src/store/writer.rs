@@ -134,31 +134,6 @@ impl Db {
         self.jobs.send(job).map_err(|_| StoreError::WriterGone)?;
         rx.await.map_err(|_| StoreError::WriterGone)?
     }
-
-    /// Like [`run`](Self::run), blocking the calling (non-async) thread.
-    pub fn run_blocking<R, F>(&self, op: F) -> Result<R, StoreError>
-    where
-        R: Send + 'static,
-        F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
-    {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let job: Job = Box::new(move |conn| {
-            let result = match conn {
-                Ok(conn) => op(conn),
-                Err(message) => Err(StoreError::Commit { message: message.to_string() }),
-            };
-            let ok = result.is_ok();
-            let done: Completion = Box::new(move |commit_error| {
-                let _ = tx.send(match commit_error {
-                    None => result,
-                    Some(message) => Err(StoreError::Commit { message: message.to_string() }),
-                });
-            });
-            (ok, done)
-        });
-        self.jobs.send(job).map_err(|_| StoreError::WriterGone)?;
-        rx.recv().map_err(|_| StoreError::WriterGone)?
-    }
 }
 
 fn run(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, stats: &DbStats) {
