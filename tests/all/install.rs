@@ -140,16 +140,7 @@ async fn g4_a_modified_component_file_is_refused_before_compile() {
         .await
         .unwrap();
     let input = json!({"text": "x"}).to_string();
-    let req = keel::tools::CallRequest {
-        tool: "echo",
-        input: &input,
-        grants: &[],
-        budget: Budget::default(),
-        cancel: None,
-        loaded: None,
-        policy: None,
-    };
-    match s.call(req).await {
+    match keel_tests::try_call(&s, "echo", &input).await {
         Err(ToolServiceError::Load(LoadError::DigestMismatch { expected, .. })) => {
             assert_eq!(expected, digest)
         }
@@ -200,16 +191,7 @@ async fn reinstall_replaces_and_remove_forgets() {
     assert!(tools.contains(&"spin".to_string()));
     assert!(!dir.path().join("components").join(format!("{}.wasm", component.digest)).exists());
     let input = json!({"text": "x"}).to_string();
-    let req = keel::tools::CallRequest {
-        tool: "echo",
-        input: &input,
-        grants: &[],
-        budget: Budget::default(),
-        cancel: None,
-        loaded: None,
-        policy: None,
-    };
-    match s.call(req).await {
+    match keel_tests::try_call(&s, "echo", &input).await {
         Err(ToolServiceError::NotInstalled { name, available }) => {
             assert_eq!(name, "echo");
             assert!(available.contains("fs_read_file"));

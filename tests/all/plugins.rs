@@ -1,7 +1,7 @@
 //! The first-party tools (`fs`, `csv`) end to end, through the ToolService and the sandbox.
 
 use keel::sandbox::{Access, Budget, CallError, Grant, ToolErrorKind};
-use keel::tools::{CallRequest, ToolServiceError};
+use keel::tools::ToolServiceError;
 use keel_tests::{call, shared};
 use serde_json::json;
 
@@ -150,16 +150,7 @@ async fn g3_input_failing_the_schema_is_rejected_before_the_sandbox_naming_the_f
     ];
     for (input, expected) in cases {
         let input = input.to_string();
-        let req = CallRequest {
-            tool: "fs_read_file",
-            input: &input,
-            grants: &[],
-            budget: Budget::default(),
-            cancel: None,
-            loaded: None,
-            policy: None,
-        };
-        match s.call(req).await {
+        match keel_tests::try_call(s, "fs_read_file", &input).await {
             Err(ToolServiceError::InvalidInput { tool, problems }) => {
                 assert_eq!(tool, "fs_read_file");
                 assert!(
@@ -170,16 +161,10 @@ async fn g3_input_failing_the_schema_is_rejected_before_the_sandbox_naming_the_f
             other => panic!("expected invalid input, got {:?}", other.map(|o| o.report.result)),
         }
     }
-    let req = CallRequest {
-        tool: "fs_read_file",
-        input: "{not json",
-        grants: &[],
-        budget: Budget::default(),
-        cancel: None,
-        loaded: None,
-        policy: None,
-    };
-    assert!(matches!(s.call(req).await, Err(ToolServiceError::InvalidInput { .. })));
+    assert!(matches!(
+        keel_tests::try_call(s, "fs_read_file", "{not json").await,
+        Err(ToolServiceError::InvalidInput { .. })
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

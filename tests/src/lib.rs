@@ -60,6 +60,25 @@ pub async fn call(
     service.call(req).await.unwrap()
 }
 
+/// Calls `tool` with the raw `input` text, no grants, default budget; returns the service's
+/// answer as it is (refusals included).
+pub async fn try_call(
+    service: &ToolService,
+    tool: &str,
+    input: &str,
+) -> Result<CallOutcome, keel::tools::ToolServiceError> {
+    let req = CallRequest {
+        tool,
+        input,
+        grants: &[],
+        budget: Budget::default(),
+        cancel: None,
+        loaded: None,
+        policy: None,
+    };
+    service.call(req).await
+}
+
 /// Asserts that the service still serves a normal call: the host is alive and healthy.
 pub async fn assert_healthy(service: &ToolService) {
     let out =

@@ -5,6 +5,10 @@ pub mod session;
 pub mod tool;
 
 use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use keel::sandbox::Budget;
 
 use keel::home::Home;
 use keel::sandbox::SandboxLimits;
@@ -47,4 +51,31 @@ pub fn inert(text: &str) -> String {
         }
     }
     out
+}
+
+/// The per-call budget flags shared by `keel tool call` and `keel run`.
+#[derive(Args)]
+pub struct BudgetArgs {
+    /// Fuel per tool call (≈ WebAssembly instructions). Default 20000000000.
+    #[arg(long)]
+    fuel: Option<u64>,
+    /// Wall-clock deadline per tool call, e.g. 500ms, 30s, 2m. Default 30s.
+    #[arg(long, value_parser = keel::units::parse_duration)]
+    timeout: Option<Duration>,
+    /// Memory per tool call, e.g. 64MiB, 1G. Default 256MiB.
+    #[arg(long, value_parser = keel::units::parse_size)]
+    memory: Option<u64>,
+}
+
+impl BudgetArgs {
+    /// The budget: the defaults with the given flags applied.
+    pub fn budget(&self) -> Budget {
+        let d = Budget::default();
+        Budget {
+            fuel: self.fuel.unwrap_or(d.fuel),
+            timeout: self.timeout.unwrap_or(d.timeout),
+            memory: self.memory.unwrap_or(d.memory),
+            ..d
+        }
+    }
 }

@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Args;
 use keel::agent::{Event, Events, LoopGuards, TurnOutcome};
@@ -11,11 +10,11 @@ use keel::brain::Submitted;
 use keel::harness::{DEFAULT_SYSTEM_PROMPT, Harness, model_config};
 use keel::home::Home;
 use keel::model::ModelClient;
-use keel::sandbox::{Budget, CancelToken, Grant, SandboxLimits};
+use keel::sandbox::{CancelToken, Grant, SandboxLimits};
 use keel::session::{NewSession, Policy};
 use serde_json::json;
 
-use super::{EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert};
+use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert};
 
 /// Exit code of an interrupted turn.
 pub const EXIT_INTERRUPTED: u8 = 130;
@@ -42,15 +41,8 @@ pub struct RunArgs {
     /// Model name (env KEEL_MODEL).
     #[arg(long)]
     model: Option<String>,
-    /// Per-tool-call fuel budget.
-    #[arg(long)]
-    fuel: Option<u64>,
-    /// Per-tool-call deadline, e.g. 30s.
-    #[arg(long, value_parser = keel::units::parse_duration)]
-    timeout: Option<Duration>,
-    /// Per-tool-call memory budget, e.g. 256MiB.
-    #[arg(long, value_parser = keel::units::parse_size)]
-    memory: Option<u64>,
+    #[command(flatten)]
+    budget: BudgetArgs,
     /// Model calls per turn at most.
     #[arg(long, default_value_t = 24)]
     max_steps: u32,
@@ -203,13 +195,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
         let effects = ["read-only", "workspace-write", "external", "destructive"];
         let (deny_effects, deny_tools) =
             a.deny.iter().cloned().partition(|d| effects.contains(&d.as_str()));
-        let d = Budget::default();
-        let budget = Budget {
-            fuel: a.fuel.unwrap_or(d.fuel),
-            timeout: a.timeout.unwrap_or(d.timeout),
-            memory: a.memory.unwrap_or(d.memory),
-            ..d
-        };
+        let budget = a.budget.budget();
         let new = NewSession {
             id: a.session.clone(),
             grants: a.grants.clone(),

@@ -2,14 +2,15 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use keel::sandbox::{Budget, CancelToken, Grant};
+use keel::sandbox::{CancelToken, Grant};
 use keel::tools::{CallRequest, ToolService};
 use serde_json::json;
 
-use super::{EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert, open_tools, report_error};
+use super::{
+    BudgetArgs, EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert, open_tools, report_error,
+};
 
 #[derive(Subcommand)]
 pub enum ToolCommand {
@@ -64,15 +65,8 @@ pub struct CallArgs {
     /// defaults to /NAME (the directory's name); access defaults to read-only.
     #[arg(long = "grant", value_name = "HOST_DIR[=GUEST][:ro|:rw]")]
     grants: Vec<Grant>,
-    /// Fuel budget (≈ WebAssembly instructions). Default 20000000000.
-    #[arg(long)]
-    fuel: Option<u64>,
-    /// Wall-clock deadline, e.g. 500ms, 30s, 2m. Default 30s.
-    #[arg(long, value_parser = keel::units::parse_duration)]
-    timeout: Option<Duration>,
-    /// Memory budget, e.g. 64MiB, 1G. Default 256MiB.
-    #[arg(long, value_parser = keel::units::parse_size)]
-    memory: Option<u64>,
+    #[command(flatten)]
+    budget: BudgetArgs,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -227,13 +221,7 @@ fn remove(service: &ToolService, a: NameArgs) -> ExitCode {
 }
 
 async fn call(service: &ToolService, a: CallArgs) -> ExitCode {
-    let defaults = Budget::default();
-    let budget = Budget {
-        fuel: a.fuel.unwrap_or(defaults.fuel),
-        timeout: a.timeout.unwrap_or(defaults.timeout),
-        memory: a.memory.unwrap_or(defaults.memory),
-        ..defaults
-    };
+    let budget = a.budget.budget();
     let cancel = CancelToken::new();
     let on_interrupt = cancel.clone();
     tokio::spawn(async move {
