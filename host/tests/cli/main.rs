@@ -133,7 +133,7 @@ fn errors_are_typed_and_exit_codes_distinguish_them() {
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("error (denied)"));
-    // A deadline stops a call: exit 1, `timeout`.
+    // A budget stops a call: exit 1, `fuel_exhausted`.
     let out = keel(
         home.path(),
         &[
