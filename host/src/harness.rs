@@ -24,6 +24,9 @@ pub struct Harness {
     pub engine: SessionEngine,
     pub brain: Brain,
     pub db: Db,
+    /// What startup recovery found: sessions whose runner was gone and that changed or have
+    /// work to resume.
+    pub recovered: Vec<crate::session::RecoveredSession>,
 }
 
 /// Why the harness could not start.
@@ -53,7 +56,17 @@ impl Harness {
         let agent =
             AgentService::new(engine.clone(), tools.clone(), ModelClient::new(api_key)?, guards);
         let brain = Brain::new(db.clone(), agent);
-        Ok(Self { tools, engine, brain, db })
+        let recovered = brain.recover().await?;
+        let changed: Vec<_> =
+            recovered.iter().filter(|r| r.state_before != r.state_after || !r.outcome_unknown.is_empty()).collect();
+        if !changed.is_empty() {
+            let unknown: usize = changed.iter().map(|r| r.outcome_unknown.len()).sum();
+            progress(&format!(
+                "recovered {} session(s) after an unclean stop ({unknown} call outcome(s) unknown); `keel recover` resumes them",
+                changed.len()
+            ));
+        }
+        Ok(Self { tools, engine, brain, db, recovered })
     }
 }
 

@@ -15,6 +15,7 @@
 pub mod agent;
 pub mod brain;
 pub mod builtin;
+pub mod crash;
 pub mod harness;
 pub mod home;
 pub mod model;

@@ -32,6 +32,15 @@ enum Command {
     /// Install, inspect, remove and call tool components.
     #[command(subcommand)]
     Tool(commands::tool::ToolCommand),
+    /// List the calls waiting for a person's approval: what exactly would run, and what it may
+    /// touch.
+    Approvals(commands::approval::ApprovalsArgs),
+    /// Approve a waiting call, then resume its session's turn in the foreground.
+    Approve(commands::approval::DecideArgs),
+    /// Reject a waiting call (the model is told), then resume its session's turn.
+    Reject(commands::approval::DecideArgs),
+    /// Recover sessions left by a process that stopped uncleanly, and resume their turns.
+    Recover(commands::approval::RecoverArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +65,14 @@ fn main() -> ExitCode {
             Command::Tool(cmd) => commands::tool::execute(home, cmd).await,
             Command::Run(args) => commands::run::execute(home, args).await,
             Command::Session(cmd) => commands::session::execute(home, cmd).await,
+            Command::Approvals(args) => commands::approval::list(home, args).await,
+            Command::Approve(args) => {
+                commands::approval::decide(home, args, keel::session::Decision::Approve).await
+            }
+            Command::Reject(args) => {
+                commands::approval::decide(home, args, keel::session::Decision::Reject).await
+            }
+            Command::Recover(args) => commands::approval::recover(home, args).await,
         }
     })
 }

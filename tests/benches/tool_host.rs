@@ -139,6 +139,7 @@ fn main() {
             cancel: None,
             loaded: None,
             policy: None,
+            approval: None,
         };
         let out = rt.block_on(service.call(req)).unwrap();
         let e = t.elapsed();

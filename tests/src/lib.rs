@@ -56,6 +56,7 @@ pub async fn call(
         cancel: None,
         loaded: None,
         policy: None,
+        approval: None,
     };
     service.call(req).await.unwrap()
 }
@@ -75,6 +76,7 @@ pub async fn try_call(
         cancel: None,
         loaded: None,
         policy: None,
+        approval: None,
     };
     service.call(req).await
 }

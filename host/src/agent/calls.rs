@@ -1,4 +1,11 @@
-//! The tool calls of one model response: validation, execution order, results.
+//! The tool calls of one step: validation, policy, approvals, execution order, the effect
+//! journal, results.
+//!
+//! A step whose calls are all read-only (or refused) runs them and commits once, at its end.
+//! Any other step is *opened* first (evidence, assistant message, every call planned) and then
+//! driven call by call from its journal: the intent of a side-effecting call is durable before
+//! it runs and its result after; a call the policy asks about stops the step until a person
+//! decides. The same driver finishes a step after an approval or a crash.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -6,10 +13,11 @@ use std::sync::Arc;
 use serde_json::json;
 use tokio::sync::Semaphore;
 
-use crate::model::{ModelReply, ToolCallRequest};
-use crate::sandbox::CancelToken;
-use crate::session::{Assembled, JournalEntry, SessionMeta};
-use crate::tools::{CallOutcome, CallRequest, ToolService, ToolServiceError};
+use crate::model::ToolCallRequest;
+use crate::sandbox::{CancelToken, sha256_hex};
+use crate::session::{ApprovalUnit, JournalEntry, OpenStep, SessionMeta, WaitCommit};
+use crate::store::now_ms;
+use crate::tools::{CallOutcome, CallRequest, PolicyDecision, ToolService, ToolServiceError};
 
 use super::{AgentError, AgentService, Event, Events};
 
@@ -18,22 +26,85 @@ pub(super) struct StepResult {
     pub assistant: String,
     pub results: Vec<String>,
     pub journal: Vec<JournalEntry>,
-    pub intents_committed: bool,
+    /// Whether the step was opened (its evidence is recorded; its open record must close).
+    pub opened: bool,
+    /// Whether the step ran a side-effecting call.
+    pub wrote: bool,
     pub all_failed: bool,
     pub calls: usize,
     pub signatures: Vec<String>,
 }
 
-/// A call's result: content for the model, error kind, change set (JSON), duration (ms).
-type Outcome = (String, Option<String>, Option<String>, f64);
+/// How the calls of a step ended.
+pub(super) enum StepEnd {
+    /// Every call has its result.
+    Done(StepResult),
+    /// The step waits for these approval units.
+    Waiting(Vec<String>),
+}
 
-/// A call after validation.
-struct Planned {
+/// A call's result: content for the model, error kind, change set (JSON), duration (ms).
+#[derive(Debug, Clone, Default)]
+struct Outcome {
+    content: String,
+    kind: Option<String>,
+    changes: Option<String>,
+    ms: f64,
+}
+
+/// One call of a step and how far it got.
+#[derive(Debug, Clone)]
+struct Slot {
     call: ToolCallRequest,
-    /// Set when the call is refused before it runs.
-    refusal: Option<(String, String)>,
     effect: Option<String>,
     digest: Option<String>,
+    idempotent: bool,
+    /// Journal status: planned, intent, waiting, done, unknown.
+    status: String,
+    approval_id: Option<String>,
+    outcome: Option<Outcome>,
+    /// Whether `outcome` (or the current status) is already in the journal.
+    durable: bool,
+}
+
+impl Slot {
+    fn side_effecting(&self) -> bool {
+        self.effect.as_deref().is_some_and(|e| e != "read-only")
+    }
+
+    fn entry(&self, position: usize) -> JournalEntry {
+        let o = self.outcome.clone().unwrap_or_default();
+        let has = self.outcome.is_some();
+        JournalEntry {
+            call_id: self.call.id.clone(),
+            position: position as i64,
+            tool: self.call.name.clone(),
+            input: self.call.arguments.clone(),
+            component_digest: self.digest.clone(),
+            effect: self.effect.clone(),
+            status: self.status.clone(),
+            result: has.then_some(o.content),
+            error_kind: o.kind,
+            changes: o.changes,
+            duration_ms: has.then_some(o.ms),
+            idempotent: self.idempotent,
+            approval_id: self.approval_id.clone(),
+        }
+    }
+
+    fn finish(&mut self, outcome: Outcome) {
+        self.status = "done".into();
+        self.outcome = Some(outcome);
+        self.durable = false;
+    }
+}
+
+fn error_outcome(kind: &str, message: &str) -> Outcome {
+    Outcome {
+        content: json!({"error": {"kind": kind, "message": message}}).to_string(),
+        kind: Some(kind.to_string()),
+        ..Outcome::default()
+    }
 }
 
 /// The content the model sees for a call's result, capped at `cap` bytes with a marker that
@@ -80,81 +151,100 @@ fn cap_text(text: String, cap: usize) -> String {
     )
 }
 
-fn refusal(kind: &str, message: String) -> Option<(String, String)> {
-    Some((kind.to_string(), message))
-}
-
+/// Validates the calls of a fresh model response: ids, known tools, JSON arguments, the input
+/// schema of calls the policy asks about (a person is never asked about a call that cannot
+/// run), and the policy's refusals.
 fn plan(
     tools: &ToolService,
     meta: &SessionMeta,
     calls: Vec<ToolCallRequest>,
     step: i64,
-) -> Vec<Planned> {
+) -> Vec<Slot> {
     let mut seen = HashSet::new();
     calls
         .into_iter()
         .enumerate()
         .map(|(i, mut call)| {
-            let mut refused = None;
+            let mut refused: Option<Outcome> = None;
             if call.id.trim().is_empty() {
                 call.id = format!("call_{step}_{i}");
             }
             if !seen.insert(call.id.clone()) {
                 let original = call.id.clone();
                 call.id = format!("{original}#{i}");
-                refused = refusal(
+                refused = Some(error_outcome(
                     "duplicate_call_id",
-                    format!("tool call id `{original}` was used twice in one response; this call was not run. Give every call its own id."),
-                );
+                    &format!("tool call id `{original}` was used twice in one response; this call was not run. Give every call its own id."),
+                ));
             }
             let trimmed = call.arguments.trim();
             call.arguments = if trimmed.is_empty() { "{}".to_string() } else { trimmed.to_string() };
-            let args = call.arguments.as_str();
-            let mut effect = None;
-            let mut digest = None;
+            let (mut effect, mut digest, mut idempotent) = (None, None, false);
             if refused.is_none() {
                 if !meta.loaded_tools.contains(&call.name) {
-                    refused = refusal(
+                    refused = Some(error_outcome(
                         "unknown_tool",
-                        format!("there is no tool `{}` in this session; available tools: {}", call.name, meta.loaded_tools.join(", ")),
-                    );
-                } else if let Err(e) = serde_json::from_str::<serde_json::Value>(args) {
-                    refused = refusal("invalid_input", format!("the arguments of `{}` are not valid JSON ({e}); send a JSON object", call.name));
+                        &format!("there is no tool `{}` in this session; available tools: {}", call.name, meta.loaded_tools.join(", ")),
+                    ));
+                } else if let Err(e) = serde_json::from_str::<serde_json::Value>(&call.arguments) {
+                    refused = Some(error_outcome("invalid_input", &format!("the arguments of `{}` are not valid JSON ({e}); send a JSON object", call.name)));
                 } else {
                     match tools.resolve(&call.name) {
                         Ok(r) => {
                             effect = Some(r.record.effect.clone());
                             digest = Some(r.digest.clone());
+                            idempotent = r.record.idempotent;
+                            match meta.policy.decide(&call.name, &r.record.effect) {
+                                PolicyDecision::Deny(why) => {
+                                    refused = Some(error_outcome("denied", &why));
+                                }
+                                PolicyDecision::Ask(_) => {
+                                    if let Err(e) = tools.check_input(&r.record, &call.arguments) {
+                                        refused = Some(error_outcome(e.kind(), &e.to_string()));
+                                    }
+                                }
+                                PolicyDecision::Allow => {}
+                            }
                         }
-                        Err(e) => refused = refusal(e.kind(), e.to_string()),
+                        Err(e) => refused = Some(error_outcome(e.kind(), &e.to_string())),
                     }
                 }
             }
-            Planned { call, refusal: refused, effect, digest }
+            let mut slot = Slot {
+                call,
+                effect,
+                digest,
+                idempotent,
+                status: "planned".into(),
+                approval_id: None,
+                outcome: None,
+                durable: false,
+            };
+            if let Some(o) = refused {
+                slot.finish(o);
+            }
+            slot
         })
         .collect()
 }
 
-fn entry(p: &Planned, position: usize, status: &str) -> JournalEntry {
-    JournalEntry {
-        call_id: p.call.id.clone(),
-        position: position as i64,
-        tool: p.call.name.clone(),
-        input: p.call.arguments.clone(),
-        component_digest: p.digest.clone(),
-        effect: p.effect.clone(),
-        status: status.to_string(),
-        result: None,
-        error_kind: None,
-        changes: None,
-        duration_ms: None,
-    }
+/// Whether the policy asks about this slot's call.
+fn asks(meta: &SessionMeta, s: &Slot) -> bool {
+    s.effect
+        .as_deref()
+        .is_some_and(|e| matches!(meta.policy.decide(&s.call.name, e), PolicyDecision::Ask(_)))
+}
+
+/// Whether a slot must run alone, through the journal (side-effecting or asked about).
+fn journaled(meta: &SessionMeta, s: &Slot) -> bool {
+    s.outcome.is_none() && (s.side_effecting() || asks(meta, s))
 }
 
 async fn execute(
     tools: Arc<ToolService>,
     meta: Arc<SessionMeta>,
     call: ToolCallRequest,
+    approval: Option<String>,
     cancel: CancelToken,
 ) -> Result<CallOutcome, ToolServiceError> {
     let req = CallRequest {
@@ -165,147 +255,427 @@ async fn execute(
         cancel: Some(cancel),
         loaded: Some(&meta.loaded_tools),
         policy: Some(&meta.policy),
+        approval: approval.as_deref(),
     };
     tools.call(req).await
 }
 
-pub(super) async fn run_calls(
+/// Runs the calls of a fresh model response.
+pub(super) async fn run_fresh(
     agent: &AgentService,
     meta: &SessionMeta,
-    assembled: &Assembled,
-    reply: ModelReply,
+    turn: i64,
+    assembled: &crate::session::Assembled,
+    reply: crate::model::ModelReply,
     cancel: &CancelToken,
     events: &Events,
-) -> Result<StepResult, AgentError> {
-    let id = meta.id.clone();
-    let planned = plan(&agent.tools, meta, reply.tool_calls, assembled.step);
-    let writes = |p: &Planned| p.refusal.is_none() && p.effect.as_deref() != Some("read-only");
-    let intents: Vec<JournalEntry> = planned
+) -> Result<StepEnd, AgentError> {
+    let mut slots = plan(&agent.tools, meta, reply.tool_calls, assembled.step);
+    let calls: Vec<serde_json::Value> = slots
         .iter()
-        .enumerate()
-        .filter(|(_, p)| writes(p))
-        .map(|(i, p)| entry(p, i, "intent"))
-        .collect();
-    let intents_committed = !intents.is_empty();
-    if intents_committed {
-        agent.engine.commit_intents(&id, assembled.clone(), intents).await?;
-    }
-    let meta = Arc::new(meta.clone());
-    let mut outcomes: Vec<Option<Outcome>> = vec![None; planned.len()];
-    let semaphore = Arc::new(Semaphore::new(agent.guards.max_parallel.max(1)));
-    let mut i = 0;
-    while i < planned.len() {
-        // A run of consecutive read-only (or refused) calls runs in parallel; a side-effecting
-        // call runs alone.
-        let mut group = vec![i];
-        if !writes(&planned[i]) {
-            while i + group.len() < planned.len() && !writes(&planned[i + group.len()]) {
-                group.push(i + group.len());
-            }
-        }
-        let mut tasks = tokio::task::JoinSet::new();
-        for &k in &group {
-            let p = &planned[k];
-            if let Some((kind, message)) = &p.refusal {
-                let content = json!({"error": {"kind": kind, "message": message}}).to_string();
-                outcomes[k] = Some((content, Some(kind.clone()), None, 0.0));
-                continue;
-            }
-            if cancel.is_cancelled() {
-                let content = json!({"error": {"kind": "interrupted", "message": "the user interrupted the turn before this call ran; it was not run"}}).to_string();
-                outcomes[k] = Some((content, Some("interrupted".into()), None, 0.0));
-                continue;
-            }
-            events(&Event::ToolStarted { name: p.call.name.clone(), call_id: p.call.id.clone() });
-            let (tools, meta, call, cancel, sem, cap) = (
-                agent.tools.clone(),
-                meta.clone(),
-                p.call.clone(),
-                cancel.clone(),
-                semaphore.clone(),
-                agent.guards.result_cap,
-            );
-            tasks.spawn(async move {
-                let _permit = sem.acquire_owned().await;
-                let started = std::time::Instant::now();
-                let outcome = execute(tools, meta, call, cancel).await;
-                let ms = started.elapsed().as_secs_f64() * 1e3;
-                let changes = outcome
-                    .as_ref()
-                    .ok()
-                    .and_then(|o| o.changes.as_ref())
-                    .filter(|c| !c.is_empty())
-                    .and_then(|c| serde_json::to_string(c).ok());
-                let (content, kind) = result_content(&outcome, cap);
-                (k, content, kind, changes, ms)
-            });
-        }
-        while let Some(done) = tasks.join_next().await {
-            let (k, content, kind, changes, ms) = match done {
-                Ok(v) => v,
-                Err(e) => {
-                    return Err(AgentError::Store(crate::store::StoreError::Invalid(format!(
-                        "a tool task failed: {e}"
-                    ))));
-                }
-            };
-            let p = &planned[k];
-            events(&Event::ToolFinished {
-                name: p.call.name.clone(),
-                call_id: p.call.id.clone(),
-                ok: kind.is_none(),
-                kind: kind.clone(),
-                ms,
-            });
-            // A side-effecting call's result is made durable at once when more calls follow in
-            // this step; for the last one, the step's own commit records it (one fsync less).
-            let more_follow = i + group.len() < planned.len();
-            if writes(p) && more_follow {
-                let mut e = entry(p, k, "done");
-                e.result = Some(content.clone());
-                e.error_kind = kind.clone();
-                e.changes = changes.clone();
-                e.duration_ms = Some(ms);
-                agent.engine.commit_call_result(&id, assembled.step, e).await?;
-            }
-            outcomes[k] = Some((content, kind, changes, ms));
-        }
-        i += group.len();
-    }
-    let assistant_calls: Vec<serde_json::Value> = planned
-        .iter()
-        .map(|p| json!({"id": p.call.id, "type": "function", "function": {"name": p.call.name, "arguments": p.call.arguments}}))
+        .map(|s| json!({"id": s.call.id, "type": "function", "function": {"name": s.call.name, "arguments": s.call.arguments}}))
         .collect();
     let assistant =
-        json!({"role": "assistant", "content": reply.content, "tool_calls": assistant_calls})
-            .to_string();
+        json!({"role": "assistant", "content": reply.content, "tool_calls": calls}).to_string();
+    let opened = slots.iter().any(|s| journaled(meta, s));
+    if opened {
+        // The first call to run, if it is a side-effecting call that needs no approval, has its
+        // intent recorded with the step: nothing runs between this commit and it.
+        if let Some(first) = slots.iter_mut().find(|s| s.outcome.is_none())
+            && first.side_effecting()
+            && !asks(meta, first)
+        {
+            crate::crash::point("before_intent");
+            first.status = "intent".into();
+        }
+        let entries: Vec<JournalEntry> =
+            slots.iter().enumerate().map(|(i, s)| s.entry(i)).collect();
+        agent
+            .engine
+            .open_step(&meta.id, turn, assembled.clone(), assistant.clone(), entries)
+            .await?;
+        for s in &mut slots {
+            s.durable = true;
+        }
+        if slots.iter().any(|s| s.status == "intent") {
+            crate::crash::point("after_intent");
+        }
+    }
+    drive(agent, meta, assembled.step, assistant, slots, Vec::new(), opened, cancel, events).await
+}
+
+/// Finishes an open step (after an approval, or after a crash), from its journal.
+pub(super) async fn run_open(
+    agent: &AgentService,
+    meta: &SessionMeta,
+    open: OpenStep,
+    cancel: &CancelToken,
+    events: &Events,
+) -> Result<StepEnd, AgentError> {
+    let mut slots: Vec<Slot> = open
+        .calls
+        .iter()
+        .map(|e| {
+            let outcome = matches!(e.status.as_str(), "done" | "unknown").then(|| Outcome {
+                content: e.result.clone().unwrap_or_default(),
+                kind: e.error_kind.clone(),
+                changes: e.changes.clone(),
+                ms: e.duration_ms.unwrap_or(0.0),
+            });
+            Slot {
+                call: ToolCallRequest {
+                    id: e.call_id.clone(),
+                    name: e.tool.clone(),
+                    arguments: e.input.clone(),
+                },
+                effect: e.effect.clone(),
+                digest: e.component_digest.clone(),
+                idempotent: e.idempotent,
+                status: e.status.clone(),
+                approval_id: e.approval_id.clone(),
+                outcome,
+                durable: true,
+            }
+        })
+        .collect();
+    // An intent left by a runner that died: read-only and idempotent calls run again; any
+    // other call's outcome is unknown and it never runs again.
+    for s in &mut slots {
+        if s.status == "intent" {
+            if s.side_effecting() && !s.idempotent {
+                s.status = "unknown".into();
+                s.outcome = Some(error_outcome("outcome_unknown", crate::session::OUTCOME_UNKNOWN));
+                s.durable = false;
+            } else {
+                s.status = "planned".into();
+            }
+        }
+    }
+    drive(agent, meta, open.step, open.assistant, slots, open.units, true, cancel, events).await
+}
+
+/// The latest unit of a call.
+fn unit_for<'a>(units: &'a [ApprovalUnit], call_id: &str) -> Option<&'a ApprovalUnit> {
+    units.iter().rev().find(|u| u.call_id == call_id)
+}
+
+/// Whether an open step can make progress without a new decision: false when its first
+/// unfinished call waits on a pending approval.
+pub(super) fn can_progress(meta: &SessionMeta, open: &OpenStep) -> bool {
+    let Some(first) =
+        open.calls.iter().find(|e| !matches!(e.status.as_str(), "done" | "unknown"))
+    else {
+        return true;
+    };
+    let asked = first
+        .effect
+        .as_deref()
+        .is_some_and(|e| matches!(meta.policy.decide(&first.tool, e), PolicyDecision::Ask(_)));
+    !(asked
+        && first.approval_id.is_none()
+        && unit_for(&open.units, &first.call_id).is_some_and(|u| u.status == "pending"))
+}
+
+fn new_unit(meta: &SessionMeta, step: i64, s: &Slot, why: String) -> ApprovalUnit {
+    let now = now_ms();
+    let seed = format!("{}\u{1f}{step}\u{1f}{}\u{1f}{now}\u{1f}{:?}", meta.id, s.call.id, std::time::Instant::now());
+    let hash = blake3::hash(seed.as_bytes()).to_hex();
+    ApprovalUnit {
+        id: format!("ap-{}", &hash[..12]),
+        session_id: meta.id.clone(),
+        step,
+        call_id: s.call.id.clone(),
+        result_id: format!("res-{}", &hash[12..24]),
+        tool: s.call.name.clone(),
+        effect: s.effect.clone().unwrap_or_default(),
+        component_digest: s.digest.clone().unwrap_or_default(),
+        input: s.call.arguments.clone(),
+        input_digest: sha256_hex(s.call.arguments.as_bytes()),
+        grants: meta.grants.clone(),
+        why,
+        status: "pending".into(),
+        created_at: now,
+        decided_at: None,
+        decision_reason: None,
+        consumed_at: None,
+    }
+}
+
+/// Journal rows of every slot whose state is not yet durable.
+fn unsaved(slots: &mut [Slot]) -> Vec<JournalEntry> {
+    let mut out = Vec::new();
+    for (i, s) in slots.iter_mut().enumerate() {
+        if !s.durable {
+            out.push(s.entry(i));
+            s.durable = true;
+        }
+    }
+    out
+}
+
+/// What to do about an asked call.
+enum Gate {
+    Run(Option<String>),
+    Reject(String),
+    Wait { invalidate: Option<String> },
+}
+
+fn gate(agent: &AgentService, units: &[ApprovalUnit], s: &Slot) -> Gate {
+    if s.approval_id.is_some() {
+        // Consumed by this very call before a crash; it re-runs only because it is idempotent.
+        return Gate::Run(None);
+    }
+    match unit_for(units, &s.call.id) {
+        Some(u) if u.status == "approved" => {
+            // The approval binds (call id, component digest, input digest).
+            let current = agent.tools.resolve(&s.call.name).ok().map(|r| r.digest.clone());
+            let bound = u.call_id == s.call.id
+                && u.input_digest == sha256_hex(s.call.arguments.as_bytes())
+                && current.as_deref() == Some(u.component_digest.as_str());
+            if bound {
+                Gate::Run(Some(u.id.clone()))
+            } else {
+                Gate::Wait { invalidate: Some(u.id.clone()) }
+            }
+        }
+        Some(u) if u.status == "rejected" => {
+            let reason = u.decision_reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+            Gate::Reject(format!(
+                "a person rejected this call (approval {}){reason}. It was not run; do not retry it without asking.",
+                u.id
+            ))
+        }
+        _ => Gate::Wait { invalidate: None },
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn drive(
+    agent: &AgentService,
+    meta: &SessionMeta,
+    step: i64,
+    assistant: String,
+    mut slots: Vec<Slot>,
+    units: Vec<ApprovalUnit>,
+    opened: bool,
+    cancel: &CancelToken,
+    events: &Events,
+) -> Result<StepEnd, AgentError> {
+    let id = meta.id.clone();
+    let shared_meta = Arc::new(meta.clone());
+    let semaphore = Arc::new(Semaphore::new(agent.guards.max_parallel.max(1)));
+    let mut wrote = false;
+    let mut i = 0;
+    while i < slots.len() {
+        if slots[i].outcome.is_some() {
+            i += 1;
+            continue;
+        }
+        if cancel.is_cancelled() {
+            slots[i].finish(error_outcome(
+                "interrupted",
+                "the user interrupted the turn before this call ran; it was not run",
+            ));
+            i += 1;
+            continue;
+        }
+        if !journaled(meta, &slots[i]) {
+            // A run of consecutive read-only calls runs in parallel.
+            let mut group = vec![i];
+            while let Some(next) = slots.get(i + group.len())
+                && next.outcome.is_none()
+                && !journaled(meta, next)
+            {
+                group.push(i + group.len());
+            }
+            let mut tasks = tokio::task::JoinSet::new();
+            for &k in &group {
+                let s = &slots[k];
+                events(&Event::ToolStarted { name: s.call.name.clone(), call_id: s.call.id.clone() });
+                let (tools, meta, call, cancel, sem, cap) = (
+                    agent.tools.clone(),
+                    shared_meta.clone(),
+                    s.call.clone(),
+                    cancel.clone(),
+                    semaphore.clone(),
+                    agent.guards.result_cap,
+                );
+                tasks.spawn(async move {
+                    let _permit = sem.acquire_owned().await;
+                    (k, run_one(tools, meta, call, None, cancel, cap).await)
+                });
+            }
+            while let Some(done) = tasks.join_next().await {
+                let (k, outcome) = done.map_err(|e| {
+                    AgentError::Store(crate::store::StoreError::Invalid(format!(
+                        "a tool task failed: {e}"
+                    )))
+                })?;
+                finished_event(events, &slots[k], &outcome);
+                slots[k].finish(outcome);
+            }
+            i += group.len();
+            continue;
+        }
+        // A side-effecting or asked-about call: alone, through the journal.
+        let mut consume = None;
+        if asks(meta, &slots[i]) {
+            match gate(agent, &units, &slots[i]) {
+                Gate::Run(unit) => consume = unit,
+                Gate::Reject(message) => {
+                    slots[i].finish(error_outcome("rejected", &message));
+                    i += 1;
+                    continue;
+                }
+                Gate::Wait { invalidate } => {
+                    return wait(agent, meta, step, &mut slots, i, &units, invalidate, events).await;
+                }
+            }
+        }
+        let already_intent = slots[i].status == "intent" && slots[i].durable;
+        if !already_intent {
+            crate::crash::point("before_intent");
+            slots[i].status = "intent".into();
+            if consume.is_some() {
+                slots[i].approval_id = consume.clone();
+            }
+            slots[i].durable = false;
+            let entries = unsaved(&mut slots);
+            agent.engine.commit_progress(&id, step, entries, consume).await?;
+            crate::crash::point("after_intent");
+        }
+        let s = &slots[i];
+        events(&Event::ToolStarted { name: s.call.name.clone(), call_id: s.call.id.clone() });
+        let outcome = run_one(
+            agent.tools.clone(),
+            shared_meta.clone(),
+            s.call.clone(),
+            s.approval_id.clone(),
+            cancel.clone(),
+            agent.guards.result_cap,
+        )
+        .await;
+        crate::crash::point("after_effect");
+        finished_event(events, &slots[i], &outcome);
+        slots[i].finish(outcome);
+        wrote = true;
+        // More calls follow: make this result durable now (the last one commits with the step).
+        if slots[i + 1..].iter().any(|s| s.outcome.is_none()) {
+            let entries = unsaved(&mut slots);
+            agent.engine.commit_progress(&id, step, entries, None).await?;
+            crate::crash::point("after_result");
+        }
+        i += 1;
+    }
     let mut results = Vec::new();
     let mut journal = Vec::new();
     let mut failed = 0;
-    for (k, p) in planned.iter().enumerate() {
-        let (content, kind, changes, ms) = outcomes[k].clone().unwrap_or_default();
-        if kind.is_some() {
+    for (k, s) in slots.iter().enumerate() {
+        let o = s.outcome.clone().unwrap_or_default();
+        if o.kind.is_some() {
             failed += 1;
         }
         results.push(
-            json!({"role": "tool", "tool_call_id": p.call.id, "content": content}).to_string(),
+            json!({"role": "tool", "tool_call_id": s.call.id, "content": o.content}).to_string(),
         );
-        let mut e = entry(p, k, "done");
-        e.result = Some(content);
-        e.error_kind = kind;
-        e.changes = changes;
-        e.duration_ms = Some(ms);
-        journal.push(e);
+        journal.push(s.entry(k));
     }
     let signatures =
-        planned.iter().map(|p| format!("{}\u{1f}{}", p.call.name, p.call.arguments)).collect();
-    Ok(StepResult {
+        slots.iter().map(|s| format!("{}\u{1f}{}", s.call.name, s.call.arguments)).collect();
+    Ok(StepEnd::Done(StepResult {
         assistant,
         results,
         journal,
-        intents_committed,
-        all_failed: failed == planned.len(),
-        calls: planned.len(),
+        opened,
+        wrote,
+        all_failed: failed == slots.len(),
+        calls: slots.len(),
         signatures,
-    })
+    }))
+}
+
+/// Stops the step at slot `at` to wait for approvals: a pending unit for it and for every later
+/// asked-about call that has none, with the results so far — one commit. Nothing is committed
+/// when nothing changed (a resume that finds the same approval still pending).
+#[allow(clippy::too_many_arguments)]
+async fn wait(
+    agent: &AgentService,
+    meta: &SessionMeta,
+    step: i64,
+    slots: &mut [Slot],
+    at: usize,
+    units: &[ApprovalUnit],
+    invalidate: Option<String>,
+    events: &Events,
+) -> Result<StepEnd, AgentError> {
+    let mut new_units = Vec::new();
+    let mut waiting = Vec::new();
+    for k in at..slots.len() {
+        let s = &slots[k];
+        if s.outcome.is_some() || !asks(meta, s) {
+            continue;
+        }
+        let live = unit_for(units, &s.call.id)
+            .filter(|u| u.status == "pending" || u.status == "approved")
+            .filter(|u| invalidate.as_deref() != Some(u.id.as_str()));
+        match live {
+            Some(u) => waiting.push(u.id.clone()),
+            None => {
+                let why = match meta.policy.decide(&s.call.name, s.effect.as_deref().unwrap_or("")) {
+                    PolicyDecision::Ask(why) => why,
+                    _ => String::new(),
+                };
+                let u = new_unit(meta, step, s, why);
+                waiting.push(u.id.clone());
+                events(&Event::ApprovalNeeded { unit: u.id.clone(), tool: u.tool.clone() });
+                new_units.push(u);
+            }
+        }
+        if slots[k].status != "waiting" {
+            slots[k].status = "waiting".into();
+            slots[k].durable = false;
+        }
+    }
+    let entries = unsaved(slots);
+    if !entries.is_empty() || !new_units.is_empty() || invalidate.is_some() {
+        let wait = WaitCommit {
+            step,
+            entries,
+            new_units,
+            invalidate: invalidate.into_iter().collect(),
+        };
+        agent.engine.commit_wait(&meta.id, wait).await?;
+    }
+    Ok(StepEnd::Waiting(waiting))
+}
+
+async fn run_one(
+    tools: Arc<ToolService>,
+    meta: Arc<SessionMeta>,
+    call: ToolCallRequest,
+    approval: Option<String>,
+    cancel: CancelToken,
+    cap: usize,
+) -> Outcome {
+    let started = std::time::Instant::now();
+    let outcome = execute(tools, meta, call, approval, cancel).await;
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    let changes = outcome
+        .as_ref()
+        .ok()
+        .and_then(|o| o.changes.as_ref())
+        .filter(|c| !c.is_empty())
+        .and_then(|c| serde_json::to_string(c).ok());
+    let (content, kind) = result_content(&outcome, cap);
+    Outcome { content, kind, changes, ms }
+}
+
+fn finished_event(events: &Events, s: &Slot, o: &Outcome) {
+    events(&Event::ToolFinished {
+        name: s.call.name.clone(),
+        call_id: s.call.id.clone(),
+        ok: o.kind.is_none(),
+        kind: o.kind.clone(),
+        ms: o.ms,
+    });
 }

@@ -19,6 +19,7 @@ use crate::session::{RuntimeState, SessionEngine, StepCommit, TurnStart};
 use crate::store::StoreError;
 use crate::tools::ToolService;
 
+use calls::StepEnd;
 pub use calls::result_content;
 
 /// The loop guards and bounds of a turn.
@@ -55,6 +56,8 @@ pub enum Event {
     ModelCall { step: i64 },
     ToolStarted { name: String, call_id: String },
     ToolFinished { name: String, call_id: String, ok: bool, kind: Option<String>, ms: f64 },
+    /// A call waits for a person's decision (`keel approvals`).
+    ApprovalNeeded { unit: String, tool: String },
 }
 
 /// A sink for [`Event`]s.
@@ -69,6 +72,8 @@ pub enum TurnOutcome {
     Stopped(String),
     /// The user interrupted the turn.
     Interrupted,
+    /// The turn waits for these approval units; the runner has exited.
+    WaitingApproval(Vec<String>),
     /// The model could not be reached or answered nonsense; nothing of the step was committed.
     Failed(String),
 }
@@ -80,6 +85,13 @@ pub enum AgentError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Tools(#[from] crate::tools::ToolServiceError),
+}
+
+/// Loop-guard counters of one turn.
+#[derive(Default)]
+struct GuardState {
+    repeats: HashMap<String, u32>,
+    consecutive_errors: u32,
 }
 
 /// The AgentService.
@@ -105,7 +117,9 @@ impl AgentService {
         &self.engine
     }
 
-    /// Runs one turn of session `id` to its end.
+    /// Runs one turn of session `id` until it ends or waits for an approval. A turn that was
+    /// already under way (it waited for an approval, or its process died) is resumed: its open
+    /// step is finished from the journal first.
     pub async fn run_turn(
         &self,
         id: &str,
@@ -113,10 +127,36 @@ impl AgentService {
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<TurnOutcome, AgentError> {
-        let mut repeats: HashMap<String, u32> = HashMap::new();
-        let mut consecutive_errors = 0u32;
-        // begin_turn already committed `running`.
-        events(&Event::State(RuntimeState::Running));
+        let mut guard = GuardState::default();
+        if let Some(open) = self.engine.load_open_step(id).await? {
+            let meta = self.engine.meta(id).await?;
+            if !calls::can_progress(&meta, &open) {
+                let pending =
+                    open.units.iter().filter(|u| u.status == "pending").map(|u| u.id.clone());
+                return Ok(TurnOutcome::WaitingApproval(pending.collect()));
+            }
+            if meta.state != RuntimeState::Running {
+                self.engine.set_state(id, RuntimeState::Running, None).await?;
+            }
+            events(&Event::State(RuntimeState::Running));
+            let step_no = open.step;
+            match calls::run_open(self, &meta, open, cancel, events).await? {
+                StepEnd::Waiting(units) => return Ok(self.waiting(units, events)),
+                StepEnd::Done(step) => {
+                    if let Some(end) =
+                        self.finish_step(id, turn.turn, None, step_no, step, &mut guard, 0, cancel, events).await?
+                    {
+                        return Ok(end);
+                    }
+                }
+            }
+        } else {
+            // begin_turn committed `running`; a resumed turn shows it again now.
+            if self.engine.meta(id).await?.state != RuntimeState::Running {
+                self.engine.set_state(id, RuntimeState::Running, None).await?;
+            }
+            events(&Event::State(RuntimeState::Running));
+        }
         for step_in_turn in 1..=self.guards.max_steps {
             if cancel.is_cancelled() {
                 return self.interrupted(id, events).await;
@@ -154,6 +194,7 @@ impl AgentService {
                             notice: None,
                             state: RuntimeState::Idle,
                             detail: None,
+                            closes_open_step: false,
                         },
                     )
                     .await?;
@@ -161,73 +202,122 @@ impl AgentService {
                 return Ok(TurnOutcome::Answer(answer));
             }
             let started = Instant::now();
-            let step = calls::run_calls(self, &meta, &assembled, reply, cancel, events).await?;
+            let end =
+                calls::run_fresh(self, &meta, turn.turn, &assembled, reply, cancel, events).await?;
             tracing::debug!(
                 step = assembled.step,
                 ms = started.elapsed().as_secs_f64() * 1e3,
                 "tool calls done"
             );
-            // Loop guards.
-            if step.all_failed {
-                consecutive_errors += step.calls as u32;
-            } else {
-                consecutive_errors = 0;
-            }
-            let mut notice = None;
-            for sig in &step.signatures {
-                let n = repeats.entry(sig.clone()).or_insert(0);
-                *n += 1;
-            }
-            repeats.retain(|k, _| step.signatures.contains(k));
-            if repeats.values().any(|n| *n >= self.guards.max_repeats) {
-                notice = Some(format!(
-                    "[keel] Turn stopped: the same tool call was repeated {} times in a row without progress.",
-                    self.guards.max_repeats
-                ));
-            } else if consecutive_errors >= self.guards.max_consecutive_errors {
-                notice = Some(format!(
-                    "[keel] Turn stopped: {consecutive_errors} tool calls failed in a row. Check the errors above, then send a new instruction."
-                ));
-            } else if step_in_turn == self.guards.max_steps {
-                notice = Some(format!(
-                    "[keel] Turn stopped: it reached the limit of {} model calls per turn. Send a message to continue.",
-                    self.guards.max_steps
-                ));
-            }
-            let interrupted = cancel.is_cancelled();
-            let state = if interrupted {
-                RuntimeState::Interrupted
-            } else if notice.is_some() {
-                RuntimeState::Idle
-            } else {
-                RuntimeState::Running
-            };
-            self.engine
-                .commit_step(
-                    id,
-                    StepCommit {
-                        turn: turn.turn,
-                        evidence: (!step.intents_committed).then(|| assembled.clone()),
-                        step: assembled.step,
-                        assistant: step.assistant,
-                        results: step.results,
-                        journal: step.journal,
-                        notice: notice.clone(),
-                        state,
-                        detail: interrupted.then(|| "interrupted by the user".to_string()),
-                    },
-                )
-                .await?;
-            if interrupted {
-                events(&Event::State(RuntimeState::Interrupted));
-                return Ok(TurnOutcome::Interrupted);
-            }
-            if let Some(n) = notice {
-                events(&Event::State(RuntimeState::Idle));
-                return Ok(TurnOutcome::Stopped(n));
+            match end {
+                StepEnd::Waiting(units) => return Ok(self.waiting(units, events)),
+                StepEnd::Done(step) => {
+                    let step_no = assembled.step;
+                    if let Some(end) = self
+                        .finish_step(
+                            id,
+                            turn.turn,
+                            Some(assembled),
+                            step_no,
+                            step,
+                            &mut guard,
+                            step_in_turn,
+                            cancel,
+                            events,
+                        )
+                        .await?
+                    {
+                        return Ok(end);
+                    }
+                }
             }
         }
         Ok(TurnOutcome::Stopped("step limit".into()))
+    }
+
+    fn waiting(&self, units: Vec<String>, events: &Events) -> TurnOutcome {
+        events(&Event::State(RuntimeState::WaitingApproval));
+        TurnOutcome::WaitingApproval(units)
+    }
+
+    /// Applies the loop guards to a finished step and commits it; `Some` when the turn ends.
+    #[allow(clippy::too_many_arguments)]
+    async fn finish_step(
+        &self,
+        id: &str,
+        turn: i64,
+        assembled: Option<crate::session::Assembled>,
+        step_no: i64,
+        step: calls::StepResult,
+        guard: &mut GuardState,
+        step_in_turn: u32,
+        cancel: &CancelToken,
+        events: &Events,
+    ) -> Result<Option<TurnOutcome>, AgentError> {
+        if step.all_failed {
+            guard.consecutive_errors += step.calls as u32;
+        } else {
+            guard.consecutive_errors = 0;
+        }
+        for sig in &step.signatures {
+            *guard.repeats.entry(sig.clone()).or_insert(0) += 1;
+        }
+        guard.repeats.retain(|k, _| step.signatures.contains(k));
+        let notice = if guard.repeats.values().any(|n| *n >= self.guards.max_repeats) {
+            Some(format!(
+                "[keel] Turn stopped: the same tool call was repeated {} times in a row without progress.",
+                self.guards.max_repeats
+            ))
+        } else if guard.consecutive_errors >= self.guards.max_consecutive_errors {
+            Some(format!(
+                "[keel] Turn stopped: {} tool calls failed in a row. Check the errors above, then send a new instruction.",
+                guard.consecutive_errors
+            ))
+        } else if step_in_turn == self.guards.max_steps {
+            Some(format!(
+                "[keel] Turn stopped: it reached the limit of {} model calls per turn. Send a message to continue.",
+                self.guards.max_steps
+            ))
+        } else {
+            None
+        };
+        let interrupted = cancel.is_cancelled();
+        let state = if interrupted {
+            RuntimeState::Interrupted
+        } else if notice.is_some() {
+            RuntimeState::Idle
+        } else {
+            RuntimeState::Running
+        };
+        self.engine
+            .commit_step(
+                id,
+                StepCommit {
+                    turn,
+                    evidence: if step.opened { None } else { assembled },
+                    step: step_no,
+                    assistant: step.assistant,
+                    results: step.results,
+                    journal: step.journal,
+                    notice: notice.clone(),
+                    state,
+                    detail: interrupted.then(|| "interrupted by the user".to_string()),
+                    closes_open_step: step.opened,
+                },
+            )
+            .await?;
+        if step.wrote {
+            crate::crash::point("after_result");
+        }
+        if interrupted {
+            events(&Event::State(RuntimeState::Interrupted));
+            return Ok(Some(TurnOutcome::Interrupted));
+        }
+        if let Some(n) = notice {
+            events(&Event::State(RuntimeState::Idle));
+            return Ok(Some(TurnOutcome::Stopped(n)));
+        }
+        Ok(None)
     }
 
     async fn interrupted(&self, id: &str, events: &Events) -> Result<TurnOutcome, AgentError> {

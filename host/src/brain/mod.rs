@@ -15,7 +15,9 @@ use rusqlite::{OptionalExtension, params};
 
 use crate::agent::{AgentError, AgentService, Events, TurnOutcome};
 use crate::sandbox::CancelToken;
-use crate::session::SessionEngine;
+use crate::session::{
+    ApprovalUnit, DecideError, Decision, RecoveredSession, RuntimeState, SessionEngine, TurnStart,
+};
 use crate::store::{Db, StoreError, now_ms};
 
 /// A lease not renewed for this long is considered abandoned (its process died).
@@ -44,12 +46,94 @@ pub struct Brain {
 
 impl Brain {
     pub fn new(db: Db, agent: AgentService) -> Self {
-        let owner = format!(
-            "{}-{}",
-            std::process::id(),
-            &blake3::hash(&now_ms().to_le_bytes()).to_hex()[..8]
-        );
+        let nonce = format!("{}-{:?}", now_ms(), std::time::Instant::now());
+        let owner = RunnerId::current(&blake3::hash(nonce.as_bytes()).to_hex()[..8]).to_string();
         Self { db, agent, owner: owner.into() }
+    }
+
+    /// Startup recovery: every session whose runner is gone (its lease is free, or its process
+    /// is dead, or it expired) gets its facts recovered — see
+    /// [`recover_in`](crate::session::recover_in) — in one transaction. Sessions a live runner
+    /// holds are left alone. Returns the sessions that changed or have work to resume.
+    pub async fn recover(&self) -> Result<Vec<RecoveredSession>, StoreError> {
+        let owner = self.owner.clone();
+        self.db
+            .run(move |c| {
+                let candidates: Vec<(String, Option<String>, Option<i64>)> = c
+                    .prepare(
+                        "SELECT s.id, l.owner, l.heartbeat_ms FROM sessions s
+                         LEFT JOIN runner_leases l ON l.session_id = s.id
+                         WHERE s.active_turn IS NOT NULL OR l.owner IS NOT NULL
+                            OR s.state IN ('running', 'preparing_context', 'compressing')
+                            OR EXISTS (SELECT 1 FROM inbox i WHERE i.session_id = s.id AND i.consumed_at IS NULL)",
+                    )?
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                    .collect::<Result<_, _>>()?;
+                let now = now_ms();
+                let mut out = Vec::new();
+                for (id, holder, beat) in candidates {
+                    if let (Some(holder), Some(beat)) = (&holder, beat) {
+                        if holder.as_str() == &*owner || lease_live(holder, beat, now) {
+                            continue;
+                        }
+                        c.execute("DELETE FROM runner_leases WHERE session_id=?1", [&id])?;
+                    }
+                    let r = crate::session::recover_in(c, &id)?;
+                    if r.resumable || r.state_before != r.state_after || !r.outcome_unknown.is_empty() || !r.rerun.is_empty() {
+                        out.push(r);
+                    }
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    /// Records a decision on an approval unit (exactly one decision wins under any number of
+    /// concurrent deciders). The caller then resumes the session with [`drain`](Self::drain).
+    pub async fn decide(
+        &self,
+        unit: &str,
+        decision: Decision,
+        reason: Option<String>,
+        session: Option<String>,
+    ) -> Result<Result<ApprovalUnit, DecideError>, StoreError> {
+        let decided = self.engine().decide(unit, decision, reason, session).await?;
+        if decided.is_ok() {
+            crate::crash::point("after_decision");
+        }
+        Ok(decided)
+    }
+
+    /// Interrupts session `id`: records the request (a live runner stops at its next check and
+    /// closes its open calls); when no live runner holds the session, closes its turn here —
+    /// every open call gets an interrupted result and pending approvals are cancelled.
+    pub async fn interrupt(&self, id: &str) -> Result<RuntimeState, StoreError> {
+        let before = self.engine().request_interrupt(id).await?;
+        let (sid, owner) = (id.to_string(), self.owner.clone());
+        self.db
+            .run(move |c| {
+                let meta = crate::session::SessionEngine::load_meta_in(c, &sid)?;
+                if meta.active_turn.is_none() && meta.state != RuntimeState::Running {
+                    return Ok(());
+                }
+                let holder: Option<(String, i64)> = c
+                    .query_row(
+                        "SELECT owner, heartbeat_ms FROM runner_leases WHERE session_id=?1",
+                        [&sid],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()?;
+                if let Some((h, beat)) = &holder
+                    && (h.as_str() == &*owner || lease_live(h, *beat, now_ms()))
+                {
+                    return Ok(());
+                }
+                c.execute("DELETE FROM runner_leases WHERE session_id=?1", [&sid])?;
+                crate::session::close_turn_in(c, &sid, "interrupted by the user")?;
+                Ok(())
+            })
+            .await?;
+        Ok(before)
     }
 
     pub fn engine(&self) -> &SessionEngine {
@@ -122,7 +206,10 @@ impl Brain {
                     return Err(e);
                 }
             }
-            let interrupted = matches!(last, Some(TurnOutcome::Interrupted));
+            // An interrupted or waiting turn releases the session: queued inputs wait for the
+            // user (or the decision).
+            let interrupted =
+                matches!(last, Some(TurnOutcome::Interrupted | TurnOutcome::WaitingApproval(_)));
             // Release unless inputs arrived meanwhile (checked in the same transaction).
             if self.release(id, interrupted).await? || interrupted {
                 return Ok(Some(Submitted::Ran(
@@ -139,9 +226,18 @@ impl Brain {
         events: &Events,
     ) -> Result<Option<TurnOutcome>, AgentError> {
         let mut last = None;
+        // A turn already under way (it waited for an approval, or its process died) comes first.
+        if let Some(turn) = self.engine().meta(id).await?.active_turn {
+            let resume = TurnStart { turn, text: String::new() };
+            let outcome = self.agent.run_turn(id, &resume, cancel, events).await?;
+            if matches!(outcome, TurnOutcome::Interrupted | TurnOutcome::WaitingApproval(_)) {
+                return Ok(Some(outcome));
+            }
+            last = Some(outcome);
+        }
         while let Some(turn) = self.engine().begin_turn(id).await? {
             let outcome = self.agent.run_turn(id, &turn, cancel, events).await?;
-            let stop = outcome == TurnOutcome::Interrupted;
+            let stop = matches!(outcome, TurnOutcome::Interrupted | TurnOutcome::WaitingApproval(_));
             last = Some(outcome);
             if stop {
                 break;
@@ -203,7 +299,7 @@ fn acquire_in(c: &rusqlite::Connection, id: &str, owner: &str) -> Result<bool, S
     let free = match &held {
         None => true,
         Some((o, _)) if o == owner => true,
-        Some((_, beat)) => now - beat > LEASE_TTL.as_millis() as i64,
+        Some((o, beat)) => !lease_live(o, *beat, now),
     };
     if free {
         c.prepare_cached(
@@ -244,5 +340,92 @@ impl RunnerTasks {
 impl Drop for RunnerTasks {
     fn drop(&mut self) {
         self.handle.abort();
+    }
+}
+
+/// A runner's identity: `host/pid/start/nonce`. On the same host, a lease whose process is gone
+/// (or whose pid now belongs to a process started later) is abandoned at once; elsewhere it is
+/// abandoned when its heartbeat is older than [`LEASE_TTL`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RunnerId {
+    host: String,
+    pid: u32,
+    start: u64,
+    nonce: String,
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into())
+}
+
+/// The start time of process `pid` (clock ticks since boot), where the system tells it.
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may contain spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
+impl RunnerId {
+    fn current(nonce: &str) -> Self {
+        let pid = std::process::id();
+        Self {
+            host: hostname(),
+            pid,
+            start: process_start(pid).unwrap_or(0),
+            nonce: nonce.to_string(),
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        let mut p = s.rsplitn(4, '/');
+        let nonce = p.next()?.to_string();
+        let start = p.next()?.parse().ok()?;
+        let pid = p.next()?.parse().ok()?;
+        let host = p.next()?.to_string();
+        Some(Self { host, pid, start, nonce })
+    }
+}
+
+impl std::fmt::Display for RunnerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}/{}", self.host, self.pid, self.start, self.nonce)
+    }
+}
+
+/// Whether the lease of `holder`, last renewed at `beat`, still binds its session.
+fn lease_live(holder: &str, beat: i64, now: i64) -> bool {
+    if let Some(h) = RunnerId::parse(holder)
+        && h.host == hostname()
+        && h.start != 0
+    {
+        if h.pid == std::process::id() {
+            return true;
+        }
+        return process_start(h.pid) == Some(h.start);
+    }
+    now - beat <= LEASE_TTL.as_millis() as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runner_ids_round_trip_and_dead_processes_release_their_leases() {
+        let me = RunnerId::current("abc");
+        assert_eq!(RunnerId::parse(&me.to_string()), Some(me.clone()));
+        assert!(lease_live(&me.to_string(), 0, i64::MAX), "this process is alive");
+        // A pid with another start time is a different (or no) process.
+        let other = RunnerId { pid: me.pid, start: me.start + 1, ..me.clone() };
+        let dead = RunnerId { pid: u32::MAX - 1, ..me.clone() };
+        assert!(!lease_live(&dead.to_string(), now_ms(), now_ms()));
+        assert!(lease_live(&other.to_string(), 0, 0), "same pid counts as this process");
+        // Another host: the heartbeat decides.
+        let remote = RunnerId { host: "elsewhere".into(), ..me };
+        assert!(lease_live(&remote.to_string(), now_ms(), now_ms()));
+        assert!(!lease_live(&remote.to_string(), 0, LEASE_TTL.as_millis() as i64 + 1));
     }
 }

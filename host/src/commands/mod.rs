@@ -1,5 +1,6 @@
 //! One module per command.
 
+pub mod approval;
 pub mod run;
 pub mod session;
 pub mod tool;

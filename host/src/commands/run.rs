@@ -18,6 +18,8 @@ use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert};
 
 /// Exit code of an interrupted turn.
 pub const EXIT_INTERRUPTED: u8 = 130;
+/// Exit code of a turn that stopped to wait for an approval.
+pub const EXIT_WAITING: u8 = 4;
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -33,8 +35,16 @@ pub struct RunArgs {
     #[arg(long, value_delimiter = ',')]
     tools: Vec<String>,
     /// Deny a tool or an effect class (read-only, workspace-write, external, destructive).
+    /// Repeatable.
     #[arg(long = "deny", value_name = "TOOL|EFFECT")]
     deny: Vec<String>,
+    /// Ask for approval before every call of a tool or effect class (default: destructive
+    /// and external). Repeatable.
+    #[arg(long = "ask", value_name = "TOOL|EFFECT")]
+    ask: Vec<String>,
+    /// Run a tool or effect class without asking (overrides the default asks). Repeatable.
+    #[arg(long = "allow", value_name = "TOOL|EFFECT")]
+    allow: Vec<String>,
     /// Model server base URL, the part before /chat/completions (env KEEL_MODEL_URL).
     #[arg(long)]
     model_url: Option<String>,
@@ -66,6 +76,9 @@ pub fn stderr_events() -> Events {
         Event::State(s) => eprintln!("keel: state {s}"),
         Event::ModelCall { step } => eprintln!("keel: model call (step {step})"),
         Event::ToolStarted { name, call_id } => eprintln!("keel:   → {name} [{}]", inert(call_id)),
+        Event::ApprovalNeeded { unit, tool } => {
+            eprintln!("keel:   ⏸ {tool} needs approval: keel approve {unit}  (or keel reject {unit})")
+        }
         Event::ToolFinished { name, ok, kind, ms, .. } => {
             if *ok {
                 eprintln!("keel:   ✓ {name} ({ms:.1} ms)");
@@ -114,17 +127,30 @@ pub fn report(json_out: bool, id: &str, harness_state: &str, submitted: &Submitt
             ("interrupted", String::new(), EXIT_INTERRUPTED)
         }
         Submitted::Ran(TurnOutcome::Failed(e)) => ("failed", e.clone(), EXIT_TOOL_ERROR),
+        Submitted::Ran(TurnOutcome::WaitingApproval(_)) => {
+            ("waiting_approval", String::new(), EXIT_WAITING)
+        }
         Submitted::Queued { .. } => ("queued", String::new(), 0),
+    };
+    let approvals = match submitted {
+        Submitted::Ran(TurnOutcome::WaitingApproval(units)) => units.clone(),
+        _ => Vec::new(),
     };
     if json_out {
         println!(
             "{}",
-            json!({"ok": code == 0, "session_id": id, "state": harness_state, "outcome": outcome, "answer": answer})
+            json!({"ok": code == 0 || code == EXIT_WAITING, "session_id": id, "state": harness_state,
+                   "outcome": outcome, "answer": answer, "approvals": approvals})
         );
     } else {
         match submitted {
             Submitted::Ran(TurnOutcome::Failed(e)) => eprintln!("error: {}", inert(e)),
             Submitted::Ran(TurnOutcome::Interrupted) => eprintln!("keel: session {id} interrupted"),
+            Submitted::Ran(TurnOutcome::WaitingApproval(units)) => eprintln!(
+                "keel: session {id} waits for approval ({}); review with `keel approvals --session {id}`, \
+                 then `keel approve UNIT` or `keel reject UNIT` — the turn resumes from there",
+                units.join(", ")
+            ),
             Submitted::Queued { inbox_seq } => eprintln!(
                 "keel: session {id} is running in another process; your input is queued (#{inbox_seq}) and it will run it next"
             ),
@@ -192,15 +218,14 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
             }
             a.tools.clone()
         };
-        let effects = ["read-only", "workspace-write", "external", "destructive"];
-        let (deny_effects, deny_tools) =
-            a.deny.iter().cloned().partition(|d| effects.contains(&d.as_str()));
+        let mut policy = Policy::default();
+        policy.adjust(&a.allow, &a.ask, &a.deny);
         let budget = a.budget.budget();
         let new = NewSession {
             id: a.session.clone(),
             grants: a.grants.clone(),
             tools,
-            policy: Policy { deny_tools, deny_effects },
+            policy,
             budget,
             model,
             system_prompt: DEFAULT_SYSTEM_PROMPT.to_string(),

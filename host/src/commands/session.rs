@@ -183,13 +183,14 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                 Err(e) => fail(a.json, &e.to_string(), EXIT_TOOL_ERROR),
             }
         }
-        SessionCommand::Interrupt(a) => match h.engine.request_interrupt(&a.id).await {
+        SessionCommand::Interrupt(a) => match h.brain.interrupt(&a.id).await {
             Ok(state) => {
                 if a.json {
                     println!("{}", json!({"ok": true, "session_id": a.id, "state": state}));
                 } else {
                     println!(
-                        "interrupt requested for session {} (state {state}); a running turn stops at its next check (≤ 0.1 s)",
+                        "interrupt requested for session {} (state {state}); a running turn stops at its next check (≤ 0.1 s), \
+                         a waiting one is closed now",
                         a.id
                     );
                 }

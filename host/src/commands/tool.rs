@@ -237,6 +237,7 @@ async fn call(service: &ToolService, a: CallArgs) -> ExitCode {
         cancel: Some(cancel),
         loaded: None,
         policy: None,
+        approval: None,
     };
     let outcome = match service.call(req).await {
         Ok(o) => o,

@@ -80,6 +80,9 @@ pub struct SessionMeta {
     pub context_start: i64,
     pub steps: i64,
     pub turns: i64,
+    /// The turn in progress (begun, not ended: running, waiting for approval, or recovered
+    /// after a crash), if any.
+    pub active_turn: Option<i64>,
 }
 
 fn parse<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, StoreError> {
@@ -89,7 +92,7 @@ fn parse<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, St
 
 pub fn load_meta(c: &Connection, id: &str) -> Result<SessionMeta, StoreError> {
     let row = c.prepare_cached("SELECT session_goal, phase_goal, state, state_detail, loaded_tools, policy, budget, model,
-                    system_prompt, meta_version, context_start, steps, turns
+                    system_prompt, meta_version, context_start, steps, turns, active_turn
              FROM sessions WHERE id=?1")?.query_row(
             [id],
             |r| {
@@ -104,6 +107,7 @@ pub fn load_meta(c: &Connection, id: &str) -> Result<SessionMeta, StoreError> {
                     r.get::<_, String>(7)?,
                     r.get::<_, String>(8)?,
                     (r.get::<_, i64>(9)?, r.get::<_, i64>(10)?, r.get::<_, i64>(11)?, r.get::<_, i64>(12)?),
+                    r.get::<_, Option<i64>>(13)?,
                 ))
             },
         )
@@ -119,6 +123,7 @@ pub fn load_meta(c: &Connection, id: &str) -> Result<SessionMeta, StoreError> {
         model,
         system,
         (mv, cs, steps, turns),
+        active_turn,
     )) = row
     else {
         return Err(StoreError::Invalid(format!("no session `{id}`; see `keel session list`")));
@@ -154,6 +159,7 @@ pub fn load_meta(c: &Connection, id: &str) -> Result<SessionMeta, StoreError> {
         context_start: cs,
         steps,
         turns,
+        active_turn,
     })
 }
 
@@ -180,8 +186,16 @@ pub fn set_state(
     state: RuntimeState,
     detail: Option<&str>,
 ) -> Result<(), StoreError> {
-    c.prepare_cached("UPDATE sessions SET state=?2, state_detail=?3 WHERE id=?1")?
-        .execute(params![id, state.as_str(), detail])?;
+    // A turn ends when the session becomes idle, fails or is interrupted.
+    let ends_turn = matches!(
+        state,
+        RuntimeState::Idle | RuntimeState::Failed | RuntimeState::Interrupted
+    );
+    c.prepare_cached(
+        "UPDATE sessions SET state=?2, state_detail=?3,
+         active_turn=CASE WHEN ?4 THEN NULL ELSE active_turn END WHERE id=?1",
+    )?
+    .execute(params![id, state.as_str(), detail, ends_turn])?;
     Ok(())
 }
 
@@ -200,11 +214,13 @@ pub fn put_journal(
     let finished = (e.status != "intent").then(now_ms);
     c.prepare_cached(
         "INSERT INTO tool_calls (session_id, step, call_id, position, tool, input, input_digest, component_digest,
-                                 effect, status, result, error_kind, changes, duration_ms, created_at, finished_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
+                                 effect, status, result, error_kind, changes, duration_ms, created_at, finished_at,
+                                 idempotent, approval_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
          ON CONFLICT (session_id, step, call_id) DO UPDATE SET status=excluded.status, result=excluded.result,
              error_kind=excluded.error_kind, changes=excluded.changes, duration_ms=excluded.duration_ms,
-             finished_at=excluded.finished_at",
+             finished_at=excluded.finished_at, component_digest=excluded.component_digest,
+             approval_id=COALESCE(excluded.approval_id, approval_id)",
     )?
     .execute(params![
         id,
@@ -222,7 +238,9 @@ pub fn put_journal(
         e.changes,
         e.duration_ms,
         now_ms(),
-        finished
+        finished,
+        e.idempotent,
+        e.approval_id
     ])?;
     Ok(())
 }
@@ -284,6 +302,8 @@ pub struct Timeline {
     pub grants: Vec<Grant>,
     pub messages: Vec<TimelineMessage>,
     pub tool_calls: Vec<TimelineCall>,
+    /// Every approval unit of the session, oldest first.
+    pub approvals: Vec<super::steps::ApprovalUnit>,
     pub pending_inputs: i64,
 }
 
@@ -310,29 +330,14 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         })
         .collect();
     let mut stmt = c.prepare(
-        "SELECT step, call_id, position, tool, input, component_digest, effect, status, result, error_kind, changes, duration_ms
+        "SELECT step, call_id, position, tool, input, component_digest, effect, status, result, error_kind, changes,
+                duration_ms, idempotent, approval_id
          FROM tool_calls WHERE session_id=?1 ORDER BY step, position",
     )?;
     let tool_calls = stmt
-        .query_map([id], |r| {
-            Ok(TimelineCall {
-                step: r.get(0)?,
-                entry: JournalEntry {
-                    call_id: r.get(1)?,
-                    position: r.get(2)?,
-                    tool: r.get(3)?,
-                    input: r.get(4)?,
-                    component_digest: r.get(5)?,
-                    effect: r.get(6)?,
-                    status: r.get(7)?,
-                    result: r.get(8)?,
-                    error_kind: r.get(9)?,
-                    changes: r.get(10)?,
-                    duration_ms: r.get(11)?,
-                },
-            })
-        })?
+        .query_map([id], |r| Ok(TimelineCall { step: r.get(0)?, entry: journal_row(r, 1)? }))?
         .collect::<Result<Vec<_>, _>>()?;
+    let approvals = super::steps::approvals_of(c, Some(id), false)?;
     Ok(Timeline {
         id: id.to_string(),
         state: meta.state,
@@ -342,6 +347,27 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         grants: meta.grants,
         messages,
         tool_calls,
+        approvals,
         pending_inputs: pending_inputs(c, id)?,
+    })
+}
+
+/// A journal entry from the columns `call_id, position, tool, input, component_digest, effect,
+/// status, result, error_kind, changes, duration_ms, idempotent, approval_id` starting at `at`.
+pub fn journal_row(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<JournalEntry> {
+    Ok(JournalEntry {
+        call_id: r.get(at)?,
+        position: r.get(at + 1)?,
+        tool: r.get(at + 2)?,
+        input: r.get(at + 3)?,
+        component_digest: r.get(at + 4)?,
+        effect: r.get(at + 5)?,
+        status: r.get(at + 6)?,
+        result: r.get(at + 7)?,
+        error_kind: r.get(at + 8)?,
+        changes: r.get(at + 9)?,
+        duration_ms: r.get(at + 10)?,
+        idempotent: r.get(at + 11)?,
+        approval_id: r.get(at + 12)?,
     })
 }

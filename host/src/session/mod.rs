@@ -8,6 +8,7 @@
 
 mod assemble;
 mod facts;
+mod steps;
 
 use std::sync::Arc;
 
@@ -22,6 +23,10 @@ pub use crate::tools::Policy;
 pub use assemble::{Assembled, reconstruct_body};
 pub use facts::{
     RuntimeState, SessionMeta, SessionSummary, Timeline, TimelineCall, TimelineMessage,
+};
+pub use steps::{
+    ApprovalUnit, DecideError, Decision, OUTCOME_UNKNOWN, OpenStep, RecoveredSession, WaitCommit,
+    close_turn_in, recover_in,
 };
 
 /// What a new session starts with.
@@ -47,13 +52,19 @@ pub struct JournalEntry {
     pub input: String,
     pub component_digest: Option<String>,
     pub effect: Option<String>,
-    /// `intent` (recorded before a side effect) or `done`.
+    /// `planned` (in an open step, not started), `intent` (recorded just before a side effect
+    /// runs), `waiting` (for an approval), `done`, or `unknown` (a side effect whose process
+    /// died before its result was recorded).
     pub status: String,
     /// The content given to the model as the tool result.
     pub result: Option<String>,
     pub error_kind: Option<String>,
     pub changes: Option<String>,
     pub duration_ms: Option<f64>,
+    /// Whether the tool declares that calling it twice equals calling it once.
+    pub idempotent: bool,
+    /// The approval consumed by this call, if the policy asked for one.
+    pub approval_id: Option<String>,
 }
 
 /// The start of a turn: the input it answers.
@@ -148,6 +159,11 @@ impl SessionEngine {
             .await
     }
 
+    /// The session's meta facts, read inside a caller's transaction.
+    pub fn load_meta_in(c: &Connection, id: &str) -> Result<SessionMeta, StoreError> {
+        facts::load_meta(c, id)
+    }
+
     /// The session's meta facts.
     pub async fn meta(&self, id: &str) -> Result<SessionMeta, StoreError> {
         let id = id.to_string();
@@ -208,6 +224,7 @@ impl SessionEngine {
                     params![id, text],
                 )?;
                 let turn: i64 = c.query_row("SELECT turns FROM sessions WHERE id=?1", [&id], |r| r.get(0))?;
+                c.execute("UPDATE sessions SET active_turn=?2 WHERE id=?1", params![id, turn])?;
                 let body = serde_json::json!({"role": "user", "content": text}).to_string();
                 facts::append_message(c, &id, turn, "user", &body)?;
                 Ok(Some(TurnStart { turn, text }))
@@ -280,35 +297,90 @@ impl SessionEngine {
         self.db.run(move |c| commit_step(c, &id, &step)).await
     }
 
-    /// Commits the evidence of a step and the intents of its side-effecting calls, before any
-    /// of them runs — one transaction.
-    pub async fn commit_intents(
+    /// Opens a step whose calls may change the world: its evidence, the assistant message and
+    /// every call's journal row (`planned`, or `intent` for a call about to run, or `done` for
+    /// a refused one) — one transaction, before any of them runs.
+    pub async fn open_step(
         &self,
         id: &str,
+        turn: i64,
         evidence: Assembled,
-        intents: Vec<JournalEntry>,
+        assistant: String,
+        entries: Vec<JournalEntry>,
     ) -> Result<(), StoreError> {
         let id = id.to_string();
         self.db
             .run(move |c| {
                 assemble::record_evidence(c, &id, &evidence)?;
-                for e in &intents {
-                    facts::put_journal(c, &id, evidence.step, e)?;
-                }
+                steps::open_step_in(c, &id, turn, evidence.step, &assistant, &entries)?;
                 facts::set_state(c, &id, RuntimeState::Running, None)
             })
             .await
     }
 
-    /// Records the result of one side-effecting call in the journal — one transaction.
-    pub async fn commit_call_result(
+    /// The session's open step (committed, not finished), if any.
+    pub async fn load_open_step(&self, id: &str) -> Result<Option<OpenStep>, StoreError> {
+        let id = id.to_string();
+        self.db.read(move |c| steps::load_open_step(c, &id)).await
+    }
+
+    /// Records progress of an open step (an intent before a side effect, a result after it);
+    /// with `consume`, the approval the call uses is consumed in the same transaction.
+    pub async fn commit_progress(
         &self,
         id: &str,
         step: i64,
-        entry: JournalEntry,
+        entries: Vec<JournalEntry>,
+        consume: Option<String>,
     ) -> Result<(), StoreError> {
         let id = id.to_string();
-        self.db.run(move |c| facts::put_journal(c, &id, step, &entry)).await
+        self.db.run(move |c| steps::progress_in(c, &id, step, &entries, consume.as_deref())).await
+    }
+
+    /// Persists the approval units of a blocked step and sets `waiting_approval`; the runner
+    /// then exits.
+    pub async fn commit_wait(&self, id: &str, wait: WaitCommit) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.db.run(move |c| steps::wait_in(c, &id, &wait)).await
+    }
+
+    /// Records a decision on a pending approval unit (one conditional update: exactly one
+    /// decision wins).
+    pub async fn decide(
+        &self,
+        unit: &str,
+        decision: Decision,
+        reason: Option<String>,
+        session: Option<String>,
+    ) -> Result<Result<ApprovalUnit, DecideError>, StoreError> {
+        let unit = unit.to_string();
+        self.db
+            .run(move |c| {
+                steps::decide_in(c, &unit, decision, reason.as_deref(), session.as_deref())
+            })
+            .await
+    }
+
+    /// Approval units of one session (or every session); only pending ones if `pending_only`.
+    pub async fn approvals(
+        &self,
+        session: Option<&str>,
+        pending_only: bool,
+    ) -> Result<Vec<ApprovalUnit>, StoreError> {
+        let session = session.map(str::to_string);
+        self.db.read(move |c| steps::approvals_of(c, session.as_deref(), pending_only)).await
+    }
+
+    /// One approval unit.
+    pub async fn approval(&self, unit: &str) -> Result<Option<ApprovalUnit>, StoreError> {
+        let unit = unit.to_string();
+        self.db.read(move |c| steps::approval(c, &unit)).await
+    }
+
+    /// Closes the session's turn as interrupted (see [`close_turn_in`]).
+    pub async fn close_turn(&self, id: &str, why: &str) -> Result<usize, StoreError> {
+        let (id, why) = (id.to_string(), why.to_string());
+        self.db.run(move |c| close_turn_in(c, &id, &why)).await
     }
 
     /// Every session, newest first.
@@ -345,7 +417,7 @@ pub fn submit_in(c: &Connection, id: &str, text: &str) -> Result<i64, StoreError
         "INSERT INTO inbox (session_id, seq, text, created_at) VALUES (?1, ?2, ?3, ?4)",
     )?
     .execute(params![id, seq, text, now_ms()])?;
-    if meta.state != RuntimeState::Running {
+    if meta.active_turn.is_none() && meta.state != RuntimeState::Running {
         facts::set_state(c, id, RuntimeState::PreparingContext, None)?;
     }
     Ok(seq)
@@ -355,7 +427,7 @@ pub fn submit_in(c: &Connection, id: &str, text: &str) -> Result<i64, StoreError
 #[derive(Debug, Clone)]
 pub struct StepCommit {
     pub turn: i64,
-    /// Evidence to record (None when [`SessionEngine::commit_intents`] already did).
+    /// Evidence to record (None when [`SessionEngine::open_step`] already did).
     pub evidence: Option<Assembled>,
     pub step: i64,
     /// The assistant message, as sent back to the model in later requests.
@@ -367,6 +439,8 @@ pub struct StepCommit {
     pub notice: Option<String>,
     pub state: RuntimeState,
     pub detail: Option<String>,
+    /// Whether the step was open (its open-step record is removed in the same transaction).
+    pub closes_open_step: bool,
 }
 
 fn commit_step(c: &Connection, id: &str, s: &StepCommit) -> Result<(), StoreError> {
@@ -383,6 +457,9 @@ fn commit_step(c: &Connection, id: &str, s: &StepCommit) -> Result<(), StoreErro
     if let Some(n) = &s.notice {
         let body = serde_json::json!({"role": "assistant", "content": n}).to_string();
         facts::append_message(c, id, s.turn, "assistant", &body)?;
+    }
+    if s.closes_open_step {
+        c.prepare_cached("DELETE FROM open_steps WHERE session_id=?1")?.execute([id])?;
     }
     facts::set_state(c, id, s.state, s.detail.as_deref())
 }

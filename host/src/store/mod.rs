@@ -123,6 +123,41 @@ const MIGRATIONS: &[(i64, &str)] = &[
         heartbeat_ms INTEGER NOT NULL
     );",
     ),
+    (
+        3,
+        "ALTER TABLE sessions ADD COLUMN active_turn INTEGER;
+    ALTER TABLE tool_calls ADD COLUMN idempotent INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE tool_calls ADD COLUMN approval_id TEXT;
+    CREATE TABLE open_steps (
+        session_id TEXT PRIMARY KEY REFERENCES sessions(id),
+        step       INTEGER NOT NULL,
+        turn       INTEGER NOT NULL,
+        assistant  TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    );
+    CREATE TABLE approvals (
+        id               TEXT PRIMARY KEY,
+        session_id       TEXT NOT NULL REFERENCES sessions(id),
+        step             INTEGER NOT NULL,
+        call_id          TEXT NOT NULL,
+        result_id        TEXT NOT NULL,
+        tool             TEXT NOT NULL,
+        effect           TEXT NOT NULL,
+        component_digest TEXT NOT NULL,
+        input            TEXT NOT NULL,
+        input_digest     TEXT NOT NULL,
+        grants           TEXT NOT NULL,
+        why              TEXT NOT NULL,
+        status           TEXT NOT NULL,
+        created_at       INTEGER NOT NULL,
+        decided_at       INTEGER,
+        decision_reason  TEXT,
+        consumed_at      INTEGER
+    );
+    CREATE INDEX approvals_by_session ON approvals(session_id, status);
+    CREATE UNIQUE INDEX approvals_live_per_call ON approvals(session_id, step, call_id)
+        WHERE status IN ('pending', 'approved');",
+    ),
 ];
 
 /// Errors of the store.
@@ -173,12 +208,27 @@ pub fn open(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
+/// Opens the database at `path` with its schema brought only up to migration `version` — how a
+/// database written by an older keel looks (for upgrade tests).
+#[doc(hidden)]
+pub fn open_at_version(path: &Path, version: i64) -> Result<Connection, StoreError> {
+    let mut conn = Connection::open(path)
+        .map_err(|source| StoreError::Open { path: path.display().to_string(), source })?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    migrate_to(&mut conn, version)?;
+    Ok(conn)
+}
+
 fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    migrate_to(conn, i64::MAX)
+}
+
+fn migrate_to(conn: &mut Connection, up_to: i64) -> Result<(), StoreError> {
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)",
     )?;
     let known = MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
-    for &(version, sql) in MIGRATIONS {
+    for &(version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= up_to) {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let done: bool = tx.query_row(
             "SELECT EXISTS(SELECT 1 FROM schema_migrations WHERE version = ?1)",
@@ -191,6 +241,7 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
                 "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, datetime('now'))",
                 [version],
             )?;
+            crate::crash::point("mid_migration");
         }
         tx.commit()?;
     }

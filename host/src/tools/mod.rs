@@ -80,6 +80,8 @@ pub enum ToolServiceError {
     NotLoaded { name: String, loaded: String },
     #[error("{reason}")]
     PolicyDenied { reason: String },
+    #[error("{reason}; the call needs an approval")]
+    NeedsApproval { reason: String },
     #[error("{what} {asked} exceeds the host's ceiling of {ceiling}")]
     OverCeiling { what: &'static str, asked: u64, ceiling: u64 },
 }
@@ -103,31 +105,124 @@ impl ToolServiceError {
             Self::OverCeiling { .. } => "over_ceiling",
             Self::NotLoaded { .. } => "unknown_tool",
             Self::PolicyDenied { .. } => "denied",
+            Self::NeedsApproval { .. } => "needs_approval",
         }
     }
 }
 
-/// Which calls a session allows: every loaded tool, except those denied by name or effect.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The effect classes a session asks about before running, unless its policy says otherwise.
+pub const DEFAULT_ASK_EFFECTS: [&str; 2] = ["destructive", "external"];
+
+fn default_ask_effects() -> Vec<String> {
+    DEFAULT_ASK_EFFECTS.iter().map(|e| e.to_string()).collect()
+}
+
+/// Which calls a session allows, which it asks a person about first, and which it refuses —
+/// per tool and per effect class. The default asks before `destructive` and `external` calls
+/// and allows the rest (within the session's grants).
+///
+/// Rules, first match wins: denied tool → allowed tool → asked tool → denied effect → asked
+/// effect → allow.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Policy {
     #[serde(default)]
     pub deny_tools: Vec<String>,
     #[serde(default)]
     pub deny_effects: Vec<String>,
+    /// Tools that always run without asking (unless denied by name).
+    #[serde(default)]
+    pub allow_tools: Vec<String>,
+    /// Tools that need a person's approval for each call.
+    #[serde(default)]
+    pub ask_tools: Vec<String>,
+    /// Effect classes that need a person's approval for each call.
+    #[serde(default = "default_ask_effects")]
+    pub ask_effects: Vec<String>,
 }
 
-impl Policy {
-    /// `None` when allowed, else why not.
-    pub fn check(&self, tool: &str, effect: &str) -> Option<String> {
-        if self.deny_tools.iter().any(|t| t == tool) {
-            Some(format!("the session's policy denies the tool `{tool}`"))
-        } else if self.deny_effects.iter().any(|e| e == effect) {
-            Some(format!("the session's policy denies `{effect}` tools such as `{tool}`"))
-        } else {
-            None
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            deny_tools: Vec::new(),
+            deny_effects: Vec::new(),
+            allow_tools: Vec::new(),
+            ask_tools: Vec::new(),
+            ask_effects: default_ask_effects(),
         }
     }
 }
+
+/// What a policy says about one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicyDecision {
+    Allow,
+    /// A person must approve the call first; why.
+    Ask(String),
+    /// Refused; why.
+    Deny(String),
+}
+
+impl Policy {
+    /// Applies `--allow/--ask/--deny TOOL|EFFECT` adjustments to this policy.
+    pub fn adjust(&mut self, allow: &[String], ask: &[String], deny: &[String]) {
+        let is_effect = |x: &str| crate::tools::EFFECTS.contains(&x);
+        for a in allow {
+            if is_effect(a) {
+                self.ask_effects.retain(|e| e != a);
+                self.deny_effects.retain(|e| e != a);
+            } else {
+                self.allow_tools.push(a.clone());
+            }
+        }
+        for a in ask {
+            if is_effect(a) {
+                self.ask_effects.push(a.clone());
+            } else {
+                self.ask_tools.push(a.clone());
+            }
+        }
+        for d in deny {
+            if is_effect(d) {
+                self.deny_effects.push(d.clone());
+            } else {
+                self.deny_tools.push(d.clone());
+            }
+        }
+    }
+
+    /// The decision for a call of `tool`, whose effect class is `effect`.
+    pub fn decide(&self, tool: &str, effect: &str) -> PolicyDecision {
+        let has = |list: &[String], x: &str| list.iter().any(|t| t == x);
+        if has(&self.deny_tools, tool) {
+            PolicyDecision::Deny(format!("the session's policy denies the tool `{tool}`"))
+        } else if has(&self.allow_tools, tool) {
+            PolicyDecision::Allow
+        } else if has(&self.ask_tools, tool) {
+            PolicyDecision::Ask(format!("the session's policy asks before every call of `{tool}`"))
+        } else if has(&self.deny_effects, effect) {
+            PolicyDecision::Deny(format!(
+                "the session's policy denies `{effect}` tools such as `{tool}`"
+            ))
+        } else if has(&self.ask_effects, effect) {
+            PolicyDecision::Ask(format!(
+                "`{tool}` is a `{effect}` tool, and the session's policy asks before those"
+            ))
+        } else {
+            PolicyDecision::Allow
+        }
+    }
+
+    /// `None` when allowed outright, else why not (asking counts as "not outright").
+    pub fn check(&self, tool: &str, effect: &str) -> Option<String> {
+        match self.decide(tool, effect) {
+            PolicyDecision::Allow => None,
+            PolicyDecision::Ask(why) | PolicyDecision::Deny(why) => Some(why),
+        }
+    }
+}
+
+/// The effect classes of the tool world, as stored.
+pub const EFFECTS: [&str; 4] = ["read-only", "workspace-write", "external", "destructive"];
 
 /// What `install` did.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -150,8 +245,11 @@ pub struct CallRequest<'a> {
     pub cancel: Option<CancelToken>,
     /// When set, only these tools may be called (the tools loaded in a session).
     pub loaded: Option<&'a [String]>,
-    /// When set, the allow/deny policy the call must pass.
+    /// When set, the policy the call must pass.
     pub policy: Option<&'a Policy>,
+    /// The approval unit consumed for this call, when the policy asks (the caller has bound
+    /// and consumed it).
+    pub approval: Option<&'a str>,
 }
 
 /// What a call produced.
@@ -489,8 +587,14 @@ impl ToolService {
         let resolved = self.resolve(req.tool)?;
         let tool = &resolved.record;
         self.check_input(tool, req.input)?;
-        if let Some(reason) = req.policy.and_then(|p| p.check(&tool.name, &tool.effect)) {
-            return Err(ToolServiceError::PolicyDenied { reason });
+        match req.policy.map(|p| p.decide(&tool.name, &tool.effect)) {
+            Some(PolicyDecision::Deny(reason)) => {
+                return Err(ToolServiceError::PolicyDenied { reason });
+            }
+            Some(PolicyDecision::Ask(reason)) if req.approval.is_none() => {
+                return Err(ToolServiceError::NeedsApproval { reason });
+            }
+            _ => {}
         }
         let ceiling = self.sandbox.limits().max_memory;
         if req.budget.memory > ceiling {

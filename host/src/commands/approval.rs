@@ -1,0 +1,204 @@
+//! `keel approvals`, `keel approve`, `keel reject`, `keel recover`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use keel::brain::Submitted;
+use keel::sandbox::CancelToken;
+use keel::session::{ApprovalUnit, Decision};
+use serde_json::json;
+
+use super::run::{cancel_on_ctrl_c, open_harness, report, stderr_events};
+use super::{EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert};
+
+#[derive(Args)]
+pub struct ApprovalsArgs {
+    /// Only this session's approvals.
+    #[arg(long)]
+    session: Option<String>,
+    /// Also list decided, consumed and cancelled approvals.
+    #[arg(long)]
+    all: bool,
+    /// Print JSON (an array of approval units).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct DecideArgs {
+    /// The approval unit (from `keel approvals`).
+    unit: String,
+    /// Why (recorded with the decision; a rejection reason is shown to the model).
+    #[arg(long)]
+    reason: Option<String>,
+    /// Refuse unless the unit belongs to this session.
+    #[arg(long)]
+    session: Option<String>,
+    /// Record the decision only; do not resume the session's turn now.
+    #[arg(long)]
+    no_resume: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct RecoverArgs {
+    /// Recover the facts only (close what a dead process left open); do not resume turns.
+    #[arg(long)]
+    no_resume: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn fail(json_out: bool, kind: &str, message: &str, code: u8) -> ExitCode {
+    if json_out {
+        println!("{}", json!({"ok": false, "error": {"kind": kind, "message": message}}));
+    } else {
+        eprintln!("error: {message}");
+    }
+    ExitCode::from(code)
+}
+
+fn print_unit(u: &ApprovalUnit) {
+    println!("approval {}  [{}]", u.id, u.status);
+    println!("  session   {} (step {}, call {})", u.session_id, u.step, inert(&u.call_id));
+    println!("  tool      {}  ({})", u.tool, u.effect);
+    println!("  component sha256:{}", u.component_digest);
+    println!("  input     {}", inert(&u.input));
+    println!("  input sha256:{}", u.input_digest);
+    if u.grants.is_empty() {
+        println!("  may touch nothing on disk (no grants)");
+    }
+    for g in &u.grants {
+        println!("  may touch {g}");
+    }
+    println!("  why       {}", inert(&u.why));
+    if let Some(r) = &u.decision_reason {
+        println!("  reason    {}", inert(r));
+    }
+}
+
+/// `keel approvals`.
+pub async fn list(home: PathBuf, a: ApprovalsArgs) -> ExitCode {
+    let (_, h) = match open_harness(&home, 24).await {
+        Ok(x) => x,
+        Err(e) => return fail(a.json, "setup", &e, EXIT_SETUP),
+    };
+    if let Some(s) = &a.session
+        && let Err(e) = h.engine.meta(s).await
+    {
+        return fail(a.json, "not_found", &e.to_string(), EXIT_REFUSED);
+    }
+    match h.engine.approvals(a.session.as_deref(), !a.all).await {
+        Ok(units) if a.json => {
+            println!("{}", json!(units));
+            ExitCode::SUCCESS
+        }
+        Ok(units) if units.is_empty() => {
+            println!("no {}approvals", if a.all { "" } else { "pending " });
+            ExitCode::SUCCESS
+        }
+        Ok(units) => {
+            for (i, u) in units.iter().enumerate() {
+                if i > 0 {
+                    println!();
+                }
+                print_unit(u);
+            }
+            println!("\ndecide with `keel approve UNIT` or `keel reject UNIT [--reason TEXT]`");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(a.json, "store", &e.to_string(), EXIT_REFUSED),
+    }
+}
+
+/// `keel approve` / `keel reject`: records the decision, then resumes the session's turn in the
+/// foreground until it finishes or waits again.
+pub async fn decide(home: PathBuf, a: DecideArgs, decision: Decision) -> ExitCode {
+    let (_, h) = match open_harness(&home, 24).await {
+        Ok(x) => x,
+        Err(e) => return fail(a.json, "setup", &e, EXIT_SETUP),
+    };
+    let unit = match h.brain.decide(&a.unit, decision, a.reason.clone(), a.session.clone()).await {
+        Ok(Ok(u)) => u,
+        Ok(Err(e)) => return fail(a.json, e.kind(), &e.to_string(), EXIT_REFUSED),
+        Err(e) => return fail(a.json, "store", &e.to_string(), EXIT_TOOL_ERROR),
+    };
+    let verb = if decision == Decision::Approve { "approved" } else { "rejected" };
+    if !a.json {
+        eprintln!("keel: {verb} {} ({} in session {})", unit.id, unit.tool, unit.session_id);
+    }
+    let id = unit.session_id.clone();
+    if a.no_resume {
+        if a.json {
+            println!("{}", json!({"ok": true, "unit": unit, "session_id": id, "resumed": false}));
+        }
+        return ExitCode::SUCCESS;
+    }
+    let cancel = CancelToken::new();
+    cancel_on_ctrl_c(&cancel);
+    let submitted = match h.brain.drain(&id, &cancel, &stderr_events()).await {
+        Ok(Some(s)) => s,
+        Ok(None) => Submitted::Queued { inbox_seq: 0 },
+        Err(e) => return fail(a.json, "run", &e.to_string(), EXIT_TOOL_ERROR),
+    };
+    let state = h.engine.meta(&id).await.map(|m| m.state.to_string()).unwrap_or_default();
+    report(a.json, &id, &state, &submitted)
+}
+
+/// `keel recover`: startup recovery (done by every command that opens the store), then each
+/// recovered session's turn resumed in the foreground.
+pub async fn recover(home: PathBuf, a: RecoverArgs) -> ExitCode {
+    let (_, h) = match open_harness(&home, 24).await {
+        Ok(x) => x,
+        Err(e) => return fail(a.json, "setup", &e, EXIT_SETUP),
+    };
+    let mut resumed = Vec::new();
+    if !a.no_resume {
+        let cancel = CancelToken::new();
+        cancel_on_ctrl_c(&cancel);
+        for r in h.recovered.iter().filter(|r| r.resumable) {
+            if !a.json {
+                eprintln!("keel: resuming session {}", r.id);
+            }
+            let outcome = match h.brain.drain(&r.id, &cancel, &stderr_events()).await {
+                Ok(Some(Submitted::Ran(o))) => format!("{o:?}"),
+                Ok(_) => "held by another runner".to_string(),
+                Err(e) => format!("error: {e}"),
+            };
+            let state = h.engine.meta(&r.id).await.map(|m| m.state.to_string()).unwrap_or_default();
+            resumed.push(json!({"session_id": r.id, "state": state, "outcome": outcome}));
+        }
+    }
+    if a.json {
+        println!("{}", json!({"ok": true, "recovered": h.recovered, "resumed": resumed}));
+    } else if h.recovered.is_empty() {
+        println!("nothing to recover");
+    } else {
+        for r in &h.recovered {
+            println!(
+                "session {}: {} → {}{}{}",
+                r.id,
+                r.state_before,
+                r.state_after,
+                if r.outcome_unknown.is_empty() {
+                    String::new()
+                } else {
+                    format!(", outcome unknown: {}", inert(&r.outcome_unknown.join(", ")))
+                },
+                if r.rerun.is_empty() {
+                    String::new()
+                } else {
+                    format!(", will re-run: {}", inert(&r.rerun.join(", ")))
+                }
+            );
+        }
+        for r in &resumed {
+            println!("resumed {}: {} ({})", r["session_id"], r["outcome"], r["state"]);
+        }
+    }
+    ExitCode::SUCCESS
+}

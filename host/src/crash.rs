@@ -1,0 +1,39 @@
+//! Named crash points for the crash-test harness.
+//!
+//! With the `crash-points` feature (test builds only), `KEEL_CRASH_AT=NAME` kills this process
+//! with SIGKILL the first time it passes the point `NAME`; `KEEL_CRASH_AT=NAME:N` at the N-th
+//! time. Without the feature every point compiles to nothing.
+//!
+//! Points: `before_intent`, `after_intent`, `after_effect`, `after_result`, `after_decision`,
+//! `mid_migration`.
+
+/// Passes the crash point `name`.
+#[cfg(feature = "crash-points")]
+pub fn point(name: &str) {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static TARGET: OnceLock<Option<(String, u32)>> = OnceLock::new();
+    static HITS: AtomicU32 = AtomicU32::new(0);
+    let target = TARGET.get_or_init(|| {
+        let v = std::env::var("KEEL_CRASH_AT").ok()?;
+        let (n, k) = match v.split_once(':') {
+            Some((n, k)) => (n.to_string(), k.parse().unwrap_or(1)),
+            None => (v, 1),
+        };
+        Some((n, k))
+    });
+    if let Some((n, k)) = target
+        && n == name
+        && HITS.fetch_add(1, Ordering::SeqCst) + 1 == *k
+    {
+        tracing::warn!(point = name, "crash point reached: killing the process");
+        let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+        // SIGKILL cannot be caught; should it somehow not arrive, stop anyway without cleanup.
+        std::process::abort();
+    }
+}
+
+/// Passes the crash point `name` (a no-op in this build).
+#[cfg(not(feature = "crash-points"))]
+#[inline(always)]
+pub fn point(_name: &str) {}

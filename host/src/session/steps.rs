@@ -1,0 +1,455 @@
+//! Open steps, approval units (RuntimeAuditUnits) and the recovery of the tool-call journal.
+//!
+//! A step whose calls may change the world is *open* from the moment its evidence, assistant
+//! message and planned calls are committed until its results commit as pairs. While it is open,
+//! each call's journal row says how far it got: `planned` (not started), `intent` (about to
+//! run, durably), `waiting` (for an approval), `done`, `unknown` (its process died while it
+//! ran). A later runner — after an approval, or after a crash — finishes the step from these
+//! facts alone.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::Serialize;
+use serde_json::json;
+
+use super::facts::{self, RuntimeState};
+use super::{JournalEntry, json as to_json};
+use crate::sandbox::Grant;
+use crate::store::{StoreError, now_ms};
+
+/// What the model is told about a side-effecting call whose process died before its result was
+/// recorded.
+pub const OUTCOME_UNKNOWN: &str = "interrupted — outcome unknown, verify before retrying: the \
+     process running this call stopped before its result was recorded, so the call may or may \
+     not have taken effect. It will not be run again automatically.";
+
+/// A RuntimeAuditUnit: a blocked call waiting for a person's decision, with everything the
+/// decision binds to.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ApprovalUnit {
+    pub id: String,
+    pub session_id: String,
+    pub step: i64,
+    pub call_id: String,
+    /// The identity its result will have (preallocated when the unit is created).
+    pub result_id: String,
+    pub tool: String,
+    pub effect: String,
+    /// sha256 of the component that would run.
+    pub component_digest: String,
+    /// The exact input (JSON text) and its sha256.
+    pub input: String,
+    pub input_digest: String,
+    /// The grants in force: what the call may touch.
+    pub grants: Vec<Grant>,
+    /// Why the policy asks.
+    pub why: String,
+    /// `pending`, `approved`, `rejected`, `consumed`, `invalidated` or `cancelled`.
+    pub status: String,
+    pub created_at: i64,
+    pub decided_at: Option<i64>,
+    pub decision_reason: Option<String>,
+    pub consumed_at: Option<i64>,
+}
+
+/// A step committed but not finished.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenStep {
+    pub step: i64,
+    pub turn: i64,
+    /// The assistant message (with its tool calls), as the model sent it.
+    pub assistant: String,
+    /// Every call of the step, in the model's order.
+    pub calls: Vec<JournalEntry>,
+    /// The approval units of the step.
+    pub units: Vec<ApprovalUnit>,
+}
+
+/// A person's decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Approve,
+    Reject,
+}
+
+/// Why a decision was not recorded. Nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecideError {
+    #[error("there is no approval `{unit}`; see `keel approvals`")]
+    NotFound { unit: String },
+    #[error("approval `{unit}` belongs to session `{actual}`, not `{given}`")]
+    WrongSession { unit: String, given: String, actual: String },
+    #[error("approval `{unit}` is not pending: it is {status}")]
+    NotPending { unit: String, status: String },
+}
+
+impl DecideError {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::NotFound { .. } => "not_found",
+            Self::WrongSession { .. } => "wrong_session",
+            Self::NotPending { .. } => "not_pending",
+        }
+    }
+}
+
+/// What [`wait_in`] commits when a step stops for approvals.
+#[derive(Debug, Clone, Default)]
+pub struct WaitCommit {
+    pub step: i64,
+    /// Journal rows to write: results finished so far and the blocked calls (`waiting`).
+    pub entries: Vec<JournalEntry>,
+    pub new_units: Vec<ApprovalUnit>,
+    /// Units that no longer match their call (the tool was upgraded): `(unit, why)`.
+    pub invalidate: Vec<String>,
+}
+
+/// What recovery found and did for one session.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RecoveredSession {
+    pub id: String,
+    pub state_before: RuntimeState,
+    pub state_after: RuntimeState,
+    /// Calls whose outcome became "unknown" (side-effecting, not idempotent, started).
+    pub outcome_unknown: Vec<String>,
+    /// Calls that will run again (read-only or idempotent, started).
+    pub rerun: Vec<String>,
+    /// Whether a runner has work to do (a turn to resume or inputs to take).
+    pub resumable: bool,
+}
+
+fn unit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(ApprovalUnit, String)> {
+    Ok((
+        ApprovalUnit {
+            id: r.get(0)?,
+            session_id: r.get(1)?,
+            step: r.get(2)?,
+            call_id: r.get(3)?,
+            result_id: r.get(4)?,
+            tool: r.get(5)?,
+            effect: r.get(6)?,
+            component_digest: r.get(7)?,
+            input: r.get(8)?,
+            input_digest: r.get(9)?,
+            grants: Vec::new(),
+            why: r.get(11)?,
+            status: r.get(12)?,
+            created_at: r.get(13)?,
+            decided_at: r.get(14)?,
+            decision_reason: r.get(15)?,
+            consumed_at: r.get(16)?,
+        },
+        r.get(10)?,
+    ))
+}
+
+const UNIT_COLUMNS: &str = "id, session_id, step, call_id, result_id, tool, effect, component_digest, input, \
+     input_digest, grants, why, status, created_at, decided_at, decision_reason, consumed_at";
+
+fn units_where(
+    c: &Connection,
+    filter: &str,
+    args: &[&dyn rusqlite::ToSql],
+) -> Result<Vec<ApprovalUnit>, StoreError> {
+    let sql = format!("SELECT {UNIT_COLUMNS} FROM approvals WHERE {filter} ORDER BY created_at, id");
+    let mut stmt = c.prepare_cached(&sql)?;
+    let rows = stmt.query_map(args, unit_row)?.collect::<Result<Vec<_>, _>>()?;
+    rows.into_iter()
+        .map(|(mut u, grants)| {
+            u.grants = serde_json::from_str(&grants).map_err(|e| {
+                StoreError::Invalid(format!("stored grants of approval {} are unreadable: {e}", u.id))
+            })?;
+            Ok(u)
+        })
+        .collect()
+}
+
+/// Approval units of one session (or all), only pending ones when `pending_only`.
+pub fn approvals_of(
+    c: &Connection,
+    session: Option<&str>,
+    pending_only: bool,
+) -> Result<Vec<ApprovalUnit>, StoreError> {
+    let status = if pending_only { "status='pending'" } else { "1" };
+    match session {
+        Some(s) => units_where(c, &format!("session_id=?1 AND {status}"), &[&s]),
+        None => units_where(c, status, &[]),
+    }
+}
+
+/// One approval unit.
+pub fn approval(c: &Connection, unit: &str) -> Result<Option<ApprovalUnit>, StoreError> {
+    Ok(units_where(c, "id=?1", &[&unit])?.into_iter().next())
+}
+
+/// The session's open step, if any.
+pub fn load_open_step(c: &Connection, id: &str) -> Result<Option<OpenStep>, StoreError> {
+    let head: Option<(i64, i64, String)> = c
+        .prepare_cached("SELECT step, turn, assistant FROM open_steps WHERE session_id=?1")?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    let Some((step, turn, assistant)) = head else { return Ok(None) };
+    let calls = c
+        .prepare_cached(
+            "SELECT call_id, position, tool, input, component_digest, effect, status, result, error_kind,
+                    changes, duration_ms, idempotent, approval_id
+             FROM tool_calls WHERE session_id=?1 AND step=?2 ORDER BY position",
+        )?
+        .query_map(params![id, step], |r| facts::journal_row(r, 0))?
+        .collect::<Result<Vec<_>, _>>()?;
+    let units = units_where(c, "session_id=?1 AND step=?2", &[&id, &step])?;
+    Ok(Some(OpenStep { step, turn, assistant, calls, units }))
+}
+
+/// Opens a step: its assistant message and every call's journal row, one transaction with the
+/// caller's other writes (evidence).
+pub fn open_step_in(
+    c: &Connection,
+    id: &str,
+    turn: i64,
+    step: i64,
+    assistant: &str,
+    entries: &[JournalEntry],
+) -> Result<(), StoreError> {
+    c.prepare_cached(
+        "INSERT INTO open_steps (session_id, step, turn, assistant, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![id, step, turn, assistant, now_ms()])?;
+    for e in entries {
+        facts::put_journal(c, id, step, e)?;
+    }
+    Ok(())
+}
+
+/// Writes journal rows of an open step; with `consume`, first consumes that approval (it must
+/// still be `approved`: an approval is used once).
+pub fn progress_in(
+    c: &Connection,
+    id: &str,
+    step: i64,
+    entries: &[JournalEntry],
+    consume: Option<&str>,
+) -> Result<(), StoreError> {
+    if let Some(unit) = consume {
+        let n = c
+            .prepare_cached(
+                "UPDATE approvals SET status='consumed', consumed_at=?3
+                 WHERE id=?1 AND session_id=?2 AND status='approved'",
+            )?
+            .execute(params![unit, id, now_ms()])?;
+        if n != 1 {
+            return Err(StoreError::Invalid(format!(
+                "approval `{unit}` is no longer usable (it was consumed, cancelled or replaced)"
+            )));
+        }
+    }
+    for e in entries {
+        facts::put_journal(c, id, step, e)?;
+    }
+    Ok(())
+}
+
+/// Stops an open step to wait for approvals: journal rows, new units, invalidated units, and
+/// the `waiting_approval` state — one transaction.
+pub fn wait_in(c: &Connection, id: &str, w: &WaitCommit) -> Result<(), StoreError> {
+    for e in &w.entries {
+        facts::put_journal(c, id, w.step, e)?;
+    }
+    for unit in &w.invalidate {
+        c.prepare_cached(
+            "UPDATE approvals SET status='invalidated', decision_reason=COALESCE(decision_reason, '')
+                 || ' [invalidated: the tool changed since the decision]'
+             WHERE id=?1 AND session_id=?2 AND status IN ('pending', 'approved')",
+        )?
+        .execute(params![unit, id])?;
+    }
+    for u in &w.new_units {
+        c.prepare_cached(&format!(
+            "INSERT INTO approvals ({UNIT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, NULL, NULL, NULL)"
+        ))?
+        .execute(params![
+            u.id,
+            id,
+            u.step,
+            u.call_id,
+            u.result_id,
+            u.tool,
+            u.effect,
+            u.component_digest,
+            u.input,
+            u.input_digest,
+            to_json(&u.grants)?,
+            u.why,
+            "pending",
+            u.created_at
+        ])?;
+    }
+    let pending = units_where(c, "session_id=?1 AND status='pending'", &[&id])?;
+    let detail = match pending.as_slice() {
+        [] => None,
+        [u] => Some(format!("waiting for approval {} ({})", u.id, u.tool)),
+        many => Some(format!(
+            "waiting for {} approvals: {}",
+            many.len(),
+            many.iter().map(|u| u.id.as_str()).collect::<Vec<_>>().join(", ")
+        )),
+    };
+    facts::set_state(c, id, RuntimeState::WaitingApproval, detail.as_deref())
+}
+
+/// Records a decision on a pending unit: exactly one decision wins — the update is conditional
+/// on the unit still being pending.
+pub fn decide_in(
+    c: &Connection,
+    unit: &str,
+    decision: Decision,
+    reason: Option<&str>,
+    session: Option<&str>,
+) -> Result<Result<ApprovalUnit, DecideError>, StoreError> {
+    let Some(mut u) = approval(c, unit)? else {
+        return Ok(Err(DecideError::NotFound { unit: unit.to_string() }));
+    };
+    if let Some(given) = session
+        && given != u.session_id
+    {
+        return Ok(Err(DecideError::WrongSession {
+            unit: unit.to_string(),
+            given: given.to_string(),
+            actual: u.session_id,
+        }));
+    }
+    let status = match decision {
+        Decision::Approve => "approved",
+        Decision::Reject => "rejected",
+    };
+    let now = now_ms();
+    let n = c
+        .prepare_cached(
+            "UPDATE approvals SET status=?2, decided_at=?3, decision_reason=?4
+             WHERE id=?1 AND status='pending'",
+        )?
+        .execute(params![unit, status, now, reason])?;
+    if n != 1 {
+        return Ok(Err(DecideError::NotPending { unit: unit.to_string(), status: u.status }));
+    }
+    u.status = status.to_string();
+    u.decided_at = Some(now);
+    u.decision_reason = reason.map(str::to_string);
+    Ok(Ok(u))
+}
+
+fn error_content(kind: &str, message: &str) -> String {
+    json!({"error": {"kind": kind, "message": message}}).to_string()
+}
+
+fn side_effecting(e: &JournalEntry) -> bool {
+    e.effect.as_deref().is_some_and(|x| x != "read-only")
+}
+
+/// Marks a started, side-effecting, non-idempotent call as `unknown`.
+fn mark_unknown(e: &mut JournalEntry) {
+    e.status = "unknown".into();
+    e.result = Some(error_content("outcome_unknown", OUTCOME_UNKNOWN));
+    e.error_kind = Some("outcome_unknown".into());
+}
+
+/// Closes the session's turn as interrupted: every call of its open step that has no result
+/// gets one (calls that never started: "not run"; calls that started and may have had an
+/// effect: "outcome unknown"), the step commits as complete pairs, its open approvals are
+/// cancelled, and the session becomes `interrupted`. Returns how many calls were closed.
+pub fn close_turn_in(c: &Connection, id: &str, why: &str) -> Result<usize, StoreError> {
+    let mut closed = 0;
+    if let Some(open) = load_open_step(c, id)? {
+        let mut results = Vec::new();
+        for mut e in open.calls {
+            match e.status.as_str() {
+                "done" | "unknown" => {}
+                "intent" if side_effecting(&e) && !e.idempotent => {
+                    mark_unknown(&mut e);
+                    closed += 1;
+                    facts::put_journal(c, id, open.step, &e)?;
+                }
+                _ => {
+                    e.status = "done".into();
+                    e.result = Some(error_content(
+                        "interrupted",
+                        &format!("{why} before this call ran; it was not run"),
+                    ));
+                    e.error_kind = Some("interrupted".into());
+                    closed += 1;
+                    facts::put_journal(c, id, open.step, &e)?;
+                }
+            }
+            results.push(
+                json!({"role": "tool", "tool_call_id": e.call_id, "content": e.result.unwrap_or_default()})
+                    .to_string(),
+            );
+        }
+        facts::append_message(c, id, open.turn, "assistant", &open.assistant)?;
+        for r in &results {
+            facts::append_message(c, id, open.turn, "tool", r)?;
+        }
+        c.prepare_cached("DELETE FROM open_steps WHERE session_id=?1")?.execute([id])?;
+        c.prepare_cached(
+            "UPDATE approvals SET status='cancelled', decision_reason=COALESCE(decision_reason, ?2)
+             WHERE session_id=?1 AND status IN ('pending', 'approved')",
+        )?
+        .execute(params![id, why])?;
+    }
+    facts::set_state(c, id, RuntimeState::Interrupted, Some(why))?;
+    Ok(closed)
+}
+
+/// The detail shown for a session recovered after an unclean stop.
+pub const RECOVERED_DETAIL: &str =
+    "recovered after an unclean stop; the turn resumes when a runner takes the session";
+
+/// Recovers one session whose runner is gone (the caller holds or has cleared its lease):
+/// committed pairs stay; a started call of an open step that is read-only or idempotent will
+/// run again; any other started call gets the "outcome unknown" result; a running session shows
+/// `preparing_context` until a runner resumes it; waiting and interrupted sessions stay as they
+/// are. Applying it twice changes nothing the second time.
+pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreError> {
+    let meta = facts::load_meta(c, id)?;
+    let mut outcome_unknown = Vec::new();
+    let mut rerun = Vec::new();
+    let open = load_open_step(c, id)?;
+    if let Some(open) = &open {
+        for e in &open.calls {
+            if e.status != "intent" {
+                continue;
+            }
+            let mut e = e.clone();
+            if side_effecting(&e) && !e.idempotent {
+                mark_unknown(&mut e);
+                outcome_unknown.push(e.call_id.clone());
+            } else {
+                e.status = "planned".into();
+                rerun.push(e.call_id.clone());
+            }
+            facts::put_journal(c, id, open.step, &e)?;
+        }
+    }
+    let state_after = match meta.state {
+        RuntimeState::Running | RuntimeState::Compressing => {
+            facts::set_state(c, id, RuntimeState::PreparingContext, Some(RECOVERED_DETAIL))?;
+            RuntimeState::PreparingContext
+        }
+        s => s,
+    };
+    let inputs = facts::pending_inputs(c, id)?;
+    let undecided =
+        open.as_ref().is_some_and(|o| o.units.iter().any(|u| u.status == "pending"));
+    let resumable = match state_after {
+        RuntimeState::WaitingApproval => !undecided,
+        RuntimeState::Interrupted | RuntimeState::Idle | RuntimeState::Failed => inputs > 0,
+        _ => meta.active_turn.is_some() || inputs > 0,
+    };
+    Ok(RecoveredSession {
+        id: id.to_string(),
+        state_before: meta.state,
+        state_after,
+        outcome_unknown,
+        rerun,
+        resumable,
+    })
+}
