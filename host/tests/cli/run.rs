@@ -57,7 +57,7 @@ async fn run_show_evidence_through_the_binary() {
     assert_eq!(
         v,
         json!({"ok": true, "session_id": "cli1", "state": "idle", "outcome": "answer",
-               "answer": "Two rows are ragged: lines 4 and 6."})
+               "answer": "Two rows are ragged: lines 4 and 6.", "approvals": []})
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("✓ csv_inspect"), "{stderr}");
