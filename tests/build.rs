@@ -5,7 +5,8 @@
 #[path = "../host/guests.rs"]
 mod guests;
 
-const GUESTS: &[&str] = &["hostile", "wrong_world", "sockets", "bad_specs", "vault_import", "effects"];
+const GUESTS: &[&str] =
+    &["hostile", "wrong_world", "sockets", "bad_specs", "vault_import", "effects"];
 
 fn main() {
     let root = guests::workspace_root();

@@ -27,7 +27,8 @@ pub fn point(name: &str) {
         && HITS.fetch_add(1, Ordering::SeqCst) + 1 == *k
     {
         tracing::warn!(point = name, "crash point reached: killing the process");
-        let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+        let _ =
+            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
         // SIGKILL cannot be caught; should it somehow not arrive, stop anyway without cleanup.
         std::process::abort();
     }

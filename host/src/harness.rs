@@ -57,8 +57,10 @@ impl Harness {
             AgentService::new(engine.clone(), tools.clone(), ModelClient::new(api_key)?, guards);
         let brain = Brain::new(db.clone(), agent);
         let recovered = brain.recover().await?;
-        let changed: Vec<_> =
-            recovered.iter().filter(|r| r.state_before != r.state_after || !r.outcome_unknown.is_empty()).collect();
+        let changed: Vec<_> = recovered
+            .iter()
+            .filter(|r| r.state_before != r.state_after || !r.outcome_unknown.is_empty())
+            .collect();
         if !changed.is_empty() {
             let unknown: usize = changed.iter().map(|r| r.outcome_unknown.len()).sum();
             progress(&format!(

@@ -129,3 +129,19 @@ pub async fn harness_with_session(
 pub fn no_events() -> keel::agent::Events {
     std::sync::Arc::new(|_: &keel::agent::Event| {})
 }
+
+/// Installs the effect-counting guest (`effect_append`, `effect_send`, `effect_put`,
+/// `effect_wipe`, `effect_peek`) into the harness's home if it is not there yet.
+pub async fn install_effects(h: &keel::harness::Harness) {
+    if h.tools.resolve("effect_append").is_err() {
+        let bytes = std::fs::read(guests::EFFECTS_COMPONENT).unwrap();
+        h.tools.install(&bytes, "effects", "test", false).await.unwrap();
+    }
+}
+
+/// The lines of `name` in `dir` (an effect log), empty if it does not exist.
+pub fn log_lines(dir: &Path, name: &str) -> Vec<String> {
+    std::fs::read_to_string(dir.join(name))
+        .map(|t| t.lines().map(str::to_string).collect())
+        .unwrap_or_default()
+}

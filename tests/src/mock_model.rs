@@ -220,3 +220,33 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
         stream.write_all(out.as_bytes()).await?;
     }
 }
+
+/// A responder that plays a fixed plan of tool calls per turn, from the request alone (so it
+/// answers correctly however often a request is repeated after a crash): in a turn whose user
+/// message ends with the word TAG, the k-th model call (k = tool results so far in the turn)
+/// calls `plan[k]` with `{"label": "TAG-k"}` under a fresh call id; after the plan, it answers
+/// `done TAG`.
+pub fn plan_responder(plan: Vec<String>) -> Responder {
+    let counter = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    Arc::new(move |body: &[u8]| {
+        let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let msgs = v["messages"].as_array().cloned().unwrap_or_default();
+        let last_user = msgs.iter().rposition(|m| m["role"] == "user").unwrap_or(0);
+        let tag = msgs
+            .get(last_user)
+            .and_then(|m| m["content"].as_str())
+            .and_then(|c| c.split_whitespace().last())
+            .unwrap_or("x")
+            .to_string();
+        let k = msgs[last_user..].iter().filter(|m| m["role"] == "tool").count();
+        match plan.get(k) {
+            Some(tool) => {
+                let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let id = format!("call-{n}-{}", std::process::id());
+                let args = json!({"label": format!("{tag}-{k}")}).to_string();
+                Reply::calls(&[(&id, tool, &args)])
+            }
+            None => Reply::text(&format!("done {tag}")),
+        }
+    })
+}

@@ -362,8 +362,7 @@ fn unit_for<'a>(units: &'a [ApprovalUnit], call_id: &str) -> Option<&'a Approval
 /// Whether an open step can make progress without a new decision: false when its first
 /// unfinished call waits on a pending approval.
 pub(super) fn can_progress(meta: &SessionMeta, open: &OpenStep) -> bool {
-    let Some(first) =
-        open.calls.iter().find(|e| !matches!(e.status.as_str(), "done" | "unknown"))
+    let Some(first) = open.calls.iter().find(|e| !matches!(e.status.as_str(), "done" | "unknown"))
     else {
         return true;
     };
@@ -378,7 +377,12 @@ pub(super) fn can_progress(meta: &SessionMeta, open: &OpenStep) -> bool {
 
 fn new_unit(meta: &SessionMeta, step: i64, s: &Slot, why: String) -> ApprovalUnit {
     let now = now_ms();
-    let seed = format!("{}\u{1f}{step}\u{1f}{}\u{1f}{now}\u{1f}{:?}", meta.id, s.call.id, std::time::Instant::now());
+    let seed = format!(
+        "{}\u{1f}{step}\u{1f}{}\u{1f}{now}\u{1f}{:?}",
+        meta.id,
+        s.call.id,
+        std::time::Instant::now()
+    );
     let hash = blake3::hash(seed.as_bytes()).to_hex();
     ApprovalUnit {
         id: format!("ap-{}", &hash[..12]),
@@ -491,7 +495,10 @@ async fn drive(
             let mut tasks = tokio::task::JoinSet::new();
             for &k in &group {
                 let s = &slots[k];
-                events(&Event::ToolStarted { name: s.call.name.clone(), call_id: s.call.id.clone() });
+                events(&Event::ToolStarted {
+                    name: s.call.name.clone(),
+                    call_id: s.call.id.clone(),
+                });
                 let (tools, meta, call, cancel, sem, cap) = (
                     agent.tools.clone(),
                     shared_meta.clone(),
@@ -528,7 +535,8 @@ async fn drive(
                     continue;
                 }
                 Gate::Wait { invalidate } => {
-                    return wait(agent, meta, step, &mut slots, i, &units, invalidate, events).await;
+                    return wait(agent, meta, step, &mut slots, i, &units, invalidate, events)
+                        .await;
                 }
             }
         }
@@ -621,7 +629,16 @@ async fn wait(
         match live {
             Some(u) => waiting.push(u.id.clone()),
             None => {
-                let why = match meta.policy.decide(&s.call.name, s.effect.as_deref().unwrap_or("")) {
+                // The unit binds the component that would run now.
+                if let Ok(r) = agent.tools.resolve(&slots[k].call.name)
+                    && slots[k].digest.as_deref() != Some(r.digest.as_str())
+                {
+                    slots[k].digest = Some(r.digest.clone());
+                    slots[k].durable = false;
+                }
+                let s = &slots[k];
+                let why = match meta.policy.decide(&s.call.name, s.effect.as_deref().unwrap_or(""))
+                {
                     PolicyDecision::Ask(why) => why,
                     _ => String::new(),
                 };
@@ -638,12 +655,8 @@ async fn wait(
     }
     let entries = unsaved(slots);
     if !entries.is_empty() || !new_units.is_empty() || invalidate.is_some() {
-        let wait = WaitCommit {
-            step,
-            entries,
-            new_units,
-            invalidate: invalidate.into_iter().collect(),
-        };
+        let wait =
+            WaitCommit { step, entries, new_units, invalidate: invalidate.into_iter().collect() };
         agent.engine.commit_wait(&meta.id, wait).await?;
     }
     Ok(StepEnd::Waiting(waiting))

@@ -53,11 +53,25 @@ impl Default for LoopGuards {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     State(RuntimeState),
-    ModelCall { step: i64 },
-    ToolStarted { name: String, call_id: String },
-    ToolFinished { name: String, call_id: String, ok: bool, kind: Option<String>, ms: f64 },
+    ModelCall {
+        step: i64,
+    },
+    ToolStarted {
+        name: String,
+        call_id: String,
+    },
+    ToolFinished {
+        name: String,
+        call_id: String,
+        ok: bool,
+        kind: Option<String>,
+        ms: f64,
+    },
     /// A call waits for a person's decision (`keel approvals`).
-    ApprovalNeeded { unit: String, tool: String },
+    ApprovalNeeded {
+        unit: String,
+        tool: String,
+    },
 }
 
 /// A sink for [`Event`]s.
@@ -143,8 +157,11 @@ impl AgentService {
             match calls::run_open(self, &meta, open, cancel, events).await? {
                 StepEnd::Waiting(units) => return Ok(self.waiting(units, events)),
                 StepEnd::Done(step) => {
-                    if let Some(end) =
-                        self.finish_step(id, turn.turn, None, step_no, step, &mut guard, 0, cancel, events).await?
+                    if let Some(end) = self
+                        .finish_step(
+                            id, turn.turn, None, step_no, step, &mut guard, 0, cancel, events,
+                        )
+                        .await?
                     {
                         return Ok(end);
                     }

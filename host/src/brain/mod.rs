@@ -237,7 +237,8 @@ impl Brain {
         }
         while let Some(turn) = self.engine().begin_turn(id).await? {
             let outcome = self.agent.run_turn(id, &turn, cancel, events).await?;
-            let stop = matches!(outcome, TurnOutcome::Interrupted | TurnOutcome::WaitingApproval(_));
+            let stop =
+                matches!(outcome, TurnOutcome::Interrupted | TurnOutcome::WaitingApproval(_));
             last = Some(outcome);
             if stop {
                 break;

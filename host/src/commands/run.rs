@@ -77,7 +77,9 @@ pub fn stderr_events() -> Events {
         Event::ModelCall { step } => eprintln!("keel: model call (step {step})"),
         Event::ToolStarted { name, call_id } => eprintln!("keel:   → {name} [{}]", inert(call_id)),
         Event::ApprovalNeeded { unit, tool } => {
-            eprintln!("keel:   ⏸ {tool} needs approval: keel approve {unit}  (or keel reject {unit})")
+            eprintln!(
+                "keel:   ⏸ {tool} needs approval: keel approve {unit}  (or keel reject {unit})"
+            )
         }
         Event::ToolFinished { name, ok, kind, ms, .. } => {
             if *ok {

@@ -187,10 +187,8 @@ pub fn set_state(
     detail: Option<&str>,
 ) -> Result<(), StoreError> {
     // A turn ends when the session becomes idle, fails or is interrupted.
-    let ends_turn = matches!(
-        state,
-        RuntimeState::Idle | RuntimeState::Failed | RuntimeState::Interrupted
-    );
+    let ends_turn =
+        matches!(state, RuntimeState::Idle | RuntimeState::Failed | RuntimeState::Interrupted);
     c.prepare_cached(
         "UPDATE sessions SET state=?2, state_detail=?3,
          active_turn=CASE WHEN ?4 THEN NULL ELSE active_turn END WHERE id=?1",

@@ -150,13 +150,17 @@ fn units_where(
     filter: &str,
     args: &[&dyn rusqlite::ToSql],
 ) -> Result<Vec<ApprovalUnit>, StoreError> {
-    let sql = format!("SELECT {UNIT_COLUMNS} FROM approvals WHERE {filter} ORDER BY created_at, id");
+    let sql =
+        format!("SELECT {UNIT_COLUMNS} FROM approvals WHERE {filter} ORDER BY created_at, id");
     let mut stmt = c.prepare_cached(&sql)?;
     let rows = stmt.query_map(args, unit_row)?.collect::<Result<Vec<_>, _>>()?;
     rows.into_iter()
         .map(|(mut u, grants)| {
             u.grants = serde_json::from_str(&grants).map_err(|e| {
-                StoreError::Invalid(format!("stored grants of approval {} are unreadable: {e}", u.id))
+                StoreError::Invalid(format!(
+                    "stored grants of approval {} are unreadable: {e}",
+                    u.id
+                ))
             })?;
             Ok(u)
         })
@@ -437,8 +441,7 @@ pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreErr
         s => s,
     };
     let inputs = facts::pending_inputs(c, id)?;
-    let undecided =
-        open.as_ref().is_some_and(|o| o.units.iter().any(|u| u.status == "pending"));
+    let undecided = open.as_ref().is_some_and(|o| o.units.iter().any(|u| u.status == "pending"));
     let resumable = match state_after {
         RuntimeState::WaitingApproval => !undecided,
         RuntimeState::Interrupted | RuntimeState::Idle | RuntimeState::Failed => inputs > 0,

@@ -156,16 +156,35 @@ fn run(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, stats: &DbStats) 
             }
             continue;
         }
+        // Set when the database rolled the whole transaction back by itself (it may on a full
+        // disk or an I/O error): every operation of the batch is then reported failed.
+        let mut aborted: Option<String> = None;
         for job in batch {
+            if let Some(message) = &aborted {
+                let (_, completion) = job(Err(message));
+                done.push(completion);
+                continue;
+            }
             let _ = conn.execute_batch("SAVEPOINT op");
             let (ok, completion) = job(Ok(&conn));
-            if ok {
+            if conn.is_autocommit() {
+                aborted = Some(
+                    "the database rolled the transaction back (is the disk full?); nothing of it was stored"
+                        .to_string(),
+                );
+            } else if ok {
                 let _ = conn.execute_batch("RELEASE op");
             } else {
                 let _ = conn.execute_batch("ROLLBACK TO op; RELEASE op");
             }
             stats.operations.fetch_add(1, Ordering::Relaxed);
             done.push(completion);
+        }
+        if let Some(message) = aborted {
+            for completion in done {
+                completion(Some(&message));
+            }
+            continue;
         }
         let wrote = conn.total_changes() != changes_before;
         let commit = conn.execute_batch("COMMIT");

@@ -1,0 +1,416 @@
+//! Durable approvals (RELIABILITY D1, D2, D4, D5, D6), interruption closing open calls, disk
+//! full (C3) — through the whole spine, against the scripted model server, with the
+//! effect-counting guest making every execution visible.
+
+use std::sync::{Arc, Barrier};
+
+use keel::agent::{LoopGuards, TurnOutcome};
+use keel::brain::Submitted;
+use keel::sandbox::{Access, CancelToken, Grant};
+use keel::session::{DecideError, Decision, RuntimeState, SessionEngine};
+use keel::store::Db;
+use keel_tests::mock_model::{MockModel, Reply, plan_responder};
+use keel_tests::{harness_with_session, install_effects, log_lines, no_events};
+use serde_json::{Value, json};
+
+const TOOLS: &[&str] =
+    &["effect_append", "effect_send", "effect_put", "effect_wipe", "effect_peek"];
+
+struct Fixture {
+    home: tempfile::TempDir,
+    work: tempfile::TempDir,
+    h: keel::harness::Harness,
+    url: String,
+}
+
+impl Fixture {
+    async fn new(url: &str, id: &str, guards: LoopGuards) -> Self {
+        let home = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let grants = vec![Grant::new(work.path(), "/work", Access::Rw).unwrap()];
+        let h = harness_with_session(home.path(), url, id, TOOLS, grants, guards).await;
+        install_effects(&h).await;
+        Self { home, work, h, url: url.to_string() }
+    }
+
+    /// A new harness on the same home: what a restarted process sees.
+    async fn restart(&mut self) {
+        let h = harness_with_session(
+            self.home.path(),
+            &self.url,
+            "unused",
+            TOOLS,
+            Vec::new(),
+            LoopGuards { max_steps: 1000, ..LoopGuards::default() },
+        )
+        .await;
+        self.h = h;
+    }
+
+    fn lines(&self, name: &str) -> Vec<String> {
+        log_lines(self.work.path(), name)
+    }
+}
+
+async fn submit(h: &keel::harness::Harness, id: &str, text: &str) -> Submitted {
+    h.brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
+}
+
+async fn drain(h: &keel::harness::Harness, id: &str) -> Option<Submitted> {
+    h.brain.drain(id, &CancelToken::new(), &no_events()).await.unwrap()
+}
+
+fn waiting_units(s: &Submitted) -> Vec<String> {
+    match s {
+        Submitted::Ran(TurnOutcome::WaitingApproval(u)) => u.clone(),
+        other => panic!("expected a wait for approval, got {other:?}"),
+    }
+}
+
+/// Every assistant tool call in the history has exactly one result, right after it.
+fn assert_paired(h: &keel::harness::Harness, id: &str) {
+    let rt = tokio::runtime::Handle::current();
+    let t = tokio::task::block_in_place(|| rt.block_on(h.engine.timeline(id))).unwrap();
+    let msgs: Vec<Value> = t.messages.into_iter().map(|m| m.body).collect();
+    let mut i = 0;
+    while i < msgs.len() {
+        let calls = msgs[i]["tool_calls"].as_array().cloned().unwrap_or_default();
+        for (k, c) in calls.iter().enumerate() {
+            let r = &msgs[i + 1 + k];
+            assert_eq!(r["role"], "tool", "a call without its result: {msgs:#?}");
+            assert_eq!(r["tool_call_id"], c["id"]);
+        }
+        i += 1 + calls.len();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approve_runs_the_stored_call_exactly_once_and_the_turn_continues() {
+    let model = MockModel::start_fn(plan_responder(vec!["effect_send".into()])).await;
+    let f = Fixture::new(&model.url(), "ap1", LoopGuards::default()).await;
+    let out = submit(&f.h, "ap1", "send the report t1").await;
+    let units = waiting_units(&out);
+    assert_eq!(units.len(), 1);
+    let meta = f.h.engine.meta("ap1").await.unwrap();
+    assert_eq!(meta.state, RuntimeState::WaitingApproval);
+    assert!(meta.state_detail.unwrap().contains(&units[0]));
+    assert!(f.lines("sent.log").is_empty(), "nothing runs before the decision");
+    // The unit shows exactly what would run.
+    let pending = f.h.engine.approvals(Some("ap1"), true).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    let u = &pending[0];
+    assert_eq!((u.tool.as_str(), u.effect.as_str()), ("effect_send", "external"));
+    assert_eq!(u.input, r#"{"label":"t1-0"}"#);
+    assert_eq!(u.input_digest, keel::sandbox::sha256_hex(u.input.as_bytes()));
+    assert_eq!(u.component_digest, f.h.tools.resolve("effect_send").unwrap().digest);
+    assert_eq!(u.grants.len(), 1);
+    assert!(u.result_id.starts_with("res-"));
+    // A second runner finds nothing to do while the decision is pending.
+    let again = drain(&f.h, "ap1").await.unwrap();
+    assert_eq!(waiting_units(&again), units);
+    assert!(f.lines("sent.log").is_empty());
+
+    let decided = f.h.brain.decide(&units[0], Decision::Approve, Some("ok".into()), None).await;
+    assert_eq!(decided.unwrap().unwrap().status, "approved");
+    let out = drain(&f.h, "ap1").await.unwrap();
+    assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done t1".into())));
+    assert_eq!(f.lines("sent.log"), vec!["t1-0"]);
+    let unit = f.h.engine.approval(&units[0]).await.unwrap().unwrap();
+    assert_eq!(unit.status, "consumed");
+    let t = f.h.engine.timeline("ap1").await.unwrap();
+    assert_eq!(t.state, RuntimeState::Idle);
+    assert_eq!(t.tool_calls[0].entry.approval_id.as_deref(), Some(units[0].as_str()));
+    assert_eq!(t.tool_calls[0].entry.status, "done");
+    assert_paired(&f.h, "ap1");
+    // Used once: deciding it again is refused, and a resume runs nothing more.
+    let again = f.h.brain.decide(&units[0], Decision::Approve, None, None).await.unwrap();
+    assert!(matches!(again, Err(DecideError::NotPending { .. })));
+    assert_eq!(drain(&f.h, "ap1").await, Some(Submitted::Ran(TurnOutcome::Answer(String::new()))));
+    assert_eq!(f.lines("sent.log"), vec!["t1-0"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_commits_a_result_the_model_sees() {
+    let model = MockModel::start_fn(plan_responder(vec!["effect_wipe".into()])).await;
+    let f = Fixture::new(&model.url(), "ap2", LoopGuards::default()).await;
+    let units = waiting_units(&submit(&f.h, "ap2", "wipe it t2").await);
+    let r = f.h.brain.decide(&units[0], Decision::Reject, Some("not today".into()), None).await;
+    assert_eq!(r.unwrap().unwrap().status, "rejected");
+    let out = drain(&f.h, "ap2").await.unwrap();
+    assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done t2".into())));
+    assert!(f.lines("wiped.log").is_empty());
+    let t = f.h.engine.timeline("ap2").await.unwrap();
+    let result: Value =
+        serde_json::from_str(t.messages[2].body["content"].as_str().unwrap()).unwrap();
+    assert_eq!(result["error"]["kind"], "rejected");
+    assert!(result["error"]["message"].as_str().unwrap().contains("not today"));
+    assert_paired(&f.h, "ap2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d1_d2_pending_and_approved_survive_a_restart() {
+    let model =
+        MockModel::start_fn(plan_responder(vec!["effect_send".into(), "effect_send".into()])).await;
+    let mut f = Fixture::new(&model.url(), "ap3", LoopGuards::default()).await;
+    let units = waiting_units(&submit(&f.h, "ap3", "two messages t3").await);
+    // D1: the process goes away while the approval is pending; a new one starts.
+    f.restart().await;
+    let pending = f.h.engine.approvals(Some("ap3"), true).await.unwrap();
+    assert_eq!(pending.iter().map(|u| u.id.clone()).collect::<Vec<_>>(), units, "same id");
+    assert_eq!(f.h.engine.meta("ap3").await.unwrap().state, RuntimeState::WaitingApproval);
+    assert!(f.lines("sent.log").is_empty(), "nothing executed");
+    // D2: approved, then the process goes away before the call ran.
+    f.h.brain.decide(&units[0], Decision::Approve, None, None).await.unwrap().unwrap();
+    f.restart().await;
+    assert!(f.h.recovered.iter().any(|r| r.id == "ap3" && r.resumable));
+    // Resuming runs it exactly once; the second call asks again.
+    let second = waiting_units(&drain(&f.h, "ap3").await.unwrap());
+    assert_ne!(second, units);
+    assert_eq!(f.lines("sent.log"), vec!["t3-0"]);
+    f.restart().await;
+    f.h.brain.decide(&second[0], Decision::Approve, None, None).await.unwrap().unwrap();
+    let out = drain(&f.h, "ap3").await.unwrap();
+    assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done t3".into())));
+    assert_eq!(f.lines("sent.log"), vec!["t3-0", "t3-1"]);
+    assert_paired(&f.h, "ap3");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d5_new_call_ids_and_upgraded_tools_need_a_new_approval() {
+    // The model asks for the very same call twice: the second time under a new id.
+    let args = r#"{"label":"same"}"#;
+    let model = MockModel::start(vec![
+        Reply::calls(&[("first-id", "effect_send", args)]),
+        Reply::calls(&[("second-id", "effect_send", args)]),
+        Reply::text("sent"),
+    ])
+    .await;
+    let f = Fixture::new(&model.url(), "ap4", LoopGuards::default()).await;
+    let first = waiting_units(&submit(&f.h, "ap4", "send it").await);
+    // Approved, but the turn is interrupted before it resumes: the approval dies with it.
+    f.h.brain.decide(&first[0], Decision::Approve, None, None).await.unwrap().unwrap();
+    f.h.brain.interrupt("ap4").await.unwrap();
+    assert_eq!(f.h.engine.approval(&first[0]).await.unwrap().unwrap().status, "cancelled");
+    assert_paired(&f.h, "ap4");
+    // "The same" call with a new id is not covered.
+    let second = waiting_units(&submit(&f.h, "ap4", "send it again").await);
+    assert_ne!(second, first);
+    assert!(f.lines("sent.log").is_empty());
+    // Approved, then the tool is upgraded (a new component digest) before the call runs.
+    f.h.brain.decide(&second[0], Decision::Approve, None, None).await.unwrap().unwrap();
+    let mut bytes = std::fs::read(keel_tests::guests::EFFECTS_COMPONENT).unwrap();
+    // A custom section changes the digest, not the behaviour.
+    bytes.extend_from_slice(&[0, 8, 7]);
+    bytes.extend_from_slice(b"upgrade");
+    let report = f.h.tools.install(&bytes, "effects", "test", false).await.unwrap();
+    assert!(report.replaced.is_some());
+    let third = waiting_units(&drain(&f.h, "ap4").await.unwrap());
+    assert_ne!(third, second);
+    assert_eq!(f.h.engine.approval(&second[0]).await.unwrap().unwrap().status, "invalidated");
+    let unit = f.h.engine.approval(&third[0]).await.unwrap().unwrap();
+    assert_eq!(unit.component_digest, report.component.digest);
+    assert!(f.lines("sent.log").is_empty(), "an invalidated approval runs nothing");
+    f.h.brain.decide(&third[0], Decision::Approve, None, None).await.unwrap().unwrap();
+    assert!(matches!(drain(&f.h, "ap4").await, Some(Submitted::Ran(TurnOutcome::Answer(_)))));
+    assert_eq!(f.lines("sent.log"), vec!["same"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d6_decisions_on_missing_or_settled_units_change_nothing() {
+    let model = MockModel::start_fn(plan_responder(vec!["effect_send".into()])).await;
+    let f = Fixture::new(&model.url(), "ap5", LoopGuards::default()).await;
+    let units = waiting_units(&submit(&f.h, "ap5", "go t5").await);
+    let before = f.h.engine.approvals(None, false).await.unwrap();
+    let missing = f.h.brain.decide("ap-nope", Decision::Approve, None, None).await.unwrap();
+    assert_eq!(missing, Err(DecideError::NotFound { unit: "ap-nope".into() }));
+    let wrong =
+        f.h.brain.decide(&units[0], Decision::Approve, None, Some("other".into())).await.unwrap();
+    assert!(matches!(wrong, Err(DecideError::WrongSession { .. })));
+    assert!(wrong.unwrap_err().to_string().contains("belongs to session `ap5`"));
+    assert_eq!(f.h.engine.approvals(None, false).await.unwrap(), before, "nothing changed");
+    f.h.brain.decide(&units[0], Decision::Reject, None, None).await.unwrap().unwrap();
+    let late = f.h.brain.decide(&units[0], Decision::Approve, None, None).await.unwrap();
+    assert_eq!(
+        late.unwrap_err().to_string(),
+        format!("approval `{}` is not pending: it is rejected", units[0])
+    );
+    assert_eq!(f.h.engine.approval(&units[0]).await.unwrap().unwrap().status, "rejected");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d4_sixteen_concurrent_deciders_one_wins_every_time() {
+    const ROUNDS: usize = 100;
+    const DECIDERS: usize = 16;
+    let plan = vec!["effect_send".to_string(); ROUNDS];
+    let model = MockModel::start_fn(plan_responder(plan)).await;
+    let guards = LoopGuards { max_steps: 1000, ..LoopGuards::default() };
+    let f = Fixture::new(&model.url(), "race", guards).await;
+    let path = f.home.path().join("keel.db");
+    // Each decider has its own connection and writer, as separate processes would.
+    let deciders: Vec<SessionEngine> =
+        (0..DECIDERS).map(|_| SessionEngine::new(Db::open(&path).unwrap())).collect();
+    let mut out = submit(&f.h, "race", "race r").await;
+    let mut winners_per_round = Vec::new();
+    for round in 0..ROUNDS {
+        let unit = waiting_units(&out)[0].clone();
+        let barrier = Arc::new(Barrier::new(DECIDERS));
+        let rt = tokio::runtime::Handle::current();
+        let handles: Vec<_> = deciders
+            .iter()
+            .enumerate()
+            .map(|(k, engine)| {
+                let (engine, unit, barrier, rt) =
+                    (engine.clone(), unit.clone(), barrier.clone(), rt.clone());
+                std::thread::spawn(move || {
+                    let decision = if k % 2 == 0 { Decision::Approve } else { Decision::Reject };
+                    barrier.wait();
+                    rt.block_on(engine.decide(&unit, decision, Some(format!("decider {k}")), None))
+                })
+            })
+            .collect();
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect();
+        let winners: Vec<_> = results.iter().filter(|r| r.is_ok()).collect();
+        winners_per_round.push(winners.len());
+        assert_eq!(winners.len(), 1, "round {round}: {results:?}");
+        let stored = f.h.engine.approval(&unit).await.unwrap().unwrap();
+        let winner = winners[0].as_ref().unwrap();
+        assert_eq!(
+            stored.decision_reason, winner.decision_reason,
+            "the winner's decision is the one stored"
+        );
+        out = drain(&f.h, "race").await.unwrap();
+    }
+    assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done r".into())));
+    assert!(winners_per_round.iter().all(|w| *w == 1));
+    let approved = f.h.engine.approvals(Some("race"), false).await.unwrap();
+    let consumed = approved.iter().filter(|u| u.status == "consumed").count();
+    assert_eq!(f.lines("sent.log").len(), consumed, "every approved call ran exactly once");
+    println!(
+        "D4: {ROUNDS} rounds × {DECIDERS} deciders: exactly one winner every round ({consumed} approved, {} rejected)",
+        ROUNDS - consumed
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupt_while_waiting_closes_every_open_call() {
+    // Three calls in one response: a read, an approval-gated send, a write.
+    let model = MockModel::start(vec![
+        Reply::calls(&[
+            ("r1", "effect_peek", r#"{"label":"p"}"#),
+            ("s1", "effect_send", r#"{"label":"s"}"#),
+            ("w1", "effect_append", r#"{"label":"w"}"#),
+        ]),
+        Reply::text("continuing cleanly"),
+    ])
+    .await;
+    let f = Fixture::new(&model.url(), "ap6", LoopGuards::default()).await;
+    let units = waiting_units(&submit(&f.h, "ap6", "mixed").await);
+    assert_eq!(units.len(), 1);
+    assert_eq!(f.h.brain.interrupt("ap6").await.unwrap(), RuntimeState::WaitingApproval);
+    let t = f.h.engine.timeline("ap6").await.unwrap();
+    assert_eq!(t.state, RuntimeState::Interrupted);
+    assert_paired(&f.h, "ap6");
+    let kinds: Vec<_> = t.tool_calls.iter().map(|c| c.entry.error_kind.clone()).collect();
+    assert_eq!(kinds, vec![None, Some("interrupted".into()), Some("interrupted".into())]);
+    assert!(f.lines("sent.log").is_empty() && f.lines("effects.log").is_empty());
+    assert_eq!(f.h.engine.approval(&units[0]).await.unwrap().unwrap().status, "cancelled");
+    // The next input continues from a well-formed history.
+    let out = submit(&f.h, "ap6", "go on").await;
+    assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("continuing cleanly".into())));
+    let last: Value = serde_json::from_slice(model.requests().last().unwrap()).unwrap();
+    let roles: Vec<_> =
+        last["messages"].as_array().unwrap().iter().map(|m| m["role"].clone()).collect();
+    assert_eq!(
+        roles,
+        vec![
+            json!("system"),
+            json!("user"),
+            json!("assistant"),
+            json!("tool"),
+            json!("tool"),
+            json!("tool"),
+            json!("user")
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_ask_allow_and_deny_per_session() {
+    let model = MockModel::start_fn(plan_responder(vec![
+        "effect_wipe".into(),
+        "effect_append".into(),
+        "effect_send".into(),
+    ]))
+    .await;
+    let f = Fixture::new(&model.url(), "unused", LoopGuards::default()).await;
+    let mut policy = keel::session::Policy::default();
+    // Allow the destructive tool by name, ask before the write, deny external.
+    policy.adjust(&["effect_wipe".into()], &["effect_append".into()], &["external".into()]);
+    let grants = vec![Grant::new(f.work.path(), "/work", Access::Rw).unwrap()];
+    let mut model_cfg = keel::model::ModelConfig::new(&f.url, "m");
+    model_cfg.max_retries = 0;
+    f.h.engine
+        .create(keel::session::NewSession {
+            id: Some("pol".into()),
+            grants,
+            tools: TOOLS.iter().map(|t| t.to_string()).collect(),
+            policy,
+            budget: keel::sandbox::Budget::default(),
+            model: model_cfg,
+            system_prompt: "test".into(),
+        })
+        .await
+        .unwrap();
+    let units = waiting_units(&submit(&f.h, "pol", "policy t7").await);
+    assert_eq!(f.lines("wiped.log"), vec!["t7-0"], "allowed by name, no question");
+    let u = f.h.engine.approval(&units[0]).await.unwrap().unwrap();
+    assert_eq!(u.tool, "effect_append");
+    assert!(u.why.contains("asks before every call of `effect_append`"));
+    f.h.brain.decide(&units[0], Decision::Approve, None, None).await.unwrap().unwrap();
+    let out = drain(&f.h, "pol").await.unwrap();
+    assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done t7".into())));
+    assert_eq!(f.lines("effects.log"), vec!["t7-1"]);
+    let t = f.h.engine.timeline("pol").await.unwrap();
+    assert_eq!(t.tool_calls[2].entry.error_kind.as_deref(), Some("denied"));
+    assert!(f.lines("sent.log").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c3_disk_full_rolls_back_pauses_and_resumes() {
+    let big = "x".repeat(400_000);
+    let model = MockModel::start(vec![Reply::text(&big), Reply::text(&big)]).await;
+    let f = Fixture::new(&model.url(), "full", LoopGuards::default()).await;
+    let pages: i64 =
+        f.h.db.run(|c| Ok(c.query_row("PRAGMA page_count", [], |r| r.get(0))?)).await.unwrap();
+    // The database may grow by a few pages only: the answer cannot be stored.
+    f.h.db
+        .run(move |c| {
+            c.query_row(&format!("PRAGMA max_page_count = {}", pages + 8), [], |_| Ok(()))?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let err = f.h.brain.submit("full", "write a lot", &CancelToken::new(), &no_events()).await;
+    let message = err.unwrap_err().to_string();
+    assert!(message.contains("full"), "a typed, clear error: {message}");
+    // Rolled back: no half step, the input is kept, the database is sound.
+    let t = f.h.engine.timeline("full").await.unwrap();
+    assert_eq!(t.messages.len(), 1, "only the input: {:?}", t.messages);
+    let ok: String =
+        f.h.db
+            .read(|c| Ok(c.query_row("PRAGMA integrity_check", [], |r| r.get(0))?))
+            .await
+            .unwrap();
+    assert_eq!(ok, "ok");
+    // Space again: the session resumes where it stopped.
+    f.h.db
+        .run(|c| {
+            c.query_row("PRAGMA max_page_count = 1073741823", [], |_| Ok(()))?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let out = drain(&f.h, "full").await.unwrap();
+    assert_eq!(out, Submitted::Ran(TurnOutcome::Answer(big)));
+    assert_eq!(f.h.engine.meta("full").await.unwrap().state, RuntimeState::Idle);
+}
