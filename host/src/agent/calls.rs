@@ -618,39 +618,38 @@ async fn wait(
 ) -> Result<StepEnd, AgentError> {
     let mut new_units = Vec::new();
     let mut waiting = Vec::new();
-    for k in at..slots.len() {
-        let s = &slots[k];
-        if s.outcome.is_some() || !asks(meta, s) {
+    for slot in slots[at..].iter_mut() {
+        if slot.outcome.is_some() || !asks(meta, slot) {
             continue;
         }
-        let live = unit_for(units, &s.call.id)
+        let live = unit_for(units, &slot.call.id)
             .filter(|u| u.status == "pending" || u.status == "approved")
             .filter(|u| invalidate.as_deref() != Some(u.id.as_str()));
         match live {
             Some(u) => waiting.push(u.id.clone()),
             None => {
                 // The unit binds the component that would run now.
-                if let Ok(r) = agent.tools.resolve(&slots[k].call.name)
-                    && slots[k].digest.as_deref() != Some(r.digest.as_str())
+                if let Ok(r) = agent.tools.resolve(&slot.call.name)
+                    && slot.digest.as_deref() != Some(r.digest.as_str())
                 {
-                    slots[k].digest = Some(r.digest.clone());
-                    slots[k].durable = false;
+                    slot.digest = Some(r.digest.clone());
+                    slot.durable = false;
                 }
-                let s = &slots[k];
-                let why = match meta.policy.decide(&s.call.name, s.effect.as_deref().unwrap_or(""))
-                {
-                    PolicyDecision::Ask(why) => why,
-                    _ => String::new(),
-                };
-                let u = new_unit(meta, step, s, why);
+                let why =
+                    match meta.policy.decide(&slot.call.name, slot.effect.as_deref().unwrap_or(""))
+                    {
+                        PolicyDecision::Ask(why) => why,
+                        _ => String::new(),
+                    };
+                let u = new_unit(meta, step, slot, why);
                 waiting.push(u.id.clone());
                 events(&Event::ApprovalNeeded { unit: u.id.clone(), tool: u.tool.clone() });
                 new_units.push(u);
             }
         }
-        if slots[k].status != "waiting" {
-            slots[k].status = "waiting".into();
-            slots[k].durable = false;
+        if slot.status != "waiting" {
+            slot.status = "waiting".into();
+            slot.durable = false;
         }
     }
     let entries = unsaved(slots);

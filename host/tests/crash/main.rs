@@ -1,0 +1,505 @@
+//! The crash harness: runs the real `keel` binary over the scripted model server and kills it
+//! with SIGKILL — at every named crash point (`KEEL_CRASH_AT`, compiled into test builds only)
+//! and at random times — then restarts it, lets the session finish, and checks: no
+//! acknowledged fact lost, no duplicate execution of a non-idempotent call, `PRAGMA
+//! integrity_check` ok, recovering twice gives the same state. The effect-counting guest appends
+//! one line per execution to a log in the granted workspace.
+//!
+//! Random kills: `KEEL_CRASH_ITERATIONS` (default 25); the slow tier runs 200:
+//! `KEEL_CRASH_ITERATIONS=200 cargo test --release -p keel --test crash -- --nocapture`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use keel_tests::log_lines;
+use keel_tests::mock_model::{MockModel, plan_responder};
+use rusqlite::Connection;
+use serde_json::Value;
+
+struct Rig {
+    home: tempfile::TempDir,
+    work: tempfile::TempDir,
+    url: String,
+    _model: MockModel,
+}
+
+fn keel_cmd(home: &Path, args: &[&str], crash_at: Option<&str>) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_keel"));
+    c.arg("--home").arg(home).args(args).env_remove("KEEL_CRASH_AT");
+    if let Some(p) = crash_at {
+        c.env("KEEL_CRASH_AT", p);
+    }
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+impl Rig {
+    async fn new(plan: &[&str]) -> Self {
+        let model =
+            MockModel::start_fn(plan_responder(plan.iter().map(|s| s.to_string()).collect())).await;
+        let rig = Self {
+            home: tempfile::tempdir().unwrap(),
+            work: tempfile::tempdir().unwrap(),
+            url: model.url(),
+            _model: model,
+        };
+        let out = rig.keel(
+            &["tool", "install", keel_tests::guests::EFFECTS_COMPONENT, "--name", "effects"],
+            None,
+        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        rig
+    }
+
+    fn db(&self) -> PathBuf {
+        self.home.path().join("keel.db")
+    }
+
+    fn keel(&self, args: &[&str], crash_at: Option<&str>) -> Output {
+        let home = self.home.path().to_path_buf();
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let crash_at = crash_at.map(str::to_string);
+        // Blocking child processes off the async workers (the model server runs there).
+        tokio::task::block_in_place(|| {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            keel_cmd(&home, &args, crash_at.as_deref()).output().unwrap()
+        })
+    }
+
+    fn run_args(&self, session: &str, task: &str) -> Vec<String> {
+        let grant = format!("{}=/work:rw", self.work.path().display());
+        [
+            "run",
+            task,
+            "--session",
+            session,
+            "--grant",
+            &grant,
+            "--tools",
+            "effect_append,effect_put,effect_send,effect_peek",
+            "--model-url",
+            &self.url,
+            "--model",
+            "m",
+            "--max-steps",
+            "50",
+            "--json",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+
+    fn run(&self, session: &str, task: &str, crash_at: Option<&str>) -> Output {
+        let mut args = self.run_args(session, task);
+        if self.session_exists(session) {
+            // Grants and tools are fixed at creation.
+            let keep = ["--grant", "--tools"];
+            let mut i = 0;
+            while i < args.len() {
+                if keep.contains(&args[i].as_str()) {
+                    args.drain(i..i + 2);
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.keel(&args, crash_at)
+    }
+
+    fn spawn_run(&self, session: &str, task: &str) -> Child {
+        let mut args = self.run_args(session, task);
+        if self.session_exists(session) {
+            args.drain(4..6);
+            args.drain(4..6);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        keel_cmd(self.home.path(), &args, None).spawn().unwrap()
+    }
+
+    fn session_exists(&self, id: &str) -> bool {
+        self.query(|c| {
+            c.query_row("SELECT COUNT(*) FROM sessions WHERE id=?1", [id], |r| r.get::<_, i64>(0))
+        })
+        .unwrap_or(0)
+            > 0
+    }
+
+    fn query<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+        let c = Connection::open_with_flags(self.db(), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+        c.busy_timeout(Duration::from_secs(10))?;
+        f(&c)
+    }
+
+    fn state(&self, id: &str) -> String {
+        self.query(|c| c.query_row("SELECT state FROM sessions WHERE id=?1", [id], |r| r.get(0)))
+            .unwrap()
+    }
+
+    fn integrity(&self) -> String {
+        self.query(|c| c.query_row("PRAGMA integrity_check", [], |r| r.get(0))).unwrap()
+    }
+
+    /// Every fact recovery may touch, as text (for "recovering twice gives the same state").
+    fn dump(&self) -> String {
+        self.query(|c| {
+            let mut out = String::new();
+            for (table, order) in [
+                ("sessions", "id"),
+                ("messages", "session_id, seq"),
+                ("tool_calls", "session_id, step, position"),
+                ("approvals", "id"),
+                ("open_steps", "session_id"),
+                ("inbox", "session_id, seq"),
+                ("runner_leases", "session_id"),
+            ] {
+                let mut stmt = c.prepare(&format!("SELECT * FROM {table} ORDER BY {order}"))?;
+                let n = stmt.column_count();
+                let rows = stmt.query_map([], |r| {
+                    let cells: Vec<String> = (0..n)
+                        .map(|i| {
+                            format!(
+                                "{:?}",
+                                r.get_ref(i)
+                                    .map(|v| v.data_type())
+                                    .ok()
+                                    .and(r.get::<_, rusqlite::types::Value>(i).ok())
+                            )
+                        })
+                        .collect();
+                    Ok(cells.join("|"))
+                })?;
+                for row in rows {
+                    out.push_str(&format!("{table}: {}\n", row?));
+                }
+            }
+            Ok(out)
+        })
+        .unwrap()
+    }
+
+    /// The acknowledged facts: committed messages and finished journal rows.
+    fn facts(&self) -> BTreeMap<String, String> {
+        self.query(|c| {
+            let mut out = BTreeMap::new();
+            let mut stmt = c.prepare("SELECT session_id, seq, body FROM messages")?;
+            for row in stmt.query_map([], |r| {
+                Ok((format!("m/{}/{}", r.get::<_, String>(0)?, r.get::<_, i64>(1)?), r.get(2)?))
+            })? {
+                let (k, v) = row?;
+                out.insert(k, v);
+            }
+            let mut stmt = c.prepare(
+                "SELECT session_id, step, call_id, status, result FROM tool_calls WHERE status IN ('done', 'unknown')",
+            )?;
+            for row in stmt.query_map([], |r| {
+                Ok((
+                    format!("c/{}/{}/{}", r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?),
+                    format!("{}:{:?}", r.get::<_, String>(3)?, r.get::<_, Option<String>>(4)?),
+                ))
+            })? {
+                let (k, v) = row?;
+                out.insert(k, v);
+            }
+            let mut stmt = c.prepare("SELECT session_id, seq, text FROM inbox")?;
+            for row in stmt.query_map([], |r| {
+                Ok((format!("i/{}/{}", r.get::<_, String>(0)?, r.get::<_, i64>(1)?), r.get(2)?))
+            })? {
+                let (k, v) = row?;
+                out.insert(k, v);
+            }
+            Ok(out)
+        })
+        .unwrap_or_default()
+    }
+
+    /// Recovers twice without resuming; both must leave the same state.
+    fn recover_twice_same(&self) {
+        let a = self.keel(&["recover", "--no-resume", "--json"], None);
+        assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+        let first = self.dump();
+        let b = self.keel(&["recover", "--no-resume", "--json"], None);
+        assert!(b.status.success());
+        assert_eq!(first, self.dump(), "recovering twice must give the same state");
+    }
+
+    /// Resumes until `session` is idle (a few tries: a resume itself is never killed here).
+    fn finish(&self, session: &str) -> Output {
+        let mut last = None;
+        for _ in 0..4 {
+            let out = self.keel(&["recover", "--json"], None);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            last = Some(out);
+            if self.state(session) == "idle" {
+                break;
+            }
+        }
+        last.unwrap()
+    }
+
+    fn journal(&self, session: &str) -> Vec<(String, String, Option<String>, Option<String>)> {
+        self.query(|c| {
+            let mut stmt = c.prepare(
+                "SELECT tool, input, status, error_kind FROM tool_calls WHERE session_id=?1 ORDER BY step, position",
+            )?;
+            let rows = stmt
+                .query_map([session], |r| {
+                    let input: String = r.get(1)?;
+                    let label = serde_json::from_str::<Value>(&input).ok().and_then(|v| v["label"].as_str().map(str::to_string)).unwrap_or_default();
+                    Ok((r.get::<_, String>(0)?, label, r.get::<_, Option<String>>(2)?, r.get::<_, Option<String>>(3)?))
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+        .unwrap()
+    }
+
+    fn lines(&self, name: &str) -> Vec<String> {
+        log_lines(self.work.path(), name)
+    }
+}
+
+fn killed(out: &Output) -> bool {
+    out.status.signal() == Some(9)
+}
+
+/// C2: a crash at each commit boundary, for each effect class; the documented outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c2_crash_at_every_named_point() {
+    // (crash point, tool, log, expected executions, expected journal status, expected error kind)
+    type Case =
+        (&'static str, &'static str, &'static str, usize, &'static str, Option<&'static str>);
+    let cases: &[Case] = &[
+        // Nothing was durable: the model call is made again and the call runs once.
+        ("before_intent", "effect_append", "effects.log", 1, "done", None),
+        // The intent is durable, the effect never happened: reported "outcome unknown", not re-run.
+        ("after_intent", "effect_append", "effects.log", 0, "unknown", Some("outcome_unknown")),
+        // The effect happened, its result was lost: "outcome unknown", never run twice.
+        ("after_effect", "effect_append", "effects.log", 1, "unknown", Some("outcome_unknown")),
+        // The result is durable: nothing runs again.
+        ("after_result", "effect_append", "effects.log", 1, "done", None),
+        // Idempotent calls are simply run again.
+        ("after_intent", "effect_put", "puts.log", 1, "done", None),
+        ("after_effect", "effect_put", "puts.log", 2, "done", None),
+        ("after_result", "effect_put", "puts.log", 1, "done", None),
+    ];
+    for (i, &(point, tool, log, runs, status, kind)) in cases.iter().enumerate() {
+        let rig = Rig::new(&[tool]).await;
+        let session = format!("c2-{i}");
+        let out = rig.run(&session, &format!("task T{i}"), Some(point));
+        assert!(
+            killed(&out),
+            "{point}/{tool}: not killed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(rig.integrity(), "ok");
+        rig.recover_twice_same();
+        let out = rig.finish(&session);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(rig.state(&session), "idle", "{point}/{tool}: {v}");
+        assert_eq!(rig.lines(log).len(), runs, "{point}/{tool}: executions");
+        let j = rig.journal(&session);
+        assert_eq!(j.len(), 1, "{point}/{tool}: {j:?}");
+        assert_eq!(j[0].2.as_deref(), Some(status), "{point}/{tool}: {j:?}");
+        assert_eq!(j[0].3.as_deref(), kind, "{point}/{tool}: {j:?}");
+        assert_eq!(rig.integrity(), "ok");
+        println!("C2 {point:>13} × {tool:<13}: executions {runs}, journal {status}");
+    }
+}
+
+/// D2 through a real kill: approved, killed right after the decision; after restart the
+/// stored call runs exactly once. And a kill after an approved call's intent: outcome unknown,
+/// the approval is spent and is not reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_survive_kills() {
+    for (point, runs, status) in [("after_decision", 1, "done"), ("after_intent", 0, "unknown")] {
+        let rig = Rig::new(&["effect_send"]).await;
+        let out = rig.run("ap", "send A", None);
+        assert_eq!(out.status.code(), Some(4), "waits: {}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["outcome"], "waiting_approval");
+        let unit = v["approvals"][0].as_str().unwrap().to_string();
+        // D1: a restart leaves it pending under the same id, nothing executed.
+        rig.recover_twice_same();
+        let list = rig.keel(&["approvals", "--json"], None);
+        let units: Value = serde_json::from_slice(&list.stdout).unwrap();
+        assert_eq!(units[0]["id"], unit.as_str());
+        assert_eq!(units[0]["input"], r#"{"label":"A-0"}"#);
+        assert!(rig.lines("sent.log").is_empty());
+        let out = rig.keel(&["approve", &unit, "--json"], Some(point));
+        assert!(killed(&out), "{point}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(rig.integrity(), "ok");
+        rig.recover_twice_same();
+        rig.finish("ap");
+        assert_eq!(rig.state("ap"), "idle");
+        assert_eq!(rig.lines("sent.log").len(), runs, "{point}");
+        let j = rig.journal("ap");
+        assert_eq!(j[0].2.as_deref(), Some(status), "{point}: {j:?}");
+        let again = rig.keel(&["approve", &unit, "--json"], None);
+        assert_eq!(again.status.code(), Some(2), "an approval is used once");
+        println!("D2 {point:>14}: executions {runs}, journal {status}");
+    }
+}
+
+/// C5: a crash in the middle of a migration leaves the old schema, and the next start migrates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c5_crash_during_a_migration() {
+    let home = tempfile::tempdir().unwrap();
+    let db = home.path().join("keel.db");
+    {
+        let c = keel::store::open_at_version(&db, 2).unwrap();
+        c.execute(
+            "INSERT INTO sessions (id, created_at, state, loaded_tools, policy, budget, model, system_prompt, meta_version)
+             VALUES ('old', 1, 'idle', '[]', '{}', '{}', '{}', 'p', 1)",
+            [],
+        )
+        .unwrap();
+    }
+    let schema = || {
+        let c = Connection::open(&db).unwrap();
+        let v: i64 =
+            c.query_row("SELECT MAX(version) FROM schema_migrations", [], |r| r.get(0)).unwrap();
+        let open_steps: i64 = c
+            .query_row("SELECT COUNT(*) FROM sqlite_master WHERE name='open_steps'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        let active: i64 = c
+            .query_row(
+                "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name='active_turn'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let ok: String = c.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
+        (v, open_steps, active, ok)
+    };
+    let out = tokio::task::block_in_place(|| {
+        keel_cmd(home.path(), &["session", "list", "--json"], Some("mid_migration"))
+            .output()
+            .unwrap()
+    });
+    assert!(killed(&out), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(schema(), (2, 0, 0, "ok".to_string()), "the old schema, not half of the new");
+    let out = tokio::task::block_in_place(|| {
+        keel_cmd(home.path(), &["session", "list", "--json"], None).output().unwrap()
+    });
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(schema(), (3, 1, 1, "ok".to_string()));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["id"], "old", "the data survived the upgrade");
+}
+
+/// A small deterministic generator (xorshift), seeded per run and printed.
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+/// C1 (and D3): SIGKILL at random times during a long workload, many times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c1_random_kills() {
+    let iterations: usize =
+        std::env::var("KEEL_CRASH_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(25);
+    let seed =
+        std::env::var("KEEL_CRASH_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+                as u64
+                | 1
+        });
+    println!("C1: {iterations} iterations, KEEL_CRASH_SEED={seed}");
+    let mut rng = Rng(seed);
+    let plan = [
+        "effect_append",
+        "effect_put",
+        "effect_peek",
+        "effect_append",
+        "effect_append",
+        "effect_put",
+    ];
+    let rig = Rig::new(&plan).await;
+    // Calibrate: how long one uninterrupted run takes.
+    let started = Instant::now();
+    let out = rig.run("rnd", "task warmup", None);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let full = started.elapsed();
+    let (mut kills, mut lost, mut unknown) = (0usize, 0usize, 0usize);
+    for i in 0..iterations {
+        let task = format!("task R{i}");
+        let mut child = rig.spawn_run("rnd", &task);
+        let at = Duration::from_micros(rng.below(full.as_micros() as u64 * 12 / 10));
+        let deadline = Instant::now() + at;
+        let mut facts = BTreeMap::new();
+        // Record what is acknowledged (committed) while the child runs, up to the kill.
+        let finished = loop {
+            if let Some(_status) = child.try_wait().unwrap() {
+                break true;
+            }
+            if Instant::now() >= deadline {
+                facts = rig.facts();
+                child.kill().unwrap();
+                child.wait().unwrap();
+                kills += 1;
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        if finished {
+            facts = rig.facts();
+        }
+        assert_eq!(rig.integrity(), "ok", "iteration {i}");
+        rig.recover_twice_same();
+        let after = rig.facts();
+        let missing: Vec<&String> =
+            facts.iter().filter(|(k, v)| after.get(*k) != Some(*v)).map(|(k, _)| k).collect();
+        lost += missing.len();
+        assert!(
+            missing.is_empty(),
+            "iteration {i}: acknowledged facts lost or changed: {missing:?}"
+        );
+        // The input may not have been acknowledged before the kill: submit it again then.
+        let acknowledged = after.values().any(|v| v == &task);
+        if !acknowledged {
+            let out = rig.run("rnd", &task, None);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+        rig.finish("rnd");
+        assert_eq!(rig.state("rnd"), "idle", "iteration {i}");
+    }
+    // Every non-idempotent call ran at most once, and exactly once when its result says so.
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for l in rig.lines("effects.log") {
+        *counts.entry(l).or_default() += 1;
+    }
+    let duplicates = counts.values().filter(|n| **n > 1).count();
+    for (tool, label, status, kind) in rig.journal("rnd") {
+        if tool != "effect_append" {
+            continue;
+        }
+        let n = counts.get(&label).copied().unwrap_or(0);
+        match status.as_deref() {
+            Some("done") if kind.is_none() => assert_eq!(n, 1, "{label} done but ran {n} times"),
+            Some("unknown") => {
+                unknown += 1;
+                assert!(n <= 1, "{label}: outcome unknown but ran {n} times");
+            }
+            _ => assert!(n <= 1, "{label}: ran {n} times"),
+        }
+    }
+    assert_eq!(duplicates, 0, "duplicate executions: {counts:?}");
+    assert_eq!(lost, 0);
+    println!(
+        "C1: {kills} kills survived in {iterations} iterations; facts lost 0; duplicate executions 0; \
+         outcomes reported unknown {unknown}; integrity ok after every kill; recovery idempotent every time"
+    );
+}
