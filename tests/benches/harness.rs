@@ -127,6 +127,125 @@ fn print(label: &str, f: &Figures, sessions: usize) {
     );
 }
 
+/// Startup recovery of `n` sessions left mid-turn by a process that died: a third with an
+/// intent but no result (side-effecting, not idempotent), a third with a model call in flight,
+/// a third waiting for an approval. Times `Brain::recover` on a fresh Brain.
+async fn recovery(n: usize) {
+    let model = MockModel::start(Vec::new()).await;
+    let home = tempfile::tempdir().unwrap();
+    let h = harness_with_session(
+        home.path(),
+        &model.url(),
+        "r0",
+        &["write"],
+        Vec::new(),
+        LoopGuards::default(),
+    )
+    .await;
+    let meta = h.engine.meta("r0").await.unwrap();
+    let mut creates = Vec::new();
+    for i in 1..n {
+        let engine = h.engine.clone();
+        let model = meta.model.clone();
+        creates.push(tokio::spawn(async move {
+            engine
+                .create(keel::session::NewSession {
+                    id: Some(format!("r{i}")),
+                    grants: Vec::new(),
+                    tools: vec!["write".into()],
+                    policy: keel::session::Policy::default(),
+                    budget: keel::sandbox::Budget::default(),
+                    model,
+                    system_prompt: "p".into(),
+                })
+                .await
+                .unwrap()
+        }));
+    }
+    for c in creates {
+        c.await.unwrap();
+    }
+    h.db
+        .run(move |c| {
+            for i in 0..n {
+                let id = format!("r{i}");
+                let kind = i % 3;
+                let state = if kind == 2 { "waiting_approval" } else { "running" };
+                c.execute(
+                    "UPDATE sessions SET state=?2, active_turn=1, turns=1 WHERE id=?1",
+                    rusqlite_params(&id, state),
+                )?;
+                c.execute(
+                    "INSERT INTO messages (session_id, seq, turn, role, body, created_at) VALUES (?1, 1, 1, 'user', '{\"role\":\"user\",\"content\":\"go\"}', 0)",
+                    [&id],
+                )?;
+                c.execute(
+                    "INSERT INTO runner_leases (session_id, owner, heartbeat_ms) VALUES (?1, 'elsewhere/1/1/dead', 0)",
+                    [&id],
+                )?;
+                if kind == 1 {
+                    continue;
+                }
+                c.execute(
+                    "INSERT INTO open_steps (session_id, step, turn, assistant, created_at) VALUES (?1, 1, 1, '{}', 0)",
+                    [&id],
+                )?;
+                let status = if kind == 0 { "intent" } else { "waiting" };
+                c.execute(
+                    "INSERT INTO tool_calls (session_id, step, call_id, position, tool, input, input_digest, component_digest,
+                         effect, status, created_at, idempotent) VALUES (?1, 1, 'c1', 0, 'write', '{}', 'd', 'x', 'workspace-write', ?2, 0, 0)",
+                    rusqlite_params(&id, status),
+                )?;
+                if kind == 2 {
+                    c.execute(
+                        "INSERT INTO approvals (id, session_id, step, call_id, result_id, tool, effect, component_digest, input,
+                             input_digest, grants, why, status, created_at) VALUES ('ap-'||?1, ?1, 1, 'c1', 'res', 'write',
+                             'workspace-write', 'x', '{}', 'd', '[]', 'asked', 'pending', 0)",
+                        [&id],
+                    )?;
+                }
+            }
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let db = keel::store::Db::open(&home.path().join("keel.db")).unwrap();
+    let agent = keel::agent::AgentService::new(
+        keel::session::SessionEngine::new(db.clone()),
+        h.tools.clone(),
+        keel::model::ModelClient::new(None).unwrap(),
+        LoopGuards::default(),
+    );
+    let brain = keel::brain::Brain::new(db, agent);
+    let started = Instant::now();
+    let recovered = brain.recover().await.unwrap();
+    let first = started.elapsed();
+    let unknown: usize = recovered.iter().map(|r| r.outcome_unknown.len()).sum();
+    let started = Instant::now();
+    let again = brain.recover().await.unwrap();
+    let second = started.elapsed();
+    let changed = again
+        .iter()
+        .filter(|r| r.state_before != r.state_after || !r.outcome_unknown.is_empty())
+        .count();
+    assert_eq!(recovered.len(), n);
+    assert_eq!(changed, 0, "recovering twice changes nothing");
+    println!(
+        "startup recovery of {n} sessions left mid-turn by a dead process: {:.1} ms ({} outcomes unknown, {} waiting kept); again: {:.1} ms, nothing changed",
+        first.as_secs_f64() * 1e3,
+        unknown,
+        recovered
+            .iter()
+            .filter(|r| r.state_after == keel::session::RuntimeState::WaitingApproval)
+            .count(),
+        second.as_secs_f64() * 1e3
+    );
+}
+
+fn rusqlite_params<'a>(a: &'a str, b: &'a str) -> [&'a str; 2] {
+    [a, b]
+}
+
 fn main() {
     // Every run uses the same turn shape: one turn of `steps` steps per session.
     let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
@@ -152,4 +271,5 @@ fn main() {
     let one_rate = one_ro.steps as f64 / one_ro.wall.as_secs_f64();
     let many_rate = many.steps as f64 / many.wall.as_secs_f64();
     println!("ratio: {sessions} sessions / 1 session steps/s = {:.1}x", many_rate / one_rate);
+    rt.block_on(recovery(env("KEEL_BENCH_RECOVER", 1000)));
 }
