@@ -142,7 +142,20 @@ pub async fn decide(home: PathBuf, a: DecideArgs, decision: Decision) -> ExitCod
     cancel_on_ctrl_c(&cancel);
     let submitted = match h.brain.drain(&id, &cancel, &stderr_events()).await {
         Ok(Some(s)) => s,
-        Ok(None) => Submitted::Queued { inbox_seq: 0 },
+        Ok(None) => {
+            // Another live keel process holds the session; it sees the decision and resumes.
+            if a.json {
+                println!(
+                    "{}",
+                    json!({"ok": true, "unit": unit, "session_id": id, "resumed": false, "outcome": "handed_over"})
+                );
+            } else {
+                eprintln!(
+                    "keel: session {id} is held by another running keel process; it resumes the turn"
+                );
+            }
+            return ExitCode::SUCCESS;
+        }
         Err(e) => return fail(a.json, "run", &e.to_string(), EXIT_TOOL_ERROR),
     };
     let state = h.engine.meta(&id).await.map(|m| m.state.to_string()).unwrap_or_default();

@@ -161,6 +161,17 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                         );
                     }
                 }
+                for u in t.approvals.iter().filter(|u| u.status == "pending") {
+                    println!(
+                        "\nwaiting for approval {}: {} {} ({}) — keel approve {} / keel reject {}",
+                        u.id,
+                        u.tool,
+                        inert(&u.input),
+                        u.effect,
+                        u.id,
+                        u.id
+                    );
+                }
                 if t.pending_inputs > 0 {
                     println!("\n{} input(s) waiting in the inbox", t.pending_inputs);
                 }

@@ -307,6 +307,19 @@ async fn c2_crash_at_every_named_point() {
         assert_eq!(j.len(), 1, "{point}/{tool}: {j:?}");
         assert_eq!(j[0].2.as_deref(), Some(status), "{point}/{tool}: {j:?}");
         assert_eq!(j[0].3.as_deref(), kind, "{point}/{tool}: {j:?}");
+        if status == "unknown" {
+            // D3: the model is told, in the result paired with its call.
+            let told: i64 = rig
+                .query(|c| {
+                    c.query_row(
+                        "SELECT COUNT(*) FROM messages WHERE session_id=?1 AND role='tool' AND body LIKE '%outcome unknown, verify before retrying%'",
+                        [&session],
+                        |r| r.get(0),
+                    )
+                })
+                .unwrap();
+            assert_eq!(told, 1, "{point}/{tool}: the model is told the outcome is unknown");
+        }
         assert_eq!(rig.integrity(), "ok");
         println!("C2 {point:>13} × {tool:<13}: executions {runs}, journal {status}");
     }
