@@ -228,16 +228,15 @@ async fn recovery(n: usize) {
         .iter()
         .filter(|r| r.state_before != r.state_after || !r.outcome_unknown.is_empty())
         .count();
-    assert_eq!(recovered.len(), n);
+    // Sessions waiting for a decision stay as they are (nothing to report or resume).
+    let waiting = (0..n).filter(|i| i % 3 == 2).count();
+    assert_eq!(recovered.len(), n - waiting);
     assert_eq!(changed, 0, "recovering twice changes nothing");
     println!(
         "startup recovery of {n} sessions left mid-turn by a dead process: {:.1} ms ({} outcomes unknown, {} waiting kept); again: {:.1} ms, nothing changed",
         first.as_secs_f64() * 1e3,
         unknown,
-        recovered
-            .iter()
-            .filter(|r| r.state_after == keel::session::RuntimeState::WaitingApproval)
-            .count(),
+        waiting,
         second.as_secs_f64() * 1e3
     );
 }
