@@ -48,6 +48,11 @@ struct Figures {
     wall: Duration,
     cpu: Duration,
     commits: u64,
+    /// Writer: batches, time running operations, time committing.
+    batches: u64,
+    ops_count: u64,
+    ops: Duration,
+    commit: Duration,
 }
 
 async fn run(
@@ -79,7 +84,14 @@ async fn run(
     // One harness (one writer) serves every session, as one host process would.
     let h = harnesses.swap_remove(0);
     drop(harnesses);
-    let commits0 = h.db.stats().commits.load(Ordering::Relaxed);
+    let stats = h.db.stats();
+    let commits0 = stats.commits.load(Ordering::Relaxed);
+    let operations0 = stats.operations.load(Ordering::Relaxed);
+    let (batches0, ops0, commit0) = (
+        stats.batches.load(Ordering::Relaxed),
+        stats.ops_ns.load(Ordering::Relaxed),
+        stats.commit_ns.load(Ordering::Relaxed),
+    );
     let cpu0 = cpu_time();
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -107,7 +119,11 @@ async fn run(
         steps: sessions * steps,
         wall,
         cpu: cpu_time() - cpu0,
-        commits: h.db.stats().commits.load(Ordering::Relaxed) - commits0,
+        commits: stats.commits.load(Ordering::Relaxed) - commits0,
+        batches: stats.batches.load(Ordering::Relaxed) - batches0,
+        ops_count: stats.operations.load(Ordering::Relaxed) - operations0,
+        ops: Duration::from_nanos(stats.ops_ns.load(Ordering::Relaxed) - ops0),
+        commit: Duration::from_nanos(stats.commit_ns.load(Ordering::Relaxed) - commit0),
     }
 }
 
@@ -124,6 +140,15 @@ fn print(label: &str, f: &Figures, sessions: usize) {
         f.cpu.as_secs_f64() * 1e6 / steps,
         (f.commits as f64 - PER_TURN_COMMITS * sessions as f64).max(0.0) / steps,
         f.commits as f64 / steps,
+    );
+    println!(
+        "{:<44} writer: {} batches of {:.1} operations on average, {:.0} µs running them + {:.0} µs committing per batch, busy {:.0}% of the time",
+        "",
+        f.batches,
+        if f.batches == 0 { 0.0 } else { f.ops_count as f64 / f.batches as f64 },
+        f.ops.as_secs_f64() * 1e6 / f.batches.max(1) as f64,
+        f.commit.as_secs_f64() * 1e6 / f.batches.max(1) as f64,
+        (f.ops + f.commit).as_secs_f64() * 100.0 / f.wall.as_secs_f64(),
     );
 }
 

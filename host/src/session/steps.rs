@@ -92,7 +92,8 @@ impl DecideError {
     }
 }
 
-/// What [`wait_in`] commits when a step stops for approvals.
+/// What [`SessionEngine::commit_wait`](super::SessionEngine::commit_wait) commits when a step
+/// stops for approvals.
 #[derive(Debug, Clone, Default)]
 pub struct WaitCommit {
     pub step: i64,

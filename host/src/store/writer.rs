@@ -36,6 +36,13 @@ pub struct DbStats {
     pub operations: AtomicU64,
     /// Reads run on the read pool.
     pub reads: AtomicU64,
+    /// Batches taken by the writer (one transaction each).
+    pub batches: AtomicU64,
+    /// Nanoseconds the writer spent running operations.
+    pub ops_ns: AtomicU64,
+    /// Nanoseconds the writer spent in COMMIT (the WAL write and its fsync, and any
+    /// checkpoint).
+    pub commit_ns: AtomicU64,
 }
 
 /// A handle to the database writer and read pool. Clones share them.
@@ -147,6 +154,8 @@ fn run(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, stats: &DbStats) 
         }
         let mut done = Vec::with_capacity(batch.len());
         let changes_before = conn.total_changes();
+        let started = std::time::Instant::now();
+        stats.batches.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
             // Run nothing; every caller hears why.
             let message = format!("cannot begin a transaction: {e}");
@@ -187,7 +196,10 @@ fn run(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, stats: &DbStats) 
             continue;
         }
         let wrote = conn.total_changes() != changes_before;
+        let committing = std::time::Instant::now();
+        stats.ops_ns.fetch_add(nanos(committing - started), Ordering::Relaxed);
         let commit = conn.execute_batch("COMMIT");
+        stats.commit_ns.fetch_add(nanos(committing.elapsed()), Ordering::Relaxed);
         if wrote {
             stats.commits.fetch_add(1, Ordering::Relaxed);
         }
@@ -202,4 +214,8 @@ fn run(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, stats: &DbStats) 
             completion(error.as_deref());
         }
     }
+}
+
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
