@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use keel::agent::LoopGuards;
 use keel::sandbox::{Access, CancelToken, Grant};
 use keel_tests::mock_model::{MockModel, Reply};
-use keel_tests::{harness_with_session, no_events};
+use keel_tests::harness_with_session;
 
 fn cpu_time() -> Duration {
     // utime + stime of this process, in clock ticks (100 Hz on Linux).
@@ -53,6 +53,8 @@ struct Figures {
     ops_count: u64,
     ops: Duration,
     commit: Duration,
+    /// Where a step's time goes, and the machine's CPU.
+    detail: String,
 }
 
 async fn run(
@@ -87,6 +89,8 @@ async fn run(
     let stats = h.db.stats();
     let commits0 = stats.commits.load(Ordering::Relaxed);
     let operations0 = stats.operations.load(Ordering::Relaxed);
+    let wcpu0 = stats.cpu_ns.load(Ordering::Relaxed);
+    let sys0 = std::fs::read_to_string("/proc/stat").unwrap();
     let (batches0, ops0, commit0) = (
         stats.batches.load(Ordering::Relaxed),
         stats.ops_ns.load(Ordering::Relaxed),
@@ -95,10 +99,29 @@ async fn run(
     let cpu0 = cpu_time();
     let started = Instant::now();
     let mut tasks = Vec::new();
+    let phases = Arc::new(std::sync::Mutex::new([Duration::ZERO; 3]));
     for i in 0..sessions {
         let h = h.clone();
+        let phases = phases.clone();
         let task = tokio::spawn(async move {
-            let r = h.brain.submit(&format!("b{i}"), "go", &CancelToken::new(), &no_events()).await;
+            // Time between events: model call → tool start (model exchange), tool start →
+            // finish (governed call), tool finish → next model call (commit + assembly).
+            let last = std::sync::Mutex::new((Instant::now(), 0usize));
+            let events: keel::agent::Events = Arc::new(move |e: &keel::agent::Event| {
+                let phase = match e {
+                    keel::agent::Event::ModelCall { .. } => 2,
+                    keel::agent::Event::ToolStarted { .. } => 0,
+                    keel::agent::Event::ToolFinished { .. } => 1,
+                    _ => return,
+                };
+                let mut l = last.lock().unwrap();
+                let now = Instant::now();
+                if (l.1 + 1) % 3 == phase % 3 || phase == 2 {
+                    phases.lock().unwrap()[phase] += now - l.0;
+                }
+                *l = (now, phase);
+            });
+            let r = h.brain.submit(&format!("b{i}"), "go", &CancelToken::new(), &events).await;
             let r = r.unwrap();
             assert!(
                 matches!(r, keel::brain::Submitted::Ran(keel::agent::TurnOutcome::Answer(_))),
@@ -115,6 +138,30 @@ async fn run(
         t.await.unwrap();
     }
     let wall = started.elapsed();
+    let sys1 = std::fs::read_to_string("/proc/stat").unwrap();
+    let ticks = |t: &str| -> Vec<u64> {
+        let line = t.lines().next().unwrap_or_default();
+        line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect()
+    };
+    let (a, b) = (ticks(&sys0), ticks(&sys1));
+    let d: Vec<f64> = (0..8)
+        .map(|i| b.get(i).unwrap_or(&0).saturating_sub(*a.get(i).unwrap_or(&0)) as f64)
+        .collect();
+    let all: f64 = d.iter().sum::<f64>().max(1.0);
+    let p = *phases.lock().unwrap();
+    let n = (sessions * steps) as f64;
+    let detail = format!(
+        "step latency: model exchange {:.2} ms, governed call {:.2} ms, commit + assembly {:.2} ms; \
+         writer CPU {:.0} ms of {:.0} ms; whole machine: {:.0}% busy (user+sys), {:.0}% stolen, {:.0}% idle",
+        p[0].as_secs_f64() * 1e3 / n,
+        p[1].as_secs_f64() * 1e3 / n,
+        p[2].as_secs_f64() * 1e3 / n,
+        (stats.cpu_ns.load(Ordering::Relaxed) - wcpu0) as f64 / 1e6,
+        wall.as_secs_f64() * 1e3,
+        (d[0] + d[1] + d[2] + d[5] + d[6]) * 100.0 / all,
+        d[7] * 100.0 / all,
+        (d[3] + d[4]) * 100.0 / all,
+    );
     Figures {
         steps: sessions * steps,
         wall,
@@ -124,6 +171,7 @@ async fn run(
         ops_count: stats.operations.load(Ordering::Relaxed) - operations0,
         ops: Duration::from_nanos(stats.ops_ns.load(Ordering::Relaxed) - ops0),
         commit: Duration::from_nanos(stats.commit_ns.load(Ordering::Relaxed) - commit0),
+        detail,
     }
 }
 
@@ -150,6 +198,7 @@ fn print(label: &str, f: &Figures, sessions: usize) {
         f.commit.as_secs_f64() * 1e6 / f.batches.max(1) as f64,
         (f.ops + f.commit).as_secs_f64() * 100.0 / f.wall.as_secs_f64(),
     );
+    println!("{:<44} {}", "", f.detail);
 }
 
 /// Startup recovery of `n` sessions left mid-turn by a process that died: a third with an

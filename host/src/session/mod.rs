@@ -151,10 +151,9 @@ impl SessionEngine {
     pub async fn exists(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
         self.db
-            .run(move |c| {
-                Ok(c.query_row("SELECT EXISTS(SELECT 1 FROM sessions WHERE id=?1)", [&id], |r| {
-                    r.get(0)
-                })?)
+            .read(move |c| {
+                Ok(c.prepare_cached("SELECT EXISTS(SELECT 1 FROM sessions WHERE id=?1)")?
+                    .query_row([&id], |r| r.get(0))?)
             })
             .await
     }
@@ -262,15 +261,13 @@ impl SessionEngine {
     }
 
     /// Whether an interrupt was requested.
+    /// A read on the pool (it never queues behind the writer): runners poll it often.
     pub async fn interrupt_requested(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
         self.db
-            .run(move |c| {
-                Ok(c.query_row(
-                    "SELECT interrupt_requested FROM sessions WHERE id=?1",
-                    [&id],
-                    |r| r.get(0),
-                )?)
+            .read(move |c| {
+                Ok(c.prepare_cached("SELECT interrupt_requested FROM sessions WHERE id=?1")?
+                    .query_row([&id], |r| r.get(0))?)
             })
             .await
     }

@@ -43,6 +43,8 @@ pub struct DbStats {
     /// Nanoseconds the writer spent in COMMIT (the WAL write and its fsync, and any
     /// checkpoint).
     pub commit_ns: AtomicU64,
+    /// CPU time of the writer thread, in nanoseconds.
+    pub cpu_ns: AtomicU64,
 }
 
 /// A handle to the database writer and read pool. Clones share them.
@@ -100,6 +102,7 @@ impl Db {
                         | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
                 )?;
                 c.busy_timeout(super::BUSY_TIMEOUT)?;
+                super::tune(&c)?;
                 c
             }
         };
@@ -203,6 +206,12 @@ fn run(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, stats: &DbStats) 
         if wrote {
             stats.commits.fetch_add(1, Ordering::Relaxed);
         }
+        let cpu = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+        stats.cpu_ns.store(
+            u64::try_from(cpu.tv_sec).unwrap_or(0) * 1_000_000_000
+                + u64::try_from(cpu.tv_nsec).unwrap_or(0),
+            Ordering::Relaxed,
+        );
         let error = match commit {
             Ok(()) => None,
             Err(e) => {
