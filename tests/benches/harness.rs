@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use keel::agent::LoopGuards;
 use keel::sandbox::{Access, CancelToken, Grant};
-use keel_tests::mock_model::{MockModel, Reply};
 use keel_tests::harness_with_session;
+use keel_tests::mock_model::{MockModel, Reply};
 
 fn cpu_time() -> Duration {
     // utime + stime of this process, in clock ticks (100 Hz on Linux).

@@ -151,7 +151,7 @@ impl SessionEngine {
     pub async fn exists(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
         self.db
-            .read(move |c| {
+            .read_inline(move |c| {
                 Ok(c.prepare_cached("SELECT EXISTS(SELECT 1 FROM sessions WHERE id=?1)")?
                     .query_row([&id], |r| r.get(0))?)
             })
@@ -166,7 +166,7 @@ impl SessionEngine {
     /// The session's meta facts.
     pub async fn meta(&self, id: &str) -> Result<SessionMeta, StoreError> {
         let id = id.to_string();
-        self.db.read(move |c| facts::load_meta(c, &id)).await
+        self.db.read_inline(move |c| facts::load_meta(c, &id)).await
     }
 
     /// Adds tools to the session's loaded set (add-only) and updates its model config.
@@ -234,7 +234,7 @@ impl SessionEngine {
     /// Whether inputs are waiting in the inbox.
     pub async fn has_pending_input(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
-        self.db.read(move |c| facts::pending_inputs(c, &id).map(|n| n > 0)).await
+        self.db.read_inline(move |c| facts::pending_inputs(c, &id).map(|n| n > 0)).await
     }
 
     /// Sets the runtime state (with an optional detail shown to the user).
@@ -261,11 +261,11 @@ impl SessionEngine {
     }
 
     /// Whether an interrupt was requested.
-    /// A read on the pool (it never queues behind the writer): runners poll it often.
+    /// A read (it never queues behind the writer): runners poll it often.
     pub async fn interrupt_requested(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
         self.db
-            .read(move |c| {
+            .read_inline(move |c| {
                 Ok(c.prepare_cached("SELECT interrupt_requested FROM sessions WHERE id=?1")?
                     .query_row([&id], |r| r.get(0))?)
             })
@@ -283,7 +283,7 @@ impl SessionEngine {
         F: FnOnce(&SessionMeta) -> Option<Arc<str>> + Send + 'static,
     {
         let id = id.to_string();
-        self.db.read(move |c| assemble::assemble(c, &id, tools)).await
+        self.db.read_inline(move |c| assemble::assemble(c, &id, tools)).await
     }
 
     /// Commits a step whose tools were all safe to re-run: the request evidence, the assistant
@@ -318,7 +318,7 @@ impl SessionEngine {
     /// The session's open step (committed, not finished), if any.
     pub async fn load_open_step(&self, id: &str) -> Result<Option<OpenStep>, StoreError> {
         let id = id.to_string();
-        self.db.read(move |c| steps::load_open_step(c, &id)).await
+        self.db.read_inline(move |c| steps::load_open_step(c, &id)).await
     }
 
     /// Records progress of an open step (an intent before a side effect, a result after it);

@@ -87,6 +87,17 @@ impl Db {
             .map_err(|e| StoreError::Invalid(format!("a database read failed: {e}")))?
     }
 
+    /// Runs a small, indexed read (a session's meta, the next request, a flag) right here, on
+    /// the calling task's thread. WAL readers never wait for the writer, so such a read takes
+    /// tens of microseconds; handing it to the blocking pool would cost two thread switches —
+    /// more than the read. Scans and reports go through [`read`](Self::read).
+    pub async fn read_inline<R, F>(&self, op: F) -> Result<R, StoreError>
+    where
+        F: FnOnce(&Connection) -> Result<R, StoreError>,
+    {
+        self.read_blocking(op)
+    }
+
     /// Like [`read`](Self::read), on the calling (non-async) thread.
     pub fn read_blocking<R, F>(&self, op: F) -> Result<R, StoreError>
     where
