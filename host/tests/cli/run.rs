@@ -141,3 +141,68 @@ async fn c4_two_processes_on_one_session() {
         [json!("first"), json!("first answer"), json!("second"), json!("second answer")]
     );
 }
+
+/// The approval flow through the binary: a destructive call waits (exit 4), `keel approvals`
+/// shows exactly what would run with control characters made inert, `keel reject` tells the
+/// model and finishes the turn; a second call is approved and runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_through_the_binary() {
+    let evil = "/w/a\u{1b}[31m.txt";
+    let args_evil = json!({"paths": [evil]}).to_string();
+    let args_ok = json!({"paths": ["/w/b.txt"]}).to_string();
+    let model = MockModel::start(vec![
+        Reply::calls(&[("d1", "fs_delete_files", &args_evil)]),
+        Reply::text("left it alone"),
+        Reply::calls(&[("d2", "fs_delete_files", &args_ok)]),
+        Reply::text("deleted b"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    std::fs::write(work.path().join("b.txt"), "b").unwrap();
+    let h = home.path().to_path_buf();
+    let grant = format!("{}=/w:rw", work.path().display());
+    let url = model.url();
+    let run = |task: &str, first: bool| {
+        let mut a =
+            vec!["run", task, "--session", "apc", "--model-url", &url, "--model", "m", "--json"];
+        if first {
+            a.extend(["--grant", &grant, "--tools", "fs_delete_files"]);
+        }
+        args(&a)
+    };
+    let out = keel_async(h.clone(), run("tidy up", true)).await;
+    assert_eq!(out.status.code(), Some(4), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = super::json_of(&out);
+    assert_eq!(
+        (v["state"].as_str(), v["outcome"].as_str()),
+        (Some("waiting_approval"), Some("waiting_approval"))
+    );
+    let unit = v["approvals"][0].as_str().unwrap().to_string();
+    let list = keel_async(h.clone(), args(&["approvals"])).await;
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        text.contains(&unit) && text.contains("fs_delete_files") && text.contains("destructive")
+    );
+    assert!(text.contains("may touch") && text.contains("=/w:rw"), "{text}");
+    assert!(!text.contains('\u{1b}'), "control characters are rendered inert: {text:?}");
+    let out =
+        keel_async(h.clone(), args(&["reject", &unit, "--reason", "not that one", "--json"])).await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(super::json_of(&out)["answer"], "left it alone");
+    // Deciding again, or an unknown unit: a clear refusal, exit 2.
+    let again = keel_async(h.clone(), args(&["approve", &unit])).await;
+    assert_eq!(again.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("is not pending: it is rejected"));
+    let missing = keel_async(h.clone(), args(&["approve", "ap-missing", "--json"])).await;
+    assert_eq!(super::json_of(&missing)["error"]["kind"], "not_found");
+    // A second destructive call, approved: it runs once.
+    let out = keel_async(h.clone(), run("delete b", false)).await;
+    let unit = super::json_of(&out)["approvals"][0].as_str().unwrap().to_string();
+    assert!(work.path().join("b.txt").exists());
+    let out = keel_async(h.clone(), args(&["approve", &unit, "--json"])).await;
+    assert_eq!(super::json_of(&out)["answer"], "deleted b");
+    assert!(!work.path().join("b.txt").exists());
+    let none = keel_async(h.clone(), args(&["approvals", "--json"])).await;
+    assert_eq!(super::json_of(&none), json!([]));
+}
