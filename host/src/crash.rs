@@ -1,6 +1,7 @@
 //! Named crash points for the crash-test harness.
 //!
-//! With the `crash-points` feature (test builds only), `KEEL_CRASH_AT=NAME` kills this process
+//! With the `crash-points` feature (enabled for this package's tests only, by its
+//! dev-dependency on itself), `KEEL_CRASH_AT=NAME` kills this process
 //! with SIGKILL the first time it passes the point `NAME`; `KEEL_CRASH_AT=NAME:N` at the N-th
 //! time. Without the feature every point compiles to nothing.
 //!
