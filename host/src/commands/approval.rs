@@ -9,7 +9,7 @@ use keel::sandbox::CancelToken;
 use keel::session::{ApprovalUnit, Decision};
 use serde_json::json;
 
-use super::run::{cancel_on_ctrl_c, open_harness, report, stderr_events};
+use super::run::{cancel_on_ctrl_c, fail, open_harness, report, stderr_events};
 use super::{EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert};
 
 #[derive(Args)]
@@ -51,15 +51,6 @@ pub struct RecoverArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
-}
-
-fn fail(json_out: bool, kind: &str, message: &str, code: u8) -> ExitCode {
-    if json_out {
-        println!("{}", json!({"ok": false, "error": {"kind": kind, "message": message}}));
-    } else {
-        eprintln!("error: {message}");
-    }
-    ExitCode::from(code)
 }
 
 fn print_unit(u: &ApprovalUnit) {

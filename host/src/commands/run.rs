@@ -61,7 +61,8 @@ pub struct RunArgs {
     json: bool,
 }
 
-fn fail(json: bool, kind: &str, message: &str, code: u8) -> ExitCode {
+/// Reports an error (a JSON object with `--json`) and returns its exit code.
+pub fn fail(json: bool, kind: &str, message: &str, code: u8) -> ExitCode {
     if json {
         println!("{}", json!({"ok": false, "error": {"kind": kind, "message": message}}));
     } else {
