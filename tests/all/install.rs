@@ -199,3 +199,49 @@ async fn reinstall_replaces_and_remove_forgets() {
         other => panic!("expected not installed, got {:?}", other.map(|o| o.report.result)),
     }
 }
+
+/// The in-memory catalog survives other connections' commits that leave the catalog alone
+/// (a session's commits), and sees a component installed or removed by another process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catalog_cache_follows_the_catalog_not_every_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = service_in(dir.path(), test_limits()).await;
+    a.resolve("echo").unwrap();
+    let loads = a.catalog_loads();
+    let loaded = vec!["echo".to_string(), "fs_read_file".to_string()];
+    let tools = a.tools_json(&loaded).unwrap();
+    // Another connection commits facts that are not the catalog.
+    let db = keel::store::Db::open(&dir.path().join("keel.db")).unwrap();
+    let engine = keel::session::SessionEngine::new(db);
+    for i in 0..5 {
+        engine
+            .create(keel::session::NewSession {
+                id: Some(format!("s{i}")),
+                grants: Vec::new(),
+                tools: loaded.clone(),
+                policy: keel::session::Policy::default(),
+                budget: Budget::default(),
+                model: keel::model::ModelConfig::new("http://127.0.0.1:9/v1", "m"),
+                system_prompt: "p".into(),
+            })
+            .await
+            .unwrap();
+        a.resolve("echo").unwrap();
+    }
+    assert_eq!(a.catalog_loads(), loads, "session commits do not reload the catalog");
+    assert!(std::sync::Arc::ptr_eq(&tools, &a.tools_json(&loaded).unwrap()), "schemas reused");
+    // Another process installs a component: the first service sees its tools at once.
+    let b = ToolService::open(keel::home::Home::at(dir.path()).unwrap(), test_limits(), &|_| {})
+        .await
+        .unwrap();
+    let effects = std::fs::read(guests::EFFECTS_COMPONENT).unwrap();
+    b.install(&effects, "effects", "test", false).await.unwrap();
+    assert_eq!(a.resolve("effect_peek").unwrap().record.component, "effects");
+    assert_eq!(a.catalog_loads(), loads + 1);
+    let with_peek = vec!["effect_peek".to_string()];
+    assert!(a.tools_json(&with_peek).unwrap().contains("effect_peek"));
+    // …and removes it: gone for the first service too.
+    b.remove("effects").unwrap();
+    assert!(matches!(a.resolve("effect_peek"), Err(ToolServiceError::NotInstalled { .. })));
+    assert_eq!(a.tools_json(&with_peek), None);
+}

@@ -2,7 +2,8 @@
 //! governed tool call per step, `synchronous=FULL`. Prints figures; asserts nothing about time.
 //!
 //! `cargo bench -p keel-tests --bench harness`. `KEEL_BENCH_STEPS` sets the steps of each
-//! session's turn (default 25), `KEEL_BENCH_SESSIONS` the concurrent sessions (default 64).
+//! session's turn (default 25), `KEEL_BENCH_SESSIONS` the concurrent sessions (default 64),
+//! `KEEL_BENCH_SERIAL` the sessions run one after another for the one-session rows (default 8).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::sync::Arc;
@@ -15,13 +16,9 @@ use keel_tests::harness_with_session;
 use keel_tests::mock_model::{MockModel, Reply};
 
 fn cpu_time() -> Duration {
-    // utime + stime of this process, in clock ticks (100 Hz on Linux).
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit(')').next().unwrap_or("");
-    let f: Vec<u64> = after.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-    // Fields after the command: state(0, not numeric) ... utime is field 14 overall → index 11 here.
-    let ticks = f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0);
-    Duration::from_millis(ticks * 10)
+    // User + system time of every thread of this process, nanosecond resolution.
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 /// Answers a request with a tool call until the request holds `steps` tool results, then with
@@ -324,7 +321,7 @@ fn main() {
     let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
     let steps = env("KEEL_BENCH_STEPS", 25);
     let sessions = env("KEEL_BENCH_SESSIONS", 64);
-    let serial = 8;
+    let serial = env("KEEL_BENCH_SERIAL", 8);
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let ws = tempfile::tempdir().unwrap();

@@ -161,6 +161,28 @@ const MIGRATIONS: &[(i64, &str)] = &[
     CREATE UNIQUE INDEX approvals_live_per_call ON approvals(session_id, step, call_id)
         WHERE status IN ('pending', 'approved');",
     ),
+    (
+        4,
+        // The catalog's own version: every change to components or tools, by any connection,
+        // bumps it, so a cached catalog stays valid across the (frequent) commits of sessions.
+        "CREATE TABLE catalog_version (
+        id      INTEGER PRIMARY KEY CHECK (id = 1),
+        version INTEGER NOT NULL
+    );
+    INSERT INTO catalog_version (id, version) VALUES (1, 0);
+    CREATE TRIGGER components_inserted AFTER INSERT ON components
+        BEGIN UPDATE catalog_version SET version = version + 1; END;
+    CREATE TRIGGER components_updated AFTER UPDATE ON components
+        BEGIN UPDATE catalog_version SET version = version + 1; END;
+    CREATE TRIGGER components_deleted AFTER DELETE ON components
+        BEGIN UPDATE catalog_version SET version = version + 1; END;
+    CREATE TRIGGER tools_inserted AFTER INSERT ON tools
+        BEGIN UPDATE catalog_version SET version = version + 1; END;
+    CREATE TRIGGER tools_updated AFTER UPDATE ON tools
+        BEGIN UPDATE catalog_version SET version = version + 1; END;
+    CREATE TRIGGER tools_deleted AFTER DELETE ON tools
+        BEGIN UPDATE catalog_version SET version = version + 1; END;",
+    ),
 ];
 
 /// Errors of the store.

@@ -173,6 +173,14 @@ pub fn data_version(conn: &Connection) -> Result<i64, StoreError> {
     Ok(conn.prepare_cached("PRAGMA data_version")?.query_row([], |r| r.get(0))?)
 }
 
+/// The catalog's version: it changes whenever a component or tool row changes, whoever
+/// commits it (triggers of migration 4 keep it).
+pub fn catalog_version(conn: &Connection) -> Result<i64, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT version FROM catalog_version WHERE id = 1")?
+        .query_row([], |r| r.get(0))?)
+}
+
 /// Whether any component still uses the file with `digest`.
 pub fn digest_in_use(conn: &Connection, digest: &str) -> Result<bool, StoreError> {
     Ok(conn.query_row(

@@ -13,7 +13,7 @@ pub mod install;
 pub mod lease;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use rusqlite::Connection;
@@ -268,11 +268,18 @@ pub struct Resolved {
     pub digest: String,
 }
 
-/// An in-memory copy of the catalog, valid while the database's `data_version` (which changes
-/// when another connection commits) is unchanged; this service's own writes clear it.
+/// An in-memory copy of the catalog, valid while the catalog's version is unchanged. That
+/// version is read only when the database's `data_version` moved (another connection
+/// committed — usually a session's commit, which leaves the catalog as it was); this
+/// service's own writes clear the cache.
 #[derive(Default)]
 struct CatalogCache {
+    /// `PRAGMA data_version` when the catalog version was last read.
+    data_version: Option<i64>,
+    /// The catalog version `tools` was loaded at.
     version: Option<i64>,
+    /// Times the catalog was loaded from the database.
+    loads: u64,
     tools: HashMap<String, Arc<Resolved>>,
     /// Serialized `tools` arrays by loaded-tool list.
     tools_json: HashMap<Vec<String>, Option<Arc<str>>>,
@@ -463,30 +470,48 @@ impl ToolService {
     }
 
     fn invalidate_catalog(&self) {
-        self.catalog.lock().unwrap_or_else(PoisonError::into_inner).version = None;
+        let mut cache = self.catalog.lock().unwrap_or_else(PoisonError::into_inner);
+        cache.data_version = None;
+        cache.version = None;
+    }
+
+    /// The in-memory catalog, brought up to date: two cheap reads when another connection
+    /// committed since the last check, a reload only when the catalog itself changed.
+    fn current_catalog(&self) -> Result<MutexGuard<'_, CatalogCache>, ToolServiceError> {
+        let db = self.db();
+        let data_version = catalog::data_version(&db)?;
+        let mut cache = self.catalog.lock().unwrap_or_else(PoisonError::into_inner);
+        if cache.version.is_some() && cache.data_version == Some(data_version) {
+            return Ok(cache);
+        }
+        let version = catalog::catalog_version(&db)?;
+        if cache.version != Some(version) {
+            let digests: HashMap<String, String> =
+                catalog::components(&db)?.into_iter().map(|c| (c.name, c.digest)).collect();
+            cache.tools = catalog::tools(&db)?
+                .into_iter()
+                .filter_map(|record| {
+                    let digest = digests.get(&record.component)?.clone();
+                    Some((record.name.clone(), Arc::new(Resolved { record, digest })))
+                })
+                .collect();
+            cache.tools_json.clear();
+            cache.version = Some(version);
+            cache.loads += 1;
+        }
+        cache.data_version = Some(data_version);
+        Ok(cache)
+    }
+
+    /// How many times this service loaded the catalog from the database (for tests).
+    #[doc(hidden)]
+    pub fn catalog_loads(&self) -> u64 {
+        self.catalog.lock().unwrap_or_else(PoisonError::into_inner).loads
     }
 
     /// Step 1: the tool must be installed. Served from memory while the catalog is unchanged.
     pub fn resolve(&self, tool: &str) -> Result<Arc<Resolved>, ToolServiceError> {
-        let found = {
-            let db = self.db();
-            let version = catalog::data_version(&db)?;
-            let mut cache = self.catalog.lock().unwrap_or_else(PoisonError::into_inner);
-            if cache.version != Some(version) {
-                let digests: HashMap<String, String> =
-                    catalog::components(&db)?.into_iter().map(|c| (c.name, c.digest)).collect();
-                cache.tools = catalog::tools(&db)?
-                    .into_iter()
-                    .filter_map(|record| {
-                        let digest = digests.get(&record.component)?.clone();
-                        Some((record.name.clone(), Arc::new(Resolved { record, digest })))
-                    })
-                    .collect();
-                cache.tools_json.clear();
-                cache.version = Some(version);
-            }
-            cache.tools.get(tool).cloned()
-        };
+        let found = self.current_catalog()?.tools.get(tool).cloned();
         found.ok_or_else(|| self.not_installed(tool))
     }
 
@@ -550,25 +575,25 @@ impl ToolService {
     /// input schema), serialized once per catalog version and tool list. `None` when no loaded
     /// tool is installed.
     pub fn tools_json(&self, loaded: &[String]) -> Option<Arc<str>> {
-        {
-            let cache = self.catalog.lock().unwrap_or_else(PoisonError::into_inner);
-            if cache.version.is_some()
-                && let Some(hit) = cache.tools_json.get(loaded)
-            {
-                return hit.clone();
-            }
+        let mut cache = match self.current_catalog() {
+            Ok(cache) => cache,
+            // The catalog cannot be read: offer no tools rather than stale ones.
+            Err(_) => return None,
+        };
+        if let Some(hit) = cache.tools_json.get(loaded) {
+            return hit.clone();
         }
-        let mut items = Vec::new();
-        for name in loaded {
-            if let Ok(r) = self.resolve(name) {
-                items.push(serde_json::json!({"type": "function", "function": {
+        let items: Vec<serde_json::Value> = loaded
+            .iter()
+            .filter_map(|name| cache.tools.get(name))
+            .map(|r| {
+                serde_json::json!({"type": "function", "function": {
                     "name": r.record.name, "description": r.record.description,
-                    "parameters": r.record.input_schema}}));
-            }
-        }
+                    "parameters": r.record.input_schema}})
+            })
+            .collect();
         let json: Option<Arc<str>> =
             (!items.is_empty()).then(|| serde_json::Value::Array(items).to_string().into());
-        let mut cache = self.catalog.lock().unwrap_or_else(PoisonError::into_inner);
         cache.tools_json.insert(loaded.to_vec(), json.clone());
         json
     }
