@@ -3,7 +3,9 @@
 //!
 //! `cargo bench -p keel-tests --bench harness`. `KEEL_BENCH_STEPS` sets the steps of each
 //! session's turn (default 25), `KEEL_BENCH_SESSIONS` the concurrent sessions (default 64),
-//! `KEEL_BENCH_SERIAL` the sessions run one after another for the one-session rows (default 8).
+//! `KEEL_BENCH_SERIAL` the sessions run one after another for the one-session rows (default 8),
+//! `KEEL_BENCH_SLOW_SYNC_US` the latency added to every commit in the last two runs, which
+//! emulate a disk slower than this machine's (default 2000; 0 skips them).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::sync::Arc;
@@ -61,6 +63,7 @@ async fn run(
     tool: &'static str,
     args: &'static str,
     ws: &std::path::Path,
+    added_sync: Duration,
 ) -> Figures {
     let model = MockModel::start_fn(responder(tool, args, steps)).await;
     let home = tempfile::tempdir().unwrap();
@@ -83,6 +86,7 @@ async fn run(
     // One harness (one writer) serves every session, as one host process would.
     let h = harnesses.swap_remove(0);
     drop(harnesses);
+    h.db.emulate_sync_latency(added_sync);
     let stats = h.db.stats();
     let commits0 = stats.commits.load(Ordering::Relaxed);
     let operations0 = stats.operations.load(Ordering::Relaxed);
@@ -176,14 +180,22 @@ async fn run(
 /// release.
 const PER_TURN_COMMITS: f64 = 3.0;
 
-fn print(label: &str, f: &Figures, sessions: usize) {
+/// Prints one run. `serial_sessions`: for sessions run one after another, the fsyncs per step
+/// are also shown without the per-turn commits (which concurrent sessions share).
+fn print(label: &str, f: &Figures, serial_sessions: Option<usize>) {
     let steps = f.steps as f64;
+    let excluding = match serial_sessions {
+        Some(n) => format!(
+            " ({:.2} without the {PER_TURN_COMMITS} per-turn commits)",
+            (f.commits as f64 - PER_TURN_COMMITS * n as f64).max(0.0) / steps
+        ),
+        None => String::new(),
+    };
     println!(
-        "{label:<44} {:>5} steps {:>7.0} steps/s {:>7.1} µs CPU/step {:>5.2} fsyncs/step ({:.2} with per-turn commits)",
+        "{label:<44} {:>5} steps {:>7.0} steps/s {:>7.1} µs CPU/step {:>5.2} fsyncs/step{excluding}",
         f.steps,
         steps / f.wall.as_secs_f64(),
         f.cpu.as_secs_f64() * 1e6 / steps,
-        (f.commits as f64 - PER_TURN_COMMITS * sessions as f64).max(0.0) / steps,
         f.commits as f64 / steps,
     );
     println!(
@@ -332,14 +344,41 @@ fn main() {
     println!("(CPU includes the in-process model server)");
     let echo = r#"{"text":"hi"}"#;
     let write = r#"{"path":"/w/out.txt","content":"x"}"#;
-    let one_ro = rt.block_on(run(serial, false, steps, "echo", echo, ws.path()));
-    print(&format!("1 session at a time ({serial} in turn), read-only"), &one_ro, serial);
-    let one_rw = rt.block_on(run(serial, false, steps, "write", write, ws.path()));
-    print(&format!("1 session at a time ({serial} in turn), side-effecting"), &one_rw, serial);
-    let many = rt.block_on(run(sessions, true, steps, "echo", echo, ws.path()));
-    print(&format!("{sessions} sessions at once, read-only"), &many, sessions);
-    let one_rate = one_ro.steps as f64 / one_ro.wall.as_secs_f64();
-    let many_rate = many.steps as f64 / many.wall.as_secs_f64();
-    println!("ratio: {sessions} sessions / 1 session steps/s = {:.1}x", many_rate / one_rate);
+    let real = Duration::ZERO;
+    let one_ro = rt.block_on(run(serial, false, steps, "echo", echo, ws.path(), real));
+    print(&format!("1 session at a time ({serial} in turn), read-only"), &one_ro, Some(serial));
+    let one_rw = rt.block_on(run(serial, false, steps, "write", write, ws.path(), real));
+    print(
+        &format!("1 session at a time ({serial} in turn), side-effecting"),
+        &one_rw,
+        Some(serial),
+    );
+    let many = rt.block_on(run(sessions, true, steps, "echo", echo, ws.path(), real));
+    print(&format!("{sessions} sessions at once, read-only"), &many, None);
+    let rate = |f: &Figures| f.steps as f64 / f.wall.as_secs_f64();
+    println!(
+        "ratio: {sessions} sessions / 1 session steps/s = {:.1}x (this machine's disk: a commit takes {:.2} ms)",
+        rate(&many) / rate(&one_ro),
+        one_ro.commit.as_secs_f64() * 1e3 / one_ro.batches.max(1) as f64,
+    );
+    // The same two runs on emulated slower storage: every durable commit takes this much
+    // longer, as when fsync reaches a disk that is slower than this machine's.
+    let slow_us = env("KEEL_BENCH_SLOW_SYNC_US", 2000);
+    if slow_us > 0 {
+        let slow = Duration::from_micros(slow_us as u64);
+        let ms = slow.as_secs_f64() * 1e3;
+        let one = rt.block_on(run(serial, false, steps, "echo", echo, ws.path(), slow));
+        print(&format!("1 session at a time, read-only, sync +{ms:.1} ms"), &one, Some(serial));
+        let many_slow = rt.block_on(run(sessions, true, steps, "echo", echo, ws.path(), slow));
+        print(
+            &format!("{sessions} sessions at once, read-only, sync +{ms:.1} ms"),
+            &many_slow,
+            None,
+        );
+        println!(
+            "ratio with every commit {ms:.1} ms slower: {sessions} sessions / 1 session steps/s = {:.1}x",
+            rate(&many_slow) / rate(&one)
+        );
+    }
     rt.block_on(recovery(env("KEEL_BENCH_RECOVER", 1000)));
 }

@@ -54,6 +54,9 @@ pub struct Db {
     stats: Arc<DbStats>,
     path: Arc<std::path::PathBuf>,
     readers: Arc<std::sync::Mutex<Vec<Connection>>>,
+    /// Nanoseconds the writer waits after each durable commit (benchmarks only, see
+    /// [`Db::emulate_sync_latency`]).
+    added_sync_ns: Arc<AtomicU64>,
 }
 
 impl Db {
@@ -63,16 +66,28 @@ impl Db {
         let (jobs, rx) = mpsc::unbounded_channel();
         let stats = Arc::new(DbStats::default());
         let counters = stats.clone();
+        let added_sync_ns = Arc::new(AtomicU64::new(0));
+        let added = added_sync_ns.clone();
         std::thread::Builder::new()
             .name("keel-db-writer".into())
-            .spawn(move || run(conn, rx, &counters))
+            .spawn(move || run(conn, rx, &counters, &added))
             .map_err(|e| StoreError::Invalid(format!("cannot start the database writer: {e}")))?;
         Ok(Self {
             jobs,
             stats,
             path: Arc::new(path.to_path_buf()),
             readers: Arc::new(std::sync::Mutex::new(Vec::new())),
+            added_sync_ns,
         })
+    }
+
+    /// Makes every durable commit take `extra` longer before its callers hear of it, as on a
+    /// disk whose fsync is that much slower: the writer thread waits, holding the next batch,
+    /// exactly as it would inside a slow fsync. For benchmarks that show how commits are
+    /// shared on slower storage; keel itself never sets it.
+    #[doc(hidden)]
+    pub fn emulate_sync_latency(&self, extra: std::time::Duration) {
+        self.added_sync_ns.store(nanos(extra), Ordering::Relaxed);
     }
 
     /// Runs `op` on a read-only connection from the pool, off the async executor.
@@ -157,7 +172,12 @@ impl Db {
     }
 }
 
-fn run(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, stats: &DbStats) {
+fn run(
+    conn: Connection,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    stats: &DbStats,
+    added_sync_ns: &AtomicU64,
+) {
     while let Some(first) = rx.blocking_recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -213,6 +233,10 @@ fn run(conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, stats: &DbStats) 
         let committing = std::time::Instant::now();
         stats.ops_ns.fetch_add(nanos(committing - started), Ordering::Relaxed);
         let commit = conn.execute_batch("COMMIT");
+        let added = added_sync_ns.load(Ordering::Relaxed);
+        if wrote && added > 0 {
+            std::thread::sleep(std::time::Duration::from_nanos(added));
+        }
         stats.commit_ns.fetch_add(nanos(committing.elapsed()), Ordering::Relaxed);
         if wrote {
             stats.commits.fetch_add(1, Ordering::Relaxed);
