@@ -2,9 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use keel::sandbox::{Budget, CallError, CancelToken};
+use keel::sandbox::{Budget, CallError, CancelToken, SandboxLimits};
 use keel::tools::CallRequest;
-use keel_tests::{assert_healthy, call, shared};
+use keel_tests::{assert_healthy, call, service_in, shared, test_limits};
 use serde_json::json;
 
 fn budget_with(f: impl FnOnce(&mut Budget)) -> Budget {
@@ -188,6 +188,25 @@ async fn a8_every_call_gets_a_fresh_instance_even_after_a_trap() {
         assert_eq!(out.report.result, Ok(json!(1)), "state carried over between calls");
     }
     assert_healthy(s).await;
+}
+
+/// A call's memory is reset before the next call may use its pooled slot, including where
+/// only the pages a call wrote are reset (PAGEMAP_SCAN): each call dirties 3 MiB of freshly
+/// grown pages — across the part of the slot reset by memset and the part given back to the
+/// kernel — and the next call, on the same slot, must find them zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a8_no_call_sees_the_memory_a_previous_call_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    // One call at a time, so every call reuses the same slot.
+    let s =
+        service_in(dir.path(), SandboxLimits { max_concurrent_calls: 1, ..test_limits() }).await;
+    for round in 0..4 {
+        let out = call(&s, "residue", json!({"mib": 3}), &[], Budget::default()).await;
+        let v = out.report.result.unwrap();
+        assert_eq!(v["dirty_words"], 0, "round {round}: a previous call's data survived: {v}");
+        assert_eq!(v["bytes"], 3 << 20);
+    }
+    assert_healthy(&s).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::SandboxLimits;
 
@@ -36,7 +36,11 @@ pub fn build_engine(limits: &SandboxLimits) -> wasmtime::Result<Engine> {
         // about 1 MiB, and madvise in a multi-threaded host costs a TLB shootdown per call.
         .linear_memory_keep_resident(KEEP_RESIDENT_MEMORY)
         .table_keep_resident(KEEP_RESIDENT_TABLE)
-        .async_stack_keep_resident(KEEP_RESIDENT_STACK);
+        .async_stack_keep_resident(KEEP_RESIDENT_STACK)
+        // Where the kernel offers PAGEMAP_SCAN (Linux 6.7+), reset only the pages a call
+        // actually wrote: a guest's 1 MiB stack region is mostly never touched, and memsetting
+        // all of it was ≈ 9 % of the host's CPU under load. Elsewhere, the memset above.
+        .pagemap_scan(Enabled::Auto);
     let mut cfg = Config::new();
     cfg.wasm_component_model(true)
         .consume_fuel(true)

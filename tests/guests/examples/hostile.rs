@@ -136,6 +136,33 @@ fn counter(_: Nothing) -> Result<Out, ToolError> {
     Ok(Out(json!(CALLS.fetch_add(1, Ordering::SeqCst) + 1)))
 }
 
+/// Grows linear memory by `mib` MiB, counts the 64-bit words of the new pages that are not
+/// zero (WebAssembly promises zeros: anything else is a previous call's data), then fills them
+/// with a pattern for the next call to find.
+fn residue(i: Size) -> Result<Out, ToolError> {
+    const PAGE: usize = 64 << 10;
+    let pages = usize::try_from(i.mib).unwrap_or(0) * 16;
+    let old = core::arch::wasm32::memory_grow(0, pages);
+    if old == usize::MAX {
+        return Err(ToolError::Failed("memory.grow refused".into()));
+    }
+    let start = old * PAGE;
+    let words = pages * PAGE / 8;
+    let mut dirty = 0u64;
+    for w in 0..words {
+        let p = (start + w * 8) as *mut u64;
+        // SAFETY: these pages were just added by memory.grow; nothing else in this instance
+        // knows of them.
+        unsafe {
+            if p.read_volatile() != 0 {
+                dirty += 1;
+            }
+            p.write_volatile(0xA5A5_A5A5_A5A5_A5A5);
+        }
+    }
+    Ok(Out(json!({ "dirty_words": dirty, "from": start, "bytes": pages * PAGE })))
+}
+
 fn env(_: Nothing) -> Result<Out, ToolError> {
     let vars: Vec<(String, String)> = std::env::vars().collect();
     let args: Vec<String> = std::env::args().collect();
@@ -202,6 +229,7 @@ fn tools() -> Vec<Tool> {
         Tool::new("sleep", "Sleeps `ms` milliseconds in a blocking host call.", ReadOnly, sleep),
         Tool::new("boom", "Panics.", ReadOnly, boom),
         Tool::new("counter", "Counts calls in a static.", ReadOnly, counter),
+        Tool::new("residue", "Checks fresh pages are zero, then dirties them.", ReadOnly, residue),
         Tool::new("env", "Reports environment, arguments and working directory.", ReadOnly, env),
         Tool::new("read", "Reads a file.", ReadOnly, read),
         Tool::new("list", "Lists a directory.", ReadOnly, list),
