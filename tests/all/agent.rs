@@ -425,3 +425,42 @@ async fn the_api_key_never_reaches_the_database_or_the_evidence() {
         assert!(!String::from_utf8_lossy(&bytes).contains(KEY), "the key is in {file}");
     }
 }
+
+/// Assembly reads a session's history incrementally (rows are append-only): messages appended
+/// by this engine or by another process are all in the next request, and the request is byte
+/// for byte what a fresh engine, reading every row, assembles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assembly_sees_every_new_message_and_matches_a_full_read() {
+    use keel::session::{NewSession, Policy, SessionEngine};
+    use keel::store::Db;
+    let home = tempfile::tempdir().unwrap();
+    let path = home.path().join("keel.db");
+    let a = SessionEngine::new(Db::open(&path).unwrap());
+    a.create(NewSession {
+        id: Some("s".into()),
+        grants: Vec::new(),
+        tools: Vec::new(),
+        policy: Policy::default(),
+        budget: keel::sandbox::Budget::default(),
+        model: keel::model::ModelConfig::new("http://127.0.0.1:9/v1", "m"),
+        system_prompt: "p".into(),
+    })
+    .await
+    .unwrap();
+    let b = SessionEngine::new(Db::open(&path).unwrap());
+    for i in 0..6 {
+        // Alternate the writer: this engine, then "another process".
+        let writer = if i % 2 == 0 { &a } else { &b };
+        writer.submit("s", &format!("message {i}")).await.unwrap();
+        writer.begin_turn("s").await.unwrap().unwrap();
+        let (_, mine) = a.assemble("s", |_| None).await.unwrap();
+        let fresh = SessionEngine::new(Db::open(&path).unwrap());
+        let (_, full) = fresh.assemble("s", |_| None).await.unwrap();
+        assert_eq!(mine.history_to, i + 1);
+        assert_eq!(mine.body, full.body, "step {i}: cached and full reads differ");
+        let text = String::from_utf8(mine.body).unwrap();
+        for j in 0..=i {
+            assert!(text.contains(&format!("message {j}")), "step {i} lacks message {j}");
+        }
+    }
+}

@@ -98,11 +98,71 @@ pub fn history(c: &Connection, id: &str, from: i64, to: i64) -> Result<Vec<Strin
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
+/// Histories already read, by session. History rows are append-only (a committed message is
+/// never updated or deleted, and sequence numbers only grow), so a session's history, once read
+/// up to some sequence number, needs only the rows after it — whichever process committed
+/// them. This turns assembling a step's request from a read of the whole history into a read
+/// of the messages since the last step. Only [`assemble`] uses it; the evidence of a step is
+/// always rebuilt from the rows themselves.
+#[derive(Default)]
+pub struct HistoryCache {
+    sessions: std::sync::Mutex<std::collections::HashMap<String, CachedHistory>>,
+}
+
+/// Sessions whose history is kept; past that, an arbitrary one is dropped (and re-read in full
+/// on its next step).
+const CACHED_SESSIONS: usize = 256;
+
+struct CachedHistory {
+    /// First and last sequence numbers read.
+    from: i64,
+    to: i64,
+    bodies: Vec<String>,
+}
+
+impl HistoryCache {
+    fn take(&self, id: &str) -> Option<CachedHistory> {
+        self.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(id)
+    }
+
+    fn put(&self, id: &str, history: CachedHistory) {
+        let mut map = self.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map.len() >= CACHED_SESSIONS
+            && let Some(victim) = map.keys().next().cloned()
+        {
+            map.remove(&victim);
+        }
+        map.insert(id.to_string(), history);
+    }
+
+    /// The history of `id` over `from..=to`: the cached part, plus the rows after it.
+    fn read(
+        &self,
+        c: &Connection,
+        id: &str,
+        from: i64,
+        to: i64,
+    ) -> Result<CachedHistory, StoreError> {
+        let mut h = self
+            .take(id)
+            // A different context start (compaction) or a snapshot older than the cached one:
+            // read it all.
+            .filter(|h| h.from == from && h.to <= to)
+            .unwrap_or(CachedHistory { from, to: from - 1, bodies: Vec::new() });
+        if h.to < to {
+            h.bodies.extend(history(c, id, h.to + 1, to)?);
+            h.to = to;
+        }
+        Ok(h)
+    }
+}
+
 /// Assembles the next request of session `id`; `tools` gives the serialized tool schemas of
 /// the session's loaded tools.
 pub fn assemble(
     c: &Connection,
     id: &str,
+    cache: &HistoryCache,
     tools: impl FnOnce(&SessionMeta) -> Option<std::sync::Arc<str>>,
 ) -> Result<(SessionMeta, Assembled), StoreError> {
     let meta = load_meta(c, id)?;
@@ -110,11 +170,12 @@ pub fn assemble(
     let history_to: i64 = c
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id=?1")?
         .query_row([id], |r| r.get(0))?;
-    let messages = history(c, id, history_from, history_to)?;
+    let messages = cache.read(c, id, history_from, history_to)?;
     let tools_json: Option<String> = tools(&meta).map(|t| t.to_string());
     let head = head(&meta);
     let system = system_message(&meta);
-    let body = reconstruct_body(&head, &system, &messages, tools_json.as_deref());
+    let body = reconstruct_body(&head, &system, &messages.bodies, tools_json.as_deref());
+    cache.put(id, messages);
     let body_sha256 = sha256_hex(&body);
     let assembled = Assembled {
         step: meta.steps + 1,

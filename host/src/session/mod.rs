@@ -78,6 +78,7 @@ pub struct TurnStart {
 #[derive(Clone)]
 pub struct SessionEngine {
     db: Db,
+    history: Arc<assemble::HistoryCache>,
 }
 
 fn invalid(msg: impl Into<String>) -> StoreError {
@@ -92,7 +93,7 @@ fn valid_id(id: &str) -> bool {
 
 impl SessionEngine {
     pub fn new(db: Db) -> Self {
-        Self { db }
+        Self { db, history: Arc::default() }
     }
 
     pub fn db(&self) -> &Db {
@@ -283,7 +284,8 @@ impl SessionEngine {
         F: FnOnce(&SessionMeta) -> Option<Arc<str>> + Send + 'static,
     {
         let id = id.to_string();
-        self.db.read_inline(move |c| assemble::assemble(c, &id, tools)).await
+        let cache = self.history.clone();
+        self.db.read_inline(move |c| assemble::assemble(c, &id, &cache, tools)).await
     }
 
     /// Commits a step whose tools were all safe to re-run: the request evidence, the assistant
