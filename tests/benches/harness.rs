@@ -344,21 +344,29 @@ fn main() {
     println!("(CPU includes the in-process model server)");
     let echo = r#"{"text":"hi"}"#;
     let write = r#"{"path":"/w/out.txt","content":"x"}"#;
-    let real = Duration::ZERO;
-    let one_ro = rt.block_on(run(serial, false, steps, "echo", echo, ws.path(), real));
-    print(&format!("1 session at a time ({serial} in turn), read-only"), &one_ro, Some(serial));
-    let one_rw = rt.block_on(run(serial, false, steps, "write", write, ws.path(), real));
+    let one_rw = rt.block_on(run(serial, false, steps, "write", write, ws.path(), Duration::ZERO));
     print(
         &format!("1 session at a time ({serial} in turn), side-effecting"),
         &one_rw,
         Some(serial),
     );
-    let many = rt.block_on(run(sessions, true, steps, "echo", echo, ws.path(), real));
-    print(&format!("{sessions} sessions at once, read-only"), &many, None);
-    let rate = |f: &Figures| f.steps as f64 / f.wall.as_secs_f64();
+    // Read-only steps, one session at a time and all sessions at once, with `added` latency on
+    // every durable commit; returns the one-session run and the ratio of the two rates.
+    let ratio = |added: Duration, label: &str| {
+        let one = rt.block_on(run(serial, false, steps, "echo", echo, ws.path(), added));
+        print(
+            &format!("1 session at a time ({serial} in turn), read-only{label}"),
+            &one,
+            Some(serial),
+        );
+        let many = rt.block_on(run(sessions, true, steps, "echo", echo, ws.path(), added));
+        print(&format!("{sessions} sessions at once, read-only{label}"), &many, None);
+        let rate = |f: &Figures| f.steps as f64 / f.wall.as_secs_f64();
+        (rate(&many) / rate(&one), one)
+    };
+    let (real, one_ro) = ratio(Duration::ZERO, "");
     println!(
-        "ratio: {sessions} sessions / 1 session steps/s = {:.1}x (this machine's disk: a commit takes {:.2} ms)",
-        rate(&many) / rate(&one_ro),
+        "ratio: {sessions} sessions / 1 session steps/s = {real:.1}x (this machine's disk: a commit takes {:.2} ms)",
         one_ro.commit.as_secs_f64() * 1e3 / one_ro.batches.max(1) as f64,
     );
     // The same two runs on emulated slower storage: every durable commit takes this much
@@ -367,17 +375,9 @@ fn main() {
     if slow_us > 0 {
         let slow = Duration::from_micros(slow_us as u64);
         let ms = slow.as_secs_f64() * 1e3;
-        let one = rt.block_on(run(serial, false, steps, "echo", echo, ws.path(), slow));
-        print(&format!("1 session at a time, read-only, sync +{ms:.1} ms"), &one, Some(serial));
-        let many_slow = rt.block_on(run(sessions, true, steps, "echo", echo, ws.path(), slow));
-        print(
-            &format!("{sessions} sessions at once, read-only, sync +{ms:.1} ms"),
-            &many_slow,
-            None,
-        );
+        let (slower, _) = ratio(slow, &format!(", sync +{ms:.1} ms"));
         println!(
-            "ratio with every commit {ms:.1} ms slower: {sessions} sessions / 1 session steps/s = {:.1}x",
-            rate(&many_slow) / rate(&one)
+            "ratio with every commit {ms:.1} ms slower: {sessions} sessions / 1 session steps/s = {slower:.1}x"
         );
     }
     rt.block_on(recovery(env("KEEL_BENCH_RECOVER", 1000)));
