@@ -24,3 +24,9 @@ pub mod session;
 pub mod store;
 pub mod tools;
 pub mod units;
+
+/// The memory allocator of the `keel` binary, and of anything that embeds keel and wants the
+/// same figures: a step allocates and frees many small strings and JSON values on several
+/// threads at once, and the system allocator's locking and consolidation were about a tenth
+/// of a busy host's CPU (see `docs/PERFORMANCE.md`).
+pub use mimalloc::MiMalloc as Allocator;

@@ -4,6 +4,9 @@
 
 mod commands;
 
+#[global_allocator]
+static ALLOCATOR: keel::Allocator = keel::Allocator;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

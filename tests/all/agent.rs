@@ -458,7 +458,7 @@ async fn assembly_sees_every_new_message_and_matches_a_full_read() {
         let (_, full) = fresh.assemble("s", |_| None).await.unwrap();
         assert_eq!(mine.history_to, i + 1);
         assert_eq!(mine.body, full.body, "step {i}: cached and full reads differ");
-        let text = String::from_utf8(mine.body).unwrap();
+        let text = String::from_utf8(mine.body.to_vec()).unwrap();
         for j in 0..=i {
             assert!(text.contains(&format!("message {j}")), "step {i} lacks message {j}");
         }

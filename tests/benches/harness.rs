@@ -17,6 +17,10 @@ use keel::sandbox::{Access, CancelToken, Grant};
 use keel_tests::harness_with_session;
 use keel_tests::mock_model::{MockModel, Reply};
 
+/// The allocator the `keel` binary uses.
+#[global_allocator]
+static ALLOCATOR: keel::Allocator = keel::Allocator;
+
 fn cpu_time() -> Duration {
     // User + system time of every thread of this process, nanosecond resolution.
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);

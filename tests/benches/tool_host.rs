@@ -15,6 +15,10 @@ use keel::sandbox::{Access, Budget, Grant, Sandbox};
 use keel::tools::CallRequest;
 use keel_tests::test_limits;
 
+/// The allocator the `keel` binary uses.
+#[global_allocator]
+static ALLOCATOR: keel::Allocator = keel::Allocator;
+
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }

@@ -111,6 +111,9 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 pub struct ModelClient {
     http: reqwest::Client,
     api_key: Option<String>,
+    /// The last endpoint parsed, by base URL: parsing one (with its host's IDNA mapping) was a
+    /// few percent of a busy host's CPU, and a host almost always talks to one endpoint.
+    endpoint: std::sync::Arc<std::sync::Mutex<Option<(String, reqwest::Url)>>>,
 }
 
 impl ModelClient {
@@ -118,7 +121,7 @@ impl ModelClient {
     pub fn new(api_key: Option<String>) -> Result<Self, ModelError> {
         let http =
             reqwest::Client::builder().build().map_err(|e| ModelError::Transport(e.to_string()))?;
-        Ok(Self { http, api_key: api_key.filter(|k| !k.is_empty()) })
+        Ok(Self { http, api_key: api_key.filter(|k| !k.is_empty()), endpoint: Default::default() })
     }
 
     /// The key from `KEEL_API_KEY`, else `OPENAI_API_KEY`.
@@ -131,7 +134,7 @@ impl ModelClient {
     pub async fn complete(
         &self,
         config: &ModelConfig,
-        body: &[u8],
+        body: &bytes::Bytes,
         cancel: &CancelToken,
     ) -> Result<ModelReply, ModelFailure> {
         let mut attempt = 0;
@@ -162,14 +165,32 @@ impl ModelClient {
         }
     }
 
-    async fn attempt(&self, config: &ModelConfig, body: &[u8]) -> Result<ModelReply, ModelError> {
-        let url = format!("{}/chat/completions", config.base_url);
+    /// `{base_url}/chat/completions`, parsed.
+    fn endpoint(&self, base_url: &str) -> Result<reqwest::Url, ModelError> {
+        let mut last = self.endpoint.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((base, url)) = &*last
+            && base == base_url
+        {
+            return Ok(url.clone());
+        }
+        let url = reqwest::Url::parse(&format!("{base_url}/chat/completions")).map_err(|e| {
+            ModelError::Transport(format!("the model URL `{base_url}` is not a valid URL: {e}"))
+        })?;
+        *last = Some((base_url.to_string(), url.clone()));
+        Ok(url)
+    }
+
+    async fn attempt(
+        &self,
+        config: &ModelConfig,
+        body: &bytes::Bytes,
+    ) -> Result<ModelReply, ModelError> {
         let mut req = self
             .http
-            .post(&url)
+            .post(self.endpoint(&config.base_url)?)
             .timeout(Duration::from_millis(config.timeout_ms))
             .header("content-type", "application/json")
-            .body(body.to_vec());
+            .body(body.clone());
         if let Some(key) = &self.api_key {
             req = req.bearer_auth(key);
         }

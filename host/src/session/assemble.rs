@@ -23,7 +23,8 @@ pub struct Assembled {
     pub history_from: i64,
     pub history_to: i64,
     pub meta_version: i64,
-    pub body: Vec<u8>,
+    /// The exact request bytes (shared, not copied, by the model client and its retries).
+    pub body: bytes::Bytes,
     pub body_sha256: String,
 }
 
@@ -185,7 +186,7 @@ pub fn assemble(
         history_from,
         history_to,
         meta_version: meta.meta_version,
-        body,
+        body: body.into(),
         body_sha256,
     };
     Ok((meta, assembled))

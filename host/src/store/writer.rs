@@ -132,10 +132,11 @@ impl Db {
                 c
             }
         };
-        let result = op(&conn);
+        let result = snapshot(&conn, op);
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut p) = self.readers.lock()
             && p.len() < MAX_READERS
+            && conn.is_autocommit()
         {
             p.push(conn);
         }
@@ -258,6 +259,21 @@ fn run(
             completion(error.as_deref());
         }
     }
+}
+
+/// Runs `op` in one read transaction: every statement of it sees the same committed state
+/// (a session's meta and its history, say, from the same commit), and the connection takes its
+/// read lock and checks the WAL once instead of once per statement.
+fn snapshot<R>(
+    conn: &Connection,
+    op: impl FnOnce(&Connection) -> Result<R, StoreError>,
+) -> Result<R, StoreError> {
+    exec(conn, "BEGIN")?;
+    let result = op(conn);
+    // A read transaction has nothing to keep; ending it cannot lose anything. A connection
+    // still in a transaction after this is not put back in the pool.
+    let _ = exec(conn, "COMMIT");
+    result
 }
 
 /// Runs one transaction-control statement from the statement cache (the writer runs four of
