@@ -285,3 +285,32 @@ fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 fn nanos(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn blobs(c: &Connection) -> Result<i64, StoreError> {
+        Ok(c.query_row("SELECT COUNT(*) FROM blobs", [], |r| r.get(0))?)
+    }
+
+    #[test]
+    fn a_read_sees_one_committed_state_while_another_connection_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keel.db");
+        let db = Db::open(&path).unwrap();
+        let other = super::super::open(&path).unwrap();
+        let (before, during) = db
+            .read_blocking(|c| {
+                let before = blobs(c)?;
+                other.execute("INSERT INTO blobs (hash, body) VALUES ('h', 'b')", [])?;
+                Ok((before, blobs(c)?))
+            })
+            .unwrap();
+        assert_eq!((before, during), (0, 0), "one read, one snapshot");
+        // The next read (on the same pooled connection) sees the commit.
+        assert_eq!(db.read_blocking(blobs).unwrap(), 1);
+        assert_eq!(db.stats().reads.load(Ordering::Relaxed), 2);
+    }
+}
