@@ -430,7 +430,7 @@ async fn the_api_key_never_reaches_the_database_or_the_evidence() {
 /// by this engine or by another process are all in the next request, and the request is byte
 /// for byte what a fresh engine, reading every row, assembles.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn assembly_sees_every_new_message_and_matches_a_full_read() {
+async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read() {
     use keel::session::{NewSession, Policy, SessionEngine};
     use keel::store::Db;
     let home = tempfile::tempdir().unwrap();
@@ -453,14 +453,76 @@ async fn assembly_sees_every_new_message_and_matches_a_full_read() {
         let writer = if i % 2 == 0 { &a } else { &b };
         writer.submit("s", &format!("message {i}")).await.unwrap();
         writer.begin_turn("s").await.unwrap().unwrap();
-        let (_, mine) = a.assemble("s", |_| None).await.unwrap();
-        let fresh = SessionEngine::new(Db::open(&path).unwrap());
-        let (_, full) = fresh.assemble("s", |_| None).await.unwrap();
-        assert_eq!(mine.history_to, i + 1);
-        assert_eq!(mine.body, full.body, "step {i}: cached and full reads differ");
-        let text = String::from_utf8(mine.body.to_vec()).unwrap();
+        let (mine, full) = assemble_twice(&a, &path).await;
+        assert_eq!(mine.1.history_to, i + 1);
+        let text = String::from_utf8(mine.1.body.to_vec()).unwrap();
         for j in 0..=i {
             assert!(text.contains(&format!("message {j}")), "step {i} lacks message {j}");
         }
+        assert_eq!(mine, full, "step {i}: cached and full reads differ");
     }
+    // The meta changes in another process: its state, its tools (through SessionEngine), and
+    // — as a later keel might — its prompt and model by plain SQL, which the database itself
+    // versions (migration 5). Each is seen at once, and matches a full read.
+    b.set_state("s", keel::session::RuntimeState::Failed, Some("x".into())).await.unwrap();
+    let (mine, full) = assemble_twice(&a, &path).await;
+    assert_eq!(mine.0.state, keel::session::RuntimeState::Failed);
+    assert_eq!(mine, full);
+    let version = mine.1.meta_version;
+    b.add_tools("s", vec!["fs_read_file".into()]).await.unwrap();
+    let (mine, full) = assemble_twice(&a, &path).await;
+    assert_eq!(mine.0.loaded_tools, ["fs_read_file"]);
+    assert_eq!(mine.1.tools.as_ref().unwrap().text.as_ref(), "[\"fs_read_file\"]");
+    assert_eq!(mine, full);
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other
+        .execute(
+            "UPDATE sessions SET system_prompt='a new prompt', model=json_set(model, '$.model', 'm2')",
+            [],
+        )
+        .unwrap();
+    let (mine, full) = assemble_twice(&a, &path).await;
+    assert_eq!(mine.1.meta_version, version + 2, "one bump per change");
+    assert!(mine.1.system.text.contains("a new prompt"));
+    assert!(mine.1.head.text.contains("\"m2\""));
+    assert_eq!(mine, full);
+    other.execute("DELETE FROM session_grants", []).unwrap();
+    other
+        .execute(
+            "INSERT INTO session_grants (session_id, host, guest, access) VALUES ('s', '/tmp', '/t', 'ro')",
+            [],
+        )
+        .unwrap();
+    let (mine, full) = assemble_twice(&a, &path).await;
+    assert!(mine.1.system.text.contains("- /t (read-only)"));
+    assert_eq!(mine, full);
+}
+
+type Assembly = (keel::session::SessionMeta, keel::session::Assembled);
+
+/// The next request of session `s`, assembled by `engine` (with whatever it has cached) and by
+/// a fresh engine reading everything.
+async fn assemble_twice(
+    engine: &keel::session::SessionEngine,
+    path: &std::path::Path,
+) -> (Assembly, Assembly) {
+    // The tool schemas as a catalog would hand them out: one shared text per tool set.
+    static SCHEMAS: std::sync::Mutex<Vec<(Vec<String>, std::sync::Arc<str>)>> =
+        std::sync::Mutex::new(Vec::new());
+    let tools = |m: &keel::session::SessionMeta| -> Option<std::sync::Arc<str>> {
+        if m.loaded_tools.is_empty() {
+            return None;
+        }
+        let mut known = SCHEMAS.lock().unwrap();
+        if let Some((_, json)) = known.iter().find(|(t, _)| *t == m.loaded_tools) {
+            return Some(json.clone());
+        }
+        let json: std::sync::Arc<str> = serde_json::to_string(&m.loaded_tools).unwrap().into();
+        known.push((m.loaded_tools.clone(), json.clone()));
+        Some(json)
+    };
+    let mine = engine.assemble("s", tools).await.unwrap();
+    let fresh = keel::session::SessionEngine::new(keel::store::Db::open(path).unwrap());
+    let full = fresh.assemble("s", tools).await.unwrap();
+    (mine, full)
 }

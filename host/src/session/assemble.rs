@@ -6,26 +6,43 @@
 //! content hash (identical ones are stored once), and the history range; rebuilding from those
 //! parts reproduces the body byte for byte, checked against the recorded sha256.
 
+use std::sync::Arc;
+
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::sandbox::{Access, sha256_hex};
 use crate::store::{StoreError, now_ms};
 
-use super::facts::{SessionMeta, load_meta};
+use super::facts::{SessionMeta, load_counters, load_meta};
 
 /// One assembled request and the facts it came from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Assembled {
     pub step: i64,
-    pub head: String,
-    pub system: String,
-    pub tools: Option<String>,
+    pub head: Part,
+    pub system: Part,
+    pub tools: Option<Part>,
     pub history_from: i64,
     pub history_to: i64,
     pub meta_version: i64,
     /// The exact request bytes (shared, not copied, by the model client and its retries).
     pub body: bytes::Bytes,
     pub body_sha256: String,
+}
+
+/// A part of requests that is the same from step to step (the head, the system message, the
+/// tool schemas): its text and the content hash it is stored under, computed once.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Part {
+    pub text: Arc<str>,
+    pub sha256: Arc<str>,
+}
+
+impl Part {
+    fn new(text: Arc<str>) -> Self {
+        let sha256 = sha256_hex(text.as_bytes()).into();
+        Self { text, sha256 }
+    }
 }
 
 /// Builds the body from its parts. The only place a request body is built.
@@ -99,20 +116,35 @@ pub fn history(c: &Connection, id: &str, from: i64, to: i64) -> Result<Vec<Strin
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
-/// Histories already read, by session. History rows are append-only (a committed message is
-/// never updated or deleted, and sequence numbers only grow), so a session's history, once read
-/// up to some sequence number, needs only the rows after it — whichever process committed
-/// them. This turns assembling a step's request from a read of the whole history into a read
-/// of the messages since the last step. Only [`assemble`] uses it; the evidence of a step is
-/// always rebuilt from the rows themselves.
+/// What assembling a session's requests has already read, by session: its history and its
+/// parsed meta with the parts built from it.
+///
+/// - History rows are append-only (a committed message is never updated or deleted, and
+///   sequence numbers only grow), so a session's history, once read up to some sequence
+///   number, needs only the rows after it — whichever process committed them.
+/// - Everything of the meta but its state and counters is covered by `meta_version`, which the
+///   database bumps on any change (migration 5), so the meta is parsed, and the head and system
+///   message built and hashed, once per version; each step reads only the counters.
+///
+/// This turns assembling a step's request from reading and parsing everything into reading
+/// one short row and the messages since the last step. Only [`assemble`] uses it; the evidence
+/// of a step is always rebuilt from the rows themselves.
 #[derive(Default)]
-pub struct HistoryCache {
-    sessions: std::sync::Mutex<std::collections::HashMap<String, CachedHistory>>,
+pub struct AssemblyCache {
+    sessions: std::sync::Mutex<std::collections::HashMap<String, Cached>>,
 }
 
-/// Sessions whose history is kept; past that, an arbitrary one is dropped (and re-read in full
-/// on its next step).
+/// Sessions whose history and meta are kept; past that, an arbitrary one is dropped (and read
+/// in full on its next step).
 const CACHED_SESSIONS: usize = 256;
+
+#[derive(Default)]
+struct Cached {
+    history: Option<CachedHistory>,
+    meta: Option<Arc<CachedMeta>>,
+    /// The tool schemas of the last request, as the catalog handed them out.
+    tools: Option<Part>,
+}
 
 struct CachedHistory {
     /// First and last sequence numbers read.
@@ -121,35 +153,48 @@ struct CachedHistory {
     bodies: Vec<String>,
 }
 
-impl HistoryCache {
-    fn take(&self, id: &str) -> Option<CachedHistory> {
-        self.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(id)
+/// A session's meta at one `meta_version`, and the parts built from it.
+struct CachedMeta {
+    meta: SessionMeta,
+    head: Part,
+    system: Part,
+}
+
+impl AssemblyCache {
+    fn take(&self, id: &str) -> Cached {
+        self.sessions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(id)
+            .unwrap_or_default()
     }
 
-    fn put(&self, id: &str, history: CachedHistory) {
+    fn put(&self, id: &str, cached: Cached) {
         let mut map = self.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if map.len() >= CACHED_SESSIONS
             && let Some(victim) = map.keys().next().cloned()
         {
             map.remove(&victim);
         }
-        map.insert(id.to_string(), history);
+        map.insert(id.to_string(), cached);
     }
+}
 
-    /// The history of `id` over `from..=to`: the cached part, plus the rows after it.
+impl CachedHistory {
+    /// The history of `id` over `from..=to`: the cached part (if it is a prefix of that range),
+    /// plus the rows after it.
     fn read(
-        &self,
+        cached: Option<Self>,
         c: &Connection,
         id: &str,
         from: i64,
         to: i64,
-    ) -> Result<CachedHistory, StoreError> {
-        let mut h = self
-            .take(id)
+    ) -> Result<Self, StoreError> {
+        let mut h = cached
             // A different context start (compaction) or a snapshot older than the cached one:
             // read it all.
             .filter(|h| h.from == from && h.to <= to)
-            .unwrap_or(CachedHistory { from, to: from - 1, bodies: Vec::new() });
+            .unwrap_or(Self { from, to: from - 1, bodies: Vec::new() });
         if h.to < to {
             h.bodies.extend(history(c, id, h.to + 1, to)?);
             h.to = to;
@@ -163,40 +208,58 @@ impl HistoryCache {
 pub fn assemble(
     c: &Connection,
     id: &str,
-    cache: &HistoryCache,
-    tools: impl FnOnce(&SessionMeta) -> Option<std::sync::Arc<str>>,
+    cache: &AssemblyCache,
+    tools: impl FnOnce(&SessionMeta) -> Option<Arc<str>>,
 ) -> Result<(SessionMeta, Assembled), StoreError> {
-    let meta = load_meta(c, id)?;
+    let counters = load_counters(c, id)?;
+    let mut cached = cache.take(id);
+    let parts = match cached.meta.take() {
+        Some(m) if m.meta.meta_version == counters.meta_version => m,
+        _ => {
+            let meta = load_meta(c, id)?;
+            let head = Part::new(head(&meta).into());
+            let system = Part::new(system_message(&meta).into());
+            Arc::new(CachedMeta { meta, head, system })
+        }
+    };
+    let mut meta = parts.meta.clone();
+    counters.apply(&mut meta);
     let history_from = meta.context_start + 1;
     let history_to: i64 = c
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id=?1")?
         .query_row([id], |r| r.get(0))?;
-    let messages = cache.read(c, id, history_from, history_to)?;
-    let tools_json: Option<String> = tools(&meta).map(|t| t.to_string());
-    let head = head(&meta);
-    let system = system_message(&meta);
-    let body = reconstruct_body(&head, &system, &messages.bodies, tools_json.as_deref());
-    cache.put(id, messages);
+    let messages = CachedHistory::read(cached.history.take(), c, id, history_from, history_to)?;
+    let tools = tools(&meta).map(|json| match cached.tools.take() {
+        // The catalog hands out the same schemas while it is unchanged: hash them once.
+        Some(part) if Arc::ptr_eq(&part.text, &json) => part,
+        _ => Part::new(json),
+    });
+    let body = reconstruct_body(
+        &parts.head.text,
+        &parts.system.text,
+        &messages.bodies,
+        tools.as_ref().map(|t| &*t.text),
+    );
     let body_sha256 = sha256_hex(&body);
     let assembled = Assembled {
         step: meta.steps + 1,
-        head,
-        system,
-        tools: tools_json,
+        head: parts.head.clone(),
+        system: parts.system.clone(),
+        tools: tools.clone(),
         history_from,
         history_to,
         meta_version: meta.meta_version,
         body: body.into(),
         body_sha256,
     };
+    cache.put(id, Cached { history: Some(messages), meta: Some(parts), tools });
     Ok((meta, assembled))
 }
 
-fn put_blob(c: &Connection, text: &str) -> Result<String, StoreError> {
-    let hash = sha256_hex(text.as_bytes());
+fn put_blob<'a>(c: &Connection, part: &'a Part) -> Result<&'a str, StoreError> {
     c.prepare_cached("INSERT OR IGNORE INTO blobs (hash, body) VALUES (?1, ?2)")?
-        .execute(params![hash, text])?;
-    Ok(hash)
+        .execute(params![&*part.sha256, &*part.text])?;
+    Ok(&part.sha256)
 }
 
 fn blob(c: &Connection, hash: &str) -> Result<String, StoreError> {
@@ -205,7 +268,7 @@ fn blob(c: &Connection, hash: &str) -> Result<String, StoreError> {
 
 pub fn record_evidence(c: &Connection, id: &str, a: &Assembled) -> Result<(), StoreError> {
     let system_hash = put_blob(c, &a.system)?;
-    let tools_hash = a.tools.as_deref().map(|t| put_blob(c, t)).transpose()?;
+    let tools_hash = a.tools.as_ref().map(|t| put_blob(c, t)).transpose()?;
     let head_hash = put_blob(c, &a.head)?;
     c.prepare_cached(
         "INSERT INTO evidence (session_id, step, created_at, head, system_hash, tools_hash, history_from,

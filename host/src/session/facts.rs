@@ -126,7 +126,7 @@ pub fn load_meta(c: &Connection, id: &str) -> Result<SessionMeta, StoreError> {
         active_turn,
     )) = row
     else {
-        return Err(StoreError::Invalid(format!("no session `{id}`; see `keel session list`")));
+        return Err(no_session(id));
     };
     let mut stmt = c.prepare_cached(
         "SELECT host, guest, access FROM session_grants WHERE session_id=?1 ORDER BY guest",
@@ -157,6 +157,69 @@ pub fn load_meta(c: &Connection, id: &str) -> Result<SessionMeta, StoreError> {
         grants,
         meta_version: mv,
         context_start: cs,
+        steps,
+        turns,
+        active_turn,
+    })
+}
+
+fn no_session(id: &str) -> StoreError {
+    StoreError::Invalid(format!("no session `{id}`; see `keel session list`"))
+}
+
+/// The meta fields that change without `meta_version` changing: the runtime state and the
+/// counters. Everything else in [`SessionMeta`] is covered by `meta_version` (migration 5 makes
+/// the database bump it on any change), so a meta read at one version plus these is the
+/// current meta.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetaCounters {
+    pub meta_version: i64,
+    state: RuntimeState,
+    state_detail: Option<String>,
+    context_start: i64,
+    steps: i64,
+    turns: i64,
+    active_turn: Option<i64>,
+}
+
+impl MetaCounters {
+    /// `meta` (read at this `meta_version`) brought up to these counters.
+    pub fn apply(self, meta: &mut SessionMeta) {
+        meta.meta_version = self.meta_version;
+        meta.state = self.state;
+        meta.state_detail = self.state_detail;
+        meta.context_start = self.context_start;
+        meta.steps = self.steps;
+        meta.turns = self.turns;
+        meta.active_turn = self.active_turn;
+    }
+}
+
+pub fn load_counters(c: &Connection, id: &str) -> Result<MetaCounters, StoreError> {
+    let row = c
+        .prepare_cached(
+            "SELECT meta_version, state, state_detail, context_start, steps, turns, active_turn
+             FROM sessions WHERE id=?1",
+        )?
+        .query_row([id], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Option<String>>(2)?,
+                (r.get::<_, i64>(3)?, r.get::<_, i64>(4)?, r.get::<_, i64>(5)?),
+                r.get::<_, Option<i64>>(6)?,
+            ))
+        })
+        .optional()?;
+    let Some((meta_version, state, state_detail, (context_start, steps, turns), active_turn)) = row
+    else {
+        return Err(no_session(id));
+    };
+    Ok(MetaCounters {
+        meta_version,
+        state: state.parse()?,
+        state_detail,
+        context_start,
         steps,
         turns,
         active_turn,

@@ -20,7 +20,7 @@ use crate::sandbox::{Budget, Grant};
 use crate::store::{Db, StoreError, now_ms};
 
 pub use crate::tools::Policy;
-pub use assemble::{Assembled, reconstruct_body};
+pub use assemble::{Assembled, Part, reconstruct_body};
 pub use facts::{
     RuntimeState, SessionMeta, SessionSummary, Timeline, TimelineCall, TimelineMessage,
 };
@@ -78,7 +78,7 @@ pub struct TurnStart {
 #[derive(Clone)]
 pub struct SessionEngine {
     db: Db,
-    history: Arc<assemble::HistoryCache>,
+    assembly: Arc<assemble::AssemblyCache>,
 }
 
 fn invalid(msg: impl Into<String>) -> StoreError {
@@ -93,7 +93,7 @@ fn valid_id(id: &str) -> bool {
 
 impl SessionEngine {
     pub fn new(db: Db) -> Self {
-        Self { db, history: Arc::default() }
+        Self { db, assembly: Arc::default() }
     }
 
     pub fn db(&self) -> &Db {
@@ -284,7 +284,7 @@ impl SessionEngine {
         F: FnOnce(&SessionMeta) -> Option<Arc<str>> + Send + 'static,
     {
         let id = id.to_string();
-        let cache = self.history.clone();
+        let cache = self.assembly.clone();
         self.db.read_inline(move |c| assemble::assemble(c, &id, &cache, tools)).await
     }
 

@@ -183,6 +183,23 @@ const MIGRATIONS: &[(i64, &str)] = &[
     CREATE TRIGGER tools_deleted AFTER DELETE ON tools
         BEGIN UPDATE catalog_version SET version = version + 1; END;",
     ),
+    (
+        5,
+        // A session's `meta_version` changes whenever anything a request is built from or a
+        // call is governed by changes (goals, tools, policy, budget, model, prompt, grants),
+        // whichever statement changed it: the assembly caches the parsed meta by version.
+        "CREATE TRIGGER session_meta_changed
+        AFTER UPDATE OF session_goal, phase_goal, loaded_tools, policy, budget, model, system_prompt
+        ON sessions WHEN NEW.meta_version = OLD.meta_version
+        BEGIN UPDATE sessions SET meta_version = OLD.meta_version + 1 WHERE id = NEW.id; END;
+    CREATE TRIGGER session_grant_added AFTER INSERT ON session_grants
+        BEGIN UPDATE sessions SET meta_version = meta_version + 1 WHERE id = NEW.session_id; END;
+    CREATE TRIGGER session_grant_changed AFTER UPDATE ON session_grants
+        BEGIN UPDATE sessions SET meta_version = meta_version + 1
+              WHERE id IN (OLD.session_id, NEW.session_id); END;
+    CREATE TRIGGER session_grant_removed AFTER DELETE ON session_grants
+        BEGIN UPDATE sessions SET meta_version = meta_version + 1 WHERE id = OLD.session_id; END;",
+    ),
 ];
 
 /// Errors of the store.
