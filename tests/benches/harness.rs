@@ -36,8 +36,8 @@ fn responder(
 ) -> keel_tests::mock_model::Responder {
     Arc::new(move |body: &[u8]| {
         // Count the tool results in the request (each is `{"role":"tool",…}`).
-        let needle = b"\"role\":\"tool\"";
-        let results = body.windows(needle.len()).filter(|w| w == needle).count();
+        let text = std::str::from_utf8(body).unwrap_or_default();
+        let results = text.matches("\"role\":\"tool\"").count();
         if results >= steps {
             Reply::text("done")
         } else {

@@ -492,24 +492,37 @@ async fn drive(
             {
                 group.push(i + group.len());
             }
-            let mut tasks = tokio::task::JoinSet::new();
-            for &k in &group {
+            // Announces call `k` and returns the run of it.
+            let start = |k: usize| {
                 let s = &slots[k];
                 events(&Event::ToolStarted {
                     name: s.call.name.clone(),
                     call_id: s.call.id.clone(),
                 });
-                let (tools, meta, call, cancel, sem, cap) = (
+                let (tools, meta, call, cancel, cap) = (
                     agent.tools.clone(),
                     shared_meta.clone(),
                     s.call.clone(),
                     cancel.clone(),
-                    semaphore.clone(),
                     agent.guards.result_cap,
                 );
+                run_one(tools, meta, call, None, cancel, cap)
+            };
+            if let [k] = group[..] {
+                // One call runs here, not as a task of its own: a spawn and a cross-thread
+                // wake-up per step were measurable at many sessions.
+                let outcome = start(k).await;
+                finished_event(events, &slots[k], &outcome);
+                slots[k].finish(outcome);
+                i += 1;
+                continue;
+            }
+            let mut tasks = tokio::task::JoinSet::new();
+            for &k in &group {
+                let (run, sem) = (start(k), semaphore.clone());
                 tasks.spawn(async move {
                     let _permit = sem.acquire_owned().await;
-                    (k, run_one(tools, meta, call, None, cancel, cap).await)
+                    (k, run.await)
                 });
             }
             while let Some(done) = tasks.join_next().await {
