@@ -436,17 +436,17 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
     let home = tempfile::tempdir().unwrap();
     let path = home.path().join("keel.db");
     let a = SessionEngine::new(Db::open(&path).unwrap());
-    a.create(NewSession {
+    // Session `s`, no tools or grants, with `prompt`.
+    let session = |prompt: &str| NewSession {
         id: Some("s".into()),
         grants: Vec::new(),
         tools: Vec::new(),
         policy: Policy::default(),
         budget: keel::sandbox::Budget::default(),
         model: keel::model::ModelConfig::new("http://127.0.0.1:9/v1", "m"),
-        system_prompt: "p".into(),
-    })
-    .await
-    .unwrap();
+        system_prompt: prompt.into(),
+    };
+    a.create(session("p")).await.unwrap();
     let b = SessionEngine::new(Db::open(&path).unwrap());
     for i in 0..6 {
         // Alternate the writer: this engine, then "another process".
@@ -495,6 +495,31 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
         .unwrap();
     let (mine, full) = assemble_twice(&a, &path).await;
     assert!(mine.1.system.text.contains("- /t (read-only)"));
+    assert_eq!(mine, full);
+    // A new session under the same id (keel deletes no session today; a later one might),
+    // with a longer history and, by construction, the same meta version: nothing cached for
+    // the old one is used.
+    let (old_version, old_to) = (mine.1.meta_version, mine.1.history_to);
+    other
+        .execute_batch(
+            "PRAGMA foreign_keys=OFF;
+             DELETE FROM messages; DELETE FROM session_grants; DELETE FROM inbox;
+             DELETE FROM evidence; DELETE FROM tool_calls; DELETE FROM runner_leases;
+             DELETE FROM sessions;",
+        )
+        .unwrap();
+    b.create(session("born again")).await.unwrap();
+    for i in 0..=old_to {
+        b.submit("s", &format!("again {i}")).await.unwrap();
+        b.begin_turn("s").await.unwrap().unwrap();
+    }
+    other
+        .execute("UPDATE sessions SET meta_version=?1, created_at=created_at+1", [old_version])
+        .unwrap();
+    let (mine, full) = assemble_twice(&a, &path).await;
+    assert_eq!(mine.1.meta_version, old_version);
+    assert!(mine.1.system.text.contains("born again"));
+    assert!(!String::from_utf8_lossy(&mine.1.body).contains("message 0"));
     assert_eq!(mine, full);
 }
 

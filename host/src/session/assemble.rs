@@ -140,6 +140,9 @@ const CACHED_SESSIONS: usize = 256;
 
 #[derive(Default)]
 struct Cached {
+    /// The session's creation time: an entry of another session that had the same id is
+    /// worthless.
+    created_at: i64,
     history: Option<CachedHistory>,
     meta: Option<Arc<CachedMeta>>,
     /// The tool schemas of the last request, as the catalog handed them out.
@@ -213,6 +216,9 @@ pub fn assemble(
 ) -> Result<(SessionMeta, Assembled), StoreError> {
     let counters = load_counters(c, id)?;
     let mut cached = cache.take(id);
+    if cached.created_at != counters.created_at {
+        cached = Cached { created_at: counters.created_at, ..Cached::default() };
+    }
     let parts = match cached.meta.take() {
         Some(m) if m.meta.meta_version == counters.meta_version => m,
         _ => {
@@ -252,7 +258,10 @@ pub fn assemble(
         body: body.into(),
         body_sha256,
     };
-    cache.put(id, Cached { history: Some(messages), meta: Some(parts), tools });
+    cache.put(
+        id,
+        Cached { created_at: cached.created_at, history: Some(messages), meta: Some(parts), tools },
+    );
     Ok((meta, assembled))
 }
 

@@ -173,6 +173,9 @@ fn no_session(id: &str) -> StoreError {
 /// current meta.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MetaCounters {
+    /// When the session was created: with the id, what tells this session from a session
+    /// that once had its id (kept for caches; sessions are not deleted today).
+    pub created_at: i64,
     pub meta_version: i64,
     state: RuntimeState,
     state_detail: Option<String>,
@@ -198,12 +201,13 @@ impl MetaCounters {
 pub fn load_counters(c: &Connection, id: &str) -> Result<MetaCounters, StoreError> {
     let row = c
         .prepare_cached(
-            "SELECT meta_version, state, state_detail, context_start, steps, turns, active_turn
+            "SELECT meta_version, state, state_detail, context_start, steps, turns, active_turn,
+                    created_at
              FROM sessions WHERE id=?1",
         )?
         .query_row([id], |r| {
             Ok((
-                r.get::<_, i64>(0)?,
+                (r.get::<_, i64>(0)?, r.get::<_, i64>(7)?),
                 r.get::<_, String>(1)?,
                 r.get::<_, Option<String>>(2)?,
                 (r.get::<_, i64>(3)?, r.get::<_, i64>(4)?, r.get::<_, i64>(5)?),
@@ -211,11 +215,18 @@ pub fn load_counters(c: &Connection, id: &str) -> Result<MetaCounters, StoreErro
             ))
         })
         .optional()?;
-    let Some((meta_version, state, state_detail, (context_start, steps, turns), active_turn)) = row
+    let Some((
+        (meta_version, created_at),
+        state,
+        state_detail,
+        (context_start, steps, turns),
+        active_turn,
+    )) = row
     else {
         return Err(no_session(id));
     };
     Ok(MetaCounters {
+        created_at,
         meta_version,
         state: state.parse()?,
         state_detail,
