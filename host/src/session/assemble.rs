@@ -13,7 +13,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use crate::sandbox::{Access, sha256_hex};
 use crate::store::{StoreError, now_ms};
 
-use super::facts::{SessionMeta, load_counters, load_meta};
+use super::facts::{SessionMeta, load_counters, load_meta_at};
 
 /// One assembled request and the facts it came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -222,7 +222,7 @@ pub fn assemble(
     let parts = match cached.meta.take() {
         Some(m) if m.meta.meta_version == counters.meta_version => m,
         _ => {
-            let meta = load_meta(c, id)?;
+            let meta = load_meta_at(c, id, counters.clone())?;
             let head = Part::new(head(&meta).into());
             let system = Part::new(system_message(&meta).into());
             Arc::new(CachedMeta { meta, head, system })
@@ -301,7 +301,7 @@ pub fn record_evidence(c: &Connection, id: &str, a: &Assembled) -> Result<(), St
 }
 
 pub fn evidence(c: &Connection, id: &str, step: Option<i64>) -> Result<(i64, Vec<u8>), StoreError> {
-    load_meta(c, id)?;
+    load_counters(c, id)?;
     let step = match step {
         Some(s) => s,
         None => c

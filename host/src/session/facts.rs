@@ -91,43 +91,35 @@ fn parse<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, St
 }
 
 pub fn load_meta(c: &Connection, id: &str) -> Result<SessionMeta, StoreError> {
-    let row = c.prepare_cached("SELECT session_goal, phase_goal, state, state_detail, loaded_tools, policy, budget, model,
-                    system_prompt, meta_version, context_start, steps, turns, active_turn
-             FROM sessions WHERE id=?1")?.query_row(
-            [id],
-            |r| {
-                Ok((
-                    r.get::<_, Option<String>>(0)?,
-                    r.get::<_, Option<String>>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, Option<String>>(3)?,
-                    r.get::<_, String>(4)?,
-                    r.get::<_, String>(5)?,
-                    r.get::<_, String>(6)?,
-                    r.get::<_, String>(7)?,
-                    r.get::<_, String>(8)?,
-                    (r.get::<_, i64>(9)?, r.get::<_, i64>(10)?, r.get::<_, i64>(11)?, r.get::<_, i64>(12)?),
-                    r.get::<_, Option<i64>>(13)?,
-                ))
-            },
-        )
-        .optional()?;
-    let Some((
-        goal,
-        phase,
-        state,
-        detail,
-        tools,
-        policy,
-        budget,
-        model,
-        system,
-        (mv, cs, steps, turns),
-        active_turn,
-    )) = row
-    else {
-        return Err(no_session(id));
-    };
+    let counters = load_counters(c, id)?;
+    load_meta_at(c, id, counters)
+}
+
+/// The meta of `id` whose state and counters (read in the same transaction) are `counters`:
+/// reads what `meta_version` covers and fills in the rest.
+pub fn load_meta_at(
+    c: &Connection,
+    id: &str,
+    counters: MetaCounters,
+) -> Result<SessionMeta, StoreError> {
+    let (goal, phase, tools, policy, budget, model, system) = c
+        .prepare_cached(
+            "SELECT session_goal, phase_goal, loaded_tools, policy, budget, model, system_prompt
+             FROM sessions WHERE id=?1",
+        )?
+        .query_row([id], |r| {
+            Ok((
+                r.get::<_, Option<String>>(0)?,
+                r.get::<_, Option<String>>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, String>(5)?,
+                r.get::<_, String>(6)?,
+            ))
+        })
+        .optional()?
+        .ok_or_else(|| no_session(id))?;
     let mut stmt = c.prepare_cached(
         "SELECT host, guest, access FROM session_grants WHERE session_id=?1 ORDER BY guest",
     )?;
@@ -143,24 +135,26 @@ pub fn load_meta(c: &Connection, id: &str) -> Result<SessionMeta, StoreError> {
             access: if access == "rw" { Access::Rw } else { Access::Ro },
         })
         .collect();
-    Ok(SessionMeta {
+    let mut meta = SessionMeta {
         id: id.to_string(),
         session_goal: goal,
         phase_goal: phase,
-        state: state.parse()?,
-        state_detail: detail,
+        state: counters.state,
+        state_detail: None,
         loaded_tools: parse(&tools, "tool list")?,
         policy: parse(&policy, "policy")?,
         budget: parse(&budget, "budget")?,
         model: parse(&model, "model config")?,
         system_prompt: system,
         grants,
-        meta_version: mv,
-        context_start: cs,
-        steps,
-        turns,
-        active_turn,
-    })
+        meta_version: 0,
+        context_start: 0,
+        steps: 0,
+        turns: 0,
+        active_turn: None,
+    };
+    counters.apply(&mut meta);
+    Ok(meta)
 }
 
 fn no_session(id: &str) -> StoreError {
