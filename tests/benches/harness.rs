@@ -101,6 +101,7 @@ async fn run(
         stats.ops_ns.load(Ordering::Relaxed),
         stats.commit_ns.load(Ordering::Relaxed),
     );
+    let waited0 = writer_cpu_wait(stats);
     let cpu0 = cpu_time();
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -157,12 +158,13 @@ async fn run(
     let n = (sessions * steps) as f64;
     let detail = format!(
         "step latency: model exchange {:.2} ms, governed call {:.2} ms, commit + assembly {:.2} ms; \
-         writer CPU {:.0} ms of {:.0} ms; whole machine: {:.0}% busy (user+sys), {:.0}% stolen, {:.0}% idle",
+         writer CPU {:.0} ms of {:.0} ms, waiting for a free CPU {:.0} ms; whole machine: {:.0}% busy (user+sys), {:.0}% stolen, {:.0}% idle",
         p[0].as_secs_f64() * 1e3 / n,
         p[1].as_secs_f64() * 1e3 / n,
         p[2].as_secs_f64() * 1e3 / n,
         (stats.cpu_ns.load(Ordering::Relaxed) - wcpu0) as f64 / 1e6,
         wall.as_secs_f64() * 1e3,
+        writer_cpu_wait(stats).saturating_sub(waited0) as f64 / 1e6,
         (d[0] + d[1] + d[2] + d[5] + d[6]) * 100.0 / all,
         d[7] * 100.0 / all,
         (d[3] + d[4]) * 100.0 / all,
@@ -178,6 +180,16 @@ async fn run(
         commit: Duration::from_nanos(stats.commit_ns.load(Ordering::Relaxed) - commit0),
         detail,
     }
+}
+
+/// Nanoseconds the writer thread has spent runnable but waiting for a CPU (the second field of
+/// the kernel's per-thread `schedstat`; 0 where it is not available).
+fn writer_cpu_wait(stats: &keel::store::DbStats) -> u64 {
+    let tid = stats.thread_id.load(Ordering::Relaxed);
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|w| w.parse().ok()))
+        .unwrap_or(0)
 }
 
 /// Commits every turn makes besides its steps: input with the runner lease, turn start, lease

@@ -45,6 +45,9 @@ pub struct DbStats {
     pub commit_ns: AtomicU64,
     /// CPU time of the writer thread, in nanoseconds.
     pub cpu_ns: AtomicU64,
+    /// The writer thread's id in the kernel (Linux; 0 elsewhere), for its scheduler
+    /// statistics in `/proc/self/task/ID/schedstat`: how long it waited for a CPU.
+    pub thread_id: AtomicU64,
 }
 
 /// A handle to the database writer and read pool. Clones share them.
@@ -179,6 +182,11 @@ fn run(
     stats: &DbStats,
     added_sync_ns: &AtomicU64,
 ) {
+    #[cfg(target_os = "linux")]
+    stats.thread_id.store(
+        u64::try_from(rustix::thread::gettid().as_raw_nonzero().get()).unwrap_or(0),
+        Ordering::Relaxed,
+    );
     while let Some(first) = rx.blocking_recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
