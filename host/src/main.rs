@@ -47,8 +47,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Colours only for a person at a terminal: stderr piped to a file or a script gets plain
+    // text, and `NO_COLOR` turns them off anywhere.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),

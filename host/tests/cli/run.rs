@@ -87,6 +87,28 @@ async fn run_show_evidence_through_the_binary() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_to_a_pipe_are_plain_text() {
+    // A retried model call logs a warning; stderr here is a pipe, not a terminal.
+    let model = MockModel::start(vec![
+        Reply::Status { code: 503, retry_after: None, body: "busy".into() },
+        Reply::text("fine"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let url = model.url();
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&["run", "hello", "--model-url", &url, "--model", "m"]),
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "fine");
+    assert!(stderr.contains("model call failed; retrying"), "{stderr}");
+    assert!(!stderr.contains('\x1b'), "escape sequences in piped logs: {stderr:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c4_two_processes_on_one_session() {
     let model = MockModel::start(vec![
         Reply::Delay(Duration::from_millis(2500), Box::new(Reply::text("first answer"))),
