@@ -5,7 +5,9 @@
 //! session's turn (default 25), `KEEL_BENCH_SESSIONS` the concurrent sessions (default 64),
 //! `KEEL_BENCH_SERIAL` the sessions run one after another for the one-session rows (default 8),
 //! `KEEL_BENCH_SLOW_SYNC_US` the latency added to every commit in the last two runs, which
-//! emulate a disk slower than this machine's (default 2000; 0 skips them).
+//! emulate a disk slower than this machine's (default 2000; 0 skips them), `KEEL_BENCH_ROUNDS`
+//! how many times each ratio is measured — one session, then all sessions, in turn — before
+//! its median is printed (default 3: single runs vary with the machine's load).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::sync::Arc;
@@ -380,20 +382,42 @@ fn main() {
         let rate = |f: &Figures| f.steps as f64 / f.wall.as_secs_f64();
         (rate(&many) / rate(&one), one)
     };
-    let (real, one_ro) = ratio(Duration::ZERO, "");
-    println!(
-        "ratio: {sessions} sessions / 1 session steps/s = {real:.1}x (this machine's disk: a commit takes {:.2} ms)",
-        one_ro.commit.as_secs_f64() * 1e3 / one_ro.batches.max(1) as f64,
-    );
+    let rounds = env("KEEL_BENCH_ROUNDS", 3).max(1);
+    // Measures a ratio `rounds` times; returns the ratios in ascending order.
+    let measure = |added: Duration, label: &str| -> Vec<f64> {
+        let mut ratios = Vec::new();
+        for round in 1..=rounds {
+            let (r, one) = ratio(added, label);
+            println!(
+                "round {round}/{rounds}: {sessions} sessions / 1 session steps/s = {r:.1}x (a commit took {:.2} ms for one session)",
+                one.commit.as_secs_f64() * 1e3 / one.batches.max(1) as f64,
+            );
+            ratios.push(r);
+        }
+        ratios.sort_by(f64::total_cmp);
+        ratios
+    };
+    let summary = |r: &[f64]| {
+        format!(
+            "median {:.1}x over {} rounds (min {:.1}x, max {:.1}x)",
+            r[r.len() / 2],
+            r.len(),
+            r[0],
+            r[r.len() - 1]
+        )
+    };
+    let real = measure(Duration::ZERO, "");
+    println!("ratio: {sessions} sessions / 1 session steps/s: {}", summary(&real));
     // The same two runs on emulated slower storage: every durable commit takes this much
     // longer, as when fsync reaches a disk that is slower than this machine's.
     let slow_us = env("KEEL_BENCH_SLOW_SYNC_US", 2000);
     if slow_us > 0 {
         let slow = Duration::from_micros(slow_us as u64);
         let ms = slow.as_secs_f64() * 1e3;
-        let (slower, _) = ratio(slow, &format!(", sync +{ms:.1} ms"));
+        let slower = measure(slow, &format!(", sync +{ms:.1} ms"));
         println!(
-            "ratio with every commit {ms:.1} ms slower: {sessions} sessions / 1 session steps/s = {slower:.1}x"
+            "ratio with every commit {ms:.1} ms slower: {sessions} sessions / 1 session steps/s: {}",
+            summary(&slower)
         );
     }
     rt.block_on(recovery(env("KEEL_BENCH_RECOVER", 1000)));
