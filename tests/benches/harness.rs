@@ -398,9 +398,10 @@ fn main() {
         ratios
     };
     let summary = |r: &[f64]| {
+        let mid = r.len() / 2;
+        let median = if r.len().is_multiple_of(2) { (r[mid - 1] + r[mid]) / 2.0 } else { r[mid] };
         format!(
-            "median {:.1}x over {} rounds (min {:.1}x, max {:.1}x)",
-            r[r.len() / 2],
+            "median {median:.1}x over {} rounds (min {:.1}x, max {:.1}x)",
             r.len(),
             r[0],
             r[r.len() - 1]
