@@ -551,3 +551,48 @@ async fn assemble_twice(
     let full = fresh.assemble("s", tools).await.unwrap();
     (mine, full)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evidence_parts_are_stored_once_and_again_when_they_change() {
+    let (t, g) = ws();
+    let model = MockModel::start(vec![
+        Reply::calls(&[("call_1", "fs_read_file", r#"{"path": "/w/a.txt"}"#)]),
+        Reply::text("alpha"),
+        Reply::calls(&[("call_2", "fs_list_dir", r#"{"path": "/w"}"#)]),
+        Reply::text("one file"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let h = harness_with_session(
+        home.path(),
+        &model.url(),
+        "s",
+        &["fs_read_file"],
+        g,
+        LoopGuards::default(),
+    )
+    .await;
+    assert!(matches!(submit(&h, "s", "Read a.txt").await, Submitted::Ran(TurnOutcome::Answer(_))));
+    // The session's tool schemas change: the new ones must be stored with the next request.
+    h.engine.add_tools("s", vec!["fs_list_dir".into()]).await.unwrap();
+    assert!(matches!(submit(&h, "s", "List /w").await, Submitted::Ran(TurnOutcome::Answer(_))));
+    let received = model.requests();
+    assert_eq!(received.len(), 4);
+    for (i, body) in received.iter().enumerate() {
+        let (step, evidence) = h.engine.evidence("s", Some(i as i64 + 1)).await.unwrap();
+        assert_eq!(&evidence, body, "evidence of step {step} differs from the request");
+        // A fresh engine, which knows of no stored part, rebuilds it the same way.
+        let fresh = keel::session::SessionEngine::new(
+            keel::store::Db::open(&home.path().join("keel.db")).unwrap(),
+        );
+        assert_eq!(&fresh.evidence("s", Some(step)).await.unwrap().1, body);
+    }
+    // One head, one system message, two sets of tool schemas: each stored once.
+    let c = rusqlite::Connection::open(home.path().join("keel.db")).unwrap();
+    let blobs: i64 = c.query_row("SELECT COUNT(*) FROM blobs", [], |r| r.get(0)).unwrap();
+    assert_eq!(blobs, 4);
+    let steps: i64 =
+        c.query_row("SELECT steps FROM sessions WHERE id='s'", [], |r| r.get(0)).unwrap();
+    assert_eq!(steps, 4, "the session's step counter follows its requests");
+    drop(t);
+}

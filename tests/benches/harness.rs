@@ -7,7 +7,8 @@
 //! `KEEL_BENCH_SLOW_SYNC_US` the latency added to every commit in the last two runs, which
 //! emulate a disk slower than this machine's (default 2000; 0 skips them), `KEEL_BENCH_ROUNDS`
 //! how many times each ratio is measured — one session, then all sessions, in turn — before
-//! its median is printed (default 3: single runs vary with the machine's load).
+//! its median is printed (default 3: single runs vary with the machine's load), and
+//! `KEEL_BENCH_PERF_CTL` a `perf record` control FIFO (see [`profiler`]).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::sync::Arc;
@@ -104,6 +105,10 @@ async fn run(
         stats.commit_ns.load(Ordering::Relaxed),
     );
     let waited0 = writer_cpu_wait(stats);
+    let faults0 = page_faults();
+    if concurrent {
+        profiler("enable");
+    }
     let cpu0 = cpu_time();
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -146,6 +151,10 @@ async fn run(
         t.await.unwrap();
     }
     let wall = started.elapsed();
+    if concurrent {
+        profiler("disable");
+    }
+    let faults = page_faults().saturating_sub(faults0);
     let sys1 = std::fs::read_to_string("/proc/stat").unwrap();
     let ticks = |t: &str| -> Vec<u64> {
         let line = t.lines().next().unwrap_or_default();
@@ -160,10 +169,11 @@ async fn run(
     let n = (sessions * steps) as f64;
     let detail = format!(
         "step latency: model exchange {:.2} ms, governed call {:.2} ms, commit + assembly {:.2} ms; \
-         writer CPU {:.0} ms of {:.0} ms, waiting for a free CPU {:.0} ms; whole machine: {:.0}% busy (user+sys), {:.0}% stolen, {:.0}% idle",
+         {:.2} page faults per step; writer CPU {:.0} ms of {:.0} ms, waiting for a free CPU {:.0} ms; whole machine: {:.0}% busy (user+sys), {:.0}% stolen, {:.0}% idle",
         p[0].as_secs_f64() * 1e3 / n,
         p[1].as_secs_f64() * 1e3 / n,
         p[2].as_secs_f64() * 1e3 / n,
+        faults as f64 / n,
         (stats.cpu_ns.load(Ordering::Relaxed) - wcpu0) as f64 / 1e6,
         wall.as_secs_f64() * 1e3,
         writer_cpu_wait(stats).saturating_sub(waited0) as f64 / 1e6,
@@ -182,6 +192,28 @@ async fn run(
         commit: Duration::from_nanos(stats.commit_ns.load(Ordering::Relaxed) - commit0),
         detail,
     }
+}
+
+/// With `KEEL_BENCH_PERF_CTL` set to the control FIFO of `perf record --control=fifo:PATH -D -1`,
+/// switches the profiler on and off so that it samples only the concurrent runs' measured
+/// windows, not the setup (which compiles components).
+fn profiler(command: &str) {
+    if let Some(path) = std::env::var_os("KEEL_BENCH_PERF_CTL") {
+        let _ = std::fs::write(path, format!("{command}\n"));
+    }
+}
+
+/// Page faults of this process so far (minor and major; `/proc/self/stat`, 0 elsewhere).
+fn page_faults() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name (which may hold spaces) start with the state;
+    // `minflt` is the 8th of them and `majflt` the 10th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    field(7) + field(9)
 }
 
 /// Nanoseconds the writer thread has spent runnable but waiting for a CPU (the second field of

@@ -265,20 +265,30 @@ pub fn assemble(
     Ok((meta, assembled))
 }
 
-fn put_blob<'a>(c: &Connection, part: &'a Part) -> Result<&'a str, StoreError> {
+fn put_blob(c: &Connection, part: &Part) -> Result<(), StoreError> {
     c.prepare_cached("INSERT OR IGNORE INTO blobs (hash, body) VALUES (?1, ?2)")?
         .execute(params![&*part.sha256, &*part.text])?;
-    Ok(&part.sha256)
+    Ok(())
 }
 
 fn blob(c: &Connection, hash: &str) -> Result<String, StoreError> {
     Ok(c.prepare_cached("SELECT body FROM blobs WHERE hash=?1")?.query_row([hash], |r| r.get(0))?)
 }
 
-pub fn record_evidence(c: &Connection, id: &str, a: &Assembled) -> Result<(), StoreError> {
-    let system_hash = put_blob(c, &a.system)?;
-    let tools_hash = a.tools.as_ref().map(|t| put_blob(c, t)).transpose()?;
-    let head_hash = put_blob(c, &a.head)?;
+/// Records the evidence of request `a`: its row, and the parts (head, system message, tool
+/// schemas) that `stored` does not know to be in the database already. The caller records the
+/// step number with the session's state, in the same transaction.
+pub fn record_evidence(
+    c: &Connection,
+    id: &str,
+    a: &Assembled,
+    stored: &StoredParts,
+) -> Result<(), StoreError> {
+    for part in a.parts() {
+        if !stored.contains(&part.sha256) {
+            put_blob(c, part)?;
+        }
+    }
     c.prepare_cached(
         "INSERT INTO evidence (session_id, step, created_at, head, system_hash, tools_hash, history_from,
                                history_to, body_sha256, meta_version)
@@ -288,16 +298,56 @@ pub fn record_evidence(c: &Connection, id: &str, a: &Assembled) -> Result<(), St
         id,
         a.step,
         now_ms(),
-        head_hash,
-        system_hash,
-        tools_hash,
+        &*a.head.sha256,
+        &*a.system.sha256,
+        a.tools.as_ref().map(|t| &*t.sha256),
         a.history_from,
         a.history_to,
         a.body_sha256,
         a.meta_version
     ])?;
-    c.prepare_cached("UPDATE sessions SET steps=?2 WHERE id=?1")?.execute(params![id, a.step])?;
     Ok(())
+}
+
+/// The content hashes of parts that a committed transaction of this engine stored in `blobs`.
+///
+/// Blobs are content-addressed and only ever inserted, so a part once committed is there for
+/// good: the evidence of a step whose head, system message and tool schemas are unchanged
+/// writes only its own row instead of re-inserting (and re-checking) all three.
+#[derive(Default)]
+pub struct StoredParts {
+    hashes: std::sync::Mutex<std::collections::HashSet<Arc<str>>>,
+}
+
+/// Hashes kept; past that, the set starts again (parts are then inserted, and ignored as
+/// present, once more).
+const STORED_PARTS: usize = 4096;
+
+impl StoredParts {
+    fn contains(&self, hash: &str) -> bool {
+        self.hashes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(hash)
+    }
+
+    /// Notes the parts of `a` as stored; call only once the transaction that recorded its
+    /// evidence has committed.
+    pub fn committed(&self, a: &Assembled) {
+        let mut hashes = self.hashes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if hashes.len() + 3 > STORED_PARTS {
+            hashes.clear();
+        }
+        for part in a.parts() {
+            if !hashes.contains(&*part.sha256) {
+                hashes.insert(part.sha256.clone());
+            }
+        }
+    }
+}
+
+impl Assembled {
+    /// The parts stored by content hash: head, system message, tool schemas.
+    fn parts(&self) -> impl Iterator<Item = &Part> {
+        [Some(&self.head), Some(&self.system), self.tools.as_ref()].into_iter().flatten()
+    }
 }
 
 pub fn evidence(c: &Connection, id: &str, step: Option<i64>) -> Result<(i64, Vec<u8>), StoreError> {

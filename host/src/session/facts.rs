@@ -238,13 +238,28 @@ pub fn append_message(
     role: &str,
     body: &str,
 ) -> Result<i64, StoreError> {
-    let seq: i64 = c
-        .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id=?1")?
+    append_messages(c, id, turn, [(role, body)])
+}
+
+/// Appends `(role, body)` messages in order under consecutive sequence numbers; returns the
+/// last one (or the latest existing one when there are none).
+pub fn append_messages<'a>(
+    c: &Connection,
+    id: &str,
+    turn: i64,
+    messages: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<i64, StoreError> {
+    let mut seq: i64 = c
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id=?1")?
         .query_row([id], |r| r.get(0))?;
-    c.prepare_cached(
+    let mut insert = c.prepare_cached(
         "INSERT INTO messages (session_id, seq, turn, role, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?
-    .execute(params![id, seq, turn, role, body, now_ms()])?;
+    )?;
+    let now = now_ms();
+    for (role, body) in messages {
+        seq += 1;
+        insert.execute(params![id, seq, turn, role, body, now])?;
+    }
     Ok(seq)
 }
 
@@ -254,14 +269,27 @@ pub fn set_state(
     state: RuntimeState,
     detail: Option<&str>,
 ) -> Result<(), StoreError> {
+    set_state_after(c, id, state, detail, None)
+}
+
+/// [`set_state`] at the end (or the opening) of step `step`, which it records as the
+/// session's latest model request in the same statement.
+pub fn set_state_after(
+    c: &Connection,
+    id: &str,
+    state: RuntimeState,
+    detail: Option<&str>,
+    step: Option<i64>,
+) -> Result<(), StoreError> {
     // A turn ends when the session becomes idle, fails or is interrupted.
     let ends_turn =
         matches!(state, RuntimeState::Idle | RuntimeState::Failed | RuntimeState::Interrupted);
     c.prepare_cached(
         "UPDATE sessions SET state=?2, state_detail=?3,
-         active_turn=CASE WHEN ?4 THEN NULL ELSE active_turn END WHERE id=?1",
+         active_turn=CASE WHEN ?4 THEN NULL ELSE active_turn END, steps=COALESCE(?5, steps)
+         WHERE id=?1",
     )?
-    .execute(params![id, state.as_str(), detail, ends_turn])?;
+    .execute(params![id, state.as_str(), detail, ends_turn, step])?;
     Ok(())
 }
 

@@ -79,6 +79,7 @@ pub struct TurnStart {
 pub struct SessionEngine {
     db: Db,
     assembly: Arc<assemble::AssemblyCache>,
+    stored: Arc<assemble::StoredParts>,
 }
 
 fn invalid(msg: impl Into<String>) -> StoreError {
@@ -93,7 +94,7 @@ fn valid_id(id: &str) -> bool {
 
 impl SessionEngine {
     pub fn new(db: Db) -> Self {
-        Self { db, assembly: Arc::default() }
+        Self { db, assembly: Arc::default(), stored: Arc::default() }
     }
 
     pub fn db(&self) -> &Db {
@@ -293,7 +294,13 @@ impl SessionEngine {
     /// the new state — one transaction.
     pub async fn commit_step(&self, id: &str, step: StepCommit) -> Result<(), StoreError> {
         let id = id.to_string();
-        self.db.run(move |c| commit_step(c, &id, &step)).await
+        let stored = self.stored.clone();
+        let evidence = step.evidence.clone();
+        self.db.run(move |c| commit_step(c, &id, &step, &stored)).await?;
+        if let Some(e) = &evidence {
+            self.stored.committed(e);
+        }
+        Ok(())
     }
 
     /// Opens a step whose calls may change the world: its evidence, the assistant message and
@@ -308,13 +315,17 @@ impl SessionEngine {
         entries: Vec<JournalEntry>,
     ) -> Result<(), StoreError> {
         let id = id.to_string();
+        let stored = self.stored.clone();
+        let recorded = evidence.clone();
         self.db
             .run(move |c| {
-                assemble::record_evidence(c, &id, &evidence)?;
+                assemble::record_evidence(c, &id, &evidence, &stored)?;
                 steps::open_step_in(c, &id, turn, evidence.step, &assistant, &entries)?;
-                facts::set_state(c, &id, RuntimeState::Running, None)
+                facts::set_state_after(c, &id, RuntimeState::Running, None, Some(evidence.step))
             })
-            .await
+            .await?;
+        self.stored.committed(&recorded);
+        Ok(())
     }
 
     /// The session's open step (committed, not finished), if any.
@@ -442,25 +453,31 @@ pub struct StepCommit {
     pub closes_open_step: bool,
 }
 
-fn commit_step(c: &Connection, id: &str, s: &StepCommit) -> Result<(), StoreError> {
+fn commit_step(
+    c: &Connection,
+    id: &str,
+    s: &StepCommit,
+    stored: &assemble::StoredParts,
+) -> Result<(), StoreError> {
     if let Some(e) = &s.evidence {
-        assemble::record_evidence(c, id, e)?;
+        assemble::record_evidence(c, id, e, stored)?;
     }
-    facts::append_message(c, id, s.turn, "assistant", &s.assistant)?;
-    for r in &s.results {
-        facts::append_message(c, id, s.turn, "tool", r)?;
-    }
+    let notice = s
+        .notice
+        .as_ref()
+        .map(|n| serde_json::json!({"role": "assistant", "content": n}).to_string());
+    let messages = std::iter::once(("assistant", s.assistant.as_str()))
+        .chain(s.results.iter().map(|r| ("tool", r.as_str())))
+        .chain(notice.as_deref().map(|n| ("assistant", n)));
+    facts::append_messages(c, id, s.turn, messages)?;
     for e in &s.journal {
         facts::put_journal(c, id, s.step, e)?;
-    }
-    if let Some(n) = &s.notice {
-        let body = serde_json::json!({"role": "assistant", "content": n}).to_string();
-        facts::append_message(c, id, s.turn, "assistant", &body)?;
     }
     if s.closes_open_step {
         c.prepare_cached("DELETE FROM open_steps WHERE session_id=?1")?.execute([id])?;
     }
-    facts::set_state(c, id, s.state, s.detail.as_deref())
+    let step = s.evidence.as_ref().map(|e| e.step);
+    facts::set_state_after(c, id, s.state, s.detail.as_deref(), step)
 }
 
 pub(crate) fn json<T: Serialize>(v: &T) -> Result<String, StoreError> {
