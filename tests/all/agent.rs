@@ -596,3 +596,53 @@ async fn evidence_parts_are_stored_once_and_again_when_they_change() {
     assert_eq!(steps, 4, "the session's step counter follows its requests");
     drop(t);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g2_oversized_and_absurd_replies_fail_clearly_and_the_session_goes_on() {
+    let limit = keel::model::MAX_REPLY_BYTES;
+    let huge = "x".repeat(limit + 1);
+    let model = MockModel::start(vec![
+        // A 200 larger than the limit: refused, not retried.
+        Reply::Json(json!({"choices": [{"message": {"role": "assistant", "content": huge}}]})),
+        // Error bodies larger than the limit: only their start is read, then retried as usual.
+        Reply::Status { code: 500, retry_after: None, body: "y".repeat(limit + 1) },
+        Reply::Status { code: 500, retry_after: None, body: "y".repeat(limit + 1) },
+        Reply::Status { code: 500, retry_after: None, body: "y".repeat(limit + 1) },
+        // A stream delta naming call index 2^60: refused before room is made for the calls.
+        Reply::Sse {
+            events: vec![json!({"choices": [{"delta": {"tool_calls": [
+                {"index": 1u64 << 60, "id": "c", "function": {"name": "echo", "arguments": "{}"}}
+            ]}}]})],
+            cut: false,
+        },
+        Reply::text("still here"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let h =
+        harness_with_session(home.path(), &model.url(), "big", FS, vec![], LoopGuards::default())
+            .await;
+    let failed = |out: Submitted| match out {
+        Submitted::Ran(TurnOutcome::Failed(e)) => e,
+        other => panic!("expected a failed turn, got {other:?}"),
+    };
+    let e = failed(submit(&h, "big", "one").await);
+    assert!(e.contains("after 1 attempt(s)") && e.contains("larger than 32 MiB"), "{e}");
+    let e = failed(submit(&h, "big", "two").await);
+    assert!(e.contains("after 3 attempt(s)") && e.contains("HTTP 500"), "{e}");
+    assert!(e.len() < 2_200, "the error shows only the start of the body ({} bytes)", e.len());
+    let e = failed(submit(&h, "big", "three").await);
+    assert!(
+        e.contains("after 1 attempt(s)") && e.contains("tool call index 1152921504606846976"),
+        "{e}"
+    );
+    // Nothing of the refused replies was committed; the session answers the next input.
+    let users: Vec<Value> =
+        ["one", "two", "three"].iter().map(|t| json!({"role": "user", "content": t})).collect();
+    assert_eq!(bodies(&h, "big"), users);
+    assert_eq!(h.engine.meta("big").await.unwrap().state, RuntimeState::Failed);
+    assert_eq!(
+        submit(&h, "big", "four").await,
+        Submitted::Ran(TurnOutcome::Answer("still here".into()))
+    );
+}

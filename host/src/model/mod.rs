@@ -79,6 +79,11 @@ pub enum ModelError {
     Truncated,
     #[error("the model server's reply is not understood: {0}")]
     Malformed(String),
+    #[error(
+        "the model server's reply is larger than {} MiB; refused (a reply this large is not a chat completion)",
+        MAX_REPLY_BYTES >> 20
+    )]
+    TooLarge,
     #[error("the model call was cancelled")]
     Cancelled,
 }
@@ -89,7 +94,7 @@ impl ModelError {
         match self {
             Self::Status { status, .. } => *status == 429 || *status >= 500,
             Self::Transport(_) | Self::Empty | Self::Truncated => true,
-            Self::Malformed(_) | Self::Cancelled => false,
+            Self::Malformed(_) | Self::TooLarge | Self::Cancelled => false,
         }
     }
 }
@@ -101,6 +106,17 @@ pub struct ModelFailure {
     pub attempts: u32,
     pub last: ModelError,
 }
+
+/// The largest reply body read: a larger one is refused ([`ModelError::TooLarge`]) before it
+/// fills the host's memory.
+pub const MAX_REPLY_BYTES: usize = 32 << 20;
+
+/// Of an error reply (a non-200 status), only this much is read; the message shows the start.
+const MAX_ERROR_BYTES: usize = 64 << 10;
+
+/// Tool calls in one reply at most (real models make a handful): a reply with more, or a
+/// stream delta whose call index is past it, is [`ModelError::Malformed`].
+pub const MAX_TOOL_CALLS: usize = 256;
 
 /// First retry delay; doubles each attempt, capped by [`MAX_BACKOFF`].
 pub const BASE_BACKOFF: Duration = Duration::from_millis(200);
@@ -204,13 +220,23 @@ impl ModelClient {
                 .and_then(|v| v.trim().parse::<f64>().ok())
                 .filter(|s| s.is_finite() && *s >= 0.0)
                 .map(Duration::from_secs_f64);
-            let text = resp.text().await.unwrap_or_default();
-            let body: String = text.chars().take(2000).collect();
+            // Only the start of an error body is read (and shown).
+            let mut start = Vec::new();
+            while start.len() < MAX_ERROR_BYTES {
+                match resp.chunk().await {
+                    Ok(Some(chunk)) => start.extend_from_slice(&chunk),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            let body: String = String::from_utf8_lossy(&start).chars().take(2000).collect();
             return Err(ModelError::Status { status, body, retry_after });
         }
         let mut bytes = Vec::new();
         loop {
             match resp.chunk().await {
+                Ok(Some(chunk)) if bytes.len() + chunk.len() > MAX_REPLY_BYTES => {
+                    return Err(ModelError::TooLarge);
+                }
                 Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
                 Ok(None) => break,
                 Err(e) => {
@@ -242,6 +268,12 @@ fn transport(e: &reqwest::Error) -> String {
         source = s.source();
     }
     text
+}
+
+fn too_many_calls(n: usize) -> ModelError {
+    ModelError::Malformed(format!(
+        "the reply asks for {n} tool calls; at most {MAX_TOOL_CALLS} are accepted in one reply"
+    ))
 }
 
 fn looks_like_sse(bytes: &[u8]) -> bool {
@@ -306,6 +338,9 @@ pub fn parse_json(bytes: &[u8]) -> Result<ModelReply, ModelError> {
             arguments: c.function.arguments.unwrap_or_default(),
         })
         .collect();
+    if tool_calls.len() > MAX_TOOL_CALLS {
+        return Err(too_many_calls(tool_calls.len()));
+    }
     if tool_calls.is_empty()
         && let Some(f) = message.function_call
     {

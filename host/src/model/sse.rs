@@ -2,7 +2,7 @@
 
 use serde::Deserialize;
 
-use super::{FunctionPart, ModelError, ModelReply, ToolCallRequest};
+use super::{FunctionPart, MAX_TOOL_CALLS, ModelError, ModelReply, ToolCallRequest};
 
 #[derive(Deserialize)]
 struct Chunk {
@@ -80,6 +80,12 @@ pub fn parse_stream(bytes: &[u8]) -> Result<ModelReply, ModelError> {
         }
         for (n, d) in delta.tool_calls.unwrap_or_default().into_iter().enumerate() {
             let index = d.index.unwrap_or(n);
+            if index >= MAX_TOOL_CALLS {
+                // Checked before the calls up to it are made room for.
+                return Err(ModelError::Malformed(format!(
+                    "a stream delta names tool call index {index}; at most {MAX_TOOL_CALLS} calls are accepted in one reply"
+                )));
+            }
             while calls.len() <= index {
                 calls.push(ToolCallRequest {
                     id: String::new(),
@@ -157,5 +163,29 @@ mod tests {
         );
         let r = parse_stream(body.as_bytes()).unwrap();
         assert_eq!(r.tool_calls[0].name, "echo");
+    }
+
+    #[test]
+    fn a_call_index_past_the_limit_is_refused_before_room_is_made_for_it() {
+        // Without the check, this index would have the parser allocate a call for every
+        // index below it: about 10^18 of them.
+        let event = |index: u64| {
+            format!(
+                "data: {{\"choices\":[{{\"delta\":{{\"tool_calls\":[{{\"index\":{index},\"id\":\"c\",\"function\":{{\"name\":\"echo\",\"arguments\":\"{{}}\"}}}}]}}}}]}}\n\ndata: [DONE]\n\n"
+            )
+        };
+        match parse_stream(event(1 << 60).as_bytes()) {
+            Err(ModelError::Malformed(m)) => {
+                assert!(m.contains("index 1152921504606846976"), "{m}")
+            }
+            other => panic!("expected a malformed reply, got {other:?}"),
+        }
+        assert!(matches!(
+            parse_stream(event(MAX_TOOL_CALLS as u64).as_bytes()),
+            Err(ModelError::Malformed(_))
+        ));
+        // The last index accepted.
+        let r = parse_stream(event(MAX_TOOL_CALLS as u64 - 1).as_bytes()).unwrap();
+        assert_eq!(r.tool_calls.len(), MAX_TOOL_CALLS);
     }
 }
