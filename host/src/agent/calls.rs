@@ -271,6 +271,13 @@ pub(super) async fn run_fresh(
     events: &Events,
 ) -> Result<StepEnd, AgentError> {
     let mut slots = plan(&agent.tools, meta, reply.tool_calls, assembled.step);
+    // Calls refused before anything could run (unknown tool, arguments that are not JSON, a
+    // duplicate id, the policy) are reported like the others.
+    for s in &slots {
+        if let Some(o) = &s.outcome {
+            finished_event(events, s, o);
+        }
+    }
     let calls: Vec<serde_json::Value> = slots
         .iter()
         .map(|s| json!({"id": s.call.id, "type": "function", "function": {"name": s.call.name, "arguments": s.call.arguments}}))

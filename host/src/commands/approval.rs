@@ -56,7 +56,7 @@ pub struct RecoverArgs {
 fn print_unit(u: &ApprovalUnit) {
     println!("approval {}  [{}]", u.id, u.status);
     println!("  session   {} (step {}, call {})", u.session_id, u.step, inert(&u.call_id));
-    println!("  tool      {}  ({})", u.tool, u.effect);
+    println!("  tool      {}  ({})", inert(&u.tool), u.effect);
     println!("  component sha256:{}", u.component_digest);
     println!("  input     {}", inert(&u.input));
     println!("  input sha256:{}", u.input_digest);
@@ -120,7 +120,12 @@ pub async fn decide(home: PathBuf, a: DecideArgs, decision: Decision) -> ExitCod
     };
     let verb = if decision == Decision::Approve { "approved" } else { "rejected" };
     if !a.json {
-        eprintln!("keel: {verb} {} ({} in session {})", unit.id, unit.tool, unit.session_id);
+        eprintln!(
+            "keel: {verb} {} ({} in session {})",
+            unit.id,
+            inert(&unit.tool),
+            unit.session_id
+        );
     }
     let id = unit.session_id.clone();
     if a.no_resume {

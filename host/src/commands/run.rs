@@ -76,17 +76,21 @@ pub fn stderr_events() -> Events {
     Arc::new(|e: &Event| match e {
         Event::State(s) => eprintln!("keel: state {s}"),
         Event::ModelCall { step } => eprintln!("keel: model call (step {step})"),
-        Event::ToolStarted { name, call_id } => eprintln!("keel:   → {name} [{}]", inert(call_id)),
+        Event::ToolStarted { name, call_id } => {
+            eprintln!("keel:   → {} [{}]", inert(name), inert(call_id))
+        }
         Event::ApprovalNeeded { unit, tool } => {
             eprintln!(
-                "keel:   ⏸ {tool} needs approval: keel approve {unit}  (or keel reject {unit})"
+                "keel:   ⏸ {} needs approval: keel approve {unit}  (or keel reject {unit})",
+                inert(tool)
             )
         }
         Event::ToolFinished { name, ok, kind, ms, .. } => {
             if *ok {
-                eprintln!("keel:   ✓ {name} ({ms:.1} ms)");
+                eprintln!("keel:   ✓ {} ({ms:.1} ms)", inert(name));
             } else {
-                eprintln!("keel:   ✗ {name} ({ms:.1} ms): {}", kind.as_deref().unwrap_or("error"));
+                let kind = kind.as_deref().unwrap_or("error");
+                eprintln!("keel:   ✗ {} ({ms:.1} ms): {kind}", inert(name));
             }
         }
     })

@@ -137,7 +137,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                     for c in calls {
                         println!(
                             "  → {} {}",
-                            c["function"]["name"].as_str().unwrap_or(""),
+                            inert(c["function"]["name"].as_str().unwrap_or("")),
                             inert(c["function"]["arguments"].as_str().unwrap_or(""))
                         );
                     }
@@ -149,7 +149,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                         println!(
                             "  step {} {} {} [{}{}] {:.1} ms{}",
                             c.step,
-                            e.tool,
+                            inert(&e.tool),
                             inert(&e.input),
                             e.status,
                             e.error_kind.as_deref().map(|k| format!(", {k}")).unwrap_or_default(),
@@ -165,7 +165,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                     println!(
                         "\nwaiting for approval {}: {} {} ({}) — keel approve {} / keel reject {}",
                         u.id,
-                        u.tool,
+                        inert(&u.tool),
                         inert(&u.input),
                         u.effect,
                         u.id,

@@ -109,6 +109,38 @@ async fn logs_to_a_pipe_are_plain_text() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f6_control_characters_in_model_tool_names_are_inert_on_the_terminal() {
+    // The model (steered by something it read, say) asks for a tool whose name clears the
+    // screen, sets the terminal's title and rings the bell.
+    let name = "evil\u{1b}[2J\u{1b}]0;owned\u{7}";
+    let model =
+        MockModel::start(vec![Reply::calls(&[("c1\u{1b}[1m", name, "{}")]), Reply::text("done")])
+            .await;
+    let home = tempfile::tempdir().unwrap();
+    let url = model.url();
+    let run = keel_async(
+        home.path().to_path_buf(),
+        args(&["run", "hello", "--session", "f6", "--model-url", &url, "--model", "m"]),
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("evil") && stderr.contains("unknown_tool"),
+        "the call is shown: {stderr}"
+    );
+    let show = keel_async(home.path().to_path_buf(), args(&["session", "show", "f6"])).await;
+    let shown = String::from_utf8_lossy(&show.stdout);
+    assert!(shown.contains("evil"), "{shown}");
+    for (what, text) in [("run's progress", &stderr), ("session show", &shown)] {
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "control characters reach the terminal through {what}: {text:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c4_two_processes_on_one_session() {
     let model = MockModel::start(vec![
         Reply::Delay(Duration::from_millis(2500), Box::new(Reply::text("first answer"))),
