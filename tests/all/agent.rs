@@ -646,3 +646,37 @@ async fn g2_oversized_and_absurd_replies_fail_clearly_and_the_session_goes_on() 
         Submitted::Ran(TurnOutcome::Answer("still here".into()))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guards_of_zero_are_raised_and_never_leave_a_turn_running() {
+    // A turn with "at most 0 model calls" used to end without a model call and without
+    // leaving the running state, so the next process took it for an unclean stop.
+    let model = MockModel::start(vec![
+        Reply::text("one call is allowed"),
+        Reply::calls(&[("c1", "echo", r#"{"text": "x"}"#)]),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let zero = LoopGuards {
+        max_steps: 0,
+        max_repeats: 0,
+        max_consecutive_errors: 0,
+        max_parallel: 0,
+        ..LoopGuards::default()
+    };
+    let h = harness_with_session(home.path(), &model.url(), "z", &["echo"], vec![], zero).await;
+    assert_eq!(
+        submit(&h, "z", "hello").await,
+        Submitted::Ran(TurnOutcome::Answer("one call is allowed".into()))
+    );
+    assert_eq!(h.engine.meta("z").await.unwrap().state, RuntimeState::Idle);
+    // The step limit (1) ends the next turn after its one call, with the notice, idle.
+    let out = submit(&h, "z", "call echo").await;
+    assert!(
+        matches!(&out, Submitted::Ran(TurnOutcome::Stopped(n)) if n.contains("limit of 1 model calls")),
+        "{out:?}"
+    );
+    let meta = h.engine.meta("z").await.unwrap();
+    assert_eq!(meta.state, RuntimeState::Idle);
+    assert_eq!(meta.active_turn, None);
+}

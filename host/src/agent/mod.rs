@@ -22,12 +22,16 @@ use crate::tools::ToolService;
 use calls::StepEnd;
 pub use calls::result_content;
 
-/// The loop guards and bounds of a turn.
+/// The loop guards and bounds of a turn. Counts too small to mean anything are raised when the
+/// AgentService is built: a turn makes at least one model call, runs at least one call at a
+/// time, stops at the earliest after one error, and a call is repeated only from its second
+/// occurrence on.
 #[derive(Debug, Clone)]
 pub struct LoopGuards {
     /// Model calls per turn at most.
     pub max_steps: u32,
-    /// Steps in a row that may repeat the very same call (tool + arguments).
+    /// Occurrences in a row of the very same call (tool + arguments) that stop the turn (at
+    /// least 2).
     pub max_repeats: u32,
     /// Tool errors in a row before the turn stops.
     pub max_consecutive_errors: u32,
@@ -124,6 +128,13 @@ impl AgentService {
         model: ModelClient,
         guards: LoopGuards,
     ) -> Self {
+        let guards = LoopGuards {
+            max_steps: guards.max_steps.max(1),
+            max_repeats: guards.max_repeats.max(2),
+            max_consecutive_errors: guards.max_consecutive_errors.max(1),
+            max_parallel: guards.max_parallel.max(1),
+            ..guards
+        };
         Self { engine, tools, model, guards }
     }
 

@@ -53,8 +53,8 @@ pub struct RunArgs {
     model: Option<String>,
     #[command(flatten)]
     budget: BudgetArgs,
-    /// Model calls per turn at most.
-    #[arg(long, default_value_t = 24)]
+    /// Model calls per turn at most (1 or more).
+    #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u32).range(1..))]
     max_steps: u32,
     /// Print one JSON object instead of the answer.
     #[arg(long)]

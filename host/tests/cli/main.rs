@@ -110,6 +110,10 @@ fn errors_are_typed_and_exit_codes_distinguish_them() {
     let v = json_of(&out);
     assert_eq!(v["error"]["kind"], json!("invalid_input"));
     assert!(v["error"]["message"].as_str().unwrap().contains("field `/path`"));
+    // So is a turn's step limit: at least one model call.
+    let out = keel(home.path(), &["run", "hello", "--max-steps", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--max-steps"), "{out:?}");
     // Budget flags are validated by the parser.
     let out = keel(home.path(), &["tool", "call", "fs_read_file", "--timeout", "soon"]);
     assert_eq!(out.status.code(), Some(2));
