@@ -118,5 +118,6 @@ pub fn model_config(
     if let Some(r) = p.max_retries {
         cfg.max_retries = r;
     }
+    cfg.validate()?;
     Ok(Some(cfg))
 }

@@ -680,3 +680,28 @@ async fn guards_of_zero_are_raised_and_never_leave_a_turn_running() {
     assert_eq!(meta.state, RuntimeState::Idle);
     assert_eq!(meta.active_turn, None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_url_that_cannot_work_fails_at_once_without_retries() {
+    // A session whose stored URL is not http(s) (written before validation, or by hand).
+    let home = tempfile::tempdir().unwrap();
+    let h = harness_with_session(
+        home.path(),
+        "ftp://127.0.0.1/v1",
+        "u",
+        &["echo"],
+        vec![],
+        LoopGuards::default(),
+    )
+    .await;
+    match submit(&h, "u", "hello").await {
+        Submitted::Ran(TurnOutcome::Failed(e)) => {
+            assert!(
+                e.contains("after 1 attempt(s)") && e.contains("not an http:// or https:// URL"),
+                "{e}"
+            )
+        }
+        other => panic!("expected a failed turn, got {other:?}"),
+    }
+    assert_eq!(h.engine.meta("u").await.unwrap().state, RuntimeState::Failed);
+}

@@ -49,6 +49,30 @@ impl ModelConfig {
     }
 }
 
+impl ModelConfig {
+    /// `{base_url}/chat/completions`, parsed and checked to be an http or https URL.
+    pub fn endpoint(&self) -> Result<reqwest::Url, String> {
+        let url = reqwest::Url::parse(&format!("{}/chat/completions", self.base_url))
+            .map_err(|e| format!("the model URL `{}` is not a valid URL: {e}", self.base_url))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!(
+                "the model URL `{}` is not an http:// or https:// URL",
+                self.base_url
+            ));
+        }
+        Ok(url)
+    }
+
+    /// Checks what can be checked before any call: the URL and the timeout.
+    pub fn validate(&self) -> Result<(), String> {
+        self.endpoint()?;
+        if self.timeout_ms == 0 {
+            return Err("the model call timeout (`timeout_ms`) must be at least 1 ms".into());
+        }
+        Ok(())
+    }
+}
+
 /// One tool call the model asked for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ToolCallRequest {
@@ -86,6 +110,9 @@ pub enum ModelError {
     TooLarge,
     #[error("the model call was cancelled")]
     Cancelled,
+    /// The configuration cannot work (an invalid URL, say): trying again would not help.
+    #[error("{0}")]
+    Config(String),
 }
 
 impl ModelError {
@@ -94,7 +121,7 @@ impl ModelError {
         match self {
             Self::Status { status, .. } => *status == 429 || *status >= 500,
             Self::Transport(_) | Self::Empty | Self::Truncated => true,
-            Self::Malformed(_) | Self::TooLarge | Self::Cancelled => false,
+            Self::Malformed(_) | Self::TooLarge | Self::Cancelled | Self::Config(_) => false,
         }
     }
 }
@@ -181,18 +208,16 @@ impl ModelClient {
         }
     }
 
-    /// `{base_url}/chat/completions`, parsed.
-    fn endpoint(&self, base_url: &str) -> Result<reqwest::Url, ModelError> {
+    /// The endpoint of `config` ([`ModelConfig::endpoint`]), parsed once per base URL.
+    fn endpoint(&self, config: &ModelConfig) -> Result<reqwest::Url, ModelError> {
         let mut last = self.endpoint.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((base, url)) = &*last
-            && base == base_url
+            && *base == config.base_url
         {
             return Ok(url.clone());
         }
-        let url = reqwest::Url::parse(&format!("{base_url}/chat/completions")).map_err(|e| {
-            ModelError::Transport(format!("the model URL `{base_url}` is not a valid URL: {e}"))
-        })?;
-        *last = Some((base_url.to_string(), url.clone()));
+        let url = config.endpoint().map_err(ModelError::Config)?;
+        *last = Some((config.base_url.clone(), url.clone()));
         Ok(url)
     }
 
@@ -203,7 +228,7 @@ impl ModelClient {
     ) -> Result<ModelReply, ModelError> {
         let mut req = self
             .http
-            .post(self.endpoint(&config.base_url)?)
+            .post(self.endpoint(config)?)
             .timeout(Duration::from_millis(config.timeout_ms))
             .header("content-type", "application/json")
             .body(body.clone());

@@ -110,6 +110,17 @@ fn errors_are_typed_and_exit_codes_distinguish_them() {
     let v = json_of(&out);
     assert_eq!(v["error"]["kind"], json!("invalid_input"));
     assert!(v["error"]["message"].as_str().unwrap().contains("field `/path`"));
+    // A model URL that cannot work is refused before a session is created.
+    for url in ["notaurl", "ftp://127.0.0.1/v1"] {
+        let out =
+            keel(home.path(), &["run", "hello", "--model-url", url, "--model", "m", "--json"]);
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let v = json_of(&out);
+        assert_eq!(v["error"]["kind"], json!("config"));
+        assert!(v["error"]["message"].as_str().unwrap().contains(url), "{v}");
+    }
+    let list = keel(home.path(), &["session", "list", "--json"]);
+    assert_eq!(json_of(&list), json!([]), "no session was created");
     // So is a turn's step limit: at least one model call.
     let out = keel(home.path(), &["run", "hello", "--max-steps", "0"]);
     assert_eq!(out.status.code(), Some(2));
