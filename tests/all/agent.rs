@@ -705,3 +705,29 @@ async fn a_model_url_that_cannot_work_fails_at_once_without_retries() {
     }
     assert_eq!(h.engine.meta("u").await.unwrap().state, RuntimeState::Failed);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_input_is_refused_and_leaves_nothing_behind() {
+    let model = MockModel::start(vec![Reply::text("hello to you")]).await;
+    let home = tempfile::tempdir().unwrap();
+    let h = harness_with_session(
+        home.path(),
+        &model.url(),
+        "e",
+        &["echo"],
+        vec![],
+        LoopGuards::default(),
+    )
+    .await;
+    for empty in ["", "  \n\t"] {
+        let err = h.brain.submit("e", empty, &CancelToken::new(), &no_events()).await.unwrap_err();
+        assert!(err.to_string().contains("empty"), "{err}");
+    }
+    assert!(bodies(&h, "e").is_empty(), "nothing was appended");
+    assert!(model.requests().is_empty(), "no model call was made");
+    // No runner lease was left behind: the next input runs at once.
+    assert_eq!(
+        submit(&h, "e", "hello").await,
+        Submitted::Ran(TurnOutcome::Answer("hello to you".into()))
+    );
+}

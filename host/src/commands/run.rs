@@ -169,6 +169,9 @@ pub fn report(json_out: bool, id: &str, harness_state: &str, submitted: &Submitt
 }
 
 pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
+    if a.task.trim().is_empty() {
+        return fail(a.json, "input", "the task is empty: say what to do", EXIT_REFUSED);
+    }
     let (home_dir, h) = match open_harness(&home, a.max_steps).await {
         Ok(x) => x,
         Err(e) => return fail(a.json, "setup", &e, EXIT_SETUP),

@@ -180,6 +180,9 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             Err(e) => fail(a.json, &e.to_string(), EXIT_REFUSED),
         },
         SessionCommand::Send(a) => {
+            if a.message.trim().is_empty() {
+                return fail(a.json, "the message is empty: say what to do", EXIT_REFUSED);
+            }
             if let Err(e) = h.engine.meta(&a.id).await {
                 return fail(a.json, &e.to_string(), EXIT_REFUSED);
             }

@@ -419,6 +419,9 @@ impl SessionEngine {
 /// transaction (the Brain takes the runner lease in the same one). A session that is not
 /// running shows `preparing_context` until its runner starts the turn.
 pub fn submit_in(c: &Connection, id: &str, text: &str) -> Result<i64, StoreError> {
+    if text.trim().is_empty() {
+        return Err(invalid("an input must say something: this one is empty"));
+    }
     let meta = facts::load_meta(c, id)?;
     let seq: i64 = c
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM inbox WHERE session_id=?1")?

@@ -121,6 +121,13 @@ fn errors_are_typed_and_exit_codes_distinguish_them() {
     }
     let list = keel(home.path(), &["session", "list", "--json"]);
     assert_eq!(json_of(&list), json!([]), "no session was created");
+    // An empty task or message is refused.
+    let out = keel(home.path(), &["run", "  ", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(json_of(&out)["error"]["kind"], json!("input"));
+    let out = keel(home.path(), &["session", "send", "any", "", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(json_of(&out)["error"]["message"].as_str().unwrap().contains("empty"));
     // So is a turn's step limit: at least one model call.
     let out = keel(home.path(), &["run", "hello", "--max-steps", "0"]);
     assert_eq!(out.status.code(), Some(2));
