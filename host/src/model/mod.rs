@@ -381,3 +381,29 @@ pub fn parse_json(bytes: &[u8]) -> Result<ModelReply, ModelError> {
         finish_reason: choice.finish_reason,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_calls(n: usize) -> Vec<u8> {
+        let calls: Vec<serde_json::Value> = (0..n)
+            .map(|i| {
+                serde_json::json!({"id": format!("c{i}"), "type": "function",
+                    "function": {"name": "echo", "arguments": "{}"}})
+            })
+            .collect();
+        serde_json::json!({"choices": [{"message": {"role": "assistant", "tool_calls": calls}}]})
+            .to_string()
+            .into_bytes()
+    }
+
+    #[test]
+    fn a_reply_with_more_tool_calls_than_the_limit_is_refused() {
+        assert_eq!(parse_json(&with_calls(MAX_TOOL_CALLS)).map(|r| r.tool_calls.len()), Ok(256));
+        match parse_json(&with_calls(MAX_TOOL_CALLS + 1)) {
+            Err(ModelError::Malformed(m)) => assert!(m.contains("257 tool calls"), "{m}"),
+            other => panic!("expected a malformed reply, got {other:?}"),
+        }
+    }
+}
