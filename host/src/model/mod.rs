@@ -242,9 +242,7 @@ impl ModelClient {
                 .headers()
                 .get("retry-after")
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<f64>().ok())
-                .filter(|s| s.is_finite() && *s >= 0.0)
-                .map(Duration::from_secs_f64);
+                .and_then(retry_after);
             // Only the start of an error body is read (and shown).
             let mut start = Vec::new();
             while start.len() < MAX_ERROR_BYTES {
@@ -293,6 +291,14 @@ fn transport(e: &reqwest::Error) -> String {
         source = s.source();
     }
     text
+}
+
+/// A `Retry-After` given in seconds (any other form, such as an HTTP date, is ignored and the
+/// usual backoff applies). A value too large for a duration waits the longest backoff; the
+/// caller caps every wait at [`MAX_BACKOFF`].
+fn retry_after(value: &str) -> Option<Duration> {
+    let seconds = value.trim().parse::<f64>().ok().filter(|s| *s >= 0.0)?;
+    Some(Duration::try_from_secs_f64(seconds).unwrap_or(MAX_BACKOFF))
 }
 
 fn too_many_calls(n: usize) -> ModelError {
@@ -396,6 +402,18 @@ mod tests {
         serde_json::json!({"choices": [{"message": {"role": "assistant", "tool_calls": calls}}]})
             .to_string()
             .into_bytes()
+    }
+
+    #[test]
+    fn retry_after_values_never_panic() {
+        assert_eq!(retry_after(" 3 "), Some(Duration::from_secs(3)));
+        assert_eq!(retry_after("0.5"), Some(Duration::from_millis(500)));
+        // Too large for a duration (this used to panic the host): the longest backoff.
+        assert_eq!(retry_after("1e20"), Some(MAX_BACKOFF));
+        assert_eq!(retry_after("inf"), Some(MAX_BACKOFF));
+        for ignored in ["-1", "NaN", "soon", "Wed, 21 Oct 2015 07:28:00 GMT", ""] {
+            assert_eq!(retry_after(ignored), None, "{ignored:?}");
+        }
     }
 
     #[test]
