@@ -9,7 +9,7 @@ use crate::home::Home;
 use crate::model::{ModelClient, ModelConfig};
 use crate::sandbox::SandboxLimits;
 use crate::session::SessionEngine;
-use crate::store::Db;
+use crate::store::{Db, StoreError};
 use crate::tools::{ToolService, ToolServiceError};
 
 /// The default system prompt of a session.
@@ -50,8 +50,9 @@ impl Harness {
         progress: &(dyn Fn(&str) + Sync),
     ) -> Result<Self, HarnessError> {
         let db_path = home.database();
+        let sync = crate::config::synchronous(&home).map_err(StoreError::Invalid)?;
         let tools = Arc::new(ToolService::open(home, limits, progress).await?);
-        let db = Db::open(&db_path)?;
+        let db = Db::open_with(&db_path, sync)?;
         let engine = SessionEngine::new(db.clone());
         let agent =
             AgentService::new(engine.clone(), tools.clone(), ModelClient::new(api_key)?, guards);
@@ -80,29 +81,8 @@ pub fn model_config(
     url_flag: Option<&str>,
     model_flag: Option<&str>,
 ) -> Result<Option<ModelConfig>, String> {
-    #[derive(serde::Deserialize, Default)]
-    struct File {
-        #[serde(default)]
-        model: Option<Partial>,
-    }
-    #[derive(serde::Deserialize, Default)]
-    #[serde(deny_unknown_fields)]
-    struct Partial {
-        base_url: Option<String>,
-        model: Option<String>,
-        temperature: Option<f64>,
-        max_tokens: Option<u32>,
-        timeout_ms: Option<u64>,
-        stream: Option<bool>,
-        max_retries: Option<u32>,
-    }
-    let path = home.root().join("keel.toml");
-    let file: File = match std::fs::read_to_string(&path) {
-        Ok(text) => toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?,
-        Err(_) => File::default(),
-    };
-    let p = file.model.unwrap_or_default();
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let p = crate::config::read(home)?.model.unwrap_or_default();
+    let env = crate::config::env;
     let url = url_flag.map(str::to_string).or_else(|| env("KEEL_MODEL_URL")).or(p.base_url);
     let model = model_flag.map(str::to_string).or_else(|| env("KEEL_MODEL")).or(p.model);
     let (Some(url), Some(model)) = (url, model) else { return Ok(None) };

@@ -9,12 +9,14 @@
 //! - [`tools`] — ToolService: the tool catalog (install, validate, pin by digest) and the
 //!   governance chain of one call (resolve → schema → lease → sandbox → normalise).
 //! - [`store`] — the SQLite store: connection setup and numbered migrations.
-//! - [`home`] — where keel keeps its state (`--home`, `KEEL_HOME`).
+//! - [`home`] — where keel keeps its state (`--home`, `KEEL_HOME`); [`config`] — its settings
+//!   file, `keel.toml`.
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
 pub mod agent;
 pub mod brain;
 pub mod builtin;
+pub mod config;
 pub mod crash;
 pub mod harness;
 pub mod home;

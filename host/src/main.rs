@@ -14,7 +14,7 @@ use clap::{Parser, Subcommand};
 
 /// keel: an agent harness whose every tool is a sandboxed WebAssembly component.
 #[derive(Parser)]
-#[command(name = "keel", version, about, long_about = None)]
+#[command(name = "keel", version, about, long_about = None, after_help = SETTINGS)]
 struct Cli {
     /// keel home directory (database, components, compiled cache).
     /// Default: $KEEL_HOME, else $XDG_DATA_HOME/keel, else ~/.local/share/keel.
@@ -24,6 +24,19 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
 }
+
+/// Where settings come from, shown under `keel --help`.
+const SETTINGS: &str = "\
+Settings: HOME/keel.toml, tables [model] (base_url, model, temperature, max_tokens, timeout_ms,
+stream, max_retries) and [store] (synchronous = \"full\" | \"normal\" | \"off\"); the environment
+overrides the file, and flags override both:
+  KEEL_HOME          the keel home (as --home)
+  KEEL_MODEL_URL     the model's base URL, the part before /chat/completions (as --model-url)
+  KEEL_MODEL         the model name (as --model)
+  KEEL_API_KEY       the model's API key (else OPENAI_API_KEY); never stored or logged
+  KEEL_SYNCHRONOUS   full: every commit synced before it is reported (default); normal: synced
+                     at checkpoints; off: never synced
+  KEEL_LOG           log filter for stderr (info, debug, keel::model=debug, ...); NO_COLOR";
 
 #[derive(Subcommand)]
 enum Command {

@@ -8,3 +8,4 @@ mod grants;
 mod install;
 mod plugins;
 mod sandbox;
+mod store;

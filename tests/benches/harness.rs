@@ -1,5 +1,6 @@
 //! Harness overhead per step against a zero-latency scripted model server on loopback, one
-//! governed tool call per step, `synchronous=FULL`. Prints figures; asserts nothing about time.
+//! governed tool call per step, `synchronous=FULL` (`KEEL_SYNCHRONOUS` changes it). Prints
+//! figures; asserts nothing about time.
 //!
 //! `cargo bench -p keel-tests --bench harness`. `KEEL_BENCH_STEPS` sets the steps of each
 //! session's turn (default 25), `KEEL_BENCH_SESSIONS` the concurrent sessions (default 64),
@@ -106,6 +107,7 @@ async fn run(
     );
     let waited0 = writer_cpu_wait(stats);
     let faults0 = page_faults();
+    let switches0 = context_switches();
     if concurrent {
         profiler("enable");
     }
@@ -155,6 +157,7 @@ async fn run(
         profiler("disable");
     }
     let faults = page_faults().saturating_sub(faults0);
+    let switches = context_switches().saturating_sub(switches0);
     let sys1 = std::fs::read_to_string("/proc/stat").unwrap();
     let ticks = |t: &str| -> Vec<u64> {
         let line = t.lines().next().unwrap_or_default();
@@ -169,11 +172,12 @@ async fn run(
     let n = (sessions * steps) as f64;
     let detail = format!(
         "step latency: model exchange {:.2} ms, governed call {:.2} ms, commit + assembly {:.2} ms; \
-         {:.2} page faults per step; writer CPU {:.0} ms of {:.0} ms, waiting for a free CPU {:.0} ms; whole machine: {:.0}% busy (user+sys), {:.0}% stolen, {:.0}% idle",
+         {:.2} page faults and {:.1} context switches per step; writer CPU {:.0} ms of {:.0} ms, waiting for a free CPU {:.0} ms; whole machine: {:.0}% busy (user+sys), {:.0}% stolen, {:.0}% idle",
         p[0].as_secs_f64() * 1e3 / n,
         p[1].as_secs_f64() * 1e3 / n,
         p[2].as_secs_f64() * 1e3 / n,
         faults as f64 / n,
+        switches as f64 / n,
         (stats.cpu_ns.load(Ordering::Relaxed) - wcpu0) as f64 / 1e6,
         wall.as_secs_f64() * 1e3,
         writer_cpu_wait(stats).saturating_sub(waited0) as f64 / 1e6,
@@ -214,6 +218,23 @@ fn page_faults() -> u64 {
         .unwrap_or_default();
     let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
     field(7) + field(9)
+}
+
+/// Context switches (voluntary and involuntary) of this process's live threads so far, summed
+/// from `/proc/self/task/*/status` (0 elsewhere).
+fn context_switches() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
 }
 
 /// Nanoseconds the writer thread has spent runnable but waiting for a CPU (the second field of
@@ -388,8 +409,16 @@ fn main() {
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let ws = tempfile::tempdir().unwrap();
     std::fs::write(ws.path().join("a.txt"), "alpha").unwrap();
+    // The harness reads the store's mode from the environment (the homes here have no
+    // keel.toml), so `KEEL_SYNCHRONOUS=normal` measures the same steps without fsyncs.
+    let sync: keel::store::Synchronous = std::env::var("KEEL_SYNCHRONOUS")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .map(|v| v.parse().unwrap())
+        .unwrap_or_default();
     println!(
-        "keel harness benchmark: one turn of {steps} steps per session, one governed tool call per step, synchronous=FULL"
+        "keel harness benchmark: one turn of {steps} steps per session, one governed tool call per step, synchronous={}",
+        sync.pragma()
     );
     println!("(CPU includes the in-process model server)");
     let echo = r#"{"text":"hi"}"#;

@@ -1,4 +1,5 @@
-//! Store: the SQLite database (rusqlite, WAL, `synchronous=FULL`).
+//! Store: the SQLite database (rusqlite, WAL, `synchronous=FULL` unless configured otherwise:
+//! [`Synchronous`]).
 //!
 //! Owns the connection setup and the numbered schema migrations, each applied in its own
 //! transaction together with its version record, so a crash mid-migration leaves the old or
@@ -238,13 +239,72 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// Opens (creating if needed) the database at `path` and brings its schema up to date.
+/// How durably a commit is written (SQLite's `synchronous` in WAL mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// Every commit's WAL write is synced (one fsync) before keel reports it: a power loss
+    /// loses nothing that was reported committed. The default.
+    #[default]
+    Full,
+    /// Commits are not synced; the WAL is synced at checkpoints. A crash of keel loses
+    /// nothing, a power loss or kernel crash may lose the last commits (never the database's
+    /// consistency). No fsync on a step's path.
+    Normal,
+    /// Nothing is ever synced: a power loss may corrupt the database. For throwaway homes.
+    Off,
+}
+
+impl Synchronous {
+    /// The value of `PRAGMA synchronous`.
+    pub fn pragma(self) -> &'static str {
+        match self {
+            Self::Full => "FULL",
+            Self::Normal => "NORMAL",
+            Self::Off => "OFF",
+        }
+    }
+}
+
+impl std::fmt::Display for Synchronous {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Full => "full",
+            Self::Normal => "normal",
+            Self::Off => "off",
+        })
+    }
+}
+
+impl std::str::FromStr for Synchronous {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "full" => Ok(Self::Full),
+            "normal" => Ok(Self::Normal),
+            "off" => Ok(Self::Off),
+            _ => Err(format!(
+                "`{}` is not a synchronous mode: use full (every commit synced, the default), \
+                 normal (synced at checkpoints) or off (never synced)",
+                s.escape_debug()
+            )),
+        }
+    }
+}
+
+/// Opens (creating if needed) the database at `path` and brings its schema up to date, with
+/// every commit synced (`synchronous=FULL`).
 pub fn open(path: &Path) -> Result<Connection, StoreError> {
+    open_with(path, Synchronous::Full)
+}
+
+/// Like [`open`], committing as durably as `sync` says.
+pub fn open_with(path: &Path, sync: Synchronous) -> Result<Connection, StoreError> {
     let open_err = |source| StoreError::Open { path: path.display().to_string(), source };
     let mut conn = Connection::open(path).map_err(open_err)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err)?;
     conn.pragma_update(None, "journal_mode", "WAL").map_err(open_err)?;
-    conn.pragma_update(None, "synchronous", "FULL").map_err(open_err)?;
+    conn.pragma_update(None, "synchronous", sync.pragma()).map_err(open_err)?;
     conn.pragma_update(None, "foreign_keys", "ON").map_err(open_err)?;
     tune(&conn).map_err(open_err)?;
     migrate(&mut conn)?;

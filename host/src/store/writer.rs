@@ -30,7 +30,7 @@ type Job = Box<dyn FnOnce(Result<&Connection, &str>) -> (bool, Completion) + Sen
 #[derive(Debug, Default)]
 pub struct DbStats {
     /// Transactions committed that changed something: each is one WAL sync (fsync) under
-    /// `synchronous=FULL`.
+    /// `synchronous=FULL`, none under `normal` or `off`.
     pub commits: AtomicU64,
     /// Operations run by the writer.
     pub operations: AtomicU64,
@@ -63,9 +63,15 @@ pub struct Db {
 }
 
 impl Db {
-    /// Opens the database at `path` (migrating it) and starts its writer thread.
+    /// Opens the database at `path` (migrating it) and starts its writer thread; every commit
+    /// is synced (`synchronous=FULL`).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let conn = super::open(path)?;
+        Self::open_with(path, super::Synchronous::Full)
+    }
+
+    /// Like [`open`](Self::open), committing as durably as `sync` says.
+    pub fn open_with(path: &Path, sync: super::Synchronous) -> Result<Self, StoreError> {
+        let conn = super::open_with(path, sync)?;
         let (jobs, rx) = mpsc::unbounded_channel();
         let stats = Arc::new(DbStats::default());
         let counters = stats.clone();

@@ -310,7 +310,8 @@ impl ToolService {
         limits: SandboxLimits,
         progress: &(dyn Fn(&str) + Sync),
     ) -> Result<Self, ToolServiceError> {
-        let conn = store::open(&home.database())?;
+        let sync = crate::config::synchronous(&home).map_err(StoreError::Invalid)?;
+        let conn = store::open_with(&home.database(), sync)?;
         let sandbox = Arc::new(Sandbox::new(&home.cache_dir(), limits)?);
         let service = Self {
             home,

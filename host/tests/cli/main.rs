@@ -227,3 +227,32 @@ fn write_calls_print_their_change_set() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!stdout.contains('\x1b') && stdout.contains("\\u001b[31mred"), "{stdout}");
 }
+
+#[test]
+fn a_bad_synchronous_mode_in_the_environment_stops_every_command_before_it_opens_the_store() {
+    let home = tempfile::tempdir().unwrap();
+    let run = |args: &[&str], sync: &str| {
+        Command::new(env!("CARGO_BIN_EXE_keel"))
+            .env("KEEL_SYNCHRONOUS", sync)
+            .arg("--home")
+            .arg(home.path())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    for args in [&["session", "list", "--json"][..], &["tool", "list", "--json"][..]] {
+        let out = run(args, "fsync-sometimes");
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {out:?}");
+        let v = json_of(&out);
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("KEEL_SYNCHRONOUS") && message.contains("`fsync-sometimes`"),
+            "{v}"
+        );
+        assert!(message.contains("full") && message.contains("normal") && message.contains("off"));
+    }
+    assert!(!home.path().join("keel.db").exists());
+    // A valid mode (any case) works.
+    let out = run(&["session", "list", "--json"], "NORMAL");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}

@@ -1,0 +1,85 @@
+//! The keel home's settings file, `HOME/keel.toml`, and the environment variables that
+//! override it. Each table is read here and only here:
+//!
+//! ```toml
+//! [model]                    # see harness::model_config; KEEL_MODEL_URL, KEEL_MODEL
+//! base_url = "http://localhost:8080/v1"
+//! model = "local"
+//!
+//! [store]
+//! synchronous = "full"       # full (default) | normal | off; KEEL_SYNCHRONOUS overrides
+//! ```
+//!
+//! A missing file is an empty one; a file that does not parse, an unknown key inside a table or
+//! a value out of range is an error naming the file and the key.
+
+use std::path::PathBuf;
+
+use crate::home::Home;
+use crate::store::Synchronous;
+
+/// The `[model]` table: every key optional (flags and environment fill in or override).
+#[derive(serde::Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct ModelTable {
+    pub base_url: Option<String>,
+    pub model: Option<String>,
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
+    pub timeout_ms: Option<u64>,
+    pub stream: Option<bool>,
+    pub max_retries: Option<u32>,
+}
+
+/// The `[store]` table.
+#[derive(serde::Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct StoreTable {
+    pub synchronous: Option<String>,
+}
+
+/// The whole file. Tables keel does not know are left alone (a newer keel's settings must not
+/// stop an older one); unknown keys inside known tables are refused (a typo must not pass
+/// silently).
+#[derive(serde::Deserialize, Default, Debug)]
+pub struct File {
+    #[serde(default)]
+    pub model: Option<ModelTable>,
+    #[serde(default)]
+    pub store: Option<StoreTable>,
+}
+
+/// The settings file of `home`.
+pub fn path(home: &Home) -> PathBuf {
+    home.root().join("keel.toml")
+}
+
+/// Reads `HOME/keel.toml` (an empty file when there is none).
+pub fn read(home: &Home) -> Result<File, String> {
+    let path = path(home);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(File::default()),
+        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+    }
+}
+
+/// A non-empty environment variable.
+pub fn env(key: &str) -> Option<String> {
+    std::env::var(key).ok().filter(|v| !v.is_empty())
+}
+
+/// How durably the store commits: `KEEL_SYNCHRONOUS`, else `[store] synchronous` in
+/// `keel.toml`, else `full`.
+pub fn synchronous(home: &Home) -> Result<Synchronous, String> {
+    if let Some(value) = env("KEEL_SYNCHRONOUS") {
+        return value.parse().map_err(|e| format!("KEEL_SYNCHRONOUS: {e}"));
+    }
+    let file = read(home)?;
+    match file.store.and_then(|s| s.synchronous) {
+        Some(value) => {
+            value.parse().map_err(|e| format!("{}: [store] synchronous: {e}", path(home).display()))
+        }
+        None => Ok(Synchronous::default()),
+    }
+}
