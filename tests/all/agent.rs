@@ -534,18 +534,19 @@ async fn assemble_twice(
     // The tool schemas as a catalog would hand them out: one shared text per tool set.
     static SCHEMAS: std::sync::Mutex<Vec<(Vec<String>, std::sync::Arc<str>)>> =
         std::sync::Mutex::new(Vec::new());
-    let tools = |m: &keel::session::SessionMeta| -> Option<std::sync::Arc<str>> {
-        if m.loaded_tools.is_empty() {
-            return None;
-        }
-        let mut known = SCHEMAS.lock().unwrap();
-        if let Some((_, json)) = known.iter().find(|(t, _)| *t == m.loaded_tools) {
-            return Some(json.clone());
-        }
-        let json: std::sync::Arc<str> = serde_json::to_string(&m.loaded_tools).unwrap().into();
-        known.push((m.loaded_tools.clone(), json.clone()));
-        Some(json)
-    };
+    let tools =
+        |_: &rusqlite::Connection, m: &keel::session::SessionMeta| -> Option<std::sync::Arc<str>> {
+            if m.loaded_tools.is_empty() {
+                return None;
+            }
+            let mut known = SCHEMAS.lock().unwrap();
+            if let Some((_, json)) = known.iter().find(|(t, _)| *t == m.loaded_tools) {
+                return Some(json.clone());
+            }
+            let json: std::sync::Arc<str> = serde_json::to_string(&m.loaded_tools).unwrap().into();
+            known.push((m.loaded_tools.clone(), json.clone()));
+            Some(json)
+        };
     let mine = engine.assemble("s", tools).await.unwrap();
     let fresh = keel::session::SessionEngine::new(keel::store::Db::open(path).unwrap());
     let full = fresh.assemble("s", tools).await.unwrap();
@@ -729,5 +730,95 @@ async fn an_empty_input_is_refused_and_leaves_nothing_behind() {
     assert_eq!(
         submit(&h, "e", "hello").await,
         Submitted::Ran(TurnOutcome::Answer("hello to you".into()))
+    );
+}
+
+/// A step resolves its calls against the catalog read in its own snapshot (not through the
+/// tool service's connection): a component another process installs between two turns is
+/// offered to the model and runs at the next step; once that process removes it, it is
+/// neither offered nor run. The catalog is loaded only when it changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_step_sees_the_catalog_another_process_changed() {
+    let work = tempfile::tempdir().unwrap();
+    let g = vec![Grant::new(work.path(), "/work", Access::Rw).unwrap()];
+    let model = MockModel::start(vec![
+        Reply::calls(&[("c1", "effect_peek", r#"{"label":"a"}"#)]),
+        Reply::text("not there"),
+        Reply::calls(&[("c2", "effect_peek", r#"{"label":"b"}"#)]),
+        Reply::calls(&[("c3", "echo", r#"{"text":"hi"}"#)]),
+        Reply::text("there"),
+        Reply::calls(&[("c4", "effect_peek", r#"{"label":"c"}"#)]),
+        Reply::text("gone"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let h = harness_with_session(
+        home.path(),
+        &model.url(),
+        "s",
+        &["echo", "effect_peek"],
+        g,
+        LoopGuards::default(),
+    )
+    .await;
+    assert_eq!(
+        submit(&h, "s", "peek").await,
+        Submitted::Ran(TurnOutcome::Answer("not there".into()))
+    );
+    let other = keel::tools::ToolService::open(
+        keel::home::Home::at(home.path()).unwrap(),
+        keel_tests::test_limits(),
+        &|_| {},
+    )
+    .await
+    .unwrap();
+    let effects = std::fs::read(keel_tests::guests::EFFECTS_COMPONENT).unwrap();
+    other.install(&effects, "effects", "test", false).await.unwrap();
+    let loads = h.tools.catalog_loads();
+    assert_eq!(
+        submit(&h, "s", "peek again").await,
+        Submitted::Ran(TurnOutcome::Answer("there".into()))
+    );
+    assert_eq!(h.tools.catalog_loads(), loads + 1, "loaded once for the change, not per step");
+    other.remove("effects").unwrap();
+    assert_eq!(
+        submit(&h, "s", "peek once more").await,
+        Submitted::Ran(TurnOutcome::Answer("gone".into()))
+    );
+
+    let result =
+        |m: &Value| -> Value { serde_json::from_str(m["content"].as_str().unwrap()).unwrap() };
+    let msgs = bodies(&h, "s");
+    let tool_results: Vec<Value> =
+        msgs.iter().filter(|m| m["role"] == "tool").map(result).collect();
+    assert_eq!(tool_results.len(), 4, "{msgs:#?}");
+    assert_eq!(tool_results[0]["error"]["kind"], "not_installed", "{:?}", tool_results[0]);
+    assert_eq!(
+        tool_results[1],
+        json!({"label": "b", "lines": 0}),
+        "{:?}",
+        tool_results[1]
+    );
+    assert!(tool_results[2]["error"].is_null(), "{:?}", tool_results[2]);
+    assert_eq!(tool_results[3]["error"]["kind"], "not_installed", "{:?}", tool_results[3]);
+    // What the model was offered at each request.
+    let offered: Vec<Vec<String>> = model
+        .requests()
+        .iter()
+        .map(|b| {
+            let v: Value = serde_json::from_slice(b).unwrap();
+            v["tools"]
+                .as_array()
+                .map(|t| {
+                    t.iter().map(|t| t["function"]["name"].as_str().unwrap().to_string()).collect()
+                })
+                .unwrap_or_default()
+        })
+        .collect();
+    let echo = vec!["echo".to_string()];
+    let both = vec!["echo".to_string(), "effect_peek".to_string()];
+    assert_eq!(
+        offered,
+        [echo.clone(), echo.clone(), both.clone(), both.clone(), both, echo.clone(), echo]
     );
 }

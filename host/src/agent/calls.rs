@@ -17,7 +17,9 @@ use crate::model::ToolCallRequest;
 use crate::sandbox::{CancelToken, sha256_hex};
 use crate::session::{ApprovalUnit, JournalEntry, OpenStep, SessionMeta, WaitCommit};
 use crate::store::now_ms;
-use crate::tools::{CallOutcome, CallRequest, PolicyDecision, ToolService, ToolServiceError};
+use crate::tools::{
+    CallOutcome, CallRequest, Catalog, PolicyDecision, Resolved, ToolService, ToolServiceError,
+};
 
 use super::{AgentError, AgentService, Event, Events};
 
@@ -56,6 +58,8 @@ struct Outcome {
 #[derive(Debug, Clone)]
 struct Slot {
     call: ToolCallRequest,
+    /// The tool, from the catalog the step was assembled from (fresh steps only).
+    resolved: Option<Arc<Resolved>>,
     effect: Option<String>,
     digest: Option<String>,
     idempotent: bool,
@@ -156,6 +160,7 @@ fn cap_text(text: String, cap: usize) -> String {
 /// run), and the policy's refusals.
 fn plan(
     tools: &ToolService,
+    catalog: Option<&Catalog>,
     meta: &SessionMeta,
     calls: Vec<ToolCallRequest>,
     step: i64,
@@ -179,7 +184,7 @@ fn plan(
             }
             let trimmed = call.arguments.trim();
             call.arguments = if trimmed.is_empty() { "{}".to_string() } else { trimmed.to_string() };
-            let (mut effect, mut digest, mut idempotent) = (None, None, false);
+            let (mut effect, mut digest, mut idempotent, mut resolved) = (None, None, false, None);
             if refused.is_none() {
                 if !meta.loaded_tools.contains(&call.name) {
                     refused = Some(error_outcome(
@@ -189,8 +194,13 @@ fn plan(
                 } else if let Err(e) = serde_json::from_str::<serde_json::Value>(&call.arguments) {
                     refused = Some(error_outcome("invalid_input", &format!("the arguments of `{}` are not valid JSON ({e}); send a JSON object", call.name)));
                 } else {
-                    match tools.resolve(&call.name) {
+                    let found = match catalog {
+                        Some(at) => at.get(&call.name).ok_or_else(|| tools.not_installed(&call.name)),
+                        None => tools.resolve(&call.name),
+                    };
+                    match found {
                         Ok(r) => {
+                            resolved = Some(r.clone());
                             effect = Some(r.record.effect.clone());
                             digest = Some(r.digest.clone());
                             idempotent = r.record.idempotent;
@@ -212,6 +222,7 @@ fn plan(
             }
             let mut slot = Slot {
                 call,
+                resolved,
                 effect,
                 digest,
                 idempotent,
@@ -244,6 +255,7 @@ async fn execute(
     tools: Arc<ToolService>,
     meta: Arc<SessionMeta>,
     call: ToolCallRequest,
+    resolved: Option<Arc<Resolved>>,
     approval: Option<String>,
     cancel: CancelToken,
 ) -> Result<CallOutcome, ToolServiceError> {
@@ -257,20 +269,22 @@ async fn execute(
         policy: Some(&meta.policy),
         approval: approval.as_deref(),
     };
-    tools.call(req).await
+    tools.call_as(req, resolved).await
 }
 
 /// Runs the calls of a fresh model response.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn run_fresh(
     agent: &AgentService,
     meta: &SessionMeta,
+    catalog: Option<&Catalog>,
     turn: i64,
     assembled: &crate::session::Assembled,
     reply: crate::model::ModelReply,
     cancel: &CancelToken,
     events: &Events,
 ) -> Result<StepEnd, AgentError> {
-    let mut slots = plan(&agent.tools, meta, reply.tool_calls, assembled.step);
+    let mut slots = plan(&agent.tools, catalog, meta, reply.tool_calls, assembled.step);
     // Calls refused before anything could run (unknown tool, arguments that are not JSON, a
     // duplicate id, the policy) are reported like the others.
     for s in &slots {
@@ -335,6 +349,7 @@ pub(super) async fn run_open(
                     name: e.tool.clone(),
                     arguments: e.input.clone(),
                 },
+                resolved: None,
                 effect: e.effect.clone(),
                 digest: e.component_digest.clone(),
                 idempotent: e.idempotent,
@@ -506,14 +521,15 @@ async fn drive(
                     name: s.call.name.clone(),
                     call_id: s.call.id.clone(),
                 });
-                let (tools, meta, call, cancel, cap) = (
+                let (tools, meta, call, resolved, cancel, cap) = (
                     agent.tools.clone(),
                     shared_meta.clone(),
                     s.call.clone(),
+                    s.resolved.clone(),
                     cancel.clone(),
                     agent.guards.result_cap,
                 );
-                run_one(tools, meta, call, None, cancel, cap)
+                run_one(tools, meta, call, resolved, None, cancel, cap)
             };
             if let [k] = group[..] {
                 // One call runs here, not as a task of its own: a spawn and a cross-thread
@@ -574,10 +590,13 @@ async fn drive(
         }
         let s = &slots[i];
         events(&Event::ToolStarted { name: s.call.name.clone(), call_id: s.call.id.clone() });
+        // An approved call runs the component its approval was bound to: resolved now.
+        let resolved = s.resolved.clone().filter(|_| s.approval_id.is_none());
         let outcome = run_one(
             agent.tools.clone(),
             shared_meta.clone(),
             s.call.clone(),
+            resolved,
             s.approval_id.clone(),
             cancel.clone(),
             agent.guards.result_cap,
@@ -685,12 +704,13 @@ async fn run_one(
     tools: Arc<ToolService>,
     meta: Arc<SessionMeta>,
     call: ToolCallRequest,
+    resolved: Option<Arc<Resolved>>,
     approval: Option<String>,
     cancel: CancelToken,
     cap: usize,
 ) -> Outcome {
     let started = std::time::Instant::now();
-    let outcome = execute(tools, meta, call, approval, cancel).await;
+    let outcome = execute(tools, meta, call, resolved, approval, cancel).await;
     let ms = started.elapsed().as_secs_f64() * 1e3;
     let changes = outcome
         .as_ref()

@@ -189,9 +189,18 @@ impl AgentService {
             if cancel.is_cancelled() {
                 return self.interrupted(id, events).await;
             }
-            let catalog = self.tools.clone();
-            let (meta, assembled) =
-                self.engine.assemble(id, move |m| catalog.tools_json(&m.loaded_tools)).await?;
+            // The step's catalog is read in the assembly's own snapshot: the request's tool
+            // schemas and the components its calls run come from one catalog version.
+            let mut catalog = None;
+            let (meta, assembled) = self
+                .engine
+                .assemble(id, |c, m| {
+                    let at = self.tools.catalog_in(c).ok()?;
+                    let json = at.tools_json(&m.loaded_tools);
+                    catalog = Some(at);
+                    json
+                })
+                .await?;
             events(&Event::ModelCall { step: assembled.step });
             let reply = match self.model.complete(&meta.model, &assembled.body, cancel).await {
                 Ok(r) => r,
@@ -230,8 +239,17 @@ impl AgentService {
                 return Ok(TurnOutcome::Answer(answer));
             }
             let started = Instant::now();
-            let end =
-                calls::run_fresh(self, &meta, turn.turn, &assembled, reply, cancel, events).await?;
+            let end = calls::run_fresh(
+                self,
+                &meta,
+                catalog.as_deref(),
+                turn.turn,
+                &assembled,
+                reply,
+                cancel,
+                events,
+            )
+            .await?;
             tracing::debug!(
                 step = assembled.step,
                 ms = started.elapsed().as_secs_f64() * 1e3,

@@ -207,12 +207,12 @@ impl CachedHistory {
 }
 
 /// Assembles the next request of session `id`; `tools` gives the serialized tool schemas of
-/// the session's loaded tools.
+/// the session's loaded tools, reading what it needs on `c` (the same read transaction).
 pub fn assemble(
     c: &Connection,
     id: &str,
     cache: &AssemblyCache,
-    tools: impl FnOnce(&SessionMeta) -> Option<Arc<str>>,
+    tools: impl FnOnce(&Connection, &SessionMeta) -> Option<Arc<str>>,
 ) -> Result<(SessionMeta, Assembled), StoreError> {
     let counters = load_counters(c, id)?;
     let mut cached = cache.take(id);
@@ -235,7 +235,7 @@ pub fn assemble(
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id=?1")?
         .query_row([id], |r| r.get(0))?;
     let messages = CachedHistory::read(cached.history.take(), c, id, history_from, history_to)?;
-    let tools = tools(&meta).map(|json| match cached.tools.take() {
+    let tools = tools(c, &meta).map(|json| match cached.tools.take() {
         // The catalog hands out the same schemas while it is unchanged: hash them once.
         Some(part) if Arc::ptr_eq(&part.text, &json) => part,
         _ => Part::new(json),

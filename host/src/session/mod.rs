@@ -275,14 +275,15 @@ impl SessionEngine {
     }
 
     /// Assembles the next model request from the current facts, in one read; `tools` turns
-    /// the session's facts into the serialized schemas of its loaded tools.
+    /// the session's facts into the serialized schemas of its loaded tools, inside the same
+    /// read transaction (the connection is passed to it).
     pub async fn assemble<F>(
         &self,
         id: &str,
         tools: F,
     ) -> Result<(SessionMeta, Assembled), StoreError>
     where
-        F: FnOnce(&SessionMeta) -> Option<Arc<str>> + Send + 'static,
+        F: FnOnce(&Connection, &SessionMeta) -> Option<Arc<str>> + Send,
     {
         let id = id.to_string();
         let cache = self.assembly.clone();

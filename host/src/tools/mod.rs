@@ -13,7 +13,7 @@ pub mod install;
 pub mod lease;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use rusqlite::Connection;
@@ -268,21 +268,65 @@ pub struct Resolved {
     pub digest: String,
 }
 
-/// An in-memory copy of the catalog, valid while the catalog's version is unchanged. That
-/// version is read only when the database's `data_version` moved (another connection
-/// committed — usually a session's commit, which leaves the catalog as it was); this
-/// service's own writes clear the cache.
-#[derive(Default)]
-struct CatalogCache {
-    /// `PRAGMA data_version` when the catalog version was last read.
-    data_version: Option<i64>,
-    /// The catalog version `tools` was loaded at.
-    version: Option<i64>,
-    /// Times the catalog was loaded from the database.
-    loads: u64,
+/// The catalog at one version, in memory and immutable: the installed tools, and their
+/// serialized schemas per loaded-tool list (built on first use). A step resolves its calls
+/// against the catalog its request was assembled from, so the model's schemas and the
+/// components that run are the same.
+#[derive(Debug)]
+pub struct Catalog {
+    version: i64,
     tools: HashMap<String, Arc<Resolved>>,
     /// Serialized `tools` arrays by loaded-tool list.
-    tools_json: HashMap<Vec<String>, Option<Arc<str>>>,
+    tools_json: Mutex<HashMap<Vec<String>, Option<Arc<str>>>>,
+}
+
+impl Catalog {
+    /// The catalog version (bumped by the database on every install, upgrade and removal).
+    pub fn version(&self) -> i64 {
+        self.version
+    }
+
+    /// The installed tool `name`, if any.
+    pub fn get(&self, name: &str) -> Option<Arc<Resolved>> {
+        self.tools.get(name).cloned()
+    }
+
+    /// The loaded tools as the model sees them — the OpenAI `tools` array (name, description,
+    /// input schema), serialized once per tool list. `None` when no loaded tool is installed.
+    pub fn tools_json(&self, loaded: &[String]) -> Option<Arc<str>> {
+        let mut memo = self.tools_json.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(hit) = memo.get(loaded) {
+            return hit.clone();
+        }
+        let items: Vec<serde_json::Value> = loaded
+            .iter()
+            .filter_map(|name| self.tools.get(name))
+            .map(|r| {
+                serde_json::json!({"type": "function", "function": {
+                    "name": r.record.name, "description": r.record.description,
+                    "parameters": r.record.input_schema}})
+            })
+            .collect();
+        let json: Option<Arc<str>> =
+            (!items.is_empty()).then(|| serde_json::Value::Array(items).to_string().into());
+        memo.insert(loaded.to_vec(), json.clone());
+        json
+    }
+}
+
+/// The newest catalog this service has seen. Its version is checked in one of two ways: on
+/// this service's own connection, only when the database's `data_version` moved (another
+/// connection committed — usually a session's commit, which leaves the catalog as it was);
+/// or inside a caller's read transaction ([`ToolService::catalog_in`], a step's assembly).
+/// Catalog versions only grow, so a newer catalog is never replaced by an older one; this
+/// service's own writes clear it.
+#[derive(Default)]
+struct CatalogCache {
+    /// `PRAGMA data_version` of the own connection when the version was last read on it.
+    data_version: Option<i64>,
+    current: Option<Arc<Catalog>>,
+    /// Times the catalog was loaded from the database.
+    loads: u64,
 }
 
 /// The ToolService of one keel home.
@@ -450,7 +494,9 @@ impl ToolService {
         Ok((component, tools))
     }
 
-    fn not_installed(&self, name: &str) -> ToolServiceError {
+    /// The error for a tool or component `name` that is not installed (it lists those that
+    /// are).
+    pub fn not_installed(&self, name: &str) -> ToolServiceError {
         let available = self
             .tools()
             .map(|t| t.into_iter().map(|t| t.name).collect::<Vec<_>>().join(", "))
@@ -473,35 +519,77 @@ impl ToolService {
     fn invalidate_catalog(&self) {
         let mut cache = self.catalog.lock().unwrap_or_else(PoisonError::into_inner);
         cache.data_version = None;
-        cache.version = None;
+        cache.current = None;
     }
 
-    /// The in-memory catalog, brought up to date: two cheap reads when another connection
-    /// committed since the last check, a reload only when the catalog itself changed.
-    fn current_catalog(&self) -> Result<MutexGuard<'_, CatalogCache>, ToolServiceError> {
+    /// Loads the catalog at the version `c` sees (inside `c`'s transaction, if it has one).
+    fn load_catalog(c: &Connection, version: i64) -> Result<Catalog, ToolServiceError> {
+        let digests: HashMap<String, String> =
+            catalog::components(c)?.into_iter().map(|c| (c.name, c.digest)).collect();
+        let tools = catalog::tools(c)?
+            .into_iter()
+            .filter_map(|record| {
+                let digest = digests.get(&record.component)?.clone();
+                Some((record.name.clone(), Arc::new(Resolved { record, digest })))
+            })
+            .collect();
+        Ok(Catalog { version, tools, tools_json: Mutex::default() })
+    }
+
+    /// Keeps `loaded` as the current catalog unless a newer one is there already; returns the
+    /// newest.
+    fn keep_newest(&self, loaded: Catalog) -> Arc<Catalog> {
+        let mut cache = self.catalog.lock().unwrap_or_else(PoisonError::into_inner);
+        cache.loads += 1;
+        match &cache.current {
+            Some(current) if current.version >= loaded.version => current.clone(),
+            _ => {
+                let loaded = Arc::new(loaded);
+                cache.current = Some(loaded.clone());
+                loaded
+            }
+        }
+    }
+
+    /// The current catalog, brought up to date on this service's connection: one cheap read
+    /// when another connection committed since the last check, a reload only when the
+    /// catalog itself changed.
+    pub fn catalog(&self) -> Result<Arc<Catalog>, ToolServiceError> {
         let db = self.db();
         let data_version = catalog::data_version(&db)?;
-        let mut cache = self.catalog.lock().unwrap_or_else(PoisonError::into_inner);
-        if cache.version.is_some() && cache.data_version == Some(data_version) {
-            return Ok(cache);
+        {
+            let cache = self.catalog.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(current) = &cache.current
+                && cache.data_version == Some(data_version)
+            {
+                return Ok(current.clone());
+            }
         }
         let version = catalog::catalog_version(&db)?;
-        if cache.version != Some(version) {
-            let digests: HashMap<String, String> =
-                catalog::components(&db)?.into_iter().map(|c| (c.name, c.digest)).collect();
-            cache.tools = catalog::tools(&db)?
-                .into_iter()
-                .filter_map(|record| {
-                    let digest = digests.get(&record.component)?.clone();
-                    Some((record.name.clone(), Arc::new(Resolved { record, digest })))
-                })
-                .collect();
-            cache.tools_json.clear();
-            cache.version = Some(version);
-            cache.loads += 1;
+        let current = {
+            let mut cache = self.catalog.lock().unwrap_or_else(PoisonError::into_inner);
+            cache.data_version = Some(data_version);
+            cache.current.clone().filter(|c| c.version >= version)
+        };
+        match current {
+            Some(current) => Ok(current),
+            None => Ok(self.keep_newest(Self::load_catalog(&db, version)?)),
         }
-        cache.data_version = Some(data_version);
-        Ok(cache)
+    }
+
+    /// The catalog as of `c`'s read transaction — a session's snapshot, so that a step's
+    /// request and its calls see the catalog and the session's facts from one commit. Reads
+    /// one row on `c` and nothing on this service's connection (whose lock every session's
+    /// step would otherwise take); reloads (from `c`) only when the catalog changed.
+    pub fn catalog_in(&self, c: &Connection) -> Result<Arc<Catalog>, ToolServiceError> {
+        let version = catalog::catalog_version(c)?;
+        {
+            let cache = self.catalog.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(current) = cache.current.as_ref().filter(|c| c.version >= version) {
+                return Ok(current.clone());
+            }
+        }
+        Ok(self.keep_newest(Self::load_catalog(c, version)?))
     }
 
     /// How many times this service loaded the catalog from the database (for tests).
@@ -512,8 +600,7 @@ impl ToolService {
 
     /// Step 1: the tool must be installed. Served from memory while the catalog is unchanged.
     pub fn resolve(&self, tool: &str) -> Result<Arc<Resolved>, ToolServiceError> {
-        let found = self.current_catalog()?.tools.get(tool).cloned();
-        found.ok_or_else(|| self.not_installed(tool))
+        self.catalog()?.get(tool).ok_or_else(|| self.not_installed(tool))
     }
 
     /// Step 2: the input must be a JSON object matching the tool's input schema; the error
@@ -572,36 +659,26 @@ impl ToolService {
         Ok((prepared, Some(source)))
     }
 
-    /// The loaded tools as the model sees them — the OpenAI `tools` array (name, description,
-    /// input schema), serialized once per catalog version and tool list. `None` when no loaded
-    /// tool is installed.
+    /// The loaded tools as the model sees them, from the current catalog
+    /// ([`Catalog::tools_json`]). `None` when no loaded tool is installed, or when the catalog
+    /// cannot be read (no tools rather than stale ones).
     pub fn tools_json(&self, loaded: &[String]) -> Option<Arc<str>> {
-        let mut cache = match self.current_catalog() {
-            Ok(cache) => cache,
-            // The catalog cannot be read: offer no tools rather than stale ones.
-            Err(_) => return None,
-        };
-        if let Some(hit) = cache.tools_json.get(loaded) {
-            return hit.clone();
-        }
-        let items: Vec<serde_json::Value> = loaded
-            .iter()
-            .filter_map(|name| cache.tools.get(name))
-            .map(|r| {
-                serde_json::json!({"type": "function", "function": {
-                    "name": r.record.name, "description": r.record.description,
-                    "parameters": r.record.input_schema}})
-            })
-            .collect();
-        let json: Option<Arc<str>> =
-            (!items.is_empty()).then(|| serde_json::Value::Array(items).to_string().into());
-        cache.tools_json.insert(loaded.to_vec(), json.clone());
-        json
+        self.catalog().ok()?.tools_json(loaded)
     }
 
     /// Runs one governed call: resolve → input schema → budget ceiling → grants → lease →
     /// change snapshot → sandbox → change set.
     pub async fn call(&self, req: CallRequest<'_>) -> Result<CallOutcome, ToolServiceError> {
+        self.call_as(req, None).await
+    }
+
+    /// Like [`call`](Self::call), with the tool already resolved by the caller — from the
+    /// [`Catalog`] its step was assembled from — when `resolved` names the requested tool.
+    pub async fn call_as(
+        &self,
+        req: CallRequest<'_>,
+        resolved: Option<Arc<Resolved>>,
+    ) -> Result<CallOutcome, ToolServiceError> {
         if let Some(loaded) = req.loaded
             && !loaded.iter().any(|t| t == req.tool)
         {
@@ -610,7 +687,10 @@ impl ToolService {
                 loaded: loaded.join(", "),
             });
         }
-        let resolved = self.resolve(req.tool)?;
+        let resolved = match resolved.filter(|r| r.record.name == req.tool) {
+            Some(r) => r,
+            None => self.resolve(req.tool)?,
+        };
         let tool = &resolved.record;
         self.check_input(tool, req.input)?;
         match req.policy.map(|p| p.decide(&tool.name, &tool.effect)) {
