@@ -477,7 +477,7 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
     let other = rusqlite::Connection::open(&path).unwrap();
     other
         .execute(
-            "UPDATE sessions SET system_prompt='a new prompt', model=json_set(model, '$.model', 'm2')",
+            "UPDATE session_config SET system_prompt='a new prompt', model=json_set(model, '$.model', 'm2')",
             [],
         )
         .unwrap();
@@ -505,7 +505,7 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
             "PRAGMA foreign_keys=OFF;
              DELETE FROM messages; DELETE FROM session_grants; DELETE FROM inbox;
              DELETE FROM evidence; DELETE FROM tool_calls; DELETE FROM runner_leases;
-             DELETE FROM sessions;",
+             DELETE FROM session_config; DELETE FROM sessions;",
         )
         .unwrap();
     b.create(session("born again")).await.unwrap();
@@ -793,12 +793,7 @@ async fn every_step_sees_the_catalog_another_process_changed() {
         msgs.iter().filter(|m| m["role"] == "tool").map(result).collect();
     assert_eq!(tool_results.len(), 4, "{msgs:#?}");
     assert_eq!(tool_results[0]["error"]["kind"], "not_installed", "{:?}", tool_results[0]);
-    assert_eq!(
-        tool_results[1],
-        json!({"label": "b", "lines": 0}),
-        "{:?}",
-        tool_results[1]
-    );
+    assert_eq!(tool_results[1], json!({"label": "b", "lines": 0}), "{:?}", tool_results[1]);
     assert!(tool_results[2]["error"].is_null(), "{:?}", tool_results[2]);
     assert_eq!(tool_results[3]["error"]["kind"], "not_installed", "{:?}", tool_results[3]);
     // What the model was offered at each request.

@@ -105,7 +105,7 @@ pub fn load_meta_at(
     let (goal, phase, tools, policy, budget, model, system) = c
         .prepare_cached(
             "SELECT session_goal, phase_goal, loaded_tools, policy, budget, model, system_prompt
-             FROM sessions WHERE id=?1",
+             FROM session_config WHERE session_id=?1",
         )?
         .query_row([id], |r| {
             Ok((
@@ -352,7 +352,9 @@ pub struct SessionSummary {
 
 pub fn list(c: &Connection) -> Result<Vec<SessionSummary>, StoreError> {
     let mut stmt = c.prepare(
-        "SELECT id, state, turns, steps, session_goal, created_at FROM sessions ORDER BY created_at DESC, id",
+        "SELECT s.id, s.state, s.turns, s.steps, c.session_goal, s.created_at
+         FROM sessions s LEFT JOIN session_config c ON c.session_id = s.id
+         ORDER BY s.created_at DESC, s.id",
     )?;
     let rows = stmt.query_map([], |r| {
         Ok(SessionSummary {

@@ -125,11 +125,14 @@ impl SessionEngine {
                     return Err(invalid(format!("session `{id2}` already exists")));
                 }
                 c.execute(
-                    "INSERT INTO sessions (id, created_at, state, loaded_tools, policy, budget, model, system_prompt, meta_version)
-                     VALUES (?1, ?2, 'idle', ?3, ?4, ?5, ?6, ?7, 1)",
+                    "INSERT INTO sessions (id, created_at, state, meta_version) VALUES (?1, ?2, 'idle', 1)",
+                    params![id2, now_ms()],
+                )?;
+                c.execute(
+                    "INSERT INTO session_config (session_id, loaded_tools, policy, budget, model, system_prompt)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                     params![
                         id2,
-                        now_ms(),
                         json(&new.tools)?,
                         json(&new.policy)?,
                         json(&new.budget)?,
@@ -185,8 +188,9 @@ impl SessionEngine {
                     }
                 }
                 if loaded.len() != before {
+                    // The configuration's trigger moves `meta_version`.
                     c.execute(
-                        "UPDATE sessions SET loaded_tools=?2, meta_version=meta_version+1 WHERE id=?1",
+                        "UPDATE session_config SET loaded_tools=?2 WHERE session_id=?1",
                         params![id, json(&loaded)?],
                     )?;
                 }
@@ -219,11 +223,15 @@ impl SessionEngine {
                 let Some((seq, text)) = next else { return Ok(None) };
                 c.execute("UPDATE inbox SET consumed_at=?3 WHERE session_id=?1 AND seq=?2", params![id, seq, now_ms()])?;
                 c.execute(
-                    "UPDATE sessions SET turns=turns+1, session_goal=COALESCE(session_goal, ?2),
-                     interrupt_requested=0, state='running', state_detail=NULL,
-                     meta_version=meta_version+1 WHERE id=?1",
-                    params![id, text],
+                    "UPDATE sessions SET turns=turns+1, interrupt_requested=0, state='running',
+                     state_detail=NULL, meta_version=meta_version+1 WHERE id=?1",
+                    [&id],
                 )?;
+                // The first input becomes the session goal.
+                c.prepare_cached(
+                    "UPDATE session_config SET session_goal=?2 WHERE session_id=?1 AND session_goal IS NULL",
+                )?
+                .execute(params![id, text])?;
                 let turn: i64 = c.query_row("SELECT turns FROM sessions WHERE id=?1", [&id], |r| r.get(0))?;
                 c.execute("UPDATE sessions SET active_turn=?2 WHERE id=?1", params![id, turn])?;
                 let body = serde_json::json!({"role": "user", "content": text}).to_string();

@@ -201,6 +201,38 @@ const MIGRATIONS: &[(i64, &str)] = &[
     CREATE TRIGGER session_grant_removed AFTER DELETE ON session_grants
         BEGIN UPDATE sessions SET meta_version = meta_version + 1 WHERE id = OLD.session_id; END;",
     ),
+    (
+        6,
+        // A session's configuration (goals, tools, policy, budget, model, prompt) moves to a
+        // table of its own. Every step updates its session's row (state, step counter); with
+        // the configuration beside them a row was about 900 bytes for `keel run` (and larger
+        // with a long task as the goal), four to a page, so the commits of many sessions
+        // dirtied many pages. `sessions` keeps the counters: dozens of rows to a page.
+        "CREATE TABLE session_config (
+        session_id    TEXT PRIMARY KEY REFERENCES sessions(id),
+        session_goal  TEXT,
+        phase_goal    TEXT,
+        loaded_tools  TEXT NOT NULL,
+        policy        TEXT NOT NULL,
+        budget        TEXT NOT NULL,
+        model         TEXT NOT NULL,
+        system_prompt TEXT NOT NULL
+    );
+    INSERT INTO session_config
+        SELECT id, session_goal, phase_goal, loaded_tools, policy, budget, model, system_prompt
+        FROM sessions;
+    DROP TRIGGER session_meta_changed;
+    ALTER TABLE sessions DROP COLUMN session_goal;
+    ALTER TABLE sessions DROP COLUMN phase_goal;
+    ALTER TABLE sessions DROP COLUMN loaded_tools;
+    ALTER TABLE sessions DROP COLUMN policy;
+    ALTER TABLE sessions DROP COLUMN budget;
+    ALTER TABLE sessions DROP COLUMN model;
+    ALTER TABLE sessions DROP COLUMN system_prompt;
+    CREATE TRIGGER session_config_changed AFTER UPDATE ON session_config
+        BEGIN UPDATE sessions SET meta_version = meta_version + 1
+              WHERE id IN (OLD.session_id, NEW.session_id); END;",
+    ),
 ];
 
 /// Errors of the store.

@@ -403,9 +403,25 @@ async fn c5_crash_during_a_migration() {
         keel_cmd(home.path(), &["session", "list", "--json"], None).output().unwrap()
     });
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(schema(), (5, 1, 1, "ok".to_string()));
+    assert_eq!(schema(), (6, 1, 1, "ok".to_string()));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v[0]["id"], "old", "the data survived the upgrade");
+    // Migration 6 moved the session's configuration out of its row.
+    let c = Connection::open(&db).unwrap();
+    let prompt: String = c
+        .query_row("SELECT system_prompt FROM session_config WHERE session_id='old'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(prompt, "p");
+    let left: i64 = c
+        .query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name IN ('system_prompt', 'model', 'session_goal')",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(left, 0);
 }
 
 /// A small deterministic generator (xorshift), seeded per run and printed.
