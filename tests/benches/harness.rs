@@ -247,6 +247,9 @@ fn writer_cpu_wait(stats: &keel::store::DbStats) -> u64 {
         .unwrap_or(0)
 }
 
+/// The store's mode for this run (from `KEEL_SYNCHRONOUS`).
+static SYNC: std::sync::OnceLock<keel::store::Synchronous> = std::sync::OnceLock::new();
+
 /// Commits every turn makes besides its steps: input with the runner lease, turn start, lease
 /// release.
 const PER_TURN_COMMITS: f64 = 3.0;
@@ -263,11 +266,17 @@ fn print(label: &str, f: &Figures, serial_sessions: Option<usize>) {
         None => String::new(),
     };
     println!(
-        "{label:<44} {:>5} steps {:>7.0} steps/s {:>7.1} µs CPU/step {:>5.2} fsyncs/step{excluding}",
+        "{label:<44} {:>5} steps {:>7.0} steps/s {:>7.1} µs CPU/step {:>5.2} {}/step{excluding}",
         f.steps,
         steps / f.wall.as_secs_f64(),
         f.cpu.as_secs_f64() * 1e6 / steps,
         f.commits as f64 / steps,
+        // Each commit is one fsync only under synchronous=FULL.
+        if SYNC.get().copied().unwrap_or_default() == keel::store::Synchronous::Full {
+            "fsyncs"
+        } else {
+            "commits (not synced)"
+        },
     );
     println!(
         "{:<44} writer: {} batches of {:.1} operations on average, {:.0} µs running them + {:.0} µs committing per batch, busy {:.0}% of the time",
@@ -416,6 +425,7 @@ fn main() {
         .filter(|v| !v.is_empty())
         .map(|v| v.parse().unwrap())
         .unwrap_or_default();
+    let _ = SYNC.set(sync);
     println!(
         "keel harness benchmark: one turn of {steps} steps per session, one governed tool call per step, synchronous={}",
         sync.pragma()
