@@ -707,6 +707,45 @@ async fn a_model_url_that_cannot_work_fails_at_once_without_retries() {
     assert_eq!(h.engine.meta("u").await.unwrap().state, RuntimeState::Failed);
 }
 
+/// A redirect is not followed (a POST would be resent as a GET, or its key not sent to the new
+/// host): the call fails at once, naming the new address, and nothing of it is committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirecting_model_server_fails_the_call_at_once_naming_the_new_address() {
+    for code in [301u16, 307] {
+        let model = MockModel::start(vec![
+            Reply::Redirect {
+                code,
+                location: "https://elsewhere.example/v1/chat/completions".into(),
+            },
+            Reply::text("never asked"),
+        ])
+        .await;
+        let home = tempfile::tempdir().unwrap();
+        let h = harness_with_session(
+            home.path(),
+            &model.url(),
+            "r",
+            &["echo"],
+            vec![],
+            LoopGuards::default(),
+        )
+        .await;
+        match submit(&h, "r", "hello").await {
+            Submitted::Ran(TurnOutcome::Failed(e)) => assert!(
+                e.contains("after 1 attempt(s)")
+                    && e.contains(&format!("HTTP {code}"))
+                    && e.contains("https://elsewhere.example/v1/chat/completions"),
+                "{e}"
+            ),
+            other => panic!("expected a failed turn, got {other:?}"),
+        }
+        assert_eq!(model.requests().len(), 1, "not followed, not retried");
+        // Only the user's input is in the history: nothing of the call was committed.
+        assert_eq!(bodies(&h, "r").len(), 1);
+        assert_eq!(h.engine.meta("r").await.unwrap().state, RuntimeState::Failed);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_input_is_refused_and_leaves_nothing_behind() {
     let model = MockModel::start(vec![Reply::text("hello to you")]).await;

@@ -21,6 +21,8 @@ pub enum Reply {
     Status { code: u16, retry_after: Option<u32>, body: String },
     /// 200 with an empty body.
     Empty,
+    /// A redirect (`code`, e.g. 301 or 307) to `location`.
+    Redirect { code: u16, location: String },
     /// Waits, then replies.
     Delay(Duration, Box<Reply>),
 }
@@ -211,6 +213,9 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
             }
             Reply::Empty | Reply::Delay(..) => {
                 (200, "application/json", String::new(), String::new())
+            }
+            Reply::Redirect { code, location } => {
+                (code, "text/plain", format!("location: {location}\r\n"), String::new())
             }
         };
         let out = format!(

@@ -95,6 +95,13 @@ pub struct ModelReply {
 pub enum ModelError {
     #[error("the model server answered HTTP {status}: {body}")]
     Status { status: u16, body: String, retry_after: Option<Duration> },
+    /// The server answered with a redirect. keel does not follow it: a POST redirected by 301,
+    /// 302 or 303 would be resent as a GET without its body, and the key would not go to
+    /// another host — the call would fail later with a less clear error.
+    #[error(
+        "the model server redirected the request (HTTP {status}) to {location}; keel does not follow redirects: point the base URL at the new address"
+    )]
+    Redirect { status: u16, location: String },
     #[error("cannot reach the model server: {0}")]
     Transport(String),
     #[error("the model server answered 200 with an empty body")]
@@ -121,7 +128,11 @@ impl ModelError {
         match self {
             Self::Status { status, .. } => *status == 429 || *status >= 500,
             Self::Transport(_) | Self::Empty | Self::Truncated => true,
-            Self::Malformed(_) | Self::TooLarge | Self::Cancelled | Self::Config(_) => false,
+            Self::Malformed(_)
+            | Self::TooLarge
+            | Self::Cancelled
+            | Self::Config(_)
+            | Self::Redirect { .. } => false,
         }
     }
 }
@@ -162,8 +173,10 @@ pub struct ModelClient {
 impl ModelClient {
     /// A client using `api_key` (if any) as a bearer token.
     pub fn new(api_key: Option<String>) -> Result<Self, ModelError> {
-        let http =
-            reqwest::Client::builder().build().map_err(|e| ModelError::Transport(e.to_string()))?;
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| ModelError::Transport(e.to_string()))?;
         Ok(Self { http, api_key: api_key.filter(|k| !k.is_empty()), endpoint: Default::default() })
     }
 
@@ -237,6 +250,15 @@ impl ModelClient {
         }
         let mut resp = req.send().await.map_err(|e| ModelError::Transport(transport(&e)))?;
         let status = resp.status().as_u16();
+        if (300..400).contains(&status) {
+            let location = resp
+                .headers()
+                .get("location")
+                .and_then(|v| v.to_str().ok())
+                .map(|l| l.chars().filter(|c| !c.is_control()).take(500).collect())
+                .unwrap_or_else(|| "an address it did not give".to_string());
+            return Err(ModelError::Redirect { status, location });
+        }
         if status != 200 {
             let retry_after = resp
                 .headers()
