@@ -73,23 +73,64 @@ impl Harness {
     }
 }
 
+/// Model settings given on the command line; each overrides its environment variable, which
+/// overrides `keel.toml`.
+#[derive(Debug, Clone, Default)]
+pub struct ModelFlags {
+    /// `--model-url` (`KEEL_MODEL_URL`, `[model] base_url`).
+    pub url: Option<String>,
+    /// `--model` (`KEEL_MODEL`, `[model] model`).
+    pub model: Option<String>,
+    /// `--temperature` (`KEEL_TEMPERATURE`, `[model] temperature`).
+    pub temperature: Option<f64>,
+    /// `--max-tokens` (`KEEL_MAX_TOKENS`, `[model] max_tokens`).
+    pub max_tokens: Option<u32>,
+    /// `--model-timeout` (`KEEL_MODEL_TIMEOUT`, `[model] timeout_ms`).
+    pub timeout: Option<std::time::Duration>,
+}
+
 /// Model settings from `HOME/keel.toml` (`[model]` table: base_url, model, temperature,
-/// max_tokens, timeout_ms, stream, max_retries), overridden by `KEEL_MODEL_URL` / `KEEL_MODEL`,
-/// overridden by the given flags. `None` when no base URL or model name is known.
-pub fn model_config(
-    home: &Home,
-    url_flag: Option<&str>,
-    model_flag: Option<&str>,
-) -> Result<Option<ModelConfig>, String> {
+/// max_tokens, timeout_ms, stream, max_retries), overridden by the environment
+/// (`KEEL_MODEL_URL`, `KEEL_MODEL`, `KEEL_TEMPERATURE`, `KEEL_MAX_TOKENS`,
+/// `KEEL_MODEL_TIMEOUT`), overridden by `flags`. `None` when no base URL or model name is
+/// known; an error names the setting that cannot work.
+pub fn model_config(home: &Home, flags: &ModelFlags) -> Result<Option<ModelConfig>, String> {
     let p = crate::config::read(home)?.model.unwrap_or_default();
     let env = crate::config::env;
-    let url = url_flag.map(str::to_string).or_else(|| env("KEEL_MODEL_URL")).or(p.base_url);
-    let model = model_flag.map(str::to_string).or_else(|| env("KEEL_MODEL")).or(p.model);
+    let url = flags.url.clone().or_else(|| env("KEEL_MODEL_URL")).or(p.base_url);
+    let model = flags.model.clone().or_else(|| env("KEEL_MODEL")).or(p.model);
     let (Some(url), Some(model)) = (url, model) else { return Ok(None) };
     let mut cfg = ModelConfig::new(&url, &model);
-    cfg.temperature = p.temperature;
-    cfg.max_tokens = p.max_tokens;
-    if let Some(t) = p.timeout_ms {
+    let parsed = |key: &str| -> Result<Option<f64>, String> {
+        env(key)
+            .map(|v| v.trim().parse::<f64>().map_err(|_| format!("{key}: `{v}` is not a number")))
+            .transpose()
+    };
+    cfg.temperature = match flags.temperature {
+        Some(t) => Some(t),
+        None => parsed("KEEL_TEMPERATURE")?.or(p.temperature),
+    };
+    cfg.max_tokens =
+        match flags.max_tokens {
+            Some(m) => Some(m),
+            None => match env("KEEL_MAX_TOKENS") {
+                Some(v) => Some(v.trim().parse::<u32>().map_err(|_| {
+                    format!("KEEL_MAX_TOKENS: `{v}` is not a whole number of tokens")
+                })?),
+                None => p.max_tokens,
+            },
+        };
+    let timeout = match flags.timeout {
+        Some(t) => Some(t),
+        None => env("KEEL_MODEL_TIMEOUT")
+            .map(|v| {
+                crate::units::parse_duration(&v).map_err(|e| format!("KEEL_MODEL_TIMEOUT: {e}"))
+            })
+            .transpose()?,
+    };
+    if let Some(t) = timeout {
+        cfg.timeout_ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+    } else if let Some(t) = p.timeout_ms {
         cfg.timeout_ms = t;
     }
     if let Some(s) = p.stream {

@@ -33,6 +33,8 @@ overrides the file, and flags override both:
   KEEL_HOME          the keel home (as --home)
   KEEL_MODEL_URL     the model's base URL, the part before /chat/completions (as --model-url)
   KEEL_MODEL         the model name (as --model)
+  KEEL_TEMPERATURE, KEEL_MAX_TOKENS, KEEL_MODEL_TIMEOUT
+                     model call parameters (as --temperature, --max-tokens, --model-timeout)
   KEEL_API_KEY       the model's API key (else OPENAI_API_KEY); never stored or logged
   KEEL_SYNCHRONOUS   full: every commit synced before it is reported (default); normal: synced
                      at checkpoints; off: never synced

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::Args;
 use keel::agent::{Event, Events, LoopGuards, TurnOutcome};
 use keel::brain::Submitted;
-use keel::harness::{DEFAULT_SYSTEM_PROMPT, Harness, model_config};
+use keel::harness::{DEFAULT_SYSTEM_PROMPT, Harness, ModelFlags, model_config};
 use keel::home::Home;
 use keel::model::ModelClient;
 use keel::sandbox::{CancelToken, Grant, SandboxLimits};
@@ -51,6 +51,18 @@ pub struct RunArgs {
     /// Model name (env KEEL_MODEL).
     #[arg(long)]
     model: Option<String>,
+    /// Sampling temperature sent with every model call of a new session (env
+    /// KEEL_TEMPERATURE; default: the server's).
+    #[arg(long, value_name = "T")]
+    temperature: Option<f64>,
+    /// Most tokens per model reply for a new session (env KEEL_MAX_TOKENS; default: the
+    /// server's).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_tokens: Option<u32>,
+    /// Time limit of one model call of a new session, e.g. 120s or 5m (env
+    /// KEEL_MODEL_TIMEOUT; default 120s).
+    #[arg(long, value_name = "DURATION", value_parser = keel::units::parse_duration)]
+    model_timeout: Option<std::time::Duration>,
     #[command(flatten)]
     budget: BudgetArgs,
     /// Model calls per turn at most (1 or more).
@@ -195,6 +207,16 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
                 EXIT_REFUSED,
             );
         }
+        if a.model_url.is_some()
+            || a.model.is_some()
+            || a.temperature.is_some()
+            || a.max_tokens.is_some()
+            || a.model_timeout.is_some()
+        {
+            eprintln!(
+                "keel: session {id} keeps the model settings it was created with; the model flags apply to new sessions"
+            );
+        }
         if !a.tools.is_empty()
             && let Err(e) = h.engine.add_tools(&id, a.tools.clone()).await
         {
@@ -202,7 +224,14 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
         }
         id
     } else {
-        let model = match model_config(&home_dir, a.model_url.as_deref(), a.model.as_deref()) {
+        let flags = ModelFlags {
+            url: a.model_url.clone(),
+            model: a.model.clone(),
+            temperature: a.temperature,
+            max_tokens: a.max_tokens,
+            timeout: a.model_timeout,
+        };
+        let model = match model_config(&home_dir, &flags) {
             Ok(Some(m)) => m,
             Ok(None) => {
                 return fail(

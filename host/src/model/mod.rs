@@ -63,11 +63,20 @@ impl ModelConfig {
         Ok(url)
     }
 
-    /// Checks what can be checked before any call: the URL and the timeout.
+    /// Checks what can be checked before any call: the URL, the timeout, the temperature and
+    /// the token limit.
     pub fn validate(&self) -> Result<(), String> {
         self.endpoint()?;
         if self.timeout_ms == 0 {
             return Err("the model call timeout (`timeout_ms`) must be at least 1 ms".into());
+        }
+        if let Some(t) = self.temperature
+            && !(t.is_finite() && t >= 0.0)
+        {
+            return Err(format!("the temperature must be a number of 0 or more, not {t}"));
+        }
+        if self.max_tokens == Some(0) {
+            return Err("max_tokens must be at least 1".into());
         }
         Ok(())
     }

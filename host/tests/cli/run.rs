@@ -260,3 +260,77 @@ async fn approvals_through_the_binary() {
     let none = keel_async(h.clone(), args(&["approvals", "--json"])).await;
     assert_eq!(super::json_of(&none), json!([]));
 }
+
+/// Temperature, token limit and call timeout come from flags, else the environment, else
+/// keel.toml; they reach the request exactly; a value that cannot work is refused before a
+/// session is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_parameters_from_flags_environment_and_file() {
+    let model =
+        MockModel::start(vec![Reply::text("one"), Reply::text("two"), Reply::text("three")]).await;
+    let home = tempfile::tempdir().unwrap();
+    let url = model.url();
+    std::fs::write(
+        home.path().join("keel.toml"),
+        "[model]\ntemperature = 0.9\nmax_tokens = 500\ntimeout_ms = 60000\n",
+    )
+    .unwrap();
+    let run = |extra: Vec<&str>, env: Vec<(&'static str, &'static str)>| {
+        let home = home.path().to_path_buf();
+        let mut list = vec!["run", "hello", "--model-url", &url, "--model", "m", "--json"];
+        list.extend(extra);
+        let list: Vec<String> = args(&list);
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+                .envs(env)
+                .arg("--home")
+                .arg(&home)
+                .args(&list)
+                .output()
+                .unwrap()
+        })
+    };
+    // The file alone.
+    let out = run(vec![], vec![]).await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // The environment over the file.
+    let out =
+        run(vec![], vec![("KEEL_TEMPERATURE", "0.5"), ("KEEL_MAX_TOKENS", "64")]).await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // Flags over the environment.
+    let out = run(
+        vec!["--temperature", "0", "--max-tokens", "32", "--model-timeout", "30s"],
+        vec![("KEEL_TEMPERATURE", "0.5"), ("KEEL_MAX_TOKENS", "64")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let sent: Vec<(Value, Value)> = model
+        .requests()
+        .iter()
+        .map(|b| {
+            let v: Value = serde_json::from_slice(b).unwrap();
+            (v["temperature"].clone(), v["max_tokens"].clone())
+        })
+        .collect();
+    assert_eq!(sent, [(json!(0.9), json!(500)), (json!(0.5), json!(64)), (json!(0.0), json!(32))]);
+
+    // Values that cannot work: refused (exit 2, kind config) before anything is created.
+    for (extra, env, says) in [
+        (vec!["--temperature=-1"], vec![], "temperature"),
+        (vec!["--temperature", "NaN"], vec![], "temperature"),
+        (vec![], vec![("KEEL_TEMPERATURE", "warm")], "KEEL_TEMPERATURE"),
+        (vec![], vec![("KEEL_MAX_TOKENS", "lots")], "KEEL_MAX_TOKENS"),
+        (vec![], vec![("KEEL_MODEL_TIMEOUT", "0s")], "KEEL_MODEL_TIMEOUT"),
+    ] {
+        let out = run(extra.clone(), env.clone()).await.unwrap();
+        assert_eq!(out.status.code(), Some(2), "{extra:?} {env:?}: {out:?}");
+        let v = super::json_of(&out);
+        assert_eq!(v["error"]["kind"], "config", "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(says), "{v}");
+    }
+    // A flag clap refuses by itself (a token limit of 0) exits 2 too.
+    let out = run(vec!["--max-tokens", "0"], vec![]).await.unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(model.requests().len(), 3, "no refused run reached the model");
+}
