@@ -565,16 +565,23 @@ impl ToolService {
                 return Ok(current.clone());
             }
         }
-        let version = catalog::catalog_version(&db)?;
+        // The version, and the catalog if it changed, from one read transaction: an install
+        // committing meanwhile is seen whole or not at all (and moves `data_version` again).
+        let tx = db.unchecked_transaction().map_err(StoreError::from)?;
+        let data_version = catalog::data_version(&tx)?;
+        let version = catalog::catalog_version(&tx)?;
         let current = {
             let mut cache = self.catalog.lock().unwrap_or_else(PoisonError::into_inner);
             cache.data_version = Some(data_version);
             cache.current.clone().filter(|c| c.version >= version)
         };
-        match current {
-            Some(current) => Ok(current),
-            None => Ok(self.keep_newest(Self::load_catalog(&db, version)?)),
-        }
+        let current = match current {
+            Some(current) => current,
+            None => self.keep_newest(Self::load_catalog(&tx, version)?),
+        };
+        // A read transaction: ending it cannot lose anything.
+        tx.commit().map_err(StoreError::from)?;
+        Ok(current)
     }
 
     /// The catalog as of `c`'s read transaction — a session's snapshot, so that a step's
