@@ -69,11 +69,19 @@ pub fn env(key: &str) -> Option<String> {
     std::env::var(key).ok().filter(|v| !v.is_empty())
 }
 
+/// A non-empty environment variable parsed by `parse`; an error names the variable.
+pub fn env_parsed<T>(
+    key: &str,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<Option<T>, String> {
+    env(key).map(|v| parse(v.trim()).map_err(|e| format!("{key}: {e}"))).transpose()
+}
+
 /// How durably the store commits: `KEEL_SYNCHRONOUS`, else `[store] synchronous` in
 /// `keel.toml`, else `full`.
 pub fn synchronous(home: &Home) -> Result<Synchronous, String> {
-    if let Some(value) = env("KEEL_SYNCHRONOUS") {
-        return value.parse().map_err(|e| format!("KEEL_SYNCHRONOUS: {e}"));
+    if let Some(mode) = env_parsed("KEEL_SYNCHRONOUS", str::parse)? {
+        return Ok(mode);
     }
     let file = read(home)?;
     match file.store.and_then(|s| s.synchronous) {

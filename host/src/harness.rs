@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use crate::agent::{AgentService, LoopGuards};
 use crate::brain::Brain;
+use crate::config::{env, env_parsed};
 use crate::home::Home;
 use crate::model::{ModelClient, ModelConfig};
 use crate::sandbox::SandboxLimits;
 use crate::session::SessionEngine;
-use crate::store::{Db, StoreError};
+use crate::store::Db;
 use crate::tools::{ToolService, ToolServiceError};
 
 /// The default system prompt of a session.
@@ -50,9 +51,8 @@ impl Harness {
         progress: &(dyn Fn(&str) + Sync),
     ) -> Result<Self, HarnessError> {
         let db_path = home.database();
-        let sync = crate::config::synchronous(&home).map_err(StoreError::Invalid)?;
         let tools = Arc::new(ToolService::open(home, limits, progress).await?);
-        let db = Db::open_with(&db_path, sync)?;
+        let db = Db::open_with(&db_path, tools.synchronous())?;
         let engine = SessionEngine::new(db.clone());
         let agent =
             AgentService::new(engine.clone(), tools.clone(), ModelClient::new(api_key)?, guards);
@@ -96,37 +96,24 @@ pub struct ModelFlags {
 /// known; an error names the setting that cannot work.
 pub fn model_config(home: &Home, flags: &ModelFlags) -> Result<Option<ModelConfig>, String> {
     let p = crate::config::read(home)?.model.unwrap_or_default();
-    let env = crate::config::env;
     let url = flags.url.clone().or_else(|| env("KEEL_MODEL_URL")).or(p.base_url);
     let model = flags.model.clone().or_else(|| env("KEEL_MODEL")).or(p.model);
     let (Some(url), Some(model)) = (url, model) else { return Ok(None) };
     let mut cfg = ModelConfig::new(&url, &model);
-    let parsed = |key: &str| -> Result<Option<f64>, String> {
-        env(key)
-            .map(|v| v.trim().parse::<f64>().map_err(|_| format!("{key}: `{v}` is not a number")))
-            .transpose()
-    };
+    let number = |v: &str| v.parse::<f64>().map_err(|_| format!("`{v}` is not a number"));
+    let tokens =
+        |v: &str| v.parse::<u32>().map_err(|_| format!("`{v}` is not a whole number of tokens"));
     cfg.temperature = match flags.temperature {
         Some(t) => Some(t),
-        None => parsed("KEEL_TEMPERATURE")?.or(p.temperature),
+        None => env_parsed("KEEL_TEMPERATURE", number)?.or(p.temperature),
     };
-    cfg.max_tokens =
-        match flags.max_tokens {
-            Some(m) => Some(m),
-            None => match env("KEEL_MAX_TOKENS") {
-                Some(v) => Some(v.trim().parse::<u32>().map_err(|_| {
-                    format!("KEEL_MAX_TOKENS: `{v}` is not a whole number of tokens")
-                })?),
-                None => p.max_tokens,
-            },
-        };
+    cfg.max_tokens = match flags.max_tokens {
+        Some(m) => Some(m),
+        None => env_parsed("KEEL_MAX_TOKENS", tokens)?.or(p.max_tokens),
+    };
     let timeout = match flags.timeout {
         Some(t) => Some(t),
-        None => env("KEEL_MODEL_TIMEOUT")
-            .map(|v| {
-                crate::units::parse_duration(&v).map_err(|e| format!("KEEL_MODEL_TIMEOUT: {e}"))
-            })
-            .transpose()?,
+        None => env_parsed("KEEL_MODEL_TIMEOUT", crate::units::parse_duration)?,
     };
     if let Some(t) = timeout {
         cfg.timeout_ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);

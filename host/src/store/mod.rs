@@ -297,16 +297,6 @@ impl Synchronous {
     }
 }
 
-impl std::fmt::Display for Synchronous {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Full => "full",
-            Self::Normal => "normal",
-            Self::Off => "off",
-        })
-    }
-}
-
 impl std::str::FromStr for Synchronous {
     type Err = String;
 

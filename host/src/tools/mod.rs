@@ -281,11 +281,6 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// The catalog version (bumped by the database on every install, upgrade and removal).
-    pub fn version(&self) -> i64 {
-        self.version
-    }
-
     /// The installed tool `name`, if any.
     pub fn get(&self, name: &str) -> Option<Arc<Resolved>> {
         self.tools.get(name).cloned()
@@ -334,6 +329,8 @@ pub struct ToolService {
     home: Home,
     sandbox: Arc<Sandbox>,
     db: Mutex<Connection>,
+    /// The store's durability, from the home's settings (read once, when the service opens).
+    sync: store::Synchronous,
     catalog: Mutex<CatalogCache>,
     prepared: Mutex<HashMap<String, Arc<Prepared>>>,
     validators: Mutex<HashMap<String, Arc<jsonschema::Validator>>>,
@@ -361,6 +358,7 @@ impl ToolService {
             home,
             sandbox,
             db: Mutex::new(conn),
+            sync,
             catalog: Mutex::new(CatalogCache::default()),
             prepared: Mutex::new(HashMap::new()),
             validators: Mutex::new(HashMap::new()),
@@ -380,6 +378,12 @@ impl ToolService {
 
     fn db(&self) -> std::sync::MutexGuard<'_, Connection> {
         self.db.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The store's durability this service opened the database with (the home's setting):
+    /// every other connection to the store of this home uses the same.
+    pub fn synchronous(&self) -> store::Synchronous {
+        self.sync
     }
 
     pub fn sandbox(&self) -> &Arc<Sandbox> {
