@@ -1,6 +1,7 @@
 //! Harness overhead per step against a zero-latency scripted model server on loopback, one
 //! governed tool call per step, `synchronous=FULL` (`KEEL_SYNCHRONOUS` changes it). Prints
-//! figures; asserts nothing about time.
+//! figures; asserts nothing about time. The model server runs in a child process (this binary
+//! again), so keel's CPU time is its process's alone; the server's is measured and shown apart.
 //!
 //! `cargo bench -p keel-tests --bench harness`. `KEEL_BENCH_STEPS` sets the steps of each
 //! session's turn (default 25), `KEEL_BENCH_SESSIONS` the concurrent sessions (default 64),
@@ -31,6 +32,79 @@ fn cpu_time() -> Duration {
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
+/// The scripted model server, in a child process (this benchmark's binary, started with
+/// [`SERVER_ENV`] set): its CPU time is then not keel's, and is measured on its own.
+struct ModelServer {
+    child: std::process::Child,
+    url: String,
+}
+
+/// Set (to `TOOL\tARGS\tSTEPS`) in the child process that serves the model.
+const SERVER_ENV: &str = "KEEL_BENCH_MODEL_SERVER";
+
+impl ModelServer {
+    fn start(tool: &str, args: &str, steps: usize) -> Self {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .env(SERVER_ENV, format!("{tool}\t{args}\t{steps}"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        Self { child, url: line.trim().to_string() }
+    }
+
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// CPU time of the server's threads so far (their `schedstat`, nanoseconds; 0 elsewhere).
+    fn cpu(&self) -> Duration {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.child.id())) else {
+            return Duration::ZERO;
+        };
+        let ns: u64 = tasks
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+            .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .sum();
+        Duration::from_nanos(ns)
+    }
+}
+
+impl Drop for ModelServer {
+    fn drop(&mut self) {
+        // Closing its stdin ends the server.
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// The child process's work: serves the model on loopback (one thread), prints its base URL,
+/// and exits when its stdin closes.
+fn serve_model(spec: &str) {
+    let mut parts = spec.split('\t');
+    let leak =
+        |s: Option<&str>| -> &'static str { Box::leak(s.unwrap().to_string().into_boxed_str()) };
+    let (tool, args) = (leak(parts.next()), leak(parts.next()));
+    let steps: usize = parts.next().unwrap().parse().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let model = MockModel::start_fn(responder(tool, args, steps)).await;
+        println!("{}", model.url());
+        use std::io::Write;
+        std::io::stdout().flush().unwrap();
+        tokio::task::spawn_blocking(|| {
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    });
+}
+
 /// Answers a request with a tool call until the request holds `steps` tool results, then with
 /// a final answer.
 fn responder(
@@ -53,7 +127,12 @@ fn responder(
 struct Figures {
     steps: usize,
     wall: Duration,
+    /// CPU time of this process (keel; the model server runs in another).
     cpu: Duration,
+    /// Of it, the writer's CPU time in COMMIT: the WAL write, its fsync, any checkpoint.
+    commit_cpu: Duration,
+    /// CPU time of the model server's process.
+    server_cpu: Duration,
     commits: u64,
     /// Writer: batches, time running operations, time committing.
     batches: u64,
@@ -73,7 +152,7 @@ async fn run(
     ws: &std::path::Path,
     added_sync: Duration,
 ) -> Figures {
-    let model = MockModel::start_fn(responder(tool, args, steps)).await;
+    let model = ModelServer::start(tool, args, steps);
     let home = tempfile::tempdir().unwrap();
     let grants = vec![Grant::new(ws, "/w", Access::Rw).unwrap()];
     let guards =
@@ -107,11 +186,14 @@ async fn run(
     );
     let waited0 = writer_cpu_wait(stats);
     let faults0 = page_faults();
+    let written0 = bytes_written();
     let switches0 = context_switches();
     if concurrent {
         profiler("enable");
     }
     let cpu0 = cpu_time();
+    let server0 = model.cpu();
+    let commit_cpu0 = stats.commit_cpu_ns.load(Ordering::Relaxed);
     let started = Instant::now();
     let mut tasks = Vec::new();
     let phases = Arc::new(std::sync::Mutex::new([Duration::ZERO; 3]));
@@ -157,6 +239,7 @@ async fn run(
         profiler("disable");
     }
     let faults = page_faults().saturating_sub(faults0);
+    let written = bytes_written().saturating_sub(written0);
     let switches = context_switches().saturating_sub(switches0);
     let sys1 = std::fs::read_to_string("/proc/stat").unwrap();
     let ticks = |t: &str| -> Vec<u64> {
@@ -172,12 +255,13 @@ async fn run(
     let n = (sessions * steps) as f64;
     let detail = format!(
         "step latency: model exchange {:.2} ms, governed call {:.2} ms, commit + assembly {:.2} ms; \
-         {:.2} page faults and {:.1} context switches per step; writer CPU {:.0} ms of {:.0} ms, waiting for a free CPU {:.0} ms; whole machine: {:.0}% busy (user+sys), {:.0}% stolen, {:.0}% idle",
+         {:.2} page faults, {:.1} context switches and {:.1} KiB written to storage per step; writer CPU {:.0} ms of {:.0} ms, waiting for a free CPU {:.0} ms; whole machine: {:.0}% busy (user+sys), {:.0}% stolen, {:.0}% idle",
         p[0].as_secs_f64() * 1e3 / n,
         p[1].as_secs_f64() * 1e3 / n,
         p[2].as_secs_f64() * 1e3 / n,
         faults as f64 / n,
         switches as f64 / n,
+        written as f64 / 1024.0 / n,
         (stats.cpu_ns.load(Ordering::Relaxed) - wcpu0) as f64 / 1e6,
         wall.as_secs_f64() * 1e3,
         writer_cpu_wait(stats).saturating_sub(waited0) as f64 / 1e6,
@@ -189,6 +273,8 @@ async fn run(
         steps: sessions * steps,
         wall,
         cpu: cpu_time() - cpu0,
+        commit_cpu: Duration::from_nanos(stats.commit_cpu_ns.load(Ordering::Relaxed) - commit_cpu0),
+        server_cpu: model.cpu().saturating_sub(server0),
         commits: stats.commits.load(Ordering::Relaxed) - commits0,
         batches: stats.batches.load(Ordering::Relaxed) - batches0,
         ops_count: stats.operations.load(Ordering::Relaxed) - operations0,
@@ -218,6 +304,16 @@ fn page_faults() -> u64 {
         .unwrap_or_default();
     let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
     field(7) + field(9)
+}
+
+/// Bytes this process has caused to be written to storage so far (`write_bytes` of
+/// `/proc/self/io`: the WAL, the database and anything else; 0 elsewhere).
+fn bytes_written() -> u64 {
+    let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Context switches (voluntary and involuntary) of this process's live threads so far, summed
@@ -286,6 +382,13 @@ fn print(label: &str, f: &Figures, serial_sessions: Option<usize>) {
         f.ops.as_secs_f64() * 1e6 / f.batches.max(1) as f64,
         f.commit.as_secs_f64() * 1e6 / f.batches.max(1) as f64,
         (f.ops + f.commit).as_secs_f64() * 100.0 / f.wall.as_secs_f64(),
+    );
+    println!(
+        "{:<44} CPU per step excluding commits {:.1} µs (commits {:.1} µs); model server {:.1} µs",
+        "",
+        f.cpu.saturating_sub(f.commit_cpu).as_secs_f64() * 1e6 / steps,
+        f.commit_cpu.as_secs_f64() * 1e6 / steps,
+        f.server_cpu.as_secs_f64() * 1e6 / steps,
     );
     println!("{:<44} {}", "", f.detail);
 }
@@ -409,6 +512,9 @@ fn rusqlite_params<'a>(a: &'a str, b: &'a str) -> [&'a str; 2] {
 }
 
 fn main() {
+    if let Ok(spec) = std::env::var(SERVER_ENV) {
+        return serve_model(&spec);
+    }
     // Every run uses the same turn shape: one turn of `steps` steps per session.
     let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
     let steps = env("KEEL_BENCH_STEPS", 25);
@@ -430,7 +536,9 @@ fn main() {
         "keel harness benchmark: one turn of {steps} steps per session, one governed tool call per step, synchronous={}",
         sync.pragma()
     );
-    println!("(CPU includes the in-process model server)");
+    println!(
+        "(CPU: keel's process; the model server runs in another, its CPU shown apart; \"excluding commits\": less the writer's CPU in COMMIT — WAL write, fsync, checkpoint)"
+    );
     let echo = r#"{"text":"hi"}"#;
     let write = r#"{"path":"/w/out.txt","content":"x"}"#;
     let one_rw = rt.block_on(run(serial, false, steps, "write", write, ws.path(), Duration::ZERO));

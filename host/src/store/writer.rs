@@ -43,6 +43,9 @@ pub struct DbStats {
     /// Nanoseconds the writer spent in COMMIT (the WAL write and its fsync, and any
     /// checkpoint).
     pub commit_ns: AtomicU64,
+    /// CPU time of the writer thread in COMMIT (the WAL write, its fsync and any checkpoint),
+    /// in nanoseconds.
+    pub commit_cpu_ns: AtomicU64,
     /// CPU time of the writer thread, in nanoseconds.
     pub cpu_ns: AtomicU64,
     /// The writer thread's id in the kernel (Linux; 0 elsewhere), for its scheduler
@@ -247,7 +250,10 @@ fn run(
         let wrote = conn.total_changes() != changes_before;
         let committing = std::time::Instant::now();
         stats.ops_ns.fetch_add(nanos(committing - started), Ordering::Relaxed);
+        let cpu_before = thread_cpu_ns();
         let commit = exec(&conn, "COMMIT");
+        let cpu = thread_cpu_ns();
+        stats.commit_cpu_ns.fetch_add(cpu.saturating_sub(cpu_before), Ordering::Relaxed);
         let added = added_sync_ns.load(Ordering::Relaxed);
         if wrote && added > 0 {
             std::thread::sleep(std::time::Duration::from_nanos(added));
@@ -256,12 +262,7 @@ fn run(
         if wrote {
             stats.commits.fetch_add(1, Ordering::Relaxed);
         }
-        let cpu = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-        stats.cpu_ns.store(
-            u64::try_from(cpu.tv_sec).unwrap_or(0) * 1_000_000_000
-                + u64::try_from(cpu.tv_nsec).unwrap_or(0),
-            Ordering::Relaxed,
-        );
+        stats.cpu_ns.store(cpu, Ordering::Relaxed);
         let error = match commit {
             Ok(()) => None,
             Err(e) => {
@@ -294,6 +295,12 @@ fn snapshot<R>(
 /// them per operation or batch; parsing each anew showed in its profile).
 fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
+/// CPU time of the calling thread, in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
 }
 
 fn nanos(d: std::time::Duration) -> u64 {
