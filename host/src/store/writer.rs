@@ -334,4 +334,25 @@ mod tests {
         assert_eq!(db.read_blocking(blobs).unwrap(), 1);
         assert_eq!(db.stats().reads.load(Ordering::Relaxed), 2);
     }
+
+    #[test]
+    fn the_writer_counts_its_cpu_in_commit_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("keel.db")).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        for i in 0..20 {
+            rt.block_on(db.run(move |c| {
+                c.execute("INSERT INTO blobs (hash, body) VALUES (?1, 'b')", [i])?;
+                Ok(())
+            }))
+            .unwrap();
+        }
+        let stats = db.stats();
+        assert_eq!(stats.commits.load(Ordering::Relaxed), 20);
+        let (in_commit, all) =
+            (stats.commit_cpu_ns.load(Ordering::Relaxed), stats.cpu_ns.load(Ordering::Relaxed));
+        // Twenty synced commits take CPU (the WAL write and its fsync), and never more than the
+        // writer thread used in all.
+        assert!(in_commit > 0 && in_commit <= all, "{in_commit} ns in COMMIT of {all} ns");
+    }
 }
