@@ -532,8 +532,14 @@ fn main() {
         .map(|v| v.parse().unwrap())
         .unwrap_or_default();
     let _ = SYNC.set(sync);
+    // The CPUs this process may run on (its affinity, so `taskset` shows here): 64 sessions are
+    // bound by them, one session is not, so the ratio follows this figure.
+    let cpus = match std::thread::available_parallelism().map_or(0, |n| n.get()) {
+        1 => "1 CPU".to_string(),
+        n => format!("{n} CPUs"),
+    };
     println!(
-        "keel harness benchmark: one turn of {steps} steps per session, one governed tool call per step, synchronous={}",
+        "keel harness benchmark: one turn of {steps} steps per session, one governed tool call per step, synchronous={}, on {cpus}",
         sync.pragma()
     );
     println!(
