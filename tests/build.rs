@@ -5,8 +5,18 @@
 #[path = "../host/guests.rs"]
 mod guests;
 
-const GUESTS: &[&str] =
-    &["hostile", "wrong_world", "sockets", "bad_specs", "vault_import", "effects"];
+const GUESTS: &[&str] = &[
+    "hostile",
+    "wrong_world",
+    "sockets",
+    "bad_specs",
+    "vault_import",
+    "effects",
+    "fs_effects",
+    "wiping",
+    "http_import",
+    "missing_funcs",
+];
 
 fn main() {
     let root = guests::workspace_root();

@@ -59,25 +59,78 @@ async fn a9_garbage_core_modules_and_wrong_worlds_are_refused_with_reasons() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a10_ungranted_imports_are_refused_at_link_time_listing_them() {
+async fn a10_ungranted_imports_are_refused_before_compiling_listing_them() {
     let dir = tempfile::tempdir().unwrap();
     let s = service_in(dir.path(), test_limits()).await;
-    let sockets = std::fs::read(guests::SOCKETS_COMPONENT).unwrap();
-    match install_err(&s, &sockets, "sockets").await {
-        ToolServiceError::Load(LoadError::UngrantedImports { imports }) => {
-            let names: Vec<&str> =
-                imports.iter().map(|(i, _)| i.split('@').next().unwrap()).collect();
-            assert!(names.contains(&"wasi:sockets/tcp"), "{names:?}");
-            assert!(names.contains(&"wasi:sockets/ip-name-lookup"), "{names:?}");
-            assert!(
-                imports.iter().all(|(_, why)| *why == "network access is not granted to tools")
-            );
-        }
+    let http = std::fs::read(guests::HTTP_IMPORT_COMPONENT).unwrap();
+    match install_err(&s, &http, "http").await {
+        ToolServiceError::Load(LoadError::UngrantedImports { imports }) => assert_eq!(
+            imports,
+            [(
+                "wasi:http/outgoing-handler@9.9.9".to_string(),
+                "outgoing HTTP is not granted to tools"
+            )]
+        ),
         other => panic!("expected ungranted imports, got {other}"),
     }
     let vault = std::fs::read(guests::VAULT_IMPORT_COMPONENT).unwrap();
     let e = install_err(&s, &vault, "vault").await;
     assert!(e.to_string().contains("`keel:vault/secrets@0.1.0` (this host interface is only linked for trusted control tools)"), "{e}");
+    // Refused from the bytes, before a compile: the artifact cache holds nothing for them.
+    for bytes in [&http, &vault] {
+        let digest = keel::sandbox::sha256_hex(bytes);
+        let cached = walk_names(&dir.path().join("cache"));
+        assert!(!cached.iter().any(|n| n.contains(&digest)), "{cached:?}");
+    }
+    assert_healthy(&s).await;
+}
+
+fn walk_names(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        out.push(e.file_name().to_string_lossy().into_owned());
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk_names(&e.path()));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a10_a_link_refusal_names_every_missing_function() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = service_in(dir.path(), test_limits()).await;
+    let bytes = std::fs::read(guests::MISSING_FUNCS_COMPONENT).unwrap();
+    match install_err(&s, &bytes, "missing").await {
+        ToolServiceError::Load(LoadError::Link { missing, .. }) => assert_eq!(
+            missing,
+            [
+                "`wasi:cli/environment@0.9.0`: `get-arguments` (function implementation is missing)",
+                "`wasi:cli/environment@0.9.0`: `get-secret-key` (function implementation is missing)",
+                "`wasi:cli/environment@0.9.0`: `get-host-name` (function implementation is missing)",
+            ]
+        ),
+        other => panic!("expected a link refusal, got {other}"),
+    }
+    assert_healthy(&s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a10_sockets_are_linked_but_every_socket_operation_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = service_in(dir.path(), test_limits()).await;
+    let sockets = std::fs::read(guests::SOCKETS_COMPONENT).unwrap();
+    s.install(&sockets, "sockets", "test", false).await.unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let input = json!({"addr": addr, "name": "localhost"});
+    let out = call(&s, "connect", input, &[], Budget::default()).await;
+    let got = out.report.result.unwrap();
+    for op in ["tcp_connect", "tcp_listen", "udp_bind", "lookup"] {
+        assert_ne!(got[op], "ok", "{op}: {got}");
+    }
+    listener.set_nonblocking(true).unwrap();
+    assert!(listener.accept().is_err(), "a connection reached the host");
     assert_healthy(&s).await;
 }
 

@@ -4,6 +4,7 @@
 
 mod agent;
 mod approvals;
+mod effects;
 mod grants;
 mod install;
 mod plugins;

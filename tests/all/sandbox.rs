@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use keel::sandbox::{Budget, CallError, CancelToken, SandboxLimits};
+use keel::sandbox::{Budget, CallError, CancelToken, SandboxLimits, ToolErrorKind};
 use keel::tools::CallRequest;
 use keel_tests::{assert_healthy, call, service_in, shared, test_limits};
 use serde_json::json;
@@ -25,6 +25,10 @@ async fn a1_infinite_loop_hits_the_deadline_and_other_calls_go_on() {
         (out, t.elapsed())
     });
     assert_eq!(spin.report.result, Err(CallError::Timeout { limit: Duration::from_millis(300) }));
+    // The fuel it burned is reported, not the store's stale reading after the stop (a spin
+    // loop burns hundreds of millions of units in 300 ms).
+    assert!(spin.report.fuel_used > 10_000_000, "fuel_used {}", spin.report.fuel_used);
+    assert!(spin.report.fuel_used < budget.fuel);
     // Stopped within the deadline plus a few epoch ticks of slack for a loaded machine.
     assert!(started.elapsed() < Duration::from_millis(300 + 500), "{:?}", started.elapsed());
     assert_eq!(echo.0.report.result, Ok(json!({"text": "other"})));
@@ -120,10 +124,52 @@ async fn a4_memory_bomb_hits_the_memory_limit() {
 async fn a5_huge_output_is_refused_before_the_host_copies_it() {
     let s = shared().await;
     let budget = budget_with(|b| b.max_output = 1 << 20);
-    let out = call(s, "huge_output", json!({"mib": 16}), &[], budget).await;
+    // Past the transfer cap (16 MiB): refused while it is lifted, its size unknown.
+    let out = call(s, "huge_output", json!({"mib": 16}), &[], budget.clone()).await;
+    assert_eq!(out.report.result, Err(CallError::OutputTooLarge { bytes: None, limit: 1 << 20 }));
+    // Under the transfer cap, over the output cap: copied, measured, refused.
+    let out = call(s, "huge_output", json!({"mib": 2}), &[], budget).await;
     assert_eq!(
         out.report.result,
-        Err(CallError::OutputTooLarge { bytes: (16 << 20) + 2, limit: 1 << 20 })
+        Err(CallError::OutputTooLarge { bytes: Some((2 << 20) + 2), limit: 1 << 20 })
+    );
+    assert_healthy(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a5_a_200_mb_output_is_output_too_large_not_a_crash() {
+    let s = shared().await;
+    let budget = budget_with(|b| b.memory = 1 << 30);
+    let out = call(s, "huge_output", json!({"mib": 200}), &[], budget).await;
+    assert_eq!(
+        out.report.result,
+        Err(CallError::OutputTooLarge { bytes: None, limit: Budget::default().max_output })
+    );
+    assert_healthy(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a5_error_messages_are_capped_like_output() {
+    let s = shared().await;
+    let budget = budget_with(|b| b.memory = 1 << 30);
+    // 100 MiB of message: refused while it is lifted.
+    let out = call(s, "huge_error", json!({"mib": 100}), &[], budget.clone()).await;
+    assert_eq!(
+        out.report.result,
+        Err(CallError::OutputTooLarge { bytes: None, limit: Budget::default().max_output })
+    );
+    // 1 MiB of message: kept as a typed error, cut to MAX_ERROR_MESSAGE with a marker.
+    let out = call(s, "huge_error", json!({"mib": 1}), &[], budget).await;
+    let Err(CallError::Tool { kind: ToolErrorKind::Failed, message }) = out.report.result else {
+        panic!("expected a typed error: {:?}", out.report.result);
+    };
+    let cut = (1 << 20) - keel::sandbox::MAX_ERROR_MESSAGE;
+    assert_eq!(
+        message,
+        format!(
+            "{} … [{cut} more bytes of the message cut]",
+            "e".repeat(keel::sandbox::MAX_ERROR_MESSAGE)
+        )
     );
     assert_healthy(s).await;
 }
@@ -217,4 +263,21 @@ async fn the_guest_sees_no_environment_arguments_or_preopens() {
     assert_eq!(out.report.result, Ok(json!({"vars": [], "args": [], "cwd": "/"})));
     let out = call(s, "list", json!({"path": "/"}), &[], Budget::default()).await;
     assert!(out.report.result.is_err(), "{:?}", out.report.result);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a5_output_is_copied_before_the_guest_frees_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = service_in(dir.path(), test_limits()).await;
+    let bytes = std::fs::read(keel_tests::guests::WIPING_COMPONENT).unwrap();
+    s.install(&bytes, "wiping", "test", false).await.unwrap();
+    let out =
+        call(&s, "wiped_answer", json!({"text": "honest json here"}), &[], Budget::default()).await;
+    assert_eq!(out.report.result, Ok(json!({"text": "honest json here", "words": 3})));
+    let out = call(&s, "wiped_refusal", json!({"text": "no"}), &[], Budget::default()).await;
+    assert_eq!(
+        out.report.result,
+        Err(CallError::Tool { kind: ToolErrorKind::InvalidInput, message: "refused: no".into() })
+    );
+    assert_healthy(&s).await;
 }

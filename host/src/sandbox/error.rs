@@ -30,10 +30,14 @@ pub enum LoadError {
     #[error("the component imports interfaces that are not granted to tools: {}",
         .imports.iter().map(|(i, why)| format!("`{i}` ({why})")).collect::<Vec<_>>().join(", "))]
     UngrantedImports { imports: Vec<(String, &'static str)> },
-    #[error("the component cannot be linked against keel's host: {source:#}")]
+    #[error("the component cannot be linked against keel's host: {}",
+        if .missing.is_empty() { format!("{:#}", .source) }
+        else { format!("these imports are missing or have another type: {}", .missing.join("; ")) })]
     Link {
         #[source]
         source: wasmtime::Error,
+        /// Every import the host could not satisfy (`` `interface`: `function` (why) ``).
+        missing: Vec<String>,
     },
     #[error(
         "component file {path} does not match its pinned digest (expected sha256 {expected}, \
@@ -78,10 +82,13 @@ pub enum CallError {
     MemoryLimit { detail: String },
     #[error("the tool overflowed its call stack (unbounded recursion?)")]
     StackOverflow,
+    /// The output (or an error message, or any string the guest returned) was over the cap.
+    /// `bytes` is its size when the host learned it without copying it.
     #[error(
-        "the tool's output is {bytes} bytes, over the limit of {limit} bytes; it was discarded"
+        "the tool's output is {}, over the limit of {limit} bytes; it was discarded",
+        match .bytes { Some(b) => format!("{b} bytes"), None => format!("more than {limit} bytes") }
     )]
-    OutputTooLarge { bytes: u64, limit: u64 },
+    OutputTooLarge { bytes: Option<u64>, limit: u64 },
     #[error("the tool returned output that is not valid JSON: {reason}")]
     InvalidOutput { reason: String },
     #[error("the call was cancelled")]

@@ -9,8 +9,10 @@
 mod cache;
 mod engine;
 mod error;
+mod fs;
 pub mod grant;
 mod host_api;
+mod imports;
 mod limits;
 mod pipe;
 mod run;
@@ -28,10 +30,11 @@ use wasmtime::component::{Component, ComponentExportIndex, InstancePre, Linker};
 pub use cache::{LoadSource, check_header, sha256_hex};
 pub use engine::EPOCH_TICK;
 pub use error::{CallError, LoadError, ToolErrorKind};
+pub use fs::{FsPolicy, FsReport, MAX_DENIALS_LISTED};
 pub use grant::{Access, Grant, GrantError};
 pub use host_api::{LogRecord, MAX_LOG_RECORDS, Progress};
 pub use pipe::Captured;
-pub use run::{CallReport, RawSpec};
+pub use run::{CallReport, MAX_ERROR_MESSAGE, RawSpec};
 pub use wasi::GRANTED_INTERFACES;
 
 use cache::ArtifactCache;
@@ -90,6 +93,26 @@ pub struct Budget {
     pub max_output: u64,
     /// Bytes of stdout and of stderr kept (the rest is counted and dropped).
     pub max_stdio: usize,
+    /// Bytes one call may write to its grants, growth of files included (a write past the
+    /// end counts the hole it leaves).
+    #[serde(default = "default_write_quota")]
+    pub write_quota: u64,
+    /// Files, directories and links one call may create.
+    #[serde(default = "default_max_files_created")]
+    pub max_files_created: u64,
+}
+
+/// The default per-call write quota: 1 GiB.
+pub const DEFAULT_WRITE_QUOTA: u64 = 1 << 30;
+/// The default cap on objects one call creates.
+pub const DEFAULT_MAX_FILES_CREATED: u64 = 10_000;
+
+fn default_write_quota() -> u64 {
+    DEFAULT_WRITE_QUOTA
+}
+
+fn default_max_files_created() -> u64 {
+    DEFAULT_MAX_FILES_CREATED
 }
 
 impl Default for Budget {
@@ -100,6 +123,8 @@ impl Default for Budget {
             memory: 256 * 1024 * 1024,
             max_output: 4 * 1024 * 1024,
             max_stdio: 1024 * 1024,
+            write_quota: DEFAULT_WRITE_QUOTA,
+            max_files_created: DEFAULT_MAX_FILES_CREATED,
         }
     }
 }
@@ -151,6 +176,22 @@ impl CancelToken {
             }
             notified.await;
         }
+    }
+}
+
+/// Refuses the imports that are not among [`GRANTED_INTERFACES`], naming every one.
+fn check_granted<'a>(names: impl Iterator<Item = &'a str>) -> Result<(), LoadError> {
+    let mut ungranted = Vec::new();
+    for name in names {
+        let unversioned = name.split('@').next().unwrap_or(name);
+        if !GRANTED_INTERFACES.contains(&unversioned) {
+            ungranted.push((name.to_string(), wasi::why_not_granted(unversioned)));
+        }
+    }
+    if ungranted.is_empty() {
+        Ok(())
+    } else {
+        Err(LoadError::UngrantedImports { imports: ungranted })
     }
 }
 
@@ -226,20 +267,24 @@ impl Sandbox {
         )
     }
 
+    /// Checks the imports of a component's bytes before anything is compiled: a component
+    /// that imports an interface keel does not grant is refused without spending the time
+    /// and memory a compile takes.
+    pub fn check_imports(&self, bytes: &[u8]) -> Result<(), LoadError> {
+        let names = imports::top_level_imports(bytes)
+            .map_err(|e| LoadError::Compile { source: wasmtime::format_err!("{e}") })?;
+        check_granted(names.iter().map(String::as_str))
+    }
+
     /// Checks that `component` targets the keel tool world and imports only granted
     /// interfaces, and links it.
     pub fn prepare(&self, component: &Component) -> Result<Prepared, LoadError> {
         let ty = component.component_type();
-        let mut ungranted = Vec::new();
-        for (name, _) in ty.imports(&self.engine) {
-            let unversioned = name.split('@').next().unwrap_or(name);
-            if !GRANTED_INTERFACES.contains(&unversioned) {
-                ungranted.push((name.to_string(), wasi::why_not_granted(unversioned)));
-            }
-        }
-        if !ungranted.is_empty() {
-            return Err(LoadError::UngrantedImports { imports: ungranted });
-        }
+        check_granted(ty.imports(&self.engine).map(|(name, _)| name))?;
+        let pre = self.linker.instantiate_pre(component).map_err(|source| LoadError::Link {
+            missing: imports::unlinked(&self.linker, component),
+            source,
+        })?;
         let exports: Vec<String> = ty.exports(&self.engine).map(|(n, _)| n.to_string()).collect();
         let wrong = |what: &str| LoadError::WrongWorld {
             reason: format!(
@@ -256,8 +301,6 @@ impl Sandbox {
         let invoke = component
             .get_export_index(Some(&iface), "invoke")
             .ok_or_else(|| wrong("its tools interface has no `invoke` function"))?;
-        let pre =
-            self.linker.instantiate_pre(component).map_err(|source| LoadError::Link { source })?;
         Ok(Prepared { pre, describe, invoke })
     }
 
@@ -268,17 +311,20 @@ impl Sandbox {
     }
 
     /// Runs tool `tool` with JSON `input` on a fresh instance, under `budget`, seeing only
-    /// `grants`. Never panics on guest behaviour: every failure is a typed [`CallError`].
+    /// `grants`, with the filesystem guarded by `fs`. Never panics on guest behaviour: every
+    /// failure is a typed [`CallError`].
+    #[allow(clippy::too_many_arguments)]
     pub async fn invoke(
         &self,
         prepared: &Prepared,
         tool: &str,
         input: &str,
         grants: &[Grant],
+        fs: FsPolicy,
         budget: &Budget,
         cancel: Option<&CancelToken>,
     ) -> CallReport<String> {
         let _slot = self.slots.acquire().await;
-        run::invoke(&self.engine, prepared, tool, input, grants, budget, cancel).await
+        run::invoke(&self.engine, prepared, tool, input, grants, fs, budget, cancel).await
     }
 }

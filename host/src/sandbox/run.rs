@@ -2,10 +2,11 @@
 
 use std::time::{Duration, Instant};
 
-use wasmtime::component::{Instance, WasmStr};
+use wasmtime::component::Instance;
 use wasmtime::{Engine, Store, Trap};
 
 use super::error::{CallError, ToolErrorKind};
+use super::fs::{FsPolicy, FsReport};
 use super::grant::Grant;
 use super::host_api::{LogRecord, Progress, ToolSpec, WitEffect, WitToolError};
 use super::limits::{CallLimits, LimitExceeded};
@@ -15,6 +16,18 @@ use super::{Budget, CancelToken, Prepared};
 
 /// Bytes of stderr quoted in a crash report.
 const CRASH_STDERR_TAIL: usize = 2048;
+/// Bytes of a tool's error message kept (the rest is cut, with a marker saying how much).
+pub const MAX_ERROR_MESSAGE: usize = 16 * 1024;
+/// Bytes the guest may hand the host in one transfer (a host call's arguments, or a call's
+/// result) when the output cap is smaller: a single write of a few MiB stays possible.
+pub const MIN_TRANSFER_CAP: u64 = 16 << 20;
+/// Bytes `describe` may return in all.
+pub const MAX_DESCRIBE_BYTES: u64 = 16 << 20;
+/// Fuel handed to the guest at a time; the reported fuel use of a stopped call is exact to
+/// within this.
+const FUEL_SLICE: u64 = 10_000_000;
+/// What wasmtime says when a transfer from the guest passes the store's hostcall fuel.
+const TRANSFER_CAP_MESSAGE: &str = "fuel allocated for hostcalls has been exhausted";
 
 /// A tool description exactly as a component returned it (validated by the caller).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +54,8 @@ pub struct CallReport<T> {
     /// Peak linear memory, in bytes.
     pub memory_peak: u64,
     pub duration: Duration,
+    /// What the filesystem guard counted and refused.
+    pub fs: FsReport,
 }
 
 enum Action<'a> {
@@ -58,7 +73,8 @@ pub async fn describe(
     prepared: &Prepared,
     budget: &Budget,
 ) -> CallReport<Vec<RawSpec>> {
-    let report = execute(engine, prepared, Action::Describe, &[], budget, None).await;
+    let report =
+        execute(engine, prepared, Action::Describe, &[], FsPolicy::read_only(), budget, None).await;
     map_report(report, |o| match o {
         Output::Specs(s) => Ok(s),
         Output::Text(_) => {
@@ -67,17 +83,19 @@ pub async fn describe(
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 pub async fn invoke(
     engine: &Engine,
     prepared: &Prepared,
     tool: &str,
     input: &str,
     grants: &[Grant],
+    fs: FsPolicy,
     budget: &Budget,
     cancel: Option<&CancelToken>,
 ) -> CallReport<String> {
     let action = Action::Invoke { tool, input, max_output: budget.max_output };
-    let report = execute(engine, prepared, action, grants, budget, cancel).await;
+    let report = execute(engine, prepared, action, grants, fs, budget, cancel).await;
     map_report(report, |o| match o {
         Output::Text(t) => Ok(t),
         Output::Specs(_) => {
@@ -97,6 +115,7 @@ fn map_report<A, B>(r: CallReport<A>, f: impl FnOnce(A) -> Result<B, CallError>)
         fuel_used: r.fuel_used,
         memory_peak: r.memory_peak,
         duration: r.duration,
+        fs: r.fs,
     }
 }
 
@@ -105,6 +124,7 @@ async fn execute(
     prepared: &Prepared,
     action: Action<'_>,
     grants: &[Grant],
+    fs: FsPolicy,
     budget: &Budget,
     cancel: Option<&CancelToken>,
 ) -> CallReport<Output> {
@@ -112,15 +132,22 @@ async fn execute(
     let stdout = CappedPipe::new(budget.max_stdio);
     let stderr = CappedPipe::new(budget.max_stdio);
     let report = |result, store: Option<&Store<CallState>>| {
-        let (logs, dropped_logs, progress, fuel_used, memory_peak) = match store {
-            Some(s) => (
-                s.data().host.logs.clone(),
-                s.data().host.dropped_logs,
-                s.data().host.progress.clone(),
-                budget.fuel.saturating_sub(s.get_fuel().unwrap_or(0)),
-                s.data().limits.memory_used(),
-            ),
-            None => (Vec::new(), 0, None, 0, 0),
+        let (logs, dropped_logs, progress, fuel_used, memory_peak, fs) = match store {
+            Some(s) => {
+                // Compiled code keeps the fuel it burns in a register and writes it back only
+                // at some points; a call stopped mid-loop (deadline, cancellation) leaves the
+                // store's reading stale by at most one fuel slice (see FUEL_SLICE).
+                let left = s.get_fuel().unwrap_or(0);
+                (
+                    s.data().host.logs.clone(),
+                    s.data().host.dropped_logs,
+                    s.data().host.progress.clone(),
+                    budget.fuel.saturating_sub(left),
+                    s.data().limits.memory_used(),
+                    s.data().fs.report(),
+                )
+            }
+            None => (Vec::new(), 0, None, 0, 0, FsReport::default()),
         };
         CallReport {
             result,
@@ -132,20 +159,33 @@ async fn execute(
             fuel_used,
             memory_peak,
             duration: started.elapsed(),
+            fs,
         }
     };
-    let ctx = match wasi::build_ctx(grants, &stdout, &stderr) {
+    let ctx = match wasi::build_ctx(grants, fs.read_only, &stdout, &stderr) {
         Ok(c) => c,
         Err(e) => return report(Err(CallError::Setup { detail: format!("{e:#}") }), None),
     };
-    let mut store = Store::new(engine, CallState::new(ctx, CallLimits::new(budget.memory)));
+    let mut store = Store::new(engine, CallState::new(ctx, CallLimits::new(budget.memory), fs));
     store.limiter(|s| &mut s.limits);
     if let Err(e) = store.set_fuel(budget.fuel) {
         return report(Err(CallError::Setup { detail: format!("{e:#}") }), Some(&store));
     }
+    // Every string or list the guest hands the host is capped while it is lifted, before the
+    // host allocates it (a result is lifted before the guest's post-return frees it).
+    let (transfer_cap, output_limit) = match action {
+        Action::Describe => (MAX_DESCRIBE_BYTES, MAX_DESCRIBE_BYTES),
+        Action::Invoke { max_output, .. } => (max_output.max(MIN_TRANSFER_CAP), max_output),
+    };
+    store.set_hostcall_fuel(usize::try_from(transfer_cap).unwrap_or(usize::MAX));
     // Yield to the executor at every epoch tick, so the deadline and cancellation below are
     // observed even while the guest spins.
     store.epoch_deadline_async_yield_and_update(1);
+    // Hand the guest its fuel in slices, so the fuel used is known to within one slice even
+    // when the call is stopped mid-loop.
+    if let Err(e) = store.fuel_async_yield_interval(Some(FUEL_SLICE)) {
+        return report(Err(CallError::Setup { detail: format!("{e:#}") }), Some(&store));
+    }
     let outcome = {
         let run = run_action(&mut store, prepared, &action);
         let cancelled = async {
@@ -164,7 +204,7 @@ async fn execute(
         Stop::Timeout => CallError::Timeout { limit: budget.timeout },
         Stop::Cancelled => CallError::Cancelled,
         Stop::Error(e) => e,
-        Stop::Trap(e) => classify(e, budget, &stderr.captured()),
+        Stop::Trap(e) => classify(e, budget, output_limit, &stderr.captured()),
     });
     report(result, Some(&store))
 }
@@ -193,22 +233,19 @@ async fn run_action(
         }
         Action::Invoke { tool, input, max_output } => {
             let f = instance
-                .get_typed_func::<(&str, &str), (Result<WasmStr, WitToolError>,)>(
+                .get_typed_func::<(&str, &str), (Result<String, WitToolError>,)>(
                     &mut *store,
                     &prepared.invoke,
                 )
                 .map_err(Stop::Trap)?;
+            // The result is copied into host memory (capped by the hostcall fuel set above)
+            // before the guest's post-return runs and frees it.
             let (result,) = f.call_async(&mut *store, (tool, input)).await.map_err(Stop::Trap)?;
             match result {
                 Ok(text) => {
-                    // Borrow the string in guest memory and check its size before the host
-                    // copies a single byte of it.
-                    let text = text.to_str(&*store).map_err(|e| {
-                        Stop::Error(CallError::InvalidOutput { reason: format!("{e:#}") })
-                    })?;
                     if text.len() as u64 > *max_output {
                         return Err(Stop::Error(CallError::OutputTooLarge {
-                            bytes: text.len() as u64,
+                            bytes: Some(text.len() as u64),
                             limit: *max_output,
                         }));
                     }
@@ -217,7 +254,7 @@ async fn run_action(
                             reason: e.to_string(),
                         }));
                     }
-                    Ok(Output::Text(text.into_owned()))
+                    Ok(Output::Text(text))
                 }
                 Err(e) => {
                     let (kind, message) = match e {
@@ -227,11 +264,26 @@ async fn run_action(
                         WitToolError::Denied(m) => (ToolErrorKind::Denied, m),
                         WitToolError::Failed(m) => (ToolErrorKind::Failed, m),
                     };
-                    Err(Stop::Error(CallError::Tool { kind, message }))
+                    Err(Stop::Error(CallError::Tool { kind, message: cap_message(message) }))
                 }
             }
         }
     }
+}
+
+/// Cuts a tool's error message to [`MAX_ERROR_MESSAGE`] bytes, saying how much was cut.
+fn cap_message(mut m: String) -> String {
+    if m.len() <= MAX_ERROR_MESSAGE {
+        return m;
+    }
+    let mut end = MAX_ERROR_MESSAGE;
+    while !m.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = m.len() - end;
+    m.truncate(end);
+    m.push_str(&format!(" … [{cut} more bytes of the message cut]"));
+    m
 }
 
 fn raw_spec(s: ToolSpec) -> RawSpec {
@@ -251,7 +303,12 @@ fn raw_spec(s: ToolSpec) -> RawSpec {
 }
 
 /// Turns a wasmtime error from instantiation or the call into a typed [`CallError`].
-fn classify(err: wasmtime::Error, budget: &Budget, stderr: &Captured) -> CallError {
+fn classify(
+    err: wasmtime::Error,
+    budget: &Budget,
+    output_limit: u64,
+    stderr: &Captured,
+) -> CallError {
     if let Some(limit) = err.downcast_ref::<LimitExceeded>() {
         return CallError::MemoryLimit { detail: limit.to_string() };
     }
@@ -273,7 +330,10 @@ fn classify(err: wasmtime::Error, budget: &Budget, stderr: &Captured) -> CallErr
         }
         None => {
             let text = format!("{err:#}");
-            if text.contains("forcing trap when growing memory") {
+            if text.contains(TRANSFER_CAP_MESSAGE) {
+                // wasmtime keeps the fuel error's type private; its message is the contract.
+                CallError::OutputTooLarge { bytes: None, limit: output_limit }
+            } else if text.contains("forcing trap when growing memory") {
                 CallError::MemoryLimit { detail: text }
             } else {
                 CallError::Crashed { detail: text }

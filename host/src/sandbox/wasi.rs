@@ -3,17 +3,22 @@
 //! [`build_ctx`] starts from nothing and adds only what the lease says:
 //! - no environment variables and no arguments;
 //! - stdin closed; stdout and stderr captured into capped buffers (never the host's stdio);
-//! - no network: `wasi:sockets` is not even linked, so a component that imports it is refused
-//!   when it is installed;
-//! - the filesystem is exactly the grants, each mounted read-only or read-write;
+//! - no network: `wasi:sockets` is linked (language runtimes such as CPython import it) but
+//!   denies everything — no TCP, no UDP, no name lookup, every address refused — so every
+//!   socket operation fails inside the guest; `wasi:http` is not linked at all;
+//! - the filesystem is exactly the grants, each mounted read-only or read-write, behind the
+//!   guard of [`super::fs`] (effect class, write quota, creation cap);
 //! - clocks and random numbers (they reveal nothing of the host).
 //!
 //! [`add_to_linker`] links the WASI 0.2 interfaces above plus `keel:tool/host`; the list of
 //! what is linked is [`GRANTED_INTERFACES`], used to explain install refusals.
 
 use wasmtime::component::{Linker, ResourceTable};
+use wasmtime_wasi::filesystem::WasiFilesystemCtxView;
 use wasmtime_wasi::p2::bindings as wasi;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use super::fs::{FsGuard, FsPolicy, GuardedFs, GuardedFsData};
 
 use super::grant::{Access, Grant};
 use super::host_api::{self, HostApi, HostApiCtx};
@@ -43,15 +48,20 @@ pub const GRANTED_INTERFACES: &[&str] = &[
     "wasi:cli/terminal-stdin",
     "wasi:cli/terminal-stdout",
     "wasi:cli/terminal-stderr",
+    "wasi:sockets/network",
+    "wasi:sockets/instance-network",
+    "wasi:sockets/tcp",
+    "wasi:sockets/tcp-create-socket",
+    "wasi:sockets/udp",
+    "wasi:sockets/udp-create-socket",
+    "wasi:sockets/ip-name-lookup",
     "keel:tool/types",
     "keel:tool/host",
 ];
 
 /// Explains why an interface that is not granted is refused.
 pub fn why_not_granted(interface: &str) -> &'static str {
-    if interface.starts_with("wasi:sockets/") {
-        "network access is not granted to tools"
-    } else if interface.starts_with("wasi:http/") {
+    if interface.starts_with("wasi:http/") {
         "outgoing HTTP is not granted to tools"
     } else if interface.starts_with("keel:") {
         "this host interface is only linked for trusted control tools"
@@ -66,6 +76,7 @@ pub struct CallState {
     table: ResourceTable,
     pub(super) limits: CallLimits,
     pub(super) host: HostApiCtx,
+    pub(super) fs: FsGuard,
 }
 
 impl WasiView for CallState {
@@ -75,14 +86,29 @@ impl WasiView for CallState {
 }
 
 impl CallState {
-    pub(super) fn new(wasi: WasiCtx, limits: CallLimits) -> Self {
-        Self { wasi, table: ResourceTable::new(), limits, host: HostApiCtx::default() }
+    pub(super) fn new(wasi: WasiCtx, limits: CallLimits, fs: FsPolicy) -> Self {
+        Self {
+            wasi,
+            table: ResourceTable::new(),
+            limits,
+            host: HostApiCtx::default(),
+            fs: FsGuard::new(fs),
+        }
+    }
+
+    fn guarded_fs(&mut self) -> GuardedFs<'_> {
+        GuardedFs {
+            fs: WasiFilesystemCtxView { ctx: self.wasi.filesystem(), table: &mut self.table },
+            guard: &mut self.fs,
+        }
     }
 }
 
-/// Builds the WASI context of one call from its grants (see the module docs for defaults).
+/// Builds the WASI context of one call from its grants (see the module docs for defaults);
+/// `read_only` mounts every grant read-only.
 pub fn build_ctx(
     grants: &[Grant],
+    read_only: bool,
     stdout: &CappedPipe,
     stderr: &CappedPipe,
 ) -> wasmtime::Result<WasiCtx> {
@@ -91,8 +117,13 @@ pub fn build_ctx(
     // bounded by their deadline; this cuts a small read from ~100 µs to ~12 µs.
     b.allow_blocking_current_thread(true);
     b.stdout(stdout.clone()).stderr(stderr.clone());
+    // Sockets are linked but useless: no TCP, no UDP, no name lookup, no address allowed.
+    b.allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
+    b.socket_addr_check(|_, _| Box::pin(async { false }));
     for g in grants {
+        // A read-only tool sees every grant read-only, whatever the session granted.
         let perms = match g.access {
+            _ if read_only => FsPerms::ReadOnly,
             Access::Ro => FsPerms::ReadOnly,
             Access::Rw => FsPerms::ReadWrite,
         };
@@ -106,9 +137,8 @@ pub fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
     use wasmtime_wasi::cli::{WasiCli, WasiCliView};
     use wasmtime_wasi::clocks::WasiClocks;
     use wasmtime_wasi::clocks::WasiClocksView;
-    use wasmtime_wasi::filesystem::WasiFilesystem;
-    use wasmtime_wasi::filesystem::WasiFilesystemView;
     use wasmtime_wasi::random::WasiRandom;
+    use wasmtime_wasi::sockets::{WasiSockets, WasiSocketsView};
     type T = CallState;
     let l = linker;
     wasi::io::error::add_to_linker::<T, HasIo>(l, |t| &mut t.table)?;
@@ -116,8 +146,8 @@ pub fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
     wasi::io::streams::add_to_linker::<T, HasIo>(l, |t| &mut t.table)?;
     wasi::clocks::wall_clock::add_to_linker::<T, WasiClocks>(l, T::clocks)?;
     wasi::clocks::monotonic_clock::add_to_linker::<T, WasiClocks>(l, T::clocks)?;
-    wasi::filesystem::types::add_to_linker::<T, WasiFilesystem>(l, T::filesystem)?;
-    wasi::filesystem::preopens::add_to_linker::<T, WasiFilesystem>(l, T::filesystem)?;
+    wasi::filesystem::types::add_to_linker::<T, GuardedFsData>(l, T::guarded_fs)?;
+    wasi::filesystem::preopens::add_to_linker::<T, GuardedFsData>(l, T::guarded_fs)?;
     wasi::random::random::add_to_linker::<T, WasiRandom>(l, |t| t.wasi.random())?;
     wasi::random::insecure::add_to_linker::<T, WasiRandom>(l, |t| t.wasi.random())?;
     wasi::random::insecure_seed::add_to_linker::<T, WasiRandom>(l, |t| t.wasi.random())?;
@@ -131,6 +161,13 @@ pub fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
     wasi::cli::terminal_stdin::add_to_linker::<T, WasiCli>(l, T::cli)?;
     wasi::cli::terminal_stdout::add_to_linker::<T, WasiCli>(l, T::cli)?;
     wasi::cli::terminal_stderr::add_to_linker::<T, WasiCli>(l, T::cli)?;
+    wasi::sockets::tcp::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
+    wasi::sockets::udp::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
+    wasi::sockets::tcp_create_socket::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
+    wasi::sockets::udp_create_socket::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
+    wasi::sockets::instance_network::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
+    wasi::sockets::network::add_to_linker::<T, WasiSockets>(l, &Default::default(), T::sockets)?;
+    wasi::sockets::ip_name_lookup::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
     host_api::add_to_linker(l, |t: &mut T| HostApi::new(&mut t.host))?;
     Ok(())
 }

@@ -3,8 +3,15 @@
 //!
 //! The host walks each read-write grant before and after the call through `cap-std`, from a
 //! directory handle of the grant: it never follows a symlink (links are recorded as links, by
-//! their target text), never leaves the grant, and stops at [`MAX_ENTRIES`] entries. Created
-//! and modified files are hashed (sha256) after the call.
+//! their target text), never leaves the grant, and stops at [`MAX_ENTRIES`] entries. A file
+//! counts as modified when its size, inode, modification time **or status-change time**
+//! differs: a guest can set a file's modification time back, but setting it moves the
+//! status-change time, which no guest can set. Created and modified files are hashed (sha256)
+//! after the call within [`MAX_HASH_BYTES`] per change set; a file past that bound is
+//! reported by size, inode and status-change time with `hashed: false`.
+//!
+//! The walk and the hashing are blocking work: callers run them off the async threads. Both
+//! stop when the call's [`CancelToken`] fires, and the change set then says it is incomplete.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -14,12 +21,14 @@ use cap_std::ambient_authority;
 use cap_std::fs::{Dir, OpenOptions};
 use sha2::{Digest, Sha256};
 
-use crate::sandbox::{Access, Grant};
+use crate::sandbox::{Access, CancelToken, Grant};
 
 /// Entries walked per grant at most; past it the change set is marked incomplete.
 pub const MAX_ENTRIES: usize = 100_000;
 /// Directory depth walked at most.
 pub const MAX_DEPTH: usize = 64;
+/// Bytes hashed per change set at most; files past it are listed unhashed.
+pub const MAX_HASH_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -34,6 +43,7 @@ struct Meta {
     kind: Kind,
     size: u64,
     mtime_ns: i128,
+    ctime_ns: i64,
     ino: u64,
 }
 
@@ -56,6 +66,34 @@ pub struct Change {
     /// sha256 of the new content (created/modified regular files only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// Set on a created or modified file that was not hashed (too large for what was left
+    /// of [`MAX_HASH_BYTES`], unreadable, or the work was cancelled): the file is then known
+    /// by its size, `inode` and `ctime_ns`.
+    #[serde(skip_serializing_if = "is_true")]
+    pub hashed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inode: Option<u64>,
+    /// Status-change time, in nanoseconds since the epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ctime_ns: Option<i64>,
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+impl Change {
+    fn plain(path: &str, kind: Kind, size: u64) -> Self {
+        Self {
+            path: path.to_string(),
+            kind: kind_name(kind),
+            size,
+            sha256: None,
+            hashed: true,
+            inode: None,
+            ctime_ns: None,
+        }
+    }
 }
 
 /// What a call changed in its writable grants.
@@ -64,7 +102,8 @@ pub struct ChangeSet {
     pub created: Vec<Change>,
     pub modified: Vec<Change>,
     pub deleted: Vec<Change>,
-    /// False when a walk stopped at its bound; the lists may then miss changes.
+    /// False when a walk stopped at its bound or was cancelled; the lists may then miss
+    /// changes.
     pub complete: bool,
 }
 
@@ -83,25 +122,29 @@ fn kind_name(k: Kind) -> &'static str {
     }
 }
 
-/// Walks every read-write grant.
-pub fn snapshot(grants: &[Grant]) -> Snapshot {
+/// Walks every read-write grant (blocking; stops early, incomplete, when `cancel` fires).
+pub fn snapshot(grants: &[Grant], cancel: Option<&CancelToken>) -> Snapshot {
     let mut snap = Snapshot { entries: BTreeMap::new(), complete: true };
     for g in grants.iter().filter(|g| g.access == Access::Rw) {
         match Dir::open_ambient_dir(&g.host, ambient_authority()) {
-            Ok(dir) => walk(&dir, &g.guest, 0, &mut snap),
+            Ok(dir) => walk(&dir, &g.guest, 0, &mut snap, cancel),
             Err(_) => snap.complete = false,
         }
     }
     snap
 }
 
-fn walk(dir: &Dir, guest: &str, depth: usize, snap: &mut Snapshot) {
+fn cancelled(cancel: Option<&CancelToken>) -> bool {
+    cancel.is_some_and(CancelToken::is_cancelled)
+}
+
+fn walk(dir: &Dir, guest: &str, depth: usize, snap: &mut Snapshot, cancel: Option<&CancelToken>) {
     let Ok(entries) = dir.entries() else {
         snap.complete = false;
         return;
     };
     for entry in entries.flatten() {
-        if snap.entries.len() >= MAX_ENTRIES {
+        if snap.entries.len() >= MAX_ENTRIES || cancelled(cancel) {
             snap.complete = false;
             return;
         }
@@ -128,64 +171,89 @@ fn walk(dir: &Dir, guest: &str, depth: usize, snap: &mut Snapshot) {
             .and_then(|t| t.into_std().duration_since(std::time::UNIX_EPOCH).ok())
             .map(|d| d.as_nanos() as i128)
             .unwrap_or(0);
-        let ino = {
+        let (ino, ctime_ns) = {
             use cap_std::fs::MetadataExt;
-            meta.ino()
+            (
+                meta.ino(),
+                meta.ctime().saturating_mul(1_000_000_000).saturating_add(meta.ctime_nsec()),
+            )
         };
-        snap.entries.insert(path.clone(), Meta { kind, size: meta.len(), mtime_ns, ino });
+        snap.entries.insert(path.clone(), Meta { kind, size: meta.len(), mtime_ns, ctime_ns, ino });
         if kind == Kind::Dir {
             if depth + 1 >= MAX_DEPTH {
                 snap.complete = false;
                 continue;
             }
             if let Ok(sub) = dir.open_dir_nofollow(&name) {
-                walk(&sub, &path, depth + 1, snap);
+                walk(&sub, &path, depth + 1, snap, cancel);
             }
         }
     }
 }
 
-/// Compares two snapshots and hashes what was created or modified.
-pub fn diff(before: &Snapshot, after: &Snapshot, grants: &[Grant]) -> ChangeSet {
+/// Compares two snapshots and hashes what was created or modified, within
+/// [`MAX_HASH_BYTES`] (blocking; stops hashing when `cancel` fires).
+pub fn diff(
+    before: &Snapshot,
+    after: &Snapshot,
+    grants: &[Grant],
+    cancel: Option<&CancelToken>,
+) -> ChangeSet {
     let mut set = ChangeSet { complete: before.complete && after.complete, ..Default::default() };
+    let mut hash_left = MAX_HASH_BYTES;
     for (path, m) in &after.entries {
-        let change = |with_hash: bool| Change {
-            path: path.clone(),
-            kind: kind_name(m.kind),
-            size: m.size,
-            sha256: if with_hash && m.kind == Kind::File { hash(grants, path) } else { None },
+        let mut change = |set: &mut ChangeSet| {
+            let mut c = Change::plain(path, m.kind, m.size);
+            if m.kind != Kind::File {
+                return c;
+            }
+            c.sha256 = if m.size <= hash_left && !cancelled(cancel) {
+                hash(grants, path, m.size, cancel)
+            } else {
+                None
+            };
+            match &c.sha256 {
+                Some(_) => hash_left -= m.size,
+                None => {
+                    if cancelled(cancel) {
+                        set.complete = false;
+                    }
+                    c.hashed = false;
+                    c.inode = Some(m.ino);
+                    c.ctime_ns = Some(m.ctime_ns);
+                }
+            }
+            c
         };
         match before.entries.get(path) {
-            None => set.created.push(change(true)),
-            Some(old) if old.kind != m.kind => {
-                set.deleted.push(Change {
-                    path: path.clone(),
-                    kind: kind_name(old.kind),
-                    size: old.size,
-                    sha256: None,
-                });
-                set.created.push(change(true));
+            None => {
+                let c = change(&mut set);
+                set.created.push(c);
             }
-            Some(old) if m.kind != Kind::Dir && old != m => set.modified.push(change(true)),
+            Some(old) if old.kind != m.kind => {
+                set.deleted.push(Change::plain(path, old.kind, old.size));
+                let c = change(&mut set);
+                set.created.push(c);
+            }
+            Some(old) if m.kind != Kind::Dir && old != m => {
+                let c = change(&mut set);
+                set.modified.push(c);
+            }
             Some(_) => {}
         }
     }
     for (path, m) in &before.entries {
         if !after.entries.contains_key(path) {
-            set.deleted.push(Change {
-                path: path.clone(),
-                kind: kind_name(m.kind),
-                size: m.size,
-                sha256: None,
-            });
+            set.deleted.push(Change::plain(path, m.kind, m.size));
         }
     }
     set
 }
 
 /// sha256 of the regular file at guest `path`, opened inside its grant without following
-/// symlinks.
-fn hash(grants: &[Grant], path: &str) -> Option<String> {
+/// symlinks; `None` when it cannot be read whole, holds more than `size` bytes (it grew since
+/// the walk), or the work is cancelled.
+fn hash(grants: &[Grant], path: &str, size: u64, cancel: Option<&CancelToken>) -> Option<String> {
     let g = grants.iter().filter(|g| g.access == Access::Rw).find(|g| {
         g.guest == "/" || path.strip_prefix(&g.guest).is_some_and(|r| r.starts_with('/'))
     })?;
@@ -196,12 +264,46 @@ fn hash(grants: &[Grant], path: &str) -> Option<String> {
     let mut file = dir.open_with(rel, &opts).ok()?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 64 * 1024];
+    let mut read = 0u64;
     loop {
+        if cancelled(cancel) {
+            return None;
+        }
         let n = file.read(&mut buf).ok()?;
         if n == 0 {
             break;
         }
+        read += n as u64;
+        if read > size {
+            return None;
+        }
         hasher.update(&buf[..n]);
     }
     Some(hex::encode(hasher.finalize()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cancelled_walk_or_hash_says_the_change_set_is_incomplete() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a"), "a").unwrap();
+        let grants = [Grant::new(dir.path(), "/w", Access::Rw).unwrap()];
+        let before = snapshot(&grants, None);
+        assert!(before.complete);
+        std::fs::write(dir.path().join("b"), "b").unwrap();
+        let cancel = CancelToken::new();
+        cancel.cancel();
+        assert!(!snapshot(&grants, Some(&cancel)).complete);
+        // The walk finished before the cancellation, the hashing did not.
+        let after = snapshot(&grants, None);
+        let set = diff(&before, &after, &grants, Some(&cancel));
+        assert!(!set.complete);
+        assert_eq!(set.created.len(), 1);
+        assert!(!set.created[0].hashed);
+        let set = diff(&before, &after, &grants, None);
+        assert!(set.complete && set.created[0].hashed);
+    }
 }

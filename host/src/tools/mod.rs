@@ -20,8 +20,8 @@ use rusqlite::Connection;
 
 use crate::home::Home;
 use crate::sandbox::{
-    Access, Budget, CallError, CallReport, CancelToken, Grant, GrantError, LoadError, LoadSource,
-    Prepared, Sandbox, SandboxLimits,
+    Access, Budget, CallError, CallReport, CancelToken, FsPolicy, Grant, GrantError, LoadError,
+    LoadSource, Prepared, Sandbox, SandboxLimits,
 };
 use crate::store::{self, StoreError};
 
@@ -415,6 +415,7 @@ impl ToolService {
         crate::sandbox::check_header(bytes)?;
         let digest = crate::sandbox::sha256_hex(bytes);
         let started = std::time::Instant::now();
+        self.sandbox.check_imports(bytes)?;
         let component = self.sandbox.compile(bytes)?;
         let compile_ms = started.elapsed().as_secs_f64() * 1e3;
         let prepared = Arc::new(self.sandbox.prepare(&component)?);
@@ -745,13 +746,49 @@ impl ToolService {
             }
         };
         let (prepared, _) = self.prepared(&resolved.digest)?;
+        let fs = FsPolicy {
+            read_only: !writes,
+            remove_existing: tool.effect == "destructive",
+            write_quota: req.budget.write_quota,
+            max_created: req.budget.max_files_created,
+        };
         let track = writes && req.grants.iter().any(|g| g.access == Access::Rw);
-        let before = track.then(|| changes::snapshot(req.grants));
+        // The walks and hashing are blocking and bounded; they run off the async threads
+        // and stop when the call is cancelled.
+        let grants: Arc<[Grant]> = req.grants.into();
+        let before = match track {
+            true => {
+                let (g, c) = (grants.clone(), req.cancel.clone());
+                tokio::task::spawn_blocking(move || changes::snapshot(&g, c.as_ref())).await.ok()
+            }
+            false => None,
+        };
         let report = self
             .sandbox
-            .invoke(&prepared, &tool.name, req.input, req.grants, &req.budget, req.cancel.as_ref())
+            .invoke(
+                &prepared,
+                &tool.name,
+                req.input,
+                req.grants,
+                fs,
+                &req.budget,
+                req.cancel.as_ref(),
+            )
             .await;
-        let changes = before.map(|b| changes::diff(&b, &changes::snapshot(req.grants), req.grants));
+        let changes = match before {
+            Some(before) => {
+                let (g, c) = (grants.clone(), req.cancel.clone());
+                let set = tokio::task::spawn_blocking(move || {
+                    let after = changes::snapshot(&g, c.as_ref());
+                    changes::diff(&before, &after, &g, c.as_ref())
+                })
+                .await;
+                Some(set.unwrap_or_default())
+            }
+            // A snapshot that could not be taken: nothing can be said of the changes.
+            None if track => Some(ChangeSet::default()),
+            None => None,
+        };
         let report = CallReport {
             result: report.result.and_then(|text| {
                 serde_json::from_str(&text)
@@ -765,6 +802,7 @@ impl ToolService {
             fuel_used: report.fuel_used,
             memory_peak: report.memory_peak,
             duration: report.duration,
+            fs: report.fs,
         };
         Ok(CallOutcome { tool: tool.clone(), report, changes })
     }

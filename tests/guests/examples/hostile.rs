@@ -105,6 +105,10 @@ fn huge_output(i: Size) -> Result<Out, ToolError> {
     Ok(Out(json!("x".repeat((i.mib as usize) << 20))))
 }
 
+fn huge_error(i: Size) -> Result<Out, ToolError> {
+    Err(ToolError::Failed("e".repeat((i.mib as usize) << 20)))
+}
+
 fn flood(i: Size) -> Result<Out, ToolError> {
     let chunk = vec![b'y'; 64 * 1024];
     let total = (i.mib as usize) << 20;
@@ -229,6 +233,7 @@ fn tools() -> Vec<Tool> {
         Tool::new("recurse_frames", "Recurses with big frames.", ReadOnly, recurse_frames),
         Tool::new("grow", "Allocates `mib` MiB.", ReadOnly, grow),
         Tool::new("huge_output", "Returns a string of `mib` MiB.", ReadOnly, huge_output),
+        Tool::new("huge_error", "Fails with a message of `mib` MiB.", ReadOnly, huge_error),
         Tool::new("flood", "Writes `mib` MiB to stdout (or stderr).", ReadOnly, flood),
         Tool::new("sleep", "Sleeps `ms` milliseconds in a blocking host call.", ReadOnly, sleep),
         Tool::new("boom", "Panics.", ReadOnly, boom),

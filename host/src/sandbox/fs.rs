@@ -1,0 +1,720 @@
+//! The filesystem a tool sees: wasmtime-wasi's `wasi:filesystem`, behind a guard that enforces
+//! the call's [`FsPolicy`].
+//!
+//! [`GuardedFs`] implements the `wasi:filesystem` host traits by checking each operation and
+//! then handing it to wasmtime-wasi's implementation, which resolves paths inside the grants
+//! (no `..` escape, no symlink out). The guard adds what the effect class and the budget say:
+//! - a **read-only** tool may not change anything (its grants are also mounted read-only);
+//! - only a **destructive** tool may remove, or rename away, a file or directory that existed
+//!   when the call began; what the call itself created it may remove freely. Objects are told
+//!   apart by identity (device and inode, through `metadata-hash`), so a rename cannot hide an
+//!   old file as a new one. Replacing an existing *file* by renaming a new one onto it is a
+//!   rewrite and allowed, as truncating and rewriting it is;
+//! - bytes written and file growth (a write past the end counts the hole too, so a sparse file
+//!   counts its logical size) are charged against the **write quota**; past it the write fails
+//!   with `insufficient-space`;
+//! - objects created (files, directories, links) are capped; past it creation fails with
+//!   `quota`.
+//!
+//! Refusals are errors the guest sees, and each is listed in the call's [`FsReport`].
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use bytes::Bytes;
+use wasmtime::component::{HasData, Resource};
+use wasmtime_wasi::filesystem::{Descriptor, WasiFilesystemCtxView};
+use wasmtime_wasi::p2::bindings::filesystem::preopens;
+use wasmtime_wasi::p2::bindings::filesystem::types::{
+    self, DescriptorFlags, ErrorCode, HostDescriptor, HostDirectoryEntryStream, OpenFlags,
+    PathFlags,
+};
+use wasmtime_wasi::p2::{
+    DynOutputStream, FsError, FsResult, OutputStream, Pollable, StreamError, StreamResult,
+};
+
+/// Refusals listed one by one in a report; past it they are only counted.
+pub const MAX_DENIALS_LISTED: usize = 32;
+
+/// What the filesystem layer enforces during one call (decided by the ToolService from the
+/// tool's effect class and the session's budget).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsPolicy {
+    /// Refuse every change (a `read-only` tool).
+    pub read_only: bool,
+    /// May remove or rename away what existed before the call (a `destructive` tool).
+    pub remove_existing: bool,
+    /// Bytes the call may write, growth included.
+    pub write_quota: u64,
+    /// Files, directories and links the call may create.
+    pub max_created: u64,
+}
+
+impl FsPolicy {
+    /// Nothing may change (a call with no grants, or `describe`).
+    pub fn read_only() -> Self {
+        Self { read_only: true, remove_existing: false, write_quota: 0, max_created: 0 }
+    }
+}
+
+/// What the filesystem layer saw and refused during one call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct FsReport {
+    /// Bytes charged against the write quota (written, plus holes left by writes past the end).
+    pub bytes_written: u64,
+    /// Files, directories and links created.
+    pub files_created: u64,
+    /// Operations refused by the effect class (`unlink /w/a.txt: …`), at most
+    /// [`MAX_DENIALS_LISTED`].
+    pub denied: Vec<String>,
+    /// Refusals past the listed ones.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub denied_dropped: u64,
+    /// A write was refused because the call's write quota was used up.
+    pub write_quota_exceeded: bool,
+    /// A creation was refused because the call created as many objects as it may.
+    pub create_limit_exceeded: bool,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Bytes charged against the quota, shared by the guard and the streams it hands out.
+#[derive(Debug)]
+struct Meter {
+    charged: AtomicU64,
+    quota: u64,
+    exceeded: AtomicBool,
+}
+
+impl Meter {
+    /// Charges `n` bytes; false (nothing charged) when that would pass the quota.
+    fn charge(&self, n: u64) -> bool {
+        let mut cur = self.charged.load(Ordering::Relaxed);
+        loop {
+            let Some(next) = cur.checked_add(n).filter(|next| *next <= self.quota) else {
+                self.exceeded.store(true, Ordering::Relaxed);
+                return false;
+            };
+            match self.charged.compare_exchange_weak(
+                cur,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+}
+
+/// The per-call state of the guard.
+#[derive(Debug)]
+pub struct FsGuard {
+    policy: FsPolicy,
+    /// Identities (`metadata-hash`) of what this call created.
+    created: HashSet<(u64, u64)>,
+    created_count: u64,
+    meter: Arc<Meter>,
+    report: FsReport,
+}
+
+impl FsGuard {
+    pub fn new(policy: FsPolicy) -> Self {
+        Self {
+            policy,
+            created: HashSet::new(),
+            created_count: 0,
+            meter: Arc::new(Meter {
+                charged: AtomicU64::new(0),
+                quota: policy.write_quota,
+                exceeded: AtomicBool::new(false),
+            }),
+            report: FsReport::default(),
+        }
+    }
+
+    /// The report of the call so far.
+    pub fn report(&self) -> FsReport {
+        FsReport {
+            bytes_written: self.meter.charged.load(Ordering::Relaxed),
+            files_created: self.created_count,
+            write_quota_exceeded: self.meter.exceeded.load(Ordering::Relaxed),
+            ..self.report.clone()
+        }
+    }
+
+    fn deny(&mut self, op: &str, path: &str, why: &str) -> FsError {
+        if self.report.denied.len() < MAX_DENIALS_LISTED {
+            self.report.denied.push(format!("{op} {path:?}: {why}"));
+        } else {
+            self.report.denied_dropped += 1;
+        }
+        ErrorCode::NotPermitted.into()
+    }
+
+    fn deny_read_only(&mut self, op: &str, path: &str) -> FsError {
+        self.deny(op, path, "the tool is read-only")
+    }
+
+    /// Reserves one creation; `quota` when the call created as many objects as it may.
+    fn reserve_creation(&mut self) -> FsResult<()> {
+        if self.created_count >= self.policy.max_created {
+            self.report.create_limit_exceeded = true;
+            return Err(ErrorCode::Quota.into());
+        }
+        Ok(())
+    }
+
+    fn record_created(&mut self, id: Option<(u64, u64)>) {
+        self.created_count += 1;
+        if let Some(id) = id {
+            self.created.insert(id);
+        }
+    }
+
+    fn charge(&mut self, n: u64) -> FsResult<()> {
+        if self.meter.charge(n) { Ok(()) } else { Err(ErrorCode::InsufficientSpace.into()) }
+    }
+}
+
+/// `HasData` for [`GuardedFs`], to pass to the `wasi:filesystem` `add_to_linker` functions.
+pub struct GuardedFsData;
+
+impl HasData for GuardedFsData {
+    type Data<'a> = GuardedFs<'a>;
+}
+
+/// wasmtime-wasi's filesystem view and the call's guard.
+pub struct GuardedFs<'a> {
+    pub fs: WasiFilesystemCtxView<'a>,
+    pub guard: &'a mut FsGuard,
+}
+
+fn borrow<T: 'static>(r: &Resource<T>) -> Resource<T> {
+    Resource::new_borrow(r.rep())
+}
+
+fn id(h: types::MetadataHashValue) -> (u64, u64) {
+    (h.lower, h.upper)
+}
+
+fn error_code(e: &FsError) -> Option<ErrorCode> {
+    e.downcast_ref().copied()
+}
+
+impl GuardedFs<'_> {
+    /// Identity of the object at `path` (not following a final symlink), if it exists.
+    async fn identity_at(&mut self, dir: &Resource<Descriptor>, path: &str) -> Option<(u64, u64)> {
+        HostDescriptor::metadata_hash_at(&mut self.fs, borrow(dir), PathFlags::empty(), path.into())
+            .await
+            .ok()
+            .map(id)
+    }
+
+    async fn size_of(&mut self, fd: &Resource<Descriptor>) -> FsResult<u64> {
+        Ok(HostDescriptor::stat(&mut self.fs, borrow(fd)).await?.size)
+    }
+
+    /// Refuses removing (or renaming away) the object at `path` unless this call created it
+    /// or the tool is destructive.
+    async fn check_removal(
+        &mut self,
+        op: &str,
+        dir: &Resource<Descriptor>,
+        path: &str,
+    ) -> FsResult<()> {
+        if self.guard.policy.read_only {
+            return Err(self.guard.deny_read_only(op, path));
+        }
+        if self.guard.policy.remove_existing {
+            return Ok(());
+        }
+        match self.identity_at(dir, path).await {
+            // Absent: let the operation fail with its own error.
+            None => Ok(()),
+            Some(id) if self.guard.created.contains(&id) => Ok(()),
+            Some(_) => Err(self.guard.deny(
+                op,
+                path,
+                "it existed before the call; only a destructive tool may remove or rename it",
+            )),
+        }
+    }
+
+    /// Wraps the output stream `res` so that what it writes is charged to the quota.
+    fn meter_stream(
+        &mut self,
+        res: Resource<DynOutputStream>,
+        pos: u64,
+        size: u64,
+        append: bool,
+    ) -> FsResult<Resource<DynOutputStream>> {
+        let inner = self.fs.table.delete(res)?;
+        let metered: DynOutputStream =
+            Box::new(MeteredStream { inner, meter: self.guard.meter.clone(), pos, size, append });
+        Ok(self.fs.table.push(metered)?)
+    }
+}
+
+impl preopens::Host for GuardedFs<'_> {
+    fn get_directories(&mut self) -> wasmtime::Result<Vec<(Resource<Descriptor>, String)>> {
+        preopens::Host::get_directories(&mut self.fs)
+    }
+}
+
+impl types::Host for GuardedFs<'_> {
+    fn convert_error_code(&mut self, err: FsError) -> wasmtime::Result<ErrorCode> {
+        types::Host::convert_error_code(&mut self.fs, err)
+    }
+
+    fn filesystem_error_code(
+        &mut self,
+        err: Resource<wasmtime::Error>,
+    ) -> wasmtime::Result<Option<ErrorCode>> {
+        types::Host::filesystem_error_code(&mut self.fs, err)
+    }
+}
+
+impl HostDescriptor for GuardedFs<'_> {
+    async fn advise(
+        &mut self,
+        fd: Resource<Descriptor>,
+        offset: types::Filesize,
+        len: types::Filesize,
+        advice: types::Advice,
+    ) -> FsResult<()> {
+        HostDescriptor::advise(&mut self.fs, fd, offset, len, advice).await
+    }
+
+    async fn sync_data(&mut self, fd: Resource<Descriptor>) -> FsResult<()> {
+        HostDescriptor::sync_data(&mut self.fs, fd).await
+    }
+
+    async fn get_flags(&mut self, fd: Resource<Descriptor>) -> FsResult<DescriptorFlags> {
+        HostDescriptor::get_flags(&mut self.fs, fd).await
+    }
+
+    async fn get_type(&mut self, fd: Resource<Descriptor>) -> FsResult<types::DescriptorType> {
+        HostDescriptor::get_type(&mut self.fs, fd).await
+    }
+
+    async fn set_size(&mut self, fd: Resource<Descriptor>, size: types::Filesize) -> FsResult<()> {
+        if self.guard.policy.read_only {
+            return Err(self.guard.deny_read_only("set-size", "(open file)"));
+        }
+        let old = self.size_of(&fd).await?;
+        if size > old {
+            self.guard.charge(size - old)?;
+        }
+        HostDescriptor::set_size(&mut self.fs, fd, size).await
+    }
+
+    async fn set_times(
+        &mut self,
+        fd: Resource<Descriptor>,
+        atim: types::NewTimestamp,
+        mtim: types::NewTimestamp,
+    ) -> FsResult<()> {
+        if self.guard.policy.read_only {
+            return Err(self.guard.deny_read_only("set-times", "(open file)"));
+        }
+        HostDescriptor::set_times(&mut self.fs, fd, atim, mtim).await
+    }
+
+    async fn read(
+        &mut self,
+        fd: Resource<Descriptor>,
+        len: types::Filesize,
+        offset: types::Filesize,
+    ) -> FsResult<(Vec<u8>, bool)> {
+        HostDescriptor::read(&mut self.fs, fd, len, offset).await
+    }
+
+    async fn write(
+        &mut self,
+        fd: Resource<Descriptor>,
+        buf: Vec<u8>,
+        offset: types::Filesize,
+    ) -> FsResult<types::Filesize> {
+        if self.guard.policy.read_only {
+            return Err(self.guard.deny_read_only("write", "(open file)"));
+        }
+        let size = self.size_of(&fd).await?;
+        self.guard.charge((buf.len() as u64).saturating_add(offset.saturating_sub(size)))?;
+        HostDescriptor::write(&mut self.fs, fd, buf, offset).await
+    }
+
+    async fn read_directory(
+        &mut self,
+        fd: Resource<Descriptor>,
+    ) -> FsResult<Resource<types::DirectoryEntryStream>> {
+        HostDescriptor::read_directory(&mut self.fs, fd).await
+    }
+
+    async fn sync(&mut self, fd: Resource<Descriptor>) -> FsResult<()> {
+        HostDescriptor::sync(&mut self.fs, fd).await
+    }
+
+    async fn create_directory_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path: String,
+    ) -> FsResult<()> {
+        if self.guard.policy.read_only {
+            return Err(self.guard.deny_read_only("create-directory", &path));
+        }
+        self.guard.reserve_creation()?;
+        HostDescriptor::create_directory_at(&mut self.fs, borrow(&fd), path.clone()).await?;
+        let id = self.identity_at(&fd, &path).await;
+        self.guard.record_created(id);
+        Ok(())
+    }
+
+    async fn stat(&mut self, fd: Resource<Descriptor>) -> FsResult<types::DescriptorStat> {
+        HostDescriptor::stat(&mut self.fs, fd).await
+    }
+
+    async fn stat_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: PathFlags,
+        path: String,
+    ) -> FsResult<types::DescriptorStat> {
+        HostDescriptor::stat_at(&mut self.fs, fd, path_flags, path).await
+    }
+
+    async fn set_times_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: PathFlags,
+        path: String,
+        atim: types::NewTimestamp,
+        mtim: types::NewTimestamp,
+    ) -> FsResult<()> {
+        if self.guard.policy.read_only {
+            return Err(self.guard.deny_read_only("set-times", &path));
+        }
+        HostDescriptor::set_times_at(&mut self.fs, fd, path_flags, path, atim, mtim).await
+    }
+
+    async fn link_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        old_path_flags: PathFlags,
+        old_path: String,
+        new_descriptor: Resource<Descriptor>,
+        new_path: String,
+    ) -> FsResult<()> {
+        if self.guard.policy.read_only {
+            return Err(self.guard.deny_read_only("link", &new_path));
+        }
+        self.guard.reserve_creation()?;
+        HostDescriptor::link_at(
+            &mut self.fs,
+            fd,
+            old_path_flags,
+            old_path,
+            new_descriptor,
+            new_path,
+        )
+        .await?;
+        // A new name for an object that may have existed before: it is not recorded as
+        // created, so removing it later needs a destructive tool.
+        self.guard.record_created(None);
+        Ok(())
+    }
+
+    async fn open_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: PathFlags,
+        path: String,
+        oflags: OpenFlags,
+        flags: DescriptorFlags,
+    ) -> FsResult<Resource<Descriptor>> {
+        let changes = oflags.intersects(OpenFlags::CREATE | OpenFlags::TRUNCATE)
+            || flags.intersects(DescriptorFlags::WRITE | DescriptorFlags::MUTATE_DIRECTORY);
+        if self.guard.policy.read_only && changes {
+            return Err(self.guard.deny_read_only("open for writing", &path));
+        }
+        if !oflags.contains(OpenFlags::CREATE) {
+            return HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, oflags, flags)
+                .await;
+        }
+        // Creating: find out whether this call creates the file, atomically, by asking for
+        // exclusive creation first.
+        let exclusive = (oflags | OpenFlags::EXCLUSIVE) & !OpenFlags::TRUNCATE;
+        if self.guard.created_count >= self.guard.policy.max_created {
+            // No room for a new object: opening an existing one is still fine.
+            if oflags.contains(OpenFlags::EXCLUSIVE) || self.identity_at(&fd, &path).await.is_none()
+            {
+                self.guard.reserve_creation()?;
+            }
+            let existing = oflags & !OpenFlags::CREATE;
+            return HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, existing, flags)
+                .await;
+        }
+        match HostDescriptor::open_at(
+            &mut self.fs,
+            borrow(&fd),
+            path_flags,
+            path.clone(),
+            exclusive,
+            flags,
+        )
+        .await
+        {
+            Ok(new) => {
+                let id = HostDescriptor::metadata_hash(&mut self.fs, borrow(&new)).await.ok();
+                self.guard.record_created(id.map(self::id));
+                Ok(new)
+            }
+            Err(e)
+                if !oflags.contains(OpenFlags::EXCLUSIVE)
+                    && error_code(&e) == Some(ErrorCode::Exist) =>
+            {
+                let existing = oflags & !OpenFlags::CREATE;
+                HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, existing, flags).await
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn drop(&mut self, fd: Resource<Descriptor>) -> wasmtime::Result<()> {
+        HostDescriptor::drop(&mut self.fs, fd)
+    }
+
+    async fn readlink_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<String> {
+        HostDescriptor::readlink_at(&mut self.fs, fd, path).await
+    }
+
+    async fn remove_directory_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path: String,
+    ) -> FsResult<()> {
+        self.check_removal("remove-directory", &fd, &path).await?;
+        HostDescriptor::remove_directory_at(&mut self.fs, fd, path).await
+    }
+
+    async fn rename_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        old_path: String,
+        new_fd: Resource<Descriptor>,
+        new_path: String,
+    ) -> FsResult<()> {
+        self.check_removal("rename", &fd, &old_path).await?;
+        if !self.guard.policy.remove_existing
+            && let Some(target) = self.identity_at(&new_fd, &new_path).await
+            && !self.guard.created.contains(&target)
+        {
+            // Renaming onto an existing file rewrites it; onto an existing directory removes it.
+            let stat = HostDescriptor::stat_at(
+                &mut self.fs,
+                borrow(&new_fd),
+                PathFlags::empty(),
+                new_path.clone(),
+            )
+            .await?;
+            if stat.type_ == types::DescriptorType::Directory {
+                return Err(self.guard.deny(
+                    "rename onto",
+                    &new_path,
+                    "the directory existed before the call; only a destructive tool may \
+                     replace it",
+                ));
+            }
+        }
+        HostDescriptor::rename_at(&mut self.fs, fd, old_path, new_fd, new_path).await
+    }
+
+    async fn symlink_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        src_path: String,
+        dest_path: String,
+    ) -> FsResult<()> {
+        if self.guard.policy.read_only {
+            return Err(self.guard.deny_read_only("symlink", &dest_path));
+        }
+        self.guard.reserve_creation()?;
+        HostDescriptor::symlink_at(&mut self.fs, borrow(&fd), src_path, dest_path.clone()).await?;
+        let id = self.identity_at(&fd, &dest_path).await;
+        self.guard.record_created(id);
+        Ok(())
+    }
+
+    async fn unlink_file_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<()> {
+        self.check_removal("unlink", &fd, &path).await?;
+        HostDescriptor::unlink_file_at(&mut self.fs, fd, path).await
+    }
+
+    fn read_via_stream(
+        &mut self,
+        fd: Resource<Descriptor>,
+        offset: types::Filesize,
+    ) -> FsResult<Resource<wasmtime_wasi::p2::DynInputStream>> {
+        HostDescriptor::read_via_stream(&mut self.fs, fd, offset)
+    }
+
+    fn write_via_stream(
+        &mut self,
+        fd: Resource<Descriptor>,
+        offset: types::Filesize,
+    ) -> FsResult<Resource<DynOutputStream>> {
+        if self.guard.policy.read_only {
+            return Err(self.guard.deny_read_only("write", "(open file)"));
+        }
+        let size = file_size(&mut self.fs, &fd)?;
+        let res = HostDescriptor::write_via_stream(&mut self.fs, fd, offset)?;
+        self.meter_stream(res, offset, size, false)
+    }
+
+    fn append_via_stream(
+        &mut self,
+        fd: Resource<Descriptor>,
+    ) -> FsResult<Resource<DynOutputStream>> {
+        if self.guard.policy.read_only {
+            return Err(self.guard.deny_read_only("append", "(open file)"));
+        }
+        let size = file_size(&mut self.fs, &fd)?;
+        let res = HostDescriptor::append_via_stream(&mut self.fs, fd)?;
+        self.meter_stream(res, size, size, true)
+    }
+
+    async fn is_same_object(
+        &mut self,
+        a: Resource<Descriptor>,
+        b: Resource<Descriptor>,
+    ) -> wasmtime::Result<bool> {
+        HostDescriptor::is_same_object(&mut self.fs, a, b).await
+    }
+
+    async fn metadata_hash(
+        &mut self,
+        fd: Resource<Descriptor>,
+    ) -> FsResult<types::MetadataHashValue> {
+        HostDescriptor::metadata_hash(&mut self.fs, fd).await
+    }
+
+    async fn metadata_hash_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: PathFlags,
+        path: String,
+    ) -> FsResult<types::MetadataHashValue> {
+        HostDescriptor::metadata_hash_at(&mut self.fs, fd, path_flags, path).await
+    }
+}
+
+impl HostDirectoryEntryStream for GuardedFs<'_> {
+    async fn read_directory_entry(
+        &mut self,
+        stream: Resource<types::DirectoryEntryStream>,
+    ) -> FsResult<Option<types::DirectoryEntry>> {
+        HostDirectoryEntryStream::read_directory_entry(&mut self.fs, stream).await
+    }
+
+    fn drop(&mut self, stream: Resource<types::DirectoryEntryStream>) -> wasmtime::Result<()> {
+        HostDirectoryEntryStream::drop(&mut self.fs, stream)
+    }
+}
+
+/// Size of the open file `fd`, read without leaving the calling thread (the stream functions
+/// are synchronous). Not a file: 0, and the inner call reports the error.
+fn file_size(fs: &mut WasiFilesystemCtxView<'_>, fd: &Resource<Descriptor>) -> FsResult<u64> {
+    match fs.table.get(fd)? {
+        Descriptor::File(f) => Ok(f.file.metadata().map(|m| m.len()).unwrap_or(0)),
+        Descriptor::Dir(_) => Ok(0),
+    }
+}
+
+/// An output stream on a file whose writes are charged to the call's quota: the bytes, plus
+/// the hole when a write starts past the end of the file.
+struct MeteredStream {
+    inner: DynOutputStream,
+    meter: Arc<Meter>,
+    /// Where the next write lands.
+    pos: u64,
+    /// The file's size as far as this stream knows.
+    size: u64,
+    append: bool,
+}
+
+impl MeteredStream {
+    fn charge(&mut self, n: u64) -> StreamResult<()> {
+        if self.append {
+            self.pos = self.size;
+        }
+        let cost = n.saturating_add(self.pos.saturating_sub(self.size));
+        if !self.meter.charge(cost) {
+            let err = std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error());
+            return Err(StreamError::LastOperationFailed(err.into()));
+        }
+        self.pos = self.pos.saturating_add(n);
+        self.size = self.size.max(self.pos);
+        Ok(())
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for MeteredStream {
+    async fn ready(&mut self) {
+        self.inner.ready().await;
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl OutputStream for MeteredStream {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        self.charge(bytes.len() as u64)?;
+        self.inner.write(bytes)
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        self.inner.flush()
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        self.inner.check_write()
+    }
+
+    async fn blocking_write_and_flush(&mut self, bytes: Bytes) -> StreamResult<()> {
+        self.charge(bytes.len() as u64)?;
+        self.inner.blocking_write_and_flush(bytes).await
+    }
+
+    fn write_zeroes(&mut self, nelem: usize) -> StreamResult<()> {
+        self.charge(nelem as u64)?;
+        self.inner.write_zeroes(nelem)
+    }
+
+    async fn write_ready(&mut self) -> StreamResult<usize> {
+        self.inner.write_ready().await
+    }
+
+    async fn cancel(&mut self) {
+        self.inner.cancel().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_meter_refuses_what_passes_the_quota_and_charges_nothing_for_it() {
+        let m = Meter { charged: AtomicU64::new(0), quota: 10, exceeded: AtomicBool::new(false) };
+        assert!(m.charge(6));
+        assert!(!m.charge(5));
+        assert!(m.exceeded.load(Ordering::Relaxed));
+        assert!(m.charge(4));
+        assert_eq!(m.charged.load(Ordering::Relaxed), 10);
+        assert!(!m.charge(u64::MAX));
+    }
+}
