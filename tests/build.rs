@@ -16,6 +16,8 @@ const GUESTS: &[&str] = &[
     "wiping",
     "http_import",
     "missing_funcs",
+    "forger",
+    "forger_install",
 ];
 
 fn main() {

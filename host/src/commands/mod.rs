@@ -36,20 +36,62 @@ pub fn report_error(json: bool, err: &ToolServiceError) -> std::process::ExitCod
         let v = serde_json::json!({ "ok": false, "error": { "kind": err.kind(), "message": err.to_string() } });
         println!("{v}");
     } else {
-        eprintln!("error: {err}");
+        eprintln!("error: {}", inert_block(&err.to_string()));
     }
     std::process::ExitCode::from(EXIT_REFUSED)
 }
 
-/// Renders control characters (ANSI escapes included) inert for a terminal.
-pub fn inert(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
+/// True for characters that change how a terminal shows text without being text: controls
+/// (escape sequences, carriage return, backspace …), bidirectional overrides and isolates,
+/// zero-width and other invisible format characters.
+fn deceptive(c: char) -> bool {
+    c.is_control()
+        || matches!(c,
+            '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}'
+            | '\u{17B5}' | '\u{180B}'..='\u{180F}' | '\u{200B}'..='\u{200F}'
+            | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{206F}' | '\u{3164}'
+            | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}' | '\u{FFA0}' | '\u{FFF9}'..='\u{FFFB}'
+            | '\u{1D173}'..='\u{1D17A}' | '\u{E0000}'..='\u{E0FFF}')
+}
+
+fn escape_into(out: &mut String, text: &str, keep_newlines: bool) {
     for c in text.chars() {
         match c {
-            '\n' | '\t' => out.push(c),
-            c if c.is_control() => out.push_str(&c.escape_unicode().to_string()),
+            '\n' if keep_newlines => out.push(c),
+            c if deceptive(c) => out.push_str(&c.escape_unicode().to_string()),
             c => out.push(c),
         }
+    }
+}
+
+/// Renders text that keel did not write (a tool's name, description, log, error; a model's
+/// call) inert for a terminal, on **one line**: every control character (newlines and ANSI
+/// escapes included), bidirectional override and invisible format character is shown as an
+/// escape such as `\u{1b}`.
+pub fn inert(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    escape_into(&mut out, text, false);
+    out
+}
+
+/// Like [`inert`] for text that is meant to span lines (an answer, a pretty-printed JSON
+/// value, an error listing problems): newlines are kept, everything else is escaped.
+pub fn inert_block(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    escape_into(&mut out, text, true);
+    out
+}
+
+/// Renders what a tool wrote (its stdout, stderr or logs) inert, each line behind `prefix`,
+/// so that no line of it can pass for one of keel's own.
+pub fn prefixed(prefix: &str, text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 16);
+    for (i, line) in text.split('\n').enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        out.push_str(prefix);
+        escape_into(&mut out, line, false);
     }
     out
 }
@@ -66,6 +108,15 @@ pub struct BudgetArgs {
     /// Memory per tool call, e.g. 64MiB, 1G. Default 256MiB.
     #[arg(long, value_parser = keel::units::parse_size)]
     memory: Option<u64>,
+    /// Bytes one tool call may write to its grants, growth of files included (a sparse file
+    /// counts its logical size), e.g. 100MiB. Past it writes fail with `insufficient-space`.
+    /// Default 1GiB.
+    #[arg(long, value_parser = keel::units::parse_size)]
+    write_quota: Option<u64>,
+    /// Files, directories and links one tool call may create. Past it creation fails with
+    /// `quota`. Default 10000.
+    #[arg(long, value_name = "N")]
+    max_files_created: Option<u64>,
 }
 
 impl BudgetArgs {
@@ -76,6 +127,8 @@ impl BudgetArgs {
             fuel: self.fuel.unwrap_or(d.fuel),
             timeout: self.timeout.unwrap_or(d.timeout),
             memory: self.memory.unwrap_or(d.memory),
+            write_quota: self.write_quota.unwrap_or(d.write_quota),
+            max_files_created: self.max_files_created.unwrap_or(d.max_files_created),
             ..d
         }
     }

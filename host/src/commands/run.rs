@@ -14,7 +14,7 @@ use keel::sandbox::{CancelToken, Grant, SandboxLimits};
 use keel::session::{NewSession, Policy};
 use serde_json::json;
 
-use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert};
+use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert, inert_block};
 
 /// Exit code of an interrupted turn.
 pub const EXIT_INTERRUPTED: u8 = 130;
@@ -163,7 +163,7 @@ pub fn report(json_out: bool, id: &str, harness_state: &str, submitted: &Submitt
         );
     } else {
         match submitted {
-            Submitted::Ran(TurnOutcome::Failed(e)) => eprintln!("error: {}", inert(e)),
+            Submitted::Ran(TurnOutcome::Failed(e)) => eprintln!("error: {}", inert_block(e)),
             Submitted::Ran(TurnOutcome::Interrupted) => eprintln!("keel: session {id} interrupted"),
             Submitted::Ran(TurnOutcome::WaitingApproval(units)) => eprintln!(
                 "keel: session {id} waits for approval ({}); review with `keel approvals --session {id}`, \
@@ -173,7 +173,7 @@ pub fn report(json_out: bool, id: &str, harness_state: &str, submitted: &Submitt
             Submitted::Queued { inbox_seq } => eprintln!(
                 "keel: session {id} is running in another process; your input is queued (#{inbox_seq}) and it will run it next"
             ),
-            _ => println!("{}", inert(&answer)),
+            _ => println!("{}", inert_block(&answer)),
         }
         eprintln!("keel: session {id} ({harness_state})");
     }

@@ -9,7 +9,7 @@ use keel::sandbox::CancelToken;
 use serde_json::json;
 
 use super::run::{cancel_on_ctrl_c, open_harness, report, stderr_events};
-use super::{EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert};
+use super::{EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert, inert_block};
 
 #[derive(Subcommand)]
 pub enum SessionCommand {
@@ -132,7 +132,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                         .unwrap_or_default();
                     println!("\n#{} turn {} {}", m.seq, m.turn, m.role);
                     if !content.is_empty() {
-                        println!("  {}", inert(content));
+                        println!("  {}", inert_block(content));
                     }
                     for c in calls {
                         println!(

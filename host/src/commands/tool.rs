@@ -9,7 +9,8 @@ use keel::tools::{CallRequest, ToolService};
 use serde_json::json;
 
 use super::{
-    BudgetArgs, EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert, open_tools, report_error,
+    BudgetArgs, EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert, inert_block, open_tools,
+    prefixed, report_error,
 };
 
 #[derive(Subcommand)]
@@ -200,7 +201,7 @@ fn inspect(service: &ToolService, a: NameArgs) -> ExitCode {
         println!("description {}", inert(&t.description));
         println!(
             "input       {}",
-            inert(&serde_json::to_string_pretty(&t.input_schema).unwrap_or_default())
+            inert_block(&serde_json::to_string_pretty(&t.input_schema).unwrap_or_default())
         );
     }
     ExitCode::SUCCESS
@@ -259,6 +260,7 @@ async fn call(service: &ToolService, a: CallArgs) -> ExitCode {
                 "ok": ok, "tool": outcome.tool.name, "effect": outcome.tool.effect,
                 "output": output, "error": error, "changes": outcome.changes,
                 "stdout": r.stdout, "stderr": r.stderr, "logs": r.logs,
+                "dropped_logs": r.dropped_logs, "progress": r.progress, "fs": r.fs,
                 "fuel_used": r.fuel_used, "memory_peak": r.memory_peak,
                 "duration_ms": r.duration.as_secs_f64() * 1e3,
             })
@@ -266,14 +268,35 @@ async fn call(service: &ToolService, a: CallArgs) -> ExitCode {
     } else {
         for (name, c) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {
             if !c.text.is_empty() || c.dropped_bytes > 0 {
-                eprintln!("--- tool {name} ---\n{}", inert(&c.display()));
+                eprintln!("{}", prefixed(&format!("tool {name} │ "), c.display().trim_end()));
             }
         }
         for l in &r.logs {
-            eprintln!("[{}] {}", l.level, inert(&l.message));
+            eprintln!("{}", prefixed(&format!("tool log [{}] │ ", l.level), &l.message));
+        }
+        if r.dropped_logs > 0 {
+            eprintln!("keel: {} more log records of the tool were dropped", r.dropped_logs);
+        }
+        if let Some(p) = &r.progress {
+            let total = p.total.map(|t| format!("/{t}")).unwrap_or_default();
+            eprintln!("keel: last progress {}{total}: {}", p.done, inert(&p.message));
+        }
+        for d in &r.fs.denied {
+            eprintln!("keel: denied {}", inert(d));
+        }
+        if r.fs.denied_dropped > 0 {
+            eprintln!("keel: {} more operations denied", r.fs.denied_dropped);
+        }
+        if r.fs.write_quota_exceeded {
+            eprintln!("keel: the call's write quota was used up (write_quota_exceeded)");
+        }
+        if r.fs.create_limit_exceeded {
+            eprintln!("keel: the call created as many files as it may (create_limit_exceeded)");
         }
         match &r.result {
-            Ok(v) => println!("{}", inert(&serde_json::to_string_pretty(v).unwrap_or_default())),
+            Ok(v) => {
+                println!("{}", inert_block(&serde_json::to_string_pretty(v).unwrap_or_default()))
+            }
             Err(e) => eprintln!("error ({}): {}", e.kind(), inert(&e.to_string())),
         }
         if let Some(ch) = &outcome.changes {
@@ -281,16 +304,18 @@ async fn call(service: &ToolService, a: CallArgs) -> ExitCode {
                 [("created", &ch.created), ("modified", &ch.modified), ("deleted", &ch.deleted)]
             {
                 for c in list {
-                    let hash = c
-                        .sha256
-                        .as_deref()
-                        .map(|h| format!(" sha256:{}", &h[..16]))
-                        .unwrap_or_default();
+                    let hash = match (&c.sha256, c.hashed) {
+                        (Some(h), _) => format!(" sha256:{}", &h[..16]),
+                        (None, false) => " (not hashed)".to_string(),
+                        (None, true) => String::new(),
+                    };
                     eprintln!("{what:<8} {} ({} bytes){hash}", inert(&c.path), c.size);
                 }
             }
             if !ch.complete {
-                eprintln!("(change set incomplete: a workspace walk hit its bound)");
+                eprintln!(
+                    "(change set incomplete: a workspace walk hit its bound or was cancelled)"
+                );
             }
         }
         eprintln!(

@@ -342,11 +342,20 @@ fn classify(
     }
 }
 
+/// The end of a crashed call's stderr, on one line: control characters (newlines, escape
+/// sequences) are shown escaped, so the quote cannot draw lines of its own in a message.
 fn stderr_tail(stderr: &Captured) -> String {
     let text = stderr.text.trim_end();
     let mut start = text.len().saturating_sub(CRASH_STDERR_TAIL);
     while !text.is_char_boundary(start) {
         start += 1;
     }
-    text[start..].to_string()
+    text[start..]
+        .chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> =
+                if c.is_control() { c.escape_default().collect() } else { vec![c] };
+            escaped
+        })
+        .collect()
 }

@@ -256,3 +256,65 @@ fn a_bad_synchronous_mode_in_the_environment_stops_every_command_before_it_opens
     let out = run(&["session", "list", "--json"], "NORMAL");
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
+
+/// True when `text` holds a raw control character other than a newline, or a bidi override
+/// or zero-width character.
+fn has_raw_controls(text: &str) -> bool {
+    text.chars().any(|c| {
+        (c.is_control() && c != '\n')
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    })
+}
+
+#[test]
+fn h3_tool_text_is_inert_on_every_terminal_path_one_line_per_field() {
+    let home = tempfile::tempdir().unwrap();
+    // A failing describe's stderr, quoted in the install error.
+    let out = keel(home.path(), &["tool", "install", keel_tests::guests::FORGER_INSTALL_COMPONENT]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!has_raw_controls(&stderr), "{stderr:?}");
+    assert!(!stderr.lines().any(|l| l.starts_with("installed")), "{stderr}");
+    assert!(stderr.contains("\\u{1b}]0;owned"), "{stderr}");
+    // A description with a newline, a fake row, bidi and zero-width characters.
+    let out = keel(home.path(), &["tool", "install", keel_tests::guests::FORGER_COMPONENT]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!has_raw_controls(&stdout), "{stdout:?}");
+    assert_eq!(stdout.lines().filter(|l| l.contains("forged_row")).count(), 1, "{stdout}");
+    let out = keel(home.path(), &["tool", "list"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!has_raw_controls(&stdout), "{stdout:?}");
+    assert!(!stdout.lines().any(|l| l.starts_with("forged_row")), "{stdout}");
+    let line = stdout.lines().find(|l| l.starts_with("forge ")).unwrap();
+    assert!(line.contains("Harmless.\\u{a}forged_row") && line.contains("\\u{202e}"), "{line}");
+    let out = keel(home.path(), &["tool", "inspect", "forge"]);
+    assert!(!has_raw_controls(&String::from_utf8_lossy(&out.stdout)));
+    // Logs, stderr, stdout and progress: inert and visibly the tool's.
+    let out = keel(home.path(), &["tool", "call", "forge"]);
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!has_raw_controls(&stderr), "{stderr:?}");
+    for l in stderr.lines().filter(|l| l.contains("installed component")) {
+        assert!(
+            l.starts_with("tool stderr │ ")
+                || l.starts_with("tool stdout │ ")
+                || l.starts_with("tool log [info] │ ")
+                || l.starts_with("keel: last progress 1/2: \\u{1b}[31m"),
+            "a tool line passes for keel's: {l:?}"
+        );
+    }
+    assert!(stderr.contains("more log records of the tool were dropped"), "{stderr}");
+    // --json keeps the exact text, and says what was dropped and the last progress.
+    let v = json_of(&keel(home.path(), &["tool", "call", "forge", "--json"]));
+    assert_eq!(v["dropped_logs"], json!(1200 - keel::sandbox::MAX_LOG_RECORDS));
+    assert_eq!(
+        v["logs"][0]["message"],
+        json!("keel: installed component `fs` (verified, first-party)\n\u{1b}[1A line 0")
+    );
+    assert_eq!(
+        v["progress"],
+        json!({"done": 1, "total": 2, "message": "\u{1b}[31mkeel: installed component `fs` (verified, first-party)\u{202e}"})
+    );
+    assert_eq!(v["fs"]["denied"], json!([]));
+}
