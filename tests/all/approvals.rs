@@ -202,7 +202,11 @@ async fn d5_new_call_ids_and_upgraded_tools_need_a_new_approval() {
     // A custom section changes the digest, not the behaviour.
     bytes.extend_from_slice(&[0, 8, 7]);
     bytes.extend_from_slice(b"upgrade");
-    let report = f.h.tools.install(&bytes, "effects", "test", false).await.unwrap();
+    let report =
+        f.h.tools
+            .install_as(&bytes, "effects", "test", keel::tools::InstallMode::Upgrade)
+            .await
+            .unwrap();
     assert!(report.replaced.is_some());
     let third = waiting_units(&drain(&f.h, "ap4").await.unwrap());
     assert_ne!(third, second);

@@ -298,3 +298,37 @@ async fn catalog_cache_follows_the_catalog_not_every_commit() {
     assert!(matches!(a.resolve("effect_peek"), Err(ToolServiceError::NotInstalled { .. })));
     assert_eq!(a.tools_json(&with_peek), None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h5_first_party_names_are_reserved_and_replacing_needs_an_upgrade() {
+    use keel::tools::InstallMode;
+    let dir = tempfile::tempdir().unwrap();
+    let s = service_in(dir.path(), test_limits()).await;
+    let fs_digest = s.component_for("fs").unwrap().0.digest;
+    let effects = std::fs::read(guests::EFFECTS_COMPONENT).unwrap();
+    for mode in [InstallMode::New, InstallMode::Upgrade] {
+        let e = s.install_as(&effects, "fs", "download", mode).await.unwrap_err();
+        assert!(matches!(e, ToolServiceError::Reserved { .. }), "{e}");
+    }
+    assert_eq!(s.component_for("fs").unwrap().0.digest, fs_digest);
+    // Another file under an installed name: refused without --upgrade, nothing changes.
+    let hostile_digest = s.component_for("hostile").unwrap().0.digest;
+    let e = s.install_as(&effects, "hostile", "download", InstallMode::New).await.unwrap_err();
+    assert!(matches!(e, ToolServiceError::AlreadyInstalled { .. }), "{e}");
+    assert!(e.to_string().contains("--upgrade"), "{e}");
+    assert_eq!(s.component_for("echo").unwrap().0.digest, hostile_digest);
+    // The same file again is not a replacement.
+    let hostile = std::fs::read(guests::HOSTILE_COMPONENT).unwrap();
+    let again = s.install_as(&hostile, "hostile", "test", InstallMode::New).await.unwrap();
+    assert_eq!((again.replaced, again.upgrade), (None, None));
+    // With --upgrade: the old and new digests and what changed, tool by tool.
+    let r = s.install_as(&effects, "hostile", "download", InstallMode::Upgrade).await.unwrap();
+    let u = r.upgrade.unwrap();
+    assert_eq!(
+        (u.old_digest.as_str(), u.new_digest.as_str()),
+        (hostile_digest.as_str(), r.component.digest.as_str())
+    );
+    assert!(u.changed.is_empty());
+    assert!(u.added.contains(&"effect_append".to_string()), "{u:?}");
+    assert!(u.removed.contains(&"echo".to_string()), "{u:?}");
+}

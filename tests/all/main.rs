@@ -5,6 +5,7 @@
 mod agent;
 mod approvals;
 mod effects;
+mod examples;
 mod grants;
 mod install;
 mod plugins;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use keel::sandbox::{CancelToken, Grant};
-use keel::tools::{CallRequest, ToolService};
+use keel::tools::{CallRequest, InstallMode, ToolService};
 use serde_json::json;
 
 use super::{
@@ -38,9 +38,15 @@ pub struct JsonArg {
 pub struct InstallArgs {
     /// The component file.
     file: PathBuf,
-    /// Component name (default: the file name without `.wasm`).
+    /// Component name (default: the file name without `.wasm`). The names of first-party
+    /// components (`fs`, `csv`) are reserved.
     #[arg(long)]
     name: Option<String>,
+    /// Replace the installed component of that name. Prints the old and new digest and the
+    /// tools whose description, schema or effect changed; calls of changed tools need fresh
+    /// approvals.
+    #[arg(long)]
+    upgrade: bool,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -120,7 +126,8 @@ async fn install(service: &ToolService, a: InstallArgs) -> ExitCode {
             .unwrap_or_default()
     });
     eprintln!("keel: validating and compiling {} ({} bytes)…", a.file.display(), bytes.len());
-    match service.install(&bytes, &name, &a.file.display().to_string(), false).await {
+    let mode = if a.upgrade { InstallMode::Upgrade } else { InstallMode::New };
+    match service.install_as(&bytes, &name, &a.file.display().to_string(), mode).await {
         Ok(r) => {
             if a.json {
                 println!("{}", json!({"ok": true, "install": r}));
@@ -138,6 +145,16 @@ async fn install(service: &ToolService, a: InstallArgs) -> ExitCode {
                 );
                 for t in &r.tools {
                     println!("  {:<20} {:<16} {}", t.name, t.effect, inert(&t.description));
+                }
+                if let Some(u) = &r.upgrade {
+                    println!("upgraded sha256:{} -> sha256:{}", u.old_digest, u.new_digest);
+                    for (what, list) in
+                        [("changed", &u.changed), ("added", &u.added), ("removed", &u.removed)]
+                    {
+                        if !list.is_empty() {
+                            println!("  {what:<8} {}", list.join(", "));
+                        }
+                    }
                 }
             }
             ExitCode::SUCCESS

@@ -67,6 +67,16 @@ pub enum ToolServiceError {
     NotInstalled { name: String, available: String },
     #[error("`{name}` is a first-party component and cannot be removed")]
     Builtin { name: String },
+    #[error(
+        "`{name}` is the name of a first-party component; another component cannot take or \
+         replace it (install it under another name with --name NAME)"
+    )]
+    Reserved { name: String },
+    #[error(
+        "a component named `{name}` is already installed (sha256:{digest}); replacing it needs \
+         `keel tool install --upgrade`, which shows what changes"
+    )]
+    AlreadyInstalled { name: String, digest: String },
     #[error("the component's `describe` call failed: {error}")]
     Describe { error: CallError },
     #[error("the component's tool descriptions are not acceptable:\n  - {}", .problems.join("\n  - "))]
@@ -98,6 +108,8 @@ impl ToolServiceError {
             Self::InvalidComponentName { .. } => "invalid_name",
             Self::NotInstalled { .. } => "not_installed",
             Self::Builtin { .. } => "builtin",
+            Self::Reserved { .. } => "reserved_name",
+            Self::AlreadyInstalled { .. } => "already_installed",
             Self::Describe { .. } => "describe_failed",
             Self::InvalidSpecs { .. } => "invalid_specs",
             Self::NameClash { .. } => "name_clash",
@@ -224,6 +236,17 @@ impl Policy {
 /// The effect classes of the tool world, as stored.
 pub const EFFECTS: [&str; 4] = ["read-only", "workspace-write", "external", "destructive"];
 
+/// How `install` treats a component name that is already taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstallMode {
+    /// A new component: a name already installed is refused (the same file again is fine).
+    New,
+    /// Replaces the installed component of that name (`keel tool install --upgrade`).
+    Upgrade,
+    /// A first-party component, installed or updated by keel itself.
+    Builtin,
+}
+
 /// What `install` did.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct InstallReport {
@@ -231,7 +254,48 @@ pub struct InstallReport {
     pub tools: Vec<ToolRecord>,
     /// Digest of the version this one replaced, if any.
     pub replaced: Option<String>,
+    /// What an upgrade changed, tool by tool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeDiff>,
     pub compile_ms: f64,
+}
+
+/// What an upgrade changes in a component's tools (a changed description, schema, effect
+/// class or idempotence is a changed spec, and needs fresh approvals).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct UpgradeDiff {
+    pub old_digest: String,
+    pub new_digest: String,
+    pub changed: Vec<String>,
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+}
+
+/// Compares the tools of two versions of a component.
+fn upgrade_diff(
+    old_digest: &str,
+    new_digest: &str,
+    old: &[ToolRecord],
+    new: &[ToolRecord],
+) -> UpgradeDiff {
+    let mut d = UpgradeDiff {
+        old_digest: old_digest.to_string(),
+        new_digest: new_digest.to_string(),
+        ..UpgradeDiff::default()
+    };
+    for t in new {
+        match old.iter().find(|o| o.name == t.name) {
+            None => d.added.push(t.name.clone()),
+            Some(o) if o.spec_digest != t.spec_digest => d.changed.push(t.name.clone()),
+            Some(_) => {}
+        }
+    }
+    d.removed = old
+        .iter()
+        .filter(|o| !new.iter().any(|t| t.name == o.name))
+        .map(|o| o.name.clone())
+        .collect();
+    d
 }
 
 /// One call to make.
@@ -405,15 +469,43 @@ impl ToolService {
         source: &str,
         builtin: bool,
     ) -> Result<InstallReport, ToolServiceError> {
+        let mode = if builtin { InstallMode::Builtin } else { InstallMode::New };
+        self.install_as(bytes, name, source, mode).await
+    }
+
+    /// [`install`](Self::install) with an explicit [`InstallMode`]: the names of first-party
+    /// components are reserved to them, and replacing an installed component needs
+    /// [`InstallMode::Upgrade`].
+    pub async fn install_as(
+        &self,
+        bytes: &[u8],
+        name: &str,
+        source: &str,
+        mode: InstallMode,
+    ) -> Result<InstallReport, ToolServiceError> {
+        let builtin = mode == InstallMode::Builtin;
         if !install::valid_component_name(name) {
             return Err(ToolServiceError::InvalidComponentName { name: name.to_string() });
+        }
+        if !builtin && crate::builtin::BUILTIN_COMPONENTS.iter().any(|(n, _)| *n == name) {
+            return Err(ToolServiceError::Reserved { name: name.to_string() });
+        }
+        let digest = crate::sandbox::sha256_hex(bytes);
+        let existing = catalog::component(&self.db(), name)?;
+        if mode == InstallMode::New
+            && let Some(old) = &existing
+            && old.digest != digest
+        {
+            return Err(ToolServiceError::AlreadyInstalled {
+                name: name.to_string(),
+                digest: old.digest.clone(),
+            });
         }
         let limit = self.sandbox.limits().max_component_bytes;
         if bytes.len() as u64 > limit {
             return Err(LoadError::TooLarge { size: bytes.len() as u64, limit }.into());
         }
         crate::sandbox::check_header(bytes)?;
-        let digest = crate::sandbox::sha256_hex(bytes);
         let started = std::time::Instant::now();
         self.sandbox.check_imports(bytes)?;
         let component = self.sandbox.compile(bytes)?;
@@ -447,18 +539,24 @@ impl ToolService {
             builtin,
             installed_at: now(),
         };
-        let replaced = {
+        let (replaced, upgrade) = {
             let mut db = self.db();
-            let old = catalog::component(&db, name)?.map(|c| c.digest).filter(|d| *d != digest);
+            let old = catalog::component(&db, name)?.filter(|c| c.digest != digest);
+            let upgrade = match &old {
+                Some(o) => {
+                    Some(upgrade_diff(&o.digest, &digest, &catalog::tools_of(&db, name)?, &tools))
+                }
+                None => None,
+            };
             catalog::put(&mut db, &record, &tools)?;
-            old
+            (old.map(|o| o.digest), upgrade)
         };
         self.invalidate_catalog();
         if let Some(old) = &replaced {
             self.forget_file(old)?;
         }
         self.prepared.lock().unwrap_or_else(PoisonError::into_inner).insert(digest, prepared);
-        Ok(InstallReport { component: record, tools, replaced, compile_ms })
+        Ok(InstallReport { component: record, tools, replaced, upgrade, compile_ms })
     }
 
     fn forget_file(&self, digest: &str) -> Result<(), ToolServiceError> {
