@@ -195,8 +195,10 @@ fn plan(
                     refused = Some(error_outcome("invalid_input", &format!("the arguments of `{}` are not valid JSON ({e}); send a JSON object", call.name)));
                 } else {
                     let found = match catalog {
-                        Some(at) => at.get(&call.name).ok_or_else(|| tools.not_installed(&call.name)),
-                        None => tools.resolve(&call.name),
+                        Some(at) => at
+                            .get_pinned(&call.name, &meta.tool_pins)
+                            .ok_or_else(|| tools.not_installed(&call.name)),
+                        None => tools.resolve_pinned(&call.name, &meta.tool_pins),
                     };
                     match found {
                         Ok(r) => {
@@ -269,7 +271,12 @@ async fn execute(
         policy: Some(&meta.policy),
         approval: approval.as_deref(),
     };
-    tools.call_as(req, resolved).await
+    // The version the session pinned when it loaded the tool (kept after an upgrade).
+    let resolved = match resolved {
+        Some(r) => r,
+        None => tools.resolve_pinned(&call.name, &meta.tool_pins)?,
+    };
+    tools.call_as(req, Some(resolved)).await
 }
 
 /// Runs the calls of a fresh model response.
@@ -446,7 +453,7 @@ enum Gate {
     Wait { invalidate: Option<String> },
 }
 
-fn gate(agent: &AgentService, units: &[ApprovalUnit], s: &Slot) -> Gate {
+fn gate(agent: &AgentService, meta: &SessionMeta, units: &[ApprovalUnit], s: &Slot) -> Gate {
     if s.approval_id.is_some() {
         // Consumed by this very call before a crash; it re-runs only because it is idempotent.
         return Gate::Run(None);
@@ -454,7 +461,11 @@ fn gate(agent: &AgentService, units: &[ApprovalUnit], s: &Slot) -> Gate {
     match unit_for(units, &s.call.id) {
         Some(u) if u.status == "approved" => {
             // The approval binds (call id, component digest, input digest).
-            let current = agent.tools.resolve(&s.call.name).ok().map(|r| r.digest.clone());
+            let current = agent
+                .tools
+                .resolve_pinned(&s.call.name, &meta.tool_pins)
+                .ok()
+                .map(|r| r.digest.clone());
             let bound = u.call_id == s.call.id
                 && u.input_digest == sha256_hex(s.call.arguments.as_bytes())
                 && current.as_deref() == Some(u.component_digest.as_str());
@@ -563,7 +574,7 @@ async fn drive(
         // A side-effecting or asked-about call: alone, through the journal.
         let mut consume = None;
         if asks(meta, &slots[i]) {
-            match gate(agent, &units, &slots[i]) {
+            match gate(agent, meta, &units, &slots[i]) {
                 Gate::Run(unit) => consume = unit,
                 Gate::Reject(message) => {
                     slots[i].finish(error_outcome("rejected", &message));
@@ -668,7 +679,7 @@ async fn wait(
             Some(u) => waiting.push(u.id.clone()),
             None => {
                 // The unit binds the component that would run now.
-                if let Ok(r) = agent.tools.resolve(&slot.call.name)
+                if let Ok(r) = agent.tools.resolve_pinned(&slot.call.name, &meta.tool_pins)
                     && slot.digest.as_deref() != Some(r.digest.as_str())
                 {
                     slot.digest = Some(r.digest.clone());

@@ -196,7 +196,7 @@ impl AgentService {
                 .engine
                 .assemble(id, |c, m| {
                     let at = self.tools.catalog_in(c).ok()?;
-                    let json = at.tools_json(&m.loaded_tools);
+                    let json = at.tools_json_pinned(&m.loaded_tools, &m.tool_pins);
                     catalog = Some(at);
                     json
                 })

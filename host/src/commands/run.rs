@@ -274,6 +274,17 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
             Err(e) => return fail(a.json, "store", &e.to_string(), EXIT_REFUSED),
         }
     };
+    // The session keeps the component versions it loaded: pin those not pinned yet.
+    let pinned = match h.engine.meta(&id).await {
+        Ok(meta) => match h.tools.current_pins(&meta.loaded_tools) {
+            Ok(pins) => h.engine.pin_tools(&id, pins, false).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        },
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = pinned {
+        return fail(a.json, "store", &e, EXIT_REFUSED);
+    }
     eprintln!("keel: session {id}");
     let cancel = CancelToken::new();
     cancel_on_ctrl_c(&cancel);

@@ -23,6 +23,9 @@ pub enum SessionCommand {
     Interrupt(IdArgs),
     /// Print the exact request body of a model call, byte for byte.
     Evidence(EvidenceArgs),
+    /// Move the session's tools to the versions installed now. A session keeps running the
+    /// component versions it loaded after `keel tool install --upgrade`, until this.
+    UpgradeTools(IdArgs),
 }
 
 #[derive(Args)]
@@ -73,7 +76,9 @@ fn fail(json_out: bool, message: &str, code: u8) -> ExitCode {
 pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
     let json_out = match &cmd {
         SessionCommand::List(a) => a.json,
-        SessionCommand::Show(a) | SessionCommand::Interrupt(a) => a.json,
+        SessionCommand::Show(a) | SessionCommand::Interrupt(a) | SessionCommand::UpgradeTools(a) => {
+            a.json
+        }
         SessionCommand::Send(a) => a.json,
         SessionCommand::Evidence(_) => false,
     };
@@ -82,6 +87,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         Err(e) => return fail(json_out, &e, EXIT_SETUP),
     };
     match cmd {
+        SessionCommand::UpgradeTools(a) => upgrade_tools(&h, &a).await,
         SessionCommand::List(_) => match h.engine.list().await {
             Ok(list) if json_out => {
                 println!("{}", json!(list));
@@ -118,7 +124,15 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                     t.state_detail.map(|d| format!(" ({})", inert(&d))).unwrap_or_default()
                 );
                 println!("goal    {}", inert(t.session_goal.as_deref().unwrap_or("-")));
-                println!("tools   {}", t.loaded_tools.join(", "));
+                let tools: Vec<String> = t
+                    .loaded_tools
+                    .iter()
+                    .map(|n| match t.tool_pins.get(n) {
+                        Some(d) => format!("{n}@{}", &d[..d.len().min(12)]),
+                        None => n.clone(),
+                    })
+                    .collect();
+                println!("tools   {}", tools.join(", "));
                 for g in &t.grants {
                     println!("grant   {g}");
                 }
@@ -222,4 +236,35 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             Err(e) => fail(false, &e.to_string(), EXIT_REFUSED),
         },
     }
+}
+
+/// `keel session upgrade-tools ID`: pins every loaded tool to the version installed now.
+async fn upgrade_tools(h: &keel::harness::Harness, a: &IdArgs) -> ExitCode {
+    let meta = match h.engine.meta(&a.id).await {
+        Ok(m) => m,
+        Err(e) => return fail(a.json, &e.to_string(), EXIT_REFUSED),
+    };
+    let pins = match h.tools.current_pins(&meta.loaded_tools) {
+        Ok(p) => p,
+        Err(e) => return fail(a.json, &e.to_string(), EXIT_SETUP),
+    };
+    let changed = match h.engine.pin_tools(&a.id, pins, true).await {
+        Ok(c) => c,
+        Err(e) => return fail(a.json, &e.to_string(), EXIT_REFUSED),
+    };
+    if a.json {
+        let rows: Vec<_> = changed
+            .iter()
+            .map(|(tool, old, new)| json!({"tool": tool, "old_digest": old, "new_digest": new}))
+            .collect();
+        println!("{}", json!({"ok": true, "session_id": a.id, "upgraded": rows}));
+    } else if changed.is_empty() {
+        println!("session {}: every tool already runs the installed version", a.id);
+    } else {
+        for (tool, old, new) in &changed {
+            let old = old.as_deref().map(|d| format!("sha256:{d}")).unwrap_or("-".into());
+            println!("{tool}: {old} -> sha256:{new}");
+        }
+    }
+    ExitCode::SUCCESS
 }

@@ -71,6 +71,10 @@ pub struct SessionMeta {
     pub state: RuntimeState,
     pub state_detail: Option<String>,
     pub loaded_tools: Vec<String>,
+    /// The component digest of each loaded tool, pinned when it was loaded: the session runs
+    /// those versions, even after an upgrade, until it is told to upgrade. A tool without a
+    /// pin (a session older than pins) runs the installed version.
+    pub tool_pins: std::collections::BTreeMap<String, String>,
     pub policy: Policy,
     pub budget: Budget,
     pub model: ModelConfig,
@@ -102,9 +106,10 @@ pub fn load_meta_at(
     id: &str,
     counters: MetaCounters,
 ) -> Result<SessionMeta, StoreError> {
-    let (goal, phase, tools, policy, budget, model, system) = c
+    let (goal, phase, tools, policy, budget, model, system, pins) = c
         .prepare_cached(
-            "SELECT session_goal, phase_goal, loaded_tools, policy, budget, model, system_prompt
+            "SELECT session_goal, phase_goal, loaded_tools, policy, budget, model, system_prompt,
+                    tool_pins
              FROM session_config WHERE session_id=?1",
         )?
         .query_row([id], |r| {
@@ -116,6 +121,7 @@ pub fn load_meta_at(
                 r.get::<_, String>(4)?,
                 r.get::<_, String>(5)?,
                 r.get::<_, String>(6)?,
+                r.get::<_, String>(7)?,
             ))
         })
         .optional()?
@@ -142,6 +148,7 @@ pub fn load_meta_at(
         state: counters.state,
         state_detail: None,
         loaded_tools: parse(&tools, "tool list")?,
+        tool_pins: parse(&pins, "tool pins")?,
         policy: parse(&policy, "policy")?,
         budget: parse(&budget, "budget")?,
         model: parse(&model, "model config")?,
@@ -395,6 +402,7 @@ pub struct Timeline {
     pub state_detail: Option<String>,
     pub session_goal: Option<String>,
     pub loaded_tools: Vec<String>,
+    pub tool_pins: std::collections::BTreeMap<String, String>,
     pub grants: Vec<Grant>,
     pub messages: Vec<TimelineMessage>,
     pub tool_calls: Vec<TimelineCall>,
@@ -440,6 +448,7 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         state_detail: meta.state_detail,
         session_goal: meta.session_goal,
         loaded_tools: meta.loaded_tools,
+        tool_pins: meta.tool_pins,
         grants: meta.grants,
         messages,
         tool_calls,

@@ -174,6 +174,44 @@ impl SessionEngine {
         self.db.read_inline(move |c| facts::load_meta(c, &id)).await
     }
 
+    /// Pins loaded tools to component digests: `pins` holds the digest each tool resolves to
+    /// now. Without `upgrade` only tools not pinned yet are pinned (what a session loaded it
+    /// keeps); with it every given pin replaces the old one. Returns the pins that changed,
+    /// as (tool, old digest, new digest).
+    pub async fn pin_tools(
+        &self,
+        id: &str,
+        pins: std::collections::BTreeMap<String, String>,
+        upgrade: bool,
+    ) -> Result<Vec<(String, Option<String>, String)>, StoreError> {
+        let id = id.to_string();
+        self.db
+            .run(move |c| {
+                let meta = facts::load_meta(c, &id)?;
+                let mut current = meta.tool_pins;
+                let mut changed = Vec::new();
+                for (tool, digest) in pins {
+                    if !meta.loaded_tools.contains(&tool) {
+                        continue;
+                    }
+                    let old = current.get(&tool).cloned();
+                    if old.as_deref() == Some(digest.as_str()) || (old.is_some() && !upgrade) {
+                        continue;
+                    }
+                    current.insert(tool.clone(), digest.clone());
+                    changed.push((tool, old, digest));
+                }
+                if !changed.is_empty() {
+                    c.execute(
+                        "UPDATE session_config SET tool_pins=?2 WHERE session_id=?1",
+                        params![id, json(&current)?],
+                    )?;
+                }
+                Ok(changed)
+            })
+            .await
+    }
+
     /// Adds tools to the session's loaded set (add-only) and updates its model config.
     pub async fn add_tools(&self, id: &str, tools: Vec<String>) -> Result<(), StoreError> {
         let id = id.to_string();

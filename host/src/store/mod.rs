@@ -233,6 +233,29 @@ const MIGRATIONS: &[(i64, &str)] = &[
         BEGIN UPDATE sessions SET meta_version = meta_version + 1
               WHERE id IN (OLD.session_id, NEW.session_id); END;",
     ),
+    (
+        7,
+        // Every version of every tool ever installed (until its component is removed), so
+        // that a session keeps running the component digests it loaded after an upgrade;
+        // a session's pins (tool name -> component digest) live with its configuration.
+        "CREATE TABLE tool_versions (
+        name          TEXT NOT NULL,
+        digest        TEXT NOT NULL,
+        component     TEXT NOT NULL,
+        description   TEXT NOT NULL,
+        input_schema  TEXT NOT NULL,
+        output_schema TEXT,
+        effect        TEXT NOT NULL,
+        idempotent    INTEGER NOT NULL,
+        spec_digest   TEXT NOT NULL,
+        PRIMARY KEY (name, digest)
+    );
+    INSERT OR IGNORE INTO tool_versions
+        SELECT t.name, c.digest, t.component, t.description, t.input_schema, t.output_schema,
+               t.effect, t.idempotent, t.spec_digest
+        FROM tools t JOIN components c ON c.name = t.component;
+    ALTER TABLE session_config ADD COLUMN tool_pins TEXT NOT NULL DEFAULT '{}';",
+    ),
 ];
 
 /// Errors of the store.

@@ -135,6 +135,22 @@ pub fn put(
     )?;
     for t in tools {
         tx.execute(
+            "INSERT OR IGNORE INTO tool_versions (name, component, description, input_schema,
+                                output_schema, effect, idempotent, spec_digest, digest)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            params![
+                t.name,
+                t.component,
+                t.description,
+                t.input_schema.to_string(),
+                t.output_schema.as_ref().map(|s| s.to_string()),
+                t.effect,
+                t.idempotent,
+                t.spec_digest,
+                component.digest
+            ],
+        )?;
+        tx.execute(
             "INSERT INTO tools (name, component, description, input_schema, output_schema,
                                 effect, idempotent, spec_digest)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -155,17 +171,37 @@ pub fn put(
 }
 
 /// Removes `component` and its tools; returns the names of the removed tools.
-pub fn remove(conn: &mut Connection, component: &str) -> Result<Vec<String>, StoreError> {
+/// Removes a component with every kept version of its tools; returns its tool names and the
+/// digests of all its versions.
+pub fn remove(
+    conn: &mut Connection,
+    component: &str,
+) -> Result<(Vec<String>, Vec<String>), StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let names: Vec<String> = {
         let mut stmt = tx.prepare("SELECT name FROM tools WHERE component = ?1 ORDER BY name")?;
         let rows = stmt.query_map([component], |r| r.get(0))?;
         rows.collect::<Result<_, _>>()?
     };
+    let digests: Vec<String> = {
+        let mut stmt =
+            tx.prepare("SELECT DISTINCT digest FROM tool_versions WHERE component = ?1")?;
+        let rows = stmt.query_map([component], |r| r.get(0))?;
+        rows.collect::<Result<_, _>>()?
+    };
     tx.execute("DELETE FROM tools WHERE component = ?1", [component])?;
+    tx.execute("DELETE FROM tool_versions WHERE component = ?1", [component])?;
     tx.execute("DELETE FROM components WHERE name = ?1", [component])?;
     tx.commit()?;
-    Ok(names)
+    Ok((names, digests))
+}
+
+/// Every kept version of every tool, with the digest of the component that provides it.
+pub fn tool_versions(conn: &Connection) -> Result<Vec<(ToolRecord, String)>, StoreError> {
+    let sql = format!("SELECT {TOOL_COLUMNS}, digest FROM tool_versions");
+    let mut stmt = conn.prepare(&sql)?;
+    let rows = stmt.query_map([], |r| Ok((tool_from_row(r)?, r.get::<_, String>(8)?)))?;
+    Ok(rows.collect::<Result<_, _>>()?)
 }
 
 /// The database's data version: it changes whenever another connection commits.

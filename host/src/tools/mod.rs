@@ -340,9 +340,14 @@ pub struct Resolved {
 pub struct Catalog {
     version: i64,
     tools: HashMap<String, Arc<Resolved>>,
-    /// Serialized `tools` arrays by loaded-tool list.
-    tools_json: Mutex<HashMap<Vec<String>, Option<Arc<str>>>>,
+    /// Every kept version of every tool, by (name, component digest).
+    versions: HashMap<(String, String), Arc<Resolved>>,
+    /// Serialized `tools` arrays by loaded-tool list (each with the digest it resolves to).
+    tools_json: Mutex<HashMap<Vec<(String, String)>, Option<Arc<str>>>>,
 }
+
+/// A session's pins: the component digest it loaded, by tool name.
+pub type ToolPins = std::collections::BTreeMap<String, String>;
 
 impl Catalog {
     /// The installed tool `name`, if any.
@@ -350,16 +355,37 @@ impl Catalog {
         self.tools.get(name).cloned()
     }
 
+    /// The version of `name` a session with `pins` runs: the pinned component digest when
+    /// the tool is pinned (kept even after an upgrade), else the installed one.
+    pub fn get_pinned(&self, name: &str, pins: &ToolPins) -> Option<Arc<Resolved>> {
+        let current = self.tools.get(name);
+        match pins.get(name) {
+            Some(d) if current.is_none_or(|c| &c.digest != d) => {
+                self.versions.get(&(name.to_string(), d.clone())).cloned()
+            }
+            _ => current.cloned(),
+        }
+    }
+
     /// The loaded tools as the model sees them — the OpenAI `tools` array (name, description,
     /// input schema), serialized once per tool list. `None` when no loaded tool is installed.
     pub fn tools_json(&self, loaded: &[String]) -> Option<Arc<str>> {
+        self.tools_json_pinned(loaded, &ToolPins::new())
+    }
+
+    /// [`tools_json`](Self::tools_json) for a session with `pins`: each tool as the version
+    /// the session runs.
+    pub fn tools_json_pinned(&self, loaded: &[String], pins: &ToolPins) -> Option<Arc<str>> {
+        let resolved: Vec<Arc<Resolved>> =
+            loaded.iter().filter_map(|name| self.get_pinned(name, pins)).collect();
+        let key: Vec<(String, String)> =
+            resolved.iter().map(|r| (r.record.name.clone(), r.digest.clone())).collect();
         let mut memo = self.tools_json.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(hit) = memo.get(loaded) {
+        if let Some(hit) = memo.get(&key) {
             return hit.clone();
         }
-        let items: Vec<serde_json::Value> = loaded
+        let items: Vec<serde_json::Value> = resolved
             .iter()
-            .filter_map(|name| self.tools.get(name))
             .map(|r| {
                 serde_json::json!({"type": "function", "function": {
                     "name": r.record.name, "description": r.record.description,
@@ -368,8 +394,17 @@ impl Catalog {
             .collect();
         let json: Option<Arc<str>> =
             (!items.is_empty()).then(|| serde_json::Value::Array(items).to_string().into());
-        memo.insert(loaded.to_vec(), json.clone());
+        memo.insert(key, json.clone());
         json
+    }
+
+    /// The digests `loaded` resolves to now, for the tools that are installed: what a session
+    /// pins when it loads them.
+    pub fn current_pins(&self, loaded: &[String]) -> ToolPins {
+        loaded
+            .iter()
+            .filter_map(|n| self.tools.get(n).map(|r| (n.clone(), r.digest.clone())))
+            .collect()
     }
 }
 
@@ -551,10 +586,9 @@ impl ToolService {
             catalog::put(&mut db, &record, &tools)?;
             (old.map(|o| o.digest), upgrade)
         };
+        // The replaced version's file stays: sessions that loaded it keep running it until
+        // they are told to upgrade (`keel session upgrade-tools`).
         self.invalidate_catalog();
-        if let Some(old) = &replaced {
-            self.forget_file(old)?;
-        }
         self.prepared.lock().unwrap_or_else(PoisonError::into_inner).insert(digest, prepared);
         Ok(InstallReport { component: record, tools, replaced, upgrade, compile_ms })
     }
@@ -613,9 +647,12 @@ impl ToolService {
         if component.builtin {
             return Err(ToolServiceError::Builtin { name: component.name });
         }
-        let removed = catalog::remove(&mut self.db(), &component.name)?;
+        let (removed, digests) = catalog::remove(&mut self.db(), &component.name)?;
         self.invalidate_catalog();
         self.forget_file(&component.digest)?;
+        for d in &digests {
+            self.forget_file(d)?;
+        }
         Ok((component, removed))
     }
 
@@ -636,7 +673,13 @@ impl ToolService {
                 Some((record.name.clone(), Arc::new(Resolved { record, digest })))
             })
             .collect();
-        Ok(Catalog { version, tools, tools_json: Mutex::default() })
+        let versions = catalog::tool_versions(c)?
+            .into_iter()
+            .map(|(record, digest)| {
+                ((record.name.clone(), digest.clone()), Arc::new(Resolved { record, digest }))
+            })
+            .collect();
+        Ok(Catalog { version, tools, versions, tools_json: Mutex::default() })
     }
 
     /// Keeps `loaded` as the current catalog unless a newer one is there already; returns the
@@ -711,6 +754,21 @@ impl ToolService {
     /// Step 1: the tool must be installed. Served from memory while the catalog is unchanged.
     pub fn resolve(&self, tool: &str) -> Result<Arc<Resolved>, ToolServiceError> {
         self.catalog()?.get(tool).ok_or_else(|| self.not_installed(tool))
+    }
+
+    /// Step 1 for a session: the version of `tool` the session pinned when it loaded it
+    /// (kept after an upgrade), or the installed one if it is not pinned.
+    pub fn resolve_pinned(
+        &self,
+        tool: &str,
+        pins: &ToolPins,
+    ) -> Result<Arc<Resolved>, ToolServiceError> {
+        self.catalog()?.get_pinned(tool, pins).ok_or_else(|| self.not_installed(tool))
+    }
+
+    /// The component digests `tools` resolve to now (installed tools only).
+    pub fn current_pins(&self, tools: &[String]) -> Result<ToolPins, ToolServiceError> {
+        Ok(self.catalog()?.current_pins(tools))
     }
 
     /// Step 2: the input must be a JSON object matching the tool's input schema; the error
