@@ -856,3 +856,66 @@ async fn every_step_sees_the_catalog_another_process_changed() {
         [echo.clone(), echo.clone(), both.clone(), both.clone(), both, echo.clone(), echo]
     );
 }
+
+/// H4: an upgrade never changes the implementation under a running session: it keeps the
+/// component digest it loaded (requests and calls) until it is told to upgrade.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h4_a_session_keeps_the_component_version_it_loaded_until_told_to_upgrade() {
+    let model = MockModel::start(vec![
+        Reply::calls(&[("c1", "echo", r#"{"text":"one"}"#)]),
+        Reply::text("first"),
+        Reply::calls(&[("c2", "echo", r#"{"text":"two"}"#)]),
+        Reply::text("second"),
+        Reply::calls(&[("c3", "echo", r#"{"text":"three"}"#)]),
+        Reply::text("third"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let h = harness_with_session(
+        home.path(),
+        &model.url(),
+        "s",
+        &["echo"],
+        Vec::new(),
+        LoopGuards::default(),
+    )
+    .await;
+    let old = h.tools.resolve("echo").unwrap().digest.clone();
+    let pins = h.tools.current_pins(&["echo".to_string()]).unwrap();
+    h.engine.pin_tools("s", pins, false).await.unwrap();
+    assert_eq!(submit(&h, "s", "one").await, Submitted::Ran(TurnOutcome::Answer("first".into())));
+    // The admin upgrades the component (a custom section: a new digest, the same tools).
+    let mut bytes = std::fs::read(keel_tests::guests::HOSTILE_COMPONENT).unwrap();
+    bytes.extend_from_slice(&[0, 8, 7]);
+    bytes.extend_from_slice(b"upgrade");
+    let r = h
+        .tools
+        .install_as(&bytes, "hostile", "test", keel::tools::InstallMode::Upgrade)
+        .await
+        .unwrap();
+    let new = r.component.digest.clone();
+    assert_ne!(old, new);
+    assert!(home.path().join("components").join(format!("{old}.wasm")).exists());
+    assert_eq!(submit(&h, "s", "two").await, Submitted::Ran(TurnOutcome::Answer("second".into())));
+    // Pinning again without an upgrade keeps what the session loaded.
+    let pins = h.tools.current_pins(&["echo".to_string()]).unwrap();
+    assert!(h.engine.pin_tools("s", pins.clone(), false).await.unwrap().is_empty());
+    let changed = h.engine.pin_tools("s", pins, true).await.unwrap();
+    assert_eq!(changed, vec![("echo".to_string(), Some(old.clone()), new.clone())]);
+    assert_eq!(submit(&h, "s", "three").await, Submitted::Ran(TurnOutcome::Answer("third".into())));
+    let t = h.engine.timeline("s").await.unwrap();
+    let ran: Vec<(String, Option<String>)> = t
+        .tool_calls
+        .iter()
+        .map(|c| (c.entry.call_id.clone(), c.entry.component_digest.clone()))
+        .collect();
+    assert_eq!(
+        ran,
+        vec![
+            ("c1".to_string(), Some(old.clone())),
+            ("c2".to_string(), Some(old.clone())),
+            ("c3".to_string(), Some(new.clone())),
+        ]
+    );
+    assert_eq!(t.tool_pins.get("echo"), Some(&new));
+}

@@ -76,9 +76,9 @@ fn fail(json_out: bool, message: &str, code: u8) -> ExitCode {
 pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
     let json_out = match &cmd {
         SessionCommand::List(a) => a.json,
-        SessionCommand::Show(a) | SessionCommand::Interrupt(a) | SessionCommand::UpgradeTools(a) => {
-            a.json
-        }
+        SessionCommand::Show(a)
+        | SessionCommand::Interrupt(a)
+        | SessionCommand::UpgradeTools(a) => a.json,
         SessionCommand::Send(a) => a.json,
         SessionCommand::Evidence(_) => false,
     };
