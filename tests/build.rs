@@ -18,6 +18,7 @@ const GUESTS: &[&str] = &[
     "missing_funcs",
     "forger",
     "forger_install",
+    "plain_bindgen",
 ];
 
 fn main() {

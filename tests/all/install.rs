@@ -332,3 +332,14 @@ async fn h5_first_party_names_are_reserved_and_replacing_needs_an_upgrade() {
     assert!(u.added.contains(&"effect_append".to_string()), "{u:?}");
     assert!(u.removed.contains(&"echo".to_string()), "{u:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_written_with_plain_wit_bindgen_installs_and_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = service_in(dir.path(), test_limits()).await;
+    let bytes = std::fs::read(guests::PLAIN_BINDGEN_COMPONENT).unwrap();
+    s.install(&bytes, "plain", "test", false).await.unwrap();
+    let out = call(&s, "upper", json!({"text": "keel"}), &[], Budget::default()).await;
+    assert_eq!(out.report.result, Ok(json!({"text": "KEEL"})));
+    assert_eq!(out.report.logs.len(), 1);
+}

@@ -154,6 +154,32 @@ fn main() {
     }
     let governed = stats(samples);
     row("ToolService call: fs_read_file (governed chain)", &governed);
+    // A write through the chain: lease, change snapshot before and after, the guarded
+    // filesystem on the write path, the change set with its hash.
+    let rw = tempfile::tempdir().unwrap();
+    let rw_grants = [Grant::new(rw.path(), "/rw", Access::Rw).unwrap()];
+    let write_input = serde_json::json!({"path": "/rw/out.txt", "content": small}).to_string();
+    let mut samples = Vec::with_capacity(iters);
+    for i in 0..iters + iters / 10 {
+        let t = Instant::now();
+        let req = CallRequest {
+            tool: "fs_write_file",
+            input: &write_input,
+            grants: &rw_grants,
+            budget: budget.clone(),
+            cancel: None,
+            loaded: None,
+            policy: None,
+            approval: None,
+        };
+        let out = rt.block_on(service.call(req)).unwrap();
+        let e = t.elapsed();
+        assert!(out.report.result.is_ok(), "{:?}", out.report.result);
+        if i >= iters / 10 {
+            samples.push(e);
+        }
+    }
+    row("ToolService call: fs_write_file 1 KiB (governed chain)", &stats(samples));
     println!();
 
     // Baseline: one native process per call.

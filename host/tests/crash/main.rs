@@ -403,7 +403,7 @@ async fn c5_crash_during_a_migration() {
         keel_cmd(home.path(), &["session", "list", "--json"], None).output().unwrap()
     });
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(schema(), (6, 1, 1, "ok".to_string()));
+    assert_eq!(schema(), (7, 1, 1, "ok".to_string()));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v[0]["id"], "old", "the data survived the upgrade");
     // Migration 6 moved the session's configuration out of its row.
@@ -422,6 +422,15 @@ async fn c5_crash_during_a_migration() {
         )
         .unwrap();
     assert_eq!(left, 0);
+    // Migration 7: the old session has no pins yet (it runs the installed versions until it
+    // pins them), and the installed tools' versions are kept.
+    let pins: String = c
+        .query_row("SELECT tool_pins FROM session_config WHERE session_id='old'", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(pins, "{}");
+    let versions: i64 =
+        c.query_row("SELECT COUNT(*) FROM tool_versions", [], |r| r.get(0)).unwrap();
+    assert!(versions > 0);
 }
 
 /// A small deterministic generator (xorshift), seeded per run and printed.
