@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use keel::home::Home;
-use keel::sandbox::{Access, Budget, Grant, Sandbox};
+use keel::sandbox::{Access, Budget, FsPolicy, Grant, Sandbox};
 use keel::tools::CallRequest;
 use keel_tests::test_limits;
 
@@ -114,7 +114,15 @@ fn main() {
         let mut samples = Vec::with_capacity(iters);
         for i in 0..iters + iters / 10 {
             let t = Instant::now();
-            let r = rt.block_on(sandbox.invoke(pre, tool, input, grants, &budget, None));
+            let r = rt.block_on(sandbox.invoke(
+                pre,
+                tool,
+                input,
+                grants,
+                FsPolicy::read_only(),
+                &budget,
+                None,
+            ));
             let e = t.elapsed();
             assert!(r.result.is_ok(), "{tool}: {:?}", r.result);
             if i >= iters / 10 {
@@ -233,7 +241,9 @@ fn main() {
                 let budget = budget.clone();
                 tasks.push(tokio::spawn(async move {
                     for _ in 0..per_task {
-                        let r = sandbox.invoke(&pre, tool, input, &g, &budget, None).await;
+                        let r = sandbox
+                            .invoke(&pre, tool, input, &g, FsPolicy::read_only(), &budget, None)
+                            .await;
                         assert!(r.result.is_ok());
                     }
                 }));

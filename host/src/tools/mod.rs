@@ -343,8 +343,11 @@ pub struct Catalog {
     /// Every kept version of every tool, by (name, component digest).
     versions: HashMap<(String, String), Arc<Resolved>>,
     /// Serialized `tools` arrays by loaded-tool list (each with the digest it resolves to).
-    tools_json: Mutex<HashMap<Vec<(String, String)>, Option<Arc<str>>>>,
+    tools_json: Mutex<HashMap<ResolvedList, Option<Arc<str>>>>,
 }
+
+/// Tool names with the component digest each resolves to.
+type ResolvedList = Vec<(String, String)>;
 
 /// A session's pins: the component digest it loaded, by tool name.
 pub type ToolPins = std::collections::BTreeMap<String, String>;
