@@ -135,22 +135,6 @@ pub fn put(
     )?;
     for t in tools {
         tx.execute(
-            "INSERT OR IGNORE INTO tool_versions (name, component, description, input_schema,
-                                output_schema, effect, idempotent, spec_digest, digest)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            params![
-                t.name,
-                t.component,
-                t.description,
-                t.input_schema.to_string(),
-                t.output_schema.as_ref().map(|s| s.to_string()),
-                t.effect,
-                t.idempotent,
-                t.spec_digest,
-                component.digest
-            ],
-        )?;
-        tx.execute(
             "INSERT INTO tools (name, component, description, input_schema, output_schema,
                                 effect, idempotent, spec_digest)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -165,12 +149,19 @@ pub fn put(
                 t.spec_digest
             ],
         )?;
+        // The version a session that loads the tool now pins (kept after upgrades).
+        tx.execute(
+            "INSERT OR IGNORE INTO tool_versions
+                 SELECT name, ?2, component, description, input_schema, output_schema, effect,
+                        idempotent, spec_digest
+                 FROM tools WHERE name = ?1",
+            params![t.name, component.digest],
+        )?;
     }
     tx.commit()?;
     Ok(())
 }
 
-/// Removes `component` and its tools; returns the names of the removed tools.
 /// Removes a component with every kept version of its tools; returns its tool names and the
 /// digests of all its versions.
 pub fn remove(
