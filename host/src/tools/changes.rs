@@ -10,7 +10,10 @@
 //! after the call within [`MAX_HASH_BYTES`] per change set; a file past that bound is
 //! reported by size, inode and status-change time with `hashed: false`.
 //!
-//! The walk and the hashing are blocking work: callers run them off the async threads. Both
+//! The walk and the hashing are blocking work. A small workspace is walked (and a little
+//! hashed) where the call is — [`INLINE_ENTRIES`] entries and [`INLINE_HASH_BYTES`] bytes at
+//! most, as bounded as a guest's own file I/O, which also runs on the calling thread; past
+//! those bounds the work moves off the async threads ([`snapshot_inline`] says when). Both
 //! stop when the call's [`CancelToken`] fires, and the change set then says it is incomplete.
 
 use std::collections::BTreeMap;
@@ -27,6 +30,10 @@ use crate::sandbox::{Access, CancelToken, Grant};
 pub const MAX_ENTRIES: usize = 100_000;
 /// Directory depth walked at most.
 pub const MAX_DEPTH: usize = 64;
+/// Entries a walk may visit on the calling thread before it is redone off the async threads.
+pub const INLINE_ENTRIES: usize = 1024;
+/// Bytes a change set may hash on the calling thread; more is hashed off the async threads.
+pub const INLINE_HASH_BYTES: u64 = 1 << 20;
 /// Bytes hashed per change set at most; files past it are listed unhashed.
 pub const MAX_HASH_BYTES: u64 = 64 << 20;
 
@@ -52,6 +59,8 @@ struct Meta {
 pub struct Snapshot {
     entries: BTreeMap<String, Meta>,
     complete: bool,
+    /// The walk stopped at the entry bound it was given.
+    at_bound: bool,
 }
 
 /// One changed path.
@@ -124,10 +133,31 @@ fn kind_name(k: Kind) -> &'static str {
 
 /// Walks every read-write grant (blocking; stops early, incomplete, when `cancel` fires).
 pub fn snapshot(grants: &[Grant], cancel: Option<&CancelToken>) -> Snapshot {
-    let mut snap = Snapshot { entries: BTreeMap::new(), complete: true };
+    walk_grants(grants, cancel, MAX_ENTRIES)
+}
+
+/// Walks every read-write grant if it holds at most [`INLINE_ENTRIES`] entries; `None` when
+/// it holds more (walk it with [`snapshot`], off the async threads).
+pub fn snapshot_inline(grants: &[Grant], cancel: Option<&CancelToken>) -> Option<Snapshot> {
+    let snap = walk_grants(grants, cancel, INLINE_ENTRIES);
+    (!snap.at_bound).then_some(snap)
+}
+
+/// Bytes [`diff`] would hash for these snapshots (the files created or modified).
+pub fn bytes_to_hash(before: &Snapshot, after: &Snapshot) -> u64 {
+    after
+        .entries
+        .iter()
+        .filter(|(path, m)| m.kind == Kind::File && before.entries.get(*path) != Some(m))
+        .map(|(_, m)| m.size)
+        .fold(0u64, u64::saturating_add)
+}
+
+fn walk_grants(grants: &[Grant], cancel: Option<&CancelToken>, bound: usize) -> Snapshot {
+    let mut snap = Snapshot { entries: BTreeMap::new(), complete: true, at_bound: false };
     for g in grants.iter().filter(|g| g.access == Access::Rw) {
         match Dir::open_ambient_dir(&g.host, ambient_authority()) {
-            Ok(dir) => walk(&dir, &g.guest, 0, &mut snap, cancel),
+            Ok(dir) => walk(&dir, &g.guest, 0, &mut snap, cancel, bound),
             Err(_) => snap.complete = false,
         }
     }
@@ -138,13 +168,21 @@ fn cancelled(cancel: Option<&CancelToken>) -> bool {
     cancel.is_some_and(CancelToken::is_cancelled)
 }
 
-fn walk(dir: &Dir, guest: &str, depth: usize, snap: &mut Snapshot, cancel: Option<&CancelToken>) {
+fn walk(
+    dir: &Dir,
+    guest: &str,
+    depth: usize,
+    snap: &mut Snapshot,
+    cancel: Option<&CancelToken>,
+    bound: usize,
+) {
     let Ok(entries) = dir.entries() else {
         snap.complete = false;
         return;
     };
     for entry in entries.flatten() {
-        if snap.entries.len() >= MAX_ENTRIES || cancelled(cancel) {
+        if snap.entries.len() >= bound || cancelled(cancel) {
+            snap.at_bound |= snap.entries.len() >= bound;
             snap.complete = false;
             return;
         }
@@ -185,7 +223,7 @@ fn walk(dir: &Dir, guest: &str, depth: usize, snap: &mut Snapshot, cancel: Optio
                 continue;
             }
             if let Ok(sub) = dir.open_dir_nofollow(&name) {
-                walk(&sub, &path, depth + 1, snap, cancel);
+                walk(&sub, &path, depth + 1, snap, cancel, bound);
             }
         }
     }
@@ -305,5 +343,22 @@ mod tests {
         assert!(!set.created[0].hashed);
         let set = diff(&before, &after, &grants, None);
         assert!(set.complete && set.created[0].hashed);
+    }
+
+    #[test]
+    fn only_a_small_workspace_is_walked_inline() {
+        let dir = tempfile::tempdir().unwrap();
+        let grants = [Grant::new(dir.path(), "/w", Access::Rw).unwrap()];
+        for i in 0..INLINE_ENTRIES {
+            std::fs::write(dir.path().join(format!("f{i}")), "x").unwrap();
+        }
+        let snap = snapshot_inline(&grants, None).expect("at the bound, walked inline");
+        assert!(snap.complete);
+        std::fs::write(dir.path().join("one-more"), "x").unwrap();
+        assert!(snapshot_inline(&grants, None).is_none());
+        let full = snapshot(&grants, None);
+        assert!(full.complete && full.entries.len() == INLINE_ENTRIES + 1);
+        std::fs::write(dir.path().join("big"), vec![0u8; 2 << 20]).unwrap();
+        assert_eq!(bytes_to_hash(&full, &snapshot(&grants, None)), 2 << 20);
     }
 }

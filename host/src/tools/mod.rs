@@ -912,14 +912,20 @@ impl ToolService {
             max_created: req.budget.max_files_created,
         };
         let track = writes && req.grants.iter().any(|g| g.access == Access::Rw);
-        // The walks and hashing are blocking and bounded; they run off the async threads
-        // and stop when the call is cancelled.
+        // The walks and hashing are blocking and bounded: a small workspace is walked here,
+        // a large one (or much to hash) off the async threads; both stop when the call is
+        // cancelled.
         let grants: Arc<[Grant]> = req.grants.into();
         let before = match track {
-            true => {
-                let (g, c) = (grants.clone(), req.cancel.clone());
-                tokio::task::spawn_blocking(move || changes::snapshot(&g, c.as_ref())).await.ok()
-            }
+            true => match changes::snapshot_inline(&grants, req.cancel.as_ref()) {
+                Some(snap) => Some(snap),
+                None => {
+                    let (g, c) = (grants.clone(), req.cancel.clone());
+                    tokio::task::spawn_blocking(move || changes::snapshot(&g, c.as_ref()))
+                        .await
+                        .ok()
+                }
+            },
             false => None,
         };
         let report = self
@@ -936,13 +942,24 @@ impl ToolService {
             .await;
         let changes = match before {
             Some(before) => {
-                let (g, c) = (grants.clone(), req.cancel.clone());
-                let set = tokio::task::spawn_blocking(move || {
-                    let after = changes::snapshot(&g, c.as_ref());
-                    changes::diff(&before, &after, &g, c.as_ref())
-                })
-                .await;
-                Some(set.unwrap_or_default())
+                let inline =
+                    changes::snapshot_inline(&grants, req.cancel.as_ref()).filter(|after| {
+                        changes::bytes_to_hash(&before, after) <= changes::INLINE_HASH_BYTES
+                    });
+                match inline {
+                    Some(after) => {
+                        Some(changes::diff(&before, &after, &grants, req.cancel.as_ref()))
+                    }
+                    None => {
+                        let (g, c) = (grants.clone(), req.cancel.clone());
+                        let set = tokio::task::spawn_blocking(move || {
+                            let after = changes::snapshot(&g, c.as_ref());
+                            changes::diff(&before, &after, &g, c.as_ref())
+                        })
+                        .await;
+                        Some(set.unwrap_or_default())
+                    }
+                }
             }
             // A snapshot that could not be taken: nothing can be said of the changes.
             None if track => Some(ChangeSet::default()),
