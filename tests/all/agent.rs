@@ -919,3 +919,61 @@ async fn h4_a_session_keeps_the_component_version_it_loaded_until_told_to_upgrad
     );
     assert_eq!(t.tool_pins.get("echo"), Some(&new));
 }
+
+/// G5: a reply cut by the token limit inside a tool call. The call is refused and the model
+/// told it was cut off; the history stays valid for the strictest server (the mock answers
+/// like llama.cpp: 500 on any tool-call arguments that are not a JSON object), and the
+/// session keeps working; the raw text stays in the journal and the stored message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_a_tool_call_cut_by_the_token_limit_never_poisons_the_history() {
+    let cut = Reply::Sse {
+        events: vec![
+            json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": null}}]}),
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1",
+                "type": "function", "function": {"name": "echo", "arguments": "{\"text\": \"abc"}}]}}]}),
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}),
+        ],
+        cut: false,
+    };
+    let model = MockModel::start_strict(vec![
+        cut,
+        Reply::text("saw the cut"),
+        Reply::text("still working"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let h = harness_with_session(
+        home.path(),
+        &model.url(),
+        "s",
+        &["echo"],
+        Vec::new(),
+        LoopGuards::default(),
+    )
+    .await;
+    assert_eq!(
+        submit(&h, "s", "echo something long").await,
+        Submitted::Ran(TurnOutcome::Answer("saw the cut".into()))
+    );
+    assert_eq!(
+        submit(&h, "s", "and now?").await,
+        Submitted::Ran(TurnOutcome::Answer("still working".into()))
+    );
+    let requests = model.requests();
+    assert_eq!(requests.len(), 3, "no request was refused and retried");
+    for body in &requests[1..] {
+        let v: Value = serde_json::from_slice(body).unwrap();
+        let assistant =
+            v["messages"].as_array().unwrap().iter().find(|m| m["tool_calls"].is_array()).unwrap();
+        assert_eq!(assistant["tool_calls"][0]["function"]["arguments"], "{}");
+        let result =
+            v["messages"].as_array().unwrap().iter().find(|m| m["role"] == "tool").unwrap();
+        let text = result["content"].as_str().unwrap();
+        assert!(text.contains("cut off by the token limit"), "{text}");
+    }
+    // The raw text is kept: in the journal and in the stored message.
+    let t = h.engine.timeline("s").await.unwrap();
+    assert_eq!(t.tool_calls[0].entry.input, "{\"text\": \"abc");
+    let stored = t.messages.iter().find(|m| m.body["tool_calls"].is_array()).unwrap();
+    assert_eq!(stored.body["tool_calls"][0]["function"]["arguments"], "{\"text\": \"abc");
+}

@@ -77,6 +77,9 @@ struct Shared {
     script: Arc<Mutex<VecDeque<Reply>>>,
     responder: Option<Responder>,
     record: bool,
+    /// Answer 500 to a request whose history holds tool-call arguments that are not a JSON
+    /// object, as llama.cpp's server does with any tool-capable template.
+    strict: bool,
 }
 
 impl Drop for MockModel {
@@ -88,15 +91,27 @@ impl Drop for MockModel {
 impl MockModel {
     /// Starts a server that answers with `script`, in order (a request past its end gets 500).
     pub async fn start(script: Vec<Reply>) -> Self {
-        Self::start_with(script, None, true).await
+        Self::start_with(script, None, true, false).await
+    }
+
+    /// Like [`start`](Self::start), but refusing — with llama.cpp's HTTP 500 "Failed to parse
+    /// tool call arguments as JSON", without using up a scripted reply — every request whose
+    /// messages carry tool-call arguments that are not a JSON object.
+    pub async fn start_strict(script: Vec<Reply>) -> Self {
+        Self::start_with(script, None, true, true).await
     }
 
     /// Starts a server that computes each reply with `responder` and records nothing.
     pub async fn start_fn(responder: Responder) -> Self {
-        Self::start_with(Vec::new(), Some(responder), false).await
+        Self::start_with(Vec::new(), Some(responder), false, false).await
     }
 
-    async fn start_with(script: Vec<Reply>, responder: Option<Responder>, record: bool) -> Self {
+    async fn start_with(
+        script: Vec<Reply>,
+        responder: Option<Responder>,
+        record: bool,
+        strict: bool,
+    ) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
         let requests = Arc::new(Mutex::new(Vec::new()));
@@ -106,6 +121,7 @@ impl MockModel {
             script: script.clone(),
             responder,
             record,
+            strict,
         });
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
@@ -134,6 +150,17 @@ impl MockModel {
             s.extend(replies);
         }
     }
+}
+
+/// True when a request's messages hold a tool call whose arguments are not a JSON object.
+fn has_unparsable_tool_arguments(body: &[u8]) -> bool {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else { return false };
+    v["messages"].as_array().into_iter().flatten().any(|m| {
+        m["tool_calls"].as_array().into_iter().flatten().any(|c| {
+            let args = c["function"]["arguments"].as_str().unwrap_or("");
+            !serde_json::from_str::<Value>(args).is_ok_and(|a| a.is_object())
+        })
+    })
 }
 
 async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
@@ -167,6 +194,13 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
         let body: Vec<u8> = buf[header_end..header_end + len].to_vec();
         buf.drain(..header_end + len);
         let scripted = match &shared.responder {
+            _ if shared.strict && has_unparsable_tool_arguments(&body) => Some(Reply::Status {
+                code: 500,
+                retry_after: None,
+                body: json!({"error": {"code": 500, "type": "server_error",
+                    "message": "Failed to parse tool call arguments as JSON"}})
+                .to_string(),
+            }),
             Some(f) => Some(f(&body)),
             None => shared.script.lock().ok().and_then(|mut s| s.pop_front()),
         };

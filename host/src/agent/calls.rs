@@ -164,6 +164,7 @@ fn plan(
     meta: &SessionMeta,
     calls: Vec<ToolCallRequest>,
     step: i64,
+    cut: bool,
 ) -> Vec<Slot> {
     let mut seen = HashSet::new();
     calls
@@ -192,7 +193,11 @@ fn plan(
                         &format!("there is no tool `{}` in this session; available tools: {}", call.name, meta.loaded_tools.join(", ")),
                     ));
                 } else if let Err(e) = serde_json::from_str::<serde_json::Value>(&call.arguments) {
-                    refused = Some(error_outcome("invalid_input", &format!("the arguments of `{}` are not valid JSON ({e}); send a JSON object", call.name)));
+                    refused = Some(if cut {
+                        error_outcome("cut_off", &format!("your call of `{}` was cut off by the token limit (finish_reason: length) before its arguments were complete; it was not run. Send it again with shorter arguments, or split the work.", call.name))
+                    } else {
+                        error_outcome("invalid_input", &format!("the arguments of `{}` are not valid JSON ({e}); send a JSON object", call.name))
+                    });
                 } else {
                     let found = match catalog {
                         Some(at) => at
@@ -291,7 +296,8 @@ pub(super) async fn run_fresh(
     cancel: &CancelToken,
     events: &Events,
 ) -> Result<StepEnd, AgentError> {
-    let mut slots = plan(&agent.tools, catalog, meta, reply.tool_calls, assembled.step);
+    let cut = reply.finish_reason.as_deref() == Some("length");
+    let mut slots = plan(&agent.tools, catalog, meta, reply.tool_calls, assembled.step, cut);
     // Calls refused before anything could run (unknown tool, arguments that are not JSON, a
     // duplicate id, the policy) are reported like the others.
     for s in &slots {

@@ -108,12 +108,42 @@ fn head(meta: &SessionMeta) -> String {
     serde_json::Value::Object(head).to_string()
 }
 
+/// The history of `id` over `from..=to`, as the model is sent it: each message as stored,
+/// except that tool-call arguments that are not a JSON object are sent as `{}` (see
+/// [`sendable`]). The journal keeps the raw text.
 pub fn history(c: &Connection, id: &str, from: i64, to: i64) -> Result<Vec<String>, StoreError> {
     let mut stmt = c.prepare_cached(
         "SELECT body FROM messages WHERE session_id=?1 AND seq>=?2 AND seq<=?3 ORDER BY seq",
     )?;
     let rows = stmt.query_map(params![id, from, to], |r| r.get::<_, String>(0))?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    rows.map(|r| r.map(sendable).map_err(StoreError::from)).collect()
+}
+
+/// A stored message made valid for the strictest server: an assistant message whose tool
+/// calls carry arguments that are not a JSON object (a call cut off by the token limit, say)
+/// is sent with `{}` in their place — some servers refuse every later request otherwise. A
+/// message that needs no repair is sent byte for byte as stored; the repair happens here, at
+/// assembly, so a session stored before it heals on its next request.
+pub fn sendable(body: String) -> String {
+    if !body.contains("\"tool_calls\"") {
+        return body;
+    }
+    let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&body) else { return body };
+    let mut repaired = false;
+    if let Some(calls) = v.get_mut("tool_calls").and_then(|c| c.as_array_mut()) {
+        for call in calls {
+            if let Some(args) = call.pointer_mut("/function/arguments") {
+                let object = args.as_str().is_some_and(|a| {
+                    serde_json::from_str::<serde_json::Value>(a).is_ok_and(|v| v.is_object())
+                });
+                if !object {
+                    *args = serde_json::Value::String("{}".into());
+                    repaired = true;
+                }
+            }
+        }
+    }
+    if repaired { v.to_string() } else { body }
 }
 
 /// What assembling a session's requests has already read, by session: its history and its
