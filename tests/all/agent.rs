@@ -977,3 +977,37 @@ async fn g5_a_tool_call_cut_by_the_token_limit_never_poisons_the_history() {
     let stored = t.messages.iter().find(|m| m.body["tool_calls"].is_array()).unwrap();
     assert_eq!(stored.body["tool_calls"][0]["function"]["arguments"], "{\"text\": \"abc");
 }
+
+/// Identical calls in one reply count as one repeat: three identical parallel calls do not
+/// end the turn (the repeat guard stops at 3 repeats in a row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_parallel_calls_in_one_reply_are_one_repeat() {
+    let args = r#"{"text":"same"}"#;
+    let model = MockModel::start(vec![
+        Reply::calls(&[("a", "echo", args), ("b", "echo", args), ("c", "echo", args)]),
+        Reply::text("done"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let h = harness_with_session(
+        home.path(),
+        &model.url(),
+        "s",
+        &["echo"],
+        Vec::new(),
+        LoopGuards::default(),
+    )
+    .await;
+    assert_eq!(
+        submit(&h, "s", "echo thrice").await,
+        Submitted::Ran(TurnOutcome::Answer("done".into()))
+    );
+    assert_eq!(model.requests().len(), 2);
+    // Every request names keel and its version.
+    let ua = format!("user-agent: keel/{}", env!("CARGO_PKG_VERSION"));
+    assert!(
+        model.heads().iter().all(|h| h.to_ascii_lowercase().contains(&ua)),
+        "{:?}",
+        model.heads()
+    );
+}

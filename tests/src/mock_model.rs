@@ -68,12 +68,15 @@ pub type Responder = Arc<dyn Fn(&[u8]) -> Reply + Send + Sync>;
 pub struct MockModel {
     addr: SocketAddr,
     requests: Arc<Mutex<Vec<Vec<u8>>>>,
+    heads: Arc<Mutex<Vec<String>>>,
     script: Arc<Mutex<VecDeque<Reply>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 struct Shared {
     requests: Arc<Mutex<Vec<Vec<u8>>>>,
+    /// The request line and headers of each recorded request.
+    heads: Arc<Mutex<Vec<String>>>,
     script: Arc<Mutex<VecDeque<Reply>>>,
     responder: Option<Responder>,
     record: bool,
@@ -115,9 +118,11 @@ impl MockModel {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
         let requests = Arc::new(Mutex::new(Vec::new()));
+        let heads = Arc::new(Mutex::new(Vec::new()));
         let script = Arc::new(Mutex::new(VecDeque::from(script)));
         let shared = Arc::new(Shared {
             requests: requests.clone(),
+            heads: heads.clone(),
             script: script.clone(),
             responder,
             record,
@@ -131,7 +136,7 @@ impl MockModel {
                 });
             }
         });
-        Self { addr, requests, script, task }
+        Self { addr, requests, heads, script, task }
     }
 
     /// The base URL (the part before `/chat/completions`).
@@ -142,6 +147,11 @@ impl MockModel {
     /// Every request body received so far, in order.
     pub fn requests(&self) -> Vec<Vec<u8>> {
         self.requests.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// The request line and headers of every request received so far, in order.
+    pub fn heads(&self) -> Vec<String> {
+        self.heads.lock().map(|r| r.clone()).unwrap_or_default()
     }
 
     /// Appends replies to the script.
@@ -192,6 +202,7 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
             buf.extend_from_slice(&chunk[..n]);
         }
         let body: Vec<u8> = buf[header_end..header_end + len].to_vec();
+        let buf_head: Vec<u8> = buf[..header_end].to_vec();
         buf.drain(..header_end + len);
         let scripted = match &shared.responder {
             _ if shared.strict && has_unparsable_tool_arguments(&body) => Some(Reply::Status {
@@ -208,6 +219,9 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
             && let Ok(mut r) = shared.requests.lock()
         {
             r.push(body);
+            if let Ok(mut h) = shared.heads.lock() {
+                h.push(String::from_utf8_lossy(&buf_head).into_owned());
+            }
         }
         let mut reply = scripted.unwrap_or(Reply::Status {
             code: 500,

@@ -305,7 +305,9 @@ impl AgentService {
         } else {
             guard.consecutive_errors = 0;
         }
-        for sig in &step.signatures {
+        // Identical calls within one reply are one repeat, not several.
+        let distinct: std::collections::BTreeSet<&String> = step.signatures.iter().collect();
+        for sig in distinct {
             *guard.repeats.entry(sig.clone()).or_insert(0) += 1;
         }
         guard.repeats.retain(|k, _| step.signatures.contains(k));

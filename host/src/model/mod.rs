@@ -52,6 +52,14 @@ impl ModelConfig {
 impl ModelConfig {
     /// `{base_url}/chat/completions`, parsed and checked to be an http or https URL.
     pub fn endpoint(&self) -> Result<reqwest::Url, String> {
+        let trimmed = self.base_url.trim_end_matches('/');
+        if let Some(base) = trimmed.strip_suffix("/chat/completions") {
+            return Err(format!(
+                "the model URL `{}` already ends in /chat/completions; give the base URL, \
+                 the part before it: `{base}`",
+                self.base_url
+            ));
+        }
         let url = reqwest::Url::parse(&format!("{}/chat/completions", self.base_url))
             .map_err(|e| format!("the model URL `{}` is not a valid URL: {e}", self.base_url))?;
         if !matches!(url.scheme(), "http" | "https") {
@@ -179,11 +187,15 @@ pub struct ModelClient {
     endpoint: std::sync::Arc<std::sync::Mutex<Option<(String, reqwest::Url)>>>,
 }
 
+/// The `User-Agent` keel sends to model servers.
+pub const USER_AGENT: &str = concat!("keel/", env!("CARGO_PKG_VERSION"));
+
 impl ModelClient {
     /// A client using `api_key` (if any) as a bearer token.
     pub fn new(api_key: Option<String>) -> Result<Self, ModelError> {
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
+            .user_agent(USER_AGENT)
             .build()
             .map_err(|e| ModelError::Transport(e.to_string()))?;
         Ok(Self { http, api_key: api_key.filter(|k| !k.is_empty()), endpoint: Default::default() })
@@ -421,6 +433,21 @@ pub fn parse_json(bytes: &[u8]) -> Result<ModelReply, ModelError> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_url_ending_in_chat_completions_is_refused_with_the_base_url_to_use() {
+        let mut c = ModelConfig::new("http://localhost:8080/v1/chat/completions", "m");
+        assert_eq!(
+            c.validate(),
+            Err("the model URL `http://localhost:8080/v1/chat/completions` already ends in \
+                 /chat/completions; give the base URL, the part before it: \
+                 `http://localhost:8080/v1`"
+                .to_string())
+        );
+        c.base_url = "http://localhost:8080/v1".into();
+        assert_eq!(c.validate(), Ok(()));
+    }
+
     use super::*;
 
     fn with_calls(n: usize) -> Vec<u8> {
