@@ -110,26 +110,22 @@ fn main() {
     let hostile = service.component_for("hostile").unwrap().0.digest;
     let (echo_pre, _) = service.prepared(&hostile).unwrap();
     let (fs_pre, _) = service.prepared(&fs_digest).unwrap();
-    let measure = |pre: &keel::sandbox::Prepared, tool: &str, input: &str, grants: &[Grant]| {
-        let mut samples = Vec::with_capacity(iters);
-        for i in 0..iters + iters / 10 {
-            let t = Instant::now();
-            let r = rt.block_on(sandbox.invoke(
-                pre,
-                tool,
-                input,
-                grants,
-                FsPolicy::read_only(),
-                &budget,
-                None,
-            ));
-            let e = t.elapsed();
-            assert!(r.result.is_ok(), "{tool}: {:?}", r.result);
-            if i >= iters / 10 {
-                samples.push(e);
+    let measure_as =
+        |pre: &keel::sandbox::Prepared, tool: &str, input: &str, grants: &[Grant], fs: FsPolicy| {
+            let mut samples = Vec::with_capacity(iters);
+            for i in 0..iters + iters / 10 {
+                let t = Instant::now();
+                let r = rt.block_on(sandbox.invoke(pre, tool, input, grants, fs, &budget, None));
+                let e = t.elapsed();
+                assert!(r.result.is_ok(), "{tool}: {:?}", r.result);
+                if i >= iters / 10 {
+                    samples.push(e);
+                }
             }
-        }
-        stats(samples)
+            stats(samples)
+        };
+    let measure = |pre: &keel::sandbox::Prepared, tool: &str, input: &str, grants: &[Grant]| {
+        measure_as(pre, tool, input, grants, FsPolicy::read_only())
     };
     let trivial = measure(&echo_pre, "echo", r#"{"text":"hi"}"#, &[]);
     row("sandbox call: trivial tool (echo)", &trivial);
@@ -139,79 +135,48 @@ fn main() {
     row("sandbox call: fs_read_file (1 KiB file)", &read);
 
     // The whole governed chain: resolve (SQLite) → schema → lease → sandbox.
-    let mut samples = Vec::with_capacity(iters);
-    let input = r#"{"path":"/w/small.txt"}"#;
-    for i in 0..iters + iters / 10 {
-        let t = Instant::now();
-        let req = CallRequest {
-            tool: "fs_read_file",
-            input,
-            grants: &grants,
-            budget: budget.clone(),
-            cancel: None,
-            loaded: None,
-            policy: None,
-            approval: None,
-        };
-        let out = rt.block_on(service.call(req)).unwrap();
-        let e = t.elapsed();
-        assert!(out.report.result.is_ok());
-        if i >= iters / 10 {
-            samples.push(e);
+    let governed_call = |tool: &str, input: &str, grants: &[Grant]| {
+        let mut samples = Vec::with_capacity(iters);
+        for i in 0..iters + iters / 10 {
+            let t = Instant::now();
+            let req = CallRequest {
+                tool,
+                input,
+                grants,
+                budget: budget.clone(),
+                cancel: None,
+                loaded: None,
+                policy: None,
+                approval: None,
+            };
+            let out = rt.block_on(service.call(req)).unwrap();
+            let e = t.elapsed();
+            assert!(out.report.result.is_ok(), "{tool}: {:?}", out.report.result);
+            if i >= iters / 10 {
+                samples.push(e);
+            }
         }
-    }
-    let governed = stats(samples);
+        stats(samples)
+    };
+    let input = r#"{"path":"/w/small.txt"}"#;
+    let governed = governed_call("fs_read_file", input, &grants);
     row("ToolService call: fs_read_file (governed chain)", &governed);
     // A write through the chain: lease, change snapshot before and after, the guarded
-    // filesystem on the write path, the change set with its hash.
+    // filesystem on the write path, the change set with its hash; and through the sandbox
+    // alone.
     let rw = tempfile::tempdir().unwrap();
     let rw_grants = [Grant::new(rw.path(), "/rw", Access::Rw).unwrap()];
     let write_input = serde_json::json!({"path": "/rw/out.txt", "content": small}).to_string();
-    let mut samples = Vec::with_capacity(iters);
-    for i in 0..iters + iters / 10 {
-        let t = Instant::now();
-        let req = CallRequest {
-            tool: "fs_write_file",
-            input: &write_input,
-            grants: &rw_grants,
-            budget: budget.clone(),
-            cancel: None,
-            loaded: None,
-            policy: None,
-            approval: None,
-        };
-        let out = rt.block_on(service.call(req)).unwrap();
-        let e = t.elapsed();
-        assert!(out.report.result.is_ok(), "{:?}", out.report.result);
-        if i >= iters / 10 {
-            samples.push(e);
-        }
-    }
-    row("ToolService call: fs_write_file 1 KiB (governed chain)", &stats(samples));
-    let mut samples = Vec::with_capacity(iters);
-    for i in 0..iters + iters / 10 {
-        let t = Instant::now();
-        let r = rt.block_on(sandbox.invoke(
-            &fs_pre,
-            "fs_write_file",
-            &write_input,
-            &rw_grants,
-            FsPolicy {
-                read_only: false,
-                remove_existing: false,
-                write_quota: 1 << 30,
-                max_created: 10_000,
-            },
-            &budget,
-            None,
-        ));
-        let e = t.elapsed();
-        assert!(r.result.is_ok(), "{:?}", r.result);
-        if i >= iters / 10 {
-            samples.push(e);
-        }
-    }
-    row("sandbox call: fs_write_file 1 KiB", &stats(samples));
+    let write = governed_call("fs_write_file", &write_input, &rw_grants);
+    row("ToolService call: fs_write_file 1 KiB (governed chain)", &write);
+    let writer = FsPolicy {
+        read_only: false,
+        remove_existing: false,
+        write_quota: budget.write_quota,
+        max_created: budget.max_files_created,
+    };
+    let write = measure_as(&fs_pre, "fs_write_file", &write_input, &rw_grants, writer);
+    row("sandbox call: fs_write_file 1 KiB", &write);
     println!();
 
     // Baseline: one native process per call.
