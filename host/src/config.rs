@@ -28,6 +28,9 @@ pub struct ModelTable {
     pub max_tokens: Option<u32>,
     pub timeout_ms: Option<u64>,
     pub stream: Option<bool>,
+    /// Ask for token usage when streaming (`stream_options`); false for a server that
+    /// rejects the field.
+    pub stream_usage: Option<bool>,
     pub max_retries: Option<u32>,
 }
 

@@ -90,7 +90,7 @@ pub struct ModelFlags {
 }
 
 /// Model settings from `HOME/keel.toml` (`[model]` table: base_url, model, temperature,
-/// max_tokens, timeout_ms, stream, max_retries), overridden by the environment
+/// max_tokens, timeout_ms, stream, stream_usage, max_retries), overridden by the environment
 /// (`KEEL_MODEL_URL`, `KEEL_MODEL`, `KEEL_TEMPERATURE`, `KEEL_MAX_TOKENS`,
 /// `KEEL_MODEL_TIMEOUT`), overridden by `flags`. `None` when no base URL or model name is
 /// known; an error names the setting that cannot work.
@@ -122,6 +122,9 @@ pub fn model_config(home: &Home, flags: &ModelFlags) -> Result<Option<ModelConfi
     }
     if let Some(s) = p.stream {
         cfg.stream = s;
+    }
+    if let Some(s) = p.stream_usage {
+        cfg.stream_usage = s;
     }
     if let Some(r) = p.max_retries {
         cfg.max_retries = r;

@@ -28,7 +28,7 @@ struct Cli {
 /// Where settings come from, shown under `keel --help`.
 const SETTINGS: &str = "\
 Settings: HOME/keel.toml, tables [model] (base_url, model, temperature, max_tokens, timeout_ms,
-stream, max_retries) and [store] (synchronous = \"full\" | \"normal\" | \"off\"); the environment
+stream, stream_usage, max_retries) and [store] (synchronous = \"full\" | \"normal\" | \"off\"); the environment
 overrides the file, and flags override both:
   KEEL_HOME          the keel home (as --home)
   KEEL_MODEL_URL     the model's base URL, the part before /chat/completions (as --model-url)

@@ -25,6 +25,21 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// A duration as people write it, in the units [`parse_duration`] reads: `250ms`, `1.5s`,
+/// `120s`, `5m`.
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms % 60_000 == 0 && ms >= 300_000 {
+        format!("{}m", ms / 60_000)
+    } else if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
 /// Parses a size in bytes: a number with an optional unit `B`, `K`/`KiB`, `M`/`MiB`,
 /// `G`/`GiB` (binary multiples; `KB`, `MB`, `GB` are read the same way).
 pub fn parse_size(text: &str) -> Result<u64, String> {
@@ -55,6 +70,15 @@ mod tests {
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration("0s").is_err());
+    }
+
+    #[test]
+    fn formatted_durations_read_back() {
+        for (ms, text) in [(250, "250ms"), (1500, "1.5s"), (120_000, "120s"), (300_000, "5m")] {
+            let d = Duration::from_millis(ms);
+            assert_eq!(format_duration(d), text);
+            assert_eq!(parse_duration(text), Ok(d));
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod effects;
 mod examples;
 mod grants;
 mod install;
+mod model;
 mod plugins;
 mod sandbox;
 mod store;

@@ -109,20 +109,41 @@ pub async fn harness_with_session(
         let mut model = keel::model::ModelConfig::new(url, "test-model");
         model.max_retries = 2;
         model.timeout_ms = 10_000;
-        h.engine
-            .create(keel::session::NewSession {
-                id: Some(id.to_string()),
-                grants,
-                tools: tools.iter().map(|t| t.to_string()).collect(),
-                policy: keel::session::Policy::default(),
-                budget: Budget { timeout: std::time::Duration::from_secs(20), ..Budget::default() },
-                model,
-                system_prompt: "You are a test agent.".into(),
-            })
-            .await
-            .unwrap();
+        create_session(&h, id, tools, grants, model).await;
     }
     h
+}
+
+/// Creates session `id` on `h` with `tools` loaded and the model settings `model` (no
+/// grants, the default policy, a 20 s deadline per call).
+pub async fn session_with_model(
+    h: &keel::harness::Harness,
+    id: &str,
+    tools: &[&str],
+    model: keel::model::ModelConfig,
+) {
+    create_session(h, id, tools, Vec::new(), model).await;
+}
+
+async fn create_session(
+    h: &keel::harness::Harness,
+    id: &str,
+    tools: &[&str],
+    grants: Vec<Grant>,
+    model: keel::model::ModelConfig,
+) {
+    h.engine
+        .create(keel::session::NewSession {
+            id: Some(id.to_string()),
+            grants,
+            tools: tools.iter().map(|t| t.to_string()).collect(),
+            policy: keel::session::Policy::default(),
+            budget: Budget { timeout: std::time::Duration::from_secs(20), ..Budget::default() },
+            model,
+            system_prompt: "You are a test agent.".into(),
+        })
+        .await
+        .unwrap();
 }
 
 /// An event sink that drops events.

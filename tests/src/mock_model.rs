@@ -25,9 +25,42 @@ pub enum Reply {
     Redirect { code: u16, location: String },
     /// Waits, then replies.
     Delay(Duration, Box<Reply>),
+    /// 200 with SSE events sent one at a time, `gap` apart (a slow local model streaming),
+    /// then `data: [DONE]` after one more gap; the connection closes after it.
+    Drip { events: Vec<Value>, gap: Duration },
 }
 
 impl Reply {
+    /// This reply with the server's token `usage` added: as a last stream event without
+    /// choices (as servers send it when asked with `stream_options.include_usage`), or in the
+    /// JSON body.
+    pub fn with_usage(self, prompt: u64, completion: u64, cached: Option<u64>) -> Self {
+        let mut usage = json!({"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion});
+        if let Some(c) = cached {
+            usage["prompt_tokens_details"] = json!({"cached_tokens": c});
+        }
+        match self {
+            Reply::Sse { mut events, cut } => {
+                events.push(json!({"choices": [], "usage": usage}));
+                Reply::Sse { events, cut }
+            }
+            Reply::Json(mut v) => {
+                v["usage"] = usage;
+                Reply::Json(v)
+            }
+            other => other,
+        }
+    }
+
+    /// The events of a streamed reply (empty for any other).
+    pub fn events(&self) -> Vec<Value> {
+        match self {
+            Reply::Sse { events, .. } | Reply::Drip { events, .. } => events.clone(),
+            _ => Vec::new(),
+        }
+    }
+
     /// A streamed final answer, split in two content deltas.
     pub fn text(answer: &str) -> Self {
         let (a, b) = answer.split_at(answer.len() / 2);
@@ -83,6 +116,9 @@ struct Shared {
     /// Answer 500 to a request whose history holds tool-call arguments that are not a JSON
     /// object, as llama.cpp's server does with any tool-capable template.
     strict: bool,
+    /// Refuse a request longer than this many bytes as longer than the context window, with
+    /// llama.cpp's HTTP 400 `exceed_context_size_error`.
+    context_bytes: Option<usize>,
 }
 
 impl Drop for MockModel {
@@ -94,19 +130,26 @@ impl Drop for MockModel {
 impl MockModel {
     /// Starts a server that answers with `script`, in order (a request past its end gets 500).
     pub async fn start(script: Vec<Reply>) -> Self {
-        Self::start_with(script, None, true, false).await
+        Self::start_with(script, None, true, false, None).await
+    }
+
+    /// Like [`start`](Self::start), but refusing — with llama.cpp's HTTP 400 "the request
+    /// exceeds the available context size", without using up a scripted reply — every request
+    /// of more than `bytes` bytes, as a server with a small context window does.
+    pub async fn start_with_context(script: Vec<Reply>, bytes: usize) -> Self {
+        Self::start_with(script, None, true, false, Some(bytes)).await
     }
 
     /// Like [`start`](Self::start), but refusing — with llama.cpp's HTTP 500 "Failed to parse
     /// tool call arguments as JSON", without using up a scripted reply — every request whose
     /// messages carry tool-call arguments that are not a JSON object.
     pub async fn start_strict(script: Vec<Reply>) -> Self {
-        Self::start_with(script, None, true, true).await
+        Self::start_with(script, None, true, true, None).await
     }
 
     /// Starts a server that computes each reply with `responder` and records nothing.
     pub async fn start_fn(responder: Responder) -> Self {
-        Self::start_with(Vec::new(), Some(responder), false, false).await
+        Self::start_with(Vec::new(), Some(responder), false, false, None).await
     }
 
     async fn start_with(
@@ -114,6 +157,7 @@ impl MockModel {
         responder: Option<Responder>,
         record: bool,
         strict: bool,
+        context_bytes: Option<usize>,
     ) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
@@ -127,6 +171,7 @@ impl MockModel {
             responder,
             record,
             strict,
+            context_bytes,
         });
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
@@ -212,6 +257,15 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
                     "message": "Failed to parse tool call arguments as JSON"}})
                 .to_string(),
             }),
+            _ if shared.context_bytes.is_some_and(|max| body.len() > max) => Some(Reply::Status {
+                code: 400,
+                retry_after: None,
+                body: json!({"error": {"code": 400, "type": "exceed_context_size_error",
+                    "message": "the request exceeds the available context size, try increasing it",
+                    "n_prompt_tokens": body.len() / 4,
+                    "n_ctx": shared.context_bytes.unwrap_or(0) / 4}})
+                .to_string(),
+            }),
             Some(f) => Some(f(&body)),
             None => shared.script.lock().ok().and_then(|mut s| s.pop_front()),
         };
@@ -231,6 +285,22 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
         while let Reply::Delay(d, inner) = reply {
             tokio::time::sleep(d).await;
             reply = *inner;
+        }
+        if let Reply::Drip { events, gap } = &reply {
+            stream
+                .write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
+                )
+                .await?;
+            stream.flush().await?;
+            for e in events {
+                tokio::time::sleep(*gap).await;
+                stream.write_all(format!("data: {e}\n\n").as_bytes()).await?;
+                stream.flush().await?;
+            }
+            tokio::time::sleep(*gap).await;
+            stream.write_all(b"data: [DONE]\n\n").await?;
+            return stream.shutdown().await;
         }
         if let Reply::Sse { events, cut: true } = &reply {
             // A stream cut mid-way: no [DONE], no length, and the connection closes.
@@ -259,7 +329,7 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
                 let ra = retry_after.map(|s| format!("retry-after: {s}\r\n")).unwrap_or_default();
                 (code, "text/plain", ra, body)
             }
-            Reply::Empty | Reply::Delay(..) => {
+            Reply::Empty | Reply::Delay(..) | Reply::Drip { .. } => {
                 (200, "application/json", String::new(), String::new())
             }
             Reply::Redirect { code, location } => {

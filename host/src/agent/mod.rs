@@ -13,9 +13,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::model::{ModelClient, ModelError};
+use crate::model::{ModelClient, ModelError, Usage};
 use crate::sandbox::CancelToken;
-use crate::session::{RuntimeState, SessionEngine, StepCommit, TurnStart};
+use crate::session::{CallFacts, RuntimeState, SessionEngine, StepCommit, TurnStart};
 use crate::store::StoreError;
 use crate::tools::ToolService;
 
@@ -59,6 +59,17 @@ pub enum Event {
     State(RuntimeState),
     ModelCall {
         step: i64,
+    },
+    /// The model's reply to step `step` is in.
+    ModelReplied {
+        step: i64,
+        /// Why the reply ended, as the server said: `length` means it was cut by the token
+        /// limit.
+        finish_reason: Option<String>,
+        usage: Option<Usage>,
+        ms: f64,
+        /// Whether the reply holds neither text nor tool calls.
+        empty: bool,
     },
     ToolStarted {
         name: String,
@@ -192,7 +203,7 @@ impl AgentService {
             // The step's catalog is read in the assembly's own snapshot: the request's tool
             // schemas and the components its calls run come from one catalog version.
             let mut catalog = None;
-            let (meta, assembled) = self
+            let (meta, mut assembled) = self
                 .engine
                 .assemble(id, |c, m| {
                     let at = self.tools.catalog_in(c).ok()?;
@@ -202,18 +213,43 @@ impl AgentService {
                 })
                 .await?;
             events(&Event::ModelCall { step: assembled.step });
-            let reply = match self.model.complete(&meta.model, &assembled.body, cancel).await {
+            let called = Instant::now();
+            let result = self.model.complete(&meta.model, &assembled.body, cancel).await;
+            assembled.call = CallFacts {
+                turn: turn.turn,
+                duration_ms: called.elapsed().as_secs_f64() * 1e3,
+                ..CallFacts::default()
+            };
+            let reply = match result {
                 Ok(r) => r,
                 Err(f) if f.last == ModelError::Cancelled => {
                     return self.interrupted(id, events).await;
                 }
                 Err(f) => {
+                    // The request is kept, with the status the server gave: a refused request
+                    // can be looked at (`keel session evidence --refused`).
                     let detail = f.to_string();
-                    self.engine.set_state(id, RuntimeState::Failed, Some(detail.clone())).await?;
+                    assembled.call.attempts = f.attempts;
+                    let seq = self
+                        .engine
+                        .refuse_step(id, assembled, f.last.http_status(), detail.clone())
+                        .await?;
+                    tracing::debug!(refused = seq, "model request failed; its evidence is kept");
                     events(&Event::State(RuntimeState::Failed));
                     return Ok(TurnOutcome::Failed(detail));
                 }
             };
+            assembled.call.finish_reason = reply.finish_reason.clone();
+            assembled.call.usage = reply.usage;
+            assembled.call.attempts = reply.attempts;
+            events(&Event::ModelReplied {
+                step: assembled.step,
+                finish_reason: reply.finish_reason.clone(),
+                usage: reply.usage,
+                ms: assembled.call.duration_ms,
+                empty: reply.tool_calls.is_empty()
+                    && reply.content.as_deref().is_none_or(|c| c.trim().is_empty()),
+            });
             if reply.tool_calls.is_empty() {
                 let answer = reply.content.clone().unwrap_or_default();
                 let assistant =

@@ -154,8 +154,7 @@ pub async fn decide(home: PathBuf, a: DecideArgs, decision: Decision) -> ExitCod
         }
         Err(e) => return fail(a.json, "run", &e.to_string(), EXIT_TOOL_ERROR),
     };
-    let state = h.engine.meta(&id).await.map(|m| m.state.to_string()).unwrap_or_default();
-    report(a.json, &id, &state, &submitted)
+    report(a.json, &h, &id, &submitted).await
 }
 
 /// `keel recover`: startup recovery (done by every command that opens the store), then each

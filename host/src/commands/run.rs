@@ -88,6 +88,23 @@ pub fn stderr_events() -> Events {
     Arc::new(|e: &Event| match e {
         Event::State(s) => eprintln!("keel: state {s}"),
         Event::ModelCall { step } => eprintln!("keel: model call (step {step})"),
+        Event::ModelReplied { step, finish_reason, usage, ms, empty } => {
+            let tokens = usage
+                .map(|u| format!(", {} + {} tokens", u.prompt_tokens, u.completion_tokens))
+                .unwrap_or_default();
+            eprintln!("keel: model replied (step {step}, {:.1} s{tokens})", ms / 1e3);
+            if finish_reason.as_deref() == Some("length") {
+                eprintln!(
+                    "keel: warning: the reply of step {step} was cut by the token limit (finish_reason: length); \
+                     a longer one needs a larger --max-tokens (a new session) or a shorter request"
+                );
+            } else if *empty {
+                eprintln!(
+                    "keel: warning: the reply of step {step} is empty (finish_reason: {})",
+                    finish_reason.as_deref().map(inert).unwrap_or_else(|| "none given".into())
+                );
+            }
+        }
         Event::ToolStarted { name, call_id } => {
             eprintln!("keel:   → {} [{}]", inert(name), inert(call_id))
         }
@@ -137,8 +154,79 @@ pub fn cancel_on_ctrl_c(cancel: &CancelToken) {
     });
 }
 
-/// Prints the outcome of a submit and returns the exit code.
-pub fn report(json_out: bool, id: &str, harness_state: &str, submitted: &Submitted) -> ExitCode {
+/// What the model calls of a session's last turn came to: their number, the tokens the
+/// server reported (summed), and the last reply's finish reason.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct TurnTokens {
+    pub model_calls: usize,
+    /// Calls whose usage the server reported (the sums cover only these).
+    pub reported: usize,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
+    #[serde(skip)]
+    pub finish_reason: Option<String>,
+}
+
+impl TurnTokens {
+    /// Sums the calls of `turn`.
+    pub fn of(calls: &[keel::session::ModelCallRecord], turn: i64) -> Self {
+        let mut t = Self::default();
+        for c in calls.iter().filter(|c| c.turn == Some(turn)) {
+            t.model_calls += 1;
+            t.finish_reason.clone_from(&c.call.finish_reason);
+            if let Some(u) = c.call.usage {
+                t.reported += 1;
+                t.prompt_tokens += u.prompt_tokens;
+                t.completion_tokens += u.completion_tokens;
+                if let Some(cached) = u.cached_tokens {
+                    *t.cached_tokens.get_or_insert(0) += cached;
+                }
+            }
+        }
+        t
+    }
+
+    /// `1234 + 56 tokens (3 model calls)`, or what is known of it.
+    pub fn describe(&self) -> String {
+        let calls = match self.model_calls {
+            1 => "1 model call".to_string(),
+            n => format!("{n} model calls"),
+        };
+        if self.reported == 0 {
+            return format!("{calls}, tokens not reported by the server");
+        }
+        let cached =
+            self.cached_tokens.map(|c| format!(", {c} of them cached")).unwrap_or_default();
+        let partial = if self.reported < self.model_calls {
+            format!("; {} of the calls reported none", self.model_calls - self.reported)
+        } else {
+            String::new()
+        };
+        format!(
+            "{} prompt{cached} + {} completion tokens, {calls}{partial}",
+            self.prompt_tokens, self.completion_tokens
+        )
+    }
+}
+
+/// Prints the outcome of a submit to session `id` and returns the exit code.
+pub async fn report(json_out: bool, h: &Harness, id: &str, submitted: &Submitted) -> ExitCode {
+    let meta = h.engine.meta(id).await;
+    let harness_state = meta.as_ref().map(|m| m.state.to_string()).unwrap_or_default();
+    let turn = meta.map(|m| m.turns).unwrap_or(0);
+    let tokens = TurnTokens::of(&h.engine.model_calls(id).await.unwrap_or_default(), turn);
+    report_with(json_out, id, &harness_state, submitted, &tokens)
+}
+
+fn report_with(
+    json_out: bool,
+    id: &str,
+    harness_state: &str,
+    submitted: &Submitted,
+    tokens: &TurnTokens,
+) -> ExitCode {
     let (outcome, answer, code) = match submitted {
         Submitted::Ran(TurnOutcome::Answer(a)) => ("answer", a.clone(), 0),
         Submitted::Ran(TurnOutcome::Stopped(n)) => ("stopped", n.clone(), 0),
@@ -155,11 +243,15 @@ pub fn report(json_out: bool, id: &str, harness_state: &str, submitted: &Submitt
         Submitted::Ran(TurnOutcome::WaitingApproval(units)) => units.clone(),
         _ => Vec::new(),
     };
+    if tokens.model_calls > 0 {
+        eprintln!("keel: this turn: {}", tokens.describe());
+    }
     if json_out {
         println!(
             "{}",
             json!({"ok": code == 0 || code == EXIT_WAITING, "session_id": id, "state": harness_state,
-                   "outcome": outcome, "answer": answer, "approvals": approvals})
+                   "outcome": outcome, "answer": answer, "approvals": approvals,
+                   "finish_reason": tokens.finish_reason, "tokens": tokens})
         );
     } else {
         match submitted {
@@ -292,6 +384,5 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail(a.json, "run", &e.to_string(), EXIT_TOOL_ERROR),
     };
-    let state = h.engine.meta(&id).await.map(|m| m.state.to_string()).unwrap_or_default();
-    report(a.json, &id, &state, &submitted)
+    report(a.json, &h, &id, &submitted).await
 }

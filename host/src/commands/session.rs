@@ -60,8 +60,12 @@ pub struct EvidenceArgs {
     /// Session id.
     id: String,
     /// Step (model call) number; default: the last.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "refused")]
     step: Option<i64>,
+    /// A request the server refused (or that failed) instead, by its number in `keel session
+    /// show`; without a number, the last one.
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "0")]
+    refused: Option<i64>,
 }
 
 fn fail(json_out: bool, message: &str, code: u8) -> ExitCode {
@@ -121,7 +125,10 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                     "session {}  state {}{}",
                     t.id,
                     t.state,
-                    t.state_detail.map(|d| format!(" ({})", inert(&d))).unwrap_or_default()
+                    t.state_detail
+                        .as_deref()
+                        .map(|d| format!(" ({})", inert(d)))
+                        .unwrap_or_default()
                 );
                 println!("goal    {}", inert(t.session_goal.as_deref().unwrap_or("-")));
                 let tools: Vec<String> = t
@@ -186,6 +193,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                         u.id
                     );
                 }
+                print_model_calls(&t);
                 if t.pending_inputs > 0 {
                     println!("\n{} input(s) waiting in the inbox", t.pending_inputs);
                 }
@@ -203,11 +211,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             let cancel = CancelToken::new();
             cancel_on_ctrl_c(&cancel);
             match h.brain.submit(&a.id, &a.message, &cancel, &stderr_events()).await {
-                Ok(s) => {
-                    let state =
-                        h.engine.meta(&a.id).await.map(|m| m.state.to_string()).unwrap_or_default();
-                    report(a.json, &a.id, &state, &s)
-                }
+                Ok(s) => report(a.json, &h, &a.id, &s).await,
                 Err(e) => fail(a.json, &e.to_string(), EXIT_TOOL_ERROR),
             }
         }
@@ -226,7 +230,10 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             }
             Err(e) => fail(a.json, &e.to_string(), EXIT_REFUSED),
         },
-        SessionCommand::Evidence(a) => match h.engine.evidence(&a.id, a.step).await {
+        SessionCommand::Evidence(a) => match match a.refused {
+            Some(n) => h.engine.refused_evidence(&a.id, (n > 0).then_some(n)).await,
+            None => h.engine.evidence(&a.id, a.step).await,
+        } {
             Ok((_, body)) => {
                 let mut out = std::io::stdout().lock();
                 let _ = out.write_all(&body);
@@ -236,6 +243,72 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             Err(e) => fail(false, &e.to_string(), EXIT_REFUSED),
         },
     }
+}
+
+/// The model calls of `keel session show`: tokens per step and per turn, the requests that
+/// were refused, and the estimate of the next request.
+fn print_model_calls(t: &keel::session::Timeline) {
+    if !t.model_calls.is_empty() {
+        println!("\nmodel calls:");
+        let mut turns: Vec<i64> = t.model_calls.iter().filter_map(|c| c.turn).collect();
+        turns.dedup();
+        for c in &t.model_calls {
+            let tokens = match c.call.usage {
+                Some(u) => format!(
+                    "{} + {} tokens{}",
+                    u.prompt_tokens,
+                    u.completion_tokens,
+                    u.cached_tokens.map(|n| format!(" ({n} cached)")).unwrap_or_default()
+                ),
+                None => "tokens not reported".into(),
+            };
+            let bytes = c.request_bytes.map(|b| format!(", request {b} bytes")).unwrap_or_default();
+            let finish = c
+                .call
+                .finish_reason
+                .as_deref()
+                .map(|f| format!(", finish {}", inert(f)))
+                .unwrap_or_default();
+            let warn = if c.call.finish_reason.as_deref() == Some("length") {
+                "  ⚠ cut by the token limit"
+            } else {
+                ""
+            };
+            println!(
+                "  step {} turn {}: {tokens}{bytes}, {:.1} s{finish}{warn}",
+                c.step,
+                c.turn.map(|t| t.to_string()).unwrap_or_else(|| "-".into()),
+                c.call.duration_ms / 1e3
+            );
+        }
+        for turn in turns {
+            let sum = super::run::TurnTokens::of(&t.model_calls, turn);
+            println!("  turn {turn}: {}", sum.describe());
+        }
+    }
+    if !t.refused_requests.is_empty() {
+        println!("\nrefused requests (keel session evidence {} --refused N):", t.id);
+        for r in &t.refused_requests {
+            println!(
+                "  #{} turn {} step {}: {} after {} attempt(s), request {} bytes: {}",
+                r.seq,
+                r.turn,
+                r.step,
+                r.http_status.map(|s| format!("HTTP {s}")).unwrap_or_else(|| "no reply".into()),
+                r.attempts,
+                r.request_bytes,
+                inert(&r.error)
+            );
+        }
+    }
+    let e = &t.next_request;
+    println!(
+        "\nnext request ≈ {} tokens ({} bytes at {:.2} bytes/token, {})",
+        e.tokens,
+        e.bytes,
+        e.bytes_per_token,
+        if e.calibrated { "calibrated by the last reported usage" } else { "not yet calibrated" }
+    );
 }
 
 /// `keel session upgrade-tools ID`: pins every loaded tool to the version installed now.

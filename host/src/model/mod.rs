@@ -27,10 +27,17 @@ pub struct ModelConfig {
     pub temperature: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
-    /// Per-request timeout, in milliseconds.
+    /// The longest wait without progress, in milliseconds: until the reply's first byte, then
+    /// between parts of it. A slow reply that keeps coming is never cut; a server that goes
+    /// silent this long is given up on (`--model-timeout`, `KEEL_MODEL_TIMEOUT`,
+    /// `[model] timeout_ms`).
     pub timeout_ms: u64,
     /// Stream the reply (SSE).
     pub stream: bool,
+    /// When streaming, ask the server for the token usage (`stream_options.include_usage`);
+    /// off for a server that rejects the field (`[model] stream_usage = false`).
+    #[serde(default = "yes")]
+    pub stream_usage: bool,
     /// Retries after the first attempt, for retryable failures.
     pub max_retries: u32,
 }
@@ -44,9 +51,14 @@ impl ModelConfig {
             max_tokens: None,
             timeout_ms: 120_000,
             stream: true,
+            stream_usage: true,
             max_retries: 3,
         }
     }
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl ModelConfig {
@@ -105,6 +117,53 @@ pub struct ModelReply {
     pub content: Option<String>,
     pub tool_calls: Vec<ToolCallRequest>,
     pub finish_reason: Option<String>,
+    /// The tokens the server says the call used, if it said.
+    pub usage: Option<Usage>,
+    /// The attempts the call took (1 when the first one succeeded).
+    pub attempts: u32,
+}
+
+/// The tokens one model call used, as the server reported them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    /// Tokens of the request (the whole prompt: system message, history, tool schemas).
+    pub prompt_tokens: u64,
+    /// Tokens of the reply.
+    pub completion_tokens: u64,
+    /// Of the prompt tokens, those the server had cached, where it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
+}
+
+/// `usage` as servers send it: OpenAI's fields, with the cached tokens under
+/// `prompt_tokens_details` (OpenAI, llama.cpp) or `prompt_cache_hit_tokens` (DeepSeek).
+#[derive(Deserialize)]
+pub(crate) struct UsageJson {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<UsageDetails>,
+    #[serde(default)]
+    prompt_cache_hit_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct UsageDetails {
+    cached_tokens: Option<u64>,
+}
+
+impl UsageJson {
+    /// The usage, if the server gave at least the prompt's tokens.
+    pub(crate) fn into_usage(self) -> Option<Usage> {
+        Some(Usage {
+            prompt_tokens: self.prompt_tokens?,
+            completion_tokens: self.completion_tokens.unwrap_or(0),
+            cached_tokens: self
+                .prompt_tokens_details
+                .and_then(|d| d.cached_tokens)
+                .or(self.prompt_cache_hit_tokens),
+        })
+    }
 }
 
 /// Why a model call failed.
@@ -121,6 +180,26 @@ pub enum ModelError {
     Redirect { status: u16, location: String },
     #[error("cannot reach the model server: {0}")]
     Transport(String),
+    /// The server sent nothing for the longest wait without progress.
+    #[error(
+        "the model server sent nothing for {} while keel waited for {waiting}; that is the longest wait without progress \
+         (--model-timeout, KEEL_MODEL_TIMEOUT or [model] timeout_ms, now {limit_ms} ms; a session keeps the value it was created with)",
+        crate::units::format_duration(std::time::Duration::from_millis(*limit_ms))
+    )]
+    Timeout { waiting: &'static str, limit_ms: u64 },
+    /// A 200 whose body is neither JSON nor an event stream (an HTML error page from a proxy,
+    /// say): its first bytes, made printable.
+    #[error(
+        "the model server answered 200 with a body that is neither JSON nor an event stream; it starts: {0}"
+    )]
+    Garbled(String),
+    /// The server refused the request as longer than the model's context window.
+    #[error(
+        "the request is too long for the model's context window (the server answered HTTP {status}: {body}). \
+         The session's history no longer fits: start a new session with a shorter task, or use a model \
+         (or a server setting, such as llama-server's --ctx-size) with a larger context"
+    )]
+    ContextTooLong { status: u16, body: String },
     #[error("the model server answered 200 with an empty body")]
     Empty,
     #[error("the model's stream ended before it finished (no [DONE] or finish_reason)")]
@@ -139,13 +218,84 @@ pub enum ModelError {
     Config(String),
 }
 
+/// Whether an error body says the server could not parse the request (llama.cpp answers 500
+/// "Failed to parse tool call arguments as JSON" to a history it cannot read): sending the
+/// same bytes again fails the same way.
+fn says_unparsable(body: &str) -> bool {
+    let lower = body.to_ascii_lowercase();
+    lower.contains("failed to parse") || lower.contains("parse error")
+}
+
+/// Whether an error reply says the request does not fit the model's context window: OpenAI's
+/// `context_length_exceeded`, llama.cpp's `exceed_context_size_error` and "exceeds the
+/// available context size", vLLM's "maximum context length", and their kin.
+fn says_too_long(status: u16, body: &str) -> bool {
+    if !(400..600).contains(&status) {
+        return false;
+    }
+    let lower = body.to_ascii_lowercase();
+    [
+        "context_length_exceeded",
+        "exceed_context_size",
+        "context size",
+        "context length",
+        "context window",
+        "maximum context",
+        "too many tokens",
+        "prompt is too long",
+    ]
+    .iter()
+    .any(|p| lower.contains(p))
+}
+
 impl ModelError {
-    /// Whether trying again may succeed.
+    /// The HTTP status the server answered with, for an error that has one.
+    pub fn http_status(&self) -> Option<u16> {
+        match self {
+            Self::Status { status, .. }
+            | Self::Redirect { status, .. }
+            | Self::ContextTooLong { status, .. } => Some(*status),
+            Self::Empty
+            | Self::Truncated
+            | Self::Malformed(_)
+            | Self::TooLarge
+            | Self::Garbled(_) => Some(200),
+            _ => None,
+        }
+    }
+
+    /// Whether `self` is the very failure `previous` was, and one that says nothing of load: a
+    /// server that answers the same 500 twice to the same bytes will answer it every time.
+    /// Overload and gateway statuses (408, 429, 502, 503, 504) say to come back later, however
+    /// often they repeat.
+    fn same_as(&self, previous: &Self) -> bool {
+        match (self, previous) {
+            (Self::Status { status: a, body: x, .. }, Self::Status { status: b, body: y, .. }) => {
+                a == b && x == y && !matches!(a, 408 | 429 | 502..=504)
+            }
+            _ => false,
+        }
+    }
+}
+
+impl ModelError {
+    /// Whether trying again may succeed: not for a request the server refused as such (a 4xx
+    /// other than 408 and 429, a 5xx saying it could not parse the request), nor for a reply
+    /// that parsed but makes no sense.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::Status { status, .. } => *status == 429 || *status >= 500,
-            Self::Transport(_) | Self::Empty | Self::Truncated => true,
-            Self::Malformed(_)
+            Self::Status { status, body, .. } => match status {
+                408 | 429 => true,
+                500.. => !says_unparsable(body),
+                _ => false,
+            },
+            Self::Transport(_)
+            | Self::Empty
+            | Self::Truncated
+            | Self::Timeout { .. }
+            | Self::Garbled(_) => true,
+            Self::ContextTooLong { .. }
+            | Self::Malformed(_)
             | Self::TooLarge
             | Self::Cancelled
             | Self::Config(_)
@@ -215,15 +365,28 @@ impl ModelClient {
         cancel: &CancelToken,
     ) -> Result<ModelReply, ModelFailure> {
         let mut attempt = 0;
+        let mut previous: Option<ModelError> = None;
+        let mut garbled = 0;
         loop {
             attempt += 1;
             let result = tokio::select! {
                 r = self.attempt(config, body) => r,
                 () = cancel.cancelled() => Err(ModelError::Cancelled),
             };
+            let again = |e: &ModelError| {
+                e.is_retryable()
+                    && attempt <= config.max_retries
+                    // The same error twice is the server's answer to these bytes.
+                    && !previous.as_ref().is_some_and(|p| e.same_as(p))
+                    // A garbled body may be a proxy's hiccup: tried once more, not more.
+                    && !(matches!(e, ModelError::Garbled(_)) && garbled >= 1)
+            };
             match result {
-                Ok(reply) => return Ok(reply),
-                Err(e) if e.is_retryable() && attempt <= config.max_retries => {
+                Ok(reply) => return Ok(ModelReply { attempts: attempt, ..reply }),
+                Err(e) if again(&e) => {
+                    if matches!(e, ModelError::Garbled(_)) {
+                        garbled += 1;
+                    }
                     let backoff = match &e {
                         ModelError::Status { retry_after: Some(d), .. } => *d,
                         _ => BASE_BACKOFF * 2u32.saturating_pow(attempt - 1),
@@ -236,6 +399,7 @@ impl ModelClient {
                             return Err(ModelFailure { attempts: attempt, last: ModelError::Cancelled });
                         }
                     }
+                    previous = Some(e);
                 }
                 Err(last) => return Err(ModelFailure { attempts: attempt, last }),
             }
@@ -260,16 +424,23 @@ impl ModelClient {
         config: &ModelConfig,
         body: &bytes::Bytes,
     ) -> Result<ModelReply, ModelError> {
+        // No limit on the whole exchange: a long reply that keeps coming is fine. What is
+        // bounded is each wait — for the reply's head, then for each part of its body.
+        let limit = Duration::from_millis(config.timeout_ms);
+        let silent =
+            |waiting| move |_| ModelError::Timeout { waiting, limit_ms: config.timeout_ms };
         let mut req = self
             .http
             .post(self.endpoint(config)?)
-            .timeout(Duration::from_millis(config.timeout_ms))
             .header("content-type", "application/json")
             .body(body.clone());
         if let Some(key) = &self.api_key {
             req = req.bearer_auth(key);
         }
-        let mut resp = req.send().await.map_err(|e| ModelError::Transport(transport(&e)))?;
+        let mut resp = tokio::time::timeout(limit, req.send())
+            .await
+            .map_err(silent("the reply to begin"))?
+            .map_err(|e| ModelError::Transport(transport(&e)))?;
         let status = resp.status().as_u16();
         if (300..400).contains(&status) {
             let location = resp
@@ -289,17 +460,23 @@ impl ModelClient {
             // Only the start of an error body is read (and shown).
             let mut start = Vec::new();
             while start.len() < MAX_ERROR_BYTES {
-                match resp.chunk().await {
-                    Ok(Some(chunk)) => start.extend_from_slice(&chunk),
-                    Ok(None) | Err(_) => break,
+                match tokio::time::timeout(limit, resp.chunk()).await {
+                    Ok(Ok(Some(chunk))) => start.extend_from_slice(&chunk),
+                    Ok(Ok(None) | Err(_)) | Err(_) => break,
                 }
             }
             let body: String = String::from_utf8_lossy(&start).chars().take(2000).collect();
+            if says_too_long(status, &body) {
+                return Err(ModelError::ContextTooLong { status, body });
+            }
             return Err(ModelError::Status { status, body, retry_after });
         }
         let mut bytes = Vec::new();
         loop {
-            match resp.chunk().await {
+            let next = tokio::time::timeout(limit, resp.chunk())
+                .await
+                .map_err(silent("the next part of the reply"))?;
+            match next {
                 Ok(Some(chunk)) if bytes.len() + chunk.len() > MAX_REPLY_BYTES => {
                     return Err(ModelError::TooLarge);
                 }
@@ -361,6 +538,8 @@ fn looks_like_sse(bytes: &[u8]) -> bool {
 struct Completion {
     #[serde(default)]
     choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<UsageJson>,
 }
 
 #[derive(Deserialize)]
@@ -392,10 +571,31 @@ pub(crate) struct FunctionPart {
     pub arguments: Option<String>,
 }
 
+/// The first bytes of a body, made printable, for an error message.
+fn first_bytes(bytes: &[u8]) -> String {
+    const SHOWN: usize = 200;
+    let text: String = String::from_utf8_lossy(&bytes[..bytes.len().min(SHOWN)])
+        .chars()
+        .flat_map(char::escape_debug)
+        .collect();
+    if bytes.len() > SHOWN {
+        format!("\"{text}\"… ({} bytes)", bytes.len())
+    } else {
+        format!("\"{text}\"")
+    }
+}
+
 /// Parses a non-streamed reply.
 pub fn parse_json(bytes: &[u8]) -> Result<ModelReply, ModelError> {
-    let c: Completion = serde_json::from_slice(bytes)
-        .map_err(|e| ModelError::Malformed(format!("not a chat completion: {e}")))?;
+    let c: Completion = serde_json::from_slice(bytes).map_err(|e| {
+        // JSON of another shape is a reply not understood; no JSON at all is garbled.
+        if serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() {
+            ModelError::Malformed(format!("not a chat completion: {e}"))
+        } else {
+            ModelError::Garbled(first_bytes(bytes))
+        }
+    })?;
+    let usage = c.usage.and_then(UsageJson::into_usage);
     let choice = c
         .choices
         .into_iter()
@@ -428,6 +628,8 @@ pub fn parse_json(bytes: &[u8]) -> Result<ModelReply, ModelError> {
         content: message.content.filter(|c| !c.is_empty()),
         tool_calls,
         finish_reason: choice.finish_reason,
+        usage,
+        attempts: 1,
     })
 }
 
@@ -460,6 +662,70 @@ mod tests {
         serde_json::json!({"choices": [{"message": {"role": "assistant", "tool_calls": calls}}]})
             .to_string()
             .into_bytes()
+    }
+
+    #[test]
+    fn what_is_retried() {
+        let status = |status, body: &str| ModelError::Status {
+            status,
+            body: body.into(),
+            retry_after: None,
+        };
+        for code in [408, 429, 500, 502, 503, 504] {
+            assert!(status(code, "busy").is_retryable(), "{code}");
+        }
+        for code in [400, 401, 403, 404, 422] {
+            assert!(!status(code, "no").is_retryable(), "{code}");
+        }
+        let llama =
+            r#"{"error":{"code":500,"message":"Failed to parse tool call arguments as JSON"}}"#;
+        assert!(!status(500, llama).is_retryable());
+        // The same 500 twice is deterministic; the same 503 twice is still load.
+        assert!(status(500, "boom").same_as(&status(500, "boom")));
+        assert!(!status(500, "boom").same_as(&status(500, "bang")));
+        assert!(!status(503, "busy").same_as(&status(503, "busy")));
+        assert!(says_too_long(400, r#"{"error":{"type":"exceed_context_size_error"}}"#));
+        assert!(says_too_long(400, "This model's maximum context length is 8192 tokens"));
+        assert!(!says_too_long(200, "context length"));
+        assert!(!says_too_long(400, "bad temperature"));
+    }
+
+    #[test]
+    fn a_body_that_is_not_json_is_garbled_and_json_of_another_shape_is_malformed() {
+        match parse_json(b"<html>\n<h1>502</h1></html>") {
+            Err(ModelError::Garbled(start)) => {
+                assert_eq!(start, r#""<html>\n<h1>502</h1></html>""#)
+            }
+            other => panic!("{other:?}"),
+        }
+        let long = "x".repeat(1000);
+        match parse_json(long.as_bytes()) {
+            Err(ModelError::Garbled(start)) => {
+                assert!(start.ends_with("… (1000 bytes)"), "{start}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(parse_json(b"{\"choices\": 3}"), Err(ModelError::Malformed(_))));
+    }
+
+    #[test]
+    fn usage_of_a_json_reply_with_cached_tokens_in_either_form() {
+        let reply = |usage: serde_json::Value| {
+            serde_json::json!({"choices": [{"message": {"content": "hi"}}], "usage": usage})
+                .to_string()
+        };
+        let r = parse_json(
+            reply(serde_json::json!({"prompt_tokens": 10, "completion_tokens": 2,
+            "prompt_cache_hit_tokens": 8}))
+            .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(
+            r.usage,
+            Some(Usage { prompt_tokens: 10, completion_tokens: 2, cached_tokens: Some(8) })
+        );
+        // No prompt tokens: no usage (a server's empty object says nothing).
+        assert_eq!(parse_json(reply(serde_json::json!({})).as_bytes()).unwrap().usage, None);
     }
 
     #[test]

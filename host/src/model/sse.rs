@@ -2,12 +2,16 @@
 
 use serde::Deserialize;
 
-use super::{FunctionPart, MAX_TOOL_CALLS, ModelError, ModelReply, ToolCallRequest};
+use super::{FunctionPart, MAX_TOOL_CALLS, ModelError, ModelReply, ToolCallRequest, UsageJson};
 
 #[derive(Deserialize)]
 struct Chunk {
     #[serde(default)]
     choices: Vec<ChunkChoice>,
+    /// Sent in the last chunk (with no choices) when the request asked for it
+    /// (`stream_options.include_usage`); some servers send it with every chunk.
+    #[serde(default)]
+    usage: Option<UsageJson>,
 }
 
 #[derive(Deserialize)]
@@ -56,6 +60,7 @@ pub fn parse_stream(bytes: &[u8]) -> Result<ModelReply, ModelError> {
     let mut legacy: Option<ToolCallRequest> = None;
     let mut finish_reason = None;
     let mut done = false;
+    let mut usage = None;
     for line in text.lines() {
         let line = line.trim_end_matches('\r');
         let Some(data) = line.strip_prefix("data:") else { continue };
@@ -69,6 +74,9 @@ pub fn parse_stream(bytes: &[u8]) -> Result<ModelReply, ModelError> {
         }
         let chunk: Chunk = serde_json::from_str(data)
             .map_err(|e| ModelError::Malformed(format!("bad stream event {data:?}: {e}")))?;
+        if let Some(u) = chunk.usage {
+            usage = u.into_usage().or(usage);
+        }
         let Some(choice) = chunk.choices.into_iter().next() else { continue };
         if choice.finish_reason.is_some() {
             finish_reason = choice.finish_reason;
@@ -121,7 +129,13 @@ pub fn parse_stream(bytes: &[u8]) -> Result<ModelReply, ModelError> {
     {
         calls.push(l);
     }
-    Ok(ModelReply { content: saw_content.then_some(content), tool_calls: calls, finish_reason })
+    Ok(ModelReply {
+        content: saw_content.then_some(content),
+        tool_calls: calls,
+        finish_reason,
+        usage,
+        attempts: 1,
+    })
 }
 
 #[cfg(test)]
@@ -147,6 +161,27 @@ mod tests {
             }]
         );
         assert_eq!(r.content, None);
+    }
+
+    #[test]
+    fn usage_comes_in_the_last_chunk_without_choices() {
+        let body = concat!(
+            "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n",
+            "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":120,\"completion_tokens\":3,",
+            "\"total_tokens\":123,\"prompt_tokens_details\":{\"cached_tokens\":100}}}\n\n",
+            "data: [DONE]\n\n"
+        );
+        let r = parse_stream(body.as_bytes()).unwrap();
+        assert_eq!(r.content.as_deref(), Some("Hi"));
+        assert_eq!(
+            r.usage,
+            Some(super::super::Usage {
+                prompt_tokens: 120,
+                completion_tokens: 3,
+                cached_tokens: Some(100)
+            })
+        );
     }
 
     #[test]

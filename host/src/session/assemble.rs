@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use crate::model::Usage;
 use crate::sandbox::{Access, sha256_hex};
 use crate::store::{StoreError, now_ms};
 
@@ -28,6 +29,53 @@ pub struct Assembled {
     /// The exact request bytes (shared, not copied, by the model client and its retries).
     pub body: bytes::Bytes,
     pub body_sha256: String,
+    /// What the model call of this request came to, recorded with its evidence (filled in by
+    /// the caller once the reply is in).
+    pub call: CallFacts,
+}
+
+/// What one model call came to.
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
+pub struct CallFacts {
+    pub turn: i64,
+    /// Why the reply ended, as the server said (`stop`, `tool_calls`, `length`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
+    /// The tokens the server reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// From the first attempt's start to the reply (retries and their waits included).
+    pub duration_ms: f64,
+    pub attempts: u32,
+}
+
+/// A model call as `keel session show` lists it: the step's request and what it came to.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ModelCallRecord {
+    pub step: i64,
+    /// The turn of the step (none for a step recorded before turns were).
+    pub turn: Option<i64>,
+    /// The request's size (none for a step recorded before sizes were).
+    pub request_bytes: Option<i64>,
+    #[serde(flatten)]
+    pub call: CallFacts,
+}
+
+/// A request that did not come back as a reply: refused by the server (`http_status`), or
+/// failed otherwise (no reply, a reply not understood). Its body is kept like a step's.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RefusedRequest {
+    /// Its number in the session (1, 2, …).
+    pub seq: i64,
+    pub turn: i64,
+    /// The step it would have been.
+    pub step: i64,
+    pub created_at: i64,
+    pub http_status: Option<u16>,
+    pub error: String,
+    pub attempts: u32,
+    pub duration_ms: f64,
+    pub request_bytes: i64,
 }
 
 /// A part of requests that is the same from step to step (the head, the system message, the
@@ -55,7 +103,8 @@ pub fn reconstruct_body(
     let mut body = String::with_capacity(
         head.len() + system.len() + history.iter().map(String::len).sum::<usize>() + 64,
     );
-    body.push_str(head.trim_end_matches('}'));
+    // The head is a JSON object: its closing brace (one; a nested object may end in another) gives way to the messages.
+    body.push_str(head.strip_suffix('}').unwrap_or(head));
     body.push_str(",\"messages\":[");
     body.push_str(system);
     for m in history {
@@ -71,11 +120,31 @@ pub fn reconstruct_body(
     body.into_bytes()
 }
 
+/// Characters of the session goal repeated in the system message at most.
+pub const GOAL_SHOWN: usize = 200;
+
+/// The session goal as the system message gives it. The goal is the session's first task,
+/// which the model also sees as the first user message: a short one is repeated, a longer one
+/// is named by its start and referred to — sending a long task twice doubles the request and
+/// fills the context window twice as fast.
+pub fn goal_reference(goal: &str) -> String {
+    let goal = goal.trim();
+    if goal.chars().count() <= GOAL_SHOWN && !goal.contains('\n') {
+        return goal.to_string();
+    }
+    let first = goal.lines().next().unwrap_or("").trim();
+    let mut short: String = first.chars().take(GOAL_SHOWN).collect();
+    if short.len() < goal.len() {
+        short.push('…');
+    }
+    format!("the task of the first user message in this session, which begins \"{short}\"")
+}
+
 fn system_message(meta: &SessionMeta) -> String {
     let mut text = meta.system_prompt.clone();
     if let Some(goal) = &meta.session_goal {
         text.push_str("\n\nSession goal: ");
-        text.push_str(goal);
+        text.push_str(&goal_reference(goal));
     }
     if let Some(phase) = &meta.phase_goal {
         text.push_str("\nCurrent phase goal: ");
@@ -98,6 +167,9 @@ fn head(meta: &SessionMeta) -> String {
     head.insert("model".into(), meta.model.model.clone().into());
     if meta.model.stream {
         head.insert("stream".into(), true.into());
+        if meta.model.stream_usage {
+            head.insert("stream_options".into(), serde_json::json!({"include_usage": true}));
+        }
     }
     if let Some(t) = meta.model.temperature {
         head.insert("temperature".into(), t.into());
@@ -287,6 +359,7 @@ pub fn assemble(
         meta_version: meta.meta_version,
         body: body.into(),
         body_sha256,
+        call: CallFacts::default(),
     };
     cache.put(
         id,
@@ -305,6 +378,17 @@ fn blob(c: &Connection, hash: &str) -> Result<String, StoreError> {
     Ok(c.prepare_cached("SELECT body FROM blobs WHERE hash=?1")?.query_row([hash], |r| r.get(0))?)
 }
 
+/// Stores the parts of `a` (head, system message, tool schemas) that `stored` does not know
+/// to be in the database already.
+fn put_parts(c: &Connection, a: &Assembled, stored: &StoredParts) -> Result<(), StoreError> {
+    for part in a.parts() {
+        if !stored.contains(&part.sha256) {
+            put_blob(c, part)?;
+        }
+    }
+    Ok(())
+}
+
 /// Records the evidence of request `a`: its row, and the parts (head, system message, tool
 /// schemas) that `stored` does not know to be in the database already. The caller records the
 /// step number with the session's state, in the same transaction.
@@ -314,15 +398,13 @@ pub fn record_evidence(
     a: &Assembled,
     stored: &StoredParts,
 ) -> Result<(), StoreError> {
-    for part in a.parts() {
-        if !stored.contains(&part.sha256) {
-            put_blob(c, part)?;
-        }
-    }
+    put_parts(c, a, stored)?;
+    let usage = a.call.usage;
     c.prepare_cached(
         "INSERT INTO evidence (session_id, step, created_at, head, system_hash, tools_hash, history_from,
-                               history_to, body_sha256, meta_version)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                               history_to, body_sha256, meta_version, turn, body_bytes, finish_reason,
+                               prompt_tokens, completion_tokens, cached_tokens, duration_ms, attempts)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
     )?
     .execute(params![
         id,
@@ -334,9 +416,179 @@ pub fn record_evidence(
         a.history_from,
         a.history_to,
         a.body_sha256,
-        a.meta_version
+        a.meta_version,
+        a.call.turn,
+        a.body.len() as i64,
+        a.call.finish_reason,
+        usage.map(|u| u.prompt_tokens as i64),
+        usage.map(|u| u.completion_tokens as i64),
+        usage.and_then(|u| u.cached_tokens).map(|t| t as i64),
+        a.call.duration_ms,
+        a.call.attempts,
     ])?;
     Ok(())
+}
+
+/// Records request `a`, which did not come back as a reply (`error`, with the HTTP status the
+/// server gave if it gave one), under the session's next refused-request number; returns it.
+pub fn record_refused(
+    c: &Connection,
+    id: &str,
+    a: &Assembled,
+    http_status: Option<u16>,
+    error: &str,
+    stored: &StoredParts,
+) -> Result<i64, StoreError> {
+    put_parts(c, a, stored)?;
+    let seq: i64 = c
+        .prepare_cached(
+            "SELECT COALESCE(MAX(seq), 0) + 1 FROM refused_requests WHERE session_id=?1",
+        )?
+        .query_row([id], |r| r.get(0))?;
+    c.prepare_cached(
+        "INSERT INTO refused_requests (session_id, seq, turn, step, created_at, http_status, error,
+             attempts, duration_ms, head, system_hash, tools_hash, history_from, history_to,
+             body_sha256, body_bytes, meta_version)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+    )?
+    .execute(params![
+        id,
+        seq,
+        a.call.turn,
+        a.step,
+        now_ms(),
+        http_status,
+        error,
+        a.call.attempts,
+        a.call.duration_ms,
+        &*a.head.sha256,
+        &*a.system.sha256,
+        a.tools.as_ref().map(|t| &*t.sha256),
+        a.history_from,
+        a.history_to,
+        a.body_sha256,
+        a.body.len() as i64,
+        a.meta_version,
+    ])?;
+    Ok(seq)
+}
+
+/// The model calls of session `id`, by step.
+pub fn model_calls(c: &Connection, id: &str) -> Result<Vec<ModelCallRecord>, StoreError> {
+    let mut stmt = c.prepare_cached(
+        "SELECT step, turn, body_bytes, finish_reason, prompt_tokens, completion_tokens,
+                cached_tokens, duration_ms, attempts
+         FROM evidence WHERE session_id=?1 ORDER BY step",
+    )?;
+    let rows = stmt.query_map([id], |r| {
+        let prompt: Option<i64> = r.get(4)?;
+        let completion: Option<i64> = r.get(5)?;
+        let cached: Option<i64> = r.get(6)?;
+        Ok(ModelCallRecord {
+            step: r.get(0)?,
+            turn: r.get(1)?,
+            request_bytes: r.get(2)?,
+            call: CallFacts {
+                turn: r.get::<_, Option<i64>>(1)?.unwrap_or(0),
+                finish_reason: r.get(3)?,
+                usage: prompt.map(|p| Usage {
+                    prompt_tokens: p.max(0) as u64,
+                    completion_tokens: completion.unwrap_or(0).max(0) as u64,
+                    cached_tokens: cached.map(|t| t.max(0) as u64),
+                }),
+                duration_ms: r.get::<_, Option<f64>>(7)?.unwrap_or(0.0),
+                attempts: r.get::<_, Option<u32>>(8)?.unwrap_or(0),
+            },
+        })
+    })?;
+    rows.collect::<Result<_, _>>().map_err(StoreError::from)
+}
+
+/// The requests of session `id` that did not come back as replies, oldest first.
+pub fn refused_requests(c: &Connection, id: &str) -> Result<Vec<RefusedRequest>, StoreError> {
+    let mut stmt = c.prepare_cached(
+        "SELECT seq, turn, step, created_at, http_status, error, attempts, duration_ms, body_bytes
+         FROM refused_requests WHERE session_id=?1 ORDER BY seq",
+    )?;
+    let rows = stmt.query_map([id], |r| {
+        Ok(RefusedRequest {
+            seq: r.get(0)?,
+            turn: r.get(1)?,
+            step: r.get(2)?,
+            created_at: r.get(3)?,
+            http_status: r.get(4)?,
+            error: r.get(5)?,
+            attempts: r.get(6)?,
+            duration_ms: r.get(7)?,
+            request_bytes: r.get(8)?,
+        })
+    })?;
+    rows.collect::<Result<_, _>>().map_err(StoreError::from)
+}
+
+/// Bytes of request per token when no reply has reported usage yet: about right for English
+/// text and JSON with the common tokenizers.
+pub const BYTES_PER_TOKEN: f64 = 4.0;
+
+/// An estimate of the tokens of the session's next request, before it is sent.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TokenEstimate {
+    /// The request's size: the last request's, plus the messages since.
+    pub bytes: i64,
+    pub tokens: i64,
+    /// Bytes per token used: from the last request whose usage the server reported, else
+    /// [`BYTES_PER_TOKEN`].
+    pub bytes_per_token: f64,
+    /// Whether `bytes_per_token` comes from a reported usage.
+    pub calibrated: bool,
+}
+
+/// Estimates the tokens of `bytes` of request, calibrated by the last request whose usage is
+/// known (`(bytes, prompt tokens)`).
+pub fn estimate_tokens(bytes: i64, calibration: Option<(i64, i64)>) -> TokenEstimate {
+    let (bytes_per_token, calibrated) = match calibration {
+        Some((b, t)) if b > 0 && t > 0 => (b as f64 / t as f64, true),
+        _ => (BYTES_PER_TOKEN, false),
+    };
+    TokenEstimate {
+        bytes,
+        tokens: (bytes as f64 / bytes_per_token).ceil() as i64,
+        bytes_per_token,
+        calibrated,
+    }
+}
+
+/// Estimates the tokens of session `id`'s next request: the last request's size plus the
+/// messages committed after it (the system message and tool schemas counted as in the last
+/// request), calibrated by the last reported usage. Without any request yet, the history and
+/// the session's system prompt.
+pub fn token_estimate(c: &Connection, id: &str) -> Result<TokenEstimate, StoreError> {
+    let meta = super::facts::load_meta(c, id)?;
+    let last: Option<(Option<i64>, i64)> = c
+        .prepare_cached(
+            "SELECT body_bytes, history_to FROM evidence WHERE session_id=?1
+             ORDER BY step DESC LIMIT 1",
+        )?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let (base, after) = match last {
+        Some((Some(bytes), to)) => (bytes, to.max(meta.context_start)),
+        _ => (meta.system_prompt.len() as i64 + 64, meta.context_start),
+    };
+    let (since, count): (i64, i64) = c
+        .prepare_cached(
+            "SELECT COALESCE(SUM(LENGTH(CAST(body AS BLOB))), 0), COUNT(*) FROM messages
+             WHERE session_id=?1 AND seq>?2",
+        )?
+        .query_row(params![id, after], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let calibration: Option<(i64, i64)> = c
+        .prepare_cached(
+            "SELECT body_bytes, prompt_tokens FROM evidence WHERE session_id=?1
+             AND body_bytes IS NOT NULL AND prompt_tokens > 0 ORDER BY step DESC LIMIT 1",
+        )?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    Ok(estimate_tokens(base + since + count, calibration))
 }
 
 /// The content hashes of parts that a committed transaction of this engine stored in `blobs`.
@@ -380,19 +632,34 @@ impl Assembled {
     }
 }
 
-pub fn evidence(c: &Connection, id: &str, step: Option<i64>) -> Result<(i64, Vec<u8>), StoreError> {
+/// Which request's evidence to rebuild.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvidenceOf {
+    /// A step's (the last step's if `None`).
+    Step(Option<i64>),
+    /// A refused request's, by its number (the last one's if `None`).
+    Refused(Option<i64>),
+}
+
+pub fn evidence(c: &Connection, id: &str, of: EvidenceOf) -> Result<(i64, Vec<u8>), StoreError> {
     load_counters(c, id)?;
-    let step = match step {
-        Some(s) => s,
-        None => c
-            .prepare_cached("SELECT COALESCE(MAX(step), 0) FROM evidence WHERE session_id=?1")?
+    let (table, key, what) = match of {
+        EvidenceOf::Step(_) => ("evidence", "step", "model request at step"),
+        EvidenceOf::Refused(_) => ("refused_requests", "seq", "refused request"),
+    };
+    let step = match of {
+        EvidenceOf::Step(Some(s)) | EvidenceOf::Refused(Some(s)) => s,
+        EvidenceOf::Step(None) | EvidenceOf::Refused(None) => c
+            .prepare_cached(&format!(
+                "SELECT COALESCE(MAX({key}), 0) FROM {table} WHERE session_id=?1"
+            ))?
             .query_row([id], |r| r.get(0))?,
     };
     let row = c
-        .prepare_cached(
+        .prepare_cached(&format!(
             "SELECT head, system_hash, tools_hash, history_from, history_to, body_sha256
-             FROM evidence WHERE session_id=?1 AND step=?2",
-        )?
+             FROM {table} WHERE session_id=?1 AND {key}=?2"
+        ))?
         .query_row(params![id, step], |r| {
             Ok((
                 r.get::<_, String>(0)?,
@@ -405,9 +672,11 @@ pub fn evidence(c: &Connection, id: &str, step: Option<i64>) -> Result<(i64, Vec
         })
         .optional()?;
     let Some((head_hash, system_hash, tools_hash, from, to, sha)) = row else {
-        return Err(StoreError::Invalid(format!(
-            "session `{id}` has no model request at step {step}"
-        )));
+        return Err(StoreError::Invalid(match (of, step) {
+            (EvidenceOf::Refused(None), 0) => format!("session `{id}` has no refused request"),
+            (EvidenceOf::Step(None), 0) => format!("session `{id}` has made no model request yet"),
+            _ => format!("session `{id}` has no {what} {step}"),
+        }));
     };
     let head = blob(c, &head_hash)?;
     let system = blob(c, &system_hash)?;
@@ -415,7 +684,7 @@ pub fn evidence(c: &Connection, id: &str, step: Option<i64>) -> Result<(i64, Vec
     let body = reconstruct_body(&head, &system, &history(c, id, from, to)?, tools.as_deref());
     if sha256_hex(&body) != sha {
         return Err(StoreError::Invalid(format!(
-            "the evidence of step {step} does not rebuild to its recorded digest; the history was altered"
+            "the evidence of {what} {step} does not rebuild to its recorded digest; the history was altered"
         )));
     }
     Ok((step, body))

@@ -409,6 +409,12 @@ pub struct Timeline {
     /// Every approval unit of the session, oldest first.
     pub approvals: Vec<super::steps::ApprovalUnit>,
     pub pending_inputs: i64,
+    /// Every model call: its step, turn, finish reason, tokens and time.
+    pub model_calls: Vec<super::assemble::ModelCallRecord>,
+    /// Requests that did not come back as replies (refused by the server, or failed).
+    pub refused_requests: Vec<super::assemble::RefusedRequest>,
+    /// The estimated tokens of the next request.
+    pub next_request: super::assemble::TokenEstimate,
 }
 
 pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
@@ -454,6 +460,9 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         tool_calls,
         approvals,
         pending_inputs: pending_inputs(c, id)?,
+        model_calls: super::assemble::model_calls(c, id)?,
+        refused_requests: super::assemble::refused_requests(c, id)?,
+        next_request: super::assemble::token_estimate(c, id)?,
     })
 }
 

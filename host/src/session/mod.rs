@@ -20,7 +20,10 @@ use crate::sandbox::{Budget, Grant};
 use crate::store::{Db, StoreError, now_ms};
 
 pub use crate::tools::Policy;
-pub use assemble::{Assembled, Part, reconstruct_body};
+pub use assemble::{
+    Assembled, BYTES_PER_TOKEN, CallFacts, EvidenceOf, GOAL_SHOWN, ModelCallRecord, Part,
+    RefusedRequest, TokenEstimate, estimate_tokens, goal_reference, reconstruct_body,
+};
 pub use facts::{
     RuntimeState, SessionMeta, SessionSummary, Timeline, TimelineCall, TimelineMessage,
 };
@@ -458,7 +461,54 @@ impl SessionEngine {
         step: Option<i64>,
     ) -> Result<(i64, Vec<u8>), StoreError> {
         let id = id.to_string();
-        self.db.read(move |c| assemble::evidence(c, &id, step)).await
+        self.db.read(move |c| assemble::evidence(c, &id, EvidenceOf::Step(step))).await
+    }
+
+    /// The exact body of refused request `seq` (the last one if `None`), byte for byte.
+    pub async fn refused_evidence(
+        &self,
+        id: &str,
+        seq: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), StoreError> {
+        let id = id.to_string();
+        self.db.read(move |c| assemble::evidence(c, &id, EvidenceOf::Refused(seq))).await
+    }
+
+    /// The session's model calls (what each came to: finish reason, tokens, time), by step.
+    pub async fn model_calls(&self, id: &str) -> Result<Vec<ModelCallRecord>, StoreError> {
+        let id = id.to_string();
+        self.db.read(move |c| assemble::model_calls(c, &id)).await
+    }
+
+    /// An estimate of the tokens of the session's next request.
+    pub async fn token_estimate(&self, id: &str) -> Result<TokenEstimate, StoreError> {
+        let id = id.to_string();
+        self.db.read(move |c| assemble::token_estimate(c, &id)).await
+    }
+
+    /// Ends the turn of a request that did not come back as a reply: records the request as
+    /// refused (its evidence, `error` and the status the server gave) and sets the session
+    /// `failed` with `error` — one transaction. Returns the refused request's number.
+    pub async fn refuse_step(
+        &self,
+        id: &str,
+        request: Assembled,
+        http_status: Option<u16>,
+        error: String,
+    ) -> Result<i64, StoreError> {
+        let id = id.to_string();
+        let stored = self.stored.clone();
+        let recorded = request.clone();
+        let seq = self
+            .db
+            .run(move |c| {
+                let seq = assemble::record_refused(c, &id, &request, http_status, &error, &stored)?;
+                facts::set_state(c, &id, RuntimeState::Failed, Some(&error))?;
+                Ok(seq)
+            })
+            .await?;
+        self.stored.committed(&recorded);
+        Ok(seq)
     }
 }
 

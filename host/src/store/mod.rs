@@ -256,6 +256,41 @@ const MIGRATIONS: &[(i64, &str)] = &[
         FROM tools t JOIN components c ON c.name = t.component;
     ALTER TABLE session_config ADD COLUMN tool_pins TEXT NOT NULL DEFAULT '{}';",
     ),
+    (
+        8,
+        // What each model call came to, with its evidence: the turn, the request's size, the
+        // reply's finish reason and the tokens the server reported. Requests the server
+        // refused (or that failed otherwise) keep their evidence too, in their own table: a
+        // refused request commits no step, so the next one reuses its step number.
+        "ALTER TABLE evidence ADD COLUMN turn INTEGER;
+    ALTER TABLE evidence ADD COLUMN body_bytes INTEGER;
+    ALTER TABLE evidence ADD COLUMN finish_reason TEXT;
+    ALTER TABLE evidence ADD COLUMN prompt_tokens INTEGER;
+    ALTER TABLE evidence ADD COLUMN completion_tokens INTEGER;
+    ALTER TABLE evidence ADD COLUMN cached_tokens INTEGER;
+    ALTER TABLE evidence ADD COLUMN duration_ms REAL;
+    ALTER TABLE evidence ADD COLUMN attempts INTEGER;
+    CREATE TABLE refused_requests (
+        session_id   TEXT NOT NULL REFERENCES sessions(id),
+        seq          INTEGER NOT NULL,
+        turn         INTEGER NOT NULL,
+        step         INTEGER NOT NULL,
+        created_at   INTEGER NOT NULL,
+        http_status  INTEGER,
+        error        TEXT NOT NULL,
+        attempts     INTEGER NOT NULL,
+        duration_ms  REAL NOT NULL,
+        head         TEXT NOT NULL,
+        system_hash  TEXT NOT NULL,
+        tools_hash   TEXT,
+        history_from INTEGER NOT NULL,
+        history_to   INTEGER NOT NULL,
+        body_sha256  TEXT NOT NULL,
+        body_bytes   INTEGER NOT NULL,
+        meta_version INTEGER NOT NULL,
+        PRIMARY KEY (session_id, seq)
+    );",
+    ),
 ];
 
 /// Errors of the store.

@@ -57,7 +57,10 @@ async fn run_show_evidence_through_the_binary() {
     assert_eq!(
         v,
         json!({"ok": true, "session_id": "cli1", "state": "idle", "outcome": "answer",
-               "answer": "Two rows are ragged: lines 4 and 6.", "approvals": []})
+               "answer": "Two rows are ragged: lines 4 and 6.", "approvals": [],
+               "finish_reason": "stop",
+               "tokens": {"model_calls": 2, "reported": 0, "prompt_tokens": 0,
+                          "completion_tokens": 0}})
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("✓ csv_inspect"), "{stderr}");
@@ -333,4 +336,90 @@ async fn model_parameters_from_flags_environment_and_file() {
     let out = run(vec!["--max-tokens", "0"], vec![]).await.unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(model.requests().len(), 3, "no refused run reached the model");
+}
+
+/// Token accounting, flagged answers and refused requests through the binary: `--json` has
+/// the finish reason and the turn's tokens, stderr warns of an answer cut by the token limit,
+/// `session show` lists tokens per step and per turn and the refused requests, and
+/// `session evidence --refused` prints a refused request byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_flags_and_refused_requests_through_the_binary() {
+    let cut = Reply::Sse {
+        events: vec![
+            json!({"choices": [{"index": 0, "delta": {"content": "The answer is"}}]}),
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}),
+        ],
+        cut: false,
+    }
+    .with_usage(321, 16, Some(300));
+    let model = MockModel::start(vec![
+        cut,
+        Reply::Status { code: 400, retry_after: None, body: "unsupported field".into() },
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let url = model.url();
+    let run = args(&["run", "Answer", "--session", "t1", "--model-url", &url, "--model", "m"]);
+    let mut json_run = run.clone();
+    json_run.push("--json".into());
+    let out = keel_async(home.path().to_path_buf(), json_run).await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = super::json_of(&out);
+    assert_eq!(v["answer"], "The answer is");
+    assert_eq!(v["finish_reason"], "length");
+    assert_eq!(
+        v["tokens"],
+        json!({"model_calls": 1, "reported": 1, "prompt_tokens": 321, "completion_tokens": 16,
+               "cached_tokens": 300})
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("warning: the reply of step 1 was cut by the token limit"), "{stderr}");
+    assert!(stderr.contains("321 + 16 tokens"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "this turn: 321 prompt, 300 of them cached + 16 completion tokens, 1 model call"
+        ),
+        "{stderr}"
+    );
+
+    // A refused request: the turn fails, and the request is kept.
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&["session", "send", "t1", "and more", "--json"]),
+    )
+    .await;
+    let v = super::json_of(&out);
+    assert_eq!(v["outcome"], "failed");
+    assert!(v["answer"].as_str().unwrap().contains("HTTP 400"), "{v}");
+    let out =
+        keel_async(home.path().to_path_buf(), args(&["session", "evidence", "t1", "--refused"]))
+            .await;
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.stdout, model.requests()[1]);
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&["session", "evidence", "t1", "--refused", "2"]),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no refused request 2"));
+
+    let out =
+        keel_async(home.path().to_path_buf(), args(&["session", "show", "t1", "--json"])).await;
+    let t = super::json_of(&out);
+    assert_eq!(t["model_calls"][0]["finish_reason"], "length");
+    assert_eq!(t["model_calls"][0]["usage"]["prompt_tokens"], 321);
+    assert_eq!(t["refused_requests"][0]["http_status"], 400);
+    assert_eq!(t["next_request"]["calibrated"], true);
+    let out = keel_async(home.path().to_path_buf(), args(&["session", "show", "t1"])).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "step 1 turn 1: 321 + 16 tokens (300 cached)",
+        "cut by the token limit",
+        "turn 1: 321 prompt, 300 of them cached + 16 completion tokens, 1 model call",
+        "#1 turn 2 step 2: HTTP 400 after 1 attempt(s)",
+        "next request ≈",
+    ] {
+        assert!(text.contains(line), "`session show` has {line:?}:\n{text}");
+    }
 }
