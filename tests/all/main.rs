@@ -9,6 +9,7 @@ mod examples;
 mod grants;
 mod install;
 mod model;
+mod peers;
 mod plugins;
 mod sandbox;
 mod store;

@@ -59,8 +59,9 @@ pub struct RunArgs {
     /// server's).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_tokens: Option<u32>,
-    /// Time limit of one model call of a new session, e.g. 120s or 5m (env
-    /// KEEL_MODEL_TIMEOUT; default 120s).
+    /// Longest wait without progress in a model call of a new session — until the reply
+    /// begins, then between its parts (a slow reply that keeps coming is never cut), e.g. 120s
+    /// or 5m (env KEEL_MODEL_TIMEOUT; default 120s).
     #[arg(long, value_name = "DURATION", value_parser = keel::units::parse_duration)]
     model_timeout: Option<std::time::Duration>,
     #[command(flatten)]
