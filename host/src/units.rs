@@ -31,9 +31,9 @@ pub fn format_duration(d: Duration) -> String {
     let ms = d.as_millis();
     if ms < 1000 {
         format!("{ms}ms")
-    } else if ms % 60_000 == 0 && ms >= 300_000 {
+    } else if ms.is_multiple_of(60_000) && ms >= 300_000 {
         format!("{}m", ms / 60_000)
-    } else if ms % 1000 == 0 {
+    } else if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{:.1}s", d.as_secs_f64())

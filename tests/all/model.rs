@@ -242,7 +242,8 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     assert_eq!(first["stream_options"], json!({"include_usage": true}));
 
     let calls = h.engine.model_calls("u").await.unwrap();
-    let got: Vec<(i64, Option<i64>, Option<&str>, Option<Usage>)> = calls
+    type Row<'a> = (i64, Option<i64>, Option<&'a str>, Option<Usage>);
+    let got: Vec<Row<'_>> = calls
         .iter()
         .map(|c| (c.step, c.turn, c.call.finish_reason.as_deref(), c.call.usage))
         .collect();

@@ -18,6 +18,11 @@ pub const STATEMENT_CACHE: usize = 128;
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Numbered migrations; append only, never edit one that shipped.
+/// The schema version this build migrates a database to.
+pub fn schema_version() -> i64 {
+    MIGRATIONS.last().map(|m| m.0).unwrap_or(0)
+}
+
 const MIGRATIONS: &[(i64, &str)] = &[
     (
         1,
