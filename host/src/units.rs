@@ -40,6 +40,29 @@ pub fn format_duration(d: Duration) -> String {
     }
 }
 
+/// A time in milliseconds since the Unix epoch as UTC, `2026-12-01T09:50:43.123Z`.
+pub fn format_time(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, of_day) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // The proleptic Gregorian date of a day count, by 400-year eras of 146 097 days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        of_day / 3600,
+        of_day % 3600 / 60,
+        of_day % 60,
+        ms.rem_euclid(1000)
+    )
+}
+
 /// Parses a size in bytes: a number with an optional unit `B`, `K`/`KiB`, `M`/`MiB`,
 /// `G`/`GiB` (binary multiples; `KB`, `MB`, `GB` are read the same way).
 pub fn parse_size(text: &str) -> Result<u64, String> {
@@ -70,6 +93,14 @@ mod tests {
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration("0s").is_err());
+    }
+
+    #[test]
+    fn times_are_utc_dates() {
+        assert_eq!(format_time(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(format_time(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(format_time(1_796_118_643_123), "2026-12-01T09:50:43.123Z");
+        assert_eq!(format_time(-1), "1969-12-31T23:59:59.999Z");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 mod agent;
 mod approvals;
 mod effects;
+mod events;
 mod examples;
 mod grants;
 mod install;

@@ -242,13 +242,14 @@ impl AgentService {
             assembled.call.finish_reason = reply.finish_reason.clone();
             assembled.call.usage = reply.usage;
             assembled.call.attempts = reply.attempts;
+            assembled.call.empty = reply.tool_calls.is_empty()
+                && reply.content.as_deref().is_none_or(|c| c.trim().is_empty());
             events(&Event::ModelReplied {
                 step: assembled.step,
                 finish_reason: reply.finish_reason.clone(),
                 usage: reply.usage,
                 ms: assembled.call.duration_ms,
-                empty: reply.tool_calls.is_empty()
-                    && reply.content.as_deref().is_none_or(|c| c.trim().is_empty()),
+                empty: assembled.call.empty,
             });
             if reply.tool_calls.is_empty() {
                 let answer = reply.content.clone().unwrap_or_default();

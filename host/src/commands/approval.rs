@@ -9,7 +9,7 @@ use keel::sandbox::CancelToken;
 use keel::session::{ApprovalUnit, Decision};
 use serde_json::json;
 
-use super::run::{cancel_on_ctrl_c, fail, open_harness, report, stderr_events};
+use super::run::{cancel_on_ctrl_c, fail, open_harness, quiet, report};
 use super::{EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert};
 
 #[derive(Args)]
@@ -136,7 +136,10 @@ pub async fn decide(home: PathBuf, a: DecideArgs, decision: Decision) -> ExitCod
     }
     let cancel = CancelToken::new();
     cancel_on_ctrl_c(&cancel);
-    let submitted = match h.brain.drain(&id, &cancel, &stderr_events()).await {
+    let progress = super::events::Progress::start(&h, &id).await;
+    let drained = h.brain.drain(&id, &cancel, &quiet()).await;
+    progress.finish().await;
+    let submitted = match drained {
         Ok(Some(s)) => s,
         Ok(None) => {
             // Another live keel process holds the session; it sees the decision and resumes.
@@ -172,7 +175,10 @@ pub async fn recover(home: PathBuf, a: RecoverArgs) -> ExitCode {
             if !a.json {
                 eprintln!("keel: resuming session {}", r.id);
             }
-            let outcome = match h.brain.drain(&r.id, &cancel, &stderr_events()).await {
+            let progress = super::events::Progress::start(&h, &r.id).await;
+            let drained = h.brain.drain(&r.id, &cancel, &quiet()).await;
+            progress.finish().await;
+            let outcome = match drained {
                 Ok(Some(Submitted::Ran(o))) => format!("{o:?}"),
                 Ok(_) => "held by another runner".to_string(),
                 Err(e) => format!("error: {e}"),

@@ -1,6 +1,7 @@
 //! One module per command.
 
 pub mod approval;
+pub mod events;
 pub mod run;
 pub mod session;
 pub mod tool;

@@ -14,7 +14,7 @@ use keel::sandbox::{CancelToken, Grant, SandboxLimits};
 use keel::session::{NewSession, Policy};
 use serde_json::json;
 
-use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert, inert_block};
+use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert_block};
 
 /// Exit code of an interrupted turn.
 pub const EXIT_INTERRUPTED: u8 = 130;
@@ -84,46 +84,10 @@ pub fn fail(json: bool, kind: &str, message: &str, code: u8) -> ExitCode {
     ExitCode::from(code)
 }
 
-/// Progress lines on stderr.
-pub fn stderr_events() -> Events {
-    Arc::new(|e: &Event| match e {
-        Event::State(s) => eprintln!("keel: state {s}"),
-        Event::ModelCall { step } => eprintln!("keel: model call (step {step})"),
-        Event::ModelReplied { step, finish_reason, usage, ms, empty } => {
-            let tokens = usage
-                .map(|u| format!(", {} + {} tokens", u.prompt_tokens, u.completion_tokens))
-                .unwrap_or_default();
-            eprintln!("keel: model replied (step {step}, {:.1} s{tokens})", ms / 1e3);
-            if finish_reason.as_deref() == Some("length") {
-                eprintln!(
-                    "keel: warning: the reply of step {step} was cut by the token limit (finish_reason: length); \
-                     a longer one needs a larger --max-tokens (a new session) or a shorter request"
-                );
-            } else if *empty {
-                eprintln!(
-                    "keel: warning: the reply of step {step} is empty (finish_reason: {})",
-                    finish_reason.as_deref().map(inert).unwrap_or_else(|| "none given".into())
-                );
-            }
-        }
-        Event::ToolStarted { name, call_id } => {
-            eprintln!("keel:   → {} [{}]", inert(name), inert(call_id))
-        }
-        Event::ApprovalNeeded { unit, tool } => {
-            eprintln!(
-                "keel:   ⏸ {} needs approval: keel approve {unit}  (or keel reject {unit})",
-                inert(tool)
-            )
-        }
-        Event::ToolFinished { name, ok, kind, ms, .. } => {
-            if *ok {
-                eprintln!("keel:   ✓ {} ({ms:.1} ms)", inert(name));
-            } else {
-                let kind = kind.as_deref().unwrap_or("error");
-                eprintln!("keel:   ✗ {} ({ms:.1} ms): {kind}", inert(name));
-            }
-        }
-    })
+/// No in-process events: the commands print progress from the session's durable events
+/// ([`super::events::Progress`]).
+pub fn quiet() -> Events {
+    Arc::new(|_: &Event| {})
 }
 
 /// Opens the harness of `home`, with first-party installs reported on stderr.
@@ -381,7 +345,10 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
     eprintln!("keel: session {id}");
     let cancel = CancelToken::new();
     cancel_on_ctrl_c(&cancel);
-    let submitted = match h.brain.submit(&id, &a.task, &cancel, &stderr_events()).await {
+    let progress = super::events::Progress::start(&h, &id).await;
+    let submitted = h.brain.submit(&id, &a.task, &cancel, &quiet()).await;
+    progress.finish().await;
+    let submitted = match submitted {
         Ok(s) => s,
         Err(e) => return fail(a.json, "run", &e.to_string(), EXIT_TOOL_ERROR),
     };

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use keel::sandbox::CancelToken;
 use serde_json::json;
 
-use super::run::{cancel_on_ctrl_c, open_harness, report, stderr_events};
+use super::run::{cancel_on_ctrl_c, open_harness, quiet, report};
 use super::{EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert, inert_block};
 
 #[derive(Subcommand)]
@@ -23,6 +23,9 @@ pub enum SessionCommand {
     Interrupt(IdArgs),
     /// Print the exact request body of a model call, byte for byte.
     Evidence(EvidenceArgs),
+    /// Print a session's events — inputs, turns, states, model calls with their tokens, tool
+    /// calls, approvals, answers — from any process; with --follow, keep printing new ones.
+    Events(EventsArgs),
     /// Move the session's tools to the versions installed now. A session keeps running the
     /// component versions it loaded after `keel tool install --upgrade`, until this.
     UpgradeTools(IdArgs),
@@ -56,6 +59,22 @@ pub struct SendArgs {
 }
 
 #[derive(Args)]
+pub struct EventsArgs {
+    /// Session id.
+    id: String,
+    /// Only events after this sequence number.
+    #[arg(long, value_name = "SEQ", default_value_t = 0)]
+    after: i64,
+    /// Keep printing events as they are committed (by this or any other process) until
+    /// interrupted.
+    #[arg(long)]
+    follow: bool,
+    /// One JSON object per line: {seq, at_ms, kind, …}.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
 pub struct EvidenceArgs {
     /// Session id.
     id: String,
@@ -84,6 +103,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         | SessionCommand::Interrupt(a)
         | SessionCommand::UpgradeTools(a) => a.json,
         SessionCommand::Send(a) => a.json,
+        SessionCommand::Events(a) => a.json,
         SessionCommand::Evidence(_) => false,
     };
     let (_, h) = match open_harness(&home, 24).await {
@@ -92,6 +112,9 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
     };
     match cmd {
         SessionCommand::UpgradeTools(a) => upgrade_tools(&h, &a).await,
+        SessionCommand::Events(a) => {
+            super::events::execute(&h, &a.id, a.after, a.follow, a.json).await
+        }
         SessionCommand::List(_) => match h.engine.list().await {
             Ok(list) if json_out => {
                 println!("{}", json!(list));
@@ -210,7 +233,10 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             }
             let cancel = CancelToken::new();
             cancel_on_ctrl_c(&cancel);
-            match h.brain.submit(&a.id, &a.message, &cancel, &stderr_events()).await {
+            let progress = super::events::Progress::start(&h, &a.id).await;
+            let submitted = h.brain.submit(&a.id, &a.message, &cancel, &quiet()).await;
+            progress.finish().await;
+            match submitted {
                 Ok(s) => report(a.json, &h, &a.id, &s).await,
                 Err(e) => fail(a.json, &e.to_string(), EXIT_TOOL_ERROR),
             }

@@ -47,6 +47,10 @@ pub struct CallFacts {
     /// From the first attempt's start to the reply (retries and their waits included).
     pub duration_ms: f64,
     pub attempts: u32,
+    /// The reply holds neither text nor tool calls (reported in the step's event, not stored
+    /// with its evidence).
+    #[serde(skip)]
+    pub empty: bool,
 }
 
 /// A model call as `keel session show` lists it: the step's request and what it came to.
@@ -426,6 +430,18 @@ pub fn record_evidence(
         a.call.duration_ms,
         a.call.attempts,
     ])?;
+    super::events::append(
+        c,
+        id,
+        &super::events::SessionEvent::ModelCallFinished {
+            step: a.step,
+            finish_reason: a.call.finish_reason.clone(),
+            usage: a.call.usage,
+            ms: a.call.duration_ms,
+            attempts: a.call.attempts,
+            empty: a.call.empty,
+        },
+    )?;
     Ok(())
 }
 
@@ -470,6 +486,17 @@ pub fn record_refused(
         a.body.len() as i64,
         a.meta_version,
     ])?;
+    super::events::append(
+        c,
+        id,
+        &super::events::SessionEvent::ModelCallFailed {
+            step: a.step,
+            refused: seq,
+            http_status,
+            error: error.to_string(),
+            attempts: a.call.attempts,
+        },
+    )?;
     Ok(seq)
 }
 
@@ -498,6 +525,7 @@ pub fn model_calls(c: &Connection, id: &str) -> Result<Vec<ModelCallRecord>, Sto
                 }),
                 duration_ms: r.get::<_, Option<f64>>(7)?.unwrap_or(0.0),
                 attempts: r.get::<_, Option<u32>>(8)?.unwrap_or(0),
+                empty: false,
             },
         })
     })?;

@@ -288,6 +288,16 @@ pub fn set_state_after(
     detail: Option<&str>,
     step: Option<i64>,
 ) -> Result<(), StoreError> {
+    let before: (String, Option<String>) = c
+        .prepare_cached("SELECT state, state_detail FROM sessions WHERE id=?1")?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    if before.0 != state.as_str() || before.1.as_deref() != detail {
+        super::events::append(
+            c,
+            id,
+            &super::events::SessionEvent::State { state, detail: detail.map(str::to_string) },
+        )?;
+    }
     // A turn ends when the session becomes idle, fails or is interrupted.
     let ends_turn =
         matches!(state, RuntimeState::Idle | RuntimeState::Failed | RuntimeState::Interrupted);
@@ -343,6 +353,18 @@ pub fn put_journal(
         e.idempotent,
         e.approval_id
     ])?;
+    super::events::append(
+        c,
+        id,
+        &super::events::SessionEvent::ToolCall {
+            step,
+            call_id: e.call_id.clone(),
+            tool: e.tool.clone(),
+            status: e.status.clone(),
+            error_kind: e.error_kind.clone(),
+            ms: e.duration_ms,
+        },
+    )?;
     Ok(())
 }
 

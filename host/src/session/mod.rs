@@ -7,6 +7,7 @@
 //! each model request from the current facts. It does not call the model or run tools.
 
 mod assemble;
+pub mod events;
 mod facts;
 mod steps;
 
@@ -24,6 +25,7 @@ pub use assemble::{
     Assembled, BYTES_PER_TOKEN, CallFacts, EvidenceOf, GOAL_SHOWN, ModelCallRecord, Part,
     RefusedRequest, TokenEstimate, estimate_tokens, goal_reference, reconstruct_body,
 };
+pub use events::{EventRow, SessionEvent};
 pub use facts::{
     RuntimeState, SessionMeta, SessionSummary, Timeline, TimelineCall, TimelineMessage,
 };
@@ -277,6 +279,15 @@ impl SessionEngine {
                 c.execute("UPDATE sessions SET active_turn=?2 WHERE id=?1", params![id, turn])?;
                 let body = serde_json::json!({"role": "user", "content": text}).to_string();
                 facts::append_message(c, &id, turn, "user", &body)?;
+                let steps: i64 =
+                    c.query_row("SELECT steps FROM sessions WHERE id=?1", [&id], |r| r.get(0))?;
+                for e in [
+                    SessionEvent::TurnStarted { turn },
+                    SessionEvent::State { state: RuntimeState::Running, detail: None },
+                    SessionEvent::ModelCallStarted { step: steps + 1 },
+                ] {
+                    events::append(c, &id, &e)?;
+                }
                 Ok(Some(TurnStart { turn, text }))
             })
             .await
@@ -464,6 +475,72 @@ impl SessionEngine {
         self.db.read(move |c| assemble::evidence(c, &id, EvidenceOf::Step(step))).await
     }
 
+    /// Events of session `id` after sequence number `after`, oldest first, at most `limit`.
+    /// An unknown session is an error (a session without events yet has none).
+    pub async fn events_after(
+        &self,
+        id: &str,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        let id = id.to_string();
+        self.db
+            .read_inline(move |c| {
+                facts::load_counters(c, &id)?;
+                events::after(c, &id, after, limit)
+            })
+            .await
+    }
+
+    /// Follows session `id`'s events after sequence number `after`, whichever process
+    /// commits them: the receiver gets each new event once, in order, until it is dropped. The
+    /// store is polled every `every` (one indexed read of the rows after the last one seen; no
+    /// busy loop).
+    pub fn follow(
+        &self,
+        id: &str,
+        after: i64,
+        every: std::time::Duration,
+    ) -> tokio::sync::mpsc::Receiver<Result<EventRow, StoreError>> {
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        let engine = self.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let mut last = after;
+            loop {
+                match engine.events_after(&id, last, 256).await {
+                    Ok(rows) => {
+                        let full = rows.len() == 256;
+                        for row in rows {
+                            last = row.seq;
+                            if tx.send(Ok(row)).await.is_err() {
+                                return;
+                            }
+                        }
+                        if full {
+                            continue;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(every) => {}
+                    () = tx.closed() => return,
+                }
+            }
+        });
+        rx
+    }
+
+    /// The last event's sequence number of session `id` (0 when it has none).
+    pub async fn last_event(&self, id: &str) -> Result<i64, StoreError> {
+        let id = id.to_string();
+        self.db.read_inline(move |c| events::last_seq(c, &id)).await
+    }
+
     /// The exact body of refused request `seq` (the last one if `None`), byte for byte.
     pub async fn refused_evidence(
         &self,
@@ -527,6 +604,7 @@ pub fn submit_in(c: &Connection, id: &str, text: &str) -> Result<i64, StoreError
         "INSERT INTO inbox (session_id, seq, text, created_at) VALUES (?1, ?2, ?3, ?4)",
     )?
     .execute(params![id, seq, text, now_ms()])?;
+    events::append(c, id, &SessionEvent::InputAccepted { inbox_seq: seq, text: text.to_string() })?;
     if meta.active_turn.is_none() && meta.state != RuntimeState::Running {
         facts::set_state(c, id, RuntimeState::PreparingContext, None)?;
     }
@@ -566,6 +644,16 @@ fn commit_step(
         .notice
         .as_ref()
         .map(|n| serde_json::json!({"role": "assistant", "content": n}).to_string());
+    if s.results.is_empty() && s.journal.is_empty() && !s.closes_open_step {
+        let text = serde_json::from_str::<serde_json::Value>(&s.assistant)
+            .ok()
+            .and_then(|v| v["content"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        events::append(c, id, &SessionEvent::Answer { turn: s.turn, text })?;
+    }
+    if let Some(text) = &s.notice {
+        events::append(c, id, &SessionEvent::Notice { text: text.clone() })?;
+    }
     let messages = std::iter::once(("assistant", s.assistant.as_str()))
         .chain(s.results.iter().map(|r| ("tool", r.as_str())))
         .chain(notice.as_deref().map(|n| ("assistant", n)));
@@ -577,7 +665,11 @@ fn commit_step(
         c.prepare_cached("DELETE FROM open_steps WHERE session_id=?1")?.execute([id])?;
     }
     let step = s.evidence.as_ref().map(|e| e.step);
-    facts::set_state_after(c, id, s.state, s.detail.as_deref(), step)
+    facts::set_state_after(c, id, s.state, s.detail.as_deref(), step)?;
+    if s.state == RuntimeState::Running {
+        events::append(c, id, &SessionEvent::ModelCallStarted { step: s.step + 1 })?;
+    }
+    Ok(())
 }
 
 pub(crate) fn json<T: Serialize>(v: &T) -> Result<String, StoreError> {

@@ -287,6 +287,15 @@ pub fn wait_in(c: &Connection, id: &str, w: &WaitCommit) -> Result<(), StoreErro
             "pending",
             u.created_at
         ])?;
+        super::events::append(
+            c,
+            id,
+            &super::events::SessionEvent::ApprovalAsked {
+                unit: u.id.clone(),
+                tool: u.tool.clone(),
+                call_id: u.call_id.clone(),
+            },
+        )?;
     }
     let pending = units_where(c, "session_id=?1 AND status='pending'", &[&id])?;
     let detail = match pending.as_slice() {
@@ -336,6 +345,15 @@ pub fn decide_in(
     if n != 1 {
         return Ok(Err(DecideError::NotPending { unit: unit.to_string(), status: u.status }));
     }
+    super::events::append(
+        c,
+        &u.session_id,
+        &super::events::SessionEvent::ApprovalDecided {
+            unit: unit.to_string(),
+            decision: status.to_string(),
+            reason: reason.map(str::to_string),
+        },
+    )?;
     u.status = status.to_string();
     u.decided_at = Some(now);
     u.decision_reason = reason.map(str::to_string);

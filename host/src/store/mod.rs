@@ -296,6 +296,18 @@ const MIGRATIONS: &[(i64, &str)] = &[
         PRIMARY KEY (session_id, seq)
     );",
     ),
+    (
+        9,
+        // Durable session events (session::events), written with the facts they report.
+        "CREATE TABLE session_events (
+        session_id TEXT NOT NULL REFERENCES sessions(id),
+        seq        INTEGER NOT NULL,
+        at_ms      INTEGER NOT NULL,
+        kind       TEXT NOT NULL,
+        body       TEXT NOT NULL,
+        PRIMARY KEY (session_id, seq)
+    );",
+    ),
 ];
 
 /// Errors of the store.

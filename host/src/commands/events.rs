@@ -1,0 +1,163 @@
+//! Session events on the terminal: `keel session events`, and the progress lines of the
+//! commands that run turns (`run`, `session send`, `approve`, `reject`, `recover`), which are
+//! rendered from the same durable events — what one process prints, another can follow.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use keel::harness::Harness;
+use keel::session::{EventRow, SessionEvent};
+
+use super::{EXIT_REFUSED, inert};
+
+/// How often a follower reads the store.
+pub const POLL: Duration = Duration::from_millis(50);
+
+/// The progress line of an event (without the `keel: ` prefix), or `None` for an event that
+/// has none of its own.
+pub fn render(row: &EventRow) -> Option<String> {
+    Some(match &row.event {
+        SessionEvent::InputAccepted { inbox_seq, .. } => format!("input #{inbox_seq} accepted"),
+        SessionEvent::TurnStarted { turn } => format!("turn {turn} started"),
+        SessionEvent::State { state, detail } => match detail {
+            Some(d) => format!("state {state} ({})", inert(d)),
+            None => format!("state {state}"),
+        },
+        SessionEvent::ModelCallStarted { step } => format!("model call (step {step})"),
+        SessionEvent::ModelCallFinished { step, finish_reason, usage, ms, empty, .. } => {
+            let tokens = usage
+                .map(|u| format!(", {} + {} tokens", u.prompt_tokens, u.completion_tokens))
+                .unwrap_or_default();
+            let mut line = format!("model replied (step {step}, {:.1} s{tokens})", ms / 1e3);
+            if finish_reason.as_deref() == Some("length") {
+                line.push_str(&format!(
+                    "\nkeel: warning: the reply of step {step} was cut by the token limit (finish_reason: length); \
+                     a longer one needs a larger --max-tokens (a new session) or a shorter request"
+                ));
+            } else if *empty {
+                line.push_str(&format!(
+                    "\nkeel: warning: the reply of step {step} is empty (finish_reason: {})",
+                    finish_reason.as_deref().map(inert).unwrap_or_else(|| "none given".into())
+                ));
+            }
+            line
+        }
+        SessionEvent::ModelCallFailed { step, refused, http_status, attempts, .. } => format!(
+            "model call of step {step} failed after {attempts} attempt(s){}; kept as refused request #{refused}",
+            http_status.map(|s| format!(" (HTTP {s})")).unwrap_or_default()
+        ),
+        SessionEvent::ToolCall { call_id, tool, status, error_kind, ms, .. } => {
+            let ms = ms.map(|m| format!(" ({m:.1} ms)")).unwrap_or_default();
+            match status.as_str() {
+                "planned" => return None,
+                "intent" => format!("  → {} [{}]", inert(tool), inert(call_id)),
+                "done" if error_kind.is_none() => format!("  ✓ {}{ms}", inert(tool)),
+                "waiting" => return None,
+                other => format!(
+                    "  ✗ {}{ms}: {}",
+                    inert(tool),
+                    inert(error_kind.as_deref().unwrap_or(other))
+                ),
+            }
+        }
+        SessionEvent::ApprovalAsked { unit, tool, .. } => format!(
+            "  ⏸ {} needs approval: keel approve {unit}  (or keel reject {unit})",
+            inert(tool)
+        ),
+        SessionEvent::ApprovalDecided { unit, decision, .. } => {
+            format!("approval {unit} {}", inert(decision))
+        }
+        SessionEvent::Answer { turn, .. } => format!("turn {turn} answered"),
+        SessionEvent::Notice { text } => inert(text),
+    })
+}
+
+/// Progress lines on stderr for a session while this process runs its turns: a follower of
+/// the session's events from the moment it starts.
+pub struct Progress {
+    printed: Arc<AtomicI64>,
+    task: tokio::task::JoinHandle<()>,
+    harness: Harness,
+    id: String,
+}
+
+impl Progress {
+    /// Starts printing the events of session `id` committed from now on.
+    pub async fn start(h: &Harness, id: &str) -> Self {
+        let from = h.engine.last_event(id).await.unwrap_or(0);
+        let printed = Arc::new(AtomicI64::new(from));
+        let mut rx = h.engine.follow(id, from, POLL);
+        let seen = printed.clone();
+        let task = tokio::spawn(async move {
+            while let Some(Ok(row)) = rx.recv().await {
+                if let Some(line) = render(&row) {
+                    eprintln!("keel: {line}");
+                }
+                seen.store(row.seq, Ordering::Release);
+            }
+        });
+        Self { printed, task, harness: h.clone(), id: id.to_string() }
+    }
+
+    /// Prints what is left (every event committed before this call) and stops.
+    pub async fn finish(self) {
+        let last = self.harness.engine.last_event(&self.id).await.unwrap_or(0);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        while self.printed.load(Ordering::Acquire) < last && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.task.abort();
+    }
+}
+
+/// `keel session events ID [--after N] [--follow] [--json]`.
+pub async fn execute(h: &Harness, id: &str, after: i64, follow: bool, json: bool) -> ExitCode {
+    let print = |row: &EventRow| {
+        if json {
+            match serde_json::to_string(row) {
+                Ok(line) => println!("{line}"),
+                Err(e) => eprintln!("error: event {} cannot be written: {e}", row.seq),
+            }
+        } else {
+            let line = render(row).unwrap_or_else(|| match &row.event {
+                SessionEvent::ToolCall { tool, status, .. } => {
+                    format!("  {} {}", inert(tool), inert(status))
+                }
+                other => format!("{other:?}"),
+            });
+            println!("#{} {} {line}", row.seq, keel::units::format_time(row.at_ms));
+        }
+    };
+    if !follow {
+        let mut last = after;
+        loop {
+            match h.engine.events_after(id, last, 1000).await {
+                Ok(rows) if rows.is_empty() => return ExitCode::SUCCESS,
+                Ok(rows) => {
+                    for row in &rows {
+                        print(row);
+                        last = row.seq;
+                    }
+                }
+                Err(e) => return super::run::fail(json, "session", &e.to_string(), EXIT_REFUSED),
+            }
+        }
+    }
+    if let Err(e) = h.engine.events_after(id, after, 1).await {
+        return super::run::fail(json, "session", &e.to_string(), EXIT_REFUSED);
+    }
+    let mut rx = h.engine.follow(id, after, POLL);
+    loop {
+        tokio::select! {
+            next = rx.recv() => match next {
+                Some(Ok(row)) => print(&row),
+                Some(Err(e)) => return super::run::fail(json, "session", &e.to_string(), EXIT_REFUSED),
+                None => return ExitCode::SUCCESS,
+            },
+            _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! Durable session events: every change of a session that a person can see, as a row with a
+//! per-session sequence number, written in the same transaction as the fact it reports — so
+//! an event is there exactly when its fact is, whichever process committed it, and writing
+//! one costs no commit of its own.
+//!
+//! Events carry only what the timeline already shows (never the API key). They are read
+//! "after sequence number N", and followed by polling the store
+//! ([`SessionEngine::follow`](super::SessionEngine::follow)): one indexed read of the rows
+//! after the last one seen, every poll interval.
+
+use rusqlite::{Connection, params};
+use serde::{Deserialize, Serialize};
+
+use crate::model::Usage;
+use crate::store::{StoreError, now_ms};
+
+use super::facts::RuntimeState;
+
+/// One event of a session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SessionEvent {
+    /// An input was accepted into the session's inbox.
+    InputAccepted { inbox_seq: i64, text: String },
+    /// A turn began with the oldest waiting input.
+    TurnStarted { turn: i64 },
+    /// The runtime state changed.
+    State {
+        state: RuntimeState,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+    },
+    /// Step `step`'s model request is about to be sent (committed with the fact that makes it
+    /// the next thing the turn does).
+    ModelCallStarted { step: i64 },
+    /// The model's reply to step `step` is in (committed with the step).
+    ModelCallFinished {
+        step: i64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        finish_reason: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage: Option<Usage>,
+        ms: f64,
+        attempts: u32,
+        /// The reply holds neither text nor tool calls.
+        #[serde(default)]
+        empty: bool,
+    },
+    /// Step `step`'s request did not come back as a reply; kept as refused request
+    /// `refused`.
+    ModelCallFailed {
+        step: i64,
+        refused: i64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        http_status: Option<u16>,
+        error: String,
+        attempts: u32,
+    },
+    /// A tool call's journal row changed: `planned`, `intent` (about to run), or a final
+    /// status (`done`, `failed`, `rejected`, `waiting`, `unknown`, …).
+    ToolCall {
+        step: i64,
+        call_id: String,
+        tool: String,
+        status: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error_kind: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ms: Option<f64>,
+    },
+    /// A call waits for a person's decision.
+    ApprovalAsked { unit: String, tool: String, call_id: String },
+    /// A person decided on an approval unit.
+    ApprovalDecided {
+        unit: String,
+        decision: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// The model's final answer of turn `turn`.
+    Answer { turn: i64, text: String },
+    /// A notice keel added to the history (a loop guard ended the turn).
+    Notice { text: String },
+}
+
+/// A stored event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRow {
+    pub seq: i64,
+    /// When it was committed (ms since the Unix epoch).
+    pub at_ms: i64,
+    #[serde(flatten)]
+    pub event: SessionEvent,
+}
+
+impl SessionEvent {
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::InputAccepted { .. } => "input_accepted",
+            Self::TurnStarted { .. } => "turn_started",
+            Self::State { .. } => "state",
+            Self::ModelCallStarted { .. } => "model_call_started",
+            Self::ModelCallFinished { .. } => "model_call_finished",
+            Self::ModelCallFailed { .. } => "model_call_failed",
+            Self::ToolCall { .. } => "tool_call",
+            Self::ApprovalAsked { .. } => "approval_asked",
+            Self::ApprovalDecided { .. } => "approval_decided",
+            Self::Answer { .. } => "answer",
+            Self::Notice { .. } => "notice",
+        }
+    }
+}
+
+/// Appends `event` to session `id`'s events, in the caller's transaction; returns its
+/// sequence number.
+pub fn append(c: &Connection, id: &str, event: &SessionEvent) -> Result<i64, StoreError> {
+    let seq: i64 = c
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM session_events WHERE session_id=?1")?
+        .query_row([id], |r| r.get(0))?;
+    let body = serde_json::to_string(event).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    c.prepare_cached(
+        "INSERT INTO session_events (session_id, seq, at_ms, kind, body) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![id, seq, now_ms(), event.kind(), body])?;
+    Ok(seq)
+}
+
+/// Events of session `id` after sequence number `after`, oldest first, at most `limit`.
+pub fn after(
+    c: &Connection,
+    id: &str,
+    after: i64,
+    limit: usize,
+) -> Result<Vec<EventRow>, StoreError> {
+    let mut stmt = c.prepare_cached(
+        "SELECT seq, at_ms, body FROM session_events WHERE session_id=?1 AND seq>?2
+         ORDER BY seq LIMIT ?3",
+    )?;
+    let rows = stmt.query_map(params![id, after, limit as i64], |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (seq, at_ms, body) = row?;
+        let event = serde_json::from_str(&body).map_err(|e| {
+            StoreError::Invalid(format!("event {seq} of session `{id}` is not readable: {e}"))
+        })?;
+        out.push(EventRow { seq, at_ms, event });
+    }
+    Ok(out)
+}
+
+/// The last event's sequence number of session `id` (0 when it has none).
+pub fn last_seq(c: &Connection, id: &str) -> Result<i64, StoreError> {
+    Ok(c.prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM session_events WHERE session_id=?1")?
+        .query_row([id], |r| r.get(0))?)
+}
