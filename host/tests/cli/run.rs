@@ -423,3 +423,75 @@ async fn tokens_flags_and_refused_requests_through_the_binary() {
         assert!(text.contains(line), "`session show` has {line:?}:\n{text}");
     }
 }
+
+/// `keel session events`: the events of a session as JSON lines (after a sequence number), and
+/// `--follow` in one process printing what another process's turn commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_events_through_the_binary_and_followed_from_another_process() {
+    let model = MockModel::start(vec![
+        Reply::text("first"),
+        Reply::Delay(Duration::from_millis(300), Box::new(Reply::text("second"))),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let url = model.url();
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&["run", "hello", "--session", "ev", "--model-url", &url, "--model", "m"]),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out =
+        keel_async(home.path().to_path_buf(), args(&["session", "events", "ev", "--json"])).await;
+    assert_eq!(out.status.code(), Some(0));
+    let rows: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kinds: Vec<&str> = rows.iter().map(|r| r["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "input_accepted",
+            "state",
+            "turn_started",
+            "state",
+            "model_call_started",
+            "model_call_finished",
+            "answer",
+            "state"
+        ]
+    );
+    assert_eq!(rows[6]["text"], "first");
+    assert_eq!(rows[7]["state"], "idle");
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&["session", "events", "ev", "--after", "6", "--json"]),
+    )
+    .await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
+    let out =
+        keel_async(home.path().to_path_buf(), args(&["session", "events", "nope", "--json"])).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(super::json_of(&out)["ok"], false);
+
+    // A follower in one process, a turn in another.
+    let mut follower = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["session", "events", "ev", "--after", "8", "--follow"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = keel_async(home.path().to_path_buf(), args(&["session", "send", "ev", "more"])).await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    follower.kill().unwrap();
+    let followed = follower.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&followed.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 8, "{text}");
+    assert!(lines[0].starts_with("#9 ") && lines[0].ends_with("input #2 accepted"), "{text}");
+    assert!(lines[6].ends_with("turn 2 answered"), "{text}");
+    assert!(lines[7].ends_with("state idle"), "{text}");
+}
