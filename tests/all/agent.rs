@@ -445,6 +445,7 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
         budget: keel::sandbox::Budget::default(),
         model: keel::model::ModelConfig::new("http://127.0.0.1:9/v1", "m"),
         system_prompt: prompt.into(),
+        guards: None,
     };
     a.create(session("p")).await.unwrap();
     let b = SessionEngine::new(Db::open(&path).unwrap());
@@ -1010,4 +1011,55 @@ async fn identical_parallel_calls_in_one_reply_are_one_repeat() {
         "{:?}",
         model.heads()
     );
+}
+
+/// A session's loop guards are stored with it: every turn of it — whichever harness (and
+/// whatever default) runs it — stops at its own limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_loop_guards_are_stored_and_used_by_every_turn() {
+    let call =
+        |n: usize| Reply::calls(&[(&format!("c{n}"), "echo", &format!(r#"{{"text":"{n}"}}"#))]);
+    let model = MockModel::start((0..6).map(call).collect()).await;
+    let home = tempfile::tempdir().unwrap();
+    let h = harness_with_session(
+        home.path(),
+        &model.url(),
+        "_",
+        &["echo"],
+        Vec::new(),
+        LoopGuards::default(),
+    )
+    .await;
+    h.engine
+        .create(keel::session::NewSession {
+            id: Some("g".into()),
+            grants: Vec::new(),
+            tools: vec!["echo".into()],
+            policy: keel::session::Policy::default(),
+            budget: keel::sandbox::Budget::default(),
+            model: keel::model::ModelConfig::new(&model.url(), "m"),
+            system_prompt: "p".into(),
+            guards: Some(LoopGuards { max_steps: 2, ..LoopGuards::default() }),
+        })
+        .await
+        .unwrap();
+    assert_eq!(h.engine.meta("g").await.unwrap().guards.map(|g| g.max_steps), Some(2));
+    for text in ["one", "two"] {
+        match submit(&h, "g", text).await {
+            Submitted::Ran(TurnOutcome::Stopped(n)) => {
+                assert!(n.contains("limit of 2 model calls"), "{n}")
+            }
+            other => panic!("expected the step limit, got {other:?}"),
+        }
+    }
+    assert_eq!(model.requests().len(), 4, "two model calls per turn, not 24");
+    let t = h.engine.timeline("g").await.unwrap();
+    let notices = t
+        .messages
+        .iter()
+        .filter(|m| {
+            m.body["content"].as_str().is_some_and(|c| c.contains("limit of 2 model calls"))
+        })
+        .count();
+    assert_eq!(notices, 2);
 }

@@ -362,6 +362,7 @@ async fn policy_ask_allow_and_deny_per_session() {
             budget: keel::sandbox::Budget::default(),
             model: model_cfg,
             system_prompt: "test".into(),
+            guards: None,
         })
         .await
         .unwrap();

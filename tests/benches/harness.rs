@@ -423,6 +423,7 @@ async fn recovery(n: usize) {
                     budget: keel::sandbox::Budget::default(),
                     model,
                     system_prompt: "p".into(),
+                    guards: None,
                 })
                 .await
                 .unwrap()

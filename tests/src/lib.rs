@@ -141,6 +141,7 @@ async fn create_session(
             budget: Budget { timeout: std::time::Duration::from_secs(20), ..Budget::default() },
             model,
             system_prompt: "You are a test agent.".into(),
+            guards: None,
         })
         .await
         .unwrap();

@@ -15,43 +15,13 @@ use std::time::Instant;
 
 use crate::model::{ModelClient, ModelError, Usage};
 use crate::sandbox::CancelToken;
+pub use crate::session::LoopGuards;
 use crate::session::{CallFacts, RuntimeState, SessionEngine, StepCommit, TurnStart};
 use crate::store::StoreError;
 use crate::tools::ToolService;
 
 use calls::StepEnd;
 pub use calls::result_content;
-
-/// The loop guards and bounds of a turn. Counts too small to mean anything are raised when the
-/// AgentService is built: a turn makes at least one model call, runs at least one call at a
-/// time, stops at the earliest after one error, and a call is repeated only from its second
-/// occurrence on.
-#[derive(Debug, Clone)]
-pub struct LoopGuards {
-    /// Model calls per turn at most.
-    pub max_steps: u32,
-    /// Occurrences in a row of the very same call (tool + arguments) that stop the turn (at
-    /// least 2).
-    pub max_repeats: u32,
-    /// Tool errors in a row before the turn stops.
-    pub max_consecutive_errors: u32,
-    /// Read-only calls run at once.
-    pub max_parallel: usize,
-    /// Bytes of one tool result shown to the model; the rest is cut with a marker.
-    pub result_cap: usize,
-}
-
-impl Default for LoopGuards {
-    fn default() -> Self {
-        Self {
-            max_steps: 24,
-            max_repeats: 3,
-            max_consecutive_errors: 5,
-            max_parallel: 4,
-            result_cap: 16 * 1024,
-        }
-    }
-}
 
 /// Something worth telling the user while a turn runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -139,14 +109,7 @@ impl AgentService {
         model: ModelClient,
         guards: LoopGuards,
     ) -> Self {
-        let guards = LoopGuards {
-            max_steps: guards.max_steps.max(1),
-            max_repeats: guards.max_repeats.max(2),
-            max_consecutive_errors: guards.max_consecutive_errors.max(1),
-            max_parallel: guards.max_parallel.max(1),
-            ..guards
-        };
-        Self { engine, tools, model, guards }
+        Self { engine, tools, model, guards: guards.normalized() }
     }
 
     pub fn engine(&self) -> &SessionEngine {
@@ -156,7 +119,25 @@ impl AgentService {
     /// Runs one turn of session `id` until it ends or waits for an approval. A turn that was
     /// already under way (it waited for an approval, or its process died) is resumed: its open
     /// step is finished from the journal first.
+    ///
+    /// The turn runs under the session's stored loop guards, or this service's when the
+    /// session has none.
     pub async fn run_turn(
+        &self,
+        id: &str,
+        turn: &TurnStart,
+        cancel: &CancelToken,
+        events: &Events,
+    ) -> Result<TurnOutcome, AgentError> {
+        match self.engine.meta(id).await?.guards.map(LoopGuards::normalized) {
+            Some(g) if g != self.guards => {
+                Self { guards: g, ..self.clone() }.run_turn_guarded(id, turn, cancel, events).await
+            }
+            _ => self.run_turn_guarded(id, turn, cancel, events).await,
+        }
+    }
+
+    async fn run_turn_guarded(
         &self,
         id: &str,
         turn: &TurnStart,

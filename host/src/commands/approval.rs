@@ -74,7 +74,7 @@ fn print_unit(u: &ApprovalUnit) {
 
 /// `keel approvals`.
 pub async fn list(home: PathBuf, a: ApprovalsArgs) -> ExitCode {
-    let (_, h) = match open_harness(&home, 24).await {
+    let (_, h) = match open_harness(&home).await {
         Ok(x) => x,
         Err(e) => return fail(a.json, "setup", &e, EXIT_SETUP),
     };
@@ -109,7 +109,7 @@ pub async fn list(home: PathBuf, a: ApprovalsArgs) -> ExitCode {
 /// `keel approve` / `keel reject`: records the decision, then resumes the session's turn in the
 /// foreground until it finishes or waits again.
 pub async fn decide(home: PathBuf, a: DecideArgs, decision: Decision) -> ExitCode {
-    let (_, h) = match open_harness(&home, 24).await {
+    let (_, h) = match open_harness(&home).await {
         Ok(x) => x,
         Err(e) => return fail(a.json, "setup", &e, EXIT_SETUP),
     };
@@ -163,7 +163,7 @@ pub async fn decide(home: PathBuf, a: DecideArgs, decision: Decision) -> ExitCod
 /// `keel recover`: startup recovery (done by every command that opens the store), then each
 /// recovered session's turn resumed in the foreground.
 pub async fn recover(home: PathBuf, a: RecoverArgs) -> ExitCode {
-    let (_, h) = match open_harness(&home, 24).await {
+    let (_, h) = match open_harness(&home).await {
         Ok(x) => x,
         Err(e) => return fail(a.json, "setup", &e, EXIT_SETUP),
     };

@@ -66,9 +66,10 @@ pub struct RunArgs {
     model_timeout: Option<std::time::Duration>,
     #[command(flatten)]
     budget: BudgetArgs,
-    /// Model calls per turn at most (1 or more).
-    #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u32).range(1..))]
-    max_steps: u32,
+    /// Model calls per turn at most (1 or more) of a new session, stored with it: `session
+    /// send`, `approve` and `recover` run its turns with the same limit (default 24).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_steps: Option<u32>,
     /// Print one JSON object instead of the answer.
     #[arg(long)]
     json: bool,
@@ -91,10 +92,10 @@ pub fn quiet() -> Events {
 }
 
 /// Opens the harness of `home`, with first-party installs reported on stderr.
-pub async fn open_harness(home: &PathBuf, max_steps: u32) -> Result<(Home, Harness), String> {
+pub async fn open_harness(home: &PathBuf) -> Result<(Home, Harness), String> {
     let home =
         Home::at(home).map_err(|e| format!("cannot use keel home {}: {e}", home.display()))?;
-    let guards = LoopGuards { max_steps, ..LoopGuards::default() };
+    let guards = LoopGuards::default();
     let progress = |m: &str| eprintln!("keel: {m}");
     let harness = Harness::open(
         home.clone(),
@@ -241,7 +242,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
     if a.task.trim().is_empty() {
         return fail(a.json, "input", "the task is empty: say what to do", EXIT_REFUSED);
     }
-    let (home_dir, h) = match open_harness(&home, a.max_steps).await {
+    let (home_dir, h) = match open_harness(&home).await {
         Ok(x) => x,
         Err(e) => return fail(a.json, "setup", &e, EXIT_SETUP),
     };
@@ -272,6 +273,11 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
         {
             eprintln!(
                 "keel: session {id} keeps the model settings it was created with; the model flags apply to new sessions"
+            );
+        }
+        if a.max_steps.is_some() {
+            eprintln!(
+                "keel: session {id} keeps the loop guards it was created with; --max-steps applies to new sessions"
             );
         }
         if !a.tools.is_empty()
@@ -325,6 +331,10 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
             budget,
             model,
             system_prompt: DEFAULT_SYSTEM_PROMPT.to_string(),
+            guards: Some(LoopGuards {
+                max_steps: a.max_steps.unwrap_or(LoopGuards::default().max_steps),
+                ..LoopGuards::default()
+            }),
         };
         match h.engine.create(new).await {
             Ok(id) => id,

@@ -106,7 +106,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::Events(a) => a.json,
         SessionCommand::Evidence(_) => false,
     };
-    let (_, h) = match open_harness(&home, 24).await {
+    let (_, h) = match open_harness(&home).await {
         Ok(x) => x,
         Err(e) => return fail(json_out, &e, EXIT_SETUP),
     };

@@ -79,6 +79,8 @@ pub struct SessionMeta {
     pub budget: Budget,
     pub model: ModelConfig,
     pub system_prompt: String,
+    /// The session's loop guards (`None`: those of the harness that runs its turns).
+    pub guards: Option<super::LoopGuards>,
     pub grants: Vec<Grant>,
     pub meta_version: i64,
     pub context_start: i64,
@@ -106,10 +108,10 @@ pub fn load_meta_at(
     id: &str,
     counters: MetaCounters,
 ) -> Result<SessionMeta, StoreError> {
-    let (goal, phase, tools, policy, budget, model, system, pins) = c
+    let (goal, phase, tools, policy, budget, model, system, pins, guards) = c
         .prepare_cached(
             "SELECT session_goal, phase_goal, loaded_tools, policy, budget, model, system_prompt,
-                    tool_pins
+                    tool_pins, guards
              FROM session_config WHERE session_id=?1",
         )?
         .query_row([id], |r| {
@@ -122,6 +124,7 @@ pub fn load_meta_at(
                 r.get::<_, String>(5)?,
                 r.get::<_, String>(6)?,
                 r.get::<_, String>(7)?,
+                r.get::<_, Option<String>>(8)?,
             ))
         })
         .optional()?
@@ -153,6 +156,7 @@ pub fn load_meta_at(
         budget: parse(&budget, "budget")?,
         model: parse(&model, "model config")?,
         system_prompt: system,
+        guards: guards.map(|g| parse(&g, "loop guards")).transpose()?,
         grants,
         meta_version: 0,
         context_start: 0,

@@ -46,6 +46,54 @@ pub struct NewSession {
     pub budget: Budget,
     pub model: ModelConfig,
     pub system_prompt: String,
+    /// The session's loop guards; `None` uses those of the harness that runs each turn.
+    pub guards: Option<LoopGuards>,
+}
+
+/// The loop guards and bounds of a session's turns, stored with the session (a key missing
+/// from a stored value takes its default). Counts too small to mean anything are raised where
+/// a turn uses them ([`LoopGuards::normalized`]): a turn makes at least one model call, runs
+/// at least one call at a time, stops at the earliest after one error, and a call is repeated
+/// only from its second occurrence on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LoopGuards {
+    /// Model calls per turn at most.
+    pub max_steps: u32,
+    /// Occurrences in a row of the very same call (tool + arguments) that stop the turn (at
+    /// least 2).
+    pub max_repeats: u32,
+    /// Tool errors in a row before the turn stops.
+    pub max_consecutive_errors: u32,
+    /// Read-only calls run at once.
+    pub max_parallel: usize,
+    /// Bytes of one tool result shown to the model; the rest is cut with a marker.
+    pub result_cap: usize,
+}
+
+impl Default for LoopGuards {
+    fn default() -> Self {
+        Self {
+            max_steps: 24,
+            max_repeats: 3,
+            max_consecutive_errors: 5,
+            max_parallel: 4,
+            result_cap: 16 * 1024,
+        }
+    }
+}
+
+impl LoopGuards {
+    /// These guards with counts too small to mean anything raised.
+    pub fn normalized(self) -> Self {
+        Self {
+            max_steps: self.max_steps.max(1),
+            max_repeats: self.max_repeats.max(2),
+            max_consecutive_errors: self.max_consecutive_errors.max(1),
+            max_parallel: self.max_parallel.max(1),
+            ..self
+        }
+    }
 }
 
 /// A journal row: one tool call of one step.
@@ -134,15 +182,16 @@ impl SessionEngine {
                     params![id2, now_ms()],
                 )?;
                 c.execute(
-                    "INSERT INTO session_config (session_id, loaded_tools, policy, budget, model, system_prompt)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    "INSERT INTO session_config (session_id, loaded_tools, policy, budget, model, system_prompt, guards)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                     params![
                         id2,
                         json(&new.tools)?,
                         json(&new.policy)?,
                         json(&new.budget)?,
                         json(&new.model)?,
-                        new.system_prompt
+                        new.system_prompt,
+                        new.guards.as_ref().map(json).transpose()?
                     ],
                 )?;
                 for g in &new.grants {

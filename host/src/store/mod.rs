@@ -308,6 +308,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
         PRIMARY KEY (session_id, seq)
     );",
     ),
+    (
+        10,
+        // A session's loop guards (JSON; NULL: those of the harness that runs its turns).
+        "ALTER TABLE session_config ADD COLUMN guards TEXT;",
+    ),
 ];
 
 /// Errors of the store.
