@@ -91,6 +91,8 @@ pub enum AgentError {
 struct GuardState {
     repeats: HashMap<String, u32>,
     consecutive_errors: u32,
+    /// The runner lease the turn's last commit releases (when no input waits).
+    lease: Option<Arc<str>>,
 }
 
 /// The AgentService.
@@ -144,7 +146,7 @@ impl AgentService {
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<TurnOutcome, AgentError> {
-        let mut guard = GuardState::default();
+        let mut guard = GuardState { lease: turn.lease.clone(), ..GuardState::default() };
         if let Some(open) = self.engine.load_open_step(id).await? {
             let meta = self.engine.meta(id).await?;
             if !calls::can_progress(&meta, &open) {
@@ -250,6 +252,7 @@ impl AgentService {
                             state: RuntimeState::Idle,
                             detail: None,
                             closes_open_step: false,
+                            release_lease: turn.lease.clone(),
                         },
                     )
                     .await?;
@@ -369,6 +372,11 @@ impl AgentService {
                     state,
                     detail: interrupted.then(|| "interrupted by the user".to_string()),
                     closes_open_step: step.opened,
+                    release_lease: if state == RuntimeState::Idle {
+                        guard.lease.clone()
+                    } else {
+                        None
+                    },
                 },
             )
             .await?;

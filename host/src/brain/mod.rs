@@ -154,19 +154,26 @@ impl Brain {
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<Submitted, AgentError> {
-        // The input and the lease attempt commit together: one fsync acknowledges the input.
+        // The input, the lease attempt and — with the lease, when no turn is under way — the
+        // turn's start commit together: one fsync acknowledges the input and starts its turn.
         let (sid, text, owner) = (id.to_string(), input.to_string(), self.owner.clone());
-        let (seq, acquired) = self
+        let (seq, acquired, begun) = self
             .db
             .run(move |c| {
                 let seq = crate::session::submit_in(c, &sid, &text)?;
-                Ok((seq, acquire_in(c, &sid, &owner)?))
+                if !acquire_in(c, &sid, &owner)? {
+                    return Ok((seq, false, None));
+                }
+                let under_way =
+                    crate::session::SessionEngine::load_meta_in(c, &sid)?.active_turn.is_some();
+                let begun = if under_way { None } else { crate::session::begin_turn_in(c, &sid)? };
+                Ok((seq, true, begun))
             })
             .await?;
         if !acquired {
             return Ok(Submitted::Queued { inbox_seq: seq });
         }
-        self.drain_held(id, true, cancel, events)
+        self.drain_held(id, true, begun, cancel, events)
             .await
             .map(|r| r.unwrap_or(Submitted::Queued { inbox_seq: seq }))
     }
@@ -179,13 +186,16 @@ impl Brain {
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<Option<Submitted>, AgentError> {
-        self.drain_held(id, false, cancel, events).await
+        self.drain_held(id, false, None, cancel, events).await
     }
 
+    /// Runs the session while this runner holds it: `begun` is a turn already started in the
+    /// transaction that took the lease.
     async fn drain_held(
         &self,
         id: &str,
         mut held: bool,
+        mut begun: Option<TurnStart>,
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<Option<Submitted>, AgentError> {
@@ -196,7 +206,7 @@ impl Brain {
             }
             held = true;
             let guard = RunnerTasks::start(self, id, cancel);
-            let result = self.run_inbox(id, cancel, events).await;
+            let result = self.run_inbox(id, begun.take(), cancel, events).await;
             drop(guard);
             match result {
                 Ok(Some(outcome)) => last = Some(outcome),
@@ -210,6 +220,13 @@ impl Brain {
             // user (or the decision).
             let interrupted =
                 matches!(last, Some(TurnOutcome::Interrupted | TurnOutcome::WaitingApproval(_)));
+            // A turn that ended idle released the lease in its last commit (unless inputs
+            // waited): then there is nothing left to do here.
+            if !interrupted && !self.holds(id).await? {
+                return Ok(Some(Submitted::Ran(
+                    last.unwrap_or(TurnOutcome::Answer(String::new())),
+                )));
+            }
             // Release unless inputs arrived meanwhile (checked in the same transaction).
             if self.release(id, interrupted).await? || interrupted {
                 return Ok(Some(Submitted::Ran(
@@ -222,20 +239,38 @@ impl Brain {
     async fn run_inbox(
         &self,
         id: &str,
+        begun: Option<TurnStart>,
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<Option<TurnOutcome>, AgentError> {
+        let lease = Some(self.owner.clone());
         let mut last = None;
         // A turn already under way (it waited for an approval, or its process died) comes first.
-        if let Some(turn) = self.engine().meta(id).await?.active_turn {
-            let resume = TurnStart { turn, text: String::new() };
+        if begun.is_none()
+            && let Some(turn) = self.engine().meta(id).await?.active_turn
+        {
+            let resume = TurnStart { turn, text: String::new(), lease: lease.clone() };
             let outcome = self.agent.run_turn(id, &resume, cancel, events).await?;
             if matches!(outcome, TurnOutcome::Interrupted | TurnOutcome::WaitingApproval(_)) {
                 return Ok(Some(outcome));
             }
             last = Some(outcome);
         }
-        while let Some(turn) = self.engine().begin_turn(id).await? {
+        let mut next = begun;
+        loop {
+            // A turn's last commit may have released the lease: then another runner may hold
+            // the session now, and this one must not start another turn.
+            if last.is_some() && !self.holds(id).await? {
+                break;
+            }
+            let turn = match next.take() {
+                Some(t) => t,
+                None => match self.engine().begin_turn(id).await? {
+                    Some(t) => t,
+                    None => break,
+                },
+            };
+            let turn = TurnStart { lease: lease.clone(), ..turn };
             let outcome = self.agent.run_turn(id, &turn, cancel, events).await?;
             let stop =
                 matches!(outcome, TurnOutcome::Interrupted | TurnOutcome::WaitingApproval(_));
@@ -245,6 +280,19 @@ impl Brain {
             }
         }
         Ok(last)
+    }
+
+    /// Whether this runner holds the lease of `id` (a read).
+    async fn holds(&self, id: &str) -> Result<bool, StoreError> {
+        let (id, owner) = (id.to_string(), self.owner.clone());
+        self.db
+            .read_inline(move |c| {
+                Ok(c.prepare_cached(
+                    "SELECT EXISTS(SELECT 1 FROM runner_leases WHERE session_id=?1 AND owner=?2)",
+                )?
+                .query_row(params![id, &*owner], |r| r.get(0))?)
+            })
+            .await
     }
 
     /// Takes the runner lease of `id` if it is free, abandoned, or already ours.
@@ -257,23 +305,7 @@ impl Brain {
     /// false). With `force`, releases regardless.
     async fn release(&self, id: &str, force: bool) -> Result<bool, StoreError> {
         let (id, owner) = (id.to_string(), self.owner.clone());
-        self.db
-            .run(move |c| {
-                let waiting: i64 = c.query_row(
-                    "SELECT COUNT(*) FROM inbox WHERE session_id=?1 AND consumed_at IS NULL",
-                    [&id],
-                    |r| r.get(0),
-                )?;
-                if waiting > 0 && !force {
-                    return Ok(false);
-                }
-                c.execute(
-                    "DELETE FROM runner_leases WHERE session_id=?1 AND owner=?2",
-                    params![id, &*owner],
-                )?;
-                Ok(true)
-            })
-            .await
+        self.db.run(move |c| release_in(c, &id, &owner, force)).await
     }
 
     async fn heartbeat(&self, id: &str) -> Result<(), StoreError> {
@@ -288,6 +320,30 @@ impl Brain {
             })
             .await
     }
+}
+
+/// Releases `owner`'s runner lease of `id` unless unconsumed inputs are waiting (then keeps it
+/// and returns false); with `force`, releases regardless. For callers that compose it into a
+/// larger transaction (a turn's last commit releases the lease with it).
+pub fn release_in(
+    c: &rusqlite::Connection,
+    id: &str,
+    owner: &str,
+    force: bool,
+) -> Result<bool, StoreError> {
+    if !force {
+        let waiting: bool = c
+            .prepare_cached(
+                "SELECT EXISTS(SELECT 1 FROM inbox WHERE session_id=?1 AND consumed_at IS NULL)",
+            )?
+            .query_row([id], |r| r.get(0))?;
+        if waiting {
+            return Ok(false);
+        }
+    }
+    c.prepare_cached("DELETE FROM runner_leases WHERE session_id=?1 AND owner=?2")?
+        .execute(params![id, owner])?;
+    Ok(true)
 }
 
 /// Takes the runner lease of `id` for `owner` if it is free, abandoned, or already theirs.

@@ -125,6 +125,9 @@ pub struct JournalEntry {
 pub struct TurnStart {
     pub turn: i64,
     pub text: String,
+    /// The runner lease the turn runs under: released in the commit that ends the turn when
+    /// no input waits (see [`StepCommit::release_lease`]).
+    pub lease: Option<Arc<str>>,
 }
 
 /// The SessionEngine of one database.
@@ -303,43 +306,7 @@ impl SessionEngine {
     /// request. One transaction.
     pub async fn begin_turn(&self, id: &str) -> Result<Option<TurnStart>, StoreError> {
         let id = id.to_string();
-        self.db
-            .run(move |c| {
-                let next: Option<(i64, String)> = c
-                    .query_row(
-                        "SELECT seq, text FROM inbox WHERE session_id=?1 AND consumed_at IS NULL ORDER BY seq LIMIT 1",
-                        [&id],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )
-                    .optional()?;
-                let Some((seq, text)) = next else { return Ok(None) };
-                c.execute("UPDATE inbox SET consumed_at=?3 WHERE session_id=?1 AND seq=?2", params![id, seq, now_ms()])?;
-                c.execute(
-                    "UPDATE sessions SET turns=turns+1, interrupt_requested=0, state='running',
-                     state_detail=NULL, meta_version=meta_version+1 WHERE id=?1",
-                    [&id],
-                )?;
-                // The first input becomes the session goal.
-                c.prepare_cached(
-                    "UPDATE session_config SET session_goal=?2 WHERE session_id=?1 AND session_goal IS NULL",
-                )?
-                .execute(params![id, text])?;
-                let turn: i64 = c.query_row("SELECT turns FROM sessions WHERE id=?1", [&id], |r| r.get(0))?;
-                c.execute("UPDATE sessions SET active_turn=?2 WHERE id=?1", params![id, turn])?;
-                let body = serde_json::json!({"role": "user", "content": text}).to_string();
-                facts::append_message(c, &id, turn, "user", &body)?;
-                let steps: i64 =
-                    c.query_row("SELECT steps FROM sessions WHERE id=?1", [&id], |r| r.get(0))?;
-                for e in [
-                    SessionEvent::TurnStarted { turn },
-                    SessionEvent::State { state: RuntimeState::Running, detail: None },
-                    SessionEvent::ModelCallStarted { step: steps + 1 },
-                ] {
-                    events::append(c, &id, &e)?;
-                }
-                Ok(Some(TurnStart { turn, text }))
-            })
-            .await
+        self.db.run(move |c| begin_turn_in(c, &id)).await
     }
 
     /// Whether inputs are waiting in the inbox.
@@ -638,6 +605,46 @@ impl SessionEngine {
     }
 }
 
+/// The turn start of [`SessionEngine::begin_turn`], for callers that compose it into a larger
+/// transaction (the Brain takes the input, the runner lease and the turn in one).
+pub fn begin_turn_in(c: &Connection, id: &str) -> Result<Option<TurnStart>, StoreError> {
+    let next: Option<(i64, String)> = c
+        .query_row(
+            "SELECT seq, text FROM inbox WHERE session_id=?1 AND consumed_at IS NULL ORDER BY seq LIMIT 1",
+            [id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let Some((seq, text)) = next else { return Ok(None) };
+    c.execute(
+        "UPDATE inbox SET consumed_at=?3 WHERE session_id=?1 AND seq=?2",
+        params![id, seq, now_ms()],
+    )?;
+    c.execute(
+        "UPDATE sessions SET turns=turns+1, interrupt_requested=0, state='running',
+         state_detail=NULL, meta_version=meta_version+1 WHERE id=?1",
+        [id],
+    )?;
+    // The first input becomes the session goal.
+    c.prepare_cached(
+        "UPDATE session_config SET session_goal=?2 WHERE session_id=?1 AND session_goal IS NULL",
+    )?
+    .execute(params![id, text])?;
+    let turn: i64 = c.query_row("SELECT turns FROM sessions WHERE id=?1", [id], |r| r.get(0))?;
+    c.execute("UPDATE sessions SET active_turn=?2 WHERE id=?1", params![id, turn])?;
+    let body = serde_json::json!({"role": "user", "content": text}).to_string();
+    facts::append_message(c, id, turn, "user", &body)?;
+    let steps: i64 = c.query_row("SELECT steps FROM sessions WHERE id=?1", [id], |r| r.get(0))?;
+    for e in [
+        SessionEvent::TurnStarted { turn },
+        SessionEvent::State { state: RuntimeState::Running, detail: None },
+        SessionEvent::ModelCallStarted { step: steps + 1 },
+    ] {
+        events::append(c, id, &e)?;
+    }
+    Ok(Some(TurnStart { turn, text, lease: None }))
+}
+
 /// The inbox append of [`SessionEngine::submit`], for callers that compose it into a larger
 /// transaction (the Brain takes the runner lease in the same one). A session that is not
 /// running shows `preparing_context` until its runner starts the turn.
@@ -678,6 +685,9 @@ pub struct StepCommit {
     pub detail: Option<String>,
     /// Whether the step was open (its open-step record is removed in the same transaction).
     pub closes_open_step: bool,
+    /// The runner lease to release in the same transaction when the step ends the turn
+    /// (`idle`) and no input waits: the turn's last commit is also the runner's.
+    pub release_lease: Option<Arc<str>>,
 }
 
 fn commit_step(
@@ -715,6 +725,11 @@ fn commit_step(
     }
     let step = s.evidence.as_ref().map(|e| e.step);
     facts::set_state_after(c, id, s.state, s.detail.as_deref(), step)?;
+    if let Some(owner) = &s.release_lease
+        && s.state == RuntimeState::Idle
+    {
+        crate::brain::release_in(c, id, owner, false)?;
+    }
     if s.state == RuntimeState::Running {
         events::append(c, id, &SessionEvent::ModelCallStarted { step: s.step + 1 })?;
     }
