@@ -1063,3 +1063,43 @@ async fn a_sessions_loop_guards_are_stored_and_used_by_every_turn() {
         .count();
     assert_eq!(notices, 2);
 }
+
+/// A turn with one read-only tool call commits three times: the input with the runner lease
+/// and the turn's start; the step; the answer with the state and the lease released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_with_one_read_only_call_commits_three_times() {
+    let model = MockModel::start(vec![
+        Reply::calls(&[("c1", "echo", r#"{"text":"a"}"#)]),
+        Reply::text("one"),
+        Reply::calls(&[("c2", "echo", r#"{"text":"b"}"#)]),
+        Reply::text("two"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let h = harness_with_session(
+        home.path(),
+        &model.url(),
+        "c",
+        &["echo"],
+        Vec::new(),
+        LoopGuards::default(),
+    )
+    .await;
+    for answer in ["one", "two"] {
+        let before = h.engine.db().stats().commits.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(submit(&h, "c", "go").await, Submitted::Ran(TurnOutcome::Answer(answer.into())));
+        let after = h.engine.db().stats().commits.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(after - before, 3, "commits of the turn answered {answer:?}");
+    }
+    // The lease went with the last commit: another runner may take the session at once.
+    let other = harness_with_session(
+        home.path(),
+        &model.url(),
+        "c",
+        &["echo"],
+        Vec::new(),
+        LoopGuards::default(),
+    )
+    .await;
+    assert!(other.brain.try_acquire("c").await.unwrap());
+}

@@ -103,13 +103,23 @@ impl Progress {
 
     /// Prints what is left (every event committed before this call) and stops.
     pub async fn finish(self) {
-        let last = self.harness.engine.last_event(&self.id).await.unwrap_or(0);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-        while self.printed.load(Ordering::Acquire) < last && tokio::time::Instant::now() < deadline
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        // The follower is stopped first (it prints and records each row between two awaits,
+        // so it never stops half-way through one); then what it had not printed yet is read
+        // and printed here, without waiting for its next poll.
         self.task.abort();
+        let _ = self.task.await;
+        let mut last = self.printed.load(Ordering::Acquire);
+        while let Ok(rows) = self.harness.engine.events_after(&self.id, last, 256).await {
+            if rows.is_empty() {
+                break;
+            }
+            for row in rows {
+                if let Some(line) = render(&row) {
+                    eprintln!("keel: {line}");
+                }
+                last = row.seq;
+            }
+        }
     }
 }
 

@@ -79,9 +79,18 @@ impl EpochTicker {
         let engine = engine.clone();
         let flag = stop.clone();
         let thread = std::thread::Builder::new().name("keel-epoch".into()).spawn(move || {
-            while !flag.load(Ordering::Relaxed) {
-                std::thread::sleep(EPOCH_TICK);
+            // Parked, not asleep, between ticks: dropping the ticker unparks it, so a process
+            // does not wait up to a tick to exit. A wake-up before the tick is due (spurious,
+            // or the unpark) does not advance the epoch.
+            let mut due = std::time::Instant::now() + EPOCH_TICK;
+            while !flag.load(Ordering::Acquire) {
+                let now = std::time::Instant::now();
+                if now < due {
+                    std::thread::park_timeout(due - now);
+                    continue;
+                }
                 engine.increment_epoch();
+                due = now + EPOCH_TICK;
             }
         })?;
         Ok(Self { stop, thread: Some(thread) })
@@ -90,8 +99,9 @@ impl EpochTicker {
 
 impl Drop for EpochTicker {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
     }
