@@ -18,7 +18,7 @@ mod pipe;
 mod run;
 mod wasi;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -202,23 +202,29 @@ pub struct Prepared {
     invoke: ComponentExportIndex,
 }
 
-/// The sandbox: one engine, one linker, one epoch ticker, one artifact cache.
+/// The sandbox: one engine, one linker, one epoch ticker, one artifact cache — built on first
+/// use, so a process that runs no tool (`keel session list`) never reserves the instance pool
+/// or starts the ticker thread.
 pub struct Sandbox {
-    engine: Engine,
-    linker: Linker<CallState>,
+    cache_root: PathBuf,
     limits: SandboxLimits,
-    engine_hash: String,
-    cache: ArtifactCache,
+    core: std::sync::OnceLock<Core>,
     /// One permit per pooled instance slot: calls beyond the pool wait instead of failing.
     slots: Arc<tokio::sync::Semaphore>,
+}
+
+/// What the sandbox builds on first use.
+struct Core {
+    engine: Engine,
+    linker: Linker<CallState>,
+    engine_hash: String,
+    cache: ArtifactCache,
     _ticker: engine::EpochTicker,
 }
 
-impl Sandbox {
-    /// A sandbox whose compiled artifacts are cached under `cache_root`.
-    pub fn new(cache_root: &Path, limits: SandboxLimits) -> Result<Self, LoadError> {
-        let engine =
-            engine::build_engine(&limits).map_err(|source| LoadError::Engine { source })?;
+impl Core {
+    fn build(cache_root: &Path, limits: &SandboxLimits) -> Result<Self, LoadError> {
+        let engine = engine::build_engine(limits).map_err(|source| LoadError::Engine { source })?;
         let mut linker = Linker::new(&engine);
         wasi::add_to_linker(&mut linker).map_err(|source| LoadError::Engine { source })?;
         let ticker = engine::EpochTicker::start(&engine).map_err(|source| LoadError::Cache {
@@ -227,13 +233,36 @@ impl Sandbox {
         })?;
         let engine_hash = engine::compatibility_hash(&engine);
         let cache = ArtifactCache::new(cache_root, &engine_hash);
+        Ok(Self { engine, linker, engine_hash, cache, _ticker: ticker })
+    }
+}
+
+impl Sandbox {
+    /// A sandbox whose compiled artifacts are cached under `cache_root`. The engine is built
+    /// when it is first needed; [`Sandbox::ready`] builds it now.
+    pub fn new(cache_root: &Path, limits: SandboxLimits) -> Result<Self, LoadError> {
         let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_concurrent_calls as usize));
-        Ok(Self { engine, linker, limits, engine_hash, cache, slots, _ticker: ticker })
+        Ok(Self { cache_root: cache_root.to_path_buf(), limits, core: Default::default(), slots })
+    }
+
+    /// The engine and what goes with it, built on first use (by one caller; a concurrent
+    /// builder's copy is dropped).
+    fn core(&self) -> Result<&Core, LoadError> {
+        if let Some(core) = self.core.get() {
+            return Ok(core);
+        }
+        let built = Core::build(&self.cache_root, &self.limits)?;
+        Ok(self.core.get_or_init(|| built))
+    }
+
+    /// Builds the engine now (it is otherwise built on first use).
+    pub fn ready(&self) -> Result<(), LoadError> {
+        self.core().map(|_| ())
     }
 
     /// Digest of the engine settings that artifacts are compiled for.
-    pub fn engine_hash(&self) -> &str {
-        &self.engine_hash
+    pub fn engine_hash(&self) -> Result<&str, LoadError> {
+        Ok(&self.core()?.engine_hash)
     }
 
     pub fn limits(&self) -> &SandboxLimits {
@@ -243,7 +272,7 @@ impl Sandbox {
     /// Compiles `bytes` (bounded in size and time) without caching.
     pub fn compile(&self, bytes: &[u8]) -> Result<Component, LoadError> {
         cache::compile(
-            &self.engine,
+            &self.core()?.engine,
             Arc::from(bytes),
             self.limits.max_component_bytes,
             self.limits.compile_timeout,
@@ -252,14 +281,15 @@ impl Sandbox {
 
     /// Writes the compiled artifact of `component` (whose `.wasm` hashes to `digest`).
     pub fn cache_artifact(&self, component: &Component, digest: &str) -> Result<(), LoadError> {
-        self.cache.store(component, digest)
+        self.core()?.cache.store(component, digest)
     }
 
     /// Loads the component with `digest` from the artifact cache, or compiles it from `wasm`
     /// (refusing a file that does not hash to `digest`).
     pub fn load(&self, digest: &str, wasm: &Path) -> Result<(Component, LoadSource), LoadError> {
-        self.cache.load_or_compile(
-            &self.engine,
+        let core = self.core()?;
+        core.cache.load_or_compile(
+            &core.engine,
             digest,
             wasm,
             self.limits.max_component_bytes,
@@ -279,13 +309,14 @@ impl Sandbox {
     /// Checks that `component` targets the keel tool world and imports only granted
     /// interfaces, and links it.
     pub fn prepare(&self, component: &Component) -> Result<Prepared, LoadError> {
+        let core = self.core()?;
         let ty = component.component_type();
-        check_granted(ty.imports(&self.engine).map(|(name, _)| name))?;
-        let pre = self.linker.instantiate_pre(component).map_err(|source| LoadError::Link {
-            missing: imports::unlinked(&self.linker, component),
+        check_granted(ty.imports(&core.engine).map(|(name, _)| name))?;
+        let pre = core.linker.instantiate_pre(component).map_err(|source| LoadError::Link {
+            missing: imports::unlinked(&core.linker, component),
             source,
         })?;
-        let exports: Vec<String> = ty.exports(&self.engine).map(|(n, _)| n.to_string()).collect();
+        let exports: Vec<String> = ty.exports(&core.engine).map(|(n, _)| n.to_string()).collect();
         let wrong = |what: &str| LoadError::WrongWorld {
             reason: format!(
                 "{what}; it exports [{}]",
@@ -307,7 +338,7 @@ impl Sandbox {
     /// Calls `describe` on a fresh instance, with `budget` and no filesystem.
     pub async fn describe(&self, prepared: &Prepared, budget: &Budget) -> CallReport<Vec<RawSpec>> {
         let _slot = self.slots.acquire().await;
-        run::describe(&self.engine, prepared, budget).await
+        run::describe(prepared.pre.engine(), prepared, budget).await
     }
 
     /// Runs tool `tool` with JSON `input` on a fresh instance, under `budget`, seeing only
@@ -325,6 +356,6 @@ impl Sandbox {
         cancel: Option<&CancelToken>,
     ) -> CallReport<String> {
         let _slot = self.slots.acquire().await;
-        run::invoke(&self.engine, prepared, tool, input, grants, fs, budget, cancel).await
+        run::invoke(prepared.pre.engine(), prepared, tool, input, grants, fs, budget, cancel).await
     }
 }
