@@ -420,6 +420,8 @@ async fn the_api_key_never_reaches_the_database_or_the_evidence() {
     assert_eq!(submit(&keyed, "k", "hi").await, Submitted::Ran(TurnOutcome::Answer("ok".into())));
     let (_, evidence) = keyed.engine.evidence("k", None).await.unwrap();
     assert!(!String::from_utf8_lossy(&evidence).contains(KEY));
+    // The session's events (in the files scanned below) were written too.
+    assert!(keyed.engine.last_event("k").await.unwrap() >= 6);
     for file in ["keel.db", "keel.db-wal"] {
         let bytes = std::fs::read(home.path().join(file)).unwrap_or_default();
         assert!(!String::from_utf8_lossy(&bytes).contains(KEY), "the key is in {file}");

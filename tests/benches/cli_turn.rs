@@ -9,7 +9,7 @@
 //! `cargo bench -p keel-tests --bench cli_turn`. `KEEL_BENCH_TURNS` sets the turns timed on
 //! each side (default 20). fsyncs per turn are counted with `strace -f -c` when it is
 //! installed (five further turns on each side), and are reported as not measured otherwise.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout, clippy::print_stderr)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
