@@ -14,6 +14,7 @@
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
 pub mod agent;
+pub mod api;
 pub mod brain;
 pub mod builtin;
 pub mod config;

@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use clap::Args;
 use keel::agent::{Event, Events, LoopGuards, TurnOutcome};
+use keel::api::SessionSpec;
 use keel::brain::Submitted;
 use keel::harness::{DEFAULT_SYSTEM_PROMPT, Harness, ModelFlags, model_config};
 use keel::home::Home;
 use keel::model::ModelClient;
 use keel::sandbox::{CancelToken, Grant, SandboxLimits};
-use keel::session::{NewSession, Policy};
 use serde_json::json;
 
 use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert_block};
@@ -281,9 +281,9 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
             );
         }
         if !a.tools.is_empty()
-            && let Err(e) = h.engine.add_tools(&id, a.tools.clone()).await
+            && let Err(e) = h.add_session_tools(&id, &a.tools).await
         {
-            return fail(a.json, "store", &e.to_string(), EXIT_REFUSED);
+            return fail(a.json, e.kind(), &e.to_string(), EXIT_REFUSED);
         }
         id
     } else {
@@ -307,51 +307,26 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
             }
             Err(e) => return fail(a.json, "config", &e, EXIT_REFUSED),
         };
-        if let Err(e) = Grant::check_disjoint(&a.grants) {
-            return fail(a.json, "grant", &e.to_string(), EXIT_REFUSED);
-        }
-        let tools = if a.tools.is_empty() {
-            h.tools.tools().map(|t| t.into_iter().map(|t| t.name).collect()).unwrap_or_default()
-        } else {
-            for t in &a.tools {
-                if let Err(e) = h.tools.resolve(t) {
-                    return fail(a.json, "not_installed", &e.to_string(), EXIT_REFUSED);
-                }
-            }
-            a.tools.clone()
-        };
-        let mut policy = Policy::default();
-        policy.adjust(&a.allow, &a.ask, &a.deny);
-        let budget = a.budget.budget();
-        let new = NewSession {
+        let spec = SessionSpec {
             id: a.session.clone(),
             grants: a.grants.clone(),
-            tools,
-            policy,
-            budget,
+            tools: (!a.tools.is_empty()).then(|| a.tools.clone()),
+            allow: a.allow.clone(),
+            ask: a.ask.clone(),
+            deny: a.deny.clone(),
+            budget: a.budget.budget(),
             model,
             system_prompt: DEFAULT_SYSTEM_PROMPT.to_string(),
-            guards: Some(LoopGuards {
+            guards: LoopGuards {
                 max_steps: a.max_steps.unwrap_or(LoopGuards::default().max_steps),
                 ..LoopGuards::default()
-            }),
+            },
         };
-        match h.engine.create(new).await {
+        match h.create_session(spec).await {
             Ok(id) => id,
-            Err(e) => return fail(a.json, "store", &e.to_string(), EXIT_REFUSED),
+            Err(e) => return fail(a.json, e.kind(), &e.to_string(), EXIT_REFUSED),
         }
     };
-    // The session keeps the component versions it loaded: pin those not pinned yet.
-    let pinned = match h.engine.meta(&id).await {
-        Ok(meta) => match h.tools.current_pins(&meta.loaded_tools) {
-            Ok(pins) => h.engine.pin_tools(&id, pins, false).await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        },
-        Err(e) => Err(e.to_string()),
-    };
-    if let Err(e) = pinned {
-        return fail(a.json, "store", &e, EXIT_REFUSED);
-    }
     eprintln!("keel: session {id}");
     let cancel = CancelToken::new();
     cancel_on_ctrl_c(&cancel);

@@ -225,20 +225,17 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             Err(e) => fail(a.json, &e.to_string(), EXIT_REFUSED),
         },
         SessionCommand::Send(a) => {
-            if a.message.trim().is_empty() {
-                return fail(a.json, "the message is empty: say what to do", EXIT_REFUSED);
-            }
-            if let Err(e) = h.engine.meta(&a.id).await {
-                return fail(a.json, &e.to_string(), EXIT_REFUSED);
-            }
             let cancel = CancelToken::new();
             cancel_on_ctrl_c(&cancel);
             let progress = super::events::Progress::start(&h, &a.id).await;
-            let submitted = h.brain.submit(&a.id, &a.message, &cancel, &quiet()).await;
+            let submitted = h.send(&a.id, &a.message, &cancel, &quiet()).await;
             progress.finish().await;
             match submitted {
                 Ok(s) => report(a.json, &h, &a.id, &s).await,
-                Err(e) => fail(a.json, &e.to_string(), EXIT_TOOL_ERROR),
+                Err(e @ keel::api::ApiError::Run(_)) => {
+                    fail(a.json, &e.to_string(), EXIT_TOOL_ERROR)
+                }
+                Err(e) => fail(a.json, &e.to_string(), EXIT_REFUSED),
             }
         }
         SessionCommand::Interrupt(a) => match h.brain.interrupt(&a.id).await {
