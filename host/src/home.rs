@@ -1,7 +1,7 @@
 //! Where keel keeps its state.
 //!
 //! ```text
-//! HOME/keel.db                               the SQLite store (catalog, later sessions)
+//! HOME/keel.db                               the SQLite store (catalog, sessions, events)
 //! HOME/components/<sha256>.wasm              installed components, content-addressed
 //! HOME/cache/<engine-hash>/<sha256>.cwasm    compiled artifacts (+ .sha256 digest)
 //! ```

@@ -8,7 +8,14 @@
 //!   granted directories. Decides nothing about what is allowed.
 //! - [`tools`] — ToolService: the tool catalog (install, validate, pin by digest) and the
 //!   governance chain of one call (resolve → schema → lease → sandbox → normalise).
+//! - [`session`] — SessionEngine: sessions, history, inbox, journal, approvals, evidence and
+//!   events; request assembly; the SQL of recovery.
+//! - [`agent`] — AgentService: the model/tool loop of one turn and its loop guards.
+//! - [`brain`] — Brain: one runner per session (leases), submit, drain, recovery, interrupts.
+//! - [`model`] — the model provider: one OpenAI-compatible exchange.
 //! - [`store`] — the SQLite store: connection setup and numbered migrations.
+//! - [`harness`] — the owners of one home wired together; [`api`] — the use cases every
+//!   front-end reaches them through.
 //! - [`home`] — where keel keeps its state (`--home`, `KEEL_HOME`); [`config`] — its settings
 //!   file, `keel.toml`.
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]

@@ -299,7 +299,15 @@ impl AgentService {
                 }
             }
         }
-        Ok(TurnOutcome::Stopped("step limit".into()))
+        // Not reached: the last step's `finish_step` ends the turn with the step-limit notice.
+        // Were it reached, the turn would still end (idle, the notice as the state's detail)
+        // rather than stay `running`.
+        let notice = format!(
+            "[keel] Turn stopped: it reached the limit of {} model calls per turn.",
+            self.guards.max_steps
+        );
+        self.engine.set_state(id, RuntimeState::Idle, Some(notice.clone())).await?;
+        Ok(TurnOutcome::Stopped(notice))
     }
 
     fn waiting(&self, units: Vec<String>, events: &Events) -> TurnOutcome {
