@@ -15,7 +15,7 @@ use tokio::sync::Semaphore;
 
 use crate::model::ToolCallRequest;
 use crate::sandbox::{CancelToken, sha256_hex};
-use crate::session::{ApprovalUnit, JournalEntry, OpenStep, SessionMeta, WaitCommit};
+use crate::session::{AfterCrash, ApprovalUnit, JournalEntry, OpenStep, SessionMeta, WaitCommit};
 use crate::store::now_ms;
 use crate::tools::{
     CallOutcome, CallRequest, Catalog, PolicyDecision, Resolved, ToolService, ToolServiceError,
@@ -376,14 +376,14 @@ pub(super) async fn run_open(
     // An intent left by a runner that died: read-only and idempotent calls run again; any
     // other call's outcome is unknown and it never runs again.
     for s in &mut slots {
-        if s.status == "intent" {
-            if s.side_effecting() && !s.idempotent {
+        match crate::session::after_crash(&s.status, s.effect.as_deref(), s.idempotent) {
+            AfterCrash::Keep => {}
+            AfterCrash::OutcomeUnknown => {
                 s.status = "unknown".into();
                 s.outcome = Some(error_outcome("outcome_unknown", crate::session::OUTCOME_UNKNOWN));
                 s.durable = false;
-            } else {
-                s.status = "planned".into();
             }
+            AfterCrash::Rerun => s.status = "planned".into(),
         }
     }
     drive(agent, meta, open.step, open.assistant, slots, open.units, true, cancel, events).await

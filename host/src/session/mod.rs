@@ -30,8 +30,8 @@ pub use facts::{
     RuntimeState, SessionMeta, SessionSummary, Timeline, TimelineCall, TimelineMessage,
 };
 pub use steps::{
-    ApprovalUnit, DecideError, Decision, OUTCOME_UNKNOWN, OpenStep, RecoveredSession, WaitCommit,
-    close_turn_in, recover_in,
+    AfterCrash, ApprovalUnit, DecideError, Decision, OUTCOME_UNKNOWN, OpenStep, RecoveredSession,
+    WaitCommit, after_crash, close_turn_in, recover_in,
 };
 
 /// What a new session starts with.

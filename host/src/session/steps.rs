@@ -364,8 +364,35 @@ fn error_content(kind: &str, message: &str) -> String {
     json!({"error": {"kind": kind, "message": message}}).to_string()
 }
 
-fn side_effecting(e: &JournalEntry) -> bool {
-    e.effect.as_deref().is_some_and(|x| x != "read-only")
+/// What becomes of a journal row when the runner that wrote it is gone (a crash, or an
+/// interrupted turn closed by another process).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterCrash {
+    /// Not started (`planned`, `waiting`), or finished (`done`, `unknown`): as it is.
+    Keep,
+    /// Started (`intent`) but safe to run again: read-only, or idempotent.
+    Rerun,
+    /// Started, side-effecting and not idempotent: it may have had its effect, so it never
+    /// runs again and its outcome is unknown.
+    OutcomeUnknown,
+}
+
+/// The one crash rule of a journal row with `status`, of a tool with effect class `effect`.
+pub fn after_crash(status: &str, effect: Option<&str>, idempotent: bool) -> AfterCrash {
+    if status != "intent" {
+        AfterCrash::Keep
+    } else if effect.is_some_and(|x| x != "read-only") && !idempotent {
+        AfterCrash::OutcomeUnknown
+    } else {
+        AfterCrash::Rerun
+    }
+}
+
+impl JournalEntry {
+    /// [`after_crash`] of this row.
+    pub fn after_crash(&self) -> AfterCrash {
+        after_crash(&self.status, self.effect.as_deref(), self.idempotent)
+    }
 }
 
 /// Marks a started, side-effecting, non-idempotent call as `unknown`.
@@ -384,14 +411,15 @@ pub fn close_turn_in(c: &Connection, id: &str, why: &str) -> Result<usize, Store
     if let Some(open) = load_open_step(c, id)? {
         let mut results = Vec::new();
         for mut e in open.calls {
-            match e.status.as_str() {
-                "done" | "unknown" => {}
-                "intent" if side_effecting(&e) && !e.idempotent => {
+            let finished = matches!(e.status.as_str(), "done" | "unknown");
+            match (finished, e.after_crash()) {
+                (true, _) => {}
+                (false, AfterCrash::OutcomeUnknown) => {
                     mark_unknown(&mut e);
                     closed += 1;
                     facts::put_journal(c, id, open.step, &e)?;
                 }
-                _ => {
+                (false, AfterCrash::Keep | AfterCrash::Rerun) => {
                     e.status = "done".into();
                     e.result = Some(error_content(
                         "interrupted",
@@ -438,16 +466,17 @@ pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreErr
     let open = load_open_step(c, id)?;
     if let Some(open) = &open {
         for e in &open.calls {
-            if e.status != "intent" {
-                continue;
-            }
             let mut e = e.clone();
-            if side_effecting(&e) && !e.idempotent {
-                mark_unknown(&mut e);
-                outcome_unknown.push(e.call_id.clone());
-            } else {
-                e.status = "planned".into();
-                rerun.push(e.call_id.clone());
+            match e.after_crash() {
+                AfterCrash::Keep => continue,
+                AfterCrash::OutcomeUnknown => {
+                    mark_unknown(&mut e);
+                    outcome_unknown.push(e.call_id.clone());
+                }
+                AfterCrash::Rerun => {
+                    e.status = "planned".into();
+                    rerun.push(e.call_id.clone());
+                }
             }
             facts::put_journal(c, id, open.step, &e)?;
         }
@@ -474,4 +503,24 @@ pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreErr
         rerun,
         resumable,
     })
+}
+
+#[cfg(test)]
+mod crash_rule {
+    use super::{AfterCrash, after_crash};
+
+    #[test]
+    fn only_a_started_side_effecting_call_that_is_not_idempotent_has_an_unknown_outcome() {
+        for status in ["planned", "waiting", "done", "unknown"] {
+            for effect in [None, Some("read-only"), Some("external")] {
+                assert_eq!(after_crash(status, effect, false), AfterCrash::Keep, "{status}");
+            }
+        }
+        assert_eq!(after_crash("intent", Some("read-only"), false), AfterCrash::Rerun);
+        assert_eq!(after_crash("intent", None, false), AfterCrash::Rerun);
+        for effect in ["workspace-write", "destructive", "external"] {
+            assert_eq!(after_crash("intent", Some(effect), true), AfterCrash::Rerun);
+            assert_eq!(after_crash("intent", Some(effect), false), AfterCrash::OutcomeUnknown);
+        }
+    }
 }
