@@ -31,15 +31,32 @@ pub async fn open_tools(home: PathBuf) -> Result<ToolService, String> {
     ToolService::open(home, SandboxLimits::default(), &progress).await.map_err(|e| e.to_string())
 }
 
-/// Prints an error (as JSON with `--json`) and returns the exit code.
-pub fn report_error(json: bool, err: &ToolServiceError) -> std::process::ExitCode {
+/// The one error envelope of every command: `{"ok": false, "error": {"kind", "message"}}` on
+/// stdout with `--json`, else `error: MESSAGE` on stderr (made inert); returns exit `code`.
+pub fn fail(json: bool, kind: &str, message: &str, code: u8) -> std::process::ExitCode {
     if json {
-        let v = serde_json::json!({ "ok": false, "error": { "kind": err.kind(), "message": err.to_string() } });
-        println!("{v}");
+        println!(
+            "{}",
+            serde_json::json!({"ok": false, "error": {"kind": kind, "message": message}})
+        );
     } else {
-        eprintln!("error: {}", inert_block(&err.to_string()));
+        eprintln!("error: {}", inert_block(message));
     }
-    std::process::ExitCode::from(EXIT_REFUSED)
+    std::process::ExitCode::from(code)
+}
+
+/// The exit code of a refused or failed use case: a turn that could not run is
+/// [`EXIT_TOOL_ERROR`]; anything refused before it ran is [`EXIT_REFUSED`].
+pub fn exit_code(e: &keel::api::ApiError) -> u8 {
+    match e {
+        keel::api::ApiError::Run(_) => EXIT_TOOL_ERROR,
+        _ => EXIT_REFUSED,
+    }
+}
+
+/// Prints a ToolService error in the envelope and returns the exit code.
+pub fn report_error(json: bool, err: &ToolServiceError) -> std::process::ExitCode {
+    fail(json, err.kind(), &err.to_string(), EXIT_REFUSED)
 }
 
 /// True for characters that change how a terminal shows text without being text: controls

@@ -14,6 +14,7 @@ use keel::model::ModelClient;
 use keel::sandbox::{CancelToken, Grant, SandboxLimits};
 use serde_json::json;
 
+pub use super::fail;
 use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert_block};
 
 /// Exit code of an interrupted turn.
@@ -73,16 +74,6 @@ pub struct RunArgs {
     /// Print one JSON object instead of the answer.
     #[arg(long)]
     json: bool,
-}
-
-/// Reports an error (a JSON object with `--json`) and returns its exit code.
-pub fn fail(json: bool, kind: &str, message: &str, code: u8) -> ExitCode {
-    if json {
-        println!("{}", json!({"ok": false, "error": {"kind": kind, "message": message}}));
-    } else {
-        eprintln!("error: {message}");
-    }
-    ExitCode::from(code)
 }
 
 /// No in-process events: the commands print progress from the session's durable events

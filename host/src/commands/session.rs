@@ -9,7 +9,7 @@ use keel::sandbox::CancelToken;
 use serde_json::json;
 
 use super::run::{cancel_on_ctrl_c, open_harness, quiet, report};
-use super::{EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert, inert_block};
+use super::{EXIT_REFUSED, EXIT_SETUP, inert, inert_block};
 
 #[derive(Subcommand)]
 pub enum SessionCommand {
@@ -88,12 +88,7 @@ pub struct EvidenceArgs {
 }
 
 fn fail(json_out: bool, message: &str, code: u8) -> ExitCode {
-    if json_out {
-        println!("{}", json!({"ok": false, "error": {"kind": "session", "message": message}}));
-    } else {
-        eprintln!("error: {message}");
-    }
-    ExitCode::from(code)
+    super::fail(json_out, "session", message, code)
 }
 
 pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
@@ -232,10 +227,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             progress.finish().await;
             match submitted {
                 Ok(s) => report(a.json, &h, &a.id, &s).await,
-                Err(e @ keel::api::ApiError::Run(_)) => {
-                    fail(a.json, &e.to_string(), EXIT_TOOL_ERROR)
-                }
-                Err(e) => fail(a.json, &e.to_string(), EXIT_REFUSED),
+                Err(e) => super::fail(a.json, e.kind(), &e.to_string(), super::exit_code(&e)),
             }
         }
         SessionCommand::Interrupt(a) => match h.brain.interrupt(&a.id).await {

@@ -89,12 +89,7 @@ pub async fn execute(home: PathBuf, cmd: ToolCommand) -> ExitCode {
     let service = match open_tools(home).await {
         Ok(s) => s,
         Err(e) => {
-            if json {
-                println!("{}", json!({"ok": false, "error": {"kind": "setup", "message": e}}));
-            } else {
-                eprintln!("error: {e}");
-            }
-            return ExitCode::from(EXIT_SETUP);
+            return super::fail(json, "setup", &e, EXIT_SETUP);
         }
     };
     match cmd {
@@ -111,12 +106,7 @@ async fn install(service: &ToolService, a: InstallArgs) -> ExitCode {
         Ok(b) => b,
         Err(e) => {
             let msg = format!("cannot read {}: {e}", a.file.display());
-            if a.json {
-                println!("{}", json!({"ok": false, "error": {"kind": "io", "message": msg}}));
-            } else {
-                eprintln!("error: {msg}");
-            }
-            return ExitCode::from(EXIT_REFUSED);
+            return super::fail(a.json, "io", &msg, EXIT_REFUSED);
         }
     };
     let name = a.name.clone().unwrap_or_else(|| {
