@@ -111,12 +111,12 @@ async fn approve_runs_the_stored_call_exactly_once_and_the_turn_continues() {
     assert!(f.lines("sent.log").is_empty());
 
     let decided = f.h.brain.decide(&units[0], Decision::Approve, Some("ok".into()), None).await;
-    assert_eq!(decided.unwrap().unwrap().status, "approved");
+    assert_eq!(decided.unwrap().unwrap().status, keel::session::ApprovalStatus::Approved);
     let out = drain(&f.h, "ap1").await.unwrap();
     assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done t1".into())));
     assert_eq!(f.lines("sent.log"), vec!["t1-0"]);
     let unit = f.h.engine.approval(&units[0]).await.unwrap().unwrap();
-    assert_eq!(unit.status, "consumed");
+    assert_eq!(unit.status, keel::session::ApprovalStatus::Consumed);
     let t = f.h.engine.timeline("ap1").await.unwrap();
     assert_eq!(t.state, RuntimeState::Idle);
     assert_eq!(t.tool_calls[0].entry.approval_id.as_deref(), Some(units[0].as_str()));
@@ -135,7 +135,7 @@ async fn reject_commits_a_result_the_model_sees() {
     let f = Fixture::new(&model.url(), "ap2", LoopGuards::default()).await;
     let units = waiting_units(&submit(&f.h, "ap2", "wipe it t2").await);
     let r = f.h.brain.decide(&units[0], Decision::Reject, Some("not today".into()), None).await;
-    assert_eq!(r.unwrap().unwrap().status, "rejected");
+    assert_eq!(r.unwrap().unwrap().status, keel::session::ApprovalStatus::Rejected);
     let out = drain(&f.h, "ap2").await.unwrap();
     assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done t2".into())));
     assert!(f.lines("wiped.log").is_empty());
@@ -190,7 +190,10 @@ async fn d5_new_call_ids_and_upgraded_tools_need_a_new_approval() {
     // Approved, but the turn is interrupted before it resumes: the approval dies with it.
     f.h.brain.decide(&first[0], Decision::Approve, None, None).await.unwrap().unwrap();
     f.h.brain.interrupt("ap4").await.unwrap();
-    assert_eq!(f.h.engine.approval(&first[0]).await.unwrap().unwrap().status, "cancelled");
+    assert_eq!(
+        f.h.engine.approval(&first[0]).await.unwrap().unwrap().status,
+        keel::session::ApprovalStatus::Cancelled
+    );
     assert_paired(&f.h, "ap4");
     // "The same" call with a new id is not covered.
     let second = waiting_units(&submit(&f.h, "ap4", "send it again").await);
@@ -210,7 +213,10 @@ async fn d5_new_call_ids_and_upgraded_tools_need_a_new_approval() {
     assert!(report.replaced.is_some());
     let third = waiting_units(&drain(&f.h, "ap4").await.unwrap());
     assert_ne!(third, second);
-    assert_eq!(f.h.engine.approval(&second[0]).await.unwrap().unwrap().status, "invalidated");
+    assert_eq!(
+        f.h.engine.approval(&second[0]).await.unwrap().unwrap().status,
+        keel::session::ApprovalStatus::Invalidated
+    );
     let unit = f.h.engine.approval(&third[0]).await.unwrap().unwrap();
     assert_eq!(unit.component_digest, report.component.digest);
     assert!(f.lines("sent.log").is_empty(), "an invalidated approval runs nothing");
@@ -238,7 +244,10 @@ async fn d6_decisions_on_missing_or_settled_units_change_nothing() {
         late.unwrap_err().to_string(),
         format!("approval `{}` is not pending: it is rejected", units[0])
     );
-    assert_eq!(f.h.engine.approval(&units[0]).await.unwrap().unwrap().status, "rejected");
+    assert_eq!(
+        f.h.engine.approval(&units[0]).await.unwrap().unwrap().status,
+        keel::session::ApprovalStatus::Rejected
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -287,7 +296,8 @@ async fn d4_sixteen_concurrent_deciders_one_wins_every_time() {
     assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done r".into())));
     assert!(winners_per_round.iter().all(|w| *w == 1));
     let approved = f.h.engine.approvals(Some("race"), false).await.unwrap();
-    let consumed = approved.iter().filter(|u| u.status == "consumed").count();
+    let consumed =
+        approved.iter().filter(|u| u.status == keel::session::ApprovalStatus::Consumed).count();
     assert_eq!(f.lines("sent.log").len(), consumed, "every approved call ran exactly once");
     println!(
         "D4: {ROUNDS} rounds × {DECIDERS} deciders: exactly one winner every round ({consumed} approved, {} rejected)",
@@ -317,7 +327,10 @@ async fn interrupt_while_waiting_closes_every_open_call() {
     let kinds: Vec<_> = t.tool_calls.iter().map(|c| c.entry.error_kind.clone()).collect();
     assert_eq!(kinds, vec![None, Some("interrupted".into()), Some("interrupted".into())]);
     assert!(f.lines("sent.log").is_empty() && f.lines("effects.log").is_empty());
-    assert_eq!(f.h.engine.approval(&units[0]).await.unwrap().unwrap().status, "cancelled");
+    assert_eq!(
+        f.h.engine.approval(&units[0]).await.unwrap().unwrap().status,
+        keel::session::ApprovalStatus::Cancelled
+    );
     // The next input continues from a well-formed history.
     let out = submit(&f.h, "ap6", "go on").await;
     assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("continuing cleanly".into())));

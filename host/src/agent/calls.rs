@@ -15,7 +15,9 @@ use tokio::sync::Semaphore;
 
 use crate::model::ToolCallRequest;
 use crate::sandbox::{CancelToken, sha256_hex};
-use crate::session::{AfterCrash, ApprovalUnit, JournalEntry, OpenStep, SessionMeta, WaitCommit};
+use crate::session::{
+    AfterCrash, ApprovalStatus, ApprovalUnit, JournalEntry, OpenStep, SessionMeta, WaitCommit,
+};
 use crate::store::now_ms;
 use crate::tools::{
     CallOutcome, CallRequest, Catalog, PolicyDecision, Resolved, ToolService, ToolServiceError,
@@ -407,7 +409,8 @@ pub(super) fn can_progress(meta: &SessionMeta, open: &OpenStep) -> bool {
         .is_some_and(|e| matches!(meta.policy.decide(&first.tool, e), PolicyDecision::Ask(_)));
     !(asked
         && first.approval_id.is_none()
-        && unit_for(&open.units, &first.call_id).is_some_and(|u| u.status == "pending"))
+        && unit_for(&open.units, &first.call_id)
+            .is_some_and(|u| u.status == ApprovalStatus::Pending))
 }
 
 fn new_unit(meta: &SessionMeta, step: i64, s: &Slot, why: String) -> ApprovalUnit {
@@ -432,7 +435,7 @@ fn new_unit(meta: &SessionMeta, step: i64, s: &Slot, why: String) -> ApprovalUni
         input_digest: sha256_hex(s.call.arguments.as_bytes()),
         grants: meta.grants.clone(),
         why,
-        status: "pending".into(),
+        status: ApprovalStatus::Pending,
         created_at: now,
         decided_at: None,
         decision_reason: None,
@@ -465,7 +468,7 @@ fn gate(agent: &AgentService, meta: &SessionMeta, units: &[ApprovalUnit], s: &Sl
         return Gate::Run(None);
     }
     match unit_for(units, &s.call.id) {
-        Some(u) if u.status == "approved" => {
+        Some(u) if u.status == ApprovalStatus::Approved => {
             // The approval binds (call id, component digest, input digest).
             let current = agent
                 .tools
@@ -481,7 +484,7 @@ fn gate(agent: &AgentService, meta: &SessionMeta, units: &[ApprovalUnit], s: &Sl
                 Gate::Wait { invalidate: Some(u.id.clone()) }
             }
         }
-        Some(u) if u.status == "rejected" => {
+        Some(u) if u.status == ApprovalStatus::Rejected => {
             let reason = u.decision_reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
             Gate::Reject(format!(
                 "a person rejected this call (approval {}){reason}. It was not run; do not retry it without asking.",
@@ -679,7 +682,7 @@ async fn wait(
             continue;
         }
         let live = unit_for(units, &slot.call.id)
-            .filter(|u| u.status == "pending" || u.status == "approved")
+            .filter(|u| u.status == ApprovalStatus::Pending || u.status == ApprovalStatus::Approved)
             .filter(|u| invalidate.as_deref() != Some(u.id.as_str()));
         match live {
             Some(u) => waiting.push(u.id.clone()),

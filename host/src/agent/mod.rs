@@ -150,8 +150,11 @@ impl AgentService {
         if let Some(open) = self.engine.load_open_step(id).await? {
             let meta = self.engine.meta(id).await?;
             if !calls::can_progress(&meta, &open) {
-                let pending =
-                    open.units.iter().filter(|u| u.status == "pending").map(|u| u.id.clone());
+                let pending = open
+                    .units
+                    .iter()
+                    .filter(|u| u.status == crate::session::ApprovalStatus::Pending)
+                    .map(|u| u.id.clone());
                 return Ok(TurnOutcome::WaitingApproval(pending.collect()));
             }
             if meta.state != RuntimeState::Running {

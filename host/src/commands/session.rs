@@ -200,7 +200,11 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                         );
                     }
                 }
-                for u in t.approvals.iter().filter(|u| u.status == "pending") {
+                for u in t
+                    .approvals
+                    .iter()
+                    .filter(|u| u.status == keel::session::ApprovalStatus::Pending)
+                {
                     println!(
                         "\nwaiting for approval {}: {} {} ({}) — keel approve {} / keel reject {}",
                         u.id,

@@ -30,8 +30,8 @@ pub use facts::{
     RuntimeState, SessionMeta, SessionSummary, Timeline, TimelineCall, TimelineMessage,
 };
 pub use steps::{
-    AfterCrash, ApprovalUnit, DecideError, Decision, OUTCOME_UNKNOWN, OpenStep, RecoveredSession,
-    WaitCommit, after_crash, close_turn_in, recover_in,
+    AfterCrash, ApprovalStatus, ApprovalUnit, DecideError, Decision, OUTCOME_UNKNOWN, OpenStep,
+    RecoveredSession, WaitCommit, after_crash, close_turn_in, recover_in,
 };
 
 /// What a new session starts with.

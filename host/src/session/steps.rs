@@ -22,6 +22,62 @@ pub const OUTCOME_UNKNOWN: &str = "interrupted — outcome unknown, verify befor
      process running this call stopped before its result was recorded, so the call may or may \
      not have taken effect. It will not be run again automatically.";
 
+/// Where an approval unit stands. Stored as its snake_case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalStatus {
+    /// Waiting for a person's decision.
+    Pending,
+    /// Approved, not used yet: the call it binds may run once.
+    Approved,
+    Rejected,
+    /// Approved and used by the call it binds.
+    Consumed,
+    /// The tool changed after the decision: the call is asked about again.
+    Invalidated,
+    /// The turn was closed (interrupted) before the decision was used.
+    Cancelled,
+}
+
+impl ApprovalStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Approved => "approved",
+            Self::Rejected => "rejected",
+            Self::Consumed => "consumed",
+            Self::Invalidated => "invalidated",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl std::fmt::Display for ApprovalStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A stored approval status keel does not know.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown approval status `{0}`")]
+pub struct UnknownStatus(String);
+
+impl std::str::FromStr for ApprovalStatus {
+    type Err = UnknownStatus;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "pending" => Self::Pending,
+            "approved" => Self::Approved,
+            "rejected" => Self::Rejected,
+            "consumed" => Self::Consumed,
+            "invalidated" => Self::Invalidated,
+            "cancelled" => Self::Cancelled,
+            other => return Err(UnknownStatus(other.to_string())),
+        })
+    }
+}
+
 /// A RuntimeAuditUnit: a blocked call waiting for a person's decision, with everything the
 /// decision binds to.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -43,8 +99,7 @@ pub struct ApprovalUnit {
     pub grants: Vec<Grant>,
     /// Why the policy asks.
     pub why: String,
-    /// `pending`, `approved`, `rejected`, `consumed`, `invalidated` or `cancelled`.
-    pub status: String,
+    pub status: ApprovalStatus,
     pub created_at: i64,
     pub decided_at: Option<i64>,
     pub decision_reason: Option<String>,
@@ -79,7 +134,7 @@ pub enum DecideError {
     #[error("approval `{unit}` belongs to session `{actual}`, not `{given}`")]
     WrongSession { unit: String, given: String, actual: String },
     #[error("approval `{unit}` is not pending: it is {status}")]
-    NotPending { unit: String, status: String },
+    NotPending { unit: String, status: ApprovalStatus },
 }
 
 impl DecideError {
@@ -133,7 +188,13 @@ fn unit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(ApprovalUnit, String)> {
             input_digest: r.get(9)?,
             grants: Vec::new(),
             why: r.get(11)?,
-            status: r.get(12)?,
+            status: r.get::<_, String>(12)?.parse().map_err(|e| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    12,
+                    rusqlite::types::Type::Text,
+                    Box::new(e),
+                )
+            })?,
             created_at: r.get(13)?,
             decided_at: r.get(14)?,
             decision_reason: r.get(15)?,
@@ -332,8 +393,8 @@ pub fn decide_in(
         }));
     }
     let status = match decision {
-        Decision::Approve => "approved",
-        Decision::Reject => "rejected",
+        Decision::Approve => ApprovalStatus::Approved,
+        Decision::Reject => ApprovalStatus::Rejected,
     };
     let now = now_ms();
     let n = c
@@ -341,7 +402,7 @@ pub fn decide_in(
             "UPDATE approvals SET status=?2, decided_at=?3, decision_reason=?4
              WHERE id=?1 AND status='pending'",
         )?
-        .execute(params![unit, status, now, reason])?;
+        .execute(params![unit, status.as_str(), now, reason])?;
     if n != 1 {
         return Ok(Err(DecideError::NotPending { unit: unit.to_string(), status: u.status }));
     }
@@ -350,11 +411,11 @@ pub fn decide_in(
         &u.session_id,
         &super::events::SessionEvent::ApprovalDecided {
             unit: unit.to_string(),
-            decision: status.to_string(),
+            decision: status.as_str().to_string(),
             reason: reason.map(str::to_string),
         },
     )?;
-    u.status = status.to_string();
+    u.status = status;
     u.decided_at = Some(now);
     u.decision_reason = reason.map(str::to_string);
     Ok(Ok(u))
@@ -489,7 +550,8 @@ pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreErr
         s => s,
     };
     let inputs = facts::pending_inputs(c, id)?;
-    let undecided = open.as_ref().is_some_and(|o| o.units.iter().any(|u| u.status == "pending"));
+    let undecided =
+        open.as_ref().is_some_and(|o| o.units.iter().any(|u| u.status == ApprovalStatus::Pending));
     let resumable = match state_after {
         RuntimeState::WaitingApproval => !undecided,
         RuntimeState::Interrupted | RuntimeState::Idle | RuntimeState::Failed => inputs > 0,
