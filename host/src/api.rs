@@ -65,7 +65,8 @@ impl ApiError {
             Self::Grant(_) => "grant",
             Self::NotInstalled(_) => "not_installed",
             Self::Config(_) => "config",
-            Self::Decision(_) => "decision",
+            // The decision's own kind: `not_found`, `wrong_session` or `not_pending`.
+            Self::Decision(e) => e.kind(),
             Self::Store(_) => "store",
             Self::Run(_) => "run",
         }

@@ -73,7 +73,7 @@ async fn an_approval_flow_through_the_api_and_its_typed_refusals() {
     let decided = h.decide(&units[0], Decision::Approve, None, Some(id.clone())).await.unwrap();
     assert_eq!(decided.status, keel::session::ApprovalStatus::Approved);
     let e = h.decide(&units[0], Decision::Reject, None, None).await.unwrap_err();
-    assert_eq!(e.kind(), "decision", "exactly one decision wins: {e}");
+    assert_eq!(e.kind(), "not_pending", "exactly one decision wins: {e}");
     assert_eq!(
         h.resume(&id, &cancel, &no_events()).await.unwrap(),
         Some(Submitted::Ran(TurnOutcome::Answer("sent".into())))

@@ -10,7 +10,7 @@ use keel::session::{ApprovalUnit, Decision};
 use serde_json::json;
 
 use super::run::{cancel_on_ctrl_c, fail, open_harness, quiet, report};
-use super::{EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert};
+use super::{EXIT_REFUSED, EXIT_SETUP, inert};
 
 #[derive(Args)]
 pub struct ApprovalsArgs {
@@ -113,10 +113,9 @@ pub async fn decide(home: PathBuf, a: DecideArgs, decision: Decision) -> ExitCod
         Ok(x) => x,
         Err(e) => return fail(a.json, "setup", &e, EXIT_SETUP),
     };
-    let unit = match h.brain.decide(&a.unit, decision, a.reason.clone(), a.session.clone()).await {
-        Ok(Ok(u)) => u,
-        Ok(Err(e)) => return fail(a.json, e.kind(), &e.to_string(), EXIT_REFUSED),
-        Err(e) => return fail(a.json, "store", &e.to_string(), EXIT_TOOL_ERROR),
+    let unit = match h.decide(&a.unit, decision, a.reason.clone(), a.session.clone()).await {
+        Ok(u) => u,
+        Err(e) => return fail(a.json, e.kind(), &e.to_string(), super::exit_code(&e)),
     };
     let verb = if decision == Decision::Approve { "approved" } else { "rejected" };
     if !a.json {
@@ -137,9 +136,9 @@ pub async fn decide(home: PathBuf, a: DecideArgs, decision: Decision) -> ExitCod
     let cancel = CancelToken::new();
     cancel_on_ctrl_c(&cancel);
     let progress = super::events::Progress::start(&h, &id).await;
-    let drained = h.brain.drain(&id, &cancel, &quiet()).await;
+    let resumed = h.resume(&id, &cancel, &quiet()).await;
     progress.finish().await;
-    let submitted = match drained {
+    let submitted = match resumed {
         Ok(Some(s)) => s,
         Ok(None) => {
             // Another live keel process holds the session; it sees the decision and resumes.
@@ -155,7 +154,7 @@ pub async fn decide(home: PathBuf, a: DecideArgs, decision: Decision) -> ExitCod
             }
             return ExitCode::SUCCESS;
         }
-        Err(e) => return fail(a.json, "run", &e.to_string(), EXIT_TOOL_ERROR),
+        Err(e) => return fail(a.json, e.kind(), &e.to_string(), super::exit_code(&e)),
     };
     report(a.json, &h, &id, &submitted).await
 }
