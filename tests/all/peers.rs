@@ -17,22 +17,34 @@ use serde_json::json;
 
 const AIMOCK: &str = "@copilotkit/aimock@1.43.0";
 
-/// The aimock CLI, installed into `target/peers` if it is not there yet.
+/// The aimock CLI, installed into `target/peers` if it is not there yet. Tests run in parallel:
+/// the first caller installs while the others wait, and the install goes to a staging prefix
+/// renamed into place, so no caller ever sees a half-installed package.
 fn aimock_cli() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let prefix = root.join("target").join("peers");
-    let cli = prefix.join("node_modules/@copilotkit/aimock/dist/cli.js");
-    if !cli.exists() {
-        std::fs::create_dir_all(&prefix).unwrap();
+    static CLI: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    CLI.get_or_init(|| {
+        let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target");
+        let prefix = target.join("peers");
+        let cli = prefix.join("node_modules/@copilotkit/aimock/dist/cli.js");
+        if cli.exists() {
+            return cli;
+        }
+        let staging = target.join(format!("peers.staging.{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&staging);
+        std::fs::create_dir_all(&staging).unwrap();
         let status = Command::new("npm")
             .args(["install", "--no-audit", "--no-fund", "--prefix"])
-            .arg(&prefix)
+            .arg(&staging)
             .arg(AIMOCK)
             .status()
             .expect("npm is needed for the peers tier");
         assert!(status.success(), "npm install {AIMOCK} failed: {status}");
-    }
-    cli
+        let _ = std::fs::remove_dir_all(&prefix);
+        std::fs::rename(&staging, &prefix).unwrap();
+        assert!(cli.exists(), "npm installed {AIMOCK} but {} is missing", cli.display());
+        cli
+    })
+    .clone()
 }
 
 /// A running aimock server; killed when dropped.
