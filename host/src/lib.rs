@@ -24,14 +24,18 @@ pub mod agent;
 pub mod api;
 pub mod brain;
 pub mod builtin;
+pub mod cancel;
 pub mod config;
 pub mod crash;
+pub mod digest;
 pub mod harness;
 pub mod home;
 pub mod model;
+pub mod policy;
 pub mod sandbox;
 pub mod session;
 pub mod store;
+pub mod stored;
 pub mod tools;
 pub mod units;
 

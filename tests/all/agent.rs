@@ -136,7 +136,7 @@ async fn side_effects_run_in_order_with_intent_then_result() {
     assert_eq!(write["changes"]["created"][0]["path"], "/w/b.txt");
     let tl = h.engine.timeline("w").await.unwrap();
     let statuses: Vec<(String, String)> =
-        tl.tool_calls.iter().map(|c| (c.entry.tool.clone(), c.entry.status.clone())).collect();
+        tl.tool_calls.iter().map(|c| (c.entry.tool.clone(), c.entry.status.to_string())).collect();
     assert_eq!(
         statuses,
         [("fs_write_file".to_string(), "done".to_string()), ("fs_read_file".into(), "done".into())]

@@ -120,13 +120,53 @@ async fn approve_runs_the_stored_call_exactly_once_and_the_turn_continues() {
     let t = f.h.engine.timeline("ap1").await.unwrap();
     assert_eq!(t.state, RuntimeState::Idle);
     assert_eq!(t.tool_calls[0].entry.approval_id.as_deref(), Some(units[0].as_str()));
-    assert_eq!(t.tool_calls[0].entry.status, "done");
+    assert_eq!(t.tool_calls[0].entry.status.as_str(), "done");
     assert_paired(&f.h, "ap1");
     // Used once: deciding it again is refused, and a resume runs nothing more.
     let again = f.h.brain.decide(&units[0], Decision::Approve, None, None).await.unwrap();
     assert!(matches!(again, Err(DecideError::NotPending { .. })));
     assert_eq!(drain(&f.h, "ap1").await, Some(Submitted::Ran(TurnOutcome::Answer(String::new()))));
     assert_eq!(f.lines("sent.log"), vec!["t1-0"]);
+}
+
+/// The tool chain's approval gate takes only a proof SessionEngine made when it consumed the
+/// unit, and that proof binds the tool, the component and the exact input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_takes_only_a_consumed_approval_bound_to_the_call() {
+    use keel::tools::{CallRequest, ToolServiceError};
+    let model = MockModel::start_fn(plan_responder(vec!["effect_send".into()])).await;
+    let f = Fixture::new(&model.url(), "gate", LoopGuards::default()).await;
+    let units = waiting_units(&submit(&f.h, "gate", "send the report g").await);
+    f.h.brain.decide(&units[0], Decision::Approve, None, None).await.unwrap().unwrap();
+    drain(&f.h, "gate").await.unwrap();
+    let call_id = f.h.engine.approval(&units[0]).await.unwrap().unwrap().call_id;
+    // No proof for a unit that this call did not consume, or another call.
+    assert_eq!(f.h.engine.consumed_approval("gate", &units[0], "other-call").await.unwrap(), None);
+    assert_eq!(f.h.engine.consumed_approval("gate", "ap-missing", &call_id).await.unwrap(), None);
+    let proof = f.h.engine.consumed_approval("gate", &units[0], &call_id).await.unwrap().unwrap();
+    assert_eq!((proof.unit(), proof.call_id()), (units[0].as_str(), call_id.as_str()));
+
+    let meta = f.h.engine.meta("gate").await.unwrap();
+    let call = |input: &'static str, approval| CallRequest {
+        tool: "effect_send",
+        input,
+        grants: &meta.grants,
+        budget: meta.budget.clone(),
+        cancel: None,
+        loaded: Some(&meta.loaded_tools),
+        policy: Some(&meta.policy),
+        approval,
+    };
+    let err = f.h.tools.call(call(r#"{"label":"g-0"}"#, None)).await.unwrap_err();
+    assert!(matches!(err, ToolServiceError::NeedsApproval { .. }), "{err}");
+    let err = f.h.tools.call(call(r#"{"label":"other"}"#, Some(&proof))).await.unwrap_err();
+    assert!(matches!(err, ToolServiceError::ApprovalNotBound { .. }), "{err}");
+    assert_eq!(err.kind(), "approval_not_bound");
+    assert_eq!(f.lines("sent.log"), vec!["g-0"], "neither refused call ran");
+    // The proof approves exactly what the person saw.
+    let ok = f.h.tools.call(call(r#"{"label":"g-0"}"#, Some(&proof))).await.unwrap();
+    assert!(ok.report.result.is_ok());
+    assert_eq!(f.lines("sent.log"), vec!["g-0", "g-0"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

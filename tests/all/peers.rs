@@ -129,7 +129,7 @@ async fn peers_aimock_tool_turn_usage_cut_answers_and_refusals() {
     );
     let t = h.engine.timeline("p").await.unwrap();
     assert_eq!(t.tool_calls.len(), 1);
-    assert_eq!(t.tool_calls[0].entry.status, "done");
+    assert_eq!(t.tool_calls[0].entry.status.as_str(), "done");
     assert_eq!(t.model_calls.len(), 2);
     for c in &t.model_calls {
         let u = c.call.usage.expect("aimock reports usage when asked");

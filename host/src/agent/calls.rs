@@ -13,10 +13,13 @@ use std::sync::Arc;
 use serde_json::json;
 use tokio::sync::Semaphore;
 
+use crate::cancel::CancelToken;
+use crate::digest::sha256_hex;
 use crate::model::ToolCallRequest;
-use crate::sandbox::{CancelToken, sha256_hex};
+use crate::policy::Effect;
 use crate::session::{
-    AfterCrash, ApprovalStatus, ApprovalUnit, JournalEntry, OpenStep, SessionMeta, WaitCommit,
+    AfterCrash, ApprovalStatus, ApprovalUnit, ConsumedApproval, JournalEntry, JournalStatus,
+    OpenStep, SessionMeta, WaitCommit,
 };
 use crate::store::now_ms;
 use crate::tools::{
@@ -62,11 +65,10 @@ struct Slot {
     call: ToolCallRequest,
     /// The tool, from the catalog the step was assembled from (fresh steps only).
     resolved: Option<Arc<Resolved>>,
-    effect: Option<String>,
+    effect: Option<Effect>,
     digest: Option<String>,
     idempotent: bool,
-    /// Journal status: planned, intent, waiting, done, unknown.
-    status: String,
+    status: JournalStatus,
     approval_id: Option<String>,
     outcome: Option<Outcome>,
     /// Whether `outcome` (or the current status) is already in the journal.
@@ -75,7 +77,7 @@ struct Slot {
 
 impl Slot {
     fn side_effecting(&self) -> bool {
-        self.effect.as_deref().is_some_and(|e| e != "read-only")
+        self.effect.is_some_and(|e| e != Effect::ReadOnly)
     }
 
     fn entry(&self, position: usize) -> JournalEntry {
@@ -87,8 +89,8 @@ impl Slot {
             tool: self.call.name.clone(),
             input: self.call.arguments.clone(),
             component_digest: self.digest.clone(),
-            effect: self.effect.clone(),
-            status: self.status.clone(),
+            effect: self.effect,
+            status: self.status,
             result: has.then_some(o.content),
             error_kind: o.kind,
             changes: o.changes,
@@ -99,7 +101,7 @@ impl Slot {
     }
 
     fn finish(&mut self, outcome: Outcome) {
-        self.status = "done".into();
+        self.status = JournalStatus::Done;
         self.outcome = Some(outcome);
         self.durable = false;
     }
@@ -210,10 +212,10 @@ fn plan(
                     match found {
                         Ok(r) => {
                             resolved = Some(r.clone());
-                            effect = Some(r.record.effect.clone());
+                            effect = Some(r.record.effect);
                             digest = Some(r.digest.clone());
                             idempotent = r.record.idempotent;
-                            match meta.policy.decide(&call.name, &r.record.effect) {
+                            match meta.policy.decide(&call.name, r.record.effect) {
                                 PolicyDecision::Deny(why) => {
                                     refused = Some(error_outcome("denied", &why));
                                 }
@@ -235,7 +237,7 @@ fn plan(
                 effect,
                 digest,
                 idempotent,
-                status: "planned".into(),
+                status: JournalStatus::Planned,
                 approval_id: None,
                 outcome: None,
                 durable: false,
@@ -250,9 +252,7 @@ fn plan(
 
 /// Whether the policy asks about this slot's call.
 fn asks(meta: &SessionMeta, s: &Slot) -> bool {
-    s.effect
-        .as_deref()
-        .is_some_and(|e| matches!(meta.policy.decide(&s.call.name, e), PolicyDecision::Ask(_)))
+    s.effect.is_some_and(|e| matches!(meta.policy.decide(&s.call.name, e), PolicyDecision::Ask(_)))
 }
 
 /// Whether a slot must run alone, through the journal (side-effecting or asked about).
@@ -265,7 +265,7 @@ async fn execute(
     meta: Arc<SessionMeta>,
     call: ToolCallRequest,
     resolved: Option<Arc<Resolved>>,
-    approval: Option<String>,
+    approval: Option<ConsumedApproval>,
     cancel: CancelToken,
 ) -> Result<CallOutcome, ToolServiceError> {
     let req = CallRequest {
@@ -276,7 +276,7 @@ async fn execute(
         cancel: Some(cancel),
         loaded: Some(&meta.loaded_tools),
         policy: Some(&meta.policy),
-        approval: approval.as_deref(),
+        approval: approval.as_ref(),
     };
     // The version the session pinned when it loaded the tool (kept after an upgrade).
     let resolved = match resolved {
@@ -322,7 +322,7 @@ pub(super) async fn run_fresh(
             && !asks(meta, first)
         {
             crate::crash::point("before_intent");
-            first.status = "intent".into();
+            first.status = JournalStatus::Intent;
         }
         let entries: Vec<JournalEntry> =
             slots.iter().enumerate().map(|(i, s)| s.entry(i)).collect();
@@ -333,7 +333,7 @@ pub(super) async fn run_fresh(
         for s in &mut slots {
             s.durable = true;
         }
-        if slots.iter().any(|s| s.status == "intent") {
+        if slots.iter().any(|s| s.status == JournalStatus::Intent) {
             crate::crash::point("after_intent");
         }
     }
@@ -352,12 +352,13 @@ pub(super) async fn run_open(
         .calls
         .iter()
         .map(|e| {
-            let outcome = matches!(e.status.as_str(), "done" | "unknown").then(|| Outcome {
-                content: e.result.clone().unwrap_or_default(),
-                kind: e.error_kind.clone(),
-                changes: e.changes.clone(),
-                ms: e.duration_ms.unwrap_or(0.0),
-            });
+            let outcome =
+                matches!(e.status, JournalStatus::Done | JournalStatus::Unknown).then(|| Outcome {
+                    content: e.result.clone().unwrap_or_default(),
+                    kind: e.error_kind.clone(),
+                    changes: e.changes.clone(),
+                    ms: e.duration_ms.unwrap_or(0.0),
+                });
             Slot {
                 call: ToolCallRequest {
                     id: e.call_id.clone(),
@@ -365,10 +366,10 @@ pub(super) async fn run_open(
                     arguments: e.input.clone(),
                 },
                 resolved: None,
-                effect: e.effect.clone(),
+                effect: e.effect,
                 digest: e.component_digest.clone(),
                 idempotent: e.idempotent,
-                status: e.status.clone(),
+                status: e.status,
                 approval_id: e.approval_id.clone(),
                 outcome,
                 durable: true,
@@ -378,14 +379,14 @@ pub(super) async fn run_open(
     // An intent left by a runner that died: read-only and idempotent calls run again; any
     // other call's outcome is unknown and it never runs again.
     for s in &mut slots {
-        match crate::session::after_crash(&s.status, s.effect.as_deref(), s.idempotent) {
+        match crate::session::after_crash(s.status, s.effect, s.idempotent) {
             AfterCrash::Keep => {}
             AfterCrash::OutcomeUnknown => {
-                s.status = "unknown".into();
+                s.status = JournalStatus::Unknown;
                 s.outcome = Some(error_outcome("outcome_unknown", crate::session::OUTCOME_UNKNOWN));
                 s.durable = false;
             }
-            AfterCrash::Rerun => s.status = "planned".into(),
+            AfterCrash::Rerun => s.status = JournalStatus::Planned,
         }
     }
     drive(agent, meta, open.step, open.assistant, slots, open.units, true, cancel, events).await
@@ -399,13 +400,15 @@ fn unit_for<'a>(units: &'a [ApprovalUnit], call_id: &str) -> Option<&'a Approval
 /// Whether an open step can make progress without a new decision: false when its first
 /// unfinished call waits on a pending approval.
 pub(super) fn can_progress(meta: &SessionMeta, open: &OpenStep) -> bool {
-    let Some(first) = open.calls.iter().find(|e| !matches!(e.status.as_str(), "done" | "unknown"))
+    let Some(first) = open
+        .calls
+        .iter()
+        .find(|e| !matches!(e.status, JournalStatus::Done | JournalStatus::Unknown))
     else {
         return true;
     };
     let asked = first
         .effect
-        .as_deref()
         .is_some_and(|e| matches!(meta.policy.decide(&first.tool, e), PolicyDecision::Ask(_)));
     !(asked
         && first.approval_id.is_none()
@@ -429,7 +432,9 @@ fn new_unit(meta: &SessionMeta, step: i64, s: &Slot, why: String) -> ApprovalUni
         call_id: s.call.id.clone(),
         result_id: format!("res-{}", &hash[12..24]),
         tool: s.call.name.clone(),
-        effect: s.effect.clone().unwrap_or_default(),
+        // Only resolved calls are asked about, so the effect is known; the strictest class
+        // otherwise.
+        effect: s.effect.unwrap_or(Effect::Destructive),
         component_digest: s.digest.clone().unwrap_or_default(),
         input: s.call.arguments.clone(),
         input_digest: sha256_hex(s.call.arguments.as_bytes()),
@@ -596,17 +601,23 @@ async fn drive(
                 }
             }
         }
-        let already_intent = slots[i].status == "intent" && slots[i].durable;
+        let already_intent = slots[i].status == JournalStatus::Intent && slots[i].durable;
+        let mut approval = None;
         if !already_intent {
             crate::crash::point("before_intent");
-            slots[i].status = "intent".into();
+            slots[i].status = JournalStatus::Intent;
             if consume.is_some() {
                 slots[i].approval_id = consume.clone();
             }
             slots[i].durable = false;
             let entries = unsaved(&mut slots);
-            agent.engine.commit_progress(&id, step, entries, consume).await?;
+            approval = agent.engine.commit_progress(&id, step, entries, consume).await?;
             crate::crash::point("after_intent");
+        }
+        if let (None, Some(unit)) = (&approval, &slots[i].approval_id) {
+            // Consumed by this call before its process stopped; it runs again only because
+            // it is idempotent.
+            approval = agent.engine.consumed_approval(&id, unit, &slots[i].call.id).await?;
         }
         let s = &slots[i];
         events(&Event::ToolStarted { name: s.call.name.clone(), call_id: s.call.id.clone() });
@@ -617,7 +628,7 @@ async fn drive(
             shared_meta.clone(),
             s.call.clone(),
             resolved,
-            s.approval_id.clone(),
+            approval,
             cancel.clone(),
             agent.guards.result_cap,
         )
@@ -694,20 +705,21 @@ async fn wait(
                     slot.digest = Some(r.digest.clone());
                     slot.durable = false;
                 }
-                let why =
-                    match meta.policy.decide(&slot.call.name, slot.effect.as_deref().unwrap_or(""))
-                    {
-                        PolicyDecision::Ask(why) => why,
-                        _ => String::new(),
-                    };
+                let why = match meta
+                    .policy
+                    .decide(&slot.call.name, slot.effect.unwrap_or(Effect::Destructive))
+                {
+                    PolicyDecision::Ask(why) => why,
+                    _ => String::new(),
+                };
                 let u = new_unit(meta, step, slot, why);
                 waiting.push(u.id.clone());
                 events(&Event::ApprovalNeeded { unit: u.id.clone(), tool: u.tool.clone() });
                 new_units.push(u);
             }
         }
-        if slot.status != "waiting" {
-            slot.status = "waiting".into();
+        if slot.status != JournalStatus::Waiting {
+            slot.status = JournalStatus::Waiting;
             slot.durable = false;
         }
     }
@@ -725,7 +737,7 @@ async fn run_one(
     meta: Arc<SessionMeta>,
     call: ToolCallRequest,
     resolved: Option<Arc<Resolved>>,
-    approval: Option<String>,
+    approval: Option<ConsumedApproval>,
     cancel: CancelToken,
     cap: usize,
 ) -> Outcome {

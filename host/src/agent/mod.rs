@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::cancel::CancelToken;
 use crate::model::{ModelClient, ModelError, Usage};
-use crate::sandbox::CancelToken;
 pub use crate::session::LoopGuards;
 use crate::session::{CallFacts, RuntimeState, SessionEngine, StepCommit, TurnStart};
 use crate::store::StoreError;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use rusqlite::{OptionalExtension, params};
 
 use crate::agent::{AgentError, AgentService, Events, TurnOutcome};
-use crate::sandbox::CancelToken;
+use crate::cancel::CancelToken;
 use crate::session::{
     ApprovalUnit, DecideError, Decision, RecoveredSession, RuntimeState, SessionEngine, TurnStart,
 };

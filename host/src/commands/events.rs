@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use keel::harness::Harness;
-use keel::session::{EventRow, SessionEvent};
+use keel::session::{EventRow, JournalStatus, SessionEvent};
 
 use super::{EXIT_REFUSED, inert};
 
@@ -50,15 +50,15 @@ pub fn render(row: &EventRow) -> Option<String> {
         ),
         SessionEvent::ToolCall { call_id, tool, status, error_kind, ms, .. } => {
             let ms = ms.map(|m| format!(" ({m:.1} ms)")).unwrap_or_default();
-            match status.as_str() {
-                "planned" => return None,
-                "intent" => format!("  → {} [{}]", inert(tool), inert(call_id)),
-                "done" if error_kind.is_none() => format!("  ✓ {}{ms}", inert(tool)),
-                "waiting" => return None,
+            match status {
+                JournalStatus::Planned => return None,
+                JournalStatus::Intent => format!("  → {} [{}]", inert(tool), inert(call_id)),
+                JournalStatus::Done if error_kind.is_none() => format!("  ✓ {}{ms}", inert(tool)),
+                JournalStatus::Waiting => return None,
                 other => format!(
                     "  ✗ {}{ms}: {}",
                     inert(tool),
-                    inert(error_kind.as_deref().unwrap_or(other))
+                    inert(error_kind.as_deref().unwrap_or(other.as_str()))
                 ),
             }
         }
@@ -134,7 +134,7 @@ pub async fn execute(h: &Harness, id: &str, after: i64, follow: bool, json: bool
         } else {
             let line = render(row).unwrap_or_else(|| match &row.event {
                 SessionEvent::ToolCall { tool, status, .. } => {
-                    format!("  {} {}", inert(tool), inert(status))
+                    format!("  {} {}", inert(tool), status)
                 }
                 other => format!("{other:?}"),
             });

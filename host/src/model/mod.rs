@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::sandbox::CancelToken;
+use crate::cancel::CancelToken;
 
 pub use sse::parse_stream;
 

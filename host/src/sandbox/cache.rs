@@ -9,6 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc;
+
+use crate::digest::sha256_hex;
 use std::time::{Duration, Instant};
 
 use wasmtime::Engine;
@@ -25,12 +27,6 @@ pub enum LoadSource {
     Compiled { elapsed: Duration },
     /// A cached artifact failed verification and was replaced.
     Recompiled { reason: String, elapsed: Duration },
-}
-
-/// Hex sha256 of `bytes`.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    hex::encode(Sha256::digest(bytes))
 }
 
 /// Checks the first bytes: a component, not a core module, not something else.

@@ -20,14 +20,14 @@ mod wasi;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use wasmtime::Engine;
 use wasmtime::component::{Component, ComponentExportIndex, InstancePre, Linker};
 
-pub use cache::{LoadSource, check_header, sha256_hex};
+pub use crate::cancel::CancelToken;
+pub use crate::digest::sha256_hex;
+pub use cache::{LoadSource, check_header};
 pub use engine::EPOCH_TICK;
 pub use error::{CallError, LoadError, ToolErrorKind};
 pub use fs::{FsPolicy, FsReport, MAX_DENIALS_LISTED};
@@ -139,43 +139,6 @@ mod duration_ms {
     pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let ms: u64 = serde::Deserialize::deserialize(d)?;
         Ok(Duration::from_millis(ms))
-    }
-}
-
-/// Cancels a running call (a user interrupt). Clones share the flag.
-#[derive(Debug, Clone, Default)]
-pub struct CancelToken(Arc<CancelInner>);
-
-#[derive(Debug, Default)]
-struct CancelInner {
-    flag: AtomicBool,
-    notify: Notify,
-}
-
-impl CancelToken {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Requests cancellation; a running call stops at its next epoch tick or host call.
-    pub fn cancel(&self) {
-        self.0.flag.store(true, Ordering::SeqCst);
-        self.0.notify.notify_waiters();
-    }
-
-    pub fn is_cancelled(&self) -> bool {
-        self.0.flag.load(Ordering::SeqCst)
-    }
-
-    /// Resolves once [`cancel`](Self::cancel) has been called.
-    pub async fn cancelled(&self) {
-        loop {
-            let notified = self.0.notify.notified();
-            if self.is_cancelled() {
-                return;
-            }
-            notified.await;
-        }
     }
 }
 

@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 use wasmtime::component::Instance;
 use wasmtime::{Engine, Store, Trap};
 
+use crate::policy::Effect;
+
 use super::error::{CallError, ToolErrorKind};
 use super::fs::{FsPolicy, FsReport};
 use super::grant::Grant;
@@ -36,8 +38,7 @@ pub struct RawSpec {
     pub description: String,
     pub input_schema: String,
     pub output_schema: Option<String>,
-    /// `read-only`, `workspace-write`, `external` or `destructive`.
-    pub effect: &'static str,
+    pub effect: crate::policy::Effect,
     pub idempotent: bool,
 }
 
@@ -293,10 +294,10 @@ fn raw_spec(s: ToolSpec) -> RawSpec {
         input_schema: s.input_schema,
         output_schema: s.output_schema,
         effect: match s.effect {
-            WitEffect::ReadOnly => "read-only",
-            WitEffect::WorkspaceWrite => "workspace-write",
-            WitEffect::External => "external",
-            WitEffect::Destructive => "destructive",
+            WitEffect::ReadOnly => Effect::ReadOnly,
+            WitEffect::WorkspaceWrite => Effect::WorkspaceWrite,
+            WitEffect::External => Effect::External,
+            WitEffect::Destructive => Effect::Destructive,
         },
         idempotent: s.idempotent,
     }

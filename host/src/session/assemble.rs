@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use crate::digest::sha256_hex;
 use crate::model::Usage;
-use crate::sandbox::{Access, sha256_hex};
+use crate::sandbox::Access;
 use crate::store::{StoreError, now_ms};
 
 use super::facts::{SessionMeta, load_counters, load_meta_at};

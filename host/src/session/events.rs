@@ -56,13 +56,13 @@ pub enum SessionEvent {
         error: String,
         attempts: u32,
     },
-    /// A tool call's journal row changed: `planned`, `intent` (about to run), or a final
-    /// status (`done`, `failed`, `rejected`, `waiting`, `unknown`, …).
+    /// A tool call's journal row changed: `planned`, `intent` (about to run), `waiting` (for
+    /// a decision), or final (`done`, with `error_kind` when it failed, or `unknown`).
     ToolCall {
         step: i64,
         call_id: String,
         tool: String,
-        status: String,
+        status: super::JournalStatus,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error_kind: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]

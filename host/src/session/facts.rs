@@ -11,7 +11,7 @@ use crate::sandbox::{Access, Budget, Grant};
 use crate::store::{StoreError, now_ms};
 
 use super::JournalEntry;
-use crate::tools::Policy;
+use crate::policy::Policy;
 
 /// The runtime state a user sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -326,7 +326,7 @@ pub fn put_journal(
     e: &JournalEntry,
 ) -> Result<(), StoreError> {
     let digest = crate::sandbox::sha256_hex(e.input.as_bytes());
-    let finished = (e.status != "intent").then(now_ms);
+    let finished = (e.status != super::JournalStatus::Intent).then(now_ms);
     c.prepare_cached(
         "INSERT INTO tool_calls (session_id, step, call_id, position, tool, input, input_digest, component_digest,
                                  effect, status, result, error_kind, changes, duration_ms, created_at, finished_at,
@@ -364,7 +364,7 @@ pub fn put_journal(
             step,
             call_id: e.call_id.clone(),
             tool: e.tool.clone(),
-            status: e.status.clone(),
+            status: e.status,
             error_kind: e.error_kind.clone(),
             ms: e.duration_ms,
         },

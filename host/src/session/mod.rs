@@ -20,7 +20,7 @@ use crate::model::ModelConfig;
 use crate::sandbox::{Budget, Grant};
 use crate::store::{Db, StoreError, now_ms};
 
-pub use crate::tools::Policy;
+pub use crate::policy::{Effect, Policy};
 pub use assemble::{
     Assembled, BYTES_PER_TOKEN, CallFacts, EvidenceOf, GOAL_SHOWN, ModelCallRecord, Part,
     RefusedRequest, TokenEstimate, estimate_tokens, goal_reference, reconstruct_body,
@@ -30,8 +30,9 @@ pub use facts::{
     RuntimeState, SessionMeta, SessionSummary, Timeline, TimelineCall, TimelineMessage,
 };
 pub use steps::{
-    AfterCrash, ApprovalStatus, ApprovalUnit, DecideError, Decision, OUTCOME_UNKNOWN, OpenStep,
-    RecoveredSession, WaitCommit, after_crash, close_turn_in, recover_in,
+    AfterCrash, ApprovalStatus, ApprovalUnit, ConsumedApproval, DecideError, Decision,
+    JournalStatus, OUTCOME_UNKNOWN, OpenStep, RecoveredSession, WaitCommit, after_crash,
+    close_turn_in, recover_in,
 };
 
 /// What a new session starts with.
@@ -104,11 +105,9 @@ pub struct JournalEntry {
     pub tool: String,
     pub input: String,
     pub component_digest: Option<String>,
-    pub effect: Option<String>,
-    /// `planned` (in an open step, not started), `intent` (recorded just before a side effect
-    /// runs), `waiting` (for an approval), `done`, or `unknown` (a side effect whose process
-    /// died before its result was recorded).
-    pub status: String,
+    /// `None` when the tool could not be resolved (the call never ran).
+    pub effect: Option<Effect>,
+    pub status: JournalStatus,
     /// The content given to the model as the tool result.
     pub result: Option<String>,
     pub error_kind: Option<String>,
@@ -419,9 +418,21 @@ impl SessionEngine {
         step: i64,
         entries: Vec<JournalEntry>,
         consume: Option<String>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Option<ConsumedApproval>, StoreError> {
         let id = id.to_string();
         self.db.run(move |c| steps::progress_in(c, &id, step, &entries, consume.as_deref())).await
+    }
+
+    /// The proof of the approval `unit` that call `call_id` of session `id` consumed before its
+    /// process stopped; `None` when the unit is not consumed by that call.
+    pub async fn consumed_approval(
+        &self,
+        id: &str,
+        unit: &str,
+        call_id: &str,
+    ) -> Result<Option<ConsumedApproval>, StoreError> {
+        let (id, unit, call_id) = (id.to_string(), unit.to_string(), call_id.to_string());
+        self.db.run(move |c| steps::consumed_by(c, &id, &unit, &call_id)).await
     }
 
     /// Persists the approval units of a blocked step and sets `waiting_approval`; the runner

@@ -13,6 +13,7 @@ use serde_json::json;
 
 use super::facts::{self, RuntimeState};
 use super::{JournalEntry, json as to_json};
+use crate::policy::Effect;
 use crate::sandbox::Grant;
 use crate::store::{StoreError, now_ms};
 
@@ -22,59 +23,36 @@ pub const OUTCOME_UNKNOWN: &str = "interrupted — outcome unknown, verify befor
      process running this call stopped before its result was recorded, so the call may or may \
      not have taken effect. It will not be run again automatically.";
 
-/// Where an approval unit stands. Stored as its snake_case name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ApprovalStatus {
-    /// Waiting for a person's decision.
-    Pending,
-    /// Approved, not used yet: the call it binds may run once.
-    Approved,
-    Rejected,
-    /// Approved and used by the call it binds.
-    Consumed,
-    /// The tool changed after the decision: the call is asked about again.
-    Invalidated,
-    /// The turn was closed (interrupted) before the decision was used.
-    Cancelled,
-}
-
-impl ApprovalStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Approved => "approved",
-            Self::Rejected => "rejected",
-            Self::Consumed => "consumed",
-            Self::Invalidated => "invalidated",
-            Self::Cancelled => "cancelled",
-        }
+crate::stored_enum! {
+    /// Where an approval unit stands.
+    pub enum ApprovalStatus: "approval status" {
+        /// Waiting for a person's decision.
+        Pending = "pending",
+        /// Approved, not used yet: the call it binds may run once.
+        Approved = "approved",
+        Rejected = "rejected",
+        /// Approved and used by the call it binds.
+        Consumed = "consumed",
+        /// The tool changed after the decision: the call is asked about again.
+        Invalidated = "invalidated",
+        /// The turn was closed (interrupted) before the decision was used.
+        Cancelled = "cancelled",
     }
 }
 
-impl std::fmt::Display for ApprovalStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A stored approval status keel does not know.
-#[derive(Debug, thiserror::Error)]
-#[error("unknown approval status `{0}`")]
-pub struct UnknownStatus(String);
-
-impl std::str::FromStr for ApprovalStatus {
-    type Err = UnknownStatus;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "pending" => Self::Pending,
-            "approved" => Self::Approved,
-            "rejected" => Self::Rejected,
-            "consumed" => Self::Consumed,
-            "invalidated" => Self::Invalidated,
-            "cancelled" => Self::Cancelled,
-            other => return Err(UnknownStatus(other.to_string())),
-        })
+crate::stored_enum! {
+    /// How far one call of an open step got: the journal row's status.
+    pub enum JournalStatus: "journal status" {
+        /// In an open step, not started.
+        Planned = "planned",
+        /// Recorded just before a side effect runs.
+        Intent = "intent",
+        /// Waiting for an approval.
+        Waiting = "waiting",
+        /// Its result is recorded.
+        Done = "done",
+        /// A side effect whose process died before its result was recorded.
+        Unknown = "unknown",
     }
 }
 
@@ -89,7 +67,7 @@ pub struct ApprovalUnit {
     /// The identity its result will have (preallocated when the unit is created).
     pub result_id: String,
     pub tool: String,
-    pub effect: String,
+    pub effect: Effect,
     /// sha256 of the component that would run.
     pub component_digest: String,
     /// The exact input (JSON text) and its sha256.
@@ -188,13 +166,7 @@ fn unit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(ApprovalUnit, String)> {
             input_digest: r.get(9)?,
             grants: Vec::new(),
             why: r.get(11)?,
-            status: r.get::<_, String>(12)?.parse().map_err(|e| {
-                rusqlite::Error::FromSqlConversionFailure(
-                    12,
-                    rusqlite::types::Type::Text,
-                    Box::new(e),
-                )
-            })?,
+            status: r.get(12)?,
             created_at: r.get(13)?,
             decided_at: r.get(14)?,
             decision_reason: r.get(15)?,
@@ -286,23 +258,69 @@ pub fn open_step_in(
     Ok(())
 }
 
+/// Proof that SessionEngine consumed an approval for one call: what the person approved
+/// (tool, component, exact input). Only this module can make one — by consuming an `approved`
+/// unit in the same transaction as the call's intent, or by finding the unit a crashed call
+/// already consumed — so the tool chain's approval gate has no way around it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumedApproval {
+    unit: String,
+    call_id: String,
+    tool: String,
+    input_digest: String,
+    component_digest: String,
+}
+
+impl ConsumedApproval {
+    /// The approval unit's id.
+    pub fn unit(&self) -> &str {
+        &self.unit
+    }
+
+    /// The call it was consumed for.
+    pub fn call_id(&self) -> &str {
+        &self.call_id
+    }
+
+    /// Whether it approves running `tool` of the component with sha256 `component_digest` on
+    /// exactly `input`.
+    pub fn binds(&self, tool: &str, component_digest: &str, input: &str) -> bool {
+        self.tool == tool
+            && self.component_digest == component_digest
+            && self.input_digest == crate::digest::sha256_hex(input.as_bytes())
+    }
+
+    fn from_row(unit: &str, r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            unit: unit.to_string(),
+            call_id: r.get(0)?,
+            tool: r.get(1)?,
+            input_digest: r.get(2)?,
+            component_digest: r.get(3)?,
+        })
+    }
+}
+
 /// Writes journal rows of an open step; with `consume`, first consumes that approval (it must
-/// still be `approved`: an approval is used once).
+/// still be `approved`: an approval is used once) and returns the proof of it.
 pub fn progress_in(
     c: &Connection,
     id: &str,
     step: i64,
     entries: &[JournalEntry],
     consume: Option<&str>,
-) -> Result<(), StoreError> {
+) -> Result<Option<ConsumedApproval>, StoreError> {
+    let mut consumed = None;
     if let Some(unit) = consume {
-        let n = c
+        consumed = c
             .prepare_cached(
                 "UPDATE approvals SET status='consumed', consumed_at=?3
-                 WHERE id=?1 AND session_id=?2 AND status='approved'",
+                 WHERE id=?1 AND session_id=?2 AND status='approved'
+                 RETURNING call_id, tool, input_digest, component_digest",
             )?
-            .execute(params![unit, id, now_ms()])?;
-        if n != 1 {
+            .query_row(params![unit, id, now_ms()], |r| ConsumedApproval::from_row(unit, r))
+            .optional()?;
+        if consumed.is_none() {
             return Err(StoreError::Invalid(format!(
                 "approval `{unit}` is no longer usable (it was consumed, cancelled or replaced)"
             )));
@@ -311,7 +329,23 @@ pub fn progress_in(
     for e in entries {
         facts::put_journal(c, id, step, e)?;
     }
-    Ok(())
+    Ok(consumed)
+}
+
+/// The approval `unit` of session `id` that call `call_id` consumed before its process
+/// stopped (the call runs again because it is idempotent); `None` when there is no such unit.
+pub fn consumed_by(
+    c: &Connection,
+    id: &str,
+    unit: &str,
+    call_id: &str,
+) -> Result<Option<ConsumedApproval>, StoreError> {
+    Ok(c.prepare_cached(
+        "SELECT call_id, tool, input_digest, component_digest FROM approvals
+         WHERE id=?1 AND session_id=?2 AND call_id=?3 AND status='consumed'",
+    )?
+    .query_row(params![unit, id, call_id], |r| ConsumedApproval::from_row(unit, r))
+    .optional()?)
 }
 
 /// Stops an open step to wait for approvals: journal rows, new units, invalidated units, and
@@ -345,7 +379,7 @@ pub fn wait_in(c: &Connection, id: &str, w: &WaitCommit) -> Result<(), StoreErro
             u.input_digest,
             to_json(&u.grants)?,
             u.why,
-            "pending",
+            ApprovalStatus::Pending,
             u.created_at
         ])?;
         super::events::append(
@@ -438,11 +472,12 @@ pub enum AfterCrash {
     OutcomeUnknown,
 }
 
-/// The one crash rule of a journal row with `status`, of a tool with effect class `effect`.
-pub fn after_crash(status: &str, effect: Option<&str>, idempotent: bool) -> AfterCrash {
-    if status != "intent" {
+/// The one crash rule of a journal row with `status`, of a tool with effect class `effect`
+/// (`None`: the tool was not resolved, so nothing ran).
+pub fn after_crash(status: JournalStatus, effect: Option<Effect>, idempotent: bool) -> AfterCrash {
+    if status != JournalStatus::Intent {
         AfterCrash::Keep
-    } else if effect.is_some_and(|x| x != "read-only") && !idempotent {
+    } else if effect.is_some_and(|x| x != Effect::ReadOnly) && !idempotent {
         AfterCrash::OutcomeUnknown
     } else {
         AfterCrash::Rerun
@@ -452,13 +487,13 @@ pub fn after_crash(status: &str, effect: Option<&str>, idempotent: bool) -> Afte
 impl JournalEntry {
     /// [`after_crash`] of this row.
     pub fn after_crash(&self) -> AfterCrash {
-        after_crash(&self.status, self.effect.as_deref(), self.idempotent)
+        after_crash(self.status, self.effect, self.idempotent)
     }
 }
 
 /// Marks a started, side-effecting, non-idempotent call as `unknown`.
 fn mark_unknown(e: &mut JournalEntry) {
-    e.status = "unknown".into();
+    e.status = JournalStatus::Unknown;
     e.result = Some(error_content("outcome_unknown", OUTCOME_UNKNOWN));
     e.error_kind = Some("outcome_unknown".into());
 }
@@ -472,7 +507,7 @@ pub fn close_turn_in(c: &Connection, id: &str, why: &str) -> Result<usize, Store
     if let Some(open) = load_open_step(c, id)? {
         let mut results = Vec::new();
         for mut e in open.calls {
-            let finished = matches!(e.status.as_str(), "done" | "unknown");
+            let finished = matches!(e.status, JournalStatus::Done | JournalStatus::Unknown);
             match (finished, e.after_crash()) {
                 (true, _) => {}
                 (false, AfterCrash::OutcomeUnknown) => {
@@ -481,7 +516,7 @@ pub fn close_turn_in(c: &Connection, id: &str, why: &str) -> Result<usize, Store
                     facts::put_journal(c, id, open.step, &e)?;
                 }
                 (false, AfterCrash::Keep | AfterCrash::Rerun) => {
-                    e.status = "done".into();
+                    e.status = JournalStatus::Done;
                     e.result = Some(error_content(
                         "interrupted",
                         &format!("{why} before this call ran; it was not run"),
@@ -535,7 +570,7 @@ pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreErr
                     outcome_unknown.push(e.call_id.clone());
                 }
                 AfterCrash::Rerun => {
-                    e.status = "planned".into();
+                    e.status = JournalStatus::Planned;
                     rerun.push(e.call_id.clone());
                 }
             }
@@ -569,20 +604,21 @@ pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreErr
 
 #[cfg(test)]
 mod crash_rule {
-    use super::{AfterCrash, after_crash};
+    use super::{AfterCrash, Effect, JournalStatus, after_crash};
 
     #[test]
     fn only_a_started_side_effecting_call_that_is_not_idempotent_has_an_unknown_outcome() {
-        for status in ["planned", "waiting", "done", "unknown"] {
-            for effect in [None, Some("read-only"), Some("external")] {
+        use JournalStatus::*;
+        for &status in JournalStatus::ALL.iter().filter(|s| **s != Intent) {
+            for effect in [None, Some(Effect::ReadOnly), Some(Effect::External)] {
                 assert_eq!(after_crash(status, effect, false), AfterCrash::Keep, "{status}");
             }
         }
-        assert_eq!(after_crash("intent", Some("read-only"), false), AfterCrash::Rerun);
-        assert_eq!(after_crash("intent", None, false), AfterCrash::Rerun);
-        for effect in ["workspace-write", "destructive", "external"] {
-            assert_eq!(after_crash("intent", Some(effect), true), AfterCrash::Rerun);
-            assert_eq!(after_crash("intent", Some(effect), false), AfterCrash::OutcomeUnknown);
+        assert_eq!(after_crash(Intent, Some(Effect::ReadOnly), false), AfterCrash::Rerun);
+        assert_eq!(after_crash(Intent, None, false), AfterCrash::Rerun);
+        for &effect in &Effect::ALL[1..] {
+            assert_eq!(after_crash(Intent, Some(effect), true), AfterCrash::Rerun);
+            assert_eq!(after_crash(Intent, Some(effect), false), AfterCrash::OutcomeUnknown);
         }
     }
 }

@@ -26,7 +26,7 @@ pub struct ToolRecord {
     pub description: String,
     pub input_schema: serde_json::Value,
     pub output_schema: Option<serde_json::Value>,
-    pub effect: String,
+    pub effect: crate::policy::Effect,
     pub idempotent: bool,
     /// sha256 of the tool's description, schemas, effect and idempotence.
     pub spec_digest: String,

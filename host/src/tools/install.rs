@@ -127,7 +127,7 @@ pub fn validate_specs(
             description: s.description,
             input_schema: input,
             output_schema: output,
-            effect: s.effect.to_string(),
+            effect: s.effect,
             idempotent: s.idempotent,
             spec_digest,
         });
@@ -145,7 +145,7 @@ mod tests {
             description: "does things".into(),
             input_schema: schema.into(),
             output_schema: None,
-            effect: "read-only",
+            effect: crate::policy::Effect::ReadOnly,
             idempotent: true,
         }
     }

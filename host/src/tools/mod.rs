@@ -23,12 +23,13 @@ use crate::sandbox::{
     Access, Budget, CallError, CallReport, CancelToken, FsPolicy, Grant, GrantError, LoadError,
     LoadSource, Prepared, Sandbox, SandboxLimits,
 };
+use crate::session::ConsumedApproval;
 use crate::store::{self, StoreError};
 
+pub use crate::policy::{Effect, Policy, PolicyDecision};
 pub use catalog::{ComponentRecord, ToolRecord};
 pub use changes::ChangeSet;
 pub use lease::{LeaseBusy, LeaseRequest, Leases};
-use serde::{Deserialize, Serialize};
 
 /// Budget of the `describe` call made at install time.
 pub fn describe_budget() -> Budget {
@@ -92,6 +93,11 @@ pub enum ToolServiceError {
     PolicyDenied { reason: String },
     #[error("{reason}; the call needs an approval")]
     NeedsApproval { reason: String },
+    #[error(
+        "approval `{unit}` was given for another tool, component or input than this call's; \
+         the call needs its own approval"
+    )]
+    ApprovalNotBound { unit: String },
     #[error("{what} {asked} exceeds the host's ceiling of {ceiling}")]
     OverCeiling { what: &'static str, asked: u64, ceiling: u64 },
 }
@@ -118,123 +124,10 @@ impl ToolServiceError {
             Self::NotLoaded { .. } => "unknown_tool",
             Self::PolicyDenied { .. } => "denied",
             Self::NeedsApproval { .. } => "needs_approval",
+            Self::ApprovalNotBound { .. } => "approval_not_bound",
         }
     }
 }
-
-/// The effect classes a session asks about before running, unless its policy says otherwise.
-pub const DEFAULT_ASK_EFFECTS: [&str; 2] = ["destructive", "external"];
-
-fn default_ask_effects() -> Vec<String> {
-    DEFAULT_ASK_EFFECTS.iter().map(|e| e.to_string()).collect()
-}
-
-/// Which calls a session allows, which it asks a person about first, and which it refuses —
-/// per tool and per effect class. The default asks before `destructive` and `external` calls
-/// and allows the rest (within the session's grants).
-///
-/// Rules, first match wins: denied tool → allowed tool → asked tool → denied effect → asked
-/// effect → allow.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Policy {
-    #[serde(default)]
-    pub deny_tools: Vec<String>,
-    #[serde(default)]
-    pub deny_effects: Vec<String>,
-    /// Tools that always run without asking (unless denied by name).
-    #[serde(default)]
-    pub allow_tools: Vec<String>,
-    /// Tools that need a person's approval for each call.
-    #[serde(default)]
-    pub ask_tools: Vec<String>,
-    /// Effect classes that need a person's approval for each call.
-    #[serde(default = "default_ask_effects")]
-    pub ask_effects: Vec<String>,
-}
-
-impl Default for Policy {
-    fn default() -> Self {
-        Self {
-            deny_tools: Vec::new(),
-            deny_effects: Vec::new(),
-            allow_tools: Vec::new(),
-            ask_tools: Vec::new(),
-            ask_effects: default_ask_effects(),
-        }
-    }
-}
-
-/// What a policy says about one call.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PolicyDecision {
-    Allow,
-    /// A person must approve the call first; why.
-    Ask(String),
-    /// Refused; why.
-    Deny(String),
-}
-
-impl Policy {
-    /// Applies `--allow/--ask/--deny TOOL|EFFECT` adjustments to this policy.
-    pub fn adjust(&mut self, allow: &[String], ask: &[String], deny: &[String]) {
-        let is_effect = |x: &str| crate::tools::EFFECTS.contains(&x);
-        for a in allow {
-            if is_effect(a) {
-                self.ask_effects.retain(|e| e != a);
-                self.deny_effects.retain(|e| e != a);
-            } else {
-                self.allow_tools.push(a.clone());
-            }
-        }
-        for a in ask {
-            if is_effect(a) {
-                self.ask_effects.push(a.clone());
-            } else {
-                self.ask_tools.push(a.clone());
-            }
-        }
-        for d in deny {
-            if is_effect(d) {
-                self.deny_effects.push(d.clone());
-            } else {
-                self.deny_tools.push(d.clone());
-            }
-        }
-    }
-
-    /// The decision for a call of `tool`, whose effect class is `effect`.
-    pub fn decide(&self, tool: &str, effect: &str) -> PolicyDecision {
-        let has = |list: &[String], x: &str| list.iter().any(|t| t == x);
-        if has(&self.deny_tools, tool) {
-            PolicyDecision::Deny(format!("the session's policy denies the tool `{tool}`"))
-        } else if has(&self.allow_tools, tool) {
-            PolicyDecision::Allow
-        } else if has(&self.ask_tools, tool) {
-            PolicyDecision::Ask(format!("the session's policy asks before every call of `{tool}`"))
-        } else if has(&self.deny_effects, effect) {
-            PolicyDecision::Deny(format!(
-                "the session's policy denies `{effect}` tools such as `{tool}`"
-            ))
-        } else if has(&self.ask_effects, effect) {
-            PolicyDecision::Ask(format!(
-                "`{tool}` is a `{effect}` tool, and the session's policy asks before those"
-            ))
-        } else {
-            PolicyDecision::Allow
-        }
-    }
-
-    /// `None` when allowed outright, else why not (asking counts as "not outright").
-    pub fn check(&self, tool: &str, effect: &str) -> Option<String> {
-        match self.decide(tool, effect) {
-            PolicyDecision::Allow => None,
-            PolicyDecision::Ask(why) | PolicyDecision::Deny(why) => Some(why),
-        }
-    }
-}
-
-/// The effect classes of the tool world, as stored.
-pub const EFFECTS: [&str; 4] = ["read-only", "workspace-write", "external", "destructive"];
 
 /// How `install` treats a component name that is already taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -311,9 +204,9 @@ pub struct CallRequest<'a> {
     pub loaded: Option<&'a [String]>,
     /// When set, the policy the call must pass.
     pub policy: Option<&'a Policy>,
-    /// The approval unit consumed for this call, when the policy asks (the caller has bound
-    /// and consumed it).
-    pub approval: Option<&'a str>,
+    /// The approval consumed for this call, when the policy asks. It must bind this tool,
+    /// the component that runs and this exact input.
+    pub approval: Option<&'a ConsumedApproval>,
 }
 
 /// What a call produced.
@@ -864,14 +757,18 @@ impl ToolService {
         };
         let tool = &resolved.record;
         self.check_input(tool, req.input)?;
-        match req.policy.map(|p| p.decide(&tool.name, &tool.effect)) {
+        match req.policy.map(|p| p.decide(&tool.name, tool.effect)) {
             Some(PolicyDecision::Deny(reason)) => {
                 return Err(ToolServiceError::PolicyDenied { reason });
             }
-            Some(PolicyDecision::Ask(reason)) if req.approval.is_none() => {
-                return Err(ToolServiceError::NeedsApproval { reason });
-            }
-            _ => {}
+            Some(PolicyDecision::Ask(reason)) => match req.approval {
+                None => return Err(ToolServiceError::NeedsApproval { reason }),
+                Some(a) if !a.binds(&tool.name, &resolved.digest, req.input) => {
+                    return Err(ToolServiceError::ApprovalNotBound { unit: a.unit().to_string() });
+                }
+                Some(_) => {}
+            },
+            Some(PolicyDecision::Allow) | None => {}
         }
         let ceiling = self.sandbox.limits().max_memory;
         if req.budget.memory > ceiling {
@@ -882,7 +779,7 @@ impl ToolService {
             });
         }
         Grant::check_disjoint(req.grants)?;
-        let writes = tool.effect != "read-only";
+        let writes = tool.effect != Effect::ReadOnly;
         let requests: Vec<LeaseRequest> = req
             .grants
             .iter()
@@ -907,7 +804,7 @@ impl ToolService {
         let (prepared, _) = self.prepared(&resolved.digest)?;
         let fs = FsPolicy {
             read_only: !writes,
-            remove_existing: tool.effect == "destructive",
+            remove_existing: tool.effect == Effect::Destructive,
             write_quota: req.budget.write_quota,
             max_created: req.budget.max_files_created,
         };

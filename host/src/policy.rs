@@ -1,0 +1,152 @@
+//! What a session allows: the [`Effect`] class of a tool and the [`Policy`] that decides, per
+//! tool and per effect class, whether a call runs, waits for a person, or is refused. A leaf:
+//! the session stores a policy, the tool chain applies it, neither owns the other.
+
+use serde::{Deserialize, Serialize};
+
+crate::stored_enum! {
+    /// What a tool's call can do to the world, as its component declares it.
+    pub enum Effect: "effect class" {
+        /// Reads granted files only.
+        ReadOnly = "read-only",
+        /// Changes files inside the granted directories.
+        WorkspaceWrite = "workspace-write",
+        /// Acts outside the host (sends, posts, calls a service).
+        External = "external",
+        /// Deletes or overwrites in ways that cannot be undone.
+        Destructive = "destructive",
+    }
+}
+
+/// The effect classes a session asks about before running, unless its policy says otherwise.
+pub const DEFAULT_ASK_EFFECTS: [Effect; 2] = [Effect::Destructive, Effect::External];
+
+fn default_ask_effects() -> Vec<Effect> {
+    DEFAULT_ASK_EFFECTS.to_vec()
+}
+
+/// Which calls a session allows, which it asks a person about first, and which it refuses —
+/// per tool and per effect class. The default asks before `destructive` and `external` calls
+/// and allows the rest (within the session's grants).
+///
+/// Rules, first match wins: denied tool → allowed tool → asked tool → denied effect → asked
+/// effect → allow.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    #[serde(default)]
+    pub deny_tools: Vec<String>,
+    #[serde(default)]
+    pub deny_effects: Vec<Effect>,
+    /// Tools that always run without asking (unless denied by name).
+    #[serde(default)]
+    pub allow_tools: Vec<String>,
+    /// Tools that need a person's approval for each call.
+    #[serde(default)]
+    pub ask_tools: Vec<String>,
+    /// Effect classes that need a person's approval for each call.
+    #[serde(default = "default_ask_effects")]
+    pub ask_effects: Vec<Effect>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            deny_tools: Vec::new(),
+            deny_effects: Vec::new(),
+            allow_tools: Vec::new(),
+            ask_tools: Vec::new(),
+            ask_effects: default_ask_effects(),
+        }
+    }
+}
+
+/// What a policy says about one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicyDecision {
+    Allow,
+    /// A person must approve the call first; why.
+    Ask(String),
+    /// Refused; why.
+    Deny(String),
+}
+
+impl Policy {
+    /// Applies `--allow/--ask/--deny TOOL|EFFECT` adjustments to this policy.
+    pub fn adjust(&mut self, allow: &[String], ask: &[String], deny: &[String]) {
+        for a in allow {
+            match a.parse::<Effect>() {
+                Ok(e) => {
+                    self.ask_effects.retain(|x| *x != e);
+                    self.deny_effects.retain(|x| *x != e);
+                }
+                Err(_) => self.allow_tools.push(a.clone()),
+            }
+        }
+        for a in ask {
+            match a.parse::<Effect>() {
+                Ok(e) => self.ask_effects.push(e),
+                Err(_) => self.ask_tools.push(a.clone()),
+            }
+        }
+        for d in deny {
+            match d.parse::<Effect>() {
+                Ok(e) => self.deny_effects.push(e),
+                Err(_) => self.deny_tools.push(d.clone()),
+            }
+        }
+    }
+
+    /// The decision for a call of `tool`, whose effect class is `effect`.
+    pub fn decide(&self, tool: &str, effect: Effect) -> PolicyDecision {
+        let has = |list: &[String], x: &str| list.iter().any(|t| t == x);
+        if has(&self.deny_tools, tool) {
+            PolicyDecision::Deny(format!("the session's policy denies the tool `{tool}`"))
+        } else if has(&self.allow_tools, tool) {
+            PolicyDecision::Allow
+        } else if has(&self.ask_tools, tool) {
+            PolicyDecision::Ask(format!("the session's policy asks before every call of `{tool}`"))
+        } else if self.deny_effects.contains(&effect) {
+            PolicyDecision::Deny(format!(
+                "the session's policy denies `{effect}` tools such as `{tool}`"
+            ))
+        } else if self.ask_effects.contains(&effect) {
+            PolicyDecision::Ask(format!(
+                "`{tool}` is a `{effect}` tool, and the session's policy asks before those"
+            ))
+        } else {
+            PolicyDecision::Allow
+        }
+    }
+
+    /// `None` when allowed outright, else why not (asking counts as "not outright").
+    pub fn check(&self, tool: &str, effect: Effect) -> Option<String> {
+        match self.decide(tool, effect) {
+            PolicyDecision::Allow => None,
+            PolicyDecision::Ask(why) | PolicyDecision::Deny(why) => Some(why),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn effects_keep_their_stored_names() {
+        let names: Vec<_> = Effect::ALL.iter().map(|e| e.as_str()).collect();
+        assert_eq!(names, ["read-only", "workspace-write", "external", "destructive"]);
+        assert!("write".parse::<Effect>().is_err());
+    }
+
+    #[test]
+    fn a_policy_stored_with_effect_names_reads_back() {
+        let stored =
+            r#"{"deny_tools":[],"deny_effects":["external"],"allow_tools":[],"ask_tools":["x"]}"#;
+        let p: Policy = serde_json::from_str(stored).unwrap();
+        assert_eq!(p.deny_effects, vec![Effect::External]);
+        assert_eq!(p.ask_effects, DEFAULT_ASK_EFFECTS.to_vec());
+        assert!(matches!(p.decide("y", Effect::External), PolicyDecision::Deny(_)));
+        assert!(matches!(p.decide("x", Effect::ReadOnly), PolicyDecision::Ask(_)));
+        assert_eq!(p.decide("y", Effect::ReadOnly), PolicyDecision::Allow);
+    }
+}
