@@ -5,13 +5,25 @@
 //! [`kind`](ApiError::kind) is stable, so a front-end maps errors to exit codes or HTTP
 //! statuses without reading their text.
 
+use std::time::Duration;
+
 use crate::agent::{AgentError, Events, LoopGuards};
 use crate::brain::Submitted;
 use crate::harness::Harness;
 use crate::model::ModelConfig;
 use crate::sandbox::{Budget, CancelToken, Grant};
-use crate::session::{ApprovalUnit, DecideError, Decision, NewSession, Policy};
+use crate::session::{
+    ApprovalUnit, DecideError, Decision, EventRow, ModelCallRecord, NewSession, Policy,
+    RecoveredSession, RuntimeState, SessionMeta, SessionSummary, Timeline,
+};
 use crate::store::StoreError;
+use crate::tools::{
+    CallOutcome, CallRequest, ComponentRecord, InstallMode, InstallReport, ToolPins, ToolRecord,
+};
+
+/// A tool version change of [`Harness::upgrade_session_tools`]: the tool, the digest it ran
+/// before (if pinned) and the digest it runs now.
+pub type PinChange = (String, Option<String>, String);
 
 /// What a new session is made of.
 #[derive(Debug, Clone)]
@@ -45,8 +57,11 @@ pub enum ApiError {
     #[error("{0}")]
     NotInstalled(String),
     /// The model settings cannot work.
-    #[error("{0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The tool catalog could not be read or changed.
+    #[error(transparent)]
+    Tools(#[from] crate::tools::ToolServiceError),
     /// A decision on an approval unit was refused.
     #[error(transparent)]
     Decision(#[from] DecideError),
@@ -67,7 +82,9 @@ impl ApiError {
             Self::Config(_) => "config",
             // The decision's own kind: `not_found`, `wrong_session` or `not_pending`.
             Self::Decision(e) => e.kind(),
-            Self::Store(_) => "store",
+            // The store's own kind: `not_found`, `conflict`, `input`, `corrupt` or `store`.
+            Self::Store(e) => e.kind(),
+            Self::Tools(e) => e.kind(),
             Self::Run(_) => "run",
         }
     }
@@ -78,16 +95,10 @@ impl Harness {
     /// policy, budget and loop guards, and pins the component version of each loaded tool.
     /// Returns its id.
     pub async fn create_session(&self, spec: SessionSpec) -> Result<String, ApiError> {
-        spec.model.validate().map_err(ApiError::Config)?;
+        spec.model.validate()?;
         Grant::check_disjoint(&spec.grants).map_err(|e| ApiError::Grant(e.to_string()))?;
         let tools = match spec.tools {
-            None => self
-                .tools
-                .tools()
-                .map_err(|e| ApiError::Store(StoreError::Invalid(e.to_string())))?
-                .into_iter()
-                .map(|t| t.name)
-                .collect(),
+            None => self.tools.tools()?.into_iter().map(|t| t.name).collect(),
             Some(tools) => {
                 for t in &tools {
                     self.tools.resolve(t).map_err(|e| ApiError::NotInstalled(e.to_string()))?;
@@ -126,10 +137,7 @@ impl Harness {
     /// Pins the loaded tools of `id` that have no pin yet to the versions installed now.
     async fn pin_loaded_tools(&self, id: &str) -> Result<(), ApiError> {
         let meta = self.engine.meta(id).await?;
-        let pins = self
-            .tools
-            .current_pins(&meta.loaded_tools)
-            .map_err(|e| ApiError::Store(StoreError::Invalid(e.to_string())))?;
+        let pins = self.tools.current_pins(&meta.loaded_tools)?;
         self.engine.pin_tools(id, pins, false).await?;
         Ok(())
     }
@@ -170,5 +178,138 @@ impl Harness {
         events: &Events,
     ) -> Result<Option<Submitted>, ApiError> {
         Ok(self.brain.drain(id, cancel, events).await?)
+    }
+
+    /// Interrupts session `id`: a running turn stops at its next check, a waiting one is
+    /// closed now. Returns the state the session was in.
+    pub async fn interrupt(&self, id: &str) -> Result<RuntimeState, ApiError> {
+        Ok(self.brain.interrupt(id).await?)
+    }
+
+    /// What recovery found when this harness opened the home: sessions whose runner was gone.
+    /// Each that is [`resumable`](RecoveredSession::resumable) continues with
+    /// [`resume`](Self::resume).
+    pub fn recovered(&self) -> &[RecoveredSession] {
+        &self.recovered
+    }
+
+    /// Pins every loaded tool of session `id` to the version installed now (an admin's
+    /// upgrade); returns what changed.
+    pub async fn upgrade_session_tools(&self, id: &str) -> Result<Vec<PinChange>, ApiError> {
+        let meta = self.engine.meta(id).await?;
+        let pins: ToolPins = self.tools.current_pins(&meta.loaded_tools)?;
+        Ok(self.engine.pin_tools(id, pins, true).await?)
+    }
+
+    /// Whether session `id` exists.
+    pub async fn session_exists(&self, id: &str) -> Result<bool, ApiError> {
+        Ok(self.engine.exists(id).await?)
+    }
+
+    /// Session `id`'s settings and state.
+    pub async fn session(&self, id: &str) -> Result<SessionMeta, ApiError> {
+        Ok(self.engine.meta(id).await?)
+    }
+
+    /// Every session, newest first.
+    pub async fn sessions(&self) -> Result<Vec<SessionSummary>, ApiError> {
+        Ok(self.engine.list().await?)
+    }
+
+    /// Everything session `id` did: turns, messages, tool calls, model calls, approvals.
+    pub async fn timeline(&self, id: &str) -> Result<Timeline, ApiError> {
+        Ok(self.engine.timeline(id).await?)
+    }
+
+    /// Session `id`'s model calls, one per step.
+    pub async fn model_calls(&self, id: &str) -> Result<Vec<ModelCallRecord>, ApiError> {
+        Ok(self.engine.model_calls(id).await?)
+    }
+
+    /// The exact request body of `step` of session `id` (the last one if `None`), checked
+    /// against its recorded digest.
+    pub async fn evidence(&self, id: &str, step: Option<i64>) -> Result<(i64, Vec<u8>), ApiError> {
+        Ok(self.engine.evidence(id, step).await?)
+    }
+
+    /// The body of refused request `n` of session `id` (the last one if `None`).
+    pub async fn refused_evidence(
+        &self,
+        id: &str,
+        n: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), ApiError> {
+        Ok(self.engine.refused_evidence(id, n).await?)
+    }
+
+    /// Session `id`'s events after sequence number `after`, oldest first, at most `limit`.
+    pub async fn events(
+        &self,
+        id: &str,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<EventRow>, ApiError> {
+        Ok(self.engine.events_after(id, after, limit).await?)
+    }
+
+    /// The sequence number of session `id`'s last event (0 without events).
+    pub async fn last_event(&self, id: &str) -> Result<i64, ApiError> {
+        Ok(self.engine.last_event(id).await?)
+    }
+
+    /// Follows session `id`'s events after `after`, whichever process commits them, polling
+    /// the store every `every`; the receiver gets each new event once, in order.
+    pub async fn follow(
+        &self,
+        id: &str,
+        after: i64,
+        every: Duration,
+    ) -> Result<tokio::sync::mpsc::Receiver<Result<EventRow, StoreError>>, ApiError> {
+        self.engine.meta(id).await?;
+        Ok(self.engine.follow(id, after, every))
+    }
+
+    /// Approval units, of one session or all, pending only or all.
+    pub async fn approvals(
+        &self,
+        session: Option<&str>,
+        pending_only: bool,
+    ) -> Result<Vec<ApprovalUnit>, ApiError> {
+        if let Some(s) = session {
+            self.engine.meta(s).await?;
+        }
+        Ok(self.engine.approvals(session, pending_only).await?)
+    }
+
+    /// Validates, compiles and installs a component as `name` (`source` says where it came
+    /// from), pinned by its sha256.
+    pub async fn install_tool(
+        &self,
+        bytes: &[u8],
+        name: &str,
+        source: &str,
+        mode: InstallMode,
+    ) -> Result<InstallReport, ApiError> {
+        Ok(self.tools.install_as(bytes, name, source, mode).await?)
+    }
+
+    /// The installed tools.
+    pub fn tools(&self) -> Result<Vec<ToolRecord>, ApiError> {
+        Ok(self.tools.tools()?)
+    }
+
+    /// The component named `name`, or the one providing the tool `name`, with its tools.
+    pub fn tool(&self, name: &str) -> Result<(ComponentRecord, Vec<ToolRecord>), ApiError> {
+        Ok(self.tools.component_for(name)?)
+    }
+
+    /// Removes the component named `name` (or providing the tool `name`); returns it and the
+    /// names of its tools. Sessions that pinned it keep their record of it.
+    pub fn remove_tool(&self, name: &str) -> Result<(ComponentRecord, Vec<String>), ApiError> {
+        Ok(self.tools.remove(name)?)
+    }
+
+    /// An admin's direct, governed call of one tool, outside any session.
+    pub async fn call_tool(&self, req: CallRequest<'_>) -> Result<CallOutcome, ApiError> {
+        Ok(self.tools.call(req).await?)
     }
 }

@@ -18,6 +18,25 @@ use std::path::PathBuf;
 use crate::home::Home;
 use crate::store::Synchronous;
 
+/// A setting that cannot work: a file that does not parse, an unknown key, a value out of
+/// range, an environment variable that does not read. The message names the setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl ConfigError {
+    /// The stable kind of every setting error: `config`.
+    pub fn kind(&self) -> &'static str {
+        "config"
+    }
+}
+
+impl From<String> for ConfigError {
+    fn from(message: String) -> Self {
+        Self(message)
+    }
+}
+
 /// The `[model]` table: every key optional (flags and environment fill in or override).
 #[derive(serde::Deserialize, Default, Debug)]
 #[serde(deny_unknown_fields)]
@@ -58,12 +77,14 @@ pub fn path(home: &Home) -> PathBuf {
 }
 
 /// Reads `HOME/keel.toml` (an empty file when there is none).
-pub fn read(home: &Home) -> Result<File, String> {
+pub fn read(home: &Home) -> Result<File, ConfigError> {
     let path = path(home);
     match std::fs::read_to_string(&path) {
-        Ok(text) => toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display())),
+        Ok(text) => {
+            toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(File::default()),
-        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+        Err(e) => Err(ConfigError(format!("cannot read {}: {e}", path.display()))),
     }
 }
 
@@ -76,21 +97,21 @@ pub fn env(key: &str) -> Option<String> {
 pub fn env_parsed<T>(
     key: &str,
     parse: impl Fn(&str) -> Result<T, String>,
-) -> Result<Option<T>, String> {
-    env(key).map(|v| parse(v.trim()).map_err(|e| format!("{key}: {e}"))).transpose()
+) -> Result<Option<T>, ConfigError> {
+    env(key).map(|v| parse(v.trim()).map_err(|e| ConfigError(format!("{key}: {e}")))).transpose()
 }
 
 /// How durably the store commits: `KEEL_SYNCHRONOUS`, else `[store] synchronous` in
 /// `keel.toml`, else `full`.
-pub fn synchronous(home: &Home) -> Result<Synchronous, String> {
+pub fn synchronous(home: &Home) -> Result<Synchronous, ConfigError> {
     if let Some(mode) = env_parsed("KEEL_SYNCHRONOUS", str::parse)? {
         return Ok(mode);
     }
     let file = read(home)?;
     match file.store.and_then(|s| s.synchronous) {
-        Some(value) => {
-            value.parse().map_err(|e| format!("{}: [store] synchronous: {e}", path(home).display()))
-        }
+        Some(value) => value.parse().map_err(|e| {
+            ConfigError(format!("{}: [store] synchronous: {e}", path(home).display()))
+        }),
         None => Ok(Synchronous::default()),
     }
 }

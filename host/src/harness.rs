@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::agent::{AgentService, LoopGuards};
 use crate::brain::Brain;
-use crate::config::{env, env_parsed};
+use crate::config::{ConfigError, env, env_parsed};
 use crate::home::Home;
 use crate::model::{ModelClient, ModelConfig};
 use crate::sandbox::SandboxLimits;
@@ -39,6 +39,8 @@ pub enum HarnessError {
     Store(#[from] crate::store::StoreError),
     #[error(transparent)]
     Model(#[from] crate::model::ModelError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
 }
 
 impl Harness {
@@ -51,8 +53,9 @@ impl Harness {
         progress: &(dyn Fn(&str) + Sync),
     ) -> Result<Self, HarnessError> {
         let db_path = home.database();
+        let sync = crate::config::synchronous(&home)?;
         let tools = Arc::new(ToolService::open(home, limits, progress).await?);
-        let db = Db::open_with(&db_path, tools.synchronous())?;
+        let db = Db::open_with(&db_path, sync)?;
         let engine = SessionEngine::new(db.clone());
         let agent =
             AgentService::new(engine.clone(), tools.clone(), ModelClient::new(api_key)?, guards);
@@ -94,7 +97,7 @@ pub struct ModelFlags {
 /// (`KEEL_MODEL_URL`, `KEEL_MODEL`, `KEEL_TEMPERATURE`, `KEEL_MAX_TOKENS`,
 /// `KEEL_MODEL_TIMEOUT`), overridden by `flags`. `None` when no base URL or model name is
 /// known; an error names the setting that cannot work.
-pub fn model_config(home: &Home, flags: &ModelFlags) -> Result<Option<ModelConfig>, String> {
+pub fn model_config(home: &Home, flags: &ModelFlags) -> Result<Option<ModelConfig>, ConfigError> {
     let p = crate::config::read(home)?.model.unwrap_or_default();
     let url = flags.url.clone().or_else(|| env("KEEL_MODEL_URL")).or(p.base_url);
     let model = flags.model.clone().or_else(|| env("KEEL_MODEL")).or(p.model);

@@ -60,7 +60,7 @@ async fn an_approval_flow_through_the_api_and_its_typed_refusals() {
     assert_eq!(meta.guards.map(|g| g.max_steps), Some(5), "the loop guards are stored");
     assert!(meta.tool_pins.contains_key("effect_send"), "the loaded tool is pinned");
     let e = h.create_session(spec(&model.url(), vec![], None)).await.unwrap_err();
-    assert_eq!(e.kind(), "store", "the id is taken: {e}");
+    assert_eq!(e.kind(), "conflict", "the id is taken: {e}");
 
     let cancel = CancelToken::new();
     let e = h.send(&id, "  ", &cancel, &no_events()).await.unwrap_err();

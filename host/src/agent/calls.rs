@@ -575,7 +575,7 @@ async fn drive(
             }
             while let Some(done) = tasks.join_next().await {
                 let (k, outcome) = done.map_err(|e| {
-                    AgentError::Store(crate::store::StoreError::Invalid(format!(
+                    AgentError::Store(crate::store::StoreError::Task(format!(
                         "a tool task failed: {e}"
                     )))
                 })?;

@@ -10,7 +10,7 @@ use keel::session::{ApprovalUnit, Decision};
 use serde_json::json;
 
 use super::run::{cancel_on_ctrl_c, fail, open_harness, quiet, report};
-use super::{EXIT_REFUSED, EXIT_SETUP, inert};
+use super::{EXIT_SETUP, inert};
 
 #[derive(Args)]
 pub struct ApprovalsArgs {
@@ -78,12 +78,7 @@ pub async fn list(home: PathBuf, a: ApprovalsArgs) -> ExitCode {
         Ok(x) => x,
         Err(e) => return fail(a.json, "setup", &e, EXIT_SETUP),
     };
-    if let Some(s) = &a.session
-        && let Err(e) = h.engine.meta(s).await
-    {
-        return fail(a.json, "not_found", &e.to_string(), EXIT_REFUSED);
-    }
-    match h.engine.approvals(a.session.as_deref(), !a.all).await {
+    match h.approvals(a.session.as_deref(), !a.all).await {
         Ok(units) if a.json => {
             println!("{}", json!(units));
             ExitCode::SUCCESS
@@ -102,7 +97,7 @@ pub async fn list(home: PathBuf, a: ApprovalsArgs) -> ExitCode {
             println!("\ndecide with `keel approve UNIT` or `keel reject UNIT [--reason TEXT]`");
             ExitCode::SUCCESS
         }
-        Err(e) => fail(a.json, "store", &e.to_string(), EXIT_REFUSED),
+        Err(e) => super::api_fail(a.json, &e),
     }
 }
 
@@ -170,28 +165,28 @@ pub async fn recover(home: PathBuf, a: RecoverArgs) -> ExitCode {
     if !a.no_resume {
         let cancel = CancelToken::new();
         cancel_on_ctrl_c(&cancel);
-        for r in h.recovered.iter().filter(|r| r.resumable) {
+        for r in h.recovered().iter().filter(|r| r.resumable) {
             if !a.json {
                 eprintln!("keel: resuming session {}", r.id);
             }
             let progress = super::events::Progress::start(&h, &r.id).await;
-            let drained = h.brain.drain(&r.id, &cancel, &quiet()).await;
+            let drained = h.resume(&r.id, &cancel, &quiet()).await;
             progress.finish().await;
             let outcome = match drained {
                 Ok(Some(Submitted::Ran(o))) => format!("{o:?}"),
                 Ok(_) => "held by another runner".to_string(),
                 Err(e) => format!("error: {e}"),
             };
-            let state = h.engine.meta(&r.id).await.map(|m| m.state.to_string()).unwrap_or_default();
+            let state = h.session(&r.id).await.map(|m| m.state.to_string()).unwrap_or_default();
             resumed.push(json!({"session_id": r.id, "state": state, "outcome": outcome}));
         }
     }
     if a.json {
-        println!("{}", json!({"ok": true, "recovered": h.recovered, "resumed": resumed}));
-    } else if h.recovered.is_empty() {
+        println!("{}", json!({"ok": true, "recovered": h.recovered(), "resumed": resumed}));
+    } else if h.recovered().is_empty() {
         println!("nothing to recover");
     } else {
-        for r in &h.recovered {
+        for r in h.recovered() {
             println!(
                 "session {}: {} → {}{}{}",
                 r.id,

@@ -86,11 +86,12 @@ pub struct Progress {
 impl Progress {
     /// Starts printing the events of session `id` committed from now on.
     pub async fn start(h: &Harness, id: &str) -> Self {
-        let from = h.engine.last_event(id).await.unwrap_or(0);
+        let from = h.last_event(id).await.unwrap_or(0);
         let printed = Arc::new(AtomicI64::new(from));
-        let mut rx = h.engine.follow(id, from, POLL);
+        let rx = h.follow(id, from, POLL).await.ok();
         let seen = printed.clone();
         let task = tokio::spawn(async move {
+            let Some(mut rx) = rx else { return };
             while let Some(Ok(row)) = rx.recv().await {
                 if let Some(line) = render(&row) {
                     eprintln!("keel: {line}");
@@ -109,7 +110,7 @@ impl Progress {
         self.task.abort();
         let _ = self.task.await;
         let mut last = self.printed.load(Ordering::Acquire);
-        while let Ok(rows) = self.harness.engine.events_after(&self.id, last, 256).await {
+        while let Ok(rows) = self.harness.events(&self.id, last, 256).await {
             if rows.is_empty() {
                 break;
             }
@@ -144,7 +145,7 @@ pub async fn execute(h: &Harness, id: &str, after: i64, follow: bool, json: bool
     if !follow {
         let mut last = after;
         loop {
-            match h.engine.events_after(id, last, 1000).await {
+            match h.events(id, last, 1000).await {
                 Ok(rows) if rows.is_empty() => return ExitCode::SUCCESS,
                 Ok(rows) => {
                     for row in &rows {
@@ -152,19 +153,19 @@ pub async fn execute(h: &Harness, id: &str, after: i64, follow: bool, json: bool
                         last = row.seq;
                     }
                 }
-                Err(e) => return super::run::fail(json, "session", &e.to_string(), EXIT_REFUSED),
+                Err(e) => return super::api_fail(json, &e),
             }
         }
     }
-    if let Err(e) = h.engine.events_after(id, after, 1).await {
-        return super::run::fail(json, "session", &e.to_string(), EXIT_REFUSED);
-    }
-    let mut rx = h.engine.follow(id, after, POLL);
+    let mut rx = match h.follow(id, after, POLL).await {
+        Ok(rx) => rx,
+        Err(e) => return super::api_fail(json, &e),
+    };
     loop {
         tokio::select! {
             next = rx.recv() => match next {
                 Some(Ok(row)) => print(&row),
-                Some(Err(e)) => return super::run::fail(json, "session", &e.to_string(), EXIT_REFUSED),
+                Some(Err(e)) => return super::fail(json, e.kind(), &e.to_string(), EXIT_REFUSED),
                 None => return ExitCode::SUCCESS,
             },
             _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,

@@ -6,15 +6,10 @@ pub mod run;
 pub mod session;
 pub mod tool;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
 use keel::sandbox::Budget;
-
-use keel::home::Home;
-use keel::sandbox::SandboxLimits;
-use keel::tools::{ToolService, ToolServiceError};
 
 /// The tool ran and returned an error (or was stopped by its budget).
 pub const EXIT_TOOL_ERROR: u8 = 1;
@@ -22,14 +17,6 @@ pub const EXIT_TOOL_ERROR: u8 = 1;
 pub const EXIT_REFUSED: u8 = 2;
 /// keel itself could not start (home, database, engine).
 pub const EXIT_SETUP: u8 = 3;
-
-/// Opens the ToolService of `home`, with first-party tool installs reported on stderr.
-pub async fn open_tools(home: PathBuf) -> Result<ToolService, String> {
-    let home =
-        Home::at(&home).map_err(|e| format!("cannot use keel home {}: {e}", home.display()))?;
-    let progress = |msg: &str| eprintln!("keel: {msg}");
-    ToolService::open(home, SandboxLimits::default(), &progress).await.map_err(|e| e.to_string())
-}
 
 /// The one error envelope of every command: `{"ok": false, "error": {"kind", "message"}}` on
 /// stdout with `--json`, else `error: MESSAGE` on stderr (made inert); returns exit `code`.
@@ -54,9 +41,9 @@ pub fn exit_code(e: &keel::api::ApiError) -> u8 {
     }
 }
 
-/// Prints a ToolService error in the envelope and returns the exit code.
-pub fn report_error(json: bool, err: &ToolServiceError) -> std::process::ExitCode {
-    fail(json, err.kind(), &err.to_string(), EXIT_REFUSED)
+/// Prints a refused or failed use case in the envelope and returns its exit code.
+pub fn api_fail(json: bool, e: &keel::api::ApiError) -> std::process::ExitCode {
+    fail(json, e.kind(), &e.to_string(), exit_code(e))
 }
 
 /// True for characters that change how a terminal shows text without being text: controls
@@ -148,6 +135,36 @@ impl BudgetArgs {
             write_quota: self.write_quota.unwrap_or(d.write_quota),
             max_files_created: self.max_files_created.unwrap_or(d.max_files_created),
             ..d
+        }
+    }
+}
+
+#[cfg(test)]
+mod front_end {
+    /// The commands reach the owner spine only through the use cases of `keel::api`: none
+    /// touches SessionEngine, Brain or ToolService directly.
+    #[test]
+    fn commands_use_only_the_use_case_api() {
+        let sources = [
+            ("approval.rs", include_str!("approval.rs")),
+            ("events.rs", include_str!("events.rs")),
+            ("run.rs", include_str!("run.rs")),
+            ("session.rs", include_str!("session.rs")),
+            ("tool.rs", include_str!("tool.rs")),
+            ("mod.rs", include_str!("mod.rs").split("#[cfg(test)]").next().unwrap()),
+            ("main.rs", include_str!("../main.rs")),
+        ];
+        for (file, text) in sources {
+            for owner in [
+                ".engine.",
+                ".brain.",
+                "h.tools.",
+                "harness.tools.",
+                "ToolService",
+                "SessionEngine",
+            ] {
+                assert!(!text.contains(owner), "commands/{file} reaches `{owner}` directly");
+            }
         }
     }
 }

@@ -170,10 +170,10 @@ impl TurnTokens {
 
 /// Prints the outcome of a submit to session `id` and returns the exit code.
 pub async fn report(json_out: bool, h: &Harness, id: &str, submitted: &Submitted) -> ExitCode {
-    let meta = h.engine.meta(id).await;
+    let meta = h.session(id).await;
     let harness_state = meta.as_ref().map(|m| m.state.to_string()).unwrap_or_default();
     let turn = meta.map(|m| m.turns).unwrap_or(0);
-    let tokens = TurnTokens::of(&h.engine.model_calls(id).await.unwrap_or_default(), turn);
+    let tokens = TurnTokens::of(&h.model_calls(id).await.unwrap_or_default(), turn);
     report_with(json_out, id, &harness_state, submitted, &tokens)
 }
 
@@ -238,9 +238,9 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
         Err(e) => return fail(a.json, "setup", &e, EXIT_SETUP),
     };
     let existing = match &a.session {
-        Some(id) => match h.engine.exists(id).await {
+        Some(id) => match h.session_exists(id).await {
             Ok(b) => b,
-            Err(e) => return fail(a.json, "store", &e.to_string(), EXIT_SETUP),
+            Err(e) => return super::api_fail(a.json, &e),
         },
         None => false,
     };
@@ -296,7 +296,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
                     EXIT_REFUSED,
                 );
             }
-            Err(e) => return fail(a.json, "config", &e, EXIT_REFUSED),
+            Err(e) => return fail(a.json, e.kind(), &e.to_string(), EXIT_REFUSED),
         };
         let spec = SessionSpec {
             id: a.session.clone(),
@@ -322,11 +322,11 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
     let cancel = CancelToken::new();
     cancel_on_ctrl_c(&cancel);
     let progress = super::events::Progress::start(&h, &id).await;
-    let submitted = h.brain.submit(&id, &a.task, &cancel, &quiet()).await;
+    let submitted = h.send(&id, &a.task, &cancel, &quiet()).await;
     progress.finish().await;
     let submitted = match submitted {
         Ok(s) => s,
-        Err(e) => return fail(a.json, "run", &e.to_string(), EXIT_TOOL_ERROR),
+        Err(e) => return super::api_fail(a.json, &e),
     };
     report(a.json, &h, &id, &submitted).await
 }

@@ -9,7 +9,7 @@ use keel::sandbox::CancelToken;
 use serde_json::json;
 
 use super::run::{cancel_on_ctrl_c, open_harness, quiet, report};
-use super::{EXIT_REFUSED, EXIT_SETUP, inert, inert_block};
+use super::{EXIT_SETUP, inert, inert_block};
 
 #[derive(Subcommand)]
 pub enum SessionCommand {
@@ -88,7 +88,7 @@ pub struct EvidenceArgs {
 }
 
 fn fail(json_out: bool, message: &str, code: u8) -> ExitCode {
-    super::fail(json_out, "session", message, code)
+    super::fail(json_out, "setup", message, code)
 }
 
 pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
@@ -110,7 +110,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::Events(a) => {
             super::events::execute(&h, &a.id, a.after, a.follow, a.json).await
         }
-        SessionCommand::List(_) => match h.engine.list().await {
+        SessionCommand::List(_) => match h.sessions().await {
             Ok(list) if json_out => {
                 println!("{}", json!(list));
                 ExitCode::SUCCESS
@@ -131,9 +131,9 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                 }
                 ExitCode::SUCCESS
             }
-            Err(e) => fail(json_out, &e.to_string(), EXIT_REFUSED),
+            Err(e) => super::api_fail(json_out, &e),
         },
-        SessionCommand::Show(a) => match h.engine.timeline(&a.id).await {
+        SessionCommand::Show(a) => match h.timeline(&a.id).await {
             Ok(t) if a.json => {
                 println!("{}", json!(t));
                 ExitCode::SUCCESS
@@ -221,7 +221,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                 }
                 ExitCode::SUCCESS
             }
-            Err(e) => fail(a.json, &e.to_string(), EXIT_REFUSED),
+            Err(e) => super::api_fail(a.json, &e),
         },
         SessionCommand::Send(a) => {
             let cancel = CancelToken::new();
@@ -234,7 +234,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                 Err(e) => super::fail(a.json, e.kind(), &e.to_string(), super::exit_code(&e)),
             }
         }
-        SessionCommand::Interrupt(a) => match h.brain.interrupt(&a.id).await {
+        SessionCommand::Interrupt(a) => match h.interrupt(&a.id).await {
             Ok(state) => {
                 if a.json {
                     println!("{}", json!({"ok": true, "session_id": a.id, "state": state}));
@@ -247,11 +247,11 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                 }
                 ExitCode::SUCCESS
             }
-            Err(e) => fail(a.json, &e.to_string(), EXIT_REFUSED),
+            Err(e) => super::api_fail(a.json, &e),
         },
         SessionCommand::Evidence(a) => match match a.refused {
-            Some(n) => h.engine.refused_evidence(&a.id, (n > 0).then_some(n)).await,
-            None => h.engine.evidence(&a.id, a.step).await,
+            Some(n) => h.refused_evidence(&a.id, (n > 0).then_some(n)).await,
+            None => h.evidence(&a.id, a.step).await,
         } {
             Ok((_, body)) => {
                 let mut out = std::io::stdout().lock();
@@ -259,7 +259,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                 let _ = out.flush();
                 ExitCode::SUCCESS
             }
-            Err(e) => fail(false, &e.to_string(), EXIT_REFUSED),
+            Err(e) => super::api_fail(false, &e),
         },
     }
 }
@@ -332,17 +332,9 @@ fn print_model_calls(t: &keel::session::Timeline) {
 
 /// `keel session upgrade-tools ID`: pins every loaded tool to the version installed now.
 async fn upgrade_tools(h: &keel::harness::Harness, a: &IdArgs) -> ExitCode {
-    let meta = match h.engine.meta(&a.id).await {
-        Ok(m) => m,
-        Err(e) => return fail(a.json, &e.to_string(), EXIT_REFUSED),
-    };
-    let pins = match h.tools.current_pins(&meta.loaded_tools) {
-        Ok(p) => p,
-        Err(e) => return fail(a.json, &e.to_string(), EXIT_SETUP),
-    };
-    let changed = match h.engine.pin_tools(&a.id, pins, true).await {
+    let changed = match h.upgrade_session_tools(&a.id).await {
         Ok(c) => c,
-        Err(e) => return fail(a.json, &e.to_string(), EXIT_REFUSED),
+        Err(e) => return super::api_fail(a.json, &e),
     };
     if a.json {
         let rows: Vec<_> = changed

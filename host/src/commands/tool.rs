@@ -4,14 +4,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
+use keel::harness::Harness;
 use keel::sandbox::{CancelToken, Grant};
-use keel::tools::{CallRequest, InstallMode, ToolService};
+use keel::tools::{CallRequest, InstallMode};
 use serde_json::json;
 
-use super::{
-    BudgetArgs, EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert, inert_block, open_tools,
-    prefixed, report_error,
-};
+use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert, inert_block, prefixed};
 
 #[derive(Subcommand)]
 pub enum ToolCommand {
@@ -86,11 +84,9 @@ pub async fn execute(home: PathBuf, cmd: ToolCommand) -> ExitCode {
         ToolCommand::Inspect(a) | ToolCommand::Remove(a) => a.json,
         ToolCommand::Call(a) => a.json,
     };
-    let service = match open_tools(home).await {
-        Ok(s) => s,
-        Err(e) => {
-            return super::fail(json, "setup", &e, EXIT_SETUP);
-        }
+    let service = match super::run::open_harness(&home).await {
+        Ok((_, h)) => h,
+        Err(e) => return super::fail(json, "setup", &e, EXIT_SETUP),
     };
     match cmd {
         ToolCommand::Install(a) => install(&service, a).await,
@@ -101,7 +97,7 @@ pub async fn execute(home: PathBuf, cmd: ToolCommand) -> ExitCode {
     }
 }
 
-async fn install(service: &ToolService, a: InstallArgs) -> ExitCode {
+async fn install(service: &Harness, a: InstallArgs) -> ExitCode {
     let bytes = match std::fs::read(&a.file) {
         Ok(b) => b,
         Err(e) => {
@@ -117,7 +113,7 @@ async fn install(service: &ToolService, a: InstallArgs) -> ExitCode {
     });
     eprintln!("keel: validating and compiling {} ({} bytes)…", a.file.display(), bytes.len());
     let mode = if a.upgrade { InstallMode::Upgrade } else { InstallMode::New };
-    match service.install_as(&bytes, &name, &a.file.display().to_string(), mode).await {
+    match service.install_tool(&bytes, &name, &a.file.display().to_string(), mode).await {
         Ok(r) => {
             if a.json {
                 println!("{}", json!({"ok": true, "install": r}));
@@ -149,14 +145,14 @@ async fn install(service: &ToolService, a: InstallArgs) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e) => report_error(a.json, &e),
+        Err(e) => super::api_fail(a.json, &e),
     }
 }
 
-fn list(service: &ToolService, json_out: bool) -> ExitCode {
+fn list(service: &Harness, json_out: bool) -> ExitCode {
     let tools = match service.tools() {
         Ok(t) => t,
-        Err(e) => return report_error(json_out, &e),
+        Err(e) => return super::api_fail(json_out, &e),
     };
     if json_out {
         let rows: Vec<_> = tools
@@ -182,10 +178,10 @@ fn list(service: &ToolService, json_out: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn inspect(service: &ToolService, a: NameArgs) -> ExitCode {
-    let (component, tools) = match service.component_for(&a.name) {
+fn inspect(service: &Harness, a: NameArgs) -> ExitCode {
+    let (component, tools) = match service.tool(&a.name) {
         Ok(x) => x,
-        Err(e) => return report_error(a.json, &e),
+        Err(e) => return super::api_fail(a.json, &e),
     };
     let shown: Vec<_> =
         tools.iter().filter(|t| t.name == a.name || component.name == a.name).collect();
@@ -214,8 +210,8 @@ fn inspect(service: &ToolService, a: NameArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn remove(service: &ToolService, a: NameArgs) -> ExitCode {
-    match service.remove(&a.name) {
+fn remove(service: &Harness, a: NameArgs) -> ExitCode {
+    match service.remove_tool(&a.name) {
         Ok((component, tools)) => {
             if a.json {
                 println!("{}", json!({"ok": true, "removed": component.name, "tools": tools}));
@@ -224,11 +220,11 @@ fn remove(service: &ToolService, a: NameArgs) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e) => report_error(a.json, &e),
+        Err(e) => super::api_fail(a.json, &e),
     }
 }
 
-async fn call(service: &ToolService, a: CallArgs) -> ExitCode {
+async fn call(service: &Harness, a: CallArgs) -> ExitCode {
     let budget = a.budget.budget();
     let cancel = CancelToken::new();
     let on_interrupt = cancel.clone();
@@ -247,9 +243,9 @@ async fn call(service: &ToolService, a: CallArgs) -> ExitCode {
         policy: None,
         approval: None,
     };
-    let outcome = match service.call(req).await {
+    let outcome = match service.call_tool(req).await {
         Ok(o) => o,
-        Err(e) => return report_error(a.json, &e),
+        Err(e) => return super::api_fail(a.json, &e),
     };
     let r = &outcome.report;
     if a.json {

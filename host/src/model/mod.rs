@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::cancel::CancelToken;
+use crate::config::ConfigError;
 
 pub use sse::parse_stream;
 
@@ -63,40 +64,46 @@ fn yes() -> bool {
 
 impl ModelConfig {
     /// `{base_url}/chat/completions`, parsed and checked to be an http or https URL.
-    pub fn endpoint(&self) -> Result<reqwest::Url, String> {
+    pub fn endpoint(&self) -> Result<reqwest::Url, ConfigError> {
         let trimmed = self.base_url.trim_end_matches('/');
         if let Some(base) = trimmed.strip_suffix("/chat/completions") {
-            return Err(format!(
+            return Err(ConfigError(format!(
                 "the model URL `{}` already ends in /chat/completions; give the base URL, \
                  the part before it: `{base}`",
                 self.base_url
-            ));
+            )));
         }
-        let url = reqwest::Url::parse(&format!("{}/chat/completions", self.base_url))
-            .map_err(|e| format!("the model URL `{}` is not a valid URL: {e}", self.base_url))?;
+        let url =
+            reqwest::Url::parse(&format!("{}/chat/completions", self.base_url)).map_err(|e| {
+                ConfigError(format!("the model URL `{}` is not a valid URL: {e}", self.base_url))
+            })?;
         if !matches!(url.scheme(), "http" | "https") {
-            return Err(format!(
+            return Err(ConfigError(format!(
                 "the model URL `{}` is not an http:// or https:// URL",
                 self.base_url
-            ));
+            )));
         }
         Ok(url)
     }
 
     /// Checks what can be checked before any call: the URL, the timeout, the temperature and
     /// the token limit.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         self.endpoint()?;
         if self.timeout_ms == 0 {
-            return Err("the model call timeout (`timeout_ms`) must be at least 1 ms".into());
+            return Err(ConfigError(
+                "the model call timeout (`timeout_ms`) must be at least 1 ms".into(),
+            ));
         }
         if let Some(t) = self.temperature
             && !(t.is_finite() && t >= 0.0)
         {
-            return Err(format!("the temperature must be a number of 0 or more, not {t}"));
+            return Err(ConfigError(format!(
+                "the temperature must be a number of 0 or more, not {t}"
+            )));
         }
         if self.max_tokens == Some(0) {
-            return Err("max_tokens must be at least 1".into());
+            return Err(ConfigError("max_tokens must be at least 1".into()));
         }
         Ok(())
     }
@@ -414,7 +421,7 @@ impl ModelClient {
         {
             return Ok(url.clone());
         }
-        let url = config.endpoint().map_err(ModelError::Config)?;
+        let url = config.endpoint().map_err(|e| ModelError::Config(e.0))?;
         *last = Some((config.base_url.clone(), url.clone()));
         Ok(url)
     }
@@ -640,7 +647,7 @@ mod tests {
     fn a_url_ending_in_chat_completions_is_refused_with_the_base_url_to_use() {
         let mut c = ModelConfig::new("http://localhost:8080/v1/chat/completions", "m");
         assert_eq!(
-            c.validate(),
+            c.validate().map_err(|e| e.to_string()),
             Err("the model URL `http://localhost:8080/v1/chat/completions` already ends in \
                  /chat/completions; give the base URL, the part before it: \
                  `http://localhost:8080/v1`"

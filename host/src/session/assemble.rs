@@ -701,7 +701,7 @@ pub fn evidence(c: &Connection, id: &str, of: EvidenceOf) -> Result<(i64, Vec<u8
         })
         .optional()?;
     let Some((head_hash, system_hash, tools_hash, from, to, sha)) = row else {
-        return Err(StoreError::Invalid(match (of, step) {
+        return Err(StoreError::NotFound(match (of, step) {
             (EvidenceOf::Refused(None), 0) => format!("session `{id}` has no refused request"),
             (EvidenceOf::Step(None), 0) => format!("session `{id}` has made no model request yet"),
             _ => format!("session `{id}` has no {what} {step}"),
@@ -712,7 +712,7 @@ pub fn evidence(c: &Connection, id: &str, of: EvidenceOf) -> Result<(i64, Vec<u8
     let tools = tools_hash.map(|h| blob(c, &h)).transpose()?;
     let body = reconstruct_body(&head, &system, &history(c, id, from, to)?, tools.as_deref());
     if sha256_hex(&body) != sha {
-        return Err(StoreError::Invalid(format!(
+        return Err(StoreError::Corrupt(format!(
             "the evidence of {what} {step} does not rebuild to its recorded digest; the history was altered"
         )));
     }

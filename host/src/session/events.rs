@@ -117,7 +117,8 @@ pub fn append(c: &Connection, id: &str, event: &SessionEvent) -> Result<i64, Sto
     let seq: i64 = c
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM session_events WHERE session_id=?1")?
         .query_row([id], |r| r.get(0))?;
-    let body = serde_json::to_string(event).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let body = serde_json::to_string(event)
+        .map_err(|e| StoreError::Corrupt(format!("an event cannot be encoded: {e}")))?;
     c.prepare_cached(
         "INSERT INTO session_events (session_id, seq, at_ms, kind, body) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
@@ -143,7 +144,7 @@ pub fn after(
     for row in rows {
         let (seq, at_ms, body) = row?;
         let event = serde_json::from_str(&body).map_err(|e| {
-            StoreError::Invalid(format!("event {seq} of session `{id}` is not readable: {e}"))
+            StoreError::Corrupt(format!("event {seq} of session `{id}` is not readable: {e}"))
         })?;
         out.push(EventRow { seq, at_ms, event });
     }

@@ -57,7 +57,7 @@ impl FromStr for RuntimeState {
             "compressing" => Self::Compressing,
             "interrupted" => Self::Interrupted,
             "failed" => Self::Failed,
-            other => return Err(StoreError::Invalid(format!("unknown session state `{other}`"))),
+            other => return Err(StoreError::Corrupt(format!("unknown session state `{other}`"))),
         })
     }
 }
@@ -93,7 +93,7 @@ pub struct SessionMeta {
 
 fn parse<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, StoreError> {
     serde_json::from_str(text)
-        .map_err(|e| StoreError::Invalid(format!("stored {what} is unreadable: {e}")))
+        .map_err(|e| StoreError::Corrupt(format!("stored {what} is unreadable: {e}")))
 }
 
 pub fn load_meta(c: &Connection, id: &str) -> Result<SessionMeta, StoreError> {
@@ -169,7 +169,7 @@ pub fn load_meta_at(
 }
 
 fn no_session(id: &str) -> StoreError {
-    StoreError::Invalid(format!("no session `{id}`; see `keel session list`"))
+    StoreError::NotFound(format!("no session `{id}`; see `keel session list`"))
 }
 
 /// The meta fields that change without `meta_version` changing: the runtime state and the

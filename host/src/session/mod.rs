@@ -137,10 +137,6 @@ pub struct SessionEngine {
     stored: Arc<assemble::StoredParts>,
 }
 
-fn invalid(msg: impl Into<String>) -> StoreError {
-    StoreError::Invalid(msg.into())
-}
-
 fn valid_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 64
@@ -160,7 +156,7 @@ impl SessionEngine {
     pub async fn create(&self, new: NewSession) -> Result<String, StoreError> {
         let id = match &new.id {
             Some(id) if !valid_id(id) => {
-                return Err(invalid(format!(
+                return Err(StoreError::Input(format!(
                     "session id `{id}` is not valid: use letters, digits, `-` and `_` (at most 64)"
                 )));
             }
@@ -177,7 +173,7 @@ impl SessionEngine {
             .run(move |c| {
                 let exists: bool = c.query_row("SELECT EXISTS(SELECT 1 FROM sessions WHERE id=?1)", [&id2], |r| r.get(0))?;
                 if exists {
-                    return Err(invalid(format!("session `{id2}` already exists")));
+                    return Err(StoreError::Conflict(format!("session `{id2}` already exists")));
                 }
                 c.execute(
                     "INSERT INTO sessions (id, created_at, state, meta_version) VALUES (?1, ?2, 'idle', 1)",
@@ -661,7 +657,7 @@ pub fn begin_turn_in(c: &Connection, id: &str) -> Result<Option<TurnStart>, Stor
 /// running shows `preparing_context` until its runner starts the turn.
 pub fn submit_in(c: &Connection, id: &str, text: &str) -> Result<i64, StoreError> {
     if text.trim().is_empty() {
-        return Err(invalid("an input must say something: this one is empty"));
+        return Err(StoreError::Input("an input must say something: this one is empty".into()));
     }
     let meta = facts::load_meta(c, id)?;
     let seq: i64 = c
@@ -748,5 +744,6 @@ fn commit_step(
 }
 
 pub(crate) fn json<T: Serialize>(v: &T) -> Result<String, StoreError> {
-    serde_json::to_string(v).map_err(|e| invalid(e.to_string()))
+    serde_json::to_string(v)
+        .map_err(|e| StoreError::Corrupt(format!("a value cannot be encoded: {e}")))
 }

@@ -191,7 +191,7 @@ fn units_where(
     rows.into_iter()
         .map(|(mut u, grants)| {
             u.grants = serde_json::from_str(&grants).map_err(|e| {
-                StoreError::Invalid(format!(
+                StoreError::Corrupt(format!(
                     "stored grants of approval {} are unreadable: {e}",
                     u.id
                 ))
@@ -321,7 +321,7 @@ pub fn progress_in(
             .query_row(params![unit, id, now_ms()], |r| ConsumedApproval::from_row(unit, r))
             .optional()?;
         if consumed.is_none() {
-            return Err(StoreError::Invalid(format!(
+            return Err(StoreError::Conflict(format!(
                 "approval `{unit}` is no longer usable (it was consumed, cancelled or replaced)"
             )));
         }

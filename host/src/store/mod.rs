@@ -330,13 +330,45 @@ pub enum StoreError {
     Commit { message: String },
     #[error("the database writer has stopped")]
     WriterGone,
+    /// What was asked for does not exist (a session, a step's evidence …).
     #[error("{0}")]
-    Invalid(String),
+    NotFound(String),
+    /// The request conflicts with what is stored (a session id taken, an approval used).
+    #[error("{0}")]
+    Conflict(String),
+    /// The request itself cannot be stored (an empty input, an id keel cannot use).
+    #[error("{0}")]
+    Input(String),
+    /// Stored data does not read back as keel wrote it (unreadable, or altered).
+    #[error("{0}")]
+    Corrupt(String),
+    /// A task of the store or of its caller failed (it panicked or could not start).
+    #[error("{0}")]
+    Task(String),
     #[error(
         "database schema version {found} is newer than this keel understands ({known}); \
          upgrade keel"
     )]
     TooNew { found: i64, known: i64 },
+}
+
+impl StoreError {
+    /// A stable name of the error's kind: `not_found`, `conflict`, `input`, `corrupt`, or
+    /// `store` for a failure of the database itself.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::NotFound(_) => "not_found",
+            Self::Conflict(_) => "conflict",
+            Self::Input(_) => "input",
+            Self::Corrupt(_) => "corrupt",
+            Self::Open { .. }
+            | Self::Sql(_)
+            | Self::Commit { .. }
+            | Self::WriterGone
+            | Self::Task(_)
+            | Self::TooNew { .. } => "store",
+        }
+    }
 }
 
 mod writer;

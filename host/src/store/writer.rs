@@ -83,7 +83,7 @@ impl Db {
         std::thread::Builder::new()
             .name("keel-db-writer".into())
             .spawn(move || run(conn, rx, &counters, &added))
-            .map_err(|e| StoreError::Invalid(format!("cannot start the database writer: {e}")))?;
+            .map_err(|e| StoreError::Task(format!("cannot start the database writer: {e}")))?;
         Ok(Self {
             jobs,
             stats,
@@ -111,7 +111,7 @@ impl Db {
         let db = self.clone();
         tokio::task::spawn_blocking(move || db.read_blocking(op))
             .await
-            .map_err(|e| StoreError::Invalid(format!("a database read failed: {e}")))?
+            .map_err(|e| StoreError::Task(format!("a database read failed: {e}")))?
     }
 
     /// Runs a small, indexed read (a session's meta, the next request, a flag) right here, on

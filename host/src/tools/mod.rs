@@ -50,6 +50,8 @@ pub enum ToolServiceError {
     #[error(transparent)]
     Load(#[from] LoadError),
     #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
     Grant(#[from] GrantError),
     #[error(transparent)]
     Busy(#[from] LeaseBusy),
@@ -108,6 +110,7 @@ impl ToolServiceError {
         match self {
             Self::Store(_) => "store",
             Self::Load(_) => "load",
+            Self::Config(_) => "config",
             Self::Grant(_) => "grant",
             Self::Busy(_) => "busy",
             Self::Io { .. } => "io",
@@ -325,7 +328,6 @@ pub struct ToolService {
     sandbox: Arc<Sandbox>,
     db: Mutex<Connection>,
     /// The store's durability, from the home's settings (read once, when the service opens).
-    sync: store::Synchronous,
     catalog: Mutex<CatalogCache>,
     prepared: Mutex<HashMap<String, Arc<Prepared>>>,
     validators: Mutex<HashMap<String, Arc<jsonschema::Validator>>>,
@@ -346,14 +348,13 @@ impl ToolService {
         limits: SandboxLimits,
         progress: &(dyn Fn(&str) + Sync),
     ) -> Result<Self, ToolServiceError> {
-        let sync = crate::config::synchronous(&home).map_err(StoreError::Invalid)?;
+        let sync = crate::config::synchronous(&home)?;
         let conn = store::open_with(&home.database(), sync)?;
         let sandbox = Arc::new(Sandbox::new(&home.cache_dir(), limits)?);
         let service = Self {
             home,
             sandbox,
             db: Mutex::new(conn),
-            sync,
             catalog: Mutex::new(CatalogCache::default()),
             prepared: Mutex::new(HashMap::new()),
             validators: Mutex::new(HashMap::new()),
@@ -373,12 +374,6 @@ impl ToolService {
 
     fn db(&self) -> std::sync::MutexGuard<'_, Connection> {
         self.db.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The store's durability this service opened the database with (the home's setting):
-    /// every other connection to the store of this home uses the same.
-    pub fn synchronous(&self) -> store::Synchronous {
-        self.sync
     }
 
     pub fn sandbox(&self) -> &Arc<Sandbox> {
