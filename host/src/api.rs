@@ -18,7 +18,8 @@ use crate::session::{
 };
 use crate::store::StoreError;
 use crate::tools::{
-    CallOutcome, CallRequest, ComponentRecord, InstallMode, InstallReport, ToolPins, ToolRecord,
+    CallOutcome, CallRequest, ComponentRecord, HostTool, InstallMode, InstallReport, ToolPins,
+    ToolRecord,
 };
 
 /// A tool version change of [`Harness::upgrade_session_tools`]: the tool, the digest it ran
@@ -306,6 +307,12 @@ impl Harness {
     /// names of its tools. Sessions that pinned it keep their record of it.
     pub fn remove_tool(&self, name: &str) -> Result<(ComponentRecord, Vec<String>), ApiError> {
         Ok(self.tools.remove(name)?)
+    }
+
+    /// Adds a tool implemented in this process (a control or MCP tool) to the catalog; from
+    /// then on it is loaded, checked, asked about, approved and journaled like a component's.
+    pub fn register_host_tool(&self, tool: std::sync::Arc<dyn HostTool>) -> Result<(), ApiError> {
+        Ok(self.tools.register_host_tool(tool)?)
     }
 
     /// An admin's direct, governed call of one tool, outside any session.

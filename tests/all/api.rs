@@ -2,27 +2,15 @@
 //! with no CLI code, and the typed refusals a front-end maps to its own codes.
 
 use keel::agent::{LoopGuards, TurnOutcome};
-use keel::api::{ApiError, SessionSpec};
+use keel::api::ApiError;
 use keel::brain::Submitted;
-use keel::model::ModelConfig;
-use keel::sandbox::{Access, Budget, CancelToken, Grant};
+use keel::sandbox::{Access, CancelToken, Grant};
 use keel::session::{Decision, RuntimeState};
 use keel_tests::mock_model::{MockModel, Reply};
 use keel_tests::{harness_with_session, install_effects, log_lines, no_events};
 
-fn spec(url: &str, grants: Vec<Grant>, tools: Option<Vec<String>>) -> SessionSpec {
-    SessionSpec {
-        id: Some("api".into()),
-        grants,
-        tools,
-        allow: Vec::new(),
-        ask: Vec::new(),
-        deny: Vec::new(),
-        budget: Budget::default(),
-        model: ModelConfig::new(url, "m"),
-        system_prompt: "You are a test agent.".into(),
-        guards: LoopGuards { max_steps: 5, ..LoopGuards::default() },
-    }
+fn spec(url: &str, grants: Vec<Grant>, tools: Option<Vec<String>>) -> keel::api::SessionSpec {
+    keel_tests::session_spec(url, "api", grants, tools)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,4 +14,5 @@ mod model;
 mod peers;
 mod plugins;
 mod sandbox;
+mod sources;
 mod store;

@@ -167,3 +167,25 @@ pub fn log_lines(dir: &Path, name: &str) -> Vec<String> {
         .map(|t| t.lines().map(str::to_string).collect())
         .unwrap_or_default()
 }
+
+/// A session's settings for the use-case API: id `id`, these grants and tools, the default
+/// policy and budget, the model at `url`, at most five steps a turn.
+pub fn session_spec(
+    url: &str,
+    id: &str,
+    grants: Vec<keel::sandbox::Grant>,
+    tools: Option<Vec<String>>,
+) -> keel::api::SessionSpec {
+    keel::api::SessionSpec {
+        id: Some(id.into()),
+        grants,
+        tools,
+        allow: Vec::new(),
+        ask: Vec::new(),
+        deny: Vec::new(),
+        budget: keel::sandbox::Budget::default(),
+        model: keel::model::ModelConfig::new(url, "m"),
+        system_prompt: "You are a test agent.".into(),
+        guards: keel::agent::LoopGuards { max_steps: 5, ..keel::agent::LoopGuards::default() },
+    }
+}

@@ -1,8 +1,13 @@
-//! Validation of a component's tool descriptions at install time.
+//! Installing and removing components: validation of the file and of its tools'
+//! descriptions, the catalog rows, and the component file in the home.
 
-use crate::sandbox::RawSpec;
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, SystemTime};
 
-use super::catalog::ToolRecord;
+use crate::sandbox::{Budget, LoadError, RawSpec};
+
+use super::catalog::{self, ComponentRecord, ToolRecord};
+use super::{ToolService, ToolServiceError};
 
 /// Longest tool name.
 pub const MAX_TOOL_NAME: usize = 64;
@@ -181,5 +186,211 @@ mod tests {
         assert!(err[2].contains("not JSON"));
         assert!(err[3].contains("must describe an object"));
         assert!(err[4].contains("not a valid JSON Schema"));
+    }
+}
+
+fn now() -> String {
+    let secs =
+        SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    format!("{secs}")
+}
+
+/// Budget of the `describe` call made at install time.
+pub fn describe_budget() -> Budget {
+    Budget {
+        fuel: 2_000_000_000,
+        timeout: Duration::from_secs(10),
+        memory: 128 << 20,
+        ..Budget::default()
+    }
+}
+
+/// How `install` treats a component name that is already taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstallMode {
+    /// A new component: a name already installed is refused (the same file again is fine).
+    New,
+    /// Replaces the installed component of that name (`keel tool install --upgrade`).
+    Upgrade,
+    /// A first-party component, installed or updated by keel itself.
+    Builtin,
+}
+
+/// What `install` did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct InstallReport {
+    pub component: ComponentRecord,
+    pub tools: Vec<ToolRecord>,
+    /// Digest of the version this one replaced, if any.
+    pub replaced: Option<String>,
+    /// What an upgrade changed, tool by tool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeDiff>,
+    pub compile_ms: f64,
+}
+
+/// What an upgrade changes in a component's tools (a changed description, schema, effect
+/// class or idempotence is a changed spec, and needs fresh approvals).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct UpgradeDiff {
+    pub old_digest: String,
+    pub new_digest: String,
+    pub changed: Vec<String>,
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+}
+
+/// Compares the tools of two versions of a component.
+fn upgrade_diff(
+    old_digest: &str,
+    new_digest: &str,
+    old: &[ToolRecord],
+    new: &[ToolRecord],
+) -> UpgradeDiff {
+    let mut d = UpgradeDiff {
+        old_digest: old_digest.to_string(),
+        new_digest: new_digest.to_string(),
+        ..UpgradeDiff::default()
+    };
+    for t in new {
+        match old.iter().find(|o| o.name == t.name) {
+            None => d.added.push(t.name.clone()),
+            Some(o) if o.spec_digest != t.spec_digest => d.changed.push(t.name.clone()),
+            Some(_) => {}
+        }
+    }
+    d.removed = old
+        .iter()
+        .filter(|o| !new.iter().any(|t| t.name == o.name))
+        .map(|o| o.name.clone())
+        .collect();
+    d
+}
+
+impl ToolService {
+    /// Validates and installs a component: it must be a component (not a core module), target
+    /// the keel tool world, import only granted interfaces, and describe well-formed tools with
+    /// valid JSON Schemas whose names no other component uses. Replaces an earlier version of
+    /// the same component name.
+    pub async fn install(
+        &self,
+        bytes: &[u8],
+        name: &str,
+        source: &str,
+        builtin: bool,
+    ) -> Result<InstallReport, ToolServiceError> {
+        let mode = if builtin { InstallMode::Builtin } else { InstallMode::New };
+        self.install_as(bytes, name, source, mode).await
+    }
+
+    /// [`install`](Self::install) with an explicit [`InstallMode`]: the names of first-party
+    /// components are reserved to them, and replacing an installed component needs
+    /// [`InstallMode::Upgrade`].
+    pub async fn install_as(
+        &self,
+        bytes: &[u8],
+        name: &str,
+        source: &str,
+        mode: InstallMode,
+    ) -> Result<InstallReport, ToolServiceError> {
+        let builtin = mode == InstallMode::Builtin;
+        if !valid_component_name(name) {
+            return Err(ToolServiceError::InvalidComponentName { name: name.to_string() });
+        }
+        if !builtin && crate::builtin::BUILTIN_COMPONENTS.iter().any(|(n, _)| *n == name) {
+            return Err(ToolServiceError::Reserved { name: name.to_string() });
+        }
+        let digest = crate::sandbox::sha256_hex(bytes);
+        let existing = catalog::component(&self.db(), name)?;
+        if mode == InstallMode::New
+            && let Some(old) = &existing
+            && old.digest != digest
+        {
+            return Err(ToolServiceError::AlreadyInstalled {
+                name: name.to_string(),
+                digest: old.digest.clone(),
+            });
+        }
+        let limit = self.sandbox.limits().max_component_bytes;
+        if bytes.len() as u64 > limit {
+            return Err(LoadError::TooLarge { size: bytes.len() as u64, limit }.into());
+        }
+        crate::sandbox::check_header(bytes)?;
+        let started = std::time::Instant::now();
+        self.sandbox.check_imports(bytes)?;
+        let component = self.sandbox.compile(bytes)?;
+        let compile_ms = started.elapsed().as_secs_f64() * 1e3;
+        let prepared = Arc::new(self.sandbox.prepare(&component)?);
+        let report = self.sandbox.describe(&prepared, &describe_budget()).await;
+        let specs = report.result.map_err(|error| ToolServiceError::Describe { error })?;
+        let tools = validate_specs(name, specs)
+            .map_err(|problems| ToolServiceError::InvalidSpecs { problems })?;
+        let names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
+        let mut clashes = catalog::clashes(&self.db(), name, &names)?;
+        clashes.extend(self.host_tool_owners(&names));
+        if !clashes.is_empty() {
+            return Err(ToolServiceError::NameClash { clashes });
+        }
+        let path = self.home.component_path(&digest);
+        if !path.exists() {
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            let io = |context: &str| {
+                let context = context.to_string();
+                move |source| ToolServiceError::Io { context, source }
+            };
+            std::fs::write(&tmp, bytes).map_err(io("writing the component file"))?;
+            std::fs::rename(&tmp, &path).map_err(io("publishing the component file"))?;
+        }
+        self.sandbox.cache_artifact(&component, &digest)?;
+        let record = ComponentRecord {
+            name: name.to_string(),
+            digest: digest.clone(),
+            size: bytes.len() as u64,
+            source: source.to_string(),
+            builtin,
+            installed_at: now(),
+        };
+        let (replaced, upgrade) = {
+            let mut db = self.db();
+            let old = catalog::component(&db, name)?.filter(|c| c.digest != digest);
+            let upgrade = match &old {
+                Some(o) => {
+                    Some(upgrade_diff(&o.digest, &digest, &catalog::tools_of(&db, name)?, &tools))
+                }
+                None => None,
+            };
+            catalog::put(&mut db, &record, &tools)?;
+            (old.map(|o| o.digest), upgrade)
+        };
+        // The replaced version's file stays: sessions that loaded it keep running it until
+        // they are told to upgrade (`keel session upgrade-tools`).
+        self.invalidate_catalog();
+        self.prepared.lock().unwrap_or_else(PoisonError::into_inner).insert(digest, prepared);
+        Ok(InstallReport { component: record, tools, replaced, upgrade, compile_ms })
+    }
+
+    fn forget_file(&self, digest: &str) -> Result<(), ToolServiceError> {
+        if !catalog::digest_in_use(&self.db(), digest)? {
+            let _ = std::fs::remove_file(self.home.component_path(digest));
+        }
+        Ok(())
+    }
+
+    /// Removes a component (by its name or one of its tools' names).
+    pub fn remove(&self, name: &str) -> Result<(ComponentRecord, Vec<String>), ToolServiceError> {
+        if let Some((name, provider)) = self.host_tool_owners(&[name.to_string()]).pop() {
+            return Err(ToolServiceError::HostTool { name, provider });
+        }
+        let (component, _) = self.component_for(name)?;
+        if component.builtin {
+            return Err(ToolServiceError::Builtin { name: component.name });
+        }
+        let (removed, digests) = catalog::remove(&mut self.db(), &component.name)?;
+        self.invalidate_catalog();
+        self.forget_file(&component.digest)?;
+        for d in &digests {
+            self.forget_file(d)?;
+        }
+        Ok((component, removed))
     }
 }

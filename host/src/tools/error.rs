@@ -1,0 +1,100 @@
+//! Why a tool operation could not be carried out, with a stable kind per case.
+
+use crate::sandbox::{CallError, GrantError, LoadError};
+use crate::store::StoreError;
+
+use super::LeaseBusy;
+
+/// Why a tool operation could not be carried out (before or around the sandbox run; failures
+/// inside the run are [`CallError`]s in the [`CallOutcome`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ToolServiceError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Grant(#[from] GrantError),
+    #[error(transparent)]
+    Busy(#[from] LeaseBusy),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "`{name}` is not a valid component name: use lowercase letters, digits, `-` and `_`, \
+         starting with a letter (pass --name NAME)"
+    )]
+    InvalidComponentName { name: String },
+    #[error("no tool or component named `{name}` is installed; installed tools: {available}")]
+    NotInstalled { name: String, available: String },
+    #[error("`{name}` is a first-party component and cannot be removed")]
+    Builtin { name: String },
+    #[error("`{name}` is provided by keel itself (`{provider}`), not by an installed component")]
+    HostTool { name: String, provider: String },
+    #[error(
+        "`{name}` is the name of a first-party component; another component cannot take or \
+         replace it (install it under another name with --name NAME)"
+    )]
+    Reserved { name: String },
+    #[error(
+        "a component named `{name}` is already installed (sha256:{digest}); replacing it needs \
+         `keel tool install --upgrade`, which shows what changes"
+    )]
+    AlreadyInstalled { name: String, digest: String },
+    #[error("the component's `describe` call failed: {error}")]
+    Describe { error: CallError },
+    #[error("the component's tool descriptions are not acceptable:\n  - {}", .problems.join("\n  - "))]
+    InvalidSpecs { problems: Vec<String> },
+    #[error("tool names already belong to other components: {}; remove those first or rename the tools",
+        .clashes.iter().map(|(t, c)| format!("`{t}` (component `{c}`)")).collect::<Vec<_>>().join(", "))]
+    NameClash { clashes: Vec<(String, String)> },
+    #[error("input for `{tool}` is rejected: {}", .problems.join("; "))]
+    InvalidInput { tool: String, problems: Vec<String> },
+    #[error("the tool `{name}` is not loaded in this session; loaded tools: {loaded}")]
+    NotLoaded { name: String, loaded: String },
+    #[error("{reason}")]
+    PolicyDenied { reason: String },
+    #[error("{reason}; the call needs an approval")]
+    NeedsApproval { reason: String },
+    #[error(
+        "approval `{unit}` was given for another tool, component or input than this call's; \
+         the call needs its own approval"
+    )]
+    ApprovalNotBound { unit: String },
+    #[error("{what} {asked} exceeds the host's ceiling of {ceiling}")]
+    OverCeiling { what: &'static str, asked: u64, ceiling: u64 },
+}
+
+impl ToolServiceError {
+    /// A stable, machine-readable name of the error's kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Store(_) => "store",
+            Self::Load(_) => "load",
+            Self::Config(_) => "config",
+            Self::Grant(_) => "grant",
+            Self::Busy(_) => "busy",
+            Self::Io { .. } => "io",
+            Self::InvalidComponentName { .. } => "invalid_name",
+            Self::NotInstalled { .. } => "not_installed",
+            Self::Builtin { .. } => "builtin",
+            Self::HostTool { .. } => "host_tool",
+            Self::Reserved { .. } => "reserved_name",
+            Self::AlreadyInstalled { .. } => "already_installed",
+            Self::Describe { .. } => "describe_failed",
+            Self::InvalidSpecs { .. } => "invalid_specs",
+            Self::NameClash { .. } => "name_clash",
+            Self::InvalidInput { .. } => "invalid_input",
+            Self::OverCeiling { .. } => "over_ceiling",
+            Self::NotLoaded { .. } => "unknown_tool",
+            Self::PolicyDenied { .. } => "denied",
+            Self::NeedsApproval { .. } => "needs_approval",
+            Self::ApprovalNotBound { .. } => "approval_not_bound",
+        }
+    }
+}
