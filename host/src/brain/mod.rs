@@ -11,8 +11,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rusqlite::{OptionalExtension, params};
-
 use crate::agent::{AgentError, AgentService, Events, TurnOutcome};
 use crate::cancel::CancelToken;
 use crate::session::{
@@ -20,8 +18,11 @@ use crate::session::{
 };
 use crate::store::{Db, StoreError, now_ms};
 
-/// A lease not renewed for this long is considered abandoned (its process died).
-pub const LEASE_TTL: Duration = Duration::from_secs(15);
+pub mod lease;
+
+pub use lease::LEASE_TTL;
+use lease::{RunnerId, lease_live};
+
 /// How often a runner renews its lease.
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
 /// How often a runner checks the session's interrupt flag.
@@ -41,6 +42,7 @@ pub enum Submitted {
 pub struct Brain {
     db: Db,
     agent: AgentService,
+    engine: SessionEngine,
     owner: Arc<str>,
 }
 
@@ -48,7 +50,8 @@ impl Brain {
     pub fn new(db: Db, agent: AgentService) -> Self {
         let nonce = format!("{}-{:?}", now_ms(), std::time::Instant::now());
         let owner = RunnerId::current(&blake3::hash(nonce.as_bytes()).to_hex()[..8]).to_string();
-        Self { db, agent, owner: owner.into() }
+        let engine = agent.engine().clone();
+        Self { db, agent, engine, owner: owner.into() }
     }
 
     /// Startup recovery: every session whose runner is gone (its lease is free, or its process
@@ -59,27 +62,27 @@ impl Brain {
         let owner = self.owner.clone();
         self.db
             .run(move |c| {
-                let candidates: Vec<(String, Option<String>, Option<i64>)> = c
-                    .prepare(
-                        "SELECT s.id, l.owner, l.heartbeat_ms FROM sessions s
-                         LEFT JOIN runner_leases l ON l.session_id = s.id
-                         WHERE s.active_turn IS NOT NULL OR l.owner IS NOT NULL
-                            OR s.state IN ('running', 'preparing_context', 'compressing')
-                            OR EXISTS (SELECT 1 FROM inbox i WHERE i.session_id = s.id AND i.consumed_at IS NULL)",
-                    )?
-                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-                    .collect::<Result<_, _>>()?;
+                // Sessions with work in flight, and sessions some runner holds.
+                let mut candidates: std::collections::BTreeMap<String, Option<(String, i64)>> =
+                    crate::session::unsettled_in(c)?.into_iter().map(|id| (id, None)).collect();
+                for (id, holder, beat) in lease::all_in(c)? {
+                    candidates.insert(id, Some((holder, beat)));
+                }
                 let now = now_ms();
                 let mut out = Vec::new();
-                for (id, holder, beat) in candidates {
-                    if let (Some(holder), Some(beat)) = (&holder, beat) {
-                        if holder.as_str() == &*owner || lease_live(holder, beat, now) {
+                for (id, held) in candidates {
+                    if let Some((holder, beat)) = &held {
+                        if holder.as_str() == &*owner || lease_live(holder, *beat, now) {
                             continue;
                         }
-                        c.execute("DELETE FROM runner_leases WHERE session_id=?1", [&id])?;
+                        lease::drop_in(c, &id)?;
                     }
                     let r = crate::session::recover_in(c, &id)?;
-                    if r.resumable || r.state_before != r.state_after || !r.outcome_unknown.is_empty() || !r.rerun.is_empty() {
+                    if r.resumable
+                        || r.state_before != r.state_after
+                        || !r.outcome_unknown.is_empty()
+                        || !r.rerun.is_empty()
+                    {
                         out.push(r);
                     }
                 }
@@ -116,19 +119,12 @@ impl Brain {
                 if meta.active_turn.is_none() && meta.state != RuntimeState::Running {
                     return Ok(());
                 }
-                let holder: Option<(String, i64)> = c
-                    .query_row(
-                        "SELECT owner, heartbeat_ms FROM runner_leases WHERE session_id=?1",
-                        [&sid],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )
-                    .optional()?;
-                if let Some((h, beat)) = &holder
+                if let Some((h, beat)) = &lease::holder_in(c, &sid)?
                     && (h.as_str() == &*owner || lease_live(h, *beat, now_ms()))
                 {
                     return Ok(());
                 }
-                c.execute("DELETE FROM runner_leases WHERE session_id=?1", [&sid])?;
+                lease::drop_in(c, &sid)?;
                 crate::session::close_turn_in(c, &sid, "interrupted by the user")?;
                 Ok(())
             })
@@ -137,7 +133,7 @@ impl Brain {
     }
 
     pub fn engine(&self) -> &SessionEngine {
-        self.agent.engine()
+        &self.engine
     }
 
     /// This process's runner identity.
@@ -161,7 +157,7 @@ impl Brain {
             .db
             .run(move |c| {
                 let seq = crate::session::submit_in(c, &sid, &text)?;
-                if !acquire_in(c, &sid, &owner)? {
+                if !lease::acquire_in(c, &sid, &owner)? {
                     return Ok((seq, false, None));
                 }
                 let under_way =
@@ -285,87 +281,34 @@ impl Brain {
     /// Whether this runner holds the lease of `id` (a read).
     async fn holds(&self, id: &str) -> Result<bool, StoreError> {
         let (id, owner) = (id.to_string(), self.owner.clone());
-        self.db
-            .read_inline(move |c| {
-                Ok(c.prepare_cached(
-                    "SELECT EXISTS(SELECT 1 FROM runner_leases WHERE session_id=?1 AND owner=?2)",
-                )?
-                .query_row(params![id, &*owner], |r| r.get(0))?)
-            })
-            .await
+        self.db.read_inline(move |c| lease::holds_in(c, &id, &owner)).await
     }
 
     /// Takes the runner lease of `id` if it is free, abandoned, or already ours.
     pub async fn try_acquire(&self, id: &str) -> Result<bool, StoreError> {
         let (id, owner) = (id.to_string(), self.owner.clone());
-        self.db.run(move |c| acquire_in(c, &id, &owner)).await
+        self.db.run(move |c| lease::acquire_in(c, &id, &owner)).await
     }
 
     /// Releases the lease unless unconsumed inputs are waiting (then keeps it and returns
     /// false). With `force`, releases regardless.
     async fn release(&self, id: &str, force: bool) -> Result<bool, StoreError> {
         let (id, owner) = (id.to_string(), self.owner.clone());
-        self.db.run(move |c| release_in(c, &id, &owner, force)).await
+        self.db
+            .run(move |c| {
+                if !force && crate::session::pending_inputs(c, &id)? > 0 {
+                    return Ok(false);
+                }
+                lease::release_in(c, &id, &owner)?;
+                Ok(true)
+            })
+            .await
     }
 
     async fn heartbeat(&self, id: &str) -> Result<(), StoreError> {
         let (id, owner) = (id.to_string(), self.owner.clone());
-        self.db
-            .run(move |c| {
-                c.execute(
-                    "UPDATE runner_leases SET heartbeat_ms=?3 WHERE session_id=?1 AND owner=?2",
-                    params![id, &*owner, now_ms()],
-                )?;
-                Ok(())
-            })
-            .await
+        self.db.run(move |c| lease::heartbeat_in(c, &id, &owner)).await
     }
-}
-
-/// Releases `owner`'s runner lease of `id` unless unconsumed inputs are waiting (then keeps it
-/// and returns false); with `force`, releases regardless. For callers that compose it into a
-/// larger transaction (a turn's last commit releases the lease with it).
-pub fn release_in(
-    c: &rusqlite::Connection,
-    id: &str,
-    owner: &str,
-    force: bool,
-) -> Result<bool, StoreError> {
-    if !force {
-        let waiting: bool = c
-            .prepare_cached(
-                "SELECT EXISTS(SELECT 1 FROM inbox WHERE session_id=?1 AND consumed_at IS NULL)",
-            )?
-            .query_row([id], |r| r.get(0))?;
-        if waiting {
-            return Ok(false);
-        }
-    }
-    c.prepare_cached("DELETE FROM runner_leases WHERE session_id=?1 AND owner=?2")?
-        .execute(params![id, owner])?;
-    Ok(true)
-}
-
-/// Takes the runner lease of `id` for `owner` if it is free, abandoned, or already theirs.
-fn acquire_in(c: &rusqlite::Connection, id: &str, owner: &str) -> Result<bool, StoreError> {
-    let now = now_ms();
-    let held: Option<(String, i64)> = c
-        .prepare_cached("SELECT owner, heartbeat_ms FROM runner_leases WHERE session_id=?1")?
-        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
-    let free = match &held {
-        None => true,
-        Some((o, _)) if o == owner => true,
-        Some((o, beat)) => !lease_live(o, *beat, now),
-    };
-    if free {
-        c.prepare_cached(
-            "INSERT INTO runner_leases (session_id, owner, heartbeat_ms) VALUES (?1, ?2, ?3)
-             ON CONFLICT (session_id) DO UPDATE SET owner=excluded.owner, heartbeat_ms=excluded.heartbeat_ms",
-        )?
-        .execute(params![id, owner, now])?;
-    }
-    Ok(free)
 }
 
 /// The background work of a runner: lease renewal and interrupt watching. Stopped on drop.
@@ -397,92 +340,5 @@ impl RunnerTasks {
 impl Drop for RunnerTasks {
     fn drop(&mut self) {
         self.handle.abort();
-    }
-}
-
-/// A runner's identity: `host/pid/start/nonce`. On the same host, a lease whose process is gone
-/// (or whose pid now belongs to a process started later) is abandoned at once; elsewhere it is
-/// abandoned when its heartbeat is older than [`LEASE_TTL`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct RunnerId {
-    host: String,
-    pid: u32,
-    start: u64,
-    nonce: String,
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "unknown-host".into())
-}
-
-/// The start time of process `pid` (clock ticks since boot), where the system tells it.
-fn process_start(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may contain spaces.
-    let rest = stat.get(stat.rfind(')')? + 2..)?;
-    rest.split(' ').nth(19)?.parse().ok()
-}
-
-impl RunnerId {
-    fn current(nonce: &str) -> Self {
-        let pid = std::process::id();
-        Self {
-            host: hostname(),
-            pid,
-            start: process_start(pid).unwrap_or(0),
-            nonce: nonce.to_string(),
-        }
-    }
-
-    fn parse(s: &str) -> Option<Self> {
-        let mut p = s.rsplitn(4, '/');
-        let nonce = p.next()?.to_string();
-        let start = p.next()?.parse().ok()?;
-        let pid = p.next()?.parse().ok()?;
-        let host = p.next()?.to_string();
-        Some(Self { host, pid, start, nonce })
-    }
-}
-
-impl std::fmt::Display for RunnerId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}/{}/{}", self.host, self.pid, self.start, self.nonce)
-    }
-}
-
-/// Whether the lease of `holder`, last renewed at `beat`, still binds its session.
-fn lease_live(holder: &str, beat: i64, now: i64) -> bool {
-    if let Some(h) = RunnerId::parse(holder)
-        && h.host == hostname()
-        && h.start != 0
-    {
-        if h.pid == std::process::id() {
-            return true;
-        }
-        return process_start(h.pid) == Some(h.start);
-    }
-    now - beat <= LEASE_TTL.as_millis() as i64
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn runner_ids_round_trip_and_dead_processes_release_their_leases() {
-        let me = RunnerId::current("abc");
-        assert_eq!(RunnerId::parse(&me.to_string()), Some(me.clone()));
-        assert!(lease_live(&me.to_string(), 0, i64::MAX), "this process is alive");
-        // A pid with another start time is a different (or no) process.
-        let other = RunnerId { pid: me.pid, start: me.start + 1, ..me.clone() };
-        let dead = RunnerId { pid: u32::MAX - 1, ..me.clone() };
-        assert!(!lease_live(&dead.to_string(), now_ms(), now_ms()));
-        assert!(lease_live(&other.to_string(), 0, 0), "same pid counts as this process");
-        // Another host: the heartbeat decides.
-        let remote = RunnerId { host: "elsewhere".into(), ..me };
-        assert!(lease_live(&remote.to_string(), now_ms(), now_ms()));
-        assert!(!lease_live(&remote.to_string(), 0, LEASE_TTL.as_millis() as i64 + 1));
     }
 }

@@ -10,6 +10,7 @@ mod assemble;
 pub mod events;
 mod facts;
 mod steps;
+mod views;
 
 use std::sync::Arc;
 
@@ -26,14 +27,13 @@ pub use assemble::{
     RefusedRequest, TokenEstimate, estimate_tokens, goal_reference, reconstruct_body,
 };
 pub use events::{EventRow, SessionEvent};
-pub use facts::{
-    RuntimeState, SessionMeta, SessionSummary, Timeline, TimelineCall, TimelineMessage,
-};
+pub use facts::{RuntimeState, SessionMeta, pending_inputs, unsettled_in};
 pub use steps::{
     AfterCrash, ApprovalStatus, ApprovalUnit, ConsumedApproval, DecideError, Decision,
     JournalStatus, OUTCOME_UNKNOWN, OpenStep, RecoveredSession, WaitCommit, after_crash,
     close_turn_in, recover_in,
 };
+pub use views::{SessionSummary, Timeline, TimelineCall, TimelineMessage};
 
 /// What a new session starts with.
 #[derive(Debug, Clone)]
@@ -479,13 +479,13 @@ impl SessionEngine {
 
     /// Every session, newest first.
     pub async fn list(&self) -> Result<Vec<SessionSummary>, StoreError> {
-        self.db.read(facts::list).await
+        self.db.read(views::list).await
     }
 
     /// The session's timeline: messages, tool calls, state.
     pub async fn timeline(&self, id: &str) -> Result<Timeline, StoreError> {
         let id = id.to_string();
-        self.db.read(move |c| facts::timeline(c, &id)).await
+        self.db.read(move |c| views::timeline(c, &id)).await
     }
 
     /// The exact request body of `step` (the last step if `None`), byte for byte.
@@ -735,7 +735,10 @@ fn commit_step(
     if let Some(owner) = &s.release_lease
         && s.state == RuntimeState::Idle
     {
-        crate::brain::release_in(c, id, owner, false)?;
+        // The runner keeps its lease while inputs wait: it runs them next.
+        if facts::pending_inputs(c, id)? == 0 {
+            crate::brain::lease::release_in(c, id, owner)?;
+        }
     }
     if s.state == RuntimeState::Running {
         events::append(c, id, &SessionEvent::ModelCallStarted { step: s.step + 1 })?;

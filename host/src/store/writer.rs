@@ -62,6 +62,7 @@ pub struct Db {
     readers: Arc<std::sync::Mutex<Vec<Connection>>>,
     /// Nanoseconds the writer waits after each durable commit (benchmarks only, see
     /// [`Db::emulate_sync_latency`]).
+    #[cfg(feature = "bench-hooks")]
     added_sync_ns: Arc<AtomicU64>,
 }
 
@@ -79,6 +80,7 @@ impl Db {
         let stats = Arc::new(DbStats::default());
         let counters = stats.clone();
         let added_sync_ns = Arc::new(AtomicU64::new(0));
+        #[cfg_attr(not(feature = "bench-hooks"), allow(clippy::redundant_clone))]
         let added = added_sync_ns.clone();
         std::thread::Builder::new()
             .name("keel-db-writer".into())
@@ -89,6 +91,7 @@ impl Db {
             stats,
             path: Arc::new(path.to_path_buf()),
             readers: Arc::new(std::sync::Mutex::new(Vec::new())),
+            #[cfg(feature = "bench-hooks")]
             added_sync_ns,
         })
     }
@@ -96,7 +99,9 @@ impl Db {
     /// Makes every durable commit take `extra` longer before its callers hear of it, as on a
     /// disk whose fsync is that much slower: the writer thread waits, holding the next batch,
     /// exactly as it would inside a slow fsync. For benchmarks that show how commits are
-    /// shared on slower storage; keel itself never sets it.
+    /// shared on slower storage; keel itself never sets it, and only builds with the
+    /// `bench-hooks` feature (the benchmarks') have it.
+    #[cfg(feature = "bench-hooks")]
     #[doc(hidden)]
     pub fn emulate_sync_latency(&self, extra: std::time::Duration) {
         self.added_sync_ns.store(nanos(extra), Ordering::Relaxed);
@@ -189,7 +194,7 @@ fn run(
     conn: Connection,
     mut rx: mpsc::UnboundedReceiver<Job>,
     stats: &DbStats,
-    added_sync_ns: &AtomicU64,
+    #[cfg_attr(not(feature = "bench-hooks"), allow(unused_variables))] added_sync_ns: &AtomicU64,
 ) {
     #[cfg(target_os = "linux")]
     stats.thread_id.store(
@@ -254,9 +259,12 @@ fn run(
         let commit = exec(&conn, "COMMIT");
         let cpu = thread_cpu_ns();
         stats.commit_cpu_ns.fetch_add(cpu.saturating_sub(cpu_before), Ordering::Relaxed);
-        let added = added_sync_ns.load(Ordering::Relaxed);
-        if wrote && added > 0 {
-            std::thread::sleep(std::time::Duration::from_nanos(added));
+        #[cfg(feature = "bench-hooks")]
+        {
+            let added = added_sync_ns.load(Ordering::Relaxed);
+            if wrote && added > 0 {
+                std::thread::sleep(std::time::Duration::from_nanos(added));
+            }
         }
         stats.commit_ns.fetch_add(nanos(committing.elapsed()), Ordering::Relaxed);
         if wrote {

@@ -1,0 +1,131 @@
+//! Read views of a session for people: `keel session list` and `keel session show` — built
+//! from the facts (meta, history, journal) and the approvals, owning none of them.
+
+use rusqlite::Connection;
+use serde::Serialize;
+
+use crate::sandbox::Grant;
+use crate::store::StoreError;
+
+use super::JournalEntry;
+use super::facts::{RuntimeState, journal_row, load_meta, pending_inputs};
+
+/// One line of `keel session list`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionSummary {
+    pub id: String,
+    pub state: String,
+    pub turns: i64,
+    pub steps: i64,
+    pub session_goal: Option<String>,
+    pub created_at: i64,
+}
+
+pub fn list(c: &Connection) -> Result<Vec<SessionSummary>, StoreError> {
+    let mut stmt = c.prepare(
+        "SELECT s.id, s.state, s.turns, s.steps, c.session_goal, s.created_at
+         FROM sessions s LEFT JOIN session_config c ON c.session_id = s.id
+         ORDER BY s.created_at DESC, s.id",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(SessionSummary {
+            id: r.get(0)?,
+            state: r.get(1)?,
+            turns: r.get(2)?,
+            steps: r.get(3)?,
+            session_goal: r.get(4)?,
+            created_at: r.get(5)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// One message of a timeline.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TimelineMessage {
+    pub seq: i64,
+    pub turn: i64,
+    pub role: String,
+    /// The message exactly as the model sees it.
+    pub body: serde_json::Value,
+}
+
+/// One tool call of a timeline.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TimelineCall {
+    pub step: i64,
+    #[serde(flatten)]
+    pub entry: JournalEntry,
+}
+
+/// `keel session show`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Timeline {
+    pub id: String,
+    pub state: RuntimeState,
+    pub state_detail: Option<String>,
+    pub session_goal: Option<String>,
+    pub loaded_tools: Vec<String>,
+    pub tool_pins: std::collections::BTreeMap<String, String>,
+    pub grants: Vec<Grant>,
+    pub messages: Vec<TimelineMessage>,
+    pub tool_calls: Vec<TimelineCall>,
+    /// Every approval unit of the session, oldest first.
+    pub approvals: Vec<super::steps::ApprovalUnit>,
+    pub pending_inputs: i64,
+    /// Every model call: its step, turn, finish reason, tokens and time.
+    pub model_calls: Vec<super::assemble::ModelCallRecord>,
+    /// Requests that did not come back as replies (refused by the server, or failed).
+    pub refused_requests: Vec<super::assemble::RefusedRequest>,
+    /// The estimated tokens of the next request.
+    pub next_request: super::assemble::TokenEstimate,
+}
+
+pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
+    let meta = load_meta(c, id)?;
+    let mut stmt =
+        c.prepare("SELECT seq, turn, role, body FROM messages WHERE session_id=?1 ORDER BY seq")?;
+    let messages = stmt
+        .query_map([id], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+            ))
+        })?
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .map(|(seq, turn, role, body)| TimelineMessage {
+            seq,
+            turn,
+            role,
+            body: serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)),
+        })
+        .collect();
+    let mut stmt = c.prepare(
+        "SELECT step, call_id, position, tool, input, component_digest, effect, status, result, error_kind, changes,
+                duration_ms, idempotent, approval_id
+         FROM tool_calls WHERE session_id=?1 ORDER BY step, position",
+    )?;
+    let tool_calls = stmt
+        .query_map([id], |r| Ok(TimelineCall { step: r.get(0)?, entry: journal_row(r, 1)? }))?
+        .collect::<Result<Vec<_>, _>>()?;
+    let approvals = super::steps::approvals_of(c, Some(id), false)?;
+    Ok(Timeline {
+        id: id.to_string(),
+        state: meta.state,
+        state_detail: meta.state_detail,
+        session_goal: meta.session_goal,
+        loaded_tools: meta.loaded_tools,
+        tool_pins: meta.tool_pins,
+        grants: meta.grants,
+        messages,
+        tool_calls,
+        approvals,
+        pending_inputs: pending_inputs(c, id)?,
+        model_calls: super::assemble::model_calls(c, id)?,
+        refused_requests: super::assemble::refused_requests(c, id)?,
+        next_request: super::assemble::token_estimate(c, id)?,
+    })
+}
