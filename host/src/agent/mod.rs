@@ -62,12 +62,23 @@ pub enum Event {
 /// A sink for [`Event`]s.
 pub type Events = Arc<dyn Fn(&Event) + Send + Sync>;
 
+/// A step whose calls have all ended, to be checked against the loop guards and committed.
+struct StepDone {
+    /// The request of a fresh step (its evidence commits with it); `None` for an open step.
+    assembled: Option<crate::session::Assembled>,
+    step_no: i64,
+    result: calls::StepResult,
+    /// The step's number within this turn (0 for a step finished from the journal).
+    in_turn: u32,
+}
+
 /// How a turn ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TurnOutcome {
     /// The model gave its final answer.
     Answer(String),
-    /// A loop guard stopped the turn; the notice is in the history.
+    /// A loop guard stopped the turn with this notice: in the history, or in the state's
+    /// detail when no step could carry it.
     Stopped(String),
     /// The user interrupted the turn.
     Interrupted,
@@ -167,7 +178,12 @@ impl AgentService {
                 StepEnd::Done(step) => {
                     if let Some(end) = self
                         .finish_step(
-                            id, turn.turn, None, step_no, step, &mut guard, 0, cancel, events,
+                            id,
+                            turn.turn,
+                            StepDone { assembled: None, step_no, result: step, in_turn: 0 },
+                            &mut guard,
+                            cancel,
+                            events,
                         )
                         .await?
                     {
@@ -263,17 +279,9 @@ impl AgentService {
                 return Ok(TurnOutcome::Answer(answer));
             }
             let started = Instant::now();
-            let end = calls::run_fresh(
-                self,
-                &meta,
-                catalog.as_deref(),
-                turn.turn,
-                &assembled,
-                reply,
-                cancel,
-                events,
-            )
-            .await?;
+            let at = calls::Step { agent: self, meta: &meta, step: assembled.step, cancel, events };
+            let end =
+                calls::run_fresh(at, catalog.as_deref(), turn.turn, &assembled, reply).await?;
             tracing::debug!(
                 step = assembled.step,
                 ms = started.elapsed().as_secs_f64() * 1e3,
@@ -287,11 +295,13 @@ impl AgentService {
                         .finish_step(
                             id,
                             turn.turn,
-                            Some(assembled),
-                            step_no,
-                            step,
+                            StepDone {
+                                assembled: Some(assembled),
+                                step_no,
+                                result: step,
+                                in_turn: step_in_turn,
+                            },
                             &mut guard,
-                            step_in_turn,
                             cancel,
                             events,
                         )
@@ -319,19 +329,16 @@ impl AgentService {
     }
 
     /// Applies the loop guards to a finished step and commits it; `Some` when the turn ends.
-    #[allow(clippy::too_many_arguments)]
     async fn finish_step(
         &self,
         id: &str,
         turn: i64,
-        assembled: Option<crate::session::Assembled>,
-        step_no: i64,
-        step: calls::StepResult,
+        done: StepDone,
         guard: &mut GuardState,
-        step_in_turn: u32,
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<Option<TurnOutcome>, AgentError> {
+        let StepDone { assembled, step_no, result: step, in_turn: step_in_turn } = done;
         if step.all_failed {
             guard.consecutive_errors += step.calls as u32;
         } else {

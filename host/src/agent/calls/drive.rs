@@ -1,0 +1,243 @@
+//! Driving a step's calls from its journal.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use tokio::sync::Semaphore;
+
+use crate::cancel::CancelToken;
+use crate::model::ToolCallRequest;
+use crate::session::{ApprovalUnit, ConsumedApproval, JournalStatus, SessionMeta};
+use crate::tools::{CallOutcome, CallRequest, Resolved, ToolService, ToolServiceError};
+
+use super::super::{AgentError, Event, Events};
+use super::gate::{Gate, gate, wait};
+use super::slots::{Outcome, Slot, asks, error_outcome, journaled, result_content, unsaved};
+use super::{Step, StepEnd, StepResult};
+
+/// Runs the step's calls in order from where its journal stands: parallel runs of read-only
+/// calls; each side-effecting or asked-about call alone, its intent durable before it runs.
+pub(super) async fn drive(
+    at: &Step<'_>,
+    assistant: String,
+    mut slots: Vec<Slot>,
+    units: Vec<ApprovalUnit>,
+    opened: bool,
+) -> Result<StepEnd, AgentError> {
+    let &Step { agent, meta, step, cancel, events } = at;
+    let id = meta.id.clone();
+    let shared_meta = Arc::new(meta.clone());
+    let semaphore = Arc::new(Semaphore::new(agent.guards.max_parallel.max(1)));
+    let mut wrote = false;
+    let mut i = 0;
+    while i < slots.len() {
+        if slots[i].outcome.is_some() {
+            i += 1;
+            continue;
+        }
+        if cancel.is_cancelled() {
+            slots[i].finish(error_outcome(
+                "interrupted",
+                "the user interrupted the turn before this call ran; it was not run",
+            ));
+            i += 1;
+            continue;
+        }
+        if !journaled(meta, &slots[i]) {
+            // A run of consecutive read-only calls runs in parallel.
+            let mut group = vec![i];
+            while let Some(next) = slots.get(i + group.len())
+                && next.outcome.is_none()
+                && !journaled(meta, next)
+            {
+                group.push(i + group.len());
+            }
+            // Announces call `k` and returns the run of it.
+            let start = |k: usize| {
+                let s = &slots[k];
+                events(&Event::ToolStarted {
+                    name: s.call.name.clone(),
+                    call_id: s.call.id.clone(),
+                });
+                let (tools, meta, call, resolved, cancel, cap) = (
+                    agent.tools.clone(),
+                    shared_meta.clone(),
+                    s.call.clone(),
+                    s.resolved.clone(),
+                    cancel.clone(),
+                    agent.guards.result_cap,
+                );
+                run_one(tools, meta, call, resolved, None, cancel, cap)
+            };
+            if let [k] = group[..] {
+                // One call runs here, not as a task of its own: a spawn and a cross-thread
+                // wake-up per step were measurable at many sessions.
+                let outcome = start(k).await;
+                finished_event(events, &slots[k], &outcome);
+                slots[k].finish(outcome);
+                i += 1;
+                continue;
+            }
+            let mut tasks = tokio::task::JoinSet::new();
+            for &k in &group {
+                let (run, sem) = (start(k), semaphore.clone());
+                tasks.spawn(async move {
+                    let _permit = sem.acquire_owned().await;
+                    (k, run.await)
+                });
+            }
+            while let Some(done) = tasks.join_next().await {
+                let (k, outcome) = done.map_err(|e| {
+                    AgentError::Store(crate::store::StoreError::Task(format!(
+                        "a tool task failed: {e}"
+                    )))
+                })?;
+                finished_event(events, &slots[k], &outcome);
+                slots[k].finish(outcome);
+            }
+            i += group.len();
+            continue;
+        }
+        // A side-effecting or asked-about call: alone, through the journal.
+        let mut consume = None;
+        if asks(meta, &slots[i]) {
+            match gate(agent, meta, &units, &slots[i]) {
+                Gate::Run(unit) => consume = unit,
+                Gate::Reject(message) => {
+                    slots[i].finish(error_outcome("rejected", &message));
+                    i += 1;
+                    continue;
+                }
+                Gate::Wait { invalidate } => {
+                    return wait(at, &mut slots, i, &units, invalidate).await;
+                }
+            }
+        }
+        let already_intent = slots[i].status == JournalStatus::Intent && slots[i].durable;
+        let mut approval = None;
+        if !already_intent {
+            crate::crash::point("before_intent");
+            slots[i].status = JournalStatus::Intent;
+            if consume.is_some() {
+                slots[i].approval_id = consume.clone();
+            }
+            slots[i].durable = false;
+            let entries = unsaved(&mut slots);
+            approval = agent.engine.commit_progress(&id, step, entries, consume).await?;
+            crate::crash::point("after_intent");
+        }
+        if let (None, Some(unit)) = (&approval, &slots[i].approval_id) {
+            // Consumed by this call before its process stopped; it runs again only because
+            // it is idempotent.
+            approval = agent.engine.consumed_approval(&id, unit, &slots[i].call.id).await?;
+        }
+        let s = &slots[i];
+        events(&Event::ToolStarted { name: s.call.name.clone(), call_id: s.call.id.clone() });
+        // An approved call runs the component its approval was bound to: resolved now.
+        let resolved = s.resolved.clone().filter(|_| s.approval_id.is_none());
+        let outcome = run_one(
+            agent.tools.clone(),
+            shared_meta.clone(),
+            s.call.clone(),
+            resolved,
+            approval,
+            cancel.clone(),
+            agent.guards.result_cap,
+        )
+        .await;
+        crate::crash::point("after_effect");
+        finished_event(events, &slots[i], &outcome);
+        slots[i].finish(outcome);
+        wrote = true;
+        // More calls follow: make this result durable now (the last one commits with the step).
+        if slots[i + 1..].iter().any(|s| s.outcome.is_none()) {
+            let entries = unsaved(&mut slots);
+            agent.engine.commit_progress(&id, step, entries, None).await?;
+            crate::crash::point("after_result");
+        }
+        i += 1;
+    }
+    let mut results = Vec::new();
+    let mut journal = Vec::new();
+    let mut failed = 0;
+    for (k, s) in slots.iter().enumerate() {
+        let o = s.outcome.clone().unwrap_or_default();
+        if o.kind.is_some() {
+            failed += 1;
+        }
+        results.push(
+            json!({"role": "tool", "tool_call_id": s.call.id, "content": o.content}).to_string(),
+        );
+        journal.push(s.entry(k));
+    }
+    let signatures =
+        slots.iter().map(|s| format!("{}\u{1f}{}", s.call.name, s.call.arguments)).collect();
+    Ok(StepEnd::Done(StepResult {
+        assistant,
+        results,
+        journal,
+        opened,
+        wrote,
+        all_failed: failed == slots.len(),
+        calls: slots.len(),
+        signatures,
+    }))
+}
+
+async fn execute(
+    tools: Arc<ToolService>,
+    meta: Arc<SessionMeta>,
+    call: ToolCallRequest,
+    resolved: Option<Arc<Resolved>>,
+    approval: Option<ConsumedApproval>,
+    cancel: CancelToken,
+) -> Result<CallOutcome, ToolServiceError> {
+    let req = CallRequest {
+        tool: &call.name,
+        input: &call.arguments,
+        grants: &meta.grants,
+        budget: meta.budget.clone(),
+        cancel: Some(cancel),
+        loaded: Some(&meta.loaded_tools),
+        policy: Some(&meta.policy),
+        approval: approval.as_ref(),
+    };
+    // The version the session pinned when it loaded the tool (kept after an upgrade).
+    let resolved = match resolved {
+        Some(r) => r,
+        None => tools.resolve_pinned(&call.name, &meta.tool_pins)?,
+    };
+    tools.call_as(req, Some(resolved)).await
+}
+
+async fn run_one(
+    tools: Arc<ToolService>,
+    meta: Arc<SessionMeta>,
+    call: ToolCallRequest,
+    resolved: Option<Arc<Resolved>>,
+    approval: Option<ConsumedApproval>,
+    cancel: CancelToken,
+    cap: usize,
+) -> Outcome {
+    let started = std::time::Instant::now();
+    let outcome = execute(tools, meta, call, resolved, approval, cancel).await;
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    let changes = outcome
+        .as_ref()
+        .ok()
+        .and_then(|o| o.changes.as_ref())
+        .filter(|c| !c.is_empty())
+        .and_then(|c| serde_json::to_string(c).ok());
+    let (content, kind) = result_content(&outcome, cap);
+    Outcome { content, kind, changes, ms }
+}
+
+pub(super) fn finished_event(events: &Events, s: &Slot, o: &Outcome) {
+    events(&Event::ToolFinished {
+        name: s.call.name.clone(),
+        call_id: s.call.id.clone(),
+        ok: o.kind.is_none(),
+        kind: o.kind.clone(),
+        ms: o.ms,
+    });
+}
