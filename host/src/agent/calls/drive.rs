@@ -59,15 +59,15 @@ pub(super) async fn drive(
                     name: s.call.name.clone(),
                     call_id: s.call.id.clone(),
                 });
-                let (tools, meta, call, resolved, cancel, cap) = (
-                    agent.tools.clone(),
-                    shared_meta.clone(),
-                    s.call.clone(),
-                    s.resolved.clone(),
-                    cancel.clone(),
-                    agent.guards.result_cap,
-                );
-                run_one(tools, meta, call, resolved, None, cancel, cap)
+                let job = CallJob {
+                    tools: agent.tools.clone(),
+                    meta: shared_meta.clone(),
+                    call: s.call.clone(),
+                    resolved: s.resolved.clone(),
+                    approval: None,
+                    cancel: cancel.clone(),
+                };
+                run_one(job, agent.guards.result_cap)
             };
             if let [k] = group[..] {
                 // One call runs here, not as a task of its own: a spawn and a cross-thread
@@ -135,16 +135,15 @@ pub(super) async fn drive(
         events(&Event::ToolStarted { name: s.call.name.clone(), call_id: s.call.id.clone() });
         // An approved call runs the component its approval was bound to: resolved now.
         let resolved = s.resolved.clone().filter(|_| s.approval_id.is_none());
-        let outcome = run_one(
-            agent.tools.clone(),
-            shared_meta.clone(),
-            s.call.clone(),
+        let job = CallJob {
+            tools: agent.tools.clone(),
+            meta: shared_meta.clone(),
+            call: s.call.clone(),
             resolved,
             approval,
-            cancel.clone(),
-            agent.guards.result_cap,
-        )
-        .await;
+            cancel: cancel.clone(),
+        };
+        let outcome = run_one(job, agent.guards.result_cap).await;
         crate::crash::point("after_effect");
         finished_event(events, &slots[i], &outcome);
         slots[i].finish(outcome);
@@ -184,14 +183,19 @@ pub(super) async fn drive(
     }))
 }
 
-async fn execute(
+/// One call to run, owned: it may run as a task of its own.
+struct CallJob {
     tools: Arc<ToolService>,
     meta: Arc<SessionMeta>,
     call: ToolCallRequest,
+    /// The tool from the step's catalog; `None` resolves the session's pinned version now.
     resolved: Option<Arc<Resolved>>,
     approval: Option<ConsumedApproval>,
     cancel: CancelToken,
-) -> Result<CallOutcome, ToolServiceError> {
+}
+
+async fn execute(job: CallJob) -> Result<CallOutcome, ToolServiceError> {
+    let CallJob { tools, meta, call, resolved, approval, cancel } = job;
     let req = CallRequest {
         tool: &call.name,
         input: &call.arguments,
@@ -210,17 +214,9 @@ async fn execute(
     tools.call_as(req, Some(resolved)).await
 }
 
-async fn run_one(
-    tools: Arc<ToolService>,
-    meta: Arc<SessionMeta>,
-    call: ToolCallRequest,
-    resolved: Option<Arc<Resolved>>,
-    approval: Option<ConsumedApproval>,
-    cancel: CancelToken,
-    cap: usize,
-) -> Outcome {
+async fn run_one(job: CallJob, cap: usize) -> Outcome {
     let started = std::time::Instant::now();
-    let outcome = execute(tools, meta, call, resolved, approval, cancel).await;
+    let outcome = execute(job).await;
     let ms = started.elapsed().as_secs_f64() * 1e3;
     let changes = outcome
         .as_ref()
