@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::agent::{AgentError, Events, LoopGuards};
 use crate::brain::Submitted;
 use crate::harness::Harness;
+use crate::ids::SessionId;
 use crate::model::ModelConfig;
 use crate::sandbox::{Budget, CancelToken, Grant};
 use crate::session::{
@@ -95,7 +96,7 @@ impl Harness {
     /// Creates a session: checks its grants, tools and model settings, stores it with its
     /// policy, budget and loop guards, and pins the component version of each loaded tool.
     /// Returns its id.
-    pub async fn create_session(&self, spec: SessionSpec) -> Result<String, ApiError> {
+    pub async fn create_session(&self, spec: SessionSpec) -> Result<SessionId, ApiError> {
         spec.model.validate()?;
         Grant::check_disjoint(&spec.grants).map_err(|e| ApiError::Grant(e.to_string()))?;
         let tools = match spec.tools {
@@ -123,7 +124,7 @@ impl Harness {
             })
             .await?;
         self.pin_loaded_tools(&id).await?;
-        Ok(id)
+        Ok(id.into())
     }
 
     /// Adds `tools` to an existing session (add-only), pinned at the versions installed now.

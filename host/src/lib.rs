@@ -30,6 +30,7 @@ pub mod crash;
 pub mod digest;
 pub mod harness;
 pub mod home;
+pub mod ids;
 pub mod model;
 pub mod policy;
 pub mod sandbox;

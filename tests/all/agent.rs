@@ -910,7 +910,7 @@ async fn h4_a_session_keeps_the_component_version_it_loaded_until_told_to_upgrad
     let ran: Vec<(String, Option<String>)> = t
         .tool_calls
         .iter()
-        .map(|c| (c.entry.call_id.clone(), c.entry.component_digest.clone()))
+        .map(|c| (c.entry.call_id.to_string(), c.entry.component_digest.clone()))
         .collect();
     assert_eq!(
         ran,

@@ -58,7 +58,7 @@ async fn an_approval_flow_through_the_api_and_its_typed_refusals() {
         other => panic!("expected a wait for approval, got {other:?}"),
     };
     assert!(log_lines(work.path(), "sent.log").is_empty(), "nothing ran before the decision");
-    let decided = h.decide(&units[0], Decision::Approve, None, Some(id.clone())).await.unwrap();
+    let decided = h.decide(&units[0], Decision::Approve, None, Some(id.to_string())).await.unwrap();
     assert_eq!(decided.status, keel::session::ApprovalStatus::Approved);
     let e = h.decide(&units[0], Decision::Reject, None, None).await.unwrap_err();
     assert_eq!(e.kind(), "not_pending", "exactly one decision wins: {e}");

@@ -60,7 +60,7 @@ async fn drain(h: &keel::harness::Harness, id: &str) -> Option<Submitted> {
     h.brain.drain(id, &CancelToken::new(), &no_events()).await.unwrap()
 }
 
-fn waiting_units(s: &Submitted) -> Vec<String> {
+fn waiting_units(s: &Submitted) -> Vec<keel::ids::UnitId> {
     match s {
         Submitted::Ran(TurnOutcome::WaitingApproval(u)) => u.clone(),
         other => panic!("expected a wait for approval, got {other:?}"),
@@ -93,7 +93,7 @@ async fn approve_runs_the_stored_call_exactly_once_and_the_turn_continues() {
     assert_eq!(units.len(), 1);
     let meta = f.h.engine.meta("ap1").await.unwrap();
     assert_eq!(meta.state, RuntimeState::WaitingApproval);
-    assert!(meta.state_detail.unwrap().contains(&units[0]));
+    assert!(meta.state_detail.unwrap().contains(units[0].as_str()));
     assert!(f.lines("sent.log").is_empty(), "nothing runs before the decision");
     // The unit shows exactly what would run.
     let pending = f.h.engine.approvals(Some("ap1"), true).await.unwrap();

@@ -128,7 +128,7 @@ async fn events_report_every_visible_change_and_another_engine_follows_them() {
     }
     match &followed[9].event {
         SessionEvent::State { state: RuntimeState::WaitingApproval, detail: Some(d) } => {
-            assert!(d.contains(&units[0]), "{d}")
+            assert!(d.contains(units[0].as_str()), "{d}")
         }
         other => panic!("{other:?}"),
     }

@@ -131,7 +131,7 @@ async fn a_host_tool_is_asked_approved_run_and_journaled_like_a_component() {
     assert_eq!(unit.component_digest, notes.digest, "the approval binds the implementation");
     assert_eq!(unit.effect, Effect::External);
 
-    h.decide(&units[0], Decision::Approve, None, Some(id.clone())).await.unwrap();
+    h.decide(&units[0], Decision::Approve, None, Some(id.to_string())).await.unwrap();
     assert_eq!(
         h.resume(&id, &cancel, &no_events()).await.unwrap(),
         Some(Submitted::Ran(TurnOutcome::Answer("noted".into())))

@@ -20,6 +20,7 @@ use crate::session::{CallFacts, RuntimeState, SessionEngine, StepCommit, TurnSta
 use crate::store::StoreError;
 use crate::tools::ToolService;
 
+use crate::ids::{CallId, UnitId};
 use calls::StepEnd;
 pub use calls::result_content;
 
@@ -43,18 +44,18 @@ pub enum Event {
     },
     ToolStarted {
         name: String,
-        call_id: String,
+        call_id: CallId,
     },
     ToolFinished {
         name: String,
-        call_id: String,
+        call_id: CallId,
         ok: bool,
         kind: Option<String>,
         ms: f64,
     },
     /// A call waits for a person's decision (`keel approvals`).
     ApprovalNeeded {
-        unit: String,
+        unit: UnitId,
         tool: String,
     },
 }
@@ -83,7 +84,7 @@ pub enum TurnOutcome {
     /// The user interrupted the turn.
     Interrupted,
     /// The turn waits for these approval units; the runner has exited.
-    WaitingApproval(Vec<String>),
+    WaitingApproval(Vec<UnitId>),
     /// The model could not be reached or answered nonsense; nothing of the step was committed.
     Failed(String),
 }
@@ -323,7 +324,7 @@ impl AgentService {
         Ok(TurnOutcome::Stopped(notice))
     }
 
-    fn waiting(&self, units: Vec<String>, events: &Events) -> TurnOutcome {
+    fn waiting(&self, units: Vec<UnitId>, events: &Events) -> TurnOutcome {
         events(&Event::State(RuntimeState::WaitingApproval));
         TurnOutcome::WaitingApproval(units)
     }

@@ -314,7 +314,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
             },
         };
         match h.create_session(spec).await {
-            Ok(id) => id,
+            Ok(id) => id.into_string(),
             Err(e) => return fail(a.json, e.kind(), &e.to_string(), EXIT_REFUSED),
         }
     };

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cancel::CancelToken;
 use crate::config::ConfigError;
+use crate::ids::CallId;
 
 pub use sse::parse_stream;
 
@@ -112,7 +113,7 @@ impl ModelConfig {
 /// One tool call the model asked for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ToolCallRequest {
-    pub id: String,
+    pub id: crate::ids::CallId,
     pub name: String,
     /// The raw arguments text (JSON, as the model produced it).
     pub arguments: String,
@@ -614,7 +615,7 @@ pub fn parse_json(bytes: &[u8]) -> Result<ModelReply, ModelError> {
         .unwrap_or_default()
         .into_iter()
         .map(|c| ToolCallRequest {
-            id: c.id.unwrap_or_default(),
+            id: c.id.unwrap_or_default().into(),
             name: c.function.name.unwrap_or_default(),
             arguments: c.function.arguments.unwrap_or_default(),
         })
@@ -626,7 +627,7 @@ pub fn parse_json(bytes: &[u8]) -> Result<ModelReply, ModelError> {
         && let Some(f) = message.function_call
     {
         tool_calls.push(ToolCallRequest {
-            id: String::new(),
+            id: CallId::default(),
             name: f.name.unwrap_or_default(),
             arguments: f.arguments.unwrap_or_default(),
         });

@@ -2,6 +2,8 @@
 
 use serde::Deserialize;
 
+use crate::ids::CallId;
+
 use super::{FunctionPart, MAX_TOOL_CALLS, ModelError, ModelReply, ToolCallRequest, UsageJson};
 
 #[derive(Deserialize)]
@@ -96,13 +98,13 @@ pub fn parse_stream(bytes: &[u8]) -> Result<ModelReply, ModelError> {
             }
             while calls.len() <= index {
                 calls.push(ToolCallRequest {
-                    id: String::new(),
+                    id: CallId::default(),
                     name: String::new(),
                     arguments: String::new(),
                 });
             }
             let call = &mut calls[index];
-            merge(&mut call.id, d.id);
+            merge(call.id.as_mut_string(), d.id);
             let f = d.function.unwrap_or_default();
             merge(&mut call.name, f.name);
             if let Some(a) = f.arguments {
@@ -111,7 +113,7 @@ pub fn parse_stream(bytes: &[u8]) -> Result<ModelReply, ModelError> {
         }
         if let Some(f) = delta.function_call {
             let call = legacy.get_or_insert_with(|| ToolCallRequest {
-                id: String::new(),
+                id: CallId::default(),
                 name: String::new(),
                 arguments: String::new(),
             });

@@ -60,7 +60,7 @@ pub enum SessionEvent {
     /// a decision), or final (`done`, with `error_kind` when it failed, or `unknown`).
     ToolCall {
         step: i64,
-        call_id: String,
+        call_id: crate::ids::CallId,
         tool: String,
         status: super::JournalStatus,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -69,10 +69,10 @@ pub enum SessionEvent {
         ms: Option<f64>,
     },
     /// A call waits for a person's decision.
-    ApprovalAsked { unit: String, tool: String, call_id: String },
+    ApprovalAsked { unit: crate::ids::UnitId, tool: String, call_id: crate::ids::CallId },
     /// A person decided on an approval unit.
     ApprovalDecided {
-        unit: String,
+        unit: crate::ids::UnitId,
         decision: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,

@@ -65,7 +65,7 @@ impl FromStr for RuntimeState {
 /// SessionMeta: the session's facts besides its history.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SessionMeta {
-    pub id: String,
+    pub id: crate::ids::SessionId,
     pub session_goal: Option<String>,
     pub phase_goal: Option<String>,
     pub state: RuntimeState,
@@ -145,7 +145,7 @@ pub fn load_meta_at(
         })
         .collect();
     let mut meta = SessionMeta {
-        id: id.to_string(),
+        id: id.into(),
         session_goal: goal,
         phase_goal: phase,
         state: counters.state,

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
+use crate::ids::{CallId, UnitId};
 use crate::model::ModelConfig;
 use crate::sandbox::{Budget, Grant};
 use crate::store::{Db, StoreError, now_ms};
@@ -100,7 +101,7 @@ impl LoopGuards {
 /// A journal row: one tool call of one step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JournalEntry {
-    pub call_id: String,
+    pub call_id: CallId,
     pub position: i64,
     pub tool: String,
     pub input: String,
@@ -116,7 +117,7 @@ pub struct JournalEntry {
     /// Whether the tool declares that calling it twice equals calling it once.
     pub idempotent: bool,
     /// The approval consumed by this call, if the policy asked for one.
-    pub approval_id: Option<String>,
+    pub approval_id: Option<UnitId>,
 }
 
 /// The start of a turn: the input it answers.
@@ -413,7 +414,7 @@ impl SessionEngine {
         id: &str,
         step: i64,
         entries: Vec<JournalEntry>,
-        consume: Option<String>,
+        consume: Option<UnitId>,
     ) -> Result<Option<ConsumedApproval>, StoreError> {
         let id = id.to_string();
         self.db.run(move |c| steps::progress_in(c, &id, step, &entries, consume.as_deref())).await

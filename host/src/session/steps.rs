@@ -13,6 +13,7 @@ use serde_json::json;
 
 use super::facts::{self, RuntimeState};
 use super::{JournalEntry, json as to_json};
+use crate::ids::{CallId, SessionId, UnitId};
 use crate::policy::Effect;
 use crate::sandbox::Grant;
 use crate::store::{StoreError, now_ms};
@@ -60,10 +61,10 @@ crate::stored_enum! {
 /// decision binds to.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ApprovalUnit {
-    pub id: String,
-    pub session_id: String,
+    pub id: UnitId,
+    pub session_id: SessionId,
     pub step: i64,
-    pub call_id: String,
+    pub call_id: CallId,
     /// The identity its result will have (preallocated when the unit is created).
     pub result_id: String,
     pub tool: String,
@@ -108,11 +109,11 @@ pub enum Decision {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecideError {
     #[error("there is no approval `{unit}`; see `keel approvals`")]
-    NotFound { unit: String },
+    NotFound { unit: UnitId },
     #[error("approval `{unit}` belongs to session `{actual}`, not `{given}`")]
-    WrongSession { unit: String, given: String, actual: String },
+    WrongSession { unit: UnitId, given: SessionId, actual: SessionId },
     #[error("approval `{unit}` is not pending: it is {status}")]
-    NotPending { unit: String, status: ApprovalStatus },
+    NotPending { unit: UnitId, status: ApprovalStatus },
 }
 
 impl DecideError {
@@ -134,19 +135,19 @@ pub struct WaitCommit {
     pub entries: Vec<JournalEntry>,
     pub new_units: Vec<ApprovalUnit>,
     /// Units that no longer match their call (the tool was upgraded): `(unit, why)`.
-    pub invalidate: Vec<String>,
+    pub invalidate: Vec<UnitId>,
 }
 
 /// What recovery found and did for one session.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RecoveredSession {
-    pub id: String,
+    pub id: SessionId,
     pub state_before: RuntimeState,
     pub state_after: RuntimeState,
     /// Calls whose outcome became "unknown" (side-effecting, not idempotent, started).
-    pub outcome_unknown: Vec<String>,
+    pub outcome_unknown: Vec<CallId>,
     /// Calls that will run again (read-only or idempotent, started).
-    pub rerun: Vec<String>,
+    pub rerun: Vec<CallId>,
     /// Whether a runner has work to do (a turn to resume or inputs to take).
     pub resumable: bool,
 }
@@ -264,8 +265,8 @@ pub fn open_step_in(
 /// already consumed — so the tool chain's approval gate has no way around it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsumedApproval {
-    unit: String,
-    call_id: String,
+    unit: UnitId,
+    call_id: CallId,
     tool: String,
     input_digest: String,
     component_digest: String,
@@ -292,7 +293,7 @@ impl ConsumedApproval {
 
     fn from_row(unit: &str, r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
         Ok(Self {
-            unit: unit.to_string(),
+            unit: unit.into(),
             call_id: r.get(0)?,
             tool: r.get(1)?,
             input_digest: r.get(2)?,
@@ -415,14 +416,14 @@ pub fn decide_in(
     session: Option<&str>,
 ) -> Result<Result<ApprovalUnit, DecideError>, StoreError> {
     let Some(mut u) = approval(c, unit)? else {
-        return Ok(Err(DecideError::NotFound { unit: unit.to_string() }));
+        return Ok(Err(DecideError::NotFound { unit: unit.into() }));
     };
     if let Some(given) = session
         && given != u.session_id
     {
         return Ok(Err(DecideError::WrongSession {
-            unit: unit.to_string(),
-            given: given.to_string(),
+            unit: unit.into(),
+            given: given.into(),
             actual: u.session_id,
         }));
     }
@@ -438,13 +439,13 @@ pub fn decide_in(
         )?
         .execute(params![unit, status.as_str(), now, reason])?;
     if n != 1 {
-        return Ok(Err(DecideError::NotPending { unit: unit.to_string(), status: u.status }));
+        return Ok(Err(DecideError::NotPending { unit: unit.into(), status: u.status }));
     }
     super::events::append(
         c,
         &u.session_id,
         &super::events::SessionEvent::ApprovalDecided {
-            unit: unit.to_string(),
+            unit: unit.into(),
             decision: status.as_str().to_string(),
             reason: reason.map(str::to_string),
         },
@@ -593,7 +594,7 @@ pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreErr
         _ => meta.active_turn.is_some() || inputs > 0,
     };
     Ok(RecoveredSession {
-        id: id.to_string(),
+        id: id.into(),
         state_before: meta.state,
         state_after,
         outcome_unknown,

@@ -2,6 +2,7 @@
 //! step for a person's decision.
 
 use crate::digest::sha256_hex;
+use crate::ids::UnitId;
 use crate::policy::Effect;
 use crate::session::{ApprovalStatus, ApprovalUnit, JournalStatus, SessionMeta, WaitCommit};
 use crate::store::now_ms;
@@ -26,7 +27,7 @@ pub(super) fn new_unit(meta: &SessionMeta, step: i64, s: &Slot, why: String) -> 
     );
     let hash = blake3::hash(seed.as_bytes()).to_hex();
     ApprovalUnit {
-        id: format!("ap-{}", &hash[..12]),
+        id: format!("ap-{}", &hash[..12]).into(),
         session_id: meta.id.clone(),
         step,
         call_id: s.call.id.clone(),
@@ -50,9 +51,9 @@ pub(super) fn new_unit(meta: &SessionMeta, step: i64, s: &Slot, why: String) -> 
 
 /// What to do about an asked call.
 pub(super) enum Gate {
-    Run(Option<String>),
+    Run(Option<UnitId>),
     Reject(String),
-    Wait { invalidate: Option<String> },
+    Wait { invalidate: Option<UnitId> },
 }
 
 pub(super) fn gate(
@@ -101,7 +102,7 @@ pub(super) async fn wait(
     slots: &mut [Slot],
     at: usize,
     units: &[ApprovalUnit],
-    invalidate: Option<String>,
+    invalidate: Option<UnitId>,
 ) -> Result<StepEnd, AgentError> {
     let &Step { agent, meta, step, events, .. } = step_at;
     let mut new_units = Vec::new();

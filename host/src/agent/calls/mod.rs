@@ -56,7 +56,7 @@ pub(in crate::agent) enum StepEnd {
     /// Every call has its result.
     Done(StepResult),
     /// The step waits for these approval units.
-    Waiting(Vec<String>),
+    Waiting(Vec<crate::ids::UnitId>),
 }
 
 /// Runs the calls of a fresh model response.

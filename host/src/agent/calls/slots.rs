@@ -30,7 +30,7 @@ pub(super) struct Slot {
     pub(super) digest: Option<String>,
     pub(super) idempotent: bool,
     pub(super) status: JournalStatus,
-    pub(super) approval_id: Option<String>,
+    pub(super) approval_id: Option<crate::ids::UnitId>,
     pub(super) outcome: Option<Outcome>,
     /// Whether `outcome` (or the current status) is already in the journal.
     pub(super) durable: bool,
@@ -138,11 +138,11 @@ pub(super) fn plan(
         .map(|(i, mut call)| {
             let mut refused: Option<Outcome> = None;
             if call.id.trim().is_empty() {
-                call.id = format!("call_{step}_{i}");
+                call.id = format!("call_{step}_{i}").into();
             }
             if !seen.insert(call.id.clone()) {
                 let original = call.id.clone();
-                call.id = format!("{original}#{i}");
+                call.id = format!("{original}#{i}").into();
                 refused = Some(error_outcome(
                     "duplicate_call_id",
                     &format!("tool call id `{original}` was used twice in one response; this call was not run. Give every call its own id."),
