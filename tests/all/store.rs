@@ -77,3 +77,25 @@ async fn a_bad_synchronous_setting_is_refused_naming_the_file_and_the_modes() {
     let h = open(dir.path()).await.unwrap();
     assert_eq!(writer_synchronous(&h).await, 2);
 }
+
+#[test]
+fn sqlite_leaves_directory_syncs_to_keel_which_syncs_new_files_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.db");
+    let c = keel::store::open(&path).unwrap();
+    let options: Vec<String> = c
+        .prepare("PRAGMA compile_options")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    // Without it SQLite syncs the directory once per process: a fourth fsync on every CLI turn.
+    assert!(options.iter().any(|o| o == "DISABLE_DIRSYNC"), "{options:?}");
+    assert!(path.exists() && dir.path().join("keel.db-wal").exists(), "both files exist");
+    // A second connection finds both files and opens without syncing anything.
+    let again = keel::store::open(&path).unwrap();
+    let n: i64 =
+        again.query_row("SELECT COUNT(*) FROM schema_migrations", [], |r| r.get(0)).unwrap();
+    assert!(n > 0);
+}

@@ -19,6 +19,8 @@ use std::time::Instant;
 use keel_tests::mock_model::{MockModel, Reply};
 use serde_json::{Value, json};
 
+/// keel turns counted under strace.
+const FSYNC_TURNS: usize = 10;
 const ANSWER: &str = "Lines 4 and 6 are ragged.";
 const PYPI: &[&str] =
     &["langgraph==1.2.24", "langgraph-checkpoint-sqlite==3.1.2", "langchain-openai==1.7.4"];
@@ -165,16 +167,17 @@ async fn main() {
         assert!(String::from_utf8_lossy(&out.stdout).contains(ANSWER));
     }
     let strace = strace_available();
-    let keel_fsyncs = strace.then(|| {
-        let n: u64 = (0..5)
+    // Each turn's count is kept: a turn that also checkpoints the WAL (SQLite does when it
+    // passes 1000 pages) syncs the WAL and the database once more.
+    let keel_fsyncs: Option<Vec<u64>> = strace.then(|| {
+        (0..FSYNC_TURNS)
             .map(|i| {
                 let text = format!("inspect orders.csv, counted turn {i}");
                 tokio::task::block_in_place(|| {
                     fsyncs_of(&mut keel_cmd(&["session", "send", "b", &text]))
                 })
             })
-            .sum();
-        n as f64 / 5.0
+            .collect()
     });
     let start_ms = median(
         (0..10)
@@ -191,7 +194,11 @@ async fn main() {
         keel_ms.iter().copied().fold(f64::INFINITY, f64::min),
         keel_ms.iter().copied().fold(0.0, f64::max),
         keel_fsyncs
-            .map(|f| format!("{f:.1} fsyncs per turn (strace, 5 turns)"))
+            .map(|f| format!(
+                "{:.1} fsyncs per turn (strace, {FSYNC_TURNS} turns: median {}, each {f:?})",
+                f.iter().sum::<u64>() as f64 / f.len() as f64,
+                median(f.iter().map(|&n| n as f64).collect()),
+            ))
             .unwrap_or_else(|| "fsyncs not measured (no strace)".into())
     );
     println!("keel start-up (`keel session list`, idle home): median {start_ms:.1} ms");

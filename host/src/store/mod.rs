@@ -433,8 +433,14 @@ pub fn open(path: &Path) -> Result<Connection, StoreError> {
 }
 
 /// Like [`open`], committing as durably as `sync` says.
+///
+/// SQLite is built without its own directory syncs (`SQLITE_DISABLE_DIRSYNC`: it would sync
+/// the directory the first time every process syncs the WAL). The directory entries that
+/// matter are the database's and its WAL's; when either file is new, this syncs the directory
+/// once, before any business commit, unless nothing is synced at all (`synchronous=off`).
 pub fn open_with(path: &Path, sync: Synchronous) -> Result<Connection, StoreError> {
     let open_err = |source| StoreError::Open { path: path.display().to_string(), source };
+    let new_files = !path.exists() || !wal_path(path).exists();
     let mut conn = Connection::open(path).map_err(open_err)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err)?;
     conn.pragma_update(None, "journal_mode", "WAL").map_err(open_err)?;
@@ -442,7 +448,28 @@ pub fn open_with(path: &Path, sync: Synchronous) -> Result<Connection, StoreErro
     conn.pragma_update(None, "foreign_keys", "ON").map_err(open_err)?;
     tune(&conn).map_err(open_err)?;
     migrate(&mut conn)?;
+    if new_files && sync != Synchronous::Off {
+        sync_parent(path)?;
+    }
     Ok(conn)
+}
+
+/// The WAL file of the database at `path`.
+fn wal_path(path: &Path) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push("-wal");
+    name.into()
+}
+
+/// Makes the directory entries of `path`'s directory durable.
+fn sync_parent(path: &Path) -> Result<(), StoreError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StoreError::Task(format!("cannot sync the directory {}: {e}", dir.display())))
 }
 
 /// Per-connection settings of every connection keel opens.
