@@ -18,6 +18,9 @@
 //!   front-end reaches them through.
 //! - [`home`] — where keel keeps its state (`--home`, `KEEL_HOME`); [`config`] — its settings
 //!   file, `keel.toml`.
+//! - Leaf modules every owner may use: [`policy`] (effect classes, allow/ask/deny), [`ids`]
+//!   (session, call and approval unit ids), [`stored`] (enums stored as names), [`cancel`],
+//!   [`digest`].
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
 pub mod agent;

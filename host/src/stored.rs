@@ -1,4 +1,4 @@
-//! [`stored_enum!`]: the one way keel declares a closed set of names that are stored, shown
+//! [`stored_enum!`](crate::stored_enum): the one way keel declares a closed set of names that are stored, shown
 //! and serialised as text (effect classes, journal and approval statuses). Each gets
 //! `as_str`, `ALL`, `Display`, `FromStr` (an unknown name is an [`UnknownName`] error that lists
 //! the known ones), serde and SQLite conversions — so a stored value keel does not know is a

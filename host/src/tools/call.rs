@@ -100,7 +100,7 @@ impl ToolService {
     }
 
     /// The loaded tools as the model sees them, from the current catalog
-    /// ([`Catalog::tools_json`]). `None` when no loaded tool is installed, or when the catalog
+    /// ([`Catalog::tools_json`](super::Catalog::tools_json)). `None` when no loaded tool is installed, or when the catalog
     /// cannot be read (no tools rather than stale ones).
     pub fn tools_json(&self, loaded: &[String]) -> Option<Arc<str>> {
         self.catalog().ok()?.tools_json(loaded)
@@ -113,7 +113,7 @@ impl ToolService {
     }
 
     /// Like [`call`](Self::call), with the tool already resolved by the caller — from the
-    /// [`Catalog`] its step was assembled from — when `resolved` names the requested tool.
+    /// [`Catalog`](super::Catalog) its step was assembled from — when `resolved` names the requested tool.
     pub async fn call_as(
         &self,
         req: CallRequest<'_>,

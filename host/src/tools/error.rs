@@ -6,7 +6,7 @@ use crate::store::StoreError;
 use super::LeaseBusy;
 
 /// Why a tool operation could not be carried out (before or around the sandbox run; failures
-/// inside the run are [`CallError`]s in the [`CallOutcome`]).
+/// inside the run are [`CallError`]s in the [`CallOutcome`](super::CallOutcome)).
 #[derive(Debug, thiserror::Error)]
 pub enum ToolServiceError {
     #[error(transparent)]
