@@ -19,6 +19,7 @@ use crate::session::{
 use crate::store::{Db, StoreError, now_ms};
 
 pub mod lease;
+pub mod understand;
 
 pub use lease::LEASE_TTL;
 use lease::{RunnerId, lease_live};
