@@ -44,6 +44,9 @@ pub struct SessionSpec {
     pub model: ModelConfig,
     pub system_prompt: String,
     pub guards: LoopGuards,
+    /// Settings of the task-understanding call of each input (see
+    /// [`harness::preprocess_config`](crate::harness::preprocess_config)); `None` turns it off.
+    pub preprocess: Option<crate::brain::understand::PreprocessConfig>,
 }
 
 /// Why a use case was refused or failed.
@@ -98,6 +101,9 @@ impl Harness {
     /// Returns its id.
     pub async fn create_session(&self, spec: SessionSpec) -> Result<SessionId, ApiError> {
         spec.model.validate()?;
+        if let Some(p) = &spec.preprocess {
+            p.model.validate()?;
+        }
         Grant::check_disjoint(&spec.grants).map_err(|e| ApiError::Grant(e.to_string()))?;
         let tools = match spec.tools {
             None => self.tools.tools()?.into_iter().map(|t| t.name).collect(),
@@ -121,6 +127,7 @@ impl Harness {
                 model: spec.model,
                 system_prompt: spec.system_prompt,
                 guards: Some(spec.guards),
+                preprocess: spec.preprocess,
             })
             .await?;
         self.pin_loaded_tools(&id).await?;

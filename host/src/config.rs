@@ -51,6 +51,24 @@ pub struct ModelTable {
     /// rejects the field.
     pub stream_usage: Option<bool>,
     pub max_retries: Option<u32>,
+    /// `[model.preprocess]`: the task-understanding call.
+    pub preprocess: Option<PreprocessTable>,
+}
+
+/// The `[model.preprocess]` table: the task-understanding call of new sessions. Every key
+/// optional; the server and model default to the session's.
+#[derive(serde::Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct PreprocessTable {
+    /// `false` turns the call off for new sessions (as `--no-preprocess` does).
+    pub enabled: Option<bool>,
+    pub base_url: Option<String>,
+    pub model: Option<String>,
+    pub max_tokens: Option<u32>,
+    pub timeout_ms: Option<u64>,
+    /// `json_schema` (default), `json_object`, or `none` for a server that refuses
+    /// `response_format`.
+    pub response_format: Option<String>,
 }
 
 /// The `[store]` table.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::agent::{AgentService, LoopGuards};
 use crate::brain::Brain;
+use crate::brain::understand::PreprocessConfig;
 use crate::config::{ConfigError, env, env_parsed};
 use crate::home::Home;
 use crate::model::{ModelClient, ModelConfig};
@@ -134,4 +135,43 @@ pub fn model_config(home: &Home, flags: &ModelFlags) -> Result<Option<ModelConfi
     }
     cfg.validate()?;
     Ok(Some(cfg))
+}
+
+/// The task-understanding settings of a new session whose business model is `business`:
+/// `None` when `off` (`--no-preprocess`) or `[model.preprocess] enabled = false`; otherwise
+/// the business model's server and model, not streamed, with a small reply and a short wait
+/// ([`PreprocessConfig::from_business`]), changed by `[model.preprocess]` (base_url, model,
+/// max_tokens, timeout_ms, response_format), the model overridden by `KEEL_PREPROCESS_MODEL`,
+/// overridden by `model` (`--preprocess-model`).
+pub fn preprocess_config(
+    home: &Home,
+    business: &ModelConfig,
+    model: Option<&str>,
+    off: bool,
+) -> Result<Option<PreprocessConfig>, ConfigError> {
+    let table = crate::config::read(home)?.model.and_then(|m| m.preprocess).unwrap_or_default();
+    if off || table.enabled == Some(false) {
+        return Ok(None);
+    }
+    let mut config = PreprocessConfig::from_business(business);
+    if let Some(url) = table.base_url {
+        config.model.base_url = url;
+    }
+    if let Some(m) = model.map(str::to_string).or_else(|| env("KEEL_PREPROCESS_MODEL")).or(table.model)
+    {
+        config.model.model = m;
+    }
+    if let Some(t) = table.max_tokens {
+        config.model.max_tokens = Some(t);
+    }
+    if let Some(t) = table.timeout_ms {
+        config.model.timeout_ms = t;
+    }
+    if let Some(f) = table.response_format {
+        config.response_format = f
+            .parse()
+            .map_err(|e: String| ConfigError::from(format!("[model.preprocess] response_format: {e}")))?;
+    }
+    config.model.validate()?;
+    Ok(Some(config))
 }

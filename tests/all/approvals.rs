@@ -416,6 +416,7 @@ async fn policy_ask_allow_and_deny_per_session() {
             model: model_cfg,
             system_prompt: "test".into(),
             guards: None,
+            preprocess: None,
         })
         .await
         .unwrap();

@@ -18,6 +18,11 @@ fn short(e: &SessionEvent) -> String {
     match e {
         SessionEvent::InputAccepted { inbox_seq, .. } => format!("input {inbox_seq}"),
         SessionEvent::TurnStarted { turn } => format!("turn {turn}"),
+        SessionEvent::UnderstandingStarted { turn } => format!("understanding {turn}"),
+        SessionEvent::TaskTransition { relation, mode, .. } => {
+            format!("transition {} {mode}", relation.map(|r| r.as_str()).unwrap_or("-"))
+        }
+        SessionEvent::EnvironmentApplied { .. } => "environment".into(),
         SessionEvent::State { state, .. } => format!("state {state}"),
         SessionEvent::ModelCallStarted { step } => format!("model {step}"),
         SessionEvent::ModelCallFinished { step, finish_reason, .. } => {
@@ -74,6 +79,9 @@ async fn events_report_every_visible_change_and_another_engine_follows_them() {
         "state preparing_context",
         "turn 1",
         "state running",
+        "understanding 1",
+        "transition uncertain initialize",
+        "environment",
         "model 1",
         "replied 1 tool_calls",
         "effect_send planned",
@@ -92,6 +100,8 @@ async fn events_report_every_visible_change_and_another_engine_follows_them() {
         "state preparing_context",
         "turn 2",
         "state running",
+        "understanding 2",
+        "transition uncertain keep",
         "model 3",
         "failed 3 Some(400)",
         "state failed",
@@ -115,18 +125,18 @@ async fn events_report_every_visible_change_and_another_engine_follows_them() {
     assert!(tokio::time::timeout(Duration::from_millis(200), rx.recv()).await.is_err());
 
     // Reading after a sequence number gives the same rows.
-    let tail = h.engine.events_after("e", 15, 100).await.unwrap();
-    assert_eq!(tail, followed[15..]);
+    let tail = h.engine.events_after("e", 18, 100).await.unwrap();
+    assert_eq!(tail, followed[18..]);
     assert_eq!(h.engine.events_after("e", 0, 3).await.unwrap(), followed[..3]);
     assert_eq!(h.engine.last_event("e").await.unwrap(), expected.len() as i64);
     // The finished model call carries its tokens; the state its detail.
-    match &followed[5].event {
+    match &followed[8].event {
         SessionEvent::ModelCallFinished { usage: Some(u), attempts: 1, .. } => {
             assert_eq!((u.prompt_tokens, u.completion_tokens), (50, 5))
         }
         other => panic!("{other:?}"),
     }
-    match &followed[9].event {
+    match &followed[12].event {
         SessionEvent::State { state: RuntimeState::WaitingApproval, detail: Some(d) } => {
             assert!(d.contains(units[0].as_str()), "{d}")
         }

@@ -277,6 +277,7 @@ async fn catalog_cache_follows_the_catalog_not_every_commit() {
                 model: keel::model::ModelConfig::new("http://127.0.0.1:9/v1", "m"),
                 system_prompt: "p".into(),
                 guards: None,
+                preprocess: None,
             })
             .await
             .unwrap();

@@ -199,8 +199,8 @@ async fn the_task_is_sent_once_and_a_request_too_long_for_the_context_says_so() 
     let system = v["messages"][0]["content"].as_str().unwrap();
     assert!(
         system.contains(
-            "Session goal: the task of the first user message in this session, which begins \
-             \"Summarise this report in three lines:…\""
+            "Session goal (also the current phase goal): the task of the user message that \
+             begins \"Summarise this report in three lines:…\""
         ),
         "{system}"
     );

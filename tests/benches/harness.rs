@@ -424,6 +424,7 @@ async fn recovery(n: usize) {
                     model,
                     system_prompt: "p".into(),
                     guards: None,
+                    preprocess: None,
                 })
                 .await
                 .unwrap()

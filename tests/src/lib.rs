@@ -125,12 +125,30 @@ pub async fn session_with_model(
     create_session(h, id, tools, Vec::new(), model).await;
 }
 
+/// Creates session `id` on `h` with `tools` loaded, the model at `url`, and task
+/// understanding off.
+pub async fn plain_session(h: &keel::harness::Harness, id: &str, tools: &[&str], url: &str) {
+    create_with(h, id, tools, Vec::new(), keel::model::ModelConfig::new(url, "test-model"), false)
+        .await;
+}
+
 async fn create_session(
     h: &keel::harness::Harness,
     id: &str,
     tools: &[&str],
     grants: Vec<Grant>,
     model: keel::model::ModelConfig,
+) {
+    create_with(h, id, tools, grants, model, true).await;
+}
+
+async fn create_with(
+    h: &keel::harness::Harness,
+    id: &str,
+    tools: &[&str],
+    grants: Vec<Grant>,
+    model: keel::model::ModelConfig,
+    understand: bool,
 ) {
     h.engine
         .create(keel::session::NewSession {
@@ -139,6 +157,8 @@ async fn create_session(
             tools: tools.iter().map(|t| t.to_string()).collect(),
             policy: keel::session::Policy::default(),
             budget: Budget { timeout: std::time::Duration::from_secs(20), ..Budget::default() },
+            preprocess: understand
+                .then(|| keel::brain::understand::PreprocessConfig::from_business(&model)),
             model,
             system_prompt: "You are a test agent.".into(),
             guards: None,
@@ -187,5 +207,8 @@ pub fn session_spec(
         model: keel::model::ModelConfig::new(url, "m"),
         system_prompt: "You are a test agent.".into(),
         guards: keel::agent::LoopGuards { max_steps: 5, ..keel::agent::LoopGuards::default() },
+        preprocess: Some(keel::brain::understand::PreprocessConfig::from_business(
+            &keel::model::ModelConfig::new(url, "m"),
+        )),
     }
 }

@@ -1,5 +1,11 @@
 //! A scripted OpenAI-compatible model server on loopback, speaking real HTTP/1.1: it records
 //! every request body byte for byte and answers each request with the next scripted reply.
+//!
+//! Task-understanding calls (their system message is keel's understanding instructions) are
+//! kept apart: they are recorded in [`MockModel::understanding_requests`], not in
+//! [`MockModel::requests`], and answered from their own script
+//! ([`MockModel::push_understanding`]), or with `uncertain` and no terms when it is empty — so
+//! the business script of a test is the loop's alone.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -61,6 +67,21 @@ impl Reply {
         }
     }
 
+    /// A non-streamed completion whose message content is `content`.
+    pub fn completion(content: &str) -> Self {
+        Reply::Json(json!({"choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": content}}]}))
+    }
+
+    /// A task-understanding answer: `relation` and the three groups of recall terms.
+    pub fn understanding(relation: &str, skill: &[&str], tool: &[&str], memory: &[&str]) -> Self {
+        Self::completion(
+            &json!({"task_relation": relation, "skill_recall_terms": skill,
+                "tool_recall_terms": tool, "memory_recall_terms": memory})
+            .to_string(),
+        )
+    }
+
     /// A streamed final answer, split in two content deltas.
     pub fn text(answer: &str) -> Self {
         let (a, b) = answer.split_at(answer.len() / 2);
@@ -103,6 +124,8 @@ pub struct MockModel {
     requests: Arc<Mutex<Vec<Vec<u8>>>>,
     heads: Arc<Mutex<Vec<String>>>,
     script: Arc<Mutex<VecDeque<Reply>>>,
+    understanding: Arc<Mutex<VecDeque<Reply>>>,
+    understanding_requests: Arc<Mutex<Vec<Vec<u8>>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -111,6 +134,9 @@ struct Shared {
     /// The request line and headers of each recorded request.
     heads: Arc<Mutex<Vec<String>>>,
     script: Arc<Mutex<VecDeque<Reply>>>,
+    /// Replies to task-understanding calls, and those calls' bodies.
+    understanding: Arc<Mutex<VecDeque<Reply>>>,
+    understanding_requests: Arc<Mutex<Vec<Vec<u8>>>>,
     responder: Option<Responder>,
     record: bool,
     /// Answer 500 to a request whose history holds tool-call arguments that are not a JSON
@@ -164,10 +190,14 @@ impl MockModel {
         let requests = Arc::new(Mutex::new(Vec::new()));
         let heads = Arc::new(Mutex::new(Vec::new()));
         let script = Arc::new(Mutex::new(VecDeque::from(script)));
+        let understanding = Arc::new(Mutex::new(VecDeque::new()));
+        let understanding_requests = Arc::new(Mutex::new(Vec::new()));
         let shared = Arc::new(Shared {
             requests: requests.clone(),
             heads: heads.clone(),
             script: script.clone(),
+            understanding: understanding.clone(),
+            understanding_requests: understanding_requests.clone(),
             responder,
             record,
             strict,
@@ -181,7 +211,7 @@ impl MockModel {
                 });
             }
         });
-        Self { addr, requests, heads, script, task }
+        Self { addr, requests, heads, script, understanding, understanding_requests, task }
     }
 
     /// The base URL (the part before `/chat/completions`).
@@ -199,12 +229,34 @@ impl MockModel {
         self.heads.lock().map(|r| r.clone()).unwrap_or_default()
     }
 
+    /// Every task-understanding request body received so far, in order.
+    pub fn understanding_requests(&self) -> Vec<Vec<u8>> {
+        self.understanding_requests.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// Appends replies to the script of task-understanding calls.
+    pub fn push_understanding(&self, replies: Vec<Reply>) {
+        if let Ok(mut s) = self.understanding.lock() {
+            s.extend(replies);
+        }
+    }
+
     /// Appends replies to the script.
     pub fn push(&self, replies: Vec<Reply>) {
         if let Ok(mut s) = self.script.lock() {
             s.extend(replies);
         }
     }
+}
+
+/// True when a request is a task-understanding call (its system message is keel's
+/// understanding instructions).
+pub fn is_understanding(body: &[u8]) -> bool {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else { return false };
+    v["messages"][0]["role"] == "system"
+        && v["messages"][0]["content"]
+            .as_str()
+            .is_some_and(|c| c == keel::brain::understand::INSTRUCTIONS)
 }
 
 /// True when a request's messages hold a tool call whose arguments are not a JSON object.
@@ -250,6 +302,19 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
         let buf_head: Vec<u8> = buf[..header_end].to_vec();
         buf.drain(..header_end + len);
         let scripted = match &shared.responder {
+            _ if is_understanding(&body) => {
+                if let Ok(mut r) = shared.understanding_requests.lock() {
+                    r.push(body.clone());
+                }
+                Some(
+                    shared
+                        .understanding
+                        .lock()
+                        .ok()
+                        .and_then(|mut s| s.pop_front())
+                        .unwrap_or_else(|| Reply::understanding("uncertain", &[], &[], &[])),
+                )
+            }
             _ if shared.strict && has_unparsable_tool_arguments(&body) => Some(Reply::Status {
                 code: 500,
                 retry_after: None,
@@ -270,6 +335,7 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
             None => shared.script.lock().ok().and_then(|mut s| s.pop_front()),
         };
         if shared.record
+            && !is_understanding(&body)
             && let Ok(mut r) = shared.requests.lock()
         {
             r.push(body);

@@ -130,6 +130,11 @@ impl AgentService {
         &self.engine
     }
 
+    /// The model client (Brain's understanding call uses it too).
+    pub fn model(&self) -> &ModelClient {
+        &self.model
+    }
+
     /// Runs one turn of session `id` until it ends or waits for an approval. A turn that was
     /// already under way (it waited for an approval, or its process died) is resumed: its open
     /// step is finished from the journal first.

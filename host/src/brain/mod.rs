@@ -9,10 +9,12 @@
 //! in-flight model call or running component. It does not assemble requests or own tool facts.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::agent::{AgentError, AgentService, Events, TurnOutcome};
 use crate::cancel::CancelToken;
+use crate::model::ModelError;
+use crate::session::transition::{PendingUnderstanding, Transition, Understood};
 use crate::session::{
     ApprovalUnit, DecideError, Decision, RecoveredSession, RuntimeState, SessionEngine, TurnStart,
 };
@@ -246,7 +248,10 @@ impl Brain {
         if begun.is_none()
             && let Some(turn) = self.engine().meta(id).await?.active_turn
         {
-            let resume = TurnStart { turn, text: String::new(), lease: lease.clone() };
+            // Its process may have died before its transition was committed.
+            self.understand(id, cancel).await?;
+            let resume =
+                TurnStart { turn, text: String::new(), lease: lease.clone(), understand: false };
             let outcome = self.agent.run_turn(id, &resume, cancel, events).await?;
             if matches!(outcome, TurnOutcome::Interrupted | TurnOutcome::WaitingApproval(_)) {
                 return Ok(Some(outcome));
@@ -267,6 +272,9 @@ impl Brain {
                     None => break,
                 },
             };
+            if turn.understand {
+                self.understand(id, cancel).await?;
+            }
             let turn = TurnStart { lease: lease.clone(), ..turn };
             let outcome = self.agent.run_turn(id, &turn, cancel, events).await?;
             let stop =
@@ -277,6 +285,102 @@ impl Brain {
             }
         }
         Ok(last)
+    }
+
+    /// Task understanding of the session's active turn, when its transition is pending: the
+    /// stateless call (if the session has it on), then the transition's commit, then
+    /// capability preparation when the goals changed. A turn whose transition is committed
+    /// already is left as it is: an input is understood and applied once.
+    async fn understand(&self, id: &str, cancel: &CancelToken) -> Result<(), AgentError> {
+        let Some(pending) = self.engine().pending_understanding(id).await? else {
+            return Ok(());
+        };
+        let understood = match &pending.preprocess {
+            None => Understood::default(),
+            Some(config) => {
+                let understood = self.understanding_call(config, &pending, cancel).await;
+                crate::crash::point("after_understanding_call");
+                understood
+            }
+        };
+        if let Some(t) = self.engine().commit_transition(id, pending.turn, understood).await?
+            && t.changes_goals()
+        {
+            self.prepare_capabilities(id, &t);
+        }
+        Ok(())
+    }
+
+    /// The understanding call: one stateless, non-streamed JSON request holding the message,
+    /// its resources and the two goals; its answer read strictly. A failed call or an
+    /// unreadable answer is `uncertain`, with the reason kept.
+    async fn understanding_call(
+        &self,
+        config: &understand::PreprocessConfig,
+        pending: &PendingUnderstanding,
+        cancel: &CancelToken,
+    ) -> Understood {
+        let body = understand::request_body(
+            config,
+            understand::Inputs {
+                message: &pending.text,
+                resources: &[],
+                current_task_goal: pending.phase_goal.as_deref(),
+                session_goal: pending.session_goal.as_deref(),
+            },
+        );
+        let body = bytes::Bytes::from(body);
+        let started = Instant::now();
+        let result = self.agent.model().complete(&config.model, &body, cancel).await;
+        let duration_ms = started.elapsed().as_secs_f64() * 1e3;
+        let (understanding, error, reply, attempts) = match result {
+            Ok(reply) => {
+                let content = reply.content.unwrap_or_default();
+                match understand::parse(&content) {
+                    Ok(u) => (u, None, Some(content), reply.attempts),
+                    Err(e) => (
+                        understand::Understanding::uncertain(),
+                        Some(format!("the answer was refused: {e}")),
+                        Some(content),
+                        reply.attempts,
+                    ),
+                }
+            }
+            Err(f) => {
+                let why = if f.last == ModelError::Cancelled {
+                    "the call was interrupted".to_string()
+                } else {
+                    f.to_string()
+                };
+                (understand::Understanding::uncertain(), Some(why), None, f.attempts)
+            }
+        };
+        if let Some(e) = &error {
+            tracing::debug!(error = %e, "task understanding is uncertain");
+        }
+        Understood {
+            understanding: Some(understanding),
+            error,
+            request: Some(body.to_vec()),
+            reply,
+            duration_ms,
+            attempts,
+        }
+    }
+
+    /// Capability preparation for a transition that set the goals (`initialize` or
+    /// `reconcile`): the step between the transition and the loop that receives the mode and
+    /// the three groups of recall terms. The session's loaded tools are all it has today, so
+    /// nothing is selected here yet.
+    fn prepare_capabilities(&self, id: &str, transition: &Transition) {
+        tracing::debug!(
+            session = id,
+            mode = %transition.mode,
+            skill = transition.terms.skill.len(),
+            tool = transition.terms.tool.len(),
+            memory = transition.terms.memory.len(),
+            "task environment applied"
+        );
     }
 
     /// Whether this runner holds the lease of `id` (a read).

@@ -204,7 +204,8 @@ pub struct Inputs<'a> {
     pub session_goal: Option<&'a str>,
 }
 
-const INSTRUCTIONS: &str = "You classify one message sent to an agent session against the \
+/// The system message of the call (the whole of it: the call carries no other instructions).
+pub const INSTRUCTIONS: &str = "You classify one message sent to an agent session against the \
 session's task. You get a JSON object: `message` (the new message), `resources` (references of \
 attached files), `current_task_goal` (the work under way, or null) and `session_goal` (what the \
 session is responsible for, or null). Answer with one JSON object with exactly these four \

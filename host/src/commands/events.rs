@@ -21,6 +21,21 @@ pub fn render(row: &EventRow) -> Option<String> {
     Some(match &row.event {
         SessionEvent::InputAccepted { inbox_seq, .. } => format!("input #{inbox_seq} accepted"),
         SessionEvent::TurnStarted { turn } => format!("turn {turn} started"),
+        SessionEvent::UnderstandingStarted { .. } => "understanding the task".to_string(),
+        SessionEvent::TaskTransition { relation, mode, error, .. } => {
+            let relation = relation.map(|r| r.as_str()).unwrap_or("not asked");
+            match error {
+                Some(e) => format!(
+                    "task: {relation} → {mode} (the understanding call failed: {})",
+                    inert(e)
+                ),
+                None => format!("task: {relation} → {mode}"),
+            }
+        }
+        SessionEvent::EnvironmentApplied { phase_goal, .. } => format!(
+            "applying the task environment (phase goal: {})",
+            inert(&keel::session::goal_reference(phase_goal.as_deref().unwrap_or("")))
+        ),
         SessionEvent::State { state, detail } => match detail {
             Some(d) => format!("state {state} ({})", inert(d)),
             None => format!("state {state}"),

@@ -71,6 +71,14 @@ pub struct RunArgs {
     /// send`, `approve` and `recover` run its turns with the same limit (default 24).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_steps: Option<u32>,
+    /// Do not make the task-understanding call of each input for a new session (stored with
+    /// it): the first input sets the goals and they stay; a change of task is not noticed.
+    #[arg(long)]
+    no_preprocess: bool,
+    /// Model of the task-understanding call of a new session (env KEEL_PREPROCESS_MODEL;
+    /// default: `[model.preprocess] model` in keel.toml, else the session's model).
+    #[arg(long, value_name = "NAME", conflicts_with = "no_preprocess")]
+    preprocess_model: Option<String>,
     /// Print one JSON object instead of the answer.
     #[arg(long)]
     json: bool,
@@ -261,6 +269,8 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
             || a.temperature.is_some()
             || a.max_tokens.is_some()
             || a.model_timeout.is_some()
+            || a.no_preprocess
+            || a.preprocess_model.is_some()
         {
             eprintln!(
                 "keel: session {id} keeps the model settings it was created with; the model flags apply to new sessions"
@@ -298,6 +308,15 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
             }
             Err(e) => return fail(a.json, e.kind(), &e.to_string(), EXIT_REFUSED),
         };
+        let preprocess = match keel::harness::preprocess_config(
+            &home_dir,
+            &model,
+            a.preprocess_model.as_deref(),
+            a.no_preprocess,
+        ) {
+            Ok(p) => p,
+            Err(e) => return fail(a.json, e.kind(), &e.to_string(), EXIT_REFUSED),
+        };
         let spec = SessionSpec {
             id: a.session.clone(),
             grants: a.grants.clone(),
@@ -312,6 +331,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
                 max_steps: a.max_steps.unwrap_or(LoopGuards::default().max_steps),
                 ..LoopGuards::default()
             },
+            preprocess,
         };
         match h.create_session(spec).await {
             Ok(id) => id.into_string(),

@@ -125,13 +125,13 @@ pub fn reconstruct_body(
     body.into_bytes()
 }
 
-/// Characters of the session goal repeated in the system message at most.
+/// Characters of a goal repeated in the system message at most.
 pub const GOAL_SHOWN: usize = 200;
 
-/// The session goal as the system message gives it. The goal is the session's first task,
-/// which the model also sees as the first user message: a short one is repeated, a longer one
-/// is named by its start and referred to — sending a long task twice doubles the request and
-/// fills the context window twice as fast.
+/// A goal as the system message gives it. A goal is the text of a user message the model
+/// also sees in the history: a short one is repeated, a longer one is named by its start and
+/// referred to — sending a long task twice doubles the request and fills the context window
+/// twice as fast.
 pub fn goal_reference(goal: &str) -> String {
     let goal = goal.trim();
     if goal.chars().count() <= GOAL_SHOWN && !goal.contains('\n') {
@@ -142,19 +142,32 @@ pub fn goal_reference(goal: &str) -> String {
     if short.len() < goal.len() {
         short.push('…');
     }
-    format!("the task of the first user message in this session, which begins \"{short}\"")
+    format!("the task of the user message that begins \"{short}\"")
+}
+
+/// The goals part of the system message: each goal once, from SessionMeta.
+fn goals(meta: &SessionMeta) -> String {
+    match (&meta.session_goal, &meta.phase_goal) {
+        (Some(s), Some(p)) if s == p => {
+            format!("\n\nSession goal (also the current phase goal): {}", goal_reference(s))
+        }
+        (Some(s), Some(p)) => format!(
+            "\n\nSession goal: {}\nCurrent phase goal: {}",
+            goal_reference(s),
+            goal_reference(p)
+        ),
+        (Some(s), None) => format!(
+            "\n\nSession goal: {}\nCurrent phase goal: none (the last phase is complete)",
+            goal_reference(s)
+        ),
+        (None, Some(p)) => format!("\n\nCurrent phase goal: {}", goal_reference(p)),
+        (None, None) => String::new(),
+    }
 }
 
 fn system_message(meta: &SessionMeta) -> String {
     let mut text = meta.system_prompt.clone();
-    if let Some(goal) = &meta.session_goal {
-        text.push_str("\n\nSession goal: ");
-        text.push_str(&goal_reference(goal));
-    }
-    if let Some(phase) = &meta.phase_goal {
-        text.push_str("\nCurrent phase goal: ");
-        text.push_str(phase);
-    }
+    text.push_str(&goals(meta));
     if meta.grants.is_empty() {
         text.push_str("\n\nNo directories are granted to this session.");
     } else {

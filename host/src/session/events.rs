@@ -24,6 +24,26 @@ pub enum SessionEvent {
     InputAccepted { inbox_seq: i64, text: String },
     /// A turn began with the oldest waiting input.
     TurnStarted { turn: i64 },
+    /// The understanding call of turn `turn` is about to be made.
+    UnderstandingStarted { turn: i64 },
+    /// Turn `turn`'s transition: what the understanding call answered (`None`: no call was
+    /// made) and what the fixed table did to the goals.
+    TaskTransition {
+        turn: i64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        relation: Option<crate::brain::understand::TaskRelation>,
+        mode: crate::brain::understand::TransitionMode,
+        /// Why the answer is `uncertain`, when the call failed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// A transition set the goals: the task environment the loop runs in.
+    EnvironmentApplied {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session_goal: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        phase_goal: Option<String>,
+    },
     /// The runtime state changed.
     State {
         state: RuntimeState,
@@ -98,6 +118,9 @@ impl SessionEvent {
         match self {
             Self::InputAccepted { .. } => "input_accepted",
             Self::TurnStarted { .. } => "turn_started",
+            Self::UnderstandingStarted { .. } => "understanding_started",
+            Self::TaskTransition { .. } => "task_transition",
+            Self::EnvironmentApplied { .. } => "environment_applied",
             Self::State { .. } => "state",
             Self::ModelCallStarted { .. } => "model_call_started",
             Self::ModelCallFinished { .. } => "model_call_finished",

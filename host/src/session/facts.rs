@@ -68,6 +68,10 @@ pub struct SessionMeta {
     pub id: crate::ids::SessionId,
     pub session_goal: Option<String>,
     pub phase_goal: Option<String>,
+    /// The turn whose transition set the current phase goal (`None`: no phase is open).
+    pub phase_turn: Option<i64>,
+    /// The session's settings for task understanding (`None`: off).
+    pub preprocess: Option<crate::brain::understand::PreprocessConfig>,
     pub state: RuntimeState,
     pub state_detail: Option<String>,
     pub loaded_tools: Vec<String>,
@@ -108,23 +112,29 @@ pub fn load_meta_at(
     id: &str,
     counters: MetaCounters,
 ) -> Result<SessionMeta, StoreError> {
-    let (goal, phase, tools, policy, budget, model, system, pins, guards) = c
-        .prepare_cached(
-            "SELECT session_goal, phase_goal, loaded_tools, policy, budget, model, system_prompt,
-                    tool_pins, guards
+    let ((goal, phase, phase_turn, preprocess), (tools, policy, budget, model, system, pins, guards)) =
+        c.prepare_cached(
+            "SELECT session_goal, phase_goal, phase_turn, preprocess, loaded_tools, policy,
+                    budget, model, system_prompt, tool_pins, guards
              FROM session_config WHERE session_id=?1",
         )?
         .query_row([id], |r| {
             Ok((
-                r.get::<_, Option<String>>(0)?,
-                r.get::<_, Option<String>>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, String>(3)?,
-                r.get::<_, String>(4)?,
-                r.get::<_, String>(5)?,
-                r.get::<_, String>(6)?,
-                r.get::<_, String>(7)?,
-                r.get::<_, Option<String>>(8)?,
+                (
+                    r.get::<_, Option<String>>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                    r.get::<_, Option<i64>>(2)?,
+                    r.get::<_, Option<String>>(3)?,
+                ),
+                (
+                    r.get::<_, String>(4)?,
+                    r.get::<_, String>(5)?,
+                    r.get::<_, String>(6)?,
+                    r.get::<_, String>(7)?,
+                    r.get::<_, String>(8)?,
+                    r.get::<_, String>(9)?,
+                    r.get::<_, Option<String>>(10)?,
+                ),
             ))
         })
         .optional()?
@@ -148,6 +158,8 @@ pub fn load_meta_at(
         id: id.into(),
         session_goal: goal,
         phase_goal: phase,
+        phase_turn,
+        preprocess: preprocess.map(|p| parse(&p, "task understanding settings")).transpose()?,
         state: counters.state,
         state_detail: None,
         loaded_tools: parse(&tools, "tool list")?,

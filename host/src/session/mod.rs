@@ -10,6 +10,7 @@ mod assemble;
 pub mod events;
 mod facts;
 mod steps;
+pub mod transition;
 mod views;
 
 use std::sync::Arc;
@@ -50,6 +51,8 @@ pub struct NewSession {
     pub system_prompt: String,
     /// The session's loop guards; `None` uses those of the harness that runs each turn.
     pub guards: Option<LoopGuards>,
+    /// Settings of the task-understanding call; `None` turns it off (`--no-preprocess`).
+    pub preprocess: Option<crate::brain::understand::PreprocessConfig>,
 }
 
 /// The loop guards and bounds of a session's turns, stored with the session (a key missing
@@ -128,6 +131,8 @@ pub struct TurnStart {
     /// The runner lease the turn runs under: released in the commit that ends the turn when
     /// no input waits (see [`StepCommit::release_lease`]).
     pub lease: Option<Arc<str>>,
+    /// Whether the turn's transition waits for the understanding call.
+    pub understand: bool,
 }
 
 /// The SessionEngine of one database.
@@ -181,8 +186,8 @@ impl SessionEngine {
                     params![id2, now_ms()],
                 )?;
                 c.execute(
-                    "INSERT INTO session_config (session_id, loaded_tools, policy, budget, model, system_prompt, guards)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    "INSERT INTO session_config (session_id, loaded_tools, policy, budget, model, system_prompt, guards, preprocess)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                     params![
                         id2,
                         json(&new.tools)?,
@@ -190,7 +195,8 @@ impl SessionEngine {
                         json(&new.budget)?,
                         json(&new.model)?,
                         new.system_prompt,
-                        new.guards.as_ref().map(json).transpose()?
+                        new.guards.as_ref().map(json).transpose()?,
+                        new.preprocess.as_ref().map(json).transpose()?
                     ],
                 )?;
                 for g in &new.grants {
@@ -298,11 +304,54 @@ impl SessionEngine {
     }
 
     /// Takes the oldest unconsumed input: marks it consumed, appends it to history as the user
-    /// message of a new turn, sets the session goal if it has none, and clears an interrupt
-    /// request. One transaction.
+    /// message of a new turn and clears an interrupt request — and, for a session without
+    /// task understanding, commits the turn's transition. One transaction.
     pub async fn begin_turn(&self, id: &str) -> Result<Option<TurnStart>, StoreError> {
         let id = id.to_string();
         self.db.run(move |c| begin_turn_in(c, &id)).await
+    }
+
+    /// The session's active turn when its transition is not committed yet (the runner makes
+    /// the understanding call, then [`commit_transition`](Self::commit_transition)).
+    pub async fn pending_understanding(
+        &self,
+        id: &str,
+    ) -> Result<Option<transition::PendingUnderstanding>, StoreError> {
+        let id = id.to_string();
+        self.db.read_inline(move |c| transition::pending_in(c, &id)).await
+    }
+
+    /// Commits turn `turn`'s transition (see [`transition::commit_in`]): `None` when it was
+    /// committed already.
+    pub async fn commit_transition(
+        &self,
+        id: &str,
+        turn: i64,
+        understood: transition::Understood,
+    ) -> Result<Option<transition::Transition>, StoreError> {
+        let id = id.to_string();
+        self.db.run(move |c| transition::commit_in(c, &id, turn, &understood)).await
+    }
+
+    /// The session's task transitions, oldest first.
+    pub async fn transitions(&self, id: &str) -> Result<Vec<transition::Transition>, StoreError> {
+        let id = id.to_string();
+        self.db
+            .read(move |c| {
+                facts::load_counters(c, &id)?;
+                transition::of_session(c, &id)
+            })
+            .await
+    }
+
+    /// The exact request body of turn `turn`'s understanding call (the last one if `None`).
+    pub async fn understanding_evidence(
+        &self,
+        id: &str,
+        turn: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), StoreError> {
+        let id = id.to_string();
+        self.db.read(move |c| transition::evidence_in(c, &id, turn)).await
     }
 
     /// Whether inputs are waiting in the inbox.
@@ -633,24 +682,25 @@ pub fn begin_turn_in(c: &Connection, id: &str) -> Result<Option<TurnStart>, Stor
          state_detail=NULL, meta_version=meta_version+1 WHERE id=?1",
         [id],
     )?;
-    // The first input becomes the session goal.
-    c.prepare_cached(
-        "UPDATE session_config SET session_goal=?2 WHERE session_id=?1 AND session_goal IS NULL",
-    )?
-    .execute(params![id, text])?;
     let turn: i64 = c.query_row("SELECT turns FROM sessions WHERE id=?1", [id], |r| r.get(0))?;
     c.execute("UPDATE sessions SET active_turn=?2 WHERE id=?1", params![id, turn])?;
     let body = serde_json::json!({"role": "user", "content": text}).to_string();
     facts::append_message(c, id, turn, "user", &body)?;
-    let steps: i64 = c.query_row("SELECT steps FROM sessions WHERE id=?1", [id], |r| r.get(0))?;
     for e in [
         SessionEvent::TurnStarted { turn },
         SessionEvent::State { state: RuntimeState::Running, detail: None },
-        SessionEvent::ModelCallStarted { step: steps + 1 },
     ] {
         events::append(c, id, &e)?;
     }
-    Ok(Some(TurnStart { turn, text, lease: None }))
+    // With task understanding on, the runner makes the call and commits the transition
+    // next; without it, the transition (the fixed table on no answer) commits here.
+    let understand = transition::preprocess_on(c, id)?;
+    if understand {
+        events::append(c, id, &SessionEvent::UnderstandingStarted { turn })?;
+    } else {
+        transition::commit_in(c, id, turn, &transition::Understood::default())?;
+    }
+    Ok(Some(TurnStart { turn, text, lease: None, understand }))
 }
 
 /// The inbox append of [`SessionEngine::submit`], for callers that compose it into a larger

@@ -313,6 +313,44 @@ const MIGRATIONS: &[(i64, &str)] = &[
         // A session's loop guards (JSON; NULL: those of the harness that runs its turns).
         "ALTER TABLE session_config ADD COLUMN guards TEXT;",
     ),
+    (
+        11,
+        // Task understanding and transitions (session::transition): a session's settings for
+        // the understanding call (JSON; NULL: off), the turn that opened the current phase,
+        // one transition row per turn (what the call answered, what the fixed table did, the
+        // call's request kept byte for byte in `blobs` by its SHA-256), and the plan of each
+        // phase as an append-only list of versions (session::plan).
+        "ALTER TABLE session_config ADD COLUMN preprocess TEXT;
+    ALTER TABLE session_config ADD COLUMN phase_turn INTEGER;
+    CREATE TABLE task_transitions (
+        session_id   TEXT NOT NULL REFERENCES sessions(id),
+        turn         INTEGER NOT NULL,
+        at_ms        INTEGER NOT NULL,
+        relation     TEXT,
+        mode         TEXT NOT NULL,
+        session_goal TEXT,
+        phase_goal   TEXT,
+        terms        TEXT NOT NULL,
+        error        TEXT,
+        body_sha256  TEXT,
+        body_bytes   INTEGER,
+        reply        TEXT,
+        duration_ms  REAL,
+        attempts     INTEGER,
+        PRIMARY KEY (session_id, turn)
+    );
+    CREATE TABLE plan_versions (
+        session_id TEXT NOT NULL REFERENCES sessions(id),
+        version    INTEGER NOT NULL,
+        phase_turn INTEGER NOT NULL,
+        at_ms      INTEGER NOT NULL,
+        change     TEXT NOT NULL,
+        steps      TEXT NOT NULL,
+        closed     INTEGER NOT NULL DEFAULT 0,
+        call_id    TEXT,
+        PRIMARY KEY (session_id, version)
+    );",
+    ),
 ];
 
 /// Errors of the store.

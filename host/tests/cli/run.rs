@@ -456,17 +456,23 @@ async fn session_events_through_the_binary_and_followed_from_another_process() {
             "state",
             "turn_started",
             "state",
+            "understanding_started",
+            "task_transition",
+            "environment_applied",
             "model_call_started",
             "model_call_finished",
             "answer",
             "state"
         ]
     );
-    assert_eq!(rows[6]["text"], "first");
-    assert_eq!(rows[7]["state"], "idle");
+    assert_eq!(rows[5]["turn"], 1);
+    assert_eq!(rows[6]["mode"], "initialize");
+    assert_eq!(rows[7]["phase_goal"], "hello");
+    assert_eq!(rows[9]["text"], "first");
+    assert_eq!(rows[10]["state"], "idle");
     let out = keel_async(
         home.path().to_path_buf(),
-        args(&["session", "events", "ev", "--after", "6", "--json"]),
+        args(&["session", "events", "ev", "--after", "9", "--json"]),
     )
     .await;
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);

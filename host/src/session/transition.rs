@@ -1,0 +1,337 @@
+//! Task transitions: what the understanding call of a turn answered and what the fixed table
+//! did to the goals — one row per turn, committed exactly once with the goals it sets.
+//!
+//! A turn begins (its input in history) before the understanding call is made; the call's
+//! answer — or `uncertain`, when it failed — is committed here with the transition, the
+//! call's request (byte for byte) and the events that report them. A turn whose transition
+//! is not committed yet (its process died during the call) is *pending*: the runner that
+//! resumes it makes the call again and commits it then. A second commit for one turn is a
+//! no-op, so an input is understood and applied once, whatever crashed.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+use crate::brain::understand::{PreprocessConfig, TaskRelation, TransitionMode, Understanding};
+use crate::store::{StoreError, now_ms};
+
+use super::events::{self, SessionEvent};
+use super::facts;
+
+/// What the understanding call of a turn came to, for [`commit_in`].
+#[derive(Debug, Clone, Default)]
+pub struct Understood {
+    /// The answer (`uncertain` when the call failed); `None` when no call was made (task
+    /// understanding is off for the session).
+    pub understanding: Option<Understanding>,
+    /// Why the answer is `uncertain` when the call failed or its reply was refused.
+    pub error: Option<String>,
+    /// The exact request body.
+    pub request: Option<Vec<u8>>,
+    /// The reply's content, as the server sent it.
+    pub reply: Option<String>,
+    pub duration_ms: f64,
+    pub attempts: u32,
+}
+
+/// The three groups of recall terms of an answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecallTerms {
+    pub skill: Vec<String>,
+    pub tool: Vec<String>,
+    pub memory: Vec<String>,
+}
+
+/// A committed transition.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Transition {
+    pub turn: i64,
+    /// When it was committed (ms since the Unix epoch).
+    pub at_ms: i64,
+    /// What the call answered; `None` when no call was made.
+    pub relation: Option<TaskRelation>,
+    pub mode: TransitionMode,
+    /// The goals after the transition.
+    pub session_goal: Option<String>,
+    pub phase_goal: Option<String>,
+    pub terms: RecallTerms,
+    /// Why the answer is `uncertain`, when the call failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// SHA-256 (hex) and length of the call's request body, when a call was made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_sha256: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_bytes: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<i64>,
+}
+
+impl Transition {
+    /// Whether the transition set the goals (and so asks for capabilities to be prepared).
+    pub fn changes_goals(&self) -> bool {
+        self.mode != TransitionMode::Keep
+    }
+}
+
+/// A begun turn whose transition is not committed yet.
+#[derive(Debug, Clone)]
+pub struct PendingUnderstanding {
+    pub turn: i64,
+    /// The turn's input.
+    pub text: String,
+    /// The session's settings for the call (`None`: off).
+    pub preprocess: Option<PreprocessConfig>,
+    pub session_goal: Option<String>,
+    pub phase_goal: Option<String>,
+}
+
+/// Whether session `id` has task understanding on.
+pub fn preprocess_on(c: &Connection, id: &str) -> Result<bool, StoreError> {
+    Ok(c.prepare_cached("SELECT preprocess IS NOT NULL FROM session_config WHERE session_id=?1")?
+        .query_row([id], |r| r.get(0))
+        .optional()?
+        .unwrap_or(false))
+}
+
+fn recorded(c: &Connection, id: &str, turn: i64) -> Result<bool, StoreError> {
+    Ok(c.prepare_cached(
+        "SELECT EXISTS(SELECT 1 FROM task_transitions WHERE session_id=?1 AND turn=?2)",
+    )?
+    .query_row(params![id, turn], |r| r.get(0))?)
+}
+
+/// The input of turn `turn` (the content of its first user message).
+fn turn_input(c: &Connection, id: &str, turn: i64) -> Result<String, StoreError> {
+    let body: Option<String> = c
+        .prepare_cached(
+            "SELECT body FROM messages WHERE session_id=?1 AND turn=?2 AND role='user'
+             ORDER BY seq LIMIT 1",
+        )?
+        .query_row(params![id, turn], |r| r.get(0))
+        .optional()?;
+    let body = body.ok_or_else(|| {
+        StoreError::Corrupt(format!("turn {turn} of session `{id}` has no input in its history"))
+    })?;
+    let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| {
+        StoreError::Corrupt(format!("the input of turn {turn} of `{id}` is unreadable: {e}"))
+    })?;
+    Ok(v["content"].as_str().unwrap_or_default().to_string())
+}
+
+/// The session's active turn, when its transition is not committed yet.
+pub fn pending_in(c: &Connection, id: &str) -> Result<Option<PendingUnderstanding>, StoreError> {
+    let meta = facts::load_meta(c, id)?;
+    let Some(turn) = meta.active_turn else { return Ok(None) };
+    if recorded(c, id, turn)? {
+        return Ok(None);
+    }
+    Ok(Some(PendingUnderstanding {
+        turn,
+        text: turn_input(c, id, turn)?,
+        preprocess: meta.preprocess,
+        session_goal: meta.session_goal,
+        phase_goal: meta.phase_goal,
+    }))
+}
+
+/// Commits the transition of turn `turn`: applies the fixed table to the session's goals,
+/// records the row (and the call's request), and appends the events — `task_transition`,
+/// `environment_applied` when the goals changed, then `model_call_started` for the loop that
+/// follows. `None` (and nothing written) when the turn's transition is already committed.
+pub fn commit_in(
+    c: &Connection,
+    id: &str,
+    turn: i64,
+    understood: &Understood,
+) -> Result<Option<Transition>, StoreError> {
+    if recorded(c, id, turn)? {
+        return Ok(None);
+    }
+    let meta = facts::load_meta(c, id)?;
+    let text = turn_input(c, id, turn)?;
+    let relation = understood.understanding.as_ref().map(|u| u.task_relation);
+    let mode = crate::brain::understand::transition(
+        relation.unwrap_or(TaskRelation::Uncertain),
+        meta.phase_goal.as_deref(),
+    );
+    let (session_goal, phase_goal) = match mode {
+        TransitionMode::Initialize => {
+            (Some(meta.session_goal.clone().unwrap_or_else(|| text.clone())), Some(text))
+        }
+        TransitionMode::Reconcile => (meta.session_goal.clone(), Some(text)),
+        TransitionMode::Keep => (meta.session_goal.clone(), meta.phase_goal.clone()),
+    };
+    if mode != TransitionMode::Keep {
+        c.prepare_cached(
+            "UPDATE session_config SET session_goal=?2, phase_goal=?3, phase_turn=?4
+             WHERE session_id=?1",
+        )?
+        .execute(params![id, session_goal, phase_goal, turn])?;
+    }
+    let terms = understood
+        .understanding
+        .as_ref()
+        .map(|u| RecallTerms {
+            skill: u.skill_recall_terms.clone(),
+            tool: u.tool_recall_terms.clone(),
+            memory: u.memory_recall_terms.clone(),
+        })
+        .unwrap_or_default();
+    let (sha, bytes) = match &understood.request {
+        Some(body) => {
+            let sha = crate::digest::sha256_hex(body);
+            let text = std::str::from_utf8(body).map_err(|_| {
+                StoreError::Corrupt("an understanding request is not UTF-8".to_string())
+            })?;
+            c.prepare_cached("INSERT OR IGNORE INTO blobs (hash, body) VALUES (?1, ?2)")?
+                .execute(params![sha, text])?;
+            (Some(sha), Some(body.len() as i64))
+        }
+        None => (None, None),
+    };
+    let made = understood.request.is_some();
+    let at_ms = now_ms();
+    c.prepare_cached(
+        "INSERT INTO task_transitions (session_id, turn, at_ms, relation, mode, session_goal,
+             phase_goal, terms, error, body_sha256, body_bytes, reply, duration_ms, attempts)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+    )?
+    .execute(params![
+        id,
+        turn,
+        at_ms,
+        relation.map(|r| r.as_str()),
+        mode.as_str(),
+        session_goal,
+        phase_goal,
+        super::json(&terms)?,
+        understood.error,
+        sha,
+        bytes,
+        understood.reply,
+        made.then_some(understood.duration_ms),
+        made.then_some(i64::from(understood.attempts)),
+    ])?;
+    events::append(
+        c,
+        id,
+        &SessionEvent::TaskTransition {
+            turn,
+            relation,
+            mode,
+            error: understood.error.clone(),
+        },
+    )?;
+    if mode != TransitionMode::Keep {
+        events::append(
+            c,
+            id,
+            &SessionEvent::EnvironmentApplied {
+                session_goal: session_goal.clone(),
+                phase_goal: phase_goal.clone(),
+            },
+        )?;
+    }
+    let steps: i64 = c.query_row("SELECT steps FROM sessions WHERE id=?1", [id], |r| r.get(0))?;
+    events::append(c, id, &SessionEvent::ModelCallStarted { step: steps + 1 })?;
+    Ok(Some(Transition {
+        turn,
+        at_ms,
+        relation,
+        mode,
+        session_goal,
+        phase_goal,
+        terms,
+        error: understood.error.clone(),
+        body_sha256: sha,
+        body_bytes: bytes,
+        duration_ms: made.then_some(understood.duration_ms),
+        attempts: made.then_some(i64::from(understood.attempts)),
+    }))
+}
+
+/// Every transition of session `id`, oldest first.
+pub fn of_session(c: &Connection, id: &str) -> Result<Vec<Transition>, StoreError> {
+    let mut stmt = c.prepare_cached(
+        "SELECT turn, at_ms, relation, mode, session_goal, phase_goal, terms, error, body_sha256,
+                body_bytes, duration_ms, attempts
+         FROM task_transitions WHERE session_id=?1 ORDER BY turn",
+    )?;
+    let rows = stmt.query_map([id], |r| {
+        Ok((
+            (r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, Option<TaskRelation>>(2)?),
+            (
+                r.get::<_, TransitionMode>(3)?,
+                r.get::<_, Option<String>>(4)?,
+                r.get::<_, Option<String>>(5)?,
+            ),
+            (r.get::<_, String>(6)?, r.get::<_, Option<String>>(7)?),
+            (
+                r.get::<_, Option<String>>(8)?,
+                r.get::<_, Option<i64>>(9)?,
+                r.get::<_, Option<f64>>(10)?,
+                r.get::<_, Option<i64>>(11)?,
+            ),
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let ((turn, at_ms, relation), (mode, session_goal, phase_goal), (terms, error), call) =
+            row?;
+        let (body_sha256, body_bytes, duration_ms, attempts) = call;
+        out.push(Transition {
+            turn,
+            at_ms,
+            relation,
+            mode,
+            session_goal,
+            phase_goal,
+            terms: serde_json::from_str(&terms).map_err(|e| {
+                StoreError::Corrupt(format!("the recall terms of turn {turn} are unreadable: {e}"))
+            })?,
+            error,
+            body_sha256,
+            body_bytes,
+            duration_ms,
+            attempts,
+        });
+    }
+    Ok(out)
+}
+
+/// The exact request body of the understanding call of turn `turn` (the last turn that made
+/// one if `None`), byte for byte.
+pub fn evidence_in(
+    c: &Connection,
+    id: &str,
+    turn: Option<i64>,
+) -> Result<(i64, Vec<u8>), StoreError> {
+    facts::load_counters(c, id)?;
+    let row: Option<(i64, String)> = match turn {
+        Some(t) => c
+            .prepare_cached(
+                "SELECT turn, body_sha256 FROM task_transitions
+                 WHERE session_id=?1 AND turn=?2 AND body_sha256 IS NOT NULL",
+            )?
+            .query_row(params![id, t], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?,
+        None => c
+            .prepare_cached(
+                "SELECT turn, body_sha256 FROM task_transitions
+                 WHERE session_id=?1 AND body_sha256 IS NOT NULL ORDER BY turn DESC LIMIT 1",
+            )?
+            .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?,
+    };
+    let Some((turn, sha)) = row else {
+        return Err(StoreError::NotFound(match turn {
+            Some(t) => format!("turn {t} of session `{id}` made no understanding call"),
+            None => format!("session `{id}` has made no understanding call"),
+        }));
+    };
+    let body: String =
+        c.prepare_cached("SELECT body FROM blobs WHERE hash=?1")?.query_row([&sha], |r| r.get(0))?;
+    Ok((turn, body.into_bytes()))
+}
