@@ -250,6 +250,16 @@ impl Harness {
         Ok(self.engine.refused_evidence(id, n).await?)
     }
 
+    /// The body of the understanding call of turn `turn` of session `id` (the last one if
+    /// `None`), byte for byte.
+    pub async fn understanding_evidence(
+        &self,
+        id: &str,
+        turn: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), ApiError> {
+        Ok(self.engine.understanding_evidence(id, turn).await?)
+    }
+
     /// Session `id`'s events after sequence number `after`, oldest first, at most `limit`.
     pub async fn events(
         &self,

@@ -157,7 +157,8 @@ pub fn preprocess_config(
     if let Some(url) = table.base_url {
         config.model.base_url = url;
     }
-    if let Some(m) = model.map(str::to_string).or_else(|| env("KEEL_PREPROCESS_MODEL")).or(table.model)
+    if let Some(m) =
+        model.map(str::to_string).or_else(|| env("KEEL_PREPROCESS_MODEL")).or(table.model)
     {
         config.model.model = m;
     }
@@ -168,9 +169,9 @@ pub fn preprocess_config(
         config.model.timeout_ms = t;
     }
     if let Some(f) = table.response_format {
-        config.response_format = f
-            .parse()
-            .map_err(|e: String| ConfigError::from(format!("[model.preprocess] response_format: {e}")))?;
+        config.response_format = f.parse().map_err(|e: String| {
+            ConfigError::from(format!("[model.preprocess] response_format: {e}"))
+        })?;
     }
     config.model.validate()?;
     Ok(Some(config))

@@ -16,3 +16,4 @@ mod plugins;
 mod sandbox;
 mod sources;
 mod store;
+mod understand;

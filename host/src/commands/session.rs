@@ -79,8 +79,13 @@ pub struct EvidenceArgs {
     /// Session id.
     id: String,
     /// Step (model call) number; default: the last.
-    #[arg(long, conflicts_with = "refused")]
+    #[arg(long, conflicts_with_all = ["refused", "understanding"])]
     step: Option<i64>,
+    /// The task-understanding call of a turn instead, by turn number; without a number, the
+    /// last one.
+    #[arg(long, value_name = "TURN", num_args = 0..=1, default_missing_value = "0",
+          conflicts_with = "refused")]
+    understanding: Option<i64>,
     /// A request the server refused (or that failed) instead, by its number in `keel session
     /// show`; without a number, the last one.
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "0")]
@@ -149,6 +154,10 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                         .unwrap_or_default()
                 );
                 println!("goal    {}", inert(t.session_goal.as_deref().unwrap_or("-")));
+                println!(
+                    "phase   {}",
+                    inert(t.phase_goal.as_deref().unwrap_or("- (no phase open)"))
+                );
                 let tools: Vec<String> = t
                     .loaded_tools
                     .iter()
@@ -215,6 +224,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                         u.id
                     );
                 }
+                print_transitions(&t);
                 print_model_calls(&t);
                 if t.pending_inputs > 0 {
                     println!("\n{} input(s) waiting in the inbox", t.pending_inputs);
@@ -249,9 +259,10 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             }
             Err(e) => super::api_fail(a.json, &e),
         },
-        SessionCommand::Evidence(a) => match match a.refused {
-            Some(n) => h.refused_evidence(&a.id, (n > 0).then_some(n)).await,
-            None => h.evidence(&a.id, a.step).await,
+        SessionCommand::Evidence(a) => match match (a.refused, a.understanding) {
+            (Some(n), _) => h.refused_evidence(&a.id, (n > 0).then_some(n)).await,
+            (None, Some(t)) => h.understanding_evidence(&a.id, (t > 0).then_some(t)).await,
+            (None, None) => h.evidence(&a.id, a.step).await,
         } {
             Ok((_, body)) => {
                 let mut out = std::io::stdout().lock();
@@ -261,6 +272,40 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             }
             Err(e) => super::api_fail(false, &e),
         },
+    }
+}
+
+/// The task transitions of `keel session show`: per turn, what the understanding call
+/// answered and what the fixed table did.
+fn print_transitions(t: &keel::session::Timeline) {
+    if t.transitions.is_empty() {
+        return;
+    }
+    println!(
+        "\ntask transitions (the understanding call's request: keel session evidence {} --understanding TURN):",
+        t.id
+    );
+    for tr in &t.transitions {
+        let relation = tr.relation.map(|r| r.as_str()).unwrap_or("not asked");
+        let call = tr.duration_ms.map(|ms| format!(" ({:.1} s)", ms / 1e3)).unwrap_or_default();
+        println!(
+            "  turn {} {} {relation} → {}{call}{}",
+            tr.turn,
+            keel::units::format_time(tr.at_ms),
+            tr.mode,
+            tr.error
+                .as_deref()
+                .map(|e| format!("\n    uncertain because {}", inert(e)))
+                .unwrap_or_default()
+        );
+        let terms =
+            [("skill", &tr.terms.skill), ("tool", &tr.terms.tool), ("memory", &tr.terms.memory)];
+        for (group, list) in terms {
+            if !list.is_empty() {
+                let list: Vec<String> = list.iter().map(|x| inert(x)).collect();
+                println!("    {group} terms: {}", list.join(", "));
+            }
+        }
     }
 }
 

@@ -112,8 +112,11 @@ pub fn load_meta_at(
     id: &str,
     counters: MetaCounters,
 ) -> Result<SessionMeta, StoreError> {
-    let ((goal, phase, phase_turn, preprocess), (tools, policy, budget, model, system, pins, guards)) =
-        c.prepare_cached(
+    let (
+        (goal, phase, phase_turn, preprocess),
+        (tools, policy, budget, model, system, pins, guards),
+    ) = c
+        .prepare_cached(
             "SELECT session_goal, phase_goal, phase_turn, preprocess, loaded_tools, policy,
                     budget, model, system_prompt, tool_pins, guards
              FROM session_config WHERE session_id=?1",

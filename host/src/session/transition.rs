@@ -217,12 +217,7 @@ pub fn commit_in(
     events::append(
         c,
         id,
-        &SessionEvent::TaskTransition {
-            turn,
-            relation,
-            mode,
-            error: understood.error.clone(),
-        },
+        &SessionEvent::TaskTransition { turn, relation, mode, error: understood.error.clone() },
     )?;
     if mode != TransitionMode::Keep {
         events::append(
@@ -331,7 +326,8 @@ pub fn evidence_in(
             None => format!("session `{id}` has made no understanding call"),
         }));
     };
-    let body: String =
-        c.prepare_cached("SELECT body FROM blobs WHERE hash=?1")?.query_row([&sha], |r| r.get(0))?;
+    let body: String = c
+        .prepare_cached("SELECT body FROM blobs WHERE hash=?1")?
+        .query_row([&sha], |r| r.get(0))?;
     Ok((turn, body.into_bytes()))
 }

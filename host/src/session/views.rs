@@ -65,6 +65,11 @@ pub struct Timeline {
     pub state: RuntimeState,
     pub state_detail: Option<String>,
     pub session_goal: Option<String>,
+    /// The current phase goal (`None`: no phase is open).
+    pub phase_goal: Option<String>,
+    /// Every task transition, oldest first: what each turn's understanding call answered and
+    /// what it did to the goals.
+    pub transitions: Vec<super::transition::Transition>,
     pub loaded_tools: Vec<String>,
     pub tool_pins: std::collections::BTreeMap<String, String>,
     pub grants: Vec<Grant>,
@@ -117,6 +122,8 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         state: meta.state,
         state_detail: meta.state_detail,
         session_goal: meta.session_goal,
+        phase_goal: meta.phase_goal,
+        transitions: super::transition::of_session(c, id)?,
         loaded_tools: meta.loaded_tools,
         tool_pins: meta.tool_pins,
         grants: meta.grants,

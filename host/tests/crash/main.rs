@@ -325,6 +325,52 @@ async fn c2_crash_at_every_named_point() {
     }
 }
 
+/// Task understanding: killed between the understanding call and the commit of its
+/// transition. The input was durable before the call; after recovery the turn is understood
+/// again, its transition committed once, and the input runs exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_understanding_call_and_its_transition_runs_the_input_once() {
+    let rig = Rig::new(&["effect_append"]).await;
+    let out = rig.run("u", "task U1", Some("after_understanding_call"));
+    assert!(killed(&out), "not killed: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(rig.integrity(), "ok");
+    let transitions = |rig: &Rig| -> i64 {
+        rig.query(|c| {
+            c.query_row("SELECT COUNT(*) FROM task_transitions WHERE session_id='u'", [], |r| {
+                r.get(0)
+            })
+        })
+        .unwrap()
+    };
+    assert_eq!(transitions(&rig), 0, "the kill came before the transition's commit");
+    rig.recover_twice_same();
+    rig.finish("u");
+    assert_eq!(rig.state("u"), "idle");
+    assert_eq!(transitions(&rig), 1);
+    assert_eq!(rig.lines("effects.log").len(), 1, "the input ran once");
+    let (users, inputs, turns): (i64, i64, i64) = rig
+        .query(|c| {
+            c.query_row(
+                "SELECT (SELECT COUNT(*) FROM messages WHERE session_id='u' AND role='user'),
+                        (SELECT COUNT(*) FROM inbox WHERE session_id='u'),
+                        (SELECT turns FROM sessions WHERE id='u')",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+        })
+        .unwrap();
+    assert_eq!((users, inputs, turns), (1, 1, 1));
+    let phase: Option<String> = rig
+        .query(|c| {
+            c.query_row("SELECT phase_goal FROM session_config WHERE session_id='u'", [], |r| {
+                r.get(0)
+            })
+        })
+        .unwrap();
+    assert_eq!(phase.as_deref(), Some("task U1"));
+    assert_eq!(rig.integrity(), "ok");
+}
+
 /// D2 through a real kill: approved, killed right after the decision; after restart the
 /// stored call runs exactly once. And a kill after an approved call's intent: outcome unknown,
 /// the approval is spent and is not reused.
