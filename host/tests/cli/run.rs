@@ -465,9 +465,9 @@ async fn session_events_through_the_binary_and_followed_from_another_process() {
             "state"
         ]
     );
-    assert_eq!(rows[5]["turn"], 1);
-    assert_eq!(rows[6]["mode"], "initialize");
-    assert_eq!(rows[7]["phase_goal"], "hello");
+    assert_eq!(rows[4]["turn"], 1);
+    assert_eq!(rows[5]["mode"], "initialize");
+    assert_eq!(rows[6]["phase_goal"], "hello");
     assert_eq!(rows[9]["text"], "first");
     assert_eq!(rows[10]["state"], "idle");
     let out = keel_async(
