@@ -485,7 +485,7 @@ async fn session_events_through_the_binary_and_followed_from_another_process() {
     let mut follower = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
         .arg("--home")
         .arg(home.path())
-        .args(["session", "events", "ev", "--after", "8", "--follow"])
+        .args(["session", "events", "ev", "--after", "11", "--follow"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -496,8 +496,94 @@ async fn session_events_through_the_binary_and_followed_from_another_process() {
     let followed = follower.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&followed.stdout);
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 8, "{text}");
-    assert!(lines[0].starts_with("#9 ") && lines[0].ends_with("input #2 accepted"), "{text}");
-    assert!(lines[6].ends_with("turn 2 answered"), "{text}");
-    assert!(lines[7].ends_with("state idle"), "{text}");
+    assert_eq!(lines.len(), 10, "{text}");
+    assert!(lines[0].starts_with("#12 ") && lines[0].ends_with("input #2 accepted"), "{text}");
+    assert!(lines[4].ends_with("understanding the task"), "{text}");
+    assert!(lines[5].ends_with("task: uncertain → keep"), "{text}");
+    assert!(lines[8].ends_with("turn 2 answered"), "{text}");
+    assert!(lines[9].ends_with("state idle"), "{text}");
+}
+
+/// Task understanding from the command line: `[model.preprocess]` in keel.toml,
+/// `--preprocess-model`, `--no-preprocess`, the goals and transitions in `session show`, and
+/// the call's request kept byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_understanding_settings_show_and_evidence_through_the_binary() {
+    let model = MockModel::start(vec![Reply::text("one"), Reply::text("two")]).await;
+    model.push_understanding(vec![Reply::understanding(
+        "establish_task",
+        &["checklist"],
+        &[],
+        &[],
+    )]);
+    let home = tempfile::tempdir().unwrap();
+    let url = model.url();
+    std::fs::write(
+        home.path().join("keel.toml"),
+        "[model.preprocess]\nresponse_format = \"none\"\nmax_tokens = 64\n",
+    )
+    .unwrap();
+    let run = |session: &str, extra: &[&str]| {
+        let mut a = args(&["run", "Write a checklist", "--session", session]);
+        a.extend(args(&["--model-url", &url, "--model", "big", "--json"]));
+        a.extend(args(extra));
+        keel_async(home.path().to_path_buf(), a)
+    };
+    let out = run("pre", &["--preprocess-model", "small"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let calls = model.understanding_requests();
+    assert_eq!(calls.len(), 1);
+    let call: Value = serde_json::from_slice(&calls[0]).unwrap();
+    assert_eq!(call["model"], "small");
+    assert_eq!(call["max_tokens"], 64);
+    assert!(call.get("response_format").is_none(), "response_format none: {call}");
+    let business: Value = serde_json::from_slice(&model.requests()[0]).unwrap();
+    assert_eq!(business["model"], "big");
+
+    let out = run("plain", &["--no-preprocess"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(model.understanding_requests().len(), 1, "--no-preprocess makes no call");
+
+    let out =
+        keel_async(home.path().to_path_buf(), args(&["session", "show", "pre", "--json"])).await;
+    let v = super::json_of(&out);
+    assert_eq!(v["session_goal"], "Write a checklist");
+    assert_eq!(v["phase_goal"], "Write a checklist");
+    assert_eq!(v["transitions"][0]["relation"], "establish_task");
+    assert_eq!(v["transitions"][0]["mode"], "initialize");
+    assert_eq!(v["transitions"][0]["terms"]["skill"], json!(["checklist"]));
+    let out = keel_async(home.path().to_path_buf(), args(&["session", "show", "pre"])).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("phase   Write a checklist"), "{text}");
+    assert!(text.contains("establish_task → initialize"), "{text}");
+    assert!(text.contains("skill terms: checklist"), "{text}");
+    let out =
+        keel_async(home.path().to_path_buf(), args(&["session", "show", "plain", "--json"])).await;
+    assert_eq!(super::json_of(&out)["transitions"][0]["relation"], Value::Null);
+
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&["session", "evidence", "pre", "--understanding"]),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.stdout, calls[0], "the call's request, byte for byte");
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&["session", "evidence", "plain", "--understanding", "1"]),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // A setting keel cannot use is refused, naming it, before anything is stored.
+    std::fs::write(
+        home.path().join("keel.toml"),
+        "[model.preprocess]\nresponse_format = \"xml\"\n",
+    )
+    .unwrap();
+    let out = run("bad", &[]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let v = super::json_of(&out);
+    assert_eq!(v["error"]["kind"], "config");
+    assert!(v["error"]["message"].as_str().unwrap().contains("response_format"), "{v}");
 }
