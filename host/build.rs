@@ -10,6 +10,7 @@ use std::path::PathBuf;
 const PLUGINS: &[(&str, &str, &str)] = &[
     ("fs", "keel-plugin-fs", "keel_plugin_fs.wasm"),
     ("csv", "keel-plugin-csv", "keel_plugin_csv.wasm"),
+    ("control", "keel-plugin-control", "keel_plugin_control.wasm"),
 ];
 
 fn main() {

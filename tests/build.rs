@@ -19,6 +19,7 @@ const GUESTS: &[&str] = &[
     "forger",
     "forger_install",
     "plain_bindgen",
+    "plan_import",
 ];
 
 fn main() {

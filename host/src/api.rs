@@ -27,6 +27,9 @@ use crate::tools::{
 /// before (if pinned) and the digest it runs now.
 pub type PinChange = (String, Option<String>, String);
 
+/// The first-party control tools every new session is given.
+pub const CONTROL_TOOLS: &[&str] = &["plan_create", "plan_update", "task_complete"];
+
 /// What a new session is made of.
 #[derive(Debug, Clone)]
 pub struct SessionSpec {
@@ -105,7 +108,7 @@ impl Harness {
             p.model.validate()?;
         }
         Grant::check_disjoint(&spec.grants).map_err(|e| ApiError::Grant(e.to_string()))?;
-        let tools = match spec.tools {
+        let mut tools: Vec<String> = match spec.tools {
             None => self.tools.tools()?.into_iter().map(|t| t.name).collect(),
             Some(tools) => {
                 for t in &tools {
@@ -114,6 +117,13 @@ impl Harness {
                 tools
             }
         };
+        // The control tools (plan_create, plan_update, task_complete) come with every
+        // session: the first-party component that provides them is installed in every home.
+        for control in CONTROL_TOOLS {
+            if !tools.iter().any(|t| t == control) && self.tools.resolve(control).is_ok() {
+                tools.push(control.to_string());
+            }
+        }
         let mut policy = Policy::default();
         policy.adjust(&spec.allow, &spec.ask, &spec.deny);
         let id = self

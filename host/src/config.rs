@@ -78,6 +78,17 @@ pub struct StoreTable {
     pub synchronous: Option<String>,
 }
 
+/// The `[tools]` table.
+#[derive(serde::Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsTable {
+    /// SHA-256 digests (hex, as `keel tool list` shows them) of components an admin trusts
+    /// with keel's control interfaces (`keel:control/plan`); first-party components are
+    /// trusted without being listed.
+    #[serde(default)]
+    pub control_trusted: Vec<String>,
+}
+
 /// The whole file. Tables keel does not know are left alone (a newer keel's settings must not
 /// stop an older one); unknown keys inside known tables are refused (a typo must not pass
 /// silently).
@@ -87,6 +98,8 @@ pub struct File {
     pub model: Option<ModelTable>,
     #[serde(default)]
     pub store: Option<StoreTable>,
+    #[serde(default)]
+    pub tools: Option<ToolsTable>,
 }
 
 /// The settings file of `home`.

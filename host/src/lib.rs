@@ -20,7 +20,7 @@
 //!   file, `keel.toml`.
 //! - Leaf modules every owner may use: [`policy`] (effect classes, allow/ask/deny), [`ids`]
 //!   (session, call and approval unit ids), [`stored`] (enums stored as names), [`cancel`],
-//!   [`digest`].
+//!   [`digest`], [`plan`] (plan steps and the one function that changes them).
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
 pub mod agent;
@@ -35,6 +35,7 @@ pub mod harness;
 pub mod home;
 pub mod ids;
 pub mod model;
+pub mod plan;
 pub mod policy;
 pub mod sandbox;
 pub mod session;

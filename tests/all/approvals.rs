@@ -156,6 +156,7 @@ async fn the_gate_takes_only_a_consumed_approval_bound_to_the_call() {
         loaded: Some(&meta.loaded_tools),
         policy: Some(&meta.policy),
         approval,
+        plan: None,
     };
     let err = f.h.tools.call(call(r#"{"label":"g-0"}"#, None)).await.unwrap_err();
     assert!(matches!(err, ToolServiceError::NeedsApproval { .. }), "{err}");

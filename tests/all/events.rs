@@ -36,6 +36,8 @@ fn short(e: &SessionEvent) -> String {
         SessionEvent::ApprovalDecided { decision, .. } => format!("decided {decision}"),
         SessionEvent::Answer { text, .. } => format!("answer {text}"),
         SessionEvent::Notice { .. } => "notice".into(),
+        SessionEvent::PlanChanged { version, .. } => format!("plan {version}"),
+        SessionEvent::PhaseCompleted { .. } => "phase completed".into(),
     }
 }
 

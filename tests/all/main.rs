@@ -12,6 +12,7 @@ mod grants;
 mod install;
 mod model;
 mod peers;
+mod plans;
 mod plugins;
 mod sandbox;
 mod sources;

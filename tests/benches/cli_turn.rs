@@ -133,14 +133,16 @@ async fn main() {
         c.arg("--home").arg(home.path()).args(args);
         c
     };
-    // The session, and the first-party tools installed and compiled: not timed.
+    // The sessions, and the first-party tools installed and compiled: not timed. Session `b`
+    // runs the loop alone, as LangGraph's agent does (`--no-preprocess`); session `u` adds the
+    // task-understanding call of each input (keel's default), to show what it costs.
     let grant = format!("{}=/data:ro", data.display());
-    let out = tokio::task::block_in_place(|| {
-        keel_cmd(&[
+    for (session, extra) in [("b", Some("--no-preprocess")), ("u", None)] {
+        let mut args = vec![
             "run",
             "inspect orders.csv",
             "--session",
-            "b",
+            session,
             "--tools",
             "csv_inspect",
             "--grant",
@@ -149,36 +151,41 @@ async fn main() {
             &url,
             "--model",
             "m",
-        ])
-        .output()
-        .unwrap()
-    });
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-
-    let mut keel_ms = Vec::new();
-    for i in 0..turns {
-        let text = format!("inspect orders.csv, turn {i}");
-        let started = Instant::now();
-        let out =
-            tokio::task::block_in_place(|| keel_cmd(&["session", "send", "b", &text]).output())
-                .unwrap();
-        keel_ms.push(started.elapsed().as_secs_f64() * 1e3);
+        ];
+        args.extend(extra);
+        let out = tokio::task::block_in_place(|| keel_cmd(&args).output().unwrap());
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        assert!(String::from_utf8_lossy(&out.stdout).contains(ANSWER));
     }
     let strace = strace_available();
-    // Each turn's count is kept: a turn that also checkpoints the WAL (SQLite does when it
-    // passes 1000 pages) syncs the WAL and the database once more.
-    let keel_fsyncs: Option<Vec<u64>> = strace.then(|| {
-        (0..FSYNC_TURNS)
-            .map(|i| {
-                let text = format!("inspect orders.csv, counted turn {i}");
-                tokio::task::block_in_place(|| {
-                    fsyncs_of(&mut keel_cmd(&["session", "send", "b", &text]))
-                })
+    let measure = |session: &str| -> (Vec<f64>, Option<Vec<u64>>) {
+        let mut ms = Vec::new();
+        for i in 0..turns {
+            let text = format!("inspect orders.csv, turn {i}");
+            let started = Instant::now();
+            let out = tokio::task::block_in_place(|| {
+                keel_cmd(&["session", "send", session, &text]).output()
             })
-            .collect()
-    });
+            .unwrap();
+            ms.push(started.elapsed().as_secs_f64() * 1e3);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(String::from_utf8_lossy(&out.stdout).contains(ANSWER));
+        }
+        // Each turn's count is kept: a turn that also checkpoints the WAL (SQLite does when
+        // it passes 1000 pages) syncs the WAL and the database once more.
+        let fsyncs = strace.then(|| {
+            (0..FSYNC_TURNS)
+                .map(|i| {
+                    let text = format!("inspect orders.csv, counted turn {i}");
+                    tokio::task::block_in_place(|| {
+                        fsyncs_of(&mut keel_cmd(&["session", "send", session, &text]))
+                    })
+                })
+                .collect()
+        });
+        (ms, fsyncs)
+    };
+    let (keel_ms, keel_fsyncs) = measure("b");
+    let (understood_ms, understood_fsyncs) = measure("u");
     let start_ms = median(
         (0..10)
             .map(|_| {
@@ -188,18 +195,31 @@ async fn main() {
             })
             .collect(),
     );
+    let describe = |ms: &[f64], fsyncs: Option<Vec<u64>>| {
+        format!(
+            "{turns} turns, median {:.1} ms per turn (min {:.1}, max {:.1}); {}",
+            median(ms.to_vec()),
+            ms.iter().copied().fold(f64::INFINITY, f64::min),
+            ms.iter().copied().fold(0.0, f64::max),
+            fsyncs
+                .map(|f| format!(
+                    "{:.1} fsyncs per turn (strace, {FSYNC_TURNS} turns: median {}, each {f:?})",
+                    f.iter().sum::<u64>() as f64 / f.len() as f64,
+                    median(f.iter().map(|&n| n as f64).collect()),
+                ))
+                .unwrap_or_else(|| "fsyncs not measured (no strace)".into())
+        )
+    };
     let keel_median = median(keel_ms.clone());
+    let understood_median = median(understood_ms.clone());
     println!(
-        "keel (a process per turn, `keel session send`): {turns} turns, median {keel_median:.1} ms per turn (min {:.1}, max {:.1}); {}",
-        keel_ms.iter().copied().fold(f64::INFINITY, f64::min),
-        keel_ms.iter().copied().fold(0.0, f64::max),
-        keel_fsyncs
-            .map(|f| format!(
-                "{:.1} fsyncs per turn (strace, {FSYNC_TURNS} turns: median {}, each {f:?})",
-                f.iter().sum::<u64>() as f64 / f.len() as f64,
-                median(f.iter().map(|&n| n as f64).collect()),
-            ))
-            .unwrap_or_else(|| "fsyncs not measured (no strace)".into())
+        "keel (a process per turn, `keel session send`, --no-preprocess): {}",
+        describe(&keel_ms, keel_fsyncs)
+    );
+    println!(
+        "keel with task understanding (one more model call and one more commit a turn): {}; +{:.1} ms per turn",
+        describe(&understood_ms, understood_fsyncs),
+        understood_median - keel_median
     );
     println!("keel start-up (`keel session list`, idle home): median {start_ms:.1} ms");
 
@@ -239,7 +259,8 @@ async fn main() {
             .unwrap_or_else(|| "fsyncs not measured (no strace)".into())
     );
     println!(
-        "ratio: LangGraph / keel time per turn = {:.2}x (target >= 3x)",
-        lg_median / keel_median
+        "ratio: LangGraph / keel time per turn = {:.2}x (target >= 3x); with keel's task understanding {:.2}x",
+        lg_median / keel_median,
+        lg_median / understood_median
     );
 }

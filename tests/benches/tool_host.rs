@@ -94,7 +94,7 @@ fn main() {
         .map(|_| {
             let t = Instant::now();
             let (c, _) = sandbox.load(&fs_digest, &wasm).unwrap();
-            sandbox.prepare(&c).unwrap();
+            sandbox.prepare(&c, false).unwrap();
             t.elapsed()
         })
         .collect();
@@ -115,7 +115,8 @@ fn main() {
             let mut samples = Vec::with_capacity(iters);
             for i in 0..iters + iters / 10 {
                 let t = Instant::now();
-                let r = rt.block_on(sandbox.invoke(pre, tool, input, grants, fs, &budget, None));
+                let r =
+                    rt.block_on(sandbox.invoke(pre, tool, input, grants, fs, &budget, None, None));
                 let e = t.elapsed();
                 assert!(r.result.is_ok(), "{tool}: {:?}", r.result);
                 if i >= iters / 10 {
@@ -148,6 +149,7 @@ fn main() {
                 loaded: None,
                 policy: None,
                 approval: None,
+                plan: None,
             };
             let out = rt.block_on(service.call(req)).unwrap();
             let e = t.elapsed();
@@ -231,7 +233,16 @@ fn main() {
                 tasks.push(tokio::spawn(async move {
                     for _ in 0..per_task {
                         let r = sandbox
-                            .invoke(&pre, tool, input, &g, FsPolicy::read_only(), &budget, None)
+                            .invoke(
+                                &pre,
+                                tool,
+                                input,
+                                &g,
+                                FsPolicy::read_only(),
+                                &budget,
+                                None,
+                                None,
+                            )
                             .await;
                         assert!(r.result.is_ok());
                     }

@@ -57,6 +57,7 @@ pub async fn call(
         loaded: None,
         policy: None,
         approval: None,
+        plan: None,
     };
     service.call(req).await.unwrap()
 }
@@ -77,6 +78,7 @@ pub async fn try_call(
         loaded: None,
         policy: None,
         approval: None,
+        plan: None,
     };
     service.call(req).await
 }

@@ -86,6 +86,12 @@ pub fn render(row: &EventRow) -> Option<String> {
         }
         SessionEvent::Answer { turn, .. } => format!("turn {turn} answered"),
         SessionEvent::Notice { text } => inert(text),
+        SessionEvent::PlanChanged { version, change, steps, done } => {
+            format!("plan v{version} ({}): {done} of {steps} steps done", inert(change))
+        }
+        SessionEvent::PhaseCompleted { summary, .. } => {
+            format!("task complete: {}", inert(&summary.chars().take(200).collect::<String>()))
+        }
     })
 }
 

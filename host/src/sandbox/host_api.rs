@@ -7,11 +7,12 @@
 
 use wasmtime::component::{HasData, Linker};
 
-/// Generated bindings for `wit/tool.wit`; the only place they are generated in the host.
+/// Generated bindings for `wit/` (the control world: the tool world plus `keel:control/plan`);
+/// the only place they are generated in the host.
 pub(crate) mod bindings {
     wasmtime::component::bindgen!({
         path: "../wit",
-        world: "keel:tool/tool",
+        world: "keel:tool/control-tool",
     });
 }
 

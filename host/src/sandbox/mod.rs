@@ -7,6 +7,7 @@
 //! budget, is decided by the caller (the ToolService).
 
 mod cache;
+pub mod control;
 mod engine;
 mod error;
 mod fs;
@@ -28,6 +29,7 @@ use wasmtime::component::{Component, ComponentExportIndex, InstancePre, Linker};
 pub use crate::cancel::CancelToken;
 pub use crate::digest::sha256_hex;
 pub use cache::{LoadSource, check_header};
+pub use control::ControlCtx;
 pub use engine::EPOCH_TICK;
 pub use error::{CallError, LoadError, ToolErrorKind};
 pub use fs::{FsPolicy, FsReport, MAX_DENIALS_LISTED};
@@ -142,12 +144,14 @@ mod duration_ms {
     }
 }
 
-/// Refuses the imports that are not among [`GRANTED_INTERFACES`], naming every one.
-fn check_granted<'a>(names: impl Iterator<Item = &'a str>) -> Result<(), LoadError> {
+/// Refuses the imports that are not among [`GRANTED_INTERFACES`] (nor, for a component
+/// `trusted` with them, among the control interfaces), naming every one.
+fn check_granted<'a>(names: impl Iterator<Item = &'a str>, trusted: bool) -> Result<(), LoadError> {
     let mut ungranted = Vec::new();
     for name in names {
         let unversioned = name.split('@').next().unwrap_or(name);
-        if !GRANTED_INTERFACES.contains(&unversioned) {
+        let control = trusted && wasi::CONTROL_INTERFACES.contains(&unversioned);
+        if !GRANTED_INTERFACES.contains(&unversioned) && !control {
             ungranted.push((name.to_string(), wasi::why_not_granted(unversioned)));
         }
     }
@@ -180,6 +184,8 @@ pub struct Sandbox {
 struct Core {
     engine: Engine,
     linker: Linker<CallState>,
+    /// `linker` plus the control interfaces, for trusted components.
+    control_linker: Linker<CallState>,
     engine_hash: String,
     cache: ArtifactCache,
     _ticker: engine::EpochTicker,
@@ -190,13 +196,16 @@ impl Core {
         let engine = engine::build_engine(limits).map_err(|source| LoadError::Engine { source })?;
         let mut linker = Linker::new(&engine);
         wasi::add_to_linker(&mut linker).map_err(|source| LoadError::Engine { source })?;
+        let mut control_linker = linker.clone();
+        wasi::add_control_to_linker(&mut control_linker)
+            .map_err(|source| LoadError::Engine { source })?;
         let ticker = engine::EpochTicker::start(&engine).map_err(|source| LoadError::Cache {
             context: "starting the epoch ticker thread".into(),
             source,
         })?;
         let engine_hash = engine::compatibility_hash(&engine);
         let cache = ArtifactCache::new(cache_root, &engine_hash);
-        Ok(Self { engine, linker, engine_hash, cache, _ticker: ticker })
+        Ok(Self { engine, linker, control_linker, engine_hash, cache, _ticker: ticker })
     }
 }
 
@@ -261,22 +270,23 @@ impl Sandbox {
     }
 
     /// Checks the imports of a component's bytes before anything is compiled: a component
-    /// that imports an interface keel does not grant is refused without spending the time
-    /// and memory a compile takes.
-    pub fn check_imports(&self, bytes: &[u8]) -> Result<(), LoadError> {
+    /// that imports an interface keel does not grant (a control interface, unless `trusted`)
+    /// is refused without spending the time and memory a compile takes.
+    pub fn check_imports(&self, bytes: &[u8], trusted: bool) -> Result<(), LoadError> {
         let names = imports::top_level_imports(bytes)
             .map_err(|e| LoadError::Compile { source: wasmtime::format_err!("{e}") })?;
-        check_granted(names.iter().map(String::as_str))
+        check_granted(names.iter().map(String::as_str), trusted)
     }
 
     /// Checks that `component` targets the keel tool world and imports only granted
-    /// interfaces, and links it.
-    pub fn prepare(&self, component: &Component) -> Result<Prepared, LoadError> {
+    /// interfaces (the control interfaces too when it is `trusted` with them), and links it.
+    pub fn prepare(&self, component: &Component, trusted: bool) -> Result<Prepared, LoadError> {
         let core = self.core()?;
         let ty = component.component_type();
-        check_granted(ty.imports(&core.engine).map(|(name, _)| name))?;
-        let pre = core.linker.instantiate_pre(component).map_err(|source| LoadError::Link {
-            missing: imports::unlinked(&core.linker, component),
+        check_granted(ty.imports(&core.engine).map(|(name, _)| name), trusted)?;
+        let linker = if trusted { &core.control_linker } else { &core.linker };
+        let pre = linker.instantiate_pre(component).map_err(|source| LoadError::Link {
+            missing: imports::unlinked(linker, component),
             source,
         })?;
         let exports: Vec<String> = ty.exports(&core.engine).map(|(n, _)| n.to_string()).collect();
@@ -317,8 +327,10 @@ impl Sandbox {
         fs: FsPolicy,
         budget: &Budget,
         cancel: Option<&CancelToken>,
+        control: Option<ControlCtx>,
     ) -> CallReport<String> {
         let _slot = self.slots.acquire().await;
-        run::invoke(prepared.pre.engine(), prepared, tool, input, grants, fs, budget, cancel).await
+        let engine = prepared.pre.engine();
+        run::invoke(engine, prepared, tool, input, grants, fs, budget, cancel, control).await
     }
 }

@@ -7,6 +7,7 @@ use wasmtime::{Engine, Store, Trap};
 
 use crate::policy::Effect;
 
+use super::control::ControlCtx;
 use super::error::{CallError, ToolErrorKind};
 use super::fs::{FsPolicy, FsReport};
 use super::grant::Grant;
@@ -57,6 +58,8 @@ pub struct CallReport<T> {
     pub duration: Duration,
     /// What the filesystem guard counted and refused.
     pub fs: FsReport,
+    /// The plan changes a control component asked for (a call that succeeded only).
+    pub plan_requests: Vec<crate::plan::PlanRequest>,
 }
 
 enum Action<'a> {
@@ -75,7 +78,8 @@ pub async fn describe(
     budget: &Budget,
 ) -> CallReport<Vec<RawSpec>> {
     let report =
-        execute(engine, prepared, Action::Describe, &[], FsPolicy::read_only(), budget, None).await;
+        execute(engine, prepared, Action::Describe, &[], FsPolicy::read_only(), budget, None, None)
+            .await;
     map_report(report, |o| match o {
         Output::Specs(s) => Ok(s),
         Output::Text(_) => {
@@ -94,9 +98,10 @@ pub async fn invoke(
     fs: FsPolicy,
     budget: &Budget,
     cancel: Option<&CancelToken>,
+    control: Option<ControlCtx>,
 ) -> CallReport<String> {
     let action = Action::Invoke { tool, input, max_output: budget.max_output };
-    let report = execute(engine, prepared, action, grants, fs, budget, cancel).await;
+    let report = execute(engine, prepared, action, grants, fs, budget, cancel, control).await;
     map_report(report, |o| match o {
         Output::Text(t) => Ok(t),
         Output::Specs(_) => {
@@ -117,9 +122,11 @@ fn map_report<A, B>(r: CallReport<A>, f: impl FnOnce(A) -> Result<B, CallError>)
         memory_peak: r.memory_peak,
         duration: r.duration,
         fs: r.fs,
+        plan_requests: r.plan_requests,
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn execute(
     engine: &Engine,
     prepared: &Prepared,
@@ -128,11 +135,18 @@ async fn execute(
     fs: FsPolicy,
     budget: &Budget,
     cancel: Option<&CancelToken>,
+    control: Option<ControlCtx>,
 ) -> CallReport<Output> {
     let started = Instant::now();
     let stdout = CappedPipe::new(budget.max_stdio);
     let stderr = CappedPipe::new(budget.max_stdio);
-    let report = |result, store: Option<&Store<CallState>>| {
+    let report = |result: Result<Output, CallError>, store: Option<&Store<CallState>>| {
+        let plan_requests = match store {
+            Some(s) if result.is_ok() => {
+                s.data().control.as_ref().map(|c| c.requests.clone()).unwrap_or_default()
+            }
+            _ => Vec::new(),
+        };
         let (logs, dropped_logs, progress, fuel_used, memory_peak, fs) = match store {
             Some(s) => {
                 // Compiled code keeps the fuel it burns in a register and writes it back only
@@ -161,13 +175,16 @@ async fn execute(
             memory_peak,
             duration: started.elapsed(),
             fs,
+            plan_requests,
         }
     };
     let ctx = match wasi::build_ctx(grants, fs.read_only, &stdout, &stderr) {
         Ok(c) => c,
         Err(e) => return report(Err(CallError::Setup { detail: format!("{e:#}") }), None),
     };
-    let mut store = Store::new(engine, CallState::new(ctx, CallLimits::new(budget.memory), fs));
+    let mut state = CallState::new(ctx, CallLimits::new(budget.memory), fs);
+    state.control = control;
+    let mut store = Store::new(engine, state);
     store.limiter(|s| &mut s.limits);
     if let Err(e) = store.set_fuel(budget.fuel) {
         return report(Err(CallError::Setup { detail: format!("{e:#}") }), Some(&store));

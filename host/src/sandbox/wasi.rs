@@ -77,6 +77,8 @@ pub struct CallState {
     pub(super) limits: CallLimits,
     pub(super) host: HostApiCtx,
     pub(super) fs: FsGuard,
+    /// The plan of a call of a trusted control component (`None` for every other call).
+    pub(super) control: Option<super::control::ControlCtx>,
 }
 
 impl WasiView for CallState {
@@ -93,6 +95,7 @@ impl CallState {
             limits,
             host: HostApiCtx::default(),
             fs: FsGuard::new(fs),
+            control: None,
         }
     }
 
@@ -170,6 +173,16 @@ pub fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
     wasi::sockets::ip_name_lookup::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
     host_api::add_to_linker(l, |t: &mut T| HostApi::new(&mut t.host))?;
     Ok(())
+}
+
+/// Interfaces (without version) linked only for components trusted with them.
+pub const CONTROL_INTERFACES: &[&str] = &["keel:control/plan"];
+
+/// Links the control interfaces (on a linker that has the rest: see [`add_to_linker`]).
+pub fn add_control_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
+    super::control::add_to_linker(linker, |t: &mut CallState| {
+        super::control::Control::new(&mut t.control)
+    })
 }
 
 struct HasIo;

@@ -168,6 +168,10 @@ fn goals(meta: &SessionMeta) -> String {
 fn system_message(meta: &SessionMeta) -> String {
     let mut text = meta.system_prompt.clone();
     text.push_str(&goals(meta));
+    if let Some(steps) = meta.plan.as_deref().filter(|_| meta.phase_goal.is_some()) {
+        text.push_str("\n\n");
+        text.push_str(&crate::plan::render(steps));
+    }
     if meta.grants.is_empty() {
         text.push_str("\n\nNo directories are granted to this session.");
     } else {

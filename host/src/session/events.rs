@@ -101,6 +101,11 @@ pub enum SessionEvent {
     Answer { turn: i64, text: String },
     /// A notice keel added to the history (a loop guard ended the turn).
     Notice { text: String },
+    /// The plan of the current phase changed (version `version`, by a `create`, `update` or
+    /// `complete`): it has `steps` steps, `done` of them done.
+    PlanChanged { version: i64, change: String, steps: usize, done: usize },
+    /// The phase opened at turn `phase_turn` was declared complete.
+    PhaseCompleted { phase_turn: i64, summary: String },
 }
 
 /// A stored event.
@@ -130,6 +135,8 @@ impl SessionEvent {
             Self::ApprovalDecided { .. } => "approval_decided",
             Self::Answer { .. } => "answer",
             Self::Notice { .. } => "notice",
+            Self::PlanChanged { .. } => "plan_changed",
+            Self::PhaseCompleted { .. } => "phase_completed",
         }
     }
 }

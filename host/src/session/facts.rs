@@ -72,6 +72,8 @@ pub struct SessionMeta {
     pub phase_turn: Option<i64>,
     /// The session's settings for task understanding (`None`: off).
     pub preprocess: Option<crate::brain::understand::PreprocessConfig>,
+    /// The plan of the current phase, as it stands (`None`: no phase, or no plan yet).
+    pub plan: Option<Vec<crate::plan::PlanStep>>,
     pub state: RuntimeState,
     pub state_detail: Option<String>,
     pub loaded_tools: Vec<String>,
@@ -163,6 +165,10 @@ pub fn load_meta_at(
         phase_goal: phase,
         phase_turn,
         preprocess: preprocess.map(|p| parse(&p, "task understanding settings")).transpose()?,
+        plan: match phase_turn {
+            Some(t) => super::plan::current_in(c, id, t)?,
+            None => None,
+        },
         state: counters.state,
         state_detail: None,
         loaded_tools: parse(&tools, "tool list")?,
@@ -348,6 +354,11 @@ pub fn pending_inputs(c: &Connection, id: &str) -> Result<i64, StoreError> {
         .query_row([id], |r| r.get(0))?)
 }
 
+/// The plan state the calls of a step see: the current plan, and whether a phase is open.
+pub fn plan_state(meta: &SessionMeta) -> crate::plan::PlanState {
+    crate::plan::PlanState { steps: meta.plan.clone(), phase_open: meta.phase_goal.is_some() }
+}
+
 pub fn put_journal(
     c: &Connection,
     id: &str,
@@ -386,6 +397,10 @@ pub fn put_journal(
         e.idempotent,
         e.approval_id
     ])?;
+    // The plan changes of a finished control call commit with its result, once.
+    if e.status == super::JournalStatus::Done && !e.plan_requests.is_empty() {
+        super::plan::apply_in(c, id, &e.call_id, &e.plan_requests)?;
+    }
     super::events::append(
         c,
         id,
@@ -418,5 +433,6 @@ pub fn journal_row(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Journal
         duration_ms: r.get(at + 10)?,
         idempotent: r.get(at + 11)?,
         approval_id: r.get(at + 12)?,
+        plan_requests: Vec::new(),
     })
 }

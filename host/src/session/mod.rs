@@ -9,6 +9,7 @@
 mod assemble;
 pub mod events;
 mod facts;
+pub mod plan;
 mod steps;
 pub mod transition;
 mod views;
@@ -29,7 +30,7 @@ pub use assemble::{
     RefusedRequest, TokenEstimate, estimate_tokens, goal_reference, reconstruct_body,
 };
 pub use events::{EventRow, SessionEvent};
-pub use facts::{RuntimeState, SessionMeta, pending_inputs, unsettled_in};
+pub use facts::{RuntimeState, SessionMeta, pending_inputs, plan_state, unsettled_in};
 pub use steps::{
     AfterCrash, ApprovalStatus, ApprovalUnit, ConsumedApproval, DecideError, Decision,
     JournalStatus, OUTCOME_UNKNOWN, OpenStep, RecoveredSession, WaitCommit, after_crash,
@@ -121,6 +122,10 @@ pub struct JournalEntry {
     pub idempotent: bool,
     /// The approval consumed by this call, if the policy asked for one.
     pub approval_id: Option<UnitId>,
+    /// The plan changes a control call asked for, applied when its result is committed (not
+    /// stored with the row: the plan's versions keep them).
+    #[serde(default, skip)]
+    pub plan_requests: Vec<crate::plan::PlanRequest>,
 }
 
 /// The start of a turn: the input it answers.

@@ -70,6 +70,10 @@ pub struct Timeline {
     /// Every task transition, oldest first: what each turn's understanding call answered and
     /// what it did to the goals.
     pub transitions: Vec<super::transition::Transition>,
+    /// The plan of the current phase (`None`: no phase, or no plan yet).
+    pub plan: Option<Vec<crate::plan::PlanStep>>,
+    /// Every version of every plan of the session, oldest first.
+    pub plan_history: Vec<super::plan::PlanVersion>,
     pub loaded_tools: Vec<String>,
     pub tool_pins: std::collections::BTreeMap<String, String>,
     pub grants: Vec<Grant>,
@@ -124,6 +128,8 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         session_goal: meta.session_goal,
         phase_goal: meta.phase_goal,
         transitions: super::transition::of_session(c, id)?,
+        plan: meta.plan,
+        plan_history: super::plan::history_in(c, id)?,
         loaded_tools: meta.loaded_tools,
         tool_pins: meta.tool_pins,
         grants: meta.grants,

@@ -349,7 +349,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         closed     INTEGER NOT NULL DEFAULT 0,
         call_id    TEXT,
         PRIMARY KEY (session_id, version)
-    );",
+    );
+    CREATE INDEX plan_versions_by_call ON plan_versions(session_id, call_id);
+    CREATE TRIGGER plan_changed AFTER INSERT ON plan_versions
+        BEGIN UPDATE sessions SET meta_version = meta_version + 1 WHERE id = NEW.session_id; END;",
     ),
 ];
 

@@ -31,6 +31,9 @@ pub struct CallRequest<'a> {
     /// The approval consumed for this call, when the policy asks. It must bind this tool,
     /// the component that runs and this exact input.
     pub approval: Option<&'a ConsumedApproval>,
+    /// The session's plan as it stands, for a component trusted with `keel:control/plan`
+    /// (`None`: the call is made outside a session).
+    pub plan: Option<crate::plan::PlanState>,
 }
 
 /// What a call produced.
@@ -91,7 +94,8 @@ impl ToolService {
             return Ok((p.clone(), None));
         }
         let (component, source) = self.sandbox.load(digest, &self.home.component_path(digest))?;
-        let prepared = Arc::new(self.sandbox.prepare(&component)?);
+        let prepared =
+            Arc::new(self.sandbox.prepare(&component, self.trusted_with_control(digest))?);
         self.prepared
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -214,6 +218,11 @@ impl ToolService {
                 source::run_host(host.as_ref(), input, ctx).await
             }
             Run::Component(prepared) => {
+                let control = req
+                    .plan
+                    .clone()
+                    .filter(|_| self.trusted_with_control(&resolved.digest))
+                    .map(crate::sandbox::ControlCtx::new);
                 let report = self
                     .sandbox
                     .invoke(
@@ -224,6 +233,7 @@ impl ToolService {
                         fs,
                         &req.budget,
                         req.cancel.as_ref(),
+                        control,
                     )
                     .await;
                 parsed(report)
@@ -280,5 +290,6 @@ fn parsed(report: CallReport<String>) -> CallReport<serde_json::Value> {
         memory_peak: report.memory_peak,
         duration: report.duration,
         fs: report.fs,
+        plan_requests: report.plan_requests,
     }
 }

@@ -317,10 +317,11 @@ impl ToolService {
         }
         crate::sandbox::check_header(bytes)?;
         let started = std::time::Instant::now();
-        self.sandbox.check_imports(bytes)?;
+        let trusted = self.trusted_with_control(&digest);
+        self.sandbox.check_imports(bytes, trusted)?;
         let component = self.sandbox.compile(bytes)?;
         let compile_ms = started.elapsed().as_secs_f64() * 1e3;
-        let prepared = Arc::new(self.sandbox.prepare(&component)?);
+        let prepared = Arc::new(self.sandbox.prepare(&component, trusted)?);
         let report = self.sandbox.describe(&prepared, &describe_budget()).await;
         let specs = report.result.map_err(|error| ToolServiceError::Describe { error })?;
         let tools = validate_specs(name, specs)

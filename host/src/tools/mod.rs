@@ -45,6 +45,9 @@ pub struct ToolService {
     validators: Mutex<HashMap<String, Arc<jsonschema::Validator>>>,
     leases: Leases,
     hosts: Mutex<HostTools>,
+    /// Digests of the components trusted with the control interfaces: the first-party
+    /// components and those an admin trusts (`[tools] control_trusted` in keel.toml).
+    control_trusted: std::collections::BTreeSet<String>,
 }
 
 /// The host tools registered in this process, and a generation that grows with each change
@@ -66,6 +69,12 @@ impl ToolService {
         let sync = crate::config::synchronous(&home)?;
         let conn = store::open_with(&home.database(), sync)?;
         let sandbox = Arc::new(Sandbox::new(&home.cache_dir(), limits)?);
+        let admin = crate::config::read(&home)?.tools.unwrap_or_default().control_trusted;
+        let control_trusted = crate::builtin::BUILTIN_COMPONENTS
+            .iter()
+            .map(|(_, bytes)| crate::sandbox::sha256_hex(bytes))
+            .chain(admin.into_iter().map(|d| d.trim().to_ascii_lowercase()))
+            .collect();
         let service = Self {
             home,
             sandbox,
@@ -75,6 +84,7 @@ impl ToolService {
             validators: Mutex::new(HashMap::new()),
             leases: Leases::default(),
             hosts: Mutex::default(),
+            control_trusted,
         };
         for (name, bytes) in crate::builtin::BUILTIN_COMPONENTS {
             let digest = crate::sandbox::sha256_hex(bytes);
@@ -86,6 +96,12 @@ impl ToolService {
             service.install(bytes, name, "builtin", true).await?;
         }
         Ok(service)
+    }
+
+    /// Whether the component with `digest` is trusted with the control interfaces
+    /// (`keel:control/plan`).
+    pub fn trusted_with_control(&self, digest: &str) -> bool {
+        self.control_trusted.contains(digest)
     }
 
     fn db(&self) -> std::sync::MutexGuard<'_, Connection> {

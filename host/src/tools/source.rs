@@ -128,5 +128,6 @@ pub(super) async fn run_host(
         memory_peak: 0,
         duration: started.elapsed(),
         fs: Default::default(),
+        plan_requests: Vec::new(),
     }
 }

@@ -205,6 +205,7 @@ async fn execute(job: CallJob) -> Result<CallOutcome, ToolServiceError> {
         loaded: Some(&meta.loaded_tools),
         policy: Some(&meta.policy),
         approval: approval.as_ref(),
+        plan: Some(crate::session::plan_state(&meta)),
     };
     // The version the session pinned when it loaded the tool (kept after an upgrade).
     let resolved = match resolved {
@@ -224,8 +225,9 @@ async fn run_one(job: CallJob, cap: usize) -> Outcome {
         .and_then(|o| o.changes.as_ref())
         .filter(|c| !c.is_empty())
         .and_then(|c| serde_json::to_string(c).ok());
+    let plan = outcome.as_ref().map(|o| o.report.plan_requests.clone()).unwrap_or_default();
     let (content, kind) = result_content(&outcome, cap);
-    Outcome { content, kind, changes, ms }
+    Outcome { content, kind, changes, ms, plan }
 }
 
 pub(super) fn finished_event(events: &Events, s: &Slot, o: &Outcome) {

@@ -129,6 +129,8 @@ pub(in crate::agent) async fn run_open(
                     kind: e.error_kind.clone(),
                     changes: e.changes.clone(),
                     ms: e.duration_ms.unwrap_or(0.0),
+                    // A finished call's plan changes were applied when it was journaled.
+                    plan: Vec::new(),
                 });
             Slot {
                 call: ToolCallRequest {
