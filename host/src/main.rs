@@ -43,7 +43,7 @@ overrides the file, and flags override both:
 #[derive(Subcommand)]
 enum Command {
     /// Run a task: create (or continue, with --session) a session and run its turn.
-    Run(commands::run::RunArgs),
+    Run(Box<commands::run::RunArgs>),
     /// Inspect and steer sessions.
     #[command(subcommand)]
     Session(commands::session::SessionCommand),
@@ -86,7 +86,7 @@ fn main() -> ExitCode {
     runtime.block_on(async {
         match cli.command {
             Command::Tool(cmd) => commands::tool::execute(home, cmd).await,
-            Command::Run(args) => commands::run::execute(home, args).await,
+            Command::Run(args) => commands::run::execute(home, *args).await,
             Command::Session(cmd) => commands::session::execute(home, cmd).await,
             Command::Approvals(args) => commands::approval::list(home, args).await,
             Command::Approve(args) => {

@@ -54,7 +54,7 @@ async fn a9_garbage_core_modules_and_wrong_worlds_are_refused_with_reasons() {
     }
     // Nothing refused was recorded.
     let names: Vec<String> = s.components().unwrap().into_iter().map(|c| c.name).collect();
-    assert_eq!(names, ["csv", "fs", "hostile"]);
+    assert_eq!(names, ["control", "csv", "fs", "hostile"]);
     assert_healthy(&s).await;
 }
 

@@ -224,6 +224,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                         u.id
                     );
                 }
+                print_plan(&t);
                 print_transitions(&t);
                 print_model_calls(&t);
                 if t.pending_inputs > 0 {
@@ -272,6 +273,26 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             }
             Err(e) => super::api_fail(false, &e),
         },
+    }
+}
+
+/// The plan of the current phase in `keel session show`, and how many versions plans had.
+fn print_plan(t: &keel::session::Timeline) {
+    if let Some(steps) = &t.plan {
+        println!("\nplan of the current phase:");
+        for (i, s) in steps.iter().enumerate() {
+            let note = s.note.as_deref().map(|n| format!(" — {}", inert(n))).unwrap_or_default();
+            println!("  {}. [{}] {}{note}", i + 1, s.status, inert(&s.text));
+        }
+    }
+    if let Some(last) = t.plan_history.last() {
+        let closed = t.plan_history.iter().filter(|v| v.closed).count();
+        println!(
+            "plan history: {} version(s), last v{} ({}); {closed} phase(s) completed",
+            t.plan_history.len(),
+            last.version,
+            last.change.kind()
+        );
     }
 }
 

@@ -67,7 +67,10 @@ fn list_inspect_remove() {
             "fs_list_dir",
             "fs_read_file",
             "fs_search",
-            "fs_write_file"
+            "fs_write_file",
+            "plan_create",
+            "plan_update",
+            "task_complete"
         ]
     );
     let out = keel(home.path(), &["tool", "inspect", "fs_delete_files", "--json"]);
