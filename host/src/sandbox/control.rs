@@ -2,7 +2,7 @@
 //!
 //! A call of a trusted component gets the session's plan as it stands ([`ControlCtx`]); each
 //! change the component asks for is checked and applied to that copy with
-//! [`plan::apply`](crate::plan::apply) and kept as a request. The requests leave the sandbox
+//! [`plan::apply`] and kept as a request. The requests leave the sandbox
 //! with the call's report; SessionEngine commits them with the call's result.
 
 use wasmtime::component::{HasData, Linker};

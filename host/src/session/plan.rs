@@ -2,7 +2,7 @@
 //!
 //! A control component's changes reach here with its call's result (see
 //! [`crate::sandbox::control`]): [`apply_in`] applies them, with
-//! [`plan::apply`](crate::plan::apply), in the transaction that records that result — once
+//! [`plan::apply`], in the transaction that records that result — once
 //! per call, however often the result is written. `task_complete` closes the phase: the phase
 //! goal is cleared (it stays in the transition history) and its plan stops being shown.
 
