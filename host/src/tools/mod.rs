@@ -70,9 +70,13 @@ impl ToolService {
         let conn = store::open_with(&home.database(), sync)?;
         let sandbox = Arc::new(Sandbox::new(&home.cache_dir(), limits)?);
         let admin = crate::config::read(&home)?.tools.unwrap_or_default().control_trusted;
-        let control_trusted = crate::builtin::BUILTIN_COMPONENTS
+        let builtin: Vec<(&str, &[u8], String)> = crate::builtin::BUILTIN_COMPONENTS
             .iter()
-            .map(|(_, bytes)| crate::sandbox::sha256_hex(bytes))
+            .map(|(name, bytes)| (*name, *bytes, crate::sandbox::sha256_hex(bytes)))
+            .collect();
+        let control_trusted = builtin
+            .iter()
+            .map(|(_, _, digest)| digest.clone())
             .chain(admin.into_iter().map(|d| d.trim().to_ascii_lowercase()))
             .collect();
         let service = Self {
@@ -86,8 +90,7 @@ impl ToolService {
             hosts: Mutex::default(),
             control_trusted,
         };
-        for (name, bytes) in crate::builtin::BUILTIN_COMPONENTS {
-            let digest = crate::sandbox::sha256_hex(bytes);
+        for (name, bytes, digest) in builtin {
             let current = catalog::component(&service.db(), name)?;
             if current.is_some_and(|c| c.digest == digest) {
                 continue;
