@@ -235,3 +235,31 @@ async fn without_understanding_no_call_is_made_and_the_first_input_sets_the_goal
     assert!(t.transitions[0].body_sha256.is_none());
     assert_eq!(h.understanding_evidence("p", None).await.unwrap_err().kind(), "not_found");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_during_the_call_cancels_it_and_the_turn_stops_with_its_input_kept() {
+    let model = MockModel::start(vec![Reply::text("never sent")]).await;
+    model.push_understanding(vec![Reply::Delay(
+        std::time::Duration::from_secs(5),
+        Box::new(Reply::understanding("establish_task", &[], &[], &[])),
+    )]);
+    let home = tempfile::tempdir().unwrap();
+    let h =
+        harness_with_session(home.path(), &model.url(), "t", &[], vec![], LoopGuards::default())
+            .await;
+    let h2 = h.clone();
+    let stopper = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        h2.interrupt("t").await.unwrap();
+    });
+    let started = std::time::Instant::now();
+    assert_eq!(submit(&h, "t", ASK).await, Submitted::Ran(TurnOutcome::Interrupted));
+    assert!(started.elapsed() < std::time::Duration::from_secs(4), "the call was cancelled");
+    stopper.await.unwrap();
+    let t = h.timeline("t").await.unwrap();
+    assert_eq!(t.transitions.len(), 1);
+    assert_eq!(t.transitions[0].relation, Some(TaskRelation::Uncertain));
+    assert!(t.transitions[0].error.as_deref().unwrap().contains("interrupted"));
+    assert_eq!(t.messages[0].body["content"], ASK, "the input is kept");
+    assert!(model.requests().is_empty(), "no business request after the interrupt");
+}
