@@ -304,22 +304,15 @@ pub fn evidence_in(
     turn: Option<i64>,
 ) -> Result<(i64, Vec<u8>), StoreError> {
     facts::load_counters(c, id)?;
-    let row: Option<(i64, String)> = match turn {
-        Some(t) => c
-            .prepare_cached(
-                "SELECT turn, body_sha256 FROM task_transitions
-                 WHERE session_id=?1 AND turn=?2 AND body_sha256 IS NOT NULL",
-            )?
-            .query_row(params![id, t], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()?,
-        None => c
-            .prepare_cached(
-                "SELECT turn, body_sha256 FROM task_transitions
-                 WHERE session_id=?1 AND body_sha256 IS NOT NULL ORDER BY turn DESC LIMIT 1",
-            )?
-            .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()?,
-    };
+    // The turn asked for, or the last one that made a call.
+    let row: Option<(i64, String)> = c
+        .prepare_cached(
+            "SELECT turn, body_sha256 FROM task_transitions
+             WHERE session_id=?1 AND (?2 IS NULL OR turn=?2) AND body_sha256 IS NOT NULL
+             ORDER BY turn DESC LIMIT 1",
+        )?
+        .query_row(params![id, turn], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
     let Some((turn, sha)) = row else {
         return Err(StoreError::NotFound(match turn {
             Some(t) => format!("turn {t} of session `{id}` made no understanding call"),
