@@ -27,8 +27,8 @@ use crate::tools::{
 /// before (if pinned) and the digest it runs now.
 pub type PinChange = (String, Option<String>, String);
 
-/// The first-party control tools every new session is given.
-pub const CONTROL_TOOLS: &[&str] = &["plan_create", "plan_update", "task_complete"];
+/// The first-party control and discovery tools every new session is given.
+pub const CONTROL_TOOLS: &[&str] = crate::builtin::ALWAYS_LOADED;
 
 /// What a new session is made of.
 #[derive(Debug, Clone)]
@@ -50,6 +50,9 @@ pub struct SessionSpec {
     /// Settings of the task-understanding call of each input (see
     /// [`harness::preprocess_config`](crate::harness::preprocess_config)); `None` turns it off.
     pub preprocess: Option<crate::brain::understand::PreprocessConfig>,
+    /// The user the session works for (its long-term memory is theirs); `None`: the
+    /// operating-system user.
+    pub user: Option<String>,
 }
 
 /// Why a use case was refused or failed.
@@ -78,6 +81,9 @@ pub enum ApiError {
     /// The turn could not run.
     #[error(transparent)]
     Run(#[from] AgentError),
+    /// A skill could not be read or installed.
+    #[error(transparent)]
+    Skill(#[from] crate::skills::SkillError),
 }
 
 impl ApiError {
@@ -94,6 +100,7 @@ impl ApiError {
             Self::Store(e) => e.kind(),
             Self::Tools(e) => e.kind(),
             Self::Run(_) => "run",
+            Self::Skill(e) => e.kind(),
         }
     }
 }
@@ -108,6 +115,7 @@ impl Harness {
             p.model.validate()?;
         }
         Grant::check_disjoint(&spec.grants).map_err(|e| ApiError::Grant(e.to_string()))?;
+        let named_tools = spec.tools.is_some();
         let mut tools: Vec<String> = match spec.tools {
             None => self.tools.tools()?.into_iter().map(|t| t.name).collect(),
             Some(tools) => {
@@ -138,6 +146,8 @@ impl Harness {
                 system_prompt: spec.system_prompt,
                 guards: Some(spec.guards),
                 preprocess: spec.preprocess,
+                user: spec.user,
+                named_tools,
             })
             .await?;
         self.pin_loaded_tools(&id).await?;
@@ -149,8 +159,12 @@ impl Harness {
         for t in tools {
             self.tools.resolve(t).map_err(|e| ApiError::NotInstalled(e.to_string()))?;
         }
-        self.engine.add_tools(id, tools.to_vec()).await?;
-        self.pin_loaded_tools(id).await
+        let selection =
+            crate::session::capabilities::Selection { tools: tools.to_vec(), ..Default::default() };
+        self.engine
+            .add_capabilities(id, selection, crate::session::capabilities::Via::Admin)
+            .await?;
+        Ok(())
     }
 
     /// Pins the loaded tools of `id` that have no pin yet to the versions installed now.
@@ -346,5 +360,130 @@ impl Harness {
     /// An admin's direct, governed call of one tool, outside any session.
     pub async fn call_tool(&self, req: CallRequest<'_>) -> Result<CallOutcome, ApiError> {
         Ok(self.tools.call(req).await?)
+    }
+}
+
+/// What installing a skill did: the skill, and the install of each component it bundles.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SkillInstallReport {
+    #[serde(flatten)]
+    pub installed: crate::skills::SkillInstalled,
+    pub components: Vec<InstallReport>,
+}
+
+/// A session's capabilities: each loaded tool and skill with how it arrived, and the
+/// orchestration of each turn that prepared capabilities.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SessionCapabilities {
+    pub capabilities: Vec<crate::session::capabilities::Capability>,
+    pub orchestrations: Vec<crate::session::capabilities::Orchestration>,
+}
+
+/// Skills, long-term memory and a session's capabilities.
+impl Harness {
+    /// Reads, checks and installs the skill at `path` (a directory holding `SKILL.md`, or the
+    /// file alone): its bundled components first, through the normal tool install (same
+    /// validation, same reserved names), then the skill, pinned by the SHA-256 of its content.
+    /// `upgrade` replaces an installed skill (and its components) of the same name.
+    pub async fn install_skill(
+        &self,
+        path: &std::path::Path,
+        upgrade: bool,
+    ) -> Result<SkillInstallReport, ApiError> {
+        let pkg = crate::skills::read_package(path)?;
+        let source = path.display().to_string();
+        let mode = if upgrade { InstallMode::Upgrade } else { InstallMode::New };
+        let mut components = Vec::new();
+        for (name, bytes) in &pkg.components {
+            let from = format!("{source} (skill {})", pkg.name);
+            components.push(self.tools.install_as(bytes, name, &from, mode).await?);
+        }
+        let installed =
+            self.db.run(move |c| crate::skills::install_in(c, &pkg, &source, upgrade)).await?;
+        Ok(SkillInstallReport { installed, components })
+    }
+
+    /// The installed skills, by name.
+    pub async fn skills(&self) -> Result<Vec<crate::skills::SkillRecord>, ApiError> {
+        Ok(self.db.read(crate::skills::list_in).await?)
+    }
+
+    /// The installed skill `name` with the version it is installed at (its body).
+    pub async fn skill(
+        &self,
+        name: &str,
+    ) -> Result<(crate::skills::SkillRecord, crate::skills::SkillVersion), ApiError> {
+        let n = name.to_string();
+        let found = self
+            .db
+            .read(move |c| {
+                let Some(r) = crate::skills::get_in(c, &n)? else { return Ok(None) };
+                Ok(crate::skills::version_in(c, &r.digest)?.map(|v| (r, v)))
+            })
+            .await?;
+        found.ok_or_else(|| crate::skills::SkillError::NotInstalled(name.to_string()).into())
+    }
+
+    /// Removes the installed skill `name` (sessions that loaded it keep their version; the
+    /// components it bundled stay installed — remove them with `remove_tool`).
+    pub async fn remove_skill(&self, name: &str) -> Result<crate::skills::SkillRecord, ApiError> {
+        let n = name.to_string();
+        Ok(self.db.run(move |c| crate::skills::remove_in(c, &n)).await?)
+    }
+
+    /// The memories of `user` (of every user when `None`), oldest first.
+    pub async fn memories(
+        &self,
+        user: Option<&str>,
+    ) -> Result<Vec<crate::memory::Memory>, ApiError> {
+        let u = user.map(str::to_string);
+        Ok(self.db.read(move |c| crate::memory::list_in(c, u.as_deref())).await?)
+    }
+
+    /// Remembers `text` (with `tags`) for `user`; returns its id.
+    pub async fn add_memory(
+        &self,
+        user: &str,
+        text: &str,
+        tags: &[String],
+    ) -> Result<i64, ApiError> {
+        let (u, t, g) = (user.to_string(), text.to_string(), tags.to_vec());
+        Ok(self.db.run(move |c| crate::memory::add_in(c, &u, &t, &g, None)).await?)
+    }
+
+    /// Removes memory `id` of `user`.
+    pub async fn remove_memory(
+        &self,
+        user: &str,
+        id: i64,
+    ) -> Result<crate::memory::Memory, ApiError> {
+        let u = user.to_string();
+        Ok(self.db.run(move |c| crate::memory::remove_in(c, &u, id)).await?)
+    }
+
+    /// Session `id`'s capabilities, how each arrived, and its orchestrations.
+    pub async fn capabilities(&self, id: &str) -> Result<SessionCapabilities, ApiError> {
+        let (capabilities, orchestrations) = self.engine.capabilities(id).await?;
+        Ok(SessionCapabilities { capabilities, orchestrations })
+    }
+
+    /// Unloads a tool or skill from session `id` (the explicit removal path: nothing else
+    /// removes a capability).
+    pub async fn unload(
+        &self,
+        id: &str,
+        kind: crate::session::capabilities::Kind,
+        name: &str,
+    ) -> Result<(), ApiError> {
+        Ok(self.engine.unload(id, kind, name).await?)
+    }
+
+    /// The exact request of turn `turn`'s orchestration call (the last one made if `None`).
+    pub async fn orchestration_evidence(
+        &self,
+        id: &str,
+        turn: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), ApiError> {
+        Ok(self.engine.orchestration_evidence(id, turn).await?)
     }
 }

@@ -2,3 +2,17 @@
 //! and embedded in the binary, so a fresh keel home has them without an install step.
 
 include!(concat!(env!("OUT_DIR"), "/builtin.rs"));
+
+/// The tools every session keeps, whatever it was created with: the control tools (the plan
+/// of the phase) and the discovery tools (skills, tools, memory).
+pub const ALWAYS_LOADED: &[&str] = &[
+    "plan_create",
+    "plan_update",
+    "task_complete",
+    "skills_find",
+    "skills_load",
+    "tools_find",
+    "tools_select",
+    "memory_write",
+    "memory_find",
+];

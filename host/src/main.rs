@@ -50,6 +50,12 @@ enum Command {
     /// Install, inspect, remove and call tool components.
     #[command(subcommand)]
     Tool(commands::tool::ToolCommand),
+    /// Install, list, inspect and remove skills: methods sessions find and load on demand.
+    #[command(subcommand)]
+    Skill(commands::skill::SkillCommand),
+    /// A user's long-term memory: what sessions of that user recall.
+    #[command(subcommand)]
+    Memory(commands::skill::MemoryCommand),
     /// List the calls waiting for a person's approval: what exactly would run, and what it may
     /// touch.
     Approvals(commands::approval::ApprovalsArgs),
@@ -86,6 +92,8 @@ fn main() -> ExitCode {
     runtime.block_on(async {
         match cli.command {
             Command::Tool(cmd) => commands::tool::execute(home, cmd).await,
+            Command::Skill(cmd) => commands::skill::execute(home, cmd).await,
+            Command::Memory(cmd) => commands::skill::memory(home, cmd).await,
             Command::Run(args) => commands::run::execute(home, *args).await,
             Command::Session(cmd) => commands::session::execute(home, cmd).await,
             Command::Approvals(args) => commands::approval::list(home, args).await,

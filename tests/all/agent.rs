@@ -440,6 +440,8 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
     let a = SessionEngine::new(Db::open(&path).unwrap());
     // Session `s`, no tools or grants, with `prompt`.
     let session = |prompt: &str| NewSession {
+        user: None,
+        named_tools: true,
         id: Some("s".into()),
         grants: Vec::new(),
         tools: Vec::new(),
@@ -1042,6 +1044,8 @@ async fn a_sessions_loop_guards_are_stored_and_used_by_every_turn() {
     .await;
     h.engine
         .create(keel::session::NewSession {
+            user: None,
+            named_tools: true,
             id: Some("g".into()),
             grants: Vec::new(),
             tools: vec!["echo".into()],

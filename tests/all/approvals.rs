@@ -156,7 +156,7 @@ async fn the_gate_takes_only_a_consumed_approval_bound_to_the_call() {
         loaded: Some(&meta.loaded_tools),
         policy: Some(&meta.policy),
         approval,
-        plan: None,
+        control: None,
     };
     let err = f.h.tools.call(call(r#"{"label":"g-0"}"#, None)).await.unwrap_err();
     assert!(matches!(err, ToolServiceError::NeedsApproval { .. }), "{err}");
@@ -409,6 +409,8 @@ async fn policy_ask_allow_and_deny_per_session() {
     model_cfg.max_retries = 0;
     f.h.engine
         .create(keel::session::NewSession {
+            user: None,
+            named_tools: true,
             id: Some("pol".into()),
             grants,
             tools: TOOLS.iter().map(|t| t.to_string()).collect(),

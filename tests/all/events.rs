@@ -38,6 +38,15 @@ fn short(e: &SessionEvent) -> String {
         SessionEvent::Notice { .. } => "notice".into(),
         SessionEvent::PlanChanged { version, .. } => format!("plan {version}"),
         SessionEvent::PhaseCompleted { .. } => "phase completed".into(),
+        SessionEvent::CapabilitiesDiscovering { turn } => format!("discovering {turn}"),
+        SessionEvent::CapabilitiesRecalled { call, .. } => format!("recalled call={call}"),
+        SessionEvent::Orchestrated { .. } => "orchestrated".into(),
+        SessionEvent::CapabilitiesAdded { via, tools, skills } => {
+            format!("added {via} {} {}", tools.join(","), skills.join(","))
+        }
+        SessionEvent::CapabilityUnloaded { capability, name } => {
+            format!("unloaded {capability} {name}")
+        }
     }
 }
 
@@ -83,6 +92,8 @@ async fn events_report_every_visible_change_and_another_engine_follows_them() {
         "state running",
         "understanding 1",
         "transition uncertain initialize",
+        "discovering 1",
+        "recalled call=false",
         "environment",
         "model 1",
         "replied 1 tool_calls",
@@ -127,18 +138,18 @@ async fn events_report_every_visible_change_and_another_engine_follows_them() {
     assert!(tokio::time::timeout(Duration::from_millis(200), rx.recv()).await.is_err());
 
     // Reading after a sequence number gives the same rows.
-    let tail = h.engine.events_after("e", 18, 100).await.unwrap();
-    assert_eq!(tail, followed[18..]);
+    let tail = h.engine.events_after("e", 20, 100).await.unwrap();
+    assert_eq!(tail, followed[20..]);
     assert_eq!(h.engine.events_after("e", 0, 3).await.unwrap(), followed[..3]);
     assert_eq!(h.engine.last_event("e").await.unwrap(), expected.len() as i64);
     // The finished model call carries its tokens; the state its detail.
-    match &followed[8].event {
+    match &followed[10].event {
         SessionEvent::ModelCallFinished { usage: Some(u), attempts: 1, .. } => {
             assert_eq!((u.prompt_tokens, u.completion_tokens), (50, 5))
         }
         other => panic!("{other:?}"),
     }
-    match &followed[12].event {
+    match &followed[14].event {
         SessionEvent::State { state: RuntimeState::WaitingApproval, detail: Some(d) } => {
             assert!(d.contains(units[0].as_str()), "{d}")
         }

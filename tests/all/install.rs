@@ -269,6 +269,8 @@ async fn catalog_cache_follows_the_catalog_not_every_commit() {
     for i in 0..5 {
         engine
             .create(keel::session::NewSession {
+                user: None,
+                named_tools: true,
                 id: Some(format!("s{i}")),
                 grants: Vec::new(),
                 tools: loaded.clone(),

@@ -5,6 +5,7 @@
 mod agent;
 mod api;
 mod approvals;
+mod capabilities;
 mod effects;
 mod events;
 mod examples;

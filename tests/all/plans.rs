@@ -52,7 +52,7 @@ async fn a_plan_is_shown_in_every_request_of_its_phase_across_turns_and_restarts
             .await;
     h.create_session(session_spec(&model.url(), "p", vec![], Some(Vec::new()))).await.unwrap();
     let meta = h.session("p").await.unwrap();
-    assert_eq!(meta.loaded_tools, ["plan_create", "plan_update", "task_complete"]);
+    assert_eq!(meta.loaded_tools, keel::builtin::ALWAYS_LOADED);
     assert_eq!(
         submit(&h, "p", "Write the release list").await,
         Submitted::Ran(TurnOutcome::Answer("planned".into()))

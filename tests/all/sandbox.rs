@@ -210,7 +210,7 @@ async fn a7_cancelled_call_stops_and_is_recorded_cancelled() {
             loaded: None,
             policy: None,
             approval: None,
-            plan: None,
+            control: None,
         };
         let out = s.call(req).await.unwrap();
         assert_eq!(out.report.result, Err(CallError::Cancelled), "{tool}");

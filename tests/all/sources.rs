@@ -164,7 +164,7 @@ async fn a_host_tool_gets_the_same_checks_deadline_and_output_cap() {
         loaded: None,
         policy: None,
         approval: None,
-        plan: None,
+        control: None,
     };
 
     let ok = h.call_tool(call(r#"{"text":"a"}"#, Budget::default())).await.unwrap();

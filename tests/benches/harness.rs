@@ -416,6 +416,8 @@ async fn recovery(n: usize) {
         creates.push(tokio::spawn(async move {
             engine
                 .create(keel::session::NewSession {
+                    user: None,
+                    named_tools: true,
                     id: Some(format!("r{i}")),
                     grants: Vec::new(),
                     tools: vec!["write".into()],

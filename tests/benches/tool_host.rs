@@ -149,7 +149,7 @@ fn main() {
                 loaded: None,
                 policy: None,
                 approval: None,
-                plan: None,
+                control: None,
             };
             let out = rt.block_on(service.call(req)).unwrap();
             let e = t.elapsed();

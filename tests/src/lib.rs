@@ -57,7 +57,7 @@ pub async fn call(
         loaded: None,
         policy: None,
         approval: None,
-        plan: None,
+        control: None,
     };
     service.call(req).await.unwrap()
 }
@@ -78,7 +78,7 @@ pub async fn try_call(
         loaded: None,
         policy: None,
         approval: None,
-        plan: None,
+        control: None,
     };
     service.call(req).await
 }
@@ -154,6 +154,8 @@ async fn create_with(
 ) {
     h.engine
         .create(keel::session::NewSession {
+            user: None,
+            named_tools: true,
             id: Some(id.to_string()),
             grants,
             tools: tools.iter().map(|t| t.to_string()).collect(),
@@ -212,5 +214,6 @@ pub fn session_spec(
         preprocess: Some(keel::brain::understand::PreprocessConfig::from_business(
             &keel::model::ModelConfig::new(url, "m"),
         )),
+        user: None,
     }
 }

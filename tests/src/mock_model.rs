@@ -4,8 +4,10 @@
 //! Task-understanding calls (their system message is keel's understanding instructions) are
 //! kept apart: they are recorded in [`MockModel::understanding_requests`], not in
 //! [`MockModel::requests`], and answered from their own script
-//! ([`MockModel::push_understanding`]), or with `uncertain` and no terms when it is empty — so
-//! the business script of a test is the loop's alone.
+//! ([`MockModel::push_understanding`]), or with `uncertain` and no terms when it is empty.
+//! Orchestrator calls are kept apart the same way ([`MockModel::orchestration_requests`],
+//! [`MockModel::push_orchestration`]; nothing is selected when its script is empty) — so the
+//! business script of a test is the loop's alone.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -82,6 +84,13 @@ impl Reply {
         )
     }
 
+    /// An Orchestrator answer: the tool sets, tools and skills to add.
+    pub fn selection(toolsets: &[&str], tools: &[&str], skills: &[&str]) -> Self {
+        Self::completion(
+            &json!({"toolsets": toolsets, "tools": tools, "skills": skills}).to_string(),
+        )
+    }
+
     /// A streamed final answer, split in two content deltas.
     pub fn text(answer: &str) -> Self {
         let (a, b) = answer.split_at(answer.len() / 2);
@@ -126,6 +135,8 @@ pub struct MockModel {
     script: Arc<Mutex<VecDeque<Reply>>>,
     understanding: Arc<Mutex<VecDeque<Reply>>>,
     understanding_requests: Arc<Mutex<Vec<Vec<u8>>>>,
+    orchestration: Arc<Mutex<VecDeque<Reply>>>,
+    orchestration_requests: Arc<Mutex<Vec<Vec<u8>>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -137,6 +148,9 @@ struct Shared {
     /// Replies to task-understanding calls, and those calls' bodies.
     understanding: Arc<Mutex<VecDeque<Reply>>>,
     understanding_requests: Arc<Mutex<Vec<Vec<u8>>>>,
+    /// Replies to Orchestrator calls, and those calls' bodies.
+    orchestration: Arc<Mutex<VecDeque<Reply>>>,
+    orchestration_requests: Arc<Mutex<Vec<Vec<u8>>>>,
     responder: Option<Responder>,
     record: bool,
     /// Answer 500 to a request whose history holds tool-call arguments that are not a JSON
@@ -192,7 +206,11 @@ impl MockModel {
         let script = Arc::new(Mutex::new(VecDeque::from(script)));
         let understanding = Arc::new(Mutex::new(VecDeque::new()));
         let understanding_requests = Arc::new(Mutex::new(Vec::new()));
+        let orchestration = Arc::new(Mutex::new(VecDeque::new()));
+        let orchestration_requests = Arc::new(Mutex::new(Vec::new()));
         let shared = Arc::new(Shared {
+            orchestration: orchestration.clone(),
+            orchestration_requests: orchestration_requests.clone(),
             requests: requests.clone(),
             heads: heads.clone(),
             script: script.clone(),
@@ -211,7 +229,17 @@ impl MockModel {
                 });
             }
         });
-        Self { addr, requests, heads, script, understanding, understanding_requests, task }
+        Self {
+            addr,
+            requests,
+            heads,
+            script,
+            understanding,
+            understanding_requests,
+            orchestration,
+            orchestration_requests,
+            task,
+        }
     }
 
     /// The base URL (the part before `/chat/completions`).
@@ -241,6 +269,19 @@ impl MockModel {
         }
     }
 
+    /// Every Orchestrator request body received so far, in order.
+    pub fn orchestration_requests(&self) -> Vec<Vec<u8>> {
+        self.orchestration_requests.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// Appends replies to the script of Orchestrator calls (an empty script answers that
+    /// nothing is to be added).
+    pub fn push_orchestration(&self, replies: Vec<Reply>) {
+        if let Ok(mut s) = self.orchestration.lock() {
+            s.extend(replies);
+        }
+    }
+
     /// Appends replies to the script.
     pub fn push(&self, replies: Vec<Reply>) {
         if let Ok(mut s) = self.script.lock() {
@@ -257,6 +298,16 @@ pub fn is_understanding(body: &[u8]) -> bool {
         && v["messages"][0]["content"]
             .as_str()
             .is_some_and(|c| c == keel::brain::understand::INSTRUCTIONS)
+}
+
+/// True when a request is an Orchestrator call (its system message is keel's orchestration
+/// instructions).
+pub fn is_orchestration(body: &[u8]) -> bool {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else { return false };
+    v["messages"][0]["role"] == "system"
+        && v["messages"][0]["content"]
+            .as_str()
+            .is_some_and(|c| c == keel::brain::orchestrate::INSTRUCTIONS)
 }
 
 /// True when a request's messages hold a tool call whose arguments are not a JSON object.
@@ -315,6 +366,19 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
                         .unwrap_or_else(|| Reply::understanding("uncertain", &[], &[], &[])),
                 )
             }
+            _ if is_orchestration(&body) => {
+                if let Ok(mut r) = shared.orchestration_requests.lock() {
+                    r.push(body.clone());
+                }
+                Some(
+                    shared
+                        .orchestration
+                        .lock()
+                        .ok()
+                        .and_then(|mut s| s.pop_front())
+                        .unwrap_or_else(|| Reply::selection(&[], &[], &[])),
+                )
+            }
             _ if shared.strict && has_unparsable_tool_arguments(&body) => Some(Reply::Status {
                 code: 500,
                 retry_after: None,
@@ -336,6 +400,7 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
         };
         if shared.record
             && !is_understanding(&body)
+            && !is_orchestration(&body)
             && let Ok(mut r) = shared.requests.lock()
         {
             r.push(body);

@@ -243,11 +243,24 @@ pub fn request_body(config: &PreprocessConfig, inputs: Inputs<'_>) -> Vec<u8> {
         "current_task_goal": inputs.current_task_goal,
         "session_goal": inputs.session_goal,
     });
+    supporting_request(config, INSTRUCTIONS, &user, "task_understanding", answer_schema())
+}
+
+/// The body of a supporting call (task understanding, the Orchestrator): stateless, not
+/// streamed, `instructions` as the system message and `user` as the one user message (JSON
+/// text), the answer asked for as JSON by the configured `response_format`.
+pub fn supporting_request(
+    config: &PreprocessConfig,
+    instructions: &str,
+    user: &serde_json::Value,
+    schema_name: &str,
+    schema: serde_json::Value,
+) -> Vec<u8> {
     let mut body = json!({
         "model": config.model.model,
         "stream": false,
         "messages": [
-            {"role": "system", "content": INSTRUCTIONS},
+            {"role": "system", "content": instructions},
             {"role": "user", "content": user.to_string()},
         ],
     });
@@ -260,7 +273,7 @@ pub fn request_body(config: &PreprocessConfig, inputs: Inputs<'_>) -> Vec<u8> {
     match config.response_format {
         ResponseFormat::JsonSchema => {
             body["response_format"] = json!({"type": "json_schema", "json_schema": {
-                "name": "task_understanding", "strict": true, "schema": answer_schema()}});
+                "name": schema_name, "strict": true, "schema": schema}});
         }
         ResponseFormat::JsonObject => body["response_format"] = json!({"type": "json_object"}),
         ResponseFormat::None => {}

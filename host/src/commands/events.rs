@@ -36,6 +36,49 @@ pub fn render(row: &EventRow) -> Option<String> {
             "applying the task environment (phase goal: {})",
             inert(&keel::session::goal_reference(phase_goal.as_deref().unwrap_or("")))
         ),
+        SessionEvent::CapabilitiesDiscovering { .. } => {
+            "discovering skills, tools and memory".to_string()
+        }
+        SessionEvent::CapabilitiesRecalled {
+            skills,
+            toolsets,
+            tools,
+            memories,
+            error,
+            call,
+            ..
+        } => {
+            let found = format!(
+                "recalled {skills} skill(s), {toolsets} tool set(s), {tools} tool(s), {memories} memory(ies)"
+            );
+            match (error, call) {
+                (Some(e), _) => format!("{found}; recall failed in part: {}", inert(e)),
+                (None, true) => format!("{found}\nkeel: orchestrating task capabilities"),
+                (None, false) => found,
+            }
+        }
+        SessionEvent::Orchestrated { dropped, error, .. } => match error {
+            Some(e) => {
+                format!("orchestration failed, the environment stays as it was: {}", inert(e))
+            }
+            None if dropped.is_empty() => return None,
+            None => {
+                format!("orchestration: dropped unknown name(s) {}", inert(&dropped.join(", ")))
+            }
+        },
+        SessionEvent::CapabilitiesAdded { via, tools, skills } => {
+            let mut parts = Vec::new();
+            if !skills.is_empty() {
+                parts.push(format!("skill(s) {}", inert(&skills.join(", "))));
+            }
+            if !tools.is_empty() {
+                parts.push(format!("tool(s) {}", inert(&tools.join(", "))));
+            }
+            format!("loaded {} ({via})", parts.join(" and "))
+        }
+        SessionEvent::CapabilityUnloaded { capability, name } => {
+            format!("unloaded {capability} {}", inert(name))
+        }
         SessionEvent::State { state, detail } => match detail {
             Some(d) => format!("state {state} ({})", inert(d)),
             None => format!("state {state}"),

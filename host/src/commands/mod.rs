@@ -4,6 +4,7 @@ pub mod approval;
 pub mod events;
 pub mod run;
 pub mod session;
+pub mod skill;
 pub mod tool;
 
 use std::time::Duration;

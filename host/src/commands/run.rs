@@ -72,9 +72,14 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_steps: Option<u32>,
     /// Do not make the task-understanding call of each input for a new session (stored with
-    /// it): the first input sets the goals and they stay; a change of task is not noticed.
+    /// it): the first input sets the goals and they stay; a change of task is not noticed,
+    /// and no skills, tools or memories are recalled and orchestrated.
     #[arg(long)]
     no_preprocess: bool,
+    /// The user a new session works for, stored with it: their long-term memory is recalled
+    /// and written (env KEEL_USER; default: the operating-system user).
+    #[arg(long, value_name = "NAME", env = "KEEL_USER")]
+    user: Option<String>,
     /// Model of the task-understanding call of a new session (env KEEL_PREPROCESS_MODEL;
     /// default: `[model.preprocess] model` in keel.toml, else the session's model).
     #[arg(long, value_name = "NAME", conflicts_with = "no_preprocess")]
@@ -273,7 +278,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
             || a.preprocess_model.is_some()
         {
             eprintln!(
-                "keel: session {id} keeps the model settings it was created with; the model flags apply to new sessions"
+                "keel: session {id} keeps the model settings and user it was created with; those flags apply to new sessions"
             );
         }
         if a.max_steps.is_some() {
@@ -332,6 +337,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
                 ..LoopGuards::default()
             },
             preprocess,
+            user: a.user.clone(),
         };
         match h.create_session(spec).await {
             Ok(id) => id.into_string(),

@@ -9,7 +9,7 @@ use keel::sandbox::CancelToken;
 use serde_json::json;
 
 use super::run::{cancel_on_ctrl_c, open_harness, quiet, report};
-use super::{EXIT_SETUP, inert, inert_block};
+use super::{EXIT_REFUSED, EXIT_SETUP, inert, inert_block};
 
 #[derive(Subcommand)]
 pub enum SessionCommand {
@@ -29,6 +29,32 @@ pub enum SessionCommand {
     /// Move the session's tools to the versions installed now. A session keeps running the
     /// component versions it loaded after `keel tool install --upgrade`, until this.
     UpgradeTools(IdArgs),
+    /// Unload a tool or skill from a session — the only way a capability leaves one (the
+    /// Orchestrator, skills_load and tools_select only add). The control and discovery tools
+    /// stay.
+    Unload(UnloadArgs),
+}
+
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+pub struct UnloadWhat {
+    /// The tool to unload.
+    #[arg(long, value_name = "NAME")]
+    tool: Option<String>,
+    /// The skill to unload.
+    #[arg(long, value_name = "NAME")]
+    skill: Option<String>,
+}
+
+#[derive(Args)]
+pub struct UnloadArgs {
+    /// Session id.
+    id: String,
+    #[command(flatten)]
+    what: UnloadWhat,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -79,13 +105,18 @@ pub struct EvidenceArgs {
     /// Session id.
     id: String,
     /// Step (model call) number; default: the last.
-    #[arg(long, conflicts_with_all = ["refused", "understanding"])]
+    #[arg(long, conflicts_with_all = ["refused", "understanding", "orchestration"])]
     step: Option<i64>,
     /// The task-understanding call of a turn instead, by turn number; without a number, the
     /// last one.
     #[arg(long, value_name = "TURN", num_args = 0..=1, default_missing_value = "0",
-          conflicts_with = "refused")]
+          conflicts_with_all = ["refused", "orchestration"])]
     understanding: Option<i64>,
+    /// The Orchestrator's call of a turn instead, by turn number; without a number, the last
+    /// one.
+    #[arg(long, value_name = "TURN", num_args = 0..=1, default_missing_value = "0",
+          conflicts_with = "refused")]
+    orchestration: Option<i64>,
     /// A request the server refused (or that failed) instead, by its number in `keel session
     /// show`; without a number, the last one.
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "0")]
@@ -104,6 +135,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         | SessionCommand::UpgradeTools(a) => a.json,
         SessionCommand::Send(a) => a.json,
         SessionCommand::Events(a) => a.json,
+        SessionCommand::Unload(a) => a.json,
         SessionCommand::Evidence(_) => false,
     };
     let (_, h) = match open_harness(&home).await {
@@ -112,6 +144,30 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
     };
     match cmd {
         SessionCommand::UpgradeTools(a) => upgrade_tools(&h, &a).await,
+        SessionCommand::Unload(a) => {
+            use keel::session::capabilities::Kind;
+            let (kind, name) = match (&a.what.tool, &a.what.skill) {
+                (Some(t), _) => (Kind::Tool, t.clone()),
+                (None, Some(s)) => (Kind::Skill, s.clone()),
+                (None, None) => {
+                    return super::fail(a.json, "input", "name --tool or --skill", EXIT_REFUSED);
+                }
+            };
+            match h.unload(&a.id, kind, &name).await {
+                Ok(()) if a.json => {
+                    println!(
+                        "{}",
+                        json!({"ok": true, "session_id": a.id, "unloaded": {"kind": kind, "name": name}})
+                    );
+                    ExitCode::SUCCESS
+                }
+                Ok(()) => {
+                    println!("unloaded {kind} {} from session {}", inert(&name), a.id);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => super::api_fail(a.json, &e),
+            }
+        }
         SessionCommand::Events(a) => {
             super::events::execute(&h, &a.id, a.after, a.follow, a.json).await
         }
@@ -167,6 +223,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                     })
                     .collect();
                 println!("tools   {}", tools.join(", "));
+                println!("user    {}", inert(&t.user));
                 for g in &t.grants {
                     println!("grant   {g}");
                 }
@@ -226,6 +283,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                 }
                 print_plan(&t);
                 print_transitions(&t);
+                print_capabilities(&t);
                 print_model_calls(&t);
                 if t.pending_inputs > 0 {
                     println!("\n{} input(s) waiting in the inbox", t.pending_inputs);
@@ -260,10 +318,11 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             }
             Err(e) => super::api_fail(a.json, &e),
         },
-        SessionCommand::Evidence(a) => match match (a.refused, a.understanding) {
-            (Some(n), _) => h.refused_evidence(&a.id, (n > 0).then_some(n)).await,
-            (None, Some(t)) => h.understanding_evidence(&a.id, (t > 0).then_some(t)).await,
-            (None, None) => h.evidence(&a.id, a.step).await,
+        SessionCommand::Evidence(a) => match match (a.refused, a.understanding, a.orchestration) {
+            (Some(n), _, _) => h.refused_evidence(&a.id, (n > 0).then_some(n)).await,
+            (None, Some(t), _) => h.understanding_evidence(&a.id, (t > 0).then_some(t)).await,
+            (None, None, Some(t)) => h.orchestration_evidence(&a.id, (t > 0).then_some(t)).await,
+            (None, None, None) => h.evidence(&a.id, a.step).await,
         } {
             Ok((_, body)) => {
                 let mut out = std::io::stdout().lock();
@@ -273,6 +332,81 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             }
             Err(e) => super::api_fail(false, &e),
         },
+    }
+}
+
+/// How each capability arrived, and each turn's orchestration, in `keel session show`.
+fn print_capabilities(t: &keel::session::Timeline) {
+    use keel::session::capabilities::{Kind, Via};
+    let skills: Vec<_> = t.capabilities.iter().filter(|c| c.kind == Kind::Skill).collect();
+    let arrived: Vec<_> = t
+        .capabilities
+        .iter()
+        .filter(|c| c.kind == Kind::Skill || !matches!(c.via, Via::Default | Via::Flag))
+        .collect();
+    if !skills.is_empty() {
+        let names: Vec<String> = skills.iter().map(|s| inert(&s.name)).collect();
+        println!(
+            "
+skills  {}",
+            names.join(", ")
+        );
+    }
+    if !arrived.is_empty() {
+        println!(
+            "
+capabilities added while the session ran:"
+        );
+        for c in arrived {
+            let turn = c.turn.map(|t| format!(" in turn {t}")).unwrap_or_default();
+            println!("  {} {} via {}{turn}", c.kind, inert(&c.name), c.via);
+        }
+    }
+    if t.orchestrations.is_empty() {
+        return;
+    }
+    println!(
+        "
+capability preparation (the Orchestrator's request: keel session evidence {} --orchestration TURN):",
+        t.id
+    );
+    for o in &t.orchestrations {
+        let c = &o.candidates;
+        println!(
+            "  turn {} {}: recalled {} skill(s), {} tool set(s), {} tool(s), {} memory(ies){}",
+            o.turn,
+            o.mode,
+            c.skills.len(),
+            c.toolsets.len(),
+            c.tools.len(),
+            o.memories.len(),
+            o.recall_ms.map(|ms| format!(" in {ms:.1} ms")).unwrap_or_default()
+        );
+        if let Some(e) = &o.recall_error {
+            println!("    recall failed in part: {}", inert(e));
+        }
+        match (&o.selected, &o.error) {
+            (_, Some(e)) => println!("    orchestration failed, nothing added: {}", inert(e)),
+            (Some(s), None) => {
+                let all: Vec<String> = s
+                    .toolsets
+                    .iter()
+                    .map(|n| format!("tool set {n}"))
+                    .chain(s.tools.iter().map(|n| format!("tool {n}")))
+                    .chain(s.skills.iter().map(|n| format!("skill {n}")))
+                    .collect();
+                let chose =
+                    if all.is_empty() { "nothing".to_string() } else { inert(&all.join(", ")) };
+                let ms =
+                    o.duration_ms.map(|ms| format!(" ({:.1} s)", ms / 1e3)).unwrap_or_default();
+                println!("    the Orchestrator chose {chose}{ms}");
+            }
+            (None, None) if o.done => println!("    nothing to choose from: no call"),
+            (None, None) => println!("    unfinished (it is made again when the turn resumes)"),
+        }
+        if !o.dropped.is_empty() {
+            println!("    dropped (not candidates): {}", inert(&o.dropped.join(", ")));
+        }
     }
 }
 

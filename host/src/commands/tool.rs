@@ -242,7 +242,7 @@ async fn call(service: &Harness, a: CallArgs) -> ExitCode {
         loaded: None,
         policy: None,
         approval: None,
-        plan: None,
+        control: None,
     };
     let outcome = match service.call_tool(req).await {
         Ok(o) => o,

@@ -1,29 +1,47 @@
-//! The `keel:control/plan` interface: linked only for components trusted with it.
+//! The `keel:control` interfaces (`plan`, `capabilities`, `memory`): linked only for
+//! components trusted with them.
 //!
-//! A call of a trusted component gets the session's plan as it stands ([`ControlCtx`]); each
-//! change the component asks for is checked and applied to that copy with
-//! [`plan::apply`] and kept as a request. The requests leave the sandbox
-//! with the call's report; SessionEngine commits them with the call's result.
+//! A call of a trusted component gets what it may see of its session ([`ControlCtx`]): the
+//! plan as it stands, and a read-only [`Discovery`] of the catalogs and the user's memory.
+//! Each change the component asks for — a plan change (checked and applied to the call's copy
+//! with [`plan::apply`]), a skill or tools to load, a fact to remember — is kept as a
+//! [`ControlRequest`]. The requests leave the sandbox with the call's report; SessionEngine
+//! commits them with the call's result.
 
 use wasmtime::component::{HasData, Linker};
 
+use super::host_api::bindings::keel::control::capabilities as caps;
+use super::host_api::bindings::keel::control::memory as mem;
 use super::host_api::bindings::keel::control::plan as wit;
+use crate::control::{ControlRequest, ControlSession, Discovery};
 use crate::plan::{self, PlanRequest, PlanState, PlanStep, StepStatus};
 
 /// Change requests one call may make at most.
 pub const MAX_REQUESTS: usize = 256;
+/// Results one search returns at most.
+pub const MAX_RESULTS: u32 = 50;
 
-/// The plan a call of a control component sees, and what it asked for.
-#[derive(Debug, Clone, Default)]
+/// What a call of a control component sees of its session, and what it asked for.
+#[derive(Clone, Default)]
 pub struct ControlCtx {
     pub state: PlanState,
-    pub requests: Vec<PlanRequest>,
+    discovery: Option<std::sync::Arc<dyn Discovery>>,
+    pub requests: Vec<ControlRequest>,
+}
+
+impl std::fmt::Debug for ControlCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlCtx")
+            .field("state", &self.state)
+            .field("requests", &self.requests)
+            .finish()
+    }
 }
 
 impl ControlCtx {
-    /// The context of a call made for a session whose plan state is `state`.
-    pub fn new(state: PlanState) -> Self {
-        Self { state, requests: Vec::new() }
+    /// The context of a call made for a session.
+    pub fn new(session: ControlSession) -> Self {
+        Self { state: session.plan, discovery: session.discovery, requests: Vec::new() }
     }
 }
 
@@ -44,8 +62,24 @@ impl<'a> Control<'a> {
             return Err(format!("a call may change the plan {MAX_REQUESTS} times at most"));
         }
         plan::apply(&mut ctx.state, &request)?;
+        ctx.requests.push(ControlRequest::Plan(request));
+        Ok(())
+    }
+
+    /// Keeps a request to commit with the call's result.
+    fn request(&mut self, request: ControlRequest) -> Result<(), String> {
+        let ctx = self.ctx.as_mut().ok_or("this call runs outside a session")?;
+        if ctx.requests.len() >= MAX_REQUESTS {
+            return Err(format!("a call may make {MAX_REQUESTS} requests at most"));
+        }
         ctx.requests.push(request);
         Ok(())
+    }
+
+    fn discovery(&self) -> Result<std::sync::Arc<dyn Discovery>, String> {
+        self.ctx.as_ref().and_then(|c| c.discovery.clone()).ok_or_else(|| {
+            "this call runs outside a session: there is nothing to search".to_string()
+        })
     }
 
     fn steps(&self) -> Vec<wit::Step> {
@@ -99,16 +133,92 @@ impl wit::Host for Control<'_> {
     }
 }
 
+fn limit(n: u32) -> usize {
+    n.clamp(1, MAX_RESULTS) as usize
+}
+
+impl caps::Host for Control<'_> {
+    fn find_skills(&mut self, query: String, n: u32) -> Result<Vec<caps::SkillHit>, String> {
+        let hits = self.discovery()?.find_skills(&query, limit(n))?;
+        Ok(hits
+            .into_iter()
+            .map(|h| caps::SkillHit { name: h.name, description: h.description })
+            .collect())
+    }
+
+    fn load_skill(
+        &mut self,
+        name: String,
+        offset: u64,
+        file: Option<String>,
+    ) -> Result<caps::SkillPage, String> {
+        let page = self.discovery()?.skill_page(&name, offset, file.as_deref())?;
+        self.request(ControlRequest::LoadSkill { name })?;
+        Ok(caps::SkillPage {
+            name: page.name,
+            description: page.description,
+            text: page.text,
+            next_offset: page.next_offset,
+            files: page.files,
+            tools: page.tools,
+        })
+    }
+
+    fn find_tools(&mut self, query: String, n: u32) -> Result<Vec<caps::ToolHit>, String> {
+        let hits = self.discovery()?.find_tools(&query, limit(n))?;
+        Ok(hits
+            .into_iter()
+            .map(|h| caps::ToolHit {
+                name: h.name,
+                toolset: h.toolset,
+                description: h.description,
+                effect: h.effect,
+            })
+            .collect())
+    }
+
+    fn select_tools(&mut self, names: Vec<String>) -> Result<Vec<String>, String> {
+        if names.is_empty() {
+            return Err("name at least one tool or tool set".into());
+        }
+        let sorted = self.discovery()?.tool_names(&names)?;
+        let accepted = sorted.tools.iter().chain(&sorted.toolsets).cloned().collect();
+        self.request(ControlRequest::SelectTools {
+            tools: sorted.tools,
+            toolsets: sorted.toolsets,
+        })?;
+        Ok(accepted)
+    }
+}
+
+impl mem::Host for Control<'_> {
+    fn remember(&mut self, text: String, tags: Vec<String>) -> Result<(), String> {
+        self.discovery()?;
+        let (text, tags) = crate::memory::check(&text, &tags)?;
+        self.request(ControlRequest::Remember { text, tags })
+    }
+
+    fn find(&mut self, query: String, n: u32) -> Result<Vec<mem::MemoryItem>, String> {
+        let hits = self.discovery()?.find_memories(&query, limit(n))?;
+        Ok(hits
+            .into_iter()
+            .map(|h| mem::MemoryItem { id: h.id, text: h.text, tags: h.tags })
+            .collect())
+    }
+}
+
 struct HasControl;
 
 impl HasData for HasControl {
     type Data<'a> = Control<'a>;
 }
 
-/// Adds `keel:control/plan` to `linker`.
+/// Adds the `keel:control` interfaces to `linker`.
 pub fn add_to_linker<T: 'static>(
     linker: &mut Linker<T>,
     get: fn(&mut T) -> Control<'_>,
 ) -> wasmtime::Result<()> {
-    wit::add_to_linker::<T, HasControl>(linker, get)
+    wit::add_to_linker::<T, HasControl>(linker, get)?;
+    caps::add_to_linker::<T, HasControl>(linker, get)?;
+    mem::add_to_linker::<T, HasControl>(linker, get)
 }

@@ -58,8 +58,8 @@ pub struct CallReport<T> {
     pub duration: Duration,
     /// What the filesystem guard counted and refused.
     pub fs: FsReport,
-    /// The plan changes a control component asked for (a call that succeeded only).
-    pub plan_requests: Vec<crate::plan::PlanRequest>,
+    /// The changes a control component asked for (a call that succeeded only).
+    pub control_requests: Vec<crate::control::ControlRequest>,
 }
 
 enum Action<'a> {
@@ -122,7 +122,7 @@ fn map_report<A, B>(r: CallReport<A>, f: impl FnOnce(A) -> Result<B, CallError>)
         memory_peak: r.memory_peak,
         duration: r.duration,
         fs: r.fs,
-        plan_requests: r.plan_requests,
+        control_requests: r.control_requests,
     }
 }
 
@@ -141,7 +141,7 @@ async fn execute(
     let stdout = CappedPipe::new(budget.max_stdio);
     let stderr = CappedPipe::new(budget.max_stdio);
     let report = |result: Result<Output, CallError>, store: Option<&Store<CallState>>| {
-        let plan_requests = match store {
+        let control_requests = match store {
             Some(s) if result.is_ok() => {
                 s.data().control.as_ref().map(|c| c.requests.clone()).unwrap_or_default()
             }
@@ -175,7 +175,7 @@ async fn execute(
             memory_peak,
             duration: started.elapsed(),
             fs,
-            plan_requests,
+            control_requests,
         }
     };
     let ctx = match wasi::build_ctx(grants, fs.read_only, &stdout, &stderr) {

@@ -176,7 +176,8 @@ pub fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
 }
 
 /// Interfaces (without version) linked only for components trusted with them.
-pub const CONTROL_INTERFACES: &[&str] = &["keel:control/plan"];
+pub const CONTROL_INTERFACES: &[&str] =
+    &["keel:control/plan", "keel:control/capabilities", "keel:control/memory"];
 
 /// Links the control interfaces (on a linker that has the rest: see [`add_to_linker`]).
 pub fn add_control_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {

@@ -44,6 +44,33 @@ pub enum SessionEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         phase_goal: Option<String>,
     },
+    /// A transition set the goals: recall of skills, tools and memory is about to run.
+    CapabilitiesDiscovering { turn: i64 },
+    /// What recall found for turn `turn` (candidate counts); `call`: the Orchestrator is asked
+    /// next (there were candidates to choose from).
+    CapabilitiesRecalled {
+        turn: i64,
+        skills: usize,
+        toolsets: usize,
+        tools: usize,
+        memories: usize,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+        call: bool,
+    },
+    /// The Orchestrator's call of turn `turn` came back (or failed: `error`); `dropped`:
+    /// names in its answer that were not candidates.
+    Orchestrated {
+        turn: i64,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        dropped: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// Capabilities were added to the session.
+    CapabilitiesAdded { via: super::capabilities::Via, tools: Vec<String>, skills: Vec<String> },
+    /// A capability was unloaded by an admin.
+    CapabilityUnloaded { capability: super::capabilities::Kind, name: String },
     /// The runtime state changed.
     State {
         state: RuntimeState,
@@ -126,6 +153,11 @@ impl SessionEvent {
             Self::UnderstandingStarted { .. } => "understanding_started",
             Self::TaskTransition { .. } => "task_transition",
             Self::EnvironmentApplied { .. } => "environment_applied",
+            Self::CapabilitiesDiscovering { .. } => "capabilities_discovering",
+            Self::CapabilitiesRecalled { .. } => "capabilities_recalled",
+            Self::Orchestrated { .. } => "orchestrated",
+            Self::CapabilitiesAdded { .. } => "capabilities_added",
+            Self::CapabilityUnloaded { .. } => "capability_unloaded",
             Self::State { .. } => "state",
             Self::ModelCallStarted { .. } => "model_call_started",
             Self::ModelCallFinished { .. } => "model_call_finished",

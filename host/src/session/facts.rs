@@ -77,6 +77,16 @@ pub struct SessionMeta {
     pub state: RuntimeState,
     pub state_detail: Option<String>,
     pub loaded_tools: Vec<String>,
+    /// The user the session works for: its long-term memory is theirs (`None`: a session
+    /// created before users were; see [`user`](Self::user)).
+    pub user: Option<String>,
+    /// The skills the session loaded, at the versions it loaded.
+    pub skills: Vec<super::capabilities::LoadedSkill>,
+    /// Skills the last orchestration found and did not load (named in requests by name and
+    /// description only).
+    pub found_skills: Vec<crate::skills::SkillRef>,
+    /// The user's memories the last orchestration recalled (a request's "relevant memory").
+    pub memories: Vec<crate::memory::Memory>,
     /// The component digest of each loaded tool, pinned when it was loaded: the session runs
     /// those versions, even after an upgrade, until it is told to upgrade. A tool without a
     /// pin (a session older than pins) runs the installed version.
@@ -116,11 +126,11 @@ pub fn load_meta_at(
 ) -> Result<SessionMeta, StoreError> {
     let (
         (goal, phase, phase_turn, preprocess),
-        (tools, policy, budget, model, system, pins, guards),
+        (tools, policy, budget, model, system, pins, guards, user),
     ) = c
         .prepare_cached(
             "SELECT session_goal, phase_goal, phase_turn, preprocess, loaded_tools, policy,
-                    budget, model, system_prompt, tool_pins, guards
+                    budget, model, system_prompt, tool_pins, guards, user
              FROM session_config WHERE session_id=?1",
         )?
         .query_row([id], |r| {
@@ -139,6 +149,7 @@ pub fn load_meta_at(
                     r.get::<_, String>(8)?,
                     r.get::<_, String>(9)?,
                     r.get::<_, Option<String>>(10)?,
+                    r.get::<_, Option<String>>(11)?,
                 ),
             ))
         })
@@ -159,6 +170,18 @@ pub fn load_meta_at(
             access: if access == "rw" { Access::Rw } else { Access::Ro },
         })
         .collect();
+    let skills = super::capabilities::skills_in(c, id)?;
+    let (found_skills, memories) = match super::capabilities::latest_in(c, id)? {
+        Some(o) => (
+            o.candidates
+                .skills
+                .into_iter()
+                .filter(|s| !skills.iter().any(|l| l.name == s.name))
+                .collect(),
+            o.memories,
+        ),
+        None => (Vec::new(), Vec::new()),
+    };
     let mut meta = SessionMeta {
         id: id.into(),
         session_goal: goal,
@@ -172,6 +195,10 @@ pub fn load_meta_at(
         state: counters.state,
         state_detail: None,
         loaded_tools: parse(&tools, "tool list")?,
+        user,
+        skills,
+        found_skills,
+        memories,
         tool_pins: parse(&pins, "tool pins")?,
         policy: parse(&policy, "policy")?,
         budget: parse(&budget, "budget")?,
@@ -354,6 +381,71 @@ pub fn pending_inputs(c: &Connection, id: &str) -> Result<i64, StoreError> {
         .query_row([id], |r| r.get(0))?)
 }
 
+impl SessionMeta {
+    /// The user the session works for (the operating-system user for a session created
+    /// before sessions had users).
+    pub fn user(&self) -> String {
+        self.user.clone().unwrap_or_else(crate::memory::default_user)
+    }
+}
+
+/// Applies the changes control call `call_id` asked for, in the transaction that records its
+/// result: plan changes (once per call), skills and tools to load (add-only, so writing the
+/// result again adds nothing), facts to remember (once per call).
+fn apply_control_in(
+    c: &Connection,
+    id: &str,
+    call_id: &str,
+    requests: &[crate::control::ControlRequest],
+) -> Result<(), StoreError> {
+    use super::capabilities::{Selection, Via, add_in};
+    use crate::control::ControlRequest;
+    let plan: Vec<crate::plan::PlanRequest> = requests
+        .iter()
+        .filter_map(|r| match r {
+            ControlRequest::Plan(p) => Some(p.clone()),
+            _ => None,
+        })
+        .collect();
+    if !plan.is_empty() {
+        super::plan::apply_in(c, id, call_id, &plan)?;
+    }
+    let turn = load_counters(c, id)?.active_turn;
+    for r in requests {
+        match r {
+            ControlRequest::Plan(_) => {}
+            ControlRequest::LoadSkill { name } => {
+                let s = Selection { skills: vec![name.clone()], ..Selection::default() };
+                add_in(c, id, &s, Via::SkillsLoad, turn, Some(call_id))?;
+            }
+            ControlRequest::SelectTools { tools, toolsets } => {
+                let s = Selection {
+                    tools: tools.clone(),
+                    toolsets: toolsets.clone(),
+                    ..Selection::default()
+                };
+                add_in(c, id, &s, Via::ToolsSelect, turn, Some(call_id))?;
+            }
+            ControlRequest::Remember { text, tags } => {
+                let user = load_meta(c, id)?.user();
+                match crate::memory::add_in(c, &user, text, tags, Some((id, call_id))) {
+                    Err(StoreError::Input(why)) => {
+                        tracing::warn!(
+                            session = id,
+                            call = call_id,
+                            "a memory was not kept: {why}"
+                        );
+                    }
+                    other => {
+                        other?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The plan state the calls of a step see: the current plan, and whether a phase is open.
 pub fn plan_state(meta: &SessionMeta) -> crate::plan::PlanState {
     crate::plan::PlanState { steps: meta.plan.clone(), phase_open: meta.phase_goal.is_some() }
@@ -397,9 +489,9 @@ pub fn put_journal(
         e.idempotent,
         e.approval_id
     ])?;
-    // The plan changes of a finished control call commit with its result, once.
-    if e.status == super::JournalStatus::Done && !e.plan_requests.is_empty() {
-        super::plan::apply_in(c, id, &e.call_id, &e.plan_requests)?;
+    // The changes a finished control call asked for commit with its result, once.
+    if e.status == super::JournalStatus::Done && !e.control_requests.is_empty() {
+        apply_control_in(c, id, &e.call_id, &e.control_requests)?;
     }
     super::events::append(
         c,
@@ -433,6 +525,6 @@ pub fn journal_row(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Journal
         duration_ms: r.get(at + 10)?,
         idempotent: r.get(at + 11)?,
         approval_id: r.get(at + 12)?,
-        plan_requests: Vec::new(),
+        control_requests: Vec::new(),
     })
 }

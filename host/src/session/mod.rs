@@ -7,6 +7,9 @@
 //! each model request from the current facts. It does not call the model or run tools.
 
 mod assemble;
+mod blobs;
+pub mod capabilities;
+mod discovery;
 pub mod events;
 mod facts;
 pub mod plan;
@@ -29,6 +32,7 @@ pub use assemble::{
     Assembled, BYTES_PER_TOKEN, CallFacts, EvidenceOf, GOAL_SHOWN, ModelCallRecord, Part,
     RefusedRequest, TokenEstimate, estimate_tokens, goal_reference, reconstruct_body,
 };
+pub use discovery::SessionDiscovery;
 pub use events::{EventRow, SessionEvent};
 pub use facts::{RuntimeState, SessionMeta, pending_inputs, plan_state, unsettled_in};
 pub use steps::{
@@ -54,6 +58,12 @@ pub struct NewSession {
     pub guards: Option<LoopGuards>,
     /// Settings of the task-understanding call; `None` turns it off (`--no-preprocess`).
     pub preprocess: Option<crate::brain::understand::PreprocessConfig>,
+    /// The user the session works for (its long-term memory is theirs); `None`: the
+    /// operating-system user.
+    pub user: Option<String>,
+    /// Whether `tools` were named (`--tools`) rather than every installed tool: recorded as
+    /// how each arrived.
+    pub named_tools: bool,
 }
 
 /// The loop guards and bounds of a session's turns, stored with the session (a key missing
@@ -122,10 +132,11 @@ pub struct JournalEntry {
     pub idempotent: bool,
     /// The approval consumed by this call, if the policy asked for one.
     pub approval_id: Option<UnitId>,
-    /// The plan changes a control call asked for, applied when its result is committed (not
-    /// stored with the row: the plan's versions keep them).
+    /// The changes a control call asked for (plan changes, skills and tools to load, facts to
+    /// remember), applied when its result is committed (not stored with the row: the plan's
+    /// versions, the session's capabilities and the memories keep them).
     #[serde(default, skip)]
-    pub plan_requests: Vec<crate::plan::PlanRequest>,
+    pub control_requests: Vec<crate::control::ControlRequest>,
 }
 
 /// The start of a turn: the input it answers.
@@ -165,6 +176,13 @@ impl SessionEngine {
 
     /// Creates a session with its grants, tools, policy and model.
     pub async fn create(&self, new: NewSession) -> Result<String, StoreError> {
+        if let Some(u) = &new.user
+            && !crate::memory::valid_user(u)
+        {
+            return Err(StoreError::Input(format!(
+                "the user name `{u}` is not valid: use letters, digits, `-`, `_`, `.` and `@` (at most 64)"
+            )));
+        }
         let id = match &new.id {
             Some(id) if !valid_id(id) => {
                 return Err(StoreError::Input(format!(
@@ -191,8 +209,8 @@ impl SessionEngine {
                     params![id2, now_ms()],
                 )?;
                 c.execute(
-                    "INSERT INTO session_config (session_id, loaded_tools, policy, budget, model, system_prompt, guards, preprocess)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                    "INSERT INTO session_config (session_id, loaded_tools, policy, budget, model, system_prompt, guards, preprocess, user)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                     params![
                         id2,
                         json(&new.tools)?,
@@ -201,9 +219,23 @@ impl SessionEngine {
                         json(&new.model)?,
                         new.system_prompt,
                         new.guards.as_ref().map(json).transpose()?,
-                        new.preprocess.as_ref().map(json).transpose()?
+                        new.preprocess.as_ref().map(json).transpose()?,
+                        new.user.clone().unwrap_or_else(crate::memory::default_user)
                     ],
                 )?;
+                let origins: Vec<(String, capabilities::Via)> = new
+                    .tools
+                    .iter()
+                    .map(|t| {
+                        let via = if new.named_tools && !crate::builtin::ALWAYS_LOADED.contains(&t.as_str()) {
+                            capabilities::Via::Flag
+                        } else {
+                            capabilities::Via::Default
+                        };
+                        (t.clone(), via)
+                    })
+                    .collect();
+                capabilities::created_in(c, &id2, &origins)?;
                 for g in &new.grants {
                     c.execute(
                         "INSERT INTO session_grants (session_id, host, guest, access) VALUES (?1, ?2, ?3, ?4)",
@@ -276,29 +308,11 @@ impl SessionEngine {
             .await
     }
 
-    /// Adds tools to the session's loaded set (add-only) and updates its model config.
+    /// Adds tools to the session's loaded set (add-only, pinned): an admin's addition through
+    /// AddSelectedCapabilities.
     pub async fn add_tools(&self, id: &str, tools: Vec<String>) -> Result<(), StoreError> {
-        let id = id.to_string();
-        self.db
-            .run(move |c| {
-                let meta = facts::load_meta(c, &id)?;
-                let mut loaded = meta.loaded_tools;
-                let before = loaded.len();
-                for t in tools {
-                    if !loaded.contains(&t) {
-                        loaded.push(t);
-                    }
-                }
-                if loaded.len() != before {
-                    // The configuration's trigger moves `meta_version`.
-                    c.execute(
-                        "UPDATE session_config SET loaded_tools=?2 WHERE session_id=?1",
-                        params![id, json(&loaded)?],
-                    )?;
-                }
-                Ok(())
-            })
-            .await
+        let selection = capabilities::Selection { tools, ..Default::default() };
+        self.add_capabilities(id, selection, capabilities::Via::Admin).await.map(|_| ())
     }
 
     /// Appends an input to the durable inbox; returns its sequence number. Committed before
@@ -326,16 +340,104 @@ impl SessionEngine {
         self.db.read_inline(move |c| transition::pending_in(c, &id)).await
     }
 
-    /// Commits turn `turn`'s transition (see [`transition::commit_in`]): `None` when it was
-    /// committed already.
+    /// Commits turn `turn`'s transition (see [`transition::commit_in`]), with the recall of its
+    /// capability preparation when it has one: `None` when it was committed already.
     pub async fn commit_transition(
         &self,
         id: &str,
         turn: i64,
         understood: transition::Understood,
+        recalled: Option<capabilities::RecallRecord>,
     ) -> Result<Option<transition::Transition>, StoreError> {
         let id = id.to_string();
-        self.db.run(move |c| transition::commit_in(c, &id, turn, &understood)).await
+        self.db
+            .run(move |c| transition::commit_in(c, &id, turn, &understood, recalled.as_ref()))
+            .await
+    }
+
+    /// The active turn's transition when its capability preparation has not finished (see
+    /// [`transition::unprepared_in`]).
+    pub async fn unprepared(&self, id: &str) -> Result<Option<transition::Transition>, StoreError> {
+        let id = id.to_string();
+        self.db.read_inline(move |c| transition::unprepared_in(c, &id)).await
+    }
+
+    /// Records what recall found (see [`capabilities::record_recall_in`]) and, with `finish`,
+    /// finishes the orchestration in the same commit (no call was needed).
+    pub async fn record_recall(
+        &self,
+        id: &str,
+        record: capabilities::RecallRecord,
+        finish: Option<capabilities::OrchestratorCall>,
+    ) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.db
+            .run(move |c| {
+                capabilities::record_recall_in(c, &id, &record)?;
+                if let Some(call) = &finish {
+                    capabilities::finish_in(c, &id, record.turn, call)?;
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    /// Finishes turn `turn`'s orchestration: adds what was selected and applies the
+    /// environment (see [`capabilities::finish_in`]).
+    pub async fn finish_orchestration(
+        &self,
+        id: &str,
+        turn: i64,
+        call: capabilities::OrchestratorCall,
+    ) -> Result<capabilities::Added, StoreError> {
+        let id = id.to_string();
+        self.db.run(move |c| capabilities::finish_in(c, &id, turn, &call)).await
+    }
+
+    /// AddSelectedCapabilities outside a turn (an admin's addition): add-only, pinned.
+    pub async fn add_capabilities(
+        &self,
+        id: &str,
+        selection: capabilities::Selection,
+        via: capabilities::Via,
+    ) -> Result<capabilities::Added, StoreError> {
+        let id = id.to_string();
+        self.db.run(move |c| capabilities::add_in(c, &id, &selection, via, None, None)).await
+    }
+
+    /// Unloads a tool or skill from session `id` (the explicit removal path).
+    pub async fn unload(
+        &self,
+        id: &str,
+        kind: capabilities::Kind,
+        name: &str,
+    ) -> Result<(), StoreError> {
+        let (id, name) = (id.to_string(), name.to_string());
+        self.db.run(move |c| capabilities::unload_in(c, &id, kind, &name)).await
+    }
+
+    /// The session's capabilities and how each arrived, and its orchestrations.
+    pub async fn capabilities(
+        &self,
+        id: &str,
+    ) -> Result<(Vec<capabilities::Capability>, Vec<capabilities::Orchestration>), StoreError> {
+        let id = id.to_string();
+        self.db
+            .read(move |c| {
+                facts::load_counters(c, &id)?;
+                Ok((capabilities::of_session(c, &id)?, capabilities::orchestrations_in(c, &id)?))
+            })
+            .await
+    }
+
+    /// The exact request of turn `turn`'s orchestration call (the last one if `None`).
+    pub async fn orchestration_evidence(
+        &self,
+        id: &str,
+        turn: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), StoreError> {
+        let id = id.to_string();
+        self.db.read(move |c| capabilities::evidence_in(c, &id, turn)).await
     }
 
     /// The session's task transitions, oldest first.
@@ -703,7 +805,7 @@ pub fn begin_turn_in(c: &Connection, id: &str) -> Result<Option<TurnStart>, Stor
     if understand {
         events::append(c, id, &SessionEvent::UnderstandingStarted { turn })?;
     } else {
-        transition::commit_in(c, id, turn, &transition::Understood::default())?;
+        transition::commit_in(c, id, turn, &transition::Understood::default(), None)?;
     }
     Ok(Some(TurnStart { turn, text, lease: None, understand }))
 }

@@ -33,6 +33,27 @@ pub struct Understood {
     pub attempts: u32,
 }
 
+impl Understood {
+    /// The answer's three groups of recall terms (none when no call was made).
+    pub fn terms(&self) -> RecallTerms {
+        self.understanding
+            .as_ref()
+            .map(|u| RecallTerms {
+                skill: u.skill_recall_terms.clone(),
+                tool: u.tool_recall_terms.clone(),
+                memory: u.memory_recall_terms.clone(),
+            })
+            .unwrap_or_default()
+    }
+
+    /// The transition the fixed table gives this answer when the phase goal is `phase_goal`.
+    pub fn mode(&self, phase_goal: Option<&str>) -> TransitionMode {
+        let relation =
+            self.understanding.as_ref().map(|u| u.task_relation).unwrap_or(TaskRelation::Uncertain);
+        crate::brain::understand::transition(relation, phase_goal)
+    }
+}
+
 /// The three groups of recall terms of an answer.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecallTerms {
@@ -136,6 +157,28 @@ pub fn pending_in(c: &Connection, id: &str) -> Result<Option<PendingUnderstandin
     }))
 }
 
+/// Whether a transition in `mode` prepares capabilities (recall and the Orchestrator): only
+/// `initialize` and `reconcile`, and only in a session with task understanding on (the
+/// Orchestrator is a call of the same supporting model).
+pub fn prepares_capabilities(mode: TransitionMode, understanding_on: bool) -> bool {
+    mode != TransitionMode::Keep && understanding_on
+}
+
+/// The active turn's committed transition, when it prepares capabilities and its
+/// orchestration has not finished (its process died in between): what to prepare again.
+pub fn unprepared_in(c: &Connection, id: &str) -> Result<Option<Transition>, StoreError> {
+    let meta = facts::load_meta(c, id)?;
+    let Some(turn) = meta.active_turn else { return Ok(None) };
+    let Some(t) = select(c, id, Some(turn))?.pop() else {
+        return Ok(None);
+    };
+    if !prepares_capabilities(t.mode, meta.preprocess.is_some()) {
+        return Ok(None);
+    }
+    let done = super::capabilities::of_turn_in(c, id, turn)?.is_some_and(|o| o.done);
+    Ok((!done).then_some(t))
+}
+
 /// Commits the transition of turn `turn`: applies the fixed table to the session's goals,
 /// records the row (and the call's request), and appends the events — `task_transition`,
 /// `environment_applied` when the goals changed, then `model_call_started` for the loop that
@@ -145,6 +188,7 @@ pub fn commit_in(
     id: &str,
     turn: i64,
     understood: &Understood,
+    recalled: Option<&super::capabilities::RecallRecord>,
 ) -> Result<Option<Transition>, StoreError> {
     if recorded(c, id, turn)? {
         return Ok(None);
@@ -152,10 +196,7 @@ pub fn commit_in(
     let meta = facts::load_meta(c, id)?;
     let text = turn_input(c, id, turn)?;
     let relation = understood.understanding.as_ref().map(|u| u.task_relation);
-    let mode = crate::brain::understand::transition(
-        relation.unwrap_or(TaskRelation::Uncertain),
-        meta.phase_goal.as_deref(),
-    );
+    let mode = understood.mode(meta.phase_goal.as_deref());
     let (session_goal, phase_goal) = match mode {
         TransitionMode::Initialize => {
             (Some(meta.session_goal.clone().unwrap_or_else(|| text.clone())), Some(text))
@@ -170,24 +211,11 @@ pub fn commit_in(
         )?
         .execute(params![id, session_goal, phase_goal, turn])?;
     }
-    let terms = understood
-        .understanding
-        .as_ref()
-        .map(|u| RecallTerms {
-            skill: u.skill_recall_terms.clone(),
-            tool: u.tool_recall_terms.clone(),
-            memory: u.memory_recall_terms.clone(),
-        })
-        .unwrap_or_default();
+    let terms = understood.terms();
     let (sha, bytes) = match &understood.request {
         Some(body) => {
-            let sha = crate::digest::sha256_hex(body);
-            let text = std::str::from_utf8(body).map_err(|_| {
-                StoreError::Corrupt("an understanding request is not UTF-8".to_string())
-            })?;
-            c.prepare_cached("INSERT OR IGNORE INTO blobs (hash, body) VALUES (?1, ?2)")?
-                .execute(params![sha, text])?;
-            (Some(sha), Some(body.len() as i64))
+            let (sha, bytes) = super::blobs::put_request_in(c, body, "an understanding")?;
+            (Some(sha), Some(bytes))
         }
         None => (None, None),
     };
@@ -219,18 +247,33 @@ pub fn commit_in(
         id,
         &SessionEvent::TaskTransition { turn, relation, mode, error: understood.error.clone() },
     )?;
-    if mode != TransitionMode::Keep {
-        events::append(
-            c,
-            id,
-            &SessionEvent::EnvironmentApplied {
-                session_goal: session_goal.clone(),
-                phase_goal: phase_goal.clone(),
-            },
-        )?;
+    if prepares_capabilities(mode, meta.preprocess.is_some()) {
+        // Capability preparation: its recall (made before this commit) is recorded here; with
+        // no candidates it is finished here too — otherwise the Orchestrator's call follows,
+        // and its commit applies the environment.
+        events::append(c, id, &SessionEvent::CapabilitiesDiscovering { turn })?;
+        if let Some(r) = recalled.filter(|r| r.turn == turn) {
+            super::capabilities::record_recall_in(c, id, r)?;
+            if r.candidates.is_empty() {
+                let none = super::capabilities::OrchestratorCall::default();
+                super::capabilities::finish_in(c, id, turn, &none)?;
+            }
+        }
+    } else {
+        if mode != TransitionMode::Keep {
+            events::append(
+                c,
+                id,
+                &SessionEvent::EnvironmentApplied {
+                    session_goal: session_goal.clone(),
+                    phase_goal: phase_goal.clone(),
+                },
+            )?;
+        }
+        let steps: i64 =
+            c.query_row("SELECT steps FROM sessions WHERE id=?1", [id], |r| r.get(0))?;
+        events::append(c, id, &SessionEvent::ModelCallStarted { step: steps + 1 })?;
     }
-    let steps: i64 = c.query_row("SELECT steps FROM sessions WHERE id=?1", [id], |r| r.get(0))?;
-    events::append(c, id, &SessionEvent::ModelCallStarted { step: steps + 1 })?;
     Ok(Some(Transition {
         turn,
         at_ms,
@@ -249,12 +292,17 @@ pub fn commit_in(
 
 /// Every transition of session `id`, oldest first.
 pub fn of_session(c: &Connection, id: &str) -> Result<Vec<Transition>, StoreError> {
+    select(c, id, None)
+}
+
+/// The transitions of session `id` (of turn `turn` only, when given), oldest first.
+fn select(c: &Connection, id: &str, turn: Option<i64>) -> Result<Vec<Transition>, StoreError> {
     let mut stmt = c.prepare_cached(
         "SELECT turn, at_ms, relation, mode, session_goal, phase_goal, terms, error, body_sha256,
                 body_bytes, duration_ms, attempts
-         FROM task_transitions WHERE session_id=?1 ORDER BY turn",
+         FROM task_transitions WHERE session_id=?1 AND (?2 IS NULL OR turn=?2) ORDER BY turn",
     )?;
-    let rows = stmt.query_map([id], |r| {
+    let rows = stmt.query_map(params![id, turn], |r| {
         Ok((
             (r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, Option<TaskRelation>>(2)?),
             (
@@ -303,24 +351,5 @@ pub fn evidence_in(
     id: &str,
     turn: Option<i64>,
 ) -> Result<(i64, Vec<u8>), StoreError> {
-    facts::load_counters(c, id)?;
-    // The turn asked for, or the last one that made a call.
-    let row: Option<(i64, String)> = c
-        .prepare_cached(
-            "SELECT turn, body_sha256 FROM task_transitions
-             WHERE session_id=?1 AND (?2 IS NULL OR turn=?2) AND body_sha256 IS NOT NULL
-             ORDER BY turn DESC LIMIT 1",
-        )?
-        .query_row(params![id, turn], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
-    let Some((turn, sha)) = row else {
-        return Err(StoreError::NotFound(match turn {
-            Some(t) => format!("turn {t} of session `{id}` made no understanding call"),
-            None => format!("session `{id}` has made no understanding call"),
-        }));
-    };
-    let body: String = c
-        .prepare_cached("SELECT body FROM blobs WHERE hash=?1")?
-        .query_row([&sha], |r| r.get(0))?;
-    Ok((turn, body.into_bytes()))
+    super::blobs::call_evidence_in(c, id, super::blobs::CallKind::Understanding, turn)
 }

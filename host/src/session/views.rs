@@ -76,6 +76,14 @@ pub struct Timeline {
     pub plan_history: Vec<super::plan::PlanVersion>,
     pub loaded_tools: Vec<String>,
     pub tool_pins: std::collections::BTreeMap<String, String>,
+    /// The user the session works for (whose long-term memory it recalls and writes).
+    pub user: String,
+    /// Every loaded tool and skill and how it arrived (flag, default, orchestrator,
+    /// skills_load, tools_select, admin), in the order they arrived.
+    pub capabilities: Vec<super::capabilities::Capability>,
+    /// The orchestration of each turn that prepared capabilities: what recall found, what the
+    /// Orchestrator answered, what was added.
+    pub orchestrations: Vec<super::capabilities::Orchestration>,
     pub grants: Vec<Grant>,
     pub messages: Vec<TimelineMessage>,
     pub tool_calls: Vec<TimelineCall>,
@@ -121,6 +129,7 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         .query_map([id], |r| Ok(TimelineCall { step: r.get(0)?, entry: journal_row(r, 1)? }))?
         .collect::<Result<Vec<_>, _>>()?;
     let approvals = super::steps::approvals_of(c, Some(id), false)?;
+    let user = meta.user();
     Ok(Timeline {
         id: id.to_string(),
         state: meta.state,
@@ -130,8 +139,11 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         transitions: super::transition::of_session(c, id)?,
         plan: meta.plan,
         plan_history: super::plan::history_in(c, id)?,
+        user,
         loaded_tools: meta.loaded_tools,
         tool_pins: meta.tool_pins,
+        capabilities: super::capabilities::of_session(c, id)?,
+        orchestrations: super::capabilities::orchestrations_in(c, id)?,
         grants: meta.grants,
         messages,
         tool_calls,

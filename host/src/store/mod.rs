@@ -354,6 +354,120 @@ const MIGRATIONS: &[(i64, &str)] = &[
     CREATE TRIGGER plan_changed AFTER INSERT ON plan_versions
         BEGIN UPDATE sessions SET meta_version = meta_version + 1 WHERE id = NEW.session_id; END;",
     ),
+    (
+        12,
+        // Capabilities on demand. Skills (skills::): every version by the SHA-256 of its
+        // content, with its reference files, and the installed one by name. Long-term memory
+        // (memory::), by user. Full-text indexes (FTS5, bm25) over skills, tools and memories,
+        // kept in step with their tables by triggers. A session's user, the capabilities it
+        // loaded and how each arrived (session::capabilities), and one orchestration row per
+        // turn that prepared capabilities (what was recalled, asked and added).
+        "CREATE TABLE skill_versions (
+        digest      TEXT PRIMARY KEY,
+        name        TEXT NOT NULL,
+        description TEXT NOT NULL,
+        body        TEXT NOT NULL,
+        files       TEXT NOT NULL,
+        tools       TEXT NOT NULL
+    );
+    CREATE TABLE skill_files (
+        digest  TEXT NOT NULL REFERENCES skill_versions(digest),
+        path    TEXT NOT NULL,
+        content BLOB NOT NULL,
+        PRIMARY KEY (digest, path)
+    );
+    CREATE TABLE skills (
+        name         TEXT PRIMARY KEY,
+        digest       TEXT NOT NULL REFERENCES skill_versions(digest),
+        source       TEXT NOT NULL,
+        installed_at TEXT NOT NULL
+    );
+    CREATE VIRTUAL TABLE skills_fts USING fts5(name, description, body, tokenize='porter unicode61');
+    CREATE TRIGGER skill_indexed AFTER INSERT ON skills BEGIN
+        INSERT INTO skills_fts(rowid, name, description, body)
+            SELECT NEW.rowid, v.name, v.description, v.body FROM skill_versions v
+            WHERE v.digest = NEW.digest;
+    END;
+    CREATE TRIGGER skill_unindexed AFTER DELETE ON skills BEGIN
+        DELETE FROM skills_fts WHERE rowid = OLD.rowid;
+    END;
+    CREATE TRIGGER skill_reindexed AFTER UPDATE ON skills BEGIN
+        DELETE FROM skills_fts WHERE rowid = OLD.rowid;
+        INSERT INTO skills_fts(rowid, name, description, body)
+            SELECT NEW.rowid, v.name, v.description, v.body FROM skill_versions v
+            WHERE v.digest = NEW.digest;
+    END;
+    CREATE VIRTUAL TABLE tools_fts USING fts5(name, description, tokenize='porter unicode61');
+    INSERT INTO tools_fts(rowid, name, description) SELECT rowid, name, description FROM tools;
+    CREATE TRIGGER tool_indexed AFTER INSERT ON tools BEGIN
+        INSERT INTO tools_fts(rowid, name, description) VALUES (NEW.rowid, NEW.name, NEW.description);
+    END;
+    CREATE TRIGGER tool_unindexed AFTER DELETE ON tools BEGIN
+        DELETE FROM tools_fts WHERE rowid = OLD.rowid;
+    END;
+    CREATE TRIGGER tool_reindexed AFTER UPDATE ON tools BEGIN
+        DELETE FROM tools_fts WHERE rowid = OLD.rowid;
+        INSERT INTO tools_fts(rowid, name, description) VALUES (NEW.rowid, NEW.name, NEW.description);
+    END;
+    CREATE TABLE memories (
+        id         INTEGER PRIMARY KEY,
+        user       TEXT NOT NULL,
+        text       TEXT NOT NULL,
+        tags       TEXT NOT NULL,
+        at_ms      INTEGER NOT NULL,
+        session_id TEXT,
+        call_id    TEXT
+    );
+    CREATE INDEX memories_by_user ON memories(user, id);
+    CREATE UNIQUE INDEX memories_by_call ON memories(session_id, call_id) WHERE call_id IS NOT NULL;
+    CREATE VIRTUAL TABLE memories_fts USING fts5(user, text, tags, tokenize='porter unicode61');
+    CREATE TRIGGER memory_indexed AFTER INSERT ON memories BEGIN
+        INSERT INTO memories_fts(rowid, user, text, tags) VALUES (NEW.id, NEW.user, NEW.text, NEW.tags);
+    END;
+    CREATE TRIGGER memory_unindexed AFTER DELETE ON memories BEGIN
+        DELETE FROM memories_fts WHERE rowid = OLD.id;
+    END;
+    ALTER TABLE session_config ADD COLUMN user TEXT;
+    CREATE TABLE session_capabilities (
+        session_id TEXT NOT NULL REFERENCES sessions(id),
+        kind       TEXT NOT NULL,
+        name       TEXT NOT NULL,
+        via        TEXT NOT NULL,
+        turn       INTEGER,
+        at_ms      INTEGER NOT NULL,
+        digest     TEXT,
+        call_id    TEXT,
+        PRIMARY KEY (session_id, kind, name)
+    );
+    CREATE TRIGGER skill_loaded AFTER INSERT ON session_capabilities WHEN NEW.kind = 'skill'
+        BEGIN UPDATE sessions SET meta_version = meta_version + 1 WHERE id = NEW.session_id; END;
+    CREATE TRIGGER skill_unloaded AFTER DELETE ON session_capabilities WHEN OLD.kind = 'skill'
+        BEGIN UPDATE sessions SET meta_version = meta_version + 1 WHERE id = OLD.session_id; END;
+    CREATE TABLE orchestrations (
+        session_id   TEXT NOT NULL REFERENCES sessions(id),
+        turn         INTEGER NOT NULL,
+        at_ms        INTEGER NOT NULL,
+        mode         TEXT NOT NULL,
+        candidates   TEXT NOT NULL,
+        memories     TEXT NOT NULL,
+        recall_error TEXT,
+        recall_ms    REAL,
+        body_sha256  TEXT,
+        body_bytes   INTEGER,
+        reply        TEXT,
+        selected     TEXT,
+        dropped      TEXT,
+        error        TEXT,
+        duration_ms  REAL,
+        attempts     INTEGER,
+        done         INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (session_id, turn)
+    );
+    CREATE TRIGGER orchestration_recorded AFTER INSERT ON orchestrations
+        BEGIN UPDATE sessions SET meta_version = meta_version + 1 WHERE id = NEW.session_id; END;
+    CREATE TRIGGER orchestration_finished AFTER UPDATE ON orchestrations
+        BEGIN UPDATE sessions SET meta_version = meta_version + 1 WHERE id = NEW.session_id; END;",
+    ),
 ];
 
 /// Errors of the store.

@@ -31,9 +31,10 @@ pub struct CallRequest<'a> {
     /// The approval consumed for this call, when the policy asks. It must bind this tool,
     /// the component that runs and this exact input.
     pub approval: Option<&'a ConsumedApproval>,
-    /// The session's plan as it stands, for a component trusted with `keel:control/plan`
-    /// (`None`: the call is made outside a session).
-    pub plan: Option<crate::plan::PlanState>,
+    /// What a component trusted with the `keel:control` interfaces sees of the session (its
+    /// plan, discovery of the catalogs and the user's memory); `None`: the call is made outside
+    /// a session.
+    pub control: Option<crate::control::ControlSession>,
 }
 
 /// What a call produced.
@@ -219,7 +220,7 @@ impl ToolService {
             }
             Run::Component(prepared) => {
                 let control = req
-                    .plan
+                    .control
                     .clone()
                     .filter(|_| self.trusted_with_control(&resolved.digest))
                     .map(crate::sandbox::ControlCtx::new);
@@ -290,6 +291,6 @@ fn parsed(report: CallReport<String>) -> CallReport<serde_json::Value> {
         memory_peak: report.memory_peak,
         duration: report.duration,
         fs: report.fs,
-        plan_requests: report.plan_requests,
+        control_requests: report.control_requests,
     }
 }

@@ -216,3 +216,60 @@ pub fn digest_in_use(conn: &Connection, digest: &str) -> Result<bool, StoreError
         |r| r.get(0),
     )?)
 }
+
+/// A tool as recall and search name it: enough for a model to decide on it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct ToolRef {
+    pub name: String,
+    /// The component (the tool set) that provides it.
+    pub component: String,
+    pub description: String,
+    pub effect: String,
+}
+
+/// A component as a tool set: its name and the tools it provides.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct ToolSetRef {
+    pub name: String,
+    pub tools: Vec<String>,
+}
+
+/// Tools of one tool set named to a model, at most.
+pub const TOOLSET_TOOLS_SHOWN: usize = 32;
+
+/// The installed tools best matching `terms` (bm25 over name and description), at most
+/// `limit`, best first.
+pub fn recall_in<S: AsRef<str>>(
+    conn: &Connection,
+    terms: &[S],
+    limit: usize,
+) -> Result<Vec<crate::search::Scored<ToolRef>>, StoreError> {
+    let Some(query) = crate::search::fts_query(terms) else { return Ok(Vec::new()) };
+    let mut stmt = conn.prepare_cached(
+        "SELECT t.name, t.component, t.description, t.effect, bm25(tools_fts, 5.0, 1.0) AS score
+         FROM tools_fts JOIN tools t ON t.rowid = tools_fts.rowid
+         WHERE tools_fts MATCH ?1 ORDER BY score LIMIT ?2",
+    )?;
+    let rows = stmt.query_map(params![query, limit as i64], |r| {
+        Ok(crate::search::Scored {
+            item: ToolRef {
+                name: r.get(0)?,
+                component: r.get(1)?,
+                description: r.get(2)?,
+                effect: r.get(3)?,
+            },
+            score: r.get(4)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// The tool set of component `name` (its first [`TOOLSET_TOOLS_SHOWN`] tools by name).
+pub fn toolset_in(conn: &Connection, name: &str) -> Result<Option<ToolSetRef>, StoreError> {
+    let mut stmt =
+        conn.prepare_cached("SELECT name FROM tools WHERE component = ?1 ORDER BY name LIMIT ?2")?;
+    let tools: Vec<String> = stmt
+        .query_map(params![name, TOOLSET_TOOLS_SHOWN as i64], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    Ok((!tools.is_empty()).then(|| ToolSetRef { name: name.to_string(), tools }))
+}

@@ -189,7 +189,8 @@ mod tests {
     }
 }
 
-fn now() -> String {
+/// An install time as stored: seconds since the epoch, as text.
+pub fn now() -> String {
     let secs =
         SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     format!("{secs}")

@@ -27,10 +27,15 @@ use crate::store;
 
 pub use crate::policy::{Effect, Policy, PolicyDecision};
 pub use call::{CallOutcome, CallRequest};
-pub use catalog::{ComponentRecord, ToolRecord};
+pub use catalog::{
+    ComponentRecord, ToolRecord, ToolRef, ToolSetRef, recall_in, tool as tool_in, toolset_in,
+};
 pub use changes::ChangeSet;
 pub use error::ToolServiceError;
-pub use install::{InstallMode, InstallReport, UpgradeDiff, describe_budget};
+pub use install::{
+    InstallMode, InstallReport, UpgradeDiff, describe_budget, now as install_time,
+    valid_component_name, valid_tool_name,
+};
 pub use lease::{LeaseBusy, LeaseRequest, Leases};
 pub use source::{HostCall, HostFuture, HostTool, SourceKind, ToolSource};
 pub use view::{Catalog, Resolved, ToolPins};

@@ -128,6 +128,6 @@ pub(super) async fn run_host(
         memory_peak: 0,
         duration: started.elapsed(),
         fs: Default::default(),
-        plan_requests: Vec::new(),
+        control_requests: Vec::new(),
     }
 }

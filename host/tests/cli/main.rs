@@ -68,9 +68,15 @@ fn list_inspect_remove() {
             "fs_read_file",
             "fs_search",
             "fs_write_file",
+            "memory_find",
+            "memory_write",
             "plan_create",
             "plan_update",
-            "task_complete"
+            "skills_find",
+            "skills_load",
+            "task_complete",
+            "tools_find",
+            "tools_select"
         ]
     );
     let out = keel(home.path(), &["tool", "inspect", "fs_delete_files", "--json"]);

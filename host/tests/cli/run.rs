@@ -458,6 +458,8 @@ async fn session_events_through_the_binary_and_followed_from_another_process() {
             "state",
             "understanding_started",
             "task_transition",
+            "capabilities_discovering",
+            "capabilities_recalled",
             "environment_applied",
             "model_call_started",
             "model_call_finished",
@@ -467,12 +469,13 @@ async fn session_events_through_the_binary_and_followed_from_another_process() {
     );
     assert_eq!(rows[4]["turn"], 1);
     assert_eq!(rows[5]["mode"], "initialize");
-    assert_eq!(rows[6]["phase_goal"], "hello");
-    assert_eq!(rows[9]["text"], "first");
-    assert_eq!(rows[10]["state"], "idle");
+    assert_eq!(rows[7]["call"], false, "nothing recalled: no orchestration call");
+    assert_eq!(rows[8]["phase_goal"], "hello");
+    assert_eq!(rows[11]["text"], "first");
+    assert_eq!(rows[12]["state"], "idle");
     let out = keel_async(
         home.path().to_path_buf(),
-        args(&["session", "events", "ev", "--after", "9", "--json"]),
+        args(&["session", "events", "ev", "--after", "11", "--json"]),
     )
     .await;
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
@@ -485,7 +488,7 @@ async fn session_events_through_the_binary_and_followed_from_another_process() {
     let mut follower = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
         .arg("--home")
         .arg(home.path())
-        .args(["session", "events", "ev", "--after", "11", "--follow"])
+        .args(["session", "events", "ev", "--after", "13", "--follow"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -497,7 +500,7 @@ async fn session_events_through_the_binary_and_followed_from_another_process() {
     let text = String::from_utf8_lossy(&followed.stdout);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 10, "{text}");
-    assert!(lines[0].starts_with("#12 ") && lines[0].ends_with("input #2 accepted"), "{text}");
+    assert!(lines[0].starts_with("#14 ") && lines[0].ends_with("input #2 accepted"), "{text}");
     assert!(lines[4].ends_with("understanding the task"), "{text}");
     assert!(lines[5].ends_with("task: uncertain → keep"), "{text}");
     assert!(lines[8].ends_with("turn 2 answered"), "{text}");

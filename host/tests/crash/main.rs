@@ -16,7 +16,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use keel_tests::log_lines;
-use keel_tests::mock_model::{MockModel, plan_responder};
+use keel_tests::mock_model::{MockModel, Reply, plan_responder};
 use rusqlite::Connection;
 use serde_json::Value;
 
@@ -368,6 +368,54 @@ async fn a_crash_between_the_understanding_call_and_its_transition_runs_the_inpu
         })
         .unwrap();
     assert_eq!(phase.as_deref(), Some("task U1"));
+    assert_eq!(rig.integrity(), "ok");
+}
+
+/// A kill between the Orchestrator's call and its commit: the transition and the recall are
+/// committed, the selection is not. After recovery the turn's preparation runs again — one
+/// more call — and commits once: the skill is loaded once, the input runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_orchestration_call_and_its_commit_prepares_the_turn_once() {
+    let rig = Rig::new(&["effect_append"]).await;
+    let skill = tempfile::tempdir().unwrap();
+    std::fs::write(
+        skill.path().join("SKILL.md"),
+        "---\nname: csv-audit\ndescription: Audit a CSV file.\n---\nCheck every row.\n",
+    )
+    .unwrap();
+    let out = rig.keel(&["skill", "install", skill.path().to_str().unwrap()], None);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    rig._model.push_understanding(vec![Reply::understanding(
+        "establish_task",
+        &["csv audit"],
+        &[],
+        &[],
+    )]);
+    let pick = || Reply::selection(&[], &[], &["csv-audit"]);
+    rig._model.push_orchestration(vec![pick(), pick()]);
+    let out = rig.run("o", "task O1", Some("after_orchestration_call"));
+    assert!(killed(&out), "not killed: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(rig.integrity(), "ok");
+    let counts = |rig: &Rig| -> (i64, i64, i64) {
+        rig.query(|c| {
+            c.query_row(
+                "SELECT (SELECT COUNT(*) FROM task_transitions WHERE session_id='o'),
+                        (SELECT COUNT(*) FROM orchestrations WHERE session_id='o' AND done=1),
+                        (SELECT COUNT(*) FROM session_capabilities
+                            WHERE session_id='o' AND kind='skill')",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+        })
+        .unwrap()
+    };
+    assert_eq!(counts(&rig), (1, 0, 0), "transition and recall committed, the selection not");
+    rig.recover_twice_same();
+    rig.finish("o");
+    assert_eq!(rig.state("o"), "idle");
+    assert_eq!(counts(&rig), (1, 1, 1));
+    assert_eq!(rig._model.orchestration_requests().len(), 2, "the call was made again, once");
+    assert_eq!(rig.lines("effects.log").len(), 1, "the input ran once");
     assert_eq!(rig.integrity(), "ok");
 }
 

@@ -1,14 +1,18 @@
-//! `control`: keel's first-party control tools — the plan of the session's current phase.
+//! `control`: keel's first-party control tools — the plan of the session's current phase, and
+//! discovery of skills, tools and the user's memory.
 //!
 //! - `plan_create {"steps": ["…", …]}` replaces the phase's plan with these steps;
 //! - `plan_update {"step": N, "status": "pending|in_progress|done|skipped", "note"?}` moves
 //!   step N (from 1);
-//! - `task_complete {"summary": "…"}` closes the current phase.
+//! - `task_complete {"summary": "…"}` closes the current phase;
+//! - `skills_find {"query"}`, `skills_load {"name", "offset"?, "file"?}`;
+//! - `tools_find {"query"}`, `tools_select {"names": [...]}`;
+//! - `memory_write {"text", "tags"?}`, `memory_find {"query"}`.
 //!
 //! The component targets the `keel:tool/control-tool` world: besides the tool exports it
-//! imports `keel:control/plan`, which keel links only for components it trusts with it. The
-//! session holds the plan; these tools ask it for changes and report the plan as it stands
-//! after them. The changes are committed with the call's result, once.
+//! imports the `keel:control` interfaces, which keel links only for components it trusts with
+//! them. The session holds the plan, its capabilities and the user's memory; these tools ask
+//! it for changes, committed with the call's result, once.
 
 #[allow(unsafe_code, missing_docs, clippy::all)]
 mod bindings {
@@ -20,7 +24,7 @@ mod bindings {
 }
 
 use bindings::exports::keel::tool::tools::Guest;
-use bindings::keel::control::plan;
+use bindings::keel::control::{capabilities, memory, plan};
 use bindings::keel::tool::types::{Effect, ToolError, ToolSpec};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -44,6 +48,47 @@ struct UpdateInput {
 #[serde(deny_unknown_fields)]
 struct CompleteInput {
     summary: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QueryInput {
+    query: String,
+    #[serde(default)]
+    limit: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoadInput {
+    name: String,
+    #[serde(default)]
+    offset: Option<u64>,
+    #[serde(default)]
+    file: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SelectInput {
+    names: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteInput {
+    text: String,
+    #[serde(default)]
+    tags: Vec<String>,
+}
+
+fn query_schema(what: &str) -> Value {
+    json!({"type": "object", "additionalProperties": false, "required": ["query"],
+        "properties": {
+            "query": {"type": "string", "minLength": 1, "maxLength": 512,
+                "description": format!("Words describing the {what} wanted.")},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 50,
+                "description": "Results at most (default 10)."}}})
 }
 
 fn status_name(s: plan::StepStatus) -> &'static str {
@@ -94,8 +139,9 @@ fn spec(name: &str, description: &str, schema: Value, idempotent: bool) -> ToolS
         description: description.to_string(),
         input_schema: schema.to_string(),
         output_schema: None,
-        // The only thing these tools change is the session's plan, committed with their
-        // result: nothing in the world, so they run like any read-only call.
+        // What these tools change is the session's own state (its plan, its capabilities, the
+        // user's memory), committed with their result: nothing in the world, so they run like
+        // any read-only call.
         effect: Effect::ReadOnly,
         idempotent,
     }
@@ -126,6 +172,52 @@ impl Guest for Control {
                 true,
             ),
             spec(
+                "skills_find",
+                "Searches the installed skills (methods for kinds of work: steps, rules, output requirements) by words describing the work. Returns names and descriptions; load one with skills_load to follow it.",
+                query_schema("skill"),
+                true,
+            ),
+            spec(
+                "skills_load",
+                "Loads an installed skill into this session and returns its method (a page of its body; `next_offset` says where the next page begins) or one of its reference files. The skill is shown with every later request. A skill grants nothing: a tool it mentions must still be loaded with tools_select.",
+                json!({"type": "object", "additionalProperties": false, "required": ["name"],
+                    "properties": {
+                        "name": {"type": "string", "minLength": 1},
+                        "offset": {"type": "integer", "minimum": 0, "description": "Byte offset of the page to read (from next_offset)."},
+                        "file": {"type": "string", "description": "A reference file of the skill, by path."}}}),
+                true,
+            ),
+            spec(
+                "tools_find",
+                "Searches the installed tools that are not necessarily loaded in this session, by words describing the action wanted. Returns each tool's name, its tool set (component), description and effect class; load them with tools_select.",
+                query_schema("tool"),
+                true,
+            ),
+            spec(
+                "tools_select",
+                "Loads installed tools into this session by name — or a whole tool set by its component name — so they can be called from the next step on. Their calls follow the session's grants and policy like any other.",
+                json!({"type": "object", "additionalProperties": false, "required": ["names"],
+                    "properties": {"names": {"type": "array", "minItems": 1, "maxItems": 64,
+                        "items": {"type": "string", "minLength": 1}}}}),
+                true,
+            ),
+            spec(
+                "memory_write",
+                "Remembers a fact for the user across sessions. Use it ONLY when the user explicitly asks you to remember something (a preference, a decision, a fact about their work); never on your own initiative.",
+                json!({"type": "object", "additionalProperties": false, "required": ["text"],
+                    "properties": {
+                        "text": {"type": "string", "minLength": 1, "maxLength": 2000,
+                            "description": "The fact, in one or two self-contained sentences."},
+                        "tags": {"type": "array", "maxItems": 8, "items": {"type": "string", "minLength": 1, "maxLength": 40}}}}),
+                false,
+            ),
+            spec(
+                "memory_find",
+                "Searches what the user asked to be remembered in earlier sessions, by words describing the topic.",
+                query_schema("memory"),
+                true,
+            ),
+            spec(
                 "task_complete",
                 "Declares the current task (phase) complete, with a summary of what was done and verified. Call it once the work is finished and checked.",
                 json!({"type": "object", "additionalProperties": false, "required": ["summary"],
@@ -152,6 +244,67 @@ impl Guest for Control {
                 let i: CompleteInput = parse(&input)?;
                 plan::complete(&i.summary).map_err(ToolError::Failed)?;
                 json!({"completed": true, "summary": i.summary.trim()})
+            }
+            "skills_find" => {
+                let i: QueryInput = parse(&input)?;
+                let hits = capabilities::find_skills(&i.query, i.limit.unwrap_or(10))
+                    .map_err(ToolError::Failed)?;
+                let skills: Vec<Value> = hits
+                    .iter()
+                    .map(|h| json!({"name": h.name, "description": h.description}))
+                    .collect();
+                json!({"skills": skills})
+            }
+            "skills_load" => {
+                let i: LoadInput = parse(&input)?;
+                let page =
+                    capabilities::load_skill(&i.name, i.offset.unwrap_or(0), i.file.as_deref())
+                        .map_err(ToolError::Failed)?;
+                let mut out = json!({
+                    "accepted_skill_ids": [page.name],
+                    "name": page.name,
+                    "description": page.description,
+                    "text": page.text,
+                    "files": page.files,
+                    "tools": page.tools,
+                });
+                if let Some(f) = i.file {
+                    out["file"] = json!(f);
+                }
+                if let Some(n) = page.next_offset {
+                    out["next_offset"] = json!(n);
+                }
+                out
+            }
+            "tools_find" => {
+                let i: QueryInput = parse(&input)?;
+                let hits = capabilities::find_tools(&i.query, i.limit.unwrap_or(10))
+                    .map_err(ToolError::Failed)?;
+                let tools: Vec<Value> = hits
+                    .iter()
+                    .map(|h| json!({"name": h.name, "toolset": h.toolset, "description": h.description, "effect": h.effect}))
+                    .collect();
+                json!({"tools": tools})
+            }
+            "tools_select" => {
+                let i: SelectInput = parse(&input)?;
+                let accepted = capabilities::select_tools(&i.names).map_err(ToolError::Failed)?;
+                json!({"accepted_tool_ids": accepted})
+            }
+            "memory_write" => {
+                let i: WriteInput = parse(&input)?;
+                memory::remember(&i.text, &i.tags).map_err(ToolError::Failed)?;
+                json!({"remembered": true, "text": i.text.trim()})
+            }
+            "memory_find" => {
+                let i: QueryInput = parse(&input)?;
+                let hits =
+                    memory::find(&i.query, i.limit.unwrap_or(10)).map_err(ToolError::Failed)?;
+                let memories: Vec<Value> = hits
+                    .iter()
+                    .map(|m| json!({"id": m.id, "text": m.text, "tags": m.tags}))
+                    .collect();
+                json!({"memories": memories})
             }
             other => return Err(ToolError::UnknownTool(other.to_string())),
         };

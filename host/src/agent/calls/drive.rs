@@ -61,6 +61,7 @@ pub(super) async fn drive(
                 });
                 let job = CallJob {
                     tools: agent.tools.clone(),
+                    db: agent.engine().db().clone(),
                     meta: shared_meta.clone(),
                     call: s.call.clone(),
                     resolved: s.resolved.clone(),
@@ -137,6 +138,7 @@ pub(super) async fn drive(
         let resolved = s.resolved.clone().filter(|_| s.approval_id.is_none());
         let job = CallJob {
             tools: agent.tools.clone(),
+            db: agent.engine().db().clone(),
             meta: shared_meta.clone(),
             call: s.call.clone(),
             resolved,
@@ -186,6 +188,7 @@ pub(super) async fn drive(
 /// One call to run, owned: it may run as a task of its own.
 struct CallJob {
     tools: Arc<ToolService>,
+    db: crate::store::Db,
     meta: Arc<SessionMeta>,
     call: ToolCallRequest,
     /// The tool from the step's catalog; `None` resolves the session's pinned version now.
@@ -195,7 +198,7 @@ struct CallJob {
 }
 
 async fn execute(job: CallJob) -> Result<CallOutcome, ToolServiceError> {
-    let CallJob { tools, meta, call, resolved, approval, cancel } = job;
+    let CallJob { tools, db, meta, call, resolved, approval, cancel } = job;
     let req = CallRequest {
         tool: &call.name,
         input: &call.arguments,
@@ -205,7 +208,10 @@ async fn execute(job: CallJob) -> Result<CallOutcome, ToolServiceError> {
         loaded: Some(&meta.loaded_tools),
         policy: Some(&meta.policy),
         approval: approval.as_ref(),
-        plan: Some(crate::session::plan_state(&meta)),
+        control: Some(crate::control::ControlSession {
+            plan: crate::session::plan_state(&meta),
+            discovery: Some(Arc::new(crate::session::SessionDiscovery::new(db, meta.user()))),
+        }),
     };
     // The version the session pinned when it loaded the tool (kept after an upgrade).
     let resolved = match resolved {
@@ -225,9 +231,9 @@ async fn run_one(job: CallJob, cap: usize) -> Outcome {
         .and_then(|o| o.changes.as_ref())
         .filter(|c| !c.is_empty())
         .and_then(|c| serde_json::to_string(c).ok());
-    let plan = outcome.as_ref().map(|o| o.report.plan_requests.clone()).unwrap_or_default();
+    let control = outcome.as_ref().map(|o| o.report.control_requests.clone()).unwrap_or_default();
     let (content, kind) = result_content(&outcome, cap);
-    Outcome { content, kind, changes, ms, plan }
+    Outcome { content, kind, changes, ms, control }
 }
 
 pub(super) fn finished_event(events: &Events, s: &Slot, o: &Outcome) {

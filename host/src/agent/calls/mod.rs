@@ -130,7 +130,7 @@ pub(in crate::agent) async fn run_open(
                     changes: e.changes.clone(),
                     ms: e.duration_ms.unwrap_or(0.0),
                     // A finished call's plan changes were applied when it was journaled.
-                    plan: Vec::new(),
+                    control: Vec::new(),
                 });
             Slot {
                 call: ToolCallRequest {

@@ -18,8 +18,8 @@ pub(super) struct Outcome {
     pub(super) kind: Option<String>,
     pub(super) changes: Option<String>,
     pub(super) ms: f64,
-    /// The plan changes a control call asked for.
-    pub(super) plan: Vec<crate::plan::PlanRequest>,
+    /// The changes a control call asked for.
+    pub(super) control: Vec<crate::control::ControlRequest>,
 }
 
 /// One call of a step and how far it got.
@@ -60,7 +60,7 @@ impl Slot {
             duration_ms: has.then_some(o.ms),
             idempotent: self.idempotent,
             approval_id: self.approval_id.clone(),
-            plan_requests: o.plan,
+            control_requests: o.control,
         }
     }
 

@@ -1,0 +1,333 @@
+//! `keel skill …` and `keel memory …`: install, list, inspect and remove skills; list, add and
+//! remove a user's long-term memories. Skill and memory text is shown inert on terminals.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use keel::harness::Harness;
+use serde_json::json;
+
+use super::{EXIT_SETUP, inert, inert_block};
+
+#[derive(Subcommand)]
+pub enum SkillCommand {
+    /// Check and install a skill: a directory holding SKILL.md (YAML front matter with `name`
+    /// and `description`, then the method), with optional reference files and tool components
+    /// (*.wasm, installed as tools). A skill grants nothing: its text is shown to the model,
+    /// its tools follow each session's grants and policy.
+    Install(SkillInstallArgs),
+    /// List the installed skills.
+    List(SkillJson),
+    /// Show a skill: description, digest, files, bundled tools and its method (--body).
+    Inspect(SkillInspectArgs),
+    /// Remove an installed skill (sessions that loaded it keep their version; its components
+    /// stay installed as tools).
+    Remove(SkillNameArgs),
+}
+
+#[derive(Args)]
+pub struct SkillJson {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct SkillInstallArgs {
+    /// The skill directory, or its SKILL.md alone.
+    path: PathBuf,
+    /// Replace an installed skill of the same name (and upgrade the components it bundles).
+    #[arg(long)]
+    upgrade: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct SkillInspectArgs {
+    /// Skill name.
+    name: String,
+    /// Print the whole method (the body of SKILL.md) too.
+    #[arg(long)]
+    body: bool,
+    /// Print JSON instead of text (the body included).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct SkillNameArgs {
+    /// Skill name.
+    name: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+pub enum MemoryCommand {
+    /// List a user's memories (every user's with --all-users).
+    List(MemoryListArgs),
+    /// Remember a fact for a user; sessions of that user recall it when a task's terms match.
+    Add(MemoryAddArgs),
+    /// Remove one of a user's memories by its id.
+    Remove(MemoryRemoveArgs),
+}
+
+#[derive(Args)]
+pub struct UserArg {
+    /// The user (env KEEL_USER; default: the operating-system user).
+    #[arg(long, value_name = "NAME", env = "KEEL_USER")]
+    user: Option<String>,
+}
+
+impl UserArg {
+    fn user(&self) -> String {
+        self.user.clone().unwrap_or_else(keel::memory::default_user)
+    }
+}
+
+#[derive(Args)]
+pub struct MemoryListArgs {
+    #[command(flatten)]
+    user: UserArg,
+    /// Every user's memories.
+    #[arg(long, conflicts_with = "user")]
+    all_users: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct MemoryAddArgs {
+    /// The fact, in one or two self-contained sentences (at most 2,000 characters).
+    text: String,
+    /// A tag (repeatable, at most 8).
+    #[arg(long = "tag", value_name = "TAG")]
+    tags: Vec<String>,
+    #[command(flatten)]
+    user: UserArg,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct MemoryRemoveArgs {
+    /// The memory's id (see `keel memory list`).
+    id: i64,
+    #[command(flatten)]
+    user: UserArg,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn execute(home: PathBuf, cmd: SkillCommand) -> ExitCode {
+    let json = match &cmd {
+        SkillCommand::Install(a) => a.json,
+        SkillCommand::List(a) => a.json,
+        SkillCommand::Inspect(a) => a.json,
+        SkillCommand::Remove(a) => a.json,
+    };
+    let h = match super::run::open_harness(&home).await {
+        Ok((_, h)) => h,
+        Err(e) => return super::fail(json, "setup", &e, EXIT_SETUP),
+    };
+    match cmd {
+        SkillCommand::Install(a) => install(&h, a).await,
+        SkillCommand::List(a) => list(&h, a.json).await,
+        SkillCommand::Inspect(a) => inspect(&h, a).await,
+        SkillCommand::Remove(a) => remove(&h, a).await,
+    }
+}
+
+async fn install(h: &Harness, a: SkillInstallArgs) -> ExitCode {
+    eprintln!("keel: checking the skill at {}…", a.path.display());
+    let r = match h.install_skill(&a.path, a.upgrade).await {
+        Ok(r) => r,
+        Err(e) => return super::api_fail(a.json, &e),
+    };
+    if a.json {
+        println!("{}", json!({"ok": true, "install": r}));
+        return ExitCode::SUCCESS;
+    }
+    let s = &r.installed.skill;
+    let what = if r.installed.unchanged {
+        "already installed"
+    } else if r.installed.replaced.is_some() {
+        "upgraded"
+    } else {
+        "installed"
+    };
+    println!("{what} skill {} (sha256 {})", inert(&s.name), &s.digest[..12]);
+    println!("  {}", inert(&s.description));
+    if let Some(old) = &r.installed.replaced {
+        println!("  replaced sha256 {}", &old[..12.min(old.len())]);
+    }
+    if !s.files.is_empty() {
+        println!("  {} reference file(s)", s.files.len());
+    }
+    for c in &r.components {
+        let tools: Vec<String> = c.tools.iter().map(|t| t.name.clone()).collect();
+        println!(
+            "  component {} installed: {}",
+            inert(&c.component.name),
+            inert(&tools.join(", "))
+        );
+    }
+    if r.installed.ignored_keys.iter().any(|k| k == "allowed-tools") {
+        println!(
+            "  note: `allowed-tools` is not acted on: a skill grants nothing (tools load by \
+             --tools, the Orchestrator or tools_select, and follow the session's policy)"
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+async fn list(h: &Harness, json: bool) -> ExitCode {
+    let skills = match h.skills().await {
+        Ok(s) => s,
+        Err(e) => return super::api_fail(json, &e),
+    };
+    if json {
+        println!("{}", json!(skills));
+        return ExitCode::SUCCESS;
+    }
+    if skills.is_empty() {
+        println!("no skills installed; add one with `keel skill install DIR`");
+    }
+    for s in skills {
+        println!("{:<24} {}", inert(&s.name), inert(&one_line(&s.description, 100)));
+    }
+    ExitCode::SUCCESS
+}
+
+fn one_line(text: &str, max: usize) -> String {
+    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if line.chars().count() <= max {
+        return line;
+    }
+    format!("{}…", line.chars().take(max).collect::<String>())
+}
+
+async fn inspect(h: &Harness, a: SkillInspectArgs) -> ExitCode {
+    let (record, version) = match h.skill(&a.name).await {
+        Ok(s) => s,
+        Err(e) => return super::api_fail(a.json, &e),
+    };
+    if a.json {
+        println!("{}", json!({"skill": record, "body": version.body}));
+        return ExitCode::SUCCESS;
+    }
+    println!("skill        {}", inert(&record.name));
+    println!("description  {}", inert_block(&record.description));
+    println!("sha256       {}", record.digest);
+    println!("source       {}", inert(&record.source));
+    println!("method       {} bytes", record.body_bytes);
+    for f in &record.files {
+        println!("file         {} ({} bytes)", inert(&f.path), f.bytes);
+    }
+    for t in &record.tools {
+        println!("component    {}", inert(t));
+    }
+    if a.body {
+        println!();
+        println!("{}", inert_block(&version.body));
+    }
+    ExitCode::SUCCESS
+}
+
+async fn remove(h: &Harness, a: SkillNameArgs) -> ExitCode {
+    match h.remove_skill(&a.name).await {
+        Ok(r) => {
+            if a.json {
+                println!("{}", json!({"ok": true, "removed": r}));
+            } else {
+                println!("removed skill {}", inert(&r.name));
+                if !r.tools.is_empty() {
+                    println!(
+                        "  its component(s) {} stay installed; remove them with `keel tool remove`",
+                        inert(&r.tools.join(", "))
+                    );
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => super::api_fail(a.json, &e),
+    }
+}
+
+pub async fn memory(home: PathBuf, cmd: MemoryCommand) -> ExitCode {
+    let json = match &cmd {
+        MemoryCommand::List(a) => a.json,
+        MemoryCommand::Add(a) => a.json,
+        MemoryCommand::Remove(a) => a.json,
+    };
+    let h = match super::run::open_harness(&home).await {
+        Ok((_, h)) => h,
+        Err(e) => return super::fail(json, "setup", &e, EXIT_SETUP),
+    };
+    match cmd {
+        MemoryCommand::List(a) => {
+            let user = (!a.all_users).then(|| a.user.user());
+            match h.memories(user.as_deref()).await {
+                Ok(list) if a.json => {
+                    println!("{}", json!(list));
+                    ExitCode::SUCCESS
+                }
+                Ok(list) => {
+                    if list.is_empty() {
+                        println!("no memories");
+                    }
+                    for m in list {
+                        let tags = if m.tags.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" [{}]", inert(&m.tags.join(", ")))
+                        };
+                        let who = if a.all_users {
+                            format!("{} ", inert(&m.user))
+                        } else {
+                            String::new()
+                        };
+                        println!("{:>5} {who}{}{tags}", m.id, inert(&one_line(&m.text, 160)));
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => super::api_fail(a.json, &e),
+            }
+        }
+        MemoryCommand::Add(a) => {
+            let user = a.user.user();
+            match h.add_memory(&user, &a.text, &a.tags).await {
+                Ok(id) if a.json => {
+                    println!("{}", json!({"ok": true, "id": id, "user": user}));
+                    ExitCode::SUCCESS
+                }
+                Ok(id) => {
+                    println!("remembered #{id} for {}", inert(&user));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => super::api_fail(a.json, &e),
+            }
+        }
+        MemoryCommand::Remove(a) => {
+            let user = a.user.user();
+            match h.remove_memory(&user, a.id).await {
+                Ok(m) if a.json => {
+                    println!("{}", json!({"ok": true, "removed": m}));
+                    ExitCode::SUCCESS
+                }
+                Ok(m) => {
+                    println!("removed #{} of {}", m.id, inert(&m.user));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => super::api_fail(a.json, &e),
+            }
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! Long-term memory: what a user asked keel to remember, owned here, by user.
+//!
+//! A memory belongs to a user (a session's `user`, `keel run --user`), never to a session:
+//! one written in one session is recalled in another session of the same user, and never in a
+//! session of another user. Memory text is untrusted content, like skill text: it informs the
+//! model, it grants nothing. A full-text index (`memories_fts`, FTS5 with bm25) follows the
+//! table by triggers.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+use crate::search::{Scored, fts_query};
+use crate::store::{StoreError, now_ms};
+
+/// Characters of one memory, at most.
+pub const MAX_TEXT: usize = 2000;
+/// Tags of one memory, at most.
+pub const MAX_TAGS: usize = 8;
+/// Characters of one tag, at most.
+pub const MAX_TAG: usize = 40;
+/// Characters of a user name, at most.
+pub const MAX_USER: usize = 64;
+/// Memories recalled into a request's "relevant memory" block, at most.
+pub const RECALLED: usize = 8;
+
+/// One remembered fact.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Memory {
+    pub id: i64,
+    pub user: String,
+    pub text: String,
+    pub tags: Vec<String>,
+    pub at_ms: i64,
+    /// The session that wrote it (none when added with `keel memory add`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+}
+
+/// Checks a user name: letters, digits, `-`, `_`, `.` and `@`, at most 64 characters.
+pub fn valid_user(user: &str) -> bool {
+    !user.is_empty()
+        && user.chars().count() <= MAX_USER
+        && user.chars().all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
+}
+
+/// The user a session belongs to when none is named: the operating-system user (`USER`, else
+/// `LOGNAME`), else `default`.
+pub fn default_user() -> String {
+    ["USER", "LOGNAME"]
+        .iter()
+        .filter_map(|k| std::env::var(k).ok())
+        .find(|u| valid_user(u))
+        .unwrap_or_else(|| "default".to_string())
+}
+
+/// Checks a memory's text and tags; returns them trimmed.
+pub fn check(text: &str, tags: &[String]) -> Result<(String, Vec<String>), String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("the memory is empty: say what to remember".into());
+    }
+    let n = text.chars().count();
+    if n > MAX_TEXT {
+        return Err(format!("the memory is {n} characters, over {MAX_TEXT}: remember less"));
+    }
+    if tags.len() > MAX_TAGS {
+        return Err(format!("{} tags, over {MAX_TAGS}", tags.len()));
+    }
+    let mut out: Vec<String> = Vec::new();
+    for t in tags {
+        let t = t.trim();
+        if t.is_empty() || t.chars().count() > MAX_TAG || t.chars().any(char::is_control) {
+            return Err(format!("a tag must be 1 to {MAX_TAG} printable characters"));
+        }
+        if !out.iter().any(|o| o == t) {
+            out.push(t.to_string());
+        }
+    }
+    Ok((text.to_string(), out))
+}
+
+/// Stores a memory of `user`; with `call` (a session and call id), at most once per call —
+/// a call's result may be written more than once, its memory is not. Returns its id.
+pub fn add_in(
+    c: &Connection,
+    user: &str,
+    text: &str,
+    tags: &[String],
+    call: Option<(&str, &str)>,
+) -> Result<i64, StoreError> {
+    if !valid_user(user) {
+        return Err(StoreError::Input(format!(
+            "the user name `{user}` is not valid: letters, digits, `-`, `_`, `.`, `@`"
+        )));
+    }
+    let (text, tags) = check(text, tags).map_err(StoreError::Input)?;
+    if let Some((session, call_id)) = call
+        && let Some(id) = c
+            .prepare_cached("SELECT id FROM memories WHERE session_id=?1 AND call_id=?2")?
+            .query_row(params![session, call_id], |r| r.get(0))
+            .optional()?
+    {
+        return Ok(id);
+    }
+    let tags = serde_json::to_string(&tags).map_err(|e| StoreError::Input(e.to_string()))?;
+    c.prepare_cached(
+        "INSERT INTO memories (user, text, tags, at_ms, session_id, call_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![user, text, tags, now_ms(), call.map(|c| c.0), call.map(|c| c.1)])?;
+    Ok(c.last_insert_rowid())
+}
+
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Memory> {
+    let tags: String = r.get(3)?;
+    Ok(Memory {
+        id: r.get(0)?,
+        user: r.get(1)?,
+        text: r.get(2)?,
+        tags: serde_json::from_str(&tags).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(3, rusqlite::types::Type::Text, Box::new(e))
+        })?,
+        at_ms: r.get(4)?,
+        session_id: r.get(5)?,
+    })
+}
+
+/// The memories of `user` (of every user when `None`), oldest first.
+pub fn list_in(c: &Connection, user: Option<&str>) -> Result<Vec<Memory>, StoreError> {
+    let mut stmt = c.prepare_cached(
+        "SELECT id, user, text, tags, at_ms, session_id FROM memories
+         WHERE ?1 IS NULL OR user = ?1 ORDER BY id",
+    )?;
+    let rows = stmt.query_map([user], row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Removes memory `id` of `user`.
+pub fn remove_in(c: &Connection, user: &str, id: i64) -> Result<Memory, StoreError> {
+    let found = c
+        .prepare_cached(
+            "SELECT id, user, text, tags, at_ms, session_id FROM memories WHERE id=?1 AND user=?2",
+        )?
+        .query_row(params![id, user], row)
+        .optional()?;
+    let Some(m) = found else {
+        return Err(StoreError::NotFound(format!("user `{user}` has no memory {id}")));
+    };
+    c.execute("DELETE FROM memories WHERE id=?1", [id])?;
+    Ok(m)
+}
+
+/// The memories of `user` best matching `terms` (bm25 over text and tags), at most `limit`,
+/// best first.
+pub fn recall_in<S: AsRef<str>>(
+    c: &Connection,
+    user: &str,
+    terms: &[S],
+    limit: usize,
+) -> Result<Vec<Scored<Memory>>, StoreError> {
+    let Some(words) = fts_query(terms) else { return Ok(Vec::new()) };
+    // The user's column narrows the match inside the index; the join keeps exactly this user
+    // (a user name's words could match another's).
+    let user_words = fts_query(&[user]);
+    let query = match user_words {
+        Some(u) => format!("user : ({}) AND {{text tags}} : ({words})", u.replace(" OR ", " AND ")),
+        None => format!("{{text tags}} : ({words})"),
+    };
+    let mut stmt = c.prepare_cached(
+        "SELECT m.id, m.user, m.text, m.tags, m.at_ms, m.session_id,
+                bm25(memories_fts, 0.0, 1.0, 2.0) AS score
+         FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid
+         WHERE memories_fts MATCH ?1 AND m.user = ?2 ORDER BY score LIMIT ?3",
+    )?;
+    let rows = stmt.query_map(params![query, user, limit as i64], |r| {
+        Ok(Scored { item: row(r)?, score: r.get(6)? })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memories_and_users_are_checked() {
+        assert!(valid_user("alice") && valid_user("a.b@c-d_e") && valid_user("Ünï"));
+        assert!(
+            !valid_user("")
+                && !valid_user("a b")
+                && !valid_user("a\u{1b}")
+                && !valid_user(&"a".repeat(65))
+        );
+        assert!(check("  ", &[]).unwrap_err().contains("empty"));
+        assert!(check(&"x".repeat(MAX_TEXT + 1), &[]).unwrap_err().contains("over"));
+        let tags: Vec<String> = (0..9).map(|i| format!("t{i}")).collect();
+        assert!(check("x", &tags).unwrap_err().contains("tags"));
+        assert!(check("x", &["".into()]).is_err());
+        let (text, tags) = check(" keep ", &["a".into(), "a".into(), " b ".into()]).unwrap();
+        assert_eq!((text.as_str(), tags), ("keep", vec!["a".to_string(), "b".to_string()]));
+    }
+}

@@ -1,0 +1,557 @@
+//! The capabilities a session has loaded — tools and skills — and how each arrived; the
+//! orchestration record of each turn that prepared capabilities.
+//!
+//! [`add_in`] is AddSelectedCapabilities, the only way capabilities are added after a
+//! session's creation (by the Orchestrator, `skills_load`, `tools_select`, or an admin): it
+//! keeps what is loaded, adds only, pins what it adds (a tool to its component's digest, a
+//! skill to its content's), and never touches goals, model or identity. [`unload_in`] is the
+//! explicit removal path (`keel session unload`).
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+use crate::memory::Memory;
+use crate::skills::SkillRef;
+use crate::store::{StoreError, now_ms};
+use crate::tools::{ToolRef, ToolSetRef};
+
+use super::events::{self, SessionEvent};
+
+crate::stored_enum! {
+    /// How a capability arrived in a session.
+    pub enum Via: "capability origin" {
+        /// Named when the session was created (`keel run --tools`).
+        Flag = "flag",
+        /// Loaded with every session (no `--tools`: every installed tool; the control and
+        /// discovery tools always).
+        Default = "default",
+        /// Selected by the Orchestrator when a turn set the goals.
+        Orchestrator = "orchestrator",
+        /// Loaded by the model with `skills_load`.
+        SkillsLoad = "skills_load",
+        /// Selected by the model with `tools_select`.
+        ToolsSelect = "tools_select",
+        /// Added by an admin to an existing session (`keel run --session ID --tools`).
+        Admin = "admin",
+    }
+}
+
+crate::stored_enum! {
+    /// What kind of capability.
+    pub enum Kind: "capability kind" {
+        Tool = "tool",
+        Skill = "skill",
+    }
+}
+
+/// One loaded capability and how it arrived.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Capability {
+    pub kind: Kind,
+    pub name: String,
+    pub via: Via,
+    /// The turn it arrived in (none: at the session's creation).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turn: Option<i64>,
+    pub at_ms: i64,
+    /// A skill's pinned content digest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// The call that loaded it (`skills_load`, `tools_select`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+}
+
+/// A skill loaded in a session, at the version it loaded.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LoadedSkill {
+    pub name: String,
+    pub description: String,
+    pub digest: String,
+    /// The first page of its body (what a request shows).
+    pub shown: String,
+    /// Bytes of the whole body.
+    pub body_bytes: usize,
+}
+
+/// What to add: tool sets (components, every tool of each), single tools, skills — by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Selection {
+    pub toolsets: Vec<String>,
+    pub tools: Vec<String>,
+    pub skills: Vec<String>,
+}
+
+impl Selection {
+    pub fn is_empty(&self) -> bool {
+        self.toolsets.is_empty() && self.tools.is_empty() && self.skills.is_empty()
+    }
+}
+
+/// What [`add_in`] added (what was loaded already, or is not installed, is not in it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Added {
+    pub tools: Vec<String>,
+    pub skills: Vec<String>,
+    /// Names that are not installed (any more), left out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
+}
+
+impl Added {
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty() && self.skills.is_empty()
+    }
+}
+
+/// AddSelectedCapabilities: adds `selection` to session `id`, add-only, pinned, in the
+/// caller's transaction. `turn` and `call_id` say where it came from.
+pub fn add_in(
+    c: &Connection,
+    id: &str,
+    selection: &Selection,
+    via: Via,
+    turn: Option<i64>,
+    call_id: Option<&str>,
+) -> Result<Added, StoreError> {
+    let meta = super::facts::load_meta(c, id)?;
+    let mut loaded = meta.loaded_tools.clone();
+    let mut pins = meta.tool_pins.clone();
+    let mut added = Added::default();
+    let mut wanted: Vec<String> = Vec::new();
+    for set in &selection.toolsets {
+        let mut stmt =
+            c.prepare_cached("SELECT name FROM tools WHERE component=?1 ORDER BY name")?;
+        let tools: Vec<String> = stmt.query_map([set], |r| r.get(0))?.collect::<Result<_, _>>()?;
+        if tools.is_empty() {
+            added.missing.push(set.clone());
+        }
+        wanted.extend(tools);
+    }
+    wanted.extend(selection.tools.iter().cloned());
+    let at = now_ms();
+    for tool in wanted {
+        if loaded.contains(&tool) {
+            continue;
+        }
+        let digest: Option<String> = c
+            .prepare_cached(
+                "SELECT c.digest FROM tools t JOIN components c ON c.name = t.component
+                 WHERE t.name = ?1",
+            )?
+            .query_row([&tool], |r| r.get(0))
+            .optional()?;
+        match digest {
+            Some(digest) => {
+                pins.entry(tool.clone()).or_insert(digest);
+            }
+            // An admin's addition was resolved by ToolService, host tools included (they are
+            // not in the catalog's tables, and run as registered: nothing to pin).
+            None if via == Via::Admin => {}
+            None => {
+                added.missing.push(tool);
+                continue;
+            }
+        }
+        loaded.push(tool.clone());
+        insert(c, id, Kind::Tool, &tool, via, turn, at, None, call_id)?;
+        added.tools.push(tool);
+    }
+    let have: Vec<String> = skills_in(c, id)?.into_iter().map(|s| s.name).collect();
+    for skill in &selection.skills {
+        if have.contains(skill) || added.skills.contains(skill) {
+            continue;
+        }
+        let digest: Option<String> = c
+            .prepare_cached("SELECT digest FROM skills WHERE name=?1")?
+            .query_row([skill], |r| r.get(0))
+            .optional()?;
+        let Some(digest) = digest else {
+            added.missing.push(skill.clone());
+            continue;
+        };
+        insert(c, id, Kind::Skill, skill, via, turn, at, Some(&digest), call_id)?;
+        added.skills.push(skill.clone());
+    }
+    if !added.tools.is_empty() {
+        c.execute(
+            "UPDATE session_config SET loaded_tools=?2, tool_pins=?3 WHERE session_id=?1",
+            params![id, super::json(&loaded)?, super::json(&pins)?],
+        )?;
+    }
+    if !added.is_empty() {
+        events::append(
+            c,
+            id,
+            &SessionEvent::CapabilitiesAdded {
+                via,
+                tools: added.tools.clone(),
+                skills: added.skills.clone(),
+            },
+        )?;
+    }
+    Ok(added)
+}
+
+/// Records how the tools a session was created with arrived.
+pub fn created_in(c: &Connection, id: &str, tools: &[(String, Via)]) -> Result<(), StoreError> {
+    let at = now_ms();
+    for (tool, via) in tools {
+        insert(c, id, Kind::Tool, tool, *via, None, at, None, None)?;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn insert(
+    c: &Connection,
+    id: &str,
+    kind: Kind,
+    name: &str,
+    via: Via,
+    turn: Option<i64>,
+    at_ms: i64,
+    digest: Option<&str>,
+    call_id: Option<&str>,
+) -> Result<(), StoreError> {
+    c.prepare_cached(
+        "INSERT OR IGNORE INTO session_capabilities
+             (session_id, kind, name, via, turn, at_ms, digest, call_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![id, kind, name, via, turn, at_ms, digest, call_id])?;
+    Ok(())
+}
+
+/// Removes a loaded tool or skill from session `id` (the explicit unload path). The tools
+/// every session keeps (control and discovery) cannot be unloaded.
+pub fn unload_in(c: &Connection, id: &str, kind: Kind, name: &str) -> Result<(), StoreError> {
+    let meta = super::facts::load_meta(c, id)?;
+    match kind {
+        Kind::Tool => {
+            if crate::builtin::ALWAYS_LOADED.contains(&name) {
+                return Err(StoreError::Input(format!(
+                    "`{name}` is always loaded: the control and discovery tools stay with every session"
+                )));
+            }
+            if !meta.loaded_tools.iter().any(|t| t == name) {
+                return Err(StoreError::NotFound(format!(
+                    "session `{id}` has no tool `{name}` loaded"
+                )));
+            }
+            let loaded: Vec<&String> = meta.loaded_tools.iter().filter(|t| *t != name).collect();
+            let mut pins = meta.tool_pins.clone();
+            pins.remove(name);
+            c.execute(
+                "UPDATE session_config SET loaded_tools=?2, tool_pins=?3 WHERE session_id=?1",
+                params![id, super::json(&loaded)?, super::json(&pins)?],
+            )?;
+        }
+        Kind::Skill => {
+            let n = c.execute(
+                "DELETE FROM session_capabilities WHERE session_id=?1 AND kind='skill' AND name=?2",
+                params![id, name],
+            )?;
+            if n == 0 {
+                return Err(StoreError::NotFound(format!(
+                    "session `{id}` has no skill `{name}` loaded"
+                )));
+            }
+        }
+    }
+    c.execute(
+        "DELETE FROM session_capabilities WHERE session_id=?1 AND kind=?2 AND name=?3",
+        params![id, kind, name],
+    )?;
+    events::append(
+        c,
+        id,
+        &SessionEvent::CapabilityUnloaded { capability: kind, name: name.to_string() },
+    )?;
+    Ok(())
+}
+
+/// Every capability of session `id` with how it arrived, in the order they arrived.
+pub fn of_session(c: &Connection, id: &str) -> Result<Vec<Capability>, StoreError> {
+    let mut stmt = c.prepare_cached(
+        "SELECT kind, name, via, turn, at_ms, digest, call_id FROM session_capabilities
+         WHERE session_id=?1 ORDER BY at_ms, kind, name",
+    )?;
+    let rows = stmt.query_map([id], |r| {
+        Ok(Capability {
+            kind: r.get(0)?,
+            name: r.get(1)?,
+            via: r.get(2)?,
+            turn: r.get(3)?,
+            at_ms: r.get(4)?,
+            digest: r.get(5)?,
+            call_id: r.get(6)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// The skills session `id` has loaded, by name, at the versions it loaded.
+pub fn skills_in(c: &Connection, id: &str) -> Result<Vec<LoadedSkill>, StoreError> {
+    let mut stmt = c.prepare_cached(
+        "SELECT v.name, v.description, v.digest, substr(v.body, 1, ?2),
+                length(CAST(v.body AS BLOB))
+         FROM session_capabilities s JOIN skill_versions v ON v.digest = s.digest
+         WHERE s.session_id=?1 AND s.kind='skill' ORDER BY v.name",
+    )?;
+    let rows = stmt.query_map(params![id, crate::skills::BODY_SHOWN as i64], |r| {
+        let body: String = r.get(3)?;
+        Ok(LoadedSkill {
+            name: r.get(0)?,
+            description: r.get(1)?,
+            digest: r.get(2)?,
+            shown: crate::skills::page(&body, 0).0.to_string(),
+            body_bytes: r.get::<_, i64>(4)? as usize,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// What recall found for one turn: candidates of the three groups, each sorted by stable
+/// reference.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Candidates {
+    pub skills: Vec<SkillRef>,
+    pub toolsets: Vec<ToolSetRef>,
+    pub tools: Vec<ToolRef>,
+}
+
+impl Candidates {
+    pub fn is_empty(&self) -> bool {
+        self.skills.is_empty() && self.toolsets.is_empty() && self.tools.is_empty()
+    }
+}
+
+/// The orchestration of one turn: what was recalled, what the Orchestrator was asked and
+/// answered, and what was added.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Orchestration {
+    pub turn: i64,
+    pub at_ms: i64,
+    pub mode: String,
+    pub candidates: Candidates,
+    /// The user's memories recalled for the request's "relevant memory" block.
+    pub memories: Vec<Memory>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recall_error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recall_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_sha256: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_bytes: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply: Option<String>,
+    /// What the Orchestrator selected that was accepted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selected: Option<Selection>,
+    /// Names in its answer that were not candidates, dropped.
+    pub dropped: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<i64>,
+    /// The orchestration finished (its call was made or not needed, its selection applied).
+    pub done: bool,
+}
+
+/// What recall found for one turn, to record.
+#[derive(Debug, Clone, Default)]
+pub struct RecallRecord {
+    pub turn: i64,
+    pub mode: String,
+    pub candidates: Candidates,
+    pub memories: Vec<Memory>,
+    /// What failed, group by group.
+    pub error: Option<String>,
+    pub recall_ms: f64,
+}
+
+/// Records a turn's recall (replacing an unfinished earlier attempt), with its event.
+pub fn record_recall_in(c: &Connection, id: &str, r: &RecallRecord) -> Result<(), StoreError> {
+    let (turn, candidates, memories) = (r.turn, &r.candidates, &r.memories);
+    let recall_error = r.error.as_deref();
+    c.prepare_cached(
+        "INSERT INTO orchestrations (session_id, turn, at_ms, mode, candidates, memories,
+             recall_error, recall_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+         ON CONFLICT (session_id, turn) DO UPDATE SET at_ms=excluded.at_ms,
+             candidates=excluded.candidates, memories=excluded.memories,
+             recall_error=excluded.recall_error, recall_ms=excluded.recall_ms",
+    )?
+    .execute(params![
+        id,
+        turn,
+        now_ms(),
+        r.mode,
+        super::json(candidates)?,
+        super::json(memories)?,
+        recall_error,
+        r.recall_ms
+    ])?;
+    events::append(
+        c,
+        id,
+        &SessionEvent::CapabilitiesRecalled {
+            turn,
+            skills: candidates.skills.len(),
+            toolsets: candidates.toolsets.len(),
+            tools: candidates.tools.len(),
+            memories: memories.len(),
+            error: recall_error.map(str::to_string),
+            call: !candidates.is_empty(),
+        },
+    )?;
+    Ok(())
+}
+
+/// What the Orchestrator's call came to.
+#[derive(Debug, Clone, Default)]
+pub struct OrchestratorCall {
+    /// The request body, when a call was made.
+    pub request: Option<Vec<u8>>,
+    pub reply: Option<String>,
+    /// The accepted selection.
+    pub selection: Selection,
+    pub dropped: Vec<String>,
+    pub error: Option<String>,
+    pub duration_ms: f64,
+    pub attempts: u32,
+}
+
+/// Finishes turn `turn`'s orchestration: keeps the call's request (in `blobs`, by SHA-256) and
+/// answer, adds the accepted selection (AddSelectedCapabilities), and emits the events that
+/// end the preparation — then the turn's first model call starts. Returns what was added.
+pub fn finish_in(
+    c: &Connection,
+    id: &str,
+    turn: i64,
+    call: &OrchestratorCall,
+) -> Result<Added, StoreError> {
+    let (sha, bytes) = match &call.request {
+        Some(body) => {
+            let (sha, bytes) = super::blobs::put_request_in(c, body, "an orchestration")?;
+            (Some(sha), Some(bytes))
+        }
+        None => (None, None),
+    };
+    let made = call.request.is_some();
+    c.prepare_cached(
+        "UPDATE orchestrations SET body_sha256=?3, body_bytes=?4, reply=?5, selected=?6,
+             dropped=?7, error=?8, duration_ms=?9, attempts=?10, done=1
+         WHERE session_id=?1 AND turn=?2",
+    )?
+    .execute(params![
+        id,
+        turn,
+        sha,
+        bytes,
+        call.reply,
+        made.then(|| super::json(&call.selection)).transpose()?,
+        super::json(&call.dropped)?,
+        call.error,
+        made.then_some(call.duration_ms),
+        made.then_some(i64::from(call.attempts)),
+    ])?;
+    if made {
+        events::append(
+            c,
+            id,
+            &SessionEvent::Orchestrated {
+                turn,
+                dropped: call.dropped.clone(),
+                error: call.error.clone(),
+            },
+        )?;
+    }
+    let added = add_in(c, id, &call.selection, Via::Orchestrator, Some(turn), None)?;
+    let meta = super::facts::load_meta(c, id)?;
+    events::append(
+        c,
+        id,
+        &SessionEvent::EnvironmentApplied {
+            session_goal: meta.session_goal.clone(),
+            phase_goal: meta.phase_goal.clone(),
+        },
+    )?;
+    events::append(c, id, &SessionEvent::ModelCallStarted { step: meta.steps + 1 })?;
+    Ok(added)
+}
+
+const ORCHESTRATION: &str = "SELECT turn, at_ms, mode, candidates, memories, recall_error,
+    recall_ms, body_sha256, body_bytes, reply, selected, dropped, error, duration_ms, attempts,
+    done FROM orchestrations";
+
+fn orchestration(r: &rusqlite::Row<'_>) -> rusqlite::Result<Orchestration> {
+    fn json<T: serde::de::DeserializeOwned>(i: usize, t: String) -> rusqlite::Result<T> {
+        serde_json::from_str(&t).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
+        })
+    }
+    Ok(Orchestration {
+        turn: r.get(0)?,
+        at_ms: r.get(1)?,
+        mode: r.get(2)?,
+        candidates: json(3, r.get(3)?)?,
+        memories: json(4, r.get(4)?)?,
+        recall_error: r.get(5)?,
+        recall_ms: r.get(6)?,
+        body_sha256: r.get(7)?,
+        body_bytes: r.get(8)?,
+        reply: r.get(9)?,
+        selected: r.get::<_, Option<String>>(10)?.map(|s| json(10, s)).transpose()?,
+        dropped: r
+            .get::<_, Option<String>>(11)?
+            .map(|s| json(11, s))
+            .transpose()?
+            .unwrap_or_default(),
+        error: r.get(12)?,
+        duration_ms: r.get(13)?,
+        attempts: r.get(14)?,
+        done: r.get(15)?,
+    })
+}
+
+/// The orchestration of turn `turn`, if it began.
+pub fn of_turn_in(
+    c: &Connection,
+    id: &str,
+    turn: i64,
+) -> Result<Option<Orchestration>, StoreError> {
+    Ok(c.prepare_cached(&format!("{ORCHESTRATION} WHERE session_id=?1 AND turn=?2"))?
+        .query_row(params![id, turn], orchestration)
+        .optional()?)
+}
+
+/// The last orchestration of session `id` whose recall was recorded.
+pub fn latest_in(c: &Connection, id: &str) -> Result<Option<Orchestration>, StoreError> {
+    Ok(c.prepare_cached(&format!(
+        "{ORCHESTRATION} WHERE session_id=?1 ORDER BY turn DESC LIMIT 1"
+    ))?
+    .query_row([id], orchestration)
+    .optional()?)
+}
+
+/// Every orchestration of session `id`, oldest first.
+pub fn orchestrations_in(c: &Connection, id: &str) -> Result<Vec<Orchestration>, StoreError> {
+    let mut stmt =
+        c.prepare_cached(&format!("{ORCHESTRATION} WHERE session_id=?1 ORDER BY turn"))?;
+    let rows = stmt.query_map([id], orchestration)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// The exact request body of turn `turn`'s orchestration call (the last one made if `None`).
+pub fn evidence_in(
+    c: &Connection,
+    id: &str,
+    turn: Option<i64>,
+) -> Result<(i64, Vec<u8>), StoreError> {
+    super::blobs::call_evidence_in(c, id, super::blobs::CallKind::Orchestration, turn)
+}

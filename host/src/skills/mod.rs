@@ -1,0 +1,597 @@
+//! Skills: installed methods, owned here.
+//!
+//! A skill follows the Agent Skills convention: a directory holding `SKILL.md` — YAML front
+//! matter with at least `name` and `description`, then the body, the method itself (steps,
+//! rules, output requirements) — and optionally reference files and tool components
+//! (`*.wasm`) the skill relies on. A skill is **content, never authority**: installing one
+//! grants nothing, a tool it mentions is not loaded by the mention, and its bundled components
+//! go through the normal tool install and then follow each session's grants and policy like
+//! any other tool.
+//!
+//! Every version is kept by the SHA-256 of its whole content (`skill_versions`, with its
+//! reference files in `skill_files`); the installed version of each name is in `skills`, which
+//! a full-text index (`skills_fts`, FTS5 with bm25 over name, description and body) follows by
+//! triggers. A session that loaded a skill keeps the version it loaded.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::Serialize;
+
+use crate::digest::sha256_hex;
+use crate::search::{Scored, fts_query};
+use crate::store::StoreError;
+
+/// Characters of a description, at most.
+pub const MAX_DESCRIPTION: usize = 1024;
+/// Bytes of `SKILL.md`, at most.
+pub const MAX_SKILL_MD: usize = 256 * 1024;
+/// Reference files of one skill, at most.
+pub const MAX_FILES: usize = 64;
+/// Bytes of one reference file, at most.
+pub const MAX_FILE_BYTES: usize = 1024 * 1024;
+/// Bytes of all reference files together, at most.
+pub const MAX_TOTAL_BYTES: usize = 8 * 1024 * 1024;
+/// Tool components one skill may bundle, at most.
+pub const MAX_COMPONENTS: usize = 16;
+/// Bytes of a loaded skill's body that enter a request; the rest is paged with `skills_load`.
+pub const BODY_SHOWN: usize = 8 * 1024;
+
+/// Why a skill cannot be installed or read.
+#[derive(Debug, thiserror::Error)]
+pub enum SkillError {
+    /// The skill's files break a rule; each problem is named.
+    #[error("the skill at {path} cannot be installed:\n  - {}", problems.join("\n  - "))]
+    Invalid { path: String, problems: Vec<String> },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no skill named `{0}` is installed")]
+    NotInstalled(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl SkillError {
+    /// A stable name of the error's kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Invalid { .. } => "invalid_skill",
+            Self::Read { .. } => "input",
+            Self::NotInstalled(_) => "not_installed",
+            Self::Store(e) => e.kind(),
+        }
+    }
+}
+
+/// A skill as read from disk, checked, not yet installed.
+#[derive(Debug, Clone)]
+pub struct SkillPackage {
+    pub name: String,
+    pub description: String,
+    pub body: String,
+    /// Front-matter keys keel reads but does not act on (`allowed-tools`, say), named so that
+    /// an admin sees a skill cannot widen anything.
+    pub ignored_keys: Vec<String>,
+    /// Reference files by relative path (`/`-separated), `SKILL.md` itself not among them.
+    pub files: Vec<(String, Vec<u8>)>,
+    /// Bundled tool components: (component name, the file's bytes).
+    pub components: Vec<(String, Vec<u8>)>,
+    /// SHA-256 over every file of the skill.
+    pub digest: String,
+}
+
+/// A reference file of a skill version.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct SkillFile {
+    pub path: String,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+/// An installed skill.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SkillRecord {
+    pub name: String,
+    pub description: String,
+    pub digest: String,
+    pub source: String,
+    pub installed_at: String,
+    /// Bytes of the body.
+    pub body_bytes: usize,
+    pub files: Vec<SkillFile>,
+    /// The components it bundles (installed as tools).
+    pub tools: Vec<String>,
+}
+
+/// One stored version of a skill, with its body.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SkillVersion {
+    pub name: String,
+    pub description: String,
+    pub digest: String,
+    pub body: String,
+    pub files: Vec<SkillFile>,
+    pub tools: Vec<String>,
+}
+
+/// A skill as recall and search name it: enough for a model to decide on it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
+pub struct SkillRef {
+    pub name: String,
+    pub description: String,
+    pub digest: String,
+}
+
+/// Checks a skill name: as for components — lowercase letters, digits, `-` and `_`, starting
+/// with a letter, at most 64 characters.
+pub fn valid_skill_name(name: &str) -> bool {
+    crate::tools::valid_component_name(name)
+}
+
+/// Splits `SKILL.md` into its front matter's `name`, `description`, the keys keel ignores,
+/// and the body.
+pub fn parse_skill_md(text: &str) -> Result<(String, String, Vec<String>, String), Vec<String>> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let Some(rest) = text.strip_prefix("---\n").or_else(|| text.strip_prefix("---\r\n")) else {
+        return Err(vec!["SKILL.md must begin with YAML front matter between `---` lines".into()]);
+    };
+    let (yaml, body) = match find_closing(rest) {
+        Some(split) => split,
+        None => return Err(vec!["SKILL.md's front matter has no closing `---` line".into()]),
+    };
+    let value: serde_yaml_ng::Value = match serde_yaml_ng::from_str(yaml) {
+        Ok(v) => v,
+        Err(e) => return Err(vec![format!("the front matter is not valid YAML: {e}")]),
+    };
+    let Some(map) = value.as_mapping() else {
+        return Err(vec!["the front matter must be a mapping of keys to values".into()]);
+    };
+    let mut problems = Vec::new();
+    let text_field = |key: &str, problems: &mut Vec<String>| -> String {
+        match map.get(key) {
+            None => {
+                problems.push(format!("the front matter has no `{key}`"));
+                String::new()
+            }
+            Some(v) => match v.as_str() {
+                Some(s) => s.trim().to_string(),
+                None => {
+                    problems.push(format!("the front matter's `{key}` must be text"));
+                    String::new()
+                }
+            },
+        }
+    };
+    let name = text_field("name", &mut problems);
+    let description = text_field("description", &mut problems);
+    if !name.is_empty() && !valid_skill_name(&name) {
+        problems.push(format!(
+            "the name `{}` is not valid: use lowercase letters, digits, `-` and `_`, starting \
+             with a letter, at most 64 characters",
+            &name
+        ));
+    }
+    if map.get("description").is_some_and(|v| v.is_string()) {
+        let n = description.chars().count();
+        if n == 0 {
+            problems.push(
+                "the description is empty: say what the skill is for and when to use it".into(),
+            );
+        } else if n > MAX_DESCRIPTION {
+            problems.push(format!("the description is {n} characters, over {MAX_DESCRIPTION}"));
+        }
+    }
+    let body = body.trim().to_string();
+    if body.is_empty() {
+        problems.push("the body is empty: a skill's body is its method".into());
+    }
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    let ignored = map
+        .keys()
+        .filter_map(|k| k.as_str())
+        .filter(|k| *k != "name" && *k != "description")
+        .map(str::to_string)
+        .collect();
+    Ok((name, description, ignored, body))
+}
+
+/// The front matter and the body after its closing `---` line.
+fn find_closing(rest: &str) -> Option<(&str, &str)> {
+    let mut at = 0;
+    for line in rest.split_inclusive('\n') {
+        if line.trim_end() == "---" {
+            return Some((&rest[..at], &rest[at + line.len()..]));
+        }
+        at += line.len();
+    }
+    None
+}
+
+/// Reads and checks a skill: a directory holding `SKILL.md`, or a `SKILL.md` file alone.
+/// Symbolic links are refused (a skill's files are its own); hidden files and directories
+/// (`.git`) are skipped.
+pub fn read_package(path: &Path) -> Result<SkillPackage, SkillError> {
+    let shown = path.display().to_string();
+    let meta = std::fs::symlink_metadata(path)
+        .map_err(|source| SkillError::Read { path: shown.clone(), source })?;
+    let invalid = |problems: Vec<String>| SkillError::Invalid { path: shown.clone(), problems };
+    let mut all: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut problems = Vec::new();
+    if meta.is_file() {
+        let bytes = read_limited(path, MAX_SKILL_MD, &mut problems)
+            .map_err(|source| SkillError::Read { path: shown.clone(), source })?;
+        all.push(("SKILL.md".into(), bytes));
+    } else if meta.is_dir() {
+        walk(path, "", &mut all, &mut problems)
+            .map_err(|source| SkillError::Read { path: shown.clone(), source })?;
+    } else {
+        return Err(invalid(vec!["give a skill directory or its SKILL.md file".into()]));
+    }
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    let Some(skill_md) = all.iter().find(|(p, _)| p == "SKILL.md").map(|f| f.1.clone()) else {
+        return Err(invalid(vec!["there is no SKILL.md at the top of the directory".into()]));
+    };
+    if skill_md.len() > MAX_SKILL_MD {
+        problems.push(format!("SKILL.md is {} bytes, over {MAX_SKILL_MD}", skill_md.len()));
+    }
+    let text = match String::from_utf8(skill_md) {
+        Ok(t) => t,
+        Err(_) => return Err(invalid(vec!["SKILL.md is not UTF-8 text".into()])),
+    };
+    let parsed = parse_skill_md(&text);
+    let (mut files, mut components) = (Vec::new(), Vec::new());
+    for (p, bytes) in &all {
+        if p == "SKILL.md" {
+            continue;
+        }
+        if let Some(stem) = p.strip_suffix(".wasm") {
+            let name = stem.rsplit('/').next().unwrap_or(stem).to_string();
+            if !crate::tools::valid_component_name(&name) {
+                problems.push(format!(
+                    "the component file `{}` does not make a valid component name (lowercase \
+                     letters, digits, `-`, `_`, starting with a letter)",
+                    p
+                ));
+            } else if components.iter().any(|(n, _): &(String, Vec<u8>)| *n == name) {
+                problems.push(format!("two component files are named `{name}.wasm`"));
+            }
+            components.push((name, bytes.clone()));
+        } else {
+            files.push((p.clone(), bytes.clone()));
+        }
+    }
+    if files.len() > MAX_FILES {
+        problems.push(format!("{} reference files, over {MAX_FILES}", files.len()));
+    }
+    let total: usize = files.iter().map(|f| f.1.len()).sum();
+    if total > MAX_TOTAL_BYTES {
+        problems.push(format!("the reference files hold {total} bytes, over {MAX_TOTAL_BYTES}"));
+    }
+    if components.len() > MAX_COMPONENTS {
+        problems.push(format!("{} components, over {MAX_COMPONENTS}", components.len()));
+    }
+    let (name, description, ignored_keys, body) = match parsed {
+        Ok(p) => p,
+        Err(mut more) => {
+            more.extend(problems);
+            return Err(invalid(more));
+        }
+    };
+    if !problems.is_empty() {
+        return Err(invalid(problems));
+    }
+    Ok(SkillPackage {
+        name,
+        description,
+        body,
+        ignored_keys,
+        files,
+        components,
+        digest: content_digest(&all),
+    })
+}
+
+/// SHA-256 over every file, in path order: each path, a zero byte, its length and its bytes.
+fn content_digest(files: &[(String, Vec<u8>)]) -> String {
+    let mut all = Vec::new();
+    for (p, bytes) in files {
+        all.extend_from_slice(p.as_bytes());
+        all.push(0);
+        all.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        all.extend_from_slice(bytes);
+    }
+    sha256_hex(&all)
+}
+
+fn read_limited(path: &Path, limit: usize, problems: &mut Vec<String>) -> std::io::Result<Vec<u8>> {
+    let len = std::fs::metadata(path)?.len();
+    if len > limit as u64 {
+        problems.push(format!("{} is {len} bytes, over {limit}", path.display()));
+        return Ok(Vec::new());
+    }
+    std::fs::read(path)
+}
+
+fn walk(
+    dir: &Path,
+    prefix: &str,
+    out: &mut Vec<(String, Vec<u8>)>,
+    problems: &mut Vec<String>,
+) -> std::io::Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let Some(name) = e.file_name().to_str().map(str::to_string) else {
+            problems.push(format!("a file name in {} is not UTF-8", dir.display()));
+            continue;
+        };
+        if name.starts_with('.') {
+            continue;
+        }
+        let rel = if prefix.is_empty() { name.clone() } else { format!("{prefix}/{name}") };
+        let kind = e.file_type()?;
+        if kind.is_symlink() {
+            problems
+                .push(format!("`{}` is a symbolic link: a skill's files must be its own", &rel));
+        } else if kind.is_dir() {
+            if rel.matches('/').count() >= 8 {
+                problems.push(format!("`{}` is nested too deep", &rel));
+                continue;
+            }
+            walk(&e.path(), &rel, out, problems)?;
+        } else if kind.is_file() {
+            if out.len() > MAX_FILES + MAX_COMPONENTS + 1 {
+                problems.push("the skill holds too many files".into());
+                return Ok(());
+            }
+            let limit = if rel.ends_with(".wasm") {
+                64 * 1024 * 1024
+            } else {
+                MAX_FILE_BYTES.max(MAX_SKILL_MD)
+            };
+            let bytes = read_limited(&e.path(), limit, problems)?;
+            if !rel.ends_with(".wasm") && rel != "SKILL.md" && bytes.len() > MAX_FILE_BYTES {
+                problems.push(format!(
+                    "`{}` is {} bytes, over {MAX_FILE_BYTES}",
+                    &rel,
+                    bytes.len()
+                ));
+            }
+            out.push((rel, bytes));
+        }
+    }
+    Ok(())
+}
+
+/// What installing a skill did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SkillInstalled {
+    pub skill: SkillRecord,
+    /// The digest of the version this one replaced.
+    pub replaced: Option<String>,
+    /// The same content was installed already.
+    pub unchanged: bool,
+    /// Front-matter keys keel does not act on.
+    pub ignored_keys: Vec<String>,
+}
+
+/// Stores `pkg` as the installed version of its name (`source`: where it came from).
+/// Replacing an installed skill of another content needs `upgrade`.
+pub fn install_in(
+    c: &Connection,
+    pkg: &SkillPackage,
+    source: &str,
+    upgrade: bool,
+) -> Result<SkillInstalled, StoreError> {
+    let current: Option<String> = c
+        .query_row("SELECT digest FROM skills WHERE name=?1", [&pkg.name], |r| r.get(0))
+        .optional()?;
+    if let Some(old) = &current
+        && *old != pkg.digest
+        && !upgrade
+    {
+        return Err(StoreError::Conflict(format!(
+            "a skill named `{}` is installed already (sha256 {}): use --upgrade to replace it",
+            pkg.name,
+            &old[..12.min(old.len())]
+        )));
+    }
+    let files: Vec<SkillFile> = pkg
+        .files
+        .iter()
+        .map(|(p, b)| SkillFile { path: p.clone(), bytes: b.len() as u64, sha256: sha256_hex(b) })
+        .collect();
+    let tools: Vec<&str> = pkg.components.iter().map(|(n, _)| n.as_str()).collect();
+    c.execute(
+        "INSERT OR IGNORE INTO skill_versions (digest, name, description, body, files, tools)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![pkg.digest, pkg.name, pkg.description, pkg.body, json(&files)?, json(&tools)?],
+    )?;
+    for (p, b) in &pkg.files {
+        c.execute(
+            "INSERT OR IGNORE INTO skill_files (digest, path, content) VALUES (?1, ?2, ?3)",
+            params![pkg.digest, p, b],
+        )?;
+    }
+    let unchanged = current.as_deref() == Some(pkg.digest.as_str());
+    let at = crate::tools::install_time();
+    if current.is_some() {
+        c.execute(
+            "UPDATE skills SET digest=?2, source=?3, installed_at=?4 WHERE name=?1",
+            params![pkg.name, pkg.digest, source, at],
+        )?;
+    } else {
+        c.execute(
+            "INSERT INTO skills (name, digest, source, installed_at) VALUES (?1, ?2, ?3, ?4)",
+            params![pkg.name, pkg.digest, source, at],
+        )?;
+    }
+    let skill = get_in(c, &pkg.name)?
+        .ok_or_else(|| StoreError::NotFound(format!("skill `{}` vanished", pkg.name)))?;
+    Ok(SkillInstalled {
+        skill,
+        replaced: current.filter(|d| *d != pkg.digest),
+        unchanged,
+        ignored_keys: pkg.ignored_keys.clone(),
+    })
+}
+
+fn json<T: Serialize + ?Sized>(v: &T) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| StoreError::Input(e.to_string()))
+}
+
+fn parse_list<T: serde::de::DeserializeOwned>(text: &str) -> rusqlite::Result<T> {
+    serde_json::from_str(text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+const RECORD: &str = "SELECT s.name, v.description, s.digest, s.source, s.installed_at,
+    length(CAST(v.body AS BLOB)), v.files, v.tools
+    FROM skills s JOIN skill_versions v ON v.digest = s.digest";
+
+fn record(r: &rusqlite::Row<'_>) -> rusqlite::Result<SkillRecord> {
+    Ok(SkillRecord {
+        name: r.get(0)?,
+        description: r.get(1)?,
+        digest: r.get(2)?,
+        source: r.get(3)?,
+        installed_at: r.get(4)?,
+        body_bytes: r.get::<_, i64>(5)? as usize,
+        files: parse_list(&r.get::<_, String>(6)?)?,
+        tools: parse_list(&r.get::<_, String>(7)?)?,
+    })
+}
+
+/// The installed skill named `name`.
+pub fn get_in(c: &Connection, name: &str) -> Result<Option<SkillRecord>, StoreError> {
+    Ok(c.prepare_cached(&format!("{RECORD} WHERE s.name = ?1"))?
+        .query_row([name], record)
+        .optional()?)
+}
+
+/// Every installed skill, by name.
+pub fn list_in(c: &Connection) -> Result<Vec<SkillRecord>, StoreError> {
+    let mut stmt = c.prepare_cached(&format!("{RECORD} ORDER BY s.name"))?;
+    let rows = stmt.query_map([], record)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// The stored version `digest` of a skill, with its body.
+pub fn version_in(c: &Connection, digest: &str) -> Result<Option<SkillVersion>, StoreError> {
+    Ok(c.prepare_cached(
+        "SELECT name, description, digest, body, files, tools FROM skill_versions WHERE digest=?1",
+    )?
+    .query_row([digest], |r| {
+        Ok(SkillVersion {
+            name: r.get(0)?,
+            description: r.get(1)?,
+            digest: r.get(2)?,
+            body: r.get(3)?,
+            files: parse_list(&r.get::<_, String>(4)?)?,
+            tools: parse_list(&r.get::<_, String>(5)?)?,
+        })
+    })
+    .optional()?)
+}
+
+/// A reference file of skill version `digest`.
+pub fn file_in(c: &Connection, digest: &str, path: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    Ok(c.prepare_cached("SELECT content FROM skill_files WHERE digest=?1 AND path=?2")?
+        .query_row(params![digest, path], |r| r.get(0))
+        .optional()?)
+}
+
+/// Removes the installed skill `name`; its versions stay for the sessions that loaded them.
+pub fn remove_in(c: &Connection, name: &str) -> Result<SkillRecord, StoreError> {
+    let Some(record) = get_in(c, name)? else {
+        return Err(StoreError::NotFound(format!("no skill named `{name}` is installed")));
+    };
+    c.execute("DELETE FROM skills WHERE name=?1", [name])?;
+    Ok(record)
+}
+
+/// The installed skills best matching `terms` (bm25 over name, description and body), at most
+/// `limit`, best first.
+pub fn recall_in<S: AsRef<str>>(
+    c: &Connection,
+    terms: &[S],
+    limit: usize,
+) -> Result<Vec<Scored<SkillRef>>, StoreError> {
+    let Some(query) = fts_query(terms) else { return Ok(Vec::new()) };
+    let mut stmt = c.prepare_cached(
+        "SELECT s.name, v.description, s.digest, bm25(skills_fts, 10.0, 5.0, 1.0) AS score
+         FROM skills_fts JOIN skills s ON s.rowid = skills_fts.rowid
+         JOIN skill_versions v ON v.digest = s.digest
+         WHERE skills_fts MATCH ?1 ORDER BY score LIMIT ?2",
+    )?;
+    let rows = stmt.query_map(params![query, limit as i64], |r| {
+        Ok(Scored {
+            item: SkillRef { name: r.get(0)?, description: r.get(1)?, digest: r.get(2)? },
+            score: r.get(3)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// A page of a skill's body: `BODY_SHOWN` bytes from `offset` (cut at a character boundary),
+/// and the offset of the next page, if any.
+pub fn page(body: &str, offset: usize) -> (&str, Option<usize>) {
+    let mut start = offset.min(body.len());
+    while !body.is_char_boundary(start) {
+        start -= 1;
+    }
+    let mut end = (start + BODY_SHOWN).min(body.len());
+    while !body.is_char_boundary(end) {
+        end -= 1;
+    }
+    (&body[start..end], (end < body.len()).then_some(end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn front_matter_is_read_strictly() {
+        let ok = "---\nname: csv-audit\ndescription: >\n  Audit a CSV file.\nallowed-tools: fs_write_file\n---\n# Method\n1. Read it.\n";
+        let (name, description, ignored, body) = parse_skill_md(ok).unwrap();
+        assert_eq!((name.as_str(), description.as_str()), ("csv-audit", "Audit a CSV file."));
+        assert_eq!(ignored, vec!["allowed-tools".to_string()]);
+        assert_eq!(body, "# Method\n1. Read it.");
+        for (text, needle) in [
+            ("# no front matter", "must begin"),
+            ("---\nname: a\n", "no closing"),
+            ("---\n[1, 2]\n---\nbody", "mapping"),
+            ("---\nname: a: b: c\n---\nbody", "not valid YAML"),
+            ("---\ndescription: d\n---\nbody", "no `name`"),
+            ("---\nname: Bad Name\ndescription: d\n---\nbody", "not valid"),
+            ("---\nname: a\ndescription: [x]\n---\nbody", "must be text"),
+            ("---\nname: a\ndescription: \"\"\n---\nbody", "description is empty"),
+            ("---\nname: a\ndescription: d\n---\n  \n", "body is empty"),
+        ] {
+            let problems = parse_skill_md(text).unwrap_err().join("; ");
+            assert!(problems.contains(needle), "{text:?}: {problems}");
+        }
+        let long =
+            format!("---\nname: a\ndescription: {}\n---\nbody", "x".repeat(MAX_DESCRIPTION + 1));
+        assert!(parse_skill_md(&long).unwrap_err()[0].contains("over 1024"));
+    }
+
+    #[test]
+    fn pages_cut_at_character_boundaries() {
+        let body = "é".repeat(BODY_SHOWN);
+        let (first, next) = page(&body, 0);
+        assert!(first.len() <= BODY_SHOWN && next == Some(first.len()));
+        let (second, next) = page(&body, first.len());
+        assert_eq!(first.len() + second.len(), body.len());
+        assert_eq!(next, None);
+        assert_eq!(page("short", 99), ("", None));
+    }
+}
