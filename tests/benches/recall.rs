@@ -262,7 +262,12 @@ fn main() {
     let term_sets: Vec<Vec<String>> = (0..queries)
         .map(|_| {
             let n = 2 + rng.skewed(6);
-            (0..n).map(|_| sentence(&mut rng, &vocab, 1 + (rng.next() % 3) as usize)).collect()
+            (0..n)
+                .map(|_| {
+                    let words = 1 + (rng.next() % 3) as usize;
+                    sentence(&mut rng, &vocab, words)
+                })
+                .collect()
         })
         .collect();
     let time = |f: &dyn Fn(&[String]) -> usize| -> (Vec<Duration>, usize) {
@@ -334,7 +339,7 @@ fn main() {
         std::fs::write(d.join("SKILL.md"), text).unwrap();
         std::fs::write(d.join("reference.md"), sentence(&mut rng, &vocab, 300)).unwrap();
     }
-    let home = keel::home::Home::at(&dir.path().join("home")).unwrap();
+    let home = keel::home::Home::at(dir.path().join("home")).unwrap();
     let h = rt
         .block_on(keel::harness::Harness::open(
             home,
