@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 use serde_json::{Value, json};
 
 mod run;
+mod skills;
 
 fn keel(home: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_keel")).arg("--home").arg(home).args(args).output().unwrap()
