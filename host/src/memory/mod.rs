@@ -9,7 +9,7 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
-use crate::search::{Scored, fts_query};
+use crate::search::Scored;
 use crate::store::{StoreError, now_ms};
 
 /// Characters of one memory, at most.
@@ -158,21 +158,28 @@ pub fn recall_in<S: AsRef<str>>(
     terms: &[S],
     limit: usize,
 ) -> Result<Vec<Scored<Memory>>, StoreError> {
-    let Some(words) = fts_query(terms) else { return Ok(Vec::new()) };
-    // The user's column narrows the match inside the index; the join keeps exactly this user
-    // (a user name's words could match another's).
-    let user_words = fts_query(&[user]);
-    let query = match user_words {
-        Some(u) => format!("user : ({}) AND {{text tags}} : ({words})", u.replace(" OR ", " AND ")),
-        None => format!("{{text tags}} : ({words})"),
+    let Some(plan) = crate::search::plan_in(
+        c,
+        "memories_fts",
+        "memories_vocab",
+        Some("{text tags}"),
+        Some(crate::search::Scope {
+            join: "JOIN memories m ON m.id = memories_fts.rowid AND m.user = ?3",
+            owner: user,
+        }),
+        terms,
+    )?
+    else {
+        return Ok(Vec::new());
     };
     let mut stmt = c.prepare_cached(
         "SELECT m.id, m.user, m.text, m.tags, m.at_ms, m.session_id,
                 bm25(memories_fts, 0.0, 1.0, 2.0) AS score
          FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid
-         WHERE memories_fts MATCH ?1 AND m.user = ?2 ORDER BY score LIMIT ?3",
+         WHERE memories_fts MATCH ?1 AND memories_fts.rowid >= ?4 AND m.user = ?2
+         ORDER BY score LIMIT ?3",
     )?;
-    let rows = stmt.query_map(params![query, user, limit as i64], |r| {
+    let rows = stmt.query_map(params![plan.query, user, limit as i64, plan.min_rowid], |r| {
         Ok(Scored { item: row(r)?, score: r.get(6)? })
     })?;
     Ok(rows.collect::<Result<_, _>>()?)

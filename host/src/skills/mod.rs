@@ -19,7 +19,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
 use crate::digest::sha256_hex;
-use crate::search::{Scored, fts_query};
+use crate::search::Scored;
 use crate::store::StoreError;
 
 /// Characters of a description, at most.
@@ -524,14 +524,17 @@ pub fn recall_in<S: AsRef<str>>(
     terms: &[S],
     limit: usize,
 ) -> Result<Vec<Scored<SkillRef>>, StoreError> {
-    let Some(query) = fts_query(terms) else { return Ok(Vec::new()) };
+    let Some(plan) = crate::search::plan_in(c, "skills_fts", "skills_vocab", None, None, terms)?
+    else {
+        return Ok(Vec::new());
+    };
     let mut stmt = c.prepare_cached(
         "SELECT s.name, v.description, s.digest, bm25(skills_fts, 10.0, 5.0, 1.0) AS score
          FROM skills_fts JOIN skills s ON s.rowid = skills_fts.rowid
          JOIN skill_versions v ON v.digest = s.digest
-         WHERE skills_fts MATCH ?1 ORDER BY score LIMIT ?2",
+         WHERE skills_fts MATCH ?1 AND skills_fts.rowid >= ?3 ORDER BY score LIMIT ?2",
     )?;
-    let rows = stmt.query_map(params![query, limit as i64], |r| {
+    let rows = stmt.query_map(params![plan.query, limit as i64, plan.min_rowid], |r| {
         Ok(Scored {
             item: SkillRef { name: r.get(0)?, description: r.get(1)?, digest: r.get(2)? },
             score: r.get(3)?,

@@ -463,6 +463,9 @@ const MIGRATIONS: &[(i64, &str)] = &[
         done         INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (session_id, turn)
     );
+    CREATE VIRTUAL TABLE skills_vocab USING fts5vocab(skills_fts, 'row');
+    CREATE VIRTUAL TABLE tools_vocab USING fts5vocab(tools_fts, 'row');
+    CREATE VIRTUAL TABLE memories_vocab USING fts5vocab(memories_fts, 'row');
     CREATE TRIGGER orchestration_recorded AFTER INSERT ON orchestrations
         BEGIN UPDATE sessions SET meta_version = meta_version + 1 WHERE id = NEW.session_id; END;
     CREATE TRIGGER orchestration_finished AFTER UPDATE ON orchestrations

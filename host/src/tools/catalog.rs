@@ -244,13 +244,16 @@ pub fn recall_in<S: AsRef<str>>(
     terms: &[S],
     limit: usize,
 ) -> Result<Vec<crate::search::Scored<ToolRef>>, StoreError> {
-    let Some(query) = crate::search::fts_query(terms) else { return Ok(Vec::new()) };
+    let Some(plan) = crate::search::plan_in(conn, "tools_fts", "tools_vocab", None, None, terms)?
+    else {
+        return Ok(Vec::new());
+    };
     let mut stmt = conn.prepare_cached(
         "SELECT t.name, t.component, t.description, t.effect, bm25(tools_fts, 5.0, 1.0) AS score
          FROM tools_fts JOIN tools t ON t.rowid = tools_fts.rowid
-         WHERE tools_fts MATCH ?1 ORDER BY score LIMIT ?2",
+         WHERE tools_fts MATCH ?1 AND tools_fts.rowid >= ?3 ORDER BY score LIMIT ?2",
     )?;
-    let rows = stmt.query_map(params![query, limit as i64], |r| {
+    let rows = stmt.query_map(params![plan.query, limit as i64, plan.min_rowid], |r| {
         Ok(crate::search::Scored {
             item: ToolRef {
                 name: r.get(0)?,
