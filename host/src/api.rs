@@ -391,6 +391,15 @@ impl Harness {
         upgrade: bool,
     ) -> Result<SkillInstallReport, ApiError> {
         let pkg = crate::skills::read_package(path)?;
+        // Refused before its components are installed: other content under an installed
+        // name needs `upgrade`.
+        if !upgrade {
+            let (name, digest) = (pkg.name.clone(), pkg.digest.clone());
+            let current = self.db.read(move |c| crate::skills::get_in(c, &name)).await?;
+            if let Some(old) = current.filter(|r| r.digest != digest) {
+                return Err(crate::skills::installed_already(&old.name, &old.digest).into());
+            }
+        }
         let source = path.display().to_string();
         let mode = if upgrade { InstallMode::Upgrade } else { InstallMode::New };
         let mut components = Vec::new();

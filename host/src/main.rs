@@ -36,6 +36,8 @@ overrides the file, and flags override both:
   KEEL_TEMPERATURE, KEEL_MAX_TOKENS, KEEL_MODEL_TIMEOUT
                      model call parameters (as --temperature, --max-tokens, --model-timeout)
   KEEL_API_KEY       the model's API key (else OPENAI_API_KEY); never stored or logged
+  KEEL_USER          the user new sessions work for, whose long-term memory they recall and
+                     write (as --user; default: the operating-system user)
   KEEL_SYNCHRONOUS   full: every commit synced before it is reported (default); normal: synced
                      at checkpoints; off: never synced
   KEEL_LOG           log filter for stderr (info, debug, keel::model=debug, ...); NO_COLOR";

@@ -369,6 +369,15 @@ fn walk(
     Ok(())
 }
 
+/// The refusal of other content under the installed skill `name` (at `digest`) without an
+/// upgrade.
+pub fn installed_already(name: &str, digest: &str) -> StoreError {
+    StoreError::Conflict(format!(
+        "a skill named `{name}` is installed already (sha256 {}): use --upgrade to replace it",
+        &digest[..12.min(digest.len())]
+    ))
+}
+
 /// What installing a skill did.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SkillInstalled {
@@ -396,11 +405,7 @@ pub fn install_in(
         && *old != pkg.digest
         && !upgrade
     {
-        return Err(StoreError::Conflict(format!(
-            "a skill named `{}` is installed already (sha256 {}): use --upgrade to replace it",
-            pkg.name,
-            &old[..12.min(old.len())]
-        )));
+        return Err(installed_already(&pkg.name, old));
     }
     let files: Vec<SkillFile> = pkg
         .files
