@@ -590,3 +590,87 @@ async fn task_understanding_settings_show_and_evidence_through_the_binary() {
     assert_eq!(v["error"]["kind"], "config");
     assert!(v["error"]["message"].as_str().unwrap().contains("response_format"), "{v}");
 }
+
+/// Capability preparation from the command line: the worked example skill recalled and chosen,
+/// the progress lines, `session show`, the Orchestrator's evidence, `session unload`, `--user`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capabilities_progress_show_evidence_and_unload_through_the_binary() {
+    let model = MockModel::start(vec![Reply::text("audited")]).await;
+    model.push_understanding(vec![Reply::understanding(
+        "establish_task",
+        &["csv audit"],
+        &[],
+        &[],
+    )]);
+    model.push_orchestration(vec![Reply::selection(&[], &[], &["csv-audit"])]);
+    let home = tempfile::tempdir().unwrap();
+    let skill =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/skills/csv-audit");
+    let out =
+        keel_async(home.path().to_path_buf(), args(&["skill", "install", skill.to_str().unwrap()]))
+            .await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let url = model.url();
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&[
+            "run",
+            "Audit orders.csv",
+            "--session",
+            "cap",
+            "--tools",
+            "csv_inspect",
+            "--user",
+            "alice",
+            "--model-url",
+            &url,
+            "--model",
+            "m",
+        ]),
+    )
+    .await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let at = |needle: &str| err.find(needle).unwrap_or_else(|| panic!("{needle}: {err}"));
+    assert!(at("discovering skills, tools and memory") < at("orchestrating task capabilities"));
+    assert!(at("orchestrating task capabilities") < at("loaded skill(s) csv-audit (orchestrator)"));
+    assert!(at("loaded skill(s) csv-audit (orchestrator)") < at("applying the task environment"));
+    let system: Value = serde_json::from_slice(&model.requests()[0]).unwrap();
+    assert!(
+        system["messages"][0]["content"].as_str().unwrap().contains("<skill name=\"csv-audit\">")
+    );
+
+    let out = keel_async(home.path().to_path_buf(), args(&["session", "show", "cap"])).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("user    alice"), "{text}");
+    assert!(text.contains("skills  csv-audit"), "{text}");
+    assert!(text.contains("skill csv-audit via orchestrator in turn 1"), "{text}");
+    assert!(text.contains("the Orchestrator chose skill csv-audit"), "{text}");
+    let out =
+        keel_async(home.path().to_path_buf(), args(&["session", "show", "cap", "--json"])).await;
+    let v = super::json_of(&out);
+    assert_eq!(v["user"], "alice");
+    assert_eq!(v["orchestrations"][0]["selected"]["skills"][0], "csv-audit");
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&["session", "evidence", "cap", "--orchestration"]),
+    )
+    .await;
+    assert_eq!(out.stdout, model.orchestration_requests()[0]);
+
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&["session", "unload", "cap", "--skill", "csv-audit", "--json"]),
+    )
+    .await;
+    assert_eq!(super::json_of(&out)["ok"], true);
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&["session", "unload", "cap", "--tool", "tools_find", "--json"]),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(super::json_of(&out)["error"]["message"].as_str().unwrap().contains("always loaded"));
+    let out = keel_async(home.path().to_path_buf(), args(&["session", "unload", "cap"])).await;
+    assert_eq!(out.status.code(), Some(2), "--tool or --skill is required");
+}
