@@ -12,23 +12,15 @@ use keel::sandbox::CancelToken;
 use keel::session::SessionEvent;
 use keel::session::capabilities::{Kind, Via};
 use keel_tests::mock_model::{MockModel, Reply};
-use keel_tests::{harness_with_session, no_events};
+use keel_tests::{answered, harness_with_session, no_events, system_of};
 use serde_json::Value;
 
 async fn submit(h: &Harness, id: &str, text: &str) -> String {
-    match h.brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap() {
-        Submitted::Ran(TurnOutcome::Answer(a)) => a,
-        other => panic!("expected an answer, got {other:?}"),
-    }
+    answered(h.brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap())
 }
 
 fn json(body: &[u8]) -> Value {
     serde_json::from_slice(body).unwrap()
-}
-
-/// The system message of a business request.
-fn system_of(body: &[u8]) -> String {
-    json(body)["messages"][0]["content"].as_str().unwrap().to_string()
 }
 
 /// The tool names a business request offers.

@@ -9,16 +9,10 @@ use keel::plan::StepStatus;
 use keel::sandbox::CancelToken;
 use keel::session::SessionEvent;
 use keel_tests::mock_model::{MockModel, Reply};
-use keel_tests::{guests, harness_with_session, no_events, session_spec};
-use serde_json::Value;
+use keel_tests::{guests, harness_with_session, no_events, session_spec, system_of};
 
 async fn submit(h: &keel::harness::Harness, id: &str, text: &str) -> Submitted {
     h.brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
-}
-
-fn system_of(body: &[u8]) -> String {
-    let v: Value = serde_json::from_slice(body).unwrap();
-    v["messages"][0]["content"].as_str().unwrap().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,27 +7,15 @@ use keel::brain::Submitted;
 use keel::brain::understand::{INSTRUCTIONS, TaskRelation, TransitionMode};
 use keel::sandbox::CancelToken;
 use keel_tests::mock_model::{MockModel, Reply};
-use keel_tests::{harness_with_session, no_events};
+use keel_tests::{answered, harness_with_session, no_events, system_of};
 use serde_json::Value;
 
 async fn submit(h: &keel::harness::Harness, id: &str, text: &str) -> Submitted {
     h.brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
 }
 
-fn answered(s: Submitted) -> String {
-    match s {
-        Submitted::Ran(TurnOutcome::Answer(a)) => a,
-        other => panic!("expected an answer, got {other:?}"),
-    }
-}
-
 fn json(body: &[u8]) -> Value {
     serde_json::from_slice(body).unwrap()
-}
-
-/// The system message of a business request.
-fn system_of(body: &[u8]) -> String {
-    json(body)["messages"][0]["content"].as_str().unwrap().to_string()
 }
 
 const ASK: &str = "Write a release checklist for the csv plugin";

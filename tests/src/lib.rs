@@ -217,3 +217,17 @@ pub fn session_spec(
         user: None,
     }
 }
+
+/// The system message of a request body the scripted server received.
+pub fn system_of(body: &[u8]) -> String {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+    v["messages"][0]["content"].as_str().unwrap().to_string()
+}
+
+/// The answer a turn ended with (panics on any other outcome).
+pub fn answered(s: keel::brain::Submitted) -> String {
+    match s {
+        keel::brain::Submitted::Ran(keel::agent::TurnOutcome::Answer(a)) => a,
+        other => panic!("expected an answer, got {other:?}"),
+    }
+}
