@@ -247,22 +247,15 @@ pub fn unload_in(c: &Connection, id: &str, kind: Kind, name: &str) -> Result<(),
                 params![id, super::json(&loaded)?, super::json(&pins)?],
             )?;
         }
-        Kind::Skill => {
-            let n = c.execute(
-                "DELETE FROM session_capabilities WHERE session_id=?1 AND kind='skill' AND name=?2",
-                params![id, name],
-            )?;
-            if n == 0 {
-                return Err(StoreError::NotFound(format!(
-                    "session `{id}` has no skill `{name}` loaded"
-                )));
-            }
-        }
+        Kind::Skill => {}
     }
-    c.execute(
+    let removed = c.execute(
         "DELETE FROM session_capabilities WHERE session_id=?1 AND kind=?2 AND name=?3",
         params![id, kind, name],
     )?;
+    if removed == 0 && kind == Kind::Skill {
+        return Err(StoreError::NotFound(format!("session `{id}` has no skill `{name}` loaded")));
+    }
     events::append(
         c,
         id,
