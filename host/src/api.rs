@@ -43,6 +43,9 @@ pub struct SessionSpec {
     pub allow: Vec<String>,
     pub ask: Vec<String>,
     pub deny: Vec<String>,
+    /// Regular expressions whose matches in tool results are redacted before the model, the
+    /// history, the journal or a summary sees them.
+    pub redact: Vec<String>,
     pub budget: Budget,
     pub model: ModelConfig,
     pub system_prompt: String,
@@ -134,6 +137,8 @@ impl Harness {
         }
         let mut policy = Policy::default();
         policy.adjust(&spec.allow, &spec.ask, &spec.deny);
+        policy.redact = spec.redact;
+        policy.check_patterns().map_err(ApiError::Input)?;
         let id = self
             .engine
             .create(NewSession {
@@ -485,6 +490,35 @@ impl Harness {
         name: &str,
     ) -> Result<(), ApiError> {
         Ok(self.engine.unload(id, kind, name).await?)
+    }
+
+    /// Compacts session `id` now (see [`Brain::compact`](crate::brain::Brain::compact)); inputs
+    /// that arrived meanwhile are run afterwards.
+    pub async fn compact(
+        &self,
+        id: &str,
+        cancel: &CancelToken,
+        events: &Events,
+    ) -> Result<crate::agent::compact::Compaction, ApiError> {
+        self.engine.meta(id).await?;
+        Ok(self.brain.compact(id, cancel, events).await?)
+    }
+
+    /// Session `id`'s checkpoints, oldest first.
+    pub async fn checkpoints(
+        &self,
+        id: &str,
+    ) -> Result<Vec<crate::session::compaction::CheckpointRecord>, ApiError> {
+        Ok(self.engine.checkpoints(id).await?)
+    }
+
+    /// The exact request of checkpoint `n`'s summary call (the last checkpoint's if `None`).
+    pub async fn compaction_evidence(
+        &self,
+        id: &str,
+        n: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), ApiError> {
+        Ok(self.engine.compaction_evidence(id, n).await?)
     }
 
     /// The exact request of turn `turn`'s orchestration call (the last one made if `None`).

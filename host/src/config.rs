@@ -51,6 +51,11 @@ pub struct ModelTable {
     /// rejects the field.
     pub stream_usage: Option<bool>,
     pub max_retries: Option<u32>,
+    /// The model's context window in tokens: requests past `compact_at` of it are preceded by
+    /// a compaction.
+    pub context_window: Option<u64>,
+    /// The fraction of `context_window` a request may fill (default 0.8).
+    pub compact_at: Option<f64>,
     /// `[model.preprocess]`: the task-understanding call.
     pub preprocess: Option<PreprocessTable>,
 }

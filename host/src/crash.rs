@@ -6,7 +6,8 @@
 //! time. Without the feature every point compiles to nothing.
 //!
 //! Points: `before_intent`, `after_intent`, `after_effect`, `after_result`, `after_decision`,
-//! `mid_migration`.
+//! `after_understanding_call`, `after_recall`, `after_orchestration_call`, `after_summary_call`,
+//! `after_checkpoint`, `after_promotion`, `mid_migration`.
 
 /// Passes the crash point `name`.
 #[cfg(feature = "crash-points")]

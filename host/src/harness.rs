@@ -91,12 +91,17 @@ pub struct ModelFlags {
     pub max_tokens: Option<u32>,
     /// `--model-timeout` (`KEEL_MODEL_TIMEOUT`, `[model] timeout_ms`).
     pub timeout: Option<std::time::Duration>,
+    /// `--context-window` (`KEEL_CONTEXT_WINDOW`, `[model] context_window`).
+    pub context_window: Option<u64>,
+    /// `--compact-at` (`KEEL_COMPACT_AT`, `[model] compact_at`).
+    pub compact_at: Option<f64>,
 }
 
 /// Model settings from `HOME/keel.toml` (`[model]` table: base_url, model, temperature,
-/// max_tokens, timeout_ms, stream, stream_usage, max_retries), overridden by the environment
-/// (`KEEL_MODEL_URL`, `KEEL_MODEL`, `KEEL_TEMPERATURE`, `KEEL_MAX_TOKENS`,
-/// `KEEL_MODEL_TIMEOUT`), overridden by `flags`. `None` when no base URL or model name is
+/// max_tokens, timeout_ms, stream, stream_usage, max_retries, context_window, compact_at),
+/// overridden by the environment (`KEEL_MODEL_URL`, `KEEL_MODEL`, `KEEL_TEMPERATURE`,
+/// `KEEL_MAX_TOKENS`, `KEEL_MODEL_TIMEOUT`, `KEEL_CONTEXT_WINDOW`, `KEEL_COMPACT_AT`),
+/// overridden by `flags`. `None` when no base URL or model name is
 /// known; an error names the setting that cannot work.
 pub fn model_config(home: &Home, flags: &ModelFlags) -> Result<Option<ModelConfig>, ConfigError> {
     let p = crate::config::read(home)?.model.unwrap_or_default();
@@ -132,6 +137,18 @@ pub fn model_config(home: &Home, flags: &ModelFlags) -> Result<Option<ModelConfi
     }
     if let Some(r) = p.max_retries {
         cfg.max_retries = r;
+    }
+    let window =
+        |v: &str| v.parse::<u64>().map_err(|_| format!("`{v}` is not a whole number of tokens"));
+    cfg.context_window = match flags.context_window {
+        Some(w) => Some(w),
+        None => env_parsed("KEEL_CONTEXT_WINDOW", window)?.or(p.context_window),
+    };
+    if let Some(f) = match flags.compact_at {
+        Some(f) => Some(f),
+        None => env_parsed("KEEL_COMPACT_AT", number)?.or(p.compact_at),
+    } {
+        cfg.compact_at = f;
     }
     cfg.validate()?;
     Ok(Some(cfg))

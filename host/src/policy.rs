@@ -46,7 +46,18 @@ pub struct Policy {
     /// Effect classes that need a person's approval for each call.
     #[serde(default = "default_ask_effects")]
     pub ask_effects: Vec<Effect>,
+    /// Regular expressions whose matches in tool results are replaced by [`REDACTED`] before
+    /// anything keeps or sends them: the model, the history, the journal, a summary
+    /// (`--redact`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub redact: Vec<String>,
 }
+
+/// What a redacted match becomes.
+pub const REDACTED: &str = "[redacted]";
+
+/// Longest redaction pattern, in bytes.
+pub const MAX_REDACT_PATTERN: usize = 1024;
 
 impl Default for Policy {
     fn default() -> Self {
@@ -56,6 +67,7 @@ impl Default for Policy {
             allow_tools: Vec::new(),
             ask_tools: Vec::new(),
             ask_effects: default_ask_effects(),
+            redact: Vec::new(),
         }
     }
 }
@@ -71,6 +83,39 @@ pub enum PolicyDecision {
 }
 
 impl Policy {
+    /// Checks the redaction patterns: each must be a regular expression keel can use.
+    pub fn check_patterns(&self) -> Result<(), String> {
+        for p in &self.redact {
+            if p.is_empty() || p.len() > MAX_REDACT_PATTERN {
+                return Err(format!(
+                    "a redaction pattern must be 1 to {MAX_REDACT_PATTERN} bytes long"
+                ));
+            }
+            regex::Regex::new(p).map_err(|e| {
+                format!("the redaction pattern `{p}` is not a regular expression: {e}")
+            })?;
+        }
+        Ok(())
+    }
+
+    /// `text` with every match of the redaction patterns replaced by [`REDACTED`] (a pattern
+    /// that does not compile redacts everything: [`check_patterns`](Self::check_patterns) refuses it before a
+    /// session stores it).
+    pub fn redact<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
+        let mut out = std::borrow::Cow::Borrowed(text);
+        for p in &self.redact {
+            match regex::Regex::new(p) {
+                Ok(re) => {
+                    if let std::borrow::Cow::Owned(s) = re.replace_all(&out, REDACTED) {
+                        out = std::borrow::Cow::Owned(s);
+                    }
+                }
+                Err(_) => return std::borrow::Cow::Borrowed(REDACTED),
+            }
+        }
+        out
+    }
+
     /// Applies `--allow/--ask/--deny TOOL|EFFECT` adjustments to this policy.
     pub fn adjust(&mut self, allow: &[String], ask: &[String], deny: &[String]) {
         for a in allow {

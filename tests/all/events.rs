@@ -47,6 +47,15 @@ fn short(e: &SessionEvent) -> String {
         SessionEvent::CapabilityUnloaded { capability, name } => {
             format!("unloaded {capability} {name}")
         }
+        SessionEvent::CompactionStarted { trigger, from, to, .. } => {
+            format!("compacting {trigger} {from}-{to}")
+        }
+        SessionEvent::CheckpointPrepared { checkpoint } => format!("checkpoint {checkpoint}"),
+        SessionEvent::Compacted { checkpoint, context_start, .. } => {
+            format!("compacted {checkpoint} {context_start}")
+        }
+        SessionEvent::CompactionFailed { .. } => "compaction failed".into(),
+        SessionEvent::CheckpointDiscarded { checkpoint, .. } => format!("discarded {checkpoint}"),
     }
 }
 

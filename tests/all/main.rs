@@ -6,6 +6,7 @@ mod agent;
 mod api;
 mod approvals;
 mod capabilities;
+mod compaction;
 mod effects;
 mod events;
 mod examples;

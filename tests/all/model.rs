@@ -208,15 +208,23 @@ async fn the_task_is_sent_once_and_a_request_too_long_for_the_context_says_so() 
     // A short goal is simply repeated.
     assert_eq!(keel::session::goal_reference("Fix the tests"), "Fix the tests");
 
-    // The history now outgrows the window.
-    let e = failed(submit(&h, "long", &report(1200)).await);
+    // An input larger than the window: the refusal compacts the session once (the first
+    // turn is summarized) and the request is sent again — and refused again, as the input
+    // alone does not fit.
+    let e = failed(submit(&h, "long", &report(3200)).await);
     assert!(e.contains("after 1 attempt(s)"), "not retried: {e}");
     assert!(e.contains("too long for the model's context window"), "{e}");
     assert!(e.contains("start a new session"), "says what to do: {e}");
     let t = h.engine.timeline("long").await.unwrap();
     assert_eq!(t.refused_requests.len(), 1);
     assert_eq!(t.refused_requests[0].http_status, Some(400));
-    assert_eq!(t.refused_requests[0].request_bytes as usize, model.requests()[1].len());
+    assert_eq!(t.checkpoints.len(), 1);
+    assert_eq!(t.checkpoints[0].trigger, keel::session::compaction::Trigger::Overflow);
+    assert_eq!(model.requests().len(), 3);
+    assert_eq!(
+        t.refused_requests[0].request_bytes as usize,
+        model.requests().last().unwrap().len()
+    );
 }
 
 /// Token usage: asked for when streaming, recorded per model call with its turn, request size

@@ -207,6 +207,7 @@ pub fn session_spec(
         allow: Vec::new(),
         ask: Vec::new(),
         deny: Vec::new(),
+        redact: Vec::new(),
         budget: keel::sandbox::Budget::default(),
         model: keel::model::ModelConfig::new(url, "m"),
         system_prompt: "You are a test agent.".into(),

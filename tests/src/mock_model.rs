@@ -91,6 +91,15 @@ impl Reply {
         )
     }
 
+    /// A summary-call answer: the active request restated, and `notes`.
+    pub fn summary(request: &str, notes: &[&str]) -> Self {
+        Self::completion(
+            &json!({"active_user_request": request, "decisions": ["keep going"], "constraints": [],
+                "open_questions": [], "next_actions": ["continue the task"], "notes": notes})
+            .to_string(),
+        )
+    }
+
     /// A streamed final answer, split in two content deltas.
     pub fn text(answer: &str) -> Self {
         let (a, b) = answer.split_at(answer.len() / 2);
@@ -137,6 +146,8 @@ pub struct MockModel {
     understanding_requests: Arc<Mutex<Vec<Vec<u8>>>>,
     orchestration: Arc<Mutex<VecDeque<Reply>>>,
     orchestration_requests: Arc<Mutex<Vec<Vec<u8>>>>,
+    summary: Arc<Mutex<VecDeque<Reply>>>,
+    summary_requests: Arc<Mutex<Vec<Vec<u8>>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -151,6 +162,9 @@ struct Shared {
     /// Replies to Orchestrator calls, and those calls' bodies.
     orchestration: Arc<Mutex<VecDeque<Reply>>>,
     orchestration_requests: Arc<Mutex<Vec<Vec<u8>>>>,
+    /// Replies to summary calls (compactions), and those calls' bodies.
+    summary: Arc<Mutex<VecDeque<Reply>>>,
+    summary_requests: Arc<Mutex<Vec<Vec<u8>>>>,
     responder: Option<Responder>,
     record: bool,
     /// Answer 500 to a request whose history holds tool-call arguments that are not a JSON
@@ -208,7 +222,11 @@ impl MockModel {
         let understanding_requests = Arc::new(Mutex::new(Vec::new()));
         let orchestration = Arc::new(Mutex::new(VecDeque::new()));
         let orchestration_requests = Arc::new(Mutex::new(Vec::new()));
+        let summary = Arc::new(Mutex::new(VecDeque::new()));
+        let summary_requests = Arc::new(Mutex::new(Vec::new()));
         let shared = Arc::new(Shared {
+            summary: summary.clone(),
+            summary_requests: summary_requests.clone(),
             orchestration: orchestration.clone(),
             orchestration_requests: orchestration_requests.clone(),
             requests: requests.clone(),
@@ -238,6 +256,8 @@ impl MockModel {
             understanding_requests,
             orchestration,
             orchestration_requests,
+            summary,
+            summary_requests,
             task,
         }
     }
@@ -282,6 +302,19 @@ impl MockModel {
         }
     }
 
+    /// Every summary-call (compaction) request body received so far, in order.
+    pub fn summary_requests(&self) -> Vec<Vec<u8>> {
+        self.summary_requests.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// Appends replies to the script of summary calls (an empty script answers with a valid
+    /// summary, [`Reply::summary`]).
+    pub fn push_summary(&self, replies: Vec<Reply>) {
+        if let Ok(mut s) = self.summary.lock() {
+            s.extend(replies);
+        }
+    }
+
     /// Appends replies to the script.
     pub fn push(&self, replies: Vec<Reply>) {
         if let Ok(mut s) = self.script.lock() {
@@ -308,6 +341,16 @@ pub fn is_orchestration(body: &[u8]) -> bool {
         && v["messages"][0]["content"]
             .as_str()
             .is_some_and(|c| c == keel::brain::orchestrate::INSTRUCTIONS)
+}
+
+/// True when a request is a summary call of a compaction (its system message is keel's
+/// summary instructions).
+pub fn is_summary(body: &[u8]) -> bool {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else { return false };
+    v["messages"][0]["role"] == "system"
+        && v["messages"][0]["content"]
+            .as_str()
+            .is_some_and(|c| c == keel::brain::summary::INSTRUCTIONS)
 }
 
 /// True when a request's messages hold a tool call whose arguments are not a JSON object.
@@ -379,6 +422,19 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
                         .unwrap_or_else(|| Reply::selection(&[], &[], &[])),
                 )
             }
+            _ if is_summary(&body) => {
+                if let Ok(mut r) = shared.summary_requests.lock() {
+                    r.push(body.clone());
+                }
+                Some(
+                    shared
+                        .summary
+                        .lock()
+                        .ok()
+                        .and_then(|mut s| s.pop_front())
+                        .unwrap_or_else(|| Reply::summary("carry on", &["the last step's notes"])),
+                )
+            }
             _ if shared.strict && has_unparsable_tool_arguments(&body) => Some(Reply::Status {
                 code: 500,
                 retry_after: None,
@@ -401,6 +457,7 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
         if shared.record
             && !is_understanding(&body)
             && !is_orchestration(&body)
+            && !is_summary(&body)
             && let Ok(mut r) = shared.requests.lock()
         {
             r.push(body);

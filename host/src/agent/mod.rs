@@ -8,6 +8,7 @@
 //! every fact it produces is committed through SessionEngine.
 
 mod calls;
+pub mod compact;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -208,21 +209,42 @@ impl AgentService {
             if cancel.is_cancelled() {
                 return self.interrupted(id, events).await;
             }
-            // The step's catalog is read in the assembly's own snapshot: the request's tool
-            // schemas and the components its calls run come from one catalog version.
-            let mut catalog = None;
-            let (meta, mut assembled) = self
-                .engine
-                .assemble(id, |c, m| {
-                    let at = self.tools.catalog_in(c).ok()?;
-                    let json = at.tools_json_pinned(&m.loaded_tools, &m.tool_pins);
-                    catalog = Some(at);
-                    json
-                })
-                .await?;
-            events(&Event::ModelCall { step: assembled.step });
-            let called = Instant::now();
-            let result = self.model.complete(&meta.model, &assembled.body, cancel).await;
+            // A request the server refuses as too long is compacted and sent again, once.
+            let mut overflowed = false;
+            let (meta, mut assembled, catalog, result, called) = loop {
+                let (meta, assembled, catalog) = match self.assemble_fitting(id, cancel).await? {
+                    Ok(a) => a,
+                    Err(end) => {
+                        events(&Event::State(RuntimeState::Failed));
+                        return Ok(end);
+                    }
+                };
+                events(&Event::ModelCall { step: assembled.step });
+                let called = Instant::now();
+                let result = self.model.complete(&meta.model, &assembled.body, cancel).await;
+                if !overflowed
+                    && let Err(f) = &result
+                    && matches!(f.last, ModelError::ContextTooLong { .. })
+                {
+                    overflowed = true;
+                    let bytes = assembled.body.len() as i64;
+                    let request = compact::CompactRequest {
+                        trigger: compact::Trigger::Overflow,
+                        aim: compact::Aim {
+                            keep_bytes: Some(bytes / 4),
+                            input_bytes: Some(bytes / 2),
+                        },
+                        before: None,
+                        state_after: RuntimeState::Running,
+                    };
+                    if let compact::Compaction::Compacted { .. } =
+                        self.compact(id, request, cancel).await?
+                    {
+                        continue;
+                    }
+                }
+                break (meta, assembled, catalog, result, called);
+            };
             assembled.call = CallFacts {
                 turn: turn.turn,
                 duration_ms: called.elapsed().as_secs_f64() * 1e3,
@@ -327,6 +349,81 @@ impl AgentService {
         );
         self.engine.set_state(id, RuntimeState::Idle, Some(notice.clone())).await?;
         Ok(TurnOutcome::Stopped(notice))
+    }
+
+    /// Assembles the session's next request — its catalog read in the assembly's own
+    /// snapshot, so the request's tool schemas and the components its calls run come from one
+    /// catalog version — compacting first while it would pass the session's threshold of its
+    /// context window ([`compact::MAX_ROUNDS`] times at most). A request that still passes the
+    /// window itself ends the turn (`Err`), failed with a message that says why.
+    #[allow(clippy::type_complexity)]
+    async fn assemble_fitting(
+        &self,
+        id: &str,
+        cancel: &CancelToken,
+    ) -> Result<
+        Result<
+            (
+                crate::session::SessionMeta,
+                crate::session::Assembled,
+                Option<Arc<crate::tools::Catalog>>,
+            ),
+            TurnOutcome,
+        >,
+        AgentError,
+    > {
+        let mut rounds = 0;
+        loop {
+            let mut catalog = None;
+            let (meta, assembled) = self
+                .engine
+                .assemble(id, |c, m| {
+                    let at = self.tools.catalog_in(c).ok()?;
+                    let json = at.tools_json_pinned(&m.loaded_tools, &m.tool_pins);
+                    catalog = Some(at);
+                    json
+                })
+                .await?;
+            let Some(window) = meta.model.context_window else {
+                return Ok(Ok((meta, assembled, catalog)));
+            };
+            let per_token = self.engine.bytes_per_token(id).await?;
+            let bytes = assembled.body.len() as i64;
+            let tokens = (bytes as f64 / per_token).ceil() as i64;
+            if (tokens as f64) < window as f64 * meta.model.compact_at {
+                return Ok(Ok((meta, assembled, catalog)));
+            }
+            let why = if rounds == compact::MAX_ROUNDS {
+                format!("{rounds} compactions before this request did not make it small enough")
+            } else {
+                rounds += 1;
+                let request = compact::CompactRequest {
+                    trigger: compact::Trigger::Threshold,
+                    aim: compact::aim(window, meta.model.compact_at, per_token, &assembled),
+                    before: Some((bytes, tokens)),
+                    state_after: RuntimeState::Running,
+                };
+                match self.compact(id, request, cancel).await? {
+                    compact::Compaction::Compacted { .. } => continue,
+                    compact::Compaction::Nothing => {
+                        "nothing before the current step can be compacted".to_string()
+                    }
+                    compact::Compaction::Failed(e) | compact::Compaction::Discarded(e) => e,
+                }
+            };
+            // The request goes as it is while it fits the window itself.
+            if tokens <= window as i64 {
+                tracing::debug!(tokens, window, %why, "request over the compaction threshold");
+                return Ok(Ok((meta, assembled, catalog)));
+            }
+            let message = format!(
+                "the next request needs about {tokens} tokens, more than the model's context window of {window}, \
+                 and compaction could not make it fit: {why}. Start a new session, or use a model with a larger \
+                 context (--context-window)"
+            );
+            self.engine.set_state(id, RuntimeState::Failed, Some(message.clone())).await?;
+            return Ok(Err(TurnOutcome::Failed(message)));
+        }
     }
 
     fn waiting(&self, units: Vec<UnitId>, events: &Events) -> TurnOutcome {

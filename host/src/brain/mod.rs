@@ -22,6 +22,7 @@ use crate::store::{Db, StoreError, now_ms};
 
 pub mod lease;
 pub mod orchestrate;
+pub mod summary;
 pub mod understand;
 
 pub use lease::LEASE_TTL;
@@ -513,6 +514,68 @@ impl Brain {
             }
         }
         call
+    }
+
+    /// Compacts session `id` on demand (`keel session compact`): takes its runner — refused
+    /// while another runner holds it (a running session compacts itself when its requests
+    /// near the context window) — summarizes as much of its history as a legal boundary allows
+    /// (bounded by what one summary call may be sent), and returns the runner; inputs that
+    /// arrived meanwhile are run then.
+    pub async fn compact(
+        &self,
+        id: &str,
+        cancel: &CancelToken,
+        events: &Events,
+    ) -> Result<crate::agent::compact::Compaction, AgentError> {
+        use crate::agent::compact::{self, Aim, CompactRequest, Trigger};
+        let meta = self.engine().meta(id).await?;
+        if !self.try_acquire(id).await? {
+            return Err(StoreError::Conflict(format!(
+                "session `{id}` is held by a runner that is working on it; a running session compacts itself \
+                 when its requests near the context window (--context-window). Try again when it is idle"
+            ))
+            .into());
+        }
+        let guard = RunnerTasks::start(self, id, cancel);
+        let state_after = match meta.state {
+            RuntimeState::Running | RuntimeState::Compressing | RuntimeState::PreparingContext
+                if meta.active_turn.is_some() =>
+            {
+                RuntimeState::PreparingContext
+            }
+            RuntimeState::Running | RuntimeState::Compressing | RuntimeState::PreparingContext => {
+                RuntimeState::Idle
+            }
+            s => s,
+        };
+        let estimate = self.engine().token_estimate(id).await;
+        let per_token =
+            estimate.as_ref().map_or(crate::session::BYTES_PER_TOKEN, |e| e.bytes_per_token);
+        let request = CompactRequest {
+            trigger: Trigger::Manual,
+            aim: Aim {
+                keep_bytes: None,
+                input_bytes: meta
+                    .model
+                    .context_window
+                    .map(|w| (w as f64 * compact::INPUT_FRACTION * per_token) as i64),
+            },
+            before: estimate.ok().map(|e| (e.bytes, e.tokens)),
+            state_after,
+        };
+        let result = self.agent.compact(id, request, cancel).await;
+        drop(guard);
+        let outcome = match result {
+            Ok(o) => o,
+            Err(e) => {
+                let _ = self.release(id, true).await;
+                return Err(e);
+            }
+        };
+        if !self.release(id, false).await? {
+            self.drain_held(id, true, None, cancel, events).await?;
+        }
+        Ok(outcome)
     }
 
     /// Whether this runner holds the lease of `id` (a read).

@@ -135,6 +135,27 @@ pub fn render(row: &EventRow) -> Option<String> {
         SessionEvent::PhaseCompleted { summary, .. } => {
             format!("task complete: {}", inert(&summary.chars().take(200).collect::<String>()))
         }
+        SessionEvent::CompactionStarted { trigger, from, to, tokens } => format!(
+            "compacting the context ({trigger}): summarizing messages {from}–{to}{}",
+            tokens.map(|t| format!("; the next request was ~{t} tokens")).unwrap_or_default()
+        ),
+        SessionEvent::CheckpointPrepared { .. } => return None,
+        SessionEvent::Compacted { checkpoint, to, tokens_before, tokens_after, ms, .. } => {
+            let tokens = match (tokens_before, tokens_after) {
+                (Some(b), Some(a)) => format!(", ~{b} → ~{a} tokens"),
+                _ => String::new(),
+            };
+            format!(
+                "context compacted: checkpoint {checkpoint}, requests now hold its summary and the messages after {to}{tokens} ({:.1} s)",
+                ms / 1e3
+            )
+        }
+        SessionEvent::CompactionFailed { error } => {
+            format!("compaction failed; the context is unchanged: {}", inert(error))
+        }
+        SessionEvent::CheckpointDiscarded { checkpoint, reason } => {
+            format!("checkpoint {checkpoint} discarded: {}", inert(reason))
+        }
     })
 }
 

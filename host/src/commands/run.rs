@@ -65,6 +65,20 @@ pub struct RunArgs {
     /// or 5m (env KEEL_MODEL_TIMEOUT; default 120s).
     #[arg(long, value_name = "DURATION", value_parser = keel::units::parse_duration)]
     model_timeout: Option<std::time::Duration>,
+    /// The model's context window in tokens, stored with a new session: a request estimated
+    /// past --compact-at of it is preceded by a compaction (env KEEL_CONTEXT_WINDOW; default:
+    /// `[model] context_window`, else none — compaction only on demand or when the server
+    /// refuses a request as too long).
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(512..))]
+    context_window: Option<u64>,
+    /// The fraction of the context window a request may fill before the session is compacted
+    /// (env KEEL_COMPACT_AT; default 0.8).
+    #[arg(long, value_name = "FRACTION")]
+    compact_at: Option<f64>,
+    /// Redact matches of this regular expression in tool results before the model, the
+    /// history, the journal or a summary sees them (a new session's policy). Repeatable.
+    #[arg(long = "redact", value_name = "REGEX")]
+    redact: Vec<String>,
     #[command(flatten)]
     budget: BudgetArgs,
     /// Model calls per turn at most (1 or more) of a new session, stored with it: `session
@@ -274,6 +288,9 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
             || a.temperature.is_some()
             || a.max_tokens.is_some()
             || a.model_timeout.is_some()
+            || a.context_window.is_some()
+            || a.compact_at.is_some()
+            || !a.redact.is_empty()
             || a.no_preprocess
             || a.preprocess_model.is_some()
         {
@@ -299,6 +316,8 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
             temperature: a.temperature,
             max_tokens: a.max_tokens,
             timeout: a.model_timeout,
+            context_window: a.context_window,
+            compact_at: a.compact_at,
         };
         let model = match model_config(&home_dir, &flags) {
             Ok(Some(m)) => m,
@@ -329,6 +348,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
             allow: a.allow.clone(),
             ask: a.ask.clone(),
             deny: a.deny.clone(),
+            redact: a.redact.clone(),
             budget: a.budget.budget(),
             model,
             system_prompt: DEFAULT_SYSTEM_PROMPT.to_string(),

@@ -29,6 +29,12 @@ pub enum SessionCommand {
     /// Move the session's tools to the versions installed now. A session keeps running the
     /// component versions it loaded after `keel tool install --upgrade`, until this.
     UpgradeTools(IdArgs),
+    /// Compact a session's context now: summarize its history (as much as a legal boundary
+    /// allows) into a checkpoint that later requests hold instead. Nothing is deleted:
+    /// `session show` marks the checkpoint, `session evidence --compaction` prints the summary
+    /// request. A running session is refused (it compacts itself when its requests near the
+    /// context window, --context-window); inputs that arrive meanwhile run afterwards.
+    Compact(IdArgs),
     /// Unload a tool or skill from a session — the only way a capability leaves one (the
     /// Orchestrator, skills_load and tools_select only add). The control and discovery tools
     /// stay.
@@ -105,8 +111,13 @@ pub struct EvidenceArgs {
     /// Session id.
     id: String,
     /// Step (model call) number; default: the last.
-    #[arg(long, conflicts_with_all = ["refused", "understanding", "orchestration"])]
+    #[arg(long, conflicts_with_all = ["refused", "understanding", "orchestration", "compaction"])]
     step: Option<i64>,
+    /// The summary call of a compaction instead, by checkpoint number; without a number, the
+    /// last one.
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "0",
+          conflicts_with_all = ["refused", "understanding", "orchestration"])]
+    compaction: Option<i64>,
     /// The task-understanding call of a turn instead, by turn number; without a number, the
     /// last one.
     #[arg(long, value_name = "TURN", num_args = 0..=1, default_missing_value = "0",
@@ -132,6 +143,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::List(a) => a.json,
         SessionCommand::Show(a)
         | SessionCommand::Interrupt(a)
+        | SessionCommand::Compact(a)
         | SessionCommand::UpgradeTools(a) => a.json,
         SessionCommand::Send(a) => a.json,
         SessionCommand::Events(a) => a.json,
@@ -144,6 +156,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
     };
     match cmd {
         SessionCommand::UpgradeTools(a) => upgrade_tools(&h, &a).await,
+        SessionCommand::Compact(a) => compact(&h, &a).await,
         SessionCommand::Unload(a) => {
             use keel::session::capabilities::Kind;
             let (kind, name) = match (&a.what.tool, &a.what.skill) {
@@ -227,7 +240,11 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                 for g in &t.grants {
                     println!("grant   {g}");
                 }
+                let mut marks = t.checkpoints.iter().peekable();
                 for m in &t.messages {
+                    while let Some(cp) = marks.next_if(|cp| cp.from <= m.seq) {
+                        print_checkpoint(cp, t.context_start);
+                    }
                     let content = m.body.get("content").and_then(|c| c.as_str()).unwrap_or("");
                     let calls = m
                         .body
@@ -235,7 +252,8 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                         .and_then(|c| c.as_array())
                         .cloned()
                         .unwrap_or_default();
-                    println!("\n#{} turn {} {}", m.seq, m.turn, m.role);
+                    let compacted = if m.seq <= t.context_start { " (compacted)" } else { "" };
+                    println!("\n#{} turn {} {}{compacted}", m.seq, m.turn, m.role);
                     if !content.is_empty() {
                         println!("  {}", inert_block(content));
                     }
@@ -319,6 +337,10 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             Err(e) => super::api_fail(a.json, &e),
         },
         SessionCommand::Evidence(a) => match match (a.refused, a.understanding, a.orchestration) {
+            _ if a.compaction.is_some() => {
+                let n = a.compaction.unwrap_or(0);
+                h.compaction_evidence(&a.id, (n > 0).then_some(n)).await
+            }
             (Some(n), _, _) => h.refused_evidence(&a.id, (n > 0).then_some(n)).await,
             (None, Some(t), _) => h.understanding_evidence(&a.id, (t > 0).then_some(t)).await,
             (None, None, Some(t)) => h.orchestration_evidence(&a.id, (t > 0).then_some(t)).await,
@@ -332,6 +354,90 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             }
             Err(e) => super::api_fail(false, &e),
         },
+    }
+}
+
+/// A checkpoint's mark in `keel session show`, before the first message it summarizes.
+fn print_checkpoint(cp: &keel::session::compaction::CheckpointRecord, context_start: i64) {
+    use keel::session::compaction::CheckpointStatus;
+    let current = cp.status == CheckpointStatus::Promoted && cp.to == context_start;
+    println!(
+        "\n── checkpoint {} ({}{}, {}): messages {}–{} {} ──",
+        cp.seq,
+        cp.status,
+        if current { ", current" } else { "" },
+        cp.trigger,
+        cp.from,
+        cp.to,
+        match cp.status {
+            CheckpointStatus::Promoted => "summarized; requests hold the summary instead",
+            CheckpointStatus::Pending => "summarized, not promoted yet",
+            CheckpointStatus::Discarded | CheckpointStatus::Failed => "unchanged",
+        }
+    );
+    if let Some(e) = &cp.error {
+        println!("   {}", inert(e));
+    }
+    if let Some(s) = cp.summary.as_ref().filter(|_| current) {
+        for line in s.render(cp.to).trim().lines().skip(1) {
+            println!("   {}", inert(line));
+        }
+    }
+    println!(
+        "   summary call: {} bytes, {} attempt(s), {:.1} s (keel session evidence --compaction {})",
+        cp.request_bytes,
+        cp.attempts,
+        cp.duration_ms / 1e3,
+        cp.seq
+    );
+}
+
+/// `keel session compact`.
+async fn compact(h: &keel::harness::Harness, a: &IdArgs) -> ExitCode {
+    use keel::agent::compact::Compaction;
+    let cancel = CancelToken::new();
+    cancel_on_ctrl_c(&cancel);
+    let progress = super::events::Progress::start(h, &a.id).await;
+    let result = h.compact(&a.id, &cancel, &quiet()).await;
+    progress.finish().await;
+    let outcome = match result {
+        Ok(o) => o,
+        Err(e) => return super::api_fail(a.json, &e),
+    };
+    let next = h.timeline(&a.id).await.ok().map(|t| t.next_request);
+    match outcome {
+        Compaction::Compacted { checkpoint, from, context_start, ms } => {
+            if a.json {
+                println!(
+                    "{}",
+                    json!({"ok": true, "session_id": a.id, "checkpoint": checkpoint, "from": from,
+                           "to": context_start, "context_start": context_start, "ms": ms,
+                           "next_request": next})
+                );
+            } else {
+                println!(
+                    "session {}: checkpoint {checkpoint} summarizes messages {from}–{context_start}; the next request is ~{} tokens",
+                    a.id,
+                    next.map(|n| n.tokens.to_string()).unwrap_or_else(|| "?".into())
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Compaction::Nothing => super::fail(
+            a.json,
+            "nothing_to_compact",
+            &format!(
+                "session {} has nothing to compact: no history after its context start ends at a legal boundary",
+                a.id
+            ),
+            EXIT_REFUSED,
+        ),
+        Compaction::Failed(e) | Compaction::Discarded(e) => super::fail(
+            a.json,
+            "compaction_failed",
+            &format!("the compaction of session {} failed; its context is unchanged: {e}", a.id),
+            EXIT_REFUSED,
+        ),
     }
 }
 

@@ -42,6 +42,26 @@ pub struct ModelConfig {
     pub stream_usage: bool,
     /// Retries after the first attempt, for retryable failures.
     pub max_retries: u32,
+    /// The model's context window, in tokens (`--context-window`, `[model] context_window`):
+    /// with it, a request estimated past [`compact_at`](Self::compact_at) of it is preceded by
+    /// a compaction. `None`: compaction only on demand, or when the server refuses a request
+    /// as too long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
+    /// The fraction of the context window a request may fill before the session is compacted
+    /// (`--compact-at`, `[model] compact_at`; default [`DEFAULT_COMPACT_AT`]).
+    #[serde(default = "default_compact_at")]
+    pub compact_at: f64,
+}
+
+/// The smallest context window keel accepts, in tokens.
+pub const MIN_CONTEXT_WINDOW: u64 = 512;
+
+/// The default fraction of the context window a request may fill before a compaction.
+pub const DEFAULT_COMPACT_AT: f64 = 0.8;
+
+fn default_compact_at() -> f64 {
+    DEFAULT_COMPACT_AT
 }
 
 impl ModelConfig {
@@ -55,6 +75,8 @@ impl ModelConfig {
             stream: true,
             stream_usage: true,
             max_retries: 3,
+            context_window: None,
+            compact_at: DEFAULT_COMPACT_AT,
         }
     }
 }
@@ -105,6 +127,19 @@ impl ModelConfig {
         }
         if self.max_tokens == Some(0) {
             return Err(ConfigError("max_tokens must be at least 1".into()));
+        }
+        if let Some(w) = self.context_window
+            && w < MIN_CONTEXT_WINDOW
+        {
+            return Err(ConfigError(format!(
+                "the context window must be at least {MIN_CONTEXT_WINDOW} tokens, not {w}"
+            )));
+        }
+        if !(self.compact_at > 0.0 && self.compact_at <= 1.0) {
+            return Err(ConfigError(format!(
+                "compact_at is a fraction of the context window: more than 0 and at most 1, not {}",
+                self.compact_at
+            )));
         }
         Ok(())
     }

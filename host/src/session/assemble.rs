@@ -26,6 +26,9 @@ pub struct Assembled {
     pub tools: Option<Part>,
     pub history_from: i64,
     pub history_to: i64,
+    /// The message repeated at the head of the history (the active turn's user message, kept
+    /// verbatim by a compaction), if any.
+    pub anchor: Option<i64>,
     pub meta_version: i64,
     /// The exact request bytes (shared, not copied, by the model client and its retries).
     pub body: bytes::Bytes,
@@ -98,20 +101,31 @@ impl Part {
     }
 }
 
-/// Builds the body from its parts. The only place a request body is built.
+/// Builds the body from its parts: the head, the system message, the anchor (a message
+/// repeated at the head of the history after a compaction), the history and the tool schemas.
+/// The only place a request body is built.
 pub fn reconstruct_body(
     head: &str,
     system: &str,
+    anchor: Option<&str>,
     history: &[String],
     tools: Option<&str>,
 ) -> Vec<u8> {
     let mut body = String::with_capacity(
-        head.len() + system.len() + history.iter().map(String::len).sum::<usize>() + 64,
+        head.len()
+            + system.len()
+            + anchor.map_or(0, str::len)
+            + history.iter().map(String::len).sum::<usize>()
+            + 64,
     );
     // The head is a JSON object: its closing brace (one; a nested object may end in another) gives way to the messages.
     body.push_str(head.strip_suffix('}').unwrap_or(head));
     body.push_str(",\"messages\":[");
     body.push_str(system);
+    if let Some(a) = anchor {
+        body.push(',');
+        body.push_str(a);
+    }
     for m in history {
         body.push(',');
         body.push_str(m);
@@ -145,8 +159,24 @@ pub fn goal_reference(goal: &str) -> String {
     format!("the task of the user message that begins \"{short}\"")
 }
 
+/// Characters of a goal the system message shows after a compaction, at most.
+pub const GOAL_SHOWN_COMPACTED: usize = 4000;
+
+/// A goal as the system message gives it once the session was compacted: the user message
+/// it names may be summarized away, so the goal itself is shown (bounded).
+fn goal_text(goal: &str) -> String {
+    let goal = goal.trim();
+    if goal.chars().count() <= GOAL_SHOWN_COMPACTED {
+        return goal.to_string();
+    }
+    let mut short: String = goal.chars().take(GOAL_SHOWN_COMPACTED).collect();
+    short.push('…');
+    short
+}
+
 /// The goals part of the system message: each goal once, from SessionMeta.
 fn goals(meta: &SessionMeta) -> String {
+    let goal_reference = if meta.context_start > 0 { goal_text } else { goal_reference };
     match (&meta.session_goal, &meta.phase_goal) {
         (Some(s), Some(p)) if s == p => {
             format!("\n\nSession goal (also the current phase goal): {}", goal_reference(s))
@@ -236,6 +266,9 @@ fn system_message(meta: &SessionMeta) -> String {
     if let Some(steps) = meta.plan.as_deref().filter(|_| meta.phase_goal.is_some()) {
         text.push_str("\n\n");
         text.push_str(&crate::plan::render(steps));
+    }
+    if let Some(cp) = &meta.checkpoint {
+        text.push_str(&cp.summary.render(cp.to));
     }
     text.push_str(&capabilities(meta));
     if meta.grants.is_empty() {
@@ -430,9 +463,11 @@ pub fn assemble(
         Some(part) if Arc::ptr_eq(&part.text, &json) => part,
         _ => Part::new(json),
     });
+    let anchor = meta.checkpoint.as_ref().and_then(|cp| cp.anchor.as_ref());
     let body = reconstruct_body(
         &parts.head.text,
         &parts.system.text,
+        anchor.map(|(_, body)| body.as_str()),
         &messages.bodies,
         tools.as_ref().map(|t| &*t.text),
     );
@@ -444,6 +479,7 @@ pub fn assemble(
         tools: tools.clone(),
         history_from,
         history_to,
+        anchor: anchor.map(|(seq, _)| *seq),
         meta_version: meta.meta_version,
         body: body.into(),
         body_sha256,
@@ -489,8 +525,9 @@ pub fn record_evidence(
     c.prepare_cached(
         "INSERT INTO evidence (session_id, step, created_at, head, system_hash, tools_hash, history_from,
                                history_to, body_sha256, meta_version, turn, body_bytes, finish_reason,
-                               prompt_tokens, completion_tokens, cached_tokens, duration_ms, attempts)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+                               prompt_tokens, completion_tokens, cached_tokens, duration_ms, attempts,
+                               anchor)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
     )?
     .execute(params![
         id,
@@ -511,6 +548,7 @@ pub fn record_evidence(
         usage.and_then(|u| u.cached_tokens).map(|t| t as i64),
         a.call.duration_ms,
         a.call.attempts,
+        a.anchor,
     ])?;
     super::events::append(
         c,
@@ -546,8 +584,8 @@ pub fn record_refused(
     c.prepare_cached(
         "INSERT INTO refused_requests (session_id, seq, turn, step, created_at, http_status, error,
              attempts, duration_ms, head, system_hash, tools_hash, history_from, history_to,
-             body_sha256, body_bytes, meta_version)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+             body_sha256, body_bytes, meta_version, anchor)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
     )?
     .execute(params![
         id,
@@ -567,6 +605,7 @@ pub fn record_refused(
         a.body_sha256,
         a.body.len() as i64,
         a.meta_version,
+        a.anchor,
     ])?;
     super::events::append(
         c,
@@ -674,16 +713,30 @@ pub fn estimate_tokens(bytes: i64, calibration: Option<(i64, i64)>) -> TokenEsti
 /// the session's system prompt.
 pub fn token_estimate(c: &Connection, id: &str) -> Result<TokenEstimate, StoreError> {
     let meta = super::facts::load_meta(c, id)?;
-    let last: Option<(Option<i64>, i64)> = c
+    let last: Option<(Option<i64>, i64, i64)> = c
         .prepare_cached(
-            "SELECT body_bytes, history_to FROM evidence WHERE session_id=?1
+            "SELECT body_bytes, history_from, history_to FROM evidence WHERE session_id=?1
              ORDER BY step DESC LIMIT 1",
         )?
-        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
+    let summary = meta.checkpoint.as_ref().map_or(0, |cp| {
+        (cp.summary.render(cp.to).len() + cp.anchor.as_ref().map_or(0, |a| a.1.len())) as i64
+    });
     let (base, after) = match last {
-        Some((Some(bytes), to)) => (bytes, to.max(meta.context_start)),
-        _ => (meta.system_prompt.len() as i64 + 64, meta.context_start),
+        // A compaction since the last request: its messages up to the context start are no
+        // longer sent; the summary (and anchor) are.
+        Some((Some(bytes), from, to)) if from <= meta.context_start => {
+            let (gone,): (i64,) = c
+                .prepare_cached(
+                    "SELECT COALESCE(SUM(LENGTH(CAST(body AS BLOB))), 0) FROM messages
+                     WHERE session_id=?1 AND seq>=?2 AND seq<=?3",
+                )?
+                .query_row(params![id, from, meta.context_start.min(to)], |r| Ok((r.get(0)?,)))?;
+            ((bytes - gone + summary).max(0), to.max(meta.context_start))
+        }
+        Some((Some(bytes), _, to)) => (bytes, to.max(meta.context_start)),
+        _ => (meta.system_prompt.len() as i64 + 64 + summary, meta.context_start),
     };
     let (since, count): (i64, i64) = c
         .prepare_cached(
@@ -767,7 +820,7 @@ pub fn evidence(c: &Connection, id: &str, of: EvidenceOf) -> Result<(i64, Vec<u8
     };
     let row = c
         .prepare_cached(&format!(
-            "SELECT head, system_hash, tools_hash, history_from, history_to, body_sha256
+            "SELECT head, system_hash, tools_hash, history_from, history_to, body_sha256, anchor
              FROM {table} WHERE session_id=?1 AND {key}=?2"
         ))?
         .query_row(params![id, step], |r| {
@@ -778,10 +831,11 @@ pub fn evidence(c: &Connection, id: &str, of: EvidenceOf) -> Result<(i64, Vec<u8
                 r.get::<_, i64>(3)?,
                 r.get::<_, i64>(4)?,
                 r.get::<_, String>(5)?,
+                r.get::<_, Option<i64>>(6)?,
             ))
         })
         .optional()?;
-    let Some((head_hash, system_hash, tools_hash, from, to, sha)) = row else {
+    let Some((head_hash, system_hash, tools_hash, from, to, sha, anchor)) = row else {
         return Err(StoreError::NotFound(match (of, step) {
             (EvidenceOf::Refused(None), 0) => format!("session `{id}` has no refused request"),
             (EvidenceOf::Step(None), 0) => format!("session `{id}` has made no model request yet"),
@@ -791,7 +845,17 @@ pub fn evidence(c: &Connection, id: &str, of: EvidenceOf) -> Result<(i64, Vec<u8
     let head = blob(c, &head_hash)?;
     let system = blob(c, &system_hash)?;
     let tools = tools_hash.map(|h| blob(c, &h)).transpose()?;
-    let body = reconstruct_body(&head, &system, &history(c, id, from, to)?, tools.as_deref());
+    let anchor = match anchor {
+        Some(a) => history(c, id, a, a)?.pop(),
+        None => None,
+    };
+    let body = reconstruct_body(
+        &head,
+        &system,
+        anchor.as_deref(),
+        &history(c, id, from, to)?,
+        tools.as_deref(),
+    );
     if sha256_hex(&body) != sha {
         return Err(StoreError::Corrupt(format!(
             "the evidence of {what} {step} does not rebuild to its recorded digest; the history was altered"

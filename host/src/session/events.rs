@@ -133,6 +133,35 @@ pub enum SessionEvent {
     PlanChanged { version: i64, change: String, steps: usize, done: usize },
     /// The phase opened at turn `phase_turn` was declared complete.
     PhaseCompleted { phase_turn: i64, summary: String },
+    /// A compaction began: messages `from..=to` are to be summarized (`tokens`: the estimated
+    /// size of the next request that led to it).
+    CompactionStarted {
+        trigger: super::compaction::Trigger,
+        from: i64,
+        to: i64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tokens: Option<i64>,
+    },
+    /// Checkpoint `checkpoint` was committed, pending promotion.
+    CheckpointPrepared { checkpoint: i64 },
+    /// Checkpoint `checkpoint` was promoted: later requests hold its summary and the history
+    /// after message `context_start`.
+    Compacted {
+        checkpoint: i64,
+        from: i64,
+        to: i64,
+        context_start: i64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tokens_before: Option<i64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tokens_after: Option<i64>,
+        ms: f64,
+    },
+    /// A compaction failed (the summary call failed or its answer was refused); nothing of the
+    /// context changed.
+    CompactionFailed { error: String },
+    /// A pending checkpoint was discarded: its preconditions no longer held.
+    CheckpointDiscarded { checkpoint: i64, reason: String },
 }
 
 /// A stored event.
@@ -169,6 +198,11 @@ impl SessionEvent {
             Self::Notice { .. } => "notice",
             Self::PlanChanged { .. } => "plan_changed",
             Self::PhaseCompleted { .. } => "phase_completed",
+            Self::CompactionStarted { .. } => "compaction_started",
+            Self::CheckpointPrepared { .. } => "checkpoint_prepared",
+            Self::Compacted { .. } => "compacted",
+            Self::CompactionFailed { .. } => "compaction_failed",
+            Self::CheckpointDiscarded { .. } => "checkpoint_discarded",
         }
     }
 }

@@ -80,6 +80,9 @@ pub struct SessionMeta {
     /// The user the session works for: its long-term memory is theirs (`None`: a session
     /// created before users were; see [`user`](Self::user)).
     pub user: Option<String>,
+    /// The checkpoint the session's context starts after (its summary is in every request),
+    /// if the session was compacted.
+    pub checkpoint: Option<super::compaction::CurrentCheckpoint>,
     /// The skills the session loaded, at the versions it loaded.
     pub skills: Vec<super::capabilities::LoadedSkill>,
     /// Skills the last orchestration found and did not load (named in requests by name and
@@ -196,6 +199,7 @@ pub fn load_meta_at(
         state_detail: None,
         loaded_tools: parse(&tools, "tool list")?,
         user,
+        checkpoint: super::compaction::current_in(c, id)?,
         skills,
         found_skills,
         memories,
@@ -239,6 +243,16 @@ pub struct MetaCounters {
 }
 
 impl MetaCounters {
+    /// The last message requests no longer hold (0: none).
+    pub fn context_start(&self) -> i64 {
+        self.context_start
+    }
+
+    /// The turn in progress, if any.
+    pub fn active_turn(&self) -> Option<i64> {
+        self.active_turn
+    }
+
     /// `meta` (read at this `meta_version`) brought up to these counters.
     pub fn apply(self, meta: &mut SessionMeta) {
         meta.meta_version = self.meta_version;
@@ -369,7 +383,8 @@ pub fn unsettled_in(c: &Connection) -> Result<Vec<String>, StoreError> {
         "SELECT s.id FROM sessions s
          WHERE s.active_turn IS NOT NULL
             OR s.state IN ('running', 'preparing_context', 'compressing')
-            OR EXISTS (SELECT 1 FROM inbox i WHERE i.session_id = s.id AND i.consumed_at IS NULL)",
+            OR EXISTS (SELECT 1 FROM inbox i WHERE i.session_id = s.id AND i.consumed_at IS NULL)
+            OR EXISTS (SELECT 1 FROM checkpoints k WHERE k.session_id = s.id AND k.status = 'pending')",
     )?
     .query_map([], |r| r.get(0))?
     .collect::<Result<_, _>>()?)

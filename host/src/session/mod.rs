@@ -9,6 +9,7 @@
 mod assemble;
 mod blobs;
 pub mod capabilities;
+pub mod compaction;
 mod discovery;
 pub mod events;
 mod facts;
@@ -183,6 +184,7 @@ impl SessionEngine {
                 "the user name `{u}` is not valid: use letters, digits, `-`, `_`, `.` and `@` (at most 64)"
             )));
         }
+        new.policy.check_patterns().map_err(StoreError::Input)?;
         let id = match &new.id {
             Some(id) if !valid_id(id) => {
                 return Err(StoreError::Input(format!(
@@ -743,6 +745,100 @@ impl SessionEngine {
         self.db.read(move |c| assemble::token_estimate(c, &id)).await
     }
 
+    /// Starts a compaction of session `id`: finishes any pending checkpoint first (see
+    /// [`compaction::settle_in`]), freezes the history to summarize at the boundary `aim` asks
+    /// for and marks the session `compressing` — one transaction. `None` when nothing can be
+    /// compacted (the session is left as it was).
+    pub async fn begin_compaction(
+        &self,
+        id: &str,
+        trigger: compaction::Trigger,
+        aim: compaction::Aim,
+        tokens: Option<i64>,
+    ) -> Result<Option<compaction::Frozen>, StoreError> {
+        let id = id.to_string();
+        self.db
+            .run(move |c| {
+                compaction::settle_in(c, &id)?;
+                let frozen = compaction::freeze_in(c, &id, trigger, aim)?;
+                if let Some(f) = &frozen {
+                    compaction::begin_in(c, &id, f, tokens)?;
+                }
+                Ok(frozen)
+            })
+            .await
+    }
+
+    /// Commits the checkpoint of a compaction (step 1, see [`compaction::prepare_in`]).
+    pub async fn prepare_checkpoint(
+        &self,
+        id: &str,
+        frozen: Arc<compaction::Frozen>,
+        call: compaction::SummaryCall,
+        tokens: (Option<i64>, Option<i64>),
+        state_after: RuntimeState,
+    ) -> Result<i64, StoreError> {
+        let id = id.to_string();
+        self.db
+            .run(move |c| compaction::prepare_in(c, &id, &frozen, &call, tokens, state_after))
+            .await
+    }
+
+    /// Promotes checkpoint `seq` (step 2, see [`compaction::promote_in`]).
+    pub async fn promote_checkpoint(
+        &self,
+        id: &str,
+        seq: i64,
+        state_after: RuntimeState,
+        ms: f64,
+    ) -> Result<compaction::Promotion, StoreError> {
+        let id = id.to_string();
+        self.db.run(move |c| compaction::promote_in(c, &id, seq, Some(state_after), ms)).await
+    }
+
+    /// The session's checkpoints, oldest first.
+    pub async fn checkpoints(
+        &self,
+        id: &str,
+    ) -> Result<Vec<compaction::CheckpointRecord>, StoreError> {
+        let id = id.to_string();
+        self.db
+            .read(move |c| {
+                facts::load_counters(c, &id)?;
+                compaction::checkpoints_in(c, &id)
+            })
+            .await
+    }
+
+    /// The exact request of checkpoint `seq`'s summary call (the last one's if `None`).
+    pub async fn compaction_evidence(
+        &self,
+        id: &str,
+        seq: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), StoreError> {
+        let id = id.to_string();
+        self.db.read(move |c| compaction::evidence_in(c, &id, seq)).await
+    }
+
+    /// Bytes of request per token for session `id`: from the newest of its last eight
+    /// requests whose usage the server reported, else [`BYTES_PER_TOKEN`].
+    pub async fn bytes_per_token(&self, id: &str) -> Result<f64, StoreError> {
+        let id = id.to_string();
+        self.db
+            .read_inline(move |c| {
+                let rows: Vec<(Option<i64>, Option<i64>)> = c
+                    .prepare_cached(
+                        "SELECT body_bytes, prompt_tokens FROM evidence WHERE session_id=?1
+                         ORDER BY step DESC LIMIT 8",
+                    )?
+                    .query_map([&id], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<_, _>>()?;
+                let known = rows.into_iter().find_map(|(b, t)| Some((b?, t?)));
+                Ok(estimate_tokens(0, known).bytes_per_token)
+            })
+            .await
+    }
+
     /// Ends the turn of a request that did not come back as a reply: records the request as
     /// refused (its evidence, `error` and the status the server gave) and sets the session
     /// `failed` with `error` — one transaction. Returns the refused request's number.
@@ -826,7 +922,10 @@ pub fn submit_in(c: &Connection, id: &str, text: &str) -> Result<i64, StoreError
     )?
     .execute(params![id, seq, text, now_ms()])?;
     events::append(c, id, &SessionEvent::InputAccepted { inbox_seq: seq, text: text.to_string() })?;
-    if meta.active_turn.is_none() && meta.state != RuntimeState::Running {
+    // A compaction in progress keeps its state; the input is taken after it.
+    if meta.active_turn.is_none()
+        && !matches!(meta.state, RuntimeState::Running | RuntimeState::Compressing)
+    {
         facts::set_state(c, id, RuntimeState::PreparingContext, None)?;
     }
     Ok(seq)

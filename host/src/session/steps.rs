@@ -557,6 +557,8 @@ pub const RECOVERED_DETAIL: &str =
 /// `preparing_context` until a runner resumes it; waiting and interrupted sessions stay as they
 /// are. Applying it twice changes nothing the second time.
 pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreError> {
+    // A checkpoint committed but not promoted is promoted now, or discarded.
+    super::compaction::settle_in(c, id)?;
     let meta = facts::load_meta(c, id)?;
     let mut outcome_unknown = Vec::new();
     let mut rerun = Vec::new();
@@ -579,6 +581,16 @@ pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreErr
         }
     }
     let state_after = match meta.state {
+        // A compaction outside a turn, or while a step waited for a decision, returns to
+        // where it started.
+        RuntimeState::Compressing if open.is_some() => {
+            facts::set_state(c, id, RuntimeState::WaitingApproval, None)?;
+            RuntimeState::WaitingApproval
+        }
+        RuntimeState::Compressing if meta.active_turn.is_none() => {
+            facts::set_state(c, id, RuntimeState::Idle, None)?;
+            RuntimeState::Idle
+        }
         RuntimeState::Running | RuntimeState::Compressing => {
             facts::set_state(c, id, RuntimeState::PreparingContext, Some(RECOVERED_DETAIL))?;
             RuntimeState::PreparingContext

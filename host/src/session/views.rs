@@ -85,6 +85,12 @@ pub struct Timeline {
     /// Orchestrator answered, what was added.
     pub orchestrations: Vec<super::capabilities::Orchestration>,
     pub grants: Vec<Grant>,
+    /// The last message requests no longer hold (0: none; see `checkpoints`).
+    pub context_start: i64,
+    /// Every compaction of the session, oldest first: the messages each summarizes, its
+    /// summary, and whether it is promoted, pending, discarded or failed.
+    pub checkpoints: Vec<super::compaction::CheckpointRecord>,
+    /// Every message, the compacted ones included (nothing is deleted).
     pub messages: Vec<TimelineMessage>,
     pub tool_calls: Vec<TimelineCall>,
     /// Every approval unit of the session, oldest first.
@@ -144,6 +150,8 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         tool_pins: meta.tool_pins,
         capabilities: super::capabilities::of_session(c, id)?,
         orchestrations: super::capabilities::orchestrations_in(c, id)?,
+        context_start: meta.context_start,
+        checkpoints: super::compaction::checkpoints_in(c, id)?,
         grants: meta.grants,
         messages,
         tool_calls,

@@ -471,6 +471,44 @@ const MIGRATIONS: &[(i64, &str)] = &[
     CREATE TRIGGER orchestration_finished AFTER UPDATE ON orchestrations
         BEGIN UPDATE sessions SET meta_version = meta_version + 1 WHERE id = NEW.session_id; END;",
     ),
+    (
+        13,
+        // Context compaction. A checkpoint is committed `pending` with its preconditions, then
+        // promoted (in the transaction that advances `context_start`) or discarded; a failed
+        // attempt is kept as `failed`. Nothing of the history is deleted. A request made after a
+        // compaction inside the active turn repeats the turn's user message (`anchor`).
+        "CREATE TABLE checkpoints (
+        session_id         TEXT NOT NULL REFERENCES sessions(id),
+        seq                INTEGER NOT NULL,
+        status             TEXT NOT NULL,
+        trigger            TEXT NOT NULL,
+        turn               INTEGER,
+        created_at         INTEGER NOT NULL,
+        decided_at         INTEGER,
+        range_from         INTEGER NOT NULL,
+        range_to           INTEGER NOT NULL,
+        prev_context_start INTEGER NOT NULL,
+        last_message       INTEGER NOT NULL,
+        meta_version       INTEGER NOT NULL,
+        anchor             INTEGER,
+        previous           INTEGER,
+        summary            TEXT,
+        artifacts          TEXT,
+        body_sha256        TEXT,
+        body_bytes         INTEGER,
+        reply              TEXT,
+        error              TEXT,
+        attempts           INTEGER,
+        duration_ms        REAL,
+        prompt_tokens      INTEGER,
+        completion_tokens  INTEGER,
+        tokens_before      INTEGER,
+        tokens_after       INTEGER,
+        PRIMARY KEY (session_id, seq)
+    );
+    ALTER TABLE evidence ADD COLUMN anchor INTEGER;
+    ALTER TABLE refused_requests ADD COLUMN anchor INTEGER;",
+    ),
 ];
 
 /// Errors of the store.

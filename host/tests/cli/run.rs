@@ -674,3 +674,118 @@ async fn capabilities_progress_show_evidence_and_unload_through_the_binary() {
     let out = keel_async(home.path().to_path_buf(), args(&["session", "unload", "cap"])).await;
     assert_eq!(out.status.code(), Some(2), "--tool or --skill is required");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_through_the_binary_flags_compact_show_and_evidence() {
+    let long =
+        |tag: &str| format!("{tag} {}", "keep this context in mind while working ".repeat(12));
+    let model = MockModel::start(vec![
+        Reply::text(&long("first answer")),
+        Reply::text(&long("second answer")),
+        Reply::text("third answer"),
+    ])
+    .await;
+    model.push_summary(vec![
+        Reply::summary("the third task", &["noted"]),
+        Reply::summary("the third task", &["noted again"]),
+    ]);
+    let home = tempfile::tempdir().unwrap();
+    let url = model.url();
+    let run = |task: String, extra: &[&str]| {
+        let mut a = args(&[
+            "run",
+            &task,
+            "--session",
+            "cmp",
+            "--model-url",
+            &url,
+            "--model",
+            "m",
+            "--no-preprocess",
+            "--json",
+        ]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        keel_async(home.path().to_path_buf(), a)
+    };
+    // Flags are checked: a fraction out of range and a window too small are refused.
+    let out = run("x".into(), &["--compact-at", "1.5"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("compact_at is a fraction"));
+    let out = run("x".into(), &["--context-window", "100"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let out = run("x".into(), &["--redact", "("]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("not a regular expression"));
+    let out = run(long("task one"), &[]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(long("task two"), &[]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // On demand: progress lines, then the result.
+    let out =
+        keel_async(home.path().to_path_buf(), args(&["session", "compact", "cmp", "--json"])).await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = super::json_of(&out);
+    assert_eq!(
+        (v["ok"].clone(), v["checkpoint"].clone(), v["from"].clone()),
+        (json!(true), json!(1), json!(1))
+    );
+    assert_eq!(v["context_start"], 4);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("state compressing"), "{err}");
+    assert!(err.contains("compacting the context (manual): summarizing messages 1–4"), "{err}");
+    assert!(err.contains("context compacted: checkpoint 1"), "{err}");
+    // Nothing more to compact: a clear refusal.
+    let out =
+        keel_async(home.path().to_path_buf(), args(&["session", "compact", "cmp", "--json"])).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(super::json_of(&out)["error"]["kind"], "nothing_to_compact");
+    // The next turn holds the summary; show marks the checkpoint and the compacted messages.
+    let out = run("task three".into(), &[]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let last = model.requests().pop().unwrap();
+    assert!(
+        String::from_utf8_lossy(&last).contains("Earlier conversation, summarized (messages 1–4")
+    );
+    let out = keel_async(home.path().to_path_buf(), args(&["session", "show", "cmp"])).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("── checkpoint 1 (promoted, current, manual): messages 1–4 summarized"),
+        "{text}"
+    );
+    assert!(text.contains("#1 turn 1 user (compacted)"), "{text}");
+    assert!(text.contains("#5 turn 3 user\n"), "{text}");
+    assert!(text.contains("Notes:\n   - noted"), "{text}");
+    let out =
+        keel_async(home.path().to_path_buf(), args(&["session", "show", "cmp", "--json"])).await;
+    let v = super::json_of(&out);
+    assert_eq!(v["context_start"], 4);
+    assert_eq!(v["checkpoints"][0]["status"], "promoted");
+    assert_eq!(v["checkpoints"][0]["summary"]["notes"], json!(["noted"]));
+    assert_eq!(v["messages"].as_array().unwrap().len(), 6, "nothing deleted");
+    // Evidence: the summary call's bytes and the request that held the summary.
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&["session", "evidence", "cmp", "--compaction"]),
+    )
+    .await;
+    assert_eq!(out.stdout, model.summary_requests()[0]);
+    let out = keel_async(home.path().to_path_buf(), args(&["session", "evidence", "cmp"])).await;
+    assert_eq!(out.stdout, last);
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&["session", "evidence", "cmp", "--compaction", "7"]),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no checkpoint 7"));
+    // Events name each step.
+    let out =
+        keel_async(home.path().to_path_buf(), args(&["session", "events", "cmp", "--json"])).await;
+    let kinds: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["kind"].as_str().unwrap().to_string())
+        .collect();
+    for k in ["compaction_started", "checkpoint_prepared", "compacted"] {
+        assert!(kinds.iter().any(|x| x == k), "{k} in {kinds:?}");
+    }
+}

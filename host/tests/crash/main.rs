@@ -538,6 +538,23 @@ impl Rng {
     }
 }
 
+/// Lets `child` run until `deadline`, then kills it (SIGKILL). Returns what was acknowledged
+/// (committed) when it ended — read just before the kill — and whether it was killed.
+fn kill_at(rig: &Rig, mut child: Child, deadline: Instant) -> (BTreeMap<String, String>, bool) {
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return (rig.facts(), false);
+        }
+        if Instant::now() >= deadline {
+            let facts = rig.facts();
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return (facts, true);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// C1 (and D3): SIGKILL at random times during a long workload, many times.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c1_random_kills() {
@@ -568,27 +585,10 @@ async fn c1_random_kills() {
     let (mut kills, mut lost, mut unknown) = (0usize, 0usize, 0usize);
     for i in 0..iterations {
         let task = format!("task R{i}");
-        let mut child = rig.spawn_run("rnd", &task);
+        let child = rig.spawn_run("rnd", &task);
         let at = Duration::from_micros(rng.below(full.as_micros() as u64 * 12 / 10));
-        let deadline = Instant::now() + at;
-        let mut facts = BTreeMap::new();
-        // Record what is acknowledged (committed) while the child runs, up to the kill.
-        let finished = loop {
-            if let Some(_status) = child.try_wait().unwrap() {
-                break true;
-            }
-            if Instant::now() >= deadline {
-                facts = rig.facts();
-                child.kill().unwrap();
-                child.wait().unwrap();
-                kills += 1;
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        };
-        if finished {
-            facts = rig.facts();
-        }
+        let (facts, killed) = kill_at(&rig, child, Instant::now() + at);
+        kills += usize::from(killed);
         assert_eq!(rig.integrity(), "ok", "iteration {i}");
         rig.recover_twice_same();
         let after = rig.facts();
@@ -633,5 +633,174 @@ async fn c1_random_kills() {
     println!(
         "C1: {kills} kills survived in {iterations} iterations; facts lost 0; duplicate executions 0; \
          outcomes reported unknown {unknown}; integrity ok after every kill; recovery idempotent every time"
+    );
+}
+
+/// A long task (about 1.5 KB) ending with its tag: a session whose context window is 4,096
+/// tokens and whose threshold is 0.6 of it (with the tool schemas and the system message
+/// taking about 7.5 KB) compacts at nearly every turn.
+fn long_task(tag: &str) -> String {
+    format!("{} {tag}", "please keep this context in mind while working on the task ".repeat(25))
+}
+
+impl Rig {
+    /// Runs `task` in compaction session `session`, created with a small context window.
+    fn run_compacting(&self, session: &str, task: &str, crash_at: Option<&str>) -> Output {
+        let mut args = self.run_args(session, task);
+        if self.session_exists(session) {
+            args.drain(4..8);
+        } else {
+            args.extend(["--context-window", "4096", "--compact-at", "0.6"].map(String::from));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.keel(&args, crash_at)
+    }
+
+    fn spawn_compacting(&self, session: &str, task: &str) -> Child {
+        let mut args = self.run_args(session, task);
+        args.drain(4..8);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        keel_cmd(self.home.path(), &args, None).spawn().unwrap()
+    }
+
+    /// The context is either the old one or the new one, never a mix: no checkpoint is left
+    /// pending, the context start is the last promoted checkpoint's end (0 without one), and
+    /// every recorded request rebuilds byte for byte from the facts. Returns the promoted
+    /// checkpoints.
+    async fn check_context(&self, session: &str) -> i64 {
+        let (pending, start, promoted_to, promoted): (i64, i64, i64, i64) = self
+            .query(|c| {
+                c.query_row(
+                    "SELECT (SELECT COUNT(*) FROM checkpoints WHERE session_id=?1 AND status='pending'),
+                            (SELECT context_start FROM sessions WHERE id=?1),
+                            COALESCE((SELECT range_to FROM checkpoints WHERE session_id=?1
+                                      AND status='promoted' ORDER BY seq DESC LIMIT 1), 0),
+                            (SELECT COUNT(*) FROM checkpoints WHERE session_id=?1 AND status='promoted')",
+                    [session],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                )
+            })
+            .unwrap();
+        assert_eq!(pending, 0, "a checkpoint was left pending after recovery");
+        assert_eq!(
+            start, promoted_to,
+            "the context start is not the last promoted checkpoint's end"
+        );
+        let steps: i64 = self
+            .query(|c| {
+                c.query_row("SELECT COUNT(*) FROM evidence WHERE session_id=?1", [session], |r| {
+                    r.get(0)
+                })
+            })
+            .unwrap();
+        let db = keel::store::Db::open(&self.db()).unwrap();
+        let engine = keel::session::SessionEngine::new(db);
+        for step in 1..=steps {
+            engine
+                .evidence(session, Some(step))
+                .await
+                .unwrap_or_else(|e| panic!("the evidence of step {step} does not rebuild: {e}"));
+        }
+        promoted
+    }
+}
+
+/// Compaction: killed after the summary call (nothing of the compaction is durable), after
+/// the pending checkpoint's commit (recovery promotes it), and after its promotion. Each time
+/// the context is whole — old or new — and the turn finishes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_at_each_point_of_a_compaction_leaves_the_old_or_the_new_context() {
+    // (crash point, state at the kill, checkpoints promoted right after recovery)
+    for (point, state, promoted) in [
+        ("after_summary_call", "compressing", 0),
+        ("after_checkpoint", "compressing", 1),
+        ("after_promotion", "running", 1),
+    ] {
+        let rig = Rig::new(&[]).await;
+        let out = rig.run_compacting("k", &long_task("K0"), None);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        // The turn that first compacts is killed at the point.
+        let mut tag = None;
+        for n in 1..5 {
+            let out = rig.run_compacting("k", &long_task(&format!("K{n}")), Some(point));
+            if killed(&out) {
+                tag = Some(format!("done K{n}"));
+                break;
+            }
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+        let tag = tag.unwrap_or_else(|| panic!("{point}: no compaction in four turns"));
+        assert_eq!(rig.integrity(), "ok");
+        assert_eq!(rig.state("k"), state, "{point}");
+        rig.recover_twice_same();
+        assert_eq!(rig.check_context("k").await, promoted, "{point}");
+        rig.finish("k");
+        assert_eq!(rig.state("k"), "idle", "{point}");
+        let answers: i64 = rig
+            .query(|c| {
+                c.query_row(
+                    "SELECT COUNT(*) FROM messages WHERE session_id='k' AND role='assistant' AND body LIKE ?1",
+                    [format!("%{tag}\"%")],
+                    |r| r.get(0),
+                )
+            })
+            .unwrap();
+        assert_eq!(answers, 1, "{point}: the turn answered once");
+        assert!(rig.check_context("k").await >= 1, "{point}: compacted in the end");
+        assert_eq!(rig.integrity(), "ok");
+        println!("compaction crash at {point:>18}: context whole, turn answered once");
+    }
+}
+
+/// SIGKILL at random times while a session compacts at nearly every turn, until at least
+/// `KEEL_CRASH_COMPACTIONS` (default 50) compactions were promoted: after every kill the
+/// context is old or new (never a mix), no acknowledged fact is lost, and integrity holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_kills_during_compactions_leave_the_old_or_the_new_context() {
+    let target: i64 =
+        std::env::var("KEEL_CRASH_COMPACTIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+    let seed =
+        std::env::var("KEEL_CRASH_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+                as u64
+                | 1
+        });
+    println!("compaction kills: until {target} compactions, KEEL_CRASH_SEED={seed}");
+    let mut rng = Rng(seed);
+    let rig = Rig::new(&[]).await;
+    let started = Instant::now();
+    let out = rig.run_compacting("rc", &long_task("W0"), None);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = rig.run_compacting("rc", &long_task("W1"), None);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let full = started.elapsed() / 2;
+    let (mut kills, mut i, mut promoted) = (0usize, 0usize, 0i64);
+    while promoted < target {
+        assert!(i < target as usize * 4, "{promoted} compactions after {i} turns");
+        let task = long_task(&format!("R{i}"));
+        let child = rig.spawn_compacting("rc", &task);
+        let at = Duration::from_micros(rng.below(full.as_micros() as u64 * 12 / 10));
+        let (facts, killed) = kill_at(&rig, child, Instant::now() + at);
+        kills += usize::from(killed);
+        assert_eq!(rig.integrity(), "ok", "turn {i}");
+        rig.recover_twice_same();
+        rig.check_context("rc").await;
+        let after = rig.facts();
+        let missing: Vec<&String> =
+            facts.iter().filter(|(k, v)| after.get(*k) != Some(*v)).map(|(k, _)| k).collect();
+        assert!(missing.is_empty(), "turn {i}: acknowledged facts lost or changed: {missing:?}");
+        if !after.values().any(|v| v == &task) {
+            let out = rig.run_compacting("rc", &task, None);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+        rig.finish("rc");
+        assert_eq!(rig.state("rc"), "idle", "turn {i}");
+        promoted = rig.check_context("rc").await;
+        i += 1;
+    }
+    assert_eq!(rig.integrity(), "ok");
+    println!(
+        "compaction kills: {kills} kills in {i} turns, {promoted} compactions promoted; the context was \
+         old or new after every kill, integrity ok, no acknowledged fact lost"
     );
 }

@@ -223,6 +223,7 @@ async fn execute(job: CallJob) -> Result<CallOutcome, ToolServiceError> {
 
 async fn run_one(job: CallJob, cap: usize) -> Outcome {
     let started = std::time::Instant::now();
+    let meta = job.meta.clone();
     let outcome = execute(job).await;
     let ms = started.elapsed().as_secs_f64() * 1e3;
     let changes = outcome
@@ -232,7 +233,8 @@ async fn run_one(job: CallJob, cap: usize) -> Outcome {
         .filter(|c| !c.is_empty())
         .and_then(|c| serde_json::to_string(c).ok());
     let control = outcome.as_ref().map(|o| o.report.control_requests.clone()).unwrap_or_default();
-    let (content, kind) = result_content(&outcome, cap);
+    // Redacted before the result is journaled, put in the history or shown to anyone.
+    let (content, kind) = result_content(&outcome, cap, &meta.policy);
     Outcome { content, kind, changes, ms, control }
 }
 

@@ -79,11 +79,12 @@ pub(super) fn error_outcome(kind: &str, message: &str) -> Outcome {
     }
 }
 
-/// The content the model sees for a call's result, capped at `cap` bytes with a marker that
-/// says how to read more.
+/// The content the model sees for a call's result: redacted by `policy`, then capped at
+/// `cap` bytes with a marker that says how to read more.
 pub fn result_content(
     outcome: &Result<CallOutcome, ToolServiceError>,
     cap: usize,
+    policy: &crate::policy::Policy,
 ) -> (String, Option<String>) {
     let (text, kind) = match outcome {
         Ok(o) => match &o.report.result {
@@ -104,7 +105,7 @@ pub fn result_content(
             Some(e.kind().to_string()),
         ),
     };
-    (cap_text(text, cap), kind)
+    (cap_text(policy.redact(&text).into_owned(), cap), kind)
 }
 
 pub(super) fn cap_text(text: String, cap: usize) -> String {

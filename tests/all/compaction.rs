@@ -1,0 +1,570 @@
+//! Context compaction against the scripted loopback server: the threshold, legal boundaries,
+//! active-turn compaction, approvals across a compaction, redaction, and a summary call that
+//! answers badly.
+
+use keel::agent::compact::Compaction;
+use keel::agent::{LoopGuards, TurnOutcome};
+use keel::brain::Submitted;
+use keel::sandbox::{Access, Budget, CancelToken, Grant};
+use keel::session::compaction::CheckpointStatus;
+use keel::session::{Decision, NewSession, Policy, RuntimeState, SessionEvent};
+use keel_tests::mock_model::{MockModel, Reply};
+use keel_tests::{answered, harness_with_session, install_effects, no_events, system_of};
+use serde_json::Value;
+
+const SUMMARY_MARK: &str = "Earlier conversation, summarized";
+
+/// Session `id` with the model at `url`, a context window of `window` tokens, `tools`, and
+/// the policy `policy` (task understanding off).
+async fn session(
+    h: &keel::harness::Harness,
+    id: &str,
+    url: &str,
+    window: Option<u64>,
+    tools: &[&str],
+    grants: Vec<Grant>,
+    policy: Policy,
+) {
+    let mut model = keel::model::ModelConfig::new(url, "test-model");
+    model.context_window = window;
+    model.max_retries = 0;
+    h.engine
+        .create(NewSession {
+            id: Some(id.into()),
+            grants,
+            tools: tools.iter().map(|t| t.to_string()).collect(),
+            policy,
+            budget: Budget { timeout: std::time::Duration::from_secs(20), ..Budget::default() },
+            model,
+            system_prompt: "You are a test agent.".into(),
+            guards: Some(LoopGuards { max_steps: 40, ..LoopGuards::default() }),
+            preprocess: None,
+            user: None,
+            named_tools: true,
+        })
+        .await
+        .unwrap();
+}
+
+async fn harness(dir: &std::path::Path, url: &str) -> keel::harness::Harness {
+    harness_with_session(dir, url, "unused", &[], Vec::new(), LoopGuards::default()).await
+}
+
+fn messages(body: &[u8]) -> Vec<Value> {
+    let v: Value = serde_json::from_slice(body).unwrap();
+    v["messages"].as_array().unwrap().clone()
+}
+
+/// Every tool message of a request answers a call of an assistant message before it in the
+/// same request: a call and its result are never split.
+fn assert_calls_whole(body: &[u8]) {
+    let msgs = messages(body);
+    let mut open: Vec<String> = Vec::new();
+    for m in &msgs {
+        if let Some(calls) = m["tool_calls"].as_array() {
+            open.extend(calls.iter().map(|c| c["id"].as_str().unwrap().to_string()));
+        }
+        if m["role"] == "tool" {
+            let id = m["tool_call_id"].as_str().unwrap();
+            assert!(open.iter().any(|o| o == id), "a result without its call: {id} in {msgs:?}");
+        }
+    }
+    assert_ne!(msgs.get(1).map(|m| m["role"].clone()), Some(Value::from("tool")));
+}
+
+fn filler(tag: &str, n: usize) -> String {
+    format!("{tag} {}", "lorem ipsum dolor sit amet ".repeat(n))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_threshold_compacts_and_the_next_request_holds_the_summary_not_the_range() {
+    let model = MockModel::start(vec![
+        Reply::text(&filler("answer-one", 10)),
+        Reply::text(&filler("answer-two", 10)),
+        Reply::text("three done"),
+    ])
+    .await;
+    model.push_summary(vec![
+        Reply::summary("the third task", &["the first is answered"]),
+        Reply::summary("the third task", &["the first two are answered"]),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness(dir.path(), &model.url()).await;
+    session(&h, "t", &model.url(), Some(512), &[], Vec::new(), Policy::default()).await;
+    let cancel = CancelToken::new();
+    for (i, task) in ["task-one", "task-two", "task-three"].iter().enumerate() {
+        let out = h.brain.submit("t", &filler(task, 10), &cancel, &no_events()).await.unwrap();
+        assert!(!answered(out).is_empty(), "turn {i}");
+    }
+    let requests = model.requests();
+    assert_eq!(requests.len(), 3);
+    // The first two fit; the third passed 0.8 × 512 tokens and was compacted first — in two
+    // rounds, as one summary call is sent at most 0.6 of the window: turn 1, then turn 2
+    // with the first summary as the previous one.
+    let summaries = model.summary_requests();
+    assert_eq!(summaries.len(), 2);
+    let (first, second) =
+        (String::from_utf8_lossy(&summaries[0]), String::from_utf8_lossy(&summaries[1]));
+    assert!(first.contains("task-one") && first.contains("answer-one"));
+    assert!(
+        !first.contains("task-two") && first.contains(r#"\"previous_summary\":null"#),
+        "{first}"
+    );
+    assert!(second.contains("task-two") && second.contains("answer-two"));
+    assert!(!second.contains("task-one") && second.contains("the first is answered"));
+    assert!(first.contains("\"stream\":false"));
+    let third = String::from_utf8(requests[2].clone()).unwrap();
+    assert!(third.contains(SUMMARY_MARK), "{third}");
+    assert!(third.contains("the first two are answered"));
+    // The compacted messages are gone from the history; the session goal (the first input,
+    // a SessionMeta fact) is in the system message, in full now that its message is not.
+    let history = serde_json::to_string(&messages(&requests[2])[1..]).unwrap();
+    assert!(!history.contains("task-one") && !history.contains("answer-two"), "{third}");
+    assert!(
+        system_of(&requests[2])
+            .contains("Session goal (also the current phase goal): task-one lorem")
+    );
+    assert!(third.contains("task-three"));
+    assert!(third.len() < requests[1].len());
+    // The record keeps everything, and the evidence of the third request is exact.
+    let t = h.engine.timeline("t").await.unwrap();
+    assert_eq!(t.messages.len(), 6);
+    let spans: Vec<_> =
+        t.checkpoints.iter().map(|c| (c.status, c.from, c.to, c.anchor, c.turn)).collect();
+    assert_eq!(
+        spans,
+        [
+            (CheckpointStatus::Promoted, 1, 2, None, Some(3)),
+            (CheckpointStatus::Promoted, 3, 4, None, Some(3))
+        ]
+    );
+    assert_eq!(t.context_start, 4);
+    let cp = &t.checkpoints[1];
+    assert_eq!(cp.summary.as_ref().unwrap().active_user_request, "the third task");
+    assert!(cp.tokens_after.unwrap() < cp.tokens_before.unwrap());
+    let (_, body) = h.engine.evidence("t", Some(3)).await.unwrap();
+    assert_eq!(body, requests[2]);
+    let (n, sbody) = h.engine.compaction_evidence("t", None).await.unwrap();
+    assert_eq!((n, sbody), (2, summaries[1].clone()));
+    // State and events: compressing while it ran, then running again.
+    let events = h.engine.events_after("t", 0, 1000).await.unwrap();
+    let kinds: Vec<String> = events
+        .iter()
+        .filter_map(|e| match &e.event {
+            SessionEvent::State { state, .. } => Some(format!("state {state}")),
+            SessionEvent::CompactionStarted { from, to, .. } => Some(format!("start {from}-{to}")),
+            SessionEvent::CheckpointPrepared { checkpoint } => {
+                Some(format!("prepared {checkpoint}"))
+            }
+            SessionEvent::Compacted { checkpoint, .. } => Some(format!("compacted {checkpoint}")),
+            _ => None,
+        })
+        .collect();
+    let at = kinds.iter().position(|k| k == "state compressing").expect("compressing shown");
+    assert_eq!(
+        kinds[at..at + 10],
+        [
+            "state compressing",
+            "start 1-2",
+            "prepared 1",
+            "compacted 1",
+            "state running",
+            "state compressing",
+            "start 3-4",
+            "prepared 2",
+            "compacted 2",
+            "state running"
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_active_turn_with_a_long_tool_loop_compacts_mid_turn_and_finishes_with_calls_whole() {
+    // Twelve steps of two parallel calls each, every result about 600 bytes: the turn passes
+    // the threshold several times and keeps its user message as the anchor.
+    let mut script = Vec::new();
+    for i in 0..12 {
+        let a = format!(r#"{{"text":"{}"}}"#, filler(&format!("out-{i}-a"), 20));
+        let b = format!(r#"{{"text":"{}"}}"#, filler(&format!("out-{i}-b"), 20));
+        script.push(Reply::calls(&[
+            (&format!("c{i}a"), "echo", a.as_str()),
+            (&format!("c{i}b"), "echo", b.as_str()),
+        ]));
+    }
+    script.push(Reply::text("all twelve done"));
+    let model = MockModel::start(script).await;
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness(dir.path(), &model.url()).await;
+    session(&h, "loop", &model.url(), Some(2048), &["echo"], Vec::new(), Policy::default()).await;
+    let task = "run the twelve echo steps and report";
+    let out = h.brain.submit("loop", task, &CancelToken::new(), &no_events()).await.unwrap();
+    assert_eq!(answered(out), "all twelve done");
+    let t = h.engine.timeline("loop").await.unwrap();
+    let promoted: Vec<_> =
+        t.checkpoints.iter().filter(|c| c.status == CheckpointStatus::Promoted).collect();
+    assert!(promoted.len() >= 2, "{:?}", t.checkpoints);
+    assert!(promoted.iter().all(|c| c.turn == Some(1)));
+    assert!(promoted.iter().any(|c| c.anchor == Some(1)), "{:?}", t.checkpoints);
+    let requests = model.requests();
+    let window_bytes = 2048 * 4;
+    for (i, r) in requests.iter().enumerate() {
+        assert_calls_whole(r);
+        assert!(r.len() <= window_bytes, "request {i} is {} bytes", r.len());
+    }
+    // After a compaction inside the turn the request repeats the user message verbatim.
+    let last = messages(requests.last().unwrap());
+    assert_eq!(last[1]["role"], "user");
+    assert_eq!(last[1]["content"], task);
+    assert!(system_of(requests.last().unwrap()).contains(SUMMARY_MARK));
+    // The boundaries never split a call from its results.
+    for cp in &promoted {
+        let next = t.messages.iter().find(|m| m.seq == cp.to + 1);
+        assert!(
+            next.is_none_or(|m| m.role != "tool"),
+            "checkpoint {} ends before a result",
+            cp.seq
+        );
+    }
+    // Every request's evidence rebuilds byte for byte.
+    for (i, r) in requests.iter().enumerate() {
+        let (_, body) = h.engine.evidence("loop", Some(i as i64 + 1)).await.unwrap();
+        assert_eq!(&body, r, "evidence of step {}", i + 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_naive_boundary_inside_a_call_group_moves_to_a_legal_one() {
+    // One reply with six calls and long results: the byte-count boundary would fall between
+    // the results; the only legal ones are before the call or after its last result.
+    let calls: Vec<(String, String)> = (0..6)
+        .map(|i| (format!("g{i}"), format!(r#"{{"text":"{}"}}"#, filler(&format!("r{i}"), 30))))
+        .collect();
+    let refs: Vec<(&str, &str, &str)> =
+        calls.iter().map(|(id, a)| (id.as_str(), "echo", a.as_str())).collect();
+    let model = MockModel::start(vec![
+        Reply::text(&filler("first answer", 40)),
+        Reply::calls(&refs),
+        Reply::text("grouped done"),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness(dir.path(), &model.url()).await;
+    session(&h, "g", &model.url(), None, &["echo"], Vec::new(), Policy::default()).await;
+    let cancel = CancelToken::new();
+    answered(h.brain.submit("g", &filler("first", 40), &cancel, &no_events()).await.unwrap());
+    answered(h.brain.submit("g", "second: six echoes", &cancel, &no_events()).await.unwrap());
+    // Messages: 1 user, 2 answer, 3 user, 4 the six calls, 5–10 their results, 11 answer.
+    // Outside a turn the kept history starts at a user message: legal boundaries are 2 and
+    // 11. Keeping ~2,000 bytes would cut between the results (after 8); it takes 11.
+    let freeze = |keep: i64| {
+        h.db.read(move |c| {
+            use keel::session::compaction::{Aim, Trigger, freeze_in};
+            freeze_in(c, "g", Trigger::Threshold, Aim { keep_bytes: Some(keep), input_bytes: None })
+        })
+    };
+    let f = freeze(2000).await.unwrap().unwrap();
+    assert_eq!((f.prev_context_start, f.to), (0, 11));
+    assert_eq!(f.messages.len(), 11);
+    // With room for everything after the first turn, the earliest legal boundary is taken.
+    let f = freeze(20_000).await.unwrap().unwrap();
+    assert_eq!(f.to, 2);
+    // Manual: as much as is legal.
+    match h.brain.compact("g", &cancel, &no_events()).await.unwrap() {
+        Compaction::Compacted { from, context_start, .. } => {
+            assert_eq!((from, context_start), (1, 11))
+        }
+        other => panic!("{other:?}"),
+    }
+    // Nothing is left after the context start: a second compaction has nothing to do.
+    assert_eq!(h.brain.compact("g", &cancel, &no_events()).await.unwrap(), Compaction::Nothing);
+    assert_eq!(h.engine.meta("g").await.unwrap().state, RuntimeState::Idle);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_approval_and_its_open_step_survive_a_compaction() {
+    let model = MockModel::start(vec![
+        Reply::text(&filler("earlier answer", 30)),
+        Reply::calls(&[("s1", "effect_send", r#"{"label":"after-compaction"}"#)]),
+        Reply::text("sent after compaction"),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let h = harness(dir.path(), &model.url()).await;
+    install_effects(&h).await;
+    let grants =
+        vec![Grant { host: work.path().into(), guest: "/work".into(), access: Access::Rw }];
+    session(&h, "ap", &model.url(), None, &["effect_send"], grants, Policy::default()).await;
+    let cancel = CancelToken::new();
+    answered(
+        h.brain.submit("ap", &filler("earlier task", 30), &cancel, &no_events()).await.unwrap(),
+    );
+    let waiting = h.brain.submit("ap", "send the label", &cancel, &no_events()).await.unwrap();
+    let Submitted::Ran(TurnOutcome::WaitingApproval(units)) = waiting else {
+        panic!("{waiting:?}")
+    };
+    assert_eq!(h.engine.meta("ap").await.unwrap().state, RuntimeState::WaitingApproval);
+    match h.brain.compact("ap", &cancel, &no_events()).await.unwrap() {
+        // Up to the active turn's user message (3), which stays; its open step is not history.
+        Compaction::Compacted { context_start, .. } => assert_eq!(context_start, 2),
+        other => panic!("{other:?}"),
+    }
+    let meta = h.engine.meta("ap").await.unwrap();
+    assert_eq!(meta.state, RuntimeState::WaitingApproval);
+    assert!(h.engine.load_open_step("ap").await.unwrap().is_some());
+    let pending = h.engine.approvals(Some("ap"), true).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].id, units[0]);
+    h.brain.decide(&units[0], Decision::Approve, None, None).await.unwrap().unwrap();
+    let out = h.brain.drain("ap", &cancel, &no_events()).await.unwrap().unwrap();
+    assert_eq!(answered(out), "sent after compaction");
+    assert_eq!(keel_tests::log_lines(work.path(), "sent.log").len(), 1);
+    let last = model.requests().pop().unwrap();
+    let msgs = messages(&last);
+    assert_eq!(msgs[1]["content"], "send the label");
+    assert_eq!(msgs[2]["tool_calls"][0]["id"], "s1");
+    assert_eq!(msgs[3]["tool_call_id"], "s1");
+    // The compacted turn is gone from the history (the session goal, a SessionMeta fact, is
+    // still in the system message).
+    assert!(msgs[1..].iter().all(|m| !m.to_string().contains("earlier task")));
+    assert_calls_whole(&last);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redacted_canary_reaches_no_summary_request_and_no_summary() {
+    const CANARY: &str = "CANARY-7f3a9e51";
+    let model = MockModel::start(vec![
+        Reply::calls(&[("r1", "read", r#"{"path":"/work/secret.txt"}"#)]),
+        Reply::text("read it"),
+        Reply::text("second answer"),
+    ])
+    .await;
+    // A model that echoes what it saw tries to put the canary into the summary.
+    model.push_summary(vec![Reply::summary(&format!("use {CANARY}"), &[CANARY])]);
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    std::fs::write(work.path().join("secret.txt"), format!("token={CANARY}\n")).unwrap();
+    let h = harness(dir.path(), &model.url()).await;
+    let grants =
+        vec![Grant { host: work.path().into(), guest: "/work".into(), access: Access::Ro }];
+    let policy = Policy { redact: vec!["CANARY-[0-9a-f]+".into()], ..Policy::default() };
+    session(&h, "red", &model.url(), None, &["read"], grants, policy).await;
+    let cancel = CancelToken::new();
+    answered(h.brain.submit("red", "read the secret file", &cancel, &no_events()).await.unwrap());
+    answered(h.brain.submit("red", "and then?", &cancel, &no_events()).await.unwrap());
+    assert!(matches!(
+        h.brain.compact("red", &cancel, &no_events()).await.unwrap(),
+        Compaction::Compacted { .. }
+    ));
+    let summary_req = model.summary_requests();
+    assert_eq!(summary_req.len(), 1);
+    let text = String::from_utf8_lossy(&summary_req[0]);
+    assert!(text.contains("[redacted]"), "the result is there, redacted: {text}");
+    for r in model.requests().iter().chain(summary_req.iter()) {
+        assert!(!String::from_utf8_lossy(r).contains(CANARY));
+    }
+    let t = h.engine.timeline("red").await.unwrap();
+    let stored = serde_json::to_string(&t).unwrap();
+    assert!(!stored.contains(CANARY), "the timeline (messages, journal, summary) holds it");
+    let s = t.checkpoints[0].summary.as_ref().unwrap();
+    assert_eq!(s.active_user_request, "use [redacted]");
+    assert_eq!(s.notes, vec!["[redacted]"]);
+    // A pattern that is not a regular expression is refused when the session is created.
+    let bad = Policy { redact: vec!["(".into()], ..Policy::default() };
+    let e = h
+        .engine
+        .create(NewSession {
+            id: Some("bad".into()),
+            grants: Vec::new(),
+            tools: Vec::new(),
+            policy: bad,
+            budget: Budget::default(),
+            model: keel::model::ModelConfig::new(&model.url(), "m"),
+            system_prompt: String::new(),
+            guards: None,
+            preprocess: None,
+            user: None,
+            named_tools: false,
+        })
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("not a regular expression"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_summary_is_asked_for_once_more_then_the_compaction_fails_cleanly() {
+    let model = MockModel::start(vec![
+        Reply::text(&filler("a1", 12)),
+        Reply::text(&filler("a2", 12)),
+        Reply::text("third answered without compaction"),
+        Reply::text("fourth answered after a retried summary"),
+    ])
+    .await;
+    model.push_summary(vec![
+        Reply::completion("not json at all"),
+        Reply::completion(r#"{"active_user_request":"x"}"#),
+        Reply::completion("```json\n{}\n```"),
+        Reply::summary("the fourth task", &[]),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness(dir.path(), &model.url()).await;
+    session(&h, "bad", &model.url(), Some(512), &[], Vec::new(), Policy::default()).await;
+    let cancel = CancelToken::new();
+    answered(h.brain.submit("bad", &filler("t1", 12), &cancel, &no_events()).await.unwrap());
+    answered(h.brain.submit("bad", &filler("t2", 12), &cancel, &no_events()).await.unwrap());
+    // Over the threshold, under the window: two refused answers fail the compaction and the
+    // turn goes on with the whole history.
+    let third = h.brain.submit("bad", "t3", &cancel, &no_events()).await.unwrap();
+    assert_eq!(answered(third), "third answered without compaction");
+    let t = h.engine.timeline("bad").await.unwrap();
+    assert_eq!(t.context_start, 0);
+    assert_eq!(t.checkpoints[0].status, CheckpointStatus::Failed);
+    assert_eq!(t.checkpoints[0].attempts, 2);
+    assert!(t.checkpoints[0].error.as_deref().unwrap().contains("the answer has no `decisions`"));
+    assert!(String::from_utf8_lossy(&model.requests()[2]).contains("t1"));
+    // The next one: a refused answer, then a good one — compacted.
+    let fourth = h.brain.submit("bad", "t4", &cancel, &no_events()).await.unwrap();
+    assert_eq!(answered(fourth), "fourth answered after a retried summary");
+    let t = h.engine.timeline("bad").await.unwrap();
+    assert_eq!(t.checkpoints[1].status, CheckpointStatus::Promoted);
+    assert_eq!(t.checkpoints[1].attempts, 2);
+    assert!(t.context_start > 0);
+    // (A second round may follow: one summary call is sent at most 0.6 of the window.)
+    assert!(model.summary_requests().len() >= 4);
+    let events = h.engine.events_after("bad", 0, 1000).await.unwrap();
+    assert!(events.iter().any(|e| matches!(&e.event, SessionEvent::CompactionFailed { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_cannot_fit_fails_the_turn_with_a_clear_message() {
+    let model = MockModel::start(vec![Reply::text("never sent")]).await;
+    model.push_summary(vec![Reply::completion("no"), Reply::completion("still no")]);
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness(dir.path(), &model.url()).await;
+    session(&h, "big", &model.url(), Some(512), &[], Vec::new(), Policy::default()).await;
+    // One input larger than the whole window: nothing before it can be compacted.
+    let out = h
+        .brain
+        .submit("big", &filler("huge", 120), &CancelToken::new(), &no_events())
+        .await
+        .unwrap();
+    let Submitted::Ran(TurnOutcome::Failed(msg)) = out else { panic!("{out:?}") };
+    assert!(msg.contains("more than the model's context window of 512"), "{msg}");
+    assert!(msg.contains("--context-window"), "{msg}");
+    assert!(model.requests().is_empty());
+    let meta = h.engine.meta("big").await.unwrap();
+    assert_eq!(meta.state, RuntimeState::Failed);
+    // The input is kept.
+    assert_eq!(h.engine.timeline("big").await.unwrap().messages.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_server_refuses_as_too_long_is_compacted_and_sent_again() {
+    // No window configured: the server's refusal is what tells.
+    let model = MockModel::start_with_context(
+        vec![
+            Reply::text(&filler("one", 30)),
+            Reply::text(&filler("two", 30)),
+            Reply::text("three after an overflow compaction"),
+        ],
+        2600,
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness(dir.path(), &model.url()).await;
+    session(&h, "of", &model.url(), None, &[], Vec::new(), Policy::default()).await;
+    let cancel = CancelToken::new();
+    answered(h.brain.submit("of", &filler("first", 10), &cancel, &no_events()).await.unwrap());
+    answered(h.brain.submit("of", &filler("second", 10), &cancel, &no_events()).await.unwrap());
+    let out = h.brain.submit("of", "third", &cancel, &no_events()).await.unwrap();
+    assert_eq!(answered(out), "three after an overflow compaction");
+    let t = h.engine.timeline("of").await.unwrap();
+    assert_eq!(t.checkpoints.len(), 1);
+    assert_eq!(t.checkpoints[0].trigger, keel::session::compaction::Trigger::Overflow);
+    let requests = model.requests();
+    assert!(requests[requests.len() - 2].len() > 2600, "the refused request");
+    assert!(requests.last().unwrap().len() <= 2600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_calls_in_the_compacted_range_stay_failed_in_the_summary() {
+    let model = MockModel::start(vec![
+        Reply::calls(&[("f1", "read", r#"{"path":"/work/missing.txt"}"#)]),
+        Reply::text("the file is missing"),
+        Reply::text("noted"),
+    ])
+    .await;
+    // The summary call does not mention the failure: the journal does.
+    model.push_summary(vec![Reply::summary("read a file", &["all went well"])]);
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let h = harness(dir.path(), &model.url()).await;
+    let grants =
+        vec![Grant { host: work.path().into(), guest: "/work".into(), access: Access::Ro }];
+    session(&h, "fail", &model.url(), None, &["read"], grants, Policy::default()).await;
+    let cancel = CancelToken::new();
+    answered(h.brain.submit("fail", "read the missing file", &cancel, &no_events()).await.unwrap());
+    assert!(matches!(
+        h.brain.compact("fail", &cancel, &no_events()).await.unwrap(),
+        Compaction::Compacted { .. }
+    ));
+    let summary_req = String::from_utf8_lossy(&model.summary_requests()[0]).to_string();
+    assert!(summary_req.contains(r#"\"failed_calls\":[{\"error_kind\""#), "{summary_req}");
+    let t = h.engine.timeline("fail").await.unwrap();
+    let failed = &t.checkpoints[0].summary.as_ref().unwrap().failed_calls;
+    assert_eq!(failed.len(), 1);
+    assert_eq!((failed[0].tool.as_str(), failed[0].step), ("read", 1));
+    answered(h.brain.submit("fail", "what happened?", &cancel, &no_events()).await.unwrap());
+    let system = system_of(model.requests().last().unwrap());
+    let line = format!("- read failed: {} (step 1)", failed[0].error_kind);
+    assert!(system.contains("Calls that failed (from the tool journal):"), "{system}");
+    assert!(system.contains(&line), "{system}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inputs_that_arrive_during_a_compaction_wait_in_the_inbox_and_run_after_in_order() {
+    let model = MockModel::start(vec![
+        Reply::text(&filler("first answer", 20)),
+        Reply::text("answer to A"),
+        Reply::text("answer to B"),
+    ])
+    .await;
+    // A slow summary call: the inputs arrive while it runs.
+    model.push_summary(vec![Reply::Delay(
+        std::time::Duration::from_millis(800),
+        Box::new(Reply::summary("first", &[])),
+    )]);
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness(dir.path(), &model.url()).await;
+    session(&h, "in", &model.url(), None, &[], Vec::new(), Policy::default()).await;
+    let cancel = CancelToken::new();
+    answered(h.brain.submit("in", &filler("first", 20), &cancel, &no_events()).await.unwrap());
+    let compactor = {
+        let h = h.clone();
+        tokio::spawn(async move { h.brain.compact("in", &CancelToken::new(), &no_events()).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(h.engine.meta("in").await.unwrap().state, RuntimeState::Compressing);
+    // Another host process on the same home (its own runner identity).
+    let other = harness(dir.path(), &model.url()).await;
+    for text in ["input A", "input B"] {
+        let out = other.brain.submit("in", text, &cancel, &no_events()).await.unwrap();
+        assert!(matches!(out, Submitted::Queued { .. }), "{out:?}");
+    }
+    // Still compressing: an input does not change the state of a compaction.
+    assert_eq!(h.engine.meta("in").await.unwrap().state, RuntimeState::Compressing);
+    let done = compactor.await.unwrap().unwrap();
+    assert!(matches!(done, Compaction::Compacted { .. }), "{done:?}");
+    let t = h.engine.timeline("in").await.unwrap();
+    let users: Vec<String> = t
+        .messages
+        .iter()
+        .filter(|m| m.role == "user")
+        .map(|m| m.body["content"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(users[1..], ["input A", "input B"]);
+    assert_eq!(t.state, RuntimeState::Idle);
+    assert_eq!(t.pending_inputs, 0);
+    // The first request after the compaction holds its summary.
+    assert!(system_of(&model.requests()[1]).contains(SUMMARY_MARK));
+}
