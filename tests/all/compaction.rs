@@ -568,3 +568,31 @@ async fn inputs_that_arrive_during_a_compaction_wait_in_the_inbox_and_run_after_
     // The first request after the compaction holds its summary.
     assert!(system_of(&model.requests()[1]).contains(SUMMARY_MARK));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_compaction_is_not_tried_again_at_every_step_of_the_turn() {
+    let model = MockModel::start(vec![
+        Reply::text("ok"),
+        Reply::calls(&[("e1", "echo", r#"{"text":"hi"}"#)]),
+        Reply::text("finished without compaction"),
+    ])
+    .await;
+    model.push_summary(vec![Reply::completion("no"), Reply::completion("still no")]);
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness(dir.path(), &model.url()).await;
+    session(&h, "once", &model.url(), Some(1024), &[], Vec::new(), Policy::default()).await;
+    let cancel = CancelToken::new();
+    answered(h.brain.submit("once", &filler("u1", 70), &cancel, &no_events()).await.unwrap());
+    // Both steps of this turn pass the threshold (0.8 × 1,024 tokens) and fit the window: the
+    // first tries to compact and fails; the second does not try again.
+    let out = h.brain.submit("once", &filler("u2", 44), &cancel, &no_events()).await.unwrap();
+    assert_eq!(answered(out), "finished without compaction");
+    let sizes: Vec<usize> = model.requests().iter().map(Vec::len).collect();
+    let t = h.engine.timeline("once").await.unwrap();
+    assert_eq!(model.summary_requests().len(), 2, "{sizes:?} {:?}", t.checkpoints);
+    let t = h.engine.timeline("once").await.unwrap();
+    assert_eq!(t.checkpoints.len(), 1);
+    assert_eq!(t.checkpoints[0].status, CheckpointStatus::Failed);
+    let sizes: Vec<usize> = model.requests().iter().map(Vec::len).collect();
+    assert!(sizes[1] > 3277 && sizes[2] > 3277 && sizes[2] <= 4096, "{sizes:?}");
+}

@@ -106,6 +106,9 @@ struct GuardState {
     consecutive_errors: u32,
     /// The runner lease the turn's last commit releases (when no input waits).
     lease: Option<Arc<str>>,
+    /// Why a compaction of this turn failed, if one did: the turn does not try again (two
+    /// summary calls per step would add up) unless a request passes the window itself.
+    compaction_failed: Option<String>,
 }
 
 /// The AgentService.
@@ -212,13 +215,14 @@ impl AgentService {
             // A request the server refuses as too long is compacted and sent again, once.
             let mut overflowed = false;
             let (meta, mut assembled, catalog, result, called) = loop {
-                let (meta, assembled, catalog) = match self.assemble_fitting(id, cancel).await? {
-                    Ok(a) => a,
-                    Err(end) => {
-                        events(&Event::State(RuntimeState::Failed));
-                        return Ok(end);
-                    }
-                };
+                let (meta, assembled, catalog) =
+                    match self.assemble_fitting(id, &mut guard, cancel).await? {
+                        Ok(a) => a,
+                        Err(end) => {
+                            events(&Event::State(RuntimeState::Failed));
+                            return Ok(end);
+                        }
+                    };
                 events(&Event::ModelCall { step: assembled.step });
                 let called = Instant::now();
                 let result = self.model.complete(&meta.model, &assembled.body, cancel).await;
@@ -360,6 +364,7 @@ impl AgentService {
     async fn assemble_fitting(
         &self,
         id: &str,
+        guard: &mut GuardState,
         cancel: &CancelToken,
     ) -> Result<
         Result<
@@ -395,6 +400,10 @@ impl AgentService {
             }
             let why = if rounds == compact::MAX_ROUNDS {
                 format!("{rounds} compactions before this request did not make it small enough")
+            } else if let Some(failed) =
+                guard.compaction_failed.clone().filter(|_| tokens <= window as i64)
+            {
+                failed
             } else {
                 rounds += 1;
                 let request = compact::CompactRequest {
@@ -408,7 +417,10 @@ impl AgentService {
                     compact::Compaction::Nothing => {
                         "nothing before the current step can be compacted".to_string()
                     }
-                    compact::Compaction::Failed(e) | compact::Compaction::Discarded(e) => e,
+                    compact::Compaction::Failed(e) | compact::Compaction::Discarded(e) => {
+                        guard.compaction_failed = Some(e.clone());
+                        e
+                    }
                 }
             };
             // The request goes as it is while it fits the window itself.

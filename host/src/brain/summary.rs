@@ -36,15 +36,15 @@ pub const LISTS: [&str; 5] =
 pub const MAX_ENTRIES: usize = 64;
 /// Characters of one entry (or of the active request) an answer may hold, at most.
 pub const MAX_ENTRY_CHARS: usize = 8000;
-/// The call's reply cap unless the session's model sets a smaller one.
+/// The call's reply cap (whatever the session's own cap on business replies).
 pub const MAX_TOKENS: u32 = 2048;
 
-/// The call's settings: the session's model, not streamed, at most [`MAX_TOKENS`] of reply,
+/// The call's settings: the session's model, not streamed, [`MAX_TOKENS`] of reply at most,
 /// the session's wait, and the JSON mode of its task-understanding settings (a JSON Schema
 /// when it has none).
 pub fn config(business: &ModelConfig, preprocess: Option<&PreprocessConfig>) -> PreprocessConfig {
     let mut config = PreprocessConfig::from_business(business);
-    config.model.max_tokens = Some(business.max_tokens.unwrap_or(MAX_TOKENS).min(MAX_TOKENS));
+    config.model.max_tokens = Some(MAX_TOKENS);
     config.model.timeout_ms = business.timeout_ms;
     config.response_format =
         preprocess.map(|p| p.response_format).unwrap_or(ResponseFormat::JsonSchema);
