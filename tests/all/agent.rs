@@ -1124,3 +1124,50 @@ async fn a_turn_with_one_read_only_call_commits_three_times() {
     .await;
     assert!(other.brain.try_acquire("c").await.unwrap());
 }
+
+/// Two tasks of one process submit to one session at once: the lease row names the process,
+/// so the Brain keeps them apart itself — the second input waits in the inbox and the first
+/// task runs it after its own turn, never beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tasks_of_one_process_never_run_one_session_at_once() {
+    let model = MockModel::start(vec![
+        Reply::Delay(Duration::from_millis(400), Box::new(Reply::text("one"))),
+        Reply::text("two"),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness_with_session(
+        dir.path(),
+        &model.url(),
+        "unused",
+        &[],
+        Vec::new(),
+        LoopGuards::default(),
+    )
+    .await;
+    keel_tests::plain_session(&h, "par", &[], &model.url()).await;
+    let first = {
+        let h = h.clone();
+        tokio::spawn(async move { submit(&h, "par", "first").await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = submit(&h, "par", "second").await;
+    assert!(matches!(second, Submitted::Queued { .. }), "{second:?}");
+    // The first task ran both turns, one after the other.
+    assert_eq!(first.await.unwrap(), Submitted::Ran(TurnOutcome::Answer("two".into())));
+    let t = h.engine.timeline("par").await.unwrap();
+    let order: Vec<String> = t
+        .messages
+        .iter()
+        .map(|m| format!("{} {}", m.role, m.body["content"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(order, ["user first", "assistant one", "user second", "assistant two"]);
+    assert!(String::from_utf8_lossy(&model.requests()[1]).contains("\"one\""));
+    assert_eq!(t.state, RuntimeState::Idle);
+    // Nothing is left behind: a third input runs at once.
+    model.push(vec![Reply::text("three")]);
+    assert_eq!(
+        submit(&h, "par", "third").await,
+        Submitted::Ran(TurnOutcome::Answer("three".into()))
+    );
+}

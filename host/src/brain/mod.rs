@@ -49,6 +49,21 @@ pub struct Brain {
     agent: AgentService,
     engine: SessionEngine,
     owner: Arc<str>,
+    /// Sessions a task of this process is running now. The lease row names the process, so it
+    /// cannot tell two of its tasks apart: this set does.
+    local: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+}
+
+/// A session run by a task of this process; leaves the set on drop.
+struct LocalRun {
+    local: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    id: String,
+}
+
+impl Drop for LocalRun {
+    fn drop(&mut self) {
+        self.local.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&self.id);
+    }
 }
 
 impl Brain {
@@ -56,7 +71,7 @@ impl Brain {
         let nonce = format!("{}-{:?}", now_ms(), std::time::Instant::now());
         let owner = RunnerId::current(&blake3::hash(nonce.as_bytes()).to_hex()[..8]).to_string();
         let engine = agent.engine().clone();
-        Self { db, agent, engine, owner: owner.into() }
+        Self { db, agent, engine, owner: owner.into(), local: Arc::default() }
     }
 
     /// Startup recovery: every session whose runner is gone (its lease is free, or its process
@@ -146,8 +161,56 @@ impl Brain {
         &self.owner
     }
 
+    /// Marks session `id` as run by this task; `None` when another task of this process runs
+    /// it.
+    fn enter(&self, id: &str) -> Option<LocalRun> {
+        let mut set = self.local.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        set.insert(id.to_string())
+            .then(|| LocalRun { local: self.local.clone(), id: id.to_string() })
+    }
+
+    /// Leaves session `id` after `local`'s run ended with `last`, then runs inputs that another
+    /// task of this process queued while it ran and that nobody took: that task found the
+    /// session busy, committed its input, and found it busy still when it looked again. (The
+    /// other order is covered by that task: it looks again after its commit.)
+    async fn leave(
+        &self,
+        id: &str,
+        local: LocalRun,
+        mut last: Option<Submitted>,
+        cancel: &CancelToken,
+        events: &Events,
+    ) -> Result<Option<Submitted>, AgentError> {
+        drop(local);
+        loop {
+            let waiting = self
+                .db
+                .read_inline({
+                    let id = id.to_string();
+                    move |c| {
+                        let meta = SessionEngine::load_meta_in(c, &id)?;
+                        let runs = meta.active_turn.is_none()
+                            && !matches!(meta.state, RuntimeState::Interrupted);
+                        Ok(runs && crate::session::pending_inputs(c, &id)? > 0)
+                    }
+                })
+                .await?;
+            if !waiting {
+                return Ok(last);
+            }
+            let Some(local) = self.enter(id) else { return Ok(last) };
+            let ran = self.drain_held(id, false, None, cancel, events).await;
+            drop(local);
+            match ran? {
+                Some(r) => last = Some(r),
+                // Another process holds it: that runner takes the inputs.
+                None => return Ok(last),
+            }
+        }
+    }
+
     /// Persists `input` for session `id`, then runs the session until its inbox is empty —
-    /// unless another runner holds it.
+    /// unless another runner holds it (another process, or another task of this one).
     pub async fn submit(
         &self,
         id: &str,
@@ -155,6 +218,19 @@ impl Brain {
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<Submitted, AgentError> {
+        let Some(local) = self.enter(id) else {
+            // Another task of this process runs the session: the input waits in the inbox,
+            // and that task's loop takes it — or, if it ended meanwhile, this task does.
+            let (sid, text) = (id.to_string(), input.to_string());
+            let seq = self.db.run(move |c| crate::session::submit_in(c, &sid, &text)).await?;
+            return match self.enter(id) {
+                Some(local) => Ok(self
+                    .leave(id, local, None, cancel, events)
+                    .await?
+                    .unwrap_or(Submitted::Queued { inbox_seq: seq })),
+                None => Ok(Submitted::Queued { inbox_seq: seq }),
+            };
+        };
         // The input, the lease attempt and — with the lease, when no turn is under way — the
         // turn's start commit together: one fsync acknowledges the input and starts its turn.
         let (sid, text, owner) = (id.to_string(), input.to_string(), self.owner.clone());
@@ -174,9 +250,11 @@ impl Brain {
         if !acquired {
             return Ok(Submitted::Queued { inbox_seq: seq });
         }
-        self.drain_held(id, true, begun, cancel, events)
-            .await
-            .map(|r| r.unwrap_or(Submitted::Queued { inbox_seq: seq }))
+        let ran = self.drain_held(id, true, begun, cancel, events).await?;
+        Ok(self
+            .leave(id, local, ran, cancel, events)
+            .await?
+            .unwrap_or(Submitted::Queued { inbox_seq: seq }))
     }
 
     /// Runs queued inputs of session `id` if no other runner holds it. `None` when another
@@ -187,7 +265,9 @@ impl Brain {
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<Option<Submitted>, AgentError> {
-        self.drain_held(id, false, None, cancel, events).await
+        let Some(local) = self.enter(id) else { return Ok(None) };
+        let ran = self.drain_held(id, false, None, cancel, events).await?;
+        self.leave(id, local, ran, cancel, events).await
     }
 
     /// Runs the session while this runner holds it: `begun` is a turn already started in the
@@ -529,7 +609,8 @@ impl Brain {
     ) -> Result<crate::agent::compact::Compaction, AgentError> {
         use crate::agent::compact::{self, Aim, CompactRequest, Trigger};
         let meta = self.engine().meta(id).await?;
-        if !self.try_acquire(id).await? {
+        let local = self.enter(id);
+        if local.is_none() || !self.try_acquire(id).await? {
             return Err(StoreError::Conflict(format!(
                 "session `{id}` is held by a runner that is working on it; a running session compacts itself \
                  when its requests near the context window (--context-window). Try again when it is idle"
@@ -572,8 +653,13 @@ impl Brain {
                 return Err(e);
             }
         };
-        if !self.release(id, false).await? {
-            self.drain_held(id, true, None, cancel, events).await?;
+        let ran = if self.release(id, false).await? {
+            None
+        } else {
+            self.drain_held(id, true, None, cancel, events).await?
+        };
+        if let Some(local) = local {
+            self.leave(id, local, ran, cancel, events).await?;
         }
         Ok(outcome)
     }
