@@ -5,6 +5,7 @@
 //! [model]                    # see harness::model_config; KEEL_MODEL_URL, KEEL_MODEL
 //! base_url = "http://localhost:8080/v1"
 //! model = "local"
+//! context_window = 32768     # with it, requests past compact_at (0.8) of it compact first
 //!
 //! [store]
 //! synchronous = "full"       # full (default) | normal | off; KEEL_SYNCHRONOUS overrides

@@ -193,3 +193,51 @@ pub fn preprocess_config(
     config.model.validate()?;
     Ok(Some(config))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_context_window_and_threshold_come_from_the_file_and_flags_override_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::at(dir.path()).unwrap();
+        std::fs::write(
+            crate::config::path(&home),
+            "[model]\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\ncontext_window = 4096\ncompact_at = 0.7\n",
+        )
+        .unwrap();
+        let cfg = model_config(&home, &ModelFlags::default()).unwrap().unwrap();
+        assert_eq!((cfg.context_window, cfg.compact_at), (Some(4096), 0.7));
+        let flags = ModelFlags {
+            context_window: Some(8192),
+            compact_at: Some(0.5),
+            ..ModelFlags::default()
+        };
+        let cfg = model_config(&home, &flags).unwrap().unwrap();
+        assert_eq!((cfg.context_window, cfg.compact_at), (Some(8192), 0.5));
+        for (flags, says) in [
+            (
+                ModelFlags { compact_at: Some(0.0), ..ModelFlags::default() },
+                "compact_at is a fraction",
+            ),
+            (
+                ModelFlags { compact_at: Some(1.5), ..ModelFlags::default() },
+                "compact_at is a fraction",
+            ),
+            (
+                ModelFlags { context_window: Some(100), ..ModelFlags::default() },
+                "at least 512 tokens",
+            ),
+        ] {
+            let e = model_config(&home, &flags).unwrap_err();
+            assert!(e.to_string().contains(says), "{e}");
+        }
+        // A session stored before compaction existed reads with the defaults.
+        let old: ModelConfig = serde_json::from_str(
+            r#"{"base_url":"http://x/v1","model":"m","timeout_ms":1,"stream":true,"max_retries":0}"#,
+        )
+        .unwrap();
+        assert_eq!((old.context_window, old.compact_at), (None, crate::model::DEFAULT_COMPACT_AT));
+    }
+}
