@@ -609,13 +609,15 @@ impl Brain {
     ) -> Result<crate::agent::compact::Compaction, AgentError> {
         use crate::agent::compact::{self, Aim, CompactRequest, Trigger};
         let meta = self.engine().meta(id).await?;
-        let local = self.enter(id);
-        if local.is_none() || !self.try_acquire(id).await? {
-            return Err(StoreError::Conflict(format!(
+        let busy = || {
+            StoreError::Conflict(format!(
                 "session `{id}` is held by a runner that is working on it; a running session compacts itself \
                  when its requests near the context window (--context-window). Try again when it is idle"
             ))
-            .into());
+        };
+        let Some(local) = self.enter(id) else { return Err(busy().into()) };
+        if !self.try_acquire(id).await? {
+            return Err(busy().into());
         }
         let guard = RunnerTasks::start(self, id, cancel);
         let state_after = match meta.state {
@@ -658,9 +660,7 @@ impl Brain {
         } else {
             self.drain_held(id, true, None, cancel, events).await?
         };
-        if let Some(local) = local {
-            self.leave(id, local, ran, cancel, events).await?;
-        }
+        self.leave(id, local, ran, cancel, events).await?;
         Ok(outcome)
     }
 

@@ -354,13 +354,17 @@ pub fn freeze_in(
         )?
         .query_map(params![id, start, to], |r| Ok(FrozenMessage { seq: r.get(0)?, body: r.get(1)? }))?
         .collect::<Result<_, _>>()?;
-    let previous = current_in(c, id)?.map(|p| (p.seq, p.summary));
+    let current = current_in(c, id)?;
+    // The current checkpoint's anchor is part of what requests hold now.
+    let anchor_now =
+        current.as_ref().and_then(|p| p.anchor.as_ref()).map_or(0, |a| a.1.len() as i64);
+    let previous = current.map(|p| (p.seq, p.summary));
     let mut artifacts = previous.as_ref().map(|(_, s)| s.artifacts.clone()).unwrap_or_default();
     let mut failed_calls =
         previous.as_ref().map(|(_, s)| s.failed_calls.clone()).unwrap_or_default();
     journal_facts(c, id, &messages, &mut artifacts, &mut failed_calls)?;
     let active_request = user_msg.as_ref().map(|(_, body)| message_text(body));
-    let history_bytes = total + current_in_anchor_bytes(c, id)?.unwrap_or_default();
+    let history_bytes = total + anchor_now;
     Ok(Some(Frozen {
         trigger,
         turn,
@@ -377,17 +381,6 @@ pub fn freeze_in(
         history_bytes,
         kept_bytes: kept,
     }))
-}
-
-/// Bytes of the current checkpoint's anchor, if it has one.
-fn current_in_anchor_bytes(c: &Connection, id: &str) -> Result<Option<i64>, StoreError> {
-    Ok(c.prepare_cached(
-        "SELECT LENGTH(CAST(m.body AS BLOB)) FROM checkpoints k JOIN messages m
-           ON m.session_id = k.session_id AND m.seq = k.anchor
-         WHERE k.session_id=?1 AND k.status='promoted' ORDER BY k.seq DESC LIMIT 1",
-    )?
-    .query_row([id], |r| r.get(0))
-    .optional()?)
 }
 
 /// The text content of a stored message.
