@@ -95,6 +95,15 @@ pub struct ToolsTable {
     pub control_trusted: Vec<String>,
 }
 
+/// The `[mcp]` table.
+#[derive(serde::Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct McpTable {
+    /// The bearer token `keel mcp serve --http` requires of clients (`KEEL_MCP_TOKEN`
+    /// overrides it); needed for any address other than loopback.
+    pub token: Option<String>,
+}
+
 /// The whole file. Tables keel does not know are left alone (a newer keel's settings must not
 /// stop an older one); unknown keys inside known tables are refused (a typo must not pass
 /// silently).
@@ -106,6 +115,8 @@ pub struct File {
     pub store: Option<StoreTable>,
     #[serde(default)]
     pub tools: Option<ToolsTable>,
+    #[serde(default)]
+    pub mcp: Option<McpTable>,
 }
 
 /// The settings file of `home`.

@@ -35,6 +35,7 @@ pub mod digest;
 pub mod harness;
 pub mod home;
 pub mod ids;
+pub mod mcp;
 pub mod memory;
 pub mod model;
 pub mod plan;
@@ -45,6 +46,7 @@ pub mod session;
 pub mod skills;
 pub mod store;
 pub mod stored;
+pub mod tls;
 pub mod tools;
 pub mod units;
 

@@ -134,6 +134,16 @@ impl AgentService {
         &self.engine
     }
 
+    /// The ToolService the calls go through.
+    pub fn tools(&self) -> &Arc<ToolService> {
+        &self.tools
+    }
+
+    /// The loop guards of sessions that store none.
+    pub fn guards(&self) -> &LoopGuards {
+        &self.guards
+    }
+
     /// The model client (Brain's understanding call uses it too).
     pub fn model(&self) -> &ModelClient {
         &self.model

@@ -20,6 +20,7 @@ use crate::session::{
 };
 use crate::store::{Db, StoreError, now_ms};
 
+mod direct;
 pub mod lease;
 pub mod orchestrate;
 pub mod summary;

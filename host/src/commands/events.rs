@@ -156,6 +156,12 @@ pub fn render(row: &EventRow) -> Option<String> {
         SessionEvent::CheckpointDiscarded { checkpoint, reason } => {
             format!("checkpoint {checkpoint} discarded: {}", inert(reason))
         }
+        SessionEvent::ClientConnected { client, version, protocol, transport } => format!(
+            "MCP client {} {} connected over {transport} (protocol {})",
+            inert(client),
+            inert(version),
+            inert(protocol)
+        ),
     })
 }
 

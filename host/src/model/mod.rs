@@ -64,6 +64,10 @@ fn default_compact_at() -> f64 {
     DEFAULT_COMPACT_AT
 }
 
+/// The base URL of a local OpenAI-compatible server (llama.cpp's default port), for sessions
+/// made with no model configured.
+pub const DEFAULT_BASE_URL: &str = "http://127.0.0.1:8080/v1";
+
 impl ModelConfig {
     pub fn new(base_url: &str, model: &str) -> Self {
         Self {
@@ -386,6 +390,7 @@ pub const USER_AGENT: &str = concat!("keel/", env!("CARGO_PKG_VERSION"));
 impl ModelClient {
     /// A client using `api_key` (if any) as a bearer token.
     pub fn new(api_key: Option<String>) -> Result<Self, ModelError> {
+        crate::tls::init();
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(USER_AGENT)

@@ -162,6 +162,9 @@ pub enum SessionEvent {
     CompactionFailed { error: String },
     /// A pending checkpoint was discarded: its preconditions no longer held.
     CheckpointDiscarded { checkpoint: i64, reason: String },
+    /// A client reached the session from outside (an MCP client over `transport`), as it
+    /// named itself, speaking `protocol`.
+    ClientConnected { client: String, version: String, protocol: String, transport: String },
 }
 
 /// A stored event.
@@ -203,6 +206,7 @@ impl SessionEvent {
             Self::Compacted { .. } => "compacted",
             Self::CompactionFailed { .. } => "compaction_failed",
             Self::CheckpointDiscarded { .. } => "checkpoint_discarded",
+            Self::ClientConnected { .. } => "client_connected",
         }
     }
 }

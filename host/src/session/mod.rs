@@ -10,6 +10,7 @@ mod assemble;
 mod blobs;
 pub mod capabilities;
 pub mod compaction;
+mod direct;
 mod discovery;
 pub mod events;
 mod facts;

@@ -493,7 +493,7 @@ impl JournalEntry {
 }
 
 /// Marks a started, side-effecting, non-idempotent call as `unknown`.
-fn mark_unknown(e: &mut JournalEntry) {
+pub(super) fn mark_unknown(e: &mut JournalEntry) {
     e.status = JournalStatus::Unknown;
     e.result = Some(error_content("outcome_unknown", OUTCOME_UNKNOWN));
     e.error_kind = Some("outcome_unknown".into());
@@ -580,7 +580,18 @@ pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreErr
             facts::put_journal(c, id, open.step, &e)?;
         }
     }
+    // Direct calls (a front-end's, without a model step) the stopped process left open.
+    let direct = super::direct::recover_in(c, id, open.as_ref().map(|o| o.step))?;
+    let had_direct = !direct.is_empty()
+        || meta.state_detail.as_deref().is_some_and(|d| d.starts_with("direct call"));
+    outcome_unknown.extend(direct.into_iter().filter(|(_, unknown)| *unknown).map(|(id, _)| id));
     let state_after = match meta.state {
+        RuntimeState::Running | RuntimeState::WaitingApproval
+            if had_direct && open.is_none() && meta.active_turn.is_none() =>
+        {
+            facts::set_state(c, id, RuntimeState::Idle, Some(RECOVERED_DETAIL))?;
+            RuntimeState::Idle
+        }
         // A compaction outside a turn, or while a step waited for a decision, returns to
         // where it started.
         RuntimeState::Compressing if open.is_some() => {

@@ -509,6 +509,22 @@ const MIGRATIONS: &[(i64, &str)] = &[
     ALTER TABLE evidence ADD COLUMN anchor INTEGER;
     ALTER TABLE refused_requests ADD COLUMN anchor INTEGER;",
     ),
+    (
+        14,
+        // External MCP servers. A server is a `components` row of kind `mcp` (so its tools are
+        // a tool set like a component's, found by recall and pinned by sessions); its
+        // transport, the claims its tools made and the digest each was accepted at are kept
+        // in `mcp_servers`.
+        "ALTER TABLE components ADD COLUMN kind TEXT NOT NULL DEFAULT 'component';
+    CREATE TABLE mcp_servers (
+        name          TEXT PRIMARY KEY,
+        spec          TEXT NOT NULL,
+        server_info   TEXT NOT NULL,
+        tools         TEXT NOT NULL,
+        added_at      INTEGER NOT NULL,
+        refreshed_at  INTEGER NOT NULL
+    );",
+    ),
 ];
 
 /// Errors of the store.

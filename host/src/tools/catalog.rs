@@ -16,6 +16,9 @@ pub struct ComponentRecord {
     pub source: String,
     pub builtin: bool,
     pub installed_at: String,
+    /// `component` (a WebAssembly file) or `mcp` (an external MCP server; see
+    /// [`crate::mcp`]).
+    pub kind: super::SourceKind,
 }
 
 /// One tool, as its component described it at install time.
@@ -58,10 +61,11 @@ fn component_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ComponentRecord
         source: r.get(3)?,
         builtin: r.get(4)?,
         installed_at: r.get(5)?,
+        kind: r.get(6)?,
     })
 }
 
-const COMPONENT_COLUMNS: &str = "name, digest, size, source, builtin, installed_at";
+const COMPONENT_COLUMNS: &str = "name, digest, size, source, builtin, installed_at, kind";
 
 pub fn component(conn: &Connection, name: &str) -> Result<Option<ComponentRecord>, StoreError> {
     let sql = format!("SELECT {COMPONENT_COLUMNS} FROM components WHERE name = ?1");
@@ -119,18 +123,30 @@ pub fn put(
     tools: &[ToolRecord],
 ) -> Result<(), StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    put_in(&tx, component, tools)?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// [`put`] inside the caller's transaction.
+pub fn put_in(
+    tx: &Connection,
+    component: &ComponentRecord,
+    tools: &[ToolRecord],
+) -> Result<(), StoreError> {
     tx.execute("DELETE FROM tools WHERE component = ?1", [&component.name])?;
     tx.execute("DELETE FROM components WHERE name = ?1", [&component.name])?;
     tx.execute(
-        "INSERT INTO components (name, digest, size, source, builtin, installed_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO components (name, digest, size, source, builtin, installed_at, kind)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         params![
             component.name,
             component.digest,
             component.size as i64,
             component.source,
             component.builtin,
-            component.installed_at
+            component.installed_at,
+            component.kind
         ],
     )?;
     for t in tools {
@@ -158,7 +174,6 @@ pub fn put(
             params![t.name, component.digest],
         )?;
     }
-    tx.commit()?;
     Ok(())
 }
 
@@ -169,6 +184,16 @@ pub fn remove(
     component: &str,
 ) -> Result<(Vec<String>, Vec<String>), StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let out = remove_in(&tx, component)?;
+    tx.commit()?;
+    Ok(out)
+}
+
+/// [`remove`] inside the caller's transaction.
+pub fn remove_in(
+    tx: &Connection,
+    component: &str,
+) -> Result<(Vec<String>, Vec<String>), StoreError> {
     let names: Vec<String> = {
         let mut stmt = tx.prepare("SELECT name FROM tools WHERE component = ?1 ORDER BY name")?;
         let rows = stmt.query_map([component], |r| r.get(0))?;
@@ -183,7 +208,6 @@ pub fn remove(
     tx.execute("DELETE FROM tools WHERE component = ?1", [component])?;
     tx.execute("DELETE FROM tool_versions WHERE component = ?1", [component])?;
     tx.execute("DELETE FROM components WHERE name = ?1", [component])?;
-    tx.commit()?;
     Ok((names, digests))
 }
 

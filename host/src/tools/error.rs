@@ -68,6 +68,13 @@ pub enum ToolServiceError {
     ApprovalNotBound { unit: String },
     #[error("{what} {asked} exceeds the host's ceiling of {ceiling}")]
     OverCeiling { what: &'static str, asked: u64, ceiling: u64 },
+    #[error(
+        "`{name}` is an MCP server (added with `keel mcp add`), not a component: \
+         `keel mcp remove {name}` removes it, and a component needs another name"
+    )]
+    McpServer { name: String },
+    #[error(transparent)]
+    Mcp(#[from] crate::mcp::McpError),
 }
 
 impl ToolServiceError {
@@ -95,6 +102,8 @@ impl ToolServiceError {
             Self::PolicyDenied { .. } => "denied",
             Self::NeedsApproval { .. } => "needs_approval",
             Self::ApprovalNotBound { .. } => "approval_not_bound",
+            Self::McpServer { .. } => "mcp_server",
+            Self::Mcp(e) => e.kind(),
         }
     }
 }

@@ -303,6 +303,9 @@ impl ToolService {
         }
         let digest = crate::sandbox::sha256_hex(bytes);
         let existing = catalog::component(&self.db(), name)?;
+        if existing.as_ref().is_some_and(|c| c.kind == super::SourceKind::Mcp) {
+            return Err(ToolServiceError::McpServer { name: name.to_string() });
+        }
         if mode == InstallMode::New
             && let Some(old) = &existing
             && old.digest != digest
@@ -351,6 +354,7 @@ impl ToolService {
             source: source.to_string(),
             builtin,
             installed_at: now(),
+            kind: super::SourceKind::Component,
         };
         let (replaced, upgrade) = {
             let mut db = self.db();
@@ -384,6 +388,9 @@ impl ToolService {
             return Err(ToolServiceError::HostTool { name, provider });
         }
         let (component, _) = self.component_for(name)?;
+        if component.kind == super::SourceKind::Mcp {
+            return Err(ToolServiceError::McpServer { name: component.name });
+        }
         if component.builtin {
             return Err(ToolServiceError::Builtin { name: component.name });
         }

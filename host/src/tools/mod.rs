@@ -13,6 +13,7 @@ pub mod changes;
 mod error;
 pub mod install;
 pub mod lease;
+mod mcp;
 mod source;
 mod view;
 
@@ -53,6 +54,8 @@ pub struct ToolService {
     /// Digests of the components trusted with the control interfaces: the first-party
     /// components and those an admin trusts (`[tools] control_trusted` in keel.toml).
     control_trusted: std::collections::BTreeSet<String>,
+    /// This process's connections to external MCP servers.
+    mcp: Arc<crate::mcp::client::Pool>,
 }
 
 /// The host tools registered in this process, and a generation that grows with each change
@@ -94,6 +97,7 @@ impl ToolService {
             leases: Leases::default(),
             hosts: Mutex::default(),
             control_trusted,
+            mcp: Arc::default(),
         };
         for (name, bytes, digest) in builtin {
             let current = catalog::component(&service.db(), name)?;

@@ -25,7 +25,7 @@ impl Resolved {
         Self { record, digest, source: ToolSource::Component }
     }
 
-    fn host(tool: &Arc<dyn HostTool>) -> Self {
+    pub(super) fn host(tool: &Arc<dyn HostTool>) -> Self {
         Self {
             record: tool.record().clone(),
             digest: tool.digest().to_string(),
@@ -233,9 +233,18 @@ impl ToolService {
     /// with this process's host tools (which take the place of a component's tool of the same
     /// name installed by another process since they were registered).
     fn load_catalog(&self, c: &Connection, version: i64) -> Result<Catalog, ToolServiceError> {
-        let digests: HashMap<String, String> =
-            catalog::components(c)?.into_iter().map(|c| (c.name, c.digest)).collect();
-        let mut tools: HashMap<String, Arc<Resolved>> = catalog::tools(c)?
+        let components = catalog::components(c)?;
+        let digests: HashMap<String, String> = components
+            .iter()
+            .filter(|c| c.kind == super::SourceKind::Component)
+            .map(|c| (c.name.clone(), c.digest.clone()))
+            .collect();
+        let records = catalog::tools(c)?;
+        let mcp = match components.iter().any(|c| c.kind == super::SourceKind::Mcp) {
+            true => self.mcp_resolved(c, &records)?,
+            false => Vec::new(),
+        };
+        let mut tools: HashMap<String, Arc<Resolved>> = records
             .into_iter()
             .filter_map(|record| {
                 let digest = digests.get(&record.component)?.clone();
@@ -251,6 +260,12 @@ impl ToolService {
                 )
             })
             .collect();
+        for resolved in mcp {
+            let name = resolved.record.name.clone();
+            versions.retain(|(n, _), _| *n != name);
+            versions.insert((name.clone(), resolved.digest.clone()), resolved.clone());
+            tools.insert(name, resolved);
+        }
         let hosts = self.hosts.lock().unwrap_or_else(PoisonError::into_inner);
         for (name, tool) in &hosts.tools {
             let resolved = Arc::new(Resolved::host(tool));
