@@ -67,6 +67,10 @@ enum Command {
     Reject(commands::approval::DecideArgs),
     /// Recover sessions left by a process that stopped uncleanly, and resume their turns.
     Recover(commands::approval::RecoverArgs),
+    /// MCP both ways: serve keel's governed tools to MCP clients, and add external MCP
+    /// servers as governed tools.
+    #[command(subcommand)]
+    Mcp(commands::mcp::McpCommand),
 }
 
 fn main() -> ExitCode {
@@ -94,6 +98,7 @@ fn main() -> ExitCode {
     runtime.block_on(async {
         match cli.command {
             Command::Tool(cmd) => commands::tool::execute(home, cmd).await,
+            Command::Mcp(cmd) => commands::mcp::execute(home, cmd).await,
             Command::Skill(cmd) => commands::skill::execute(home, cmd).await,
             Command::Memory(cmd) => commands::skill::memory(home, cmd).await,
             Command::Run(args) => commands::run::execute(home, *args).await,

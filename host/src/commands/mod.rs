@@ -2,6 +2,7 @@
 
 pub mod approval;
 pub mod events;
+pub mod mcp;
 pub mod run;
 pub mod session;
 pub mod skill;
