@@ -581,9 +581,7 @@ impl Harness {
         let old: Vec<(ToolRecord, crate::mcp::PinnedTool)> = record
             .tools
             .iter()
-            .filter_map(|p| {
-                tools.iter().find(|t| t.name == p.name).map(|t| (t.clone(), p.clone()))
-            })
+            .filter_map(|p| tools.iter().find(|t| t.name == p.name).map(|t| (t.clone(), p.clone())))
             .collect();
         let diff = crate::mcp::diff(&old, &offer.tools);
         let accepted = diff.is_empty() || accept;

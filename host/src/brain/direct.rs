@@ -91,7 +91,8 @@ impl Brain {
         let tools = self.agent.tools().clone();
         let meta = self.engine().meta(id).await?;
         let cap = meta.guards.clone().unwrap_or_else(|| self.agent.guards().clone()).result_cap;
-        let seed = format!("{id}\u{1f}{tool}\u{1f}{}\u{1f}{:?}", now_ms(), std::time::Instant::now());
+        let seed =
+            format!("{id}\u{1f}{tool}\u{1f}{}\u{1f}{:?}", now_ms(), std::time::Instant::now());
         let hash = blake3::hash(seed.as_bytes()).to_hex();
         let call_id = CallId::new(format!("direct-{}", &hash[..12]));
         let resolved = tools.catalog().ok().and_then(|c| c.get_pinned(tool, &meta.tool_pins));
@@ -112,14 +113,15 @@ impl Brain {
             control_requests: Vec::new(),
         };
         let step = self.engine().begin_direct(id, entry.clone()).await?;
-        let refuse = |entry: &mut JournalEntry, kind: &str, message: String, ask: Option<String>| {
-            let content =
-                serde_json::json!({"error": {"kind": kind, "message": message}}).to_string();
-            entry.status = JournalStatus::Done;
-            entry.result = Some(content.clone());
-            entry.error_kind = Some(kind.to_string());
-            (DirectRefusal { kind: kind.to_string(), message, ask_reason: ask }, content)
-        };
+        let refuse =
+            |entry: &mut JournalEntry, kind: &str, message: String, ask: Option<String>| {
+                let content =
+                    serde_json::json!({"error": {"kind": kind, "message": message}}).to_string();
+                entry.status = JournalStatus::Done;
+                entry.result = Some(content.clone());
+                entry.error_kind = Some(kind.to_string());
+                (DirectRefusal { kind: kind.to_string(), message, ask_reason: ask }, content)
+            };
         let mut consumed = None;
         if let Some(r) = &resolved
             && let PolicyDecision::Ask(why) = meta.policy.decide(&r.record.name, r.record.effect)
@@ -165,10 +167,8 @@ impl Brain {
                 return self.direct_done(id, step, entry, Err(refusal), content).await;
             }
             entry.status = JournalStatus::Intent;
-            consumed = self
-                .engine()
-                .commit_progress(id, step, vec![entry.clone()], Some(unit_id))
-                .await?;
+            consumed =
+                self.engine().commit_progress(id, step, vec![entry.clone()], Some(unit_id)).await?;
         }
         let started = std::time::Instant::now();
         let outcome = tools

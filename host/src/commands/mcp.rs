@@ -208,9 +208,11 @@ async fn add(harness: &Harness, a: AddArgs) -> ExitCode {
                 let tools: Vec<_> = offer
                     .tools
                     .iter()
-                    .map(|t| json!({"name": t.record.name, "remote": t.pinned.remote,
+                    .map(|t| {
+                        json!({"name": t.record.name, "remote": t.pinned.remote,
                         "effect": t.record.effect, "idempotent": t.record.idempotent,
-                        "digest": t.pinned.digest}))
+                        "digest": t.pinned.digest})
+                    })
                     .collect();
                 println!(
                     "{}",
@@ -281,7 +283,9 @@ fn list(harness: &Harness, json_out: bool) -> ExitCode {
     println!("{:<16} {:<6} {:<6} {:<18} WHERE", "SERVER", "TOOLS", "VIA", "CLASS");
     for s in &servers {
         let (via, at) = match &s.spec.transport {
-            Transport::Stdio { command, args, .. } => ("stdio", format!("{command} {}", args.join(" "))),
+            Transport::Stdio { command, args, .. } => {
+                ("stdio", format!("{command} {}", args.join(" ")))
+            }
             Transport::Http { url, .. } => ("http", url.clone()),
         };
         let class = match (s.spec.effect, s.spec.trust_annotations) {
@@ -289,7 +293,14 @@ fn list(harness: &Harness, json_out: bool) -> ExitCode {
             (None, true) => "annotations".to_string(),
             (None, false) => "external".to_string(),
         };
-        println!("{:<16} {:<6} {:<6} {:<18} {}", s.spec.name, s.tools.len(), via, class, inert(&at));
+        println!(
+            "{:<16} {:<6} {:<6} {:<18} {}",
+            s.spec.name,
+            s.tools.len(),
+            via,
+            class,
+            inert(&at)
+        );
     }
     ExitCode::SUCCESS
 }
@@ -338,7 +349,11 @@ fn inspect(harness: &Harness, a: NameJson) -> ExitCode {
     for t in &tools {
         let pin = server.tools.iter().find(|p| p.name == t.name);
         println!();
-        println!("tool        {} (on the server: {})", t.name, inert(pin.map_or("?", |p| &p.remote)));
+        println!(
+            "tool        {} (on the server: {})",
+            t.name,
+            inert(pin.map_or("?", |p| &p.remote))
+        );
         println!("effect      {}{}", t.effect, if t.idempotent { ", idempotent" } else { "" });
         println!("sha256      {}", pin.map_or("?", |p| &p.digest));
         println!("description {}", inert(&t.description));
@@ -431,7 +446,11 @@ async fn serve(home: &keel::home::Home, harness: Harness, a: ServeArgs) -> ExitC
         };
     };
     let token = keel::config::env("KEEL_MCP_TOKEN").or_else(|| {
-        keel::config::read(home).ok().and_then(|f| f.mcp).and_then(|m| m.token).filter(|t| !t.is_empty())
+        keel::config::read(home)
+            .ok()
+            .and_then(|f| f.mcp)
+            .and_then(|m| m.token)
+            .filter(|t| !t.is_empty())
     });
     if token.is_none() && !addr.ip().is_loopback() {
         let msg = format!(
@@ -442,7 +461,9 @@ async fn serve(home: &keel::home::Home, harness: Harness, a: ServeArgs) -> ExitC
     }
     let listener = match tokio::net::TcpListener::bind(addr).await {
         Ok(l) => l,
-        Err(e) => return super::fail(false, "io", &format!("cannot listen on {addr}: {e}"), EXIT_SETUP),
+        Err(e) => {
+            return super::fail(false, "io", &format!("cannot listen on {addr}: {e}"), EXIT_SETUP);
+        }
     };
     let bound = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.to_string());
     eprintln!(

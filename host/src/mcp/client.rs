@@ -56,7 +56,7 @@ pub struct Live {
     service: RunningService<RoleClient, ClientConfig>,
     stderr: Arc<Mutex<Tail>>,
     /// The child process (stdio); killed when the connection is dropped.
-    _child: Option<tokio::process::Child>,
+    child: Mutex<Option<tokio::process::Child>>,
     /// What the server offers now.
     pub offer: Offer,
 }
@@ -71,8 +71,15 @@ impl Live {
         }
     }
 
+    /// Whether the connection ended: its service loop stopped, or its process exited.
     fn stopped(&self) -> bool {
-        self.service.is_closed()
+        let exited = self
+            .child
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+            .is_some_and(|c| !matches!(c.try_wait(), Ok(None)));
+        exited || self.service.is_closed()
     }
 
     /// Closes the connection (and stops a child process).
@@ -202,7 +209,7 @@ pub async fn connect(spec: &ServerSpec) -> Result<Live, McpError> {
         spec: spec.clone(),
         service,
         stderr,
-        _child: child,
+        child: Mutex::new(child),
         offer: Offer { info: info.clone(), tools: Vec::new(), skipped: Vec::new() },
     };
     let tools = match tokio::time::timeout(START_TIMEOUT, live.service.list_all_tools()).await {
@@ -225,6 +232,8 @@ pub async fn connect(spec: &ServerSpec) -> Result<Live, McpError> {
 #[derive(Default)]
 struct Slot {
     live: Option<Arc<Live>>,
+    /// Whether the last connection stopped (the next start is a restart).
+    stopped: bool,
     /// Restarts since the last call that succeeded.
     restarts: u32,
     /// Why the server is left stopped, once it stopped again after a restart.
@@ -255,28 +264,45 @@ impl Pool {
         if let Some(why) = &slot.dead {
             return Err(CallError::Setup { detail: why.clone() });
         }
-        match &slot.live {
-            Some(live) if live.spec == *spec && !live.stopped() => return Ok(live.clone()),
-            Some(live) if live.spec == *spec => {
-                let note = live.stderr_note();
-                slot.live = None;
-                if slot.restarts >= 1 {
-                    let why = format!(
-                        "the MCP server `{}` stopped again after a restart; it is not restarted \
-                         again in this process{note}",
-                        spec.name
-                    );
-                    slot.dead = Some(why.clone());
-                    return Err(CallError::Setup { detail: why });
-                }
-                slot.restarts += 1;
-                tracing::warn!(server = %spec.name, "the MCP server stopped; restarting it once{note}");
+        let mut note = String::new();
+        if let Some(live) = slot.live.take() {
+            if live.spec == *spec && !live.stopped() {
+                slot.live = Some(live.clone());
+                return Ok(live);
             }
-            _ => {}
+            if live.spec == *spec {
+                note = live.stderr_note();
+                slot.stopped = true;
+            }
         }
-        let live = Arc::new(connect(spec).await.map_err(|e| CallError::Setup { detail: e.to_string() })?);
+        if slot.stopped {
+            if slot.restarts >= 1 {
+                let why = format!(
+                    "the MCP server `{}` stopped again after a restart; it is not restarted \
+                     again in this process{note}",
+                    spec.name
+                );
+                slot.dead = Some(why.clone());
+                return Err(CallError::Setup { detail: why });
+            }
+            slot.restarts += 1;
+            tracing::warn!(server = %spec.name, "the MCP server stopped; restarting it once{note}");
+        }
+        let live =
+            Arc::new(connect(spec).await.map_err(|e| CallError::Setup { detail: e.to_string() })?);
         slot.live = Some(live.clone());
+        slot.stopped = false;
         Ok(live)
+    }
+
+    /// Forgets `live` after it stopped during a call: the next call restarts the server.
+    async fn lost(&self, server: &str, live: &Arc<Live>) {
+        let slot = self.slot(server);
+        let mut slot = slot.lock().await;
+        if slot.live.as_ref().is_some_and(|l| Arc::ptr_eq(l, live)) {
+            slot.live = None;
+            slot.stopped = true;
+        }
     }
 
     /// Marks a call of `server` as succeeded: a later stop may be restarted again.
@@ -299,7 +325,9 @@ impl Pool {
             Some(t) if t.pinned.digest == pinned.digest => {}
             found => {
                 let what = match found {
-                    Some(_) => "changed since it was accepted (its description, schemas or annotations)",
+                    Some(_) => {
+                        "changed since it was accepted (its description, schemas or annotations)"
+                    }
                     None => "is no longer offered by the server",
                 };
                 return Err(CallError::Tool {
@@ -339,6 +367,7 @@ impl Pool {
             Err(ServiceError::Timeout { timeout }) => Err(CallError::Timeout { limit: timeout }),
             Err(ServiceError::Cancelled { .. }) => Err(CallError::Cancelled),
             Err(e @ (ServiceError::TransportClosed | ServiceError::TransportSend(_))) => {
+                self.lost(&spec.name, &live).await;
                 Err(CallError::Crashed {
                     detail: format!(
                         "the MCP server `{}` stopped during the call ({e}); its outcome is unknown{}",

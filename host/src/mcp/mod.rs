@@ -44,7 +44,9 @@ pub enum McpError {
     InvalidName(String),
     #[error("no MCP server named `{0}` was added; see `keel mcp list`")]
     NotFound(String),
-    #[error("an MCP server or component named `{0}` exists already; remove it first or choose another name")]
+    #[error(
+        "an MCP server or component named `{0}` exists already; remove it first or choose another name"
+    )]
     Exists(String),
     #[error("{0}")]
     Input(String),
@@ -247,8 +249,7 @@ pub fn annotations(effect: Effect, idempotent: bool) -> rmcp::model::ToolAnnotat
 /// Builds the catalog entries of a server's `tools/list`.
 pub fn offer(spec: &ServerSpec, info: ServerInfo, tools: &[rmcp::model::Tool]) -> Offer {
     let mut out = Offer { info, tools: Vec::new(), skipped: Vec::new() };
-    let identity =
-        serde_json::json!({"server": spec.name, "at": spec.transport.identity(), "name": out.info.name});
+    let identity = serde_json::json!({"server": spec.name, "at": spec.transport.identity(), "name": out.info.name});
     let mut tools: Vec<&rmcp::model::Tool> = tools.iter().collect();
     tools.sort_by(|a, b| a.name.cmp(&b.name));
     for t in tools {
@@ -311,10 +312,7 @@ impl ToolDiff {
 }
 
 /// Compares the accepted tools (`old`, with their pins) with an offer.
-pub fn diff(
-    old: &[(crate::tools::ToolRecord, PinnedTool)],
-    new: &[Offered],
-) -> ToolDiff {
+pub fn diff(old: &[(crate::tools::ToolRecord, PinnedTool)], new: &[Offered]) -> ToolDiff {
     let mut d = ToolDiff::default();
     for n in new {
         match old.iter().find(|(r, _)| r.name == n.record.name) {
@@ -339,7 +337,11 @@ pub fn diff(
                     n.pinned.annotations.as_ref().map(pretty).unwrap_or_default(),
                 );
                 if fields.is_empty() {
-                    fields.push(("server".into(), "(as accepted)".into(), "(its identity changed)".into()));
+                    fields.push((
+                        "server".into(),
+                        "(as accepted)".into(),
+                        "(its identity changed)".into(),
+                    ));
                 }
                 d.changed.push(ChangedTool { name: n.record.name.clone(), fields });
             }
@@ -393,7 +395,9 @@ mod tests {
         assert_eq!(catalog_name("every", "get-Sum", &[]), "every__get_sum");
         let taken = vec!["every__get_sum".to_string()];
         let second = catalog_name("every", "get_sum", &taken);
-        assert!(second.starts_with("every__get_sum_") && second.len() == "every__get_sum_".len() + 8);
+        assert!(
+            second.starts_with("every__get_sum_") && second.len() == "every__get_sum_".len() + 8
+        );
         let long = catalog_name("s", &"x".repeat(200), &[]);
         assert!(long.len() <= 64 && crate::tools::valid_tool_name(&long), "{long}");
         assert!(crate::tools::valid_tool_name(&catalog_name("s", "---", &[])));
@@ -415,7 +419,10 @@ mod tests {
         assert_eq!(classify(&spec, Some(&ro)), (Effect::External, false));
         spec.trust_annotations = true;
         assert_eq!(classify(&spec, Some(&ro)), (Effect::ReadOnly, true));
-        assert_eq!(classify(&spec, Some(&rmcp::model::ToolAnnotations::new())).0, Effect::Destructive);
+        assert_eq!(
+            classify(&spec, Some(&rmcp::model::ToolAnnotations::new())).0,
+            Effect::Destructive
+        );
         let closed = rmcp::model::ToolAnnotations::new().destructive(false).open_world(false);
         assert_eq!(classify(&spec, Some(&closed)).0, Effect::WorkspaceWrite);
         spec.effect = Some(Effect::Destructive);

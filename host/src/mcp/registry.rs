@@ -51,8 +51,7 @@ pub fn get_in(c: &Connection, name: &str) -> Result<Option<ServerRecord>, StoreE
 /// Every added server, by name.
 pub fn list_in(c: &Connection) -> Result<Vec<ServerRecord>, StoreError> {
     let sql = format!("SELECT {COLUMNS} FROM mcp_servers ORDER BY name");
-    let rows: Vec<_> =
-        c.prepare(&sql)?.query_map([], from_row)?.collect::<Result<Vec<_>, _>>()?;
+    let rows: Vec<_> = c.prepare(&sql)?.query_map([], from_row)?.collect::<Result<Vec<_>, _>>()?;
     rows.into_iter().map(decode).collect()
 }
 

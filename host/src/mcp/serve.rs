@@ -15,8 +15,8 @@ use std::sync::Arc;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequestParams,
     ElicitationAction, ElicitationSchema, Implementation, InitializeRequestParams,
-    InitializeResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion,
-    ServerCapabilities, ServerConfig, Tool,
+    InitializeResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
+    ServerConfig, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData, ServerHandler};
@@ -62,13 +62,7 @@ pub struct KeelServer {
 impl KeelServer {
     /// A server for one connection over `transport` (`stdio` or `http`).
     pub fn new(harness: Harness, config: Arc<ServeConfig>, transport: &'static str) -> Self {
-        Self {
-            harness,
-            config,
-            transport,
-            session: Arc::default(),
-            calls: Arc::default(),
-        }
+        Self { harness, config, transport, session: Arc::default(), calls: Arc::default() }
     }
 
     /// Checks what the server offers (the tools exist) before it accepts a connection.
@@ -228,7 +222,9 @@ async fn elicit(
             ElicitationAction::Decline => (Decision::Reject, reason(None, "declined")),
             _ => (Decision::Reject, reason(None, "cancelled")),
         },
-        Err(e) => (Decision::Reject, Some(format!("the elicitation in MCP client {who} failed: {e}"))),
+        Err(e) => {
+            (Decision::Reject, Some(format!("the elicitation in MCP client {who} failed: {e}")))
+        }
     }
 }
 
@@ -284,9 +280,8 @@ impl ServerHandler for KeelServer {
             on_cancel.1.cancel();
         });
         let peer = context.peer.clone();
-        let can_ask = peer
-            .supported_elicitation_modes()
-            .contains(&rmcp::service::ElicitationMode::Form);
+        let can_ask =
+            peer.supported_elicitation_modes().contains(&rmcp::service::ElicitationMode::Form);
         let who = peer
             .peer_info()
             .map(|i| format!("`{}` {}", i.client_info.name, i.client_info.version))
@@ -326,7 +321,7 @@ impl ServerHandler for KeelServer {
                     None => String::new(),
                 };
                 let text = serde_json::json!({"error": {
-                    "kind": refusal.kind, "message": format!("{}{hint}", refusal.message)}})
+                    "kind": refusal.kind, "message": format!("{}.{hint}", refusal.message.trim_end_matches('.'))}})
                 .to_string();
                 CallToolResult::error(vec![ContentBlock::text(text)])
             }
@@ -359,8 +354,8 @@ pub async fn serve_http(
 ) -> Result<(), String> {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
     use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
-    let mut http = StreamableHttpServerConfig::default()
-        .with_max_request_body_bytes(MAX_REQUEST_BODY);
+    let mut http =
+        StreamableHttpServerConfig::default().with_max_request_body_bytes(MAX_REQUEST_BODY);
     if token.is_some() {
         // The token is the gate; the Host check (against DNS rebinding) is for loopback.
         http = http.disable_allowed_hosts();
@@ -371,28 +366,29 @@ pub async fn serve_http(
         http,
     );
     let token: Option<Arc<str>> = token.map(Into::into);
-    let router = axum::Router::new().nest_service("/mcp", service).layer(
-        axum::middleware::from_fn(move |req: axum::extract::Request, next: axum::middleware::Next| {
-            let token = token.clone();
-            async move {
-                if let Some(t) = &token {
-                    let given = req
-                        .headers()
-                        .get(axum::http::header::AUTHORIZATION)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.strip_prefix("Bearer "));
-                    if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), t.as_bytes())) {
-                        return axum::response::IntoResponse::into_response((
-                            axum::http::StatusCode::UNAUTHORIZED,
-                            [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
-                            "a bearer token is required (KEEL_MCP_TOKEN or [mcp] token)",
-                        ));
+    let router =
+        axum::Router::new().nest_service("/mcp", service).layer(axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| {
+                let token = token.clone();
+                async move {
+                    if let Some(t) = &token {
+                        let given = req
+                            .headers()
+                            .get(axum::http::header::AUTHORIZATION)
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| v.strip_prefix("Bearer "));
+                        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), t.as_bytes())) {
+                            return axum::response::IntoResponse::into_response((
+                                axum::http::StatusCode::UNAUTHORIZED,
+                                [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
+                                "a bearer token is required (KEEL_MCP_TOKEN or [mcp] token)",
+                            ));
+                        }
                     }
+                    next.run(req).await
                 }
-                next.run(req).await
-            }
-        }),
-    );
+            },
+        ));
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await

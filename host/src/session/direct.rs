@@ -27,7 +27,12 @@ pub fn begin_in(c: &Connection, id: &str, entry: &JournalEntry) -> Result<i64, S
 
 /// Finishes a direct call: its row (`done`, or `intent` → `done` with the error that stopped
 /// it) and the `idle` state.
-pub fn finish_in(c: &Connection, id: &str, step: i64, entry: &JournalEntry) -> Result<(), StoreError> {
+pub fn finish_in(
+    c: &Connection,
+    id: &str,
+    step: i64,
+    entry: &JournalEntry,
+) -> Result<(), StoreError> {
     facts::put_journal(c, id, step, entry)?;
     facts::set_state(c, id, RuntimeState::Idle, None)
 }
@@ -57,8 +62,14 @@ pub fn recover_in(
             (JournalStatus::Intent, AfterCrash::OutcomeUnknown) => {
                 steps::mark_unknown(&mut e);
             }
-            (JournalStatus::Intent, _) => close(&mut e, "interrupted", "the process stopped during the call"),
-            _ => close(&mut e, "not_run", "the process stopped while the call waited for a decision; it never ran"),
+            (JournalStatus::Intent, _) => {
+                close(&mut e, "interrupted", "the process stopped during the call")
+            }
+            _ => close(
+                &mut e,
+                "not_run",
+                "the process stopped while the call waited for a decision; it never ran",
+            ),
         }
         facts::put_journal(c, id, step, &e)?;
         settled.push((e.call_id.clone(), e.status == JournalStatus::Unknown));
@@ -99,7 +110,12 @@ impl SessionEngine {
                 steps::wait_in(
                     c,
                     &id,
-                    &WaitCommit { step, entries: vec![entry], new_units: vec![unit], invalidate: vec![] },
+                    &WaitCommit {
+                        step,
+                        entries: vec![entry],
+                        new_units: vec![unit],
+                        invalidate: vec![],
+                    },
                 )
             })
             .await
@@ -115,7 +131,8 @@ impl SessionEngine {
         transport: String,
     ) -> Result<(), StoreError> {
         let id = id.to_string();
-        let event = super::events::SessionEvent::ClientConnected { client, version, protocol, transport };
+        let event =
+            super::events::SessionEvent::ClientConnected { client, version, protocol, transport };
         self.db().run(move |c| super::events::append(c, &id, &event).map(|_| ())).await
     }
 
