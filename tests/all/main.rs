@@ -7,6 +7,7 @@ mod api;
 mod approvals;
 mod capabilities;
 mod compaction;
+mod direct;
 mod effects;
 mod events;
 mod examples;

@@ -123,10 +123,12 @@ impl Brain {
                 (DirectRefusal { kind: kind.to_string(), message, ask_reason: ask }, content)
             };
         let mut consumed = None;
+        // A call the chain would refuse anyway (not loaded, bad input) is refused by it, never
+        // put to a person.
         if let Some(r) = &resolved
+            && meta.loaded_tools.iter().any(|t| t == tool)
             && let PolicyDecision::Ask(why) = meta.policy.decide(&r.record.name, r.record.effect)
         {
-            // Only a call that would be allowed but for the approval is asked about.
             if let Err(e) = tools.check_input(&r.record, input) {
                 let (refusal, content) = refuse(&mut entry, e.kind(), e.to_string(), None);
                 return self.direct_done(id, step, entry, Err(refusal), content).await;

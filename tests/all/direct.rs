@@ -1,0 +1,157 @@
+//! Direct calls — a front-end's tool call in a session without a model (an MCP client's
+//! `tools/call`): journaled as a step of its own, asked about through the caller, never run
+//! unapproved, and settled by recovery after a crash like a step's calls.
+
+use keel::agent::LoopGuards;
+use keel::ids::CallId;
+use keel::sandbox::{Access, CancelToken, Grant};
+use keel::session::{Decision, JournalEntry, JournalStatus, RuntimeState};
+use keel_tests::{harness_with_session, install_effects, log_lines};
+use serde_json::json;
+
+const TOOLS: &[&str] = &["effect_send", "effect_peek"];
+
+async fn fixture(home: &std::path::Path, work: &std::path::Path) -> keel::harness::Harness {
+    let grants = vec![Grant::new(work, "/work", Access::Rw).unwrap()];
+    let h = harness_with_session(
+        home,
+        "http://127.0.0.1:9/v1",
+        "d",
+        TOOLS,
+        grants,
+        LoopGuards::default(),
+    )
+    .await;
+    install_effects(&h).await;
+    h
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
+    let (home, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let h = fixture(home.path(), work.path()).await;
+    let cancel = CancelToken::new();
+    let input = json!({"label": "m1"}).to_string();
+
+    // Read-only: runs without asking.
+    let peek = h
+        .brain
+        .call_direct("d", "effect_peek", r#"{"label":"x"}"#, &cancel, |_| async {
+            panic!("a read-only call is not asked about")
+        })
+        .await
+        .unwrap();
+    assert!(peek.outcome.is_ok(), "{peek:?}");
+
+    // External, nobody to ask: refused, nothing sent.
+    let refused =
+        h.brain.call_direct("d", "effect_send", &input, &cancel, |_| async { None }).await.unwrap();
+    let r = refused.outcome.unwrap_err();
+    assert_eq!(r.kind, "needs_approval");
+    assert!(r.ask_reason.is_some());
+    assert!(log_lines(work.path(), "sent.log").is_empty());
+
+    // Rejected by the person: not run, the reason kept.
+    let rejected = h
+        .brain
+        .call_direct("d", "effect_send", &input, &cancel, |unit| async move {
+            assert_eq!(unit.tool, "effect_send");
+            assert_eq!(unit.input, json!({"label": "m1"}).to_string());
+            Some((Decision::Reject, Some("not now".into())))
+        })
+        .await
+        .unwrap();
+    let r = rejected.outcome.unwrap_err();
+    assert_eq!(r.kind, "rejected");
+    assert!(r.message.contains("not now"), "{r:?}");
+    assert!(log_lines(work.path(), "sent.log").is_empty());
+
+    // Approved: runs exactly once, consuming the approval.
+    let approved = h
+        .brain
+        .call_direct("d", "effect_send", &input, &cancel, |_| async {
+            Some((Decision::Approve, Some("ok".into())))
+        })
+        .await
+        .unwrap();
+    assert!(approved.outcome.is_ok(), "{approved:?}");
+    assert_eq!(log_lines(work.path(), "sent.log"), vec!["m1"]);
+    let units = h.engine.approvals(Some("d"), false).await.unwrap();
+    let statuses: Vec<&str> = units.iter().map(|u| u.status.as_str()).collect();
+    assert_eq!(statuses.iter().filter(|s| **s == "consumed").count(), 1, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == "rejected").count(), 2, "{statuses:?}");
+
+    // Each call is a step with one journal row, all done; the session is idle again.
+    let t = h.engine.timeline("d").await.unwrap();
+    let rows: Vec<(i64, &str, Option<&str>)> = t
+        .tool_calls
+        .iter()
+        .map(|c| (c.step, c.entry.tool.as_str(), c.entry.error_kind.as_deref()))
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            (1, "effect_peek", None),
+            (2, "effect_send", Some("needs_approval")),
+            (3, "effect_send", Some("rejected")),
+            (4, "effect_send", None),
+        ]
+    );
+    assert!(t.tool_calls.iter().all(|c| c.entry.status == JournalStatus::Done));
+    assert_eq!(h.engine.meta("d").await.unwrap().state, RuntimeState::Idle);
+
+    // A tool the session did not load is refused (and journaled) like any call.
+    let unloaded =
+        h.brain.call_direct("d", "effect_wipe", "{}", &cancel, |_| async { None }).await.unwrap();
+    assert_eq!(unloaded.outcome.unwrap_err().kind, "unknown_tool");
+}
+
+fn intent(id: &str, tool: &str, effect: &str, idempotent: bool) -> JournalEntry {
+    JournalEntry {
+        call_id: CallId::new(id),
+        position: 0,
+        tool: tool.into(),
+        input: r#"{"label":"c"}"#.into(),
+        component_digest: Some("d".repeat(64)),
+        effect: Some(effect.parse().unwrap()),
+        status: JournalStatus::Intent,
+        result: None,
+        error_kind: None,
+        changes: None,
+        duration_ms: None,
+        idempotent,
+        approval_id: None,
+        control_requests: Vec::new(),
+    }
+}
+
+/// A process that stopped during direct calls: the external call's outcome is unknown (it
+/// may have had its effect and is never run again), the read-only one is closed as
+/// interrupted, and the session is idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_during_a_direct_call_leaves_an_unknown_outcome() {
+    let (home, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let h = fixture(home.path(), work.path()).await;
+    h.engine.begin_direct("d", intent("direct-a", "effect_peek", "read-only", true)).await.unwrap();
+    h.engine.begin_direct("d", intent("direct-b", "effect_send", "external", false)).await.unwrap();
+    drop(h);
+    // The next process recovers the session (no runner holds it).
+    let h = fixture(home.path(), work.path()).await;
+    let r = h.recovered.iter().find(|r| r.id.as_str() == "d").expect("the session is recovered");
+    assert_eq!(r.outcome_unknown, vec![CallId::new("direct-b")]);
+    assert_eq!(r.state_after, RuntimeState::Idle);
+    let t = h.engine.timeline("d").await.unwrap();
+    let rows: Vec<(&str, &str, Option<&str>)> = t
+        .tool_calls
+        .iter()
+        .map(|c| (c.entry.call_id.as_str(), c.entry.status.as_str(), c.entry.error_kind.as_deref()))
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            ("direct-a", "done", Some("interrupted")),
+            ("direct-b", "unknown", Some("outcome_unknown")),
+        ]
+    );
+    assert!(log_lines(work.path(), "sent.log").is_empty(), "nothing is run again");
+}
