@@ -9,6 +9,7 @@ use keel::home::Home;
 use keel::sandbox::{Budget, Grant, SandboxLimits};
 use keel::tools::{CallOutcome, CallRequest, ToolService};
 
+pub mod mcp_peers;
 pub mod mock_model;
 
 /// Paths of the test guest components.

