@@ -89,7 +89,8 @@ fn close(e: &mut JournalEntry, kind: &str, message: &str) {
 }
 
 impl SessionEngine {
-    /// Opens a direct call (see [`begin_in`]); returns its step.
+    /// Opens a direct call: the next step, its journal row and the `running` state, in one
+    /// transaction; returns the step.
     pub async fn begin_direct(&self, id: &str, entry: JournalEntry) -> Result<i64, StoreError> {
         let id = id.to_string();
         self.db().run(move |c| begin_in(c, &id, &entry)).await
@@ -136,7 +137,7 @@ impl SessionEngine {
         self.db().run(move |c| super::events::append(c, &id, &event).map(|_| ())).await
     }
 
-    /// Finishes a direct call (see [`finish_in`]).
+    /// Finishes a direct call: its row and the `idle` state, in one transaction.
     pub async fn finish_direct(
         &self,
         id: &str,
