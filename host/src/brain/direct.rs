@@ -133,7 +133,7 @@ impl Brain {
                 let (refusal, content) = refuse(&mut entry, e.kind(), e.to_string(), None);
                 return self.direct_done(id, step, entry, Err(refusal), content).await;
             }
-            let unit = new_unit(&meta, step, &entry, &r.digest, why.clone());
+            let unit = ApprovalUnit::pending(&meta, step, &entry, why.clone());
             let unit_id = unit.id.clone();
             entry.status = JournalStatus::Waiting;
             entry.approval_id = Some(unit_id.clone());
@@ -224,35 +224,4 @@ fn refusal_of(e: &ToolServiceError) -> DirectRefusal {
         _ => None,
     };
     DirectRefusal { kind: e.kind().to_string(), message: e.to_string(), ask_reason }
-}
-
-fn new_unit(
-    meta: &crate::session::SessionMeta,
-    step: i64,
-    entry: &JournalEntry,
-    digest: &str,
-    why: String,
-) -> ApprovalUnit {
-    let now = now_ms();
-    let seed = format!("{}\u{1f}{step}\u{1f}{}\u{1f}{now}", meta.id, entry.call_id);
-    let hash = blake3::hash(seed.as_bytes()).to_hex();
-    ApprovalUnit {
-        id: format!("ap-{}", &hash[..12]).into(),
-        session_id: meta.id.clone(),
-        step,
-        call_id: entry.call_id.clone(),
-        result_id: format!("res-{}", &hash[12..24]),
-        tool: entry.tool.clone(),
-        effect: entry.effect.unwrap_or(crate::policy::Effect::Destructive),
-        component_digest: digest.to_string(),
-        input: entry.input.clone(),
-        input_digest: crate::digest::sha256_hex(entry.input.as_bytes()),
-        grants: meta.grants.clone(),
-        why,
-        status: ApprovalStatus::Pending,
-        created_at: now,
-        decided_at: None,
-        decision_reason: None,
-        consumed_at: None,
-    }
 }

@@ -85,6 +85,47 @@ pub struct ApprovalUnit {
     pub consumed_at: Option<i64>,
 }
 
+impl ApprovalUnit {
+    /// A new pending unit for the call `entry` of step `step` of the session `meta`: what it
+    /// would run (tool, component, exact input), the grants in force and why the policy asks.
+    /// An unresolved call is never asked about, so its effect is known; the strictest class
+    /// otherwise.
+    pub fn pending(
+        meta: &super::SessionMeta,
+        step: i64,
+        entry: &super::JournalEntry,
+        why: String,
+    ) -> Self {
+        let now = now_ms();
+        let seed = format!(
+            "{}\u{1f}{step}\u{1f}{}\u{1f}{now}\u{1f}{:?}",
+            meta.id,
+            entry.call_id,
+            std::time::Instant::now()
+        );
+        let hash = blake3::hash(seed.as_bytes()).to_hex();
+        Self {
+            id: format!("ap-{}", &hash[..12]).into(),
+            session_id: meta.id.clone(),
+            step,
+            call_id: entry.call_id.clone(),
+            result_id: format!("res-{}", &hash[12..24]),
+            tool: entry.tool.clone(),
+            effect: entry.effect.unwrap_or(Effect::Destructive),
+            component_digest: entry.component_digest.clone().unwrap_or_default(),
+            input: entry.input.clone(),
+            input_digest: crate::digest::sha256_hex(entry.input.as_bytes()),
+            grants: meta.grants.clone(),
+            why,
+            status: ApprovalStatus::Pending,
+            created_at: now,
+            decided_at: None,
+            decision_reason: None,
+            consumed_at: None,
+        }
+    }
+}
+
 /// A step committed but not finished.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OpenStep {

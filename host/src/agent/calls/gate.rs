@@ -5,7 +5,6 @@ use crate::digest::sha256_hex;
 use crate::ids::UnitId;
 use crate::policy::Effect;
 use crate::session::{ApprovalStatus, ApprovalUnit, JournalStatus, SessionMeta, WaitCommit};
-use crate::store::now_ms;
 use crate::tools::PolicyDecision;
 
 use super::super::{AgentError, AgentService, Event};
@@ -18,35 +17,7 @@ pub(super) fn unit_for<'a>(units: &'a [ApprovalUnit], call_id: &str) -> Option<&
 }
 
 pub(super) fn new_unit(meta: &SessionMeta, step: i64, s: &Slot, why: String) -> ApprovalUnit {
-    let now = now_ms();
-    let seed = format!(
-        "{}\u{1f}{step}\u{1f}{}\u{1f}{now}\u{1f}{:?}",
-        meta.id,
-        s.call.id,
-        std::time::Instant::now()
-    );
-    let hash = blake3::hash(seed.as_bytes()).to_hex();
-    ApprovalUnit {
-        id: format!("ap-{}", &hash[..12]).into(),
-        session_id: meta.id.clone(),
-        step,
-        call_id: s.call.id.clone(),
-        result_id: format!("res-{}", &hash[12..24]),
-        tool: s.call.name.clone(),
-        // Only resolved calls are asked about, so the effect is known; the strictest class
-        // otherwise.
-        effect: s.effect.unwrap_or(Effect::Destructive),
-        component_digest: s.digest.clone().unwrap_or_default(),
-        input: s.call.arguments.clone(),
-        input_digest: sha256_hex(s.call.arguments.as_bytes()),
-        grants: meta.grants.clone(),
-        why,
-        status: ApprovalStatus::Pending,
-        created_at: now,
-        decided_at: None,
-        decision_reason: None,
-        consumed_at: None,
-    }
+    ApprovalUnit::pending(meta, step, &s.entry(0), why)
 }
 
 /// What to do about an asked call.
