@@ -501,6 +501,18 @@ async fn peers_python_server_change_crash_and_hang() {
         .unwrap();
     let echoed = echo.report.result.unwrap().to_string();
     assert!(echoed.contains("still here"), "{echoed}");
+    // A server that stops again right after its restart is left stopped for the process.
+    assert_eq!(
+        call("py__crash_always", Duration::from_secs(30)).await.unwrap_err().kind(),
+        "crashed"
+    );
+    assert_eq!(
+        call("py__crash_always", Duration::from_secs(30)).await.unwrap_err().kind(),
+        "crashed"
+    );
+    let down = call("py__secret", Duration::from_secs(30)).await.unwrap_err();
+    assert_eq!(down.kind(), "setup");
+    assert!(down.to_string().contains("not restarted again"), "{down}");
 }
 
 /// The conformance suite's client scenarios against keel's client (`initialize`,
@@ -553,4 +565,54 @@ fn peers_conformance_suite() {
         );
         assert!(text.contains("Passed:") && text.contains(", 0 failed"), "{scenario}: {text}");
     }
+}
+
+/// keel's HTTP client against keel's HTTP server: a bearer token given with `--header`
+/// reaches it; without the header the server refuses and nothing is added.
+#[test]
+fn keel_adds_keel_over_http_with_a_header() {
+    let (inner, work) = home_and_workspace();
+    let outer = tempfile::tempdir().unwrap();
+    let grant = format!("{}=/work:ro", work.path().display());
+    let (child, url) =
+        serve_http(inner.path(), &["--grant", &grant, "--tools", "fs_read_file"], Some("tok"));
+    let _server = Killed(child);
+    let refused = keel(outer.path(), &["mcp", "add", "web", "--url", &url, "--json"]);
+    let r = json_of(&refused);
+    assert_eq!(r["error"]["kind"], json!("mcp_connect"), "{r}");
+    assert_eq!(json_of(&keel(outer.path(), &["mcp", "list", "--json"])), json!([]));
+    let add = keel(
+        outer.path(),
+        &[
+            "mcp",
+            "add",
+            "web",
+            "--url",
+            &url,
+            "--header",
+            "Authorization: Bearer tok",
+            "--effect",
+            "read-only",
+            "--json",
+        ],
+    );
+    assert!(add.status.success(), "{}", String::from_utf8_lossy(&add.stdout));
+    let read = keel(
+        outer.path(),
+        &[
+            "tool",
+            "call",
+            "web__fs_read_file",
+            "--input",
+            r#"{"path":"/work/notes.txt"}"#,
+            "--json",
+        ],
+    );
+    assert_eq!(json_of(&read)["output"]["content"], json!("hello notes"));
+    let list = json_of(&keel(outer.path(), &["mcp", "list", "--json"]));
+    assert_eq!(
+        list[0]["transport"]["headers"],
+        json!(["Authorization"]),
+        "header values are not shown"
+    );
 }

@@ -3,7 +3,7 @@
 Its `greet` tool's description is read from the file named by GREETING_FILE when the server
 starts (so a test can change it between runs); `crash` ends the process mid-call the first
 time it is called in a directory (MARKER_DIR) and answers afterwards; `hang` never answers;
-`echo` answers at once (the benchmark's call).
+`crash_always` ends it every time; `echo` answers at once (the benchmark's call).
 """
 
 import asyncio
@@ -42,6 +42,12 @@ def crash() -> str:
         sys.stderr.flush()
         os._exit(3)
     return "survived"
+
+
+@mcp.tool()
+def crash_always() -> str:
+    """Stops the server every time."""
+    os._exit(4)
 
 
 @mcp.tool()
