@@ -73,7 +73,30 @@ enum Command {
     Mcp(commands::mcp::McpCommand),
 }
 
+/// Exit code of a command whose reader went away (a closed pipe: `keel … | head`), as a
+/// shell reports a process ended by SIGPIPE.
+const EXIT_BROKEN_PIPE: i32 = 141;
+
+/// A reader that closed its end of the pipe ends the command quietly, as it ends any Unix
+/// tool: printing to a closed stdout is not a crash of keel.
+fn quiet_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(EXIT_BROKEN_PIPE);
+        }
+        default(info)
+    }));
+}
+
 fn main() -> ExitCode {
+    quiet_broken_pipe();
     // Colours only for a person at a terminal: stderr piped to a file or a script gets plain
     // text, and `NO_COLOR` turns them off anywhere.
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())

@@ -329,3 +329,24 @@ fn h3_tool_text_is_inert_on_every_terminal_path_one_line_per_field() {
     );
     assert_eq!(v["fs"]["denied"], json!([]));
 }
+
+/// A reader that goes away (`keel session list | head`) ends the command quietly: no panic,
+/// the shell's SIGPIPE status.
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    let home = tempfile::tempdir().unwrap();
+    assert!(keel(home.path(), &["tool", "list"]).status.success());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["tool", "list"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(141), "{err}");
+}
