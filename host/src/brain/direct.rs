@@ -94,7 +94,7 @@ impl Brain {
         let seed =
             format!("{id}\u{1f}{tool}\u{1f}{}\u{1f}{:?}", now_ms(), std::time::Instant::now());
         let hash = blake3::hash(seed.as_bytes()).to_hex();
-        let call_id = CallId::new(format!("direct-{}", &hash[..12]));
+        let call_id = CallId::new(format!("{}{}", crate::session::DIRECT_CALL_PREFIX, &hash[..12]));
         let resolved = tools.catalog().ok().and_then(|c| c.get_pinned(tool, &meta.tool_pins));
         let mut entry = JournalEntry {
             call_id: call_id.clone(),

@@ -134,6 +134,9 @@ pub struct EvidenceArgs {
     refused: Option<i64>,
 }
 
+/// Characters of a direct call's result `session show` prints (`--json` has all of it).
+const DIRECT_RESULT_SHOWN: usize = 300;
+
 fn fail(json_out: bool, message: &str, code: u8) -> ExitCode {
     super::fail(json_out, "setup", message, code)
 }
@@ -282,6 +285,17 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                                 .map(|ch| format!("\n    changes {}", inert(ch)))
                                 .unwrap_or_default()
                         );
+                        // A direct call (an MCP client's) has no history message holding its
+                        // result: show it here.
+                        if let Some(r) = e
+                            .result
+                            .as_deref()
+                            .filter(|_| e.call_id.starts_with(keel::session::DIRECT_CALL_PREFIX))
+                        {
+                            let shown: String = r.chars().take(DIRECT_RESULT_SHOWN).collect();
+                            let more = if shown.len() < r.len() { " …" } else { "" };
+                            println!("    result {}{more}", inert(&shown));
+                        }
                     }
                 }
                 for u in t

@@ -7,6 +7,9 @@
 
 use rusqlite::{Connection, params};
 
+/// How a direct call's id begins (`direct-` and 12 hex characters).
+pub const DIRECT_CALL_PREFIX: &str = "direct-";
+
 use crate::store::StoreError;
 
 use super::facts::{self, RuntimeState};

@@ -34,6 +34,7 @@ pub use assemble::{
     Assembled, BYTES_PER_TOKEN, CallFacts, EvidenceOf, GOAL_SHOWN, ModelCallRecord, Part,
     RefusedRequest, TokenEstimate, estimate_tokens, goal_reference, reconstruct_body,
 };
+pub use direct::DIRECT_CALL_PREFIX;
 pub use discovery::SessionDiscovery;
 pub use events::{EventRow, SessionEvent};
 pub use facts::{RuntimeState, SessionMeta, pending_inputs, plan_state, unsettled_in};

@@ -279,6 +279,17 @@ fn keel_adds_keel_as_an_mcp_server() {
             "--json",
         ],
     );
+    // The inner side: a session per connection, its calls with their results.
+    let inner_sessions = sessions(inner.path());
+    let shown = inner_sessions
+        .iter()
+        .map(|s| {
+            let out = keel(inner.path(), &["session", "show", s["id"].as_str().unwrap()]);
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+        .find(|text| text.contains("fs_read_file {"))
+        .expect("the read is journaled in a session of the inner home");
+    assert!(shown.contains("    result {") && shown.contains("hello notes"), "{shown}");
     let d = json_of(&delete);
     assert_eq!(d["ok"], json!(false));
     assert!(d["error"]["message"].as_str().unwrap().contains("--allow fs_delete_files"), "{d}");
