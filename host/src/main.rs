@@ -106,7 +106,7 @@ fn main() -> ExitCode {
         .with_ansi(colour)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rmcp=error")),
         )
         .init();
     let cli = Cli::parse();
