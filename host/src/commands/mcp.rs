@@ -411,6 +411,9 @@ async fn refresh(harness: &Harness, a: RefreshArgs) -> ExitCode {
                 }
             }
         }
+        for (name, why) in &r.skipped {
+            println!("  skipped {}: {}", inert(name), inert(why));
+        }
         match (r.diff.is_empty(), r.accepted) {
             (true, _) => {}
             (false, true) => println!("accepted: the catalog now holds the server's current tools"),

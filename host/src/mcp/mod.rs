@@ -252,14 +252,36 @@ pub fn offer(spec: &ServerSpec, info: ServerInfo, tools: &[rmcp::model::Tool]) -
     let identity = serde_json::json!({"server": spec.name, "at": spec.transport.identity(), "name": out.info.name});
     let mut tools: Vec<&rmcp::model::Tool> = tools.iter().collect();
     tools.sort_by(|a, b| a.name.cmp(&b.name));
+    use crate::tools::install::{MAX_DESCRIPTION, MAX_SCHEMA_BYTES, MAX_TOOLS_PER_COMPONENT};
     for t in tools {
         let remote = t.name.to_string();
+        if out.tools.len() == MAX_TOOLS_PER_COMPONENT {
+            out.skipped
+                .push((remote, format!("a server offers at most {MAX_TOOLS_PER_COMPONENT} tools")));
+            continue;
+        }
         let input = serde_json::Value::Object((*t.input_schema).clone());
         if let Err(e) = jsonschema::validator_for(&input) {
             out.skipped.push((remote, format!("its input schema cannot be used: {e}")));
             continue;
         }
         let output = t.output_schema.as_ref().map(|o| serde_json::Value::Object((**o).clone()));
+        // The limits of a component's tool descriptions hold for a server's too: every
+        // request that loads the tool carries them.
+        let size = |v: &serde_json::Value| v.to_string().len();
+        let long = t.description.as_deref().unwrap_or_default().len() > MAX_DESCRIPTION;
+        if long
+            || size(&input) > MAX_SCHEMA_BYTES
+            || output.as_ref().is_some_and(|o| size(o) > MAX_SCHEMA_BYTES)
+        {
+            out.skipped.push((
+                remote,
+                format!(
+                    "its description is over {MAX_DESCRIPTION} bytes or a schema over {MAX_SCHEMA_BYTES} bytes"
+                ),
+            ));
+            continue;
+        }
         let ann = t.annotations.as_ref().and_then(|a| serde_json::to_value(a).ok());
         let description = t.description.as_deref().unwrap_or_default().to_string();
         let digest = crate::digest::sha256_hex(
@@ -405,6 +427,43 @@ mod tests {
             assert!(check_server_name(bad).is_err(), "{bad}");
         }
         check_server_name("files_2").unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    #[test]
+    fn tools_past_the_component_limits_are_skipped() {
+        let spec = ServerSpec {
+            name: "s".into(),
+            transport: Transport::Http { url: "http://x".into(), headers: BTreeMap::new() },
+            effect: None,
+            trust_annotations: false,
+        };
+        let schema = || {
+            std::sync::Arc::new(serde_json::Map::from_iter([(
+                "type".to_string(),
+                serde_json::json!("object"),
+            )]))
+        };
+        let mut tools = vec![
+            rmcp::model::Tool::new("ok", "fine", schema()),
+            rmcp::model::Tool::new("long", "x".repeat(5000), schema()),
+        ];
+        for i in 0..300 {
+            tools.push(rmcp::model::Tool::new(format!("t{i:03}"), "many", schema()));
+        }
+        let o = offer(&spec, ServerInfo::default(), &tools);
+        assert_eq!(o.tools.len(), 256);
+        assert!(o.tools.iter().any(|t| t.record.name == "s__ok"));
+        assert!(o.skipped.iter().any(|(n, why)| n == "long" && why.contains("description")));
+        assert_eq!(o.skipped.len(), 302 - 256);
+        // Every field of the pin moves its digest.
+        let again = offer(&spec, ServerInfo::default(), &tools[..1]);
+        let mut changed = tools[0].clone();
+        changed.description = Some("fine, and more".into());
+        let other = offer(&spec, ServerInfo::default(), &[changed]);
+        assert_ne!(again.tools[0].pinned.digest, other.tools[0].pinned.digest);
+        let d =
+            diff(&[(again.tools[0].record.clone(), again.tools[0].pinned.clone())], &other.tools);
+        assert_eq!(d.changed[0].fields[0].0, "description");
     }
 
     #[test]
