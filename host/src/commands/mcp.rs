@@ -427,8 +427,12 @@ async fn refresh(harness: &Harness, a: RefreshArgs) -> ExitCode {
 }
 
 async fn serve(home: &keel::home::Home, harness: Harness, a: ServeArgs) -> ExitCode {
-    let model = keel::harness::model_config(home, &Default::default()).ok().flatten();
+    let model = keel::harness::model_config(home, &Default::default())
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| keel::model::ModelConfig::new(keel::model::DEFAULT_BASE_URL, "default"));
     let config = Arc::new(ServeConfig {
+        id: None,
         grants: a.grants,
         tools: (!a.tools.is_empty()).then_some(a.tools),
         allow: a.allow,
@@ -436,8 +440,11 @@ async fn serve(home: &keel::home::Home, harness: Harness, a: ServeArgs) -> ExitC
         deny: a.deny,
         redact: a.redact,
         budget: a.budget.budget(),
-        user: a.user,
         model,
+        system_prompt: String::new(),
+        guards: keel::agent::LoopGuards::default(),
+        preprocess: None,
+        user: a.user,
     });
     if let Err(e) = keel::mcp::serve::KeelServer::check(&harness, &config) {
         return super::api_fail(false, &e);

@@ -24,28 +24,17 @@ use rmcp::{ErrorData, ServerHandler};
 use crate::api::{CONTROL_TOOLS, SessionSpec};
 use crate::cancel::CancelToken;
 use crate::harness::Harness;
-use crate::sandbox::{Budget, Grant};
+use crate::sandbox::Grant;
 use crate::session::{ApprovalUnit, Decision, Policy};
 
 /// How long a person has to answer an elicitation.
 pub const ELICITATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
-/// What the admin fixed when the server started: every connection's session gets it.
-#[derive(Debug, Clone, Default)]
-pub struct ServeConfig {
-    pub grants: Vec<Grant>,
-    /// The tools offered; `None`: every installed tool but keel's control tools.
-    pub tools: Option<Vec<String>>,
-    pub allow: Vec<String>,
-    pub ask: Vec<String>,
-    pub deny: Vec<String>,
-    pub redact: Vec<String>,
-    pub budget: Budget,
-    pub user: Option<String>,
-    /// The model stored with each session. An MCP session runs no model itself; input sent
-    /// to it later (`keel session send`) would use this one.
-    pub model: Option<crate::model::ModelConfig>,
-}
+/// What the admin fixed when the server started: the template of every connection's
+/// session (its `id` is ignored; `tools: None` offers every installed tool but keel's control
+/// tools). An MCP session runs no model itself; its `model` is what input sent to it later
+/// (`keel session send`) would use.
+pub type ServeConfig = SessionSpec;
 
 /// The MCP server of one connection.
 #[derive(Clone)]
@@ -97,23 +86,7 @@ impl KeelServer {
                     .collect(),
             ),
         };
-        let spec = SessionSpec {
-            id: None,
-            grants: c.grants.clone(),
-            tools,
-            allow: c.allow.clone(),
-            ask: c.ask.clone(),
-            deny: c.deny.clone(),
-            redact: c.redact.clone(),
-            budget: c.budget.clone(),
-            model: c.model.clone().unwrap_or_else(|| {
-                crate::model::ModelConfig::new(crate::model::DEFAULT_BASE_URL, "default")
-            }),
-            system_prompt: String::new(),
-            guards: crate::agent::LoopGuards::default(),
-            preprocess: None,
-            user: c.user.clone(),
-        };
+        let spec = SessionSpec { id: None, tools, ..(**c).clone() };
         let id = self.harness.create_session(spec).await.map_err(internal)?;
         let meta = self.harness.session(&id).await.map_err(internal)?;
         let info = client.client_info.clone();
