@@ -56,6 +56,8 @@ pub struct SessionSpec {
     /// The user the session works for (its long-term memory is theirs); `None`: the
     /// operating-system user.
     pub user: Option<String>,
+    /// Who creates the session over the HTTP API (`None`: a local front-end).
+    pub owner: Option<crate::access::Owner>,
 }
 
 /// Why a use case was refused or failed.
@@ -87,6 +89,9 @@ pub enum ApiError {
     /// A skill could not be read or installed.
     #[error(transparent)]
     Skill(#[from] crate::skills::SkillError),
+    /// A token or preset request was refused, or a principal may not do what it asked.
+    #[error(transparent)]
+    Access(#[from] crate::access::AccessError),
 }
 
 impl ApiError {
@@ -104,6 +109,7 @@ impl ApiError {
             Self::Tools(e) => e.kind(),
             Self::Run(_) => "run",
             Self::Skill(e) => e.kind(),
+            Self::Access(e) => e.kind(),
         }
     }
 }
@@ -153,6 +159,7 @@ impl Harness {
                 preprocess: spec.preprocess,
                 user: spec.user,
                 named_tools,
+                owner: spec.owner,
             })
             .await?;
         self.pin_loaded_tools(&id).await?;
@@ -196,7 +203,19 @@ impl Harness {
         Ok(self.brain.submit(id, text, cancel, events).await?)
     }
 
-    /// Records a decision on approval unit `unit` (of session `session`, when given).
+    /// Commits `text` to session `id`'s inbox without running it (a front-end that runs turns
+    /// in the background: [`resume`](Self::resume) then takes it). Returns its inbox sequence
+    /// number; an empty input is refused before anything is stored.
+    pub async fn queue(&self, id: &str, text: &str) -> Result<i64, ApiError> {
+        if text.trim().is_empty() {
+            return Err(ApiError::Input("the message is empty: say what to do".into()));
+        }
+        self.engine.meta(id).await?;
+        Ok(self.engine.submit(id, text).await?)
+    }
+
+    /// Records a decision on approval unit `unit` (of session `session`, when given), decided
+    /// by the local user.
     pub async fn decide(
         &self,
         unit: &str,
@@ -205,6 +224,25 @@ impl Harness {
         session: Option<String>,
     ) -> Result<ApprovalUnit, ApiError> {
         Ok(self.brain.decide(unit, decision, reason, session).await??)
+    }
+
+    /// Like [`decide`](Self::decide), recording `by` as the decider.
+    pub async fn decide_by(
+        &self,
+        unit: &str,
+        decision: Decision,
+        reason: Option<String>,
+        by: String,
+    ) -> Result<ApprovalUnit, ApiError> {
+        Ok(self.brain.decide_by(unit, decision, reason, None, by).await??)
+    }
+
+    /// Approval unit `unit`.
+    pub async fn approval(&self, unit: &str) -> Result<ApprovalUnit, ApiError> {
+        self.engine
+            .approval(unit)
+            .await?
+            .ok_or_else(|| ApiError::Decision(DecideError::NotFound { unit: unit.into() }))
     }
 
     /// Resumes session `id` (after a decision, or a recovery): runs its open turn and queued
@@ -615,5 +653,90 @@ impl Harness {
     /// Removes an MCP server and its tools; returns the tools' names.
     pub fn mcp_remove(&self, name: &str) -> Result<Vec<String>, ApiError> {
         Ok(self.tools.mcp_remove(name)?)
+    }
+}
+
+/// API tokens and grant presets: who may use keel over the network, and with which grants.
+impl Harness {
+    /// Makes token `name` with `role`; returns its secret (shown once: only its hash is kept).
+    pub async fn token_add(
+        &self,
+        name: &str,
+        role: crate::access::Role,
+    ) -> Result<String, ApiError> {
+        let n = name.to_string();
+        Ok(self.db.run(move |c| crate::access::add_token_in(c, &n, role)).await?)
+    }
+
+    /// Stores token `name` by its hash, replacing one of that name (how `keel serve` keeps the
+    /// admin token it writes to the home).
+    pub async fn token_put_hashed(
+        &self,
+        name: &str,
+        role: crate::access::Role,
+        hash: String,
+    ) -> Result<(), ApiError> {
+        let n = name.to_string();
+        Ok(self.db.run(move |c| crate::access::put_token_in(c, &n, role, &hash)).await?)
+    }
+
+    /// Every token (names and roles, never secrets).
+    pub async fn tokens(&self) -> Result<Vec<crate::access::TokenRecord>, ApiError> {
+        Ok(self.db.read(crate::access::tokens_in).await?)
+    }
+
+    /// Revokes token `name`: requests carrying it are refused from now on.
+    pub async fn token_revoke(&self, name: &str) -> Result<crate::access::TokenRecord, ApiError> {
+        let n = name.to_string();
+        Ok(self.db.run(move |c| crate::access::revoke_in(c, &n)).await?)
+    }
+
+    /// The principal a presented token stands for; `unauthorized` for an unknown token.
+    pub async fn authenticate(&self, token: &str) -> Result<crate::access::Principal, ApiError> {
+        let hash = crate::access::token_hash(token);
+        self.db.read(move |c| crate::access::principal_in(c, &hash)).await?.ok_or_else(|| {
+            crate::access::AccessError::Unauthorized(
+                "the token is not valid (revoked, or never made): see `keel token list`".into(),
+            )
+            .into()
+        })
+    }
+
+    /// Defines grant preset `name` (replacing one of that name with `replace`).
+    pub async fn preset_add(
+        &self,
+        name: &str,
+        grants: Vec<Grant>,
+        user_decides: bool,
+        replace: bool,
+    ) -> Result<crate::access::Preset, ApiError> {
+        let n = name.to_string();
+        Ok(self
+            .db
+            .run(move |c| crate::access::add_preset_in(c, &n, &grants, user_decides, replace))
+            .await?)
+    }
+
+    /// Every grant preset.
+    pub async fn presets(&self) -> Result<Vec<crate::access::Preset>, ApiError> {
+        Ok(self.db.read(crate::access::presets_in).await?)
+    }
+
+    /// Grant preset `name`.
+    pub async fn preset(&self, name: &str) -> Result<crate::access::Preset, ApiError> {
+        let n = name.to_string();
+        self.db.read(move |c| crate::access::preset_in(c, &n)).await?.ok_or_else(|| {
+            crate::access::AccessError::NotFound(format!(
+                "no preset is named `{}` (an admin defines them with `keel grant preset add`)",
+                name.escape_debug()
+            ))
+            .into()
+        })
+    }
+
+    /// Removes grant preset `name` (sessions created with it keep their grants).
+    pub async fn preset_remove(&self, name: &str) -> Result<crate::access::Preset, ApiError> {
+        let n = name.to_string();
+        Ok(self.db.run(move |c| crate::access::remove_preset_in(c, &n)).await?)
     }
 }

@@ -9,6 +9,10 @@
 //!
 //! [store]
 //! synchronous = "full"       # full (default) | normal | off; KEEL_SYNCHRONOUS overrides
+//!
+//! [serve]                    # keel serve: the HTTP API and console
+//! listen = "127.0.0.1:7420"
+//! grant_roots = ["/srv/projects"]  # admins grant only directories under these
 //! ```
 //!
 //! A missing file is an empty one; a file that does not parse, an unknown key inside a table or
@@ -104,6 +108,18 @@ pub struct McpTable {
     pub token: Option<String>,
 }
 
+/// The `[serve]` table: `keel serve`, the HTTP API and console.
+#[derive(serde::Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct ServeTable {
+    /// The address to listen on (default 127.0.0.1:7420; `--listen` overrides it).
+    pub listen: Option<String>,
+    /// Host directories under which an admin may grant directories to sessions over the API
+    /// (a grant outside them is refused; none listed: no API grants at all).
+    #[serde(default)]
+    pub grant_roots: Vec<PathBuf>,
+}
+
 /// The whole file. Tables keel does not know are left alone (a newer keel's settings must not
 /// stop an older one); unknown keys inside known tables are refused (a typo must not pass
 /// silently).
@@ -117,6 +133,8 @@ pub struct File {
     pub tools: Option<ToolsTable>,
     #[serde(default)]
     pub mcp: Option<McpTable>,
+    #[serde(default)]
+    pub serve: Option<ServeTable>,
 }
 
 /// The settings file of `home`.

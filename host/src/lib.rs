@@ -23,6 +23,7 @@
 //!   [`digest`], [`plan`] (plan steps and the one function that changes them).
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
+pub mod access;
 pub mod agent;
 pub mod api;
 pub mod brain;
@@ -42,6 +43,7 @@ pub mod plan;
 pub mod policy;
 pub mod sandbox;
 pub mod search;
+pub mod serve;
 pub mod session;
 pub mod skills;
 pub mod store;

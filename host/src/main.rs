@@ -38,6 +38,8 @@ overrides the file, and flags override both:
   KEEL_API_KEY       the model's API key (else OPENAI_API_KEY); never stored or logged
   KEEL_USER          the user new sessions work for, whose long-term memory they recall and
                      write (as --user; default: the operating-system user)
+  KEEL_API_TOKEN     an admin token of `keel serve` for this process (else it writes one to
+                     HOME/api-token)
   KEEL_SYNCHRONOUS   full: every commit synced before it is reported (default); normal: synced
                      at checkpoints; off: never synced
   KEEL_LOG           log filter for stderr (info, debug, keel::model=debug, ...); NO_COLOR";
@@ -71,6 +73,14 @@ enum Command {
     /// servers as governed tools.
     #[command(subcommand)]
     Mcp(commands::mcp::McpCommand),
+    /// Serve the HTTP API (/api/v1) and the web console (/) on 127.0.0.1:7420.
+    Serve(Box<commands::serve::ServeArgs>),
+    /// Tokens for the HTTP API and console, each with a role (admin or user).
+    #[command(subcommand)]
+    Token(commands::serve::TokenCommand),
+    /// Grant presets: named directory grants users may give their sessions over the API.
+    #[command(subcommand)]
+    Grant(commands::serve::GrantCommand),
 }
 
 /// Exit code of a command whose reader went away (a closed pipe: `keel … | head`), as a
@@ -122,6 +132,9 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Tool(cmd) => commands::tool::execute(home, cmd).await,
             Command::Mcp(cmd) => commands::mcp::execute(home, cmd).await,
+            Command::Serve(args) => commands::serve::serve(home, *args).await,
+            Command::Token(cmd) => commands::serve::tokens(home, cmd).await,
+            Command::Grant(cmd) => commands::serve::grants(home, cmd).await,
             Command::Skill(cmd) => commands::skill::execute(home, cmd).await,
             Command::Memory(cmd) => commands::skill::memory(home, cmd).await,
             Command::Run(args) => commands::run::execute(home, *args).await,

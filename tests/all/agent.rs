@@ -442,6 +442,7 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
     let session = |prompt: &str| NewSession {
         user: None,
         named_tools: true,
+        owner: None,
         id: Some("s".into()),
         grants: Vec::new(),
         tools: Vec::new(),
@@ -1046,6 +1047,7 @@ async fn a_sessions_loop_guards_are_stored_and_used_by_every_turn() {
         .create(keel::session::NewSession {
             user: None,
             named_tools: true,
+            owner: None,
             id: Some("g".into()),
             grants: Vec::new(),
             tools: vec!["echo".into()],

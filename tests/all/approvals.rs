@@ -411,6 +411,7 @@ async fn policy_ask_allow_and_deny_per_session() {
         .create(keel::session::NewSession {
             user: None,
             named_tools: true,
+            owner: None,
             id: Some("pol".into()),
             grants,
             tools: TOOLS.iter().map(|t| t.to_string()).collect(),

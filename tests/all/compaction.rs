@@ -41,6 +41,7 @@ async fn session(
             preprocess: None,
             user: None,
             named_tools: true,
+            owner: None,
         })
         .await
         .unwrap();
@@ -385,6 +386,7 @@ async fn a_redacted_canary_reaches_no_summary_request_and_no_summary() {
             preprocess: None,
             user: None,
             named_tools: false,
+            owner: None,
         })
         .await
         .unwrap_err();

@@ -271,6 +271,7 @@ async fn catalog_cache_follows_the_catalog_not_every_commit() {
             .create(keel::session::NewSession {
                 user: None,
                 named_tools: true,
+                owner: None,
                 id: Some(format!("s{i}")),
                 grants: Vec::new(),
                 tools: loaded.clone(),

@@ -81,6 +81,7 @@ fn main() {
                 preprocess: None,
                 user: None,
                 named_tools: false,
+                owner: None,
             })
             .await
             .unwrap();

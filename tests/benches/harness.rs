@@ -418,6 +418,7 @@ async fn recovery(n: usize) {
                 .create(keel::session::NewSession {
                     user: None,
                     named_tools: true,
+                    owner: None,
                     id: Some(format!("r{i}")),
                     grants: Vec::new(),
                     tools: vec!["write".into()],

@@ -157,6 +157,7 @@ async fn create_with(
         .create(keel::session::NewSession {
             user: None,
             named_tools: true,
+            owner: None,
             id: Some(id.to_string()),
             grants,
             tools: tools.iter().map(|t| t.to_string()).collect(),
@@ -217,6 +218,7 @@ pub fn session_spec(
             &keel::model::ModelConfig::new(url, "m"),
         )),
         user: None,
+        owner: None,
     }
 }
 

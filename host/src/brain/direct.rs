@@ -143,7 +143,14 @@ impl Brain {
             let (decision, reason) =
                 answer.unwrap_or((Decision::Reject, Some("nobody could be asked".to_string())));
             // Exactly one decision wins: a person may have decided elsewhere meanwhile.
-            let _ = self.decide(&unit_id, decision, reason, Some(id.to_string())).await?;
+            let by = if asked {
+                "the MCP client's user (elicitation)"
+            } else {
+                "keel: nobody could be asked"
+            };
+            let _ = self
+                .decide_by(&unit_id, decision, reason, Some(id.to_string()), by.to_string())
+                .await?;
             let decided = self.engine().approval(&unit_id).await?;
             let status = decided.as_ref().map(|u| u.status);
             if status != Some(ApprovalStatus::Approved) {

@@ -121,7 +121,19 @@ impl Brain {
         reason: Option<String>,
         session: Option<String>,
     ) -> Result<Result<ApprovalUnit, DecideError>, StoreError> {
-        let decided = self.engine().decide(unit, decision, reason, session).await?;
+        self.decide_by(unit, decision, reason, session, crate::session::local_decider()).await
+    }
+
+    /// Like [`decide`](Self::decide), recording `by` as the decider.
+    pub async fn decide_by(
+        &self,
+        unit: &str,
+        decision: Decision,
+        reason: Option<String>,
+        session: Option<String>,
+        by: String,
+    ) -> Result<Result<ApprovalUnit, DecideError>, StoreError> {
+        let decided = self.engine().decide_by(unit, decision, reason, session, by).await?;
         if decided.is_ok() {
             crate::crash::point("after_decision");
         }

@@ -445,6 +445,7 @@ async fn serve(home: &keel::home::Home, harness: Harness, a: ServeArgs) -> ExitC
         guards: keel::agent::LoopGuards::default(),
         preprocess: None,
         user: a.user,
+        owner: None,
     });
     if let Err(e) = keel::mcp::serve::KeelServer::check(&harness, &config) {
         return super::api_fail(false, &e);

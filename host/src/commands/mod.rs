@@ -4,6 +4,7 @@ pub mod approval;
 pub mod events;
 pub mod mcp;
 pub mod run;
+pub mod serve;
 pub mod session;
 pub mod skill;
 pub mod tool;
@@ -153,6 +154,7 @@ mod front_end {
             ("run.rs", include_str!("run.rs")),
             ("session.rs", include_str!("session.rs")),
             ("tool.rs", include_str!("tool.rs")),
+            ("serve.rs", include_str!("serve.rs")),
             ("mod.rs", include_str!("mod.rs").split("#[cfg(test)]").next().unwrap()),
             ("main.rs", include_str!("../main.rs")),
         ];

@@ -358,6 +358,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
             },
             preprocess,
             user: a.user.clone(),
+            owner: None,
         };
         match h.create_session(spec).await {
             Ok(id) => id.into_string(),

@@ -123,6 +123,9 @@ pub enum SessionEvent {
         decision: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
+        /// Who decided.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
     },
     /// The model's final answer of turn `turn`.
     Answer { turn: i64, text: String },

@@ -80,6 +80,8 @@ pub struct SessionMeta {
     /// The user the session works for: its long-term memory is theirs (`None`: a session
     /// created before users were; see [`user`](Self::user)).
     pub user: Option<String>,
+    /// Who created the session over the HTTP API (`None`: a local front-end did).
+    pub owner: Option<crate::access::Owner>,
     /// The checkpoint the session's context starts after (its summary is in every request),
     /// if the session was compacted.
     pub checkpoint: Option<super::compaction::CurrentCheckpoint>,
@@ -128,12 +130,12 @@ pub fn load_meta_at(
     counters: MetaCounters,
 ) -> Result<SessionMeta, StoreError> {
     let (
-        (goal, phase, phase_turn, preprocess),
+        (goal, phase, phase_turn, preprocess, owner),
         (tools, policy, budget, model, system, pins, guards, user),
     ) = c
         .prepare_cached(
             "SELECT session_goal, phase_goal, phase_turn, preprocess, loaded_tools, policy,
-                    budget, model, system_prompt, tool_pins, guards, user
+                    budget, model, system_prompt, tool_pins, guards, user, owner
              FROM session_config WHERE session_id=?1",
         )?
         .query_row([id], |r| {
@@ -143,6 +145,7 @@ pub fn load_meta_at(
                     r.get::<_, Option<String>>(1)?,
                     r.get::<_, Option<i64>>(2)?,
                     r.get::<_, Option<String>>(3)?,
+                    r.get::<_, Option<String>>(12)?,
                 ),
                 (
                     r.get::<_, String>(4)?,
@@ -199,6 +202,7 @@ pub fn load_meta_at(
         state_detail: None,
         loaded_tools: parse(&tools, "tool list")?,
         user,
+        owner: owner.map(|o| parse(&o, "session owner")).transpose()?,
         checkpoint: super::compaction::current_in(c, id)?,
         skills,
         found_skills,

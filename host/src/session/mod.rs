@@ -45,6 +45,12 @@ pub use steps::{
 };
 pub use views::{SessionSummary, Timeline, TimelineCall, TimelineMessage};
 
+/// How a decision made on this machine (the CLI, or a library caller) names its decider: the
+/// operating-system user.
+pub fn local_decider() -> String {
+    format!("local user {}", crate::memory::default_user())
+}
+
 /// What a new session starts with.
 #[derive(Debug, Clone)]
 pub struct NewSession {
@@ -67,6 +73,8 @@ pub struct NewSession {
     /// Whether `tools` were named (`--tools`) rather than every installed tool: recorded as
     /// how each arrived.
     pub named_tools: bool,
+    /// Who created the session over the HTTP API (`None`: a local front-end did).
+    pub owner: Option<crate::access::Owner>,
 }
 
 /// The loop guards and bounds of a session's turns, stored with the session (a key missing
@@ -194,11 +202,17 @@ impl SessionEngine {
                 )));
             }
             Some(id) => id.clone(),
-            None => format!(
-                "s-{}",
-                &blake3::hash(format!("{}-{:?}", now_ms(), std::thread::current().id()).as_bytes())
-                    .to_hex()[..12]
-            ),
+            // Random, so that sessions created at once (by concurrent API requests on one
+            // worker thread, say) never collide; the time and thread only when the operating
+            // system gives no random bytes.
+            None => {
+                let mut seed = [0u8; 16];
+                let fallback = format!("{}-{:?}", now_ms(), std::thread::current().id());
+                if getrandom::fill(&mut seed).is_err() {
+                    seed.copy_from_slice(&blake3::hash(fallback.as_bytes()).as_bytes()[..16]);
+                }
+                format!("s-{}", &hex::encode(seed)[..12])
+            }
         };
         let new = Arc::new(new);
         let id2 = id.clone();
@@ -213,8 +227,8 @@ impl SessionEngine {
                     params![id2, now_ms()],
                 )?;
                 c.execute(
-                    "INSERT INTO session_config (session_id, loaded_tools, policy, budget, model, system_prompt, guards, preprocess, user)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                    "INSERT INTO session_config (session_id, loaded_tools, policy, budget, model, system_prompt, guards, preprocess, user, owner)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
                     params![
                         id2,
                         json(&new.tools)?,
@@ -224,7 +238,8 @@ impl SessionEngine {
                         new.system_prompt,
                         new.guards.as_ref().map(json).transpose()?,
                         new.preprocess.as_ref().map(json).transpose()?,
-                        new.user.clone().unwrap_or_else(crate::memory::default_user)
+                        new.user.clone().unwrap_or_else(crate::memory::default_user),
+                        new.owner.as_ref().map(json).transpose()?
                     ],
                 )?;
                 let origins: Vec<(String, capabilities::Via)> = new
@@ -600,7 +615,7 @@ impl SessionEngine {
     }
 
     /// Records a decision on a pending approval unit (one conditional update: exactly one
-    /// decision wins).
+    /// decision wins), decided by the local user.
     pub async fn decide(
         &self,
         unit: &str,
@@ -608,10 +623,22 @@ impl SessionEngine {
         reason: Option<String>,
         session: Option<String>,
     ) -> Result<Result<ApprovalUnit, DecideError>, StoreError> {
+        self.decide_by(unit, decision, reason, session, local_decider()).await
+    }
+
+    /// Like [`decide`](Self::decide), recording `by` as the decider.
+    pub async fn decide_by(
+        &self,
+        unit: &str,
+        decision: Decision,
+        reason: Option<String>,
+        session: Option<String>,
+        by: String,
+    ) -> Result<Result<ApprovalUnit, DecideError>, StoreError> {
         let unit = unit.to_string();
         self.db
             .run(move |c| {
-                steps::decide_in(c, &unit, decision, reason.as_deref(), session.as_deref())
+                steps::decide_in(c, &unit, decision, reason.as_deref(), session.as_deref(), &by)
             })
             .await
     }

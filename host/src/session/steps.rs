@@ -82,6 +82,8 @@ pub struct ApprovalUnit {
     pub created_at: i64,
     pub decided_at: Option<i64>,
     pub decision_reason: Option<String>,
+    /// Who decided: an API token (`api token NAME`), an MCP client, or the local user.
+    pub decided_by: Option<String>,
     pub consumed_at: Option<i64>,
 }
 
@@ -121,6 +123,7 @@ impl ApprovalUnit {
             created_at: now,
             decided_at: None,
             decision_reason: None,
+            decided_by: None,
             consumed_at: None,
         }
     }
@@ -213,13 +216,14 @@ fn unit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(ApprovalUnit, String)> {
             decided_at: r.get(14)?,
             decision_reason: r.get(15)?,
             consumed_at: r.get(16)?,
+            decided_by: r.get(17)?,
         },
         r.get(10)?,
     ))
 }
 
 const UNIT_COLUMNS: &str = "id, session_id, step, call_id, result_id, tool, effect, component_digest, input, \
-     input_digest, grants, why, status, created_at, decided_at, decision_reason, consumed_at";
+     input_digest, grants, why, status, created_at, decided_at, decision_reason, consumed_at, decided_by";
 
 fn units_where(
     c: &Connection,
@@ -455,6 +459,7 @@ pub fn decide_in(
     decision: Decision,
     reason: Option<&str>,
     session: Option<&str>,
+    by: &str,
 ) -> Result<Result<ApprovalUnit, DecideError>, StoreError> {
     let Some(mut u) = approval(c, unit)? else {
         return Ok(Err(DecideError::NotFound { unit: unit.into() }));
@@ -475,10 +480,10 @@ pub fn decide_in(
     let now = now_ms();
     let n = c
         .prepare_cached(
-            "UPDATE approvals SET status=?2, decided_at=?3, decision_reason=?4
+            "UPDATE approvals SET status=?2, decided_at=?3, decision_reason=?4, decided_by=?5
              WHERE id=?1 AND status='pending'",
         )?
-        .execute(params![unit, status.as_str(), now, reason])?;
+        .execute(params![unit, status.as_str(), now, reason, by])?;
     if n != 1 {
         return Ok(Err(DecideError::NotPending { unit: unit.into(), status: u.status }));
     }
@@ -489,11 +494,13 @@ pub fn decide_in(
             unit: unit.into(),
             decision: status.as_str().to_string(),
             reason: reason.map(str::to_string),
+            by: Some(by.to_string()),
         },
     )?;
     u.status = status;
     u.decided_at = Some(now);
     u.decision_reason = reason.map(str::to_string);
+    u.decided_by = Some(by.to_string());
     Ok(Ok(u))
 }
 

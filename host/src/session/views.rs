@@ -19,25 +19,49 @@ pub struct SessionSummary {
     pub steps: i64,
     pub session_goal: Option<String>,
     pub created_at: i64,
+    /// When its last event was committed (its creation time without events).
+    pub last_activity: i64,
+    /// The API token that created it (`None`: a local front-end did).
+    pub owner: Option<String>,
 }
 
 pub fn list(c: &Connection) -> Result<Vec<SessionSummary>, StoreError> {
     let mut stmt = c.prepare(
-        "SELECT s.id, s.state, s.turns, s.steps, c.session_goal, s.created_at
+        "SELECT s.id, s.state, s.turns, s.steps, c.session_goal, s.created_at,
+                COALESCE((SELECT MAX(e.at_ms) FROM session_events e WHERE e.session_id = s.id),
+                         s.created_at),
+                c.owner
          FROM sessions s LEFT JOIN session_config c ON c.session_id = s.id
          ORDER BY s.created_at DESC, s.id",
     )?;
     let rows = stmt.query_map([], |r| {
-        Ok(SessionSummary {
-            id: r.get(0)?,
-            state: r.get(1)?,
-            turns: r.get(2)?,
-            steps: r.get(3)?,
-            session_goal: r.get(4)?,
-            created_at: r.get(5)?,
-        })
+        Ok((
+            SessionSummary {
+                id: r.get(0)?,
+                state: r.get(1)?,
+                turns: r.get(2)?,
+                steps: r.get(3)?,
+                session_goal: r.get(4)?,
+                created_at: r.get(5)?,
+                last_activity: r.get(6)?,
+                owner: None,
+            },
+            r.get::<_, Option<String>>(7)?,
+        ))
     })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    rows.map(|row| {
+        let (mut s, owner) = row?;
+        s.owner = owner
+            .map(|o| {
+                serde_json::from_str::<crate::access::Owner>(&o).map_err(|e| {
+                    StoreError::Corrupt(format!("session {}: its owner does not read: {e}", s.id))
+                })
+            })
+            .transpose()?
+            .map(|o| o.token);
+        Ok(s)
+    })
+    .collect()
 }
 
 /// One message of a timeline.

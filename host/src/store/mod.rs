@@ -525,6 +525,26 @@ const MIGRATIONS: &[(i64, &str)] = &[
         refreshed_at  INTEGER NOT NULL
     );",
     ),
+    (
+        15,
+        // The HTTP API: tokens (stored as their SHA-256, never in plain text) with a role,
+        // the grant presets an admin defines for users, who created a session over the API
+        // (and under which preset), and who decided each approval.
+        "CREATE TABLE api_tokens (
+        name        TEXT PRIMARY KEY,
+        role        TEXT NOT NULL,
+        hash        TEXT NOT NULL UNIQUE,
+        created_at  INTEGER NOT NULL
+    );
+    CREATE TABLE grant_presets (
+        name          TEXT PRIMARY KEY,
+        grants        TEXT NOT NULL,
+        user_decides  INTEGER NOT NULL,
+        created_at    INTEGER NOT NULL
+    );
+    ALTER TABLE session_config ADD COLUMN owner TEXT;
+    ALTER TABLE approvals ADD COLUMN decided_by TEXT;",
+    ),
 ];
 
 /// Errors of the store.

@@ -1,0 +1,47 @@
+// keel console: keeps server-rendered pages live. The server renders (and escapes) every
+// fragment; this script only fetches fragments and swaps them in.
+"use strict";
+
+function refresh(el, url) {
+  return fetch(url, { credentials: "same-origin", headers: { Accept: "text/html" } })
+    .then((r) => (r.ok ? r.text() : Promise.reject(r.status)))
+    .then((html) => {
+      // Keep what the person is typing in a reason field of the fragment.
+      const active = document.activeElement;
+      if (active && el.contains(active) && active.tagName === "INPUT") return;
+      el.innerHTML = html;
+    })
+    .catch(() => {});
+}
+
+// A session's timeline follows the session's events stream; each new event re-renders the
+// fragment (coalesced), and the stream resumes where it stopped after a dropped connection
+// (the browser sends Last-Event-ID).
+function followSession(el) {
+  const id = el.dataset.session;
+  const after = el.dataset.after || "0";
+  const url = "/sessions/" + encodeURIComponent(id) + "/fragment";
+  let pending = null;
+  const source = new EventSource(
+    "/api/v1/sessions/" + encodeURIComponent(id) + "/events?after=" + encodeURIComponent(after)
+  );
+  source.onmessage = () => {
+    if (pending) return;
+    pending = setTimeout(() => {
+      pending = null;
+      refresh(el, url);
+    }, 100);
+  };
+  document.body.dataset.live = "1";
+}
+
+function poll(el) {
+  const url = el.dataset.refresh;
+  setInterval(() => refresh(el, url), 2000);
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  const timeline = document.getElementById("timeline");
+  if (timeline) followSession(timeline);
+  document.querySelectorAll("[data-refresh]").forEach(poll);
+});
