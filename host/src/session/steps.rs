@@ -410,7 +410,7 @@ pub fn wait_in(c: &Connection, id: &str, w: &WaitCommit) -> Result<(), StoreErro
     }
     for u in &w.new_units {
         c.prepare_cached(&format!(
-            "INSERT INTO approvals ({UNIT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, NULL, NULL, NULL)"
+            "INSERT INTO approvals ({UNIT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, NULL, NULL, NULL, NULL)"
         ))?
         .execute(params![
             u.id,

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 
 mod mcp;
 mod run;
+mod serve;
 mod skills;
 
 fn keel(home: &Path, args: &[&str]) -> Output {

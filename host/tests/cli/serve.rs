@@ -1,0 +1,470 @@
+//! `keel serve` over real HTTP: the binary on a loopback port, a scripted model server, and a
+//! reqwest client. The browser tests (headless Chromium) are in `console.rs`.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use keel_tests::mock_model::{MockModel, Reply};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// A `keel serve` process on a free loopback port, stopped when dropped.
+pub struct Server {
+    child: Child,
+    /// `http://127.0.0.1:PORT`
+    pub base: String,
+    /// The admin token `keel serve` wrote to the home.
+    pub admin: String,
+    pub stderr: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Starts `keel serve` on `home` with its model at `model_url`; `grant_roots` go to
+    /// keel.toml.
+    pub fn start(home: &Path, model_url: &str, grant_roots: &[&Path]) -> Self {
+        let roots: Vec<String> =
+            grant_roots.iter().map(|r| format!("{:?}", r.display().to_string())).collect();
+        std::fs::write(
+            home.join("keel.toml"),
+            format!("[serve]\ngrant_roots = [{}]\n", roots.join(", ")),
+        )
+        .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+            .arg("--home")
+            .arg(home)
+            .args(["serve", "--listen", "127.0.0.1:0", "--model-url", model_url, "--model", "m"])
+            .env_remove("KEEL_API_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = BufReader::new(child.stderr.take().unwrap());
+        let log = stderr.clone();
+        std::thread::spawn(move || {
+            for line in reader.lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("serving the API at ").nth(1) {
+                    let _ = tx.send(rest.split("/api/v1").next().unwrap_or_default().to_string());
+                }
+                log.lock().unwrap().push_str(&format!("{line}\n"));
+            }
+        });
+        let base = rx
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|_| panic!("keel serve did not start: {}", stderr.lock().unwrap()));
+        let admin = std::fs::read_to_string(home.join("api-token")).unwrap().trim().to_string();
+        Self { child, base, admin, stderr }
+    }
+
+    pub fn api(&self, path: &str) -> String {
+        format!("{}/api/v1{path}", self.base)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    keel::tls::init();
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// Sends `req` with `token`; returns the status and the JSON body.
+pub async fn call(req: reqwest::RequestBuilder, token: &str) -> (StatusCode, Value) {
+    let res = req.bearer_auth(token).send().await.unwrap();
+    let status = res.status();
+    let text = res.text().await.unwrap();
+    let v = serde_json::from_str(&text).unwrap_or_else(|_| json!({ "text": text }));
+    (status, v)
+}
+
+pub async fn post(c: &reqwest::Client, url: &str, token: &str, body: Value) -> (StatusCode, Value) {
+    call(c.post(url).header("content-type", "application/json").body(body.to_string()), token).await
+}
+
+pub async fn get(c: &reqwest::Client, url: &str, token: &str) -> (StatusCode, Value) {
+    call(c.get(url), token).await
+}
+
+/// `keel token add NAME --role ROLE`: the secret.
+pub fn token(home: &Path, name: &str, role: &str) -> String {
+    let out = super::keel(home, &["token", "add", name, "--role", role, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    super::json_of(&out)["token"].as_str().unwrap().to_string()
+}
+
+/// Polls session `id` until `done` holds for its JSON (`GET /sessions/{id}`), or panics.
+pub async fn wait_for(
+    c: &reqwest::Client,
+    s: &Server,
+    id: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let start = Instant::now();
+    loop {
+        let (status, v) = get(c, &s.api(&format!("/sessions/{id}")), &s.admin).await;
+        assert_eq!(status, 200, "{v}");
+        if done(&v["session"]) {
+            return v["session"].clone();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "session {id} never became {what}: {v}\n{}",
+            s.stderr.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub fn effects_wasm() -> Vec<u8> {
+    std::fs::read(keel_tests::guests::EFFECTS_COMPONENT).unwrap()
+}
+
+/// Uploads the effect-counting test guest as `effects` (admin).
+pub async fn upload_effects(c: &reqwest::Client, s: &Server) {
+    let (status, v) = call(
+        c.post(s.api("/tools?name=effects"))
+            .header("content-type", "application/wasm")
+            .body(effects_wasm()),
+        &s.admin,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_checks_tokens_roles_grant_roots_and_sizes() {
+    let model = MockModel::start(vec![Reply::text("done")]).await;
+    let home = tempfile::tempdir().unwrap();
+    let roots = tempfile::tempdir().unwrap();
+    let inside = roots.path().join("project");
+    std::fs::create_dir(&inside).unwrap();
+    std::fs::write(inside.join("notes.txt"), "hello").unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    // The token must exist before the server reads it: tokens are checked on every request.
+    let alice = token(home.path(), "alice", "user");
+    let s = Server::start(home.path(), &model.url(), &[roots.path()]);
+    let c = client();
+    let mode = std::fs::metadata(home.path().join("api-token")).unwrap().permissions();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777, 0o600);
+
+    // No token, a wrong token: 401 with the envelope.
+    let res = c.get(s.api("/sessions")).send().await.unwrap();
+    assert_eq!(res.status(), 401);
+    let v: Value = serde_json::from_str(&res.text().await.unwrap()).unwrap();
+    assert_eq!(v["error"]["kind"], "unauthorized");
+    let (status, _) = get(&c, &s.api("/sessions"), "keel_0000").await;
+    assert_eq!(status, 401);
+    let (status, v) = get(&c, &s.api("/whoami"), &s.admin).await;
+    assert_eq!((status, v), (StatusCode::OK, json!({"name": "keel-serve", "role": "admin"})));
+    let (_, v) = get(&c, &s.api("/whoami"), &alice).await;
+    assert_eq!(v["role"], "user");
+
+    // A user on admin routes: 403, nothing installed or removed.
+    let (status, v) = call(
+        c.post(s.api("/tools?name=effects"))
+            .header("content-type", "application/wasm")
+            .body(effects_wasm()),
+        &alice,
+    )
+    .await;
+    assert_eq!(status, 403, "{v}");
+    assert_eq!(v["error"]["kind"], "forbidden");
+    let (status, _) = call(c.delete(s.api("/tools/fs")), &alice).await;
+    assert_eq!(status, 403);
+    let (status, _) = get(&c, &s.api("/tools/effects"), &alice).await;
+    assert_eq!(status, 404, "not installed by the refused upload");
+    // A user may not grant host directories, nor let tools run without asking.
+    let grant = json!([{"host": inside.display().to_string(), "guest": "/p", "access": "rw"}]);
+    let (status, v) =
+        post(&c, &s.api("/sessions"), &alice, json!({"input": "hi", "grants": grant})).await;
+    assert_eq!(status, 403, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("preset"), "{v}");
+    let (status, _) = post(
+        &c,
+        &s.api("/sessions"),
+        &alice,
+        json!({"input": "hi", "policy": {"allow": ["destructive"]}}),
+    )
+    .await;
+    assert_eq!(status, 403);
+    // An admin's grant outside the roots is refused, naming them.
+    let out = json!([{"host": outside.path().display().to_string(), "access": "ro"}]);
+    let (status, v) =
+        post(&c, &s.api("/sessions"), &s.admin, json!({"input": "hi", "grants": out})).await;
+    assert_eq!(status, 403, "{v}");
+    let root = roots.path().canonicalize().unwrap().display().to_string();
+    assert!(v["error"]["message"].as_str().unwrap().contains(&root), "{v}");
+    let (_, v) = get(&c, &s.api("/sessions"), &s.admin).await;
+    assert_eq!(v["sessions"], json!([]), "nothing was created by a refused request");
+    // Bad input: an empty task, an unknown field, no JSON content type.
+    let (status, v) = post(&c, &s.api("/sessions"), &s.admin, json!({"input": " "})).await;
+    assert_eq!((status, v["error"]["kind"].as_str()), (StatusCode::BAD_REQUEST, Some("input")));
+    let (status, _) =
+        post(&c, &s.api("/sessions"), &s.admin, json!({"input": "x", "nope": 1})).await;
+    assert_eq!(status, 400);
+    let (status, v) = call(c.post(s.api("/sessions")).body("{}"), &s.admin).await;
+    assert_eq!(status, 415, "{v}");
+    // An oversized body: 413 with the envelope, before anything is stored.
+    let big = json!({"input": "x".repeat(2 * 1024 * 1024)});
+    let (status, v) = post(&c, &s.api("/sessions"), &s.admin, big).await;
+    assert_eq!(status, 413, "{v}");
+    assert_eq!(v["error"]["kind"], "too_large");
+    let (status, v) =
+        call(c.post(s.api("/tools?name=huge")).body(vec![0u8; 64 * 1024 * 1024 + 10]), &s.admin)
+            .await;
+    assert_eq!(status, 413, "{v}");
+
+    // The admin grants inside the roots; the session's files are listed inside its grant only.
+    let (status, v) = post(
+        &c,
+        &s.api("/sessions"),
+        &s.admin,
+        json!({"input": "look", "grants": grant, "id": "adm"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(v["session_id"], "adm");
+    wait_for(&c, &s, "adm", "idle", |m| m["state"] == "idle").await;
+    let (status, v) = get(&c, &s.api("/sessions/adm/files?grant=/p"), &s.admin).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["entries"], json!([{"name": "notes.txt", "kind": "file", "size": 5}]));
+    let (status, _) = get(&c, &s.api("/sessions/adm/files?grant=/p&path=.."), &s.admin).await;
+    assert_eq!(status, 400);
+    let (_, v) = get(&c, &s.api("/sessions/adm/timeline"), &s.admin).await;
+    assert_eq!(v["timeline"]["messages"][1]["body"]["content"], "done");
+
+    // A user sees only their own sessions; another's is "not found".
+    let (status, v) = post(&c, &s.api("/sessions"), &alice, json!({"input": "mine"})).await;
+    assert_eq!(status, 202, "{v}");
+    let mine = v["session_id"].as_str().unwrap().to_string();
+    let (_, v) = get(&c, &s.api("/sessions"), &alice).await;
+    let ids: Vec<&str> =
+        v["sessions"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [mine.as_str()]);
+    let (status, _) = get(&c, &s.api("/sessions/adm"), &alice).await;
+    assert_eq!(status, 404);
+    let (status, _) = post(&c, &s.api("/sessions/adm/input"), &alice, json!({"text": "x"})).await;
+    assert_eq!(status, 404);
+    let (_, v) = get(&c, &s.api(&format!("/sessions/{mine}")), &alice).await;
+    assert_eq!(v["session"]["user"], "alice", "a user's sessions work for that user");
+    assert_eq!(v["session"]["owner"]["token"], "alice");
+    // The admin sees both.
+    let (_, v) = get(&c, &s.api("/sessions"), &s.admin).await;
+    assert_eq!(v["sessions"].as_array().unwrap().len(), 2);
+
+    // Uploads: an admin installs a component; it is pinned by its digest.
+    upload_effects(&c, &s).await;
+    let (status, v) = get(&c, &s.api("/tools/effects"), &alice).await;
+    assert_eq!(status, 200);
+    let digest = keel::digest::sha256_hex(&effects_wasm());
+    assert_eq!(v["component"]["digest"], digest.as_str());
+    let (status, v) =
+        call(c.post(s.api("/tools?name=junk")).body(b"\0asm\x01\0\0\0".to_vec()), &s.admin).await;
+    assert_eq!((status, v["error"]["kind"].as_str()), (StatusCode::BAD_REQUEST, Some("load")));
+
+    // The OpenAPI document describes the routes and the bearer scheme.
+    let doc: Value = serde_json::from_str(
+        &c.get(s.api("/openapi.json")).send().await.unwrap().text().await.unwrap(),
+    )
+    .unwrap();
+    for path in ["/sessions", "/sessions/{id}/events", "/approvals/{id}/approve", "/tools"] {
+        assert!(doc["paths"].get(path).is_some(), "{path} is not in the OpenAPI document");
+    }
+    assert_eq!(doc["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
+
+    // A revoked token stops at once.
+    let out = super::keel(home.path(), &["token", "revoke", "alice"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let (status, _) = get(&c, &s.api("/sessions"), &alice).await;
+    assert_eq!(status, 401);
+    let out = super::keel(home.path(), &["token", "list", "--json"]);
+    let names: Vec<String> = super::json_of(&out)["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["keel-serve"]);
+    let db = std::fs::read(home.path().join("keel.db")).unwrap();
+    assert!(
+        !db.windows(s.admin.len()).any(|w| w == s.admin.as_bytes()),
+        "the token is not stored in plain text"
+    );
+}
+
+/// Reads server-sent events from `res` until `until` holds for one; returns them all.
+async fn read_events(
+    res: &mut reqwest::Response,
+    until: impl Fn(&Value) -> bool,
+) -> Vec<(i64, Value)> {
+    let mut buf = String::new();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let mut id = None;
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id: ") {
+                    id = v.parse().ok();
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data.push_str(v);
+                }
+            }
+            if let (Some(id), Ok(v)) = (id, serde_json::from_str::<Value>(&data)) {
+                let stop = until(&v);
+                out.push((id, v));
+                if stop {
+                    return out;
+                }
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, res.chunk()).await {
+            Ok(Ok(Some(bytes))) => buf.push_str(&String::from_utf8_lossy(&bytes)),
+            other => panic!("the event stream ended early: {other:?}; read {out:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_over_http_resume_the_turn_and_events_resume_after_a_drop() {
+    let model = MockModel::start(vec![
+        Reply::calls(&[("c1", "effect_send", r#"{"label":"hello"}"#)]),
+        Reply::text("sent"),
+        Reply::calls(&[("c2", "effect_send", r#"{"label":"again"}"#)]),
+        Reply::text("sent again"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let roots = tempfile::tempdir().unwrap();
+    let work = roots.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let bob = token(home.path(), "bob", "user");
+    let carol = token(home.path(), "carol", "admin");
+    let preset = format!("{}=/work:rw", work.display());
+    let out = super::keel(home.path(), &["grant", "preset", "add", "shared", &preset, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let s = Server::start(home.path(), &model.url(), &[roots.path()]);
+    let c = client();
+    upload_effects(&c, &s).await;
+
+    // Bob creates a session with the preset; its call needs an approval.
+    let (status, v) = post(
+        &c,
+        &s.api("/sessions"),
+        &bob,
+        json!({"input": "send hello", "preset": "shared", "tools": ["effect_send"], "id": "flow"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{v}");
+    // Follow the events; drop the connection after the first few.
+    let mut res = c
+        .get(s.api("/sessions/flow/events"))
+        .bearer_auth(&bob)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(res.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    let first = read_events(&mut res, |e| e["kind"] == "turn_started").await;
+    drop(res);
+    let last = first.last().unwrap().0;
+    assert_eq!(first.iter().map(|e| e.0).collect::<Vec<_>>(), (1..=last).collect::<Vec<_>>());
+    wait_for(&c, &s, "flow", "waiting", |m| m["state"] == "waiting_approval").await;
+    assert!(keel_tests::log_lines(&work, "sent.log").is_empty(), "nothing ran yet");
+
+    // The queue shows exactly what would run; bob may not decide (the preset does not say so).
+    let (_, v) = get(&c, &s.api("/approvals?session=flow"), &bob).await;
+    let unit = v["approvals"][0].clone();
+    assert_eq!(unit["tool"], "effect_send");
+    assert_eq!(unit["input"], r#"{"label":"hello"}"#);
+    assert_eq!(unit["may_decide"], false);
+    assert_eq!(unit["grants"][0]["guest"], "/work");
+    let id = unit["id"].as_str().unwrap().to_string();
+    let (status, v) = post(&c, &s.api(&format!("/approvals/{id}/approve")), &bob, json!({})).await;
+    assert_eq!(status, 403, "{v}");
+
+    // Resume the stream where it stopped: the next event is the one after the last seen.
+    let mut res = c
+        .get(s.api("/sessions/flow/events"))
+        .bearer_auth(&s.admin)
+        .header("accept", "text/event-stream")
+        .header("last-event-id", last.to_string())
+        .send()
+        .await
+        .unwrap();
+    let waiting = read_events(&mut res, |e| e["kind"] == "approval_asked").await;
+    assert_eq!(waiting[0].0, last + 1, "resumed right after {last}: {waiting:?}");
+
+    // Two admins decide at once: exactly one wins, the other gets 409.
+    let approve = s.api(&format!("/approvals/{id}/approve"));
+    let reject = s.api(&format!("/approvals/{id}/reject"));
+    let (a, b) = tokio::join!(
+        post(&c, &approve, &s.admin, json!({"reason": "looks right"})),
+        post(&c, &reject, &carol, json!({"reason": "no"})),
+    );
+    let mut statuses = [a.0.as_u16(), b.0.as_u16()];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 409], "{a:?} {b:?}");
+    let loser = if a.0 == 409 { &a.1 } else { &b.1 };
+    assert_eq!(loser["error"]["kind"], "not_pending");
+    let approved = a.0 == 200;
+    // The turn resumes in the server; the stream shows it finish.
+    let rest =
+        read_events(&mut res, |e| e["kind"] == "turn_finished" || e["kind"] == "answer").await;
+    drop(res);
+    let decided = rest.iter().find(|e| e.1["kind"] == "approval_decided").unwrap();
+    let by = if approved { "api token keel-serve" } else { "api token carol" };
+    assert_eq!(decided.1["by"], by, "{decided:?}");
+    let meta = wait_for(&c, &s, "flow", "idle", |m| m["state"] == "idle").await;
+    assert_eq!(meta["owner"]["preset"], "shared");
+    let (_, v) = get(&c, &s.api("/approvals?session=flow&all=true"), &bob).await;
+    assert_eq!(v["approvals"][0]["decided_by"], by);
+    assert_eq!(
+        keel_tests::log_lines(&work, "sent.log"),
+        if approved { vec!["hello".to_string()] } else { vec![] }
+    );
+
+    // The JSON form of the events: everything after N, in order.
+    let (_, v) = get(&c, &s.api("/sessions/flow/events?after=2&limit=3"), &bob).await;
+    let seqs: Vec<i64> =
+        v["events"].as_array().unwrap().iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs, [3, 4, 5]);
+    // Evidence of a step is the exact request the model received.
+    let (status, body) = {
+        let res = c.get(s.api("/sessions/flow/evidence/1")).bearer_auth(&bob).send().await.unwrap();
+        (res.status(), res.bytes().await.unwrap())
+    };
+    assert_eq!(status, 200);
+    assert_eq!(body.as_ref(), model.requests()[0].as_slice());
+
+    // Input to the session runs another turn; interrupting a waiting one closes it.
+    let (status, v) =
+        post(&c, &s.api("/sessions/flow/input"), &bob, json!({"text": "again"})).await;
+    assert_eq!(status, 202, "{v}");
+    wait_for(&c, &s, "flow", "waiting", |m| m["state"] == "waiting_approval").await;
+    let (status, v) = call(c.post(s.api("/sessions/flow/interrupt")), &bob).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["state_before"], "waiting_approval");
+    let m = wait_for(&c, &s, "flow", "closed", |m| m["state"] != "waiting_approval").await;
+    assert_ne!(m["state"], "running");
+    let (_, v) = get(&c, &s.api("/approvals?session=flow"), &bob).await;
+    assert_eq!(v["approvals"], json!([]), "the interrupted turn's approval is no longer pending");
+}
