@@ -51,7 +51,28 @@ pub fn routes(app: Arc<App>) -> Router {
         .route("/tools/{name}", get(get_tool).delete(remove_tool))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
+        .layer(axum::middleware::from_fn_with_state(upload, refuse_declared_oversize))
         .with_state(app)
+}
+
+/// Refuses a request whose declared `Content-Length` is past its route's limit at once,
+/// without reading the body (an upload of a component; JSON otherwise).
+async fn refuse_declared_oversize(
+    State(max_upload): State<usize>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let upload = req.method() == axum::http::Method::POST && req.uri().path().ends_with("/tools");
+    let max = if upload { max_upload } else { MAX_JSON_BODY };
+    match declared {
+        Some(n) if n > max as u64 => too_large(max).into_response(),
+        _ => next.run(req).await,
+    }
 }
 
 async fn not_found() -> Failure {
@@ -755,7 +776,7 @@ async fn upload_tool(
 }
 
 fn too_large(max: usize) -> Failure {
-    Failure::new("too_large", format!("the upload is larger than {max} bytes"))
+    Failure::new("too_large", format!("the request body is larger than {max} bytes"))
 }
 
 /// Removes a component (admins only). Sessions that pinned it keep their record of it.

@@ -218,15 +218,24 @@ async fn the_api_checks_tokens_roles_grant_roots_and_sizes() {
     assert_eq!(status, 400);
     let (status, v) = call(c.post(s.api("/sessions")).body("{}"), &s.admin).await;
     assert_eq!(status, 415, "{v}");
-    // An oversized body: 413 with the envelope, before anything is stored.
-    let big = json!({"input": "x".repeat(2 * 1024 * 1024)});
-    let (status, v) = post(&c, &s.api("/sessions"), &s.admin, big).await;
-    assert_eq!(status, 413, "{v}");
-    assert_eq!(v["error"]["kind"], "too_large");
-    let (status, v) =
-        call(c.post(s.api("/tools?name=huge")).body(vec![0u8; 64 * 1024 * 1024 + 10]), &s.admin)
-            .await;
-    assert_eq!(status, 413, "{v}");
+    // Oversized bodies: 413 with the envelope, refused from their Content-Length before the
+    // body is read (raw requests: the bodies are never sent), and nothing stored.
+    for (path, kind, size) in [
+        ("/api/v1/sessions", "application/json", 2 * 1024 * 1024),
+        ("/api/v1/tools?name=huge", "application/wasm", 64 * 1024 * 1024 + 10),
+    ] {
+        let head = raw_request(
+            &s,
+            &format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+                 Content-Type: {kind}\r\nContent-Length: {size}\r\n\r\n",
+                s.admin
+            ),
+        )
+        .await;
+        assert!(head.starts_with("HTTP/1.1 413"), "{path}: {head}");
+        assert!(head.contains("too_large"), "{path}: {head}");
+    }
 
     // The admin grants inside the roots; the session's files are listed inside its grant only.
     let (status, v) = post(
@@ -304,6 +313,20 @@ async fn the_api_checks_tokens_roles_grant_roots_and_sizes() {
         !db.windows(s.admin.len()).any(|w| w == s.admin.as_bytes()),
         "the token is not stored in plain text"
     );
+}
+
+/// Sends `request` (head only) over a new connection; returns what the server answered.
+async fn raw_request(s: &Server, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = s.base.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(request.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf))
+        .await
+        .expect("the server waited for the body instead of refusing it")
+        .unwrap();
+    String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
 /// Reads server-sent events from `res` until `until` holds for one; returns them all.
