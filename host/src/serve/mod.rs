@@ -91,7 +91,9 @@ pub fn router(app: Arc<App>) -> Router {
 }
 
 /// Headers every response carries: a strict Content-Security-Policy (scripts and styles only
-/// from the server's own files, no inline code, no framing), no MIME sniffing, no referrer.
+/// from the server's own files, no inline code, no framing), no MIME sniffing, and no
+/// referrer to other sites (`same-origin`: with `no-referrer` a browser sends `Origin: null`
+/// on the console's own forms, which the origin check refuses).
 async fn security_headers(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let mut res = next.run(req).await;
     let h = res.headers_mut();
@@ -102,7 +104,7 @@ async fn security_headers(req: axum::extract::Request, next: axum::middleware::N
              connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
         ),
         ("x-content-type-options", "nosniff"),
-        ("referrer-policy", "no-referrer"),
+        ("referrer-policy", "same-origin"),
         ("x-frame-options", "DENY"),
         ("cross-origin-opener-policy", "same-origin"),
     ] {

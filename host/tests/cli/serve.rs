@@ -491,3 +491,109 @@ async fn approvals_over_http_resume_the_turn_and_events_resume_after_a_drop() {
     let (_, v) = get(&c, &s.api("/approvals?session=flow"), &bob).await;
     assert_eq!(v["approvals"], json!([]), "the interrupted turn's approval is no longer pending");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_forms_need_the_origin_and_the_csrf_token() {
+    let model = MockModel::start(vec![Reply::text("ok")]).await;
+    let home = tempfile::tempdir().unwrap();
+    let s = Server::start(home.path(), &model.url(), &[]);
+    let c = client();
+    let origin = s.base.clone();
+    // Login from another origin is refused; from the console's own, it sets the cookie.
+    let res = c
+        .post(format!("{}/login", s.base))
+        .header("origin", "http://evil.example")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("token", s.admin.as_str())]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 403);
+    assert!(res.headers().get("set-cookie").is_none());
+    let res = c
+        .post(format!("{}/login", s.base))
+        .header("origin", &origin)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("token", s.admin.as_str())]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 303);
+    let set = res.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"), "{set}");
+    let cookie = set.split(';').next().unwrap().to_string();
+    // The page carries the CSRF token in its forms; the headers carry a strict policy.
+    let res = c.get(format!("{}/", s.base)).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    let csp = res.headers()["content-security-policy"].to_str().unwrap().to_string();
+    assert!(csp.contains("default-src 'none'") && csp.contains("frame-ancestors 'none'"), "{csp}");
+    let html = res.text().await.unwrap();
+    let csrf = html
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap()
+        .to_string();
+    let new = |origin: &str, csrf: &str| {
+        c.post(format!("{}/sessions/new", s.base))
+            .header("cookie", &cookie)
+            .header("origin", origin)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form(&[("csrf", csrf), ("input", "hello"), ("preset", "")]))
+    };
+    // A forged form: wrong token, or from another origin. Nothing is created.
+    let res = new(&origin, "keel_forged").send().await.unwrap();
+    assert_eq!(res.status(), 403);
+    assert!(res.text().await.unwrap().contains("CSRF"));
+    let res = new("http://evil.example", &csrf).send().await.unwrap();
+    assert_eq!(res.status(), 403);
+    // The cookie does not open the API's state-changing routes (those need a bearer token).
+    let res = c
+        .post(s.api("/sessions"))
+        .header("cookie", &cookie)
+        .header("origin", &origin)
+        .header("content-type", "application/json")
+        .body(r#"{"input":"x"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 401);
+    let (_, v) = get(&c, &s.api("/sessions"), &s.admin).await;
+    assert_eq!(v["sessions"], json!([]));
+    // The real form works, and so does reading the API with the cookie.
+    let res = new(&origin, &csrf).send().await.unwrap();
+    assert_eq!(res.status(), 303);
+    let to = res.headers()["location"].to_str().unwrap().to_string();
+    assert!(to.starts_with("/sessions/s-"), "{to}");
+    let res = c.get(s.api("/sessions")).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    // Logging out ends the login.
+    let res = c
+        .post(format!("{}/logout", s.base))
+        .header("cookie", &cookie)
+        .header("origin", &origin)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("csrf", csrf.as_str())]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 303);
+    let res = c.get(format!("{}/", s.base)).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(res.status(), 303, "back to the login page");
+    assert_eq!(res.headers()["location"], "/login");
+}
+
+/// `pairs` as an `application/x-www-form-urlencoded` body.
+fn form(pairs: &[(&str, &str)]) -> String {
+    let enc = |t: &str| {
+        t.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect::<String>()
+    };
+    pairs.iter().map(|(k, v)| format!("{}={}", enc(k), enc(v))).collect::<Vec<_>>().join("&")
+}
