@@ -1,0 +1,278 @@
+//! `keel serve` under load. Two figures, each beside its baseline measured in the same run:
+//!
+//! 1. Per-turn latency through the HTTP API — `POST /sessions/{id}/input` until the session's
+//!    event stream says it is idle again — beside the CLI's `keel session send` (a process per
+//!    turn). Each turn is one read-only tool call (`csv_inspect`) and an answer, against a
+//!    scripted OpenAI-compatible server on loopback; task understanding is off on both sides.
+//! 2. Requests per second of `GET /sessions/{id}` from 64 concurrent clients, with p50/p99.
+//!
+//! `cargo bench -p keel-tests --bench serve`. `KEEL_BENCH_TURNS` (default 20) and
+//! `KEEL_BENCH_SECONDS` (default 5) change the shape. Prints figures; asserts nothing about
+//! time.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout, clippy::print_stderr)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use keel_tests::mock_model::{MockModel, Reply};
+use serde_json::{Value, json};
+
+const ANSWER: &str = "Lines 4 and 6 are ragged.";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A tool call of `csv_inspect` to a request whose last message is not a tool result, the
+/// answer otherwise (streamed, as keel asks by default).
+fn responder() -> keel_tests::mock_model::Responder {
+    let calls = std::sync::atomic::AtomicU64::new(0);
+    Arc::new(move |body: &[u8]| {
+        let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let last_is_tool =
+            v["messages"].as_array().and_then(|m| m.last()).is_some_and(|m| m["role"] == "tool");
+        let id = format!("call-{}", calls.fetch_add(1, Ordering::Relaxed));
+        if last_is_tool {
+            Reply::text(ANSWER)
+        } else {
+            Reply::calls(&[(
+                &id,
+                "csv_inspect",
+                r#"{"path":"/data/orders.csv","expected_columns":7}"#,
+            )])
+        }
+    })
+}
+
+fn keel_binary() -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(root())
+        .args(["build", "--release", "-p", "keel", "--bin", "keel"])
+        .status()
+        .unwrap();
+    assert!(status.success(), "cannot build keel");
+    root().join("target/release/keel")
+}
+
+fn env_or(key: &str, default: usize) -> usize {
+    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn summary(mut ms: Vec<f64>) -> (f64, f64) {
+    ms.sort_by(|a, b| a.total_cmp(b));
+    (percentile(&ms, 0.5), percentile(&ms, 0.9))
+}
+
+/// Reads the event stream until the session is idle after its answer; returns the last id.
+async fn until_idle(res: &mut reqwest::Response, buf: &mut String) -> i64 {
+    let mut answered = false;
+    let mut last = 0;
+    loop {
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id: ") {
+                    last = v.parse().unwrap_or(last);
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data.push_str(v);
+                }
+            }
+            let Ok(e) = serde_json::from_str::<Value>(&data) else { continue };
+            if e["kind"] == "answer" {
+                answered = true;
+            }
+            if answered && e["kind"] == "state" && e["state"] == "idle" {
+                return last;
+            }
+        }
+        let chunk = tokio::time::timeout(Duration::from_secs(60), res.chunk())
+            .await
+            .expect("no event for 60 s")
+            .unwrap()
+            .expect("the stream ended");
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    keel::tls::init();
+    let turns = env_or("KEEL_BENCH_TURNS", 20);
+    let seconds = env_or("KEEL_BENCH_SECONDS", 5) as u64;
+    let keel = keel_binary();
+    let model = MockModel::start_fn(responder()).await;
+    let data = root().join("tests/data");
+    let grant = format!("{}=/data:ro", data.display());
+    println!("keel serve: {turns} turns each side, one csv_inspect call and an answer per turn");
+
+    // The CLI: a process per turn.
+    let cli_home = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out =
+            Command::new(&keel).arg("--home").arg(cli_home.path()).args(args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    let url = model.url();
+    run(&[
+        "run",
+        "warm up",
+        "--session",
+        "b",
+        "--grant",
+        &grant,
+        "--tools",
+        "csv_inspect",
+        "--model-url",
+        &url,
+        "--model",
+        "m",
+        "--no-preprocess",
+    ]);
+    let mut cli = Vec::new();
+    for _ in 0..turns {
+        let t = Instant::now();
+        run(&["session", "send", "b", "Check orders.csv"]);
+        cli.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+
+    // The API: one server, the turn runs in it.
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(
+        home.path().join("keel.toml"),
+        format!("[serve]\ngrant_roots = [{:?}]\n", data.display().to_string()),
+    )
+    .unwrap();
+    let mut server = Command::new(&keel)
+        .arg("--home")
+        .arg(home.path())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--model-url",
+            &url,
+            "--model",
+            "m",
+            "--no-preprocess",
+        ])
+        .env_remove("KEEL_API_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
+    let base = loop {
+        let line = lines.next().expect("keel serve stopped").unwrap();
+        if let Some(rest) = line.split("serving the API at ").nth(1) {
+            break rest.split("/api/v1").next().unwrap().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    let token = std::fs::read_to_string(home.path().join("api-token")).unwrap().trim().to_string();
+    let c = reqwest::Client::new();
+    let api = |p: &str| format!("{base}/api/v1{p}");
+    let res = c
+        .post(api("/sessions"))
+        .bearer_auth(&token)
+        .header("content-type", "application/json")
+        .body(
+            json!({"input": "warm up", "id": "b", "tools": ["csv_inspect"],
+                   "grants": [{"host": data.display().to_string(), "guest": "/data"}]})
+            .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 202, "{}", res.text().await.unwrap());
+    let mut last = 0;
+    let mut http = Vec::new();
+    for i in 0..=turns {
+        let mut events = c
+            .get(api("/sessions/b/events"))
+            .bearer_auth(&token)
+            .header("accept", "text/event-stream")
+            .header("last-event-id", last.to_string())
+            .send()
+            .await
+            .unwrap();
+        let mut buf = String::new();
+        if i == 0 {
+            // The warm-up turn started with the session.
+            last = until_idle(&mut events, &mut buf).await;
+            continue;
+        }
+        let t = Instant::now();
+        let res = c
+            .post(api("/sessions/b/input"))
+            .bearer_auth(&token)
+            .header("content-type", "application/json")
+            .body(json!({"text": "Check orders.csv"}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 202);
+        last = until_idle(&mut events, &mut buf).await;
+        http.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let (cli50, cli90) = summary(cli);
+    let (api50, api90) = summary(http);
+    println!("| path | p50 | p90 |");
+    println!("|---|---|---|");
+    println!(
+        "| `keel session send` (a process per turn; baseline) | {cli50:.2} ms | {cli90:.2} ms |"
+    );
+    println!(
+        "| `POST /sessions/{{id}}/input` → idle on the event stream | {api50:.2} ms | {api90:.2} ms |"
+    );
+    println!("API / CLI (p50): {:.2}", api50 / cli50);
+
+    // 64 clients reading one session as fast as they can.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    let client = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
+    let url = api("/sessions/b");
+    for _ in 0..64 {
+        let (client, url, token, stop) = (client.clone(), url.clone(), token.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let res = client.get(&url).bearer_auth(&token).send().await.unwrap();
+                assert_eq!(res.status(), 200);
+                res.bytes().await.unwrap();
+                lat.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+            lat
+        }));
+    }
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    all.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "GET /sessions/{{id}}, 64 concurrent clients, {seconds} s: {:.0} requests/s, p50 {:.2} ms, p99 {:.2} ms ({} requests; {} CPUs)",
+        all.len() as f64 / elapsed,
+        percentile(&all, 0.5),
+        percentile(&all, 0.99),
+        all.len(),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+}
