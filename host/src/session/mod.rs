@@ -704,9 +704,10 @@ impl SessionEngine {
     }
 
     /// Follows session `id`'s events after sequence number `after`, whichever process
-    /// commits them: the receiver gets each new event once, in order, until it is dropped. The
-    /// store is polled every `every` (one indexed read of the rows after the last one seen; no
-    /// busy loop).
+    /// commits them: the receiver gets each new event once, in order, until it is dropped.
+    /// Every commit of this process wakes the follower at once; the store is also polled every
+    /// `every` for other processes' commits (one indexed read of the rows after the last one
+    /// seen; no busy loop).
     pub fn follow(
         &self,
         id: &str,
@@ -716,6 +717,7 @@ impl SessionEngine {
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         let engine = self.clone();
         let id = id.to_string();
+        let mut commits = self.db.commits();
         tokio::spawn(async move {
             let mut last = after;
             loop {
@@ -737,8 +739,15 @@ impl SessionEngine {
                         return;
                     }
                 }
+                // This process's commits wake the follower at once; another process's are
+                // seen at the next poll.
                 tokio::select! {
                     () = tokio::time::sleep(every) => {}
+                    changed = commits.changed() => {
+                        if changed.is_err() {
+                            tokio::time::sleep(every).await;
+                        }
+                    }
                     () = tx.closed() => return,
                 }
             }

@@ -60,6 +60,10 @@ pub struct Db {
     stats: Arc<DbStats>,
     path: Arc<std::path::PathBuf>,
     readers: Arc<std::sync::Mutex<Vec<Connection>>>,
+    /// Counts this process's commits that wrote something: followers of session events wake
+    /// on it at once instead of at their next poll (another process's commits are seen at
+    /// the poll).
+    committed: tokio::sync::watch::Receiver<u64>,
     /// Nanoseconds the writer waits after each durable commit (benchmarks only, see
     /// [`Db::emulate_sync_latency`]).
     #[cfg(feature = "bench-hooks")]
@@ -82,18 +86,25 @@ impl Db {
         let added_sync_ns = Arc::new(AtomicU64::new(0));
         #[cfg_attr(not(feature = "bench-hooks"), allow(clippy::redundant_clone))]
         let added = added_sync_ns.clone();
+        let (commits, committed) = tokio::sync::watch::channel(0u64);
         std::thread::Builder::new()
             .name("keel-db-writer".into())
-            .spawn(move || run(conn, rx, &counters, &added))
+            .spawn(move || run(conn, rx, &counters, &added, &commits))
             .map_err(|e| StoreError::Task(format!("cannot start the database writer: {e}")))?;
         Ok(Self {
             jobs,
             stats,
             path: Arc::new(path.to_path_buf()),
             readers: Arc::new(std::sync::Mutex::new(Vec::new())),
+            committed,
             #[cfg(feature = "bench-hooks")]
             added_sync_ns,
         })
+    }
+
+    /// A receiver that changes after every commit of this process that wrote something.
+    pub fn commits(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.committed.clone()
     }
 
     /// Makes every durable commit take `extra` longer before its callers hear of it, as on a
@@ -195,6 +206,7 @@ fn run(
     mut rx: mpsc::UnboundedReceiver<Job>,
     stats: &DbStats,
     #[cfg_attr(not(feature = "bench-hooks"), allow(unused_variables))] added_sync_ns: &AtomicU64,
+    commits: &tokio::sync::watch::Sender<u64>,
 ) {
     #[cfg(target_os = "linux")]
     stats.thread_id.store(
@@ -280,6 +292,9 @@ fn run(
         };
         for completion in done {
             completion(error.as_deref());
+        }
+        if wrote && error.is_none() {
+            commits.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
 }
