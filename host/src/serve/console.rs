@@ -5,13 +5,13 @@
 
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::{Form, FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use minijinja::{Environment, context};
+use axum::{Json, Router};
+use minijinja::Environment;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -54,19 +54,8 @@ pub fn templates() -> Result<Environment<'static>, String> {
 
 /// `ms` since the Unix epoch as `YYYY-MM-DD HH:MM:SS` UTC.
 pub fn when(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (proleptic Gregorian).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+    let full = crate::units::format_time(ms);
+    full.get(..19).map_or(full.clone(), |t| t.replacen('T', " ", 1))
 }
 
 pub fn routes(app: Arc<App>) -> Router {
@@ -506,14 +495,12 @@ async fn decide(
     or_error(&app, r)
 }
 
-use axum::Json;
-
 async fn tools_page(State(app): Shared, Viewer(v): Viewer) -> Response {
     let r = app
         .harness
         .tools()
         .map_err(Failure::from)
-        .map(|tools| page(&app, &v, "tools.html", context_value(context! { tools => tools })));
+        .map(|tools| page(&app, &v, "tools.html", json!({ "tools": tools })));
     or_error(&app, r)
 }
 
@@ -531,10 +518,6 @@ async fn tool_page(State(app): Shared, Viewer(v): Viewer, Path(name): Path<Strin
         page(&app, &v, "tool.html", json!({"component": component, "tools": tools}))
     });
     or_error(&app, r)
-}
-
-fn context_value(v: minijinja::Value) -> Value {
-    serde_json::to_value(&v).unwrap_or_default()
 }
 
 #[cfg(test)]
