@@ -2,7 +2,7 @@
 //! are built from `examples/` with their pinned toolchains, installed and called for real,
 //! and a second service on the same home loads them from the artifact cache.
 //!
-//! Run with `cargo test --release -p keel-tests --test all -- --ignored examples` (CI does).
+//! Run with `cargo test --release --test all -- --ignored examples` (CI does).
 
 use std::path::Path;
 use std::process::Command;

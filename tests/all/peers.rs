@@ -3,7 +3,7 @@
 //! `target/peers` on first use. Its fixtures script the replies; its chaos options inject the
 //! faults (malformed bodies, dropped requests) that keel must handle as the issue describes.
 //!
-//! Run with `cargo test --release -p keel-tests --test all -- --ignored peers` (CI does).
+//! Run with `cargo test --release --test all -- --ignored peers` (CI does).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

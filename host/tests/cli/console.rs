@@ -3,7 +3,7 @@
 //! the turn finish, and see tool output carrying markup rendered as text. Screenshots of each
 //! page go to `target/console-screenshots/`.
 //!
-//! Browser tier: `cargo test --release -p keel --test cli -- --ignored browser` (CI installs
+//! Browser tier: `cargo test --release --test cli -- --ignored browser` (CI installs
 //! the packages with apt and runs it).
 
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! MCP both ways, end to end.
 //!
 //! The fast tier runs keel against itself: `keel mcp add` of a `keel mcp serve` over stdio.
-//! The slow tier (`cargo test --release -p keel --test cli -- --ignored peers`) runs keel
+//! The slow tier (`cargo test --release --test cli -- --ignored peers`) runs keel
 //! against real peers it did not write, installed from the registries into
 //! `target/mcp-peers` on first use (pinned below): the official Python SDK (`mcp` on PyPI) as
 //! client and server, the reference servers `@modelcontextprotocol/server-everything` and

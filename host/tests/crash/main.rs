@@ -6,7 +6,7 @@
 //! one line per execution to a log in the granted workspace.
 //!
 //! Random kills: `KEEL_CRASH_ITERATIONS` (default 25); the slow tier runs 200:
-//! `KEEL_CRASH_ITERATIONS=200 cargo test --release -p keel --test crash -- --nocapture`.
+//! `KEEL_CRASH_ITERATIONS=200 cargo test --release --test crash -- --nocapture`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::collections::{BTreeMap, HashMap};
