@@ -29,6 +29,7 @@ pub type PinChange = (String, Option<String>, String);
 
 /// The first-party control and discovery tools every new session is given.
 pub const CONTROL_TOOLS: &[&str] = crate::builtin::ALWAYS_LOADED;
+pub use crate::session::workgroup::DELEGATION_TOOLS;
 
 /// What a new session is made of.
 #[derive(Debug, Clone)]
@@ -58,6 +59,10 @@ pub struct SessionSpec {
     pub user: Option<String>,
     /// Who creates the session over the HTTP API (`None`: a local front-end).
     pub owner: Option<crate::access::Owner>,
+    /// `Some`: a main session, with its workgroup's limits — it routes (no task understanding
+    /// of its own; its sub-sessions get `preprocess`) and has the delegation tools. `None`: a
+    /// standalone sub-session, as `keel run` makes.
+    pub main: Option<crate::session::workgroup::Limits>,
 }
 
 /// Why a use case was refused or failed.
@@ -125,15 +130,30 @@ impl Harness {
         }
         Grant::check_disjoint(&spec.grants).map_err(|e| ApiError::Grant(e.to_string()))?;
         let named_tools = spec.tools.is_some();
+        let delegation = |t: &str| DELEGATION_TOOLS.contains(&t);
         let mut tools: Vec<String> = match spec.tools {
-            None => self.tools.tools()?.into_iter().map(|t| t.name).collect(),
+            None => {
+                self.tools.tools()?.into_iter().map(|t| t.name).filter(|t| !delegation(t)).collect()
+            }
             Some(tools) => {
                 for t in &tools {
                     self.tools.resolve(t).map_err(|e| ApiError::NotInstalled(e.to_string()))?;
+                    if delegation(t) && spec.main.is_none() {
+                        return Err(ApiError::Input(format!(
+                            "`{t}` delegates to sub-sessions and works only in a main session (`keel run --main`)"
+                        )));
+                    }
                 }
                 tools
             }
         };
+        if spec.main.is_some() {
+            for t in DELEGATION_TOOLS {
+                if !tools.iter().any(|x| x == t) && self.tools.resolve(t).is_ok() {
+                    tools.push(t.to_string());
+                }
+            }
+        }
         // The control tools (plan_create, plan_update, task_complete) come with every
         // session: the first-party component that provides them is installed in every home.
         for control in CONTROL_TOOLS {
@@ -145,23 +165,24 @@ impl Harness {
         policy.adjust(&spec.allow, &spec.ask, &spec.deny);
         policy.redact = spec.redact;
         policy.check_patterns().map_err(ApiError::Input)?;
-        let id = self
-            .engine
-            .create(NewSession {
-                id: spec.id,
-                grants: spec.grants,
-                tools,
-                policy,
-                budget: spec.budget,
-                model: spec.model,
-                system_prompt: spec.system_prompt,
-                guards: Some(spec.guards),
-                preprocess: spec.preprocess,
-                user: spec.user,
-                named_tools,
-                owner: spec.owner,
-            })
-            .await?;
+        let new = NewSession {
+            id: spec.id,
+            grants: spec.grants,
+            tools,
+            policy,
+            budget: spec.budget,
+            model: spec.model,
+            system_prompt: spec.system_prompt,
+            guards: Some(spec.guards),
+            preprocess: spec.preprocess.clone(),
+            user: spec.user,
+            named_tools,
+            owner: spec.owner,
+        };
+        let id = match spec.main {
+            Some(limits) => self.engine.create_main(new, limits, spec.preprocess).await?,
+            None => self.engine.create(new).await?,
+        };
         self.pin_loaded_tools(&id).await?;
         Ok(id.into())
     }
@@ -200,6 +221,13 @@ impl Harness {
             return Err(ApiError::Input("the message is empty: say what to do".into()));
         }
         self.engine.meta(id).await?;
+        if let Some(main) = self.brain.workgroup_of(id).await? {
+            // A session of a workgroup: the input is committed, then every session of the
+            // workgroup with work runs until none has any left.
+            let seq = self.engine.submit(id, text).await?;
+            let mut ran = self.brain.run_workgroup(&main, cancel, events).await?;
+            return Ok(ran.remove(id).unwrap_or(Submitted::Queued { inbox_seq: seq }));
+        }
         Ok(self.brain.submit(id, text, cancel, events).await?)
     }
 
@@ -253,7 +281,63 @@ impl Harness {
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<Option<Submitted>, ApiError> {
+        if let Some(main) = self.brain.workgroup_of(id).await? {
+            // The whole workgroup: a decision on a child's call ends with its parent (and the
+            // main session) having taken the child's answer.
+            let mut ran = self.brain.run_workgroup(&main, cancel, events).await?;
+            return Ok(ran.remove(id).or_else(|| ran.remove(&main)));
+        }
         Ok(self.brain.drain(id, cancel, events).await?)
+    }
+
+    /// The main session of the workgroup session `id` belongs to (`None`: a standalone
+    /// session).
+    pub async fn workgroup_of(&self, id: &str) -> Result<Option<String>, ApiError> {
+        self.engine.meta(id).await?;
+        Ok(self.brain.workgroup_of(id).await?)
+    }
+
+    /// The workgroup of main session `main`: its limits, use and sessions.
+    pub async fn workgroup(
+        &self,
+        main: &str,
+    ) -> Result<crate::session::workgroup::Workgroup, ApiError> {
+        let m = main.to_string();
+        let found =
+            self.engine.db().read(move |c| crate::session::workgroup::workgroup_in(c, &m)).await?;
+        match found {
+            Some(w) => Ok(w),
+            None => {
+                self.engine.meta(main).await?;
+                Err(ApiError::Input(format!(
+                    "session `{main}` is not a main session; `keel workgroup list` lists them"
+                )))
+            }
+        }
+    }
+
+    /// Every workgroup, newest first.
+    pub async fn workgroups(&self) -> Result<Vec<crate::session::workgroup::Workgroup>, ApiError> {
+        let db = self.engine.db().clone();
+        Ok(db
+            .read(|c| {
+                let mut out = Vec::new();
+                for m in crate::session::workgroup::mains_in(c)? {
+                    out.extend(crate::session::workgroup::workgroup_in(c, &m)?);
+                }
+                Ok(out)
+            })
+            .await?)
+    }
+
+    /// The events between the sessions of the workgroup of `main`, in order.
+    pub async fn workgroup_events(
+        &self,
+        main: &str,
+    ) -> Result<Vec<crate::session::workgroup::EventRecord>, ApiError> {
+        self.workgroup(main).await?;
+        let m = main.to_string();
+        Ok(self.engine.db().read(move |c| crate::session::workgroup::events_in(c, &m)).await?)
     }
 
     /// Interrupts session `id`: a running turn stops at its next check, a waiting one is
@@ -364,6 +448,27 @@ impl Harness {
             self.engine.meta(s).await?;
         }
         Ok(self.engine.approvals(session, pending_only).await?)
+    }
+
+    /// Approval units of session `session` and of every session below it in its workgroup
+    /// (`keel approvals --session MAIN --all-children`).
+    pub async fn approvals_below(
+        &self,
+        session: &str,
+        pending_only: bool,
+    ) -> Result<Vec<ApprovalUnit>, ApiError> {
+        self.engine.meta(session).await?;
+        let s = session.to_string();
+        let below = self
+            .engine
+            .db()
+            .read(move |c| crate::session::workgroup::descendants_in(c, &s))
+            .await?;
+        let mut out = self.engine.approvals(Some(session), pending_only).await?;
+        for d in below {
+            out.extend(self.engine.approvals(Some(&d), pending_only).await?);
+        }
+        Ok(out)
     }
 
     /// Validates, compiles and installs a component as `name` (`source` says where it came

@@ -21,6 +21,14 @@ pub enum ControlRequest {
     SelectTools { tools: Vec<String>, toolsets: Vec<String> },
     /// Remember a fact for the session's user (`memory_write`).
     Remember { text: String, tags: Vec<String> },
+    /// Start a sub-session (`session_spawn`): created with the call's result.
+    Spawn(crate::session::workgroup::Spawn),
+    /// Send a sub-session of this session more work (`session_send`).
+    Send { session: String, input: String },
+    /// Interrupt a sub-session of this session and everything below it (`session_interrupt`).
+    Interrupt { session: String },
+    /// Ask the parent session something (`session_ask`).
+    Ask { question: String },
 }
 
 /// An installed skill found by a search.
@@ -78,12 +86,54 @@ pub trait Discovery: Send + Sync {
     fn find_memories(&self, query: &str, limit: usize) -> Result<Vec<MemoryHit>, String>;
 }
 
+/// A sub-session as the delegation tools report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildStatus {
+    pub session: String,
+    pub purpose: String,
+    pub state: String,
+    pub delegation: String,
+    pub terminal: Option<String>,
+    pub text: Option<String>,
+    pub approvals: Vec<String>,
+}
+
+/// A spawn as checked: the child to create, and what it was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    pub spawn: crate::session::workgroup::Spawn,
+    pub depth: u32,
+}
+
+/// The workgroup of the session a delegation call runs in: checks made when the call asks
+/// (limits, grants, whose child a session is), so that the model sees a refusal as the call's
+/// error. One handle serves one step, so calls of a step that run in parallel count each
+/// other's spawns. Errors are messages for the model.
+pub trait Delegation: Send + Sync {
+    /// Checks a spawn (the session's role, depth, live children, workgroup budget, and that
+    /// `grants` only narrow the session's) and picks the child's id.
+    fn check_spawn(
+        &self,
+        purpose: &str,
+        input: &str,
+        resources: &[String],
+        grants: &[String],
+    ) -> Result<Checked, String>;
+    /// Checks that `session` is a child of this session.
+    fn check_child(&self, session: &str) -> Result<(), String>;
+    /// Checks that this session is a sub-session (it has a parent to ask).
+    fn check_ask(&self, question: &str) -> Result<(), String>;
+    /// The status of `sessions` (children of this session; empty: all of them).
+    fn status(&self, sessions: &[String]) -> Result<Vec<ChildStatus>, String>;
+}
+
 /// What a control call is given of its session: the plan as it stands and, for a call made in
-/// a session, the discovery handle.
+/// a session, the discovery and delegation handles.
 #[derive(Clone, Default)]
 pub struct ControlSession {
     pub plan: PlanState,
     pub discovery: Option<Arc<dyn Discovery>>,
+    pub delegation: Option<Arc<dyn Delegation>>,
 }
 
 impl std::fmt::Debug for ControlSession {

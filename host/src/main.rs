@@ -60,6 +60,9 @@ enum Command {
     /// A user's long-term memory: what sessions of that user recall.
     #[command(subcommand)]
     Memory(commands::skill::MemoryCommand),
+    /// Workgroups: a main session (`keel run --main`) and the sub-sessions it delegated to.
+    #[command(subcommand)]
+    Workgroup(commands::workgroup::WorkgroupCommand),
     /// List the calls waiting for a person's approval: what exactly would run, and what it may
     /// touch.
     Approvals(commands::approval::ApprovalsArgs),
@@ -139,6 +142,7 @@ fn main() -> ExitCode {
             Command::Memory(cmd) => commands::skill::memory(home, cmd).await,
             Command::Run(args) => commands::run::execute(home, *args).await,
             Command::Session(cmd) => commands::session::execute(home, cmd).await,
+            Command::Workgroup(cmd) => commands::workgroup::execute(home, cmd).await,
             Command::Approvals(args) => commands::approval::list(home, args).await,
             Command::Approve(args) => {
                 commands::approval::decide(home, args, keel::session::Decision::Approve).await

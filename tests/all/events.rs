@@ -56,6 +56,9 @@ fn short(e: &SessionEvent) -> String {
         }
         SessionEvent::CompactionFailed { .. } => "compaction failed".into(),
         SessionEvent::CheckpointDiscarded { checkpoint, .. } => format!("discarded {checkpoint}"),
+        SessionEvent::Workgroup { event_kind, from, to, .. } => {
+            format!("{event_kind} {from}->{to}")
+        }
         SessionEvent::ClientConnected { client, transport, .. } => {
             format!("client {client} {transport}")
         }

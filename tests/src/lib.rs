@@ -219,6 +219,7 @@ pub fn session_spec(
         )),
         user: None,
         owner: None,
+        main: None,
     }
 }
 

@@ -25,6 +25,7 @@ pub mod lease;
 pub mod orchestrate;
 pub mod summary;
 pub mod understand;
+pub mod workgroup;
 
 pub use lease::LEASE_TTL;
 use lease::{RunnerId, lease_live};
@@ -140,29 +141,12 @@ impl Brain {
         Ok(decided)
     }
 
-    /// Interrupts session `id`: records the request (a live runner stops at its next check and
-    /// closes its open calls); when no live runner holds the session, closes its turn here —
-    /// every open call gets an interrupted result and pending approvals are cancelled.
+    /// Interrupts session `id` and, in a workgroup, every live session below it: records the
+    /// request (a live runner stops at its next check and closes its open calls); a turn that
+    /// no live runner holds is closed here — every open call gets an interrupted result and
+    /// pending approvals are cancelled. Returns the state `id` was in.
     pub async fn interrupt(&self, id: &str) -> Result<RuntimeState, StoreError> {
-        let before = self.engine().request_interrupt(id).await?;
-        let (sid, owner) = (id.to_string(), self.owner.clone());
-        self.db
-            .run(move |c| {
-                let meta = crate::session::SessionEngine::load_meta_in(c, &sid)?;
-                if meta.active_turn.is_none() && meta.state != RuntimeState::Running {
-                    return Ok(());
-                }
-                if let Some((h, beat)) = &lease::holder_in(c, &sid)?
-                    && (h.as_str() == &*owner || lease_live(h, *beat, now_ms()))
-                {
-                    return Ok(());
-                }
-                lease::drop_in(c, &sid)?;
-                crate::session::close_turn_in(c, &sid, "interrupted by the user")?;
-                Ok(())
-            })
-            .await?;
-        Ok(before)
+        self.stop(id, None).await
     }
 
     pub fn engine(&self) -> &SessionEngine {

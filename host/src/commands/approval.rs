@@ -17,6 +17,9 @@ pub struct ApprovalsArgs {
     /// Only this session's approvals.
     #[arg(long)]
     session: Option<String>,
+    /// With --session MAIN: also the approvals of every session below it in its workgroup.
+    #[arg(long, requires = "session")]
+    all_children: bool,
     /// Also list decided, consumed and cancelled approvals.
     #[arg(long)]
     all: bool,
@@ -78,7 +81,11 @@ pub async fn list(home: PathBuf, a: ApprovalsArgs) -> ExitCode {
         Ok(x) => x,
         Err(e) => return fail(a.json, "setup", &e, EXIT_SETUP),
     };
-    match h.approvals(a.session.as_deref(), !a.all).await {
+    let units = match (&a.session, a.all_children) {
+        (Some(s), true) => h.approvals_below(s, !a.all).await,
+        _ => h.approvals(a.session.as_deref(), !a.all).await,
+    };
+    match units {
         Ok(units) if a.json => {
             println!("{}", json!(units));
             ExitCode::SUCCESS

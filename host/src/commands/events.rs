@@ -156,6 +156,11 @@ pub fn render(row: &EventRow) -> Option<String> {
         SessionEvent::CheckpointDiscarded { checkpoint, reason } => {
             format!("checkpoint {checkpoint} discarded: {}", inert(reason))
         }
+        SessionEvent::Workgroup { event_kind, from, to, .. } => match event_kind.as_str() {
+            "request" => format!("request {from} → {to}"),
+            "wait_timeout" => format!("{from} is still working (told {to})"),
+            kind => format!("{kind}: {from} → {to}"),
+        },
         SessionEvent::ClientConnected { client, version, protocol, transport } => format!(
             "MCP client {} {} connected over {transport} (protocol {})",
             inert(client),

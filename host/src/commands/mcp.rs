@@ -446,6 +446,7 @@ async fn serve(home: &keel::home::Home, harness: Harness, a: ServeArgs) -> ExitC
         preprocess: None,
         user: a.user,
         owner: None,
+        main: None,
     });
     if let Err(e) = keel::mcp::serve::KeelServer::check(&harness, &config) {
         return super::api_fail(false, &e);

@@ -8,6 +8,7 @@ pub mod serve;
 pub mod session;
 pub mod skill;
 pub mod tool;
+pub mod workgroup;
 
 use std::time::Duration;
 

@@ -98,9 +98,62 @@ pub struct RunArgs {
     /// default: `[model.preprocess] model` in keel.toml, else the session's model).
     #[arg(long, value_name = "NAME", conflicts_with = "no_preprocess")]
     preprocess_model: Option<String>,
+    #[command(flatten)]
+    workgroup: WorkgroupArgs,
     /// Print one JSON object instead of the answer.
     #[arg(long)]
     json: bool,
+}
+
+/// A main session and the limits of its workgroup.
+#[derive(Args)]
+pub struct WorkgroupArgs {
+    /// Start a main session: it coordinates and routes (no task understanding of its own) and
+    /// hands work to sub-sessions with session_spawn; each sub-session understands its own task
+    /// and runs under its own runner. The command returns when no session of the workgroup
+    /// has work left.
+    #[arg(long)]
+    main: bool,
+    /// Live sub-sessions of one session, at most (finished ones do not count; default 8).
+    #[arg(long, value_name = "N", requires = "main", value_parser = clap::value_parser!(u32).range(1..=256))]
+    max_children: Option<u32>,
+    /// How deep delegation goes: the main session is 0, its children 1 (default 2).
+    #[arg(long, value_name = "N", requires = "main", value_parser = clap::value_parser!(u32).range(1..=8))]
+    max_depth: Option<u32>,
+    /// How long one request of a sub-session may take before it is stopped, e.g. 10m
+    /// (default 30m).
+    #[arg(long, value_name = "DURATION", requires = "main", value_parser = keel::units::parse_duration)]
+    child_deadline: Option<std::time::Duration>,
+    /// After how long a parent is told that a sub-session is still working (and again after
+    /// each such period), e.g. 5m; 0s: never (default 10m).
+    #[arg(long, value_name = "DURATION", requires = "main", value_parser = keel::units::parse_duration)]
+    wait_notice: Option<std::time::Duration>,
+    /// Model steps of the whole workgroup, at most (default: no limit).
+    #[arg(long, value_name = "N", requires = "main", value_parser = clap::value_parser!(i64).range(1..))]
+    workgroup_max_steps: Option<i64>,
+    /// Tokens of the whole workgroup, as the server reports them, at most (default: no limit).
+    #[arg(long, value_name = "N", requires = "main", value_parser = clap::value_parser!(i64).range(1..))]
+    workgroup_max_tokens: Option<i64>,
+}
+
+impl WorkgroupArgs {
+    /// The limits of a new main session (`None`: not a main session).
+    pub fn limits(&self) -> Option<keel::session::workgroup::Limits> {
+        if !self.main {
+            return None;
+        }
+        let d = keel::session::workgroup::Limits::default();
+        Some(keel::session::workgroup::Limits {
+            max_live_children: self.max_children.unwrap_or(d.max_live_children),
+            max_depth: self.max_depth.unwrap_or(d.max_depth),
+            child_deadline_secs: self
+                .child_deadline
+                .map_or(d.child_deadline_secs, |t| t.as_secs().max(1)),
+            wait_notice_secs: self.wait_notice.map_or(d.wait_notice_secs, |t| t.as_secs()),
+            max_steps: self.workgroup_max_steps,
+            max_tokens: self.workgroup_max_tokens,
+        })
+    }
 }
 
 /// No in-process events: the commands print progress from the session's durable events
@@ -298,6 +351,11 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
                 "keel: session {id} keeps the model settings and user it was created with; those flags apply to new sessions"
             );
         }
+        if a.workgroup.main {
+            eprintln!(
+                "keel: session {id} keeps the role and limits it was created with; --main and its limits apply to new sessions"
+            );
+        }
         if a.max_steps.is_some() {
             eprintln!(
                 "keel: session {id} keeps the loop guards it was created with; --max-steps applies to new sessions"
@@ -359,6 +417,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
             preprocess,
             user: a.user.clone(),
             owner: None,
+            main: a.workgroup.limits(),
         };
         match h.create_session(spec).await {
             Ok(id) => id.into_string(),
@@ -375,5 +434,6 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return super::api_fail(a.json, &e),
     };
-    report(a.json, &h, &id, &submitted).await
+    let code = report(a.json, &h, &id, &submitted).await;
+    super::workgroup::after_run(a.json, &h, &id, code).await
 }

@@ -349,6 +349,7 @@ pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
         preprocess,
         user: None,
         owner: None,
+        main: None,
     };
     let options = keel::serve::ServeOptions {
         template,

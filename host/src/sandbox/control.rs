@@ -1,4 +1,4 @@
-//! The `keel:control` interfaces (`plan`, `capabilities`, `memory`): linked only for
+//! The `keel:control` interfaces (`plan`, `capabilities`, `memory`, `sessions`): linked only for
 //! components trusted with them.
 //!
 //! A call of a trusted component gets what it may see of its session ([`ControlCtx`]): the
@@ -13,7 +13,8 @@ use wasmtime::component::{HasData, Linker};
 use super::host_api::bindings::keel::control::capabilities as caps;
 use super::host_api::bindings::keel::control::memory as mem;
 use super::host_api::bindings::keel::control::plan as wit;
-use crate::control::{ControlRequest, ControlSession, Discovery};
+use super::host_api::bindings::keel::control::sessions as ses;
+use crate::control::{ControlRequest, ControlSession, Delegation, Discovery};
 use crate::plan::{self, PlanRequest, PlanState, PlanStep, StepStatus};
 
 /// Change requests one call may make at most.
@@ -26,6 +27,7 @@ pub const MAX_RESULTS: u32 = 50;
 pub struct ControlCtx {
     pub state: PlanState,
     discovery: Option<std::sync::Arc<dyn Discovery>>,
+    delegation: Option<std::sync::Arc<dyn Delegation>>,
     pub requests: Vec<ControlRequest>,
 }
 
@@ -41,7 +43,12 @@ impl std::fmt::Debug for ControlCtx {
 impl ControlCtx {
     /// The context of a call made for a session.
     pub fn new(session: ControlSession) -> Self {
-        Self { state: session.plan, discovery: session.discovery, requests: Vec::new() }
+        Self {
+            state: session.plan,
+            discovery: session.discovery,
+            delegation: session.delegation,
+            requests: Vec::new(),
+        }
     }
 }
 
@@ -80,6 +87,13 @@ impl<'a> Control<'a> {
         self.ctx.as_ref().and_then(|c| c.discovery.clone()).ok_or_else(|| {
             "this call runs outside a session: there is nothing to search".to_string()
         })
+    }
+
+    fn delegation(&self) -> Result<std::sync::Arc<dyn Delegation>, String> {
+        self.ctx
+            .as_ref()
+            .and_then(|c| c.delegation.clone())
+            .ok_or_else(|| "this call runs outside a session: there is no workgroup".to_string())
     }
 
     fn steps(&self) -> Vec<wit::Step> {
@@ -207,6 +221,74 @@ impl mem::Host for Control<'_> {
     }
 }
 
+impl ses::Host for Control<'_> {
+    fn spawn(
+        &mut self,
+        purpose: String,
+        input: String,
+        resources: Vec<String>,
+        grants: Vec<String>,
+    ) -> Result<ses::Spawned, String> {
+        let checked = self.delegation()?.check_spawn(&purpose, &input, &resources, &grants)?;
+        let spawned = ses::Spawned {
+            session: checked.spawn.child.clone(),
+            depth: checked.depth,
+            grants: checked
+                .spawn
+                .grants
+                .iter()
+                .map(|g| format!("{}:{}", g.guest, g.access))
+                .collect(),
+        };
+        self.request(ControlRequest::Spawn(checked.spawn))?;
+        Ok(spawned)
+    }
+
+    fn send(&mut self, session: String, input: String) -> Result<(), String> {
+        if input.trim().is_empty() {
+            return Err("the input is empty: say what the sub-session should do".into());
+        }
+        if input.len() > crate::session::delegation::MAX_INPUT {
+            return Err(format!(
+                "the input is over {} bytes",
+                crate::session::delegation::MAX_INPUT
+            ));
+        }
+        self.delegation()?.check_child(&session)?;
+        self.request(ControlRequest::Send { session, input })
+    }
+
+    fn status(&mut self, sessions: Vec<String>) -> Result<Vec<ses::ChildStatus>, String> {
+        if sessions.len() > 256 {
+            return Err("name at most 256 sessions".into());
+        }
+        Ok(self
+            .delegation()?
+            .status(&sessions)?
+            .into_iter()
+            .map(|s| ses::ChildStatus {
+                session: s.session,
+                purpose: s.purpose,
+                state: s.state,
+                delegation: s.delegation,
+                terminal: s.terminal,
+                text: s.text,
+                approvals: s.approvals,
+            })
+            .collect())
+    }
+
+    fn interrupt(&mut self, session: String) -> Result<(), String> {
+        self.delegation()?.check_child(&session)?;
+        self.request(ControlRequest::Interrupt { session })
+    }
+
+    fn ask(&mut self, question: String) -> Result<(), String> {
+        self.delegation()?.check_ask(&question)?;
+        self.request(ControlRequest::Ask { question })
+    }
+}
+
 struct HasControl;
 
 impl HasData for HasControl {
@@ -220,5 +302,6 @@ pub fn add_to_linker<T: 'static>(
 ) -> wasmtime::Result<()> {
     wit::add_to_linker::<T, HasControl>(linker, get)?;
     caps::add_to_linker::<T, HasControl>(linker, get)?;
-    mem::add_to_linker::<T, HasControl>(linker, get)
+    mem::add_to_linker::<T, HasControl>(linker, get)?;
+    ses::add_to_linker::<T, HasControl>(linker, get)
 }

@@ -95,6 +95,60 @@ impl Grant {
     }
 }
 
+impl Grant {
+    /// A grant for a sub-session, narrowed from `parents` (its parent's grants): `spec` is
+    /// `GUEST_PATH[:ro|:rw]` naming the same directory as one of them or one below it, with
+    /// the same or weaker access (default: the parent's). The directory must exist and stay
+    /// inside the parent's host directory once links are resolved. Never widens.
+    pub fn narrow(parents: &[Grant], spec: &str) -> Result<Grant, String> {
+        let (path, access) = match spec.rsplit_once(':') {
+            Some((p, "ro")) => (p, Some(Access::Ro)),
+            Some((p, "rw")) => (p, Some(Access::Rw)),
+            _ => (spec, None),
+        };
+        let guest = normalise_guest(path).ok_or_else(|| {
+            format!("grant `{spec}`: name an absolute guest path like /data/sub, without `..`, optionally with :ro or :rw")
+        })?;
+        let parent = parents
+            .iter()
+            .find(|g| {
+                g.guest == guest
+                    || g.guest == "/"
+                    || guest.strip_prefix(g.guest.as_str()).is_some_and(|r| r.starts_with('/'))
+            })
+            .ok_or_else(|| {
+                let mine: Vec<String> =
+                    parents.iter().map(|g| format!("{}:{}", g.guest, g.access)).collect();
+                format!(
+                    "grant `{spec}` would widen this session's grants: `{guest}` is inside none of them ({})",
+                    if mine.is_empty() { "it has none".to_string() } else { mine.join(", ") }
+                )
+            })?;
+        let access = access.unwrap_or(parent.access);
+        if access == Access::Rw && parent.access == Access::Ro {
+            return Err(format!(
+                "grant `{spec}` would widen this session's grants: `{}` is read-only here",
+                parent.guest
+            ));
+        }
+        let rel = guest.strip_prefix(parent.guest.as_str()).unwrap_or("").trim_start_matches('/');
+        let host = if rel.is_empty() { parent.host.clone() } else { parent.host.join(rel) };
+        let canonical = host
+            .canonicalize()
+            .map_err(|e| format!("grant `{spec}`: `{guest}` cannot be used: {e}"))?;
+        if !canonical.starts_with(&parent.host) {
+            return Err(format!(
+                "grant `{spec}` would widen this session's grants: `{guest}` leads outside `{}` through a link",
+                parent.guest
+            ));
+        }
+        if !canonical.is_dir() {
+            return Err(format!("grant `{spec}`: `{guest}` is not a directory"));
+        }
+        Ok(Grant { host: canonical, guest, access })
+    }
+}
+
 impl fmt::Display for Grant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}={}:{}", self.host.display(), self.guest, self.access)

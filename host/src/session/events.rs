@@ -165,6 +165,10 @@ pub enum SessionEvent {
     CompactionFailed { error: String },
     /// A pending checkpoint was discarded: its preconditions no longer held.
     CheckpointDiscarded { checkpoint: i64, reason: String },
+    /// An event between two sessions of a workgroup (`event_kind`: request, result, question,
+    /// failure, approval_needed, interrupted, budget_exhausted, wait_timeout), written in the
+    /// sender's log and the receiver's, with the receiver's inbox row.
+    Workgroup { event: String, event_kind: String, from: String, to: String },
     /// A client reached the session from outside (an MCP client over `transport`), as it
     /// named itself, speaking `protocol`.
     ClientConnected { client: String, version: String, protocol: String, transport: String },
@@ -209,6 +213,7 @@ impl SessionEvent {
             Self::Compacted { .. } => "compacted",
             Self::CompactionFailed { .. } => "compaction_failed",
             Self::CheckpointDiscarded { .. } => "checkpoint_discarded",
+            Self::Workgroup { .. } => "workgroup",
             Self::ClientConnected { .. } => "client_connected",
         }
     }

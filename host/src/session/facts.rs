@@ -358,9 +358,9 @@ pub fn set_state_after(
     detail: Option<&str>,
     step: Option<i64>,
 ) -> Result<(), StoreError> {
-    let before: (String, Option<String>) = c
-        .prepare_cached("SELECT state, state_detail FROM sessions WHERE id=?1")?
-        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let before: (String, Option<String>, Option<i64>) = c
+        .prepare_cached("SELECT state, state_detail, active_turn FROM sessions WHERE id=?1")?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
     if before.0 != state.as_str() || before.1.as_deref() != detail {
         super::events::append(
             c,
@@ -377,6 +377,13 @@ pub fn set_state_after(
          WHERE id=?1",
     )?
     .execute(params![id, state.as_str(), detail, ends_turn, step])?;
+    // The end of a sub-session's turn may end its request: its terminal event is written
+    // here, the one place turns end; a wait for approval tells its parent.
+    if ends_turn && before.2.is_some() {
+        super::workgroup::turn_ended_in(c, id, state, detail)?;
+    } else if state == RuntimeState::WaitingApproval {
+        super::workgroup::waiting_in(c, id)?;
+    }
     Ok(())
 }
 
@@ -459,6 +466,16 @@ fn apply_control_in(
                         other?;
                     }
                 }
+            }
+            ControlRequest::Spawn(spawn) => super::workgroup::spawn_in(c, id, call_id, spawn)?,
+            ControlRequest::Send { session, input } => {
+                super::workgroup::send_in(c, id, call_id, session, input)?;
+            }
+            ControlRequest::Interrupt { session } => {
+                super::workgroup::stop_in(c, session, None)?;
+            }
+            ControlRequest::Ask { question } => {
+                super::workgroup::ask_in(c, id, call_id, question)?;
             }
         }
     }

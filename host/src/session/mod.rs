@@ -10,6 +10,7 @@ mod assemble;
 mod blobs;
 pub mod capabilities;
 pub mod compaction;
+pub mod delegation;
 mod direct;
 mod discovery;
 pub mod events;
@@ -18,6 +19,7 @@ pub mod plan;
 mod steps;
 pub mod transition;
 mod views;
+pub mod workgroup;
 
 use std::sync::Arc;
 
@@ -34,6 +36,7 @@ pub use assemble::{
     Assembled, BYTES_PER_TOKEN, CallFacts, EvidenceOf, GOAL_SHOWN, ModelCallRecord, Part,
     RefusedRequest, TokenEstimate, estimate_tokens, goal_reference, reconstruct_body,
 };
+pub use delegation::SessionDelegation;
 pub use direct::DIRECT_CALL_PREFIX;
 pub use discovery::SessionDiscovery;
 pub use events::{EventRow, SessionEvent};
@@ -205,63 +208,40 @@ impl SessionEngine {
             // Random, so that sessions created at once (by concurrent API requests on one
             // worker thread, say) never collide; the time and thread only when the operating
             // system gives no random bytes.
-            None => {
-                let mut seed = [0u8; 16];
-                let fallback = format!("{}-{:?}", now_ms(), std::thread::current().id());
-                if getrandom::fill(&mut seed).is_err() {
-                    seed.copy_from_slice(&blake3::hash(fallback.as_bytes()).as_bytes()[..16]);
-                }
-                format!("s-{}", &hex::encode(seed)[..12])
-            }
+            None => workgroup::new_id(),
         };
         let new = Arc::new(new);
         let id2 = id.clone();
+        self.db.run(move |c| create_in(c, &id2, &new)).await?;
+        Ok(id)
+    }
+
+    /// Creates a main session: `new` (without task understanding of its own: a main session
+    /// routes) and its workgroup, with `limits` and the settings its sub-sessions get —
+    /// `child_preprocess` and `new.tools` (the delegation tools among them) — in one
+    /// transaction.
+    pub async fn create_main(
+        &self,
+        new: NewSession,
+        limits: workgroup::Limits,
+        child_preprocess: Option<crate::brain::understand::PreprocessConfig>,
+    ) -> Result<String, StoreError> {
+        limits.check().map_err(StoreError::Input)?;
+        let id = match &new.id {
+            Some(id) if !valid_id(id) => {
+                return Err(StoreError::Input(format!(
+                    "session id `{id}` is not valid: use letters, digits, `-` and `_` (at most 64)"
+                )));
+            }
+            Some(id) => id.clone(),
+            None => workgroup::new_id(),
+        };
+        let new = NewSession { id: Some(id.clone()), preprocess: None, ..new };
+        let id2 = id.clone();
         self.db
             .run(move |c| {
-                let exists: bool = c.query_row("SELECT EXISTS(SELECT 1 FROM sessions WHERE id=?1)", [&id2], |r| r.get(0))?;
-                if exists {
-                    return Err(StoreError::Conflict(format!("session `{id2}` already exists")));
-                }
-                c.execute(
-                    "INSERT INTO sessions (id, created_at, state, meta_version) VALUES (?1, ?2, 'idle', 1)",
-                    params![id2, now_ms()],
-                )?;
-                c.execute(
-                    "INSERT INTO session_config (session_id, loaded_tools, policy, budget, model, system_prompt, guards, preprocess, user, owner)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-                    params![
-                        id2,
-                        json(&new.tools)?,
-                        json(&new.policy)?,
-                        json(&new.budget)?,
-                        json(&new.model)?,
-                        new.system_prompt,
-                        new.guards.as_ref().map(json).transpose()?,
-                        new.preprocess.as_ref().map(json).transpose()?,
-                        new.user.clone().unwrap_or_else(crate::memory::default_user),
-                        new.owner.as_ref().map(json).transpose()?
-                    ],
-                )?;
-                let origins: Vec<(String, capabilities::Via)> = new
-                    .tools
-                    .iter()
-                    .map(|t| {
-                        let via = if new.named_tools && !crate::builtin::ALWAYS_LOADED.contains(&t.as_str()) {
-                            capabilities::Via::Flag
-                        } else {
-                            capabilities::Via::Default
-                        };
-                        (t.clone(), via)
-                    })
-                    .collect();
-                capabilities::created_in(c, &id2, &origins)?;
-                for g in &new.grants {
-                    c.execute(
-                        "INSERT INTO session_grants (session_id, host, guest, access) VALUES (?1, ?2, ?3, ?4)",
-                        params![id2, g.host.display().to_string(), g.guest, g.access.to_string()],
-                    )?;
-                }
-                Ok(())
+                create_in(c, &id2, &new)?;
+                workgroup::create_main_in(c, &id2, &limits, child_preprocess.as_ref(), &new.tools)
             })
             .await?;
         Ok(id)
@@ -903,17 +883,71 @@ impl SessionEngine {
     }
 }
 
+/// Stores session `id` as `new` describes it, inside a caller's transaction (a sub-session is
+/// created in the transaction that records its parent's spawn). Refuses an id in use.
+pub fn create_in(c: &Connection, id: &str, new: &NewSession) -> Result<(), StoreError> {
+    let exists: bool =
+        c.query_row("SELECT EXISTS(SELECT 1 FROM sessions WHERE id=?1)", [id], |r| r.get(0))?;
+    if exists {
+        return Err(StoreError::Conflict(format!("session `{id}` already exists")));
+    }
+    c.execute(
+        "INSERT INTO sessions (id, created_at, state, meta_version) VALUES (?1, ?2, 'idle', 1)",
+        params![id, now_ms()],
+    )?;
+    c.execute(
+        "INSERT INTO session_config (session_id, loaded_tools, policy, budget, model, system_prompt, guards, preprocess, user, owner)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        params![
+            id,
+            json(&new.tools)?,
+            json(&new.policy)?,
+            json(&new.budget)?,
+            json(&new.model)?,
+            new.system_prompt,
+            new.guards.as_ref().map(json).transpose()?,
+            new.preprocess.as_ref().map(json).transpose()?,
+            new.user.clone().unwrap_or_else(crate::memory::default_user),
+            new.owner.as_ref().map(json).transpose()?
+        ],
+    )?;
+    let origins: Vec<(String, capabilities::Via)> = new
+        .tools
+        .iter()
+        .map(|t| {
+            let via = if new.named_tools && !crate::builtin::ALWAYS_LOADED.contains(&t.as_str()) {
+                capabilities::Via::Flag
+            } else {
+                capabilities::Via::Default
+            };
+            (t.clone(), via)
+        })
+        .collect();
+    capabilities::created_in(c, id, &origins)?;
+    for g in &new.grants {
+        c.execute(
+            "INSERT INTO session_grants (session_id, host, guest, access) VALUES (?1, ?2, ?3, ?4)",
+            params![id, g.host.display().to_string(), g.guest, g.access.to_string()],
+        )?;
+    }
+    Ok(())
+}
+
 /// The turn start of [`SessionEngine::begin_turn`], for callers that compose it into a larger
 /// transaction (the Brain takes the input, the runner lease and the turn in one).
 pub fn begin_turn_in(c: &Connection, id: &str) -> Result<Option<TurnStart>, StoreError> {
-    let next: Option<(i64, String)> = c
+    let next: Option<(i64, String, Option<String>)> = c
         .query_row(
-            "SELECT seq, text FROM inbox WHERE session_id=?1 AND consumed_at IS NULL ORDER BY seq LIMIT 1",
+            "SELECT i.seq, i.text, e.kind FROM inbox i LEFT JOIN workgroup_events e ON e.id = i.event_id
+             WHERE i.session_id=?1 AND i.consumed_at IS NULL ORDER BY i.seq LIMIT 1",
             [id],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
         .optional()?;
-    let Some((seq, text)) = next else { return Ok(None) };
+    let Some((seq, text, event_kind)) = next else { return Ok(None) };
+    // A notification from another session of the workgroup is not a task: it bypasses task
+    // understanding, as a main session's every input does (the main has none configured).
+    let notification = event_kind.is_some_and(|k| k != workgroup::Kind::Request.as_str());
     c.execute(
         "UPDATE inbox SET consumed_at=?3 WHERE session_id=?1 AND seq=?2",
         params![id, seq, now_ms()],
@@ -935,7 +969,7 @@ pub fn begin_turn_in(c: &Connection, id: &str) -> Result<Option<TurnStart>, Stor
     }
     // With task understanding on, the runner makes the call and commits the transition
     // next; without it, the transition (the fixed table on no answer) commits here.
-    let understand = transition::preprocess_on(c, id)?;
+    let understand = !notification && transition::preprocess_on(c, id)?;
     if understand {
         events::append(c, id, &SessionEvent::UnderstandingStarted { turn })?;
     } else {
@@ -948,6 +982,29 @@ pub fn begin_turn_in(c: &Connection, id: &str) -> Result<Option<TurnStart>, Stor
 /// transaction (the Brain takes the runner lease in the same one). A session that is not
 /// running shows `preparing_context` until its runner starts the turn.
 pub fn submit_in(c: &Connection, id: &str, text: &str) -> Result<i64, StoreError> {
+    inbox_in(c, id, text, None, true)
+}
+
+/// The inbox append of an event from another session of the workgroup (`event`: its id, which
+/// the inbox row keeps, unique). A request is an input like any other; a notification (a
+/// child's answer, question, failure …) waits in an interrupted session for the user.
+pub(crate) fn submit_event_in(
+    c: &Connection,
+    id: &str,
+    text: &str,
+    event: &str,
+    request: bool,
+) -> Result<i64, StoreError> {
+    inbox_in(c, id, text, Some(event), request)
+}
+
+fn inbox_in(
+    c: &Connection,
+    id: &str,
+    text: &str,
+    event: Option<&str>,
+    wakes_interrupted: bool,
+) -> Result<i64, StoreError> {
     if text.trim().is_empty() {
         return Err(StoreError::Input("an input must say something: this one is empty".into()));
     }
@@ -956,13 +1013,14 @@ pub fn submit_in(c: &Connection, id: &str, text: &str) -> Result<i64, StoreError
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM inbox WHERE session_id=?1")?
         .query_row([id], |r| r.get(0))?;
     c.prepare_cached(
-        "INSERT INTO inbox (session_id, seq, text, created_at) VALUES (?1, ?2, ?3, ?4)",
+        "INSERT INTO inbox (session_id, seq, text, created_at, event_id) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
-    .execute(params![id, seq, text, now_ms()])?;
+    .execute(params![id, seq, text, now_ms(), event])?;
     events::append(c, id, &SessionEvent::InputAccepted { inbox_seq: seq, text: text.to_string() })?;
     // A compaction in progress keeps its state; the input is taken after it.
     if meta.active_turn.is_none()
         && !matches!(meta.state, RuntimeState::Running | RuntimeState::Compressing)
+        && (wakes_interrupted || meta.state != RuntimeState::Interrupted)
     {
         facts::set_state(c, id, RuntimeState::PreparingContext, None)?;
     }

@@ -545,6 +545,52 @@ const MIGRATIONS: &[(i64, &str)] = &[
     ALTER TABLE session_config ADD COLUMN owner TEXT;
     ALTER TABLE approvals ADD COLUMN decided_by TEXT;",
     ),
+    (
+        16,
+        // Workgroups: a main session and the sub-sessions it (and they) delegated to; the
+        // durable events between them, each delivered into its receiver's inbox once (the
+        // inbox row names the event, unique), in the sender's transaction.
+        "ALTER TABLE session_config ADD COLUMN role TEXT NOT NULL DEFAULT 'sub';
+    CREATE TABLE workgroups (
+        main_id     TEXT PRIMARY KEY REFERENCES sessions(id),
+        limits      TEXT NOT NULL,
+        preprocess  TEXT,
+        tools       TEXT NOT NULL,
+        created_at  INTEGER NOT NULL
+    );
+    CREATE TABLE subsessions (
+        session_id   TEXT PRIMARY KEY REFERENCES sessions(id),
+        parent_id    TEXT NOT NULL REFERENCES sessions(id),
+        main_id      TEXT NOT NULL REFERENCES workgroups(main_id),
+        depth        INTEGER NOT NULL,
+        purpose      TEXT NOT NULL,
+        spawn_call   TEXT NOT NULL,
+        status       TEXT NOT NULL,
+        requests     INTEGER NOT NULL,
+        deadline_at  INTEGER,
+        stop_reason  TEXT,
+        question     TEXT,
+        terminal     TEXT,
+        text         TEXT,
+        created_at   INTEGER NOT NULL,
+        ended_at     INTEGER
+    );
+    CREATE INDEX subsessions_parent ON subsessions(parent_id, status);
+    CREATE INDEX subsessions_main ON subsessions(main_id);
+    CREATE TABLE workgroup_events (
+        id            TEXT PRIMARY KEY,
+        main_id       TEXT NOT NULL REFERENCES workgroups(main_id),
+        from_session  TEXT NOT NULL,
+        to_session    TEXT NOT NULL,
+        kind          TEXT NOT NULL,
+        body          TEXT NOT NULL,
+        created_at    INTEGER NOT NULL,
+        inbox_seq     INTEGER NOT NULL
+    );
+    CREATE INDEX workgroup_events_main ON workgroup_events(main_id, created_at);
+    ALTER TABLE inbox ADD COLUMN event_id TEXT;
+    CREATE UNIQUE INDEX inbox_event ON inbox(event_id) WHERE event_id IS NOT NULL;",
+    ),
 ];
 
 /// Errors of the store.

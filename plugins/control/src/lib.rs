@@ -7,7 +7,10 @@
 //! - `task_complete {"summary": "…"}` closes the current phase;
 //! - `skills_find {"query"}`, `skills_load {"name", "offset"?, "file"?}`;
 //! - `tools_find {"query"}`, `tools_select {"names": [...]}`;
-//! - `memory_write {"text", "tags"?}`, `memory_find {"query"}`.
+//! - `memory_write {"text", "tags"?}`, `memory_find {"query"}`;
+//! - delegation, in a workgroup: `session_spawn {"purpose", "input", "resources"?, "grants"?}`,
+//!   `session_send {"session", "input"}`, `session_status {"sessions"?}`,
+//!   `session_interrupt {"session"}`, `session_ask {"question"}`.
 //!
 //! The component targets the `keel:tool/control-tool` world: besides the tool exports it
 //! imports the `keel:control` interfaces, which keel links only for components it trusts with
@@ -24,7 +27,7 @@ mod bindings {
 }
 
 use bindings::exports::keel::tool::tools::Guest;
-use bindings::keel::control::{capabilities, memory, plan};
+use bindings::keel::control::{capabilities, memory, plan, sessions};
 use bindings::keel::tool::types::{Effect, ToolError, ToolSpec};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -80,6 +83,43 @@ struct WriteInput {
     text: String,
     #[serde(default)]
     tags: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpawnInput {
+    purpose: String,
+    input: String,
+    #[serde(default)]
+    resources: Vec<String>,
+    #[serde(default)]
+    grants: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SendInput {
+    session: String,
+    input: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatusInput {
+    #[serde(default)]
+    sessions: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionInput {
+    session: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AskInput {
+    question: String,
 }
 
 fn query_schema(what: &str) -> Value {
@@ -224,6 +264,48 @@ impl Guest for Control {
                     "properties": {"summary": {"type": "string", "minLength": 1}}}),
                 false,
             ),
+            spec(
+                "session_spawn",
+                "Hands work to a new sub-session of this workgroup. It gets only `input` (the original request, in the user's words) and `resources` (stable references: paths, URLs, ids) and works it out itself, with its own tools. Returns its id at once; its answer, question, failure or wait for approval arrives later as a notification that wakes you — end your turn to wait. `grants` (`/guest/path:ro|rw`) may only narrow yours; none gives it yours.",
+                json!({"type": "object", "additionalProperties": false, "required": ["purpose", "input"],
+                    "properties": {
+                        "purpose": {"type": "string", "minLength": 1, "maxLength": 200,
+                            "description": "A short label for the work, shown in the workgroup."},
+                        "input": {"type": "string", "minLength": 1, "description": "The request for the sub-session."},
+                        "resources": {"type": "array", "maxItems": 32, "items": {"type": "string", "minLength": 1, "maxLength": 1024}},
+                        "grants": {"type": "array", "maxItems": 16, "items": {"type": "string", "minLength": 1}}}}),
+                false,
+            ),
+            spec(
+                "session_send",
+                "Sends more input to one of your sub-sessions: an answer to its question, a correction, or new work after it finished.",
+                json!({"type": "object", "additionalProperties": false, "required": ["session", "input"],
+                    "properties": {
+                        "session": {"type": "string", "minLength": 1},
+                        "input": {"type": "string", "minLength": 1}}}),
+                false,
+            ),
+            spec(
+                "session_status",
+                "Shows where sub-sessions stand (state, live or done, their last answer or failure, approvals they wait for). No `sessions`: your children. It does not wait.",
+                json!({"type": "object", "additionalProperties": false,
+                    "properties": {"sessions": {"type": "array", "maxItems": 256, "items": {"type": "string", "minLength": 1}}}}),
+                true,
+            ),
+            spec(
+                "session_interrupt",
+                "Stops one of your sub-sessions and every session below it; each ends with an `interrupted` notification.",
+                json!({"type": "object", "additionalProperties": false, "required": ["session"],
+                    "properties": {"session": {"type": "string", "minLength": 1}}}),
+                false,
+            ),
+            spec(
+                "session_ask",
+                "Asks the session that gave you this work a question (sub-sessions only). Then end your turn: the answer arrives as your next input.",
+                json!({"type": "object", "additionalProperties": false, "required": ["question"],
+                    "properties": {"question": {"type": "string", "minLength": 1}}}),
+                false,
+            ),
         ]
     }
 
@@ -305,6 +387,41 @@ impl Guest for Control {
                     .map(|m| json!({"id": m.id, "text": m.text, "tags": m.tags}))
                     .collect();
                 json!({"memories": memories})
+            }
+            "session_spawn" => {
+                let i: SpawnInput = parse(&input)?;
+                let s = sessions::spawn(&i.purpose, &i.input, &i.resources, &i.grants)
+                    .map_err(ToolError::Failed)?;
+                json!({"session": s.session, "depth": s.depth, "grants": s.grants, "state": "started",
+                       "note": "its result arrives as a notification; end your turn to wait for it"})
+            }
+            "session_send" => {
+                let i: SendInput = parse(&input)?;
+                sessions::send(&i.session, &i.input).map_err(ToolError::Failed)?;
+                json!({"sent": true, "session": i.session})
+            }
+            "session_status" => {
+                let i: StatusInput = parse(&input)?;
+                let list = sessions::status(&i.sessions).map_err(ToolError::Failed)?;
+                let list: Vec<Value> = list
+                    .iter()
+                    .map(|s| {
+                        json!({"session": s.session, "purpose": s.purpose, "state": s.state,
+                        "delegation": s.delegation, "terminal": s.terminal, "text": s.text,
+                        "approvals": s.approvals})
+                    })
+                    .collect();
+                json!({"sessions": list})
+            }
+            "session_interrupt" => {
+                let i: SessionInput = parse(&input)?;
+                sessions::interrupt(&i.session).map_err(ToolError::Failed)?;
+                json!({"interrupted": true, "session": i.session})
+            }
+            "session_ask" => {
+                let i: AskInput = parse(&input)?;
+                sessions::ask(&i.question).map_err(ToolError::Failed)?;
+                json!({"asked": true, "note": "end your turn; the answer arrives as your next input"})
             }
             other => return Err(ToolError::UnknownTool(other.to_string())),
         };

@@ -27,6 +27,12 @@ pub(super) async fn drive(
     let &Step { agent, meta, step, cancel, events } = at;
     let id = meta.id.clone();
     let shared_meta = Arc::new(meta.clone());
+    let delegation: Arc<dyn crate::control::Delegation> =
+        Arc::new(crate::session::SessionDelegation::new(
+            agent.engine().db().clone(),
+            id.to_string(),
+            meta.grants.clone(),
+        ));
     let semaphore = Arc::new(Semaphore::new(agent.guards.max_parallel.max(1)));
     let mut wrote = false;
     let mut i = 0;
@@ -67,6 +73,7 @@ pub(super) async fn drive(
                     resolved: s.resolved.clone(),
                     approval: None,
                     cancel: cancel.clone(),
+                    delegation: delegation.clone(),
                 };
                 run_one(job, agent.guards.result_cap)
             };
@@ -144,6 +151,7 @@ pub(super) async fn drive(
             resolved,
             approval,
             cancel: cancel.clone(),
+            delegation: delegation.clone(),
         };
         let outcome = run_one(job, agent.guards.result_cap).await;
         crate::crash::point("after_effect");
@@ -195,10 +203,12 @@ struct CallJob {
     resolved: Option<Arc<Resolved>>,
     approval: Option<ConsumedApproval>,
     cancel: CancelToken,
+    /// The step's delegation checks (shared by its calls, so parallel spawns count each other).
+    delegation: Arc<dyn crate::control::Delegation>,
 }
 
 async fn execute(job: CallJob) -> Result<CallOutcome, ToolServiceError> {
-    let CallJob { tools, db, meta, call, resolved, approval, cancel } = job;
+    let CallJob { tools, db, meta, call, resolved, approval, cancel, delegation } = job;
     let req = CallRequest {
         tool: &call.name,
         input: &call.arguments,
@@ -211,6 +221,7 @@ async fn execute(job: CallJob) -> Result<CallOutcome, ToolServiceError> {
         control: Some(crate::control::ControlSession {
             plan: crate::session::plan_state(&meta),
             discovery: Some(Arc::new(crate::session::SessionDiscovery::new(db, meta.user()))),
+            delegation: Some(delegation),
         }),
     };
     // The version the session pinned when it loaded the tool (kept after an upgrade).
