@@ -7,7 +7,8 @@
 //!
 //! Points: `before_intent`, `after_intent`, `after_effect`, `after_result`, `after_decision`,
 //! `after_understanding_call`, `after_recall`, `after_orchestration_call`, `after_summary_call`,
-//! `after_checkpoint`, `after_promotion`, `mid_migration`.
+//! `after_checkpoint`, `after_promotion`, `mid_migration`; in a workgroup, `after_spawn`,
+//! `after_child_answer`, `before_parent_consumes`.
 
 /// Passes the crash point `name`.
 #[cfg(feature = "crash-points")]

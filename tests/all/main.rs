@@ -21,3 +21,4 @@ mod sandbox;
 mod sources;
 mod store;
 mod understand;
+mod workgroup;

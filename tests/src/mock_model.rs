@@ -561,3 +561,105 @@ pub fn plan_responder(plan: Vec<String>) -> Responder {
         }
     })
 }
+
+/// Sessions of a workgroup, as [`workgroup_responder`] plays them. Each session is told apart
+/// by its first user message:
+/// - `… spawn {"children": [{"purpose", "input", "grants"?}, …]}`: a coordinator. Its first
+///   model call spawns every child in one step (parallel calls); later, once as many terminal
+///   notifications as children are in its history, it answers `coordinator done: ` with the
+///   first line of each notification's text; until then it answers `waiting`.
+/// - `CHILD TAG [effect:TOOL]`: a worker. With `effect:TOOL` it first calls TOOL with
+///   `{"label": TAG}`; then it answers `answer TAG`.
+///
+/// Every reply follows from the request alone, so a request repeated after a crash gets the
+/// same kind of answer. `arrivals` records when each worker's first request came, by tag.
+pub struct WorkgroupScript {
+    pub responder: Responder,
+    pub arrivals: Arc<Mutex<Vec<(String, std::time::Instant)>>>,
+}
+
+/// A responder for workgroup tests: see [`WorkgroupScript`]. Workers answer after `delay`.
+pub fn workgroup_responder(delay: Duration) -> WorkgroupScript {
+    let counter = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let arrivals: Arc<Mutex<Vec<(String, std::time::Instant)>>> = Arc::default();
+    let seen = arrivals.clone();
+    let responder: Responder = Arc::new(move |body: &[u8]| {
+        let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let msgs = v["messages"].as_array().cloned().unwrap_or_default();
+        let users: Vec<String> = msgs
+            .iter()
+            .filter(|m| m["role"] == "user")
+            .filter_map(|m| m["content"].as_str().map(str::to_string))
+            .collect();
+        let first = users.first().cloned().unwrap_or_default();
+        let tools = msgs.iter().filter(|m| m["role"] == "tool").count();
+        let next_id = || {
+            let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            format!("call-{n}-{}", std::process::id())
+        };
+        if let Some((_, spec)) = first.split_once("spawn ") {
+            let spec: Value =
+                serde_json::from_str(spec.lines().next().unwrap_or("")).unwrap_or(Value::Null);
+            let children = spec["children"].as_array().cloned().unwrap_or_default();
+            if tools == 0 {
+                let calls: Vec<(String, String)> =
+                    children.iter().map(|c| (next_id(), c.to_string())).collect();
+                let calls: Vec<(&str, &str, &str)> = calls
+                    .iter()
+                    .map(|(id, a)| (id.as_str(), "session_spawn", a.as_str()))
+                    .collect();
+                return Reply::calls(&calls);
+            }
+            let terminal: Vec<String> = users
+                .iter()
+                .filter(|u| {
+                    u.starts_with("[keel: sub-session ")
+                        && u.lines().next().is_some_and(|l| {
+                            [": result]", ": failure]", ": interrupted]", ": budget_exhausted]"]
+                                .iter()
+                                .any(|k| l.ends_with(k))
+                        })
+                })
+                .map(|u| u.lines().nth(1).unwrap_or("").to_string())
+                .collect();
+            if terminal.len() >= children.len() {
+                return Reply::text(&format!("coordinator done: {}", terminal.join(" | ")));
+            }
+            return Reply::text("waiting");
+        }
+        let mut words = first.split_whitespace();
+        let tag = match (words.next(), words.next()) {
+            (Some("CHILD"), Some(t)) => t.to_string(),
+            _ => return Reply::text("unscripted session"),
+        };
+        let effect =
+            first.split_whitespace().find_map(|w| w.strip_prefix("effect:")).map(str::to_string);
+        if tools == 0 && users.len() == 1 {
+            if let Ok(mut a) = seen.lock() {
+                a.push((tag.clone(), std::time::Instant::now()));
+            }
+            if let Some(tool) = effect {
+                let args = json!({"label": tag}).to_string();
+                return Reply::calls(&[(&next_id(), &tool, &args)]);
+            }
+        }
+        Reply::Delay(delay, Box::new(Reply::text(&format!("answer {tag}"))))
+    });
+    WorkgroupScript { responder, arrivals }
+}
+
+/// The task of a coordinator that spawns `children` (`(purpose, input, grants)`), for
+/// [`workgroup_responder`].
+pub fn spawn_task(prefix: &str, children: &[(&str, &str, &[&str])]) -> String {
+    let children: Vec<Value> = children
+        .iter()
+        .map(|(p, i, g)| {
+            let mut c = json!({"purpose": p, "input": i});
+            if !g.is_empty() {
+                c["grants"] = json!(g);
+            }
+            c
+        })
+        .collect();
+    format!("{prefix} spawn {}", json!({"children": children}))
+}

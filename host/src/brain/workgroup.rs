@@ -129,12 +129,19 @@ impl Brain {
         let mut interrupted = false;
         let mut stopped: HashSet<String> = HashSet::new();
         let mut failure = None;
+        let mut known: HashSet<String> = HashSet::new();
         loop {
             if cancel.is_cancelled() && !interrupted {
                 interrupted = true;
                 self.stop(main, None).await?;
             }
             let look = self.look(main).await?;
+            for s in &look.sessions {
+                if known.insert(s.id.clone()) && s.id != main {
+                    // A child this supervisor had not seen: its spawn is committed.
+                    crate::crash::point("after_spawn");
+                }
+            }
             let deadline = look.limits.child_deadline_secs;
             for child in &look.overdue {
                 if stopped.insert(child.clone()) {
@@ -170,6 +177,10 @@ impl Brain {
                 if !s.has_work() || failure.is_some() {
                     continue;
                 }
+                if s.notifications > 0 {
+                    // A parent is about to take a child's event from its inbox.
+                    crate::crash::point("before_parent_consumes");
+                }
                 let token = CancelToken::new();
                 running.insert(s.id.clone(), token.clone());
                 let (brain, id, events) = (self.clone(), s.id.clone(), events.clone());
@@ -189,7 +200,13 @@ impl Brain {
                             Ok((id, result)) => {
                                 running.remove(&id);
                                 match result {
-                                    Ok(Some(s)) => { outcomes.insert(id, s); }
+                                    Ok(Some(s)) => {
+                                        if id != main {
+                                            // Its answer (and any terminal event) is committed.
+                                            crate::crash::point("after_child_answer");
+                                        }
+                                        outcomes.insert(id, s);
+                                    }
                                     Ok(None) => {}
                                     Err(e) => {
                                         tracing::warn!(session = %id, "a runner of the workgroup failed: {e}");

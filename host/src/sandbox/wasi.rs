@@ -176,8 +176,12 @@ pub fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
 }
 
 /// Interfaces (without version) linked only for components trusted with them.
-pub const CONTROL_INTERFACES: &[&str] =
-    &["keel:control/plan", "keel:control/capabilities", "keel:control/memory"];
+pub const CONTROL_INTERFACES: &[&str] = &[
+    "keel:control/plan",
+    "keel:control/capabilities",
+    "keel:control/memory",
+    "keel:control/sessions",
+];
 
 /// Links the control interfaces (on a linker that has the rest: see [`add_to_linker`]).
 pub fn add_control_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {

@@ -713,6 +713,10 @@ pub struct Runnable {
     pub active_turn: bool,
     pub pending: i64,
     pub interrupt_requested: bool,
+    /// Approval units of it still waiting for a decision.
+    pub undecided: i64,
+    /// Inputs waiting in its inbox that are notifications from other sessions.
+    pub notifications: i64,
 }
 
 impl Runnable {
@@ -720,7 +724,8 @@ impl Runnable {
     /// inputs to take (not while the session is interrupted: they wait for the user).
     pub fn has_work(&self) -> bool {
         if self.active_turn {
-            return !matches!(self.state, RuntimeState::WaitingApproval);
+            // A turn waiting for approval resumes once nothing of it waits for a decision.
+            return !matches!(self.state, RuntimeState::WaitingApproval) || self.undecided == 0;
         }
         self.pending > 0 && !matches!(self.state, RuntimeState::Interrupted)
     }
@@ -731,19 +736,38 @@ pub fn sessions_in(c: &Connection, main: &str) -> Result<Vec<Runnable>, StoreErr
     let rows = c
         .prepare_cached(
             "SELECT s.id, s.state, s.active_turn IS NOT NULL, s.interrupt_requested,
-                    (SELECT COUNT(*) FROM inbox i WHERE i.session_id = s.id AND i.consumed_at IS NULL)
+                    (SELECT COUNT(*) FROM inbox i WHERE i.session_id = s.id AND i.consumed_at IS NULL),
+                    (SELECT COUNT(*) FROM approvals a WHERE a.session_id = s.id AND a.status = 'pending'),
+                    (SELECT COUNT(*) FROM inbox i JOIN workgroup_events e ON e.id = i.event_id
+                     WHERE i.session_id = s.id AND i.consumed_at IS NULL AND e.kind != 'request')
              FROM sessions s
              WHERE s.id = ?1 OR s.id IN (SELECT session_id FROM subsessions WHERE main_id = ?1)
              ORDER BY s.created_at, s.id",
         )?
         .query_map([main], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            Ok((
+                (r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get(2)?, r.get(3)?),
+                (r.get(4)?, r.get(5)?, r.get(6)?),
+            ))
         })?
         .collect::<Result<Vec<_>, _>>()?;
     rows.into_iter()
-        .map(|(id, state, active_turn, interrupt_requested, pending)| {
-            Ok(Runnable { id, state: state.parse()?, active_turn, pending, interrupt_requested })
-        })
+        .map(
+            |(
+                (id, state, active_turn, interrupt_requested),
+                (pending, undecided, notifications),
+            )| {
+                Ok(Runnable {
+                    id,
+                    state: state.parse()?,
+                    active_turn,
+                    pending,
+                    interrupt_requested,
+                    undecided,
+                    notifications,
+                })
+            },
+        )
         .collect()
 }
 

@@ -11,6 +11,7 @@ mod mcp;
 mod run;
 mod serve;
 mod skills;
+mod workgroup;
 
 fn keel(home: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_keel")).arg("--home").arg(home).args(args).output().unwrap()
@@ -76,6 +77,11 @@ fn list_inspect_remove() {
             "memory_write",
             "plan_create",
             "plan_update",
+            "session_ask",
+            "session_interrupt",
+            "session_send",
+            "session_spawn",
+            "session_status",
             "skills_find",
             "skills_load",
             "task_complete",

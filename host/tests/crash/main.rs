@@ -16,7 +16,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use keel_tests::log_lines;
-use keel_tests::mock_model::{MockModel, Reply, plan_responder};
+use keel_tests::mock_model::{MockModel, Reply, plan_responder, spawn_task, workgroup_responder};
 use rusqlite::Connection;
 use serde_json::Value;
 
@@ -41,6 +41,10 @@ impl Rig {
     async fn new(plan: &[&str]) -> Self {
         let model =
             MockModel::start_fn(plan_responder(plan.iter().map(|s| s.to_string()).collect())).await;
+        Self::with_model(model)
+    }
+
+    fn with_model(model: MockModel) -> Self {
         let rig = Self {
             home: tempfile::tempdir().unwrap(),
             work: tempfile::tempdir().unwrap(),
@@ -803,4 +807,77 @@ async fn random_kills_during_compactions_leave_the_old_or_the_new_context() {
         "compaction kills: {kills} kills in {i} turns, {promoted} compactions promoted; the context was \
          old or new after every kill, integrity ok, no acknowledged fact lost"
     );
+}
+
+/// A delegation killed at each of its steps — after the spawn's commit, mid-child (after the
+/// child's non-idempotent effect ran, before its result was committed), after the child's
+/// answer, before the parent takes the child's event — then recovered: every event between
+/// the sessions is delivered once and taken once, no child is created or run twice, the
+/// effect ran once, and the main session answers with both children's results.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delegation_killed_at_each_step_delivers_every_event_exactly_once() {
+    for point in ["after_spawn", "after_effect", "after_child_answer", "before_parent_consumes"] {
+        let model = MockModel::start_fn(workgroup_responder(Duration::ZERO).responder).await;
+        let rig = Rig::with_model(model);
+        let task = spawn_task(
+            "MAIN",
+            &[("append", "CHILD A effect:effect_append", &[]), ("plain", "CHILD B", &[])],
+        );
+        let grant = format!("{}=/work:rw", rig.work.path().display());
+        let args = [
+            "run",
+            &task,
+            "--main",
+            "--session",
+            "main",
+            "--grant",
+            &grant,
+            "--model-url",
+            &rig.url,
+            "--model",
+            "m",
+            "--json",
+        ];
+        let out = rig.keel(&args, Some(point));
+        assert_eq!(
+            out.status.signal(),
+            Some(9),
+            "{point}: not killed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        rig.recover_twice_same();
+        let out = rig.keel(&["recover", "--json"], None);
+        assert!(out.status.success(), "{point}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(rig.integrity(), "ok", "{point}");
+        let (children, events, unconsumed, answer): (i64, Vec<(String, i64)>, i64, String) = rig
+            .query(|c| {
+                let children = c.query_row("SELECT COUNT(*) FROM subsessions WHERE main_id='main'", [], |r| r.get(0))?;
+                let events = c
+                    .prepare("SELECT e.id, (SELECT COUNT(*) FROM inbox i WHERE i.event_id = e.id) FROM workgroup_events e")?
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<_, _>>()?;
+                let unconsumed = c.query_row("SELECT COUNT(*) FROM inbox WHERE consumed_at IS NULL", [], |r| r.get(0))?;
+                let body: String = c.query_row(
+                    "SELECT body FROM messages WHERE session_id='main' AND role='assistant' ORDER BY seq DESC LIMIT 1",
+                    [],
+                    |r| r.get(0),
+                )?;
+                Ok((children, events, unconsumed, body))
+            })
+            .unwrap();
+        assert_eq!(children, 2, "{point}: a child was created twice");
+        assert_eq!(events.len(), 4, "{point}: two requests and two terminal events: {events:?}");
+        for (id, n) in &events {
+            assert_eq!(*n, 1, "{point}: event {id} is in {n} inbox rows");
+        }
+        assert_eq!(unconsumed, 0, "{point}: an event was never taken");
+        assert!(answer.contains("coordinator done: "), "{point}: {answer}");
+        assert!(answer.contains("answer B"), "{point}: {answer}");
+        // The non-idempotent effect ran once; killed after it ran, its outcome is unknown and
+        // the child answers without running it again.
+        assert_eq!(log_lines(rig.work.path(), "effects.log"), vec!["A"], "{point}");
+        if point != "after_effect" {
+            assert!(answer.contains("answer A"), "{point}: {answer}");
+        }
+    }
 }
