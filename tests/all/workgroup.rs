@@ -319,7 +319,7 @@ async fn a_child_past_its_deadline_ends_budget_exhausted_and_the_parent_answers(
     let model = MockModel::start_fn(script.responder).await;
     let home = tempfile::tempdir().unwrap();
     let h = harness(home.path()).await;
-    let limits = Limits { child_deadline_secs: 1, ..Limits::default() };
+    let limits = Limits { child_deadline_secs: 3, wait_notice_secs: 1, ..Limits::default() };
     let id = h.create_session(main_spec(&model.url(), vec![], limits)).await.unwrap().to_string();
     let task = spawn_task("MAIN", &[("slow", "CHILD SLOW", &[])]);
     let out = tokio::time::timeout(Duration::from_secs(20), run(&h, &id, &task)).await.unwrap();
@@ -327,6 +327,54 @@ async fn a_child_past_its_deadline_ends_budget_exhausted_and_the_parent_answers(
     assert!(text.starts_with("coordinator done: "), "{text}");
     let w = h.workgroup(&id).await.unwrap();
     assert_eq!(w.members[1].terminal, Some(Kind::BudgetExhausted));
-    assert!(w.members[1].text.as_deref().unwrap().contains("deadline of 1 s"));
+    assert!(w.members[1].text.as_deref().unwrap().contains("deadline of 3 s"));
+    // Before the deadline the parent was told, each second, that the child still worked: a
+    // wait that times out is not terminal.
+    let kinds: Vec<Kind> = h.workgroup_events(&id).await.unwrap().iter().map(|e| e.kind).collect();
+    let notices = kinds.iter().filter(|k| **k == Kind::WaitTimeout).count();
+    assert!((1..=3).contains(&notices), "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| k.terminal()).count(), 1, "{kinds:?}");
     assert_delivered_once(home.path(), &id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_childs_question_reaches_its_parent_and_the_answer_comes_back_as_its_next_input() {
+    let script = workgroup_responder(Duration::ZERO);
+    let model = MockModel::start_fn(script.responder).await;
+    let home = tempfile::tempdir().unwrap();
+    let h = harness(home.path()).await;
+    let id = h.create_session(main_spec(&model.url(), vec![], Limits::default())).await.unwrap();
+    let id = id.to_string();
+    let task = spawn_task("MAIN", &[("asker", "CHILD Q ask", &[])]);
+    let text = answer(&run(&h, &id, &task).await);
+    assert_eq!(text, "coordinator done: answer Q: ANSWER 42");
+    let kinds: Vec<Kind> = h.workgroup_events(&id).await.unwrap().iter().map(|e| e.kind).collect();
+    // The question left the request live (its turn ended "asked", which is not an answer).
+    assert_eq!(kinds, vec![Kind::Request, Kind::Question, Kind::Request, Kind::Result]);
+    let w = h.workgroup(&id).await.unwrap();
+    assert_eq!(w.members[1].question, None);
+    assert_delivered_once(home.path(), &id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_workgroup_step_budget_stops_live_children_and_refuses_new_ones() {
+    let script = workgroup_responder(Duration::from_secs(30));
+    let model = MockModel::start_fn(script.responder).await;
+    let home = tempfile::tempdir().unwrap();
+    let h = harness(home.path()).await;
+    // The main session's spawn step and its "waiting" answer spend the two steps.
+    let limits = Limits { max_steps: Some(2), ..Limits::default() };
+    let id = h.create_session(main_spec(&model.url(), vec![], limits)).await.unwrap().to_string();
+    let task = spawn_task("MAIN", &[("slow", "CHILD SLOW", &[])]);
+    let out = tokio::time::timeout(Duration::from_secs(20), run(&h, &id, &task)).await.unwrap();
+    assert!(answer(&out).starts_with("coordinator done: "));
+    let w = h.workgroup(&id).await.unwrap();
+    assert_eq!(w.members[1].terminal, Some(Kind::BudgetExhausted));
+    assert!(w.members[1].text.as_deref().unwrap().contains("model steps"), "{:?}", w.members[1]);
+
+    // Spent: a further spawn is refused with the reason, as the model would read it.
+    use keel::control::Delegation as _;
+    let checks = keel::session::SessionDelegation::new(h.db.clone(), id.clone(), vec![]);
+    let e = checks.check_spawn("more", "CHILD MORE", &[], &[]).unwrap_err();
+    assert!(e.starts_with("budget: the workgroup used its 2 model steps"), "{e}");
 }

@@ -570,6 +570,9 @@ pub fn plan_responder(plan: Vec<String>) -> Responder {
 ///   first line of each notification's text; until then it answers `waiting`.
 /// - `CHILD TAG [effect:TOOL]`: a worker. With `effect:TOOL` it first calls TOOL with
 ///   `{"label": TAG}`; then it answers `answer TAG`.
+/// - `CHILD TAG ask`: a worker that asks its parent (`session_ask`), ends its turn, and answers
+///   `answer TAG: ANSWER` with the parent's reply; a coordinator answers a question with
+///   `session_send` of `ANSWER 42`.
 ///
 /// Every reply follows from the request alone, so a request repeated after a crash gets the
 /// same kind of answer. `arrivals` records when each worker's first request came, by tag.
@@ -601,6 +604,18 @@ pub fn workgroup_responder(delay: Duration) -> WorkgroupScript {
             let spec: Value =
                 serde_json::from_str(spec.lines().next().unwrap_or("")).unwrap_or(Value::Null);
             let children = spec["children"].as_array().cloned().unwrap_or_default();
+            // A child's question: answer it.
+            let last = msgs.last();
+            if let Some(q) =
+                last.filter(|m| m["role"] == "user").and_then(|m| m["content"].as_str())
+                && q.lines()
+                    .next()
+                    .is_some_and(|l| l.starts_with("[keel: sub-session ") && l.ends_with(" asks]"))
+            {
+                let child = q.split_whitespace().nth(2).unwrap_or("").to_string();
+                let args = json!({"session": child, "input": "ANSWER 42"}).to_string();
+                return Reply::calls(&[(&next_id(), "session_send", &args)]);
+            }
             if tools == 0 {
                 let calls: Vec<(String, String)> =
                     children.iter().map(|c| (next_id(), c.to_string())).collect();
@@ -632,6 +647,19 @@ pub fn workgroup_responder(delay: Duration) -> WorkgroupScript {
             (Some("CHILD"), Some(t)) => t.to_string(),
             _ => return Reply::text("unscripted session"),
         };
+        if first.split_whitespace().any(|w| w == "ask") {
+            return match (users.len(), tools) {
+                (1, 0) => {
+                    let args = json!({"question": "which answer?"}).to_string();
+                    Reply::calls(&[(&next_id(), "session_ask", &args)])
+                }
+                (1, _) => Reply::text("asked"),
+                _ => Reply::text(&format!(
+                    "answer {tag}: {}",
+                    users.last().cloned().unwrap_or_default()
+                )),
+            };
+        }
         let effect =
             first.split_whitespace().find_map(|w| w.strip_prefix("effect:")).map(str::to_string);
         if tools == 0 && users.len() == 1 {
