@@ -1,6 +1,6 @@
 //! [`SessionDelegation`]: the checks a session's delegation calls make when they ask, through
 //! the store's read pool. What they ask for is committed with the call's result
-//! ([`workgroup`](super::workgroup)).
+//! ([`super::workgroup`]).
 
 use std::sync::Mutex;
 

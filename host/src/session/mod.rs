@@ -190,26 +190,7 @@ impl SessionEngine {
 
     /// Creates a session with its grants, tools, policy and model.
     pub async fn create(&self, new: NewSession) -> Result<String, StoreError> {
-        if let Some(u) = &new.user
-            && !crate::memory::valid_user(u)
-        {
-            return Err(StoreError::Input(format!(
-                "the user name `{u}` is not valid: use letters, digits, `-`, `_`, `.` and `@` (at most 64)"
-            )));
-        }
-        new.policy.check_patterns().map_err(StoreError::Input)?;
-        let id = match &new.id {
-            Some(id) if !valid_id(id) => {
-                return Err(StoreError::Input(format!(
-                    "session id `{id}` is not valid: use letters, digits, `-` and `_` (at most 64)"
-                )));
-            }
-            Some(id) => id.clone(),
-            // Random, so that sessions created at once (by concurrent API requests on one
-            // worker thread, say) never collide; the time and thread only when the operating
-            // system gives no random bytes.
-            None => workgroup::new_id(),
-        };
+        let id = checked_id(&new)?;
         let new = Arc::new(new);
         let id2 = id.clone();
         self.db.run(move |c| create_in(c, &id2, &new)).await?;
@@ -227,15 +208,7 @@ impl SessionEngine {
         child_preprocess: Option<crate::brain::understand::PreprocessConfig>,
     ) -> Result<String, StoreError> {
         limits.check().map_err(StoreError::Input)?;
-        let id = match &new.id {
-            Some(id) if !valid_id(id) => {
-                return Err(StoreError::Input(format!(
-                    "session id `{id}` is not valid: use letters, digits, `-` and `_` (at most 64)"
-                )));
-            }
-            Some(id) => id.clone(),
-            None => workgroup::new_id(),
-        };
+        let id = checked_id(&new)?;
         let new = NewSession { id: Some(id.clone()), preprocess: None, ..new };
         let id2 = id.clone();
         self.db
@@ -880,6 +853,27 @@ impl SessionEngine {
             .await?;
         self.stored.committed(&recorded);
         Ok(seq)
+    }
+}
+
+/// Checks what `new` names (its user, policy patterns, chosen id) and returns its id: the
+/// chosen one, or a new random one — so that sessions created at once (by concurrent API
+/// requests on one worker thread, or parallel spawns) never collide.
+fn checked_id(new: &NewSession) -> Result<String, StoreError> {
+    if let Some(u) = &new.user
+        && !crate::memory::valid_user(u)
+    {
+        return Err(StoreError::Input(format!(
+            "the user name `{u}` is not valid: use letters, digits, `-`, `_`, `.` and `@` (at most 64)"
+        )));
+    }
+    new.policy.check_patterns().map_err(StoreError::Input)?;
+    match &new.id {
+        Some(id) if !valid_id(id) => Err(StoreError::Input(format!(
+            "session id `{id}` is not valid: use letters, digits, `-` and `_` (at most 64)"
+        ))),
+        Some(id) => Ok(id.clone()),
+        None => Ok(workgroup::new_id()),
     }
 }
 

@@ -631,29 +631,24 @@ pub fn waiting_in(c: &Connection, id: &str) -> Result<(), StoreError> {
 
 /// Every live session below `id` (children first, then theirs).
 pub fn live_descendants_in(c: &Connection, id: &str) -> Result<Vec<String>, StoreError> {
-    let mut out = Vec::new();
-    let mut frontier = vec![id.to_string()];
-    while let Some(p) = frontier.pop() {
-        let children: Vec<String> = c
-            .prepare_cached("SELECT session_id FROM subsessions WHERE parent_id=?1 AND status='live' ORDER BY created_at, session_id")?
-            .query_map([&p], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        for ch in children {
-            frontier.push(ch.clone());
-            out.push(ch);
-        }
-    }
-    Ok(out)
+    below_in(c, id, true)
 }
 
 /// Every session below `id`, live or done (children first, then theirs).
 pub fn descendants_in(c: &Connection, id: &str) -> Result<Vec<String>, StoreError> {
+    below_in(c, id, false)
+}
+
+fn below_in(c: &Connection, id: &str, live_only: bool) -> Result<Vec<String>, StoreError> {
     let mut out = Vec::new();
     let mut frontier = vec![id.to_string()];
     while let Some(p) = frontier.pop() {
         let children: Vec<String> = c
-            .prepare_cached("SELECT session_id FROM subsessions WHERE parent_id=?1 ORDER BY created_at, session_id")?
-            .query_map([&p], |r| r.get(0))?
+            .prepare_cached(
+                "SELECT session_id FROM subsessions WHERE parent_id=?1 AND (status='live' OR NOT ?2)
+                 ORDER BY created_at, session_id",
+            )?
+            .query_map(params![p, live_only], |r| r.get(0))?
             .collect::<Result<_, _>>()?;
         for ch in children {
             frontier.push(ch.clone());

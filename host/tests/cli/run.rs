@@ -8,7 +8,7 @@ use std::time::Duration;
 use keel_tests::mock_model::{MockModel, Reply};
 use serde_json::{Value, json};
 
-async fn keel_async(home: PathBuf, args: Vec<String>) -> Output {
+pub(super) async fn keel_async(home: PathBuf, args: Vec<String>) -> Output {
     tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         super::keel(&home, &args)
@@ -17,7 +17,7 @@ async fn keel_async(home: PathBuf, args: Vec<String>) -> Output {
     .unwrap()
 }
 
-fn args(list: &[&str]) -> Vec<String> {
+pub(super) fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 

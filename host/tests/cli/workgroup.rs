@@ -1,25 +1,13 @@
 //! `keel run --main`, `keel workgroup`, `keel approvals --all-children` and `keel approve` of a
 //! sub-session's call, through the real binary against the scripted model server.
 
-use std::path::PathBuf;
 use std::process::Output;
 use std::time::Duration;
 
+use super::run::{args, keel_async};
+
 use keel_tests::mock_model::{MockModel, spawn_task, workgroup_responder};
 use serde_json::json;
-
-async fn keel_async(home: PathBuf, args: Vec<String>) -> Output {
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        super::keel(&home, &args)
-    })
-    .await
-    .unwrap()
-}
-
-fn args(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
-}
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
