@@ -21,7 +21,7 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData, ServerHandler};
 
-use crate::api::{CONTROL_TOOLS, SessionSpec};
+use crate::api::{CONTROL_TOOLS, DELEGATION_TOOLS, SessionSpec};
 use crate::cancel::CancelToken;
 use crate::harness::Harness;
 use crate::sandbox::Grant;
@@ -82,7 +82,10 @@ impl KeelServer {
                     .map_err(internal)?
                     .into_iter()
                     .map(|t| t.name)
-                    .filter(|n| !CONTROL_TOOLS.contains(&n.as_str()))
+                    .filter(|n| {
+                        !CONTROL_TOOLS.contains(&n.as_str())
+                            && !DELEGATION_TOOLS.contains(&n.as_str())
+                    })
                     .collect(),
             ),
         };

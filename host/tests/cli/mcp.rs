@@ -201,6 +201,28 @@ fn serving_a_non_loopback_address_needs_a_token() {
     assert!(err.contains("not a loopback address") && err.contains("KEEL_MCP_TOKEN"), "{err}");
 }
 
+/// `keel mcp serve` without `--tools` serves every installed tool but the control and
+/// delegation tools (those work only inside keel's own sessions).
+#[test]
+fn keel_mcp_serve_by_default_leaves_out_the_control_and_delegation_tools() {
+    let (inner, _work) = home_and_workspace();
+    let outer = tempfile::tempdir().unwrap();
+    let inner_home = inner.path().display().to_string();
+    let add = keel(
+        outer.path(),
+        &["mcp", "add", "inner", "--json", "--", bin(), "--home", &inner_home, "mcp", "serve"],
+    );
+    assert!(add.status.success(), "{}", String::from_utf8_lossy(&add.stderr));
+    let names: Vec<String> = json_of(&add)["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(names.iter().any(|n| n.ends_with("fs_read_file")), "{names:?}");
+    assert!(!names.iter().any(|n| n.contains("session_") || n.contains("plan_")), "{names:?}");
+}
+
 /// keel against itself, no peer needed: one home adds another home's `keel mcp serve` as a
 /// stdio server; its tools are called through both governance chains.
 #[test]
