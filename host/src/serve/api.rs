@@ -42,6 +42,7 @@ pub fn routes(app: Arc<App>) -> Router {
         .route("/sessions/{id}/evidence/{step}", get(evidence))
         .route("/sessions/{id}/events", get(events))
         .route("/sessions/{id}/files", get(files))
+        .route("/sessions/{id}/workgroup", get(workgroup))
         .route("/approvals", get(list_approvals))
         .route("/approvals/{id}/approve", post(approve))
         .route("/approvals/{id}/reject", post(reject))
@@ -125,7 +126,7 @@ pub struct ErrorDetail {
     paths(
         whoami, list_sessions, create_session, get_session, timeline, send_input, interrupt,
         evidence, events, files, list_approvals, approve, reject, presets, list_tools,
-        upload_tool, get_tool, remove_tool
+        upload_tool, get_tool, remove_tool, workgroup
     ),
     components(schemas(ErrorBody, ErrorDetail)),
     modifiers(&BearerAuth),
@@ -248,6 +249,55 @@ pub struct CreateSession {
     pub model: Option<String>,
     /// The user the session works for (admins only; a user's sessions work for that user).
     pub user: Option<String>,
+    /// Make it a main session: it delegates to sub-sessions of its workgroup, within these
+    /// limits (a user may only keep or lower the defaults).
+    pub main: Option<MainSpec>,
+}
+
+/// The limits of a main session's workgroup; each absent one takes its default.
+#[derive(Deserialize, Default, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MainSpec {
+    /// Live children of one session, at most (default 8).
+    pub max_children: Option<u32>,
+    /// How deep delegation goes (default 2).
+    pub max_depth: Option<u32>,
+    /// Seconds one request of a child may take (default 1800).
+    pub child_deadline_secs: Option<u64>,
+    /// Seconds after which a parent is told a child still works (default 600; 0: never).
+    pub wait_notice_secs: Option<u64>,
+    /// Model steps of the whole workgroup, at most.
+    pub max_steps: Option<i64>,
+    /// Tokens of the whole workgroup, at most.
+    pub max_tokens: Option<i64>,
+}
+
+impl MainSpec {
+    /// The limits, checked; a user may not raise a default.
+    fn limits(self, admin: bool) -> Result<crate::session::workgroup::Limits, Failure> {
+        let d = crate::session::workgroup::Limits::default();
+        let limits = crate::session::workgroup::Limits {
+            max_live_children: self.max_children.unwrap_or(d.max_live_children),
+            max_depth: self.max_depth.unwrap_or(d.max_depth),
+            child_deadline_secs: self.child_deadline_secs.unwrap_or(d.child_deadline_secs),
+            wait_notice_secs: self.wait_notice_secs.unwrap_or(d.wait_notice_secs),
+            max_steps: self.max_steps,
+            max_tokens: self.max_tokens,
+        };
+        limits.check().map_err(|e| Failure::new("input", e))?;
+        if !admin
+            && (limits.max_live_children > d.max_live_children
+                || limits.max_depth > d.max_depth
+                || limits.child_deadline_secs > d.child_deadline_secs)
+        {
+            return Err(AccessError::Forbidden(format!(
+                "a user may only keep or lower a workgroup's limits (children {}, depth {}, deadline {} s)",
+                d.max_live_children, d.max_depth, d.child_deadline_secs
+            ))
+            .into());
+        }
+        Ok(limits)
+    }
 }
 
 #[derive(Serialize, ToSchema)]
@@ -287,6 +337,10 @@ async fn create_session(
         req.user,
     )
     .await?;
+    let mut spec = spec;
+    if let Some(m) = req.main {
+        spec.main = Some(m.limits(caller.is_admin())?);
+    }
     let id = app.harness.create_session(spec).await?;
     let seq = app.harness.queue(&id, &req.input).await?;
     let state = app.harness.session(&id).await?.state.to_string();
@@ -422,6 +476,26 @@ async fn get_session(
     let meta = visible_session(&app, &caller, &id).await?;
     let capabilities = app.harness.capabilities(&id).await?;
     Ok(Json(json!({"ok": true, "session": meta, "capabilities": capabilities})))
+}
+
+/// The workgroup the session belongs to: its main session, limits, use, and every session
+/// with its state, goal, delegation status and pending approvals.
+#[utoipa::path(get, path = "/sessions/{id}/workgroup", params(("id" = String, Path)), responses((status = 200, body = Object), (status = 400, description = "a standalone session", body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn workgroup(
+    State(app): Shared,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, Failure> {
+    visible_session(&app, &caller, &id).await?;
+    let Some(main) = app.harness.workgroup_of(&id).await? else {
+        return Err(Failure::new(
+            "input",
+            format!("session `{}` is not part of a workgroup", id.escape_debug()),
+        ));
+    };
+    let w = app.harness.workgroup(&main).await?;
+    let events = app.harness.workgroup_events(&main).await?;
+    Ok(Json(json!({"ok": true, "workgroup": w, "events": events})))
 }
 
 /// Everything the session did: turns, messages, tool calls, model calls, approvals.

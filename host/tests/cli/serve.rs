@@ -597,3 +597,62 @@ fn form(pairs: &[(&str, &str)]) -> String {
     };
     pairs.iter().map(|(k, v)| format!("{}={}", enc(k), enc(v))).collect::<Vec<_>>().join("&")
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_main_session_over_the_api_runs_its_workgroup_in_the_server() {
+    let script = keel_tests::mock_model::workgroup_responder(Duration::ZERO);
+    let model = MockModel::start_fn(script.responder).await;
+    let home = tempfile::tempdir().unwrap();
+    let alice = token(home.path(), "alice", "user");
+    let s = Server::start(home.path(), &model.url(), &[]);
+    let c = client();
+    let task =
+        keel_tests::mock_model::spawn_task("MAIN", &[("a", "CHILD A", &[]), ("b", "CHILD B", &[])]);
+    // A user may not raise the limits; bad limits are refused; nothing is created.
+    let (status, v) =
+        post(&c, &s.api("/sessions"), &alice, json!({"input": task, "main": {"max_children": 50}}))
+            .await;
+    assert_eq!(status, 403, "{v}");
+    let (status, v) =
+        post(&c, &s.api("/sessions"), &alice, json!({"input": task, "main": {"max_depth": 0}}))
+            .await;
+    assert_eq!(status, 400, "{v}");
+    let (_, v) = get(&c, &s.api("/sessions"), &alice).await;
+    assert_eq!(v["sessions"], json!([]), "{v}");
+
+    let (status, v) =
+        post(&c, &s.api("/sessions"), &alice, json!({"input": task, "main": {"max_children": 2}}))
+            .await;
+    assert_eq!(status, 202, "{v}");
+    let id = v["session_id"].as_str().unwrap().to_string();
+    let main = wait_for(&c, &s, &id, "the main session's answer", |m| {
+        m["state"] == "idle" && m["turns"].as_i64().unwrap_or(0) >= 2
+    })
+    .await;
+    assert_eq!(main["active_turn"], Value::Null);
+    let (status, v) = get(&c, &s.api(&format!("/sessions/{id}/workgroup")), &alice).await;
+    assert_eq!(status, 200, "{v}");
+    let w = &v["workgroup"];
+    assert_eq!(w["limits"]["max_live_children"], json!(2));
+    let members = w["members"].as_array().unwrap();
+    assert_eq!(members.len(), 3, "{w}");
+    for m in &members[1..] {
+        assert_eq!(m["terminal"], json!("result"), "{m}");
+    }
+    // The children are the user's too: visible to her, their workgroup reachable from them.
+    let child = members[1]["session_id"].as_str().unwrap();
+    let (status, _) = get(&c, &s.api(&format!("/sessions/{child}/workgroup")), &alice).await;
+    assert_eq!(status, 200);
+    assert_eq!(v["events"].as_array().unwrap().len(), 4);
+    let (_, t) = get(&c, &s.api(&format!("/sessions/{id}/timeline")), &alice).await;
+    assert!(t.to_string().contains("coordinator done: "), "{t}");
+    // Another user sees none of it; a standalone session has no workgroup.
+    let bob = token(home.path(), "bob", "user");
+    let (status, _) = get(&c, &s.api(&format!("/sessions/{id}/workgroup")), &bob).await;
+    assert_eq!(status, 404);
+    let (status, v) = post(&c, &s.api("/sessions"), &alice, json!({"input": "CHILD SOLO"})).await;
+    assert_eq!(status, 202, "{v}");
+    let solo = v["session_id"].as_str().unwrap();
+    let (status, v) = get(&c, &s.api(&format!("/sessions/{solo}/workgroup")), &alice).await;
+    assert_eq!(status, 400, "{v}");
+}
