@@ -36,6 +36,8 @@ struct Look {
     over_budget: Option<String>,
     /// Live children not yet told to stop.
     live_unstopped: Vec<String>,
+    /// Wait notices to write.
+    notices: Vec<workgroup::Notice>,
 }
 
 impl Brain {
@@ -102,6 +104,7 @@ impl Brain {
                 Ok(Look {
                     sessions,
                     elsewhere,
+                    notices: workgroup::notices_due_in(c, &main, &pos.limits, now)?,
                     overdue: workgroup::overdue_in(c, &main, now)?,
                     limits: pos.limits,
                     over_budget,
@@ -124,7 +127,7 @@ impl Brain {
     ) -> Result<HashMap<String, Submitted>, AgentError> {
         let mut commits = self.db.commits();
         let mut tasks = tokio::task::JoinSet::new();
-        let mut running: HashMap<String, CancelToken> = HashMap::new();
+        let mut running: HashSet<String> = HashSet::new();
         let mut outcomes = HashMap::new();
         let mut interrupted = false;
         let mut stopped: HashSet<String> = HashSet::new();
@@ -156,13 +159,14 @@ impl Brain {
                     }
                 }
             }
-            if look.limits.wait_notice_secs > 0 {
-                let (m, limits) = (main.to_string(), look.limits.clone());
-                self.db.run(move |c| workgroup::wait_notices_in(c, &m, &limits, now_ms())).await?;
+            if !look.notices.is_empty() {
+                let (m, limits, due) =
+                    (main.to_string(), look.limits.clone(), look.notices.clone());
+                self.db.run(move |c| workgroup::write_notices_in(c, &m, &limits, &due)).await?;
             }
             let mut started = false;
             for s in &look.sessions {
-                if running.contains_key(&s.id) || look.elsewhere.contains(&s.id) {
+                if running.contains(&s.id) || look.elsewhere.contains(&s.id) {
                     continue;
                 }
                 if s.interrupt_requested
@@ -182,7 +186,7 @@ impl Brain {
                     crate::crash::point("before_parent_consumes");
                 }
                 let token = CancelToken::new();
-                running.insert(s.id.clone(), token.clone());
+                running.insert(s.id.clone());
                 let (brain, id, events) = (self.clone(), s.id.clone(), events.clone());
                 tasks.spawn(async move {
                     let r = brain.drain(&id, &token, &events).await;

@@ -775,52 +775,84 @@ pub fn overdue_in(c: &Connection, main: &str, now: i64) -> Result<Vec<String>, S
     .collect::<Result<_, _>>()?)
 }
 
-/// Tells each parent whose live child has been working past another wait notice period; once
-/// per child, request and period. Returns how many notices it wrote.
-pub fn wait_notices_in(
+/// A wait notice due: a live child that has worked past another wait-notice period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    pub child: String,
+    /// Whole periods since its request began.
+    pub periods: i64,
+}
+
+/// The wait notices due at `now` in the workgroup of `main` and not yet written (a read: the
+/// supervisor asks for a write only when there is one).
+pub fn notices_due_in(
     c: &Connection,
     main: &str,
     limits: &Limits,
     now: i64,
-) -> Result<usize, StoreError> {
+) -> Result<Vec<Notice>, StoreError> {
     if limits.wait_notice_secs == 0 {
-        return Ok(0);
+        return Ok(Vec::new());
     }
     let period = limits.wait_notice_secs as i64 * 1000;
-    let live: Vec<(String, i64)> = c
+    let live: Vec<(String, i64, i64)> = c
         .prepare_cached(
-            "SELECT session_id, deadline_at FROM subsessions WHERE main_id=?1 AND status='live' AND deadline_at IS NOT NULL",
+            "SELECT session_id, deadline_at, requests FROM subsessions
+             WHERE main_id=?1 AND status='live' AND deadline_at IS NOT NULL",
         )?
-        .query_map([main], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .query_map([main], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<Result<_, _>>()?;
-    let mut n = 0;
-    for (child, deadline) in live {
+    let mut due = Vec::new();
+    for (child, deadline, requests) in live {
         let started = deadline - limits.child_deadline_secs as i64 * 1000;
         let periods = (now - started) / period;
         if periods < 1 {
             continue;
         }
-        let Some(row) = child_in(c, &child)? else { continue };
-        let secs = periods * limits.wait_notice_secs as i64;
+        let written: bool = c
+            .prepare_cached("SELECT EXISTS(SELECT 1 FROM workgroup_events WHERE id=?1)")?
+            .query_row([notice_id(&child, requests, periods)], |r| r.get(0))?;
+        if !written {
+            due.push(Notice { child, periods });
+        }
+    }
+    Ok(due)
+}
+
+fn notice_id(child: &str, requests: i64, periods: i64) -> String {
+    format!("{child}:wait:{requests}:{periods}")
+}
+
+/// Tells each parent about its child in `due` that it still works; once per child, request
+/// and period (a notice written already is not written again).
+pub fn write_notices_in(
+    c: &Connection,
+    main: &str,
+    limits: &Limits,
+    due: &[Notice],
+) -> Result<(), StoreError> {
+    for n in due {
+        let Some(row) = child_in(c, &n.child)?.filter(|r| r.status == Delegation::Live) else {
+            continue;
+        };
+        let secs = n.periods * limits.wait_notice_secs as i64;
         let text = format!(
-            "[keel: sub-session {child} ({}) is still working after {secs} s]\nThis is not an answer: it goes on. \
+            "[keel: sub-session {} ({}) is still working after {secs} s]\nThis is not an answer: it goes on. \
              Wait again (end your turn), ask with session_status, or stop it with session_interrupt.",
-            row.purpose
+            n.child, row.purpose
         );
-        if deliver_in(
+        deliver_in(
             c,
             main,
-            &format!("{child}:wait:{}:{periods}", row.requests),
+            &notice_id(&n.child, row.requests, n.periods),
             Kind::WaitTimeout,
-            &child,
+            &n.child,
             &row.parent,
             &text,
             serde_json::json!({"seconds": secs}),
-        )? {
-            n += 1;
-        }
+        )?;
     }
-    Ok(n)
+    Ok(())
 }
 
 /// A session of a workgroup, as `keel workgroup show` and `session_status` show it.

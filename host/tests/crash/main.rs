@@ -875,7 +875,25 @@ async fn a_delegation_killed_at_each_step_delivers_every_event_exactly_once() {
         assert!(answer.contains("answer B"), "{point}: {answer}");
         // The non-idempotent effect ran once; killed after it ran, its outcome is unknown and
         // the child answers without running it again.
-        assert_eq!(log_lines(rig.work.path(), "effects.log"), vec!["A"], "{point}");
+        // The non-idempotent effect ran at most once. A kill between its intent and its result
+        // (at after_effect; or, at another point, while the child's call was running) leaves
+        // it `unknown`, and it is not run again; a recorded result means it ran exactly once.
+        let lines = log_lines(rig.work.path(), "effects.log");
+        let status: String = rig
+            .query(|c| {
+                c.query_row("SELECT status FROM tool_calls WHERE tool='effect_append'", [], |r| {
+                    r.get(0)
+                })
+            })
+            .unwrap();
+        match status.as_str() {
+            "done" => assert_eq!(lines, vec!["A"], "{point}"),
+            "unknown" => assert!(lines.len() <= 1, "{point}: ran {} times", lines.len()),
+            other => panic!("{point}: the effect's call ended `{other}`"),
+        }
+        if point == "after_effect" {
+            assert_eq!((status.as_str(), lines), ("unknown", vec!["A".to_string()]), "{point}");
+        }
         if point != "after_effect" {
             assert!(answer.contains("answer A"), "{point}: {answer}");
         }
