@@ -930,6 +930,14 @@ pub fn create_in(c: &Connection, id: &str, new: &NewSession) -> Result<(), Store
 /// The turn start of [`SessionEngine::begin_turn`], for callers that compose it into a larger
 /// transaction (the Brain takes the input, the runner lease and the turn in one).
 pub fn begin_turn_in(c: &Connection, id: &str) -> Result<Option<TurnStart>, StoreError> {
+    // An interrupted session takes no input until one is sent to it (which makes it
+    // `preparing_context`): a stop that came before the turn began is not undone here.
+    let state: String = c
+        .prepare_cached("SELECT state FROM sessions WHERE id=?1")?
+        .query_row([id], |r| r.get(0))?;
+    if state == RuntimeState::Interrupted.as_str() {
+        return Ok(None);
+    }
     let next: Option<(i64, String, Option<String>)> = c
         .query_row(
             "SELECT i.seq, i.text, e.kind FROM inbox i LEFT JOIN workgroup_events e ON e.id = i.event_id

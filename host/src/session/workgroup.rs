@@ -683,18 +683,23 @@ pub fn stop_in(c: &Connection, id: &str, reason: Option<&str>) -> Result<Vec<Str
             turns.push(s.clone());
             continue;
         }
-        match child {
-            Some(row) if row.status == Delegation::Live => match reason {
+        let live = child.as_ref().is_some_and(|r| r.status == Delegation::Live);
+        if let Some(row) = child.filter(|r| r.status == Delegation::Live) {
+            match reason {
                 Some(r) => finish_in(c, s, &row, Kind::BudgetExhausted, r)?,
                 None => finish_in(c, s, &row, Kind::Interrupted, "interrupted while it waited")?,
-            },
-            None if s == id
-                && !matches!(meta.state, RuntimeState::Interrupted)
-                && all.len() > 1 =>
-            {
-                facts::set_state(c, s, RuntimeState::Interrupted, Some("interrupted by the user"))?;
             }
-            _ => {}
+        }
+        // Inputs that wait (a child's request not begun yet, events for a main session) stay
+        // in the inbox: an interrupted session takes no input until a person sends one.
+        if meta.state != RuntimeState::Interrupted
+            && (live || (s == id && all.len() > 1) || facts::pending_inputs(c, s)? > 0)
+        {
+            let why = match reason {
+                Some(r) => format!("stopped: {r}"),
+                None => "interrupted by the user".to_string(),
+            };
+            facts::set_state(c, s, RuntimeState::Interrupted, Some(&why))?;
         }
     }
     Ok(turns)
