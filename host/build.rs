@@ -11,6 +11,7 @@ const PLUGINS: &[(&str, &str, &str)] = &[
     ("fs", "keel-plugin-fs", "keel_plugin_fs.wasm"),
     ("csv", "keel-plugin-csv", "keel_plugin_csv.wasm"),
     ("control", "keel-plugin-control", "keel_plugin_control.wasm"),
+    ("http", "keel-plugin-http", "keel_plugin_http.wasm"),
 ];
 
 fn main() {

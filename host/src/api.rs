@@ -38,6 +38,9 @@ pub struct SessionSpec {
     pub id: Option<String>,
     /// Directories the session's tools may reach; fixed at creation.
     pub grants: Vec<Grant>,
+    /// Network destinations the session's tools may send HTTP requests to, and the secrets
+    /// bound to them; fixed at creation.
+    pub net: crate::sandbox::net::NetGrants,
     /// The tools the model sees; `None`: every installed tool.
     pub tools: Option<Vec<String>>,
     /// Policy adjustments by tool name or effect class, applied to the default policy.
@@ -129,6 +132,7 @@ impl Harness {
             p.model.validate()?;
         }
         Grant::check_disjoint(&spec.grants).map_err(|e| ApiError::Grant(e.to_string()))?;
+        self.tools.check_net(&spec.net).map_err(|e| ApiError::Grant(e.to_string()))?;
         let named_tools = spec.tools.is_some();
         let delegation = |t: &str| DELEGATION_TOOLS.contains(&t);
         let mut tools: Vec<String> = match spec.tools {
@@ -168,6 +172,7 @@ impl Harness {
         let new = NewSession {
             id: spec.id,
             grants: spec.grants,
+            net: spec.net,
             tools,
             policy,
             budget: spec.budget,

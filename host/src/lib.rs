@@ -5,7 +5,10 @@
 //!
 //! Owners (one module each, one owner per fact):
 //! - [`sandbox`] — ProcessSandbox: runs one component call under a budget, with only the
-//!   granted directories. Decides nothing about what is allowed.
+//!   granted directories and, through its egress hook, only the granted network
+//!   destinations. Decides nothing about what is allowed.
+//! - [`secrets`] — the secrets broker: the encrypted store of credentials, and the redactor
+//!   every call's output passes.
 //! - [`tools`] — ToolService: the tool catalog (install, validate, pin by digest) and the
 //!   governance chain of one call (resolve → schema → lease → sandbox → normalise).
 //! - [`session`] — SessionEngine: sessions, history, inbox, journal, approvals, evidence and
@@ -43,6 +46,7 @@ pub mod plan;
 pub mod policy;
 pub mod sandbox;
 pub mod search;
+pub mod secrets;
 pub mod serve;
 pub mod session;
 pub mod skills;

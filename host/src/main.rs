@@ -81,6 +81,10 @@ enum Command {
     /// Tokens for the HTTP API and console, each with a role (admin or user).
     #[command(subcommand)]
     Token(commands::serve::TokenCommand),
+    /// The secrets broker: credentials keel writes into tools' HTTP requests on the wire
+    /// (`--secret NAME@HOST`), which tools, logs, the database and the model never see.
+    #[command(subcommand)]
+    Secret(commands::secret::SecretCommand),
     /// Grant presets: named directory grants users may give their sessions over the API.
     #[command(subcommand)]
     Grant(commands::serve::GrantCommand),
@@ -138,6 +142,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => commands::serve::serve(home, *args).await,
             Command::Token(cmd) => commands::serve::tokens(home, cmd).await,
             Command::Grant(cmd) => commands::serve::grants(home, cmd).await,
+            Command::Secret(cmd) => commands::secret::execute(home, cmd),
             Command::Skill(cmd) => commands::skill::execute(home, cmd).await,
             Command::Memory(cmd) => commands::skill::memory(home, cmd).await,
             Command::Run(args) => commands::run::execute(home, *args).await,

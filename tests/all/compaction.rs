@@ -32,6 +32,7 @@ async fn session(
         .create(NewSession {
             id: Some(id.into()),
             grants,
+            net: Default::default(),
             tools: tools.iter().map(|t| t.to_string()).collect(),
             policy,
             budget: Budget { timeout: std::time::Duration::from_secs(20), ..Budget::default() },
@@ -377,6 +378,7 @@ async fn a_redacted_canary_reaches_no_summary_request_and_no_summary() {
         .create(NewSession {
             id: Some("bad".into()),
             grants: Vec::new(),
+            net: Default::default(),
             tools: Vec::new(),
             policy: bad,
             budget: Budget::default(),

@@ -121,6 +121,7 @@ fn intent(id: &str, tool: &str, effect: &str, idempotent: bool) -> JournalEntry 
         duration_ms: None,
         idempotent,
         approval_id: None,
+        net: None,
         control_requests: Vec::new(),
     }
 }

@@ -274,6 +274,7 @@ async fn catalog_cache_follows_the_catalog_not_every_commit() {
                 owner: None,
                 id: Some(format!("s{i}")),
                 grants: Vec::new(),
+                net: Default::default(),
                 tools: loaded.clone(),
                 policy: keel::session::Policy::default(),
                 budget: Budget::default(),

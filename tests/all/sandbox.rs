@@ -205,6 +205,7 @@ async fn a7_cancelled_call_stops_and_is_recorded_cancelled() {
             tool,
             input: &input,
             grants: &[],
+            net: keel::sandbox::net::NetGrants::none(),
             budget: Budget::default(),
             cancel: Some(cancel),
             loaded: None,

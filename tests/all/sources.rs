@@ -159,6 +159,7 @@ async fn a_host_tool_gets_the_same_checks_deadline_and_output_cap() {
         tool: "note_add",
         input,
         grants: &[],
+        net: keel::sandbox::net::NetGrants::none(),
         budget,
         cancel: None,
         loaded: None,

@@ -72,6 +72,7 @@ fn main() {
             .create(NewSession {
                 id: Some("long".into()),
                 grants: Vec::new(),
+                net: Default::default(),
                 tools: Vec::new(),
                 policy: Policy::default(),
                 budget: Budget::default(),

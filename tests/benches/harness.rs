@@ -421,6 +421,7 @@ async fn recovery(n: usize) {
                     owner: None,
                     id: Some(format!("r{i}")),
                     grants: Vec::new(),
+                    net: Default::default(),
                     tools: vec!["write".into()],
                     policy: keel::session::Policy::default(),
                     budget: keel::sandbox::Budget::default(),

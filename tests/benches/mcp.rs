@@ -96,6 +96,7 @@ fn main() {
                 tool: "py__echo",
                 input: r#"{"text":"x"}"#,
                 grants: &[],
+                net: keel::sandbox::net::NetGrants::none(),
                 budget: Budget::default(),
                 cancel: None,
                 loaded: None,

@@ -115,8 +115,9 @@ fn main() {
             let mut samples = Vec::with_capacity(iters);
             for i in 0..iters + iters / 10 {
                 let t = Instant::now();
-                let r =
-                    rt.block_on(sandbox.invoke(pre, tool, input, grants, fs, &budget, None, None));
+                let r = rt.block_on(
+                    sandbox.invoke(pre, tool, input, grants, fs, &budget, None, None, None),
+                );
                 let e = t.elapsed();
                 assert!(r.result.is_ok(), "{tool}: {:?}", r.result);
                 if i >= iters / 10 {
@@ -144,6 +145,7 @@ fn main() {
                 tool,
                 input,
                 grants,
+                net: keel::sandbox::net::NetGrants::none(),
                 budget: budget.clone(),
                 cancel: None,
                 loaded: None,
@@ -240,6 +242,7 @@ fn main() {
                                 &g,
                                 FsPolicy::read_only(),
                                 &budget,
+                                None,
                                 None,
                                 None,
                             )

@@ -23,7 +23,7 @@ use crate::tools::ToolService;
 
 use crate::ids::{CallId, UnitId};
 use calls::StepEnd;
-pub use calls::result_content;
+pub use calls::{net_records, result_content};
 
 /// Something worth telling the user while a turn runs.
 #[derive(Debug, Clone, PartialEq)]

@@ -110,6 +110,7 @@ impl Brain {
             duration_ms: None,
             idempotent: resolved.as_ref().is_some_and(|r| r.record.idempotent),
             approval_id: None,
+            net: None,
             control_requests: Vec::new(),
         };
         let step = self.engine().begin_direct(id, entry.clone()).await?;
@@ -186,6 +187,7 @@ impl Brain {
                     tool,
                     input,
                     grants: &meta.grants,
+                    net: &meta.net,
                     budget: meta.budget.clone(),
                     cancel: Some(cancel.clone()),
                     loaded: Some(&meta.loaded_tools),
@@ -204,6 +206,7 @@ impl Brain {
         let outcome = match outcome {
             Ok(o) => {
                 entry.changes = o.changes.as_ref().and_then(|c| serde_json::to_string(c).ok());
+                entry.net = crate::agent::net_records(&o.report.net);
                 Ok(o)
             }
             Err(e) => Err(refusal_of(&e)),

@@ -23,7 +23,7 @@ pub const DEFAULT_HTTP: &str = "127.0.0.1:7430";
 pub enum McpCommand {
     /// Serve keel's tools to an MCP client: on stdin/stdout (default) or over streamable HTTP
     /// (--http). Each connection is a keel session; grants, tools and policy are fixed here.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Add an external MCP server: its tools enter the catalog as NAME__TOOL, pinned by a
     /// digest of their descriptions and schemas. Stdio: `keel mcp add NAME -- COMMAND ARGS…`;
     /// HTTP: `keel mcp add NAME --url URL`.
@@ -103,6 +103,8 @@ pub struct ServeArgs {
     /// Repeatable.
     #[arg(long = "grant", value_name = "HOST_DIR[=GUEST][:ro|:rw]")]
     grants: Vec<Grant>,
+    #[command(flatten)]
+    net: super::NetArgs,
     /// The tools offered, comma-separated (default: every installed tool but keel's control
     /// tools).
     #[arg(long, value_delimiter = ',')]
@@ -145,7 +147,7 @@ pub async fn execute(home: PathBuf, cmd: McpCommand) -> ExitCode {
         Err(e) => return super::fail(json, "setup", &e, EXIT_SETUP),
     };
     match cmd {
-        McpCommand::Serve(a) => serve(&home, harness, a).await,
+        McpCommand::Serve(a) => serve(&home, harness, *a).await,
         McpCommand::Add(a) => add(&harness, a).await,
         McpCommand::List(a) => list(&harness, a.json),
         McpCommand::Inspect(a) => inspect(&harness, a),
@@ -434,6 +436,7 @@ async fn serve(home: &keel::home::Home, harness: Harness, a: ServeArgs) -> ExitC
     let config = Arc::new(ServeConfig {
         id: None,
         grants: a.grants,
+        net: a.net.grants(),
         tools: (!a.tools.is_empty()).then_some(a.tools),
         allow: a.allow,
         ask: a.ask,

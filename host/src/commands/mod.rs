@@ -4,6 +4,7 @@ pub mod approval;
 pub mod events;
 pub mod mcp;
 pub mod run;
+pub mod secret;
 pub mod serve;
 pub mod session;
 pub mod skill;
@@ -103,6 +104,70 @@ pub fn prefixed(prefix: &str, text: &str) -> String {
         escape_into(&mut out, line, false);
     }
     out
+}
+
+/// The network grants shared by `keel run` and `keel tool call`.
+#[derive(Args, Clone, Default)]
+pub struct NetArgs {
+    /// Let tools send HTTP requests to [http://]HOST[:PORT]. Repeatable. An exact host or
+    /// *.DOMAIN (names below it); https only unless it says http://; the scheme's default port
+    /// unless it names one. Without any, every request is refused (HTTP-request-denied).
+    /// Addresses that are loopback, private, link-local or otherwise not public are refused
+    /// whatever the name.
+    #[arg(long = "net", value_name = "[http://]HOST[:PORT]")]
+    pub net: Vec<keel::sandbox::net::NetRule>,
+    /// For testing against a local server only: let requests to HOST:PORT (granted with
+    /// --net) reach a loopback address. Keyed on the name and the port: other names that
+    /// resolve to loopback stay refused. Repeatable.
+    #[arg(long = "net-allow-loopback", value_name = "HOST:PORT")]
+    pub loopback: Vec<keel::sandbox::net::LoopbackException>,
+    /// Bind a stored secret (`keel secret set NAME`) to one destination granted with --net.
+    /// keel writes it into requests to exactly that scheme, host and port — as header
+    /// `authorization: Bearer VALUE` unless :header= and :format= say otherwise — and fills in
+    /// the placeholder {{secret:NAME}} there only. The tool never holds the value, and every
+    /// occurrence of it in what a call returns is replaced by [secret:NAME]. Repeatable.
+    #[arg(long = "secret", value_name = "NAME@HOST[:PORT][:header=H][:format=F]")]
+    pub secrets: Vec<keel::sandbox::net::SecretBinding>,
+    /// Bytes one call may send (request bodies) and receive (response bodies) over the
+    /// network in all. Default: 16777216 (16 MiB).
+    #[arg(long = "net-max-bytes", value_name = "BYTES")]
+    pub max_bytes: Option<u64>,
+}
+
+impl NetArgs {
+    /// Whether any network flag was given.
+    pub fn given(&self) -> bool {
+        !self.net.is_empty()
+            || !self.loopback.is_empty()
+            || !self.secrets.is_empty()
+            || self.max_bytes.is_some()
+    }
+
+    /// The grants the flags describe (checked where they are used).
+    pub fn grants(&self) -> keel::sandbox::net::NetGrants {
+        keel::sandbox::net::NetGrants {
+            allow: self.net.clone(),
+            loopback: self.loopback.clone(),
+            secrets: self.secrets.clone(),
+            max_bytes: self.max_bytes.unwrap_or(keel::sandbox::net::DEFAULT_NET_MAX_BYTES),
+        }
+    }
+}
+
+/// One request of a call, on one line: `GET https://host:443/path → 200, 1234 bytes in 12 ms`
+/// or `denied GET … : why`.
+pub fn net_line(n: &keel::sandbox::net::NetRecord) -> String {
+    let target = format!("{} {}://{}:{}{}", n.method, n.scheme, n.host, n.port, n.path);
+    match (n.outcome.as_str(), n.status) {
+        ("ok", Some(status)) => format!(
+            "net {target} → {status}, sent {} bytes, received {} bytes, {:.0} ms",
+            n.sent, n.received, n.ms
+        ),
+        (outcome, _) => format!(
+            "net {outcome} {target}: {}",
+            n.reason.as_deref().unwrap_or("no reason recorded")
+        ),
+    }
 }
 
 /// The per-call budget flags shared by `keel tool call` and `keel run`.

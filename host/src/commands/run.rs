@@ -32,6 +32,8 @@ pub struct RunArgs {
     /// Grant a host directory to the session: HOST_DIR[=GUEST_PATH][:ro|:rw]. Repeatable.
     #[arg(long = "grant", value_name = "HOST_DIR[=GUEST][:ro|:rw]")]
     grants: Vec<Grant>,
+    #[command(flatten)]
+    net: super::NetArgs,
     /// Tools to load, comma-separated (default: every installed tool).
     #[arg(long, value_delimiter = ',')]
     tools: Vec<String>,
@@ -326,12 +328,12 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
     };
     let id = if existing {
         let id = a.session.clone().unwrap_or_default();
-        if !a.grants.is_empty() {
+        if !a.grants.is_empty() || a.net.given() {
             return fail(
                 a.json,
                 "grant",
                 &format!(
-                    "session `{id}` exists; its grants are fixed at creation (start a new session to change them)"
+                    "session `{id}` exists; its grants (directories and network) are fixed at creation (start a new session to change them)"
                 ),
                 EXIT_REFUSED,
             );
@@ -402,6 +404,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
         let spec = SessionSpec {
             id: a.session.clone(),
             grants: a.grants.clone(),
+            net: a.net.grants(),
             tools: (!a.tools.is_empty()).then(|| a.tools.clone()),
             allow: a.allow.clone(),
             ask: a.ask.clone(),

@@ -334,6 +334,7 @@ pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
     let template = keel::api::SessionSpec {
         id: None,
         grants: Vec::new(),
+        net: Default::default(),
         tools: None,
         allow: Vec::new(),
         ask: Vec::new(),

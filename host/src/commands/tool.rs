@@ -71,6 +71,8 @@ pub struct CallArgs {
     #[arg(long = "grant", value_name = "HOST_DIR[=GUEST][:ro|:rw]")]
     grants: Vec<Grant>,
     #[command(flatten)]
+    net: super::NetArgs,
+    #[command(flatten)]
     budget: BudgetArgs,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -233,10 +235,12 @@ async fn call(service: &Harness, a: CallArgs) -> ExitCode {
             on_interrupt.cancel();
         }
     });
+    let net = a.net.grants();
     let req = CallRequest {
         tool: &a.name,
         input: &a.input,
         grants: &a.grants,
+        net: &net,
         budget,
         cancel: Some(cancel),
         loaded: None,
@@ -265,6 +269,7 @@ async fn call(service: &Harness, a: CallArgs) -> ExitCode {
                 "output": output, "error": error, "changes": outcome.changes,
                 "stdout": r.stdout, "stderr": r.stderr, "logs": r.logs,
                 "dropped_logs": r.dropped_logs, "progress": r.progress, "fs": r.fs,
+                "net": r.net.records, "net_dropped": r.net.dropped,
                 "fuel_used": r.fuel_used, "memory_peak": r.memory_peak,
                 "duration_ms": r.duration.as_secs_f64() * 1e3,
             })
@@ -287,6 +292,12 @@ async fn call(service: &Harness, a: CallArgs) -> ExitCode {
         }
         for d in &r.fs.denied {
             eprintln!("keel: denied {}", inert(d));
+        }
+        for n in &r.net.records {
+            eprintln!("keel: {}", inert(&super::net_line(n)));
+        }
+        if r.net.dropped > 0 {
+            eprintln!("keel: {} more requests were not recorded", r.net.dropped);
         }
         if r.fs.denied_dropped > 0 {
             eprintln!("keel: {} more operations denied", r.fs.denied_dropped);

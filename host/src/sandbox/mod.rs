@@ -15,6 +15,7 @@ pub mod grant;
 mod host_api;
 mod imports;
 mod limits;
+pub mod net;
 mod pipe;
 mod run;
 mod wasi;
@@ -278,6 +279,13 @@ impl Sandbox {
         check_granted(names.iter().map(String::as_str), trusted)
     }
 
+    /// Whether the component in `bytes` imports `wasi:http` (can reach the network).
+    pub fn imports_http(&self, bytes: &[u8]) -> Result<bool, LoadError> {
+        let names = imports::top_level_imports(bytes)
+            .map_err(|e| LoadError::Compile { source: wasmtime::format_err!("{e}") })?;
+        Ok(net::imports_http(names.iter().map(String::as_str)))
+    }
+
     /// Checks that `component` targets the keel tool world and imports only granted
     /// interfaces (the control interfaces too when it is `trusted` with them), and links it.
     pub fn prepare(&self, component: &Component, trusted: bool) -> Result<Prepared, LoadError> {
@@ -315,8 +323,9 @@ impl Sandbox {
     }
 
     /// Runs tool `tool` with JSON `input` on a fresh instance, under `budget`, seeing only
-    /// `grants`, with the filesystem guarded by `fs`. Never panics on guest behaviour: every
-    /// failure is a typed [`CallError`].
+    /// `grants`, with the filesystem guarded by `fs` and its HTTP requests checked against
+    /// `net` (`None`: every request refused). Never panics on guest behaviour: every failure
+    /// is a typed [`CallError`].
     #[allow(clippy::too_many_arguments)]
     pub async fn invoke(
         &self,
@@ -328,9 +337,10 @@ impl Sandbox {
         budget: &Budget,
         cancel: Option<&CancelToken>,
         control: Option<ControlCtx>,
+        net: Option<net::EgressPlan>,
     ) -> CallReport<String> {
         let _slot = self.slots.acquire().await;
         let engine = prepared.pre.engine();
-        run::invoke(engine, prepared, tool, input, grants, fs, budget, cancel, control).await
+        run::invoke(engine, prepared, tool, input, grants, fs, budget, cancel, control, net).await
     }
 }

@@ -13,6 +13,7 @@ use super::fs::{FsPolicy, FsReport};
 use super::grant::Grant;
 use super::host_api::{LogRecord, Progress, ToolSpec, WitEffect, WitToolError};
 use super::limits::{CallLimits, LimitExceeded};
+use super::net::{Egress, EgressPlan};
 use super::pipe::{CappedPipe, Captured};
 use super::wasi::{self, CallState};
 use super::{Budget, CancelToken, Prepared};
@@ -44,7 +45,7 @@ pub struct RawSpec {
 }
 
 /// Everything one call produced, whether it succeeded or not.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct CallReport<T> {
     pub result: Result<T, CallError>,
     pub stdout: Captured,
@@ -60,6 +61,8 @@ pub struct CallReport<T> {
     pub fs: FsReport,
     /// The changes a control component asked for (a call that succeeded only).
     pub control_requests: Vec<crate::control::ControlRequest>,
+    /// The HTTP requests the call sent or was refused (never bodies or headers).
+    pub net: super::net::NetReport,
 }
 
 enum Action<'a> {
@@ -77,9 +80,18 @@ pub async fn describe(
     prepared: &Prepared,
     budget: &Budget,
 ) -> CallReport<Vec<RawSpec>> {
-    let report =
-        execute(engine, prepared, Action::Describe, &[], FsPolicy::read_only(), budget, None, None)
-            .await;
+    let report = execute(
+        engine,
+        prepared,
+        Action::Describe,
+        &[],
+        FsPolicy::read_only(),
+        budget,
+        None,
+        None,
+        None,
+    )
+    .await;
     map_report(report, |o| match o {
         Output::Specs(s) => Ok(s),
         Output::Text(_) => {
@@ -99,9 +111,10 @@ pub async fn invoke(
     budget: &Budget,
     cancel: Option<&CancelToken>,
     control: Option<ControlCtx>,
+    net: Option<EgressPlan>,
 ) -> CallReport<String> {
     let action = Action::Invoke { tool, input, max_output: budget.max_output };
-    let report = execute(engine, prepared, action, grants, fs, budget, cancel, control).await;
+    let report = execute(engine, prepared, action, grants, fs, budget, cancel, control, net).await;
     map_report(report, |o| match o {
         Output::Text(t) => Ok(t),
         Output::Specs(_) => {
@@ -123,6 +136,7 @@ fn map_report<A, B>(r: CallReport<A>, f: impl FnOnce(A) -> Result<B, CallError>)
         duration: r.duration,
         fs: r.fs,
         control_requests: r.control_requests,
+        net: r.net,
     }
 }
 
@@ -136,8 +150,10 @@ async fn execute(
     budget: &Budget,
     cancel: Option<&CancelToken>,
     control: Option<ControlCtx>,
+    net: Option<EgressPlan>,
 ) -> CallReport<Output> {
     let started = Instant::now();
+    let net = net.unwrap_or_else(|| EgressPlan::none(started + budget.timeout));
     let stdout = CappedPipe::new(budget.max_stdio);
     let stderr = CappedPipe::new(budget.max_stdio);
     let report = |result: Result<Output, CallError>, store: Option<&Store<CallState>>| {
@@ -147,6 +163,7 @@ async fn execute(
             }
             _ => Vec::new(),
         };
+        let net = store.map(|s| s.data().egress.report()).unwrap_or_default();
         let (logs, dropped_logs, progress, fuel_used, memory_peak, fs) = match store {
             Some(s) => {
                 // Compiled code keeps the fuel it burns in a register and writes it back only
@@ -176,13 +193,14 @@ async fn execute(
             duration: started.elapsed(),
             fs,
             control_requests,
+            net,
         }
     };
     let ctx = match wasi::build_ctx(grants, fs.read_only, &stdout, &stderr) {
         Ok(c) => c,
         Err(e) => return report(Err(CallError::Setup { detail: format!("{e:#}") }), None),
     };
-    let mut state = CallState::new(ctx, CallLimits::new(budget.memory), fs);
+    let mut state = CallState::new(ctx, CallLimits::new(budget.memory), fs, Egress::new(net));
     state.control = control;
     let mut store = Store::new(engine, state);
     store.limiter(|s| &mut s.limits);

@@ -3,9 +3,12 @@
 //! [`build_ctx`] starts from nothing and adds only what the lease says:
 //! - no environment variables and no arguments;
 //! - stdin closed; stdout and stderr captured into capped buffers (never the host's stdio);
-//! - no network: `wasi:sockets` is linked (language runtimes such as CPython import it) but
+//! - no sockets: `wasi:sockets` is linked (language runtimes such as CPython import it) but
 //!   denies everything — no TCP, no UDP, no name lookup, every address refused — so every
-//!   socket operation fails inside the guest; `wasi:http` is not linked at all;
+//!   socket operation fails inside the guest;
+//! - outgoing HTTP only: `wasi:http/outgoing-handler` is linked with keel's egress hook
+//!   ([`super::net`]), which checks every request against the call's network grants (none:
+//!   every request is refused with `HTTP-request-denied`);
 //! - the filesystem is exactly the grants, each mounted read-only or read-write, behind the
 //!   guard of [`super::fs`] (effect class, write quota, creation cap);
 //! - clocks and random numbers (they reveal nothing of the host).
@@ -55,6 +58,8 @@ pub const GRANTED_INTERFACES: &[&str] = &[
     "wasi:sockets/udp",
     "wasi:sockets/udp-create-socket",
     "wasi:sockets/ip-name-lookup",
+    "wasi:http/types",
+    "wasi:http/outgoing-handler",
     "keel:tool/types",
     "keel:tool/host",
 ];
@@ -62,7 +67,7 @@ pub const GRANTED_INTERFACES: &[&str] = &[
 /// Explains why an interface that is not granted is refused.
 pub fn why_not_granted(interface: &str) -> &'static str {
     if interface.starts_with("wasi:http/") {
-        "outgoing HTTP is not granted to tools"
+        "a tool sends HTTP requests (wasi:http/outgoing-handler); it does not serve them"
     } else if interface.starts_with("keel:") {
         "this host interface is only linked for trusted control tools"
     } else {
@@ -79,6 +84,19 @@ pub struct CallState {
     pub(super) fs: FsGuard,
     /// The plan of a call of a trusted control component (`None` for every other call).
     pub(super) control: Option<super::control::ControlCtx>,
+    http: wasmtime_wasi_http::WasiHttpCtx,
+    /// The egress hook: every `wasi:http` request of the call passes it.
+    pub(super) egress: super::net::Egress,
+}
+
+impl wasmtime_wasi_http::WasiHttpView for CallState {
+    fn http(&mut self) -> wasmtime_wasi_http::WasiHttpCtxView<'_> {
+        wasmtime_wasi_http::WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.egress,
+        }
+    }
 }
 
 impl WasiView for CallState {
@@ -88,7 +106,12 @@ impl WasiView for CallState {
 }
 
 impl CallState {
-    pub(super) fn new(wasi: WasiCtx, limits: CallLimits, fs: FsPolicy) -> Self {
+    pub(super) fn new(
+        wasi: WasiCtx,
+        limits: CallLimits,
+        fs: FsPolicy,
+        egress: super::net::Egress,
+    ) -> Self {
         Self {
             wasi,
             table: ResourceTable::new(),
@@ -96,6 +119,8 @@ impl CallState {
             host: HostApiCtx::default(),
             fs: FsGuard::new(fs),
             control: None,
+            http: wasmtime_wasi_http::WasiHttpCtx::new(),
+            egress,
         }
     }
 
@@ -135,7 +160,8 @@ pub fn build_ctx(
     Ok(b.build())
 }
 
-/// Links the granted WASI interfaces and `keel:tool/host`.
+/// Links the granted WASI interfaces (outgoing HTTP through the egress hook) and
+/// `keel:tool/host`.
 pub fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
     use wasmtime_wasi::cli::{WasiCli, WasiCliView};
     use wasmtime_wasi::clocks::WasiClocks;
@@ -171,6 +197,7 @@ pub fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
     wasi::sockets::instance_network::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
     wasi::sockets::network::add_to_linker::<T, WasiSockets>(l, &Default::default(), T::sockets)?;
     wasi::sockets::ip_name_lookup::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(l)?;
     host_api::add_to_linker(l, |t: &mut T| HostApi::new(&mut t.host))?;
     Ok(())
 }

@@ -53,7 +53,7 @@ pub fn recover_in(
     let rows: Vec<(i64, JournalEntry)> = c
         .prepare_cached(
             "SELECT step, call_id, position, tool, input, component_digest, effect, status, result,
-                    error_kind, changes, duration_ms, idempotent, approval_id
+                    error_kind, changes, duration_ms, idempotent, approval_id, net
              FROM tool_calls WHERE session_id=?1 AND status IN ('intent', 'waiting')
                AND step IS NOT ?2 ORDER BY step, position",
         )?

@@ -103,6 +103,9 @@ pub struct SessionMeta {
     /// The session's loop guards (`None`: those of the harness that runs its turns).
     pub guards: Option<super::LoopGuards>,
     pub grants: Vec<Grant>,
+    /// Where the session's tools may send HTTP requests, and the secrets bound there (fixed at
+    /// creation, like `grants`).
+    pub net: crate::sandbox::net::NetGrants,
     pub meta_version: i64,
     pub context_start: i64,
     pub steps: i64,
@@ -130,12 +133,12 @@ pub fn load_meta_at(
     counters: MetaCounters,
 ) -> Result<SessionMeta, StoreError> {
     let (
-        (goal, phase, phase_turn, preprocess, owner),
+        (goal, phase, phase_turn, preprocess, owner, net),
         (tools, policy, budget, model, system, pins, guards, user),
     ) = c
         .prepare_cached(
             "SELECT session_goal, phase_goal, phase_turn, preprocess, loaded_tools, policy,
-                    budget, model, system_prompt, tool_pins, guards, user, owner
+                    budget, model, system_prompt, tool_pins, guards, user, owner, net
              FROM session_config WHERE session_id=?1",
         )?
         .query_row([id], |r| {
@@ -146,6 +149,7 @@ pub fn load_meta_at(
                     r.get::<_, Option<i64>>(2)?,
                     r.get::<_, Option<String>>(3)?,
                     r.get::<_, Option<String>>(12)?,
+                    r.get::<_, Option<String>>(13)?,
                 ),
                 (
                     r.get::<_, String>(4)?,
@@ -214,6 +218,7 @@ pub fn load_meta_at(
         system_prompt: system,
         guards: guards.map(|g| parse(&g, "loop guards")).transpose()?,
         grants,
+        net: net.map(|n| parse(&n, "network grants")).transpose()?.unwrap_or_default(),
         meta_version: 0,
         context_start: 0,
         steps: 0,
@@ -498,10 +503,11 @@ pub fn put_journal(
     c.prepare_cached(
         "INSERT INTO tool_calls (session_id, step, call_id, position, tool, input, input_digest, component_digest,
                                  effect, status, result, error_kind, changes, duration_ms, created_at, finished_at,
-                                 idempotent, approval_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
+                                 idempotent, approval_id, net)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)
          ON CONFLICT (session_id, step, call_id) DO UPDATE SET status=excluded.status, result=excluded.result,
              error_kind=excluded.error_kind, changes=excluded.changes, duration_ms=excluded.duration_ms,
+             net=COALESCE(excluded.net, net),
              finished_at=excluded.finished_at, component_digest=excluded.component_digest,
              approval_id=COALESCE(excluded.approval_id, approval_id)",
     )?
@@ -523,7 +529,8 @@ pub fn put_journal(
         now_ms(),
         finished,
         e.idempotent,
-        e.approval_id
+        e.approval_id,
+        e.net
     ])?;
     // The changes a finished control call asked for commit with its result, once.
     if e.status == super::JournalStatus::Done && !e.control_requests.is_empty() {
@@ -545,7 +552,8 @@ pub fn put_journal(
 }
 
 /// A journal entry from the columns `call_id, position, tool, input, component_digest, effect,
-/// status, result, error_kind, changes, duration_ms, idempotent, approval_id` starting at `at`.
+/// status, result, error_kind, changes, duration_ms, idempotent, approval_id, net` starting at
+/// `at`.
 pub fn journal_row(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<JournalEntry> {
     Ok(JournalEntry {
         call_id: r.get(at)?,
@@ -561,6 +569,7 @@ pub fn journal_row(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Journal
         duration_ms: r.get(at + 10)?,
         idempotent: r.get(at + 11)?,
         approval_id: r.get(at + 12)?,
+        net: r.get(at + 13)?,
         control_requests: Vec::new(),
     })
 }

@@ -60,6 +60,8 @@ pub struct NewSession {
     /// Chosen id (letters, digits, `-`, `_`), or a generated one.
     pub id: Option<String>,
     pub grants: Vec<Grant>,
+    /// Where the session's tools may send HTTP requests, and the secrets bound there.
+    pub net: crate::sandbox::net::NetGrants,
     /// Tools loaded into the session (the only ones its model sees and may call).
     pub tools: Vec<String>,
     pub policy: Policy,
@@ -146,6 +148,10 @@ pub struct JournalEntry {
     pub idempotent: bool,
     /// The approval consumed by this call, if the policy asked for one.
     pub approval_id: Option<UnitId>,
+    /// The HTTP requests the call sent or was refused, as JSON records (method, host, port,
+    /// path, status, bytes, time, outcome and reason; never bodies or headers). `None`: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net: Option<String>,
     /// The changes a control call asked for (plan changes, skills and tools to load, facts to
     /// remember), applied when its result is committed (not stored with the row: the plan's
     /// versions, the session's capabilities and the memories keep them).
@@ -890,8 +896,8 @@ pub fn create_in(c: &Connection, id: &str, new: &NewSession) -> Result<(), Store
         params![id, now_ms()],
     )?;
     c.execute(
-        "INSERT INTO session_config (session_id, loaded_tools, policy, budget, model, system_prompt, guards, preprocess, user, owner)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        "INSERT INTO session_config (session_id, loaded_tools, policy, budget, model, system_prompt, guards, preprocess, user, owner, net)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         params![
             id,
             json(&new.tools)?,
@@ -902,7 +908,8 @@ pub fn create_in(c: &Connection, id: &str, new: &NewSession) -> Result<(), Store
             new.guards.as_ref().map(json).transpose()?,
             new.preprocess.as_ref().map(json).transpose()?,
             new.user.clone().unwrap_or_else(crate::memory::default_user),
-            new.owner.as_ref().map(json).transpose()?
+            new.owner.as_ref().map(json).transpose()?,
+            (!new.net.is_empty()).then(|| json(&new.net)).transpose()?
         ],
     )?;
     let origins: Vec<(String, capabilities::Via)> = new

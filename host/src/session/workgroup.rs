@@ -356,6 +356,8 @@ pub fn spawn_in(
     let new = super::NewSession {
         id: Some(spawn.child.clone()),
         grants: spawn.grants.clone(),
+        // A child reaches what its parent may reach on the network, no more.
+        net: meta.net.clone(),
         tools: tools.clone(),
         policy: meta.policy.clone(),
         budget: meta.budget.clone(),

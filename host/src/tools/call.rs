@@ -4,9 +4,11 @@
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
+use crate::sandbox::net::{EgressPlan, NetGrants};
 use crate::sandbox::{
     Access, Budget, CallError, CallReport, CancelToken, FsPolicy, Grant, LoadSource, Prepared,
 };
+use crate::secrets::{Redactor, SecretStore};
 use crate::session::ConsumedApproval;
 
 use super::source::{self, HostCall, ToolSource};
@@ -22,6 +24,8 @@ pub struct CallRequest<'a> {
     /// JSON object text.
     pub input: &'a str,
     pub grants: &'a [Grant],
+    /// Where the call's HTTP requests may go, and the secrets bound to those destinations.
+    pub net: &'a NetGrants,
     pub budget: Budget,
     pub cancel: Option<CancelToken>,
     /// When set, only these tools may be called (the tools loaded in a session).
@@ -84,6 +88,14 @@ impl ToolService {
             })
             .collect();
         if problems.is_empty() { Ok(value) } else { Err(invalid(problems)) }
+    }
+
+    /// Checks network grants before they are stored or used: they fit together, and every
+    /// secret they bind is in the store.
+    pub fn check_net(&self, net: &NetGrants) -> Result<(), ToolServiceError> {
+        net.check()?;
+        SecretStore::new(self.home.root()).get(&net.secret_names())?;
+        Ok(())
     }
 
     /// Loads (from memory, the artifact cache, or by compiling) the component with `digest`.
@@ -160,6 +172,24 @@ impl ToolService {
             });
         }
         Grant::check_disjoint(req.grants)?;
+        req.net.check()?;
+        // The values of the secrets the call may send, read once per call; every output of the
+        // call is redacted of them before anyone sees it.
+        let values = SecretStore::new(self.home.root()).get(&req.net.secret_names())?;
+        let redactor = Redactor::new(&values);
+        let deadline = std::time::Instant::now() + req.budget.timeout;
+        let egress = EgressPlan {
+            grants: req.net.clone(),
+            secrets: req
+                .net
+                .secrets
+                .iter()
+                .filter_map(|b| {
+                    values.iter().find(|(n, _)| *n == b.name).map(|(_, v)| (b.clone(), v.clone()))
+                })
+                .collect(),
+            deadline,
+        };
         let writes = tool.effect != Effect::ReadOnly;
         let requests: Vec<LeaseRequest> = req
             .grants
@@ -235,6 +265,7 @@ impl ToolService {
                         &req.budget,
                         req.cancel.as_ref(),
                         control,
+                        Some(egress),
                     )
                     .await;
                 parsed(report)
@@ -265,7 +296,45 @@ impl ToolService {
             None if track => Some(ChangeSet::default()),
             None => None,
         };
+        let mut report = report;
+        redact_report(&mut report, &redactor);
         Ok(CallOutcome { tool: tool.clone(), report, changes })
+    }
+}
+
+/// Replaces every secret value in what a call produced (output, errors, stdio, logs,
+/// progress, request records) before it leaves the ToolService.
+fn redact_report(r: &mut CallReport<serde_json::Value>, redactor: &Redactor) {
+    if redactor.is_empty() {
+        return;
+    }
+    match &mut r.result {
+        Ok(v) => redactor.redact_json(v),
+        Err(e) => match e {
+            CallError::Tool { message: s, .. }
+            | CallError::MemoryLimit { detail: s }
+            | CallError::InvalidOutput { reason: s }
+            | CallError::Crashed { detail: s }
+            | CallError::Setup { detail: s } => redactor.redact_string(s),
+            _ => {}
+        },
+    }
+    redactor.redact_string(&mut r.stdout.text);
+    redactor.redact_string(&mut r.stderr.text);
+    for l in &mut r.logs {
+        redactor.redact_string(&mut l.message);
+    }
+    if let Some(p) = &mut r.progress {
+        redactor.redact_string(&mut p.message);
+    }
+    for d in &mut r.fs.denied {
+        redactor.redact_string(d);
+    }
+    for n in &mut r.net.records {
+        redactor.redact_string(&mut n.path);
+        if let Some(reason) = &mut n.reason {
+            redactor.redact_string(reason);
+        }
     }
 }
 
@@ -292,5 +361,6 @@ fn parsed(report: CallReport<String>) -> CallReport<serde_json::Value> {
         duration: report.duration,
         fs: report.fs,
         control_requests: report.control_requests,
+        net: report.net,
     }
 }

@@ -19,6 +19,10 @@ pub enum ToolServiceError {
     Grant(#[from] GrantError),
     #[error(transparent)]
     Busy(#[from] LeaseBusy),
+    #[error(transparent)]
+    NetGrant(#[from] crate::sandbox::net::NetGrantError),
+    #[error(transparent)]
+    Secret(#[from] crate::secrets::SecretError),
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -86,6 +90,8 @@ impl ToolServiceError {
             Self::Config(_) => "config",
             Self::Grant(_) => "grant",
             Self::Busy(_) => "busy",
+            Self::NetGrant(_) => "grant",
+            Self::Secret(_) => "secrets",
             Self::Io { .. } => "io",
             Self::InvalidComponentName { .. } => "invalid_name",
             Self::NotInstalled { .. } => "not_installed",

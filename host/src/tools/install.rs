@@ -189,6 +189,24 @@ mod tests {
     }
 }
 
+/// A component that imports `wasi:http` can reach the network: each of its tools must
+/// declare the `external` effect (or `destructive`), so the policy treats it as one that acts
+/// outside the workspace.
+pub fn check_networked(tools: &[ToolRecord]) -> Result<(), Vec<String>> {
+    use crate::policy::Effect;
+    let problems: Vec<String> = tools
+        .iter()
+        .filter(|t| !matches!(t.effect, Effect::External | Effect::Destructive))
+        .map(|t| {
+            format!(
+                "`{}`: the component imports wasi:http (it can send requests over the network), so the tool must declare the `external` effect; it declares `{}`",
+                t.name, t.effect
+            )
+        })
+        .collect();
+    if problems.is_empty() { Ok(()) } else { Err(problems) }
+}
+
 /// An install time as stored: seconds since the epoch, as text.
 pub fn now() -> String {
     let secs =
@@ -323,6 +341,7 @@ impl ToolService {
         let started = std::time::Instant::now();
         let trusted = self.trusted_with_control(&digest);
         self.sandbox.check_imports(bytes, trusted)?;
+        let networked = self.sandbox.imports_http(bytes)?;
         let component = self.sandbox.compile(bytes)?;
         let compile_ms = started.elapsed().as_secs_f64() * 1e3;
         let prepared = Arc::new(self.sandbox.prepare(&component, trusted)?);
@@ -330,6 +349,10 @@ impl ToolService {
         let specs = report.result.map_err(|error| ToolServiceError::Describe { error })?;
         let tools = validate_specs(name, specs)
             .map_err(|problems| ToolServiceError::InvalidSpecs { problems })?;
+        if networked {
+            check_networked(&tools)
+                .map_err(|problems| ToolServiceError::InvalidSpecs { problems })?;
+        }
         let names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
         let mut clashes = catalog::clashes(&self.db(), name, &names)?;
         clashes.extend(self.host_tool_owners(&names));

@@ -129,5 +129,6 @@ pub(super) async fn run_host(
         duration: started.elapsed(),
         fs: Default::default(),
         control_requests: Vec::new(),
+        net: Default::default(),
     }
 }

@@ -213,6 +213,7 @@ async fn execute(job: CallJob) -> Result<CallOutcome, ToolServiceError> {
         tool: &call.name,
         input: &call.arguments,
         grants: &meta.grants,
+        net: &meta.net,
         budget: meta.budget.clone(),
         cancel: Some(cancel),
         loaded: Some(&meta.loaded_tools),
@@ -246,7 +247,20 @@ async fn run_one(job: CallJob, cap: usize) -> Outcome {
     let control = outcome.as_ref().map(|o| o.report.control_requests.clone()).unwrap_or_default();
     // Redacted before the result is journaled, put in the history or shown to anyone.
     let (content, kind) = result_content(&outcome, cap, &meta.policy);
-    Outcome { content, kind, changes, ms, control }
+    let net = outcome.as_ref().ok().and_then(|o| net_records(&o.report.net));
+    Outcome { content, kind, changes, ms, control, net }
+}
+
+/// The journal's JSON of a call's request records (`None`: it sent none).
+pub fn net_records(net: &crate::sandbox::net::NetReport) -> Option<String> {
+    if net.records.is_empty() {
+        return None;
+    }
+    let value = match net.dropped {
+        0 => serde_json::json!(net.records),
+        n => serde_json::json!({"records": net.records, "dropped": n}),
+    };
+    Some(value.to_string())
 }
 
 pub(super) fn finished_event(events: &Events, s: &Slot, o: &Outcome) {

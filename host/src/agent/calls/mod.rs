@@ -25,6 +25,7 @@ use drive::{drive, finished_event};
 use gate::unit_for;
 use slots::{Outcome, Slot, asks, error_outcome, journaled, plan};
 
+pub use drive::net_records;
 pub use slots::result_content;
 
 /// Where a step's calls run: the agent, the session, the step, its cancel token and events.
@@ -131,6 +132,7 @@ pub(in crate::agent) async fn run_open(
                     ms: e.duration_ms.unwrap_or(0.0),
                     // A finished call's plan changes were applied when it was journaled.
                     control: Vec::new(),
+                    net: e.net.clone(),
                 });
             Slot {
                 call: ToolCallRequest {

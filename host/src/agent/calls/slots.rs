@@ -20,6 +20,8 @@ pub(super) struct Outcome {
     pub(super) ms: f64,
     /// The changes a control call asked for.
     pub(super) control: Vec<crate::control::ControlRequest>,
+    /// The call's HTTP request records (JSON), if it sent any.
+    pub(super) net: Option<String>,
 }
 
 /// One call of a step and how far it got.
@@ -60,6 +62,7 @@ impl Slot {
             duration_ms: has.then_some(o.ms),
             idempotent: self.idempotent,
             approval_id: self.approval_id.clone(),
+            net: o.net,
             control_requests: o.control,
         }
     }
@@ -95,10 +98,29 @@ pub fn result_content(
                 };
                 (text, None)
             }
-            Err(e) => (
-                json!({"error": {"kind": e.kind(), "message": e.to_string()}}).to_string(),
-                Some(e.kind().to_string()),
-            ),
+            Err(e) => {
+                let mut error = json!({"kind": e.kind(), "message": e.to_string()});
+                // Why keel refused a request: the tool only saw HTTP-request-denied.
+                let refused: Vec<String> = o
+                    .report
+                    .net
+                    .records
+                    .iter()
+                    .filter(|r| r.outcome != "ok")
+                    .filter_map(|r| {
+                        r.reason.as_ref().map(|why| {
+                            format!(
+                                "{} {}://{}:{}{}: {why}",
+                                r.method, r.scheme, r.host, r.port, r.path
+                            )
+                        })
+                    })
+                    .collect();
+                if !refused.is_empty() {
+                    error["network"] = json!(refused);
+                }
+                (json!({"error": error}).to_string(), Some(e.kind().to_string()))
+            }
         },
         Err(e) => (
             json!({"error": {"kind": e.kind(), "message": e.to_string()}}).to_string(),

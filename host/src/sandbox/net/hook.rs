@@ -1,0 +1,617 @@
+//! The egress hook: every `wasi:http` request a guest sends passes here, and only here.
+//!
+//! In order: the destination (scheme, host, port) must match a grant; the request body is
+//! read within the call's byte cap; the secrets bound to the destination are written into it
+//! (placeholders substituted, the auth headers the guest set replaced) and a placeholder bound
+//! elsewhere refuses the request; the name is resolved once, here, and **every** address must
+//! be public (a loopback address only under a testing exception for this name and port); the
+//! connection goes to an address that was checked (no second lookup); TLS is verified by the
+//! platform's verifier; the response body counts against the same cap. No redirect is
+//! followed here: a guest that follows one sends a new request, which is checked like any.
+//!
+//! Each request leaves a [`NetRecord`] (method, host, port, path, status, bytes, time, and why
+//! it was refused) — never a body or a header.
+
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Full};
+use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
+
+use super::addr;
+use super::grant::{NetGrants, Scheme, SecretBinding, normalise_host};
+use crate::secrets::Secret;
+
+/// Records kept per call at most (the rest are counted).
+pub const MAX_NET_RECORDS: usize = 256;
+
+/// What one request did, as the call's report and journal keep it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NetRecord {
+    pub method: String,
+    pub scheme: String,
+    pub host: String,
+    pub port: u16,
+    /// The path, without the query (which may hold a credential).
+    pub path: String,
+    /// The response status (`None`: no response).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Request body bytes sent.
+    pub sent: u64,
+    /// Response body bytes received (so far, for a body the guest did not read to its end).
+    pub received: u64,
+    /// Milliseconds from the request to its response's head (or its refusal or failure).
+    pub ms: f64,
+    /// `ok`, `denied` (refused by keel; nothing was sent) or `failed`.
+    pub outcome: String,
+    /// Why it was denied or failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// What one call may do on the network: its grants, the values of the secrets they bind, and
+/// the call's deadline.
+pub struct EgressPlan {
+    pub grants: NetGrants,
+    /// The value of each bound secret, by binding.
+    pub secrets: Vec<(SecretBinding, Secret)>,
+    pub deadline: Instant,
+}
+
+impl EgressPlan {
+    /// A plan that refuses every request (no grants).
+    pub fn none(deadline: Instant) -> Self {
+        Self { grants: NetGrants::default(), secrets: Vec::new(), deadline }
+    }
+}
+
+/// The state the hook shares with the requests it started.
+#[derive(Default)]
+struct Ledger {
+    records: Mutex<(Vec<NetRecord>, u64)>,
+    bytes: AtomicU64,
+}
+
+impl Ledger {
+    /// Stores `r`, returning its index (`None`: over the cap, counted only).
+    fn push(&self, r: NetRecord) -> Option<usize> {
+        let mut g = self.records.lock().unwrap_or_else(PoisonError::into_inner);
+        if g.0.len() >= MAX_NET_RECORDS {
+            g.1 += 1;
+            return None;
+        }
+        g.0.push(r);
+        Some(g.0.len() - 1)
+    }
+
+    fn update(&self, at: Option<usize>, f: impl FnOnce(&mut NetRecord)) {
+        if let Some(i) = at {
+            let mut g = self.records.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(r) = g.0.get_mut(i) {
+                f(r);
+            }
+        }
+    }
+
+    /// Takes `n` bytes from the call's cap, or says how many were left.
+    fn take(&self, n: u64, cap: u64) -> Result<(), u64> {
+        let before = self.bytes.fetch_add(n, Ordering::Relaxed);
+        if before + n > cap { Err(cap.saturating_sub(before)) } else { Ok(()) }
+    }
+}
+
+/// The hooks of one call (see the module docs).
+pub struct Egress {
+    plan: Arc<EgressPlan>,
+    ledger: Arc<Ledger>,
+}
+
+/// The records of a call's requests, and how many more were not kept.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NetReport {
+    pub records: Vec<NetRecord>,
+    pub dropped: u64,
+}
+
+impl Egress {
+    pub fn new(plan: EgressPlan) -> Self {
+        Self { plan: Arc::new(plan), ledger: Arc::default() }
+    }
+
+    /// What the call's requests did so far.
+    pub fn report(&self) -> NetReport {
+        let g = self.ledger.records.lock().unwrap_or_else(PoisonError::into_inner);
+        NetReport { records: g.0.clone(), dropped: g.1 }
+    }
+
+    /// Sends `request` as the hook does for a guest (the benchmarks call this directly).
+    pub async fn send(
+        &self,
+        request: http::Request<WasiBody>,
+    ) -> Result<(http::Response<WasiBody>, IoFuture), Error> {
+        send(self.plan.clone(), self.ledger.clone(), request).await
+    }
+}
+
+/// The connection's remaining work after the response head arrived.
+pub type IoFuture = Box<dyn Future<Output = Result<(), Error>> + Send>;
+
+impl WasiHttpHooks for Egress {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        _options: Option<RequestOptions>,
+        _fut: Box<dyn Future<Output = Result<(), Error>> + Send>,
+    ) -> Box<dyn Future<Output = Result<(http::Response<WasiBody>, IoFuture), Error>> + Send> {
+        Box::new(send(self.plan.clone(), self.ledger.clone(), request))
+    }
+}
+
+/// A refusal or failure of one request, before or after anything was sent.
+struct Stop {
+    denied: bool,
+    reason: String,
+    error: Error,
+}
+
+fn deny(reason: impl Into<String>) -> Stop {
+    Stop { denied: true, reason: reason.into(), error: Error::HttpRequestDenied }
+}
+
+fn fail(reason: impl Into<String>, error: Error) -> Stop {
+    Stop { denied: false, reason: reason.into(), error }
+}
+
+async fn send(
+    plan: Arc<EgressPlan>,
+    ledger: Arc<Ledger>,
+    request: http::Request<WasiBody>,
+) -> Result<(http::Response<WasiBody>, IoFuture), Error> {
+    let started = Instant::now();
+    let (parts, body) = request.into_parts();
+    let uri = &parts.uri;
+    let scheme = match uri.scheme_str() {
+        Some("https") => Some(Scheme::Https),
+        Some("http") => Some(Scheme::Http),
+        _ => None,
+    };
+    let host = uri.host().and_then(normalise_host).unwrap_or_default();
+    let port = uri.port_u16().or(scheme.map(Scheme::default_port)).unwrap_or(0);
+    let mut record = NetRecord {
+        method: parts.method.to_string(),
+        scheme: uri.scheme_str().unwrap_or("").to_string(),
+        host: host.clone(),
+        port,
+        path: uri.path().to_string(),
+        status: None,
+        sent: 0,
+        received: 0,
+        ms: 0.0,
+        outcome: "ok".into(),
+        reason: None,
+    };
+    let attempt = async {
+        let Some(scheme) = scheme else {
+            return Err(deny(format!(
+                "scheme `{}` is not allowed (https, or http where a grant says http://)",
+                record.scheme
+            )));
+        };
+        if host.is_empty() {
+            return Err(deny("the request names no host"));
+        }
+        check_grant(&plan.grants, scheme, &host, port)?;
+        let cap = plan.grants.max_bytes;
+        let body = read_body(body, &ledger, cap).await?;
+        let bound: Vec<&(SecretBinding, Secret)> =
+            plan.secrets.iter().filter(|(b, _)| b.binds(scheme, &host, port)).collect();
+        let (request, sent) = fill_secrets(parts, body, &bound, &plan.secrets)?;
+        let addrs = resolve(&plan, &host, port).await?;
+        let stream = connect(&addrs, plan.deadline).await?;
+        let (response, io) = exchange(stream, scheme, &host, request, plan.deadline).await?;
+        Ok((response, io, sent))
+    };
+    let outcome = attempt.await;
+    record.ms = started.elapsed().as_secs_f64() * 1e3;
+    match outcome {
+        Ok((response, io, sent)) => {
+            record.status = Some(response.status().as_u16());
+            record.sent = sent;
+            let at = ledger.push(record);
+            let cap = plan.grants.max_bytes;
+            let (head, incoming) = response.into_parts();
+            let body = Metered { inner: incoming, ledger: ledger.clone(), at, cap };
+            Ok((http::Response::from_parts(head, body.boxed_unsync()), io))
+        }
+        Err(stop) => {
+            record.outcome = if stop.denied { "denied" } else { "failed" }.into();
+            record.reason = Some(stop.reason);
+            ledger.push(record);
+            Err(stop.error)
+        }
+    }
+}
+
+fn check_grant(grants: &NetGrants, scheme: Scheme, host: &str, port: u16) -> Result<(), Stop> {
+    if grants.allow.iter().any(|r| r.allows(scheme, host, port)) {
+        return Ok(());
+    }
+    let shown = super::grant::HostPattern::Exact(host.to_string());
+    Err(deny(if grants.allow.is_empty() {
+        format!(
+            "no network is granted to this call, so {}://{shown}:{port} was not contacted (grant it with --net)",
+            scheme.as_str()
+        )
+    } else {
+        format!(
+            "no --net grant allows {}://{shown}:{port} (granted: {})",
+            scheme.as_str(),
+            grants.allow.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+        )
+    }))
+}
+
+/// Reads the request body within what is left of the call's byte cap.
+async fn read_body(body: WasiBody, ledger: &Ledger, cap: u64) -> Result<Bytes, Stop> {
+    let mut body = std::pin::pin!(body);
+    let mut out = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| fail(format!("reading the request body: {e}"), e))?;
+        if let Ok(data) = frame.into_data() {
+            if let Err(left) = ledger.take(data.len() as u64, cap) {
+                return Err(Stop {
+                    denied: true,
+                    reason: format!(
+                        "the request body passes the call's network byte cap of {cap} bytes ({left} were left); nothing was sent"
+                    ),
+                    error: Error::HttpRequestBodySize(Some(left)),
+                });
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(out.freeze())
+}
+
+const PLACEHOLDER_OPEN: &str = "{{secret:";
+
+/// `text` with each `{{secret:NAME}}` replaced by the value of `NAME` bound to this
+/// destination; a placeholder of a secret not bound here refuses the request.
+fn substitute(
+    text: &str,
+    bound: &[&(SecretBinding, Secret)],
+    all: &[(SecretBinding, Secret)],
+    encode: fn(&str) -> String,
+) -> Result<Option<String>, Stop> {
+    if !text.contains(PLACEHOLDER_OPEN) {
+        return Ok(None);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(PLACEHOLDER_OPEN) {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + PLACEHOLDER_OPEN.len()..];
+        let Some(end) = after.find("}}") else {
+            out.push_str(&rest[i..]);
+            rest = "";
+            break;
+        };
+        let name = &after[..end];
+        match bound.iter().find(|(b, _)| b.name == name) {
+            Some((_, value)) => out.push_str(&encode(value.expose())),
+            None => {
+                let elsewhere = all.iter().any(|(b, _)| b.name == name);
+                return Err(deny(if elsewhere {
+                    format!(
+                        "the request carries the placeholder of secret `{name}`, which is not bound to this destination; nothing was sent"
+                    )
+                } else {
+                    format!(
+                        "the request carries the placeholder of secret `{name}`, which is granted to no destination of this call; nothing was sent"
+                    )
+                }));
+            }
+        }
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    Ok(Some(out))
+}
+
+fn verbatim(s: &str) -> String {
+    s.to_string()
+}
+
+/// Percent-encodes what a URL's path or query cannot hold as it is.
+fn url_encoded(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Builds the request that goes on the wire: the origin-form URI, the guest's headers with
+/// the auth headers replaced by the bound secrets' own, placeholders substituted.
+fn fill_secrets(
+    parts: http::request::Parts,
+    body: Bytes,
+    bound: &[&(SecretBinding, Secret)],
+    all: &[(SecretBinding, Secret)],
+) -> Result<(http::Request<Full<Bytes>>, u64), Stop> {
+    let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    // A placeholder in the URL arrives percent-encoded; look for it in both forms.
+    let pq_text =
+        pq.replace("%7B", "{").replace("%7b", "{").replace("%7D", "}").replace("%7d", "}");
+    let pq = match substitute(&pq_text, bound, all, url_encoded)? {
+        Some(filled) => filled,
+        None => pq.to_string(),
+    };
+    let mut builder = http::Request::builder()
+        .method(parts.method.clone())
+        .uri(pq)
+        .version(http::Version::HTTP_11);
+    let strip = |name: &http::HeaderName| {
+        !bound.is_empty()
+            && (name == http::header::AUTHORIZATION
+                || name == http::header::PROXY_AUTHORIZATION
+                || bound.iter().any(|(b, _)| name.as_str() == b.header))
+    };
+    for (name, value) in &parts.headers {
+        if strip(name) {
+            continue;
+        }
+        let filled = match value.to_str() {
+            Ok(text) => substitute(text, bound, all, verbatim)?,
+            Err(_) => None,
+        };
+        match filled {
+            Some(text) => {
+                let v = http::HeaderValue::from_str(&text).map_err(|_| {
+                    deny(format!(
+                        "header `{name}` is not a valid header value once its secret is filled in"
+                    ))
+                })?;
+                builder = builder.header(name, v);
+            }
+            None => builder = builder.header(name, value),
+        }
+    }
+    for (b, value) in bound {
+        let text = b.format.replacen("{}", value.expose(), 1);
+        let mut v = http::HeaderValue::from_str(&text).map_err(|_| {
+            deny(format!("secret `{}` cannot be written into header `{}`", b.name, b.header))
+        })?;
+        v.set_sensitive(true);
+        builder = builder.header(b.header.as_str(), v);
+    }
+    let body = match std::str::from_utf8(&body) {
+        Ok(text) => match substitute(text, bound, all, verbatim)? {
+            Some(filled) => Bytes::from(filled),
+            None => body,
+        },
+        Err(_) => body,
+    };
+    let sent = body.len() as u64;
+    if !body.is_empty() || parts.headers.contains_key(http::header::CONTENT_LENGTH) {
+        builder = builder.header(http::header::CONTENT_LENGTH, body.len());
+    }
+    let request = builder
+        .body(Full::new(body))
+        .map_err(|e| fail(format!("building the request: {e}"), Error::HttpRequestUriInvalid))?;
+    Ok((request, sent))
+}
+
+/// Resolves `host` once and checks every address it names.
+async fn resolve(plan: &EgressPlan, host: &str, port: u16) -> Result<Vec<SocketAddr>, Stop> {
+    let ips: Vec<IpAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![ip],
+        Err(_) => {
+            let lookup = tokio::net::lookup_host((host, port));
+            let found = tokio::time::timeout_at(plan.deadline.into(), lookup)
+                .await
+                .map_err(|_| {
+                    fail(
+                        format!("resolving {host} ran past the call's deadline"),
+                        Error::DnsTimeout,
+                    )
+                })?
+                .map_err(|e| {
+                    fail(
+                        format!("{host} cannot be resolved: {e}"),
+                        Error::DnsError { rcode: Some(e.to_string()), info_code: None },
+                    )
+                })?;
+            let mut ips: Vec<IpAddr> = found.map(|a| a.ip()).collect();
+            ips.dedup();
+            ips
+        }
+    };
+    if ips.is_empty() {
+        return Err(fail(format!("{host} resolves to no address"), Error::DestinationNotFound));
+    }
+    let excepted = plan.grants.loopback.iter().any(|l| l.host == host && l.port == port);
+    for ip in &ips {
+        if let Some(why) = addr::refusal(*ip) {
+            if excepted && addr::is_loopback(*ip) {
+                continue;
+            }
+            let hint = if addr::is_loopback(*ip) {
+                " (a loopback test server needs --net-allow-loopback HOST:PORT)"
+            } else {
+                ""
+            };
+            return Err(deny(format!(
+                "{host} resolves to {ip}, {why}: refused before connecting{hint}"
+            )));
+        }
+    }
+    Ok(ips.into_iter().map(|ip| SocketAddr::new(ip, port)).collect())
+}
+
+/// Connects to the first checked address that answers.
+async fn connect(addrs: &[SocketAddr], deadline: Instant) -> Result<tokio::net::TcpStream, Stop> {
+    let mut last = None;
+    for a in addrs {
+        match tokio::time::timeout_at(deadline.into(), tokio::net::TcpStream::connect(a)).await {
+            Ok(Ok(s)) => {
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Ok(Err(e)) => last = Some(format!("{a}: {e}")),
+            Err(_) => {
+                return Err(fail(
+                    format!("connecting to {a} ran past the call's deadline"),
+                    Error::ConnectionTimeout,
+                ));
+            }
+        }
+    }
+    Err(fail(
+        format!("no address answered ({})", last.unwrap_or_default()),
+        Error::ConnectionRefused,
+    ))
+}
+
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static> Stream for T {}
+
+/// The process's TLS client settings: the platform's verifier, HTTP/1.1.
+fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
+    static CONFIG: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>> =
+        std::sync::OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            crate::tls::init();
+            use rustls_platform_verifier::ConfigVerifierExt;
+            let mut c =
+                rustls::ClientConfig::with_platform_verifier().map_err(|e| e.to_string())?;
+            c.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Ok(Arc::new(c))
+        })
+        .clone()
+}
+
+/// TLS (for https), the HTTP/1.1 handshake, the request and the response head.
+async fn exchange(
+    tcp: tokio::net::TcpStream,
+    scheme: Scheme,
+    host: &str,
+    request: http::Request<Full<Bytes>>,
+    deadline: Instant,
+) -> Result<(http::Response<hyper::body::Incoming>, IoFuture), Stop> {
+    let late =
+        |what: &str| fail(format!("{what} ran past the call's deadline"), Error::ConnectionTimeout);
+    let stream: Box<dyn Stream> = match scheme {
+        Scheme::Http => Box::new(tcp),
+        Scheme::Https => {
+            let config = tls_config()
+                .map_err(|e| fail(format!("TLS setup: {e}"), Error::TlsProtocolError))?;
+            let name = match host.parse::<IpAddr>() {
+                Ok(ip) => rustls::pki_types::ServerName::from(ip),
+                Err(_) => {
+                    rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| {
+                        fail(
+                            format!("{host} is not a TLS server name: {e}"),
+                            Error::TlsProtocolError,
+                        )
+                    })?
+                }
+            };
+            let tls = tokio_rustls::TlsConnector::from(config).connect(name, tcp);
+            let tls = tokio::time::timeout_at(deadline.into(), tls)
+                .await
+                .map_err(|_| late("the TLS handshake"))?
+                .map_err(|e| fail(format!("TLS with {host}: {e}"), Error::Tls(e)))?;
+            Box::new(tls)
+        }
+    };
+    let io = wasmtime_wasi_http::io::TokioIo::new(stream);
+    let (mut sender, conn) =
+        tokio::time::timeout_at(deadline.into(), hyper::client::conn::http1::handshake(io))
+            .await
+            .map_err(|_| late("the HTTP handshake"))?
+            .map_err(|e| fail(format!("HTTP handshake: {e}"), Error::from(e)))?;
+    let mut conn = Box::pin(conn);
+    let mut conn_done = false;
+    let send = sender.send_request(request);
+    let mut send = std::pin::pin!(send);
+    let response = tokio::time::timeout_at(deadline.into(), async {
+        loop {
+            tokio::select! {
+                r = &mut send => break r,
+                c = &mut conn, if !conn_done => {
+                    conn_done = true;
+                    if let Err(e) = c {
+                        break Err(e);
+                    }
+                }
+            }
+        }
+    })
+    .await
+    .map_err(|_| late("waiting for the response"))?
+    .map_err(|e| fail(format!("the exchange failed: {e}"), Error::from(e)))?;
+    let io: IoFuture = Box::new(async move {
+        if !conn_done {
+            conn.await.map_err(Error::from)?;
+        }
+        Ok(())
+    });
+    Ok((response, io))
+}
+
+/// A response body that counts what it hands on against the call's byte cap.
+struct Metered {
+    inner: hyper::body::Incoming,
+    ledger: Arc<Ledger>,
+    at: Option<usize>,
+    cap: u64,
+}
+
+impl Body for Metered {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let n = data.len() as u64;
+                    let (at, cap) = (self.at, self.cap);
+                    self.ledger.update(at, |r| r.received += n);
+                    if let Err(left) = self.ledger.take(n, cap) {
+                        self.ledger.update(at, |r| {
+                            r.outcome = "failed".into();
+                            r.reason = Some(format!(
+                                "the response body passed the call's network byte cap of {cap} bytes; the rest was not read"
+                            ));
+                        });
+                        return Poll::Ready(Some(Err(Error::HttpResponseBodySize(Some(left)))));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Error::from(e)))),
+            other => other.map(|_| None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+}

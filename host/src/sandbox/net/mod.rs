@@ -1,0 +1,27 @@
+//! Network egress of tools: `wasi:http` requests under per-session grants, through keel's own
+//! hook ([`Egress`]) — never the default transport, and never `wasi:sockets` (which stays
+//! deny-all).
+//!
+//! - [`grant`]: what a session may reach (`--net`), the loopback exceptions of tests
+//!   (`--net-allow-loopback`), and where each secret goes (`--secret`);
+//! - [`addr`]: which addresses are never reached, whatever a name resolves to;
+//! - the hook: the check of every request, secrets on the wire, the byte cap and the records.
+
+pub mod addr;
+pub mod grant;
+mod hook;
+
+pub use grant::{
+    DEFAULT_NET_MAX_BYTES, HostPattern, LoopbackException, NetGrantError, NetGrants, NetRule,
+    Scheme, SecretBinding,
+};
+pub use hook::{Egress, EgressPlan, IoFuture, MAX_NET_RECORDS, NetRecord, NetReport};
+
+/// The `wasi:http` interfaces (without version) a tool may import; importing them makes the
+/// component's tools `external`.
+pub const HTTP_INTERFACES: &[&str] = &["wasi:http/types", "wasi:http/outgoing-handler"];
+
+/// Whether any of `imports` is a `wasi:http` interface.
+pub fn imports_http<'a>(imports: impl IntoIterator<Item = &'a str>) -> bool {
+    imports.into_iter().any(|name| name.split('@').next().unwrap_or(name).starts_with("wasi:http/"))
+}
