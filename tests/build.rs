@@ -20,6 +20,7 @@ const GUESTS: &[&str] = &[
     "forger_install",
     "plain_bindgen",
     "plan_import",
+    "net_readonly",
 ];
 
 fn main() {

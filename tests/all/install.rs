@@ -54,7 +54,7 @@ async fn a9_garbage_core_modules_and_wrong_worlds_are_refused_with_reasons() {
     }
     // Nothing refused was recorded.
     let names: Vec<String> = s.components().unwrap().into_iter().map(|c| c.name).collect();
-    assert_eq!(names, ["control", "csv", "fs", "hostile"]);
+    assert_eq!(names, ["control", "csv", "fs", "hostile", "http"]);
     assert_healthy(&s).await;
 }
 
@@ -67,8 +67,8 @@ async fn a10_ungranted_imports_are_refused_before_compiling_listing_them() {
         ToolServiceError::Load(LoadError::UngrantedImports { imports }) => assert_eq!(
             imports,
             [(
-                "wasi:http/outgoing-handler@9.9.9".to_string(),
-                "outgoing HTTP is not granted to tools"
+                "wasi:http/incoming-handler@9.9.9".to_string(),
+                "a tool sends HTTP requests (wasi:http/outgoing-handler); it does not serve them"
             )]
         ),
         other => panic!("expected ungranted imports, got {other}"),

@@ -14,6 +14,7 @@ mod examples;
 mod grants;
 mod install;
 mod model;
+mod net;
 mod peers;
 mod plans;
 mod plugins;

@@ -11,6 +11,7 @@ use keel::tools::{CallOutcome, CallRequest, ToolService};
 
 pub mod mcp_peers;
 pub mod mock_model;
+pub mod web_peer;
 
 /// Paths of the test guest components.
 pub mod guests {

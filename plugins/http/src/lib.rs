@@ -284,7 +284,8 @@ fn exchange(
                     "{}: reading the response body failed after {} bytes: {} (the call's network byte cap or deadline may have been reached)",
                     url.shown(),
                     out.len(),
-                    e.to_debug_string()
+                    // The host's description is its first line (the rest is its trace).
+                    e.to_debug_string().lines().next().unwrap_or("stream error")
                 )));
             }
         }

@@ -1,17 +1,17 @@
-//! A component that imports `wasi:http`, which keel does not link for tools, beside an
-//! interface it does not provide at all.
+//! A component that imports `wasi:http/incoming-handler` (a tool sends requests; it does not
+//! serve them), beside an interface keel does not provide at all.
 
 wit_bindgen::generate!({
     inline: "package wasi:http@9.9.9;
-             interface outgoing-handler { handle: func(url: string) -> string; }
-             world client { import outgoing-handler; export run: func() -> string; }",
+             interface incoming-handler { handle: func(url: string) -> string; }
+             world client { import incoming-handler; export run: func() -> string; }",
 });
 
 struct Client;
 
 impl Guest for Client {
     fn run() -> String {
-        wasi::http::outgoing_handler::handle("http://169.254.169.254/")
+        wasi::http::incoming_handler::handle("http://169.254.169.254/")
     }
 }
 

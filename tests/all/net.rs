@@ -1,0 +1,380 @@
+//! Network egress and the secrets broker: `http_fetch` through keel's hook against a real
+//! HTTP server on loopback. No test sends traffic anywhere but loopback: every refusal below
+//! happens before a connection is made, and the server counts the connections it accepts.
+
+use std::time::{Duration, Instant};
+
+use keel::sandbox::Budget;
+use keel::sandbox::net::NetGrants;
+use keel::secrets::{Secret, SecretStore};
+use keel::tools::{CallOutcome, CallRequest, ToolService, ToolServiceError};
+use keel_tests::mock_model::{MockModel, Reply};
+use keel_tests::web_peer::WebPeer;
+use keel_tests::{guests, service_in, test_limits};
+use serde_json::{Value, json};
+
+const CANARY: &str = "canary-s3cr3t-0042-zz";
+
+fn net(allow: &[String], loopback: &[String], secrets: &[String]) -> NetGrants {
+    NetGrants {
+        allow: allow.iter().map(|s| s.parse().unwrap()).collect(),
+        loopback: loopback.iter().map(|s| s.parse().unwrap()).collect(),
+        secrets: secrets.iter().map(|s| s.parse().unwrap()).collect(),
+        ..NetGrants::default()
+    }
+}
+
+async fn fetch_with(s: &ToolService, input: Value, net: &NetGrants, budget: Budget) -> CallOutcome {
+    let input = input.to_string();
+    s.call(CallRequest {
+        tool: "http_fetch",
+        input: &input,
+        grants: &[],
+        net,
+        budget,
+        cancel: None,
+        loaded: None,
+        policy: None,
+        approval: None,
+        control: None,
+    })
+    .await
+    .unwrap()
+}
+
+async fn fetch(s: &ToolService, input: Value, net: &NetGrants) -> CallOutcome {
+    fetch_with(s, input, net, Budget::default()).await
+}
+
+fn error_of(o: &CallOutcome) -> (String, String) {
+    let e = o.report.result.as_ref().expect_err("the call should have failed");
+    (e.kind().to_string(), e.to_string())
+}
+
+fn reasons(o: &CallOutcome) -> Vec<String> {
+    o.report.net.records.iter().filter_map(|r| r.reason.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowed_host_reaches_a_loopback_server_only_with_its_exception() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = service_in(dir.path(), test_limits()).await;
+    let peer = WebPeer::start().await;
+    let p = peer.port;
+    let url = format!("http://localhost:{p}/echo?q=1");
+    let with = net(&[format!("http://localhost:{p}")], &[format!("localhost:{p}")], &[]);
+    let o = fetch(&s, json!({"url": url}), &with).await;
+    let out = o.report.result.as_ref().unwrap();
+    assert_eq!(out["status"], 200, "{out}");
+    assert_eq!(out["json"]["method"], "GET");
+    assert_eq!(out["json"]["path"], "/echo?q=1");
+    assert_eq!(peer.connections(), 1);
+    let r = &o.report.net.records[0];
+    assert_eq!(
+        (r.method.as_str(), r.host.as_str(), r.port, r.path.as_str(), r.status, r.outcome.as_str()),
+        ("GET", "localhost", p, "/echo", Some(200), "ok")
+    );
+    assert!(r.received > 0, "{r:?}");
+
+    // The same grant without the exception: refused before connecting.
+    let without = net(&[format!("http://localhost:{p}")], &[], &[]);
+    let o = fetch(&s, json!({"url": url}), &without).await;
+    let (kind, message) = error_of(&o);
+    assert_eq!(kind, "denied", "{message}");
+    assert!(message.contains("HTTP-request-denied"), "{message}");
+    let why = reasons(&o).join(" ");
+    assert!(why.contains("loopback") && why.contains("--net-allow-loopback"), "{why}");
+    assert_eq!(o.report.net.records[0].outcome, "denied");
+    assert_eq!(peer.connections(), 1, "a refused request made a connection");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_and_address_forms_that_reach_private_space_are_refused_before_connecting() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = service_in(dir.path(), test_limits()).await;
+    let peer = WebPeer::start().await;
+    let p = peer.port;
+    for host in [
+        "127.0.0.1",
+        "[::1]",
+        "[::ffff:127.0.0.1]",
+        "[64:ff9b::7f00:1]",
+        "169.254.169.254",
+        "10.0.0.1",
+        "[fd00::1]",
+        "0.0.0.0",
+    ] {
+        let grants = net(&[format!("http://{host}:{p}")], &[], &[]);
+        let o = fetch(&s, json!({"url": format!("http://{host}:{p}/")}), &grants).await;
+        assert_eq!(error_of(&o).0, "denied", "{host}");
+        let why = reasons(&o).join(" ");
+        assert!(why.contains("refused before connecting"), "{host}: {why}");
+    }
+    // An exception is keyed on the name and the port: the address of that name, reached
+    // under another name, stays refused.
+    let grants = net(
+        &[format!("http://localhost:{p}"), format!("http://127.0.0.1:{p}")],
+        &[format!("localhost:{p}")],
+        &[],
+    );
+    let o = fetch(&s, json!({"url": format!("http://127.0.0.1:{p}/")}), &grants).await;
+    assert_eq!(error_of(&o).0, "denied");
+    let other_port =
+        net(&[format!("http://localhost:{}", p + 1)], &[format!("localhost:{}", p + 1)], &[]);
+    let o = fetch(&s, json!({"url": format!("http://localhost:{p}/")}), &other_port).await;
+    assert!(
+        reasons(&o).join(" ").contains("no --net grant allows http://localhost"),
+        "{:?}",
+        reasons(&o)
+    );
+    assert_eq!(peer.connections(), 0, "a refused request made a connection");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_grant_every_request_is_refused_and_https_is_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = service_in(dir.path(), test_limits()).await;
+    let peer = WebPeer::start().await;
+    let p = peer.port;
+    let url = format!("http://localhost:{p}/");
+    let o = fetch(&s, json!({"url": url}), NetGrants::none()).await;
+    assert_eq!(error_of(&o).0, "denied");
+    assert!(reasons(&o)[0].contains("no network is granted"), "{:?}", reasons(&o));
+    // A grant without a scheme is https: plain http to the same host and port is refused.
+    let https_only = net(&[format!("localhost:{p}")], &[format!("localhost:{p}")], &[]);
+    let o = fetch(&s, json!({"url": url}), &https_only).await;
+    assert!(reasons(&o)[0].contains("no --net grant allows http://localhost"), "{:?}", reasons(&o));
+    assert_eq!(peer.connections(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_byte_cap_and_the_call_deadline_stop_a_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = service_in(dir.path(), test_limits()).await;
+    let peer = WebPeer::start().await;
+    let p = peer.port;
+    let mut grants = net(&[format!("http://localhost:{p}")], &[format!("localhost:{p}")], &[]);
+    grants.max_bytes = 4096;
+    let o = fetch(&s, json!({"url": format!("http://localhost:{p}/big?n=100000")}), &grants).await;
+    let (kind, message) = error_of(&o);
+    assert_eq!(kind, "failed", "{message}");
+    assert!(message.contains("byte cap"), "{message}");
+    assert!(reasons(&o)[0].contains("network byte cap of 4096 bytes"), "{:?}", reasons(&o));
+    // A request body over the cap is refused before anything is sent.
+    let seen = peer.seen().len();
+    let body = "y".repeat(5000);
+    let o = fetch(
+        &s,
+        json!({"url": format!("http://localhost:{p}/echo"), "method": "POST", "body": body}),
+        &grants,
+    )
+    .await;
+    assert!(error_of(&o).1.contains("byte cap"), "{}", error_of(&o).1);
+    assert_eq!(peer.seen().len(), seen, "an over-cap body was sent");
+
+    // The call's deadline bounds the wait for a server that does not answer.
+    let started = Instant::now();
+    let budget = Budget { timeout: Duration::from_millis(1500), ..Budget::default() };
+    let o = fetch_with(
+        &s,
+        json!({"url": format!("http://localhost:{p}/slow?ms=20000")}),
+        &grants,
+        budget,
+    )
+    .await;
+    assert!(o.report.result.is_err());
+    assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_is_followed_only_to_a_granted_destination() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = service_in(dir.path(), test_limits()).await;
+    let peer = WebPeer::start().await;
+    let p = peer.port;
+    let grants = net(&[format!("http://localhost:{p}")], &[format!("localhost:{p}")], &[]);
+    let o =
+        fetch(&s, json!({"url": format!("http://localhost:{p}/redirect?to=/echo")}), &grants).await;
+    let out = o.report.result.as_ref().unwrap();
+    assert_eq!(out["status"], 200);
+    assert_eq!(out["redirects"][0], format!("http://localhost:{p}/echo"));
+
+    let before = peer.connections();
+    let away = format!("http://localhost:{p}/redirect?to=http://127.0.0.1:{p}/echo");
+    let o = fetch(&s, json!({"url": away}), &grants).await;
+    assert_eq!(error_of(&o).0, "denied");
+    let outcomes: Vec<(&str, Option<u16>)> =
+        o.report.net.records.iter().map(|r| (r.outcome.as_str(), r.status)).collect();
+    assert_eq!(outcomes, [("ok", Some(302)), ("denied", None)]);
+    assert_eq!(peer.connections(), before + 1, "the refused hop connected");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_goes_only_to_its_bound_destination_and_never_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = service_in(dir.path(), test_limits()).await;
+    SecretStore::new(dir.path()).set("TOKEN", Secret::new(CANARY.into())).unwrap();
+    let peer = WebPeer::start().await;
+    let p = peer.port;
+    let grants = net(
+        &[format!("http://localhost:{p}"), format!("http://127.0.0.1:{p}")],
+        &[format!("localhost:{p}"), format!("127.0.0.1:{p}")],
+        &[format!("TOKEN@http://localhost:{p}")],
+    );
+    let o = fetch(
+        &s,
+        json!({
+            "url": format!("http://localhost:{p}/echo?key={{{{secret:TOKEN}}}}"),
+            "method": "POST",
+            "headers": {"Authorization": "Bearer guest-own", "X-Echo": "{{secret:TOKEN}}"},
+            "body": "key={{secret:TOKEN}}",
+        }),
+        &grants,
+    )
+    .await;
+    let out = o.report.result.as_ref().unwrap();
+    let got = peer.seen().pop().unwrap();
+    assert_eq!(got.header("authorization"), Some(format!("Bearer {CANARY}").as_str()));
+    assert_eq!(got.header("x-echo"), Some(CANARY));
+    assert_eq!(got.body, format!("key={CANARY}"));
+    assert_eq!(got.path, format!("/echo?key={CANARY}"));
+    assert_eq!(
+        got.headers.iter().filter(|(k, _)| k == "authorization").count(),
+        1,
+        "the guest's own was kept"
+    );
+    // The server echoed the secret back: the call's output holds only its mark.
+    let text = out.to_string();
+    assert!(!text.contains(CANARY), "{text}");
+    assert!(text.contains("[secret:TOKEN]"), "{text}");
+    assert!(!format!("{:?}", o.report.net).contains(CANARY));
+
+    // The placeholder sent anywhere else: refused, nothing sent.
+    let before = peer.seen().len();
+    let o = fetch(
+        &s,
+        json!({"url": format!("http://127.0.0.1:{p}/echo"), "headers": {"X-Key": "{{secret:TOKEN}}"}}),
+        &grants,
+    )
+    .await;
+    assert_eq!(error_of(&o).0, "denied");
+    assert!(reasons(&o)[0].contains("not bound to this destination"), "{:?}", reasons(&o));
+    assert_eq!(peer.seen().len(), before);
+    // Another destination gets no credential, and the guest's own header goes through.
+    fetch(
+        &s,
+        json!({"url": format!("http://127.0.0.1:{p}/echo"), "headers": {"Authorization": "Bearer guest-own"}}),
+        &grants,
+    )
+    .await;
+    let got = peer.seen().pop().unwrap();
+    assert_eq!(got.header("authorization"), Some("Bearer guest-own"));
+    // A secret not in the store refuses the call before it runs.
+    let missing = net(
+        &[format!("http://localhost:{p}")],
+        &[format!("localhost:{p}")],
+        &[format!("NOPE@http://localhost:{p}")],
+    );
+    let input = json!({"url": format!("http://localhost:{p}/")}).to_string();
+    let e = s
+        .call(CallRequest {
+            tool: "http_fetch",
+            input: &input,
+            grants: &[],
+            net: &missing,
+            budget: Budget::default(),
+            cancel: None,
+            loaded: None,
+            policy: None,
+            approval: None,
+            control: None,
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ToolServiceError::Secret(_)), "{e}");
+    assert!(e.to_string().contains("keel secret set NOPE"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_importing_wasi_http_must_declare_external() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = service_in(dir.path(), test_limits()).await;
+    let bytes = std::fs::read(guests::NET_READONLY_COMPONENT).unwrap();
+    let e = s.install(&bytes, "net-readonly", "test", false).await.unwrap_err();
+    assert!(matches!(e, ToolServiceError::InvalidSpecs { .. }), "{e}");
+    assert!(
+        e.to_string().contains("must declare the `external` effect; it declares `read-only`"),
+        "{e}"
+    );
+    assert!(s.resolve("net_peek").is_err());
+    // The first-party client is external.
+    assert_eq!(s.resolve("http_fetch").unwrap().record.effect, keel::policy::Effect::External);
+}
+
+/// A canary secret echoed back by the server, through a whole session: the model, the
+/// journal, the history and the database files only ever see its mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_secret_never_reaches_the_model_the_journal_or_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let peer = WebPeer::start().await;
+    let p = peer.port;
+    let args = json!({"url": format!("http://localhost:{p}/echo")}).to_string();
+    let model = MockModel::start(vec![
+        Reply::calls(&[("c1", "http_fetch", args.as_str())]),
+        Reply::text("The server answered."),
+    ])
+    .await;
+    let home = keel::home::Home::at(dir.path()).unwrap();
+    let h = keel::harness::Harness::open(home, test_limits(), None, Default::default(), &|_| {})
+        .await
+        .unwrap();
+    SecretStore::new(dir.path()).set("TOKEN", Secret::new(CANARY.into())).unwrap();
+    let mut spec =
+        keel_tests::session_spec(&model.url(), "s", Vec::new(), Some(vec!["http_fetch".into()]));
+    spec.preprocess = None;
+    spec.allow = vec!["http_fetch".into()];
+    spec.net = net(
+        &[format!("http://localhost:{p}")],
+        &[format!("localhost:{p}")],
+        &[format!("TOKEN@http://localhost:{p}")],
+    );
+    h.create_session(spec).await.unwrap();
+    let cancel = keel::cancel::CancelToken::new();
+    let done = h.send("s", "Fetch the echo.", &cancel, &keel_tests::no_events()).await.unwrap();
+    assert_eq!(keel_tests::answered(done), "The server answered.");
+    assert_eq!(peer.seen()[0].header("authorization"), Some(format!("Bearer {CANARY}").as_str()));
+    let requests = model.requests();
+    let second = String::from_utf8_lossy(&requests[1]).into_owned();
+    assert!(second.contains("[secret:TOKEN]"), "{second}");
+    assert!(!second.contains(CANARY));
+    drop(h);
+    let db = rusqlite::Connection::open(dir.path().join("keel.db")).unwrap();
+    let (result, records): (String, String) = db
+        .query_row("SELECT result, net FROM tool_calls WHERE session_id='s'", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert!(result.contains("[secret:TOKEN]"), "{result}");
+    let records: Value = serde_json::from_str(&records).unwrap();
+    assert_eq!(records[0]["status"], 200);
+    assert_eq!(records[0]["host"], "localhost");
+    let marked: i64 = db
+        .query_row(
+            "SELECT count(*) FROM messages WHERE session_id='s' AND body LIKE '%[secret:TOKEN]%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(marked >= 1);
+    drop(db);
+    for entry in std::fs::read_dir(dir.path()).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("keel.db") {
+            let bytes = std::fs::read(entry.path()).unwrap();
+            assert!(
+                !bytes.windows(CANARY.len()).any(|w| w == CANARY.as_bytes()),
+                "{name} holds the secret"
+            );
+        }
+    }
+}
