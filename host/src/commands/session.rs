@@ -243,6 +243,9 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                 for g in &t.grants {
                     println!("grant   {g}");
                 }
+                for n in &t.net {
+                    println!("grant   {n}");
+                }
                 let mut marks = t.checkpoints.iter().peekable();
                 for m in &t.messages {
                     while let Some(cp) = marks.next_if(|cp| cp.from <= m.seq) {
@@ -285,6 +288,15 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                                 .map(|ch| format!("\n    changes {}", inert(ch)))
                                 .unwrap_or_default()
                         );
+                        // The call's HTTP requests (method, destination, status, bytes, time).
+                        let records: Vec<keel::sandbox::net::NetRecord> = e
+                            .net
+                            .as_deref()
+                            .and_then(|n| serde_json::from_str(n).ok())
+                            .unwrap_or_default();
+                        for n in &records {
+                            println!("    {}", inert(&super::net_line(n)));
+                        }
                         // A direct call (an MCP client's) has no history message holding its
                         // result: show it here.
                         if let Some(r) = e

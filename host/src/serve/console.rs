@@ -317,6 +317,7 @@ async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure>
         "evidence": evidence,
         "pending_inputs": t["pending_inputs"],
         "grants": meta.grants,
+        "net": meta.net.lines(),
         "loaded_tools": meta.loaded_tools,
         "user": meta.user(),
         "owner": meta.owner,

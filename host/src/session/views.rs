@@ -109,6 +109,9 @@ pub struct Timeline {
     /// Orchestrator answered, what was added.
     pub orchestrations: Vec<super::capabilities::Orchestration>,
     pub grants: Vec<Grant>,
+    /// Where the session's tools may send HTTP requests and the secrets bound there (names
+    /// only), one line each.
+    pub net: Vec<String>,
     /// The last message requests no longer hold (0: none; see `checkpoints`).
     pub context_start: i64,
     /// Every compaction of the session, oldest first: the messages each summarizes, its
@@ -177,6 +180,7 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         context_start: meta.context_start,
         checkpoints: super::compaction::checkpoints_in(c, id)?,
         grants: meta.grants,
+        net: meta.net.lines(),
         messages,
         tool_calls,
         approvals,

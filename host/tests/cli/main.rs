@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 
 mod console;
 mod mcp;
+mod net;
 mod run;
 mod serve;
 mod skills;
