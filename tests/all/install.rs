@@ -63,7 +63,7 @@ async fn a10_ungranted_imports_are_refused_before_compiling_listing_them() {
     let dir = tempfile::tempdir().unwrap();
     let s = service_in(dir.path(), test_limits()).await;
     let http = std::fs::read(guests::HTTP_IMPORT_COMPONENT).unwrap();
-    match install_err(&s, &http, "http").await {
+    match install_err(&s, &http, "http-server").await {
         ToolServiceError::Load(LoadError::UngrantedImports { imports }) => assert_eq!(
             imports,
             [(

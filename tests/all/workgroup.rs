@@ -366,7 +366,25 @@ async fn a_spent_workgroup_step_budget_stops_live_children_and_refuses_new_ones(
     let limits = Limits { max_steps: Some(2), ..Limits::default() };
     let id = h.create_session(main_spec(&model.url(), vec![], limits)).await.unwrap().to_string();
     let task = spawn_task("MAIN", &[("slow", "CHILD SLOW", &[])]);
-    let out = tokio::time::timeout(Duration::from_secs(20), run(&h, &id, &task)).await.unwrap();
+    let out = match tokio::time::timeout(Duration::from_secs(20), run(&h, &id, &task)).await {
+        Ok(o) => o,
+        Err(_) => {
+            let w = h.workgroup(&id).await.unwrap();
+            let ev = h.workgroup_events(&id).await.unwrap();
+            let mut states = Vec::new();
+            for m in &w.members {
+                let meta = h.engine.meta(&m.session_id).await.unwrap();
+                states.push((
+                    m.session_id.clone(),
+                    meta.state,
+                    meta.state_detail.clone(),
+                    meta.active_turn,
+                    meta.steps,
+                ));
+            }
+            panic!("DIAG members {:#?}\nevents {:#?}\nstates {:#?}", w.members, ev, states);
+        }
+    };
     assert!(answer(&out).starts_with("coordinator done: "));
     let w = h.workgroup(&id).await.unwrap();
     assert_eq!(w.members[1].terminal, Some(Kind::BudgetExhausted));

@@ -679,7 +679,13 @@ impl Brain {
         let (id, owner) = (id.to_string(), self.owner.clone());
         self.db
             .run(move |c| {
-                if !force && crate::session::pending_inputs(c, &id)? > 0 {
+                // Inputs keep the lease for this runner, except those of an interrupted session:
+                // they wait for a person's next message, which takes the session again.
+                if !force
+                    && crate::session::pending_inputs(c, &id)? > 0
+                    && crate::session::SessionEngine::load_meta_in(c, &id)?.state
+                        != crate::session::RuntimeState::Interrupted
+                {
                     return Ok(false);
                 }
                 lease::release_in(c, &id, &owner)?;

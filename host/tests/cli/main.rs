@@ -74,6 +74,7 @@ fn list_inspect_remove() {
             "fs_read_file",
             "fs_search",
             "fs_write_file",
+            "http_fetch",
             "memory_find",
             "memory_write",
             "plan_create",

@@ -131,12 +131,27 @@ impl Egress {
         NetReport { records: g.0.clone(), dropped: g.1 }
     }
 
-    /// Sends `request` as the hook does for a guest (the benchmarks call this directly).
+    /// Sends `request` as the hook does for a guest.
     pub async fn send(
         &self,
         request: http::Request<WasiBody>,
     ) -> Result<(http::Response<WasiBody>, IoFuture), Error> {
         send(self.plan.clone(), self.ledger.clone(), request).await
+    }
+
+    /// A GET of `url` from the host through the same checks, its body read to the end:
+    /// the status and the body's size (used by the benchmarks, and to try grants).
+    pub async fn get(&self, url: &str) -> Result<(u16, u64), String> {
+        let body =
+            http_body_util::Empty::<Bytes>::new().map_err(|never| match never {}).boxed_unsync();
+        let request = http::Request::get(url).body(body).map_err(|e| e.to_string())?;
+        let (response, io) = self.send(request).await.map_err(|e| format!("{e:?}"))?;
+        let status = response.status().as_u16();
+        let bytes =
+            response.into_body().collect().await.map_err(|e| format!("{e:?}"))?.to_bytes().len()
+                as u64;
+        let _ = Pin::from(io).await;
+        Ok((status, bytes))
     }
 }
 
