@@ -391,3 +391,40 @@ fn files_without(dir: &std::path::Path, needle: &str) -> Vec<String> {
     }
     read
 }
+
+/// An `external` call waits for a person by default; the approval shows where it may send
+/// requests, and nothing is sent before the decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_shows_where_the_call_may_reach_and_nothing_is_sent_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let peer = WebPeer::start().await;
+    let p = peer.port;
+    let args = json!({"url": format!("http://localhost:{p}/echo")}).to_string();
+    let model = MockModel::start(vec![Reply::calls(&[("c1", "http_fetch", args.as_str())])]).await;
+    let home = keel::home::Home::at(dir.path()).unwrap();
+    let h = keel::harness::Harness::open(home, test_limits(), None, Default::default(), &|_| {})
+        .await
+        .unwrap();
+    let mut spec =
+        keel_tests::session_spec(&model.url(), "s", Vec::new(), Some(vec!["http_fetch".into()]));
+    spec.preprocess = None;
+    spec.net = net(&[format!("http://localhost:{p}")], &[format!("localhost:{p}")], &[]);
+    h.create_session(spec).await.unwrap();
+    let cancel = keel::cancel::CancelToken::new();
+    let ran = h.send("s", "Fetch the echo.", &cancel, &keel_tests::no_events()).await.unwrap();
+    assert!(
+        matches!(ran, keel::brain::Submitted::Ran(keel::agent::TurnOutcome::WaitingApproval(_))),
+        "{ran:?}"
+    );
+    let units = h.approvals(Some("s"), true).await.unwrap();
+    assert_eq!(units[0].tool, "http_fetch");
+    assert_eq!(
+        units[0].net,
+        [
+            format!("net http://localhost:{p}"),
+            format!("net loopback exception localhost:{p} (testing)"),
+            format!("net at most {} bytes per call", keel::sandbox::net::DEFAULT_NET_MAX_BYTES)
+        ]
+    );
+    assert_eq!(peer.connections(), 0);
+}

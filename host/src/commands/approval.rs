@@ -69,6 +69,12 @@ fn print_unit(u: &ApprovalUnit) {
     for g in &u.grants {
         println!("  may touch {g}");
     }
+    for n in &u.net {
+        println!("  may reach {}", inert(n));
+    }
+    if u.net.is_empty() && matches!(u.effect, keel::policy::Effect::External) {
+        println!("  may reach nothing on the network (no network grants)");
+    }
     println!("  why       {}", inert(&u.why));
     if let Some(r) = &u.decision_reason {
         println!("  reason    {}", inert(r));

@@ -76,6 +76,10 @@ pub struct ApprovalUnit {
     pub input_digest: String,
     /// The grants in force: what the call may touch.
     pub grants: Vec<Grant>,
+    /// The network grants in force, one line each: where the call may send requests, and the
+    /// secrets bound there (names only).
+    #[serde(default)]
+    pub net: Vec<String>,
     /// Why the policy asks.
     pub why: String,
     pub status: ApprovalStatus,
@@ -118,6 +122,7 @@ impl ApprovalUnit {
             input: entry.input.clone(),
             input_digest: crate::digest::sha256_hex(entry.input.as_bytes()),
             grants: meta.grants.clone(),
+            net: meta.net.lines(),
             why,
             status: ApprovalStatus::Pending,
             created_at: now,
@@ -210,6 +215,10 @@ fn unit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(ApprovalUnit, String)> {
             input: r.get(8)?,
             input_digest: r.get(9)?,
             grants: Vec::new(),
+            net: r
+                .get::<_, Option<String>>(18)?
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or_default(),
             why: r.get(11)?,
             status: r.get(12)?,
             created_at: r.get(13)?,
@@ -223,7 +232,7 @@ fn unit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(ApprovalUnit, String)> {
 }
 
 const UNIT_COLUMNS: &str = "id, session_id, step, call_id, result_id, tool, effect, component_digest, input, \
-     input_digest, grants, why, status, created_at, decided_at, decision_reason, consumed_at, decided_by";
+     input_digest, grants, why, status, created_at, decided_at, decision_reason, consumed_at, decided_by, net";
 
 fn units_where(
     c: &Connection,
@@ -410,7 +419,7 @@ pub fn wait_in(c: &Connection, id: &str, w: &WaitCommit) -> Result<(), StoreErro
     }
     for u in &w.new_units {
         c.prepare_cached(&format!(
-            "INSERT INTO approvals ({UNIT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, NULL, NULL, NULL, NULL)"
+            "INSERT INTO approvals ({UNIT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, NULL, NULL, NULL, NULL, ?15)"
         ))?
         .execute(params![
             u.id,
@@ -426,7 +435,8 @@ pub fn wait_in(c: &Connection, id: &str, w: &WaitCommit) -> Result<(), StoreErro
             to_json(&u.grants)?,
             u.why,
             ApprovalStatus::Pending,
-            u.created_at
+            u.created_at,
+            (!u.net.is_empty()).then(|| to_json(&u.net)).transpose()?
         ])?;
         super::events::append(
             c,

@@ -591,11 +591,13 @@ const MIGRATIONS: &[(i64, &str)] = &[
     ALTER TABLE inbox ADD COLUMN event_id TEXT;
     CREATE UNIQUE INDEX inbox_event ON inbox(event_id) WHERE event_id IS NOT NULL;",
     ),
-    // Network grants of a session (JSON; NULL: none) and the request records of a call.
+    // Network grants of a session (JSON; NULL: none), the request records of a call, and the
+    // network grants in force when an approval was asked.
     (
         17,
         "ALTER TABLE session_config ADD COLUMN net TEXT;
-    ALTER TABLE tool_calls ADD COLUMN net TEXT;",
+    ALTER TABLE tool_calls ADD COLUMN net TEXT;
+    ALTER TABLE approvals ADD COLUMN net TEXT;",
     ),
 ];
 
