@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use keel::sandbox::Budget;
 use keel::sandbox::net::NetGrants;
 use keel::secrets::{Secret, SecretStore};
-use keel::tools::{CallOutcome, CallRequest, ToolService, ToolServiceError};
+use keel::tools::{CallOutcome, ToolService, ToolServiceError};
 use keel_tests::mock_model::{MockModel, Reply};
 use keel_tests::web_peer::WebPeer;
 use keel_tests::{guests, service_in, test_limits};
@@ -25,21 +25,7 @@ fn net(allow: &[String], loopback: &[String], secrets: &[String]) -> NetGrants {
 }
 
 async fn fetch_with(s: &ToolService, input: Value, net: &NetGrants, budget: Budget) -> CallOutcome {
-    let input = input.to_string();
-    s.call(CallRequest {
-        tool: "http_fetch",
-        input: &input,
-        grants: &[],
-        net,
-        budget,
-        cancel: None,
-        loaded: None,
-        policy: None,
-        approval: None,
-        control: None,
-    })
-    .await
-    .unwrap()
+    keel_tests::try_call_net(s, "http_fetch", &input.to_string(), net, budget).await.unwrap()
 }
 
 async fn fetch(s: &ToolService, input: Value, net: &NetGrants) -> CallOutcome {
@@ -276,19 +262,7 @@ async fn a_secret_goes_only_to_its_bound_destination_and_never_comes_back() {
         &[format!("NOPE@http://localhost:{p}")],
     );
     let input = json!({"url": format!("http://localhost:{p}/")}).to_string();
-    let e = s
-        .call(CallRequest {
-            tool: "http_fetch",
-            input: &input,
-            grants: &[],
-            net: &missing,
-            budget: Budget::default(),
-            cancel: None,
-            loaded: None,
-            policy: None,
-            approval: None,
-            control: None,
-        })
+    let e = keel_tests::try_call_net(&s, "http_fetch", &input, &missing, Budget::default())
         .await
         .unwrap_err();
     assert!(matches!(e, ToolServiceError::Secret(_)), "{e}");

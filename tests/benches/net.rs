@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use http_body_util::{BodyExt, Empty};
 use keel::sandbox::Budget;
 use keel::sandbox::net::{Egress, EgressPlan, NetGrants};
-use keel::tools::CallRequest;
 use keel_tests::web_peer::WebPeer;
 
 #[global_allocator]
@@ -121,21 +120,10 @@ fn main() {
         let call = |input: String, g: NetGrants| {
             let service = &service;
             async move {
-                let o = service
-                    .call(CallRequest {
-                        tool: "http_fetch",
-                        input: &input,
-                        grants: &[],
-                        net: &g,
-                        budget: Budget::default(),
-                        cancel: None,
-                        loaded: None,
-                        policy: None,
-                        approval: None,
-                        control: None,
-                    })
-                    .await
-                    .unwrap();
+                let o =
+                    keel_tests::try_call_net(service, "http_fetch", &input, &g, Budget::default())
+                        .await
+                        .unwrap();
                 o.report.result.is_ok()
             }
         };

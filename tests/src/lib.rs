@@ -72,12 +72,25 @@ pub async fn try_call(
     tool: &str,
     input: &str,
 ) -> Result<CallOutcome, keel::tools::ToolServiceError> {
+    try_call_net(service, tool, input, keel::sandbox::net::NetGrants::none(), Budget::default())
+        .await
+}
+
+/// Calls `tool` with the raw `input` text, no directory grants, network grants `net` and
+/// `budget`; returns the service's answer as it is (refusals included).
+pub async fn try_call_net(
+    service: &ToolService,
+    tool: &str,
+    input: &str,
+    net: &keel::sandbox::net::NetGrants,
+    budget: Budget,
+) -> Result<CallOutcome, keel::tools::ToolServiceError> {
     let req = CallRequest {
         tool,
         input,
         grants: &[],
-        net: keel::sandbox::net::NetGrants::none(),
-        budget: Budget::default(),
+        net,
+        budget,
         cancel: None,
         loaded: None,
         policy: None,
