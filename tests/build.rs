@@ -21,6 +21,7 @@ const GUESTS: &[&str] = &[
     "plain_bindgen",
     "plan_import",
     "net_readonly",
+    "net_probe",
 ];
 
 fn main() {

@@ -180,14 +180,38 @@ pub fn check_name(what: &str, name: &str) -> Result<(), AccessError> {
     }
 }
 
+/// Names of the admin principals keel makes itself (`keel serve`'s home token and
+/// `KEEL_API_TOKEN`), never given to a token added by hand.
+pub const RESERVED_TOKEN_NAMES: &[&str] = &["keel-serve", "KEEL_API_TOKEN"];
+
 /// Stores a new token `name` with `role`; returns its secret (shown once, stored hashed).
 pub fn add_token_in(c: &Connection, name: &str, role: Role) -> Result<String, StoreError> {
     check_name("token", name)?;
+    if RESERVED_TOKEN_NAMES.contains(&name) {
+        return Err(AccessError::Exists(format!(
+            "`{name}` names keel's own admin token; choose another name"
+        ))
+        .into());
+    }
     let exists: bool =
         c.query_row("SELECT EXISTS(SELECT 1 FROM api_tokens WHERE name=?1)", [name], |r| r.get(0))?;
     if exists {
         return Err(AccessError::Exists(format!(
             "a token named `{name}` exists: revoke it first (`keel token revoke {name}`)"
+        ))
+        .into());
+    }
+    // A name that owns data (sessions or memories of an earlier token of that name) is not
+    // given to a new token: it would see what it never made.
+    let owns: bool = c.query_row(
+        "SELECT EXISTS(SELECT 1 FROM session_config WHERE json_extract(owner, '$.token') = ?1)
+             OR EXISTS(SELECT 1 FROM memories WHERE user = 'token:' || ?1)",
+        [name],
+        |r| r.get(0),
+    )?;
+    if owns {
+        return Err(AccessError::Exists(format!(
+            "the name `{name}` already owns sessions or memories (of an earlier token of that name); a new token gets a name of its own"
         ))
         .into());
     }

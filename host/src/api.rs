@@ -132,6 +132,15 @@ impl Harness {
             p.model.validate()?;
         }
         Grant::check_disjoint(&spec.grants).map_err(|e| ApiError::Grant(e.to_string()))?;
+        self.tools.check_grants(&spec.grants).map_err(|e| ApiError::Grant(e.to_string()))?;
+        // Every grant is bound to the directory it names now (a preset's grant carries the
+        // identity it was given with; one stored without is bound here).
+        let grants = spec
+            .grants
+            .into_iter()
+            .map(Grant::bound)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ApiError::Grant(e.to_string()))?;
         self.tools.check_net(&spec.net).map_err(|e| ApiError::Grant(e.to_string()))?;
         let named_tools = spec.tools.is_some();
         let delegation = |t: &str| DELEGATION_TOOLS.contains(&t);
@@ -169,9 +178,17 @@ impl Harness {
         policy.adjust(&spec.allow, &spec.ask, &spec.deny);
         policy.redact = spec.redact;
         policy.check_patterns().map_err(ApiError::Input)?;
+        // A session created over the API works for a token's principal unless its creator
+        // (an admin) typed another: `alice` there is `token:alice`, never the CLI's
+        // `local:alice`.
+        let kind = match spec.owner {
+            Some(_) => crate::memory::Kind::Token,
+            None => crate::memory::Kind::Local,
+        };
+        let user = spec.user.map(|u| crate::memory::typed(&u, kind));
         let new = NewSession {
             id: spec.id,
-            grants: spec.grants,
+            grants,
             net: spec.net,
             tools,
             policy,
@@ -180,7 +197,7 @@ impl Harness {
             system_prompt: spec.system_prompt,
             guards: Some(spec.guards),
             preprocess: spec.preprocess.clone(),
-            user: spec.user,
+            user,
             named_tools,
             owner: spec.owner,
         };
@@ -593,12 +610,13 @@ impl Harness {
         Ok(self.db.run(move |c| crate::skills::remove_in(c, &n)).await?)
     }
 
-    /// The memories of `user` (of every user when `None`), oldest first.
+    /// The memories of `user` (of every user when `None`), oldest first. A user named without
+    /// a kind is a local one (`alice` is `local:alice`; `token:alice` names an API token's).
     pub async fn memories(
         &self,
         user: Option<&str>,
     ) -> Result<Vec<crate::memory::Memory>, ApiError> {
-        let u = user.map(str::to_string);
+        let u = user.map(local);
         Ok(self.db.read(move |c| crate::memory::list_in(c, u.as_deref())).await?)
     }
 
@@ -609,7 +627,7 @@ impl Harness {
         text: &str,
         tags: &[String],
     ) -> Result<i64, ApiError> {
-        let (u, t, g) = (user.to_string(), text.to_string(), tags.to_vec());
+        let (u, t, g) = (local(user), text.to_string(), tags.to_vec());
         Ok(self.db.run(move |c| crate::memory::add_in(c, &u, &t, &g, None)).await?)
     }
 
@@ -619,7 +637,7 @@ impl Harness {
         user: &str,
         id: i64,
     ) -> Result<crate::memory::Memory, ApiError> {
-        let u = user.to_string();
+        let u = local(user);
         Ok(self.db.run(move |c| crate::memory::remove_in(c, &u, id)).await?)
     }
 
@@ -820,6 +838,7 @@ impl Harness {
         user_decides: bool,
         replace: bool,
     ) -> Result<crate::access::Preset, ApiError> {
+        self.tools.check_grants(&grants).map_err(|e| ApiError::Grant(e.to_string()))?;
         let n = name.to_string();
         Ok(self
             .db
@@ -849,4 +868,9 @@ impl Harness {
         let n = name.to_string();
         Ok(self.db.run(move |c| crate::access::remove_preset_in(c, &n)).await?)
     }
+}
+
+/// A user as a local front-end names one: typed `local:` unless typed already.
+fn local(user: &str) -> String {
+    crate::memory::typed(user, crate::memory::Kind::Local)
 }

@@ -112,6 +112,34 @@ fn quiet_broken_pipe() {
     }));
 }
 
+/// Libraries whose own debug and trace records carry what a guest passed them (wasmtime
+/// traces a call's string arguments; the HTTP stack, request bytes). Their records are kept
+/// at `warn` and above whatever `KEEL_LOG` says, so no log shows a tool's data or a secret.
+const GUEST_DATA_TARGETS: &[&str] = &[
+    "wasmtime",
+    "wasmtime_wasi",
+    "wasmtime_wasi_http",
+    "wasmtime_environ",
+    "cranelift_codegen",
+    "cranelift_frontend",
+    "hyper",
+    "hyper_util",
+    "h2",
+    "rustls",
+];
+
+/// `KEEL_LOG` (default `warn,rmcp=error`), with [`GUEST_DATA_TARGETS`] capped at `warn`.
+fn log_filter() -> tracing_subscriber::EnvFilter {
+    let mut filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rmcp=error"));
+    for target in GUEST_DATA_TARGETS {
+        if let Ok(d) = format!("{target}=warn").parse() {
+            filter = filter.add_directive(d);
+        }
+    }
+    filter
+}
+
 fn main() -> ExitCode {
     quiet_broken_pipe();
     // Colours only for a person at a terminal: stderr piped to a file or a script gets plain
@@ -121,10 +149,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(colour)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rmcp=error")),
-        )
+        .with_env_filter(log_filter())
         .init();
     let cli = Cli::parse();
     let home = cli.home.unwrap_or_else(keel::home::Home::default_root);

@@ -110,7 +110,7 @@ impl SecretStore {
 
     /// Runs `f` holding the store's lock (one writer at a time across processes).
     fn locked<T>(&self, f: impl FnOnce() -> Result<T, SecretError>) -> Result<T, SecretError> {
-        std::fs::create_dir_all(&self.dir).map_err(io("creating the keel home"))?;
+        crate::home::create_private_dir(&self.dir).map_err(io("creating the keel home"))?;
         let lock = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -263,30 +263,36 @@ fn check_private(path: &Path) -> Result<(), SecretError> {
 
 /// Writes `bytes` to `path` through a private temporary file renamed into place.
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), SecretError> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
     let what = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut f = opts.open(&tmp).map_err(io(format!("creating {what}")))?;
-    f.write_all(bytes).map_err(io(format!("writing {what}")))?;
-    f.sync_all().map_err(io(format!("syncing {what}")))?;
-    std::fs::rename(&tmp, path).map_err(io(format!("publishing {what}")))
+    crate::home::write_private(path, bytes).map_err(io(format!("writing {what}")))
 }
 
-/// Replaces every exact occurrence of a secret's value by `[secret:NAME]`.
+/// Replaces every exact occurrence of a secret's value by `[secret:NAME]`, and every cut-off
+/// start of one — at least [`MIN_PARTIAL`] bytes of its beginning where the text ends or
+/// where a character follows that is neither a letter nor a digit (a cut and the marker after
+/// it) — by `[secret:NAME…]`.
 #[derive(Clone, Default)]
 pub struct Redactor {
-    matcher: Option<std::sync::Arc<(aho_corasick::AhoCorasick, Vec<String>)>>,
+    matcher: Option<std::sync::Arc<Matcher>>,
 }
+
+struct Matcher {
+    /// The values, longest match first.
+    full: aho_corasick::AhoCorasick,
+    marks: Vec<String>,
+    /// The first [`MIN_PARTIAL`] bytes of each value, where a cut-off start is looked for.
+    starts: Option<aho_corasick::AhoCorasick>,
+    /// Per start pattern: the value and its partial mark.
+    partial: Vec<(Zeroizing<String>, String)>,
+}
+
+/// Shortest cut-off start of a secret that is redacted (shorter ones would match ordinary
+/// text).
+pub const MIN_PARTIAL: usize = 6;
 
 impl fmt::Debug for Redactor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names = self.matcher.as_ref().map(|m| m.1.clone()).unwrap_or_default();
+        let names = self.matcher.as_ref().map(|m| m.marks.clone()).unwrap_or_default();
         f.debug_struct("Redactor").field("secrets", &names).finish()
     }
 }
@@ -302,14 +308,23 @@ impl Redactor {
         let built = aho_corasick::AhoCorasick::builder()
             .match_kind(aho_corasick::MatchKind::LeftmostLongest)
             .build(secrets.iter().map(|(_, s)| s.expose()));
-        match built {
-            Ok(ac) => {
+        let partial: Vec<(Zeroizing<String>, String)> = secrets
+            .iter()
+            .filter(|(_, s)| s.expose().len() > MIN_PARTIAL)
+            .map(|(n, s)| (Zeroizing::new(s.expose().to_string()), format!("[secret:{n}…]")))
+            .collect();
+        let starts = aho_corasick::AhoCorasick::new(
+            partial.iter().map(|(v, _)| &v.as_bytes()[..MIN_PARTIAL]),
+        );
+        match (built, starts) {
+            (Ok(full), Ok(starts)) => {
                 let marks = secrets.iter().map(|(n, _)| format!("[secret:{n}]")).collect();
-                Self { matcher: Some(std::sync::Arc::new((ac, marks))) }
+                let starts = (!partial.is_empty()).then_some(starts);
+                Self { matcher: Some(std::sync::Arc::new(Matcher { full, marks, starts, partial })) }
             }
             // Values are bounded in size and number; a matcher that cannot be built is a bug,
             // and nothing is shown rather than something unredacted.
-            Err(_) => Self { matcher: None },
+            _ => Self { matcher: None },
         }
     }
 
@@ -317,13 +332,18 @@ impl Redactor {
         self.matcher.is_none()
     }
 
-    /// `text` with every secret value replaced.
+    /// `text` with every secret value, and every cut-off start of one, replaced.
     pub fn redact<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
         let Some(m) = &self.matcher else { return text.into() };
-        if !m.0.is_match(text) {
-            return text.into();
+        let text: std::borrow::Cow<'a, str> = if m.full.is_match(text) {
+            m.full.replace_all(text, &m.marks).into()
+        } else {
+            text.into()
+        };
+        match m.partial_cuts(&text) {
+            None => text,
+            Some(cut) => cut.into(),
         }
-        m.0.replace_all(text, &m.1).into()
     }
 
     /// Redacts `s` in place.
@@ -353,9 +373,62 @@ impl Redactor {
     }
 }
 
+impl Matcher {
+    /// `text` with each cut-off start of a value replaced, or `None` when there is none.
+    fn partial_cuts(&self, text: &str) -> Option<String> {
+        let starts = self.starts.as_ref()?;
+        let bytes = text.as_bytes();
+        let mut out = String::new();
+        let mut copied = 0;
+        for hit in starts.find_overlapping_iter(text) {
+            if hit.start() < copied {
+                continue;
+            }
+            let (value, mark) = &self.partial[hit.pattern().as_usize()];
+            let value = value.as_bytes();
+            let same = bytes[hit.start()..].iter().zip(value).take_while(|(a, b)| a == b).count();
+            let end = hit.start() + same;
+            let cut_here = match bytes.get(end) {
+                None => true,
+                Some(next) => !next.is_ascii_alphanumeric() && Some(next) != value.get(same),
+            };
+            // A whole value was replaced already; only a strict start is a cut one.
+            if same < value.len() && cut_here && text.is_char_boundary(end) {
+                out.push_str(&text[copied..hit.start()]);
+                out.push_str(mark);
+                copied = end;
+            }
+        }
+        (copied > 0).then(|| {
+            out.push_str(&text[copied..]);
+            out
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cut_off_start_of_a_secret_is_redacted_where_the_text_ends_or_a_marker_follows() {
+        let r = Redactor::new(&[("T".into(), Secret::new("canary-3f9c0a1b2c4d5e6f7a8b9".into()))]);
+        // Cut one byte before the end, at the end of the text and before a marker.
+        assert_eq!(r.redact("echo: canary-3f9c0a1b2c4d5e6f7a8"), "echo: [secret:T…]");
+        assert_eq!(
+            r.redact("echo: canary-3f9c0a1b2c4d5e6f7a8\n[body truncated at 30 bytes]"),
+            "echo: [secret:T…]\n[body truncated at 30 bytes]"
+        );
+        assert_eq!(r.redact("x canary-3f9c … [12 more bytes cut]"), "x [secret:T…] … [12 more bytes cut]");
+        // The whole value, as before; a short start, or one running on into other letters,
+        // stays.
+        assert_eq!(r.redact("canary-3f9c0a1b2c4d5e6f7a8b9!"), "[secret:T]!");
+        assert_eq!(r.redact("a canar"), "a canar");
+        assert_eq!(r.redact("canary-3f9cZZZ"), "canary-3f9cZZZ");
+        let mut v = serde_json::json!({"body": "…canary-3f9c0a1b2c4d5", "truncated": true});
+        r.redact_json(&mut v);
+        assert_eq!(v["body"], "…[secret:T…]");
+    }
 
     #[test]
     fn values_round_trip_encrypted_and_the_file_holds_no_plaintext() {

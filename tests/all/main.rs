@@ -5,6 +5,7 @@
 mod agent;
 mod api;
 mod approvals;
+mod boundaries;
 mod capabilities;
 mod compaction;
 mod direct;

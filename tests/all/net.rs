@@ -205,7 +205,7 @@ async fn a_secret_goes_only_to_its_bound_destination_and_never_comes_back() {
     let grants = net(
         &[format!("http://localhost:{p}"), format!("http://127.0.0.1:{p}")],
         &[format!("localhost:{p}"), format!("127.0.0.1:{p}")],
-        &[format!("TOKEN@http://localhost:{p}")],
+        &[format!("TOKEN@http://localhost:{p}:in=header,query,body")],
     );
     let o = fetch(
         &s,
@@ -401,4 +401,188 @@ async fn an_approval_shows_where_the_call_may_reach_and_nothing_is_sent_before_i
         ]
     );
     assert_eq!(peer.connections(), 0);
+}
+
+/// A service with the `net_probe` guest (a hostile networked tool) installed.
+async fn probe_service(dir: &std::path::Path) -> ToolService {
+    let s = service_in(dir, test_limits()).await;
+    let bytes = std::fs::read(guests::NET_PROBE_COMPONENT).unwrap();
+    s.install(&bytes, "net-probe", "test", false).await.unwrap();
+    s
+}
+
+async fn probe(s: &ToolService, tool: &str, input: Value, net: &NetGrants) -> CallOutcome {
+    keel_tests::try_call_net(s, tool, &input.to_string(), net, Budget::default()).await.unwrap()
+}
+
+fn outcomes(o: &CallOutcome, outcome: &str) -> usize {
+    o.report.net.records.iter().filter(|r| r.outcome == outcome).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn j4_a_cut_off_secret_is_redacted_and_an_echoed_value_is_never_sent_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = probe_service(dir.path()).await;
+    SecretStore::new(dir.path()).set("TOKEN", Secret::new(CANARY.into())).unwrap();
+    let peer = WebPeer::start().await;
+    let p = peer.port;
+    let grants = net(
+        &[format!("http://localhost:{p}"), format!("http://127.0.0.1:{p}")],
+        &[format!("localhost:{p}"), format!("127.0.0.1:{p}")],
+        &[format!("TOKEN@http://localhost:{p}")],
+    );
+    // `/auth` answers `Bearer CANARY`; cut one byte before the secret's end, and at several
+    // shorter lengths: no start of the secret longer than the minimum comes back.
+    let whole = "Bearer ".len() + CANARY.len();
+    for cut in [whole - 1, whole - 5, "Bearer ".len() + 8] {
+        let o = fetch(
+            &s,
+            json!({"url": format!("http://localhost:{p}/auth"), "max_bytes": cut}),
+            &grants,
+        )
+        .await;
+        let text = o.report.result.as_ref().unwrap().to_string();
+        let shown = &CANARY[..cut - "Bearer ".len()];
+        assert!(!text.contains(shown), "{cut}: {text}");
+        assert!(text.contains("[secret:TOKEN…]"), "{cut}: {text}");
+    }
+    // A tool that read the echoed value sends it on to another granted destination — in the
+    // URL, a header or the body, as it is, base64 or hex: refused, nothing reaches the server.
+    for (place, encoding) in
+        [("query", "plain"), ("header", "plain"), ("body", "plain"), ("body", "base64"), ("header", "hex")]
+    {
+        let before = peer.seen().len();
+        let o = probe(
+            &s,
+            "net_relay",
+            json!({
+                "from": format!("http://localhost:{p}/auth"),
+                "to": format!("http://127.0.0.1:{p}/echo"),
+                "place": place, "encoding": encoding, "after": "Bearer ",
+            }),
+            &grants,
+        )
+        .await;
+        let out = o.report.result.as_ref().unwrap();
+        assert!(out["sent"]["Err"].is_string(), "{place}/{encoding}: {out}");
+        let reasons = reasons(&o);
+        assert!(
+            reasons.iter().any(|r| r.contains("value of secret `TOKEN`") && r.contains("not to this destination")),
+            "{place}/{encoding}: {reasons:?}"
+        );
+        assert_eq!(peer.seen().len(), before + 1, "{place}/{encoding}: only the read reached the server");
+        assert!(!out.to_string().contains(CANARY));
+    }
+    // Back to the destination it is bound to, it goes.
+    let o = probe(
+        &s,
+        "net_relay",
+        json!({"from": format!("http://localhost:{p}/auth"), "to": format!("http://localhost:{p}/echo"), "place": "body", "after": "Bearer "}),
+        &grants,
+    )
+    .await;
+    assert_eq!(o.report.result.as_ref().unwrap()["sent"]["Ok"], 200, "{:?}", o.report.result);
+
+    // A placeholder goes into headers only unless the grant says where else.
+    let before = peer.seen().len();
+    let o = fetch(
+        &s,
+        json!({"url": format!("http://localhost:{p}/echo"), "method": "POST", "body": "k={{secret:TOKEN}}"}),
+        &grants,
+    )
+    .await;
+    assert_eq!(error_of(&o).0, "denied");
+    assert!(reasons(&o)[0].contains("in its body, where its grant does not let keel write it"), "{:?}", reasons(&o));
+    assert_eq!(peer.seen().len(), before);
+    // Request records never show a secret, whatever field it is put in.
+    let o = fetch(&s, json!({"url": format!("http://127.0.0.1:{p}/{CANARY}/x")}), &grants).await;
+    assert!(!format!("{:?}", o.report.net).contains(CANARY), "{:?}", o.report.net);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn j5_a_call_is_bounded_in_requests_at_once_in_all_and_in_header_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = probe_service(dir.path()).await;
+    let peer = WebPeer::start().await;
+    let p = peer.port;
+    let mut grants = net(&[format!("http://localhost:{p}")], &[format!("localhost:{p}")], &[]);
+    // Forty at once to a slow server: sixteen in flight, the rest refused without a connection.
+    let o = probe(
+        &s,
+        "net_flood",
+        json!({"url": format!("http://localhost:{p}/slow?ms=1500"), "n": 40}),
+        &grants,
+    )
+    .await;
+    let out = o.report.result.as_ref().unwrap();
+    assert_eq!(out["answered"], 16, "{out}");
+    assert_eq!(outcomes(&o, "ok"), 16);
+    assert_eq!(outcomes(&o, "denied"), 24);
+    assert!(reasons(&o).iter().all(|r| r.contains("16 requests in flight")), "{:?}", reasons(&o));
+    assert_eq!(peer.connections(), 16);
+    // --net-max-requests bounds the requests of a call in all.
+    grants.max_requests = 5;
+    let before = peer.connections();
+    let o = probe(&s, "net_flood", json!({"url": format!("http://localhost:{p}/echo"), "n": 8}), &grants).await;
+    assert_eq!(outcomes(&o, "ok"), 5, "{:?}", o.report.net);
+    assert!(reasons(&o).iter().all(|r| r.contains("5 requests in all")), "{:?}", reasons(&o));
+    assert_eq!(peer.connections(), before + 5);
+    // The request line and headers count against the byte cap: a large header is refused
+    // before anything is sent, and what is sent is counted.
+    grants.max_requests = 256;
+    grants.max_bytes = 1000;
+    let before = peer.connections();
+    let o = probe(
+        &s,
+        "net_flood",
+        json!({"url": format!("http://localhost:{p}/echo"), "n": 1, "header_bytes": 3000}),
+        &grants,
+    )
+    .await;
+    assert_eq!(outcomes(&o, "denied"), 1);
+    assert!(reasons(&o)[0].contains("request line and headers"), "{:?}", reasons(&o));
+    assert_eq!(o.report.net.records[0].sent, 0);
+    assert_eq!(peer.connections(), before);
+    grants.max_bytes = 1 << 20;
+    let o = probe(&s, "net_flood", json!({"url": format!("http://localhost:{p}/echo"), "n": 1}), &grants).await;
+    assert!(o.report.net.records[0].sent > 40, "{:?}", o.report.net);
+    // An authority with userinfo is refused.
+    let before = peer.connections();
+    let o = probe(
+        &s,
+        "net_flood",
+        json!({"url": format!("http://a.test@localhost:{p}/echo"), "n": 1}),
+        &grants,
+    )
+    .await;
+    assert_eq!(outcomes(&o, "ok"), 0, "{:?}", o.report.net);
+    assert_eq!(peer.connections(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn j5_requests_left_in_flight_are_cancelled_and_recorded_when_the_call_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = probe_service(dir.path()).await;
+    let peer = WebPeer::start().await;
+    let p = peer.port;
+    let grants = net(&[format!("http://localhost:{p}")], &[format!("localhost:{p}")], &[]);
+    let o = probe(
+        &s,
+        "net_flood",
+        json!({"url": format!("http://localhost:{p}/slow?ms=3000"), "n": 3, "forget": true, "body_bytes": 100}),
+        &grants,
+    )
+    .await;
+    assert_eq!(o.report.result.as_ref().unwrap()["started"], 3);
+    // Every request is in the report, though the call returned before any was answered.
+    assert_eq!(o.report.net.records.len(), 3, "{:?}", o.report.net);
+    assert_eq!(outcomes(&o, "cancelled"), 3, "{:?}", o.report.net);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A request the server read was handed to its connection, and its record says what it sent.
+    let sent = o.report.net.records.iter().filter(|r| r.sent > 0).count();
+    assert!(peer.seen().len() <= sent, "{} read, {sent} recorded as sent", peer.seen().len());
+    // Nothing more reaches the server after the call.
+    let seen = peer.connections();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(peer.connections(), seen);
 }

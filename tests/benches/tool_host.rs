@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use keel::home::Home;
-use keel::sandbox::{Access, Budget, FsPolicy, Grant, Sandbox};
+use keel::sandbox::{Access, Budget, FsPolicy, Grant, Opened, Sandbox};
 use keel::tools::CallRequest;
 use keel_tests::test_limits;
 
@@ -79,11 +79,12 @@ fn main() {
     // Cached load: verify the artifact's digest + deserialize (+ link).
     let fs_digest = service.component_for("fs").unwrap().0.digest;
     let wasm = home.component_path(&fs_digest);
-    sandbox.load(&fs_digest, &wasm).unwrap();
+    // The artifact digest keel records in its database when it writes an artifact.
+    let recorded = sandbox.load(&fs_digest, None, &wasm).unwrap().2.unwrap();
     let samples: Vec<Duration> = (0..200)
         .map(|_| {
             let t = Instant::now();
-            let (_c, source) = sandbox.load(&fs_digest, &wasm).unwrap();
+            let (_c, source, _) = sandbox.load(&fs_digest, Some(&recorded), &wasm).unwrap();
             assert_eq!(source, keel::sandbox::LoadSource::Cache);
             t.elapsed()
         })
@@ -93,7 +94,7 @@ fn main() {
     let samples: Vec<Duration> = (0..200)
         .map(|_| {
             let t = Instant::now();
-            let (c, _) = sandbox.load(&fs_digest, &wasm).unwrap();
+            let (c, _, _) = sandbox.load(&fs_digest, Some(&recorded), &wasm).unwrap();
             sandbox.prepare(&c, false).unwrap();
             t.elapsed()
         })
@@ -106,12 +107,13 @@ fn main() {
     let small = "x".repeat(1023) + "\n";
     std::fs::write(ws.path().join("small.txt"), &small).unwrap();
     let grants = [Grant::new(ws.path(), "/w", Access::Ro).unwrap()];
+    let opened = [grants[0].opened().unwrap()];
     let budget = Budget::default();
     let hostile = service.component_for("hostile").unwrap().0.digest;
     let (echo_pre, _) = service.prepared(&hostile).unwrap();
     let (fs_pre, _) = service.prepared(&fs_digest).unwrap();
     let measure_as =
-        |pre: &keel::sandbox::Prepared, tool: &str, input: &str, grants: &[Grant], fs: FsPolicy| {
+        |pre: &keel::sandbox::Prepared, tool: &str, input: &str, grants: &[Opened], fs: FsPolicy| {
             let mut samples = Vec::with_capacity(iters);
             for i in 0..iters + iters / 10 {
                 let t = Instant::now();
@@ -126,14 +128,14 @@ fn main() {
             }
             stats(samples)
         };
-    let measure = |pre: &keel::sandbox::Prepared, tool: &str, input: &str, grants: &[Grant]| {
+    let measure = |pre: &keel::sandbox::Prepared, tool: &str, input: &str, grants: &[Opened]| {
         measure_as(pre, tool, input, grants, FsPolicy::read_only())
     };
     let trivial = measure(&echo_pre, "echo", r#"{"text":"hi"}"#, &[]);
     row("sandbox call: trivial tool (echo)", &trivial);
-    let list = measure(&fs_pre, "fs_list_dir", r#"{"path":"/w"}"#, &grants);
+    let list = measure(&fs_pre, "fs_list_dir", r#"{"path":"/w"}"#, &opened);
     row("sandbox call: fs_list_dir (1 entry)", &list);
-    let read = measure(&fs_pre, "fs_read_file", r#"{"path":"/w/small.txt"}"#, &grants);
+    let read = measure(&fs_pre, "fs_read_file", r#"{"path":"/w/small.txt"}"#, &opened);
     row("sandbox call: fs_read_file (1 KiB file)", &read);
 
     // The whole governed chain: resolve (SQLite) → schema → lease → sandbox.
@@ -165,6 +167,53 @@ fn main() {
     let input = r#"{"path":"/w/small.txt"}"#;
     let governed = governed_call("fs_read_file", input, &grants);
     row("ToolService call: fs_read_file (governed chain)", &governed);
+    // What the host's trust boundaries add to each call: opening the grant by its identity
+    // (a walk of its path without following links, then device and inode compared), and
+    // redacting the output of a call with a granted secret (whole values and cut-off starts).
+    let samples: Vec<Duration> = (0..iters)
+        .map(|_| {
+            let t = Instant::now();
+            let o = grants[0].opened().unwrap();
+            let e = t.elapsed();
+            drop(o);
+            e
+        })
+        .collect();
+    let identity = stats(samples);
+    row("grant identity check (open without links + compare)", &identity);
+    let redactor = keel::secrets::Redactor::new(&[(
+        "TOKEN".to_string(),
+        keel::secrets::Secret::new("canary-3f9c0a1b2c4d5e6f7a8b9c0d".into()),
+    )]);
+    let output = rt.block_on(service.call(CallRequest {
+        tool: "fs_read_file",
+        input,
+        grants: &grants,
+        net: keel::sandbox::net::NetGrants::none(),
+        budget: budget.clone(),
+        cancel: None,
+        loaded: None,
+        policy: None,
+        approval: None,
+        control: None,
+    }));
+    let output = output.unwrap().report.result.unwrap();
+    let samples: Vec<Duration> = (0..iters)
+        .map(|_| {
+            let mut v = output.clone();
+            let t = Instant::now();
+            redactor.redact_json(&mut v);
+            t.elapsed()
+        })
+        .collect();
+    let redaction = stats(samples);
+    row("redaction of an fs_read_file output (1 secret)", &redaction);
+    println!(
+        "trust-boundary cost per governed fs_read_file: identity {:.2} % + redaction {:.2} % = {:.2} % of p50",
+        100.0 * identity.p50.as_secs_f64() / governed.p50.as_secs_f64(),
+        100.0 * redaction.p50.as_secs_f64() / governed.p50.as_secs_f64(),
+        100.0 * (identity.p50 + redaction.p50).as_secs_f64() / governed.p50.as_secs_f64()
+    );
     // A write through the chain: lease, change snapshot before and after, the guarded
     // filesystem on the write path, the change set with its hash; and through the sandbox
     // alone.
@@ -179,7 +228,8 @@ fn main() {
         write_quota: budget.write_quota,
         max_created: budget.max_files_created,
     };
-    let write = measure_as(&fs_pre, "fs_write_file", &write_input, &rw_grants, writer);
+    let rw_opened = [rw_grants[0].opened().unwrap()];
+    let write = measure_as(&fs_pre, "fs_write_file", &write_input, &rw_opened, writer);
     row("sandbox call: fs_write_file 1 KiB", &write);
     println!();
 
@@ -221,7 +271,7 @@ fn main() {
             "fs_read_file",
             input,
             fs_pre.clone(),
-            grants.to_vec(),
+            opened.to_vec(),
         ),
     ] {
         let started = Instant::now();

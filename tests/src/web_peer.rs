@@ -1,7 +1,8 @@
 //! A plain HTTP/1.1 server on loopback for the network-egress tests: it counts the
 //! connections it accepts (a refused request must make none) and keeps every request it read.
 //!
-//! Routes: `/echo` answers JSON with the method, path, headers and body it received;
+//! Routes: `/echo` answers JSON with the method, path, headers and body it received; `/auth`
+//! answers the `authorization` header it received, as text;
 //! `/big?n=N` answers N bytes; `/slow?ms=N` answers after N ms; `/redirect?to=URL` answers
 //! 302 to URL; anything else answers `ok`. Every answer closes its connection.
 
@@ -119,6 +120,10 @@ async fn serve(mut stream: tokio::net::TcpStream, seen: Arc<Mutex<Vec<Seen>>>) {
                 "body": request.body,
             });
             ("200 OK", String::new(), "application/json", json.to_string().into_bytes())
+        }
+        "/auth" => {
+            let auth = request.header("authorization").unwrap_or("").to_string();
+            ("200 OK", String::new(), "text/plain", auth.into_bytes())
         }
         "/big" => {
             let n: usize = param("n").and_then(|v| v.parse().ok()).unwrap_or(1 << 20);

@@ -124,14 +124,21 @@ pub struct NetArgs {
     /// Bind a stored secret (`keel secret set NAME`) to one destination granted with --net.
     /// keel writes it into requests to exactly that scheme, host and port — as header
     /// `authorization: Bearer VALUE` unless :header= and :format= say otherwise — and fills in
-    /// the placeholder {{secret:NAME}} there only. The tool never holds the value, and every
-    /// occurrence of it in what a call returns is replaced by [secret:NAME]. Repeatable.
-    #[arg(long = "secret", value_name = "NAME@HOST[:PORT][:header=H][:format=F]")]
+    /// the placeholder {{secret:NAME}} there only, and only in headers unless :in= names the
+    /// parts it may go in (header, query — the URL — and body). The tool never holds the
+    /// value; a request carrying it (plain, base64, hex or URL-encoded) to any other
+    /// destination is refused, and every occurrence of it (or of a cut-off start of it) in
+    /// what a call returns is replaced by [secret:NAME]. Repeatable.
+    #[arg(long = "secret", value_name = "NAME@HOST[:PORT][:header=H][:in=header,query,body][:format=F]")]
     pub secrets: Vec<keel::sandbox::net::SecretBinding>,
-    /// Bytes one call may send (request bodies) and receive (response bodies) over the
-    /// network in all. Default: 16777216 (16 MiB).
+    /// Bytes one call may send (request lines, headers and bodies) and receive (response
+    /// bodies) over the network in all. Default: 16777216 (16 MiB).
     #[arg(long = "net-max-bytes", value_name = "BYTES")]
     pub max_bytes: Option<u64>,
+    /// Requests one call may start in all; more are refused. At most 16 are in flight at
+    /// once. Default: 256.
+    #[arg(long = "net-max-requests", value_name = "N")]
+    pub max_requests: Option<u64>,
 }
 
 impl NetArgs {
@@ -141,6 +148,7 @@ impl NetArgs {
             || !self.loopback.is_empty()
             || !self.secrets.is_empty()
             || self.max_bytes.is_some()
+            || self.max_requests.is_some()
     }
 
     /// The grants the flags describe (checked where they are used).
@@ -150,6 +158,9 @@ impl NetArgs {
             loopback: self.loopback.clone(),
             secrets: self.secrets.clone(),
             max_bytes: self.max_bytes.unwrap_or(keel::sandbox::net::DEFAULT_NET_MAX_BYTES),
+            max_requests: self
+                .max_requests
+                .unwrap_or(keel::sandbox::net::DEFAULT_NET_MAX_REQUESTS),
         }
     }
 }

@@ -265,17 +265,9 @@ async fn admin_token(
     Ok((None, path.display().to_string()))
 }
 
-/// Writes `text` to a new file readable by its owner only.
+/// Writes `text` (and a line break) to a new file readable by its owner only.
 fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-    f.write_all(text.as_bytes())?;
-    f.write_all(b"\n")?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
+    keel::home::write_private(path, format!("{text}\n").as_bytes())
 }
 
 pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {

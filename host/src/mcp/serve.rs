@@ -58,6 +58,10 @@ impl KeelServer {
     pub fn check(harness: &Harness, config: &ServeConfig) -> Result<(), crate::api::ApiError> {
         Grant::check_disjoint(&config.grants)
             .map_err(|e| crate::api::ApiError::Grant(e.to_string()))?;
+        harness
+            .tools
+            .check_grants(&config.grants)
+            .map_err(|e| crate::api::ApiError::Grant(e.to_string()))?;
         for t in config.tools.iter().flatten() {
             harness
                 .tools

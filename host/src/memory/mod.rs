@@ -53,6 +53,43 @@ pub fn default_user() -> String {
         .unwrap_or_else(|| "default".to_string())
 }
 
+/// The kinds of principal a session works for, and whose memories it recalls. A name means
+/// one principal only within its kind: the CLI's user `local:alice` and the API token
+/// `token:alice` share no sessions and no memories.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A user of this machine (the CLI, `keel mcp serve`, a library caller).
+    Local,
+    /// An API token of `keel serve`.
+    Token,
+}
+
+impl Kind {
+    fn prefix(self) -> &'static str {
+        match self {
+            Self::Local => "local:",
+            Self::Token => "token:",
+        }
+    }
+}
+
+/// `name` as a typed principal: kept when it is typed already (`local:NAME`, `token:NAME`),
+/// else given `kind`. The name itself is checked by [`valid_principal`] where it is stored.
+pub fn typed(name: &str, kind: Kind) -> String {
+    if [Kind::Local, Kind::Token].iter().any(|k| name.starts_with(k.prefix())) {
+        name.to_string()
+    } else {
+        format!("{}{name}", kind.prefix())
+    }
+}
+
+/// Whether `principal` is a typed principal with a valid name.
+pub fn valid_principal(principal: &str) -> bool {
+    [Kind::Local, Kind::Token]
+        .iter()
+        .any(|k| principal.strip_prefix(k.prefix()).is_some_and(valid_user))
+}
+
 /// Checks a memory's text and tags; returns them trimmed.
 pub fn check(text: &str, tags: &[String]) -> Result<(String, Vec<String>), String> {
     let text = text.trim();
@@ -88,9 +125,9 @@ pub fn add_in(
     tags: &[String],
     call: Option<(&str, &str)>,
 ) -> Result<i64, StoreError> {
-    if !valid_user(user) {
+    if !valid_principal(user) {
         return Err(StoreError::Input(format!(
-            "the user name `{user}` is not valid: letters, digits, `-`, `_`, `.`, `@`"
+            "the user `{user}` is not valid: local:NAME or token:NAME, the name of letters, digits, `-`, `_`, `.`, `@`"
         )));
     }
     let (text, tags) = check(text, tags).map_err(StoreError::Input)?;

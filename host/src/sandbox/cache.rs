@@ -1,10 +1,11 @@
 //! Compiling components, bounded, and the on-disk cache of compiled artifacts.
 //!
-//! Artifacts live at `CACHE/<engine-hash>/<component-sha256>.cwasm`, each with a sidecar
-//! `.sha256` sidecar holding the artifact's own digest (BLAKE3), written when keel produced it. An artifact is
-//! deserialized only after its bytes hash to that digest; anything else (a tampered or
-//! truncated file, a missing sidecar) is discarded and the component recompiled from its
-//! `.wasm`, whose digest is checked first.
+//! Artifacts live at `CACHE/<engine-hash>/<component-sha256>.cwasm`. The artifact's own
+//! digest (BLAKE3) is returned when keel writes it, and the caller keeps it in the database —
+//! never beside the file, where whoever can write the file could write its digest too. An
+//! artifact is deserialized only after its bytes hash to the digest the caller recorded;
+//! anything else (a tampered, truncated or foreign file, or one with no recorded digest) is
+//! discarded and the component recompiled from its `.wasm`, whose digest is checked first.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -87,35 +88,55 @@ impl ArtifactCache {
         Self { dir: root.join(engine_hash) }
     }
 
-    fn paths(&self, digest: &str) -> (PathBuf, PathBuf) {
-        (self.dir.join(format!("{digest}.cwasm")), self.dir.join(format!("{digest}.cwasm.sha256")))
+    fn path(&self, digest: &str) -> PathBuf {
+        self.dir.join(format!("{digest}.cwasm"))
     }
 
-    /// Loads the verified cached artifact of `digest`, if there is one. Returns the reason
-    /// when an artifact exists but cannot be trusted (it is then removed).
-    pub fn load(&self, engine: &Engine, digest: &str) -> (Option<Component>, Option<String>) {
-        let (artifact, sidecar) = self.paths(digest);
+    /// Loads the cached artifact of `digest` if its bytes hash to `recorded` (the digest keel
+    /// recorded, in its database, when it wrote the artifact). Returns the reason when an
+    /// artifact exists but cannot be trusted (it is then removed); with no recorded digest a
+    /// file found in the cache is never loaded.
+    pub fn load(
+        &self,
+        engine: &Engine,
+        digest: &str,
+        recorded: Option<&str>,
+    ) -> (Option<Component>, Option<String>) {
+        let artifact = self.path(digest);
         let Ok(file) = std::fs::File::open(&artifact) else { return (None, None) };
-        let expected = std::fs::read_to_string(&sidecar).unwrap_or_default();
-        let found = match blake3::Hasher::new().update_reader(file) {
-            Ok(h) => format!("blake3:{}", h.finalize().to_hex()),
-            Err(e) => format!("unreadable: {e}"),
-        };
-        let reason = if expected.trim() != found {
-            format!("cached artifact {} does not match its recorded digest", artifact.display())
-        } else {
-            match deserialize_file(engine, &artifact) {
-                Ok(c) => return (Some(c), None),
-                Err(e) => format!("cached artifact {} cannot be loaded: {e:#}", artifact.display()),
+        let reason = match recorded {
+            None => format!(
+                "cached artifact {} has no digest recorded by keel",
+                artifact.display()
+            ),
+            Some(expected) => {
+                let found = match blake3::Hasher::new().update_reader(file) {
+                    Ok(h) => format!("blake3:{}", h.finalize().to_hex()),
+                    Err(e) => format!("unreadable: {e}"),
+                };
+                if expected != found {
+                    format!(
+                        "cached artifact {} does not match its recorded digest",
+                        artifact.display()
+                    )
+                } else {
+                    match deserialize_file(engine, &artifact) {
+                        Ok(c) => return (Some(c), None),
+                        Err(e) => format!(
+                            "cached artifact {} cannot be loaded: {e:#}",
+                            artifact.display()
+                        ),
+                    }
+                }
             }
         };
         let _ = std::fs::remove_file(&artifact);
-        let _ = std::fs::remove_file(&sidecar);
         (None, Some(reason))
     }
 
-    /// Writes the artifact of `component` for `digest` (atomically: temp file + rename).
-    pub fn store(&self, component: &Component, digest: &str) -> Result<(), LoadError> {
+    /// Writes the artifact of `component` for `digest` (atomically: a private temporary file
+    /// renamed into place) and returns the artifact's own digest, for the caller to record.
+    pub fn store(&self, component: &Component, digest: &str) -> Result<String, LoadError> {
         let io = |context: &str| {
             let context = context.to_string();
             move |source| LoadError::Cache { context, source }
@@ -124,29 +145,27 @@ impl ArtifactCache {
             context: "serializing the compiled component".into(),
             source: std::io::Error::other(e.to_string()),
         })?;
-        std::fs::create_dir_all(&self.dir).map_err(io("creating the cache directory"))?;
-        let (artifact, sidecar) = self.paths(digest);
-        let tmp = artifact.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, &bytes).map_err(io("writing the artifact"))?;
-        std::fs::write(&sidecar, artifact_digest(&bytes))
-            .map_err(io("writing the artifact digest"))?;
-        std::fs::rename(&tmp, &artifact).map_err(io("publishing the artifact"))?;
-        Ok(())
+        crate::home::create_private_dir(&self.dir).map_err(io("creating the cache directory"))?;
+        crate::home::write_private(&self.path(digest), &bytes)
+            .map_err(io("writing the artifact"))?;
+        Ok(artifact_digest(&bytes))
     }
 
-    /// Loads `digest` from the cache, or compiles `wasm` (after checking its digest) and
-    /// caches the result.
+    /// Loads `digest` from the cache (checked against `recorded`), or compiles `wasm` (after
+    /// checking its digest) and caches the result. Returns the artifact digest to record when
+    /// a new artifact was written.
     pub fn load_or_compile(
         &self,
         engine: &Engine,
         digest: &str,
+        recorded: Option<&str>,
         wasm: &Path,
         max_bytes: u64,
         timeout: Duration,
-    ) -> Result<(Component, LoadSource), LoadError> {
-        let (cached, reason) = self.load(engine, digest);
+    ) -> Result<(Component, LoadSource, Option<String>), LoadError> {
+        let (cached, reason) = self.load(engine, digest, recorded);
         if let Some(c) = cached {
-            return Ok((c, LoadSource::Cache));
+            return Ok((c, LoadSource::Cache, None));
         }
         let bytes = std::fs::read(wasm).map_err(|source| LoadError::Cache {
             context: format!("reading component {}", wasm.display()),
@@ -163,12 +182,12 @@ impl ArtifactCache {
         let started = Instant::now();
         let component = compile(engine, bytes.into(), max_bytes, timeout)?;
         let elapsed = started.elapsed();
-        self.store(&component, digest)?;
+        let written = self.store(&component, digest)?;
         let source = match reason {
             Some(reason) => LoadSource::Recompiled { reason, elapsed },
             None => LoadSource::Compiled { elapsed },
         };
-        Ok((component, source))
+        Ok((component, source, Some(written)))
     }
 }
 
@@ -180,11 +199,11 @@ fn artifact_digest(bytes: &[u8]) -> String {
 
 #[allow(unsafe_code)]
 fn deserialize_file(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
-    // SAFETY: the file's bytes hashed to the digest keel recorded when it serialized this
-    // artifact with an engine of the same compatibility hash (the cache directory is keyed by
-    // it), so it is an artifact wasmtime produced, unmodified; wasmtime also checks its header
-    // and engine settings. The file is mapped rather than copied; a process that could rewrite
-    // it between the check and the mapping already owns the keel home (database included), so
-    // the check guards against corruption and tampering at rest, not against the home's owner.
+    // SAFETY: the file's bytes hashed to the digest keel recorded in its database when it
+    // serialized this artifact with an engine of the same compatibility hash (the cache
+    // directory is keyed by it), so it is an artifact wasmtime produced, unmodified; wasmtime
+    // also checks its header and engine settings. The file is mapped rather than copied; the
+    // home is private (0700) and no grant may reach it, so only its owner could rewrite the
+    // file between the check and the mapping, and that owner owns the database too.
     unsafe { Component::deserialize_file(engine, path) }
 }

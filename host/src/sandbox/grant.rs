@@ -4,6 +4,13 @@
 //! validated when they are made (the host directory exists and is a directory; guest paths are
 //! absolute, normalised and do not overlap), so the WASI context built from them is exactly
 //! what the admin asked for.
+//!
+//! A grant is a **directory**, not a path: it records the identity (device and inode) of the
+//! directory it named when it was given, and every use opens it again without following any
+//! link ([`Grant::open`]) and refuses to go on if what it opens is another directory
+//! ([`GrantMoved`]). A sub-session's grant is opened from its ancestor's directory handle, one
+//! component at a time, never from an ambient path: a link a tool planted inside the
+//! parent's grant cannot lead the child out.
 
 use std::fmt;
 use std::path::{Component, Path, PathBuf};
@@ -36,6 +43,155 @@ pub struct Grant {
     /// Absolute guest path it is mounted at (e.g. `/data`).
     pub guest: String,
     pub access: Access,
+    /// The directory's identity when the grant was given (`None` only for grants stored by an
+    /// older keel, which are opened without following links but not compared).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<DirId>,
+    /// For a sub-session's grant: the top-level grant it was narrowed from, which it is opened
+    /// through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<Within>,
+}
+
+/// The identity of a directory: device and inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DirId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// Where a narrowed grant lives: the top-level granted directory (its canonical path and
+/// identity) and the path below it, opened one component at a time without following links.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Within {
+    pub host: PathBuf,
+    pub id: Option<DirId>,
+    pub rel: String,
+}
+
+/// A grant whose directory is no longer the one it named when it was given: it was replaced
+/// by a link, moved, or removed. The call is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "grant_moved: the grant `{grant}` no longer opens to the directory it was given for ({why}); nothing was run — grant the directory again"
+)]
+pub struct GrantMoved {
+    pub grant: String,
+    pub why: String,
+}
+
+/// Opens `path` (absolute) from the root, one component at a time, following no link.
+fn open_no_links(path: &Path) -> std::io::Result<cap_std::fs::Dir> {
+    use cap_fs_ext::DirExt;
+    let mut dir = cap_std::fs::Dir::open_ambient_dir("/", cap_std::ambient_authority())?;
+    for part in path.components() {
+        match part {
+            Component::RootDir | Component::CurDir => {}
+            Component::Normal(name) => dir = dir.open_dir_nofollow(name)?,
+            Component::ParentDir | Component::Prefix(_) => {
+                return Err(std::io::Error::other("the path is not canonical"));
+            }
+        }
+    }
+    Ok(dir)
+}
+
+/// Opens `rel` below `dir`, one component at a time, following no link.
+fn open_below(dir: &cap_std::fs::Dir, rel: &str) -> std::io::Result<cap_std::fs::Dir> {
+    use cap_fs_ext::DirExt;
+    let mut out = dir.try_clone()?;
+    for name in rel.split('/').filter(|p| !p.is_empty() && *p != ".") {
+        if name == ".." {
+            return Err(std::io::Error::other("`..` in a grant"));
+        }
+        out = out.open_dir_nofollow(name)?;
+    }
+    Ok(out)
+}
+
+/// The identity of an open directory.
+pub fn dir_id(dir: &cap_std::fs::Dir) -> std::io::Result<DirId> {
+    use cap_std::fs::MetadataExt;
+    let m = dir.dir_metadata()?;
+    Ok(DirId { dev: m.dev(), ino: m.ino() })
+}
+
+/// Why opening a grant failed, in words: a link or a missing component is the common case.
+fn open_failure(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(40) => "a component of its path is now a symbolic link".into(), // ELOOP
+        Some(20) => "a component of its path is no longer a directory".into(), // ENOTDIR
+        Some(2) => "it no longer exists at its path".into(),                 // ENOENT
+        _ => e.to_string(),
+    }
+}
+
+/// A grant opened for one call: its directory handle (identity checked) beside what it
+/// grants. Everything a call does in the directory — the guest's WASI, the change set — goes
+/// through this handle, never through the path again.
+#[derive(Debug, Clone)]
+pub struct Opened {
+    pub grant: Grant,
+    pub dir: std::sync::Arc<cap_std::fs::Dir>,
+}
+
+impl std::ops::Deref for Opened {
+    type Target = Grant;
+
+    fn deref(&self) -> &Grant {
+        &self.grant
+    }
+}
+
+impl Grant {
+    /// [`Grant::open`], kept with the grant.
+    pub fn opened(&self) -> Result<Opened, GrantMoved> {
+        Ok(Opened { grant: self.clone(), dir: std::sync::Arc::new(self.open()?) })
+    }
+
+    /// Opens the granted directory for one use: its path walked without following any link
+    /// (through the top-level grant's handle for a narrowed grant), then its identity compared
+    /// with the one recorded when it was given.
+    pub fn open(&self) -> Result<cap_std::fs::Dir, GrantMoved> {
+        let moved = |why: String| GrantMoved { grant: self.to_string(), why };
+        let check = |dir: &cap_std::fs::Dir, want: Option<DirId>, what: &str| match want {
+            None => Ok(()),
+            Some(want) => match dir_id(dir) {
+                Ok(found) if found == want => Ok(()),
+                Ok(_) => Err(moved(format!("{what} is another directory now"))),
+                Err(e) => Err(moved(e.to_string())),
+            },
+        };
+        match &self.within {
+            None => {
+                let dir = open_no_links(&self.host).map_err(|e| moved(open_failure(&e)))?;
+                check(&dir, self.id, "its path")?;
+                Ok(dir)
+            }
+            Some(w) => {
+                let top = open_no_links(&w.host).map_err(|e| {
+                    moved(format!("the directory it was narrowed from: {}", open_failure(&e)))
+                })?;
+                check(&top, w.id, "the directory it was narrowed from")?;
+                let dir = open_below(&top, &w.rel).map_err(|e| moved(open_failure(&e)))?;
+                check(&dir, self.id, "its path")?;
+                Ok(dir)
+            }
+        }
+    }
+
+    /// This grant with the identity of the directory it names now (for a grant stored without
+    /// one, or made from a preset stored without one).
+    pub fn bound(mut self) -> Result<Self, GrantMoved> {
+        if self.id.is_none() {
+            let dir = self.open()?;
+            self.id = Some(dir_id(&dir).map_err(|e| GrantMoved {
+                grant: self.to_string(),
+                why: e.to_string(),
+            })?);
+        }
+        Ok(self)
+    }
 }
 
 /// Why a grant is not acceptable.
@@ -72,7 +228,9 @@ impl Grant {
         }
         let guest = normalise_guest(guest)
             .ok_or_else(|| GrantError::GuestPath { spec: spec.to_string(), guest: guest.into() })?;
-        Ok(Self { host: canonical, guest, access })
+        let dir = open_no_links(&canonical).map_err(|e| host_err(e.to_string()))?;
+        let id = Some(dir_id(&dir).map_err(|e| host_err(e.to_string()))?);
+        Ok(Self { host: canonical, guest, access, id, within: None })
     }
 
     /// Checks that no two grants share or nest guest paths.
@@ -132,20 +290,28 @@ impl Grant {
             ));
         }
         let rel = guest.strip_prefix(parent.guest.as_str()).unwrap_or("").trim_start_matches('/');
-        let host = if rel.is_empty() { parent.host.clone() } else { parent.host.join(rel) };
-        let canonical = host
-            .canonicalize()
-            .map_err(|e| format!("grant `{spec}`: `{guest}` cannot be used: {e}"))?;
-        if !canonical.starts_with(&parent.host) {
-            return Err(format!(
-                "grant `{spec}` would widen this session's grants: `{guest}` leads outside `{}` through a link",
+        // Opened from the parent's directory, one component at a time, following no link: a
+        // link inside the parent's grant never leads the child anywhere.
+        let parent_dir = parent.open().map_err(|e| format!("grant `{spec}`: {e}"))?;
+        let dir = open_below(&parent_dir, rel).map_err(|e| match e.raw_os_error() {
+            Some(40) | Some(20) => format!(
+                "grant `{spec}` would widen this session's grants: `{guest}` is not a directory inside `{}` (a link, or a file, is on its path)",
                 parent.guest
-            ));
-        }
-        if !canonical.is_dir() {
-            return Err(format!("grant `{spec}`: `{guest}` is not a directory"));
-        }
-        Ok(Grant { host: canonical, guest, access })
+            ),
+            _ => format!("grant `{spec}`: `{guest}` cannot be used: {e}"),
+        })?;
+        let id = Some(dir_id(&dir).map_err(|e| format!("grant `{spec}`: {e}"))?);
+        let host = if rel.is_empty() { parent.host.clone() } else { parent.host.join(rel) };
+        let within = match &parent.within {
+            None => Within { host: parent.host.clone(), id: parent.id, rel: rel.to_string() },
+            Some(w) => Within {
+                host: w.host.clone(),
+                id: w.id,
+                rel: [w.rel.as_str(), rel].iter().filter(|p| !p.is_empty()).cloned().collect::<Vec<_>>().join("/"),
+            },
+        };
+        let within = (!within.rel.is_empty() || parent.within.is_some()).then_some(within);
+        Ok(Grant { host, guest, access, id, within })
     }
 }
 

@@ -34,7 +34,7 @@ pub use control::ControlCtx;
 pub use engine::EPOCH_TICK;
 pub use error::{CallError, LoadError, ToolErrorKind};
 pub use fs::{FsPolicy, FsReport, MAX_DENIALS_LISTED};
-pub use grant::{Access, Grant, GrantError};
+pub use grant::{Access, DirId, Grant, GrantError, GrantMoved, Opened};
 pub use host_api::{LogRecord, MAX_LOG_RECORDS, Progress};
 pub use pipe::Captured;
 pub use run::{CallReport, MAX_ERROR_MESSAGE, RawSpec};
@@ -194,6 +194,10 @@ struct Core {
 
 impl Core {
     fn build(cache_root: &Path, limits: &SandboxLimits) -> Result<Self, LoadError> {
+        // Host errors reach guests as text (`wasi:io/error.to-debug-string`): they must never
+        // carry a host backtrace — its paths, and the time and memory it costs to capture —
+        // whatever RUST_BACKTRACE says. (Traps keep their WebAssembly backtraces.)
+        wasmtime::error::disable_backtrace();
         let engine = engine::build_engine(limits).map_err(|source| LoadError::Engine { source })?;
         let mut linker = Linker::new(&engine);
         wasi::add_to_linker(&mut linker).map_err(|source| LoadError::Engine { source })?;
@@ -252,18 +256,27 @@ impl Sandbox {
         )
     }
 
-    /// Writes the compiled artifact of `component` (whose `.wasm` hashes to `digest`).
-    pub fn cache_artifact(&self, component: &Component, digest: &str) -> Result<(), LoadError> {
+    /// Writes the compiled artifact of `component` (whose `.wasm` hashes to `digest`) and
+    /// returns the artifact's digest, which the caller records (see [`Sandbox::load`]).
+    pub fn cache_artifact(&self, component: &Component, digest: &str) -> Result<String, LoadError> {
         self.core()?.cache.store(component, digest)
     }
 
-    /// Loads the component with `digest` from the artifact cache, or compiles it from `wasm`
-    /// (refusing a file that does not hash to `digest`).
-    pub fn load(&self, digest: &str, wasm: &Path) -> Result<(Component, LoadSource), LoadError> {
+    /// Loads the component with `digest` from the artifact cache — only an artifact whose
+    /// bytes hash to `recorded`, the digest the caller kept when it was written — or compiles
+    /// it from `wasm` (refusing a file that does not hash to `digest`). The third value is the
+    /// digest of an artifact written now, for the caller to record.
+    pub fn load(
+        &self,
+        digest: &str,
+        recorded: Option<&str>,
+        wasm: &Path,
+    ) -> Result<(Component, LoadSource, Option<String>), LoadError> {
         let core = self.core()?;
         core.cache.load_or_compile(
             &core.engine,
             digest,
+            recorded,
             wasm,
             self.limits.max_component_bytes,
             self.limits.compile_timeout,
@@ -323,7 +336,7 @@ impl Sandbox {
     }
 
     /// Runs tool `tool` with JSON `input` on a fresh instance, under `budget`, seeing only
-    /// `grants`, with the filesystem guarded by `fs` and its HTTP requests checked against
+    /// `grants` (opened by the caller, identities checked: see [`Grant::open`]), with the filesystem guarded by `fs` and its HTTP requests checked against
     /// `net` (`None`: every request refused). Never panics on guest behaviour: every failure
     /// is a typed [`CallError`].
     #[allow(clippy::too_many_arguments)]
@@ -332,7 +345,7 @@ impl Sandbox {
         prepared: &Prepared,
         tool: &str,
         input: &str,
-        grants: &[Grant],
+        grants: &[Opened],
         fs: FsPolicy,
         budget: &Budget,
         cancel: Option<&CancelToken>,

@@ -10,7 +10,7 @@ use crate::policy::Effect;
 use super::control::ControlCtx;
 use super::error::{CallError, ToolErrorKind};
 use super::fs::{FsPolicy, FsReport};
-use super::grant::Grant;
+use super::grant::Opened;
 use super::host_api::{LogRecord, Progress, ToolSpec, WitEffect, WitToolError};
 use super::limits::{CallLimits, LimitExceeded};
 use super::net::{Egress, EgressPlan};
@@ -106,7 +106,7 @@ pub async fn invoke(
     prepared: &Prepared,
     tool: &str,
     input: &str,
-    grants: &[Grant],
+    grants: &[Opened],
     fs: FsPolicy,
     budget: &Budget,
     cancel: Option<&CancelToken>,
@@ -145,7 +145,7 @@ async fn execute(
     engine: &Engine,
     prepared: &Prepared,
     action: Action<'_>,
-    grants: &[Grant],
+    grants: &[Opened],
     fs: FsPolicy,
     budget: &Budget,
     cancel: Option<&CancelToken>,
@@ -163,7 +163,8 @@ async fn execute(
             }
             _ => Vec::new(),
         };
-        let net = store.map(|s| s.data().egress.report()).unwrap_or_default();
+        // The call is over: its requests still in flight are cancelled and recorded.
+        let net = store.map(|s| s.data().egress.finish()).unwrap_or_default();
         let (logs, dropped_logs, progress, fuel_used, memory_peak, fs) = match store {
             Some(s) => {
                 // Compiled code keeps the fuel it burns in a register and writes it back only

@@ -23,7 +23,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::fs::{FsGuard, FsPolicy, GuardedFs, GuardedFsData};
 
-use super::grant::{Access, Grant};
+use super::grant::{Access, Opened};
 use super::host_api::{self, HostApi, HostApiCtx};
 use super::limits::CallLimits;
 use super::pipe::CappedPipe;
@@ -132,10 +132,11 @@ impl CallState {
     }
 }
 
-/// Builds the WASI context of one call from its grants (see the module docs for defaults);
-/// `read_only` mounts every grant read-only.
+/// Builds the WASI context of one call from its opened grants (see the module docs for
+/// defaults); `read_only` mounts every grant read-only. Each grant is mounted from the handle
+/// its identity was checked on, never from its path.
 pub fn build_ctx(
-    grants: &[Grant],
+    grants: &[Opened],
     read_only: bool,
     stdout: &CappedPipe,
     stderr: &CappedPipe,
@@ -155,9 +156,17 @@ pub fn build_ctx(
             Access::Ro => FsPerms::ReadOnly,
             Access::Rw => FsPerms::ReadWrite,
         };
-        b.preopened_dir(&g.host, &g.guest, perms)?;
+        b.preopened_dir(handle_path(&g.dir), &g.guest, perms)?;
     }
     Ok(b.build())
+}
+
+/// A path that opens the very directory `dir` is a handle to: its descriptor's entry in
+/// `/proc/self/fd`, which the kernel resolves to the open directory itself, wherever it is
+/// now, whatever replaced its old path. (wasmtime-wasi preopens by path only.)
+fn handle_path(dir: &cap_std::fs::Dir) -> std::path::PathBuf {
+    use std::os::fd::AsRawFd;
+    std::path::PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()))
 }
 
 /// Links the granted WASI interfaces (outgoing HTTP through the egress hook) and

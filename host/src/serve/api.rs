@@ -443,7 +443,7 @@ pub(crate) async fn session_spec(
         (false, _) => Some(caller.principal.name.clone()),
     };
     if let Some(u) = &spec.user
-        && !crate::memory::valid_user(u)
+        && !crate::memory::valid_principal(&crate::memory::typed(u, crate::memory::Kind::Token))
     {
         return Err(Failure::new(
             "input",

@@ -3,7 +3,6 @@
 //! (cap-std), so no path — `..`, an absolute one, or a symlink pointing out — reaches outside
 //! the grant; nothing outside a session's grants is ever read.
 
-use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 
 use super::Failure;
@@ -56,7 +55,9 @@ pub fn list(grants: &[Grant], guest: &str, path: &str) -> Result<Listing, Failur
         let kind = if e.kind() == std::io::ErrorKind::NotFound { "not_found" } else { "input" };
         Failure::new(kind, format!("cannot list `{}` in grant {guest}: {e}", rel.escape_debug()))
     };
-    let root = Dir::open_ambient_dir(&grant.host, ambient_authority()).map_err(io)?;
+    // Through the grant's identity-checked handle, never its path: a directory swapped for a
+    // link after the grant was given is refused, not followed.
+    let root = grant.open().map_err(|e| Failure::new("grant_moved", e.to_string()))?;
     let dir = if rel.is_empty() { root } else { root.open_dir(rel).map_err(io)? };
     let mut entries = Vec::new();
     let mut truncated = false;
@@ -114,5 +115,21 @@ mod tests {
         assert!(list(&grants, "/work", outside.path().to_str().unwrap()).is_err());
         assert_eq!(list(&grants, "/other", "").unwrap_err().status, 404);
         assert_eq!(list(&grants, "/work", "missing").unwrap_err().status, 404);
+    }
+
+    #[test]
+    fn a_granted_directory_swapped_for_a_link_is_not_listed() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret.txt"), "s").unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let work = root.path().join("work");
+        std::fs::create_dir(&work).unwrap();
+        let grants = vec![Grant::new(&work, "/work", Access::Ro).unwrap()];
+        assert!(list(&grants, "/work", "").is_ok());
+        std::fs::rename(&work, root.path().join("old")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), &work).unwrap();
+        let e = list(&grants, "/work", "").unwrap_err();
+        assert_eq!(e.kind, "grant_moved", "{}", e.message);
+        assert!(!e.message.contains("secret.txt"));
     }
 }

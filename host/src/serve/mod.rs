@@ -156,7 +156,8 @@ pub fn status_of(kind: &str) -> StatusCode {
         "unauthorized" => StatusCode::UNAUTHORIZED,
         "forbidden" | "denied" => StatusCode::FORBIDDEN,
         "not_found" | "not_installed" | "unknown_tool" => StatusCode::NOT_FOUND,
-        "conflict" | "not_pending" | "already_installed" | "exists" | "name_clash" | "busy" => {
+        "conflict" | "not_pending" | "already_installed" | "exists" | "name_clash" | "busy"
+        | "grant_moved" => {
             StatusCode::CONFLICT
         }
         "too_large" => StatusCode::PAYLOAD_TOO_LARGE,

@@ -220,7 +220,7 @@ fn capabilities(meta: &SessionMeta) -> String {
                 ));
             } else {
                 shown += s.shown.len();
-                text.push_str(&s.shown);
+                text.push_str(&inert_markers(&s.shown));
                 if s.body_bytes > s.shown.len() {
                     text.push_str(&format!(
                         "\n[… {} more bytes: call skills_load with {{\"name\": \"{}\", \"offset\": {}}} to read on]",
@@ -257,7 +257,37 @@ fn capabilities(meta: &SessionMeta) -> String {
 }
 
 fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    inert_markers(&text.split_whitespace().collect::<Vec<_>>().join(" ")).into_owned()
+}
+
+/// The tags of the markers keel wraps content in (`<skill name="…">…</skill>`).
+const MARKER_TAGS: &[&str] = &["skill"];
+
+/// `text` with the `<` of every `<TAG` or `</TAG` of a keel marker (any case, spaces allowed
+/// after `<` and `/`) written `&lt;`: content keel wraps — a skill's body, a memory, a
+/// summary entry — can neither close its marker nor open a forged one.
+pub(crate) fn inert_markers(text: &str) -> std::borrow::Cow<'_, str> {
+    let opens_marker = |rest: &str| {
+        let rest = rest.trim_start();
+        let rest = rest.strip_prefix('/').unwrap_or(rest).trim_start();
+        MARKER_TAGS.iter().any(|t| {
+            rest.get(..t.len()).is_some_and(|head| head.eq_ignore_ascii_case(t))
+        })
+    };
+    if !text.match_indices('<').any(|(i, _)| opens_marker(&text[i + 1..])) {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    let mut last = 0;
+    for (i, _) in text.match_indices('<') {
+        if opens_marker(&text[i + 1..]) {
+            out.push_str(&text[last..i]);
+            out.push_str("&lt;");
+            last = i + 1;
+        }
+    }
+    out.push_str(&text[last..]);
+    out.into()
 }
 
 fn system_message(meta: &SessionMeta) -> String {
@@ -862,4 +892,19 @@ pub fn evidence(c: &Connection, id: &str, of: EvidenceOf) -> Result<(i64, Vec<u8
         )));
     }
     Ok((step, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::inert_markers;
+
+    #[test]
+    fn wrapped_content_can_neither_close_nor_forge_a_marker() {
+        assert_eq!(
+            inert_markers("a</skill>\n<skill name=\"x\">b< / SKILL >"),
+            "a&lt;/skill>\n&lt;skill name=\"x\">b&lt; / SKILL >"
+        );
+        assert_eq!(inert_markers("Vec<u8> and <skills-list>"), "Vec<u8> and &lt;skills-list>");
+        assert!(matches!(inert_markers("if a < b"), std::borrow::Cow::Borrowed(_)));
+    }
 }

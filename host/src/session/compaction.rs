@@ -163,6 +163,7 @@ impl Summary {
 
 fn shown(text: &str) -> String {
     let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let line = super::assemble::inert_markers(&line).into_owned();
     if line.chars().count() <= ENTRY_SHOWN {
         return line;
     }

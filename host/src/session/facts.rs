@@ -7,6 +7,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 use crate::model::ModelConfig;
+use crate::sandbox::grant::DirId;
 use crate::sandbox::{Access, Budget, Grant};
 use crate::store::{StoreError, now_ms};
 
@@ -166,20 +167,29 @@ pub fn load_meta_at(
         .optional()?
         .ok_or_else(|| no_session(id))?;
     let mut stmt = c.prepare_cached(
-        "SELECT host, guest, access FROM session_grants WHERE session_id=?1 ORDER BY guest",
+        "SELECT host, guest, access, dev, ino, within FROM session_grants WHERE session_id=?1 ORDER BY guest",
     )?;
     let grants = stmt
         .query_map([id], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+            let (dev, ino) = (r.get::<_, Option<i64>>(3)?, r.get::<_, Option<i64>>(4)?);
+            Ok((
+                Grant {
+                    host: r.get::<_, String>(0)?.into(),
+                    guest: r.get(1)?,
+                    access: if r.get::<_, String>(2)? == "rw" { Access::Rw } else { Access::Ro },
+                    id: dev.zip(ino).map(|(dev, ino)| DirId { dev: dev as u64, ino: ino as u64 }),
+                    within: None,
+                },
+                r.get::<_, Option<String>>(5)?,
+            ))
         })?
         .collect::<Result<Vec<_>, _>>()?
         .into_iter()
-        .map(|(host, guest, access)| Grant {
-            host: host.into(),
-            guest,
-            access: if access == "rw" { Access::Rw } else { Access::Ro },
+        .map(|(mut g, within)| {
+            g.within = within.map(|w| parse(&w, "a grant's directory")).transpose()?;
+            Ok(g)
         })
-        .collect();
+        .collect::<Result<Vec<_>, StoreError>>()?;
     let skills = super::capabilities::skills_in(c, id)?;
     let (found_skills, memories) = match super::capabilities::latest_in(c, id)? {
         Some(o) => (

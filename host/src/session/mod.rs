@@ -867,7 +867,7 @@ impl SessionEngine {
 /// requests on one worker thread, or parallel spawns) never collide.
 fn checked_id(new: &NewSession) -> Result<String, StoreError> {
     if let Some(u) = &new.user
-        && !crate::memory::valid_user(u)
+        && !crate::memory::valid_principal(&crate::memory::typed(u, crate::memory::Kind::Local))
     {
         return Err(StoreError::Input(format!(
             "the user name `{u}` is not valid: use letters, digits, `-`, `_`, `.` and `@` (at most 64)"
@@ -907,7 +907,11 @@ pub fn create_in(c: &Connection, id: &str, new: &NewSession) -> Result<(), Store
             new.system_prompt,
             new.guards.as_ref().map(json).transpose()?,
             new.preprocess.as_ref().map(json).transpose()?,
-            new.user.clone().unwrap_or_else(crate::memory::default_user),
+            // Typed: a local user unless the creator typed it (`token:NAME` over the API).
+            crate::memory::typed(
+                &new.user.clone().unwrap_or_else(crate::memory::default_user),
+                crate::memory::Kind::Local
+            ),
             new.owner.as_ref().map(json).transpose()?,
             (!new.net.is_empty()).then(|| json(&new.net)).transpose()?
         ],
@@ -926,9 +930,24 @@ pub fn create_in(c: &Connection, id: &str, new: &NewSession) -> Result<(), Store
         .collect();
     capabilities::created_in(c, id, &origins)?;
     for g in &new.grants {
+        let within = g
+            .within
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| StoreError::Task(format!("cannot store a grant: {e}")))?;
         c.execute(
-            "INSERT INTO session_grants (session_id, host, guest, access) VALUES (?1, ?2, ?3, ?4)",
-            params![id, g.host.display().to_string(), g.guest, g.access.to_string()],
+            "INSERT INTO session_grants (session_id, host, guest, access, dev, ino, within)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                id,
+                g.host.display().to_string(),
+                g.guest,
+                g.access.to_string(),
+                g.id.map(|d| d.dev as i64),
+                g.id.map(|d| d.ino as i64),
+                within
+            ],
         )?;
     }
     Ok(())

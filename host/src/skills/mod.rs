@@ -221,17 +221,27 @@ pub fn read_package(path: &Path) -> Result<SkillPackage, SkillError> {
     let meta = std::fs::symlink_metadata(path)
         .map_err(|source| SkillError::Read { path: shown.clone(), source })?;
     let invalid = |problems: Vec<String>| SkillError::Invalid { path: shown.clone(), problems };
-    let mut all: Vec<(String, Vec<u8>)> = Vec::new();
+    // First what the files are, from their metadata alone: counts and sizes are checked
+    // before a byte is read, so a skill of many large (or sparse) files costs nothing.
+    let mut found: Vec<(String, std::path::PathBuf, u64)> = Vec::new();
     let mut problems = Vec::new();
     if meta.is_file() {
-        let bytes = read_limited(path, MAX_SKILL_MD, &mut problems)
-            .map_err(|source| SkillError::Read { path: shown.clone(), source })?;
-        all.push(("SKILL.md".into(), bytes));
+        found.push(("SKILL.md".into(), path.to_path_buf(), meta.len()));
     } else if meta.is_dir() {
-        walk(path, "", &mut all, &mut problems)
+        walk(path, "", &mut found, &mut problems)
             .map_err(|source| SkillError::Read { path: shown.clone(), source })?;
     } else {
         return Err(invalid(vec!["give a skill directory or its SKILL.md file".into()]));
+    }
+    check_sizes(&found, &mut problems);
+    if !problems.is_empty() {
+        return Err(invalid(problems));
+    }
+    let mut all: Vec<(String, Vec<u8>)> = Vec::with_capacity(found.len());
+    for (rel, file, _) in &found {
+        let bytes = read_limited(file, limit_of(rel), &mut problems)
+            .map_err(|source| SkillError::Read { path: shown.clone(), source })?;
+        all.push((rel.clone(), bytes));
     }
     all.sort_by(|a, b| a.0.cmp(&b.0));
     let Some(skill_md) = all.iter().find(|(p, _)| p == "SKILL.md").map(|f| f.1.clone()) else {
@@ -309,19 +319,68 @@ fn content_digest(files: &[(String, Vec<u8>)]) -> String {
     sha256_hex(&all)
 }
 
-fn read_limited(path: &Path, limit: usize, problems: &mut Vec<String>) -> std::io::Result<Vec<u8>> {
-    let len = std::fs::metadata(path)?.len();
-    if len > limit as u64 {
-        problems.push(format!("{} is {len} bytes, over {limit}", path.display()));
-        return Ok(Vec::new());
+/// Largest component file of a skill, in bytes (the tool install's own bound).
+pub const MAX_COMPONENT_BYTES: u64 = 64 * 1024 * 1024;
+/// Bytes a skill's component files may hold in all.
+pub const MAX_COMPONENTS_TOTAL: u64 = 128 * 1024 * 1024;
+
+/// The bound of one file of a skill.
+fn limit_of(rel: &str) -> u64 {
+    if rel == "SKILL.md" {
+        MAX_SKILL_MD as u64
+    } else if rel.ends_with(".wasm") {
+        MAX_COMPONENT_BYTES
+    } else {
+        MAX_FILE_BYTES as u64
     }
-    std::fs::read(path)
 }
 
+/// Counts and sizes of a skill's files, from their metadata, before any is read.
+fn check_sizes(found: &[(String, std::path::PathBuf, u64)], problems: &mut Vec<String>) {
+    let wasm = |rel: &str| rel.ends_with(".wasm");
+    let files = found.iter().filter(|f| f.0 != "SKILL.md" && !wasm(&f.0)).count();
+    let components = found.iter().filter(|f| wasm(&f.0)).count();
+    if files > MAX_FILES {
+        problems.push(format!("{files} reference files, over {MAX_FILES}"));
+    }
+    if components > MAX_COMPONENTS {
+        problems.push(format!("{components} components, over {MAX_COMPONENTS}"));
+    }
+    for (rel, _, len) in found {
+        if *len > limit_of(rel) {
+            problems.push(format!("`{rel}` is {len} bytes, over {}", limit_of(rel)));
+        }
+    }
+    let sum = |pick: &dyn Fn(&str) -> bool| -> u64 {
+        found.iter().filter(|f| f.0 != "SKILL.md" && pick(&f.0)).map(|f| f.2).sum()
+    };
+    let (refs, wasms) = (sum(&|r| !wasm(r)), sum(&|r| wasm(r)));
+    if refs > MAX_TOTAL_BYTES as u64 {
+        problems.push(format!("the reference files hold {refs} bytes, over {MAX_TOTAL_BYTES}"));
+    }
+    if wasms > MAX_COMPONENTS_TOTAL {
+        problems.push(format!("the components hold {wasms} bytes, over {MAX_COMPONENTS_TOTAL}"));
+    }
+}
+
+/// Reads `path` as a stream, never past `limit` bytes (a file that grew since its size was
+/// checked is refused, not read whole).
+fn read_limited(path: &Path, limit: u64, problems: &mut Vec<String>) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    std::fs::File::open(path)?.take(limit + 1).read_to_end(&mut out)?;
+    if out.len() as u64 > limit {
+        problems.push(format!("{} is over {limit} bytes", path.display()));
+        out.clear();
+    }
+    Ok(out)
+}
+
+/// Lists a skill directory's files (relative path, path, size) without reading them.
 fn walk(
     dir: &Path,
     prefix: &str,
-    out: &mut Vec<(String, Vec<u8>)>,
+    out: &mut Vec<(String, std::path::PathBuf, u64)>,
     problems: &mut Vec<String>,
 ) -> std::io::Result<()> {
     let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
@@ -350,11 +409,7 @@ fn walk(
                 problems.push("the skill holds too many files".into());
                 return Ok(());
             }
-            // Components are checked by the tool install; everything else is bounded here
-            // (`SKILL.md`'s own, smaller, bound is checked once it is read).
-            let limit = if rel.ends_with(".wasm") { 64 * 1024 * 1024 } else { MAX_FILE_BYTES };
-            let bytes = read_limited(&e.path(), limit, problems)?;
-            out.push((rel, bytes));
+            out.push((rel, e.path(), e.metadata()?.len()));
         }
     }
     Ok(())

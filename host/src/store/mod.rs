@@ -599,6 +599,35 @@ const MIGRATIONS: &[(i64, &str)] = &[
     ALTER TABLE tool_calls ADD COLUMN net TEXT;
     ALTER TABLE approvals ADD COLUMN net TEXT;",
     ),
+    // The digest of every compiled artifact keel wrote (a cached artifact is loaded only if its
+    // bytes match), and the identity of each granted directory (device and inode when it was
+    // granted; a sub-session's grant also names the directory it was opened from, as JSON).
+    (
+        18,
+        "CREATE TABLE artifacts (
+        engine      TEXT NOT NULL,
+        component   TEXT NOT NULL,
+        digest      TEXT NOT NULL,
+        written_at  INTEGER NOT NULL,
+        PRIMARY KEY (engine, component)
+    );
+    ALTER TABLE session_grants ADD COLUMN dev INTEGER;
+    ALTER TABLE session_grants ADD COLUMN ino INTEGER;
+    ALTER TABLE session_grants ADD COLUMN within TEXT;",
+    ),
+    // Principals are typed: a session's user and a memory's are `local:NAME` (this machine's
+    // users) or `token:NAME` (an API token's), so one name never means two principals.
+    // Sessions created over the API (with an owner) worked for their token.
+    (
+        19,
+        "UPDATE session_config SET user = CASE WHEN owner IS NOT NULL THEN 'token:' ELSE 'local:' END || user
+       WHERE user IS NOT NULL AND user NOT LIKE 'local:%' AND user NOT LIKE 'token:%';
+    UPDATE memories SET user = CASE
+        WHEN session_id IN (SELECT session_id FROM session_config WHERE owner IS NOT NULL) THEN 'token:'
+        ELSE 'local:' END || user
+       WHERE user NOT LIKE 'local:%' AND user NOT LIKE 'token:%';
+    UPDATE memories_fts SET user = (SELECT user FROM memories WHERE id = memories_fts.rowid);",
+    ),
 ];
 
 /// Errors of the store.
@@ -727,6 +756,12 @@ pub fn open(path: &Path) -> Result<Connection, StoreError> {
 pub fn open_with(path: &Path, sync: Synchronous) -> Result<Connection, StoreError> {
     let open_err = |source| StoreError::Open { path: path.display().to_string(), source };
     let new_files = !path.exists() || !wal_path(path).exists();
+    if !path.exists() {
+        // Created private: SQLite gives the WAL and shared-memory files the database's mode.
+        crate::home::touch_private(path).map_err(|e| {
+            StoreError::Task(format!("cannot create the database {}: {e}", path.display()))
+        })?;
+    }
     let mut conn = Connection::open(path).map_err(open_err)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err)?;
     conn.pragma_update(None, "journal_mode", "WAL").map_err(open_err)?;

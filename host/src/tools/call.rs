@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use crate::sandbox::net::{EgressPlan, NetGrants};
 use crate::sandbox::{
-    Access, Budget, CallError, CallReport, CancelToken, FsPolicy, Grant, LoadSource, Prepared,
+    Access, Budget, CallError, CallReport, CancelToken, FsPolicy, Grant, LoadSource, Opened,
+    Prepared,
 };
 use crate::secrets::{Redactor, SecretStore};
 use crate::session::ConsumedApproval;
@@ -98,6 +99,19 @@ impl ToolService {
         Ok(())
     }
 
+    /// Refuses a grant that would let a tool reach this home (see
+    /// [`Home::check_grant`](crate::home::Home::check_grant)); every front-end calls it when
+    /// grants are made, and every call again.
+    pub fn check_grants(&self, grants: &[Grant]) -> Result<(), ToolServiceError> {
+        for g in grants {
+            self.home.check_grant(&g.host).map_err(|reason| ToolServiceError::HomeGrant {
+                grant: g.to_string(),
+                reason,
+            })?;
+        }
+        Ok(())
+    }
+
     /// Loads (from memory, the artifact cache, or by compiling) the component with `digest`.
     pub fn prepared(
         &self,
@@ -106,7 +120,13 @@ impl ToolService {
         if let Some(p) = self.prepared.lock().unwrap_or_else(PoisonError::into_inner).get(digest) {
             return Ok((p.clone(), None));
         }
-        let (component, source) = self.sandbox.load(digest, &self.home.component_path(digest))?;
+        let engine = self.sandbox.engine_hash()?.to_string();
+        let recorded = super::catalog::artifact_digest(&self.db(), &engine, digest)?;
+        let (component, source, written) =
+            self.sandbox.load(digest, recorded.as_deref(), &self.home.component_path(digest))?;
+        if let Some(written) = written {
+            super::catalog::record_artifact(&self.db(), &engine, digest, &written)?;
+        }
         let prepared =
             Arc::new(self.sandbox.prepare(&component, self.trusted_with_control(digest))?);
         self.prepared
@@ -172,6 +192,12 @@ impl ToolService {
             });
         }
         Grant::check_disjoint(req.grants)?;
+        // Each grant is checked again at its use: never keel's home, and still the directory
+        // it was given for — opened once here, without following links, and used through
+        // that handle by the guest and the change set alike.
+        self.check_grants(req.grants)?;
+        let opened =
+            req.grants.iter().map(Grant::opened).collect::<Result<Vec<_>, _>>()?;
         req.net.check()?;
         // The values of the secrets the call may send, read once per call; every output of the
         // call is redacted of them before anyone sees it.
@@ -226,7 +252,7 @@ impl ToolService {
         // The walks and hashing are blocking and bounded: a small workspace is walked here,
         // a large one (or much to hash) off the async threads; both stop when the call is
         // cancelled.
-        let grants: Arc<[Grant]> = req.grants.into();
+        let grants: Arc<[Opened]> = opened.into();
         let before = match track {
             true => match changes::snapshot_inline(&grants, req.cancel.as_ref()) {
                 Some(snap) => Some(snap),
@@ -260,7 +286,7 @@ impl ToolService {
                         &prepared,
                         &tool.name,
                         req.input,
-                        req.grants,
+                        &grants,
                         fs,
                         &req.budget,
                         req.cancel.as_ref(),
@@ -298,12 +324,20 @@ impl ToolService {
         };
         let mut report = report;
         redact_report(&mut report, &redactor);
+        let mut changes = changes;
+        if let Some(set) = changes.as_mut().filter(|_| !redactor.is_empty()) {
+            // A tool may name a file after a secret it read.
+            for c in set.created.iter_mut().chain(&mut set.modified).chain(&mut set.deleted) {
+                redactor.redact_string(&mut c.path);
+            }
+        }
         Ok(CallOutcome { tool: tool.clone(), report, changes })
     }
 }
 
 /// Replaces every secret value in what a call produced (output, errors, stdio, logs,
-/// progress, request records) before it leaves the ToolService.
+/// progress, filesystem denials, every field of the request records) before it leaves the
+/// ToolService; the change set's paths are redacted beside it.
 fn redact_report(r: &mut CallReport<serde_json::Value>, redactor: &Redactor) {
     if redactor.is_empty() {
         return;
@@ -331,6 +365,9 @@ fn redact_report(r: &mut CallReport<serde_json::Value>, redactor: &Redactor) {
         redactor.redact_string(d);
     }
     for n in &mut r.net.records {
+        redactor.redact_string(&mut n.method);
+        redactor.redact_string(&mut n.scheme);
+        redactor.redact_string(&mut n.host);
         redactor.redact_string(&mut n.path);
         if let Some(reason) = &mut n.reason {
             redactor.redact_string(reason);

@@ -72,6 +72,36 @@ pub fn component(conn: &Connection, name: &str) -> Result<Option<ComponentRecord
     Ok(conn.query_row(&sql, [name], component_from_row).optional()?)
 }
 
+/// The digest keel recorded for the compiled artifact of `component` under `engine`.
+pub fn artifact_digest(
+    conn: &Connection,
+    engine: &str,
+    component: &str,
+) -> Result<Option<String>, StoreError> {
+    Ok(conn
+        .query_row(
+            "SELECT digest FROM artifacts WHERE engine = ?1 AND component = ?2",
+            [engine, component],
+            |r| r.get(0),
+        )
+        .optional()?)
+}
+
+/// Records the digest of the artifact keel just wrote for `component` under `engine`.
+pub fn record_artifact(
+    conn: &Connection,
+    engine: &str,
+    component: &str,
+    digest: &str,
+) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO artifacts (engine, component, digest, written_at) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (engine, component) DO UPDATE SET digest = excluded.digest, written_at = excluded.written_at",
+        rusqlite::params![engine, component, digest, crate::store::now_ms()],
+    )?;
+    Ok(())
+}
+
 pub fn components(conn: &Connection) -> Result<Vec<ComponentRecord>, StoreError> {
     let sql = format!("SELECT {COMPONENT_COLUMNS} FROM components ORDER BY name");
     let mut stmt = conn.prepare(&sql)?;

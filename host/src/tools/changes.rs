@@ -20,11 +20,11 @@ use std::collections::BTreeMap;
 use std::io::Read;
 
 use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt};
-use cap_std::ambient_authority;
 use cap_std::fs::{Dir, OpenOptions};
 use sha2::{Digest, Sha256};
 
-use crate::sandbox::{Access, CancelToken, Grant};
+use crate::sandbox::grant::Opened;
+use crate::sandbox::{Access, CancelToken};
 
 /// Entries walked per grant at most; past it the change set is marked incomplete.
 pub const MAX_ENTRIES: usize = 100_000;
@@ -132,13 +132,13 @@ fn kind_name(k: Kind) -> &'static str {
 }
 
 /// Walks every read-write grant (blocking; stops early, incomplete, when `cancel` fires).
-pub fn snapshot(grants: &[Grant], cancel: Option<&CancelToken>) -> Snapshot {
+pub fn snapshot(grants: &[Opened], cancel: Option<&CancelToken>) -> Snapshot {
     walk_grants(grants, cancel, MAX_ENTRIES)
 }
 
 /// Walks every read-write grant if it holds at most [`INLINE_ENTRIES`] entries; `None` when
 /// it holds more (walk it with [`snapshot`], off the async threads).
-pub fn snapshot_inline(grants: &[Grant], cancel: Option<&CancelToken>) -> Option<Snapshot> {
+pub fn snapshot_inline(grants: &[Opened], cancel: Option<&CancelToken>) -> Option<Snapshot> {
     let snap = walk_grants(grants, cancel, INLINE_ENTRIES);
     (!snap.at_bound).then_some(snap)
 }
@@ -153,13 +153,10 @@ pub fn bytes_to_hash(before: &Snapshot, after: &Snapshot) -> u64 {
         .fold(0u64, u64::saturating_add)
 }
 
-fn walk_grants(grants: &[Grant], cancel: Option<&CancelToken>, bound: usize) -> Snapshot {
+fn walk_grants(grants: &[Opened], cancel: Option<&CancelToken>, bound: usize) -> Snapshot {
     let mut snap = Snapshot { entries: BTreeMap::new(), complete: true, at_bound: false };
     for g in grants.iter().filter(|g| g.access == Access::Rw) {
-        match Dir::open_ambient_dir(&g.host, ambient_authority()) {
-            Ok(dir) => walk(&dir, &g.guest, 0, &mut snap, cancel, bound),
-            Err(_) => snap.complete = false,
-        }
+        walk(&g.dir, &g.guest, 0, &mut snap, cancel, bound);
     }
     snap
 }
@@ -234,7 +231,7 @@ fn walk(
 pub fn diff(
     before: &Snapshot,
     after: &Snapshot,
-    grants: &[Grant],
+    grants: &[Opened],
     cancel: Option<&CancelToken>,
 ) -> ChangeSet {
     let mut set = ChangeSet { complete: before.complete && after.complete, ..Default::default() };
@@ -291,12 +288,12 @@ pub fn diff(
 /// sha256 of the regular file at guest `path`, opened inside its grant without following
 /// symlinks; `None` when it cannot be read whole, holds more than `size` bytes (it grew since
 /// the walk), or the work is cancelled.
-fn hash(grants: &[Grant], path: &str, size: u64, cancel: Option<&CancelToken>) -> Option<String> {
+fn hash(grants: &[Opened], path: &str, size: u64, cancel: Option<&CancelToken>) -> Option<String> {
     let g = grants.iter().filter(|g| g.access == Access::Rw).find(|g| {
         g.guest == "/" || path.strip_prefix(&g.guest).is_some_and(|r| r.starts_with('/'))
     })?;
     let rel = if g.guest == "/" { &path[1..] } else { &path[g.guest.len() + 1..] };
-    let dir = Dir::open_ambient_dir(&g.host, ambient_authority()).ok()?;
+    let dir = &g.dir;
     let mut opts = OpenOptions::new();
     opts.read(true).follow(FollowSymlinks::No);
     let mut file = dir.open_with(rel, &opts).ok()?;
@@ -323,12 +320,13 @@ fn hash(grants: &[Grant], path: &str, size: u64, cancel: Option<&CancelToken>) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sandbox::Grant;
 
     #[test]
     fn a_cancelled_walk_or_hash_says_the_change_set_is_incomplete() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a"), "a").unwrap();
-        let grants = [Grant::new(dir.path(), "/w", Access::Rw).unwrap()];
+        let grants = [Grant::new(dir.path(), "/w", Access::Rw).unwrap().opened().unwrap()];
         let before = snapshot(&grants, None);
         assert!(before.complete);
         std::fs::write(dir.path().join("b"), "b").unwrap();
@@ -348,7 +346,7 @@ mod tests {
     #[test]
     fn only_a_small_workspace_is_walked_inline() {
         let dir = tempfile::tempdir().unwrap();
-        let grants = [Grant::new(dir.path(), "/w", Access::Rw).unwrap()];
+        let grants = [Grant::new(dir.path(), "/w", Access::Rw).unwrap().opened().unwrap()];
         for i in 0..INLINE_ENTRIES {
             std::fs::write(dir.path().join(format!("f{i}")), "x").unwrap();
         }

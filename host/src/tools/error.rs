@@ -79,6 +79,12 @@ pub enum ToolServiceError {
     McpServer { name: String },
     #[error(transparent)]
     Mcp(#[from] crate::mcp::McpError),
+    /// A grant's directory is not the one it was given for any more.
+    #[error(transparent)]
+    GrantMoved(#[from] crate::sandbox::GrantMoved),
+    /// A grant would let a tool reach keel's own home.
+    #[error("grant `{grant}`: {reason}")]
+    HomeGrant { grant: String, reason: String },
 }
 
 impl ToolServiceError {
@@ -110,6 +116,8 @@ impl ToolServiceError {
             Self::ApprovalNotBound { .. } => "approval_not_bound",
             Self::McpServer { .. } => "mcp_server",
             Self::Mcp(e) => e.kind(),
+            Self::GrantMoved(_) => "grant_moved",
+            Self::HomeGrant { .. } => "grant",
         }
     }
 }

@@ -361,15 +361,15 @@ impl ToolService {
         }
         let path = self.home.component_path(&digest);
         if !path.exists() {
-            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
             let io = |context: &str| {
                 let context = context.to_string();
                 move |source| ToolServiceError::Io { context, source }
             };
-            std::fs::write(&tmp, bytes).map_err(io("writing the component file"))?;
-            std::fs::rename(&tmp, &path).map_err(io("publishing the component file"))?;
+            crate::home::write_private(&path, bytes).map_err(io("writing the component file"))?;
         }
-        self.sandbox.cache_artifact(&component, &digest)?;
+        let written = self.sandbox.cache_artifact(&component, &digest)?;
+        let engine = self.sandbox.engine_hash()?.to_string();
+        super::catalog::record_artifact(&self.db(), &engine, &digest, &written)?;
         let record = ComponentRecord {
             name: name.to_string(),
             digest: digest.clone(),

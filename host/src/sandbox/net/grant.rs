@@ -10,6 +10,10 @@ use std::str::FromStr;
 
 /// Bytes a call may send and receive over the network in all, by default (`--net-max-bytes`).
 pub const DEFAULT_NET_MAX_BYTES: u64 = 16 << 20;
+/// Requests a call may start in all, by default (`--net-max-requests`).
+pub const DEFAULT_NET_MAX_REQUESTS: u64 = 256;
+/// Requests of one call that may be in flight at once; one more is refused until one ends.
+pub const MAX_CONCURRENT_REQUESTS: usize = 16;
 /// Longest secret name.
 pub const MAX_SECRET_NAME: usize = 64;
 
@@ -236,6 +240,35 @@ pub struct SecretBinding {
     pub header: String,
     /// The header's value, with `{}` where the secret goes.
     pub format: String,
+    /// Where the egress hook may fill in the placeholder `{{secret:NAME}}` (`:in=`; default:
+    /// headers only, so the bound service never receives the credential as content it stores).
+    #[serde(default)]
+    pub fill: Fill,
+}
+
+/// The parts of a request a secret's placeholder may be filled into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Fill {
+    pub header: bool,
+    /// The URL: path and query.
+    pub query: bool,
+    pub body: bool,
+}
+
+impl Default for Fill {
+    fn default() -> Self {
+        Self { header: true, query: false, body: false }
+    }
+}
+
+impl fmt::Display for Fill {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<&str> = [(self.header, "header"), (self.query, "query"), (self.body, "body")]
+            .into_iter()
+            .filter_map(|(on, name)| on.then_some(name))
+            .collect();
+        f.write_str(&parts.join(","))
+    }
 }
 
 impl SecretBinding {
@@ -270,7 +303,7 @@ impl FromStr for SecretBinding {
             err(
                 WHAT,
                 spec,
-                "expected NAME@HOST[:PORT][:header=NAME][:format=TEXT WITH {}], e.g. GITHUB_TOKEN@api.github.com",
+                "expected NAME@HOST[:PORT][:header=NAME][:in=header,query,body][:format=TEXT WITH {}], e.g. GITHUB_TOKEN@api.github.com",
             )
         };
         let (name, rest) = spec.split_once('@').ok_or_else(syntax)?;
@@ -286,8 +319,13 @@ impl FromStr for SecretBinding {
         };
         // The options come after the destination; `format=` takes the rest of the text (it
         // may hold `:`).
-        let (dest, mut options) =
-            match rest.find(":header=").into_iter().chain(rest.find(":format=")).min() {
+        let (dest, mut options) = match rest
+            .find(":header=")
+            .into_iter()
+            .chain(rest.find(":format="))
+            .chain(rest.find(":in="))
+            .min()
+        {
                 Some(i) => (&rest[..i], &rest[i + 1..]),
                 None => (rest, ""),
             };
@@ -298,10 +336,36 @@ impl FromStr for SecretBinding {
         };
         let host = normalise_host(host).ok_or_else(syntax)?;
         let (mut header, mut format) = ("authorization".to_string(), "Bearer {}".to_string());
+        let mut fill = Fill::default();
         while !options.is_empty() {
             if let Some(f) = options.strip_prefix("format=") {
                 format = f.to_string();
                 break;
+            }
+            if let Some(places) = options.strip_prefix("in=") {
+                let (places, next) = match places.find(':') {
+                    Some(i) => (&places[..i], &places[i + 1..]),
+                    None => (places, ""),
+                };
+                fill = Fill { header: false, query: false, body: false };
+                for p in places.split(',') {
+                    match p {
+                        "header" => fill.header = true,
+                        "query" => fill.query = true,
+                        "body" => fill.body = true,
+                        other => {
+                            return Err(err(
+                                WHAT,
+                                spec,
+                                format!(
+                                    "`{other}` is not a place a placeholder is filled in: use in=header,query,body or a part of it"
+                                ),
+                            ));
+                        }
+                    }
+                }
+                options = next;
+                continue;
             }
             let Some(h) = options.strip_prefix("header=") else { return Err(syntax()) };
             let (h, next) = match h.find(':') {
@@ -326,7 +390,7 @@ impl FromStr for SecretBinding {
         if format.bytes().any(|b| b.is_ascii_control()) {
             return Err(err(WHAT, spec, "the format may not hold control characters"));
         }
-        Ok(Self { name: name.to_string(), scheme, host, port, header, format })
+        Ok(Self { name: name.to_string(), scheme, host, port, header, format, fill })
     }
 }
 
@@ -334,13 +398,14 @@ impl fmt::Display for SecretBinding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}@{}://{}:{} (header {}: {})",
+            "{}@{}://{}:{} (header {}: {}; placeholder in {})",
             self.name,
             self.scheme.as_str(),
             HostPattern::Exact(self.host.clone()),
             self.port,
             self.header,
-            self.format
+            self.format,
+            self.fill
         )
     }
 }
@@ -352,8 +417,11 @@ pub struct NetGrants {
     pub allow: Vec<NetRule>,
     pub loopback: Vec<LoopbackException>,
     pub secrets: Vec<SecretBinding>,
-    /// Bytes a call may send (request bodies) and receive (response bodies) in all.
+    /// Bytes a call may send (request lines, headers and bodies) and receive (response
+    /// bodies) in all.
     pub max_bytes: u64,
+    /// Requests a call may start in all (`--net-max-requests`).
+    pub max_requests: u64,
 }
 
 impl Default for NetGrants {
@@ -363,6 +431,7 @@ impl Default for NetGrants {
             loopback: Vec::new(),
             secrets: Vec::new(),
             max_bytes: DEFAULT_NET_MAX_BYTES,
+            max_requests: DEFAULT_NET_MAX_REQUESTS,
         }
     }
 }

@@ -9,12 +9,19 @@
 //! platform's verifier; the response body counts against the same cap. No redirect is
 //! followed here: a guest that follows one sends a new request, which is checked like any.
 //!
+//! Before anything is sent, a request that carries the value of a granted secret (as it is,
+//! URL-encoded, hex or base64) towards a destination that secret is not bound to is refused,
+//! and an authority with userinfo (`user@host`) is refused. A call starts at most
+//! `max_requests` requests and has at most [`MAX_CONCURRENT_REQUESTS`] in flight; its byte cap
+//! counts request lines and headers as well as bodies. When the call ends, requests still in
+//! flight are cancelled and recorded as such, with what they had sent.
+//!
 //! Each request leaves a [`NetRecord`] (method, host, port, path, status, bytes, time, and why
-//! it was refused) — never a body or a header.
+//! it was refused) — never a body or a header — from the moment it starts.
 
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -25,7 +32,8 @@ use http_body_util::{BodyExt, Full};
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
 use super::addr;
-use super::grant::{NetGrants, Scheme, SecretBinding, normalise_host};
+use super::grant::{MAX_CONCURRENT_REQUESTS, NetGrants, Scheme, SecretBinding, normalise_host};
+use super::reflect::Reflections;
 use crate::secrets::Secret;
 
 /// Records kept per call at most (the rest are counted).
@@ -43,13 +51,14 @@ pub struct NetRecord {
     /// The response status (`None`: no response).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
-    /// Request body bytes sent.
+    /// Bytes sent: the request line, the headers and the body.
     pub sent: u64,
     /// Response body bytes received (so far, for a body the guest did not read to its end).
     pub received: u64,
     /// Milliseconds from the request to its response's head (or its refusal or failure).
     pub ms: f64,
-    /// `ok`, `denied` (refused by keel; nothing was sent) or `failed`.
+    /// `ok`, `denied` (refused by keel; nothing was sent), `failed`, or `cancelled` (the call
+    /// ended first; `sent` says what had been handed to the connection).
     pub outcome: String,
     /// Why it was denied or failed.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -77,6 +86,22 @@ impl EgressPlan {
 struct Ledger {
     records: Mutex<(Vec<NetRecord>, u64)>,
     bytes: AtomicU64,
+    /// Requests started (refused ones included).
+    started: AtomicU64,
+    /// Requests whose connection is open.
+    active: AtomicUsize,
+    /// The call has ended: requests in flight stop.
+    ended: std::sync::atomic::AtomicBool,
+    end: tokio::sync::Notify,
+}
+
+/// A request counted as in flight until it is dropped.
+struct InFlight(Arc<Ledger>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Ledger {
@@ -105,12 +130,24 @@ impl Ledger {
         let before = self.bytes.fetch_add(n, Ordering::Relaxed);
         if before + n > cap { Err(cap.saturating_sub(before)) } else { Ok(()) }
     }
+
+    /// Resolves when the call has ended.
+    async fn ended(&self) {
+        loop {
+            let notified = self.end.notified();
+            if self.ended.load(Ordering::SeqCst) {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 /// The hooks of one call (see the module docs).
 pub struct Egress {
     plan: Arc<EgressPlan>,
     ledger: Arc<Ledger>,
+    reflections: Arc<Reflections>,
 }
 
 /// The records of a call's requests, and how many more were not kept.
@@ -122,7 +159,8 @@ pub struct NetReport {
 
 impl Egress {
     pub fn new(plan: EgressPlan) -> Self {
-        Self { plan: Arc::new(plan), ledger: Arc::default() }
+        let reflections = Arc::new(Reflections::new(&plan.secrets));
+        Self { plan: Arc::new(plan), ledger: Arc::default(), reflections }
     }
 
     /// What the call's requests did so far.
@@ -131,12 +169,30 @@ impl Egress {
         NetReport { records: g.0.clone(), dropped: g.1 }
     }
 
+    /// Ends the call's network use: requests still in flight are cancelled (their
+    /// connections dropped) and recorded as `cancelled`, with what they had sent; no new one
+    /// starts. Returns the report.
+    pub fn finish(&self) -> NetReport {
+        self.ledger.ended.store(true, Ordering::SeqCst);
+        self.ledger.end.notify_waiters();
+        let mut g = self.ledger.records.lock().unwrap_or_else(PoisonError::into_inner);
+        for r in g.0.iter_mut().filter(|r| r.outcome == PENDING) {
+            r.outcome = "cancelled".into();
+            r.reason = Some(if r.sent > 0 {
+                "the call ended while the request was in flight; it was cancelled after it was handed to the connection".into()
+            } else {
+                "the call ended before the request was sent; it was cancelled".into()
+            });
+        }
+        NetReport { records: g.0.clone(), dropped: g.1 }
+    }
+
     /// Sends `request` as the hook does for a guest.
     pub async fn send(
         &self,
         request: http::Request<WasiBody>,
     ) -> Result<(http::Response<WasiBody>, IoFuture), Error> {
-        send(self.plan.clone(), self.ledger.clone(), request).await
+        send(self.plan.clone(), self.ledger.clone(), self.reflections.clone(), request).await
     }
 
     /// A GET of `url` from the host through the same checks, its body read to the end:
@@ -165,7 +221,7 @@ impl WasiHttpHooks for Egress {
         _options: Option<RequestOptions>,
         _fut: Box<dyn Future<Output = Result<(), Error>> + Send>,
     ) -> Box<dyn Future<Output = Result<(http::Response<WasiBody>, IoFuture), Error>> + Send> {
-        Box::new(send(self.plan.clone(), self.ledger.clone(), request))
+        Box::new(send(self.plan.clone(), self.ledger.clone(), self.reflections.clone(), request))
     }
 }
 
@@ -184,9 +240,13 @@ fn fail(reason: impl Into<String>, error: Error) -> Stop {
     Stop { denied: false, reason: reason.into(), error }
 }
 
+/// The outcome of a request whose record is open.
+const PENDING: &str = "pending";
+
 async fn send(
     plan: Arc<EgressPlan>,
     ledger: Arc<Ledger>,
+    reflections: Arc<Reflections>,
     request: http::Request<WasiBody>,
 ) -> Result<(http::Response<WasiBody>, IoFuture), Error> {
     let started = Instant::now();
@@ -199,7 +259,7 @@ async fn send(
     };
     let host = uri.host().and_then(normalise_host).unwrap_or_default();
     let port = uri.port_u16().or(scheme.map(Scheme::default_port)).unwrap_or(0);
-    let mut record = NetRecord {
+    let record = NetRecord {
         method: parts.method.to_string(),
         scheme: uri.scheme_str().unwrap_or("").to_string(),
         host: host.clone(),
@@ -209,9 +269,42 @@ async fn send(
         sent: 0,
         received: 0,
         ms: 0.0,
-        outcome: "ok".into(),
+        outcome: PENDING.into(),
         reason: None,
     };
+    // Recorded from the start: a request still in flight when the call ends is in the report.
+    let at = ledger.push(record.clone());
+    let finish = |outcome: &str, reason: Option<String>| {
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        ledger.update(at, |r| {
+            if r.outcome == PENDING {
+                r.outcome = outcome.into();
+                r.reason = reason;
+            }
+            r.ms = ms;
+        });
+    };
+    let number = ledger.started.fetch_add(1, Ordering::SeqCst) + 1;
+    let active = ledger.active.fetch_add(1, Ordering::SeqCst) + 1;
+    let in_flight = InFlight(ledger.clone());
+    let limit = if ledger.ended.load(Ordering::SeqCst) {
+        Some("the call has ended; no request starts after it".to_string())
+    } else if number > plan.grants.max_requests {
+        Some(format!(
+            "the call may start {} requests in all (--net-max-requests) and this is request {number}; nothing was sent",
+            plan.grants.max_requests
+        ))
+    } else if active > MAX_CONCURRENT_REQUESTS {
+        Some(format!(
+            "the call has {MAX_CONCURRENT_REQUESTS} requests in flight, the most it may; wait for one to finish (nothing was sent)"
+        ))
+    } else {
+        None
+    };
+    if let Some(reason) = limit {
+        finish("denied", Some(reason));
+        return Err(Error::HttpRequestDenied);
+    }
     let attempt = async {
         let Some(scheme) = scheme else {
             return Err(deny(format!(
@@ -222,36 +315,103 @@ async fn send(
         if host.is_empty() {
             return Err(deny("the request names no host"));
         }
+        if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+            return Err(deny(
+                "the URL carries a user name or password before the host (user@host); keel sends credentials only as bound secrets",
+            ));
+        }
         check_grant(&plan.grants, scheme, &host, port)?;
         let cap = plan.grants.max_bytes;
         let body = read_body(body, &ledger, cap).await?;
+        check_reflections(&reflections, &plan.secrets, &parts, &body, scheme, &host, port)?;
         let bound: Vec<&(SecretBinding, Secret)> =
             plan.secrets.iter().filter(|(b, _)| b.binds(scheme, &host, port)).collect();
-        let (request, sent) = fill_secrets(parts, body, &bound, &plan.secrets)?;
+        let (request, head) = fill_secrets(parts, body, &bound, &plan.secrets)?;
+        // The request line and headers count against the same cap as bodies.
+        if let Err(left) = ledger.take(head, cap) {
+            return Err(Stop {
+                denied: true,
+                reason: format!(
+                    "the request line and headers ({head} bytes) pass the call's network byte cap of {cap} bytes ({left} were left); nothing was sent"
+                ),
+                error: Error::HttpRequestDenied,
+            });
+        }
+        let sent = head + request.body().size_hint().exact().unwrap_or(0);
         let addrs = resolve(&plan, &host, port).await?;
         let stream = connect(&addrs, plan.deadline).await?;
+        ledger.update(at, |r| r.sent = sent);
         let (response, io) = exchange(stream, scheme, &host, request, plan.deadline).await?;
         Ok((response, io, sent))
     };
-    let outcome = attempt.await;
-    record.ms = started.elapsed().as_secs_f64() * 1e3;
+    let outcome = tokio::select! {
+        biased;
+        () = ledger.ended() => Err(fail(
+            "the call ended before the response came; the request was cancelled",
+            Error::ConnectionTerminated,
+        )),
+        r = attempt => r,
+    };
     match outcome {
         Ok((response, io, sent)) => {
-            record.status = Some(response.status().as_u16());
-            record.sent = sent;
-            let at = ledger.push(record);
+            let status = response.status().as_u16();
+            ledger.update(at, |r| {
+                r.status = Some(status);
+                r.sent = sent;
+            });
+            finish("ok", None);
             let cap = plan.grants.max_bytes;
             let (head, incoming) = response.into_parts();
             let body = Metered { inner: incoming, ledger: ledger.clone(), at, cap };
+            // The connection's remaining work stops when the call ends; the request counts as
+            // in flight until then.
+            let io: IoFuture = Box::new(async move {
+                let _in_flight = in_flight;
+                let ledger = _in_flight.0.clone();
+                tokio::select! {
+                    biased;
+                    () = ledger.ended() => Ok(()),
+                    r = Pin::from(io) => r,
+                }
+            });
             Ok((http::Response::from_parts(head, body.boxed_unsync()), io))
         }
         Err(stop) => {
-            record.outcome = if stop.denied { "denied" } else { "failed" }.into();
-            record.reason = Some(stop.reason);
-            ledger.push(record);
+            let outcome = if stop.denied { "denied" } else { "failed" };
+            finish(outcome, Some(stop.reason));
             Err(stop.error)
         }
     }
+}
+
+/// Refuses a request that carries a granted secret's value towards a destination the secret
+/// is not bound to (see [`super::reflect`]).
+fn check_reflections(
+    reflections: &Reflections,
+    secrets: &[(SecretBinding, Secret)],
+    parts: &http::request::Parts,
+    body: &[u8],
+    scheme: Scheme,
+    host: &str,
+    port: u16,
+) -> Result<(), Stop> {
+    let uri = parts.uri.to_string();
+    let places = std::iter::once(("URL", uri.as_bytes()))
+        .chain(parts.headers.iter().map(|(_, v)| ("a header", v.as_bytes())))
+        .chain(std::iter::once(("the body", body)));
+    for (place, bytes) in places {
+        if let Some(found) = reflections.elsewhere(secrets, bytes, scheme, host, port) {
+            return Err(deny(format!(
+                "{place} carries the value of secret `{}` ({}), which is bound to {}://{}:{}, not to this destination; nothing was sent",
+                found.binding.name,
+                found.form,
+                found.binding.scheme.as_str(),
+                super::grant::HostPattern::Exact(found.binding.host.clone()),
+                found.binding.port
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn check_grant(grants: &NetGrants, scheme: Scheme, host: &str, port: u16) -> Result<(), Stop> {
@@ -297,13 +457,48 @@ async fn read_body(body: WasiBody, ledger: &Ledger, cap: u64) -> Result<Bytes, S
 
 const PLACEHOLDER_OPEN: &str = "{{secret:";
 
-/// `text` with each `{{secret:NAME}}` replaced by the value of `NAME` bound to this
-/// destination; a placeholder of a secret not bound here refuses the request.
+/// A part of a request a placeholder can be in.
+#[derive(Clone, Copy)]
+enum Place {
+    Header,
+    Query,
+    Body,
+}
+
+impl Place {
+    fn allowed(self, b: &SecretBinding) -> bool {
+        match self {
+            Self::Header => b.fill.header,
+            Self::Query => b.fill.query,
+            Self::Body => b.fill.body,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Header => "header",
+            Self::Query => "query",
+            Self::Body => "body",
+        }
+    }
+
+    /// How the value is written there.
+    fn encode(self, s: &str) -> String {
+        match self {
+            Self::Query => url_encoded(s),
+            Self::Header | Self::Body => s.to_string(),
+        }
+    }
+}
+
+/// `text` (in `place`) with each `{{secret:NAME}}` replaced by the value of `NAME` bound to
+/// this destination; a placeholder of a secret not bound here, or not to be filled in this
+/// part of the request, refuses the request.
 fn substitute(
     text: &str,
     bound: &[&(SecretBinding, Secret)],
     all: &[(SecretBinding, Secret)],
-    encode: fn(&str) -> String,
+    place: Place,
 ) -> Result<Option<String>, Stop> {
     if !text.contains(PLACEHOLDER_OPEN) {
         return Ok(None);
@@ -320,7 +515,14 @@ fn substitute(
         };
         let name = &after[..end];
         match bound.iter().find(|(b, _)| b.name == name) {
-            Some((_, value)) => out.push_str(&encode(value.expose())),
+            Some((b, _)) if !place.allowed(b) => {
+                return Err(deny(format!(
+                    "the request carries the placeholder of secret `{name}` in its {}, where its grant does not let keel write it (it is filled in: {}; a grant may say :in=header,query,body); nothing was sent",
+                    place.name(),
+                    b.fill
+                )));
+            }
+            Some((_, value)) => out.push_str(&place.encode(value.expose())),
             None => {
                 let elsewhere = all.iter().any(|(b, _)| b.name == name);
                 return Err(deny(if elsewhere {
@@ -340,10 +542,6 @@ fn substitute(
     Ok(Some(out))
 }
 
-fn verbatim(s: &str) -> String {
-    s.to_string()
-}
-
 /// Percent-encodes what a URL's path or query cannot hold as it is.
 fn url_encoded(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -358,7 +556,8 @@ fn url_encoded(s: &str) -> String {
 }
 
 /// Builds the request that goes on the wire: the origin-form URI, the guest's headers with
-/// the auth headers replaced by the bound secrets' own, placeholders substituted.
+/// the auth headers replaced by the bound secrets' own, placeholders substituted. Returns it
+/// with the size of its request line and headers.
 fn fill_secrets(
     parts: http::request::Parts,
     body: Bytes,
@@ -369,7 +568,7 @@ fn fill_secrets(
     // A placeholder in the URL arrives percent-encoded; look for it in both forms.
     let pq_text =
         pq.replace("%7B", "{").replace("%7b", "{").replace("%7D", "}").replace("%7d", "}");
-    let pq = match substitute(&pq_text, bound, all, url_encoded)? {
+    let pq = match substitute(&pq_text, bound, all, Place::Query)? {
         Some(filled) => filled,
         None => pq.to_string(),
     };
@@ -388,7 +587,7 @@ fn fill_secrets(
             continue;
         }
         let filled = match value.to_str() {
-            Ok(text) => substitute(text, bound, all, verbatim)?,
+            Ok(text) => substitute(text, bound, all, Place::Header)?,
             Err(_) => None,
         };
         match filled {
@@ -412,20 +611,32 @@ fn fill_secrets(
         builder = builder.header(b.header.as_str(), v);
     }
     let body = match std::str::from_utf8(&body) {
-        Ok(text) => match substitute(text, bound, all, verbatim)? {
+        Ok(text) => match substitute(text, bound, all, Place::Body)? {
             Some(filled) => Bytes::from(filled),
             None => body,
         },
         Err(_) => body,
     };
-    let sent = body.len() as u64;
     if !body.is_empty() || parts.headers.contains_key(http::header::CONTENT_LENGTH) {
         builder = builder.header(http::header::CONTENT_LENGTH, body.len());
     }
     let request = builder
         .body(Full::new(body))
         .map_err(|e| fail(format!("building the request: {e}"), Error::HttpRequestUriInvalid))?;
-    Ok((request, sent))
+    Ok((request, head_size(&request_head(&request))))
+}
+
+/// `METHOD PATH HTTP/1.1` and the headers of `request` (with the `host` header hyper adds).
+fn request_head<B>(request: &http::Request<B>) -> (usize, usize) {
+    let line = request.method().as_str().len() + 1 + request.uri().to_string().len() + 11;
+    let headers: usize =
+        request.headers().iter().map(|(n, v)| n.as_str().len() + 2 + v.len() + 2).sum();
+    (line, headers)
+}
+
+/// Bytes of a request line and headers as written: each line, its CRLF, and the blank line.
+fn head_size((line, headers): (usize, usize)) -> u64 {
+    (line + headers + 2) as u64
 }
 
 /// Resolves `host` once and checks every address it names.

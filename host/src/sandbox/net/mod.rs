@@ -10,9 +10,10 @@
 pub mod addr;
 pub mod grant;
 mod hook;
+mod reflect;
 
 pub use grant::{
-    DEFAULT_NET_MAX_BYTES, HostPattern, LoopbackException, NetGrantError, NetGrants, NetRule,
+    DEFAULT_NET_MAX_BYTES, DEFAULT_NET_MAX_REQUESTS, Fill, HostPattern, MAX_CONCURRENT_REQUESTS, LoopbackException, NetGrantError, NetGrants, NetRule,
     Scheme, SecretBinding,
 };
 pub use hook::{Egress, EgressPlan, IoFuture, MAX_NET_RECORDS, NetRecord, NetReport};
