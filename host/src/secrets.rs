@@ -10,7 +10,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -111,11 +110,11 @@ impl SecretStore {
     /// Runs `f` holding the store's lock (one writer at a time across processes).
     fn locked<T>(&self, f: impl FnOnce() -> Result<T, SecretError>) -> Result<T, SecretError> {
         crate::home::create_private_dir(&self.dir).map_err(io("creating the keel home"))?;
+        let path = self.dir.join("secrets.lock");
+        crate::home::touch_private(&path).map_err(io("creating secrets.lock"))?;
         let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
             .write(true)
-            .open(self.dir.join("secrets.lock"))
+            .open(&path)
             .map_err(io("opening secrets.lock"))?;
         lock.lock().map_err(io("locking secrets.lock"))?;
         let out = f();

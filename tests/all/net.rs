@@ -566,21 +566,36 @@ async fn j5_requests_left_in_flight_are_cancelled_and_recorded_when_the_call_end
     let peer = WebPeer::start().await;
     let p = peer.port;
     let grants = net(&[format!("http://localhost:{p}")], &[format!("localhost:{p}")], &[]);
+    // Three POSTs to a slow server, left in flight: the tool returns 300 ms later, long before
+    // any answer.
     let o = probe(
         &s,
         "net_flood",
-        json!({"url": format!("http://localhost:{p}/slow?ms=3000"), "n": 3, "forget": true, "body_bytes": 100}),
+        json!({"url": format!("http://localhost:{p}/slow?ms=3000"), "n": 3, "forget": true,
+               "linger_ms": 300, "body_bytes": 100}),
         &grants,
     )
     .await;
     assert_eq!(o.report.result.as_ref().unwrap()["started"], 3);
-    // Every request is in the report, though the call returned before any was answered.
+    // The server read all three; each is in the report, cancelled, with what it sent.
+    assert_eq!(peer.seen().len(), 3);
     assert_eq!(o.report.net.records.len(), 3, "{:?}", o.report.net);
     assert_eq!(outcomes(&o, "cancelled"), 3, "{:?}", o.report.net);
+    assert!(o.report.net.records.iter().all(|r| r.sent > 100), "{:?}", o.report.net);
+    // A request started just as the call returns is cancelled too; any the server read is
+    // in the report.
+    let before = peer.seen().len();
+    let o = probe(
+        &s,
+        "net_flood",
+        json!({"url": format!("http://localhost:{p}/slow?ms=3000"), "n": 3, "forget": true}),
+        &grants,
+    )
+    .await;
+    assert!(o.report.net.records.iter().all(|r| r.outcome == "cancelled"), "{:?}", o.report.net);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    // A request the server read was handed to its connection, and its record says what it sent.
     let sent = o.report.net.records.iter().filter(|r| r.sent > 0).count();
-    assert!(peer.seen().len() <= sent, "{} read, {sent} recorded as sent", peer.seen().len());
+    assert!(peer.seen().len() - before <= sent, "{} read, {sent} recorded", peer.seen().len() - before);
     // Nothing more reaches the server after the call.
     let seen = peer.connections();
     tokio::time::sleep(Duration::from_millis(500)).await;

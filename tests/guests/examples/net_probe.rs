@@ -97,6 +97,9 @@ struct FloodInput {
     /// A header of this many bytes with each request.
     #[serde(default)]
     header_bytes: u32,
+    /// With `forget`: wait this long (the requests are under way) before returning.
+    #[serde(default)]
+    linger_ms: u64,
 }
 
 #[derive(Serialize, JsonSchema)]
@@ -133,6 +136,9 @@ fn flood(input: FloodInput) -> Result<FloodOutput, ToolError> {
         }
     }
     if input.forget {
+        if input.linger_ms > 0 {
+            wasip2::clocks::monotonic_clock::subscribe_duration(input.linger_ms * 1_000_000).block();
+        }
         std::mem::forget(pending);
         return Ok(out);
     }

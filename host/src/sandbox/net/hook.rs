@@ -178,11 +178,7 @@ impl Egress {
         let mut g = self.ledger.records.lock().unwrap_or_else(PoisonError::into_inner);
         for r in g.0.iter_mut().filter(|r| r.outcome == PENDING) {
             r.outcome = "cancelled".into();
-            r.reason = Some(if r.sent > 0 {
-                "the call ended while the request was in flight; it was cancelled after it was handed to the connection".into()
-            } else {
-                "the call ended before the request was sent; it was cancelled".into()
-            });
+            r.reason = Some(cancelled_reason(r.sent).into());
         }
         NetReport { records: g.0.clone(), dropped: g.1 }
     }
@@ -242,6 +238,15 @@ fn fail(reason: impl Into<String>, error: Error) -> Stop {
 
 /// The outcome of a request whose record is open.
 const PENDING: &str = "pending";
+
+/// Why a request the call's end cancelled is recorded so, by whether it had been sent.
+fn cancelled_reason(sent: u64) -> &'static str {
+    if sent > 0 {
+        "the call ended while the request was in flight; it was cancelled after it was handed to the connection"
+    } else {
+        "the call ended before the request was sent; it was cancelled"
+    }
+}
 
 async fn send(
     plan: Arc<EgressPlan>,
@@ -305,6 +310,7 @@ async fn send(
         finish("denied", Some(reason));
         return Err(Error::HttpRequestDenied);
     }
+    let userinfo = uri.authority().is_some_and(|a| a.as_str().contains('@'));
     let attempt = async {
         let Some(scheme) = scheme else {
             return Err(deny(format!(
@@ -315,7 +321,7 @@ async fn send(
         if host.is_empty() {
             return Err(deny("the request names no host"));
         }
-        if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+        if userinfo {
             return Err(deny(
                 "the URL carries a user name or password before the host (user@host); keel sends credentials only as bound secrets",
             ));
@@ -346,11 +352,18 @@ async fn send(
     };
     let outcome = tokio::select! {
         biased;
-        () = ledger.ended() => Err(fail(
-            "the call ended before the response came; the request was cancelled",
-            Error::ConnectionTerminated,
-        )),
-        r = attempt => r,
+        () = ledger.ended() => None,
+        r = attempt => Some(r),
+    };
+    let Some(outcome) = outcome else {
+        // The call ended first: the request is cancelled (its connection dropped here).
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        ledger.update(at, |r| {
+            r.outcome = "cancelled".into();
+            r.reason = Some(cancelled_reason(r.sent).into());
+            r.ms = ms;
+        });
+        return Err(Error::ConnectionTerminated);
     };
     match outcome {
         Ok((response, io, sent)) => {
@@ -623,19 +636,16 @@ fn fill_secrets(
     let request = builder
         .body(Full::new(body))
         .map_err(|e| fail(format!("building the request: {e}"), Error::HttpRequestUriInvalid))?;
-    Ok((request, head_size(&request_head(&request))))
+    let head = head_size(&request);
+    Ok((request, head))
 }
 
-/// `METHOD PATH HTTP/1.1` and the headers of `request` (with the `host` header hyper adds).
-fn request_head<B>(request: &http::Request<B>) -> (usize, usize) {
+/// Bytes of `request`'s head as written: `METHOD PATH HTTP/1.1`, each header line, their
+/// CRLFs, and the blank line.
+fn head_size<B>(request: &http::Request<B>) -> u64 {
     let line = request.method().as_str().len() + 1 + request.uri().to_string().len() + 11;
     let headers: usize =
         request.headers().iter().map(|(n, v)| n.as_str().len() + 2 + v.len() + 2).sum();
-    (line, headers)
-}
-
-/// Bytes of a request line and headers as written: each line, its CRLF, and the blank line.
-fn head_size((line, headers): (usize, usize)) -> u64 {
     (line + headers + 2) as u64
 }
 
