@@ -616,7 +616,7 @@ impl Harness {
         &self,
         user: Option<&str>,
     ) -> Result<Vec<crate::memory::Memory>, ApiError> {
-        let u = user.map(local);
+        let u = user.map(str::to_string);
         Ok(self.db.read(move |c| crate::memory::list_in(c, u.as_deref())).await?)
     }
 
@@ -627,7 +627,7 @@ impl Harness {
         text: &str,
         tags: &[String],
     ) -> Result<i64, ApiError> {
-        let (u, t, g) = (local(user), text.to_string(), tags.to_vec());
+        let (u, t, g) = (user.to_string(), text.to_string(), tags.to_vec());
         Ok(self.db.run(move |c| crate::memory::add_in(c, &u, &t, &g, None)).await?)
     }
 
@@ -637,7 +637,7 @@ impl Harness {
         user: &str,
         id: i64,
     ) -> Result<crate::memory::Memory, ApiError> {
-        let u = local(user);
+        let u = user.to_string();
         Ok(self.db.run(move |c| crate::memory::remove_in(c, &u, id)).await?)
     }
 
@@ -868,9 +868,4 @@ impl Harness {
         let n = name.to_string();
         Ok(self.db.run(move |c| crate::access::remove_preset_in(c, &n)).await?)
     }
-}
-
-/// A user as a local front-end names one: typed `local:` unless typed already.
-fn local(user: &str) -> String {
-    crate::memory::typed(user, crate::memory::Kind::Local)
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 use keel::api::ApiError;
 use keel::home::Home;
 use keel::sandbox::{Access, Budget, Grant, LoadSource};
-use keel::tools::{CallRequest, ToolService, ToolServiceError};
+use keel::tools::{ToolService, ToolServiceError};
 use keel_tests::{assert_healthy, service_in, test_limits};
 use serde_json::json;
 
@@ -30,20 +30,8 @@ async fn call_with(
     input: serde_json::Value,
     grants: &[Grant],
 ) -> Result<keel::tools::CallOutcome, ToolServiceError> {
-    let input = input.to_string();
-    s.call(CallRequest {
-        tool,
-        input: &input,
-        grants,
-        net: keel::sandbox::net::NetGrants::none(),
-        budget: Budget::default(),
-        cancel: None,
-        loaded: None,
-        policy: None,
-        approval: None,
-        control: None,
-    })
-    .await
+    let none = keel::sandbox::net::NetGrants::none();
+    keel_tests::try_call_in(s, tool, &input.to_string(), grants, none, Budget::default()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

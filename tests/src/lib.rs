@@ -85,10 +85,23 @@ pub async fn try_call_net(
     net: &keel::sandbox::net::NetGrants,
     budget: Budget,
 ) -> Result<CallOutcome, keel::tools::ToolServiceError> {
+    try_call_in(service, tool, input, &[], net, budget).await
+}
+
+/// Calls `tool` with the raw `input` text under `grants`, `net` and `budget`; returns the
+/// service's answer as it is (refusals included).
+pub async fn try_call_in(
+    service: &ToolService,
+    tool: &str,
+    input: &str,
+    grants: &[Grant],
+    net: &keel::sandbox::net::NetGrants,
+    budget: Budget,
+) -> Result<CallOutcome, keel::tools::ToolServiceError> {
     let req = CallRequest {
         tool,
         input,
-        grants: &[],
+        grants,
         net,
         budget,
         cancel: None,

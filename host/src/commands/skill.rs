@@ -78,14 +78,17 @@ pub enum MemoryCommand {
 
 #[derive(Args)]
 pub struct UserArg {
-    /// The user (env KEEL_USER; default: the operating-system user).
+    /// The user (env KEEL_USER; default: the operating-system user): a local user, or an API
+    /// token's memories as token:NAME.
     #[arg(long, value_name = "NAME", env = "KEEL_USER")]
     user: Option<String>,
 }
 
 impl UserArg {
+    /// The principal: `local:NAME` (a name typed `token:NAME` names an API token's).
     fn user(&self) -> String {
-        self.user.clone().unwrap_or_else(keel::memory::default_user)
+        let name = self.user.clone().unwrap_or_else(keel::memory::default_user);
+        keel::memory::typed(&name, keel::memory::Kind::Local)
     }
 }
 

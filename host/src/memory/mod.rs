@@ -125,6 +125,7 @@ pub fn add_in(
     tags: &[String],
     call: Option<(&str, &str)>,
 ) -> Result<i64, StoreError> {
+    let user = &typed(user, Kind::Local);
     if !valid_principal(user) {
         return Err(StoreError::Input(format!(
             "the user `{user}` is not valid: local:NAME or token:NAME, the name of letters, digits, `-`, `_`, `.`, `@`"
@@ -162,8 +163,11 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Memory> {
     })
 }
 
-/// The memories of `user` (of every user when `None`), oldest first.
+/// The memories of `user` (of every user when `None`), oldest first. Here and in every
+/// function of this module, a user named without a kind is a local one (`alice` is
+/// `local:alice`).
 pub fn list_in(c: &Connection, user: Option<&str>) -> Result<Vec<Memory>, StoreError> {
+    let user = user.map(|u| typed(u, Kind::Local));
     let mut stmt = c.prepare_cached(
         "SELECT id, user, text, tags, at_ms, session_id FROM memories
          WHERE ?1 IS NULL OR user = ?1 ORDER BY id",
@@ -174,6 +178,7 @@ pub fn list_in(c: &Connection, user: Option<&str>) -> Result<Vec<Memory>, StoreE
 
 /// Removes memory `id` of `user`.
 pub fn remove_in(c: &Connection, user: &str, id: i64) -> Result<Memory, StoreError> {
+    let user = &typed(user, Kind::Local);
     let found = c
         .prepare_cached(
             "SELECT id, user, text, tags, at_ms, session_id FROM memories WHERE id=?1 AND user=?2",
@@ -195,6 +200,7 @@ pub fn recall_in<S: AsRef<str>>(
     terms: &[S],
     limit: usize,
 ) -> Result<Vec<Scored<Memory>>, StoreError> {
+    let user = &typed(user, Kind::Local);
     let Some(plan) = crate::search::plan_in(
         c,
         "memories_fts",
@@ -242,5 +248,23 @@ mod tests {
         assert!(check("x", &["".into()]).is_err());
         let (text, tags) = check(" keep ", &["a".into(), "a".into(), " b ".into()]).unwrap();
         assert_eq!((text.as_str(), tags), ("keep", vec!["a".to_string(), "b".to_string()]));
+    }
+
+    #[test]
+    fn principals_are_typed_and_one_name_is_two_principals() {
+        assert_eq!(typed("alice", Kind::Local), "local:alice");
+        assert_eq!(typed("alice", Kind::Token), "token:alice");
+        assert_eq!(typed("token:alice", Kind::Local), "token:alice");
+        assert!(valid_principal("local:alice") && valid_principal("token:a.b@c"));
+        assert!(!valid_principal("alice") && !valid_principal("other:alice"));
+        assert!(!valid_principal("local:a b") && !valid_principal("local:"));
+        let dir = tempfile::tempdir().unwrap();
+        let c = crate::store::open(&dir.path().join("keel.db")).unwrap();
+        add_in(&c, "alice", "local fact", &[], None).unwrap();
+        add_in(&c, "token:alice", "token fact", &[], None).unwrap();
+        let local = list_in(&c, Some("alice")).unwrap();
+        assert_eq!((local.len(), local[0].user.as_str()), (1, "local:alice"));
+        assert_eq!(recall_in(&c, "token:alice", &["fact"], 8).unwrap().len(), 1);
+        assert!(remove_in(&c, "alice", local[0].id + 1).is_err(), "not alice's own");
     }
 }

@@ -233,8 +233,10 @@ pub fn read_package(path: &Path) -> Result<SkillPackage, SkillError> {
     } else {
         return Err(invalid(vec!["give a skill directory or its SKILL.md file".into()]));
     }
-    check_sizes(&found, &mut problems);
-    if !problems.is_empty() {
+    let mut oversized = Vec::new();
+    check_sizes(&found, &mut oversized);
+    if !oversized.is_empty() {
+        problems.extend(oversized);
         return Err(invalid(problems));
     }
     let mut all: Vec<(String, Vec<u8>)> = Vec::with_capacity(found.len());

@@ -642,14 +642,14 @@ async fn capabilities_progress_show_evidence_and_unload_through_the_binary() {
 
     let out = keel_async(home.path().to_path_buf(), args(&["session", "show", "cap"])).await;
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("user    alice"), "{text}");
+    assert!(text.contains("user    local:alice"), "{text}");
     assert!(text.contains("skills  csv-audit"), "{text}");
     assert!(text.contains("skill csv-audit via orchestrator in turn 1"), "{text}");
     assert!(text.contains("the Orchestrator chose skill csv-audit"), "{text}");
     let out =
         keel_async(home.path().to_path_buf(), args(&["session", "show", "cap", "--json"])).await;
     let v = super::json_of(&out);
-    assert_eq!(v["user"], "alice");
+    assert_eq!(v["user"], "local:alice");
     assert_eq!(v["orchestrations"][0]["selected"]["skills"][0], "csv-audit");
     let out = keel_async(
         home.path().to_path_buf(),
