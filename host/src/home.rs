@@ -176,7 +176,10 @@ fn tighten(root: &Path) -> std::io::Result<usize> {
             if meta.is_dir() {
                 stack.push(entry.path());
             } else if meta.is_file() && loose(&meta) {
-                std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(PRIVATE_FILE))?;
+                std::fs::set_permissions(
+                    entry.path(),
+                    std::fs::Permissions::from_mode(PRIVATE_FILE),
+                )?;
                 changed += 1;
             }
         }
@@ -223,8 +226,11 @@ mod tests {
         std::fs::set_permissions(root.join("keel.db"), std::fs::Permissions::from_mode(0o644))
             .unwrap();
         std::fs::create_dir(root.join("cache").join("e")).unwrap();
-        std::fs::set_permissions(root.join("cache").join("e"), std::fs::Permissions::from_mode(0o755))
-            .unwrap();
+        std::fs::set_permissions(
+            root.join("cache").join("e"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
         assert_eq!(tighten(&root).unwrap(), 3);
         assert_eq!(mode(&root), 0o700);
         assert_eq!(mode(&root.join("keel.db")), 0o600);

@@ -319,7 +319,9 @@ impl Redactor {
             (Ok(full), Ok(starts)) => {
                 let marks = secrets.iter().map(|(n, _)| format!("[secret:{n}]")).collect();
                 let starts = (!partial.is_empty()).then_some(starts);
-                Self { matcher: Some(std::sync::Arc::new(Matcher { full, marks, starts, partial })) }
+                Self {
+                    matcher: Some(std::sync::Arc::new(Matcher { full, marks, starts, partial })),
+                }
             }
             // Values are bounded in size and number; a matcher that cannot be built is a bug,
             // and nothing is shown rather than something unredacted.
@@ -418,7 +420,10 @@ mod tests {
             r.redact("echo: canary-3f9c0a1b2c4d5e6f7a8\n[body truncated at 30 bytes]"),
             "echo: [secret:T…]\n[body truncated at 30 bytes]"
         );
-        assert_eq!(r.redact("x canary-3f9c … [12 more bytes cut]"), "x [secret:T…] … [12 more bytes cut]");
+        assert_eq!(
+            r.redact("x canary-3f9c … [12 more bytes cut]"),
+            "x [secret:T…] … [12 more bytes cut]"
+        );
         // The whole value, as before; a short start, or one running on into other letters,
         // stays.
         assert_eq!(r.redact("canary-3f9c0a1b2c4d5e6f7a8b9!"), "[secret:T]!");

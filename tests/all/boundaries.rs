@@ -184,14 +184,16 @@ async fn j2_a_granted_directory_replaced_by_a_link_or_moved_is_refused_for_the_s
     std::fs::rename(data.join("sub"), data.join("sub.old")).unwrap();
     symlink("../outside", data.join("sub")).unwrap();
     for (g, path) in [(&child, "/data/sub"), (&direct, "/sub")] {
-        let e = call_with(&s, "fs_list_dir", json!({"path": path}), &[g.clone()])
-            .await
-            .unwrap_err();
+        let e =
+            call_with(&s, "fs_list_dir", json!({"path": path}), &[g.clone()]).await.unwrap_err();
         assert_eq!(e.kind(), "grant_moved", "{e}");
         assert!(e.to_string().contains(&g.guest), "{e}");
-        let e = call_with(&s, "fs_read_file", json!({"path": format!("{path}/secret.txt")}), &[
-            g.clone(),
-        ])
+        let e = call_with(
+            &s,
+            "fs_read_file",
+            json!({"path": format!("{path}/secret.txt")}),
+            &[g.clone()],
+        )
         .await
         .unwrap_err();
         assert!(!e.to_string().contains(CANARY));
@@ -202,11 +204,10 @@ async fn j2_a_granted_directory_replaced_by_a_link_or_moved_is_refused_for_the_s
     assert!(e.contains("would widen"), "{e}");
     // The parent's own grant still opens, and the link is a link inside it, which the guest's
     // path resolution never follows out.
-    let out = call_with(&s, "fs_read_file", json!({"path": "/data/sub/secret.txt"}), &[
-        parent.clone()
-    ])
-    .await
-    .unwrap();
+    let out =
+        call_with(&s, "fs_read_file", json!({"path": "/data/sub/secret.txt"}), &[parent.clone()])
+            .await
+            .unwrap();
     assert!(out.report.result.is_err());
     // The directory moved (no link): refused as well.
     std::fs::remove_file(data.join("sub")).unwrap();

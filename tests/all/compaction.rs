@@ -294,8 +294,7 @@ async fn a_pending_approval_and_its_open_step_survive_a_compaction() {
     let work = tempfile::tempdir().unwrap();
     let h = harness(dir.path(), &model.url()).await;
     install_effects(&h).await;
-    let grants =
-        vec![Grant::new(work.path(), "/work", Access::Rw).unwrap()];
+    let grants = vec![Grant::new(work.path(), "/work", Access::Rw).unwrap()];
     session(&h, "ap", &model.url(), None, &["effect_send"], grants, Policy::default()).await;
     let cancel = CancelToken::new();
     answered(
@@ -347,8 +346,7 @@ async fn a_redacted_canary_reaches_no_summary_request_and_no_summary() {
     let work = tempfile::tempdir().unwrap();
     std::fs::write(work.path().join("secret.txt"), format!("token={CANARY}\n")).unwrap();
     let h = harness(dir.path(), &model.url()).await;
-    let grants =
-        vec![Grant::new(work.path(), "/work", Access::Ro).unwrap()];
+    let grants = vec![Grant::new(work.path(), "/work", Access::Ro).unwrap()];
     let policy = Policy { redact: vec!["CANARY-[0-9a-f]+".into()], ..Policy::default() };
     session(&h, "red", &model.url(), None, &["read"], grants, policy).await;
     let cancel = CancelToken::new();
@@ -503,8 +501,7 @@ async fn failed_calls_in_the_compacted_range_stay_failed_in_the_summary() {
     let dir = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
     let h = harness(dir.path(), &model.url()).await;
-    let grants =
-        vec![Grant::new(work.path(), "/work", Access::Ro).unwrap()];
+    let grants = vec![Grant::new(work.path(), "/work", Access::Ro).unwrap()];
     session(&h, "fail", &model.url(), None, &["read"], grants, Policy::default()).await;
     let cancel = CancelToken::new();
     answered(h.brain.submit("fail", "read the missing file", &cancel, &no_events()).await.unwrap());

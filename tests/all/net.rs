@@ -448,9 +448,13 @@ async fn j4_a_cut_off_secret_is_redacted_and_an_echoed_value_is_never_sent_elsew
     }
     // A tool that read the echoed value sends it on to another granted destination — in the
     // URL, a header or the body, as it is, base64 or hex: refused, nothing reaches the server.
-    for (place, encoding) in
-        [("query", "plain"), ("header", "plain"), ("body", "plain"), ("body", "base64"), ("header", "hex")]
-    {
+    for (place, encoding) in [
+        ("query", "plain"),
+        ("header", "plain"),
+        ("body", "plain"),
+        ("body", "base64"),
+        ("header", "hex"),
+    ] {
         let before = peer.seen().len();
         let o = probe(
             &s,
@@ -467,10 +471,17 @@ async fn j4_a_cut_off_secret_is_redacted_and_an_echoed_value_is_never_sent_elsew
         assert!(out["sent"]["Err"].is_string(), "{place}/{encoding}: {out}");
         let reasons = reasons(&o);
         assert!(
-            reasons.iter().any(|r| r.contains("value of secret `TOKEN`") && r.contains("not to this destination")),
+            reasons
+                .iter()
+                .any(|r| r.contains("value of secret `TOKEN`")
+                    && r.contains("not to this destination")),
             "{place}/{encoding}: {reasons:?}"
         );
-        assert_eq!(peer.seen().len(), before + 1, "{place}/{encoding}: only the read reached the server");
+        assert_eq!(
+            peer.seen().len(),
+            before + 1,
+            "{place}/{encoding}: only the read reached the server"
+        );
         assert!(!out.to_string().contains(CANARY));
     }
     // Back to the destination it is bound to, it goes.
@@ -492,7 +503,11 @@ async fn j4_a_cut_off_secret_is_redacted_and_an_echoed_value_is_never_sent_elsew
     )
     .await;
     assert_eq!(error_of(&o).0, "denied");
-    assert!(reasons(&o)[0].contains("in its body, where its grant does not let keel write it"), "{:?}", reasons(&o));
+    assert!(
+        reasons(&o)[0].contains("in its body, where its grant does not let keel write it"),
+        "{:?}",
+        reasons(&o)
+    );
     assert_eq!(peer.seen().len(), before);
     // Request records never show a secret, whatever field it is put in.
     let o = fetch(&s, json!({"url": format!("http://127.0.0.1:{p}/{CANARY}/x")}), &grants).await;
@@ -523,7 +538,13 @@ async fn j5_a_call_is_bounded_in_requests_at_once_in_all_and_in_header_bytes() {
     // --net-max-requests bounds the requests of a call in all.
     grants.max_requests = 5;
     let before = peer.connections();
-    let o = probe(&s, "net_flood", json!({"url": format!("http://localhost:{p}/echo"), "n": 8}), &grants).await;
+    let o = probe(
+        &s,
+        "net_flood",
+        json!({"url": format!("http://localhost:{p}/echo"), "n": 8}),
+        &grants,
+    )
+    .await;
     assert_eq!(outcomes(&o, "ok"), 5, "{:?}", o.report.net);
     assert!(reasons(&o).iter().all(|r| r.contains("5 requests in all")), "{:?}", reasons(&o));
     assert_eq!(peer.connections(), before + 5);
@@ -544,7 +565,13 @@ async fn j5_a_call_is_bounded_in_requests_at_once_in_all_and_in_header_bytes() {
     assert_eq!(o.report.net.records[0].sent, 0);
     assert_eq!(peer.connections(), before);
     grants.max_bytes = 1 << 20;
-    let o = probe(&s, "net_flood", json!({"url": format!("http://localhost:{p}/echo"), "n": 1}), &grants).await;
+    let o = probe(
+        &s,
+        "net_flood",
+        json!({"url": format!("http://localhost:{p}/echo"), "n": 1}),
+        &grants,
+    )
+    .await;
     assert!(o.report.net.records[0].sent > 40, "{:?}", o.report.net);
     // An authority with userinfo is refused.
     let before = peer.connections();
@@ -595,7 +622,11 @@ async fn j5_requests_left_in_flight_are_cancelled_and_recorded_when_the_call_end
     assert!(o.report.net.records.iter().all(|r| r.outcome == "cancelled"), "{:?}", o.report.net);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let sent = o.report.net.records.iter().filter(|r| r.sent > 0).count();
-    assert!(peer.seen().len() - before <= sent, "{} read, {sent} recorded", peer.seen().len() - before);
+    assert!(
+        peer.seen().len() - before <= sent,
+        "{} read, {sent} recorded",
+        peer.seen().len() - before
+    );
     // Nothing more reaches the server after the call.
     let seen = peer.connections();
     tokio::time::sleep(Duration::from_millis(500)).await;

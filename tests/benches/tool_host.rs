@@ -112,22 +112,24 @@ fn main() {
     let hostile = service.component_for("hostile").unwrap().0.digest;
     let (echo_pre, _) = service.prepared(&hostile).unwrap();
     let (fs_pre, _) = service.prepared(&fs_digest).unwrap();
-    let measure_as =
-        |pre: &keel::sandbox::Prepared, tool: &str, input: &str, grants: &[Opened], fs: FsPolicy| {
-            let mut samples = Vec::with_capacity(iters);
-            for i in 0..iters + iters / 10 {
-                let t = Instant::now();
-                let r = rt.block_on(
-                    sandbox.invoke(pre, tool, input, grants, fs, &budget, None, None, None),
-                );
-                let e = t.elapsed();
-                assert!(r.result.is_ok(), "{tool}: {:?}", r.result);
-                if i >= iters / 10 {
-                    samples.push(e);
-                }
+    let measure_as = |pre: &keel::sandbox::Prepared,
+                      tool: &str,
+                      input: &str,
+                      grants: &[Opened],
+                      fs: FsPolicy| {
+        let mut samples = Vec::with_capacity(iters);
+        for i in 0..iters + iters / 10 {
+            let t = Instant::now();
+            let r = rt
+                .block_on(sandbox.invoke(pre, tool, input, grants, fs, &budget, None, None, None));
+            let e = t.elapsed();
+            assert!(r.result.is_ok(), "{tool}: {:?}", r.result);
+            if i >= iters / 10 {
+                samples.push(e);
             }
-            stats(samples)
-        };
+        }
+        stats(samples)
+    };
     let measure = |pre: &keel::sandbox::Prepared, tool: &str, input: &str, grants: &[Opened]| {
         measure_as(pre, tool, input, grants, FsPolicy::read_only())
     };

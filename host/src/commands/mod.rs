@@ -129,7 +129,10 @@ pub struct NetArgs {
     /// value; a request carrying it (plain, base64, hex or URL-encoded) to any other
     /// destination is refused, and every occurrence of it (or of a cut-off start of it) in
     /// what a call returns is replaced by [secret:NAME]. Repeatable.
-    #[arg(long = "secret", value_name = "NAME@HOST[:PORT][:header=H][:in=header,query,body][:format=F]")]
+    #[arg(
+        long = "secret",
+        value_name = "NAME@HOST[:PORT][:header=H][:in=header,query,body][:format=F]"
+    )]
     pub secrets: Vec<keel::sandbox::net::SecretBinding>,
     /// Bytes one call may send (request lines, headers and bodies) and receive (response
     /// bodies) over the network in all. Default: 16777216 (16 MiB).
@@ -158,9 +161,7 @@ impl NetArgs {
             loopback: self.loopback.clone(),
             secrets: self.secrets.clone(),
             max_bytes: self.max_bytes.unwrap_or(keel::sandbox::net::DEFAULT_NET_MAX_BYTES),
-            max_requests: self
-                .max_requests
-                .unwrap_or(keel::sandbox::net::DEFAULT_NET_MAX_REQUESTS),
+            max_requests: self.max_requests.unwrap_or(keel::sandbox::net::DEFAULT_NET_MAX_REQUESTS),
         }
     }
 }

@@ -105,10 +105,9 @@ impl ArtifactCache {
         let artifact = self.path(digest);
         let Ok(file) = std::fs::File::open(&artifact) else { return (None, None) };
         let reason = match recorded {
-            None => format!(
-                "cached artifact {} has no digest recorded by keel",
-                artifact.display()
-            ),
+            None => {
+                format!("cached artifact {} has no digest recorded by keel", artifact.display())
+            }
             Some(expected) => {
                 let found = match blake3::Hasher::new().update_reader(file) {
                     Ok(h) => format!("blake3:{}", h.finalize().to_hex()),

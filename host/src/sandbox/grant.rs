@@ -104,10 +104,22 @@ fn open_below(dir: &cap_std::fs::Dir, rel: &str) -> std::io::Result<cap_std::fs:
         if name == ".." {
             return Err(std::io::Error::other("`..` in a grant"));
         }
-        out = out.open_dir_nofollow(name)?;
+        out = match out.open_dir_nofollow(name) {
+            Ok(d) => d,
+            // Said as a link (ELOOP) whatever the platform reports for one.
+            Err(_) if out.symlink_metadata(name).is_ok_and(|m| m.file_type().is_symlink()) => {
+                return Err(std::io::Error::from_raw_os_error(ELOOP));
+            }
+            Err(e) => return Err(e),
+        };
     }
     Ok(out)
 }
+
+/// The error number of a link where a directory was expected (`ELOOP`).
+const ELOOP: i32 = 40;
+/// The error number of a file where a directory was expected (`ENOTDIR`).
+const ENOTDIR: i32 = 20;
 
 /// The identity of an open directory.
 pub fn dir_id(dir: &cap_std::fs::Dir) -> std::io::Result<DirId> {
@@ -119,9 +131,9 @@ pub fn dir_id(dir: &cap_std::fs::Dir) -> std::io::Result<DirId> {
 /// Why opening a grant failed, in words: a link or a missing component is the common case.
 fn open_failure(e: &std::io::Error) -> String {
     match e.raw_os_error() {
-        Some(40) => "a component of its path is now a symbolic link".into(), // ELOOP
-        Some(20) => "a component of its path is no longer a directory".into(), // ENOTDIR
-        Some(2) => "it no longer exists at its path".into(),                 // ENOENT
+        Some(ELOOP) => "a component of its path is now a symbolic link".into(),
+        Some(ENOTDIR) => "a component of its path is no longer a directory".into(),
+        Some(2) => "it no longer exists at its path".into(), // ENOENT
         _ => e.to_string(),
     }
 }
@@ -185,10 +197,10 @@ impl Grant {
     pub fn bound(mut self) -> Result<Self, GrantMoved> {
         if self.id.is_none() {
             let dir = self.open()?;
-            self.id = Some(dir_id(&dir).map_err(|e| GrantMoved {
-                grant: self.to_string(),
-                why: e.to_string(),
-            })?);
+            self.id = Some(
+                dir_id(&dir)
+                    .map_err(|e| GrantMoved { grant: self.to_string(), why: e.to_string() })?,
+            );
         }
         Ok(self)
     }
@@ -294,10 +306,11 @@ impl Grant {
         // link inside the parent's grant never leads the child anywhere.
         let parent_dir = parent.open().map_err(|e| format!("grant `{spec}`: {e}"))?;
         let dir = open_below(&parent_dir, rel).map_err(|e| match e.raw_os_error() {
-            Some(40) | Some(20) => format!(
-                "grant `{spec}` would widen this session's grants: `{guest}` is not a directory inside `{}` (a link, or a file, is on its path)",
+            Some(ELOOP) => format!(
+                "grant `{spec}` would widen this session's grants: `{guest}` is reached through a link in `{}`, and a sub-session's grant follows no link (one can lead anywhere)",
                 parent.guest
             ),
+            Some(ENOTDIR) => format!("grant `{spec}`: `{guest}` is not a directory"),
             _ => format!("grant `{spec}`: `{guest}` cannot be used: {e}"),
         })?;
         let id = Some(dir_id(&dir).map_err(|e| format!("grant `{spec}`: {e}"))?);
@@ -307,7 +320,12 @@ impl Grant {
             Some(w) => Within {
                 host: w.host.clone(),
                 id: w.id,
-                rel: [w.rel.as_str(), rel].iter().filter(|p| !p.is_empty()).cloned().collect::<Vec<_>>().join("/"),
+                rel: [w.rel.as_str(), rel]
+                    .iter()
+                    .filter(|p| !p.is_empty())
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("/"),
             },
         };
         let within = (!within.rel.is_empty() || parent.within.is_some()).then_some(within);

@@ -3,7 +3,6 @@
 //! (cap-std), so no path — `..`, an absolute one, or a symlink pointing out — reaches outside
 //! the grant; nothing outside a session's grants is ever read.
 
-
 use super::Failure;
 use crate::sandbox::Grant;
 

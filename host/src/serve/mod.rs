@@ -157,9 +157,7 @@ pub fn status_of(kind: &str) -> StatusCode {
         "forbidden" | "denied" => StatusCode::FORBIDDEN,
         "not_found" | "not_installed" | "unknown_tool" => StatusCode::NOT_FOUND,
         "conflict" | "not_pending" | "already_installed" | "exists" | "name_clash" | "busy"
-        | "grant_moved" => {
-            StatusCode::CONFLICT
-        }
+        | "grant_moved" => StatusCode::CONFLICT,
         "too_large" => StatusCode::PAYLOAD_TOO_LARGE,
         "unsupported_media_type" => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         "input" | "grant" | "config" | "wrong_session" | "invalid_input" | "invalid_name"

@@ -270,9 +270,9 @@ pub(crate) fn inert_markers(text: &str) -> std::borrow::Cow<'_, str> {
     let opens_marker = |rest: &str| {
         let rest = rest.trim_start();
         let rest = rest.strip_prefix('/').unwrap_or(rest).trim_start();
-        MARKER_TAGS.iter().any(|t| {
-            rest.get(..t.len()).is_some_and(|head| head.eq_ignore_ascii_case(t))
-        })
+        MARKER_TAGS
+            .iter()
+            .any(|t| rest.get(..t.len()).is_some_and(|head| head.eq_ignore_ascii_case(t)))
     };
     if !text.match_indices('<').any(|(i, _)| opens_marker(&text[i + 1..])) {
         return text.into();

@@ -104,10 +104,9 @@ impl ToolService {
     /// grants are made, and every call again.
     pub fn check_grants(&self, grants: &[Grant]) -> Result<(), ToolServiceError> {
         for g in grants {
-            self.home.check_grant(&g.host).map_err(|reason| ToolServiceError::HomeGrant {
-                grant: g.to_string(),
-                reason,
-            })?;
+            self.home
+                .check_grant(&g.host)
+                .map_err(|reason| ToolServiceError::HomeGrant { grant: g.to_string(), reason })?;
         }
         Ok(())
     }
@@ -196,8 +195,7 @@ impl ToolService {
         // it was given for — opened once here, without following links, and used through
         // that handle by the guest and the change set alike.
         self.check_grants(req.grants)?;
-        let opened =
-            req.grants.iter().map(Grant::opened).collect::<Result<Vec<_>, _>>()?;
+        let opened = req.grants.iter().map(Grant::opened).collect::<Result<Vec<_>, _>>()?;
         req.net.check()?;
         // The values of the secrets the call may send, read once per call; every output of the
         // call is redacted of them before anyone sees it.

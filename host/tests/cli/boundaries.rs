@@ -14,11 +14,15 @@ fn tool_call_refuses_a_grant_that_contains_or_lies_in_the_home() {
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("keel");
     let input = r#"{"path":"/h"}"#;
-    for grant in [format!("{}=/h:ro", dir.path().display()), format!("{}/cache=/h:rw", home.display())] {
+    for grant in
+        [format!("{}=/h:ro", dir.path().display()), format!("{}/cache=/h:rw", home.display())]
+    {
         // The home exists once the first call made it.
         let _ = keel(&home, &["tool", "list"]);
-        let out =
-            keel(&home, &["tool", "call", "fs_list_dir", "--grant", &grant, "--input", input, "--json"]);
+        let out = keel(
+            &home,
+            &["tool", "call", "fs_list_dir", "--grant", &grant, "--input", input, "--json"],
+        );
         assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stdout));
         let v = json_of(&out);
         let message = v["error"]["message"].as_str().unwrap_or_default();
@@ -55,7 +59,10 @@ async fn a_guest_never_sees_a_host_backtrace_even_with_rust_backtrace_set() {
     let v = json_of(&out);
     let text = v["output"].as_str().unwrap_or_else(|| panic!("{v}"));
     assert!(!text.starts_with("no error"), "{text}");
-    assert!(!text.contains("backtrace") && !text.contains(".rs:") && !text.contains("/src/"), "{text}");
+    assert!(
+        !text.contains("backtrace") && !text.contains(".rs:") && !text.contains("/src/"),
+        "{text}"
+    );
     assert!(text.len() < 4096, "{} bytes: {text}", text.len());
 }
 

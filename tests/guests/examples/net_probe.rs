@@ -137,7 +137,8 @@ fn flood(input: FloodInput) -> Result<FloodOutput, ToolError> {
     }
     if input.forget {
         if input.linger_ms > 0 {
-            wasip2::clocks::monotonic_clock::subscribe_duration(input.linger_ms * 1_000_000).block();
+            wasip2::clocks::monotonic_clock::subscribe_duration(input.linger_ms * 1_000_000)
+                .block();
         }
         std::mem::forget(pending);
         return Ok(out);

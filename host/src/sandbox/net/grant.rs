@@ -263,10 +263,11 @@ impl Default for Fill {
 
 impl fmt::Display for Fill {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts: Vec<&str> = [(self.header, "header"), (self.query, "query"), (self.body, "body")]
-            .into_iter()
-            .filter_map(|(on, name)| on.then_some(name))
-            .collect();
+        let parts: Vec<&str> =
+            [(self.header, "header"), (self.query, "query"), (self.body, "body")]
+                .into_iter()
+                .filter_map(|(on, name)| on.then_some(name))
+                .collect();
         f.write_str(&parts.join(","))
     }
 }
@@ -326,9 +327,9 @@ impl FromStr for SecretBinding {
             .chain(rest.find(":in="))
             .min()
         {
-                Some(i) => (&rest[..i], &rest[i + 1..]),
-                None => (rest, ""),
-            };
+            Some(i) => (&rest[..i], &rest[i + 1..]),
+            None => (rest, ""),
+        };
         let (host, port) = split_host_port(dest);
         let port = match port {
             Some(p) => parse_port(WHAT, spec, p)?,

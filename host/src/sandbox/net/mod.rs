@@ -13,8 +13,8 @@ mod hook;
 mod reflect;
 
 pub use grant::{
-    DEFAULT_NET_MAX_BYTES, DEFAULT_NET_MAX_REQUESTS, Fill, HostPattern, MAX_CONCURRENT_REQUESTS, LoopbackException, NetGrantError, NetGrants, NetRule,
-    Scheme, SecretBinding,
+    DEFAULT_NET_MAX_BYTES, DEFAULT_NET_MAX_REQUESTS, Fill, HostPattern, LoopbackException,
+    MAX_CONCURRENT_REQUESTS, NetGrantError, NetGrants, NetRule, Scheme, SecretBinding,
 };
 pub use hook::{Egress, EgressPlan, IoFuture, MAX_NET_RECORDS, NetRecord, NetReport};
 
