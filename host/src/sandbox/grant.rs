@@ -80,9 +80,44 @@ pub struct GrantMoved {
     pub why: String,
 }
 
-/// Opens `path` (absolute) from the root, one component at a time, following no link.
+/// Opens `path` — absolute, or below `base` — in one `openat2` that follows no link
+/// (`RESOLVE_NO_SYMLINKS`, and `RESOLVE_BENEATH` below a base). `None` where the kernel has no
+/// `openat2`: the caller walks the path a component at a time instead.
+#[cfg(target_os = "linux")]
+fn open_strict(
+    base: Option<&cap_std::fs::Dir>,
+    path: &Path,
+) -> Option<std::io::Result<cap_std::fs::Dir>> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags, openat2};
+    // No O_NOFOLLOW: RESOLVE_NO_SYMLINKS refuses a link in any component, the last one too,
+    // with ELOOP (O_NOFOLLOW would say ENOTDIR for a last one).
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    let opened = match base {
+        Some(dir) => openat2(dir, path, flags, Mode::empty(), resolve | ResolveFlags::BENEATH),
+        None => openat2(rustix::fs::CWD, path, flags, Mode::empty(), resolve),
+    };
+    match opened {
+        Ok(fd) => Some(Ok(cap_std::fs::Dir::from_std_file(std::fs::File::from(fd)))),
+        Err(e) if e == rustix::io::Errno::NOSYS => None,
+        Err(e) => Some(Err(e.into())),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn open_strict(
+    _base: Option<&cap_std::fs::Dir>,
+    _path: &Path,
+) -> Option<std::io::Result<cap_std::fs::Dir>> {
+    None
+}
+
+/// Opens `path` (absolute) from the root following no link.
 fn open_no_links(path: &Path) -> std::io::Result<cap_std::fs::Dir> {
     use cap_fs_ext::DirExt;
+    if let Some(opened) = open_strict(None, path) {
+        return opened;
+    }
     let mut dir = cap_std::fs::Dir::open_ambient_dir("/", cap_std::ambient_authority())?;
     for part in path.components() {
         match part {
@@ -96,9 +131,17 @@ fn open_no_links(path: &Path) -> std::io::Result<cap_std::fs::Dir> {
     Ok(dir)
 }
 
-/// Opens `rel` below `dir`, one component at a time, following no link.
+/// Opens `rel` below `dir` following no link.
 fn open_below(dir: &cap_std::fs::Dir, rel: &str) -> std::io::Result<cap_std::fs::Dir> {
     use cap_fs_ext::DirExt;
+    if rel.split('/').any(|p| p == "..") {
+        return Err(std::io::Error::other("`..` in a grant"));
+    }
+    if !rel.is_empty()
+        && let Some(opened) = open_strict(Some(dir), Path::new(rel))
+    {
+        return opened;
+    }
     let mut out = dir.try_clone()?;
     for name in rel.split('/').filter(|p| !p.is_empty() && *p != ".") {
         if name == ".." {
