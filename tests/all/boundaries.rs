@@ -53,9 +53,10 @@ async fn j1_a_grant_around_or_inside_the_home_is_refused_at_creation_and_at_each
         assert!(text.contains(&root.display().to_string()) && text.contains("--home"), "{text}");
         // The same grant at a call (`keel tool call`, a stored session's grant): refused
         // before anything runs.
-        let e = call_with(&h.tools, "fs_list_dir", json!({"path": g.guest}), &[g.clone()])
-            .await
-            .unwrap_err();
+        let e =
+            call_with(&h.tools, "fs_list_dir", json!({"path": g.guest}), std::slice::from_ref(g))
+                .await
+                .unwrap_err();
         assert_eq!(e.kind(), "grant", "{e}");
         let e = h.preset_add("p", vec![g.clone()], false, false).await.unwrap_err();
         assert!(e.to_string().contains("keel's home"), "{e}");
@@ -177,22 +178,25 @@ async fn j2_a_granted_directory_replaced_by_a_link_or_moved_is_refused_for_the_s
     let child = Grant::narrow(std::slice::from_ref(&parent), "/data/sub:ro").unwrap();
     let direct = Grant::new(data.join("sub"), "/sub", Access::Ro).unwrap();
     for (g, path) in [(&child, "/data/sub"), (&direct, "/sub")] {
-        let out = call_with(&s, "fs_list_dir", json!({"path": path}), &[g.clone()]).await.unwrap();
+        let out = call_with(&s, "fs_list_dir", json!({"path": path}), std::slice::from_ref(g))
+            .await
+            .unwrap();
         assert!(out.report.result.unwrap().to_string().contains("mine.txt"));
     }
     // A tool the parent allowed replaces `sub` by a relative link to a directory outside.
     std::fs::rename(data.join("sub"), data.join("sub.old")).unwrap();
     symlink("../outside", data.join("sub")).unwrap();
     for (g, path) in [(&child, "/data/sub"), (&direct, "/sub")] {
-        let e =
-            call_with(&s, "fs_list_dir", json!({"path": path}), &[g.clone()]).await.unwrap_err();
+        let e = call_with(&s, "fs_list_dir", json!({"path": path}), std::slice::from_ref(g))
+            .await
+            .unwrap_err();
         assert_eq!(e.kind(), "grant_moved", "{e}");
         assert!(e.to_string().contains(&g.guest), "{e}");
         let e = call_with(
             &s,
             "fs_read_file",
             json!({"path": format!("{path}/secret.txt")}),
-            &[g.clone()],
+            std::slice::from_ref(g),
         )
         .await
         .unwrap_err();
@@ -204,16 +208,20 @@ async fn j2_a_granted_directory_replaced_by_a_link_or_moved_is_refused_for_the_s
     assert!(e.contains("would widen"), "{e}");
     // The parent's own grant still opens, and the link is a link inside it, which the guest's
     // path resolution never follows out.
-    let out =
-        call_with(&s, "fs_read_file", json!({"path": "/data/sub/secret.txt"}), &[parent.clone()])
-            .await
-            .unwrap();
+    let out = call_with(
+        &s,
+        "fs_read_file",
+        json!({"path": "/data/sub/secret.txt"}),
+        std::slice::from_ref(&parent),
+    )
+    .await
+    .unwrap();
     assert!(out.report.result.is_err());
     // The directory moved (no link): refused as well.
     std::fs::remove_file(data.join("sub")).unwrap();
     std::fs::rename(&data, root.path().join("data-moved")).unwrap();
     std::fs::create_dir(&data).unwrap();
-    let e = call_with(&s, "fs_list_dir", json!({"path": "/data"}), &[parent.clone()])
+    let e = call_with(&s, "fs_list_dir", json!({"path": "/data"}), std::slice::from_ref(&parent))
         .await
         .unwrap_err();
     assert_eq!(e.kind(), "grant_moved", "{e}");

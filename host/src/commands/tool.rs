@@ -22,7 +22,7 @@ pub enum ToolCommand {
     /// Remove an installed component (by its name or one of its tools).
     Remove(NameArgs),
     /// Run one governed call of a tool, in the sandbox, with only the granted directories.
-    Call(CallArgs),
+    Call(Box<CallArgs>),
 }
 
 #[derive(Args)]
@@ -95,7 +95,7 @@ pub async fn execute(home: PathBuf, cmd: ToolCommand) -> ExitCode {
         ToolCommand::List(a) => list(&service, a.json),
         ToolCommand::Inspect(a) => inspect(&service, a),
         ToolCommand::Remove(a) => remove(&service, a),
-        ToolCommand::Call(a) => call(&service, a).await,
+        ToolCommand::Call(a) => call(&service, *a).await,
     }
 }
 
