@@ -525,7 +525,7 @@ async fn j5_a_call_is_bounded_in_requests_at_once_in_all_and_in_header_bytes() {
     let o = probe(
         &s,
         "net_flood",
-        json!({"url": format!("http://localhost:{p}/slow?ms=1500"), "n": 40}),
+        json!({"url": format!("http://localhost:{p}/slow?ms=3000"), "n": 40}),
         &grants,
     )
     .await;
@@ -593,13 +593,13 @@ async fn j5_requests_left_in_flight_are_cancelled_and_recorded_when_the_call_end
     let peer = WebPeer::start().await;
     let p = peer.port;
     let grants = net(&[format!("http://localhost:{p}")], &[format!("localhost:{p}")], &[]);
-    // Three POSTs to a slow server, left in flight: the tool returns 300 ms later, long before
+    // Three POSTs to a slow server, left in flight: the tool returns a second later, long before
     // any answer.
     let o = probe(
         &s,
         "net_flood",
         json!({"url": format!("http://localhost:{p}/slow?ms=3000"), "n": 3, "forget": true,
-               "linger_ms": 300, "body_bytes": 100}),
+               "linger_ms": 1000, "body_bytes": 100}),
         &grants,
     )
     .await;
