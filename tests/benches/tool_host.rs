@@ -208,19 +208,10 @@ fn main() {
         "TOKEN".to_string(),
         keel::secrets::Secret::new("canary-3f9c0a1b2c4d5e6f7a8b9c0d".into()),
     )]);
-    let output = rt.block_on(service.call(CallRequest {
-        tool: "fs_read_file",
-        input,
-        grants: &grants,
-        net: keel::sandbox::net::NetGrants::none(),
-        budget: budget.clone(),
-        cancel: None,
-        loaded: None,
-        policy: None,
-        approval: None,
-        control: None,
-    }));
-    let output = output.unwrap().report.result.unwrap();
+    let none = keel::sandbox::net::NetGrants::none();
+    let call =
+        keel_tests::try_call_in(&service, "fs_read_file", input, &grants, none, budget.clone());
+    let output = rt.block_on(call).unwrap().report.result.unwrap();
     let samples: Vec<Duration> = (0..iters)
         .map(|_| {
             let mut v = output.clone();
