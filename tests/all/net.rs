@@ -415,6 +415,11 @@ async fn probe(s: &ToolService, tool: &str, input: Value, net: &NetGrants) -> Ca
     keel_tests::try_call_net(s, tool, &input.to_string(), net, Budget::default()).await.unwrap()
 }
 
+/// Runs the guest's `net_flood` (many requests at once) with `input`.
+async fn flood(s: &ToolService, input: Value, net: &NetGrants) -> CallOutcome {
+    probe(s, "net_flood", input, net).await
+}
+
 fn outcomes(o: &CallOutcome, outcome: &str) -> usize {
     o.report.net.records.iter().filter(|r| r.outcome == outcome).count()
 }
@@ -522,13 +527,9 @@ async fn j5_a_call_is_bounded_in_requests_at_once_in_all_and_in_header_bytes() {
     let p = peer.port;
     let mut grants = net(&[format!("http://localhost:{p}")], &[format!("localhost:{p}")], &[]);
     // Forty at once to a slow server: sixteen in flight, the rest refused without a connection.
-    let o = probe(
-        &s,
-        "net_flood",
-        json!({"url": format!("http://localhost:{p}/slow?ms=3000"), "n": 40}),
-        &grants,
-    )
-    .await;
+    let o =
+        flood(&s, json!({"url": format!("http://localhost:{p}/slow?ms=3000"), "n": 40}), &grants)
+            .await;
     let out = o.report.result.as_ref().unwrap();
     assert_eq!(out["answered"], 16, "{out}");
     assert_eq!(outcomes(&o, "ok"), 16);
@@ -538,13 +539,7 @@ async fn j5_a_call_is_bounded_in_requests_at_once_in_all_and_in_header_bytes() {
     // --net-max-requests bounds the requests of a call in all.
     grants.max_requests = 5;
     let before = peer.connections();
-    let o = probe(
-        &s,
-        "net_flood",
-        json!({"url": format!("http://localhost:{p}/echo"), "n": 8}),
-        &grants,
-    )
-    .await;
+    let o = flood(&s, json!({"url": format!("http://localhost:{p}/echo"), "n": 8}), &grants).await;
     assert_eq!(outcomes(&o, "ok"), 5, "{:?}", o.report.net);
     assert!(reasons(&o).iter().all(|r| r.contains("5 requests in all")), "{:?}", reasons(&o));
     assert_eq!(peer.connections(), before + 5);
@@ -553,9 +548,8 @@ async fn j5_a_call_is_bounded_in_requests_at_once_in_all_and_in_header_bytes() {
     grants.max_requests = 256;
     grants.max_bytes = 1000;
     let before = peer.connections();
-    let o = probe(
+    let o = flood(
         &s,
-        "net_flood",
         json!({"url": format!("http://localhost:{p}/echo"), "n": 1, "header_bytes": 3000}),
         &grants,
     )
@@ -565,23 +559,12 @@ async fn j5_a_call_is_bounded_in_requests_at_once_in_all_and_in_header_bytes() {
     assert_eq!(o.report.net.records[0].sent, 0);
     assert_eq!(peer.connections(), before);
     grants.max_bytes = 1 << 20;
-    let o = probe(
-        &s,
-        "net_flood",
-        json!({"url": format!("http://localhost:{p}/echo"), "n": 1}),
-        &grants,
-    )
-    .await;
+    let o = flood(&s, json!({"url": format!("http://localhost:{p}/echo"), "n": 1}), &grants).await;
     assert!(o.report.net.records[0].sent > 40, "{:?}", o.report.net);
     // An authority with userinfo is refused.
     let before = peer.connections();
-    let o = probe(
-        &s,
-        "net_flood",
-        json!({"url": format!("http://a.test@localhost:{p}/echo"), "n": 1}),
-        &grants,
-    )
-    .await;
+    let o = flood(&s, json!({"url": format!("http://a.test@localhost:{p}/echo"), "n": 1}), &grants)
+        .await;
     assert_eq!(outcomes(&o, "ok"), 0, "{:?}", o.report.net);
     assert_eq!(peer.connections(), before);
 }
@@ -595,9 +578,8 @@ async fn j5_requests_left_in_flight_are_cancelled_and_recorded_when_the_call_end
     let grants = net(&[format!("http://localhost:{p}")], &[format!("localhost:{p}")], &[]);
     // Three POSTs to a slow server, left in flight: the tool returns a second later, long before
     // any answer.
-    let o = probe(
+    let o = flood(
         &s,
-        "net_flood",
         json!({"url": format!("http://localhost:{p}/slow?ms=3000"), "n": 3, "forget": true,
                "linger_ms": 1000, "body_bytes": 100}),
         &grants,
@@ -612,9 +594,8 @@ async fn j5_requests_left_in_flight_are_cancelled_and_recorded_when_the_call_end
     // A request started just as the call returns is cancelled too; any the server read is
     // in the report.
     let before = peer.seen().len();
-    let o = probe(
+    let o = flood(
         &s,
-        "net_flood",
         json!({"url": format!("http://localhost:{p}/slow?ms=3000"), "n": 3, "forget": true}),
         &grants,
     )
