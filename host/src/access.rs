@@ -55,16 +55,49 @@ impl std::str::FromStr for Role {
     }
 }
 
-/// Who made a request: the name of the token it carried and that token's role.
+/// Where a request's token came from: the two kinds of principal of the API, which share no
+/// names (see [`Principal::id`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// `KEEL_API_TOKEN`: the admin of this `keel serve` process, never stored.
+    Env,
+    /// A stored token (`keel token add`, and `keel serve`'s own `keel-serve`).
+    Token,
+}
+
+/// Who made a request: the name of the token it carried, where that token came from and its
+/// role.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Principal {
     pub name: String,
     pub role: Role,
+    pub source: Source,
 }
 
 impl Principal {
+    /// The environment's admin (`KEEL_API_TOKEN`).
+    pub fn env_admin() -> Self {
+        Self { name: ENV_TOKEN_NAME.into(), role: Role::Admin, source: Source::Env }
+    }
+
+    /// A stored token's principal.
+    pub fn token(name: &str, role: Role) -> Self {
+        Self { name: name.to_string(), role, source: Source::Token }
+    }
+
     pub fn is_admin(&self) -> bool {
         self.role == Role::Admin
+    }
+
+    /// The principal's identity, as sessions record who owns them: `env:KEEL_API_TOKEN` or
+    /// `token:NAME`. A token named like the environment's admin is still `token:…`: one name
+    /// is never two principals.
+    pub fn id(&self) -> String {
+        match self.source {
+            Source::Env => format!("env:{}", self.name),
+            Source::Token => format!("token:{}", self.name),
+        }
     }
 
     /// How a decision by this principal is recorded.
@@ -96,8 +129,9 @@ pub struct Preset {
 /// only the sessions it owns.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Owner {
-    /// The creating token's name.
-    pub token: String,
+    /// The creating principal's identity ([`Principal::id`]: `token:NAME` or
+    /// `env:KEEL_API_TOKEN`).
+    pub principal: String,
     /// The preset its grants came from, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preset: Option<String>,
@@ -162,6 +196,36 @@ pub fn new_token() -> Result<String, AccessError> {
     Ok(format!("{TOKEN_PREFIX}{}", hex::encode(bytes)))
 }
 
+/// The shortest token keel accepts from its operator (`KEEL_API_TOKEN`, `KEEL_MCP_TOKEN`,
+/// `[mcp] token`).
+pub const MIN_SUPPLIED_TOKEN: usize = 16;
+
+/// The fewest different characters such a token must have: `aaaaaaaaaaaaaaaa` or
+/// `abababababababab` is long but guessable.
+pub const MIN_TOKEN_DISTINCT: usize = 8;
+
+/// Checks a token the operator chose (`source` names where it came from): at least
+/// [`MIN_SUPPLIED_TOKEN`] characters, at least [`MIN_TOKEN_DISTINCT`] of them different, no
+/// spaces or control characters. Tokens keel makes pass by construction.
+pub fn check_supplied_token(source: &str, token: &str) -> Result<(), AccessError> {
+    let token = token.trim();
+    let len = token.chars().count();
+    let distinct = token.chars().collect::<std::collections::BTreeSet<_>>().len();
+    let why = if len < MIN_SUPPLIED_TOKEN {
+        format!("is {len} characters long; it needs at least {MIN_SUPPLIED_TOKEN}")
+    } else if distinct < MIN_TOKEN_DISTINCT {
+        format!("has only {distinct} different characters; it needs at least {MIN_TOKEN_DISTINCT}")
+    } else if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        "contains spaces or control characters".to_string()
+    } else {
+        return Ok(());
+    };
+    Err(AccessError::Input(format!(
+        "{source} {why}: anyone who can reach the server could guess it. Use a random one, \
+         e.g. `head -c 32 /dev/urandom | base64`, or leave it unset and let keel make one"
+    )))
+}
+
 /// What is stored of a token: its SHA-256 in hex.
 pub fn token_hash(token: &str) -> String {
     crate::digest::sha256_hex(token.trim().as_bytes())
@@ -180,9 +244,13 @@ pub fn check_name(what: &str, name: &str) -> Result<(), AccessError> {
     }
 }
 
+/// The name of the admin principal of `KEEL_API_TOKEN`.
+pub const ENV_TOKEN_NAME: &str = "KEEL_API_TOKEN";
+
 /// Names of the admin principals keel makes itself (`keel serve`'s home token and
-/// `KEEL_API_TOKEN`), never given to a token added by hand.
-pub const RESERVED_TOKEN_NAMES: &[&str] = &["keel-serve", "KEEL_API_TOKEN"];
+/// `KEEL_API_TOKEN`), never given to a token added by hand: a person reading a decision's
+/// record or a session's owner must not mistake one for the other.
+pub const RESERVED_TOKEN_NAMES: &[&str] = &["keel-serve", ENV_TOKEN_NAME];
 
 /// Stores a new token `name` with `role`; returns its secret (shown once, stored hashed).
 pub fn add_token_in(c: &Connection, name: &str, role: Role) -> Result<String, StoreError> {
@@ -261,6 +329,13 @@ pub fn revoke_in(c: &Connection, name: &str) -> Result<TokenRecord, StoreError> 
     Ok(record)
 }
 
+/// The version of the tokens: it moves with every token added, replaced or revoked, by any
+/// process.
+pub fn access_version_in(c: &Connection) -> Result<i64, StoreError> {
+    Ok(c.prepare_cached("SELECT version FROM access_version WHERE id = 1")?
+        .query_row([], |r| r.get(0))?)
+}
+
 /// The principal whose token hashes to `hash`, if any.
 pub fn principal_in(c: &Connection, hash: &str) -> Result<Option<Principal>, StoreError> {
     let row = c
@@ -273,7 +348,7 @@ pub fn principal_in(c: &Connection, hash: &str) -> Result<Option<Principal>, Sto
             let role = role.parse().map_err(|_| {
                 StoreError::Corrupt(format!("token `{name}` has an unknown role `{role}`"))
             })?;
-            Ok(Some(Principal { name, role }))
+            Ok(Some(Principal::token(&name, role)))
         }
     }
 }
@@ -452,6 +527,22 @@ mod tests {
         assert!(a.starts_with(TOKEN_PREFIX) && a.len() == TOKEN_PREFIX.len() + 64);
         assert_eq!(token_hash(&a), token_hash(&format!("{a}\n")));
         assert_ne!(token_hash(&a), a);
+    }
+
+    #[test]
+    fn short_or_repetitive_supplied_tokens_are_refused() {
+        for bad in [
+            "a",
+            "short-token",
+            "aaaaaaaaaaaaaaaaaaaaaaaa",
+            "abababababababababab",
+            "has space in it 0123456789",
+        ] {
+            let e = check_supplied_token("KEEL_API_TOKEN", bad).unwrap_err();
+            assert!(e.to_string().starts_with("KEEL_API_TOKEN "), "{e}");
+        }
+        check_supplied_token("KEEL_MCP_TOKEN", "correct-horse-battery-staple").unwrap();
+        check_supplied_token("x", &new_token().unwrap()).unwrap();
     }
 
     #[test]

@@ -819,6 +819,12 @@ impl Harness {
         Ok(self.db.run(move |c| crate::access::revoke_in(c, &n)).await?)
     }
 
+    /// The version of the tokens, which every token added, replaced or revoked moves (by any
+    /// process on this home).
+    pub async fn access_version(&self) -> Result<i64, ApiError> {
+        Ok(self.db.read(crate::access::access_version_in).await?)
+    }
+
     /// The principal a presented token stands for; `unauthorized` for an unknown token.
     pub async fn authenticate(&self, token: &str) -> Result<crate::access::Principal, ApiError> {
         let hash = crate::access::token_hash(token);

@@ -13,6 +13,13 @@
 //! [serve]                    # keel serve: the HTTP API and console
 //! listen = "127.0.0.1:7420"
 //! grant_roots = ["/srv/projects"]  # admins grant only directories under these
+//! header_timeout_secs = 10   # these four bound every HTTP front-end's connections
+//! body_timeout_secs = 60
+//! idle_timeout_secs = 60
+//! max_connections = 1024
+//!
+//! [mcp]                      # keel mcp serve
+//! token = "…"                # KEEL_MCP_TOKEN; at least 16 characters
 //! ```
 //!
 //! A missing file is an empty one; a file that does not parse, an unknown key inside a table or
@@ -118,6 +125,33 @@ pub struct ServeTable {
     /// (a grant outside them is refused; none listed: no API grants at all).
     #[serde(default)]
     pub grant_roots: Vec<PathBuf>,
+    /// Seconds a request's headers may take to arrive (default 10). These four bounds hold
+    /// for `keel mcp serve --http` too.
+    pub header_timeout_secs: Option<u64>,
+    /// Seconds a request's whole body may take to arrive (default 60).
+    pub body_timeout_secs: Option<u64>,
+    /// Seconds a connection may stay open with no request in progress (default 60).
+    pub idle_timeout_secs: Option<u64>,
+    /// Open connections at most (default 1024); past it the longest-idle one is closed.
+    pub max_connections: Option<usize>,
+}
+
+impl ServeTable {
+    /// The listener's bounds: each setting given, else its default; checked.
+    pub fn bounds(&self) -> Result<crate::listen::Bounds, String> {
+        let d = crate::listen::Bounds::default();
+        let secs = |v: Option<u64>, d: std::time::Duration| {
+            v.map(std::time::Duration::from_secs).unwrap_or(d)
+        };
+        let b = crate::listen::Bounds {
+            header_timeout: secs(self.header_timeout_secs, d.header_timeout),
+            body_timeout: secs(self.body_timeout_secs, d.body_timeout),
+            idle_timeout: secs(self.idle_timeout_secs, d.idle_timeout),
+            max_connections: self.max_connections.unwrap_or(d.max_connections),
+        };
+        b.check()?;
+        Ok(b)
+    }
 }
 
 /// The whole file. Tables keel does not know are left alone (a newer keel's settings must not

@@ -20,7 +20,8 @@
 //! - [`harness`] — the owners of one home wired together; [`api`] — the use cases every
 //!   front-end reaches them through.
 //! - [`home`] — where keel keeps its state (`--home`, `KEEL_HOME`); [`config`] — its settings
-//!   file, `keel.toml`.
+//!   file, `keel.toml`; [`listen`] — the bounded HTTP listener of the network front-ends
+//!   (`keel serve`, `keel mcp serve --http`).
 //! - Leaf modules every owner may use: [`policy`] (effect classes, allow/ask/deny), [`ids`]
 //!   (session, call and approval unit ids), [`stored`] (enums stored as names), [`cancel`],
 //!   [`digest`], [`plan`] (plan steps and the one function that changes them).
@@ -39,6 +40,7 @@ pub mod digest;
 pub mod harness;
 pub mod home;
 pub mod ids;
+pub mod listen;
 pub mod mcp;
 pub mod memory;
 pub mod model;

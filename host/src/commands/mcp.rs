@@ -460,13 +460,25 @@ async fn serve(home: &keel::home::Home, harness: Harness, a: ServeArgs) -> ExitC
             Err(e) => super::fail(false, "mcp", &e, EXIT_SETUP),
         };
     };
-    let token = keel::config::env("KEEL_MCP_TOKEN").or_else(|| {
-        keel::config::read(home)
-            .ok()
-            .and_then(|f| f.mcp)
-            .and_then(|m| m.token)
-            .filter(|t| !t.is_empty())
-    });
+    let file = match keel::config::read(home) {
+        Ok(f) => f,
+        Err(e) => return super::fail(false, "config", &e.to_string(), EXIT_REFUSED),
+    };
+    let bounds = match file.serve.as_ref().map(|s| s.bounds()).unwrap_or(Ok(Default::default())) {
+        Ok(b) => b,
+        Err(e) => return super::fail(false, "config", &e, EXIT_REFUSED),
+    };
+    let token = match keel::config::env("KEEL_MCP_TOKEN") {
+        Some(t) => Some(("KEEL_MCP_TOKEN", t)),
+        None => file.mcp.as_ref().and_then(|m| m.token.clone()).map(|t| ("[mcp] token", t)),
+    };
+    let token = match token {
+        Some((source, t)) => match keel::access::check_supplied_token(source, &t) {
+            Ok(()) => Some(t.trim().to_string()),
+            Err(e) => return super::fail(false, "config", &e.to_string(), EXIT_REFUSED),
+        },
+        None => None,
+    };
     if token.is_none() && !addr.ip().is_loopback() {
         let msg = format!(
             "serving MCP on {addr}, which is not a loopback address, needs a bearer token: set \
@@ -488,7 +500,7 @@ async fn serve(home: &keel::home::Home, harness: Harness, a: ServeArgs) -> ExitC
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    match keel::mcp::serve::serve_http(harness, config, listener, token, shutdown).await {
+    match keel::mcp::serve::serve_http(harness, config, listener, token, bounds, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => super::fail(false, "mcp", &e, EXIT_SETUP),
     }

@@ -293,6 +293,10 @@ pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
             }
         }
     };
+    let bounds = match table.bounds() {
+        Ok(b) => b,
+        Err(e) => return fail(false, "config", &e, EXIT_REFUSED),
+    };
     let roots = match keel::access::GrantRoots::new(&table.grant_roots) {
         Ok(r) => r,
         Err(e) => return fail(false, "config", &e.to_string(), EXIT_REFUSED),
@@ -319,6 +323,11 @@ pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(false, e.kind(), &e.to_string(), EXIT_REFUSED),
     };
+    if let Some(t) = keel::config::env("KEEL_API_TOKEN")
+        && let Err(e) = keel::access::check_supplied_token("KEEL_API_TOKEN", &t)
+    {
+        return fail(false, "config", &e.to_string(), EXIT_REFUSED);
+    }
     let (env_admin, token_at) = match admin_token(&home, &h).await {
         Ok(x) => x,
         Err(e) => return fail(false, "setup", &e, EXIT_SETUP),
@@ -350,6 +359,7 @@ pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
         env_admin,
         max_upload: usize::try_from(keel::sandbox::SandboxLimits::default().max_component_bytes)
             .unwrap_or(usize::MAX),
+        bounds,
     };
     let app = match keel::serve::App::new(Arc::new(h), options) {
         Ok(app) => app,

@@ -330,6 +330,7 @@ pub async fn serve_http(
     config: Arc<ServeConfig>,
     listener: tokio::net::TcpListener,
     token: Option<String>,
+    bounds: crate::listen::Bounds,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -369,10 +370,7 @@ pub async fn serve_http(
                 }
             },
         ));
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| format!("the MCP HTTP server failed: {e}"))
+    crate::listen::serve(listener, router, bounds.fitted(), shutdown).await
 }
 
 /// The largest request body the HTTP endpoint reads.

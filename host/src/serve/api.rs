@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, JsonRejection};
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -53,7 +52,69 @@ pub fn routes(app: Arc<App>) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
         .layer(axum::middleware::from_fn_with_state(upload, refuse_declared_oversize))
+        .layer(axum::middleware::from_fn(envelope_errors))
         .with_state(app)
+}
+
+/// Puts every error the router or an extractor answers in plain text (a malformed query
+/// string or path parameter, a method the route does not take, a body that does not read) in
+/// the API's JSON envelope: a client parses one shape whatever went wrong.
+async fn envelope_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let res = next.run(req).await;
+    let status = res.status();
+    let json = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || json {
+        return res;
+    }
+    let allow = res.headers().get(header::ALLOW).cloned();
+    let text = match axum::body::to_bytes(res.into_body(), 4096).await {
+        Ok(b) => String::from_utf8_lossy(&b).trim().to_string(),
+        Err(_) => String::new(),
+    };
+    let kind = match status {
+        StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY => "input",
+        StatusCode::UNAUTHORIZED => "unauthorized",
+        StatusCode::FORBIDDEN => "forbidden",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::REQUEST_TIMEOUT => "body_timeout",
+        StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        _ => "internal",
+    };
+    let message = match (text.is_empty(), status) {
+        (false, _) => text,
+        (true, StatusCode::METHOD_NOT_ALLOWED) => format!(
+            "this endpoint does not take that method{}: see /api/v1/openapi.json",
+            allow
+                .as_ref()
+                .and_then(|a| a.to_str().ok())
+                .map(|a| format!(" (it takes {a})"))
+                .unwrap_or_default()
+        ),
+        (true, s) => s.canonical_reason().unwrap_or("the request failed").to_string(),
+    };
+    let mut f = Failure::new(kind, message);
+    f.status = status;
+    let mut res = f.into_response();
+    if let Some(a) = allow {
+        res.headers_mut().insert(header::ALLOW, a);
+    }
+    res
+}
+
+/// The failure of a request body that could not be read: it took too long (408), or the
+/// connection broke.
+fn body_failure(e: &(dyn std::error::Error + 'static), fallback: String) -> Failure {
+    if crate::listen::is_body_timeout(e) {
+        Failure::new("body_timeout", e.to_string())
+    } else {
+        Failure::new("input", fallback)
+    }
 }
 
 /// Refuses a request whose declared `Content-Length` is past its route's limit at once,
@@ -85,6 +146,7 @@ async fn not_found() -> Failure {
 fn body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, Failure> {
     match body {
         Ok(Json(v)) => Ok(v),
+        Err(e) if crate::listen::is_body_timeout(&e) => Err(body_failure(&e, String::new())),
         Err(e) => {
             let kind = match e.status() {
                 StatusCode::PAYLOAD_TOO_LARGE => "too_large",
@@ -190,7 +252,7 @@ pub(crate) async fn visible_session(
 }
 
 fn owns(caller: &Caller, owner: Option<&Owner>) -> bool {
-    owner.is_some_and(|o| o.token == caller.principal.name)
+    owner.is_some_and(|o| o.principal == caller.principal.id())
 }
 
 /// One grant as the API takes and shows it.
@@ -375,8 +437,7 @@ pub(crate) async fn session_spec(
     if !grants.is_empty() && preset.is_some() {
         return Err(Failure::new("input", "give `grants` or `preset`, not both"));
     }
-    let mut owner =
-        Owner { token: caller.principal.name.clone(), preset: None, user_decides: false };
+    let mut owner = Owner { principal: caller.principal.id(), preset: None, user_decides: false };
     if !grants.is_empty() {
         if !admin {
             return Err(forbidden(
@@ -461,7 +522,8 @@ pub(crate) async fn session_spec(
 async fn list_sessions(State(app): Shared, caller: Caller) -> Result<Json<Value>, Failure> {
     let mut sessions = app.harness.sessions().await?;
     if !caller.is_admin() {
-        sessions.retain(|s| s.owner.as_deref() == Some(caller.principal.name.as_str()));
+        let me = caller.principal.id();
+        sessions.retain(|s| s.owner.as_deref() == Some(me.as_str()));
     }
     Ok(Json(json!({"ok": true, "sessions": sessions})))
 }
@@ -475,7 +537,8 @@ async fn get_session(
 ) -> Result<Json<Value>, Failure> {
     let meta = visible_session(&app, &caller, &id).await?;
     let capabilities = app.harness.capabilities(&id).await?;
-    Ok(Json(json!({"ok": true, "session": meta, "capabilities": capabilities})))
+    let session = super::shown::session(caller.is_admin(), &meta);
+    Ok(Json(json!({"ok": true, "session": session, "capabilities": capabilities})))
 }
 
 /// The workgroup the session belongs to: its main session, limits, use, and every session
@@ -507,7 +570,7 @@ async fn timeline(
 ) -> Result<Json<Value>, Failure> {
     visible_session(&app, &caller, &id).await?;
     let t = app.harness.timeline(&id).await?;
-    Ok(Json(json!({"ok": true, "timeline": t})))
+    Ok(Json(json!({"ok": true, "timeline": super::shown::timeline(caller.is_admin(), &t)})))
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -610,23 +673,56 @@ async fn events(
         return Ok(Json(json!({"ok": true, "events": rows})).into_response());
     }
     let rx = app.harness.follow(&id, after, Duration::from_millis(100)).await?;
-    let events = futures_util::stream::unfold(rx, |mut rx| async move {
-        let row = rx.recv().await?;
-        let event = match row {
-            // Unnamed events (an EventSource's `message`): the kind is in the data.
-            Ok(row) => {
-                let data = serde_json::to_string(&row).unwrap_or_else(|_| "{}".into());
-                Event::default().id(row.seq.to_string()).data(data)
+    let follow = Follow { rx, access: Some(app.access.subscribe()), app, caller, ended: false };
+    let events = futures_util::stream::unfold(follow, |mut f| async move {
+        if f.ended {
+            return None;
+        }
+        loop {
+            tokio::select! {
+                row = f.rx.recv() => {
+                    let event = match row? {
+                        // Unnamed events (an EventSource's `message`): the kind is in the data.
+                        Ok(row) => {
+                            let data = serde_json::to_string(&row).unwrap_or_else(|_| "{}".into());
+                            Event::default().id(row.seq.to_string()).data(data)
+                        }
+                        Err(e) => failure_event(e.kind(), &e.to_string()),
+                    };
+                    return Some((Ok::<_, Infallible>(event), f));
+                }
+                changed = async { f.access.as_mut()?.changed().await.ok() }, if f.access.is_some() => {
+                    if changed.is_none() {
+                        f.access = None;
+                    } else if !f.app.still_valid(&f.caller).await {
+                        // The token was revoked (or the login ended): the stream ends now.
+                        f.ended = true;
+                        let why = "the token of this stream was revoked: it ends here";
+                        return Some((Ok(failure_event("unauthorized", why)), f));
+                    }
+                }
             }
-            Err(e) => Event::default()
-                .event("failure")
-                .data(json!({"error": {"kind": e.kind(), "message": e.to_string()}}).to_string()),
-        };
-        Some((Ok::<_, Infallible>(event), rx))
+        }
     });
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response())
+}
+
+/// An open event stream: the session's events, and the tokens' version to re-check its caller
+/// against.
+struct Follow {
+    rx: tokio::sync::mpsc::Receiver<Result<crate::session::EventRow, crate::store::StoreError>>,
+    access: Option<tokio::sync::watch::Receiver<i64>>,
+    app: Arc<App>,
+    caller: Caller,
+    ended: bool,
+}
+
+fn failure_event(kind: &str, message: &str) -> Event {
+    Event::default()
+        .event("failure")
+        .data(json!({"error": {"kind": kind, "message": message}}).to_string())
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -703,7 +799,7 @@ pub(crate) async fn visible_approvals(
         let mut v =
             serde_json::to_value(&u).map_err(|e| Failure::new("internal", e.to_string()))?;
         v["may_decide"] = json!(may_decide);
-        out.push(v);
+        out.push(super::shown::approval(caller.is_admin(), v));
     }
     Ok(out)
 }
@@ -792,7 +888,7 @@ async fn presets(State(app): Shared, caller: Caller) -> Result<Json<Value>, Fail
                 json!({
                     "name": p.name,
                     "user_decides": p.user_decides,
-                    "grants": p.grants.iter().map(|g| json!({"guest": g.guest, "access": g.access})).collect::<Vec<_>>(),
+                    "grants": super::shown::grants(false, &p.grants),
                 })
             }
         })
@@ -810,10 +906,11 @@ async fn list_tools(State(app): Shared, _caller: Caller) -> Result<Json<Value>, 
 #[utoipa::path(get, path = "/tools/{name}", params(("name" = String, Path)), responses((status = 200, body = Object), (status = 404, body = ErrorBody)))]
 async fn get_tool(
     State(app): Shared,
-    _caller: Caller,
+    caller: Caller,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, Failure> {
     let (component, tools) = app.harness.tool(&name)?;
+    let component = super::shown::component(caller.is_admin(), &component);
     Ok(Json(json!({"ok": true, "component": component, "tools": tools})))
 }
 
@@ -833,20 +930,42 @@ async fn upload_tool(
     State(app): Shared,
     caller: Caller,
     Query(q): Query<UploadQuery>,
-    bytes: Result<Bytes, BytesRejection>,
+    upload: axum::body::Body,
 ) -> Result<(StatusCode, Json<Value>), Failure> {
+    // Who may upload is settled before a byte of the body is read.
     caller.require_admin("installing a tool")?;
-    let max = app.options.max_upload;
-    let bytes = match bytes {
-        Ok(b) if b.len() <= max => b,
-        Ok(_) => return Err(too_large(max)),
-        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return Err(too_large(max)),
-        Err(e) => return Err(Failure::new("input", e.body_text())),
-    };
+    let bytes = spool(upload, app.options.max_upload).await?;
     let mode = if q.upgrade { InstallMode::Upgrade } else { InstallMode::New };
     let source = format!("uploaded by {}", caller.principal.decider());
     let report = app.harness.install_tool(&bytes, &q.name, &source, mode).await?;
     Ok((StatusCode::CREATED, Json(json!({"ok": true, "installed": report}))))
+}
+
+/// Reads an upload through an unlinked temporary file, refusing it as soon as it passes
+/// `max` bytes; returns its bytes once it arrived whole. What a slow or aborted upload holds
+/// meanwhile is the file, not memory.
+async fn spool(body: axum::body::Body, max: usize) -> Result<Vec<u8>, Failure> {
+    use futures_util::StreamExt;
+    use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+    let io = |e: std::io::Error| Failure::new("io", format!("cannot keep the upload: {e}"));
+    let mut file = tokio::fs::File::from_std(tempfile::tempfile().map_err(io)?);
+    let mut stream = body.into_data_stream();
+    let mut size = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            let text = format!("the upload did not arrive whole: {e}");
+            body_failure(&e, text)
+        })?;
+        size += chunk.len();
+        if size > max {
+            return Err(too_large(max));
+        }
+        file.write_all(&chunk).await.map_err(io)?;
+    }
+    file.rewind().await.map_err(io)?;
+    let mut bytes = Vec::with_capacity(size);
+    file.read_to_end(&mut bytes).await.map_err(io)?;
+    Ok(bytes)
 }
 
 fn too_large(max: usize) -> Failure {

@@ -10,7 +10,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, header};
 
 use super::{App, Failure};
-use crate::access::{AccessError, Principal, Role};
+use crate::access::{AccessError, Principal};
 
 /// The console's login cookie.
 pub const LOGIN_COOKIE: &str = "keel_login";
@@ -42,6 +42,8 @@ pub enum Via {
 pub struct Caller {
     pub principal: Principal,
     pub via: Via,
+    /// The SHA-256 of the token the request carried (directly, or through its login).
+    pub token_hash: String,
 }
 
 impl Caller {
@@ -107,7 +109,7 @@ impl App {
         if let Some(env) = &self.options.env_admin
             && same_secret(env, hash)
         {
-            return Ok(Principal { name: super::ENV_TOKEN_NAME.into(), role: Role::Admin });
+            return Ok(Principal::env_admin());
         }
         let h = hash.to_string();
         let found = self
@@ -149,8 +151,9 @@ impl App {
     /// reading the API (`GET`) and for the console, whose forms carry the CSRF token.
     pub async fn caller(&self, parts: &Parts, cookie_allowed: bool) -> Result<Caller, Failure> {
         if let Some(token) = bearer(&parts.headers) {
-            let principal = self.principal_of_hash(&crate::access::token_hash(token)).await?;
-            return Ok(Caller { principal, via: Via::Bearer });
+            let token_hash = crate::access::token_hash(token);
+            let principal = self.principal_of_hash(&token_hash).await?;
+            return Ok(Caller { principal, via: Via::Bearer, token_hash });
         }
         if let Some(id) = cookie(&parts.headers, LOGIN_COOKIE) {
             if !cookie_allowed {
@@ -166,6 +169,7 @@ impl App {
                 return Ok(Caller {
                     principal,
                     via: Via::Cookie { login: id.to_string(), csrf: login.csrf },
+                    token_hash: login.token_hash,
                 });
             }
         }
@@ -173,6 +177,60 @@ impl App {
             "no token: send `Authorization: Bearer TOKEN` (see `keel token add`)".into(),
         )
         .into())
+    }
+}
+
+/// How often a running server looks for tokens changed by any process (`keel token revoke`).
+pub const ACCESS_POLL: Duration = Duration::from_millis(200);
+
+impl App {
+    /// Whether `caller` still stands: its token not revoked, its console login not ended.
+    pub async fn still_valid(&self, caller: &Caller) -> bool {
+        if let Via::Cookie { login, .. } = &caller.via
+            && self.login(login).is_none()
+        {
+            return false;
+        }
+        self.principal_of_hash(&caller.token_hash).await.is_ok()
+    }
+
+    /// Watches the tokens' version (one indexed read every [`ACCESS_POLL`]); when it moves,
+    /// ends the console logins of tokens that no longer exist and tells every open event
+    /// stream to check its caller again. Returns the watching task.
+    pub(crate) fn watch_access(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let app = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut seen = None;
+            loop {
+                let Some(app) = app.upgrade() else { return };
+                if let Ok(v) = app.harness.access_version().await
+                    && seen != Some(v)
+                {
+                    if seen.is_some() {
+                        app.end_revoked_logins().await;
+                    }
+                    seen = Some(v);
+                    app.access.send_replace(v);
+                }
+                drop(app);
+                tokio::time::sleep(ACCESS_POLL).await;
+            }
+        })
+    }
+
+    /// Ends every console login whose token was revoked.
+    async fn end_revoked_logins(&self) {
+        let logins: Vec<(String, String)> = {
+            let logins = self.logins.lock().unwrap_or_else(|p| p.into_inner());
+            logins.iter().map(|(id, l)| (id.clone(), l.token_hash.clone())).collect()
+        };
+        for (id, hash) in logins {
+            if let Err(f) = self.principal_of_hash(&hash).await
+                && f.kind == "unauthorized"
+            {
+                self.end_login(&id);
+            }
+        }
     }
 }
 

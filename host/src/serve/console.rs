@@ -191,7 +191,8 @@ async fn logout(
 async fn sessions_ctx(app: &App, v: &Caller) -> Result<Value, Failure> {
     let mut sessions = app.harness.sessions().await?;
     if !v.is_admin() {
-        sessions.retain(|s| s.owner.as_deref() == Some(v.principal.name.as_str()));
+        let me = v.principal.id();
+        sessions.retain(|s| s.owner.as_deref() == Some(me.as_str()));
     }
     let presets: Vec<String> = app.harness.presets().await?.into_iter().map(|p| p.name).collect();
     Ok(json!({"sessions": sessions, "presets": presets}))
@@ -243,7 +244,7 @@ async fn new_session(
 async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure> {
     let meta = api::visible_session(app, v, id).await?;
     let t = app.harness.timeline(id).await?;
-    let t = serde_json::to_value(&t).map_err(|e| Failure::new("internal", e.to_string()))?;
+    let t = super::shown::timeline(v.is_admin(), &t);
     let approvals = api::visible_approvals(app, v, Some(id), false).await?;
     let calls: Vec<Value> = t["tool_calls"].as_array().cloned().unwrap_or_default();
     let evidence: Vec<i64> = t["model_calls"]
@@ -316,7 +317,7 @@ async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure>
         "items": items,
         "evidence": evidence,
         "pending_inputs": t["pending_inputs"],
-        "grants": meta.grants,
+        "grants": super::shown::grants(v.is_admin(), &meta.grants),
         "net": meta.net.lines(),
         "loaded_tools": meta.loaded_tools,
         "user": meta.user(),
@@ -389,7 +390,7 @@ async fn files_page(
             &app,
             &v,
             "files.html",
-            json!({"id": id, "grants": meta.grants, "listing": listing, "parent": parent}),
+            json!({"id": id, "grants": super::shown::grants(v.is_admin(), &meta.grants), "listing": listing, "parent": parent}),
         ))
     }
     .await;
@@ -516,6 +517,7 @@ async fn tool_page(State(app): Shared, Viewer(v): Viewer, Path(name): Path<Strin
                 j
             })
             .collect();
+        let component = super::shown::component(v.is_admin(), &component);
         page(&app, &v, "tool.html", json!({"component": component, "tools": tools}))
     });
     or_error(&app, r)

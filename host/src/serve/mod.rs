@@ -11,6 +11,7 @@ pub mod api;
 pub mod auth;
 pub mod console;
 pub mod files;
+pub mod shown;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -35,7 +36,7 @@ pub const MAX_JSON_BODY: usize = 1024 * 1024;
 pub const HOME_TOKEN_NAME: &str = "keel-serve";
 
 /// The name of the admin principal of `KEEL_API_TOKEN`.
-pub const ENV_TOKEN_NAME: &str = "KEEL_API_TOKEN";
+pub use crate::access::ENV_TOKEN_NAME;
 
 /// What the server is started with.
 pub struct ServeOptions {
@@ -48,6 +49,8 @@ pub struct ServeOptions {
     pub env_admin: Option<String>,
     /// Largest tool upload (the sandbox's component size limit).
     pub max_upload: usize,
+    /// Timeouts and the connection cap (`[serve]` in keel.toml).
+    pub bounds: crate::listen::Bounds,
 }
 
 /// The server's state: the harness, its options and the console's logins.
@@ -56,6 +59,9 @@ pub struct App {
     pub options: ServeOptions,
     pub(crate) logins: Mutex<HashMap<String, auth::Login>>,
     pub(crate) templates: minijinja::Environment<'static>,
+    /// The tokens' version as last seen (see [`App::watch_access`]): event streams re-check
+    /// their caller when it moves.
+    pub(crate) access: tokio::sync::watch::Sender<i64>,
 }
 
 impl App {
@@ -65,6 +71,7 @@ impl App {
             options,
             logins: Mutex::new(HashMap::new()),
             templates: console::templates()?,
+            access: tokio::sync::watch::Sender::new(0),
         }))
     }
 
@@ -159,6 +166,8 @@ pub fn status_of(kind: &str) -> StatusCode {
         "conflict" | "not_pending" | "already_installed" | "exists" | "name_clash" | "busy"
         | "grant_moved" => StatusCode::CONFLICT,
         "too_large" => StatusCode::PAYLOAD_TOO_LARGE,
+        "body_timeout" => StatusCode::REQUEST_TIMEOUT,
+        "method_not_allowed" => StatusCode::METHOD_NOT_ALLOWED,
         "unsupported_media_type" => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         "input" | "grant" | "config" | "wrong_session" | "invalid_input" | "invalid_name"
         | "reserved_name" | "invalid_skill" | "invalid_specs" | "load" | "describe_failed"
@@ -177,8 +186,9 @@ pub async fn serve(
     for r in app.harness.recovered().iter().filter(|r| r.resumable) {
         app.run_in_background(r.id.to_string());
     }
-    axum::serve(listener, router(app))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| format!("the HTTP server stopped: {e}"))
+    let watcher = app.watch_access();
+    let bounds = app.options.bounds.fitted();
+    let served = crate::listen::serve(listener, router(app), bounds, shutdown).await;
+    watcher.abort();
+    served
 }

@@ -58,7 +58,7 @@ pub fn list(c: &Connection) -> Result<Vec<SessionSummary>, StoreError> {
                 })
             })
             .transpose()?
-            .map(|o| o.token);
+            .map(|o| o.principal);
         Ok(s)
     })
     .collect()

@@ -628,6 +628,28 @@ const MIGRATIONS: &[(i64, &str)] = &[
        WHERE user NOT LIKE 'local:%' AND user NOT LIKE 'token:%';
     UPDATE memories_fts SET user = (SELECT user FROM memories WHERE id = memories_fts.rowid);",
     ),
+    // The API's principals are typed too: a session's owner is `env:KEEL_API_TOKEN` (the
+    // environment's admin) or `token:NAME` (a stored token), so a token can never be named
+    // into another principal's sessions. Every change to the tokens bumps `access_version`,
+    // which a running `keel serve` watches to end a revoked token's streams and logins at once.
+    (
+        20,
+        "UPDATE session_config SET owner = json_remove(json_set(owner, '$.principal',
+           CASE WHEN json_extract(owner, '$.token') = 'KEEL_API_TOKEN' THEN 'env:KEEL_API_TOKEN'
+                ELSE 'token:' || json_extract(owner, '$.token') END), '$.token')
+       WHERE owner IS NOT NULL AND json_extract(owner, '$.token') IS NOT NULL;
+    CREATE TABLE access_version (
+        id      INTEGER PRIMARY KEY CHECK (id = 1),
+        version INTEGER NOT NULL
+    );
+    INSERT INTO access_version (id, version) VALUES (1, 0);
+    CREATE TRIGGER api_tokens_inserted AFTER INSERT ON api_tokens
+        BEGIN UPDATE access_version SET version = version + 1; END;
+    CREATE TRIGGER api_tokens_updated AFTER UPDATE ON api_tokens
+        BEGIN UPDATE access_version SET version = version + 1; END;
+    CREATE TRIGGER api_tokens_deleted AFTER DELETE ON api_tokens
+        BEGIN UPDATE access_version SET version = version + 1; END;",
+    ),
 ];
 
 /// Errors of the store.

@@ -270,7 +270,7 @@ async fn the_api_checks_tokens_roles_grant_roots_and_sizes() {
     assert_eq!(status, 404);
     let (_, v) = get(&c, &s.api(&format!("/sessions/{mine}")), &alice).await;
     assert_eq!(v["session"]["user"], "token:alice", "a user's sessions work for that token");
-    assert_eq!(v["session"]["owner"]["token"], "alice");
+    assert_eq!(v["session"]["owner"]["principal"], "token:alice");
     // The admin sees both.
     let (_, v) = get(&c, &s.api("/sessions"), &s.admin).await;
     assert_eq!(v["sessions"].as_array().unwrap().len(), 2);
