@@ -727,7 +727,7 @@ impl Harness {
         let live = crate::mcp::client::connect(&spec)
             .await
             .map_err(crate::tools::ToolServiceError::from)?;
-        let offer = live.offer.clone();
+        let offer = live.offer();
         live.close().await;
         self.tools.mcp_put(&spec, &offer, false)?;
         Ok(offer)
@@ -741,7 +741,7 @@ impl Harness {
         let live = crate::mcp::client::connect(&record.spec)
             .await
             .map_err(crate::tools::ToolServiceError::from)?;
-        let offer = live.offer.clone();
+        let offer = live.offer();
         live.close().await;
         let (_, tools) = self.tools.component_for(name)?;
         let old: Vec<(ToolRecord, crate::mcp::PinnedTool)> = record

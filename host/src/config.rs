@@ -20,6 +20,8 @@
 //!
 //! [mcp]                      # keel mcp serve
 //! token = "…"                # KEEL_MCP_TOKEN; at least 16 characters
+//! max_sessions = 64          # --http: MCP sessions open at once
+//! session_idle_secs = 300    # --http: an idle MCP session is closed
 //! ```
 //!
 //! A missing file is an empty one; a file that does not parse, an unknown key inside a table or
@@ -113,6 +115,31 @@ pub struct McpTable {
     /// The bearer token `keel mcp serve --http` requires of clients (`KEEL_MCP_TOKEN`
     /// overrides it); needed for any address other than loopback.
     pub token: Option<String>,
+    /// MCP sessions `keel mcp serve --http` keeps open at once (default 64).
+    pub max_sessions: Option<usize>,
+    /// Seconds after which an MCP session with no request is closed (default 300).
+    pub session_idle_secs: Option<u64>,
+}
+
+impl McpTable {
+    /// The HTTP endpoint's session bounds: each setting given, else its default; checked.
+    pub fn http_limits(&self) -> Result<crate::mcp::serve::HttpLimits, String> {
+        let d = crate::mcp::serve::HttpLimits::default();
+        let l = crate::mcp::serve::HttpLimits {
+            max_sessions: self.max_sessions.unwrap_or(d.max_sessions),
+            session_idle: self
+                .session_idle_secs
+                .map(std::time::Duration::from_secs)
+                .unwrap_or(d.session_idle),
+        };
+        if !(1..=65_536).contains(&l.max_sessions) {
+            return Err("[mcp] max_sessions must be 1 to 65536".into());
+        }
+        if !(10..=86_400).contains(&l.session_idle.as_secs()) {
+            return Err("[mcp] session_idle_secs must be 10 to 86400".into());
+        }
+        Ok(l)
+    }
 }
 
 /// The `[serve]` table: `keel serve`, the HTTP API and console.

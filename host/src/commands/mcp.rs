@@ -468,6 +468,11 @@ async fn serve(home: &keel::home::Home, harness: Harness, a: ServeArgs) -> ExitC
         Ok(b) => b,
         Err(e) => return super::fail(false, "config", &e, EXIT_REFUSED),
     };
+    let limits = match file.mcp.as_ref().map(|m| m.http_limits()).unwrap_or(Ok(Default::default()))
+    {
+        Ok(l) => l,
+        Err(e) => return super::fail(false, "config", &e, EXIT_REFUSED),
+    };
     let token = match keel::config::env("KEEL_MCP_TOKEN") {
         Some(t) => Some(("KEEL_MCP_TOKEN", t)),
         None => file.mcp.as_ref().and_then(|m| m.token.clone()).map(|t| ("[mcp] token", t)),
@@ -500,7 +505,9 @@ async fn serve(home: &keel::home::Home, harness: Harness, a: ServeArgs) -> ExitC
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    match keel::mcp::serve::serve_http(harness, config, listener, token, bounds, shutdown).await {
+    match keel::mcp::serve::serve_http(harness, config, listener, token, bounds, limits, shutdown)
+        .await
+    {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => super::fail(false, "mcp", &e, EXIT_SETUP),
     }

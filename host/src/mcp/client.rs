@@ -32,6 +32,69 @@ pub const STDERR_TAIL: usize = 4096;
 /// How long `initialize` and `tools/list` may take when a server starts.
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The most tools keel reads from one server's `tools/list`, over all its pages (it takes at
+/// most 256 of them; the rest are listed as skipped).
+pub const MAX_LISTED_TOOLS: usize = 1024;
+
+/// The most pages of one `tools/list`.
+pub const MAX_LIST_PAGES: usize = 64;
+
+/// The most bytes (as JSON) of the tools of one `tools/list`, over all its pages.
+pub const MAX_LIST_BYTES: usize = 16 * 1024 * 1024;
+
+/// Lists a server's tools page by page, stopping with an error as soon as it passes
+/// [`MAX_LISTED_TOOLS`], [`MAX_LIST_PAGES`] or [`MAX_LIST_BYTES`], or repeats a cursor: a
+/// server that pages without end costs one page at a time, not all of them.
+pub async fn list_tools_bounded(
+    peer: &rmcp::Peer<RoleClient>,
+) -> Result<Vec<rmcp::model::Tool>, String> {
+    let mut tools = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut seen = std::collections::HashSet::new();
+    let mut bytes = 0usize;
+    for page in 1.. {
+        let params = rmcp::model::PaginatedRequestParams::default().with_cursor(cursor.clone());
+        let result = peer.list_tools(Some(params)).await.map_err(|e| e.to_string())?;
+        bytes += result
+            .tools
+            .iter()
+            .map(|t| serde_json::to_vec(t).map_or(0, |v| v.len()))
+            .sum::<usize>();
+        tools.extend(result.tools);
+        let stop = if tools.len() > MAX_LISTED_TOOLS {
+            Some(format!("more than {MAX_LISTED_TOOLS} tools"))
+        } else if bytes > MAX_LIST_BYTES {
+            Some(format!("more than {} MiB of tool descriptions", MAX_LIST_BYTES >> 20))
+        } else {
+            None
+        };
+        if let Some(what) = stop {
+            return Err(format!(
+                "tools/list gave {what} (page {page}); keel stopped reading: the server offers \
+                 more than keel takes from one server"
+            ));
+        }
+        match result.next_cursor {
+            Some(next) if !next.is_empty() => {
+                if page >= MAX_LIST_PAGES {
+                    return Err(format!(
+                        "tools/list went on past {MAX_LIST_PAGES} pages; keel stopped reading"
+                    ));
+                }
+                if !seen.insert(next.clone()) {
+                    return Err(format!(
+                        "tools/list gave the cursor of an earlier page again (page {page}); keel \
+                         stopped reading"
+                    ));
+                }
+                cursor = Some(next);
+            }
+            _ => break,
+        }
+    }
+    Ok(tools)
+}
+
 /// The last bytes a child process wrote to stderr.
 #[derive(Debug, Default)]
 struct Tail(Vec<u8>);
@@ -57,11 +120,35 @@ pub struct Live {
     stderr: Arc<Mutex<Tail>>,
     /// The child process (stdio); killed when the connection is dropped.
     child: Mutex<Option<tokio::process::Child>>,
-    /// What the server offers now.
-    pub offer: Offer,
+    /// What the server offered when its tools were last listed on this connection.
+    offer: Mutex<Offer>,
 }
 
 impl Live {
+    /// What the server offered when its tools were last listed on this connection.
+    pub fn offer(&self) -> Offer {
+        self.offer.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Whether the server's tool `pinned.remote`, as last listed, is what was accepted; `None`
+    /// when it no longer offers it.
+    fn matches(&self, pinned: &PinnedTool) -> Option<bool> {
+        let offer = self.offer.lock().unwrap_or_else(PoisonError::into_inner);
+        let t = offer.tools.iter().find(|t| t.pinned.remote == pinned.remote)?;
+        Some(t.pinned.digest == pinned.digest)
+    }
+
+    /// Lists the server's tools again on this connection: the accepted pins moved (an accept
+    /// by this or another keel process), so this connection's list may be older than them.
+    async fn relist(&self) -> Result<(), String> {
+        let tools = tokio::time::timeout(START_TIMEOUT, list_tools_bounded(self.service.peer()))
+            .await
+            .map_err(|_| format!("tools/list did not answer within {START_TIMEOUT:?}"))??;
+        let mut offer = self.offer.lock().unwrap_or_else(PoisonError::into_inner);
+        *offer = super::offer(&self.spec, offer.info.clone(), &tools);
+        Ok(())
+    }
+
     /// The server's stderr tail, if any, as a suffix for an error message.
     fn stderr_note(&self) -> String {
         let tail = self.stderr.lock().unwrap_or_else(PoisonError::into_inner).text();
@@ -210,21 +297,22 @@ pub async fn connect(spec: &ServerSpec) -> Result<Live, McpError> {
         service,
         stderr,
         child: Mutex::new(child),
-        offer: Offer { info: info.clone(), tools: Vec::new(), skipped: Vec::new() },
+        offer: Mutex::new(Offer { info: info.clone(), tools: Vec::new(), skipped: Vec::new() }),
     };
-    let tools = match tokio::time::timeout(START_TIMEOUT, live.service.list_all_tools()).await {
-        Ok(Ok(t)) => t,
-        Ok(Err(e)) => {
-            let note = live.stderr_note();
-            live.close().await;
-            return Err(fail(format!("tools/list failed: {e}{note}")));
-        }
-        Err(_) => {
-            live.close().await;
-            return Err(fail(format!("tools/list did not answer within {START_TIMEOUT:?}")));
-        }
-    };
-    live.offer = super::offer(spec, info, &tools);
+    let tools =
+        match tokio::time::timeout(START_TIMEOUT, list_tools_bounded(live.service.peer())).await {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => {
+                let note = live.stderr_note();
+                live.close().await;
+                return Err(fail(format!("tools/list failed: {e}{note}")));
+            }
+            Err(_) => {
+                live.close().await;
+                return Err(fail(format!("tools/list did not answer within {START_TIMEOUT:?}")));
+            }
+        };
+    live.offer = Mutex::new(super::offer(spec, info, &tools));
     Ok(live)
 }
 
@@ -321,8 +409,17 @@ impl Pool {
         input: serde_json::Value,
     ) -> Result<serde_json::Value, CallError> {
         let live = self.live(spec).await?;
-        match live.offer.tools.iter().find(|t| t.pinned.remote == pinned.remote) {
-            Some(t) if t.pinned.digest == pinned.digest => {}
+        let mut matches = live.matches(pinned);
+        if matches != Some(true) {
+            // What was accepted differs from this connection's list: the list may be the
+            // older of the two. List again once before refusing.
+            if let Err(e) = live.relist().await {
+                tracing::warn!(server = %spec.name, "listing the tools again failed: {e}");
+            }
+            matches = live.matches(pinned);
+        }
+        match matches {
+            Some(true) => {}
             found => {
                 let what = match found {
                     Some(_) => {

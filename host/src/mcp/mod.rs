@@ -210,28 +210,33 @@ pub fn catalog_name(server: &str, remote: &str, taken: &[String]) -> String {
 }
 
 /// The effect class and idempotence of a server's tool, by the server's settings: `--effect`
-/// for every tool; else, with `--trust-annotations`, the hints (read-only → `read-only`;
-/// destructive, which MCP presumes unless said otherwise → `destructive`; a tool that says it
-/// is neither and works in a closed world → `workspace-write`; else `external`); else
-/// `external`. Idempotence is claimed only by a trusted hint (or a read-only class).
+/// for every tool; else, with `--trust-annotations`, the hints with the specification's
+/// defaults for what a tool leaves out (`readOnlyHint` false, `destructiveHint` true,
+/// `idempotentHint` false, `openWorldHint` true): read-only → `read-only`; destructive →
+/// `destructive` (so a tool with no annotations at all is `destructive`); neither, in a
+/// closed world → `workspace-write`; neither, in an open world → `external`. Without either
+/// setting every tool is `external`. Idempotence is claimed only by a trusted hint (or a
+/// read-only class).
 pub fn classify(spec: &ServerSpec, ann: Option<&rmcp::model::ToolAnnotations>) -> (Effect, bool) {
     if let Some(effect) = spec.effect {
         return (effect, effect == Effect::ReadOnly);
     }
-    match ann.filter(|_| spec.trust_annotations) {
-        None => (Effect::External, false),
-        Some(a) => {
-            let idempotent = a.idempotent_hint.unwrap_or(false);
-            if a.read_only_hint == Some(true) {
-                (Effect::ReadOnly, true)
-            } else if a.destructive_hint.unwrap_or(true) {
-                (Effect::Destructive, idempotent)
-            } else if a.open_world_hint == Some(false) {
-                (Effect::WorkspaceWrite, idempotent)
-            } else {
-                (Effect::External, idempotent)
-            }
-        }
+    if !spec.trust_annotations {
+        return (Effect::External, false);
+    }
+    // A tool without annotations has the specification's defaults: not read-only,
+    // destructive, not idempotent, open world.
+    let none = rmcp::model::ToolAnnotations::default();
+    let a = ann.unwrap_or(&none);
+    let idempotent = a.idempotent_hint.unwrap_or(false);
+    if a.read_only_hint == Some(true) {
+        (Effect::ReadOnly, true)
+    } else if a.destructive_hint.unwrap_or(true) {
+        (Effect::Destructive, idempotent)
+    } else if a.open_world_hint == Some(false) {
+        (Effect::WorkspaceWrite, idempotent)
+    } else {
+        (Effect::External, idempotent)
     }
 }
 
@@ -476,14 +481,30 @@ mod tests {
         };
         let ro = rmcp::model::ToolAnnotations::new().read_only(true);
         assert_eq!(classify(&spec, Some(&ro)), (Effect::External, false));
+        assert_eq!(classify(&spec, None), (Effect::External, false));
         spec.trust_annotations = true;
-        assert_eq!(classify(&spec, Some(&ro)), (Effect::ReadOnly, true));
-        assert_eq!(
-            classify(&spec, Some(&rmcp::model::ToolAnnotations::new())).0,
-            Effect::Destructive
-        );
-        let closed = rmcp::model::ToolAnnotations::new().destructive(false).open_world(false);
-        assert_eq!(classify(&spec, Some(&closed)).0, Effect::WorkspaceWrite);
+        use rmcp::model::ToolAnnotations as A;
+        // The whole table: each hint given or left to the specification's default.
+        let table: &[(Option<A>, Effect, bool)] = &[
+            (None, Effect::Destructive, false),
+            (Some(A::new()), Effect::Destructive, false),
+            (Some(A::new().read_only(true)), Effect::ReadOnly, true),
+            (Some(A::new().read_only(true).destructive(true)), Effect::ReadOnly, true),
+            (Some(A::new().read_only(false)), Effect::Destructive, false),
+            (Some(A::new().destructive(true).idempotent(true)), Effect::Destructive, true),
+            (Some(A::new().destructive(false)), Effect::External, false),
+            (Some(A::new().destructive(false).open_world(true)), Effect::External, false),
+            (Some(A::new().destructive(false).open_world(false)), Effect::WorkspaceWrite, false),
+            (
+                Some(A::new().destructive(false).open_world(false).idempotent(true)),
+                Effect::WorkspaceWrite,
+                true,
+            ),
+            (Some(A::new().open_world(false)), Effect::Destructive, false),
+        ];
+        for (ann, effect, idempotent) in table {
+            assert_eq!(classify(&spec, ann.as_ref()), (*effect, *idempotent), "{ann:?}");
+        }
         spec.effect = Some(Effect::Destructive);
         assert_eq!(classify(&spec, Some(&ro)), (Effect::Destructive, false));
     }

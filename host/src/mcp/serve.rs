@@ -42,7 +42,10 @@ pub struct KeelServer {
     harness: Harness,
     config: Arc<ServeConfig>,
     transport: &'static str,
-    /// The connection's session, created at `initialize`, with its policy.
+    /// What the client said in `initialize`.
+    client: Arc<std::sync::OnceLock<InitializeRequestParams>>,
+    /// The connection's session, with its policy: created at its first `tools/call`, so a
+    /// connection that never calls a tool leaves nothing behind.
     session: Arc<tokio::sync::OnceCell<(String, Policy)>>,
     /// One call of the session at a time (a session has one runner).
     calls: Arc<tokio::sync::Mutex<()>>,
@@ -51,7 +54,14 @@ pub struct KeelServer {
 impl KeelServer {
     /// A server for one connection over `transport` (`stdio` or `http`).
     pub fn new(harness: Harness, config: Arc<ServeConfig>, transport: &'static str) -> Self {
-        Self { harness, config, transport, session: Arc::default(), calls: Arc::default() }
+        Self {
+            harness,
+            config,
+            transport,
+            client: Arc::default(),
+            session: Arc::default(),
+            calls: Arc::default(),
+        }
     }
 
     /// Checks what the server offers (the tools exist) before it accepts a connection.
@@ -71,28 +81,38 @@ impl KeelServer {
         Ok(())
     }
 
-    /// The connection's session id, once `initialize` created it.
+    /// The connection's session id, once its first `tools/call` created it.
     pub fn session_id(&self) -> Option<&str> {
         self.session.get().map(|(id, _)| id.as_str())
     }
 
-    async fn open_session(&self, client: &InitializeRequestParams) -> Result<(), ErrorData> {
+    /// The tools a session of this server loads: those the admin named, else every installed
+    /// tool but keel's control and delegation tools.
+    fn offered(&self) -> Result<Vec<String>, ErrorData> {
+        Ok(match &self.config.tools {
+            Some(t) => t.clone(),
+            None => self
+                .harness
+                .tools()
+                .map_err(internal)?
+                .into_iter()
+                .map(|t| t.name)
+                .filter(|n| {
+                    !CONTROL_TOOLS.contains(&n.as_str()) && !DELEGATION_TOOLS.contains(&n.as_str())
+                })
+                .collect(),
+        })
+    }
+
+    /// The connection's session and its policy, created on first use.
+    async fn session(&self) -> Result<&(String, Policy), ErrorData> {
+        self.session.get_or_try_init(|| self.open_session()).await
+    }
+
+    async fn open_session(&self) -> Result<(String, Policy), ErrorData> {
+        let Some(client) = self.client.get() else { return Err(not_initialized()) };
         let c = &self.config;
-        let tools = match &c.tools {
-            Some(t) => Some(t.clone()),
-            None => Some(
-                self.harness
-                    .tools()
-                    .map_err(internal)?
-                    .into_iter()
-                    .map(|t| t.name)
-                    .filter(|n| {
-                        !CONTROL_TOOLS.contains(&n.as_str())
-                            && !DELEGATION_TOOLS.contains(&n.as_str())
-                    })
-                    .collect(),
-            ),
-        };
+        let tools = Some(self.offered()?);
         let spec = SessionSpec { id: None, tools, ..(**c).clone() };
         let id = self.harness.create_session(spec).await.map_err(internal)?;
         let meta = self.harness.session(&id).await.map_err(internal)?;
@@ -108,18 +128,26 @@ impl KeelServer {
             )
             .await
             .map_err(internal)?;
-        let _ = self.session.set((id.to_string(), meta.policy));
-        Ok(())
+        Ok((id.to_string(), meta.policy))
     }
 
-    /// The tools the session offers, as MCP describes them.
+    /// The tools the session offers (before it exists: those it would load, as installed
+    /// now), as MCP describes them.
     async fn tool_list(&self) -> Result<Vec<Tool>, ErrorData> {
-        let Some(id) = self.session_id() else { return Err(not_initialized()) };
-        let meta = self.harness.session(id).await.map_err(internal)?;
+        if self.client.get().is_none() {
+            return Err(not_initialized());
+        }
         let catalog = self.harness.tools.catalog().map_err(internal)?;
+        let (loaded, pins) = match self.session_id() {
+            Some(id) => {
+                let meta = self.harness.session(id).await.map_err(internal)?;
+                (meta.loaded_tools, meta.tool_pins)
+            }
+            None => (self.offered()?, Default::default()),
+        };
         let mut out = Vec::new();
-        for name in meta.loaded_tools.iter().filter(|n| !CONTROL_TOOLS.contains(&n.as_str())) {
-            let Some(r) = catalog.get_pinned(name, &meta.tool_pins) else { continue };
+        for name in loaded.iter().filter(|n| !CONTROL_TOOLS.contains(&n.as_str())) {
+            let Some(r) = catalog.get_pinned(name, &pins) else { continue };
             let t = &r.record;
             let input = match &t.input_schema {
                 serde_json::Value::Object(o) => o.clone(),
@@ -230,9 +258,7 @@ impl ServerHandler for KeelServer {
     ) -> Result<InitializeResult, ErrorData> {
         context.peer.set_peer_info(request.clone());
         let result = self.negotiate_initialize(&request)?;
-        if self.session.get().is_none() {
-            self.open_session(&request).await?;
-        }
+        let _ = self.client.set(request);
         Ok(result)
     }
 
@@ -249,7 +275,7 @@ impl ServerHandler for KeelServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let Some((id, policy)) = self.session.get() else { return Err(not_initialized()) };
+        let (id, policy) = self.session().await?;
         let tool = request.name.to_string();
         let input = serde_json::Value::Object(request.arguments.unwrap_or_default()).to_string();
         let _one = self.calls.lock().await;
@@ -322,18 +348,39 @@ pub async fn serve_stdio(harness: Harness, config: Arc<ServeConfig>) -> Result<(
     Ok(())
 }
 
+/// The bounds of `keel mcp serve --http` beyond its connections' (`[mcp]` in keel.toml).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// MCP sessions open at once, at most; an `initialize` past it is refused (503).
+    pub max_sessions: usize,
+    /// An MCP session with no request for this long is closed.
+    pub session_idle: std::time::Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self { max_sessions: 64, session_idle: std::time::Duration::from_secs(300) }
+    }
+}
+
 /// Serves MCP over streamable HTTP at `http://LISTENER/mcp` until `shutdown` completes. With
 /// `token`, every request must carry `Authorization: Bearer TOKEN` (401 otherwise); requests
-/// whose `Host` is not loopback are refused unless a token is set.
+/// whose `Host` is not loopback are refused unless a token is set, and a request whose
+/// `Origin` is not the server itself (or, on loopback, a loopback origin) is refused (403), as
+/// the transport specification requires against DNS rebinding. At most
+/// `limits.max_sessions` MCP sessions are open; one idle for `limits.session_idle` is closed.
 pub async fn serve_http(
     harness: Harness,
     config: Arc<ServeConfig>,
     listener: tokio::net::TcpListener,
     token: Option<String>,
     bounds: crate::listen::Bounds,
+    limits: HttpLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
-    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::streamable_http_server::session::local::{
+        LocalSessionManager, SessionConfig,
+    };
     use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
     let mut http =
         StreamableHttpServerConfig::default().with_max_request_body_bytes(MAX_REQUEST_BODY);
@@ -341,40 +388,147 @@ pub async fn serve_http(
         // The token is the gate; the Host check (against DNS rebinding) is for loopback.
         http = http.disable_allowed_hosts();
     }
+    let mut manager = LocalSessionManager::default();
+    let mut sessions = SessionConfig::default();
+    sessions.keep_alive = Some(limits.session_idle);
+    manager.session_config = sessions;
+    let manager = Arc::new(manager);
     let service = StreamableHttpService::new(
         move || Ok(KeelServer::new(harness.clone(), config.clone(), "http")),
-        Arc::new(LocalSessionManager::default()),
+        manager.clone(),
         http,
     );
-    let token: Option<Arc<str>> = token.map(Into::into);
+    let loopback = listener.local_addr().map(|a| a.ip().is_loopback()).unwrap_or(false);
+    let gate = Arc::new(Gate { token: token.map(Into::into), manager, limits, loopback });
     let router =
         axum::Router::new().nest_service("/mcp", service).layer(axum::middleware::from_fn(
             move |req: axum::extract::Request, next: axum::middleware::Next| {
-                let token = token.clone();
+                let gate = gate.clone();
                 async move {
-                    if let Some(t) = &token {
-                        let given = req
-                            .headers()
-                            .get(axum::http::header::AUTHORIZATION)
-                            .and_then(|v| v.to_str().ok())
-                            .and_then(|v| v.strip_prefix("Bearer "));
-                        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), t.as_bytes())) {
-                            return axum::response::IntoResponse::into_response((
-                                axum::http::StatusCode::UNAUTHORIZED,
-                                [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
-                                "a bearer token is required (KEEL_MCP_TOKEN or [mcp] token)",
-                            ));
-                        }
+                    let starts = req.method() == axum::http::Method::POST;
+                    match gate.check(req.headers(), starts).await {
+                        Ok(()) => next.run(req).await,
+                        Err(refused) => refused,
                     }
-                    next.run(req).await
                 }
             },
         ));
     crate::listen::serve(listener, router, bounds.fitted(), shutdown).await
 }
 
+/// What every request of the HTTP endpoint passes before the MCP service sees it.
+struct Gate {
+    token: Option<Arc<str>>,
+    manager: Arc<rmcp::transport::streamable_http_server::session::local::LocalSessionManager>,
+    limits: HttpLimits,
+    /// Whether the server listens on a loopback address.
+    loopback: bool,
+}
+
+impl Gate {
+    /// Checks a request's token, origin and (for a `post`) the session cap.
+    async fn check(
+        &self,
+        headers: &axum::http::HeaderMap,
+        post: bool,
+    ) -> Result<(), axum::response::Response> {
+        use axum::http::{StatusCode, header};
+        use axum::response::IntoResponse;
+        if let Some(t) = &self.token {
+            let given = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "));
+            if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), t.as_bytes())) {
+                return Err((
+                    StatusCode::UNAUTHORIZED,
+                    [(header::WWW_AUTHENTICATE, "Bearer")],
+                    "a bearer token is required (KEEL_MCP_TOKEN or [mcp] token)",
+                )
+                    .into_response());
+            }
+        }
+        if let Some(origin) = headers.get(header::ORIGIN) {
+            let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+            if !origin_allowed(origin.to_str().unwrap_or(""), host, self.loopback) {
+                return Err(rpc_refusal(
+                    StatusCode::FORBIDDEN,
+                    &format!(
+                        "Origin `{}` is not this server: a web page may not use it",
+                        String::from_utf8_lossy(origin.as_bytes()).escape_debug()
+                    ),
+                ));
+            }
+        }
+        // A POST without a session id starts a session (`initialize`).
+        let starts = post && !headers.contains_key("mcp-session-id");
+        if starts {
+            let open = self.manager.sessions.read().await.len();
+            if open >= self.limits.max_sessions {
+                return Err(rpc_refusal(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &format!(
+                        "{open} MCP sessions are open, the most this server keeps ([mcp] \
+                         max_sessions); close one or try again when an idle one expires"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a request's `Origin` may use the endpoint: the server's own origin (the `Host` it
+/// was sent to), or, when the server listens on loopback, any loopback origin.
+fn origin_allowed(origin: &str, host: &str, loopback: bool) -> bool {
+    let Some(authority) =
+        origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://"))
+    else {
+        return false;
+    };
+    if !host.is_empty() && authority.eq_ignore_ascii_case(host) {
+        return true;
+    }
+    let name = match authority.rsplit_once(':') {
+        Some((n, port)) if port.chars().all(|c| c.is_ascii_digit()) => n,
+        _ => authority,
+    };
+    loopback
+        && (name.eq_ignore_ascii_case("localhost")
+            || name
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback()))
+}
+
+/// A refusal as a JSON-RPC error an MCP client can show.
+fn rpc_refusal(status: axum::http::StatusCode, message: &str) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let body = serde_json::json!({
+        "jsonrpc": "2.0", "id": null,
+        "error": {"code": -32000, "message": message},
+    });
+    (status, axum::Json(body)).into_response()
+}
+
 /// The largest request body the HTTP endpoint reads.
 pub const MAX_REQUEST_BODY: usize = 4 * 1024 * 1024;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_the_servers_own_origin_or_loopback_may_call() {
+        use super::origin_allowed as ok;
+        assert!(ok("http://127.0.0.1:8000", "127.0.0.1:8000", false));
+        assert!(ok("http://localhost:3000", "127.0.0.1:8000", true));
+        assert!(ok("http://[::1]:3000", "127.0.0.1:8000", true));
+        assert!(!ok("http://localhost:3000", "10.0.0.5:8000", false));
+        assert!(!ok("http://evil.example", "127.0.0.1:8000", true));
+        assert!(!ok("null", "127.0.0.1:8000", true));
+        assert!(!ok("http://127.0.0.1.evil.example", "127.0.0.1:8000", true));
+    }
+}
 
 /// Compares two byte strings in time that depends only on their lengths.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
