@@ -135,8 +135,8 @@ impl McpTable {
         if !(1..=65_536).contains(&l.max_sessions) {
             return Err("[mcp] max_sessions must be 1 to 65536".into());
         }
-        if !(10..=86_400).contains(&l.session_idle.as_secs()) {
-            return Err("[mcp] session_idle_secs must be 10 to 86400".into());
+        if !(1..=86_400).contains(&l.session_idle.as_secs()) {
+            return Err("[mcp] session_idle_secs must be 1 to 86400".into());
         }
         Ok(l)
     }

@@ -236,8 +236,11 @@ async fn j6_a_token_and_a_local_user_of_one_name_share_nothing() {
     // A session an API token named `alice` creates works for `token:alice`.
     let mut spec = keel_tests::session_spec("http://127.0.0.1:9", "t", vec![], None);
     spec.user = Some("alice".into());
-    spec.owner =
-        Some(keel::access::Owner { token: "alice".into(), preset: None, user_decides: false });
+    spec.owner = Some(keel::access::Owner {
+        principal: "token:alice".into(),
+        preset: None,
+        user_decides: false,
+    });
     h.create_session(spec).await.unwrap();
     assert_eq!(h.session("t").await.unwrap().user.as_deref(), Some("token:alice"));
     let mut spec = keel_tests::session_spec("http://127.0.0.1:9", "l", vec![], None);

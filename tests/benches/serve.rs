@@ -5,6 +5,8 @@
 //!    turn). Each turn is one read-only tool call (`csv_inspect`) and an answer, against a
 //!    scripted OpenAI-compatible server on loopback; task understanding is off on both sides.
 //! 2. Requests per second of `GET /sessions/{id}` from 64 concurrent clients, with p50/p99.
+//! 3. The same GET from 8 clients, alone and beside 1,000 slow connections without a token
+//!    (half a request line each, then nothing): requests/s and p99 of each, and the ratio.
 //!
 //! `cargo bench -p keel-tests --bench serve`. `KEEL_BENCH_TURNS` (default 20) and
 //! `KEEL_BENCH_SECONDS` (default 5) change the shape. Prints figures; asserts nothing about
@@ -103,6 +105,44 @@ async fn until_idle(res: &mut reqwest::Response, buf: &mut String) -> i64 {
             .expect("the stream ended");
         buf.push_str(&String::from_utf8_lossy(&chunk));
     }
+}
+
+/// `clients` tasks GET `url` as fast as they can for `seconds`: requests/s, p50, p99 (ms),
+/// and how many requests.
+async fn load(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+    clients: usize,
+    seconds: u64,
+) -> (f64, f64, f64, usize) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (client, url, token, stop) =
+            (client.clone(), url.to_string(), token.to_string(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let res = client.get(&url).bearer_auth(&token).send().await.unwrap();
+                assert_eq!(res.status(), 200);
+                res.bytes().await.unwrap();
+                lat.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+            lat
+        }));
+    }
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    all.sort_by(|a, b| a.total_cmp(b));
+    (all.len() as f64 / elapsed, percentile(&all, 0.5), percentile(&all, 0.99), all.len())
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -238,41 +278,35 @@ async fn main() {
     println!("API / CLI (p50): {:.2}", api50 / cli50);
 
     // 64 clients reading one session as fast as they can.
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
     let client = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
     let url = api("/sessions/b");
-    for _ in 0..64 {
-        let (client, url, token, stop) = (client.clone(), url.clone(), token.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                let res = client.get(&url).bearer_auth(&token).send().await.unwrap();
-                assert_eq!(res.status(), 200);
-                res.bytes().await.unwrap();
-                lat.push(t.elapsed().as_secs_f64() * 1000.0);
-            }
-            lat
-        }));
-    }
-    let start = Instant::now();
-    tokio::time::sleep(Duration::from_secs(seconds)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.unwrap());
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    all.sort_by(|a, b| a.total_cmp(b));
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let (rps, p50, p99, n) = load(&client, &url, &token, 64, seconds).await;
     println!(
-        "GET /sessions/{{id}}, 64 concurrent clients, {seconds} s: {:.0} requests/s, p50 {:.2} ms, p99 {:.2} ms ({} requests; {} CPUs)",
-        all.len() as f64 / elapsed,
-        percentile(&all, 0.5),
-        percentile(&all, 0.99),
-        all.len(),
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        "GET /sessions/{{id}}, 64 concurrent clients, {seconds} s: {rps:.0} requests/s, p50 {p50:.2} ms, p99 {p99:.2} ms ({n} requests; {cpus} CPUs)"
     );
+
+    // The same GET (8 clients) with and without 1,000 slow connections that carry no token and
+    // never finish their headers (each sends half a request line, then nothing).
+    let (base_rps, _, base_p99, _) = load(&client, &url, &token, 8, seconds).await;
+    let addr = base.trim_start_matches("http://").to_string();
+    let mut slow = Vec::new();
+    for _ in 0..1000 {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut s, b"GET /api/v1/whoami HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        slow.push(s);
+    }
+    let (slow_rps, _, slow_p99, _) = load(&client, &url, &token, 8, seconds).await;
+    println!("| GET /sessions/{{id}}, 8 clients | requests/s | p99 |");
+    println!("|---|---|---|");
+    println!("| alone (baseline) | {base_rps:.0} | {base_p99:.2} ms |");
+    println!(
+        "| beside 1,000 slow connections without a token | {slow_rps:.0} | {slow_p99:.2} ms |"
+    );
+    println!("p99 with slow connections / alone: {:.2}", slow_p99 / base_p99);
+    drop(slow);
     let _ = server.kill();
     let _ = server.wait();
 }

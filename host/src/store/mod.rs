@@ -873,3 +873,56 @@ fn migrate_to(conn: &mut Connection, up_to: i64) -> Result<(), StoreError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migration_20_types_the_owners_of_sessions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keel.db");
+        let c = open_at_version(&path, 19).unwrap();
+        for (id, owner) in [
+            ("a", r#"{"token":"alice","user_decides":true}"#),
+            ("e", r#"{"token":"KEEL_API_TOKEN","user_decides":false}"#),
+        ] {
+            c.execute(
+                "INSERT INTO sessions (id, created_at, state, meta_version) VALUES (?1, 0, 'idle', 0)",
+                [id],
+            )
+            .unwrap();
+            c.execute(
+                "INSERT INTO session_config (session_id, loaded_tools, policy, budget, model, system_prompt, owner)
+                 VALUES (?1, '[]', '{}', '{}', '{}', '', ?2)",
+                [id, owner],
+            )
+            .unwrap();
+        }
+        drop(c);
+        let mut c = Connection::open(&path).unwrap();
+        migrate(&mut c).unwrap();
+        let owner = |id: &str| -> serde_json::Value {
+            let text: String = c
+                .query_row("SELECT owner FROM session_config WHERE session_id = ?1", [id], |r| {
+                    r.get(0)
+                })
+                .unwrap();
+            serde_json::from_str(&text).unwrap()
+        };
+        assert_eq!(
+            owner("a"),
+            serde_json::json!({"principal": "token:alice", "user_decides": true})
+        );
+        assert_eq!(owner("e")["principal"], "env:KEEL_API_TOKEN");
+        let v: i64 = c.query_row("SELECT version FROM access_version", [], |r| r.get(0)).unwrap();
+        c.execute(
+            "INSERT INTO api_tokens (name, role, hash, created_at) VALUES ('x', 'user', 'h', 0)",
+            [],
+        )
+        .unwrap();
+        c.execute("DELETE FROM api_tokens WHERE name = 'x'", []).unwrap();
+        let w: i64 = c.query_row("SELECT version FROM access_version", [], |r| r.get(0)).unwrap();
+        assert_eq!(w, v + 2);
+    }
+}

@@ -6,6 +6,7 @@ use std::process::{Command, Output};
 
 use serde_json::{Value, json};
 
+mod abuse;
 mod boundaries;
 mod console;
 mod mcp;

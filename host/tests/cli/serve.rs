@@ -25,11 +25,16 @@ impl Server {
     /// Starts `keel serve` on `home` with its model at `model_url`; `grant_roots` go to
     /// keel.toml.
     pub fn start(home: &Path, model_url: &str, grant_roots: &[&Path]) -> Self {
+        Self::start_with(home, model_url, grant_roots, "")
+    }
+
+    /// [`Server::start`] with more `[serve]` settings (lines of TOML).
+    pub fn start_with(home: &Path, model_url: &str, grant_roots: &[&Path], serve: &str) -> Self {
         let roots: Vec<String> =
             grant_roots.iter().map(|r| format!("{:?}", r.display().to_string())).collect();
         std::fs::write(
             home.join("keel.toml"),
-            format!("[serve]\ngrant_roots = [{}]\n", roots.join(", ")),
+            format!("[serve]\ngrant_roots = [{}]\n{serve}\n", roots.join(", ")),
         )
         .unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
@@ -420,6 +425,16 @@ async fn approvals_over_http_resume_the_turn_and_events_resume_after_a_drop() {
     assert_eq!(unit["input"], r#"{"label":"hello"}"#);
     assert_eq!(unit["may_decide"], false);
     assert_eq!(unit["grants"][0]["guest"], "/work");
+    // A user sees names, not host details: the grant's guest path, not where it is.
+    let host = work.canonicalize().unwrap().display().to_string();
+    assert!(!v.to_string().contains(&host), "{v}");
+    let (_, mine) = get(&c, &s.api("/sessions/flow"), &bob).await;
+    assert_eq!(mine["session"]["grants"][0]["guest"], "/work");
+    assert!(!mine.to_string().contains(&host), "{mine}");
+    let (_, t) = get(&c, &s.api("/sessions/flow/timeline"), &bob).await;
+    assert!(!t.to_string().contains(&host), "{t}");
+    let (_, admin_view) = get(&c, &s.api("/approvals?session=flow"), &s.admin).await;
+    assert!(admin_view.to_string().contains(&host), "{admin_view}");
     let id = unit["id"].as_str().unwrap().to_string();
     let (status, v) = post(&c, &s.api(&format!("/approvals/{id}/approve")), &bob, json!({})).await;
     assert_eq!(status, 403, "{v}");
