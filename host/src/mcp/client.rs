@@ -383,6 +383,23 @@ impl Pool {
         Ok(live)
     }
 
+    /// Replaces the connection `old` with a new one (it is closed), unless another call
+    /// replaced it already; returns the current connection.
+    async fn reconnect(&self, spec: &ServerSpec, old: &Arc<Live>) -> Result<Arc<Live>, CallError> {
+        let slot = self.slot(&spec.name);
+        let mut slot = slot.lock().await;
+        if let Some(current) = &slot.live
+            && !Arc::ptr_eq(current, old)
+        {
+            return Ok(current.clone());
+        }
+        slot.live = None;
+        let live =
+            Arc::new(connect(spec).await.map_err(|e| CallError::Setup { detail: e.to_string() })?);
+        slot.live = Some(live.clone());
+        Ok(live)
+    }
+
     /// Forgets `live` after it stopped during a call: the next call restarts the server.
     async fn lost(&self, server: &str, live: &Arc<Live>) {
         let slot = self.slot(server);
@@ -408,15 +425,21 @@ impl Pool {
         pinned: &PinnedTool,
         input: serde_json::Value,
     ) -> Result<serde_json::Value, CallError> {
-        let live = self.live(spec).await?;
+        let mut live = self.live(spec).await?;
         let mut matches = live.matches(pinned);
         if matches != Some(true) {
             // What was accepted differs from this connection's list: the list may be the
-            // older of the two. List again once before refusing.
+            // older of the two (an accept by this or another keel process). List again; if
+            // the server still says what it said, it is the process from before the change:
+            // connect anew (a stdio server starts again) and compare once more.
             if let Err(e) = live.relist().await {
                 tracing::warn!(server = %spec.name, "listing the tools again failed: {e}");
             }
             matches = live.matches(pinned);
+            if matches != Some(true) {
+                live = self.reconnect(spec, &live).await?;
+                matches = live.matches(pinned);
+            }
         }
         match matches {
             Some(true) => {}

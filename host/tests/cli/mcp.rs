@@ -161,7 +161,8 @@ impl Drop for Killed {
 fn peers_python_client_over_http_with_a_bearer_token() {
     let (home, work) = home_and_workspace();
     let grant = format!("{}=/work:rw", work.path().display());
-    let (child, url) = serve_http(home.path(), &["--grant", &grant], Some("s3cret"));
+    let (child, url) =
+        serve_http(home.path(), &["--grant", &grant], Some("keel-test-s3cret-token-9b21"));
     let _server = Killed(child);
     // Without the token: 401, nothing runs.
     keel::tls::init();
@@ -179,7 +180,7 @@ fn peers_python_client_over_http_with_a_bearer_token() {
     });
     assert_eq!(status.as_u16(), 401);
     for answer in ["none", "approve"] {
-        let v = run_client(&["http", answer, &url, "s3cret"]);
+        let v = run_client(&["http", answer, &url, "keel-test-s3cret-token-9b21"]);
         check_client_view(&v, answer);
     }
     assert!(!work.path().join("old.txt").exists());
@@ -489,6 +490,32 @@ async fn peers_python_server_change_crash_and_hang() {
     )
     .await
     .unwrap();
+    let greet = || {
+        let h = h.clone();
+        async move {
+            let req = keel::tools::CallRequest {
+                tool: "py__greet",
+                input: r#"{"name":"b"}"#,
+                grants: &[],
+                net: keel::sandbox::net::NetGrants::none(),
+                budget: Default::default(),
+                cancel: None,
+                loaded: None,
+                policy: None,
+                approval: None,
+                control: None,
+            };
+            h.call_tool(req).await.unwrap().report.result
+        }
+    };
+    // The running process's connection started with the accepted description. The server
+    // changes again and another process accepts the change: this process's next call uses
+    // it at once (its connection's list was older than the accept; it connects anew).
+    assert_eq!(greet().await.unwrap(), json!({"result": "hello b"}));
+    std::fs::write(&greeting, "Greets someone, politely.").unwrap();
+    let accept = keel(home.path(), &["mcp", "refresh", "py", "--accept"]);
+    assert!(accept.status.success(), "{}", String::from_utf8_lossy(&accept.stderr));
+    assert_eq!(greet().await.unwrap(), json!({"result": "hello b"}));
     let call = |tool: &'static str, timeout: Duration| {
         let h = h.clone();
         async move {
@@ -550,6 +577,57 @@ async fn peers_python_server_change_crash_and_hang() {
     assert!(down.to_string().contains("not restarted again"), "{down}");
 }
 
+/// A server whose `tools/list` never ends (the Python SDK's low-level server): keel stops
+/// reading at its limits — tools, bytes, pages, a repeated cursor — with a clear error, and
+/// records nothing.
+#[test]
+#[ignore = "slow tier: installs the MCP Python SDK from PyPI"]
+fn peers_a_server_that_pages_forever_is_stopped_at_the_limits() {
+    let peers = Peers::get();
+    let python = peers.python().display().to_string();
+    let pager = fixture("pager.py");
+    for (mode, said) in [
+        ("tools", "more than 1024 tools"),
+        ("bytes", "MiB of tool descriptions"),
+        ("pages", "past 64 pages"),
+        ("repeat", "cursor of an earlier page"),
+    ] {
+        let home = tempfile::tempdir().unwrap();
+        let started = Instant::now();
+        let out =
+            keel(home.path(), &["mcp", "add", "pager", "--json", "--", &python, &pager, mode]);
+        let took = started.elapsed();
+        let v = json_of(&out);
+        assert_ne!(out.status.code(), Some(0), "{mode}: {v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(said) && message.contains("stopped reading"), "{mode}: {v}");
+        assert!(took < Duration::from_secs(60), "{mode}: {took:?}");
+        let list = keel(home.path(), &["mcp", "list", "--json"]);
+        assert!(!String::from_utf8_lossy(&list.stdout).contains("pager"), "{mode}: nothing kept");
+        eprintln!("{mode}: stopped in {took:?}");
+    }
+}
+
+/// With `--trust-annotations`, the specification's defaults hold for what a tool leaves out:
+/// the Python SDK's tools carry no annotations, so they are `destructive`.
+#[test]
+#[ignore = "slow tier: installs the MCP Python SDK from PyPI"]
+fn peers_tools_without_annotations_are_destructive_when_annotations_are_trusted() {
+    let peers = Peers::get();
+    let home = tempfile::tempdir().unwrap();
+    let python = peers.python().display().to_string();
+    let server = fixture("server.py");
+    let add = keel(
+        home.path(),
+        &["mcp", "add", "py", "--trust-annotations", "--json", "--", &python, &server],
+    );
+    assert!(add.status.success(), "{}", String::from_utf8_lossy(&add.stdout));
+    let list = json_of(&keel(home.path(), &["tool", "list", "--json"]));
+    let tools = list.as_array().cloned().or_else(|| list["tools"].as_array().cloned()).unwrap();
+    let echo = tools.iter().find(|t| t["name"] == "py__echo").unwrap();
+    assert_eq!(echo["effect"], "destructive", "{echo}");
+}
+
 /// The conformance suite's client scenarios against keel's client (`initialize`,
 /// `tools_call`), and its server scenarios against `keel mcp serve --http`: the handshake,
 /// ping, tools/list, a tool error and the DNS-rebinding check pass (keel serves tools only:
@@ -609,8 +687,11 @@ fn keel_adds_keel_over_http_with_a_header() {
     let (inner, work) = home_and_workspace();
     let outer = tempfile::tempdir().unwrap();
     let grant = format!("{}=/work:ro", work.path().display());
-    let (child, url) =
-        serve_http(inner.path(), &["--grant", &grant, "--tools", "fs_read_file"], Some("tok"));
+    let (child, url) = serve_http(
+        inner.path(),
+        &["--grant", &grant, "--tools", "fs_read_file"],
+        Some("keel-test-mcp-token-7f3a"),
+    );
     let _server = Killed(child);
     let refused = keel(outer.path(), &["mcp", "add", "web", "--url", &url, "--json"]);
     let r = json_of(&refused);
@@ -625,7 +706,7 @@ fn keel_adds_keel_over_http_with_a_header() {
             "--url",
             &url,
             "--header",
-            "Authorization: Bearer tok",
+            "Authorization: Bearer keel-test-mcp-token-7f3a",
             "--effect",
             "read-only",
             "--json",
