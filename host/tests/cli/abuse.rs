@@ -200,6 +200,7 @@ async fn k4_a_revoked_token_loses_its_open_stream_and_its_logins_at_once() {
     let bob = token(home.path(), "bob", "user");
     let s = Server::start(home.path(), &model.url(), &[]);
     // No overall timeout: the stream is read for as long as it stays open.
+    keel::tls::init();
     let c = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
     let (status, v) = post(&c, &s.api("/sessions"), &bob, json!({"input": "hi", "id": "k4"})).await;
     assert_eq!(status, 202, "{v}");
