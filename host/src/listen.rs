@@ -116,14 +116,16 @@ pub fn is_body_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// A request body that fails once its deadline passes.
-struct Deadline {
+/// A body with what the listener adds to it: a request body fails once its deadline passes;
+/// a response body marks its connection's request finished when it ends or is dropped.
+struct Guarded {
     inner: Body,
-    limit: Duration,
-    sleep: Pin<Box<tokio::time::Sleep>>,
+    /// The request body's limit and its deadline.
+    deadline: Option<(Duration, Pin<Box<tokio::time::Sleep>>)>,
+    _busy: Option<Busy>,
 }
 
-impl http_body::Body for Deadline {
+impl http_body::Body for Guarded {
     type Data = bytes::Bytes;
     type Error = axum::Error;
 
@@ -134,36 +136,12 @@ impl http_body::Body for Deadline {
         if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
             return Poll::Ready(frame);
         }
-        match self.sleep.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Some(Err(axum::Error::new(BodyTimeout(self.limit))))),
-            Poll::Pending => Poll::Pending,
+        if let Some((limit, sleep)) = &mut self.deadline
+            && sleep.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(Some(Err(axum::Error::new(BodyTimeout(*limit)))));
         }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// A response body that marks its connection's request finished when it ends or is dropped.
-struct Finishing {
-    inner: Body,
-    _busy: Busy,
-}
-
-impl http_body::Body for Finishing {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        Poll::Pending
     }
 
     fn is_end_stream(&self) -> bool {
@@ -411,15 +389,18 @@ async fn connection(
             let busy = Busy::new(conn.clone(), epoch.clone());
             let router = router.clone();
             async move {
+                let limit = bounds.body_timeout;
                 let req = req.map(|b| {
-                    Body::new(Deadline {
+                    Body::new(Guarded {
                         inner: Body::new(b),
-                        limit: bounds.body_timeout,
-                        sleep: Box::pin(tokio::time::sleep(bounds.body_timeout)),
+                        deadline: Some((limit, Box::pin(tokio::time::sleep(limit)))),
+                        _busy: None,
                     })
                 });
                 let res = tower::ServiceExt::oneshot(router, req).await;
-                res.map(|r| r.map(|b| Body::new(Finishing { inner: b, _busy: busy })))
+                res.map(|r| {
+                    r.map(|b| Body::new(Guarded { inner: b, deadline: None, _busy: Some(busy) }))
+                })
             }
         })
     };

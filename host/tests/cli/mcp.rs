@@ -490,38 +490,12 @@ async fn peers_python_server_change_crash_and_hang() {
     )
     .await
     .unwrap();
-    let greet = || {
-        let h = h.clone();
-        async move {
-            let req = keel::tools::CallRequest {
-                tool: "py__greet",
-                input: r#"{"name":"b"}"#,
-                grants: &[],
-                net: keel::sandbox::net::NetGrants::none(),
-                budget: Default::default(),
-                cancel: None,
-                loaded: None,
-                policy: None,
-                approval: None,
-                control: None,
-            };
-            h.call_tool(req).await.unwrap().report.result
-        }
-    };
-    // The running process's connection started with the accepted description. The server
-    // changes again and another process accepts the change: this process's next call uses
-    // it at once (its connection's list was older than the accept; it connects anew).
-    assert_eq!(greet().await.unwrap(), json!({"result": "hello b"}));
-    std::fs::write(&greeting, "Greets someone, politely.").unwrap();
-    let accept = keel(home.path(), &["mcp", "refresh", "py", "--accept"]);
-    assert!(accept.status.success(), "{}", String::from_utf8_lossy(&accept.stderr));
-    assert_eq!(greet().await.unwrap(), json!({"result": "hello b"}));
-    let call = |tool: &'static str, timeout: Duration| {
+    let call_with = |tool: &'static str, input: &'static str, timeout: Duration| {
         let h = h.clone();
         async move {
             let req = keel::tools::CallRequest {
                 tool,
-                input: "{}",
+                input,
                 grants: &[],
                 net: keel::sandbox::net::NetGrants::none(),
                 budget: keel::sandbox::Budget { timeout, ..Default::default() },
@@ -534,6 +508,16 @@ async fn peers_python_server_change_crash_and_hang() {
             h.call_tool(req).await.unwrap().report.result
         }
     };
+    let call = |tool: &'static str, timeout: Duration| call_with(tool, "{}", timeout);
+    let greet = || call_with("py__greet", r#"{"name":"b"}"#, Duration::from_secs(30));
+    // The running process's connection started with the accepted description. The server
+    // changes again and another process accepts the change: this process's next call uses
+    // it at once (its connection's list was older than the accept; it connects anew).
+    assert_eq!(greet().await.unwrap(), json!({"result": "hello b"}));
+    std::fs::write(&greeting, "Greets someone, politely.").unwrap();
+    let accept = keel(home.path(), &["mcp", "refresh", "py", "--accept"]);
+    assert!(accept.status.success(), "{}", String::from_utf8_lossy(&accept.stderr));
+    assert_eq!(greet().await.unwrap(), json!({"result": "hello b"}));
     let crashed = call("py__crash", Duration::from_secs(30)).await.unwrap_err();
     assert_eq!(crashed.kind(), "crashed", "{crashed}");
     assert!(crashed.to_string().contains("outcome is unknown"), "{crashed}");
