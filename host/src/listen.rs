@@ -92,7 +92,7 @@ fn open_file_limit() -> Option<usize> {
     let mut l = getrlimit(Resource::Nofile);
     if l.current < l.maximum {
         let raised = rustix::process::Rlimit { current: l.maximum, maximum: l.maximum };
-        if setrlimit(Resource::Nofile, raised.clone()).is_ok() {
+        if setrlimit(Resource::Nofile, raised).is_ok() {
             l = raised;
         }
     }

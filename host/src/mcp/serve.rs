@@ -515,6 +515,11 @@ fn rpc_refusal(status: axum::http::StatusCode, message: &str) -> axum::response:
 /// The largest request body the HTTP endpoint reads.
 pub const MAX_REQUEST_BODY: usize = 4 * 1024 * 1024;
 
+/// Compares two byte strings in time that depends only on their lengths.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -528,9 +533,4 @@ mod tests {
         assert!(!ok("null", "127.0.0.1:8000", true));
         assert!(!ok("http://127.0.0.1.evil.example", "127.0.0.1:8000", true));
     }
-}
-
-/// Compares two byte strings in time that depends only on their lengths.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
