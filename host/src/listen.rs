@@ -309,7 +309,7 @@ connection: close\r\ncontent-length: 103\r\n\r\n\
 {\"ok\":false,\"error\":{\"kind\":\"busy\",\"message\":\"the server is at its connection cap: try again\"}}\n";
 
 /// Serves `router` on `listener` within `bounds` until `shutdown` completes; then stops
-/// accepting, lets requests in progress finish (at most [`DRAIN`]) and returns.
+/// accepting, lets requests in progress finish (at most 5 s) and returns.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: axum::Router,
