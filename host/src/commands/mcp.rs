@@ -124,7 +124,9 @@ pub struct ServeArgs {
     redact: Vec<String>,
     /// Serve streamable HTTP at http://ADDR/mcp instead of stdio (default address
     /// 127.0.0.1:7430). Any address other than loopback needs a bearer token (KEEL_MCP_TOKEN
-    /// or `[mcp] token` in keel.toml); with a token set, every request must carry it.
+    /// or `[mcp] token` in keel.toml, at least 16 characters); with a token set, every request
+    /// must carry it. At most `[mcp] max_sessions` (64) MCP sessions are open; one idle for
+    /// `[mcp] session_idle_secs` (300) is closed; a foreign `Origin` is refused.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = DEFAULT_HTTP)]
     http: Option<SocketAddr>,
     /// The user the sessions work for (default: the operating-system user).

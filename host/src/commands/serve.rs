@@ -18,7 +18,9 @@ use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, fail, inert};
 pub struct ServeArgs {
     /// The address to listen on (default: `[serve] listen` in keel.toml, else 127.0.0.1:7420;
     /// port 0 picks a free port). An address other than loopback serves plain HTTP to the
-    /// network: put a TLS proxy in front of it.
+    /// network: put a TLS proxy in front of it. Connections are bounded by `[serve]`
+    /// header_timeout_secs (10), body_timeout_secs (60), idle_timeout_secs (60) and
+    /// max_connections (1024).
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
     /// Model server base URL of new sessions (env KEEL_MODEL_URL; default: keel.toml).
