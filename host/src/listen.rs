@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -122,6 +122,8 @@ struct Guarded {
     inner: Body,
     /// The request body's limit and its deadline.
     deadline: Option<(Duration, Pin<Box<tokio::time::Sleep>>)>,
+    /// Set once the request body was read to its end.
+    read: Option<Arc<AtomicBool>>,
     _busy: Option<Busy>,
 }
 
@@ -134,6 +136,11 @@ impl http_body::Body for Guarded {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            if let Some(read) = &self.read
+                && (frame.is_none() || self.inner.is_end_stream())
+            {
+                read.store(true, Ordering::Release);
+            }
             return Poll::Ready(frame);
         }
         if let Some((limit, sleep)) = &mut self.deadline
@@ -390,16 +397,34 @@ async fn connection(
             let router = router.clone();
             async move {
                 let limit = bounds.body_timeout;
+                let read = Arc::new(AtomicBool::new(http_body::Body::is_end_stream(req.body())));
                 let req = req.map(|b| {
                     Body::new(Guarded {
                         inner: Body::new(b),
                         deadline: Some((limit, Box::pin(tokio::time::sleep(limit)))),
+                        read: Some(read.clone()),
                         _busy: None,
                     })
                 });
                 let res = tower::ServiceExt::oneshot(router, req).await;
-                res.map(|r| {
-                    r.map(|b| Body::new(Guarded { inner: b, deadline: None, _busy: Some(busy) }))
+                res.map(|mut r| {
+                    // Answered before its body was read (refused, say): the rest of the body
+                    // is never read, so the connection cannot carry another request. Say so,
+                    // so that the client does not send one on it.
+                    if !read.load(Ordering::Acquire) {
+                        r.headers_mut().insert(
+                            axum::http::header::CONNECTION,
+                            axum::http::HeaderValue::from_static("close"),
+                        );
+                    }
+                    r.map(|b| {
+                        Body::new(Guarded {
+                            inner: b,
+                            deadline: None,
+                            read: None,
+                            _busy: Some(busy),
+                        })
+                    })
                 })
             }
         })
