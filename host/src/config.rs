@@ -123,9 +123,9 @@ pub struct McpTable {
 
 impl McpTable {
     /// The HTTP endpoint's session bounds: each setting given, else its default; checked.
-    pub fn http_limits(&self) -> Result<crate::mcp::serve::HttpLimits, String> {
-        let d = crate::mcp::serve::HttpLimits::default();
-        let l = crate::mcp::serve::HttpLimits {
+    pub fn http_limits(&self) -> Result<HttpLimits, String> {
+        let d = HttpLimits::default();
+        let l = HttpLimits {
             max_sessions: self.max_sessions.unwrap_or(d.max_sessions),
             session_idle: self
                 .session_idle_secs
@@ -139,6 +139,21 @@ impl McpTable {
             return Err("[mcp] session_idle_secs must be 1 to 86400".into());
         }
         Ok(l)
+    }
+}
+
+/// The bounds of `keel mcp serve --http` beyond its connections' (`[mcp]` in keel.toml).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// MCP sessions open at once, at most; an `initialize` past it is refused (503).
+    pub max_sessions: usize,
+    /// An MCP session with no request for this long is closed.
+    pub session_idle: std::time::Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self { max_sessions: 64, session_idle: std::time::Duration::from_secs(300) }
     }
 }
 

@@ -349,19 +349,7 @@ pub async fn serve_stdio(harness: Harness, config: Arc<ServeConfig>) -> Result<(
 }
 
 /// The bounds of `keel mcp serve --http` beyond its connections' (`[mcp]` in keel.toml).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HttpLimits {
-    /// MCP sessions open at once, at most; an `initialize` past it is refused (503).
-    pub max_sessions: usize,
-    /// An MCP session with no request for this long is closed.
-    pub session_idle: std::time::Duration,
-}
-
-impl Default for HttpLimits {
-    fn default() -> Self {
-        Self { max_sessions: 64, session_idle: std::time::Duration::from_secs(300) }
-    }
-}
+pub use crate::config::HttpLimits;
 
 /// Serves MCP over streamable HTTP at `http://LISTENER/mcp` until `shutdown` completes. With
 /// `token`, every request must carry `Authorization: Bearer TOKEN` (401 otherwise); requests
