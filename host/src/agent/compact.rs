@@ -160,9 +160,16 @@ impl AgentService {
                     let content = reply.content.unwrap_or_default();
                     let content = meta.policy.redact(&content).into_owned();
                     match summary::parse(&content) {
-                        Ok(mut s) => {
+                        Ok((mut s, reader)) => {
+                            reader.log("summary");
+                            if s.active_user_request.is_empty()
+                                && let Some(r) = &frozen.active_request
+                            {
+                                s.active_user_request = r.clone();
+                            }
                             s.artifacts = frozen.artifacts.clone();
                             s.failed_calls = frozen.failed_calls.clone();
+                            s.turn_calls = frozen.turn_calls.clone();
                             out.summary = Some(s);
                             out.error = None;
                             out.reply = Some(content);

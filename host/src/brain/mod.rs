@@ -20,6 +20,7 @@ use crate::session::{
 };
 use crate::store::{Db, StoreError, now_ms};
 
+pub mod answer;
 mod direct;
 pub mod lease;
 pub mod orchestrate;
@@ -437,7 +438,10 @@ impl Brain {
             Ok(reply) => {
                 let content = reply.content.unwrap_or_default();
                 match understand::parse(&content) {
-                    Ok(u) => (u, None, Some(content), reply.attempts),
+                    Ok((u, reader)) => {
+                        reader.log("task understanding");
+                        (u, None, Some(content), reply.attempts)
+                    }
                     Err(e) => (
                         understand::Understanding::uncertain(),
                         Some(format!("the answer was refused: {e}")),
@@ -569,7 +573,8 @@ impl Brain {
                 call.attempts = reply.attempts;
                 let content = reply.content.unwrap_or_default();
                 match orchestrate::parse(&content) {
-                    Ok(answer) => {
+                    Ok((answer, reader)) => {
+                        reader.log("orchestrator");
                         let (selection, dropped) = orchestrate::validate(answer, candidates);
                         if !dropped.is_empty() {
                             tracing::info!(session = %meta.id, ?dropped, "the orchestrator named what recall did not offer");

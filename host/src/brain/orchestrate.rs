@@ -4,8 +4,8 @@
 //!
 //! It sees the aligned task (the two goals), the mode, the three groups of recall terms, the
 //! session's current capabilities and the candidates — sorted by stable reference, never with
-//! their recall scores. Its answer is read strictly: exactly `{"toolsets": [...], "tools":
-//! [...], "skills": [...]}`; a name that is not a candidate is dropped (and reported), so the
+//! their recall scores. Its answer, `{"toolsets": [...], "tools": [...], "skills": [...]}`, is
+//! read liberally ([`parse`]); a name that is not a candidate is dropped (and reported), so the
 //! call can only choose among what recall offered. What it selects is added, never removed
 //! (SessionEngine's AddSelectedCapabilities).
 
@@ -90,41 +90,32 @@ pub fn request_body(config: &PreprocessConfig, inputs: Inputs<'_>) -> Vec<u8> {
     )
 }
 
-/// Reads the answer strictly: a JSON object with exactly `toolsets`, `tools` and `skills`, each
-/// an array of at most [`MAX_NAMES`] strings.
-pub fn parse(content: &str) -> Result<Selection, String> {
-    let v: Value =
-        serde_json::from_str(content.trim()).map_err(|e| format!("the answer is not JSON: {e}"))?;
-    let Some(map) = v.as_object() else {
-        return Err("the answer is not a JSON object".into());
-    };
-    for key in map.keys() {
-        if !["toolsets", "tools", "skills"].contains(&key.as_str()) {
-            return Err(format!("the answer has an unknown field `{key}`"));
-        }
-    }
-    let list = |key: &str| -> Result<Vec<String>, String> {
-        let Some(v) = map.get(key) else {
-            return Err(format!("the answer has no `{key}`"));
-        };
-        let Some(items) = v.as_array() else {
-            return Err(format!("`{key}` is not an array"));
-        };
-        if items.len() > MAX_NAMES {
-            return Err(format!("`{key}` holds {} names, over {MAX_NAMES}", items.len()));
-        }
+/// Characters of one name an answer may hold (longer names are cut, and then match no
+/// candidate).
+pub const NAME_CHARS: usize = 200;
+
+/// Reads the answer liberally ([`Reader`](super::answer::Reader)): one JSON object (alone, in
+/// a code fence or in prose) with `toolsets`, `tools` and `skills`, each a list of names (one
+/// string is one name, a missing list none), of which the first [`MAX_NAMES`] distinct ones
+/// are kept. Only what cannot be read is refused.
+pub fn parse(content: &str) -> Result<(Selection, super::answer::Reader), String> {
+    let mut r = super::answer::Reader::new(content, &["toolsets", "tools", "skills"])?;
+    let mut list = |key: &str| -> Result<Vec<String>, String> {
         let mut out: Vec<String> = Vec::new();
-        for i in items {
-            let Some(s) = i.as_str() else {
-                return Err(format!("`{key}` holds something that is not a name"));
-            };
-            if !out.iter().any(|o| o == s) {
-                out.push(s.to_string());
+        for name in r.list(key, usize::MAX, NAME_CHARS)? {
+            if !out.contains(&name) {
+                out.push(name);
             }
+        }
+        if out.len() > MAX_NAMES {
+            r.notes.push(format!("`{key}` held {} names: the first {MAX_NAMES} were kept", out.len()));
+            out.truncate(MAX_NAMES);
         }
         Ok(out)
     };
-    Ok(Selection { toolsets: list("toolsets")?, tools: list("tools")?, skills: list("skills")? })
+    let selection =
+        Selection { toolsets: list("toolsets")?, tools: list("tools")?, skills: list("skills")? };
+    Ok((selection, r))
 }
 
 /// Keeps the names of `answer` that are candidates of their kind; returns the rest as
@@ -156,23 +147,23 @@ mod tests {
     use crate::tools::{ToolRef, ToolSetRef};
 
     #[test]
-    fn only_exactly_three_lists_of_names_are_read() {
-        let s = parse(r#"{"toolsets":["csv"],"tools":[],"skills":["audit","audit"]}"#).unwrap();
+    fn answers_are_read_liberally_and_refused_only_when_unreadable() {
+        let (s, r) = parse(r#"{"toolsets":["csv"],"tools":[],"skills":["audit","audit"]}"#).unwrap();
         assert_eq!(s.toolsets, ["csv"]);
         assert_eq!(s.skills, ["audit"], "duplicates dropped");
-        for bad in [
-            "not json",
-            "[]",
-            r#"{"toolsets":[],"tools":[]}"#,
-            r#"{"toolsets":[],"tools":[],"skills":[],"why":"x"}"#,
-            r#"{"toolsets":null,"tools":[],"skills":[]}"#,
-            r#"{"toolsets":[1],"tools":[],"skills":[]}"#,
-        ] {
-            assert!(parse(bad).is_err(), "{bad}");
-        }
+        assert!(r.notes.is_empty());
+        let (s, r) =
+            parse("I choose:\n{\"tools\": \"csv_inspect\", \"why\": \"it fits\"}").unwrap();
+        assert_eq!(s.tools, ["csv_inspect"]);
+        assert!(s.toolsets.is_empty() && s.skills.is_empty());
+        assert!(r.notes.iter().any(|n| n.contains("why")), "{:?}", r.notes);
         let many =
             serde_json::to_string(&(0..33).map(|i| format!("t{i}")).collect::<Vec<_>>()).unwrap();
-        assert!(parse(&format!(r#"{{"toolsets":[],"tools":{many},"skills":[]}}"#)).is_err());
+        let (s, _) = parse(&format!(r#"{{"toolsets":[],"tools":{many},"skills":[]}}"#)).unwrap();
+        assert_eq!(s.tools.len(), MAX_NAMES);
+        for bad in ["not json", "[]", r#"{"toolsets":{"csv":true}}"#] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

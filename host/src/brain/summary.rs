@@ -4,13 +4,16 @@
 //! user request (verbatim), the files changed and the calls that failed (from the journal)
 //! and the frozen messages (each content cut at [`SENT_CAP`] bytes), and answers a JSON object
 //! with exactly six fields: `active_user_request` (a string) and `decisions`, `constraints`,
-//! `open_questions`, `next_actions`, `notes` (arrays of strings). It is read strictly —
-//! anything else is refused and the call is made once more; a second refusal fails the
-//! compaction. The summary's `artifacts` and `failed_calls` are never the model's:
-//! SessionEngine takes them from the journal (change sets, error kinds). Goals and the plan are not asked for: they stay SessionMeta facts.
+//! `open_questions`, `next_actions`, `notes` (arrays of strings). It is read liberally
+//! ([`parse`]); an answer that cannot be read is refused and the call is made once more; a
+//! second refusal fails the compaction. The summary's `artifacts`, `failed_calls` and
+//! `turn_calls` are never the model's: SessionEngine takes them from the journal (change sets,
+//! error kinds, the active turn's calls). Goals and the plan are not asked for: they stay
+//! SessionMeta facts.
 
 use serde_json::{Value, json};
 
+use super::answer::Reader;
 use super::understand::{PreprocessConfig, ResponseFormat};
 use crate::model::ModelConfig;
 use crate::session::compaction::{Frozen, SENT_CAP, Summary};
@@ -117,6 +120,7 @@ pub fn request_body(config: &PreprocessConfig, frozen: &Frozen) -> Vec<u8> {
         if let Some(o) = v.as_object_mut() {
             o.remove("artifacts");
             o.remove("failed_calls");
+            o.remove("turn_calls");
         }
         v
     });
@@ -125,6 +129,7 @@ pub fn request_body(config: &PreprocessConfig, frozen: &Frozen) -> Vec<u8> {
         "active_user_request": frozen.active_request,
         "files_changed": frozen.artifacts,
         "failed_calls": frozen.failed_calls,
+        "calls_this_turn": frozen.turn_calls,
         "messages": frozen.messages.iter().map(|m| sent(m.seq, &m.body)).collect::<Vec<_>>(),
     });
     super::understand::supporting_request(
@@ -136,59 +141,29 @@ pub fn request_body(config: &PreprocessConfig, frozen: &Frozen) -> Vec<u8> {
     )
 }
 
-/// Reads the answer strictly: a JSON object with exactly the six fields, of their types and
-/// within [`MAX_ENTRIES`] and [`MAX_ENTRY_CHARS`]. The summary's artifacts are left empty.
-pub fn parse(content: &str) -> Result<Summary, String> {
-    let v: Value =
-        serde_json::from_str(content.trim()).map_err(|e| format!("the answer is not JSON: {e}"))?;
-    let Some(map) = v.as_object() else {
-        return Err("the answer is not a JSON object".into());
-    };
-    for key in map.keys() {
-        if key != "active_user_request" && !LISTS.contains(&key.as_str()) {
-            return Err(format!("the answer has an unknown field `{key}`"));
-        }
-    }
-    let text = |s: &str, what: &str| -> Result<String, String> {
-        if s.chars().count() > MAX_ENTRY_CHARS {
-            return Err(format!("{what} is longer than {MAX_ENTRY_CHARS} characters"));
-        }
-        Ok(s.trim().to_string())
-    };
-    let request = match map.get("active_user_request") {
-        Some(Value::String(s)) => text(s, "`active_user_request`")?,
-        Some(_) => return Err("`active_user_request` is not a string".into()),
-        None => return Err("the answer has no `active_user_request`".into()),
-    };
-    let list = |key: &str| -> Result<Vec<String>, String> {
-        let Some(v) = map.get(key) else {
-            return Err(format!("the answer has no `{key}`"));
-        };
-        let Some(items) = v.as_array() else {
-            return Err(format!("`{key}` is not an array"));
-        };
-        if items.len() > MAX_ENTRIES {
-            return Err(format!("`{key}` holds {} entries, over {MAX_ENTRIES}", items.len()));
-        }
-        items
-            .iter()
-            .map(|i| match i.as_str() {
-                Some(s) => text(s, &format!("an entry of `{key}`")),
-                None => Err(format!("`{key}` holds something that is not a string")),
-            })
-            .filter(|s| !matches!(s, Ok(s) if s.is_empty()))
-            .collect()
-    };
-    Ok(Summary {
+/// Fields an answer may hold.
+const FIELDS: [&str; 6] =
+    ["active_user_request", "decisions", "constraints", "open_questions", "next_actions", "notes"];
+
+/// Reads the answer liberally ([`Reader`]): one JSON object (alone, in a code fence or in
+/// prose); a list may be one string, and a missing list is empty; `active_user_request` may be
+/// missing (the caller restates the request from the history). Lists are kept to
+/// [`MAX_ENTRIES`] entries of [`MAX_ENTRY_CHARS`] characters. Only what cannot be read is
+/// refused. The summary's journal fields are left empty.
+pub fn parse(content: &str) -> Result<(Summary, Reader), String> {
+    let mut r = Reader::new(content, &FIELDS)?;
+    let request = r.text("active_user_request", MAX_ENTRY_CHARS)?.unwrap_or_default();
+    let mut list = |key: &str| r.list(key, MAX_ENTRIES, MAX_ENTRY_CHARS);
+    let summary = Summary {
         active_user_request: request,
-        artifacts: Vec::new(),
-        failed_calls: Vec::new(),
         decisions: list("decisions")?,
         constraints: list("constraints")?,
         open_questions: list("open_questions")?,
         next_actions: list("next_actions")?,
         notes: list("notes")?,
-    })
+        ..Summary::default()
+    };
+    Ok((summary, r))
 }
 
 #[cfg(test)]
@@ -196,49 +171,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_exactly_six_well_formed_fields_are_read() {
+    fn answers_are_read_liberally_and_refused_only_when_unreadable() {
         let ok = r#"{"active_user_request":" fix the bug ","decisions":["use A"],"constraints":[],
             "open_questions":[],"next_actions":["run tests",""],"notes":["x=1"]}"#;
-        let s = parse(ok).unwrap();
+        let (s, r) = parse(ok).unwrap();
         assert_eq!(s.active_user_request, "fix the bug");
         assert_eq!(s.next_actions, vec!["run tests"]);
-        assert!(s.artifacts.is_empty());
+        assert!(s.artifacts.is_empty() && r.notes.is_empty(), "{:?}", r.notes);
+        // A string for a list, missing lists, a fence, an unknown field.
+        let loose = "```json\n{\"active_user_request\":\"a\",\"notes\":\"one note\",\"mood\":\"fine\"}\n```";
+        let (s, r) = parse(loose).unwrap();
+        assert_eq!(s.notes, vec!["one note"]);
+        assert!(s.decisions.is_empty() && s.next_actions.is_empty());
+        assert!(r.notes.iter().any(|n| n.contains("mood")), "{:?}", r.notes);
+        let many = format!(
+            r#"{{"active_user_request":"a","decisions":{}}}"#,
+            serde_json::to_string(&vec!["d"; MAX_ENTRIES + 1]).unwrap()
+        );
+        assert_eq!(parse(&many).unwrap().0.decisions.len(), MAX_ENTRIES);
         for (bad, why) in [
-            ("not json", "not JSON"),
-            ("[]", "not a JSON object"),
-            (
-                r#"{"decisions":[],"constraints":[],"open_questions":[],"next_actions":[],"notes":[]}"#,
-                "no `active_user_request`",
-            ),
-            (
-                r#"{"active_user_request":"a","decisions":[],"constraints":[],"open_questions":[],"next_actions":[],"notes":[],"artifacts":[]}"#,
-                "unknown field `artifacts`",
-            ),
-            (
-                r#"{"active_user_request":"a","decisions":"x","constraints":[],"open_questions":[],"next_actions":[],"notes":[]}"#,
-                "not an array",
-            ),
-            (
-                r#"{"active_user_request":"a","decisions":[1],"constraints":[],"open_questions":[],"next_actions":[],"notes":[]}"#,
-                "not a string",
-            ),
-            (
-                r#"{"active_user_request":null,"decisions":[],"constraints":[],"open_questions":[],"next_actions":[],"notes":[]}"#,
-                "not a string",
-            ),
-            (
-                r#"{"active_user_request":"a","decisions":[],"constraints":[],"open_questions":[],"next_actions":[]}"#,
-                "no `notes`",
-            ),
+            ("not json", "no JSON object"),
+            ("[]", "not an object"),
+            (r#"{"active_user_request":"a","decisions":{"x":1}}"#, "`decisions` is an object"),
+            (r#"{"active_user_request":{"x":1}}"#, "not a string"),
         ] {
             let e = parse(bad).unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
         }
-        let many = format!(
-            r#"{{"active_user_request":"a","decisions":{},"constraints":[],"open_questions":[],"next_actions":[],"notes":[]}}"#,
-            serde_json::to_string(&vec!["d"; MAX_ENTRIES + 1]).unwrap()
-        );
-        assert!(parse(&many).unwrap_err().contains("over 64"));
     }
 
     #[test]

@@ -134,55 +134,52 @@ impl Understanding {
 const FIELDS: [&str; 4] =
     ["task_relation", "skill_recall_terms", "tool_recall_terms", "memory_recall_terms"];
 
-/// Reads the call's reply strictly: one JSON object with exactly the four fields, a known
-/// relation, and three arrays of at most [`MAX_TERMS`] non-empty strings of at most
-/// [`MAX_TERM_CHARS`] characters each (duplicates, compared without case, are dropped).
-pub fn parse(content: &str) -> Result<Understanding, String> {
-    let value: Value =
-        serde_json::from_str(content.trim()).map_err(|e| format!("the reply is not JSON: {e}"))?;
-    let Value::Object(map) = value else {
-        return Err("the reply is not a JSON object".into());
-    };
-    if let Some(extra) = map.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(format!("the reply has a field `{extra}` beyond the four"));
-    }
-    if let Some(missing) = FIELDS.iter().find(|f| !map.contains_key(**f)) {
-        return Err(format!("the reply has no `{missing}`"));
-    }
-    let relation = map["task_relation"]
-        .as_str()
-        .ok_or("`task_relation` is not a string")?
-        .parse::<TaskRelation>()
-        .map_err(|e| e.to_string())?;
-    let terms = |field: &str| -> Result<Vec<String>, String> {
-        let Value::Array(items) = &map[field] else {
-            return Err(format!("`{field}` is not an array"));
-        };
-        if items.len() > MAX_TERMS {
-            return Err(format!("`{field}` has {} terms, more than {MAX_TERMS}", items.len()));
+/// Reads the call's reply liberally ([`Reader`](super::answer::Reader)): one JSON object
+/// (alone, in a code fence or in prose); `task_relation` one of the five (case, spaces and
+/// hyphens aside; missing: `uncertain`); each terms field a list (one string is one term, a
+/// missing field none) of which the first [`MAX_TERMS`] distinct terms (compared without
+/// case) are kept, each cut at [`MAX_TERM_CHARS`] characters, terms that are not text dropped.
+/// Only what cannot be read is refused.
+pub fn parse(content: &str) -> Result<(Understanding, super::answer::Reader), String> {
+    let mut r = super::answer::Reader::new(content, &FIELDS)?;
+    let relation = match r.text("task_relation", MAX_TERM_CHARS)? {
+        None => {
+            r.notes.push("`task_relation` was missing: read as `uncertain`".into());
+            TaskRelation::Uncertain
         }
+        Some(text) => {
+            let name = text.to_ascii_lowercase().replace([' ', '-'], "_");
+            name.parse::<TaskRelation>().map_err(|_| {
+                format!(
+                    "`task_relation` `{text}` is none of establish_task, continue_current, \
+                     change_within_session, outside_session_scope, uncertain"
+                )
+            })?
+        }
+    };
+    let mut terms = |field: &str| -> Result<Vec<String>, String> {
+        let items = r.list(field, usize::MAX, MAX_TERM_CHARS)?;
         let mut out: Vec<String> = Vec::new();
-        for item in items {
-            let term = item.as_str().ok_or_else(|| format!("`{field}` holds a non-string"))?;
-            let term = term.trim();
-            if term.is_empty()
-                || term.chars().count() > MAX_TERM_CHARS
-                || term.chars().any(char::is_control)
-            {
-                return Err(format!("`{field}` holds a term that is empty, too long or not text"));
+        for term in items {
+            if term.chars().any(char::is_control) {
+                r.notes.push(format!("`{field}` held a term that is not text: dropped"));
+            } else if !out.iter().any(|t| t.eq_ignore_ascii_case(&term)) {
+                out.push(term);
             }
-            if !out.iter().any(|t| t.eq_ignore_ascii_case(term)) {
-                out.push(term.to_string());
-            }
+        }
+        if out.len() > MAX_TERMS {
+            r.notes.push(format!("`{field}` held {} terms: the first {MAX_TERMS} were kept", out.len()));
+            out.truncate(MAX_TERMS);
         }
         Ok(out)
     };
-    Ok(Understanding {
+    let understanding = Understanding {
         task_relation: relation,
         skill_recall_terms: terms("skill_recall_terms")?,
         tool_recall_terms: terms("tool_recall_terms")?,
         memory_recall_terms: terms("memory_recall_terms")?,
-    })
+    };
+    Ok((understanding, r))
 }
 
 /// The fixed transition table: with no phase goal, whatever the relation, the message sets
@@ -286,29 +283,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_exactly_four_well_formed_fields_are_read() {
+    fn replies_are_read_liberally_and_refused_only_when_unreadable() {
         let ok = r#"{"task_relation":"continue_current","skill_recall_terms":["csv audit","CSV audit"],
             "tool_recall_terms":[],"memory_recall_terms":["orders"]}"#;
-        let u = parse(ok).unwrap();
+        let (u, r) = parse(ok).unwrap();
         assert_eq!(u.task_relation, TaskRelation::ContinueCurrent);
         assert_eq!(u.skill_recall_terms, ["csv audit"], "duplicates dropped");
-        for bad in [
-            "not json",
-            "[]",
-            r#"{"task_relation":"continue_current","skill_recall_terms":[],"tool_recall_terms":[]}"#,
-            r#"{"task_relation":"continue_current","skill_recall_terms":[],"tool_recall_terms":[],"memory_recall_terms":[],"goal":"x"}"#,
-            r#"{"task_relation":"carry_on","skill_recall_terms":[],"tool_recall_terms":[],"memory_recall_terms":[]}"#,
-            r#"{"task_relation":"uncertain","skill_recall_terms":null,"tool_recall_terms":[],"memory_recall_terms":[]}"#,
-            r#"{"task_relation":"uncertain","skill_recall_terms":[1],"tool_recall_terms":[],"memory_recall_terms":[]}"#,
-            r#"{"task_relation":"uncertain","skill_recall_terms":[""],"tool_recall_terms":[],"memory_recall_terms":[]}"#,
-        ] {
-            assert!(parse(bad).is_err(), "{bad}");
-        }
+        assert!(r.notes.is_empty(), "{:?}", r.notes);
+        let loose = "Here you go:\n```json\n{\"task_relation\":\"Change within session\",\
+            \"tool_recall_terms\":\"convert to docx\",\"goal\":\"x\"}\n```";
+        let (u, r) = parse(loose).unwrap();
+        assert_eq!(u.task_relation, TaskRelation::ChangeWithinSession);
+        assert_eq!(u.tool_recall_terms, ["convert to docx"]);
+        assert!(u.skill_recall_terms.is_empty() && u.memory_recall_terms.is_empty());
+        assert!(r.notes.iter().any(|n| n.contains("goal")), "{:?}", r.notes);
+        let (u, _) = parse(r#"{"skill_recall_terms":["ab", "ok"]}"#).unwrap();
+        assert_eq!((u.task_relation, u.skill_recall_terms), (TaskRelation::Uncertain, vec!["ok".to_string()]));
         let many = format!(
-            r#"{{"task_relation":"uncertain","skill_recall_terms":{},"tool_recall_terms":[],"memory_recall_terms":[]}}"#,
+            r#"{{"task_relation":"uncertain","skill_recall_terms":{}}}"#,
             serde_json::to_string(&(0..17).map(|i| format!("t{i}")).collect::<Vec<_>>()).unwrap()
         );
-        assert!(parse(&many).is_err(), "17 terms");
+        assert_eq!(parse(&many).unwrap().0.skill_recall_terms.len(), MAX_TERMS);
+        for (bad, why) in [
+            ("not json", "no JSON object"),
+            ("[]", "not an object"),
+            (r#"{"task_relation":"carry_on"}"#, "`carry_on` is none of"),
+            (r#"{"task_relation":"uncertain","skill_recall_terms":{"a":1}}"#, "is an object"),
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
     }
 
     #[test]

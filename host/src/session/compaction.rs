@@ -76,8 +76,25 @@ pub struct FailedCall {
     pub step: i64,
 }
 
-/// The structured continuity summary of a checkpoint. `artifacts` and `failed_calls` come from
-/// the journal; the other fields from the summary call. Goals and the plan are not here: they
+/// A call of the active turn that a compaction summarized: what ran and how it ended, as the
+/// journal recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TurnCall {
+    pub turn: i64,
+    pub step: i64,
+    pub tool: String,
+    /// Its input, cut to [`INPUT_SHOWN`] characters.
+    pub input: String,
+    /// `ok`, `failed: KIND`, or `outcome unknown`.
+    pub outcome: String,
+}
+
+/// Characters of a summarized call's input kept at most.
+pub const INPUT_SHOWN: usize = 200;
+
+/// The structured continuity summary of a checkpoint. `artifacts`, `failed_calls` and
+/// `turn_calls` come from the journal; the other fields from the summary call. Goals and the plan are not here: they
 /// stay SessionMeta facts.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -88,6 +105,10 @@ pub struct Summary {
     /// failure stays a failure whatever the summary call wrote.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failed_calls: Vec<FailedCall>,
+    /// The calls of the active turn in the summarized range (and the previous summary's of the
+    /// same turn): what already ran, so that a summary never hides a recorded effect.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turn_calls: Vec<TurnCall>,
     pub decisions: Vec<String>,
     pub constraints: Vec<String>,
     pub open_questions: Vec<String>,
@@ -136,6 +157,25 @@ impl Summary {
                 text.push_str(&format!(
                     "\n- {} failed: {} (step {})",
                     f.tool, f.error_kind, f.step
+                ));
+            }
+        }
+        if !self.turn_calls.is_empty() {
+            text.push_str(
+                "\nCalls already run in the current turn (from the tool journal; their effects \
+                 happened — do not run one again unless the user asks):",
+            );
+            let skip = self.turn_calls.len().saturating_sub(ENTRIES_SHOWN);
+            if skip > 0 {
+                text.push_str(&format!("\n- … {skip} earlier calls not listed"));
+            }
+            for t in &self.turn_calls[skip..] {
+                text.push_str(&format!(
+                    "\n- step {}: {} {} → {}",
+                    t.step,
+                    t.tool,
+                    shown(&t.input),
+                    t.outcome
                 ));
             }
         }
@@ -266,6 +306,8 @@ pub struct Frozen {
     pub artifacts: Vec<Artifact>,
     /// Calls that failed: the previous summary's, then the range's, from the journal.
     pub failed_calls: Vec<FailedCall>,
+    /// The active turn's calls: the previous summary's of the same turn, then the range's.
+    pub turn_calls: Vec<TurnCall>,
     /// Bytes of stored history the request held before, and holds after (anchor included).
     pub history_bytes: i64,
     pub kept_bytes: i64,
@@ -309,6 +351,16 @@ pub fn freeze_in(
             .optional()?,
         None => None,
     };
+    // The active turn's last complete step (its assistant message; its results follow it) is
+    // kept, as the anchor is: a request never hides the effect that just ran.
+    let last_step: Option<i64> = match turn {
+        Some(t) => c
+            .prepare_cached(
+                "SELECT MAX(seq) FROM messages WHERE session_id=?1 AND turn=?2 AND role='assistant'",
+            )?
+            .query_row(params![id, t], |r| r.get(0))?,
+        None => None,
+    };
     let anchor_bytes = user_msg.as_ref().map_or(0, |(_, b)| b.len() as i64);
     let total: i64 = rows.iter().map(|r| r.bytes).sum();
     // Candidates b (the last message summarized), with the bytes kept after b and the bytes
@@ -322,7 +374,9 @@ pub fn freeze_in(
         // Ending at the turn's user message itself keeps what ending just before it keeps
         // (the message, as the anchor instead of as history) and summarizes more: never.
         let at_anchor = user_msg.as_ref().is_some_and(|(u, _)| r.seq == *u);
+        let before_last_step = last_step.is_none_or(|l| r.seq < l);
         let ok = !at_anchor
+            && before_last_step
             && match rows.get(i + 1) {
                 None => true,
                 Some(next) if next.role == "tool" => false,
@@ -363,7 +417,14 @@ pub fn freeze_in(
     let mut artifacts = previous.as_ref().map(|(_, s)| s.artifacts.clone()).unwrap_or_default();
     let mut failed_calls =
         previous.as_ref().map(|(_, s)| s.failed_calls.clone()).unwrap_or_default();
+    let mut turn_calls: Vec<TurnCall> = previous
+        .as_ref()
+        .map(|(_, s)| s.turn_calls.iter().filter(|t| Some(t.turn) == turn).cloned().collect())
+        .unwrap_or_default();
     journal_facts(c, id, &messages, &mut artifacts, &mut failed_calls)?;
+    if let Some(t) = turn {
+        turn_facts(c, id, t, (start, to), &mut turn_calls)?;
+    }
     let active_request = user_msg.as_ref().map(|(_, body)| message_text(body));
     let history_bytes = total + anchor_now;
     Ok(Some(Frozen {
@@ -379,6 +440,7 @@ pub fn freeze_in(
         messages,
         artifacts,
         failed_calls,
+        turn_calls,
         history_bytes,
         kept_bytes: kept,
     }))
@@ -444,6 +506,73 @@ fn journal_facts(
                 });
             }
         }
+    }
+    Ok(())
+}
+
+/// Adds the calls of turn `turn` answered in messages `range` (after `.0`, up to `.1`), from
+/// the journal: tool, input (cut), outcome. A call id the model used twice in the turn is
+/// matched by its order.
+fn turn_facts(
+    c: &Connection,
+    id: &str,
+    turn: i64,
+    range: (i64, i64),
+    out: &mut Vec<TurnCall>,
+) -> Result<(), StoreError> {
+    use std::collections::HashMap;
+    let mut skip: HashMap<String, usize> = HashMap::new();
+    let mut take: HashMap<String, usize> = HashMap::new();
+    let mut stmt = c.prepare_cached(
+        "SELECT seq, body FROM messages WHERE session_id=?1 AND turn=?2 AND role='tool' AND seq<=?3",
+    )?;
+    let rows = stmt.query_map(params![id, turn, range.1], |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+    })?;
+    for row in rows {
+        let (seq, body) = row?;
+        let Some(call) = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["tool_call_id"].as_str().map(str::to_string))
+        else {
+            continue;
+        };
+        *if seq <= range.0 { &mut skip } else { &mut take }.entry(call).or_default() += 1;
+    }
+    if take.is_empty() {
+        return Ok(());
+    }
+    let mut stmt = c.prepare_cached(
+        "SELECT t.step, t.call_id, t.tool, t.input, t.status, t.error_kind
+         FROM tool_calls t JOIN evidence e ON e.session_id=t.session_id AND e.step=t.step
+         WHERE t.session_id=?1 AND e.turn=?2 AND t.status IN ('done', 'unknown')
+         ORDER BY t.step, t.position",
+    )?;
+    let rows = stmt.query_map(params![id, turn], |r| {
+        Ok((
+            (r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?),
+            (r.get::<_, String>(3)?, r.get::<_, super::JournalStatus>(4)?),
+            r.get::<_, Option<String>>(5)?,
+        ))
+    })?;
+    for row in rows {
+        let ((step, call, tool), (input, status), kind) = row?;
+        if let Some(n) = skip.get_mut(&call).filter(|n| **n > 0) {
+            *n -= 1;
+            continue;
+        }
+        let Some(n) = take.get_mut(&call).filter(|n| **n > 0) else { continue };
+        *n -= 1;
+        let outcome = match (status, kind) {
+            (super::JournalStatus::Unknown, _) => "outcome unknown".to_string(),
+            (_, Some(k)) => format!("failed: {k}"),
+            (_, None) => "ok".to_string(),
+        };
+        let mut shown: String = input.chars().take(INPUT_SHOWN).collect();
+        if shown.len() < input.len() {
+            shown.push('…');
+        }
+        out.push(TurnCall { turn, step, tool, input: shown, outcome });
     }
     Ok(())
 }
