@@ -211,6 +211,11 @@ impl AgentService {
                     }
                 }
             }
+        } else if turn.resumed {
+            // A turn taken over from a runner that stopped: its next model call is announced
+            // again, with the `running` state.
+            self.engine.resume_turn(id, turn.turn, crate::session::Again::ModelCall).await?;
+            events(&Event::State(RuntimeState::Running));
         } else {
             // begin_turn committed `running`; a resumed turn shows it again now.
             if self.engine.meta(id).await?.state != RuntimeState::Running {

@@ -16,7 +16,8 @@ use crate::cancel::CancelToken;
 use crate::model::ModelError;
 use crate::session::transition::{PendingUnderstanding, Transition, Understood};
 use crate::session::{
-    ApprovalUnit, DecideError, Decision, RecoveredSession, RuntimeState, SessionEngine, TurnStart,
+    Again, ApprovalUnit, DecideError, Decision, RecoveredSession, RuntimeState, SessionEngine,
+    TurnStart,
 };
 use crate::store::{Db, StoreError, now_ms};
 
@@ -329,9 +330,14 @@ impl Brain {
             && let Some(turn) = self.engine().meta(id).await?.active_turn
         {
             // Its process may have died before its transition was committed.
-            self.understand(id, cancel).await?;
-            let resume =
-                TurnStart { turn, text: String::new(), lease: lease.clone(), understand: false };
+            let announced = self.understand(id, cancel, true).await?;
+            let resume = TurnStart {
+                turn,
+                text: String::new(),
+                lease: lease.clone(),
+                understand: false,
+                resumed: !announced,
+            };
             let outcome = self.agent.run_turn(id, &resume, cancel, events).await?;
             if matches!(outcome, TurnOutcome::Interrupted | TurnOutcome::WaitingApproval(_)) {
                 return Ok(Some(outcome));
@@ -353,7 +359,7 @@ impl Brain {
                 },
             };
             if turn.understand {
-                self.understand(id, cancel).await?;
+                self.understand(id, cancel, false).await?;
             }
             let turn = TurnStart { lease: lease.clone(), ..turn };
             let outcome = self.agent.run_turn(id, &turn, cancel, events).await?;
@@ -370,8 +376,16 @@ impl Brain {
     /// Task understanding of the session's active turn, when its transition is pending: the
     /// stateless call (if the session has it on), then the transition's commit, then
     /// capability preparation when the goals changed. A turn whose transition is committed
-    /// already is left as it is: an input is understood and applied once.
-    async fn understand(&self, id: &str, cancel: &CancelToken) -> Result<(), AgentError> {
+    /// already is left as it is: an input is understood and applied once. `resumed`: a runner
+    /// takes the turn over from one that stopped (a call it makes again is announced again).
+    /// Returns whether it announced the turn's next model call (the commit that ends the
+    /// preparation does).
+    async fn understand(
+        &self,
+        id: &str,
+        cancel: &CancelToken,
+        resumed: bool,
+    ) -> Result<bool, AgentError> {
         let Some(pending) = self.engine().pending_understanding(id).await? else {
             // Committed already: its capability preparation may not have finished (the
             // process died in between).
@@ -379,12 +393,16 @@ impl Brain {
                 && let Some(config) = self.engine().meta(id).await?.preprocess
             {
                 self.prepare_capabilities(id, &t, &config, cancel).await?;
+                return Ok(true);
             }
-            return Ok(());
+            return Ok(false);
         };
         let understood = match &pending.preprocess {
             None => Understood::default(),
             Some(config) => {
+                if resumed {
+                    self.engine().resume_turn(id, pending.turn, Again::Understanding).await?;
+                }
                 let understood = self.understanding_call(config, &pending, cancel).await;
                 crate::crash::point("after_understanding_call");
                 understood
@@ -403,13 +421,14 @@ impl Brain {
         };
         let committed =
             self.engine().commit_transition(id, pending.turn, understood, recalled.clone()).await?;
+        let announced = committed.is_some();
         if let (Some(t), Some(r), Some(config)) = (committed, recalled, &pending.preprocess)
             && !r.candidates.is_empty()
         {
             crate::crash::point("after_recall");
             self.orchestrate(id, &t, config, &r.candidates, cancel).await?;
         }
-        Ok(())
+        Ok(announced)
     }
 
     /// The understanding call: one stateless, non-streamed JSON request holding the message,

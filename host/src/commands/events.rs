@@ -21,7 +21,12 @@ pub fn render(row: &EventRow) -> Option<String> {
     Some(match &row.event {
         SessionEvent::InputAccepted { inbox_seq, .. } => format!("input #{inbox_seq} accepted"),
         SessionEvent::TurnStarted { turn } => format!("turn {turn} started"),
-        SessionEvent::UnderstandingStarted { .. } => "understanding the task".to_string(),
+        SessionEvent::UnderstandingStarted { resumed: false, .. } => {
+            "understanding the task".to_string()
+        }
+        SessionEvent::UnderstandingStarted { resumed: true, .. } => {
+            "understanding the task (again: the process that began it stopped)".to_string()
+        }
         SessionEvent::TaskTransition { relation, mode, error, .. } => {
             let relation = relation.map(|r| r.as_str()).unwrap_or("not asked");
             match error {
@@ -83,7 +88,12 @@ pub fn render(row: &EventRow) -> Option<String> {
             Some(d) => format!("state {state} ({})", inert(d)),
             None => format!("state {state}"),
         },
-        SessionEvent::ModelCallStarted { step } => format!("model call (step {step})"),
+        SessionEvent::ModelCallStarted { step, resumed: false } => {
+            format!("model call (step {step})")
+        }
+        SessionEvent::ModelCallStarted { step, resumed: true } => {
+            format!("model call (step {step}, again: the process that began it stopped)")
+        }
         SessionEvent::ModelCallFinished { step, finish_reason, usage, ms, empty, .. } => {
             let tokens = usage
                 .map(|u| format!(", {} + {} tokens", u.prompt_tokens, u.completion_tokens))
@@ -152,6 +162,9 @@ pub fn render(row: &EventRow) -> Option<String> {
         }
         SessionEvent::CompactionFailed { error } => {
             format!("compaction failed; the context is unchanged: {}", inert(error))
+        }
+        SessionEvent::CompactionAbandoned { reason } => {
+            format!("compaction abandoned; the context is unchanged: {}", inert(reason))
         }
         SessionEvent::CheckpointDiscarded { checkpoint, reason } => {
             format!("checkpoint {checkpoint} discarded: {}", inert(reason))

@@ -24,8 +24,14 @@ pub enum SessionEvent {
     InputAccepted { inbox_seq: i64, text: String },
     /// A turn began with the oldest waiting input.
     TurnStarted { turn: i64 },
-    /// The understanding call of turn `turn` is about to be made.
-    UnderstandingStarted { turn: i64 },
+    /// The understanding call of turn `turn` is about to be made (`resumed`: again, by a
+    /// runner that took the turn over from one that stopped before its transition was
+    /// committed).
+    UnderstandingStarted {
+        turn: i64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        resumed: bool,
+    },
     /// Turn `turn`'s transition: what the understanding call answered (`None`: no call was
     /// made) and what the fixed table did to the goals.
     TaskTransition {
@@ -78,8 +84,13 @@ pub enum SessionEvent {
         detail: Option<String>,
     },
     /// Step `step`'s model request is about to be sent (committed with the fact that makes it
-    /// the next thing the turn does).
-    ModelCallStarted { step: i64 },
+    /// the next thing the turn does; `resumed`: again, by a runner that took the turn over from
+    /// one that stopped before the step was committed).
+    ModelCallStarted {
+        step: i64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        resumed: bool,
+    },
     /// The model's reply to step `step` is in (committed with the step).
     ModelCallFinished {
         step: i64,
@@ -163,6 +174,9 @@ pub enum SessionEvent {
     /// A compaction failed (the summary call failed or its answer was refused); nothing of the
     /// context changed.
     CompactionFailed { error: String },
+    /// A compaction whose process stopped before its checkpoint was committed (during the
+    /// summary call) was closed by recovery: nothing of the context changed.
+    CompactionAbandoned { reason: String },
     /// A pending checkpoint was discarded: its preconditions no longer held.
     CheckpointDiscarded { checkpoint: i64, reason: String },
     /// An event between two sessions of a workgroup (`event_kind`: request, result, question,
@@ -212,6 +226,7 @@ impl SessionEvent {
             Self::CheckpointPrepared { .. } => "checkpoint_prepared",
             Self::Compacted { .. } => "compacted",
             Self::CompactionFailed { .. } => "compaction_failed",
+            Self::CompactionAbandoned { .. } => "compaction_abandoned",
             Self::CheckpointDiscarded { .. } => "checkpoint_discarded",
             Self::Workgroup { .. } => "workgroup",
             Self::ClientConnected { .. } => "client_connected",

@@ -169,6 +169,18 @@ pub struct TurnStart {
     pub lease: Option<Arc<str>>,
     /// Whether the turn's transition waits for the understanding call.
     pub understand: bool,
+    /// Whether a runner takes the turn over from one that stopped, and the turn's next model
+    /// call was not announced since (it is, again, when the turn resumes).
+    pub resumed: bool,
+}
+
+/// What a runner that takes a turn over makes again (see [`SessionEngine::resume_turn`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Again {
+    /// The task-understanding call.
+    Understanding,
+    /// The next step's model call.
+    ModelCall,
 }
 
 /// The SessionEngine of one database.
@@ -306,6 +318,28 @@ impl SessionEngine {
     pub async fn begin_turn(&self, id: &str) -> Result<Option<TurnStart>, StoreError> {
         let id = id.to_string();
         self.db.run(move |c| begin_turn_in(c, &id)).await
+    }
+
+    /// Records that a runner took over turn `turn` of session `id` from one that stopped, and
+    /// is about to make `again` once more: its `…_started` event (`resumed`), and for a model
+    /// call the `running` state, in one transaction.
+    pub async fn resume_turn(&self, id: &str, turn: i64, again: Again) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.db
+            .run(move |c| {
+                let event = match again {
+                    Again::Understanding => SessionEvent::UnderstandingStarted { turn, resumed: true },
+                    Again::ModelCall => {
+                        let meta = facts::load_meta(c, &id)?;
+                        if meta.state != RuntimeState::Running {
+                            facts::set_state(c, &id, RuntimeState::Running, None)?;
+                        }
+                        SessionEvent::ModelCallStarted { step: meta.steps + 1, resumed: true }
+                    }
+                };
+                events::append(c, &id, &event).map(|_| ())
+            })
+            .await
     }
 
     /// The session's active turn when its transition is not committed yet (the runner makes
@@ -999,11 +1033,11 @@ pub fn begin_turn_in(c: &Connection, id: &str) -> Result<Option<TurnStart>, Stor
     // next; without it, the transition (the fixed table on no answer) commits here.
     let understand = !notification && transition::preprocess_on(c, id)?;
     if understand {
-        events::append(c, id, &SessionEvent::UnderstandingStarted { turn })?;
+        events::append(c, id, &SessionEvent::UnderstandingStarted { turn, resumed: false })?;
     } else {
         transition::commit_in(c, id, turn, &transition::Understood::default(), None)?;
     }
-    Ok(Some(TurnStart { turn, text, lease: None, understand }))
+    Ok(Some(TurnStart { turn, text, lease: None, understand, resumed: false }))
 }
 
 /// The inbox append of [`SessionEngine::submit`], for callers that compose it into a larger
@@ -1122,7 +1156,7 @@ fn commit_step(
         }
     }
     if s.state == RuntimeState::Running {
-        events::append(c, id, &SessionEvent::ModelCallStarted { step: s.step + 1 })?;
+        events::append(c, id, &SessionEvent::ModelCallStarted { step: s.step + 1, resumed: false })?;
     }
     Ok(())
 }

@@ -616,8 +616,19 @@ pub const RECOVERED_DETAIL: &str =
 /// are. Applying it twice changes nothing the second time.
 pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreError> {
     // A checkpoint committed but not promoted is promoted now, or discarded.
-    super::compaction::settle_in(c, id)?;
+    let settled = super::compaction::settle_in(c, id)?;
     let meta = facts::load_meta(c, id)?;
+    // A compaction that committed no checkpoint (its process stopped during the summary call)
+    // is closed here, once: the state it left is changed below.
+    if meta.state == RuntimeState::Compressing && settled.is_empty() {
+        super::events::append(
+            c,
+            id,
+            &super::events::SessionEvent::CompactionAbandoned {
+                reason: "the process stopped before the summary was committed".into(),
+            },
+        )?;
+    }
     let mut outcome_unknown = Vec::new();
     let mut rerun = Vec::new();
     let open = load_open_step(c, id)?;

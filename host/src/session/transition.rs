@@ -272,7 +272,7 @@ pub fn commit_in(
         }
         let steps: i64 =
             c.query_row("SELECT steps FROM sessions WHERE id=?1", [id], |r| r.get(0))?;
-        events::append(c, id, &SessionEvent::ModelCallStarted { step: steps + 1 })?;
+        events::append(c, id, &SessionEvent::ModelCallStarted { step: steps + 1, resumed: false })?;
     }
     Ok(Some(Transition {
         turn,
