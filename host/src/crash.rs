@@ -5,6 +5,11 @@
 //! with SIGKILL the first time it passes the point `NAME`; `KEEL_CRASH_AT=NAME:N` at the N-th
 //! time. Without the feature every point compiles to nothing.
 //!
+//! With `KEEL_CRASH_HOLD=PATH` as well, the process holds at the point before it dies: it
+//! creates `PATH.reached`, waits until `PATH` exists (a minute at most), then is killed — so a
+//! test can change the store while the process is alive at the point (another process's
+//! commit racing it) and then have it die there.
+//!
 //! Points: `before_intent`, `after_intent`, `after_effect`, `after_result`, `after_decision`,
 //! `after_understanding_call`, `after_recall`, `after_orchestration_call`, `after_summary_call`,
 //! `after_checkpoint`, `after_promotion`, `mid_migration`; in a workgroup, `after_spawn`,
@@ -29,6 +34,13 @@ pub fn point(name: &str) {
         && n == name
         && HITS.fetch_add(1, Ordering::SeqCst) + 1 == *k
     {
+        if let Ok(hold) = std::env::var("KEEL_CRASH_HOLD") {
+            let _ = std::fs::write(format!("{hold}.reached"), name);
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while !std::path::Path::new(&hold).exists() && std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
         tracing::warn!(point = name, "crash point reached: killing the process");
         let _ =
             rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);

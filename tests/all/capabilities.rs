@@ -69,6 +69,32 @@ async fn harness(dir: &Path, url: &str) -> Harness {
     harness_with_session(dir, url, "_", &[], vec![], LoopGuards::default()).await
 }
 
+/// An Orchestrator answer in the shape a model in JSON mode gives — the object in a code
+/// fence after a sentence, one name where a list is asked for, a field of its own, lists left
+/// out — is read: the skill is selected and loaded, and nothing is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orchestrator_answer_in_a_loose_shape_is_read() {
+    let model = MockModel::start(vec![Reply::text("audited")]).await;
+    model.push_understanding(vec![Reply::understanding("establish_task", &["csv audit"], &[], &[])]);
+    model.push_orchestration(vec![Reply::completion(
+        "I pick the audit skill:\n```json\n{\"skills\": \"csv-audit\", \"reason\": \"it fits\"}\n```",
+    )]);
+    let home = tempfile::tempdir().unwrap();
+    let skills = tempfile::tempdir().unwrap();
+    let h = harness(home.path(), &model.url()).await;
+    install(&h, skills.path(), "csv-audit", CSV_AUDIT).await;
+    install(&h, skills.path(), "csv-repair", CSV_REPAIR).await;
+    session(&h, &model.url(), "s", "alice", &[]).await;
+    assert_eq!(submit(&h, "s", "Audit orders.csv").await, "audited");
+    let t = h.timeline("s").await.unwrap();
+    let o = &t.orchestrations[0];
+    assert!(o.error.is_none(), "{o:?}");
+    assert_eq!(o.selected.as_ref().unwrap().skills, ["csv-audit"]);
+    assert!(o.dropped.is_empty());
+    assert!(system_of(&model.requests()[0]).contains("MARKER-CSV-AUDIT"));
+    assert_eq!(model.orchestration_requests().len(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recalled_and_selected_skill_reaches_the_next_request_and_stays_add_only() {
     let model = MockModel::start(vec![

@@ -404,8 +404,8 @@ async fn a_bad_summary_is_asked_for_once_more_then_the_compaction_fails_cleanly(
     .await;
     model.push_summary(vec![
         Reply::completion("not json at all"),
-        Reply::completion(r#"{"active_user_request":"x"}"#),
-        Reply::completion("```json\n{}\n```"),
+        Reply::completion(r#"{"active_user_request":"x","notes":{"n":1}}"#),
+        Reply::completion("```json\n[\"a list\"]\n```"),
         Reply::summary("the fourth task", &[]),
     ]);
     let dir = tempfile::tempdir().unwrap();
@@ -422,7 +422,8 @@ async fn a_bad_summary_is_asked_for_once_more_then_the_compaction_fails_cleanly(
     assert_eq!(t.context_start, 0);
     assert_eq!(t.checkpoints[0].status, CheckpointStatus::Failed);
     assert_eq!(t.checkpoints[0].attempts, 2);
-    assert!(t.checkpoints[0].error.as_deref().unwrap().contains("the answer has no `decisions`"));
+    let error = t.checkpoints[0].error.as_deref().unwrap();
+    assert!(error.contains("`notes` is an object, not a list of strings"), "{error}");
     assert!(String::from_utf8_lossy(&model.requests()[2]).contains("t1"));
     // The next one: a refused answer, then a good one — compacted.
     let fourth = h.brain.submit("bad", "t4", &cancel, &no_events()).await.unwrap();
@@ -434,7 +435,111 @@ async fn a_bad_summary_is_asked_for_once_more_then_the_compaction_fails_cleanly(
     // (A second round may follow: one summary call is sent at most 0.6 of the window.)
     assert!(model.summary_requests().len() >= 4);
     let events = h.engine.events_after("bad", 0, 1000).await.unwrap();
-    assert!(events.iter().any(|e| matches!(&e.event, SessionEvent::CompactionFailed { .. })));
+    assert!(events.iter().any(|e| matches!(&e.event, SessionEvent::CompactionFailed { error }
+        if error.contains("the summary was refused: `notes` is an object"))));
+}
+
+/// Real servers answer in JSON mode only or ignore the schema, and real models take
+/// liberties: a string for a list, lists left out, the object in a code fence or in a
+/// sentence, fields of their own. Each such summary is read (and the compaction promoted);
+/// what was missing is empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn summaries_in_the_shapes_real_models_answer_are_read() {
+    let shapes: [(&str, &str); 5] = [
+        (r#"{"active_user_request":"r1","decisions":[],"constraints":[],"open_questions":[],"next_actions":[],"notes":"one note"}"#, "a string for a list"),
+        (r#"{"active_user_request":"r2","notes":["kept"]}"#, "missing lists"),
+        ("```json\n{\"active_user_request\": \"r3\", \"notes\": [\"kept\"]}\n```", "a code fence"),
+        ("Here is the summary you asked for:\n{\"active_user_request\": \"r4\", \"notes\": [\"kept\"]}\nLet me know if you need more.", "prose around it"),
+        (r#"{"active_user_request":"r5","notes":["kept"],"confidence":0.9,"artifacts":["x"]}"#, "fields of its own"),
+    ];
+    let model =
+        MockModel::start((0..shapes.len()).map(|i| Reply::text(&format!("answer {i}"))).collect())
+            .await;
+    model.push_summary(shapes.iter().map(|(s, _)| Reply::completion(s)).collect());
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness(dir.path(), &model.url()).await;
+    session(&h, "loose", &model.url(), None, &[], Vec::new(), Policy::default()).await;
+    let cancel = CancelToken::new();
+    for (i, (_, what)) in shapes.iter().enumerate() {
+        answered(h.brain.submit("loose", &format!("task {i}"), &cancel, &no_events()).await.unwrap());
+        let done = h.brain.compact("loose", &cancel, &no_events()).await.unwrap();
+        assert!(matches!(done, Compaction::Compacted { .. }), "{what}: {done:?}");
+        let t = h.engine.timeline("loose").await.unwrap();
+        let cp = t.checkpoints.last().unwrap();
+        assert_eq!(cp.status, CheckpointStatus::Promoted, "{what}");
+        assert_eq!(cp.attempts, 1, "{what}: read at the first answer");
+        let summary = cp.summary.as_ref().unwrap();
+        assert_eq!(summary.active_user_request, format!("r{}", i + 1), "{what}");
+        let want = if i == 0 { "one note" } else { "kept" };
+        assert_eq!(summary.notes, vec![want.to_string()], "{what}");
+        assert!(summary.decisions.is_empty() && summary.next_actions.is_empty(), "{what}");
+        // The journal's facts are never the model's.
+        assert!(summary.artifacts.is_empty(), "{what}");
+    }
+    assert_eq!(model.summary_requests().len(), shapes.len(), "no answer was asked for again");
+}
+
+/// The issue a small window showed: a compaction inside a turn summarized the step that had
+/// just run (a non-idempotent call and its result), and the next request held only the
+/// anchor, so a model acting on the last message would run the call again. Now every request
+/// of the turn holds the last complete step after the anchor, verbatim, and a summary of the
+/// turn's earlier steps lists their calls and outcomes from the journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_inside_a_turn_keeps_the_step_that_just_ran() {
+    let long = |tag: &str| format!(r#"{{"label":"{tag} {}"}}"#, "x".repeat(1500));
+    let model = MockModel::start(vec![
+        Reply::text(&filler("first answer", 90)),
+        Reply::text(&filler("second answer", 90)),
+        Reply::calls(&[("a1", "effect_append", long("one").as_str())]),
+        Reply::calls(&[("a2", "effect_append", long("two").as_str())]),
+        Reply::calls(&[("a3", "effect_append", long("three").as_str())]),
+        Reply::text("appended three lines"),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let h = harness(dir.path(), &model.url()).await;
+    install_effects(&h).await;
+    let grants = vec![Grant::new(work.path(), "/work", Access::Rw).unwrap()];
+    session(&h, "keep", &model.url(), Some(2048), &["effect_append"], grants, Policy::default())
+        .await;
+    let cancel = CancelToken::new();
+    answered(h.brain.submit("keep", &filler("t1", 20), &cancel, &no_events()).await.unwrap());
+    answered(h.brain.submit("keep", &filler("t2", 20), &cancel, &no_events()).await.unwrap());
+    let out = h.brain.submit("keep", "append three lines", &cancel, &no_events()).await.unwrap();
+    assert_eq!(answered(out), "appended three lines");
+    assert_eq!(keel_tests::log_lines(work.path(), "effects.log").len(), 3);
+    let t = h.engine.timeline("keep").await.unwrap();
+    let in_turn: Vec<_> = t
+        .checkpoints
+        .iter()
+        .filter(|c| c.status == CheckpointStatus::Promoted && c.turn == Some(3))
+        .collect();
+    assert!(!in_turn.is_empty(), "the turn compacted: {:?}", t.checkpoints);
+    // Every request after a step holds that step — its call and its result — after the
+    // anchor, whatever was compacted.
+    let requests = model.requests();
+    let turn: Vec<&Vec<u8>> = requests[2..].iter().collect();
+    for (k, id) in ["a1", "a2", "a3"].iter().enumerate() {
+        let msgs = messages(turn[k + 1]);
+        assert_eq!(msgs[1]["content"], "append three lines", "the anchor heads the history");
+        let call = msgs.iter().position(|m| m["tool_calls"][0]["id"] == *id);
+        let result = msgs.iter().position(|m| m["tool_call_id"] == *id);
+        assert!(
+            matches!((call, result), (Some(c), Some(r)) if r == c + 1),
+            "request after step {id} lacks it: {msgs:#?}"
+        );
+        assert_calls_whole(turn[k + 1]);
+    }
+    // The last request's summary names the turn's earlier calls, from the journal.
+    let last = system_of(turn[3]);
+    assert!(last.contains(SUMMARY_MARK), "{last}");
+    assert!(last.contains("Calls already run in the current turn (from the tool journal"), "{last}");
+    assert!(last.contains("effect_append {\"label\":\"one"), "{last}");
+    assert!(last.contains("→ ok"), "{last}");
+    let listed = &in_turn.last().unwrap().summary.as_ref().unwrap().turn_calls;
+    assert!(listed.iter().all(|c| c.turn == 3 && c.outcome == "ok" && c.tool == "effect_append"));
+    assert!(listed.iter().all(|c| c.input.chars().count() <= 201), "inputs are cut: {listed:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -153,9 +153,9 @@ async fn a_bad_or_failed_call_is_uncertain_and_the_turn_runs_with_its_input_kept
         fail(),
         // Turn 2: not JSON.
         Reply::completion("I think the user wants to continue."),
-        // Turn 3: an extra field (a model trying to rewrite the goal).
+        // Turn 3: an object where a list of terms must be.
         Reply::completion(
-            r#"{"task_relation":"change_within_session","skill_recall_terms":[],"tool_recall_terms":[],"memory_recall_terms":[],"phase_goal":"something else"}"#,
+            r#"{"task_relation":"change_within_session","skill_recall_terms":{"a":1},"tool_recall_terms":[],"memory_recall_terms":[]}"#,
         ),
         // Turn 4: an empty body (and again on the retry).
         Reply::Empty,
@@ -164,10 +164,8 @@ async fn a_bad_or_failed_call_is_uncertain_and_the_turn_runs_with_its_input_kept
         Reply::completion(
             r#"{"task_relation":"pivot","skill_recall_terms":[],"tool_recall_terms":[],"memory_recall_terms":[]}"#,
         ),
-        // Turn 6: null where an array must be.
-        Reply::completion(
-            r#"{"task_relation":"change_within_session","skill_recall_terms":null,"tool_recall_terms":[],"memory_recall_terms":[]}"#,
-        ),
+        // Turn 6: JSON, but not an object.
+        Reply::completion(r#"["change_within_session"]"#),
     ]);
     let home = tempfile::tempdir().unwrap();
     let h =
@@ -192,7 +190,9 @@ async fn a_bad_or_failed_call_is_uncertain_and_the_turn_runs_with_its_input_kept
     }
     assert!(t.transitions[0].error.as_deref().unwrap().contains("503"), "{:?}", t.transitions[0]);
     assert_eq!(t.transitions[0].attempts, Some(2), "one retry");
-    assert!(t.transitions[2].error.as_deref().unwrap().contains("phase_goal"));
+    assert!(t.transitions[2].error.as_deref().unwrap().contains("is an object"));
+    assert!(t.transitions[4].error.as_deref().unwrap().contains("`pivot` is none of"));
+    assert!(t.transitions[5].error.as_deref().unwrap().contains("not an object"));
     assert_eq!(t.phase_goal.as_deref(), Some(ASK), "no model rewrote the goal");
     // Every input is in the history, once, whatever the call did.
     let users: Vec<&str> = t
@@ -203,6 +203,53 @@ async fn a_bad_or_failed_call_is_uncertain_and_the_turn_runs_with_its_input_kept
         .collect();
     assert_eq!(users, inputs);
     assert_eq!(model.understanding_requests().len(), 8);
+}
+
+/// What real models answer in JSON mode, or when they ignore the schema, is read: the object
+/// in a code fence or a sentence, one string for a list of terms, lists left out, the relation
+/// written in words, fields of their own (ignored — a model cannot rewrite the goal this way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_in_the_shapes_real_models_answer_are_read() {
+    let model =
+        MockModel::start((1..=3).map(|i| Reply::text(&format!("answer {i}"))).collect()).await;
+    model.push_understanding(vec![
+        Reply::completion(
+            "```json\n{\"task_relation\": \"establish_task\", \"skill_recall_terms\": \"release checklist\"}\n```",
+        ),
+        Reply::completion(
+            "Sure. {\"task_relation\": \"Continue current\", \"memory_recall_terms\": [\"changelog\"], \"confidence\": 0.9} Done.",
+        ),
+        Reply::completion(
+            r#"{"task_relation":"change-within-session","tool_recall_terms":["docx"],"phase_goal":"something else"}"#,
+        ),
+    ]);
+    let home = tempfile::tempdir().unwrap();
+    let h =
+        harness_with_session(home.path(), &model.url(), "t", &[], vec![], LoopGuards::default())
+            .await;
+    for (i, text) in [ASK, MORE, SWITCH].iter().enumerate() {
+        assert_eq!(answered(submit(&h, "t", text).await), format!("answer {}", i + 1));
+    }
+    let t = h.timeline("t").await.unwrap();
+    let rows: Vec<(Option<TaskRelation>, TransitionMode)> =
+        t.transitions.iter().map(|t| (t.relation, t.mode)).collect();
+    use TaskRelation::*;
+    use TransitionMode::*;
+    assert_eq!(
+        rows,
+        [
+            (Some(EstablishTask), Initialize),
+            (Some(ContinueCurrent), Keep),
+            (Some(ChangeWithinSession), Reconcile),
+        ]
+    );
+    assert!(t.transitions.iter().all(|t| t.error.is_none()), "{:?}", t.transitions);
+    assert_eq!(t.transitions[0].terms.skill, ["release checklist"]);
+    assert!(t.transitions[0].terms.tool.is_empty() && t.transitions[0].terms.memory.is_empty());
+    assert_eq!(t.transitions[1].terms.memory, ["changelog"]);
+    assert_eq!(t.transitions[2].terms.tool, ["docx"]);
+    assert_eq!(t.phase_goal.as_deref(), Some(SWITCH), "the table set the goal, not the model");
+    assert_eq!(model.understanding_requests().len(), 3, "none was asked for again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -510,6 +510,12 @@ pub fn put_journal(
 ) -> Result<(), StoreError> {
     let digest = crate::sandbox::sha256_hex(e.input.as_bytes());
     let finished = (e.status != super::JournalStatus::Intent).then(now_ms);
+    // A row written again with the status it has (a step's commit writes all of its calls,
+    // some already final) changes nothing a person sees: no second event.
+    let before: Option<super::JournalStatus> = c
+        .prepare_cached("SELECT status FROM tool_calls WHERE session_id=?1 AND step=?2 AND call_id=?3")?
+        .query_row(params![id, step, e.call_id], |r| r.get(0))
+        .optional()?;
     c.prepare_cached(
         "INSERT INTO tool_calls (session_id, step, call_id, position, tool, input, input_digest, component_digest,
                                  effect, status, result, error_kind, changes, duration_ms, created_at, finished_at,
@@ -545,6 +551,9 @@ pub fn put_journal(
     // The changes a finished control call asked for commit with its result, once.
     if e.status == super::JournalStatus::Done && !e.control_requests.is_empty() {
         apply_control_in(c, id, &e.call_id, &e.control_requests)?;
+    }
+    if before == Some(e.status) {
+        return Ok(());
     }
     super::events::append(
         c,

@@ -13,6 +13,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use keel_tests::log_lines;
@@ -24,7 +26,9 @@ struct Rig {
     home: tempfile::TempDir,
     work: tempfile::TempDir,
     url: String,
-    _model: MockModel,
+    model: MockModel,
+    /// Business model requests the server answered (`None`: not counted).
+    business: Option<Arc<AtomicUsize>>,
 }
 
 fn keel_cmd(home: &Path, args: &[&str], crash_at: Option<&str>) -> Command {
@@ -39,9 +43,15 @@ fn keel_cmd(home: &Path, args: &[&str], crash_at: Option<&str>) -> Command {
 
 impl Rig {
     async fn new(plan: &[&str]) -> Self {
-        let model =
-            MockModel::start_fn(plan_responder(plan.iter().map(|s| s.to_string()).collect())).await;
-        Self::with_model(model)
+        let plan = plan_responder(plan.iter().map(|s| s.to_string()).collect());
+        let business = Arc::new(AtomicUsize::new(0));
+        let counted = business.clone();
+        let model = MockModel::start_fn(Arc::new(move |body: &[u8]| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            plan(body)
+        }))
+        .await;
+        Self { business: Some(business), ..Self::with_model(model) }
     }
 
     fn with_model(model: MockModel) -> Self {
@@ -49,7 +59,8 @@ impl Rig {
             home: tempfile::tempdir().unwrap(),
             work: tempfile::tempdir().unwrap(),
             url: model.url(),
-            _model: model,
+            model,
+            business: None,
         };
         let out = rig.keel(
             &["tool", "install", keel_tests::guests::EFFECTS_COMPONENT, "--name", "effects"],
@@ -268,6 +279,100 @@ impl Rig {
     }
 }
 
+impl Rig {
+    /// The events of `session`, oldest first.
+    fn events(&self, session: &str) -> Vec<Value> {
+        self.query(|c| {
+            let mut stmt =
+                c.prepare("SELECT body FROM session_events WHERE session_id=?1 ORDER BY seq")?;
+            let rows = stmt.query_map([session], |r| r.get::<_, String>(0))?;
+            Ok(rows.map(|b| serde_json::from_str(&b.unwrap()).unwrap()).collect())
+        })
+        .unwrap()
+    }
+
+    /// After kills (`kills` of them) and recovery, every fact of `session` has exactly its
+    /// events, once: each call's final journal status one `tool_call` event; each compaction
+    /// one closing event; each model call (as many as the server answered) a
+    /// `model_call_started` before it — announced again when a runner resumed it — and never
+    /// two open at once; each understanding call made its `understanding_started`; each
+    /// Orchestrator call made its announcing `capabilities_recalled`.
+    fn check_events(&self, session: &str, kills: usize, what: &str) {
+        let events = self.events(session);
+        let kinds = |k: &str| events.iter().filter(|e| e["kind"] == k).count();
+        let rows: Vec<(i64, String, String)> = self
+            .query(|c| {
+                let mut stmt =
+                    c.prepare("SELECT step, call_id, status FROM tool_calls WHERE session_id=?1")?;
+                let rows = stmt.query_map([session], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+                rows.collect()
+            })
+            .unwrap();
+        for (step, call, status) in &rows {
+            let n = events
+                .iter()
+                .filter(|e| {
+                    e["kind"] == "tool_call"
+                        && e["step"] == *step
+                        && e["call_id"] == call.as_str()
+                        && e["status"] == status.as_str()
+                })
+                .count();
+            assert_eq!(n, 1, "{what}: call {call} ({status}) has {n} `{status}` events: {events:#?}");
+        }
+        let mut compacting = false;
+        let mut calling: Option<i64> = None;
+        for e in &events {
+            match e["kind"].as_str().unwrap() {
+                "compaction_started" => {
+                    assert!(!compacting, "{what}: a compaction was never closed: {events:#?}");
+                    compacting = true;
+                }
+                "compacted" | "compaction_failed" | "checkpoint_discarded" | "compaction_abandoned" => {
+                    assert!(compacting, "{what}: {e} closes no compaction: {events:#?}");
+                    compacting = false;
+                }
+                "model_call_started" => {
+                    if let Some(open) = calling {
+                        assert!(
+                            e["resumed"] == true && e["step"] == open,
+                            "{what}: model call {open} announced twice without a resume: {events:#?}"
+                        );
+                    }
+                    calling = e["step"].as_i64();
+                }
+                "model_call_finished" | "model_call_failed" => {
+                    assert_eq!(calling, e["step"].as_i64(), "{what}: {e} was not announced");
+                    calling = None;
+                }
+                _ => {}
+            }
+        }
+        assert!(!compacting, "{what}: the last compaction was never closed: {events:#?}");
+        if let Some(business) = &self.business {
+            let (made, started) = (business.load(Ordering::SeqCst), kinds("model_call_started"));
+            assert!(
+                started >= made && started <= made + kills,
+                "{what}: {made} model calls made, {started} announced: {events:#?}"
+            );
+        }
+        assert_eq!(
+            kinds("understanding_started"),
+            self.model.understanding_requests().len(),
+            "{what}: understanding calls made and announced"
+        );
+        let announced = events
+            .iter()
+            .filter(|e| e["kind"] == "capabilities_recalled" && e["call"] == true)
+            .count();
+        assert_eq!(
+            announced,
+            self.model.orchestration_requests().len(),
+            "{what}: Orchestrator calls made and announced"
+        );
+    }
+}
+
 fn killed(out: &Output) -> bool {
     out.status.signal() == Some(9)
 }
@@ -325,6 +430,7 @@ async fn c2_crash_at_every_named_point() {
             assert_eq!(told, 1, "{point}/{tool}: the model is told the outcome is unknown");
         }
         assert_eq!(rig.integrity(), "ok");
+        rig.check_events(&session, 1, &format!("{point}/{tool}"));
         println!("C2 {point:>13} × {tool:<13}: executions {runs}, journal {status}");
     }
 }
@@ -373,6 +479,8 @@ async fn a_crash_between_the_understanding_call_and_its_transition_runs_the_inpu
         .unwrap();
     assert_eq!(phase.as_deref(), Some("task U1"));
     assert_eq!(rig.integrity(), "ok");
+    assert_eq!(rig.model.understanding_requests().len(), 2, "the call was made again, once");
+    rig.check_events("u", 1, "after_understanding_call");
 }
 
 /// A kill between the Orchestrator's call and its commit: the transition and the recall are
@@ -389,14 +497,14 @@ async fn a_crash_between_the_orchestration_call_and_its_commit_prepares_the_turn
     .unwrap();
     let out = rig.keel(&["skill", "install", skill.path().to_str().unwrap()], None);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    rig._model.push_understanding(vec![Reply::understanding(
+    rig.model.push_understanding(vec![Reply::understanding(
         "establish_task",
         &["csv audit"],
         &[],
         &[],
     )]);
     let pick = || Reply::selection(&[], &[], &["csv-audit"]);
-    rig._model.push_orchestration(vec![pick(), pick()]);
+    rig.model.push_orchestration(vec![pick(), pick()]);
     let out = rig.run("o", "task O1", Some("after_orchestration_call"));
     assert!(killed(&out), "not killed: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(rig.integrity(), "ok");
@@ -418,9 +526,10 @@ async fn a_crash_between_the_orchestration_call_and_its_commit_prepares_the_turn
     rig.finish("o");
     assert_eq!(rig.state("o"), "idle");
     assert_eq!(counts(&rig), (1, 1, 1));
-    assert_eq!(rig._model.orchestration_requests().len(), 2, "the call was made again, once");
+    assert_eq!(rig.model.orchestration_requests().len(), 2, "the call was made again, once");
     assert_eq!(rig.lines("effects.log").len(), 1, "the input ran once");
     assert_eq!(rig.integrity(), "ok");
+    rig.check_events("o", 1, "after_orchestration_call");
 }
 
 /// D2 through a real kill: approved, killed right after the decision; after restart the
@@ -634,6 +743,7 @@ async fn c1_random_kills() {
     }
     assert_eq!(duplicates, 0, "duplicate executions: {counts:?}");
     assert_eq!(lost, 0);
+    rig.check_events("rnd", kills, "C1");
     println!(
         "C1: {kills} kills survived in {iterations} iterations; facts lost 0; duplicate executions 0; \
          outcomes reported unknown {unknown}; integrity ok after every kill; recovery idempotent every time"
@@ -752,8 +862,108 @@ async fn a_crash_at_each_point_of_a_compaction_leaves_the_old_or_the_new_context
         assert_eq!(answers, 1, "{point}: the turn answered once");
         assert!(rig.check_context("k").await >= 1, "{point}: compacted in the end");
         assert_eq!(rig.integrity(), "ok");
+        rig.check_events("k", 1, point);
         println!("compaction crash at {point:>18}: context whole, turn answered once");
     }
+}
+
+/// The discard path of recovery: a compaction's process holds at `after_checkpoint` (its
+/// pending checkpoint committed) while another process changes the session (an admin unloads
+/// one of its tools, so its settings version moves), then dies there. Recovery discards the
+/// checkpoint — the context stays the old one — loses no acknowledged fact, and the turn
+/// finishes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_the_session_outran_is_discarded_at_recovery_and_nothing_is_lost() {
+    let rig = Rig::new(&[]).await;
+    let out = rig.run_compacting("d", &long_task("D0"), None);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let hold = rig.home.path().join("hold");
+    let reached = rig.home.path().join("hold.reached");
+    let context = |rig: &Rig| -> (i64, String) {
+        rig.query(|c| {
+            c.query_row(
+                "SELECT context_start, (SELECT group_concat(seq || ':' || status) FROM checkpoints
+                 WHERE session_id='d') FROM sessions WHERE id='d'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+        })
+        .unwrap()
+    };
+    let mut held = None;
+    for n in 1..5 {
+        let args = rig.run_args("d", &long_task(&format!("D{n}")));
+        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+        args.drain(4..8);
+        let mut child = keel_cmd(rig.home.path(), &args, Some("after_checkpoint"))
+            .env("KEEL_CRASH_HOLD", &hold)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if reached.exists() {
+                held = Some((child, format!("done D{n}")));
+                break;
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(status.success(), "turn D{n} failed");
+                break;
+            }
+            assert!(Instant::now() < deadline, "turn D{n} hangs");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if held.is_some() {
+            break;
+        }
+    }
+    let (mut child, tag) = held.expect("no compaction in four turns");
+    let (start, checkpoints) = context(&rig);
+    assert!(checkpoints.ends_with(":pending"), "{checkpoints}");
+    // Another process changes the session while the compaction's process is alive (its lease
+    // is live, so this process's startup recovery leaves the session alone) ...
+    let out = rig.keel(&["session", "unload", "--tool", "effect_peek", "d", "--json"], None);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(context(&rig), (start, checkpoints.clone()), "nobody touched the checkpoint");
+    // ... then the compaction's process dies before promoting its checkpoint.
+    let facts = rig.facts();
+    std::fs::write(&hold, "go").unwrap();
+    let status = tokio::task::block_in_place(|| child.wait()).unwrap();
+    assert_eq!(status.signal(), Some(9), "killed at the point");
+    rig.recover_twice_same();
+    let (after, checkpoints) = context(&rig);
+    assert_eq!(after, start, "the context stays the old one");
+    assert!(checkpoints.ends_with(":discarded"), "{checkpoints}");
+    let reason: String = rig
+        .query(|c| {
+            c.query_row(
+                "SELECT error FROM checkpoints WHERE session_id='d' ORDER BY seq DESC LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+        })
+        .unwrap();
+    assert!(reason.contains("settings changed"), "{reason}");
+    let now = rig.facts();
+    let lost: Vec<&String> =
+        facts.iter().filter(|(k, v)| now.get(*k) != Some(*v)).map(|(k, _)| k).collect();
+    assert!(lost.is_empty(), "acknowledged facts lost or changed: {lost:?}");
+    rig.check_context("d").await;
+    rig.finish("d");
+    assert_eq!(rig.state("d"), "idle");
+    let answers: i64 = rig
+        .query(|c| {
+            c.query_row(
+                "SELECT COUNT(*) FROM messages WHERE session_id='d' AND role='assistant' AND body LIKE ?1",
+                [format!("%{tag}\"%")],
+                |r| r.get(0),
+            )
+        })
+        .unwrap();
+    assert_eq!(answers, 1, "the turn answered once");
+    rig.check_context("d").await;
+    rig.check_events("d", 1, "discarded checkpoint");
+    assert_eq!(rig.integrity(), "ok");
+    println!("checkpoint discarded at recovery ({reason}); context kept, nothing lost");
 }
 
 /// SIGKILL at random times while a session compacts at nearly every turn, until at least
@@ -803,6 +1013,7 @@ async fn random_kills_during_compactions_leave_the_old_or_the_new_context() {
         i += 1;
     }
     assert_eq!(rig.integrity(), "ok");
+    rig.check_events("rc", kills, "random kills during compactions");
     println!(
         "compaction kills: {kills} kills in {i} turns, {promoted} compactions promoted; the context was \
          old or new after every kill, integrity ok, no acknowledged fact lost"
