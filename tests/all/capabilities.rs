@@ -225,7 +225,7 @@ async fn nothing_recalled_makes_no_call_and_a_failed_recall_or_call_does_not_blo
     // An unreadable Orchestrator answer adds nothing; the turn goes on.
     assert_eq!(submit(&h, "b", "Audit orders.csv").await, "two");
     let t = h.timeline("b").await.unwrap();
-    assert!(t.orchestrations[0].error.as_deref().unwrap().contains("not JSON"));
+    assert!(t.orchestrations[0].error.as_deref().unwrap().contains("no JSON object"));
     assert!(h.session("b").await.unwrap().skills.is_empty());
     let events = h.events("b", 0, 1000).await.unwrap();
     assert!(

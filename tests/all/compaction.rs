@@ -539,7 +539,7 @@ async fn a_compaction_inside_a_turn_keeps_the_step_that_just_ran() {
     assert!(last.contains("→ ok"), "{last}");
     let listed = &in_turn.last().unwrap().summary.as_ref().unwrap().turn_calls;
     assert!(listed.iter().all(|c| c.turn == 3 && c.outcome == "ok" && c.tool == "effect_append"));
-    assert!(listed.iter().all(|c| c.input.chars().count() <= 201), "inputs are cut: {listed:?}");
+    assert!(listed.iter().all(|c| c.input.chars().count() <= 81), "inputs are cut: {listed:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,13 +18,13 @@ fn short(e: &SessionEvent) -> String {
     match e {
         SessionEvent::InputAccepted { inbox_seq, .. } => format!("input {inbox_seq}"),
         SessionEvent::TurnStarted { turn } => format!("turn {turn}"),
-        SessionEvent::UnderstandingStarted { turn } => format!("understanding {turn}"),
+        SessionEvent::UnderstandingStarted { turn, .. } => format!("understanding {turn}"),
         SessionEvent::TaskTransition { relation, mode, .. } => {
             format!("transition {} {mode}", relation.map(|r| r.as_str()).unwrap_or("-"))
         }
         SessionEvent::EnvironmentApplied { .. } => "environment".into(),
         SessionEvent::State { state, .. } => format!("state {state}"),
-        SessionEvent::ModelCallStarted { step } => format!("model {step}"),
+        SessionEvent::ModelCallStarted { step, .. } => format!("model {step}"),
         SessionEvent::ModelCallFinished { step, finish_reason, .. } => {
             format!("replied {step} {}", finish_reason.as_deref().unwrap_or("-"))
         }
@@ -55,6 +55,7 @@ fn short(e: &SessionEvent) -> String {
             format!("compacted {checkpoint} {context_start}")
         }
         SessionEvent::CompactionFailed { .. } => "compaction failed".into(),
+        SessionEvent::CompactionAbandoned { .. } => "compaction abandoned".into(),
         SessionEvent::CheckpointDiscarded { checkpoint, .. } => format!("discarded {checkpoint}"),
         SessionEvent::Workgroup { event_kind, from, to, .. } => {
             format!("{event_kind} {from}->{to}")

@@ -91,7 +91,12 @@ pub struct TurnCall {
 }
 
 /// Characters of a summarized call's input kept at most.
-pub const INPUT_SHOWN: usize = 200;
+pub const INPUT_SHOWN: usize = 80;
+/// The active turn's calls a summary shows at most (the newest; every one stays in the
+/// journal and in `keel session show`).
+pub const TURN_CALLS_SHOWN: usize = 12;
+/// The active turn's calls a summary keeps at most (the newest).
+pub const TURN_CALLS_KEPT: usize = 200;
 
 /// The structured continuity summary of a checkpoint. `artifacts`, `failed_calls` and
 /// `turn_calls` come from the journal; the other fields from the summary call. Goals and the plan are not here: they
@@ -165,9 +170,12 @@ impl Summary {
                 "\nCalls already run in the current turn (from the tool journal; their effects \
                  happened — do not run one again unless the user asks):",
             );
-            let skip = self.turn_calls.len().saturating_sub(ENTRIES_SHOWN);
+            let skip = self.turn_calls.len().saturating_sub(TURN_CALLS_SHOWN);
             if skip > 0 {
-                text.push_str(&format!("\n- … {skip} earlier calls not listed"));
+                text.push_str(&format!(
+                    "\n- … {skip} earlier calls of this turn not listed (up to step {})",
+                    self.turn_calls[skip - 1].step
+                ));
             }
             for t in &self.turn_calls[skip..] {
                 text.push_str(&format!(
@@ -424,6 +432,8 @@ pub fn freeze_in(
     journal_facts(c, id, &messages, &mut artifacts, &mut failed_calls)?;
     if let Some(t) = turn {
         turn_facts(c, id, t, (start, to), &mut turn_calls)?;
+        let over = turn_calls.len().saturating_sub(TURN_CALLS_KEPT);
+        turn_calls.drain(..over);
     }
     let active_request = user_msg.as_ref().map(|(_, body)| message_text(body));
     let history_bytes = total + anchor_now;
