@@ -75,7 +75,12 @@ async fn harness(dir: &Path, url: &str) -> Harness {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orchestrator_answer_in_a_loose_shape_is_read() {
     let model = MockModel::start(vec![Reply::text("audited")]).await;
-    model.push_understanding(vec![Reply::understanding("establish_task", &["csv audit"], &[], &[])]);
+    model.push_understanding(vec![Reply::understanding(
+        "establish_task",
+        &["csv audit"],
+        &[],
+        &[],
+    )]);
     model.push_orchestration(vec![Reply::completion(
         "I pick the audit skill:\n```json\n{\"skills\": \"csv-audit\", \"reason\": \"it fits\"}\n```",
     )]);

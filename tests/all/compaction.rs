@@ -446,11 +446,20 @@ async fn a_bad_summary_is_asked_for_once_more_then_the_compaction_fails_cleanly(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn summaries_in_the_shapes_real_models_answer_are_read() {
     let shapes: [(&str, &str); 5] = [
-        (r#"{"active_user_request":"r1","decisions":[],"constraints":[],"open_questions":[],"next_actions":[],"notes":"one note"}"#, "a string for a list"),
+        (
+            r#"{"active_user_request":"r1","decisions":[],"constraints":[],"open_questions":[],"next_actions":[],"notes":"one note"}"#,
+            "a string for a list",
+        ),
         (r#"{"active_user_request":"r2","notes":["kept"]}"#, "missing lists"),
         ("```json\n{\"active_user_request\": \"r3\", \"notes\": [\"kept\"]}\n```", "a code fence"),
-        ("Here is the summary you asked for:\n{\"active_user_request\": \"r4\", \"notes\": [\"kept\"]}\nLet me know if you need more.", "prose around it"),
-        (r#"{"active_user_request":"r5","notes":["kept"],"confidence":0.9,"artifacts":["x"]}"#, "fields of its own"),
+        (
+            "Here is the summary you asked for:\n{\"active_user_request\": \"r4\", \"notes\": [\"kept\"]}\nLet me know if you need more.",
+            "prose around it",
+        ),
+        (
+            r#"{"active_user_request":"r5","notes":["kept"],"confidence":0.9,"artifacts":["x"]}"#,
+            "fields of its own",
+        ),
     ];
     let model =
         MockModel::start((0..shapes.len()).map(|i| Reply::text(&format!("answer {i}"))).collect())
@@ -461,7 +470,9 @@ async fn summaries_in_the_shapes_real_models_answer_are_read() {
     session(&h, "loose", &model.url(), None, &[], Vec::new(), Policy::default()).await;
     let cancel = CancelToken::new();
     for (i, (_, what)) in shapes.iter().enumerate() {
-        answered(h.brain.submit("loose", &format!("task {i}"), &cancel, &no_events()).await.unwrap());
+        answered(
+            h.brain.submit("loose", &format!("task {i}"), &cancel, &no_events()).await.unwrap(),
+        );
         let done = h.brain.compact("loose", &cancel, &no_events()).await.unwrap();
         assert!(matches!(done, Compaction::Compacted { .. }), "{what}: {done:?}");
         let t = h.engine.timeline("loose").await.unwrap();
@@ -534,7 +545,10 @@ async fn a_compaction_inside_a_turn_keeps_the_step_that_just_ran() {
     // The last request's summary names the turn's earlier calls, from the journal.
     let last = system_of(turn[3]);
     assert!(last.contains(SUMMARY_MARK), "{last}");
-    assert!(last.contains("Calls already run in the current turn (from the tool journal"), "{last}");
+    assert!(
+        last.contains("Calls already run in the current turn (from the tool journal"),
+        "{last}"
+    );
     assert!(last.contains("effect_append {\"label\":\"one"), "{last}");
     assert!(last.contains("→ ok"), "{last}");
     let listed = &in_turn.last().unwrap().summary.as_ref().unwrap().turn_calls;

@@ -198,7 +198,11 @@ mod tests {
             &["one", "many", "obj", "missing"],
         )
         .unwrap();
-        assert!(r.notes.iter().any(|n| n.contains("unknown fields ignored: extra")), "{:?}", r.notes);
+        assert!(
+            r.notes.iter().any(|n| n.contains("unknown fields ignored: extra")),
+            "{:?}",
+            r.notes
+        );
         assert_eq!(r.list("one", 8, 100).unwrap(), vec!["a"]);
         assert_eq!(r.list("many", 8, 100).unwrap(), vec!["a", "2", "true", r#"{"k":"v"}"#]);
         assert_eq!(r.list("missing", 8, 100).unwrap(), Vec::<String>::new());

@@ -108,7 +108,8 @@ pub fn parse(content: &str) -> Result<(Selection, super::answer::Reader), String
             }
         }
         if out.len() > MAX_NAMES {
-            r.notes.push(format!("`{key}` held {} names: the first {MAX_NAMES} were kept", out.len()));
+            r.notes
+                .push(format!("`{key}` held {} names: the first {MAX_NAMES} were kept", out.len()));
             out.truncate(MAX_NAMES);
         }
         Ok(out)
@@ -148,7 +149,8 @@ mod tests {
 
     #[test]
     fn answers_are_read_liberally_and_refused_only_when_unreadable() {
-        let (s, r) = parse(r#"{"toolsets":["csv"],"tools":[],"skills":["audit","audit"]}"#).unwrap();
+        let (s, r) =
+            parse(r#"{"toolsets":["csv"],"tools":[],"skills":["audit","audit"]}"#).unwrap();
         assert_eq!(s.toolsets, ["csv"]);
         assert_eq!(s.skills, ["audit"], "duplicates dropped");
         assert!(r.notes.is_empty());

@@ -474,7 +474,11 @@ pub fn finish_in(
             phase_goal: meta.phase_goal.clone(),
         },
     )?;
-    events::append(c, id, &SessionEvent::ModelCallStarted { step: meta.steps + 1, resumed: false })?;
+    events::append(
+        c,
+        id,
+        &SessionEvent::ModelCallStarted { step: meta.steps + 1, resumed: false },
+    )?;
     Ok(added)
 }
 

@@ -513,7 +513,9 @@ pub fn put_journal(
     // A row written again with the status it has (a step's commit writes all of its calls,
     // some already final) changes nothing a person sees: no second event.
     let before: Option<super::JournalStatus> = c
-        .prepare_cached("SELECT status FROM tool_calls WHERE session_id=?1 AND step=?2 AND call_id=?3")?
+        .prepare_cached(
+            "SELECT status FROM tool_calls WHERE session_id=?1 AND step=?2 AND call_id=?3",
+        )?
         .query_row(params![id, step, e.call_id], |r| r.get(0))
         .optional()?;
     c.prepare_cached(

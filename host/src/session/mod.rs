@@ -328,7 +328,9 @@ impl SessionEngine {
         self.db
             .run(move |c| {
                 let event = match again {
-                    Again::Understanding => SessionEvent::UnderstandingStarted { turn, resumed: true },
+                    Again::Understanding => {
+                        SessionEvent::UnderstandingStarted { turn, resumed: true }
+                    }
                     Again::ModelCall => {
                         let meta = facts::load_meta(c, &id)?;
                         if meta.state != RuntimeState::Running {
@@ -1156,7 +1158,11 @@ fn commit_step(
         }
     }
     if s.state == RuntimeState::Running {
-        events::append(c, id, &SessionEvent::ModelCallStarted { step: s.step + 1, resumed: false })?;
+        events::append(
+            c,
+            id,
+            &SessionEvent::ModelCallStarted { step: s.step + 1, resumed: false },
+        )?;
     }
     Ok(())
 }

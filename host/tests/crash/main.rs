@@ -318,7 +318,10 @@ impl Rig {
                         && e["status"] == status.as_str()
                 })
                 .count();
-            assert_eq!(n, 1, "{what}: call {call} ({status}) has {n} `{status}` events: {events:#?}");
+            assert_eq!(
+                n, 1,
+                "{what}: call {call} ({status}) has {n} `{status}` events: {events:#?}"
+            );
         }
         let mut compacting = false;
         let mut calling: Option<i64> = None;
@@ -328,7 +331,10 @@ impl Rig {
                     assert!(!compacting, "{what}: a compaction was never closed: {events:#?}");
                     compacting = true;
                 }
-                "compacted" | "compaction_failed" | "checkpoint_discarded" | "compaction_abandoned" => {
+                "compacted"
+                | "compaction_failed"
+                | "checkpoint_discarded"
+                | "compaction_abandoned" => {
                     assert!(compacting, "{what}: {e} closes no compaction: {events:#?}");
                     compacting = false;
                 }
