@@ -432,7 +432,7 @@ impl Brain {
     }
 
     /// The understanding call: one stateless, non-streamed JSON request holding the message,
-    /// its resources and the two goals; its answer read strictly. A failed call or an
+    /// its resources and the two goals; its answer read liberally. A failed call or an
     /// unreadable answer is `uncertain`, with the reason kept.
     async fn understanding_call(
         &self,
@@ -556,7 +556,7 @@ impl Brain {
     }
 
     /// The Orchestrator's call: one stateless, non-streamed JSON request; its answer read
-    /// strictly and kept to the candidates. A failed call or an unreadable answer adds nothing.
+    /// liberally and kept to the candidates. A failed call or an unreadable answer adds nothing.
     async fn orchestrator_call(
         &self,
         config: &understand::PreprocessConfig,
