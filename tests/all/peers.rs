@@ -156,6 +156,55 @@ async fn peers_aimock_tool_turn_usage_cut_answers_and_refusals() {
     assert_eq!(t.refused_requests[0].http_status, Some(404));
 }
 
+/// The supporting calls' answers as a real server in JSON mode gives them, through the whole
+/// flow: the task-understanding answer in a code fence after a sentence, with the relation in
+/// words, one string for a list of terms and a field of its own; the summary inside prose, with
+/// a string for its notes, its other lists left out and a field of its own. Both are read —
+/// nothing is refused or asked for again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow tier: installs @copilotkit/aimock from npm"]
+async fn peers_aimock_loose_understanding_and_summary_answers_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = json!({"fixtures": [
+        {"match": {"userMessage": "\"current_task_goal\""},
+         "response": {"content": "Here is my classification:\n```json\n{\"task_relation\": \"Establish task\", \"tool_recall_terms\": \"inspect csv\", \"confidence\": 0.8}\n```"}},
+        {"match": {"userMessage": "\"previous_summary\""},
+         "response": {"content": "Sure, the summary:\n{\"active_user_request\": \"Audit loosely\", \"notes\": \"one note\", \"mood\": \"good\"}\nAnything else?"}},
+        {"match": {"userMessage": "Audit loosely"},
+         "response": {"content": "audited loosely"}},
+    ]});
+    std::fs::write(dir.path().join("keel.json"), f.to_string()).unwrap();
+    let server = Aimock::start(dir.path(), &[]);
+    let home = tempfile::tempdir().unwrap();
+    let h = harness_with_session(
+        home.path(),
+        &server.url(),
+        "l",
+        &[],
+        Vec::new(),
+        LoopGuards::default(),
+    )
+    .await;
+    assert_eq!(
+        submit(&h, "l", "Audit loosely").await,
+        Submitted::Ran(TurnOutcome::Answer("audited loosely".into()))
+    );
+    let cancel = CancelToken::new();
+    let done = h.brain.compact("l", &cancel, &no_events()).await.unwrap();
+    assert!(matches!(done, keel::agent::compact::Compaction::Compacted { .. }), "{done:?}");
+    let t = h.engine.timeline("l").await.unwrap();
+    let tr = &t.transitions[0];
+    assert_eq!(tr.relation, Some(keel::brain::understand::TaskRelation::EstablishTask), "{tr:?}");
+    assert!(tr.error.is_none(), "{tr:?}");
+    assert_eq!(tr.terms.tool, ["inspect csv"]);
+    let cp = t.checkpoints.last().unwrap();
+    assert_eq!(cp.attempts, 1, "read at the first answer");
+    let summary = cp.summary.as_ref().unwrap();
+    assert_eq!(summary.active_user_request, "Audit loosely");
+    assert_eq!(summary.notes, ["one note"]);
+    assert!(summary.decisions.is_empty());
+}
+
 /// Chaos: a malformed body is retried once and shown; a dropped request (the same 500 every
 /// time) is tried twice, not four times. Each failure leaves the session able to go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
