@@ -52,6 +52,23 @@ async fn harness(dir: &std::path::Path, url: &str) -> keel::harness::Harness {
     harness_with_session(dir, url, "unused", &[], Vec::new(), LoopGuards::default()).await
 }
 
+/// A harness with the effect tools installed and session `id` (window `window`, `tools`)
+/// granted a fresh work directory read-write; with the home and the work directory.
+async fn effects_session(
+    url: &str,
+    id: &str,
+    window: Option<u64>,
+    tools: &[&str],
+) -> (keel::harness::Harness, tempfile::TempDir, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let h = harness(dir.path(), url).await;
+    install_effects(&h).await;
+    let grants = vec![Grant::new(work.path(), "/work", Access::Rw).unwrap()];
+    session(&h, id, url, window, tools, grants, Policy::default()).await;
+    (h, dir, work)
+}
+
 fn messages(body: &[u8]) -> Vec<Value> {
     let v: Value = serde_json::from_slice(body).unwrap();
     v["messages"].as_array().unwrap().clone()
@@ -290,12 +307,7 @@ async fn a_pending_approval_and_its_open_step_survive_a_compaction() {
         Reply::text("sent after compaction"),
     ])
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let h = harness(dir.path(), &model.url()).await;
-    install_effects(&h).await;
-    let grants = vec![Grant::new(work.path(), "/work", Access::Rw).unwrap()];
-    session(&h, "ap", &model.url(), None, &["effect_send"], grants, Policy::default()).await;
+    let (h, _dir, work) = effects_session(&model.url(), "ap", None, &["effect_send"]).await;
     let cancel = CancelToken::new();
     answered(
         h.brain.submit("ap", &filler("earlier task", 30), &cancel, &no_events()).await.unwrap(),
@@ -507,13 +519,8 @@ async fn a_compaction_inside_a_turn_keeps_the_step_that_just_ran() {
         Reply::text("appended three lines"),
     ])
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let h = harness(dir.path(), &model.url()).await;
-    install_effects(&h).await;
-    let grants = vec![Grant::new(work.path(), "/work", Access::Rw).unwrap()];
-    session(&h, "keep", &model.url(), Some(2048), &["effect_append"], grants, Policy::default())
-        .await;
+    let (h, _dir, work) =
+        effects_session(&model.url(), "keep", Some(2048), &["effect_append"]).await;
     let cancel = CancelToken::new();
     answered(h.brain.submit("keep", &filler("t1", 20), &cancel, &no_events()).await.unwrap());
     answered(h.brain.submit("keep", &filler("t2", 20), &cancel, &no_events()).await.unwrap());

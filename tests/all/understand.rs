@@ -14,6 +14,11 @@ async fn submit(h: &keel::harness::Harness, id: &str, text: &str) -> Submitted {
     h.brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
 }
 
+/// Each transition's relation and mode, in order.
+fn relations(t: &keel::session::Timeline) -> Vec<(Option<TaskRelation>, TransitionMode)> {
+    t.transitions.iter().map(|t| (t.relation, t.mode)).collect()
+}
+
 fn json(body: &[u8]) -> Value {
     serde_json::from_slice(body).unwrap()
 }
@@ -46,12 +51,10 @@ async fn each_relation_applies_its_row_of_the_table_and_the_goals_reach_every_re
         assert_eq!(answered(submit(&h, "t", text).await), format!("answer {}", i + 1));
     }
     let t = h.timeline("t").await.unwrap();
-    let rows: Vec<(Option<TaskRelation>, TransitionMode)> =
-        t.transitions.iter().map(|t| (t.relation, t.mode)).collect();
     use TaskRelation::*;
     use TransitionMode::*;
     assert_eq!(
-        rows,
+        relations(&t),
         [
             (Some(EstablishTask), Initialize),
             (Some(ContinueCurrent), Keep),
@@ -231,12 +234,10 @@ async fn replies_in_the_shapes_real_models_answer_are_read() {
         assert_eq!(answered(submit(&h, "t", text).await), format!("answer {}", i + 1));
     }
     let t = h.timeline("t").await.unwrap();
-    let rows: Vec<(Option<TaskRelation>, TransitionMode)> =
-        t.transitions.iter().map(|t| (t.relation, t.mode)).collect();
     use TaskRelation::*;
     use TransitionMode::*;
     assert_eq!(
-        rows,
+        relations(&t),
         [
             (Some(EstablishTask), Initialize),
             (Some(ContinueCurrent), Keep),

@@ -280,6 +280,18 @@ impl Rig {
 }
 
 impl Rig {
+    /// How many answers of `session` end with `tag`.
+    fn answers(&self, session: &str, tag: &str) -> i64 {
+        self.query(|c| {
+            c.query_row(
+                "SELECT COUNT(*) FROM messages WHERE session_id=?1 AND role='assistant' AND body LIKE ?2",
+                [session.to_string(), format!("%{tag}\"%")],
+                |r| r.get(0),
+            )
+        })
+        .unwrap()
+    }
+
     /// The events of `session`, oldest first.
     fn events(&self, session: &str) -> Vec<Value> {
         self.query(|c| {
@@ -295,11 +307,19 @@ impl Rig {
     /// events, once: each call's final journal status one `tool_call` event; each compaction
     /// one closing event; each model call (as many as the server answered) a
     /// `model_call_started` before it — announced again when a runner resumed it — and never
-    /// two open at once; each understanding call made its `understanding_started`; each
-    /// Orchestrator call made its announcing `capabilities_recalled`.
+    /// two open at once; each understanding call made its `understanding_started`, each
+    /// Orchestrator call its announcing `capabilities_recalled` (a kill may come between an
+    /// announcement and its request: one unanswered announcement per kill at most).
     fn check_events(&self, session: &str, kills: usize, what: &str) {
+        self.check_session_events(session, what);
+        self.check_announced(&[session], kills, what);
+    }
+
+    /// The checks of [`check_events`](Self::check_events) that hold for one session whatever
+    /// other sessions the server answered: each call's final status once, each compaction
+    /// closed once, model calls announced before they end and never two open at once.
+    fn check_session_events(&self, session: &str, what: &str) {
         let events = self.events(session);
-        let kinds = |k: &str| events.iter().filter(|e| e["kind"] == k).count();
         let rows: Vec<(i64, String, String)> = self
             .query(|c| {
                 let mut stmt =
@@ -355,27 +375,34 @@ impl Rig {
             }
         }
         assert!(!compacting, "{what}: the last compaction was never closed: {events:#?}");
+    }
+
+    /// The calls of `sessions` (every session the server answered) were announced: as many
+    /// `…_started` events as the server answered calls, or up to one more per kill (a kill may
+    /// come between an announcement and its request).
+    fn check_announced(&self, sessions: &[&str], kills: usize, what: &str) {
+        let events: Vec<Value> = sessions.iter().flat_map(|s| self.events(s)).collect();
+        let kinds = |k: &str| events.iter().filter(|e| e["kind"] == k).count();
+        let within = |announced: usize, made: usize, call: &str| {
+            assert!(
+                announced >= made && announced <= made + kills,
+                "{what}: {made} {call} calls made, {announced} announced, {kills} kills: {events:#?}"
+            );
+        };
         if let Some(business) = &self.business {
             let (made, started) = (business.load(Ordering::SeqCst), kinds("model_call_started"));
-            assert!(
-                started >= made && started <= made + kills,
-                "{what}: {made} model calls made, {started} announced: {events:#?}"
-            );
+            within(started, made, "model");
         }
-        assert_eq!(
+        within(
             kinds("understanding_started"),
             self.model.understanding_requests().len(),
-            "{what}: understanding calls made and announced"
+            "understanding",
         );
         let announced = events
             .iter()
             .filter(|e| e["kind"] == "capabilities_recalled" && e["call"] == true)
             .count();
-        assert_eq!(
-            announced,
-            self.model.orchestration_requests().len(),
-            "{what}: Orchestrator calls made and announced"
-        );
+        within(announced, self.model.orchestration_requests().len(), "Orchestrator");
     }
 }
 
@@ -568,6 +595,7 @@ async fn approvals_survive_kills() {
         assert_eq!(j[0].2.as_deref(), Some(status), "{point}: {j:?}");
         let again = rig.keel(&["approve", &unit, "--json"], None);
         assert_eq!(again.status.code(), Some(2), "an approval is used once");
+        rig.check_events("ap", 1, point);
         println!("D2 {point:>14}: executions {runs}, journal {status}");
     }
 }
@@ -856,16 +884,7 @@ async fn a_crash_at_each_point_of_a_compaction_leaves_the_old_or_the_new_context
         assert_eq!(rig.check_context("k").await, promoted, "{point}");
         rig.finish("k");
         assert_eq!(rig.state("k"), "idle", "{point}");
-        let answers: i64 = rig
-            .query(|c| {
-                c.query_row(
-                    "SELECT COUNT(*) FROM messages WHERE session_id='k' AND role='assistant' AND body LIKE ?1",
-                    [format!("%{tag}\"%")],
-                    |r| r.get(0),
-                )
-            })
-            .unwrap();
-        assert_eq!(answers, 1, "{point}: the turn answered once");
+        assert_eq!(rig.answers("k", &tag), 1, "{point}: the turn answered once");
         assert!(rig.check_context("k").await >= 1, "{point}: compacted in the end");
         assert_eq!(rig.integrity(), "ok");
         rig.check_events("k", 1, point);
@@ -956,16 +975,7 @@ async fn a_checkpoint_the_session_outran_is_discarded_at_recovery_and_nothing_is
     rig.check_context("d").await;
     rig.finish("d");
     assert_eq!(rig.state("d"), "idle");
-    let answers: i64 = rig
-        .query(|c| {
-            c.query_row(
-                "SELECT COUNT(*) FROM messages WHERE session_id='d' AND role='assistant' AND body LIKE ?1",
-                [format!("%{tag}\"%")],
-                |r| r.get(0),
-            )
-        })
-        .unwrap();
-    assert_eq!(answers, 1, "the turn answered once");
+    assert_eq!(rig.answers("d", &tag), 1, "the turn answered once");
     rig.check_context("d").await;
     rig.check_events("d", 1, "discarded checkpoint");
     assert_eq!(rig.integrity(), "ok");
@@ -1114,5 +1124,14 @@ async fn a_delegation_killed_at_each_step_delivers_every_event_exactly_once() {
         if point != "after_effect" {
             assert!(answer.contains("answer A"), "{point}: {answer}");
         }
+        // Every session of the workgroup: each fact has exactly its events.
+        let sessions: Vec<String> = rig
+            .query(|c| c.prepare("SELECT id FROM sessions")?.query_map([], |r| r.get(0))?.collect())
+            .unwrap();
+        for s in &sessions {
+            rig.check_session_events(s, &format!("{point}/{s}"));
+        }
+        let ids: Vec<&str> = sessions.iter().map(String::as_str).collect();
+        rig.check_announced(&ids, 1, point);
     }
 }
