@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::plan::{PlanRequest, PlanState};
+use crate::sandbox::Grant;
 
 /// A change a control call asked for; applied with the call's result, once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -22,7 +23,7 @@ pub enum ControlRequest {
     /// Remember a fact for the session's user (`memory_write`).
     Remember { text: String, tags: Vec<String> },
     /// Start a sub-session (`session_spawn`): created with the call's result.
-    Spawn(crate::session::workgroup::Spawn),
+    Spawn(Spawn),
     /// Send a sub-session of this session more work (`session_send`).
     Send { session: String, input: String },
     /// Interrupt a sub-session of this session and everything below it (`session_interrupt`).
@@ -101,7 +102,7 @@ pub struct ChildStatus {
 /// A spawn as checked: the child to create, and what it was given.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checked {
-    pub spawn: crate::session::workgroup::Spawn,
+    pub spawn: Spawn,
     pub depth: u32,
 }
 
@@ -143,4 +144,16 @@ impl std::fmt::Debug for ControlSession {
             .field("discovery", &self.discovery.is_some())
             .finish()
     }
+}
+
+/// A child to create with the spawning call's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Spawn {
+    /// The id chosen for it when the call was checked.
+    pub child: String,
+    pub purpose: String,
+    pub input: String,
+    pub resources: Vec<String>,
+    /// Its grants: inside the parent's, same or weaker access.
+    pub grants: Vec<Grant>,
 }

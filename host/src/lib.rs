@@ -24,7 +24,19 @@
 //!   (`keel serve`, `keel mcp serve --http`).
 //! - Leaf modules every owner may use: [`policy`] (effect classes, allow/ask/deny), [`ids`]
 //!   (session, call and approval unit ids), [`stored`] (enums stored as names), [`cancel`],
-//!   [`digest`], [`plan`] (plan steps and the one function that changes them).
+//!   [`digest`], [`plan`] (plan steps and the one function that changes them), [`names`] (the
+//!   naming rules of what is installed), [`units`], [`tls`], [`crash`] (test crash points),
+//!   [`builtin`] (the first-party components).
+//! - Around the spine: [`memory`] (per-user long-term memory) and [`search`] (its and the
+//!   catalogs' full-text recall); [`skills`]; [`control`] (what a control call asks for);
+//!   [`access`] (API tokens and who may do what); [`mcp`] (the MCP client, a tool source, and
+//!   the MCP server, a front-end); [`serve`] (the HTTP API and console).
+//!
+//! Layers, bottom first — a module uses only modules below it, checked by a test over the
+//! `crate::` paths (`tests/all/layers.rs`, which also lists the imports that still point up):
+//! leaves; `store`; `config`; `search`; `memory`; `model`; `secrets`; `sandbox`; `control`;
+//! `skills`; `tools`; `mcp`; `session`; `agent`; `brain`; `access`; `harness`; `api`; `serve`;
+//! the CLI.
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
 pub mod access;
@@ -44,6 +56,7 @@ pub mod listen;
 pub mod mcp;
 pub mod memory;
 pub mod model;
+pub mod names;
 pub mod plan;
 pub mod policy;
 pub mod sandbox;

@@ -16,7 +16,15 @@ use std::str::FromStr;
 use age::secrecy::ExposeSecret;
 use zeroize::Zeroizing;
 
-pub use crate::sandbox::net::grant::{MAX_SECRET_NAME, valid_secret_name};
+/// Longest secret name.
+pub const MAX_SECRET_NAME: usize = 64;
+
+/// Whether `name` can name a secret: letters, digits, `_` and `-`, at most 64 characters.
+pub fn valid_secret_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_SECRET_NAME
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
 
 /// Shortest secret value accepted: a shorter one would be redacted out of ordinary text.
 pub const MIN_SECRET_BYTES: usize = 8;

@@ -14,6 +14,7 @@ mod events;
 mod examples;
 mod grants;
 mod install;
+mod layers;
 mod model;
 mod net;
 mod peers;

@@ -15,7 +15,6 @@ use serde::{Deserialize, Serialize};
 
 use super::events::{self, SessionEvent};
 use super::facts::{self, RuntimeState};
-use crate::sandbox::Grant;
 use crate::store::{StoreError, now_ms};
 
 /// The delegation tools (the first-party control component's): loaded in main sessions and in
@@ -135,17 +134,7 @@ pub struct Position {
     pub limits: Limits,
 }
 
-/// A child to create with the spawning call's result.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Spawn {
-    /// The id chosen for it when the call was checked.
-    pub child: String,
-    pub purpose: String,
-    pub input: String,
-    pub resources: Vec<String>,
-    /// Its grants: inside the parent's, same or weaker access.
-    pub grants: Vec<Grant>,
-}
+pub use crate::control::Spawn;
 
 /// A new session id: random, so that sessions created at once (by concurrent API requests,
 /// or by parallel spawns) never collide; from the time and thread only when the operating

@@ -129,7 +129,7 @@ pub struct SkillRef {
 /// Checks a skill name: as for components — lowercase letters, digits, `-` and `_`, starting
 /// with a letter, at most 64 characters.
 pub fn valid_skill_name(name: &str) -> bool {
-    crate::tools::valid_component_name(name)
+    crate::names::valid_component_name(name)
 }
 
 /// Splits `SKILL.md` into its front matter's `name`, `description`, the keys keel ignores,
@@ -264,7 +264,7 @@ pub fn read_package(path: &Path) -> Result<SkillPackage, SkillError> {
         }
         if let Some(stem) = p.strip_suffix(".wasm") {
             let name = stem.rsplit('/').next().unwrap_or(stem).to_string();
-            if !crate::tools::valid_component_name(&name) {
+            if !crate::names::valid_component_name(&name) {
                 problems.push(format!(
                     "the component file `{}` does not make a valid component name (lowercase \
                      letters, digits, `-`, `_`, starting with a letter)",
@@ -473,7 +473,7 @@ pub fn install_in(
         )?;
     }
     let unchanged = current.as_deref() == Some(pkg.digest.as_str());
-    let at = crate::tools::install_time();
+    let at = crate::names::now();
     if current.is_some() {
         c.execute(
             "UPDATE skills SET digest=?2, source=?3, installed_at=?4 WHERE name=?1",

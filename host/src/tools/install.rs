@@ -2,38 +2,20 @@
 //! descriptions, the catalog rows, and the component file in the home.
 
 use std::sync::{Arc, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use crate::sandbox::{Budget, LoadError, RawSpec};
 
 use super::catalog::{self, ComponentRecord, ToolRecord};
 use super::{ToolService, ToolServiceError};
 
-/// Longest tool name.
-pub const MAX_TOOL_NAME: usize = 64;
+pub use crate::names::{MAX_TOOL_NAME, now, valid_component_name, valid_tool_name};
 /// Longest tool description.
 pub const MAX_DESCRIPTION: usize = 4096;
 /// Most tools one component may describe.
 pub const MAX_TOOLS_PER_COMPONENT: usize = 256;
 /// Largest schema accepted, in bytes.
 pub const MAX_SCHEMA_BYTES: usize = 256 * 1024;
-
-/// Checks a component name: lowercase letters, digits, `-` and `_`, starting with a letter.
-pub fn valid_component_name(name: &str) -> bool {
-    valid_name(name, &['_', '-'])
-}
-
-/// Checks a tool name: lowercase letters, digits and `_`, starting with a letter.
-pub fn valid_tool_name(name: &str) -> bool {
-    valid_name(name, &['_'])
-}
-
-fn valid_name(name: &str, extra: &[char]) -> bool {
-    let mut chars = name.chars();
-    name.len() <= MAX_TOOL_NAME
-        && chars.next().is_some_and(|c| c.is_ascii_lowercase())
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || extra.contains(&c))
-}
 
 fn parse_schema(
     tool: &str,
@@ -205,13 +187,6 @@ pub fn check_networked(tools: &[ToolRecord]) -> Result<(), Vec<String>> {
         })
         .collect();
     if problems.is_empty() { Ok(()) } else { Err(problems) }
-}
-
-/// An install time as stored: seconds since the epoch, as text.
-pub fn now() -> String {
-    let secs =
-        SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    format!("{secs}")
 }
 
 /// Budget of the `describe` call made at install time.

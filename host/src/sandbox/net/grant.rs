@@ -8,14 +8,14 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::secrets::valid_secret_name;
+
 /// Bytes a call may send and receive over the network in all, by default (`--net-max-bytes`).
 pub const DEFAULT_NET_MAX_BYTES: u64 = 16 << 20;
 /// Requests a call may start in all, by default (`--net-max-requests`).
 pub const DEFAULT_NET_MAX_REQUESTS: u64 = 256;
 /// Requests of one call that may be in flight at once; one more is refused until one ends.
 pub const MAX_CONCURRENT_REQUESTS: usize = 16;
-/// Longest secret name.
-pub const MAX_SECRET_NAME: usize = 64;
 
 /// The scheme of a destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -286,13 +286,6 @@ impl SecretBinding {
 /// `{{secret:NAME}}`.
 pub fn placeholder(name: &str) -> String {
     format!("{{{{secret:{name}}}}}")
-}
-
-/// Whether `name` can name a secret: letters, digits, `_` and `-`, at most 64 characters.
-pub fn valid_secret_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_SECRET_NAME
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 impl FromStr for SecretBinding {
