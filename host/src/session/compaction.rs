@@ -99,8 +99,8 @@ pub const TURN_CALLS_SHOWN: usize = 12;
 pub const TURN_CALLS_KEPT: usize = 200;
 
 /// The structured continuity summary of a checkpoint. `artifacts`, `failed_calls` and
-/// `turn_calls` come from the journal; the other fields from the summary call. Goals and the plan are not here: they
-/// stay SessionMeta facts.
+/// `turn_calls` come from the journal; the other fields from the summary call. Goals and the
+/// plan are not here: they stay SessionMeta facts.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Summary {
@@ -211,11 +211,15 @@ impl Summary {
 
 fn shown(text: &str) -> String {
     let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    let line = super::assemble::inert_markers(&line).into_owned();
-    if line.chars().count() <= ENTRY_SHOWN {
-        return line;
+    clip(super::assemble::inert_markers(&line).into_owned(), ENTRY_SHOWN)
+}
+
+/// `text` cut to `max` characters, `…` marking a cut.
+fn clip(text: String, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text;
     }
-    let mut cut: String = line.chars().take(ENTRY_SHOWN).collect();
+    let mut cut: String = text.chars().take(max).collect();
     cut.push('…');
     cut
 }
@@ -578,11 +582,7 @@ fn turn_facts(
             (_, Some(k)) => format!("failed: {k}"),
             (_, None) => "ok".to_string(),
         };
-        let mut shown: String = input.chars().take(INPUT_SHOWN).collect();
-        if shown.len() < input.len() {
-            shown.push('…');
-        }
-        out.push(TurnCall { turn, step, tool, input: shown, outcome });
+        out.push(TurnCall { turn, step, tool, input: clip(input, INPUT_SHOWN), outcome });
     }
     Ok(())
 }
