@@ -56,7 +56,7 @@ pub struct SessionSpec {
     pub guards: LoopGuards,
     /// Settings of the task-understanding call of each input (see
     /// [`harness::preprocess_config`](crate::harness::preprocess_config)); `None` turns it off.
-    pub preprocess: Option<crate::brain::understand::PreprocessConfig>,
+    pub preprocess: Option<crate::understand::PreprocessConfig>,
     /// The user the session works for (its long-term memory is theirs); `None`: the
     /// operating-system user.
     pub user: Option<String>,
@@ -701,8 +701,8 @@ impl Harness {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct McpRefresh {
     pub server: String,
-    pub info: crate::mcp::ServerInfo,
-    pub diff: crate::mcp::ToolDiff,
+    pub info: crate::tools::mcp::ServerInfo,
+    pub diff: crate::tools::mcp::ToolDiff,
     /// Whether the catalog now holds the server's current tools (nothing changed, or the
     /// change was accepted).
     pub accepted: bool,
@@ -715,16 +715,17 @@ impl Harness {
     /// `NAME__TOOL`, pinned by digest). The server is stopped again; calls start it on demand.
     pub async fn mcp_add(
         &self,
-        spec: crate::mcp::ServerSpec,
-    ) -> Result<crate::mcp::Offer, ApiError> {
-        crate::mcp::check_server_name(&spec.name).map_err(crate::tools::ToolServiceError::from)?;
+        spec: crate::tools::mcp::ServerSpec,
+    ) -> Result<crate::tools::mcp::Offer, ApiError> {
+        crate::tools::mcp::check_server_name(&spec.name)
+            .map_err(crate::tools::ToolServiceError::from)?;
         if self.tools.component_for(&spec.name).is_ok() {
-            return Err(crate::tools::ToolServiceError::from(crate::mcp::McpError::Exists(
+            return Err(crate::tools::ToolServiceError::from(crate::tools::mcp::McpError::Exists(
                 spec.name.clone(),
             ))
             .into());
         }
-        let live = crate::mcp::client::connect(&spec)
+        let live = crate::tools::mcp::client::connect(&spec)
             .await
             .map_err(crate::tools::ToolServiceError::from)?;
         let offer = live.offer();
@@ -738,18 +739,18 @@ impl Harness {
     /// old digest no longer match).
     pub async fn mcp_refresh(&self, name: &str, accept: bool) -> Result<McpRefresh, ApiError> {
         let record = self.tools.mcp_server(name)?;
-        let live = crate::mcp::client::connect(&record.spec)
+        let live = crate::tools::mcp::client::connect(&record.spec)
             .await
             .map_err(crate::tools::ToolServiceError::from)?;
         let offer = live.offer();
         live.close().await;
         let (_, tools) = self.tools.component_for(name)?;
-        let old: Vec<(ToolRecord, crate::mcp::PinnedTool)> = record
+        let old: Vec<(ToolRecord, crate::tools::mcp::PinnedTool)> = record
             .tools
             .iter()
             .filter_map(|p| tools.iter().find(|t| t.name == p.name).map(|t| (t.clone(), p.clone())))
             .collect();
-        let diff = crate::mcp::diff(&old, &offer.tools);
+        let diff = crate::tools::mcp::diff(&old, &offer.tools);
         let accepted = diff.is_empty() || accept;
         if accepted {
             self.tools.mcp_put(&record.spec, &offer, true)?;
@@ -764,7 +765,7 @@ impl Harness {
     }
 
     /// Every added MCP server.
-    pub fn mcp_servers(&self) -> Result<Vec<crate::mcp::registry::ServerRecord>, ApiError> {
+    pub fn mcp_servers(&self) -> Result<Vec<crate::tools::mcp::registry::ServerRecord>, ApiError> {
         Ok(self.tools.mcp_servers()?)
     }
 
@@ -772,7 +773,7 @@ impl Harness {
     pub fn mcp_server(
         &self,
         name: &str,
-    ) -> Result<(crate::mcp::registry::ServerRecord, Vec<ToolRecord>), ApiError> {
+    ) -> Result<(crate::tools::mcp::registry::ServerRecord, Vec<ToolRecord>), ApiError> {
         let record = self.tools.mcp_server(name)?;
         let (_, tools) = self.tools.component_for(name)?;
         Ok((record, tools))

@@ -7,8 +7,11 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::grant::Grant;
 use crate::plan::{PlanRequest, PlanState};
-use crate::sandbox::Grant;
+
+/// Bytes of one delegation request's input (`session_spawn`, `session_send`), at most.
+pub const MAX_INPUT: usize = 64 * 1024;
 
 /// A change a control call asked for; applied with the call's result, once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use crate::agent::{AgentService, LoopGuards};
 use crate::brain::Brain;
-use crate::brain::understand::PreprocessConfig;
 use crate::config::{ConfigError, env, env_parsed};
 use crate::home::Home;
 use crate::model::{ModelClient, ModelConfig};
@@ -13,6 +12,7 @@ use crate::sandbox::SandboxLimits;
 use crate::session::SessionEngine;
 use crate::store::Db;
 use crate::tools::{ToolService, ToolServiceError};
+use crate::understand::PreprocessConfig;
 
 /// The default system prompt of a session.
 pub const DEFAULT_SYSTEM_PROMPT: &str = "You are keel, an agent that completes the user's task with the tools provided. \

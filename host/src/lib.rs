@@ -14,8 +14,11 @@
 //! - [`session`] — SessionEngine: sessions, history, inbox, journal, approvals, evidence and
 //!   events; request assembly; the SQL of recovery.
 //! - [`agent`] — AgentService: the model/tool loop of one turn and its loop guards.
-//! - [`brain`] — Brain: one runner per session (leases), submit, drain, recovery, interrupts.
-//! - [`model`] — the model provider: one OpenAI-compatible exchange.
+//! - [`brain`] — Brain: one runner per session, submit, drain, recovery, interrupts, the
+//!   Orchestrator's call.
+//! - [`model`] — the model provider: one OpenAI-compatible exchange, and the liberal reader of
+//!   the JSON answers of keel's own calls ([`model::answer`]); [`understand`] — the task
+//!   understanding call's request, answer and transition table.
 //! - [`store`] — the SQLite store: connection setup and numbered migrations.
 //! - [`harness`] — the owners of one home wired together; [`api`] — the use cases every
 //!   front-end reaches them through.
@@ -23,20 +26,21 @@
 //!   file, `keel.toml`; [`listen`] — the bounded HTTP listener of the network front-ends
 //!   (`keel serve`, `keel mcp serve --http`).
 //! - Leaf modules every owner may use: [`policy`] (effect classes, allow/ask/deny), [`ids`]
-//!   (session, call and approval unit ids), [`stored`] (enums stored as names), [`cancel`],
+//!   (session, call and approval unit ids), [`stored`] (enums stored as names), [`grant`]
+//!   (directory grants), [`caller`] (the API's principals and a session's owner), [`cancel`],
 //!   [`digest`], [`plan`] (plan steps and the one function that changes them), [`names`] (the
 //!   naming rules of what is installed), [`units`], [`tls`], [`crash`] (test crash points),
 //!   [`builtin`] (the first-party components).
 //! - Around the spine: [`memory`] (per-user long-term memory) and [`search`] (its and the
 //!   catalogs' full-text recall); [`skills`]; [`control`] (what a control call asks for);
-//!   [`access`] (API tokens and who may do what); [`mcp`] (the MCP client, a tool source, and
-//!   the MCP server, a front-end); [`serve`] (the HTTP API and console).
+//!   [`access`] (API tokens and grant presets); [`tools::mcp`] (external MCP servers, a tool
+//!   source).
+//! - Front-ends: [`mcp`] (keel as an MCP server) and [`serve`] (the HTTP API and console).
 //!
-//! Layers, bottom first — a module uses only modules below it, checked by a test over the
-//! `crate::` paths (`tests/all/layers.rs`, which also lists the imports that still point up):
-//! leaves; `store`; `config`; `search`; `memory`; `model`; `secrets`; `sandbox`; `control`;
-//! `skills`; `tools`; `mcp`; `session`; `agent`; `brain`; `access`; `harness`; `api`; `serve`;
-//! the CLI.
+//! Layers, bottom first — a module uses only modules of a layer below its own, checked by a
+//! test over the `crate::` paths (`tests/all/layers.rs`): leaves; `store`; `config`; `search`;
+//! `memory`; `model`; `understand`; `secrets`; `control`; `sandbox`; `skills`; `tools`;
+//! `session`; `agent`; `brain`; `access`; `harness`; `api`; `mcp` and `serve`; the CLI.
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
 pub mod access;
@@ -44,11 +48,13 @@ pub mod agent;
 pub mod api;
 pub mod brain;
 pub mod builtin;
+pub mod caller;
 pub mod cancel;
 pub mod config;
 pub mod control;
 pub mod crash;
 pub mod digest;
+pub mod grant;
 pub mod harness;
 pub mod home;
 pub mod ids;
@@ -69,6 +75,7 @@ pub mod store;
 pub mod stored;
 pub mod tls;
 pub mod tools;
+pub mod understand;
 pub mod units;
 
 /// The memory allocator of the `keel` binary, and of anything that embeds keel and wants the

@@ -194,7 +194,7 @@ async fn peers_aimock_loose_understanding_and_summary_answers_are_read() {
     assert!(matches!(done, keel::agent::compact::Compaction::Compacted { .. }), "{done:?}");
     let t = h.engine.timeline("l").await.unwrap();
     let tr = &t.transitions[0];
-    assert_eq!(tr.relation, Some(keel::brain::understand::TaskRelation::EstablishTask), "{tr:?}");
+    assert_eq!(tr.relation, Some(keel::understand::TaskRelation::EstablishTask), "{tr:?}");
     assert!(tr.error.is_none(), "{tr:?}");
     assert_eq!(tr.terms.tool, ["inspect csv"]);
     let cp = t.checkpoints.last().unwrap();

@@ -114,10 +114,7 @@ async fn a_plan_is_shown_in_every_request_of_its_phase_across_turns_and_restarts
     let t = h.timeline("p").await.unwrap();
     assert_eq!(t.phase_goal.as_deref(), Some("Now draft the announcement"));
     assert_eq!(t.session_goal.as_deref(), Some("Write the release list"));
-    assert_eq!(
-        t.transitions.last().unwrap().mode,
-        keel::brain::understand::TransitionMode::Initialize
-    );
+    assert_eq!(t.transitions.last().unwrap().mode, keel::understand::TransitionMode::Initialize);
     assert_eq!(t.plan, None, "the new phase has no plan yet");
 }
 

@@ -4,8 +4,8 @@
 
 use keel::agent::{LoopGuards, TurnOutcome};
 use keel::brain::Submitted;
-use keel::brain::understand::{INSTRUCTIONS, TaskRelation, TransitionMode};
 use keel::sandbox::CancelToken;
+use keel::understand::{INSTRUCTIONS, TaskRelation, TransitionMode};
 use keel_tests::mock_model::{MockModel, Reply};
 use keel_tests::{answered, harness_with_session, no_events, system_of};
 use serde_json::Value;

@@ -20,8 +20,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use keel::mcp::{ServerSpec, Transport};
 use keel::sandbox::{Budget, CancelToken};
+use keel::tools::mcp::{ServerSpec, Transport};
 use keel_tests::mcp_peers::{Peers, fixture};
 
 #[global_allocator]

@@ -194,7 +194,7 @@ async fn create_with(
             policy: keel::session::Policy::default(),
             budget: Budget { timeout: std::time::Duration::from_secs(20), ..Budget::default() },
             preprocess: understand
-                .then(|| keel::brain::understand::PreprocessConfig::from_business(&model)),
+                .then(|| keel::understand::PreprocessConfig::from_business(&model)),
             model,
             system_prompt: "You are a test agent.".into(),
             guards: None,
@@ -245,7 +245,7 @@ pub fn session_spec(
         model: keel::model::ModelConfig::new(url, "m"),
         system_prompt: "You are a test agent.".into(),
         guards: keel::agent::LoopGuards { max_steps: 5, ..keel::agent::LoopGuards::default() },
-        preprocess: Some(keel::brain::understand::PreprocessConfig::from_business(
+        preprocess: Some(keel::understand::PreprocessConfig::from_business(
             &keel::model::ModelConfig::new(url, "m"),
         )),
         user: None,

@@ -328,9 +328,7 @@ impl MockModel {
 pub fn is_understanding(body: &[u8]) -> bool {
     let Ok(v) = serde_json::from_slice::<Value>(body) else { return false };
     v["messages"][0]["role"] == "system"
-        && v["messages"][0]["content"]
-            .as_str()
-            .is_some_and(|c| c == keel::brain::understand::INSTRUCTIONS)
+        && v["messages"][0]["content"].as_str().is_some_and(|c| c == keel::understand::INSTRUCTIONS)
 }
 
 /// True when a request is an Orchestrator call (its system message is keel's orchestration
@@ -350,7 +348,7 @@ pub fn is_summary(body: &[u8]) -> bool {
     v["messages"][0]["role"] == "system"
         && v["messages"][0]["content"]
             .as_str()
-            .is_some_and(|c| c == keel::brain::summary::INSTRUCTIONS)
+            .is_some_and(|c| c == keel::agent::summary::INSTRUCTIONS)
 }
 
 /// True when a request's messages hold a tool call whose arguments are not a JSON object.

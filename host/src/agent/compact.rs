@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::brain::summary;
+use crate::agent::summary;
 use crate::cancel::CancelToken;
 use crate::model::ModelError;
 pub use crate::session::compaction::{Aim, Trigger};

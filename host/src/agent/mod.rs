@@ -9,6 +9,7 @@
 
 mod calls;
 pub mod compact;
+pub mod summary;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -21,16 +21,13 @@ use crate::session::{
 };
 use crate::store::{Db, StoreError, now_ms};
 
-pub mod answer;
 mod direct;
-pub mod lease;
 pub mod orchestrate;
-pub mod summary;
-pub mod understand;
 pub mod workgroup;
 
-pub use lease::LEASE_TTL;
-use lease::{RunnerId, lease_live};
+pub use crate::session::lease::LEASE_TTL;
+use crate::session::lease::{self, RunnerId, lease_live};
+use crate::understand;
 
 /// How often a runner renews its lease.
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
@@ -523,7 +520,7 @@ impl Brain {
         &self,
         meta: &crate::session::SessionMeta,
         turn: i64,
-        mode: crate::brain::understand::TransitionMode,
+        mode: crate::understand::TransitionMode,
         terms: &crate::session::transition::RecallTerms,
     ) -> crate::session::capabilities::RecallRecord {
         let started = Instant::now();

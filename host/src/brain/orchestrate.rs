@@ -11,9 +11,9 @@
 
 use serde_json::{Value, json};
 
-use super::understand::PreprocessConfig;
 use crate::session::capabilities::{Candidates, Selection};
 use crate::session::transition::RecallTerms;
+use crate::understand::PreprocessConfig;
 
 /// The Orchestrator's instructions (its system message).
 pub const INSTRUCTIONS: &str = "You prepare an agent session's capabilities for its task. \
@@ -81,7 +81,7 @@ pub fn request_body(config: &PreprocessConfig, inputs: Inputs<'_>) -> Vec<u8> {
             })).collect::<Vec<_>>(),
         },
     });
-    super::understand::supporting_request(
+    crate::understand::supporting_request(
         config,
         INSTRUCTIONS,
         &user,
@@ -94,12 +94,12 @@ pub fn request_body(config: &PreprocessConfig, inputs: Inputs<'_>) -> Vec<u8> {
 /// candidate).
 pub const NAME_CHARS: usize = 200;
 
-/// Reads the answer liberally ([`Reader`](super::answer::Reader)): one JSON object (alone, in
+/// Reads the answer liberally ([`Reader`](crate::model::answer::Reader)): one JSON object (alone, in
 /// a code fence or in prose) with `toolsets`, `tools` and `skills`, each a list of names (one
 /// string is one name, a missing list none), of which the first [`MAX_NAMES`] distinct ones
 /// are kept. Only what cannot be read is refused.
-pub fn parse(content: &str) -> Result<(Selection, super::answer::Reader), String> {
-    let mut r = super::answer::Reader::new(content, &["toolsets", "tools", "skills"])?;
+pub fn parse(content: &str) -> Result<(Selection, crate::model::answer::Reader), String> {
+    let mut r = crate::model::answer::Reader::new(content, &["toolsets", "tools", "skills"])?;
     let mut list = |key: &str| -> Result<Vec<String>, String> {
         let mut out: Vec<String> = Vec::new();
         for name in r.list(key, usize::MAX, NAME_CHARS)? {

@@ -14,11 +14,11 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use super::lease::{self, lease_live};
 use super::{Brain, Submitted};
 use crate::agent::{AgentError, Events};
 use crate::cancel::CancelToken;
 use crate::session::RuntimeState;
+use crate::session::lease::{self, lease_live};
 use crate::session::workgroup::{self, Runnable};
 use crate::store::{StoreError, now_ms};
 

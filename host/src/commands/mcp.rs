@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use clap::{Args, Subcommand};
 use keel::harness::Harness;
-use keel::mcp::serve::ServeConfig;
-use keel::mcp::{ServerSpec, Transport};
+use keel::mcp::ServeConfig;
 use keel::policy::Effect;
 use keel::sandbox::Grant;
+use keel::tools::mcp::{ServerSpec, Transport};
 use serde_json::json;
 
 use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, inert, inert_block};
@@ -453,11 +453,11 @@ async fn serve(home: &keel::home::Home, harness: Harness, a: ServeArgs) -> ExitC
         owner: None,
         main: None,
     });
-    if let Err(e) = keel::mcp::serve::KeelServer::check(&harness, &config) {
+    if let Err(e) = keel::mcp::KeelServer::check(&harness, &config) {
         return super::api_fail(false, &e);
     }
     let Some(addr) = a.http else {
-        return match keel::mcp::serve::serve_stdio(harness, config).await {
+        return match keel::mcp::serve_stdio(harness, config).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => super::fail(false, "mcp", &e, EXIT_SETUP),
         };
@@ -507,9 +507,7 @@ async fn serve(home: &keel::home::Home, harness: Harness, a: ServeArgs) -> ExitC
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    match keel::mcp::serve::serve_http(harness, config, listener, token, bounds, limits, shutdown)
-        .await
-    {
+    match keel::mcp::serve_http(harness, config, listener, token, bounds, limits, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => super::fail(false, "mcp", &e, EXIT_SETUP),
     }

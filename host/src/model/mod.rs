@@ -7,6 +7,7 @@
 //! across chunks, the legacy `function_call` field, an empty 200, a stream cut mid-way). It does
 //! not assemble requests (SessionEngine does) and commits nothing: a failed call leaves no trace.
 
+pub mod answer;
 mod sse;
 
 use std::time::Duration;

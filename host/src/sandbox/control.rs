@@ -248,11 +248,8 @@ impl ses::Host for Control<'_> {
         if input.trim().is_empty() {
             return Err("the input is empty: say what the sub-session should do".into());
         }
-        if input.len() > crate::session::delegation::MAX_INPUT {
-            return Err(format!(
-                "the input is over {} bytes",
-                crate::session::delegation::MAX_INPUT
-            ));
+        if input.len() > crate::control::MAX_INPUT {
+            return Err(format!("the input is over {} bytes", crate::control::MAX_INPUT));
         }
         self.delegation()?.check_child(&session)?;
         self.request(ControlRequest::Send { session, input })

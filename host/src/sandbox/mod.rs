@@ -11,7 +11,7 @@ pub mod control;
 mod engine;
 mod error;
 mod fs;
-pub mod grant;
+
 mod host_api;
 mod imports;
 mod limits;
@@ -29,12 +29,12 @@ use wasmtime::component::{Component, ComponentExportIndex, InstancePre, Linker};
 
 pub use crate::cancel::CancelToken;
 pub use crate::digest::sha256_hex;
+pub use crate::grant::{Access, DirId, Grant, GrantError, GrantMoved, Opened};
 pub use cache::{LoadSource, check_header};
 pub use control::ControlCtx;
 pub use engine::EPOCH_TICK;
 pub use error::{CallError, LoadError, ToolErrorKind};
 pub use fs::{FsPolicy, FsReport, MAX_DENIALS_LISTED};
-pub use grant::{Access, DirId, Grant, GrantError, GrantMoved, Opened};
 pub use host_api::{LogRecord, MAX_LOG_RECORDS, Progress};
 pub use pipe::Captured;
 pub use run::{CallReport, MAX_ERROR_MESSAGE, RawSpec};

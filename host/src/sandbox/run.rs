@@ -10,13 +10,13 @@ use crate::policy::Effect;
 use super::control::ControlCtx;
 use super::error::{CallError, ToolErrorKind};
 use super::fs::{FsPolicy, FsReport};
-use super::grant::Opened;
 use super::host_api::{LogRecord, Progress, ToolSpec, WitEffect, WitToolError};
 use super::limits::{CallLimits, LimitExceeded};
 use super::net::{Egress, EgressPlan};
 use super::pipe::{CappedPipe, Captured};
 use super::wasi::{self, CallState};
 use super::{Budget, CancelToken, Prepared};
+use crate::grant::Opened;
 
 /// Bytes of stderr quoted in a crash report.
 const CRASH_STDERR_TAIL: usize = 2048;

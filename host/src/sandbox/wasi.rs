@@ -23,10 +23,10 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::fs::{FsGuard, FsPolicy, GuardedFs, GuardedFsData};
 
-use super::grant::{Access, Opened};
 use super::host_api::{self, HostApi, HostApiCtx};
 use super::limits::CallLimits;
 use super::pipe::CappedPipe;
+use crate::grant::{Access, Opened};
 
 /// Interfaces (without version) linked for every tool. Anything else a component imports is
 /// refused at install time.

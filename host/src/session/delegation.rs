@@ -9,8 +9,7 @@ use crate::control::{Checked, ChildStatus, Delegation};
 use crate::sandbox::Grant;
 use crate::store::Db;
 
-/// Bytes of one request's input, at most.
-pub const MAX_INPUT: usize = 64 * 1024;
+pub use crate::control::MAX_INPUT;
 /// Resource references one spawn may carry, and bytes of each.
 pub const MAX_RESOURCES: usize = 32;
 pub const MAX_RESOURCE: usize = 1024;

@@ -37,8 +37,8 @@ pub enum SessionEvent {
     TaskTransition {
         turn: i64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        relation: Option<crate::brain::understand::TaskRelation>,
-        mode: crate::brain::understand::TransitionMode,
+        relation: Option<crate::understand::TaskRelation>,
+        mode: crate::understand::TransitionMode,
         /// Why the answer is `uncertain`, when the call failed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,

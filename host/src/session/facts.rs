@@ -6,8 +6,8 @@ use std::str::FromStr;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
+use crate::grant::DirId;
 use crate::model::ModelConfig;
-use crate::sandbox::grant::DirId;
 use crate::sandbox::{Access, Budget, Grant};
 use crate::store::{StoreError, now_ms};
 
@@ -72,7 +72,7 @@ pub struct SessionMeta {
     /// The turn whose transition set the current phase goal (`None`: no phase is open).
     pub phase_turn: Option<i64>,
     /// The session's settings for task understanding (`None`: off).
-    pub preprocess: Option<crate::brain::understand::PreprocessConfig>,
+    pub preprocess: Option<crate::understand::PreprocessConfig>,
     /// The plan of the current phase, as it stands (`None`: no phase, or no plan yet).
     pub plan: Option<Vec<crate::plan::PlanStep>>,
     pub state: RuntimeState,
@@ -82,7 +82,7 @@ pub struct SessionMeta {
     /// created before users were; see [`user`](Self::user)).
     pub user: Option<String>,
     /// Who created the session over the HTTP API (`None`: a local front-end did).
-    pub owner: Option<crate::access::Owner>,
+    pub owner: Option<crate::caller::Owner>,
     /// The checkpoint the session's context starts after (its summary is in every request),
     /// if the session was compacted.
     pub checkpoint: Option<super::compaction::CurrentCheckpoint>,

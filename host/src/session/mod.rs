@@ -15,6 +15,7 @@ mod direct;
 mod discovery;
 pub mod events;
 mod facts;
+pub mod lease;
 pub mod plan;
 mod steps;
 pub mod transition;
@@ -32,6 +33,7 @@ use crate::sandbox::{Budget, Grant};
 use crate::store::{Db, StoreError, now_ms};
 
 pub use crate::policy::{Effect, Policy};
+pub use crate::tools::ConsumedApproval;
 pub use assemble::{
     Assembled, BYTES_PER_TOKEN, CallFacts, EvidenceOf, GOAL_SHOWN, ModelCallRecord, Part,
     RefusedRequest, TokenEstimate, estimate_tokens, goal_reference, reconstruct_body,
@@ -42,9 +44,9 @@ pub use discovery::SessionDiscovery;
 pub use events::{EventRow, SessionEvent};
 pub use facts::{RuntimeState, SessionMeta, pending_inputs, plan_state, unsettled_in};
 pub use steps::{
-    AfterCrash, ApprovalStatus, ApprovalUnit, ConsumedApproval, DecideError, Decision,
-    JournalStatus, OUTCOME_UNKNOWN, OpenStep, RecoveredSession, WaitCommit, after_crash,
-    close_turn_in, recover_in,
+    AfterCrash, ApprovalStatus, ApprovalUnit, DecideError, Decision, JournalStatus,
+    OUTCOME_UNKNOWN, OpenStep, RecoveredSession, WaitCommit, after_crash, close_turn_in,
+    recover_in,
 };
 pub use views::{SessionSummary, Timeline, TimelineCall, TimelineMessage};
 
@@ -71,7 +73,7 @@ pub struct NewSession {
     /// The session's loop guards; `None` uses those of the harness that runs each turn.
     pub guards: Option<LoopGuards>,
     /// Settings of the task-understanding call; `None` turns it off (`--no-preprocess`).
-    pub preprocess: Option<crate::brain::understand::PreprocessConfig>,
+    pub preprocess: Option<crate::understand::PreprocessConfig>,
     /// The user the session works for (its long-term memory is theirs); `None`: the
     /// operating-system user.
     pub user: Option<String>,
@@ -79,7 +81,7 @@ pub struct NewSession {
     /// how each arrived.
     pub named_tools: bool,
     /// Who created the session over the HTTP API (`None`: a local front-end did).
-    pub owner: Option<crate::access::Owner>,
+    pub owner: Option<crate::caller::Owner>,
 }
 
 /// The loop guards and bounds of a session's turns, stored with the session (a key missing
@@ -223,7 +225,7 @@ impl SessionEngine {
         &self,
         new: NewSession,
         limits: workgroup::Limits,
-        child_preprocess: Option<crate::brain::understand::PreprocessConfig>,
+        child_preprocess: Option<crate::understand::PreprocessConfig>,
     ) -> Result<String, StoreError> {
         limits.check().map_err(StoreError::Input)?;
         let id = checked_id(&new)?;
@@ -1154,7 +1156,7 @@ fn commit_step(
     {
         // The runner keeps its lease while inputs wait: it runs them next.
         if facts::pending_inputs(c, id)? == 0 {
-            crate::brain::lease::release_in(c, id, owner)?;
+            crate::session::lease::release_in(c, id, owner)?;
         }
     }
     if s.state == RuntimeState::Running {
@@ -1167,7 +1169,4 @@ fn commit_step(
     Ok(())
 }
 
-pub(crate) fn json<T: Serialize>(v: &T) -> Result<String, StoreError> {
-    serde_json::to_string(v)
-        .map_err(|e| StoreError::Corrupt(format!("a value cannot be encoded: {e}")))
-}
+pub(crate) use crate::store::json;

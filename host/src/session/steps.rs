@@ -17,6 +17,7 @@ use crate::ids::{CallId, SessionId, UnitId};
 use crate::policy::Effect;
 use crate::sandbox::Grant;
 use crate::store::{StoreError, now_ms};
+use crate::tools::ConsumedApproval;
 
 /// What the model is told about a side-effecting call whose process died before its result was
 /// recorded.
@@ -313,47 +314,8 @@ pub fn open_step_in(
     Ok(())
 }
 
-/// Proof that SessionEngine consumed an approval for one call: what the person approved
-/// (tool, component, exact input). Only this module can make one — by consuming an `approved`
-/// unit in the same transaction as the call's intent, or by finding the unit a crashed call
-/// already consumed — so the tool chain's approval gate has no way around it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConsumedApproval {
-    unit: UnitId,
-    call_id: CallId,
-    tool: String,
-    input_digest: String,
-    component_digest: String,
-}
-
-impl ConsumedApproval {
-    /// The approval unit's id.
-    pub fn unit(&self) -> &str {
-        &self.unit
-    }
-
-    /// The call it was consumed for.
-    pub fn call_id(&self) -> &str {
-        &self.call_id
-    }
-
-    /// Whether it approves running `tool` of the component with sha256 `component_digest` on
-    /// exactly `input`.
-    pub fn binds(&self, tool: &str, component_digest: &str, input: &str) -> bool {
-        self.tool == tool
-            && self.component_digest == component_digest
-            && self.input_digest == crate::digest::sha256_hex(input.as_bytes())
-    }
-
-    fn from_row(unit: &str, r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
-        Ok(Self {
-            unit: unit.into(),
-            call_id: r.get(0)?,
-            tool: r.get(1)?,
-            input_digest: r.get(2)?,
-            component_digest: r.get(3)?,
-        })
-    }
+fn consumed_row(unit: &str, r: &rusqlite::Row<'_>) -> rusqlite::Result<ConsumedApproval> {
+    Ok(ConsumedApproval::new(unit.into(), r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
 }
 
 /// Writes journal rows of an open step; with `consume`, first consumes that approval (it must
@@ -373,7 +335,7 @@ pub fn progress_in(
                  WHERE id=?1 AND session_id=?2 AND status='approved'
                  RETURNING call_id, tool, input_digest, component_digest",
             )?
-            .query_row(params![unit, id, now_ms()], |r| ConsumedApproval::from_row(unit, r))
+            .query_row(params![unit, id, now_ms()], |r| consumed_row(unit, r))
             .optional()?;
         if consumed.is_none() {
             return Err(StoreError::Conflict(format!(
@@ -399,7 +361,7 @@ pub fn consumed_by(
         "SELECT call_id, tool, input_digest, component_digest FROM approvals
          WHERE id=?1 AND session_id=?2 AND call_id=?3 AND status='consumed'",
     )?
-    .query_row(params![unit, id, call_id], |r| ConsumedApproval::from_row(unit, r))
+    .query_row(params![unit, id, call_id], |r| consumed_row(unit, r))
     .optional()?)
 }
 

@@ -11,8 +11,8 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
-use crate::brain::understand::{PreprocessConfig, TaskRelation, TransitionMode, Understanding};
 use crate::store::{StoreError, now_ms};
+use crate::understand::{PreprocessConfig, TaskRelation, TransitionMode, Understanding};
 
 use super::events::{self, SessionEvent};
 use super::facts;
@@ -50,7 +50,7 @@ impl Understood {
     pub fn mode(&self, phase_goal: Option<&str>) -> TransitionMode {
         let relation =
             self.understanding.as_ref().map(|u| u.task_relation).unwrap_or(TaskRelation::Uncertain);
-        crate::brain::understand::transition(relation, phase_goal)
+        crate::understand::transition(relation, phase_goal)
     }
 }
 

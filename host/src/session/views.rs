@@ -53,7 +53,7 @@ pub fn list(c: &Connection) -> Result<Vec<SessionSummary>, StoreError> {
         let (mut s, owner) = row?;
         s.owner = owner
             .map(|o| {
-                serde_json::from_str::<crate::access::Owner>(&o).map_err(|e| {
+                serde_json::from_str::<crate::caller::Owner>(&o).map_err(|e| {
                     StoreError::Corrupt(format!("session {}: its owner does not read: {e}", s.id))
                 })
             })

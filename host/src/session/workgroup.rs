@@ -175,7 +175,7 @@ pub fn create_main_in(
     c: &Connection,
     id: &str,
     limits: &Limits,
-    preprocess: Option<&crate::brain::understand::PreprocessConfig>,
+    preprocess: Option<&crate::understand::PreprocessConfig>,
     tools: &[String],
 ) -> Result<(), StoreError> {
     limits.check().map_err(StoreError::Input)?;

@@ -712,6 +712,12 @@ mod writer;
 
 pub use writer::{Db, DbStats};
 
+/// A value as the JSON text of a column.
+pub fn json<T: serde::Serialize>(v: &T) -> Result<String, StoreError> {
+    serde_json::to_string(v)
+        .map_err(|e| StoreError::Corrupt(format!("a value cannot be encoded: {e}")))
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

@@ -4,13 +4,13 @@
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
+use super::ConsumedApproval;
 use crate::sandbox::net::{EgressPlan, NetGrants};
 use crate::sandbox::{
     Access, Budget, CallError, CallReport, CancelToken, FsPolicy, Grant, LoadSource, Opened,
     Prepared,
 };
 use crate::secrets::{Redactor, SecretStore};
-use crate::session::ConsumedApproval;
 
 use super::source::{self, HostCall, ToolSource};
 use super::{

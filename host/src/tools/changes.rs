@@ -23,7 +23,7 @@ use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt};
 use cap_std::fs::{Dir, OpenOptions};
 use sha2::{Digest, Sha256};
 
-use crate::sandbox::grant::Opened;
+use crate::grant::Opened;
 use crate::sandbox::{Access, CancelToken};
 
 /// Entries walked per grant at most; past it the change set is marked incomplete.

@@ -78,7 +78,7 @@ pub enum ToolServiceError {
     )]
     McpServer { name: String },
     #[error(transparent)]
-    Mcp(#[from] crate::mcp::McpError),
+    Mcp(#[from] crate::tools::mcp::McpError),
     /// A grant's directory is not the one it was given for any more.
     #[error(transparent)]
     GrantMoved(#[from] crate::sandbox::GrantMoved),

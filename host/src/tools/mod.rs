@@ -7,13 +7,14 @@
 //! approvals (later owners call it), and it does not run guest code itself (the
 //! [`Sandbox`] does).
 
+mod approval;
 mod call;
 pub mod catalog;
 pub mod changes;
 mod error;
 pub mod install;
 pub mod lease;
-mod mcp;
+pub mod mcp;
 mod source;
 mod view;
 
@@ -27,6 +28,7 @@ use crate::sandbox::{Prepared, Sandbox, SandboxLimits};
 use crate::store;
 
 pub use crate::policy::{Effect, Policy, PolicyDecision};
+pub use approval::ConsumedApproval;
 pub use call::{CallOutcome, CallRequest};
 pub use catalog::{
     ComponentRecord, ToolRecord, ToolRef, ToolSetRef, recall_in, tool as tool_in, toolset_in,
@@ -55,7 +57,7 @@ pub struct ToolService {
     /// components and those an admin trusts (`[tools] control_trusted` in keel.toml).
     control_trusted: std::collections::BTreeSet<String>,
     /// This process's connections to external MCP servers.
-    mcp: Arc<crate::mcp::client::Pool>,
+    mcp: Arc<crate::tools::mcp::client::Pool>,
 }
 
 /// The host tools registered in this process, and a generation that grows with each change

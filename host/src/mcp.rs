@@ -154,7 +154,7 @@ impl KeelServer {
                 _ => continue,
             };
             let mut tool = Tool::new(t.name.clone(), t.description.clone(), Arc::new(input))
-                .annotate(super::annotations(t.effect, t.idempotent));
+                .annotate(crate::tools::mcp::annotations(t.effect, t.idempotent));
             if let Some(serde_json::Value::Object(o)) = &t.output_schema {
                 tool = tool.with_raw_output_schema(Arc::new(o.clone()));
             }
@@ -240,7 +240,7 @@ impl ServerHandler for KeelServer {
     fn get_info(&self) -> ServerConfig {
         InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("keel", env!("CARGO_PKG_VERSION")))
-            .with_protocol_version(super::PROTOCOL_VERSIONS[0].clone())
+            .with_protocol_version(crate::tools::mcp::PROTOCOL_VERSIONS[0].clone())
             .with_instructions(
                 "keel's governed tools. Each call runs under the grants, policy and budget the \
                  admin fixed; a call the policy asks about needs the person's approval.",
@@ -248,7 +248,7 @@ impl ServerHandler for KeelServer {
     }
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
-        Cow::Borrowed(super::PROTOCOL_VERSIONS)
+        Cow::Borrowed(crate::tools::mcp::PROTOCOL_VERSIONS)
     }
 
     async fn initialize(

@@ -1,6 +1,8 @@
 //! Runner leases: the `runner_leases` table, which says which runner (process) runs a
-//! session. Brain owns it; a turn's last commit releases the lease in its own transaction by
-//! calling [`release_in`] at Brain's request. This module reads no other table.
+//! session. A fact of the session's runtime, so SessionEngine owns the table: Brain decides
+//! when to take, renew and give up a lease (through these functions), and a turn's last commit
+//! releases it in its own transaction when Brain asked for that. This module reads no other
+//! table.
 
 use std::time::Duration;
 
@@ -12,21 +14,21 @@ use crate::store::{StoreError, now_ms};
 pub const LEASE_TTL: Duration = Duration::from_secs(15);
 
 /// The holder of `id`'s lease and its last heartbeat, if any.
-pub(super) fn holder_in(c: &Connection, id: &str) -> Result<Option<(String, i64)>, StoreError> {
+pub(crate) fn holder_in(c: &Connection, id: &str) -> Result<Option<(String, i64)>, StoreError> {
     Ok(c.prepare_cached("SELECT owner, heartbeat_ms FROM runner_leases WHERE session_id=?1")?
         .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?)
 }
 
 /// Every lease: session, holder, last heartbeat.
-pub(super) fn all_in(c: &Connection) -> Result<Vec<(String, String, i64)>, StoreError> {
+pub(crate) fn all_in(c: &Connection) -> Result<Vec<(String, String, i64)>, StoreError> {
     Ok(c.prepare("SELECT session_id, owner, heartbeat_ms FROM runner_leases")?
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<Result<_, _>>()?)
 }
 
 /// Whether `owner` holds `id`'s lease.
-pub(super) fn holds_in(c: &Connection, id: &str, owner: &str) -> Result<bool, StoreError> {
+pub(crate) fn holds_in(c: &Connection, id: &str, owner: &str) -> Result<bool, StoreError> {
     Ok(c.prepare_cached(
         "SELECT EXISTS(SELECT 1 FROM runner_leases WHERE session_id=?1 AND owner=?2)",
     )?
@@ -34,13 +36,13 @@ pub(super) fn holds_in(c: &Connection, id: &str, owner: &str) -> Result<bool, St
 }
 
 /// Drops `id`'s lease, whoever holds it (its holder is gone).
-pub(super) fn drop_in(c: &Connection, id: &str) -> Result<(), StoreError> {
+pub(crate) fn drop_in(c: &Connection, id: &str) -> Result<(), StoreError> {
     c.prepare_cached("DELETE FROM runner_leases WHERE session_id=?1")?.execute([id])?;
     Ok(())
 }
 
 /// Renews `owner`'s lease of `id`.
-pub(super) fn heartbeat_in(c: &Connection, id: &str, owner: &str) -> Result<(), StoreError> {
+pub(crate) fn heartbeat_in(c: &Connection, id: &str, owner: &str) -> Result<(), StoreError> {
     c.prepare_cached("UPDATE runner_leases SET heartbeat_ms=?3 WHERE session_id=?1 AND owner=?2")?
         .execute(params![id, owner, now_ms()])?;
     Ok(())
@@ -55,7 +57,7 @@ pub fn release_in(c: &Connection, id: &str, owner: &str) -> Result<(), StoreErro
 }
 
 /// Takes the runner lease of `id` for `owner` if it is free, abandoned, or already theirs.
-pub(super) fn acquire_in(c: &Connection, id: &str, owner: &str) -> Result<bool, StoreError> {
+pub(crate) fn acquire_in(c: &Connection, id: &str, owner: &str) -> Result<bool, StoreError> {
     let now = now_ms();
     let free = match holder_in(c, id)? {
         None => true,
@@ -76,7 +78,7 @@ pub(super) fn acquire_in(c: &Connection, id: &str, owner: &str) -> Result<bool, 
 /// (or whose pid now belongs to a process started later) is abandoned at once; elsewhere it is
 /// abandoned when its heartbeat is older than [`LEASE_TTL`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct RunnerId {
+pub(crate) struct RunnerId {
     host: String,
     pid: u32,
     start: u64,
@@ -98,7 +100,7 @@ fn process_start(pid: u32) -> Option<u64> {
 }
 
 impl RunnerId {
-    pub(super) fn current(nonce: &str) -> Self {
+    pub(crate) fn current(nonce: &str) -> Self {
         let pid = std::process::id();
         Self {
             host: hostname(),
@@ -125,7 +127,7 @@ impl std::fmt::Display for RunnerId {
 }
 
 /// Whether the lease of `holder`, last renewed at `beat`, still binds its session.
-pub(super) fn lease_live(holder: &str, beat: i64, now: i64) -> bool {
+pub(crate) fn lease_live(holder: &str, beat: i64, now: i64) -> bool {
     if let Some(h) = RunnerId::parse(holder)
         && h.host == hostname()
         && h.start != 0

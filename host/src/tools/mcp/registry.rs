@@ -5,8 +5,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::session::json;
-use crate::store::{StoreError, now_ms};
+use crate::store::{StoreError, json, now_ms};
 use crate::tools::{ComponentRecord, SourceKind, ToolRecord, catalog};
 
 use super::{Offer, PinnedTool, ServerInfo, ServerSpec};

@@ -6,15 +6,15 @@ use std::sync::Arc;
 
 use rusqlite::TransactionBehavior;
 
-use crate::mcp::client::{McpTool, Pool};
-use crate::mcp::registry::{self, ServerRecord};
-use crate::mcp::{McpError, Offer, ServerSpec};
+use super::client::{McpTool, Pool};
+use super::registry::{self, ServerRecord};
+use super::{McpError, Offer, ServerSpec};
 use crate::store::StoreError;
 
-use super::view::Resolved;
-use super::{SourceKind, ToolServiceError, catalog};
+use crate::tools::view::Resolved;
+use crate::tools::{SourceKind, ToolServiceError, catalog};
 
-impl super::ToolService {
+impl crate::tools::ToolService {
     /// The connections to MCP servers of this process.
     pub fn mcp_pool(&self) -> &Arc<Pool> {
         &self.mcp
@@ -40,7 +40,7 @@ impl super::ToolService {
         offer: &Offer,
         replace: bool,
     ) -> Result<(), ToolServiceError> {
-        crate::mcp::check_server_name(&spec.name)?;
+        super::check_server_name(&spec.name)?;
         let names: Vec<String> = offer.tools.iter().map(|t| t.record.name.clone()).collect();
         let mut clashes = self.host_tool_owners(&names);
         {
@@ -86,17 +86,17 @@ impl super::ToolService {
     }
 
     /// The catalog entries of the MCP servers `c` sees, resolved to this process's pool.
-    pub(super) fn mcp_resolved(
+    pub(crate) fn mcp_resolved(
         &self,
         c: &rusqlite::Connection,
-        tools: &[super::ToolRecord],
+        tools: &[crate::tools::ToolRecord],
     ) -> Result<Vec<Arc<Resolved>>, ToolServiceError> {
         let mut out = Vec::new();
         for server in registry::list_in(c)? {
             let spec = Arc::new(server.spec);
             for pinned in server.tools {
                 let Some(record) = tools.iter().find(|t| t.name == pinned.name) else { continue };
-                let tool: Arc<dyn super::HostTool> = Arc::new(McpTool {
+                let tool: Arc<dyn crate::tools::HostTool> = Arc::new(McpTool {
                     record: record.clone(),
                     spec: spec.clone(),
                     pinned,

@@ -134,14 +134,14 @@ impl Understanding {
 const FIELDS: [&str; 4] =
     ["task_relation", "skill_recall_terms", "tool_recall_terms", "memory_recall_terms"];
 
-/// Reads the call's reply liberally ([`Reader`](super::answer::Reader)): one JSON object
+/// Reads the call's reply liberally ([`Reader`](crate::model::answer::Reader)): one JSON object
 /// (alone, in a code fence or in prose); `task_relation` one of the five (case, spaces and
 /// hyphens aside; missing: `uncertain`); each terms field a list (one string is one term, a
 /// missing field none) of which the first [`MAX_TERMS`] distinct terms (compared without
 /// case) are kept, each cut at [`MAX_TERM_CHARS`] characters, terms that are not text dropped.
 /// Only what cannot be read is refused.
-pub fn parse(content: &str) -> Result<(Understanding, super::answer::Reader), String> {
-    let mut r = super::answer::Reader::new(content, &FIELDS)?;
+pub fn parse(content: &str) -> Result<(Understanding, crate::model::answer::Reader), String> {
+    let mut r = crate::model::answer::Reader::new(content, &FIELDS)?;
     let relation = match r.text("task_relation", MAX_TERM_CHARS)? {
         None => {
             r.notes.push("`task_relation` was missing: read as `uncertain`".into());

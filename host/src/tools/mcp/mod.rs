@@ -1,8 +1,6 @@
-//! MCP both ways, on the official Rust SDK (`rmcp`).
+//! External MCP servers as a tool source, on the official Rust SDK (`rmcp`). (keel as an MCP
+//! server is a front-end: [`crate::mcp`].)
 //!
-//! - [`serve`]: keel as an MCP server. Each MCP connection is a keel session; every
-//!   `tools/call` goes through Brain's direct call — the ToolService chain, the journal, the
-//!   policy and a durable approval (asked through MCP elicitation when the client can answer).
 //! - [`client`]: external MCP servers as keel tools. A server added with `keel mcp add` is a
 //!   catalog entry of kind `mcp` whose tools are named `SERVER__TOOL` and pinned by a digest of
 //!   (server identity, tool name, description, schemas, annotations); [`client::Pool`] starts
@@ -16,7 +14,7 @@
 
 pub mod client;
 pub mod registry;
-pub mod serve;
+mod servers;
 
 use std::collections::BTreeMap;
 

@@ -13,10 +13,10 @@
 
 use serde_json::{Value, json};
 
-use super::answer::Reader;
-use super::understand::{PreprocessConfig, ResponseFormat};
 use crate::model::ModelConfig;
+use crate::model::answer::Reader;
 use crate::session::compaction::{Frozen, SENT_CAP, Summary};
+use crate::understand::{PreprocessConfig, ResponseFormat};
 
 /// The summary call's instructions (its system message).
 pub const INSTRUCTIONS: &str = "You write the continuity summary of an agent session whose \
@@ -132,7 +132,7 @@ pub fn request_body(config: &PreprocessConfig, frozen: &Frozen) -> Vec<u8> {
         "calls_this_turn": frozen.turn_calls,
         "messages": frozen.messages.iter().map(|m| sent(m.seq, &m.body)).collect::<Vec<_>>(),
     });
-    super::understand::supporting_request(
+    crate::understand::supporting_request(
         config,
         INSTRUCTIONS,
         &user,
