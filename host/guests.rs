@@ -1,6 +1,6 @@
 // Builds WebAssembly guest crates of this workspace for `wasm32-wasip2` from a build script.
 //
-// Shared by `host/build.rs` (the first-party plugins it embeds) and `tests/build.rs` (the test
+// Shared by `host/core/build.rs` (the first-party plugins it embeds) and `tests/build.rs` (the test
 // guests). It runs a nested `cargo build` with its own target directory (`target/guests`), so
 // the guest build never waits on, or fights with, the outer build's lock.
 
@@ -10,10 +10,19 @@ use std::process::Command;
 pub const GUEST_TARGET: &str = "wasm32-wasip2";
 pub const GUEST_PROFILE: &str = "guest";
 
-/// The workspace root: the parent of the crate that runs the build script.
+/// The workspace root: the nearest directory above the crate that runs the build script whose
+/// `Cargo.toml` declares the workspace.
 pub fn workspace_root() -> PathBuf {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
-    manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
+    manifest
+        .ancestors()
+        .skip(1)
+        .find(|dir| {
+            std::fs::read_to_string(dir.join("Cargo.toml"))
+                .is_ok_and(|t| t.lines().any(|l| l.trim() == "[workspace]"))
+        })
+        .map(Path::to_path_buf)
+        .unwrap_or(manifest)
 }
 
 /// Runs `cargo build` for `wasm32-wasip2` with `args` and returns the directory holding the

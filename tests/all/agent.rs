@@ -440,6 +440,7 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
     let a = SessionEngine::new(Db::open(&path).unwrap());
     // Session `s`, no tools or grants, with `prompt`.
     let session = |prompt: &str| NewSession {
+        pins: Default::default(),
         user: None,
         named_tools: true,
         owner: None,
@@ -1046,6 +1047,7 @@ async fn a_sessions_loop_guards_are_stored_and_used_by_every_turn() {
     .await;
     h.engine
         .create(keel::session::NewSession {
+            pins: Default::default(),
             user: None,
             named_tools: true,
             owner: None,

@@ -410,6 +410,7 @@ async fn policy_ask_allow_and_deny_per_session() {
     model_cfg.max_retries = 0;
     f.h.engine
         .create(keel::session::NewSession {
+            pins: Default::default(),
             user: None,
             named_tools: true,
             owner: None,

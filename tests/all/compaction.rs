@@ -30,6 +30,7 @@ async fn session(
     model.max_retries = 0;
     h.engine
         .create(NewSession {
+            pins: Default::default(),
             id: Some(id.into()),
             grants,
             net: Default::default(),
@@ -386,6 +387,7 @@ async fn a_redacted_canary_reaches_no_summary_request_and_no_summary() {
     let e = h
         .engine
         .create(NewSession {
+            pins: Default::default(),
             id: Some("bad".into()),
             grants: Vec::new(),
             net: Default::default(),

@@ -269,6 +269,7 @@ async fn catalog_cache_follows_the_catalog_not_every_commit() {
     for i in 0..5 {
         engine
             .create(keel::session::NewSession {
+                pins: Default::default(),
                 user: None,
                 named_tools: true,
                 owner: None,

@@ -1,16 +1,19 @@
-//! The library's layers: every top-level module of `host/src` has a place in [`LAYERS`], and a
-//! module may use (`crate::…`, outside its tests and comments) only modules of a layer below
-//! its own — never one above, never one beside it — so the modules form no cycle.
+//! The layers of keel's crates. The crates themselves are layered by Cargo: the core (`keel`,
+//! `host/core`) is below the server library (`keel-server`, `host/server`), which is below the
+//! `keel` binary (`host/cli`), and a dependency cycle between crates does not compile. Inside
+//! a crate, every top-level module has a place in its list of layers, and a module may use
+//! (`crate::…`, outside its tests and comments) only modules of a layer below its own — never
+//! one above, never one beside it — so the modules form no cycle.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// The top-level modules, bottom first.
-const LAYERS: &[&[&str]] = &[
+/// The core's top-level modules, bottom first.
+const CORE: &[&[&str]] = &[
     // Leaves: no import of another module of the library.
     &[
-        "builtin", "caller", "cancel", "crash", "digest", "grant", "home", "ids", "listen",
-        "names", "plan", "policy", "stored", "tls", "units",
+        "builtin", "caller", "cancel", "crash", "digest", "grant", "home", "ids", "names", "plan",
+        "policy", "stored", "tls", "units",
     ],
     &["store"],
     &["config"],
@@ -29,12 +32,14 @@ const LAYERS: &[&[&str]] = &[
     &["access"],
     &["harness"],
     &["api"],
-    &["mcp", "serve"],
-    &["commands"],
 ];
 
-fn src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../host/src")
+/// The server library's modules, bottom first: the two front-ends share the listener and
+/// nothing else.
+const SERVER: &[&[&str]] = &[&["listen"], &["http", "mcp"]];
+
+fn src(krate: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../host").join(krate).join("src")
 }
 
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -95,14 +100,17 @@ fn used(code: &str) -> BTreeSet<String> {
     out
 }
 
-#[test]
-fn no_module_imports_one_above_or_beside_it() {
-    let place: BTreeMap<&str, usize> = LAYERS
+/// The imports of `krate`'s modules that point up or sideways, and the modules with no place.
+fn misplaced(
+    krate: &str,
+    layers: &[&[&str]],
+) -> (BTreeMap<(String, String), BTreeSet<String>>, BTreeSet<String>) {
+    let place: BTreeMap<&str, usize> = layers
         .iter()
         .enumerate()
         .flat_map(|(i, layer)| layer.iter().map(move |m| (*m, i)))
         .collect();
-    let root = src();
+    let root = src(krate);
     let mut all = Vec::new();
     files(&root, &mut all);
     let mut upward: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
@@ -110,7 +118,7 @@ fn no_module_imports_one_above_or_beside_it() {
     for path in &all {
         let rel = path.strip_prefix(&root).unwrap().to_string_lossy().to_string();
         let top = rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
-        if top == "lib" || top == "main" {
+        if top == "lib" {
             continue;
         }
         let Some(&from) = place.get(top.as_str()) else {
@@ -132,8 +140,31 @@ fn no_module_imports_one_above_or_beside_it() {
             }
         }
     }
-    assert!(unplaced.is_empty(), "modules with no place in LAYERS: {unplaced:?}");
-    assert!(upward.is_empty(), "imports that point up or sideways: {upward:#?}");
+    (upward, unplaced)
+}
+
+#[test]
+fn no_module_imports_one_above_or_beside_it() {
+    for (krate, layers) in [("core", CORE), ("server", SERVER)] {
+        let (upward, unplaced) = misplaced(krate, layers);
+        assert!(unplaced.is_empty(), "{krate}: modules with no place in its layers: {unplaced:?}");
+        assert!(upward.is_empty(), "{krate}: imports that point up or sideways: {upward:#?}");
+    }
+}
+
+/// The approval gate's token is made only where SessionEngine consumes an approval: its
+/// constructor is visible to the whole core, so this is what keeps the gate closed.
+#[test]
+fn only_the_session_makes_a_consumed_approval() {
+    let root = src("core");
+    let mut all = Vec::new();
+    files(&root, &mut all);
+    let makers: Vec<String> = all
+        .iter()
+        .filter(|p| code(&std::fs::read_to_string(p).unwrap()).contains("ConsumedApproval::new("))
+        .map(|p| p.strip_prefix(&root).unwrap().to_string_lossy().to_string())
+        .collect();
+    assert_eq!(makers, ["session/steps.rs"]);
 }
 
 #[test]

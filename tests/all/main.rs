@@ -22,6 +22,7 @@ mod plans;
 mod plugins;
 mod sandbox;
 mod sources;
+mod spans;
 mod store;
 mod understand;
 mod workgroup;

@@ -70,6 +70,7 @@ fn main() {
         config.context_window = Some(window);
         h.engine
             .create(NewSession {
+                pins: Default::default(),
                 id: Some("long".into()),
                 grants: Vec::new(),
                 net: Default::default(),

@@ -416,6 +416,7 @@ async fn recovery(n: usize) {
         creates.push(tokio::spawn(async move {
             engine
                 .create(keel::session::NewSession {
+                    pins: Default::default(),
                     user: None,
                     named_tools: true,
                     owner: None,

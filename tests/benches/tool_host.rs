@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use keel::home::Home;
-use keel::sandbox::{Access, Budget, FsPolicy, Grant, Opened, Sandbox};
+use keel::sandbox::{Access, Budget, FsPolicy, Grant, Invocation, Opened, Sandbox};
 use keel::tools::CallRequest;
 use keel_tests::test_limits;
 
@@ -120,8 +120,11 @@ fn main() {
         let mut samples = Vec::with_capacity(iters);
         for i in 0..iters + iters / 10 {
             let t = Instant::now();
-            let r = rt
-                .block_on(sandbox.invoke(pre, tool, input, grants, fs, &budget, None, None, None));
+            let r =
+                rt.block_on(sandbox.invoke(
+                    pre,
+                    Invocation { grants, fs, ..Invocation::new(tool, input, &budget) },
+                ));
             let e = t.elapsed();
             assert!(r.result.is_ok(), "{tool}: {:?}", r.result);
             if i >= iters / 10 {
@@ -304,14 +307,7 @@ fn main() {
                         let r = sandbox
                             .invoke(
                                 &pre,
-                                tool,
-                                input,
-                                &g,
-                                FsPolicy::read_only(),
-                                &budget,
-                                None,
-                                None,
-                                None,
+                                Invocation { grants: &g, ..Invocation::new(tool, input, &budget) },
                             )
                             .await;
                         assert!(r.result.is_ok());

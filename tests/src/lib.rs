@@ -184,6 +184,7 @@ async fn create_with(
 ) {
     h.engine
         .create(keel::session::NewSession {
+            pins: Default::default(),
             user: None,
             named_tools: true,
             owner: None,

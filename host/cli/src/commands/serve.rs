@@ -1,0 +1,397 @@
+//! `keel serve` (the HTTP API and web console), `keel token` (who may use it) and `keel grant
+//! preset` (the grants users may name).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Args, Subcommand};
+use keel::access::Role;
+use keel::sandbox::Grant;
+use serde_json::json;
+
+use super::run::open_harness;
+use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, fail, inert};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// The address to listen on (default: `[serve] listen` in keel.toml, else 127.0.0.1:7420;
+    /// port 0 picks a free port). An address other than loopback serves plain HTTP to the
+    /// network: put a TLS proxy in front of it. Connections are bounded by `[serve]`
+    /// header_timeout_secs (10), body_timeout_secs (60), idle_timeout_secs (60) and
+    /// max_connections (1024).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Model server base URL of new sessions (env KEEL_MODEL_URL; default: keel.toml).
+    #[arg(long)]
+    model_url: Option<String>,
+    /// Model name of new sessions (env KEEL_MODEL; default: keel.toml).
+    #[arg(long)]
+    model: Option<String>,
+    /// Model calls per turn at most of new sessions (default 24).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_steps: Option<u32>,
+    /// Do not make the task-understanding call for new sessions.
+    #[arg(long)]
+    no_preprocess: bool,
+    #[command(flatten)]
+    budget: BudgetArgs,
+}
+
+#[derive(Subcommand)]
+pub enum TokenCommand {
+    /// Make a token for the HTTP API; its secret is printed once (only its hash is kept).
+    Add(TokenAddArgs),
+    /// List the tokens (names and roles; never secrets).
+    List(JsonArg),
+    /// Revoke a token: requests and console logins that use it are refused from now on.
+    Revoke(NameArgs),
+}
+
+#[derive(Args)]
+pub struct TokenAddArgs {
+    /// The token's name: who it is (letters, digits, `-`, `_`, `.`, `@`).
+    name: String,
+    /// admin: everything; user: own sessions, with no grants or a preset.
+    #[arg(long, default_value = "user")]
+    role: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct JsonArg {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct NameArgs {
+    name: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+pub enum GrantCommand {
+    /// Grant presets: named sets of directories users may give their sessions over the API.
+    #[command(subcommand)]
+    Preset(PresetCommand),
+}
+
+#[derive(Subcommand)]
+pub enum PresetCommand {
+    /// Define a preset: `keel grant preset add docs /srv/docs=/docs:ro /srv/out=/out:rw`.
+    Add(PresetAddArgs),
+    /// List the presets.
+    List(JsonArg),
+    /// Remove a preset (sessions created with it keep their grants).
+    Remove(NameArgs),
+}
+
+#[derive(Args)]
+pub struct PresetAddArgs {
+    /// The preset's name.
+    name: String,
+    /// Directories: HOST_DIR[=GUEST][:ro|:rw], as `keel run --grant`.
+    #[arg(required = true, value_name = "DIR[=GUEST][:ro|:rw]")]
+    grants: Vec<Grant>,
+    /// Let the user who creates a session with this preset decide its approvals.
+    #[arg(long)]
+    user_decides: bool,
+    /// Replace a preset of that name.
+    #[arg(long)]
+    replace: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn tokens(home: PathBuf, cmd: TokenCommand) -> ExitCode {
+    let json = match &cmd {
+        TokenCommand::Add(a) => a.json,
+        TokenCommand::List(a) => a.json,
+        TokenCommand::Revoke(a) => a.json,
+    };
+    let (_, h) = match open_harness(&home).await {
+        Ok(x) => x,
+        Err(e) => return fail(json, "setup", &e, EXIT_SETUP),
+    };
+    match cmd {
+        TokenCommand::Add(a) => {
+            let role: Role = match a.role.parse() {
+                Ok(r) => r,
+                Err(e) => return fail(a.json, "input", &format!("--role: {e}"), EXIT_REFUSED),
+            };
+            match h.token_add(&a.name, role).await {
+                Ok(secret) if a.json => {
+                    println!(
+                        "{}",
+                        json!({"ok": true, "name": a.name, "role": role, "token": secret})
+                    );
+                    ExitCode::SUCCESS
+                }
+                Ok(secret) => {
+                    println!("{secret}");
+                    eprintln!(
+                        "keel: token `{}` ({role}) made; this is the only time it is shown",
+                        a.name
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => super::api_fail(a.json, &e),
+            }
+        }
+        TokenCommand::List(a) => match h.tokens().await {
+            Ok(tokens) if a.json => {
+                println!("{}", json!({"ok": true, "tokens": tokens}));
+                ExitCode::SUCCESS
+            }
+            Ok(tokens) => {
+                if tokens.is_empty() {
+                    println!("no tokens: `keel token add NAME --role admin|user` makes one");
+                }
+                for t in tokens {
+                    println!(
+                        "{:<24} {:<6} made {}",
+                        t.name,
+                        t.role,
+                        keel_server::http::console::when(t.created_at)
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => super::api_fail(a.json, &e),
+        },
+        TokenCommand::Revoke(a) => match h.token_revoke(&a.name).await {
+            Ok(t) if a.json => {
+                println!("{}", json!({"ok": true, "revoked": t}));
+                ExitCode::SUCCESS
+            }
+            Ok(t) => {
+                println!("revoked token `{}` ({})", t.name, t.role);
+                ExitCode::SUCCESS
+            }
+            Err(e) => super::api_fail(a.json, &e),
+        },
+    }
+}
+
+pub async fn grants(home: PathBuf, cmd: GrantCommand) -> ExitCode {
+    let GrantCommand::Preset(cmd) = cmd;
+    let json = match &cmd {
+        PresetCommand::Add(a) => a.json,
+        PresetCommand::List(a) => a.json,
+        PresetCommand::Remove(a) => a.json,
+    };
+    let (_, h) = match open_harness(&home).await {
+        Ok(x) => x,
+        Err(e) => return fail(json, "setup", &e, EXIT_SETUP),
+    };
+    let print = |p: &keel::access::Preset| {
+        println!(
+            "{}{}",
+            p.name,
+            if p.user_decides { " (its users decide their approvals)" } else { "" }
+        );
+        for g in &p.grants {
+            println!("  {} = {} ({})", inert(&g.host.display().to_string()), g.guest, g.access);
+        }
+    };
+    match cmd {
+        PresetCommand::Add(a) => {
+            match h.preset_add(&a.name, a.grants, a.user_decides, a.replace).await {
+                Ok(p) if a.json => {
+                    println!("{}", json!({"ok": true, "preset": p}));
+                    ExitCode::SUCCESS
+                }
+                Ok(p) => {
+                    print(&p);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => super::api_fail(a.json, &e),
+            }
+        }
+        PresetCommand::List(a) => match h.presets().await {
+            Ok(ps) if a.json => {
+                println!("{}", json!({"ok": true, "presets": ps}));
+                ExitCode::SUCCESS
+            }
+            Ok(ps) => {
+                if ps.is_empty() {
+                    println!("no presets: `keel grant preset add NAME DIR[=GUEST][:ro|:rw]…`");
+                }
+                ps.iter().for_each(print);
+                ExitCode::SUCCESS
+            }
+            Err(e) => super::api_fail(a.json, &e),
+        },
+        PresetCommand::Remove(a) => match h.preset_remove(&a.name).await {
+            Ok(p) if a.json => {
+                println!("{}", json!({"ok": true, "removed": p}));
+                ExitCode::SUCCESS
+            }
+            Ok(p) => {
+                println!("removed preset `{}`", p.name);
+                ExitCode::SUCCESS
+            }
+            Err(e) => super::api_fail(a.json, &e),
+        },
+    }
+}
+
+/// The admin token of this server: `KEEL_API_TOKEN` (held in memory only), else the one in
+/// `HOME/api-token` (written 0600 the first time, stored hashed as `keel-serve`).
+async fn admin_token(
+    home: &keel::home::Home,
+    h: &keel::harness::Harness,
+) -> Result<(Option<String>, String), String> {
+    if let Some(t) = keel::config::env("KEEL_API_TOKEN") {
+        return Ok((Some(keel::access::token_hash(&t)), "KEEL_API_TOKEN".into()));
+    }
+    let path = home.root().join("api-token");
+    if let Ok(text) = std::fs::read_to_string(&path)
+        && h.authenticate(text.trim()).await.is_ok_and(|p| p.is_admin())
+    {
+        return Ok((None, path.display().to_string()));
+    }
+    let token = keel::access::new_token().map_err(|e| e.to_string())?;
+    write_private(&path, &token).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    h.token_put_hashed(
+        keel_server::http::HOME_TOKEN_NAME,
+        Role::Admin,
+        keel::access::token_hash(&token),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok((None, path.display().to_string()))
+}
+
+/// Writes `text` (and a line break) to a new file readable by its owner only.
+fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    keel::home::write_private(path, format!("{text}\n").as_bytes())
+}
+
+pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
+    let (home, h) = match open_harness(&home).await {
+        Ok(x) => x,
+        Err(e) => return fail(false, "setup", &e, EXIT_SETUP),
+    };
+    let file = match keel::config::read(&home) {
+        Ok(f) => f,
+        Err(e) => return fail(false, "config", &e.to_string(), EXIT_REFUSED),
+    };
+    let table = file.serve.unwrap_or_default();
+    let listen = match a.listen {
+        Some(l) => l,
+        None => {
+            let text = table.listen.as_deref().unwrap_or(keel_server::http::DEFAULT_LISTEN);
+            match text.parse() {
+                Ok(l) => l,
+                Err(e) => {
+                    let msg = format!("[serve] listen `{}`: {e}", inert(text));
+                    return fail(false, "config", &msg, EXIT_REFUSED);
+                }
+            }
+        }
+    };
+    let bounds = match table.bounds() {
+        Ok(b) => b,
+        Err(e) => return fail(false, "config", &e, EXIT_REFUSED),
+    };
+    let roots = match keel::access::GrantRoots::new(&table.grant_roots) {
+        Ok(r) => r,
+        Err(e) => return fail(false, "config", &e.to_string(), EXIT_REFUSED),
+    };
+    let flags = keel::harness::ModelFlags {
+        url: a.model_url.clone(),
+        model: a.model.clone(),
+        ..Default::default()
+    };
+    let model = match keel::harness::model_config(&home, &flags) {
+        Ok(Some(m)) => m,
+        Ok(None) => {
+            return fail(
+                false,
+                "config",
+                "no model configured for new sessions: pass --model-url URL --model NAME, set \
+                 KEEL_MODEL_URL and KEEL_MODEL, or add a [model] table to keel.toml",
+                EXIT_REFUSED,
+            );
+        }
+        Err(e) => return fail(false, e.kind(), &e.to_string(), EXIT_REFUSED),
+    };
+    let preprocess = match keel::harness::preprocess_config(&home, &model, None, a.no_preprocess) {
+        Ok(p) => p,
+        Err(e) => return fail(false, e.kind(), &e.to_string(), EXIT_REFUSED),
+    };
+    if let Some(t) = keel::config::env("KEEL_API_TOKEN")
+        && let Err(e) = keel::access::check_supplied_token("KEEL_API_TOKEN", &t)
+    {
+        return fail(false, "config", &e.to_string(), EXIT_REFUSED);
+    }
+    let (env_admin, token_at) = match admin_token(&home, &h).await {
+        Ok(x) => x,
+        Err(e) => return fail(false, "setup", &e, EXIT_SETUP),
+    };
+    let template = keel::api::SessionSpec {
+        id: None,
+        grants: Vec::new(),
+        net: Default::default(),
+        tools: None,
+        allow: Vec::new(),
+        ask: Vec::new(),
+        deny: Vec::new(),
+        redact: Vec::new(),
+        budget: a.budget.budget(),
+        model,
+        system_prompt: keel::harness::DEFAULT_SYSTEM_PROMPT.to_string(),
+        guards: keel::agent::LoopGuards {
+            max_steps: a.max_steps.unwrap_or(keel::agent::LoopGuards::default().max_steps),
+            ..Default::default()
+        },
+        preprocess,
+        user: None,
+        owner: None,
+        main: None,
+    };
+    let options = keel_server::http::ServeOptions {
+        template,
+        roots,
+        env_admin,
+        max_upload: usize::try_from(keel::sandbox::SandboxLimits::default().max_component_bytes)
+            .unwrap_or(usize::MAX),
+        bounds,
+    };
+    let app = match keel_server::http::App::new(Arc::new(h), options) {
+        Ok(app) => app,
+        Err(e) => return fail(false, "setup", &e, EXIT_SETUP),
+    };
+    let listener = match tokio::net::TcpListener::bind(listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            return fail(false, "io", &format!("cannot listen on {listen}: {e}"), EXIT_SETUP);
+        }
+    };
+    let bound = listener.local_addr().unwrap_or(listen);
+    eprintln!("keel: serving the API at http://{bound}/api/v1 and the console at http://{bound}/");
+    eprintln!("keel: admin token: {token_at}");
+    if !bound.ip().is_loopback() {
+        eprintln!(
+            "keel: warning: {bound} is not a loopback address and this is plain HTTP: tokens and \
+             cookies cross the network in clear unless a TLS proxy is in front"
+        );
+    }
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+        eprintln!("keel: stopping");
+    };
+    match keel_server::http::serve(app, listener, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(false, "io", &e, EXIT_SETUP),
+    }
+}

@@ -1,0 +1,560 @@
+//! AgentService: the fixed model/tool loop of one turn.
+//!
+//! assemble (SessionEngine) → model → tools (ToolService) → commit (SessionEngine) → repeat,
+//! with loop guards (steps per turn, the same call repeated, consecutive tool errors), each
+//! ending the turn with a notice instead of spinning. Read-only calls of one response run in
+//! parallel (bounded); side-effecting calls run one at a time, their intents committed before
+//! they run; results commit in the model's order. Owns nothing that must survive a request:
+//! every fact it produces is committed through SessionEngine.
+
+mod calls;
+pub mod compact;
+pub mod summary;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::Instrument;
+
+use crate::cancel::CancelToken;
+use crate::model::{ModelClient, ModelError, Usage};
+pub use crate::session::LoopGuards;
+use crate::session::{CallFacts, RuntimeState, SessionEngine, StepCommit, TurnStart};
+use crate::store::StoreError;
+use crate::tools::ToolService;
+
+use crate::ids::{CallId, UnitId};
+use calls::StepEnd;
+pub use calls::{net_records, result_content};
+
+/// Something worth telling the user while a turn runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    State(RuntimeState),
+    ModelCall {
+        step: i64,
+    },
+    /// The model's reply to step `step` is in.
+    ModelReplied {
+        step: i64,
+        /// Why the reply ended, as the server said: `length` means it was cut by the token
+        /// limit.
+        finish_reason: Option<String>,
+        usage: Option<Usage>,
+        ms: f64,
+        /// Whether the reply holds neither text nor tool calls.
+        empty: bool,
+    },
+    ToolStarted {
+        name: String,
+        call_id: CallId,
+    },
+    ToolFinished {
+        name: String,
+        call_id: CallId,
+        ok: bool,
+        kind: Option<String>,
+        ms: f64,
+    },
+    /// A call waits for a person's decision (`keel approvals`).
+    ApprovalNeeded {
+        unit: UnitId,
+        tool: String,
+    },
+}
+
+/// A sink for [`Event`]s.
+pub type Events = Arc<dyn Fn(&Event) + Send + Sync>;
+
+/// A step whose calls have all ended, to be checked against the loop guards and committed.
+struct StepDone {
+    /// The request of a fresh step (its evidence commits with it); `None` for an open step.
+    assembled: Option<crate::session::Assembled>,
+    step_no: i64,
+    result: calls::StepResult,
+    /// The step's number within this turn (0 for a step finished from the journal).
+    in_turn: u32,
+}
+
+/// How a turn ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TurnOutcome {
+    /// The model gave its final answer.
+    Answer(String),
+    /// A loop guard stopped the turn with this notice: in the history, or in the state's
+    /// detail when no step could carry it.
+    Stopped(String),
+    /// The user interrupted the turn.
+    Interrupted,
+    /// The turn waits for these approval units; the runner has exited.
+    WaitingApproval(Vec<UnitId>),
+    /// The model could not be reached or answered nonsense; nothing of the step was committed.
+    Failed(String),
+}
+
+/// Why a turn could not run at all.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Tools(#[from] crate::tools::ToolServiceError),
+}
+
+/// Loop-guard counters of one turn.
+#[derive(Default)]
+struct GuardState {
+    repeats: HashMap<String, u32>,
+    consecutive_errors: u32,
+    /// The runner lease the turn's last commit releases (when no input waits).
+    lease: Option<Arc<str>>,
+    /// Why a compaction of this turn failed, if one did: the turn does not try again (two
+    /// summary calls per step would add up) unless a request passes the window itself.
+    compaction_failed: Option<String>,
+}
+
+/// The AgentService.
+#[derive(Clone)]
+pub struct AgentService {
+    engine: SessionEngine,
+    tools: Arc<ToolService>,
+    model: ModelClient,
+    guards: LoopGuards,
+}
+
+impl AgentService {
+    pub fn new(
+        engine: SessionEngine,
+        tools: Arc<ToolService>,
+        model: ModelClient,
+        guards: LoopGuards,
+    ) -> Self {
+        Self { engine, tools, model, guards: guards.normalized() }
+    }
+
+    pub fn engine(&self) -> &SessionEngine {
+        &self.engine
+    }
+
+    /// The ToolService the calls go through.
+    pub fn tools(&self) -> &Arc<ToolService> {
+        &self.tools
+    }
+
+    /// The loop guards of sessions that store none.
+    pub fn guards(&self) -> &LoopGuards {
+        &self.guards
+    }
+
+    /// The model client (Brain's understanding call uses it too).
+    pub fn model(&self) -> &ModelClient {
+        &self.model
+    }
+
+    /// Runs one turn of session `id` until it ends or waits for an approval. A turn that was
+    /// already under way (it waited for an approval, or its process died) is resumed: its open
+    /// step is finished from the journal first.
+    ///
+    /// The turn runs under the session's stored loop guards, or this service's when the
+    /// session has none.
+    #[tracing::instrument(name = "turn", skip_all, fields(session_id = %id, turn = turn.turn))]
+    pub async fn run_turn(
+        &self,
+        id: &str,
+        turn: &TurnStart,
+        cancel: &CancelToken,
+        events: &Events,
+    ) -> Result<TurnOutcome, AgentError> {
+        match self.engine.meta(id).await?.guards.map(LoopGuards::normalized) {
+            Some(g) if g != self.guards => {
+                Self { guards: g, ..self.clone() }.run_turn_guarded(id, turn, cancel, events).await
+            }
+            _ => self.run_turn_guarded(id, turn, cancel, events).await,
+        }
+    }
+
+    async fn run_turn_guarded(
+        &self,
+        id: &str,
+        turn: &TurnStart,
+        cancel: &CancelToken,
+        events: &Events,
+    ) -> Result<TurnOutcome, AgentError> {
+        let mut guard = GuardState { lease: turn.lease.clone(), ..GuardState::default() };
+        if let Some(open) = self.engine.load_open_step(id).await? {
+            let meta = self.engine.meta(id).await?;
+            if !calls::can_progress(&meta, &open) {
+                let pending = open
+                    .units
+                    .iter()
+                    .filter(|u| u.status == crate::session::ApprovalStatus::Pending)
+                    .map(|u| u.id.clone());
+                return Ok(TurnOutcome::WaitingApproval(pending.collect()));
+            }
+            if meta.state != RuntimeState::Running {
+                self.engine.set_state(id, RuntimeState::Running, None).await?;
+            }
+            events(&Event::State(RuntimeState::Running));
+            let step_no = open.step;
+            match calls::run_open(self, &meta, open, cancel, events).await? {
+                StepEnd::Waiting(units) => return Ok(self.waiting(units, events)),
+                StepEnd::Done(step) => {
+                    if let Some(end) = self
+                        .finish_step(
+                            id,
+                            turn.turn,
+                            StepDone { assembled: None, step_no, result: step, in_turn: 0 },
+                            &mut guard,
+                            cancel,
+                            events,
+                        )
+                        .await?
+                    {
+                        return Ok(end);
+                    }
+                }
+            }
+        } else if turn.resumed {
+            // A turn taken over from a runner that stopped: its next model call is announced
+            // again, with the `running` state.
+            self.engine.resume_turn(id, turn.turn, crate::session::Again::ModelCall).await?;
+            events(&Event::State(RuntimeState::Running));
+        } else {
+            // begin_turn committed `running`; a resumed turn shows it again now.
+            if self.engine.meta(id).await?.state != RuntimeState::Running {
+                self.engine.set_state(id, RuntimeState::Running, None).await?;
+            }
+            events(&Event::State(RuntimeState::Running));
+        }
+        for step_in_turn in 1..=self.guards.max_steps {
+            if cancel.is_cancelled() {
+                return self.interrupted(id, events).await;
+            }
+            // A request the server refuses as too long is compacted and sent again, once.
+            let mut overflowed = false;
+            let (meta, mut assembled, catalog, result, called) = loop {
+                let (meta, assembled, catalog) =
+                    match self.assemble_fitting(id, &mut guard, cancel).await? {
+                        Ok(a) => a,
+                        Err(end) => {
+                            events(&Event::State(RuntimeState::Failed));
+                            return Ok(end);
+                        }
+                    };
+                events(&Event::ModelCall { step: assembled.step });
+                let called = Instant::now();
+                let result = self
+                    .model
+                    .complete(&meta.model, &assembled.body, cancel)
+                    .instrument(tracing::info_span!("model_call", step = assembled.step))
+                    .await;
+                if !overflowed
+                    && let Err(f) = &result
+                    && matches!(f.last, ModelError::ContextTooLong { .. })
+                {
+                    overflowed = true;
+                    let bytes = assembled.body.len() as i64;
+                    let request = compact::CompactRequest {
+                        trigger: compact::Trigger::Overflow,
+                        aim: compact::Aim {
+                            keep_bytes: Some(bytes / 4),
+                            input_bytes: Some(bytes / 2),
+                        },
+                        before: None,
+                        state_after: RuntimeState::Running,
+                    };
+                    if let compact::Compaction::Compacted { .. } =
+                        self.compact(id, request, cancel).await?
+                    {
+                        continue;
+                    }
+                }
+                break (meta, assembled, catalog, result, called);
+            };
+            assembled.call = CallFacts {
+                turn: turn.turn,
+                duration_ms: called.elapsed().as_secs_f64() * 1e3,
+                ..CallFacts::default()
+            };
+            let reply = match result {
+                Ok(r) => r,
+                Err(f) if f.last == ModelError::Cancelled => {
+                    return self.interrupted(id, events).await;
+                }
+                Err(f) => {
+                    // The request is kept, with the status the server gave: a refused request
+                    // can be looked at (`keel session evidence --refused`).
+                    let detail = f.to_string();
+                    assembled.call.attempts = f.attempts;
+                    let seq = self
+                        .engine
+                        .refuse_step(id, assembled, f.last.http_status(), detail.clone())
+                        .await?;
+                    tracing::debug!(refused = seq, "model request failed; its evidence is kept");
+                    events(&Event::State(RuntimeState::Failed));
+                    return Ok(TurnOutcome::Failed(detail));
+                }
+            };
+            assembled.call.finish_reason = reply.finish_reason.clone();
+            assembled.call.usage = reply.usage;
+            assembled.call.attempts = reply.attempts;
+            assembled.call.empty = reply.tool_calls.is_empty()
+                && reply.content.as_deref().is_none_or(|c| c.trim().is_empty());
+            events(&Event::ModelReplied {
+                step: assembled.step,
+                finish_reason: reply.finish_reason.clone(),
+                usage: reply.usage,
+                ms: assembled.call.duration_ms,
+                empty: assembled.call.empty,
+            });
+            if reply.tool_calls.is_empty() {
+                let answer = reply.content.clone().unwrap_or_default();
+                let assistant =
+                    serde_json::json!({"role": "assistant", "content": answer}).to_string();
+                self.engine
+                    .commit_step(
+                        id,
+                        StepCommit {
+                            turn: turn.turn,
+                            evidence: Some(assembled.clone()),
+                            step: assembled.step,
+                            assistant,
+                            results: Vec::new(),
+                            journal: Vec::new(),
+                            notice: None,
+                            state: RuntimeState::Idle,
+                            detail: None,
+                            closes_open_step: false,
+                            release_lease: turn.lease.clone(),
+                        },
+                    )
+                    .await?;
+                events(&Event::State(RuntimeState::Idle));
+                return Ok(TurnOutcome::Answer(answer));
+            }
+            let started = Instant::now();
+            let at = calls::Step { agent: self, meta: &meta, step: assembled.step, cancel, events };
+            let end =
+                calls::run_fresh(at, catalog.as_deref(), turn.turn, &assembled, reply).await?;
+            tracing::debug!(
+                step = assembled.step,
+                ms = started.elapsed().as_secs_f64() * 1e3,
+                "tool calls done"
+            );
+            match end {
+                StepEnd::Waiting(units) => return Ok(self.waiting(units, events)),
+                StepEnd::Done(step) => {
+                    let step_no = assembled.step;
+                    if let Some(end) = self
+                        .finish_step(
+                            id,
+                            turn.turn,
+                            StepDone {
+                                assembled: Some(assembled),
+                                step_no,
+                                result: step,
+                                in_turn: step_in_turn,
+                            },
+                            &mut guard,
+                            cancel,
+                            events,
+                        )
+                        .await?
+                    {
+                        return Ok(end);
+                    }
+                }
+            }
+        }
+        // Not reached: the last step's `finish_step` ends the turn with the step-limit notice.
+        // Were it reached, the turn would still end (idle, the notice as the state's detail)
+        // rather than stay `running`.
+        let notice = format!(
+            "[keel] Turn stopped: it reached the limit of {} model calls per turn.",
+            self.guards.max_steps
+        );
+        self.engine.set_state(id, RuntimeState::Idle, Some(notice.clone())).await?;
+        Ok(TurnOutcome::Stopped(notice))
+    }
+
+    /// Assembles the session's next request — its catalog read in the assembly's own
+    /// snapshot, so the request's tool schemas and the components its calls run come from one
+    /// catalog version — compacting first while it would pass the session's threshold of its
+    /// context window ([`compact::MAX_ROUNDS`] times at most). A request that still passes the
+    /// window itself ends the turn (`Err`), failed with a message that says why.
+    #[allow(clippy::type_complexity)]
+    async fn assemble_fitting(
+        &self,
+        id: &str,
+        guard: &mut GuardState,
+        cancel: &CancelToken,
+    ) -> Result<
+        Result<
+            (
+                crate::session::SessionMeta,
+                crate::session::Assembled,
+                Option<Arc<crate::tools::Catalog>>,
+            ),
+            TurnOutcome,
+        >,
+        AgentError,
+    > {
+        let mut rounds = 0;
+        loop {
+            let mut catalog = None;
+            let (meta, assembled) = self
+                .engine
+                .assemble(id, |c, m| {
+                    let at = self.tools.catalog_in(c).ok()?;
+                    let json = at.tools_json_pinned(&m.loaded_tools, &m.tool_pins);
+                    catalog = Some(at);
+                    json
+                })
+                .await?;
+            let Some(window) = meta.model.context_window else {
+                return Ok(Ok((meta, assembled, catalog)));
+            };
+            let per_token = self.engine.bytes_per_token(id).await?;
+            let bytes = assembled.body.len() as i64;
+            let tokens = (bytes as f64 / per_token).ceil() as i64;
+            if (tokens as f64) < window as f64 * meta.model.compact_at {
+                return Ok(Ok((meta, assembled, catalog)));
+            }
+            let why = if rounds == compact::MAX_ROUNDS {
+                format!("{rounds} compactions before this request did not make it small enough")
+            } else if let Some(failed) =
+                guard.compaction_failed.clone().filter(|_| tokens <= window as i64)
+            {
+                failed
+            } else {
+                rounds += 1;
+                let request = compact::CompactRequest {
+                    trigger: compact::Trigger::Threshold,
+                    aim: compact::aim(window, meta.model.compact_at, per_token, &assembled),
+                    before: Some((bytes, tokens)),
+                    state_after: RuntimeState::Running,
+                };
+                match self.compact(id, request, cancel).await? {
+                    compact::Compaction::Compacted { .. } => continue,
+                    compact::Compaction::Nothing => {
+                        "nothing before the current step can be compacted".to_string()
+                    }
+                    compact::Compaction::Failed(e) | compact::Compaction::Discarded(e) => {
+                        guard.compaction_failed = Some(e.clone());
+                        e
+                    }
+                }
+            };
+            // The request goes as it is while it fits the window itself.
+            if tokens <= window as i64 {
+                tracing::debug!(tokens, window, %why, "request over the compaction threshold");
+                return Ok(Ok((meta, assembled, catalog)));
+            }
+            let message = format!(
+                "the next request needs about {tokens} tokens, more than the model's context window of {window}, \
+                 and compaction could not make it fit: {why}. Start a new session, or use a model with a larger \
+                 context (--context-window)"
+            );
+            self.engine.set_state(id, RuntimeState::Failed, Some(message.clone())).await?;
+            return Ok(Err(TurnOutcome::Failed(message)));
+        }
+    }
+
+    fn waiting(&self, units: Vec<UnitId>, events: &Events) -> TurnOutcome {
+        events(&Event::State(RuntimeState::WaitingApproval));
+        TurnOutcome::WaitingApproval(units)
+    }
+
+    /// Applies the loop guards to a finished step and commits it; `Some` when the turn ends.
+    async fn finish_step(
+        &self,
+        id: &str,
+        turn: i64,
+        done: StepDone,
+        guard: &mut GuardState,
+        cancel: &CancelToken,
+        events: &Events,
+    ) -> Result<Option<TurnOutcome>, AgentError> {
+        let StepDone { assembled, step_no, result: step, in_turn: step_in_turn } = done;
+        if step.all_failed {
+            guard.consecutive_errors += step.calls as u32;
+        } else {
+            guard.consecutive_errors = 0;
+        }
+        // Identical calls within one reply are one repeat, not several.
+        let distinct: std::collections::BTreeSet<&String> = step.signatures.iter().collect();
+        for sig in distinct {
+            *guard.repeats.entry(sig.clone()).or_insert(0) += 1;
+        }
+        guard.repeats.retain(|k, _| step.signatures.contains(k));
+        let notice = if guard.repeats.values().any(|n| *n >= self.guards.max_repeats) {
+            Some(format!(
+                "[keel] Turn stopped: the same tool call was repeated {} times in a row without progress.",
+                self.guards.max_repeats
+            ))
+        } else if guard.consecutive_errors >= self.guards.max_consecutive_errors {
+            Some(format!(
+                "[keel] Turn stopped: {} tool calls failed in a row. Check the errors above, then send a new instruction.",
+                guard.consecutive_errors
+            ))
+        } else if step_in_turn == self.guards.max_steps {
+            Some(format!(
+                "[keel] Turn stopped: it reached the limit of {} model calls per turn. Send a message to continue.",
+                self.guards.max_steps
+            ))
+        } else {
+            None
+        };
+        let interrupted = cancel.is_cancelled();
+        let state = if interrupted {
+            RuntimeState::Interrupted
+        } else if notice.is_some() {
+            RuntimeState::Idle
+        } else {
+            RuntimeState::Running
+        };
+        self.engine
+            .commit_step(
+                id,
+                StepCommit {
+                    turn,
+                    evidence: if step.opened { None } else { assembled },
+                    step: step_no,
+                    assistant: step.assistant,
+                    results: step.results,
+                    journal: step.journal,
+                    notice: notice.clone(),
+                    state,
+                    detail: interrupted.then(|| "interrupted by the user".to_string()),
+                    closes_open_step: step.opened,
+                    release_lease: if state == RuntimeState::Idle {
+                        guard.lease.clone()
+                    } else {
+                        None
+                    },
+                },
+            )
+            .await?;
+        if step.wrote {
+            crate::crash::point("after_result");
+        }
+        if interrupted {
+            events(&Event::State(RuntimeState::Interrupted));
+            return Ok(Some(TurnOutcome::Interrupted));
+        }
+        if let Some(n) = notice {
+            events(&Event::State(RuntimeState::Idle));
+            return Ok(Some(TurnOutcome::Stopped(n)));
+        }
+        Ok(None)
+    }
+
+    async fn interrupted(&self, id: &str, events: &Events) -> Result<TurnOutcome, AgentError> {
+        self.engine
+            .set_state(id, RuntimeState::Interrupted, Some("interrupted by the user".into()))
+            .await?;
+        events(&Event::State(RuntimeState::Interrupted));
+        Ok(TurnOutcome::Interrupted)
+    }
+}

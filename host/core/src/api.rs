@@ -1,0 +1,872 @@
+//! The use cases of keel, on [`Harness`]: what a front-end (the CLI today; an HTTP API, an
+//! MCP server and parent sessions next) asks of the owner spine — create or continue a
+//! session, submit input, decide an approval and resume, interrupt, read what happened. Each
+//! checks its input the same way for every front-end and fails with an [`ApiError`] whose
+//! [`kind`](ApiError::kind) is stable, so a front-end maps errors to exit codes or HTTP
+//! statuses without reading their text.
+
+use std::time::Duration;
+
+use crate::agent::{AgentError, Events, LoopGuards};
+use crate::brain::Submitted;
+use crate::harness::Harness;
+use crate::ids::SessionId;
+use crate::model::ModelConfig;
+use crate::sandbox::{Budget, CancelToken, Grant};
+use crate::session::{
+    ApprovalUnit, DecideError, Decision, EventRow, ModelCallRecord, NewSession, Policy,
+    RecoveredSession, RuntimeState, SessionMeta, SessionSummary, Timeline,
+};
+use crate::store::StoreError;
+use crate::tools::{
+    CallOutcome, CallRequest, ComponentRecord, HostTool, InstallMode, InstallReport, ToolPins,
+    ToolRecord,
+};
+
+/// A tool version change of [`Harness::upgrade_session_tools`]: the tool, the digest it ran
+/// before (if pinned) and the digest it runs now.
+pub type PinChange = (String, Option<String>, String);
+
+/// The first-party control and discovery tools every new session is given.
+pub const CONTROL_TOOLS: &[&str] = crate::builtin::ALWAYS_LOADED;
+pub use crate::session::workgroup::DELEGATION_TOOLS;
+
+/// What a new session is made of.
+#[derive(Debug, Clone)]
+pub struct SessionSpec {
+    /// Chosen id (letters, digits, `-`, `_`), or a generated one.
+    pub id: Option<String>,
+    /// Directories the session's tools may reach; fixed at creation.
+    pub grants: Vec<Grant>,
+    /// Network destinations the session's tools may send HTTP requests to, and the secrets
+    /// bound to them; fixed at creation.
+    pub net: crate::sandbox::net::NetGrants,
+    /// The tools the model sees; `None`: every installed tool.
+    pub tools: Option<Vec<String>>,
+    /// Policy adjustments by tool name or effect class, applied to the default policy.
+    pub allow: Vec<String>,
+    pub ask: Vec<String>,
+    pub deny: Vec<String>,
+    /// Regular expressions whose matches in tool results are redacted before the model, the
+    /// history, the journal or a summary sees them.
+    pub redact: Vec<String>,
+    pub budget: Budget,
+    pub model: ModelConfig,
+    pub system_prompt: String,
+    pub guards: LoopGuards,
+    /// Settings of the task-understanding call of each input (see
+    /// [`harness::preprocess_config`](crate::harness::preprocess_config)); `None` turns it off.
+    pub preprocess: Option<crate::understand::PreprocessConfig>,
+    /// The user the session works for (its long-term memory is theirs); `None`: the
+    /// operating-system user.
+    pub user: Option<String>,
+    /// Who creates the session over the HTTP API (`None`: a local front-end).
+    pub owner: Option<crate::access::Owner>,
+    /// `Some`: a main session, with its workgroup's limits — it routes (no task understanding
+    /// of its own; its sub-sessions get `preprocess`) and has the delegation tools. `None`: a
+    /// standalone sub-session, as `keel run` makes.
+    pub main: Option<crate::session::workgroup::Limits>,
+}
+
+/// Why a use case was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The input cannot be used (an empty message, say).
+    #[error("{0}")]
+    Input(String),
+    /// The grants cannot work (overlapping guest paths, or grants for an existing session).
+    #[error("{0}")]
+    Grant(String),
+    /// A named tool is not installed.
+    #[error("{0}")]
+    NotInstalled(String),
+    /// The model settings cannot work.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The tool catalog could not be read or changed.
+    #[error(transparent)]
+    Tools(#[from] crate::tools::ToolServiceError),
+    /// A decision on an approval unit was refused.
+    #[error(transparent)]
+    Decision(#[from] DecideError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The turn could not run.
+    #[error(transparent)]
+    Run(#[from] AgentError),
+    /// A skill could not be read or installed.
+    #[error(transparent)]
+    Skill(#[from] crate::skills::SkillError),
+    /// A token or preset request was refused, or a principal may not do what it asked.
+    #[error(transparent)]
+    Access(#[from] crate::access::AccessError),
+}
+
+impl ApiError {
+    /// A stable name of the error's kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Input(_) => "input",
+            Self::Grant(_) => "grant",
+            Self::NotInstalled(_) => "not_installed",
+            Self::Config(_) => "config",
+            // The decision's own kind: `not_found`, `wrong_session` or `not_pending`.
+            Self::Decision(e) => e.kind(),
+            // The store's own kind: `not_found`, `conflict`, `input`, `corrupt` or `store`.
+            Self::Store(e) => e.kind(),
+            Self::Tools(e) => e.kind(),
+            Self::Run(_) => "run",
+            Self::Skill(e) => e.kind(),
+            Self::Access(e) => e.kind(),
+        }
+    }
+}
+
+impl Harness {
+    /// Creates a session: checks its grants, tools and model settings, stores it with its
+    /// policy, budget and loop guards, and pins the component version of each loaded tool.
+    /// Returns its id.
+    pub async fn create_session(&self, spec: SessionSpec) -> Result<SessionId, ApiError> {
+        spec.model.validate()?;
+        if let Some(p) = &spec.preprocess {
+            p.model.validate()?;
+        }
+        Grant::check_disjoint(&spec.grants).map_err(|e| ApiError::Grant(e.to_string()))?;
+        self.tools.check_grants(&spec.grants).map_err(|e| ApiError::Grant(e.to_string()))?;
+        // Every grant is bound to the directory it names now (a preset's grant carries the
+        // identity it was given with; one stored without is bound here).
+        let grants = spec
+            .grants
+            .into_iter()
+            .map(Grant::bound)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ApiError::Grant(e.to_string()))?;
+        self.tools.check_net(&spec.net).map_err(|e| ApiError::Grant(e.to_string()))?;
+        let named_tools = spec.tools.is_some();
+        let delegation = |t: &str| DELEGATION_TOOLS.contains(&t);
+        let mut tools: Vec<String> = match spec.tools {
+            None => {
+                self.tools.tools()?.into_iter().map(|t| t.name).filter(|t| !delegation(t)).collect()
+            }
+            Some(tools) => {
+                for t in &tools {
+                    self.tools.resolve(t).map_err(|e| ApiError::NotInstalled(e.to_string()))?;
+                    if delegation(t) && spec.main.is_none() {
+                        return Err(ApiError::Input(format!(
+                            "`{t}` delegates to sub-sessions and works only in a main session (`keel run --main`)"
+                        )));
+                    }
+                }
+                tools
+            }
+        };
+        if spec.main.is_some() {
+            for t in DELEGATION_TOOLS {
+                if !tools.iter().any(|x| x == t) && self.tools.resolve(t).is_ok() {
+                    tools.push(t.to_string());
+                }
+            }
+        }
+        // The control tools (plan_create, plan_update, task_complete) come with every
+        // session: the first-party component that provides them is installed in every home.
+        for control in CONTROL_TOOLS {
+            if !tools.iter().any(|t| t == control) && self.tools.resolve(control).is_ok() {
+                tools.push(control.to_string());
+            }
+        }
+        let mut policy = Policy::default();
+        policy.adjust(&spec.allow, &spec.ask, &spec.deny);
+        policy.redact = spec.redact;
+        policy.check_patterns().map_err(ApiError::Input)?;
+        // A session created over the API works for a token's principal unless its creator
+        // (an admin) typed another: `alice` there is `token:alice`, never the CLI's
+        // `local:alice`.
+        let kind = match spec.owner {
+            Some(_) => crate::memory::Kind::Token,
+            None => crate::memory::Kind::Local,
+        };
+        let user = spec.user.map(|u| crate::memory::typed(&u, kind));
+        // Pinned at the versions installed now, in the creation transaction.
+        let pins = self.tools.current_pins(&tools)?;
+        let new = NewSession {
+            pins,
+            id: spec.id,
+            grants,
+            net: spec.net,
+            tools,
+            policy,
+            budget: spec.budget,
+            model: spec.model,
+            system_prompt: spec.system_prompt,
+            guards: Some(spec.guards),
+            preprocess: spec.preprocess.clone(),
+            user,
+            named_tools,
+            owner: spec.owner,
+        };
+        let id = match spec.main {
+            Some(limits) => self.engine.create_main(new, limits, spec.preprocess).await?,
+            None => self.engine.create(new).await?,
+        };
+        Ok(id.into())
+    }
+
+    /// Adds `tools` to an existing session (add-only), pinned at the versions installed now.
+    pub async fn add_session_tools(&self, id: &str, tools: &[String]) -> Result<(), ApiError> {
+        for t in tools {
+            self.tools.resolve(t).map_err(|e| ApiError::NotInstalled(e.to_string()))?;
+        }
+        let selection =
+            crate::session::capabilities::Selection { tools: tools.to_vec(), ..Default::default() };
+        self.engine
+            .add_capabilities(id, selection, crate::session::capabilities::Via::Admin)
+            .await?;
+        Ok(())
+    }
+
+    /// Submits `text` to session `id` and runs its turns (or queues the input when another
+    /// runner holds the session). An empty input is refused before anything is stored.
+    pub async fn send(
+        &self,
+        id: &str,
+        text: &str,
+        cancel: &CancelToken,
+        events: &Events,
+    ) -> Result<Submitted, ApiError> {
+        if text.trim().is_empty() {
+            return Err(ApiError::Input("the message is empty: say what to do".into()));
+        }
+        self.engine.meta(id).await?;
+        if let Some(main) = self.brain.workgroup_of(id).await? {
+            // A session of a workgroup: the input is committed, then every session of the
+            // workgroup with work runs until none has any left.
+            let seq = self.engine.submit(id, text).await?;
+            let mut ran = self.brain.run_workgroup(&main, cancel, events).await?;
+            return Ok(ran.remove(id).unwrap_or(Submitted::Queued { inbox_seq: seq }));
+        }
+        Ok(self.brain.submit(id, text, cancel, events).await?)
+    }
+
+    /// Commits `text` to session `id`'s inbox without running it (a front-end that runs turns
+    /// in the background: [`resume`](Self::resume) then takes it). Returns its inbox sequence
+    /// number; an empty input is refused before anything is stored.
+    pub async fn queue(&self, id: &str, text: &str) -> Result<i64, ApiError> {
+        if text.trim().is_empty() {
+            return Err(ApiError::Input("the message is empty: say what to do".into()));
+        }
+        self.engine.meta(id).await?;
+        Ok(self.engine.submit(id, text).await?)
+    }
+
+    /// Records a decision on approval unit `unit` (of session `session`, when given), decided
+    /// by the local user.
+    pub async fn decide(
+        &self,
+        unit: &str,
+        decision: Decision,
+        reason: Option<String>,
+        session: Option<String>,
+    ) -> Result<ApprovalUnit, ApiError> {
+        Ok(self.brain.decide(unit, decision, reason, session).await??)
+    }
+
+    /// Like [`decide`](Self::decide), recording `by` as the decider.
+    pub async fn decide_by(
+        &self,
+        unit: &str,
+        decision: Decision,
+        reason: Option<String>,
+        by: String,
+    ) -> Result<ApprovalUnit, ApiError> {
+        Ok(self.brain.decide_by(unit, decision, reason, None, by).await??)
+    }
+
+    /// Approval unit `unit`.
+    pub async fn approval(&self, unit: &str) -> Result<ApprovalUnit, ApiError> {
+        self.engine
+            .approval(unit)
+            .await?
+            .ok_or_else(|| ApiError::Decision(DecideError::NotFound { unit: unit.into() }))
+    }
+
+    /// Resumes session `id` (after a decision, or a recovery): runs its open turn and queued
+    /// inputs. `None` when another live runner holds it (that runner resumes it).
+    pub async fn resume(
+        &self,
+        id: &str,
+        cancel: &CancelToken,
+        events: &Events,
+    ) -> Result<Option<Submitted>, ApiError> {
+        if let Some(main) = self.brain.workgroup_of(id).await? {
+            // The whole workgroup: a decision on a child's call ends with its parent (and the
+            // main session) having taken the child's answer.
+            let mut ran = self.brain.run_workgroup(&main, cancel, events).await?;
+            return Ok(ran.remove(id).or_else(|| ran.remove(&main)));
+        }
+        Ok(self.brain.drain(id, cancel, events).await?)
+    }
+
+    /// The main session of the workgroup session `id` belongs to (`None`: a standalone
+    /// session).
+    pub async fn workgroup_of(&self, id: &str) -> Result<Option<String>, ApiError> {
+        self.engine.meta(id).await?;
+        Ok(self.brain.workgroup_of(id).await?)
+    }
+
+    /// The workgroup of main session `main`: its limits, use and sessions.
+    pub async fn workgroup(
+        &self,
+        main: &str,
+    ) -> Result<crate::session::workgroup::Workgroup, ApiError> {
+        let m = main.to_string();
+        let found =
+            self.engine.db().read(move |c| crate::session::workgroup::workgroup_in(c, &m)).await?;
+        match found {
+            Some(w) => Ok(w),
+            None => {
+                self.engine.meta(main).await?;
+                Err(ApiError::Input(format!(
+                    "session `{main}` is not a main session; `keel workgroup list` lists them"
+                )))
+            }
+        }
+    }
+
+    /// Every workgroup, newest first.
+    pub async fn workgroups(&self) -> Result<Vec<crate::session::workgroup::Workgroup>, ApiError> {
+        let db = self.engine.db().clone();
+        Ok(db
+            .read(|c| {
+                let mut out = Vec::new();
+                for m in crate::session::workgroup::mains_in(c)? {
+                    out.extend(crate::session::workgroup::workgroup_in(c, &m)?);
+                }
+                Ok(out)
+            })
+            .await?)
+    }
+
+    /// The events between the sessions of the workgroup of `main`, in order.
+    pub async fn workgroup_events(
+        &self,
+        main: &str,
+    ) -> Result<Vec<crate::session::workgroup::EventRecord>, ApiError> {
+        self.workgroup(main).await?;
+        let m = main.to_string();
+        Ok(self.engine.db().read(move |c| crate::session::workgroup::events_in(c, &m)).await?)
+    }
+
+    /// Interrupts session `id`: a running turn stops at its next check, a waiting one is
+    /// closed now. Returns the state the session was in.
+    pub async fn interrupt(&self, id: &str) -> Result<RuntimeState, ApiError> {
+        Ok(self.brain.interrupt(id).await?)
+    }
+
+    /// What recovery found when this harness opened the home: sessions whose runner was gone.
+    /// Each that is [`resumable`](RecoveredSession::resumable) continues with
+    /// [`resume`](Self::resume).
+    pub fn recovered(&self) -> &[RecoveredSession] {
+        &self.recovered
+    }
+
+    /// Pins every loaded tool of session `id` to the version installed now (an admin's
+    /// upgrade); returns what changed.
+    pub async fn upgrade_session_tools(&self, id: &str) -> Result<Vec<PinChange>, ApiError> {
+        let meta = self.engine.meta(id).await?;
+        let pins: ToolPins = self.tools.current_pins(&meta.loaded_tools)?;
+        Ok(self.engine.pin_tools(id, pins, true).await?)
+    }
+
+    /// Whether session `id` exists.
+    pub async fn session_exists(&self, id: &str) -> Result<bool, ApiError> {
+        Ok(self.engine.exists(id).await?)
+    }
+
+    /// Session `id`'s settings and state.
+    pub async fn session(&self, id: &str) -> Result<SessionMeta, ApiError> {
+        Ok(self.engine.meta(id).await?)
+    }
+
+    /// Every session, newest first.
+    pub async fn sessions(&self) -> Result<Vec<SessionSummary>, ApiError> {
+        Ok(self.engine.list().await?)
+    }
+
+    /// Everything session `id` did: turns, messages, tool calls, model calls, approvals.
+    pub async fn timeline(&self, id: &str) -> Result<Timeline, ApiError> {
+        Ok(self.engine.timeline(id).await?)
+    }
+
+    /// Session `id`'s model calls, one per step.
+    pub async fn model_calls(&self, id: &str) -> Result<Vec<ModelCallRecord>, ApiError> {
+        Ok(self.engine.model_calls(id).await?)
+    }
+
+    /// The exact request body of `step` of session `id` (the last one if `None`), checked
+    /// against its recorded digest.
+    pub async fn evidence(&self, id: &str, step: Option<i64>) -> Result<(i64, Vec<u8>), ApiError> {
+        Ok(self.engine.evidence(id, step).await?)
+    }
+
+    /// The body of refused request `n` of session `id` (the last one if `None`).
+    pub async fn refused_evidence(
+        &self,
+        id: &str,
+        n: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), ApiError> {
+        Ok(self.engine.refused_evidence(id, n).await?)
+    }
+
+    /// The body of the understanding call of turn `turn` of session `id` (the last one if
+    /// `None`), byte for byte.
+    pub async fn understanding_evidence(
+        &self,
+        id: &str,
+        turn: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), ApiError> {
+        Ok(self.engine.understanding_evidence(id, turn).await?)
+    }
+
+    /// Session `id`'s events after sequence number `after`, oldest first, at most `limit`.
+    pub async fn events(
+        &self,
+        id: &str,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<EventRow>, ApiError> {
+        Ok(self.engine.events_after(id, after, limit).await?)
+    }
+
+    /// The sequence number of session `id`'s last event (0 without events).
+    pub async fn last_event(&self, id: &str) -> Result<i64, ApiError> {
+        Ok(self.engine.last_event(id).await?)
+    }
+
+    /// Follows session `id`'s events after `after`, whichever process commits them, polling
+    /// the store every `every`; the receiver gets each new event once, in order.
+    pub async fn follow(
+        &self,
+        id: &str,
+        after: i64,
+        every: Duration,
+    ) -> Result<tokio::sync::mpsc::Receiver<Result<EventRow, StoreError>>, ApiError> {
+        self.engine.meta(id).await?;
+        Ok(self.engine.follow(id, after, every))
+    }
+
+    /// Approval units, of one session or all, pending only or all.
+    pub async fn approvals(
+        &self,
+        session: Option<&str>,
+        pending_only: bool,
+    ) -> Result<Vec<ApprovalUnit>, ApiError> {
+        if let Some(s) = session {
+            self.engine.meta(s).await?;
+        }
+        Ok(self.engine.approvals(session, pending_only).await?)
+    }
+
+    /// Approval units of session `session` and of every session below it in its workgroup
+    /// (`keel approvals --session MAIN --all-children`).
+    pub async fn approvals_below(
+        &self,
+        session: &str,
+        pending_only: bool,
+    ) -> Result<Vec<ApprovalUnit>, ApiError> {
+        self.engine.meta(session).await?;
+        let s = session.to_string();
+        let below = self
+            .engine
+            .db()
+            .read(move |c| crate::session::workgroup::descendants_in(c, &s))
+            .await?;
+        let mut out = self.engine.approvals(Some(session), pending_only).await?;
+        for d in below {
+            out.extend(self.engine.approvals(Some(&d), pending_only).await?);
+        }
+        Ok(out)
+    }
+
+    /// Validates, compiles and installs a component as `name` (`source` says where it came
+    /// from), pinned by its sha256.
+    pub async fn install_tool(
+        &self,
+        bytes: &[u8],
+        name: &str,
+        source: &str,
+        mode: InstallMode,
+    ) -> Result<InstallReport, ApiError> {
+        Ok(self.tools.install_as(bytes, name, source, mode).await?)
+    }
+
+    /// The installed tools.
+    pub fn tools(&self) -> Result<Vec<ToolRecord>, ApiError> {
+        Ok(self.tools.tools()?)
+    }
+
+    /// The component named `name`, or the one providing the tool `name`, with its tools.
+    pub fn tool(&self, name: &str) -> Result<(ComponentRecord, Vec<ToolRecord>), ApiError> {
+        Ok(self.tools.component_for(name)?)
+    }
+
+    /// Removes the component named `name` (or providing the tool `name`); returns it and the
+    /// names of its tools. Sessions that pinned it keep their record of it.
+    pub fn remove_tool(&self, name: &str) -> Result<(ComponentRecord, Vec<String>), ApiError> {
+        Ok(self.tools.remove(name)?)
+    }
+
+    /// Adds a tool implemented in this process (a control or MCP tool) to the catalog; from
+    /// then on it is loaded, checked, asked about, approved and journaled like a component's.
+    pub fn register_host_tool(&self, tool: std::sync::Arc<dyn HostTool>) -> Result<(), ApiError> {
+        Ok(self.tools.register_host_tool(tool)?)
+    }
+
+    /// An admin's direct, governed call of one tool, outside any session.
+    pub async fn call_tool(&self, req: CallRequest<'_>) -> Result<CallOutcome, ApiError> {
+        Ok(self.tools.call(req).await?)
+    }
+}
+
+/// What installing a skill did: the skill, and the install of each component it bundles.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SkillInstallReport {
+    #[serde(flatten)]
+    pub installed: crate::skills::SkillInstalled,
+    pub components: Vec<InstallReport>,
+}
+
+/// A session's capabilities: each loaded tool and skill with how it arrived, and the
+/// orchestration of each turn that prepared capabilities.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SessionCapabilities {
+    pub capabilities: Vec<crate::session::capabilities::Capability>,
+    pub orchestrations: Vec<crate::session::capabilities::Orchestration>,
+}
+
+/// Skills, long-term memory and a session's capabilities.
+impl Harness {
+    /// Reads, checks and installs the skill at `path` (a directory holding `SKILL.md`, or the
+    /// file alone): its bundled components first, through the normal tool install (same
+    /// validation, same reserved names), then the skill, pinned by the SHA-256 of its content.
+    /// `upgrade` replaces an installed skill (and its components) of the same name.
+    pub async fn install_skill(
+        &self,
+        path: &std::path::Path,
+        upgrade: bool,
+    ) -> Result<SkillInstallReport, ApiError> {
+        let pkg = crate::skills::read_package(path)?;
+        // Refused before its components are installed: other content under an installed
+        // name needs `upgrade`.
+        if !upgrade {
+            let (name, digest) = (pkg.name.clone(), pkg.digest.clone());
+            let current = self.db.read(move |c| crate::skills::get_in(c, &name)).await?;
+            if let Some(old) = current.filter(|r| r.digest != digest) {
+                return Err(crate::skills::installed_already(&old.name, &old.digest).into());
+            }
+        }
+        let source = path.display().to_string();
+        let mode = if upgrade { InstallMode::Upgrade } else { InstallMode::New };
+        let mut components = Vec::new();
+        for (name, bytes) in &pkg.components {
+            let from = format!("{source} (skill {})", pkg.name);
+            components.push(self.tools.install_as(bytes, name, &from, mode).await?);
+        }
+        let installed =
+            self.db.run(move |c| crate::skills::install_in(c, &pkg, &source, upgrade)).await?;
+        Ok(SkillInstallReport { installed, components })
+    }
+
+    /// The installed skills, by name.
+    pub async fn skills(&self) -> Result<Vec<crate::skills::SkillRecord>, ApiError> {
+        Ok(self.db.read(crate::skills::list_in).await?)
+    }
+
+    /// The installed skill `name` with the version it is installed at (its body).
+    pub async fn skill(
+        &self,
+        name: &str,
+    ) -> Result<(crate::skills::SkillRecord, crate::skills::SkillVersion), ApiError> {
+        let n = name.to_string();
+        let found = self
+            .db
+            .read(move |c| {
+                let Some(r) = crate::skills::get_in(c, &n)? else { return Ok(None) };
+                Ok(crate::skills::version_in(c, &r.digest)?.map(|v| (r, v)))
+            })
+            .await?;
+        found.ok_or_else(|| crate::skills::SkillError::NotInstalled(name.to_string()).into())
+    }
+
+    /// Removes the installed skill `name` (sessions that loaded it keep their version; the
+    /// components it bundled stay installed — remove them with `remove_tool`).
+    pub async fn remove_skill(&self, name: &str) -> Result<crate::skills::SkillRecord, ApiError> {
+        let n = name.to_string();
+        Ok(self.db.run(move |c| crate::skills::remove_in(c, &n)).await?)
+    }
+
+    /// The memories of `user` (of every user when `None`), oldest first. A user named without
+    /// a kind is a local one (`alice` is `local:alice`; `token:alice` names an API token's).
+    pub async fn memories(
+        &self,
+        user: Option<&str>,
+    ) -> Result<Vec<crate::memory::Memory>, ApiError> {
+        let u = user.map(str::to_string);
+        Ok(self.db.read(move |c| crate::memory::list_in(c, u.as_deref())).await?)
+    }
+
+    /// Remembers `text` (with `tags`) for `user`; returns its id.
+    pub async fn add_memory(
+        &self,
+        user: &str,
+        text: &str,
+        tags: &[String],
+    ) -> Result<i64, ApiError> {
+        let (u, t, g) = (user.to_string(), text.to_string(), tags.to_vec());
+        Ok(self.db.run(move |c| crate::memory::add_in(c, &u, &t, &g, None)).await?)
+    }
+
+    /// Removes memory `id` of `user`.
+    pub async fn remove_memory(
+        &self,
+        user: &str,
+        id: i64,
+    ) -> Result<crate::memory::Memory, ApiError> {
+        let u = user.to_string();
+        Ok(self.db.run(move |c| crate::memory::remove_in(c, &u, id)).await?)
+    }
+
+    /// Session `id`'s capabilities, how each arrived, and its orchestrations.
+    pub async fn capabilities(&self, id: &str) -> Result<SessionCapabilities, ApiError> {
+        let (capabilities, orchestrations) = self.engine.capabilities(id).await?;
+        Ok(SessionCapabilities { capabilities, orchestrations })
+    }
+
+    /// Unloads a tool or skill from session `id` (the explicit removal path: nothing else
+    /// removes a capability).
+    pub async fn unload(
+        &self,
+        id: &str,
+        kind: crate::session::capabilities::Kind,
+        name: &str,
+    ) -> Result<(), ApiError> {
+        Ok(self.engine.unload(id, kind, name).await?)
+    }
+
+    /// Compacts session `id` now (see [`Brain::compact`](crate::brain::Brain::compact)); inputs
+    /// that arrived meanwhile are run afterwards.
+    pub async fn compact(
+        &self,
+        id: &str,
+        cancel: &CancelToken,
+        events: &Events,
+    ) -> Result<crate::agent::compact::Compaction, ApiError> {
+        self.engine.meta(id).await?;
+        Ok(self.brain.compact(id, cancel, events).await?)
+    }
+
+    /// Session `id`'s checkpoints, oldest first.
+    pub async fn checkpoints(
+        &self,
+        id: &str,
+    ) -> Result<Vec<crate::session::compaction::CheckpointRecord>, ApiError> {
+        Ok(self.engine.checkpoints(id).await?)
+    }
+
+    /// The exact request of checkpoint `n`'s summary call (the last checkpoint's if `None`).
+    pub async fn compaction_evidence(
+        &self,
+        id: &str,
+        n: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), ApiError> {
+        Ok(self.engine.compaction_evidence(id, n).await?)
+    }
+
+    /// The exact request of turn `turn`'s orchestration call (the last one made if `None`).
+    pub async fn orchestration_evidence(
+        &self,
+        id: &str,
+        turn: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), ApiError> {
+        Ok(self.engine.orchestration_evidence(id, turn).await?)
+    }
+}
+
+/// What `keel mcp refresh` found: the server's tools now against those accepted.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct McpRefresh {
+    pub server: String,
+    pub info: crate::tools::mcp::ServerInfo,
+    pub diff: crate::tools::mcp::ToolDiff,
+    /// Whether the catalog now holds the server's current tools (nothing changed, or the
+    /// change was accepted).
+    pub accepted: bool,
+    pub skipped: Vec<(String, String)>,
+}
+
+/// External MCP servers as tools.
+impl Harness {
+    /// Starts the server of `spec`, lists its tools and adds it to the catalog (its tools as
+    /// `NAME__TOOL`, pinned by digest). The server is stopped again; calls start it on demand.
+    pub async fn mcp_add(
+        &self,
+        spec: crate::tools::mcp::ServerSpec,
+    ) -> Result<crate::tools::mcp::Offer, ApiError> {
+        crate::tools::mcp::check_server_name(&spec.name)
+            .map_err(crate::tools::ToolServiceError::from)?;
+        if self.tools.component_for(&spec.name).is_ok() {
+            return Err(crate::tools::ToolServiceError::from(crate::tools::mcp::McpError::Exists(
+                spec.name.clone(),
+            ))
+            .into());
+        }
+        let live = crate::tools::mcp::client::connect(&spec)
+            .await
+            .map_err(crate::tools::ToolServiceError::from)?;
+        let offer = live.offer();
+        live.close().await;
+        self.tools.mcp_put(&spec, &offer, false)?;
+        Ok(offer)
+    }
+
+    /// Lists the server's tools again and compares them with those accepted; with `accept`,
+    /// a change replaces them (sessions see the new tools; approvals bound to a changed tool's
+    /// old digest no longer match).
+    pub async fn mcp_refresh(&self, name: &str, accept: bool) -> Result<McpRefresh, ApiError> {
+        let record = self.tools.mcp_server(name)?;
+        let live = crate::tools::mcp::client::connect(&record.spec)
+            .await
+            .map_err(crate::tools::ToolServiceError::from)?;
+        let offer = live.offer();
+        live.close().await;
+        let (_, tools) = self.tools.component_for(name)?;
+        let old: Vec<(ToolRecord, crate::tools::mcp::PinnedTool)> = record
+            .tools
+            .iter()
+            .filter_map(|p| tools.iter().find(|t| t.name == p.name).map(|t| (t.clone(), p.clone())))
+            .collect();
+        let diff = crate::tools::mcp::diff(&old, &offer.tools);
+        let accepted = diff.is_empty() || accept;
+        if accepted {
+            self.tools.mcp_put(&record.spec, &offer, true)?;
+        }
+        Ok(McpRefresh {
+            server: name.to_string(),
+            info: offer.info,
+            diff,
+            accepted,
+            skipped: offer.skipped,
+        })
+    }
+
+    /// Every added MCP server.
+    pub fn mcp_servers(&self) -> Result<Vec<crate::tools::mcp::registry::ServerRecord>, ApiError> {
+        Ok(self.tools.mcp_servers()?)
+    }
+
+    /// One added MCP server, with its tools as the catalog holds them.
+    pub fn mcp_server(
+        &self,
+        name: &str,
+    ) -> Result<(crate::tools::mcp::registry::ServerRecord, Vec<ToolRecord>), ApiError> {
+        let record = self.tools.mcp_server(name)?;
+        let (_, tools) = self.tools.component_for(name)?;
+        Ok((record, tools))
+    }
+
+    /// Removes an MCP server and its tools; returns the tools' names.
+    pub fn mcp_remove(&self, name: &str) -> Result<Vec<String>, ApiError> {
+        Ok(self.tools.mcp_remove(name)?)
+    }
+}
+
+/// API tokens and grant presets: who may use keel over the network, and with which grants.
+impl Harness {
+    /// Makes token `name` with `role`; returns its secret (shown once: only its hash is kept).
+    pub async fn token_add(
+        &self,
+        name: &str,
+        role: crate::access::Role,
+    ) -> Result<String, ApiError> {
+        let n = name.to_string();
+        Ok(self.db.run(move |c| crate::access::add_token_in(c, &n, role)).await?)
+    }
+
+    /// Stores token `name` by its hash, replacing one of that name (how `keel serve` keeps the
+    /// admin token it writes to the home).
+    pub async fn token_put_hashed(
+        &self,
+        name: &str,
+        role: crate::access::Role,
+        hash: String,
+    ) -> Result<(), ApiError> {
+        let n = name.to_string();
+        Ok(self.db.run(move |c| crate::access::put_token_in(c, &n, role, &hash)).await?)
+    }
+
+    /// Every token (names and roles, never secrets).
+    pub async fn tokens(&self) -> Result<Vec<crate::access::TokenRecord>, ApiError> {
+        Ok(self.db.read(crate::access::tokens_in).await?)
+    }
+
+    /// Revokes token `name`: requests carrying it are refused from now on.
+    pub async fn token_revoke(&self, name: &str) -> Result<crate::access::TokenRecord, ApiError> {
+        let n = name.to_string();
+        Ok(self.db.run(move |c| crate::access::revoke_in(c, &n)).await?)
+    }
+
+    /// The version of the tokens, which every token added, replaced or revoked moves (by any
+    /// process on this home).
+    pub async fn access_version(&self) -> Result<i64, ApiError> {
+        Ok(self.db.read(crate::access::access_version_in).await?)
+    }
+
+    /// The principal a presented token stands for; `unauthorized` for an unknown token.
+    pub async fn authenticate(&self, token: &str) -> Result<crate::access::Principal, ApiError> {
+        let hash = crate::access::token_hash(token);
+        self.db.read(move |c| crate::access::principal_in(c, &hash)).await?.ok_or_else(|| {
+            crate::access::AccessError::Unauthorized(
+                "the token is not valid (revoked, or never made): see `keel token list`".into(),
+            )
+            .into()
+        })
+    }
+
+    /// Defines grant preset `name` (replacing one of that name with `replace`).
+    pub async fn preset_add(
+        &self,
+        name: &str,
+        grants: Vec<Grant>,
+        user_decides: bool,
+        replace: bool,
+    ) -> Result<crate::access::Preset, ApiError> {
+        self.tools.check_grants(&grants).map_err(|e| ApiError::Grant(e.to_string()))?;
+        let n = name.to_string();
+        Ok(self
+            .db
+            .run(move |c| crate::access::add_preset_in(c, &n, &grants, user_decides, replace))
+            .await?)
+    }
+
+    /// Every grant preset.
+    pub async fn presets(&self) -> Result<Vec<crate::access::Preset>, ApiError> {
+        Ok(self.db.read(crate::access::presets_in).await?)
+    }
+
+    /// Grant preset `name`.
+    pub async fn preset(&self, name: &str) -> Result<crate::access::Preset, ApiError> {
+        let n = name.to_string();
+        self.db.read(move |c| crate::access::preset_in(c, &n)).await?.ok_or_else(|| {
+            crate::access::AccessError::NotFound(format!(
+                "no preset is named `{}` (an admin defines them with `keel grant preset add`)",
+                name.escape_debug()
+            ))
+            .into()
+        })
+    }
+
+    /// Removes grant preset `name` (sessions created with it keep their grants).
+    pub async fn preset_remove(&self, name: &str) -> Result<crate::access::Preset, ApiError> {
+        let n = name.to_string();
+        Ok(self.db.run(move |c| crate::access::remove_preset_in(c, &n)).await?)
+    }
+}

@@ -1,0 +1,331 @@
+//! The keel home's settings file, `HOME/keel.toml`, and the environment variables that
+//! override it. Each table is read here and only here:
+//!
+//! ```toml
+//! [model]                    # see harness::model_config; KEEL_MODEL_URL, KEEL_MODEL
+//! base_url = "http://localhost:8080/v1"
+//! model = "local"
+//! context_window = 32768     # with it, requests past compact_at (0.8) of it compact first
+//!
+//! [store]
+//! synchronous = "full"       # full (default) | normal | off; KEEL_SYNCHRONOUS overrides
+//!
+//! [serve]                    # keel serve: the HTTP API and console
+//! listen = "127.0.0.1:7420"
+//! grant_roots = ["/srv/projects"]  # admins grant only directories under these
+//! header_timeout_secs = 10   # these four bound every HTTP front-end's connections
+//! body_timeout_secs = 60
+//! idle_timeout_secs = 60
+//! max_connections = 1024
+//!
+//! [mcp]                      # keel mcp serve
+//! token = "…"                # KEEL_MCP_TOKEN; at least 16 characters
+//! max_sessions = 64          # --http: MCP sessions open at once
+//! session_idle_secs = 300    # --http: an idle MCP session is closed
+//! ```
+//!
+//! A missing file is an empty one; a file that does not parse, an unknown key inside a table or
+//! a value out of range is an error naming the file and the key.
+
+use std::path::PathBuf;
+
+use crate::home::Home;
+use crate::store::Synchronous;
+
+/// A setting that cannot work: a file that does not parse, an unknown key, a value out of
+/// range, an environment variable that does not read. The message names the setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl ConfigError {
+    /// The stable kind of every setting error: `config`.
+    pub fn kind(&self) -> &'static str {
+        "config"
+    }
+}
+
+impl From<String> for ConfigError {
+    fn from(message: String) -> Self {
+        Self(message)
+    }
+}
+
+/// The `[model]` table: every key optional (flags and environment fill in or override).
+#[derive(serde::Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct ModelTable {
+    pub base_url: Option<String>,
+    pub model: Option<String>,
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
+    pub timeout_ms: Option<u64>,
+    pub stream: Option<bool>,
+    /// Ask for token usage when streaming (`stream_options`); false for a server that
+    /// rejects the field.
+    pub stream_usage: Option<bool>,
+    pub max_retries: Option<u32>,
+    /// The model's context window in tokens: requests past `compact_at` of it are preceded by
+    /// a compaction.
+    pub context_window: Option<u64>,
+    /// The fraction of `context_window` a request may fill (default 0.8).
+    pub compact_at: Option<f64>,
+    /// `[model.preprocess]`: the task-understanding call.
+    pub preprocess: Option<PreprocessTable>,
+}
+
+/// The `[model.preprocess]` table: the task-understanding call of new sessions. Every key
+/// optional; the server and model default to the session's.
+#[derive(serde::Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct PreprocessTable {
+    /// `false` turns the call off for new sessions (as `--no-preprocess` does).
+    pub enabled: Option<bool>,
+    pub base_url: Option<String>,
+    pub model: Option<String>,
+    pub max_tokens: Option<u32>,
+    pub timeout_ms: Option<u64>,
+    /// `json_schema` (default), `json_object`, or `none` for a server that refuses
+    /// `response_format`.
+    pub response_format: Option<String>,
+}
+
+/// The `[store]` table.
+#[derive(serde::Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct StoreTable {
+    pub synchronous: Option<String>,
+}
+
+/// The `[tools]` table.
+#[derive(serde::Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsTable {
+    /// SHA-256 digests (hex, as `keel tool list` shows them) of components an admin trusts
+    /// with keel's control interfaces (`keel:control/plan`); first-party components are
+    /// trusted without being listed.
+    #[serde(default)]
+    pub control_trusted: Vec<String>,
+}
+
+/// The `[mcp]` table.
+#[derive(serde::Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct McpTable {
+    /// The bearer token `keel mcp serve --http` requires of clients (`KEEL_MCP_TOKEN`
+    /// overrides it); needed for any address other than loopback.
+    pub token: Option<String>,
+    /// MCP sessions `keel mcp serve --http` keeps open at once (default 64).
+    pub max_sessions: Option<usize>,
+    /// Seconds after which an MCP session with no request is closed (default 300).
+    pub session_idle_secs: Option<u64>,
+}
+
+impl McpTable {
+    /// The HTTP endpoint's session bounds: each setting given, else its default; checked.
+    pub fn http_limits(&self) -> Result<HttpLimits, String> {
+        let d = HttpLimits::default();
+        let l = HttpLimits {
+            max_sessions: self.max_sessions.unwrap_or(d.max_sessions),
+            session_idle: self
+                .session_idle_secs
+                .map(std::time::Duration::from_secs)
+                .unwrap_or(d.session_idle),
+        };
+        if !(1..=65_536).contains(&l.max_sessions) {
+            return Err("[mcp] max_sessions must be 1 to 65536".into());
+        }
+        if !(1..=86_400).contains(&l.session_idle.as_secs()) {
+            return Err("[mcp] session_idle_secs must be 1 to 86400".into());
+        }
+        Ok(l)
+    }
+}
+
+/// The bounds of `keel mcp serve --http` beyond its connections' (`[mcp]` in keel.toml).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// MCP sessions open at once, at most; an `initialize` past it is refused (503).
+    pub max_sessions: usize,
+    /// An MCP session with no request for this long is closed.
+    pub session_idle: std::time::Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self { max_sessions: 64, session_idle: std::time::Duration::from_secs(300) }
+    }
+}
+
+/// The `[serve]` table: `keel serve`, the HTTP API and console.
+#[derive(serde::Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct ServeTable {
+    /// The address to listen on (default 127.0.0.1:7420; `--listen` overrides it).
+    pub listen: Option<String>,
+    /// Host directories under which an admin may grant directories to sessions over the API
+    /// (a grant outside them is refused; none listed: no API grants at all).
+    #[serde(default)]
+    pub grant_roots: Vec<PathBuf>,
+    /// Seconds a request's headers may take to arrive (default 10). These four bounds hold
+    /// for `keel mcp serve --http` too.
+    pub header_timeout_secs: Option<u64>,
+    /// Seconds a request's whole body may take to arrive (default 60).
+    pub body_timeout_secs: Option<u64>,
+    /// Seconds a connection may stay open with no request in progress (default 60).
+    pub idle_timeout_secs: Option<u64>,
+    /// Open connections at most (default 1024); past it the longest-idle one is closed.
+    pub max_connections: Option<usize>,
+}
+
+impl ServeTable {
+    /// The listener's bounds: each setting given, else its default; checked.
+    pub fn bounds(&self) -> Result<Bounds, String> {
+        let d = Bounds::default();
+        let secs = |v: Option<u64>, d: std::time::Duration| {
+            v.map(std::time::Duration::from_secs).unwrap_or(d)
+        };
+        let b = Bounds {
+            header_timeout: secs(self.header_timeout_secs, d.header_timeout),
+            body_timeout: secs(self.body_timeout_secs, d.body_timeout),
+            idle_timeout: secs(self.idle_timeout_secs, d.idle_timeout),
+            max_connections: self.max_connections.unwrap_or(d.max_connections),
+        };
+        b.check()?;
+        Ok(b)
+    }
+}
+
+/// The whole file. Tables keel does not know are left alone (a newer keel's settings must not
+/// stop an older one); unknown keys inside known tables are refused (a typo must not pass
+/// silently).
+#[derive(serde::Deserialize, Default, Debug)]
+pub struct File {
+    #[serde(default)]
+    pub model: Option<ModelTable>,
+    #[serde(default)]
+    pub store: Option<StoreTable>,
+    #[serde(default)]
+    pub tools: Option<ToolsTable>,
+    #[serde(default)]
+    pub mcp: Option<McpTable>,
+    #[serde(default)]
+    pub serve: Option<ServeTable>,
+}
+
+/// The settings file of `home`.
+pub fn path(home: &Home) -> PathBuf {
+    home.root().join("keel.toml")
+}
+
+/// Reads `HOME/keel.toml` (an empty file when there is none).
+pub fn read(home: &Home) -> Result<File, ConfigError> {
+    let path = path(home);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(File::default()),
+        Err(e) => Err(ConfigError(format!("cannot read {}: {e}", path.display()))),
+    }
+}
+
+/// A non-empty environment variable.
+pub fn env(key: &str) -> Option<String> {
+    std::env::var(key).ok().filter(|v| !v.is_empty())
+}
+
+/// A non-empty environment variable parsed by `parse`; an error names the variable.
+pub fn env_parsed<T>(
+    key: &str,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<Option<T>, ConfigError> {
+    env(key).map(|v| parse(v.trim()).map_err(|e| ConfigError(format!("{key}: {e}")))).transpose()
+}
+
+/// How durably the store commits: `KEEL_SYNCHRONOUS`, else `[store] synchronous` in
+/// `keel.toml`, else `full`.
+pub fn synchronous(home: &Home) -> Result<Synchronous, ConfigError> {
+    if let Some(mode) = env_parsed("KEEL_SYNCHRONOUS", str::parse)? {
+        return Ok(mode);
+    }
+    let file = read(home)?;
+    match file.store.and_then(|s| s.synchronous) {
+        Some(value) => value.parse().map_err(|e| {
+            ConfigError(format!("{}: [store] synchronous: {e}", path(home).display()))
+        }),
+        None => Ok(Synchronous::default()),
+    }
+}
+
+/// The bounds of a front-end's connections (`keel.toml` `[serve]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    pub header_timeout: std::time::Duration,
+    pub body_timeout: std::time::Duration,
+    pub idle_timeout: std::time::Duration,
+    pub max_connections: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            header_timeout: std::time::Duration::from_secs(10),
+            body_timeout: std::time::Duration::from_secs(60),
+            idle_timeout: std::time::Duration::from_secs(60),
+            max_connections: 1024,
+        }
+    }
+}
+
+impl Bounds {
+    /// Checks the bounds: every timeout at least a second (at most a day), a cap of 1 to
+    /// 65,536 connections that this process may open as files.
+    pub fn check(&self) -> Result<(), String> {
+        for (what, d) in [
+            ("header_timeout_secs", self.header_timeout),
+            ("body_timeout_secs", self.body_timeout),
+            ("idle_timeout_secs", self.idle_timeout),
+        ] {
+            if d < std::time::Duration::from_secs(1) || d > std::time::Duration::from_secs(86_400) {
+                return Err(format!("[serve] {what} must be 1 to 86400 seconds"));
+            }
+        }
+        if !(1..=65_536).contains(&self.max_connections) {
+            return Err("[serve] max_connections must be 1 to 65536".into());
+        }
+        Ok(())
+    }
+
+    /// The cap this process can keep: `max_connections`, lowered (with a warning) to leave
+    /// room below the open-file limit for the database, components and logs. The soft limit
+    /// is raised to the hard one first.
+    pub fn fitted(mut self) -> Self {
+        let limit = open_file_limit();
+        const RESERVE: usize = 128;
+        if let Some(limit) = limit
+            && self.max_connections + RESERVE > limit
+        {
+            let fit = limit.saturating_sub(RESERVE).max(1);
+            tracing::warn!(
+                "[serve] max_connections {} does not fit the open-file limit {limit}: using {fit}",
+                self.max_connections
+            );
+            self.max_connections = fit;
+        }
+        self
+    }
+}
+
+/// The open-file limit after raising the soft limit to the hard one.
+fn open_file_limit() -> Option<usize> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut l = getrlimit(Resource::Nofile);
+    if l.current < l.maximum {
+        let raised = rustix::process::Rlimit { current: l.maximum, maximum: l.maximum };
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            l = raised;
+        }
+    }
+    l.current.map(|c| usize::try_from(c).unwrap_or(usize::MAX))
+}

@@ -1,0 +1,82 @@
+//! # keel
+//!
+//! An agent harness whose every tool is a WebAssembly component. This crate is the host: the
+//! owner spine, the tool runtime and the `keel` command.
+//!
+//! Owners (one module each, one owner per fact):
+//! - [`sandbox`] — ProcessSandbox: runs one component call under a budget, with only the
+//!   granted directories and, through its egress hook, only the granted network
+//!   destinations. Decides nothing about what is allowed.
+//! - [`secrets`] — the secrets broker: the encrypted store of credentials, and the redactor
+//!   every call's output passes.
+//! - [`tools`] — ToolService: the tool catalog (install, validate, pin by digest) and the
+//!   governance chain of one call (resolve → schema → lease → sandbox → normalise).
+//! - [`session`] — SessionEngine: sessions, history, inbox, journal, approvals, evidence and
+//!   events; request assembly; the SQL of recovery.
+//! - [`agent`] — AgentService: the model/tool loop of one turn and its loop guards.
+//! - [`brain`] — Brain: one runner per session, submit, drain, recovery, interrupts, the
+//!   Orchestrator's call.
+//! - [`model`] — the model provider: one OpenAI-compatible exchange, and the liberal reader of
+//!   the JSON answers of keel's own calls ([`model::answer`]); [`understand`] — the task
+//!   understanding call's request, answer and transition table.
+//! - [`store`] — the SQLite store: connection setup and numbered migrations.
+//! - [`harness`] — the owners of one home wired together; [`api`] — the use cases every
+//!   front-end reaches them through.
+//! - [`home`] — where keel keeps its state (`--home`, `KEEL_HOME`); [`config`] — its settings
+//!   file, `keel.toml`; [`listen`] — the bounded HTTP listener of the network front-ends
+//!   (`keel serve`, `keel mcp serve --http`).
+//! - Leaf modules every owner may use: [`policy`] (effect classes, allow/ask/deny), [`ids`]
+//!   (session, call and approval unit ids), [`stored`] (enums stored as names), [`grant`]
+//!   (directory grants), [`caller`] (the API's principals and a session's owner), [`cancel`],
+//!   [`digest`], [`plan`] (plan steps and the one function that changes them), [`names`] (the
+//!   naming rules of what is installed), [`units`], [`tls`], [`crash`] (test crash points),
+//!   [`builtin`] (the first-party components).
+//! - Around the spine: [`memory`] (per-user long-term memory) and [`search`] (its and the
+//!   catalogs' full-text recall); [`skills`]; [`control`] (what a control call asks for);
+//!   [`access`] (API tokens and grant presets); [`tools::mcp`] (external MCP servers, a tool
+//!   source).
+//! - Front-ends: [`mcp`] (keel as an MCP server) and [`serve`] (the HTTP API and console).
+//!
+//! Layers, bottom first — a module uses only modules of a layer below its own, checked by a
+//! test over the `crate::` paths (`tests/all/layers.rs`): leaves; `store`; `config`; `search`;
+//! `memory`; `model`; `understand`; `secrets`; `control`; `sandbox`; `skills`; `tools`;
+//! `session`; `agent`; `brain`; `access`; `harness`; `api`; `mcp` and `serve`; the CLI.
+#![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
+
+pub mod access;
+pub mod agent;
+pub mod api;
+pub mod brain;
+pub mod builtin;
+pub mod caller;
+pub mod cancel;
+pub mod config;
+pub mod control;
+pub mod crash;
+pub mod digest;
+pub mod grant;
+pub mod harness;
+pub mod home;
+pub mod ids;
+pub mod memory;
+pub mod model;
+pub mod names;
+pub mod plan;
+pub mod policy;
+pub mod sandbox;
+pub mod search;
+pub mod secrets;
+pub mod session;
+pub mod skills;
+pub mod store;
+pub mod stored;
+pub mod tls;
+pub mod tools;
+pub mod understand;
+pub mod units;
+
+/// The memory allocator of the `keel` binary, and of anything that embeds keel and wants the
+/// same figures: a step allocates and frees many small strings and JSON values on several
+/// threads at once, and the system allocator's locking and consolidation were about a tenth
+/// of a busy host's CPU (see `docs/PERFORMANCE.md`).
+pub use mimalloc::MiMalloc as Allocator;

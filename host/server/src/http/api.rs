@@ -1,0 +1,985 @@
+//! The JSON API under `/api/v1`. Each handler checks who may do what, then calls one use case
+//! of the core API; errors are the core API's envelope, with the status of their kind.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use utoipa::{IntoParams, OpenApi, ToSchema};
+
+use super::auth::Caller;
+use super::{App, Failure, MAX_JSON_BODY};
+use keel::access::{AccessError, Owner};
+use keel::sandbox::{Access, Grant};
+use keel::session::{Decision, SessionMeta};
+use keel::tools::InstallMode;
+
+type Shared = State<Arc<App>>;
+
+/// The API's routes (nested under `/api/v1`).
+pub fn routes(app: Arc<App>) -> Router {
+    let upload = app.options.max_upload;
+    Router::new()
+        .route("/openapi.json", get(openapi))
+        .route("/whoami", get(whoami))
+        .route("/sessions", get(list_sessions).post(create_session))
+        .route("/sessions/{id}", get(get_session))
+        .route("/sessions/{id}/timeline", get(timeline))
+        .route("/sessions/{id}/input", post(send_input))
+        .route("/sessions/{id}/interrupt", post(interrupt))
+        .route("/sessions/{id}/evidence/{step}", get(evidence))
+        .route("/sessions/{id}/events", get(events))
+        .route("/sessions/{id}/files", get(files))
+        .route("/sessions/{id}/workgroup", get(workgroup))
+        .route("/approvals", get(list_approvals))
+        .route("/approvals/{id}/approve", post(approve))
+        .route("/approvals/{id}/reject", post(reject))
+        .route("/presets", get(presets))
+        .route("/tools", get(list_tools))
+        .route("/tools", post(upload_tool).layer(DefaultBodyLimit::max(upload.saturating_add(1))))
+        .route("/tools/{name}", get(get_tool).delete(remove_tool))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
+        .layer(axum::middleware::from_fn_with_state(upload, refuse_declared_oversize))
+        .layer(axum::middleware::from_fn(envelope_errors))
+        .with_state(app)
+}
+
+/// Puts every error the router or an extractor answers in plain text (a malformed query
+/// string or path parameter, a method the route does not take, a body that does not read) in
+/// the API's JSON envelope: a client parses one shape whatever went wrong.
+async fn envelope_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let res = next.run(req).await;
+    let status = res.status();
+    let json = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || json {
+        return res;
+    }
+    let allow = res.headers().get(header::ALLOW).cloned();
+    let text = match axum::body::to_bytes(res.into_body(), 4096).await {
+        Ok(b) => String::from_utf8_lossy(&b).trim().to_string(),
+        Err(_) => String::new(),
+    };
+    let kind = match status {
+        StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY => "input",
+        StatusCode::UNAUTHORIZED => "unauthorized",
+        StatusCode::FORBIDDEN => "forbidden",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::REQUEST_TIMEOUT => "body_timeout",
+        StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        _ => "internal",
+    };
+    let message = match (text.is_empty(), status) {
+        (false, _) => text,
+        (true, StatusCode::METHOD_NOT_ALLOWED) => format!(
+            "this endpoint does not take that method{}: see /api/v1/openapi.json",
+            allow
+                .as_ref()
+                .and_then(|a| a.to_str().ok())
+                .map(|a| format!(" (it takes {a})"))
+                .unwrap_or_default()
+        ),
+        (true, s) => s.canonical_reason().unwrap_or("the request failed").to_string(),
+    };
+    let mut f = Failure::new(kind, message);
+    f.status = status;
+    let mut res = f.into_response();
+    if let Some(a) = allow {
+        res.headers_mut().insert(header::ALLOW, a);
+    }
+    res
+}
+
+/// The failure of a request body that could not be read: it took too long (408), or the
+/// connection broke.
+fn body_failure(e: &(dyn std::error::Error + 'static), fallback: String) -> Failure {
+    if crate::listen::is_body_timeout(e) {
+        Failure::new("body_timeout", e.to_string())
+    } else {
+        Failure::new("input", fallback)
+    }
+}
+
+/// Refuses a request whose declared `Content-Length` is past its route's limit at once,
+/// without reading the body (an upload of a component; JSON otherwise).
+async fn refuse_declared_oversize(
+    State(max_upload): State<usize>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let upload = req.method() == axum::http::Method::POST && req.uri().path().ends_with("/tools");
+    let max = if upload { max_upload } else { MAX_JSON_BODY };
+    match declared {
+        Some(n) if n > max as u64 => too_large(max).into_response(),
+        _ => next.run(req).await,
+    }
+}
+
+async fn not_found() -> Failure {
+    Failure::new("not_found", "no such API endpoint: see /api/v1/openapi.json")
+}
+
+/// A JSON body, refused with the envelope (413 past the size limit, 415 without the JSON
+/// content type, 400 when it does not parse).
+fn body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, Failure> {
+    match body {
+        Ok(Json(v)) => Ok(v),
+        Err(e) if crate::listen::is_body_timeout(&e) => Err(body_failure(&e, String::new())),
+        Err(e) => {
+            let kind = match e.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+                StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+                _ => "input",
+            };
+            let mut f = Failure::new(kind, e.body_text());
+            if kind == "too_large" {
+                f.message = format!("the request body is larger than {MAX_JSON_BODY} bytes");
+            }
+            Err(f)
+        }
+    }
+}
+
+/// Refused and failed requests.
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// Always `false`.
+    pub ok: bool,
+    pub error: ErrorDetail,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable: `input`, `grant`, `unauthorized`, `forbidden`, `not_found`, `conflict`,
+    /// `not_pending`, `too_large`, …
+    pub kind: String,
+    pub message: String,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "keel",
+        description = "keel's HTTP API: sessions, their timelines and events, approvals, tools. \
+                       Every request needs `Authorization: Bearer TOKEN` (`keel token add`)."
+    ),
+    paths(
+        whoami, list_sessions, create_session, get_session, timeline, send_input, interrupt,
+        evidence, events, files, list_approvals, approve, reject, presets, list_tools,
+        upload_tool, get_tool, remove_tool, workgroup
+    ),
+    components(schemas(ErrorBody, ErrorDetail)),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        openapi.servers = Some(vec![utoipa::openapi::Server::new("/api/v1")]);
+    }
+}
+
+/// The OpenAPI document of this API, generated from the handlers.
+pub fn openapi_document() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+async fn openapi() -> Response {
+    let doc = openapi_document();
+    match doc.to_pretty_json() {
+        Ok(text) => ([(header::CONTENT_TYPE, "application/json")], text).into_response(),
+        Err(e) => Failure::new("internal", e.to_string()).into_response(),
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct WhoAmI {
+    pub name: String,
+    /// `admin` or `user`.
+    pub role: String,
+}
+
+/// Who the token belongs to.
+#[utoipa::path(get, path = "/whoami", responses((status = 200, body = WhoAmI), (status = 401, body = ErrorBody)))]
+async fn whoami(caller: Caller) -> Json<WhoAmI> {
+    Json(WhoAmI { name: caller.principal.name, role: caller.principal.role.to_string() })
+}
+
+/// Session `id`'s settings, if `caller` may see it (admins see every session, users their
+/// own); another user's session is "not found".
+pub(crate) async fn visible_session(
+    app: &App,
+    caller: &Caller,
+    id: &str,
+) -> Result<SessionMeta, Failure> {
+    let meta = app.harness.session(id).await?;
+    if caller.is_admin() || owns(caller, meta.owner.as_ref()) {
+        Ok(meta)
+    } else {
+        Err(Failure::new("not_found", format!("session `{}` does not exist", id.escape_debug())))
+    }
+}
+
+fn owns(caller: &Caller, owner: Option<&Owner>) -> bool {
+    owner.is_some_and(|o| o.principal == caller.principal.id())
+}
+
+/// One grant as the API takes and shows it.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GrantSpec {
+    /// An absolute host directory, under one of the server's grant roots.
+    pub host: String,
+    /// Where the session's tools see it (default: `/` and the directory's name).
+    pub guest: Option<String>,
+    /// `ro` (default) or `rw`.
+    #[schema(value_type = Option<String>)]
+    pub access: Option<Access>,
+}
+
+/// Policy adjustments by tool name or effect class.
+#[derive(Deserialize, Default, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySpec {
+    /// Run without asking (admins only).
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Ask a person first.
+    #[serde(default)]
+    pub ask: Vec<String>,
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+/// Per-call limits; a user may only lower the server's.
+#[derive(Deserialize, Default, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSpec {
+    pub fuel: Option<u64>,
+    pub timeout_ms: Option<u64>,
+    pub memory: Option<u64>,
+}
+
+/// A new session and its first input.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    /// The first input: the task, in plain words.
+    pub input: String,
+    /// Chosen id (letters, digits, `-`, `_`), else a generated one.
+    pub id: Option<String>,
+    /// Host directories to grant (admins only, under the server's grant roots).
+    pub grants: Option<Vec<GrantSpec>>,
+    /// A grant preset an admin defined (`keel grant preset add`); instead of `grants`.
+    pub preset: Option<String>,
+    /// The tools the model sees (default: every installed tool).
+    pub tools: Option<Vec<String>>,
+    pub policy: Option<PolicySpec>,
+    pub budget: Option<BudgetSpec>,
+    /// A model name on the server's model endpoint (default: the server's model).
+    pub model: Option<String>,
+    /// The user the session works for (admins only; a user's sessions work for that user).
+    pub user: Option<String>,
+    /// Make it a main session: it delegates to sub-sessions of its workgroup, within these
+    /// limits (a user may only keep or lower the defaults).
+    pub main: Option<MainSpec>,
+}
+
+/// The limits of a main session's workgroup; each absent one takes its default.
+#[derive(Deserialize, Default, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MainSpec {
+    /// Live children of one session, at most (default 8).
+    pub max_children: Option<u32>,
+    /// How deep delegation goes (default 2).
+    pub max_depth: Option<u32>,
+    /// Seconds one request of a child may take (default 1800).
+    pub child_deadline_secs: Option<u64>,
+    /// Seconds after which a parent is told a child still works (default 600; 0: never).
+    pub wait_notice_secs: Option<u64>,
+    /// Model steps of the whole workgroup, at most.
+    pub max_steps: Option<i64>,
+    /// Tokens of the whole workgroup, at most.
+    pub max_tokens: Option<i64>,
+}
+
+impl MainSpec {
+    /// The limits, checked; a user may not raise a default.
+    fn limits(self, admin: bool) -> Result<keel::session::workgroup::Limits, Failure> {
+        let d = keel::session::workgroup::Limits::default();
+        let limits = keel::session::workgroup::Limits {
+            max_live_children: self.max_children.unwrap_or(d.max_live_children),
+            max_depth: self.max_depth.unwrap_or(d.max_depth),
+            child_deadline_secs: self.child_deadline_secs.unwrap_or(d.child_deadline_secs),
+            wait_notice_secs: self.wait_notice_secs.unwrap_or(d.wait_notice_secs),
+            max_steps: self.max_steps,
+            max_tokens: self.max_tokens,
+        };
+        limits.check().map_err(|e| Failure::new("input", e))?;
+        if !admin
+            && (limits.max_live_children > d.max_live_children
+                || limits.max_depth > d.max_depth
+                || limits.child_deadline_secs > d.child_deadline_secs)
+        {
+            return Err(AccessError::Forbidden(format!(
+                "a user may only keep or lower a workgroup's limits (children {}, depth {}, deadline {} s)",
+                d.max_live_children, d.max_depth, d.child_deadline_secs
+            ))
+            .into());
+        }
+        Ok(limits)
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Accepted {
+    pub session_id: String,
+    /// The session's state when the input was committed; its turn runs in the server.
+    pub state: String,
+    /// The input's sequence number in the session's inbox.
+    pub inbox_seq: i64,
+}
+
+/// Creates a session and queues its first input; the turn runs in the server.
+#[utoipa::path(post, path = "/sessions", request_body = CreateSession, responses(
+    (status = 202, description = "created; its turn runs in the server", body = Accepted),
+    (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+    (status = 403, description = "a grant outside the grant roots, or a user asking for what only admins may", body = ErrorBody),
+    (status = 409, body = ErrorBody), (status = 413, body = ErrorBody)))]
+async fn create_session(
+    State(app): Shared,
+    caller: Caller,
+    req: Result<Json<CreateSession>, JsonRejection>,
+) -> Result<(StatusCode, Json<Accepted>), Failure> {
+    let req = body(req)?;
+    if req.input.trim().is_empty() {
+        return Err(Failure::new("input", "the input is empty: say what to do"));
+    }
+    let spec = session_spec(
+        &app,
+        &caller,
+        req.id,
+        req.grants,
+        req.preset.as_deref(),
+        req.tools,
+        req.policy,
+        req.budget,
+        req.model,
+        req.user,
+    )
+    .await?;
+    let mut spec = spec;
+    if let Some(m) = req.main {
+        spec.main = Some(m.limits(caller.is_admin())?);
+    }
+    let id = app.harness.create_session(spec).await?;
+    let seq = app.harness.queue(&id, &req.input).await?;
+    let state = app.harness.session(&id).await?.state.to_string();
+    app.run_in_background(id.to_string());
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Accepted { session_id: id.into_string(), state, inbox_seq: seq }),
+    ))
+}
+
+/// The session a request asks for, checked against what the caller may do.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn session_spec(
+    app: &App,
+    caller: &Caller,
+    id: Option<String>,
+    grants: Option<Vec<GrantSpec>>,
+    preset: Option<&str>,
+    tools: Option<Vec<String>>,
+    policy: Option<PolicySpec>,
+    budget: Option<BudgetSpec>,
+    model: Option<String>,
+    user: Option<String>,
+) -> Result<keel::api::SessionSpec, Failure> {
+    let mut spec = app.options.template.clone();
+    let admin = caller.is_admin();
+    let forbidden = |what: &str| -> Failure {
+        AccessError::Forbidden(format!("{what}; `{}` is a user token", caller.principal.name))
+            .into()
+    };
+    let grants = grants.unwrap_or_default();
+    if !grants.is_empty() && preset.is_some() {
+        return Err(Failure::new("input", "give `grants` or `preset`, not both"));
+    }
+    let mut owner = Owner { principal: caller.principal.id(), preset: None, user_decides: false };
+    if !grants.is_empty() {
+        if !admin {
+            return Err(forbidden(
+                "only admins grant host directories: name a preset an admin defined (`preset`)",
+            ));
+        }
+        let grants = grants
+            .iter()
+            .map(|g| keel::access::grant_of(&g.host, g.guest.as_deref(), g.access))
+            .collect::<Result<Vec<Grant>, _>>()?;
+        app.options.roots.check(&grants)?;
+        spec.grants = grants;
+    }
+    if let Some(name) = preset {
+        let p = app.harness.preset(name).await?;
+        spec.grants = p.grants;
+        owner.preset = Some(p.name);
+        owner.user_decides = p.user_decides;
+    }
+    if let Some(p) = policy {
+        if !p.allow.is_empty() && !admin {
+            return Err(forbidden("only admins may let tools run without asking (`policy.allow`)"));
+        }
+        spec.allow.extend(p.allow);
+        spec.ask.extend(p.ask);
+        spec.deny.extend(p.deny);
+    }
+    if let Some(b) = budget {
+        let d = spec.budget.clone();
+        let timeout = b.timeout_ms.map(Duration::from_millis);
+        if !admin
+            && (b.fuel.is_some_and(|f| f > d.fuel)
+                || timeout.is_some_and(|t| t > d.timeout)
+                || b.memory.is_some_and(|m| m > d.memory))
+        {
+            return Err(forbidden(&format!(
+                "a user may only lower the budget (fuel {}, timeout {} ms, memory {})",
+                d.fuel,
+                d.timeout.as_millis(),
+                d.memory
+            )));
+        }
+        spec.budget.fuel = b.fuel.unwrap_or(d.fuel);
+        spec.budget.timeout = timeout.unwrap_or(d.timeout);
+        spec.budget.memory = b.memory.unwrap_or(d.memory);
+    }
+    if let Some(m) = model {
+        if m.trim().is_empty() {
+            return Err(Failure::new("input", "the model name is empty"));
+        }
+        spec.model.model = m.clone();
+        if let Some(p) = spec.preprocess.as_mut()
+            && p.model.model == app.options.template.model.model
+        {
+            p.model.model = m;
+        }
+    }
+    spec.user = match (admin, user) {
+        (true, Some(u)) => Some(u),
+        (true, None) => spec.user,
+        (false, Some(u)) if u != caller.principal.name => {
+            return Err(forbidden("a user's sessions work for that user only (`user`)"));
+        }
+        (false, _) => Some(caller.principal.name.clone()),
+    };
+    if let Some(u) = &spec.user
+        && !keel::memory::valid_principal(&keel::memory::typed(u, keel::memory::Kind::Token))
+    {
+        return Err(Failure::new(
+            "input",
+            format!("user `{}` is not a valid name", u.escape_debug()),
+        ));
+    }
+    spec.id = id;
+    spec.tools = tools;
+    spec.owner = Some(owner);
+    Ok(spec)
+}
+
+/// Every session the caller may see, newest first.
+#[utoipa::path(get, path = "/sessions", responses((status = 200, description = "sessions: id, state, turns, steps, session_goal, created_at, last_activity, owner", body = Object)))]
+async fn list_sessions(State(app): Shared, caller: Caller) -> Result<Json<Value>, Failure> {
+    let mut sessions = app.harness.sessions().await?;
+    if !caller.is_admin() {
+        let me = caller.principal.id();
+        sessions.retain(|s| s.owner.as_deref() == Some(me.as_str()));
+    }
+    Ok(Json(json!({"ok": true, "sessions": sessions})))
+}
+
+/// A session: its settings, goals, plan, loaded capabilities and state.
+#[utoipa::path(get, path = "/sessions/{id}", params(("id" = String, Path)), responses((status = 200, body = Object), (status = 404, body = ErrorBody)))]
+async fn get_session(
+    State(app): Shared,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, Failure> {
+    let meta = visible_session(&app, &caller, &id).await?;
+    let capabilities = app.harness.capabilities(&id).await?;
+    let session = super::shown::session(caller.is_admin(), &meta);
+    Ok(Json(json!({"ok": true, "session": session, "capabilities": capabilities})))
+}
+
+/// The workgroup the session belongs to: its main session, limits, use, and every session
+/// with its state, goal, delegation status and pending approvals.
+#[utoipa::path(get, path = "/sessions/{id}/workgroup", params(("id" = String, Path)), responses((status = 200, body = Object), (status = 400, description = "a standalone session", body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn workgroup(
+    State(app): Shared,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, Failure> {
+    visible_session(&app, &caller, &id).await?;
+    let Some(main) = app.harness.workgroup_of(&id).await? else {
+        return Err(Failure::new(
+            "input",
+            format!("session `{}` is not part of a workgroup", id.escape_debug()),
+        ));
+    };
+    let w = app.harness.workgroup(&main).await?;
+    let events = app.harness.workgroup_events(&main).await?;
+    Ok(Json(json!({"ok": true, "workgroup": w, "events": events})))
+}
+
+/// Everything the session did: turns, messages, tool calls, model calls, approvals.
+#[utoipa::path(get, path = "/sessions/{id}/timeline", params(("id" = String, Path)), responses((status = 200, body = Object), (status = 404, body = ErrorBody)))]
+async fn timeline(
+    State(app): Shared,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, Failure> {
+    visible_session(&app, &caller, &id).await?;
+    let t = app.harness.timeline(&id).await?;
+    Ok(Json(json!({"ok": true, "timeline": super::shown::timeline(caller.is_admin(), &t)})))
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputBody {
+    pub text: String,
+}
+
+/// Sends input to a session; its turn runs in the server (or the input waits for the one
+/// running).
+#[utoipa::path(post, path = "/sessions/{id}/input", params(("id" = String, Path)), request_body = InputBody, responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn send_input(
+    State(app): Shared,
+    caller: Caller,
+    Path(id): Path<String>,
+    req: Result<Json<InputBody>, JsonRejection>,
+) -> Result<(StatusCode, Json<Accepted>), Failure> {
+    let req = body(req)?;
+    visible_session(&app, &caller, &id).await?;
+    let accepted = queue_and_run(&app, &id, &req.text).await?;
+    Ok((StatusCode::ACCEPTED, Json(accepted)))
+}
+
+pub(crate) async fn queue_and_run(
+    app: &Arc<App>,
+    id: &str,
+    text: &str,
+) -> Result<Accepted, Failure> {
+    let seq = app.harness.queue(id, text).await?;
+    let state = app.harness.session(id).await?.state.to_string();
+    app.run_in_background(id.to_string());
+    Ok(Accepted { session_id: id.to_string(), state, inbox_seq: seq })
+}
+
+/// Interrupts a session: a running turn stops at its next check, a waiting one is closed.
+#[utoipa::path(post, path = "/sessions/{id}/interrupt", params(("id" = String, Path)), responses((status = 200, body = Object), (status = 404, body = ErrorBody)))]
+async fn interrupt(
+    State(app): Shared,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, Failure> {
+    visible_session(&app, &caller, &id).await?;
+    let before = app.harness.interrupt(&id).await?;
+    Ok(Json(json!({"ok": true, "session_id": id, "state_before": before.to_string()})))
+}
+
+/// The exact request body of a step's model call, checked against its recorded digest.
+#[utoipa::path(get, path = "/sessions/{id}/evidence/{step}", params(("id" = String, Path), ("step" = i64, Path)), responses((status = 200, description = "the request body, byte for byte", content_type = "application/json"), (status = 404, body = ErrorBody)))]
+async fn evidence(
+    State(app): Shared,
+    caller: Caller,
+    Path((id, step)): Path<(String, i64)>,
+) -> Result<Response, Failure> {
+    visible_session(&app, &caller, &id).await?;
+    let (_, bytes) = app.harness.evidence(&id, Some(step)).await?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], bytes).into_response())
+}
+
+#[derive(Deserialize, IntoParams)]
+pub struct EventsQuery {
+    /// Events after this sequence number (default 0). `Last-Event-ID` overrides it.
+    pub after: Option<i64>,
+    /// At most this many (JSON only; default and maximum 1000).
+    pub limit: Option<usize>,
+}
+
+/// Largest number of events of one JSON answer.
+const MAX_EVENTS: usize = 1000;
+
+/// The session's durable events: Server-Sent Events with `Accept: text/event-stream`
+/// (resumable with `Last-Event-ID`; each event's id is its sequence number, its data the
+/// event as JSON with its `kind`; a store failure arrives as a `failure` event), a JSON array
+/// otherwise.
+#[utoipa::path(get, path = "/sessions/{id}/events", params(("id" = String, Path), EventsQuery), responses((status = 200, description = "a JSON array, or an event stream", body = Object), (status = 404, body = ErrorBody)))]
+async fn events(
+    State(app): Shared,
+    caller: Caller,
+    Path(id): Path<String>,
+    Query(q): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> Result<Response, Failure> {
+    visible_session(&app, &caller, &id).await?;
+    let last_id = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.trim().parse::<i64>().map_err(|_| {
+                Failure::new("input", "Last-Event-ID must be an event's sequence number")
+            })
+        })
+        .transpose()?;
+    let after = last_id.or(q.after).unwrap_or(0).max(0);
+    let stream = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"));
+    if !stream {
+        let limit = q.limit.unwrap_or(MAX_EVENTS).clamp(1, MAX_EVENTS);
+        let rows = app.harness.events(&id, after, limit).await?;
+        return Ok(Json(json!({"ok": true, "events": rows})).into_response());
+    }
+    let rx = app.harness.follow(&id, after, Duration::from_millis(100)).await?;
+    let follow = Follow { rx, access: Some(app.access.subscribe()), app, caller, ended: false };
+    let events = futures_util::stream::unfold(follow, |mut f| async move {
+        if f.ended {
+            return None;
+        }
+        loop {
+            tokio::select! {
+                row = f.rx.recv() => {
+                    let event = match row? {
+                        // Unnamed events (an EventSource's `message`): the kind is in the data.
+                        Ok(row) => {
+                            let data = serde_json::to_string(&row).unwrap_or_else(|_| "{}".into());
+                            Event::default().id(row.seq.to_string()).data(data)
+                        }
+                        Err(e) => failure_event(e.kind(), &e.to_string()),
+                    };
+                    return Some((Ok::<_, Infallible>(event), f));
+                }
+                changed = async { f.access.as_mut()?.changed().await.ok() }, if f.access.is_some() => {
+                    if changed.is_none() {
+                        f.access = None;
+                    } else if !f.app.still_valid(&f.caller).await {
+                        // The token was revoked (or the login ended): the stream ends now.
+                        f.ended = true;
+                        let why = "the token of this stream was revoked: it ends here";
+                        return Some((Ok(failure_event("unauthorized", why)), f));
+                    }
+                }
+            }
+        }
+    });
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
+}
+
+/// An open event stream: the session's events, and the tokens' version to re-check its caller
+/// against.
+struct Follow {
+    rx: tokio::sync::mpsc::Receiver<Result<keel::session::EventRow, keel::store::StoreError>>,
+    access: Option<tokio::sync::watch::Receiver<i64>>,
+    app: Arc<App>,
+    caller: Caller,
+    ended: bool,
+}
+
+fn failure_event(kind: &str, message: &str) -> Event {
+    Event::default()
+        .event("failure")
+        .data(json!({"error": {"kind": kind, "message": message}}).to_string())
+}
+
+#[derive(Deserialize, IntoParams)]
+pub struct FilesQuery {
+    /// The grant's guest path (e.g. `/work`).
+    pub grant: String,
+    /// A directory inside the grant (default: its root).
+    pub path: Option<String>,
+}
+
+/// One directory inside one of the session's grants (nothing outside them is read).
+#[utoipa::path(get, path = "/sessions/{id}/files", params(("id" = String, Path), FilesQuery), responses((status = 200, body = super::files::Listing), (status = 404, body = ErrorBody)))]
+async fn files(
+    State(app): Shared,
+    caller: Caller,
+    Path(id): Path<String>,
+    Query(q): Query<FilesQuery>,
+) -> Result<Json<super::files::Listing>, Failure> {
+    let meta = visible_session(&app, &caller, &id).await?;
+    let path = q.path.unwrap_or_default();
+    let grants = meta.grants.clone();
+    let listing = tokio::task::spawn_blocking(move || super::files::list(&grants, &q.grant, &path))
+        .await
+        .map_err(|e| Failure::new("internal", e.to_string()))??;
+    Ok(Json(listing))
+}
+
+#[derive(Deserialize, IntoParams)]
+pub struct ApprovalsQuery {
+    /// Only this session's.
+    pub session: Option<String>,
+    /// Decided ones too (default: pending only).
+    #[serde(default)]
+    pub all: bool,
+}
+
+/// Approval units the caller may see: what exactly would run, and what it may touch.
+#[utoipa::path(get, path = "/approvals", params(ApprovalsQuery), responses((status = 200, body = Object), (status = 404, body = ErrorBody)))]
+async fn list_approvals(
+    State(app): Shared,
+    caller: Caller,
+    Query(q): Query<ApprovalsQuery>,
+) -> Result<Json<Value>, Failure> {
+    let units = visible_approvals(&app, &caller, q.session.as_deref(), !q.all).await?;
+    Ok(Json(json!({"ok": true, "approvals": units})))
+}
+
+/// The approval units `caller` may see, each with whether the caller may decide it.
+pub(crate) async fn visible_approvals(
+    app: &App,
+    caller: &Caller,
+    session: Option<&str>,
+    pending_only: bool,
+) -> Result<Vec<Value>, Failure> {
+    if let Some(s) = session {
+        visible_session(app, caller, s).await?;
+    }
+    let units = app.harness.approvals(session, pending_only).await?;
+    let mut owners: HashMap<String, Option<Owner>> = HashMap::new();
+    let mut out = Vec::new();
+    for u in units {
+        let sid = u.session_id.to_string();
+        if !owners.contains_key(&sid) {
+            let meta = app.harness.session(&sid).await?;
+            owners.insert(sid.clone(), meta.owner);
+        }
+        let owner = owners.get(&sid).cloned().flatten();
+        let mine = owns(caller, owner.as_ref());
+        if !caller.is_admin() && !mine {
+            continue;
+        }
+        let may_decide =
+            caller.is_admin() || owner.as_ref().is_some_and(|o| mine && o.user_decides);
+        let mut v =
+            serde_json::to_value(&u).map_err(|e| Failure::new("internal", e.to_string()))?;
+        v["may_decide"] = json!(may_decide);
+        out.push(super::shown::approval(caller.is_admin(), v));
+    }
+    Ok(out)
+}
+
+#[derive(Deserialize, Default, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecideBody {
+    /// Why (recorded; the model is told on a rejection).
+    pub reason: Option<String>,
+}
+
+/// Approves a pending call and resumes its session's turn in the server. Exactly one decision
+/// wins: a unit already decided answers 409 `not_pending`.
+#[utoipa::path(post, path = "/approvals/{id}/approve", params(("id" = String, Path)), request_body(content = DecideBody, description = "optional"), responses((status = 200, body = Object), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn approve(
+    State(app): Shared,
+    caller: Caller,
+    Path(id): Path<String>,
+    req: Result<Json<DecideBody>, JsonRejection>,
+) -> Result<Json<Value>, Failure> {
+    decide(&app, &caller, &id, Decision::Approve, optional_body(req)?).await
+}
+
+/// Rejects a pending call (the model is told) and resumes its session's turn.
+#[utoipa::path(post, path = "/approvals/{id}/reject", params(("id" = String, Path)), request_body(content = DecideBody, description = "optional"), responses((status = 200, body = Object), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn reject(
+    State(app): Shared,
+    caller: Caller,
+    Path(id): Path<String>,
+    req: Result<Json<DecideBody>, JsonRejection>,
+) -> Result<Json<Value>, Failure> {
+    decide(&app, &caller, &id, Decision::Reject, optional_body(req)?).await
+}
+
+/// A body that may be left out entirely.
+fn optional_body<T: Default>(req: Result<Json<T>, JsonRejection>) -> Result<T, Failure> {
+    match req {
+        Err(JsonRejection::MissingJsonContentType(_)) => Ok(T::default()),
+        other => body(other),
+    }
+}
+
+/// Records `caller`'s decision on unit `id` if they may make it, then resumes the session.
+pub(crate) async fn decide(
+    app: &Arc<App>,
+    caller: &Caller,
+    id: &str,
+    decision: Decision,
+    req: DecideBody,
+) -> Result<Json<Value>, Failure> {
+    let unit = app.harness.approval(id).await?;
+    let meta = app.harness.session(&unit.session_id).await?;
+    if !caller.is_admin() {
+        if !owns(caller, meta.owner.as_ref()) {
+            return Err(Failure::new("not_found", format!("there is no approval `{id}`")));
+        }
+        if !meta.owner.as_ref().is_some_and(|o| o.user_decides) {
+            return Err(AccessError::Forbidden(format!(
+                "an admin decides this session's approvals: its preset does not let its user decide{}",
+                meta.owner
+                    .as_ref()
+                    .and_then(|o| o.preset.as_deref())
+                    .map(|p| format!(" (preset `{p}`)"))
+                    .unwrap_or_default()
+            ))
+            .into());
+        }
+    }
+    let reason = req.reason.filter(|r| !r.trim().is_empty());
+    let unit = app.harness.decide_by(id, decision, reason, caller.principal.decider()).await?;
+    app.run_in_background(unit.session_id.to_string());
+    Ok(Json(json!({"ok": true, "unit": unit})))
+}
+
+/// The grant presets users may name (`keel grant preset add`).
+#[utoipa::path(get, path = "/presets", responses((status = 200, body = Object)))]
+async fn presets(State(app): Shared, caller: Caller) -> Result<Json<Value>, Failure> {
+    let presets = app.harness.presets().await?;
+    let shown: Vec<Value> = presets
+        .into_iter()
+        .map(|p| {
+            if caller.is_admin() {
+                json!(p)
+            } else {
+                // A user sees what a preset lets a session touch, not where it is on the host.
+                json!({
+                    "name": p.name,
+                    "user_decides": p.user_decides,
+                    "grants": super::shown::grants(false, &p.grants),
+                })
+            }
+        })
+        .collect();
+    Ok(Json(json!({"ok": true, "presets": shown})))
+}
+
+/// The installed tools.
+#[utoipa::path(get, path = "/tools", responses((status = 200, body = Object)))]
+async fn list_tools(State(app): Shared, _caller: Caller) -> Result<Json<Value>, Failure> {
+    Ok(Json(json!({"ok": true, "tools": app.harness.tools()?})))
+}
+
+/// A component (or the one providing a tool), with its tools: digest, effect, schemas.
+#[utoipa::path(get, path = "/tools/{name}", params(("name" = String, Path)), responses((status = 200, body = Object), (status = 404, body = ErrorBody)))]
+async fn get_tool(
+    State(app): Shared,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, Failure> {
+    let (component, tools) = app.harness.tool(&name)?;
+    let component = super::shown::component(caller.is_admin(), &component);
+    Ok(Json(json!({"ok": true, "component": component, "tools": tools})))
+}
+
+#[derive(Deserialize, IntoParams)]
+pub struct UploadQuery {
+    /// The component's name.
+    pub name: String,
+    /// Replace an installed component of that name.
+    #[serde(default)]
+    pub upgrade: bool,
+}
+
+/// Installs a component (admins only): the body is the `.wasm` file. It is validated,
+/// compiled and pinned by its SHA-256 like `keel tool install`.
+#[utoipa::path(post, path = "/tools", params(UploadQuery), request_body(content = Vec<u8>, content_type = "application/wasm"), responses((status = 201, body = Object), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody)))]
+async fn upload_tool(
+    State(app): Shared,
+    caller: Caller,
+    Query(q): Query<UploadQuery>,
+    upload: axum::body::Body,
+) -> Result<(StatusCode, Json<Value>), Failure> {
+    // Who may upload is settled before a byte of the body is read.
+    caller.require_admin("installing a tool")?;
+    let bytes = spool(upload, app.options.max_upload).await?;
+    let mode = if q.upgrade { InstallMode::Upgrade } else { InstallMode::New };
+    let source = format!("uploaded by {}", caller.principal.decider());
+    let report = app.harness.install_tool(&bytes, &q.name, &source, mode).await?;
+    Ok((StatusCode::CREATED, Json(json!({"ok": true, "installed": report}))))
+}
+
+/// Reads an upload through an unlinked temporary file, refusing it as soon as it passes
+/// `max` bytes; returns its bytes once it arrived whole. What a slow or aborted upload holds
+/// meanwhile is the file, not memory.
+async fn spool(body: axum::body::Body, max: usize) -> Result<Vec<u8>, Failure> {
+    use futures_util::StreamExt;
+    use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+    let io = |e: std::io::Error| Failure::new("io", format!("cannot keep the upload: {e}"));
+    let mut file = tokio::fs::File::from_std(tempfile::tempfile().map_err(io)?);
+    let mut stream = body.into_data_stream();
+    let mut size = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            let text = format!("the upload did not arrive whole: {e}");
+            body_failure(&e, text)
+        })?;
+        size += chunk.len();
+        if size > max {
+            return Err(too_large(max));
+        }
+        file.write_all(&chunk).await.map_err(io)?;
+    }
+    file.rewind().await.map_err(io)?;
+    let mut bytes = Vec::with_capacity(size);
+    file.read_to_end(&mut bytes).await.map_err(io)?;
+    Ok(bytes)
+}
+
+fn too_large(max: usize) -> Failure {
+    Failure::new("too_large", format!("the request body is larger than {max} bytes"))
+}
+
+/// Removes a component (admins only). Sessions that pinned it keep their record of it.
+#[utoipa::path(delete, path = "/tools/{name}", params(("name" = String, Path)), responses((status = 200, body = Object), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn remove_tool(
+    State(app): Shared,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, Failure> {
+    caller.require_admin("removing a tool")?;
+    let (component, tools) = app.harness.remove_tool(&name)?;
+    Ok(Json(json!({"ok": true, "removed": component, "tools": tools})))
+}

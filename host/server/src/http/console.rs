@@ -1,0 +1,539 @@
+//! The web console: server-rendered pages (minijinja templates, every value escaped) and one
+//! small script that keeps them live over the events stream. Login is by pasting a token;
+//! the console then holds an HttpOnly, SameSite=Strict cookie. Every state-changing form
+//! checks the request's origin and the login's CSRF token.
+
+use std::sync::Arc;
+
+use axum::extract::{Form, FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use minijinja::Environment;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::api::{self, DecideBody};
+use super::auth::{self, Caller, LOGIN_COOKIE};
+use super::{App, Failure};
+use keel::session::Decision;
+
+type Shared = State<Arc<App>>;
+
+const TEMPLATES: &[(&str, &str)] = &[
+    ("base.html", include_str!("templates/base.html")),
+    ("login.html", include_str!("templates/login.html")),
+    ("sessions.html", include_str!("templates/sessions.html")),
+    ("session_rows.html", include_str!("templates/session_rows.html")),
+    ("session.html", include_str!("templates/session.html")),
+    ("timeline.html", include_str!("templates/timeline.html")),
+    ("approvals.html", include_str!("templates/approvals.html")),
+    ("approval_list.html", include_str!("templates/approval_list.html")),
+    ("tools.html", include_str!("templates/tools.html")),
+    ("tool.html", include_str!("templates/tool.html")),
+    ("files.html", include_str!("templates/files.html")),
+    ("error.html", include_str!("templates/error.html")),
+];
+
+const SCRIPT: &str = include_str!("static/console.js");
+const STYLE: &str = include_str!("static/console.css");
+
+/// The console's templates, with HTML escaping of every value.
+pub fn templates() -> Result<Environment<'static>, String> {
+    let mut env = Environment::new();
+    env.set_auto_escape_callback(|_| minijinja::AutoEscape::Html);
+    env.set_undefined_behavior(minijinja::UndefinedBehavior::Chainable);
+    env.add_filter("when", |ms: i64| when(ms));
+    for (name, text) in TEMPLATES {
+        env.add_template(name, text).map_err(|e| format!("console template {name}: {e}"))?;
+    }
+    Ok(env)
+}
+
+/// `ms` since the Unix epoch as `YYYY-MM-DD HH:MM:SS` UTC.
+pub fn when(ms: i64) -> String {
+    let full = keel::units::format_time(ms);
+    full.get(..19).map_or(full.clone(), |t| t.replacen('T', " ", 1))
+}
+
+pub fn routes(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/", get(sessions_page))
+        .route("/login", get(login_page).post(login))
+        .route("/logout", post(logout))
+        .route("/static/console.js", get(script))
+        .route("/static/console.css", get(style))
+        .route("/sessions/new", post(new_session))
+        .route("/sessions/rows", get(session_rows))
+        .route("/sessions/{id}", get(session_page))
+        .route("/sessions/{id}/fragment", get(timeline_fragment))
+        .route("/sessions/{id}/files", get(files_page))
+        .route("/sessions/{id}/input", post(send_input))
+        .route("/sessions/{id}/interrupt", post(interrupt))
+        .route("/approvals", get(approvals_page))
+        .route("/approvals/list", get(approval_list))
+        .route("/approvals/{id}/decide", post(decide))
+        .route("/tools", get(tools_page))
+        .route("/tools/{name}", get(tool_page))
+        .with_state(app)
+}
+
+async fn script() -> Response {
+    ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], SCRIPT).into_response()
+}
+
+async fn style() -> Response {
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE).into_response()
+}
+
+/// A console page's caller: the login cookie (or a bearer token); without one, the login page.
+pub struct Viewer(Caller);
+
+impl FromRequestParts<Arc<App>> for Viewer {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Response> {
+        match app.caller(parts, true).await {
+            Ok(c) => Ok(Viewer(c)),
+            Err(f) if f.status == StatusCode::UNAUTHORIZED => {
+                Err(Redirect::to("/login").into_response())
+            }
+            Err(f) => Err(page_error(app, &f)),
+        }
+    }
+}
+
+fn render(app: &App, name: &str, ctx: Value) -> Response {
+    match app.templates.get_template(name).and_then(|t| t.render(&ctx)) {
+        Ok(html) => Html(html).into_response(),
+        Err(e) => {
+            tracing::error!("console template {name}: {e:#}");
+            (StatusCode::INTERNAL_SERVER_ERROR, "the page could not be rendered").into_response()
+        }
+    }
+}
+
+fn page_error(app: &App, f: &Failure) -> Response {
+    let mut res = render(app, "error.html", json!({"kind": f.kind, "message": f.message}));
+    *res.status_mut() = f.status;
+    res
+}
+
+fn page(app: &App, viewer: &Caller, name: &str, mut ctx: Value) -> Response {
+    ctx["me"] = json!({"name": viewer.principal.name, "role": viewer.principal.role.as_str(), "admin": viewer.is_admin()});
+    ctx["csrf"] = json!(viewer.csrf());
+    render(app, name, ctx)
+}
+
+fn or_error(app: &App, r: Result<Response, Failure>) -> Response {
+    r.unwrap_or_else(|f| page_error(app, &f))
+}
+
+async fn login_page(State(app): Shared) -> Response {
+    render(&app, "login.html", json!({}))
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    token: String,
+}
+
+async fn login(State(app): Shared, headers: HeaderMap, Form(f): Form<LoginForm>) -> Response {
+    if let Err(e) = auth::check_origin(&headers) {
+        return page_error(&app, &e);
+    }
+    let hash = keel::access::token_hash(&f.token);
+    if let Err(e) = app.principal_of_hash(&hash).await {
+        let mut res = render(&app, "login.html", json!({"error": e.message}));
+        *res.status_mut() = StatusCode::UNAUTHORIZED;
+        return res;
+    }
+    let id = match app.start_login(hash) {
+        Ok(id) => id,
+        Err(e) => return page_error(&app, &e),
+    };
+    let secure = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|p| p.eq_ignore_ascii_case("https"));
+    let cookie = format!(
+        "{LOGIN_COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}{}",
+        auth::LOGIN_TTL.as_secs(),
+        if secure { "; Secure" } else { "" }
+    );
+    ([(header::SET_COOKIE, cookie)], Redirect::to("/")).into_response()
+}
+
+#[derive(Deserialize)]
+struct CsrfForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+async fn logout(
+    State(app): Shared,
+    Viewer(v): Viewer,
+    headers: HeaderMap,
+    Form(f): Form<CsrfForm>,
+) -> Response {
+    if let Err(e) = auth::check_form(&headers, &v, &f.csrf) {
+        return page_error(&app, &e);
+    }
+    if let auth::Via::Cookie { login, .. } = &v.via {
+        app.end_login(login);
+    }
+    let cookie = format!("{LOGIN_COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0");
+    ([(header::SET_COOKIE, cookie)], Redirect::to("/login")).into_response()
+}
+
+async fn sessions_ctx(app: &App, v: &Caller) -> Result<Value, Failure> {
+    let mut sessions = app.harness.sessions().await?;
+    if !v.is_admin() {
+        let me = v.principal.id();
+        sessions.retain(|s| s.owner.as_deref() == Some(me.as_str()));
+    }
+    let presets: Vec<String> = app.harness.presets().await?.into_iter().map(|p| p.name).collect();
+    Ok(json!({"sessions": sessions, "presets": presets}))
+}
+
+async fn sessions_page(State(app): Shared, Viewer(v): Viewer) -> Response {
+    let r = sessions_ctx(&app, &v).await.map(|ctx| page(&app, &v, "sessions.html", ctx));
+    or_error(&app, r)
+}
+
+async fn session_rows(State(app): Shared, Viewer(v): Viewer) -> Response {
+    let r = sessions_ctx(&app, &v).await.map(|ctx| page(&app, &v, "session_rows.html", ctx));
+    or_error(&app, r)
+}
+
+#[derive(Deserialize)]
+struct NewSessionForm {
+    #[serde(default)]
+    csrf: String,
+    input: String,
+    #[serde(default)]
+    preset: String,
+}
+
+async fn new_session(
+    State(app): Shared,
+    Viewer(v): Viewer,
+    headers: HeaderMap,
+    Form(f): Form<NewSessionForm>,
+) -> Response {
+    let r = async {
+        auth::check_form(&headers, &v, &f.csrf)?;
+        if f.input.trim().is_empty() {
+            return Err(Failure::new("input", "the input is empty: say what to do"));
+        }
+        let preset = Some(f.preset.as_str()).filter(|p| !p.is_empty());
+        let spec =
+            api::session_spec(&app, &v, None, None, preset, None, None, None, None, None).await?;
+        let id = app.harness.create_session(spec).await?;
+        api::queue_and_run(&app, &id, &f.input).await?;
+        Ok(Redirect::to(&format!("/sessions/{id}")).into_response())
+    }
+    .await;
+    or_error(&app, r)
+}
+
+/// The timeline of a session as the console shows it: its messages and, inline, each tool
+/// call with its input, output, duration, changes and approval.
+async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure> {
+    let meta = api::visible_session(app, v, id).await?;
+    let t = app.harness.timeline(id).await?;
+    let t = super::shown::timeline(v.is_admin(), &t);
+    let approvals = api::visible_approvals(app, v, Some(id), false).await?;
+    let calls: Vec<Value> = t["tool_calls"].as_array().cloned().unwrap_or_default();
+    let evidence: Vec<i64> = t["model_calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["step"].as_i64())
+        .collect();
+    let mut items = Vec::new();
+    let mut shown = std::collections::HashSet::new();
+    let call_view = |c: &Value| -> Value {
+        let approval = c["approval_id"]
+            .as_str()
+            .and_then(|a| approvals.iter().find(|u| u["id"] == a))
+            .cloned()
+            .or_else(|| {
+                approvals
+                    .iter()
+                    .find(|u| u["call_id"] == c["call_id"] && u["status"] == "pending")
+                    .cloned()
+            });
+        json!({
+            "kind": "call",
+            "step": c["step"],
+            "tool": c["tool"],
+            "input": pretty(&c["input"]),
+            "result": c["result"].as_str().map(pretty_text),
+            "status": c["status"],
+            "error_kind": c["error_kind"],
+            "duration_ms": c["duration_ms"],
+            "changes": c["changes"].as_str().map(pretty_text),
+            "approval": approval,
+        })
+    };
+    for m in t["messages"].as_array().into_iter().flatten() {
+        let body = &m["body"];
+        let role = m["role"].as_str().unwrap_or_default();
+        if role == "tool" {
+            continue;
+        }
+        let text = match &body["content"] {
+            Value::String(s) => s.clone(),
+            Value::Null => String::new(),
+            other => other.to_string(),
+        };
+        if !text.is_empty() || role != "assistant" {
+            items.push(json!({"kind": "message", "role": role, "turn": m["turn"], "text": text}));
+        }
+        for tc in body["tool_calls"].as_array().into_iter().flatten() {
+            if let Some(c) = calls.iter().find(|c| c["call_id"] == tc["id"]) {
+                shown.insert(c["call_id"].as_str().unwrap_or_default().to_string());
+                items.push(call_view(c));
+            }
+        }
+    }
+    // Calls with no message of their own (a waiting call, a direct call).
+    for c in &calls {
+        if !shown.contains(c["call_id"].as_str().unwrap_or_default()) {
+            items.push(call_view(c));
+        }
+    }
+    let last_event = app.harness.last_event(id).await?;
+    Ok(json!({
+        "id": id,
+        "state": t["state"],
+        "state_detail": t["state_detail"],
+        "session_goal": t["session_goal"],
+        "phase_goal": t["phase_goal"],
+        "plan": t["plan"],
+        "items": items,
+        "evidence": evidence,
+        "pending_inputs": t["pending_inputs"],
+        "grants": super::shown::grants(v.is_admin(), &meta.grants),
+        "net": meta.net.lines(),
+        "loaded_tools": meta.loaded_tools,
+        "user": meta.user(),
+        "owner": meta.owner,
+        "last_event": last_event,
+        "live": !matches!(meta.state, keel::session::RuntimeState::Idle | keel::session::RuntimeState::Failed),
+    }))
+}
+
+/// A JSON text pretty-printed (as it was, if it is not JSON).
+fn pretty_text(text: &str) -> String {
+    serde_json::from_str::<Value>(text)
+        .ok()
+        .and_then(|v| serde_json::to_string_pretty(&v).ok())
+        .unwrap_or_else(|| text.to_string())
+}
+
+fn pretty(v: &Value) -> String {
+    match v {
+        Value::String(s) => pretty_text(s),
+        other => serde_json::to_string_pretty(other).unwrap_or_default(),
+    }
+}
+
+async fn session_page(State(app): Shared, Viewer(v): Viewer, Path(id): Path<String>) -> Response {
+    let r = timeline_ctx(&app, &v, &id).await.map(|ctx| page(&app, &v, "session.html", ctx));
+    or_error(&app, r)
+}
+
+async fn timeline_fragment(
+    State(app): Shared,
+    Viewer(v): Viewer,
+    Path(id): Path<String>,
+) -> Response {
+    let r = timeline_ctx(&app, &v, &id).await.map(|ctx| page(&app, &v, "timeline.html", ctx));
+    or_error(&app, r)
+}
+
+#[derive(Deserialize)]
+struct FilesQuery {
+    grant: Option<String>,
+    path: Option<String>,
+}
+
+async fn files_page(
+    State(app): Shared,
+    Viewer(v): Viewer,
+    Path(id): Path<String>,
+    Query(q): Query<FilesQuery>,
+) -> Response {
+    let r = async {
+        let meta = api::visible_session(&app, &v, &id).await?;
+        let listing = match q.grant {
+            Some(grant) => {
+                let grants = meta.grants.clone();
+                let path = q.path.unwrap_or_default();
+                let l =
+                    tokio::task::spawn_blocking(move || super::files::list(&grants, &grant, &path))
+                        .await
+                        .map_err(|e| Failure::new("internal", e.to_string()))??;
+                Some(l)
+            }
+            None => None,
+        };
+        let parent = listing
+            .as_ref()
+            .filter(|l| !l.path.is_empty())
+            .map(|l| l.path.rsplit_once('/').map(|(p, _)| p.to_string()).unwrap_or_default());
+        Ok(page(
+            &app,
+            &v,
+            "files.html",
+            json!({"id": id, "grants": super::shown::grants(v.is_admin(), &meta.grants), "listing": listing, "parent": parent}),
+        ))
+    }
+    .await;
+    or_error(&app, r)
+}
+
+#[derive(Deserialize)]
+struct InputForm {
+    #[serde(default)]
+    csrf: String,
+    text: String,
+}
+
+async fn send_input(
+    State(app): Shared,
+    Viewer(v): Viewer,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Form(f): Form<InputForm>,
+) -> Response {
+    let r = async {
+        auth::check_form(&headers, &v, &f.csrf)?;
+        api::visible_session(&app, &v, &id).await?;
+        api::queue_and_run(&app, &id, &f.text).await?;
+        Ok(Redirect::to(&format!("/sessions/{id}")).into_response())
+    }
+    .await;
+    or_error(&app, r)
+}
+
+async fn interrupt(
+    State(app): Shared,
+    Viewer(v): Viewer,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Form(f): Form<CsrfForm>,
+) -> Response {
+    let r = async {
+        auth::check_form(&headers, &v, &f.csrf)?;
+        api::visible_session(&app, &v, &id).await?;
+        app.harness.interrupt(&id).await?;
+        Ok(Redirect::to(&format!("/sessions/{id}")).into_response())
+    }
+    .await;
+    or_error(&app, r)
+}
+
+async fn approvals_ctx(app: &App, v: &Caller) -> Result<Value, Failure> {
+    let units = api::visible_approvals(app, v, None, true).await?;
+    let units: Vec<Value> = units
+        .into_iter()
+        .map(|mut u| {
+            u["input_pretty"] = json!(pretty(&u["input"]));
+            u
+        })
+        .collect();
+    Ok(json!({"approvals": units}))
+}
+
+async fn approvals_page(State(app): Shared, Viewer(v): Viewer) -> Response {
+    let r = approvals_ctx(&app, &v).await.map(|ctx| page(&app, &v, "approvals.html", ctx));
+    or_error(&app, r)
+}
+
+async fn approval_list(State(app): Shared, Viewer(v): Viewer) -> Response {
+    let r = approvals_ctx(&app, &v).await.map(|ctx| page(&app, &v, "approval_list.html", ctx));
+    or_error(&app, r)
+}
+
+#[derive(Deserialize)]
+struct DecideForm {
+    #[serde(default)]
+    csrf: String,
+    decision: String,
+    #[serde(default)]
+    reason: String,
+    /// Where to go afterwards: the session page or the queue.
+    #[serde(default)]
+    back: String,
+}
+
+async fn decide(
+    State(app): Shared,
+    Viewer(v): Viewer,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Form(f): Form<DecideForm>,
+) -> Response {
+    let r = async {
+        auth::check_form(&headers, &v, &f.csrf)?;
+        let decision = match f.decision.as_str() {
+            "approve" => Decision::Approve,
+            "reject" => Decision::Reject,
+            _ => return Err(Failure::new("input", "the decision is approve or reject")),
+        };
+        let reason = Some(f.reason).filter(|r| !r.trim().is_empty());
+        let Json(done) = api::decide(&app, &v, &id, decision, DecideBody { reason }).await?;
+        let session = done["unit"]["session_id"].as_str().unwrap_or_default().to_string();
+        let to =
+            if f.back == "session" { format!("/sessions/{session}") } else { "/approvals".into() };
+        Ok(Redirect::to(&to).into_response())
+    }
+    .await;
+    or_error(&app, r)
+}
+
+async fn tools_page(State(app): Shared, Viewer(v): Viewer) -> Response {
+    let r = app
+        .harness
+        .tools()
+        .map_err(Failure::from)
+        .map(|tools| page(&app, &v, "tools.html", json!({ "tools": tools })));
+    or_error(&app, r)
+}
+
+async fn tool_page(State(app): Shared, Viewer(v): Viewer, Path(name): Path<String>) -> Response {
+    let r = app.harness.tool(&name).map_err(Failure::from).map(|(component, tools)| {
+        let tools: Vec<Value> = tools
+            .into_iter()
+            .map(|t| {
+                let mut j = serde_json::to_value(&t).unwrap_or_default();
+                j["input_schema_pretty"] = json!(pretty(&j["input_schema"]));
+                j["output_schema_pretty"] = json!(pretty(&j["output_schema"]));
+                j
+            })
+            .collect();
+        let component = super::shown::component(v.is_admin(), &component);
+        page(&app, &v, "tool.html", json!({"component": component, "tools": tools}))
+    });
+    or_error(&app, r)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn times_read_as_utc() {
+        assert_eq!(super::when(0), "1970-01-01 00:00:00");
+        assert_eq!(super::when(1_764_633_600_000), "2025-12-02 00:00:00");
+        assert_eq!(super::when(951_782_400_000 + 3_723_000), "2000-02-29 01:02:03");
+    }
+
+    #[test]
+    fn the_templates_compile() {
+        super::templates().unwrap();
+    }
+}

@@ -1,0 +1,194 @@
+//! `keel serve`: the HTTP API (`/api/v1`, described by `/api/v1/openapi.json`) and the web
+//! console (`/`), a front-end over the use cases of [`keel::api`] like the CLI and the MCP
+//! server. It owns no session state: every fact it shows or changes goes through the
+//! [`Harness`]; the only state of its own is the console's logins, in memory.
+//!
+//! Who may do what is decided here, per request, from the token the request carries (see
+//! [`keel::access`]): a bearer token for the API, or the console's login cookie (which names
+//! a token by its hash, so revoking the token ends its logins too).
+
+pub mod api;
+pub mod auth;
+pub mod console;
+pub mod files;
+pub mod shown;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use keel::access::{AccessError, GrantRoots};
+use keel::agent::Events;
+use keel::api::{ApiError, SessionSpec};
+use keel::harness::Harness;
+use keel::sandbox::CancelToken;
+
+/// The default address of `keel serve`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
+
+/// Largest JSON request body.
+pub const MAX_JSON_BODY: usize = 1024 * 1024;
+
+/// The name under which `keel serve` stores the admin token it writes to the home.
+pub const HOME_TOKEN_NAME: &str = "keel-serve";
+
+/// The name of the admin principal of `KEEL_API_TOKEN`.
+pub use keel::access::ENV_TOKEN_NAME;
+
+/// What the server is started with.
+pub struct ServeOptions {
+    /// What a new session is made of unless the request says otherwise (model, task
+    /// understanding, budget, loop guards, policy, system prompt).
+    pub template: SessionSpec,
+    /// Where admins may grant host directories.
+    pub roots: GrantRoots,
+    /// The SHA-256 of `KEEL_API_TOKEN`, an admin token of this process only.
+    pub env_admin: Option<String>,
+    /// Largest tool upload (the sandbox's component size limit).
+    pub max_upload: usize,
+    /// Timeouts and the connection cap (`[serve]` in keel.toml).
+    pub bounds: crate::listen::Bounds,
+}
+
+/// The server's state: the harness, its options and the console's logins.
+pub struct App {
+    pub harness: Arc<Harness>,
+    pub options: ServeOptions,
+    pub(crate) logins: Mutex<HashMap<String, auth::Login>>,
+    pub(crate) templates: minijinja::Environment<'static>,
+    /// The tokens' version as last seen (see [`App::watch_access`]): event streams re-check
+    /// their caller when it moves.
+    pub(crate) access: tokio::sync::watch::Sender<i64>,
+}
+
+impl App {
+    pub fn new(harness: Arc<Harness>, options: ServeOptions) -> Result<Arc<Self>, String> {
+        Ok(Arc::new(Self {
+            harness,
+            options,
+            logins: Mutex::new(HashMap::new()),
+            templates: console::templates()?,
+            access: tokio::sync::watch::Sender::new(0),
+        }))
+    }
+
+    /// Runs session `id`'s queued inputs (or its open turn) in the background; a session
+    /// another runner holds is left to it.
+    pub fn run_in_background(self: &Arc<Self>, id: String) {
+        let h = Arc::clone(&self.harness);
+        tokio::spawn(async move {
+            let cancel = CancelToken::new();
+            let events: Events = Arc::new(|_| {});
+            if let Err(e) = h.resume(&id, &cancel, &events).await {
+                tracing::warn!(session = %id, "the turn could not run: {e}");
+            }
+        });
+    }
+}
+
+/// The server: the API under `/api/v1`, the console at `/`.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .nest("/api/v1", api::routes(Arc::clone(&app)))
+        .merge(console::routes(Arc::clone(&app)))
+        .layer(axum::middleware::from_fn(security_headers))
+}
+
+/// Headers every response carries: a strict Content-Security-Policy (scripts and styles only
+/// from the server's own files, no inline code, no framing), no MIME sniffing, and no
+/// referrer to other sites (`same-origin`: with `no-referrer` a browser sends `Origin: null`
+/// on the console's own forms, which the origin check refuses).
+async fn security_headers(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let mut res = next.run(req).await;
+    let h = res.headers_mut();
+    for (name, value) in [
+        (
+            "content-security-policy",
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+             connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+        ("x-content-type-options", "nosniff"),
+        ("referrer-policy", "same-origin"),
+        ("x-frame-options", "DENY"),
+        ("cross-origin-opener-policy", "same-origin"),
+    ] {
+        h.insert(name, axum::http::HeaderValue::from_static(value));
+    }
+    res
+}
+
+/// A refused or failed request: the core API's error envelope with the HTTP status of its
+/// kind.
+#[derive(Debug)]
+pub struct Failure {
+    pub status: StatusCode,
+    pub kind: String,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(kind: &str, message: impl Into<String>) -> Self {
+        Self { status: status_of(kind), kind: kind.to_string(), message: message.into() }
+    }
+}
+
+impl From<ApiError> for Failure {
+    fn from(e: ApiError) -> Self {
+        Self::new(e.kind(), e.to_string())
+    }
+}
+
+impl From<AccessError> for Failure {
+    fn from(e: AccessError) -> Self {
+        Self::new(e.kind(), e.to_string())
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({
+            "ok": false,
+            "error": {"kind": self.kind, "message": self.message},
+        });
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+/// The HTTP status of an error kind of the core API.
+pub fn status_of(kind: &str) -> StatusCode {
+    match kind {
+        "unauthorized" => StatusCode::UNAUTHORIZED,
+        "forbidden" | "denied" => StatusCode::FORBIDDEN,
+        "not_found" | "not_installed" | "unknown_tool" => StatusCode::NOT_FOUND,
+        "conflict" | "not_pending" | "already_installed" | "exists" | "name_clash" | "busy"
+        | "grant_moved" => StatusCode::CONFLICT,
+        "too_large" => StatusCode::PAYLOAD_TOO_LARGE,
+        "body_timeout" => StatusCode::REQUEST_TIMEOUT,
+        "method_not_allowed" => StatusCode::METHOD_NOT_ALLOWED,
+        "unsupported_media_type" => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "input" | "grant" | "config" | "wrong_session" | "invalid_input" | "invalid_name"
+        | "reserved_name" | "invalid_skill" | "invalid_specs" | "load" | "describe_failed"
+        | "builtin" | "mcp_server" | "host_tool" | "over_ceiling" => StatusCode::BAD_REQUEST,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// Serves `app` on `listener` until `shutdown` completes; sessions that recovery found
+/// resumable are resumed in the background first (the server is their runner now).
+pub async fn serve(
+    app: Arc<App>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    for r in app.harness.recovered().iter().filter(|r| r.resumable) {
+        app.run_in_background(r.id.to_string());
+    }
+    let watcher = app.watch_access();
+    let bounds = app.options.bounds.fitted();
+    let served = crate::listen::serve(listener, router(app), bounds, shutdown).await;
+    watcher.abort();
+    served
+}
