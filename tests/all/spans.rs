@@ -33,7 +33,8 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Buf {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// One thread: the runner's tasks run where the test's subscriber is the default.
+#[tokio::test(flavor = "current_thread")]
 async fn a_turn_s_spans_name_its_session_turn_step_call_and_tool() {
     let log = Buf::default();
     let subscriber = tracing_subscriber::fmt()
@@ -42,7 +43,7 @@ async fn a_turn_s_spans_name_its_session_turn_step_call_and_tool() {
         .with_ansi(false)
         .with_writer(log.clone())
         .finish();
-    // This thread's: the turn runs on it (one call runs inline, not as a task of its own).
+    // This thread's, and every task of the runtime runs on it.
     let _guard = tracing::subscriber::set_default(subscriber);
 
     let ws = tempfile::tempdir().unwrap();

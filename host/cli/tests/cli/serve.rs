@@ -645,6 +645,20 @@ async fn a_main_session_over_the_api_runs_its_workgroup_in_the_server() {
     })
     .await;
     assert_eq!(main["active_turn"], Value::Null);
+    // The children's results reach the main session in one turn or in two (in whichever order
+    // they finish): its coordinator answers once it has both.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let t = loop {
+        let (_, t) = get(&c, &s.api(&format!("/sessions/{id}/timeline")), &alice).await;
+        if t.to_string().contains("coordinator done: ") {
+            break t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the main session never answered with both results: {t}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let (status, v) = get(&c, &s.api(&format!("/sessions/{id}/workgroup")), &alice).await;
     assert_eq!(status, 200, "{v}");
     let w = &v["workgroup"];
@@ -659,7 +673,6 @@ async fn a_main_session_over_the_api_runs_its_workgroup_in_the_server() {
     let (status, _) = get(&c, &s.api(&format!("/sessions/{child}/workgroup")), &alice).await;
     assert_eq!(status, 200);
     assert_eq!(v["events"].as_array().unwrap().len(), 4);
-    let (_, t) = get(&c, &s.api(&format!("/sessions/{id}/timeline")), &alice).await;
     assert!(t.to_string().contains("coordinator done: "), "{t}");
     // Another user sees none of it; a standalone session has no workgroup.
     let bob = token(home.path(), "bob", "user");
