@@ -100,11 +100,11 @@ fn used(code: &str) -> BTreeSet<String> {
     out
 }
 
+/// Imports that break the layers: (from, to) → the files that make them.
+type Breaches = BTreeMap<(String, String), BTreeSet<String>>;
+
 /// The imports of `krate`'s modules that point up or sideways, and the modules with no place.
-fn misplaced(
-    krate: &str,
-    layers: &[&[&str]],
-) -> (BTreeMap<(String, String), BTreeSet<String>>, BTreeSet<String>) {
+fn misplaced(krate: &str, layers: &[&[&str]]) -> (Breaches, BTreeSet<String>) {
     let place: BTreeMap<&str, usize> = layers
         .iter()
         .enumerate()
@@ -113,7 +113,7 @@ fn misplaced(
     let root = src(krate);
     let mut all = Vec::new();
     files(&root, &mut all);
-    let mut upward: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    let mut upward = Breaches::new();
     let mut unplaced = BTreeSet::new();
     for path in &all {
         let rel = path.strip_prefix(&root).unwrap().to_string_lossy().to_string();
