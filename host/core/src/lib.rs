@@ -1,7 +1,9 @@
 //! # keel
 //!
-//! An agent harness whose every tool is a WebAssembly component. This crate is the host: the
-//! owner spine, the tool runtime and the `keel` command.
+//! An agent harness whose every tool is a WebAssembly component. This crate is its core: the
+//! owner spine, the tool runtime, the store and the use cases every front-end goes through.
+//! The front-ends are other crates — `keel-server` (the HTTP API and console, keel as an MCP
+//! server) and the `keel` binary — and can reach only what this crate exports.
 //!
 //! Owners (one module each, one owner per fact):
 //! - [`sandbox`] — ProcessSandbox: runs one component call under a budget, with only the
@@ -23,8 +25,7 @@
 //! - [`harness`] — the owners of one home wired together; [`api`] — the use cases every
 //!   front-end reaches them through.
 //! - [`home`] — where keel keeps its state (`--home`, `KEEL_HOME`); [`config`] — its settings
-//!   file, `keel.toml`; [`listen`] — the bounded HTTP listener of the network front-ends
-//!   (`keel serve`, `keel mcp serve --http`).
+//!   file, `keel.toml`.
 //! - Leaf modules every owner may use: [`policy`] (effect classes, allow/ask/deny), [`ids`]
 //!   (session, call and approval unit ids), [`stored`] (enums stored as names), [`grant`]
 //!   (directory grants), [`caller`] (the API's principals and a session's owner), [`cancel`],
@@ -35,12 +36,11 @@
 //!   catalogs' full-text recall); [`skills`]; [`control`] (what a control call asks for);
 //!   [`access`] (API tokens and grant presets); [`tools::mcp`] (external MCP servers, a tool
 //!   source).
-//! - Front-ends: [`mcp`] (keel as an MCP server) and [`serve`] (the HTTP API and console).
 //!
 //! Layers, bottom first — a module uses only modules of a layer below its own, checked by a
 //! test over the `crate::` paths (`tests/all/layers.rs`): leaves; `store`; `config`; `search`;
 //! `memory`; `model`; `understand`; `secrets`; `control`; `sandbox`; `skills`; `tools`;
-//! `session`; `agent`; `brain`; `access`; `harness`; `api`; `mcp` and `serve`; the CLI.
+//! `session`; `agent`; `brain`; `access`; `harness`; `api`.
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
 pub mod access;

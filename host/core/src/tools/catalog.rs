@@ -17,7 +17,7 @@ pub struct ComponentRecord {
     pub builtin: bool,
     pub installed_at: String,
     /// `component` (a WebAssembly file) or `mcp` (an external MCP server; see
-    /// [`mcp`]).
+    /// [`super::mcp`]).
     pub kind: super::SourceKind,
 }
 

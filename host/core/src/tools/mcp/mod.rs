@@ -1,5 +1,5 @@
 //! External MCP servers as a tool source, on the official Rust SDK (`rmcp`). (keel as an MCP
-//! server is a front-end: [`crate::mcp`].)
+//! server is a front-end, in the `keel-server` crate.)
 //!
 //! - [`client`]: external MCP servers as keel tools. A server added with `keel mcp add` is a
 //!   catalog entry of kind `mcp` whose tools are named `SERVER__TOOL` and pinned by a digest of
