@@ -69,3 +69,78 @@ async fn an_approval_flow_through_the_api_and_its_typed_refusals() {
     assert_eq!(log_lines(work.path(), "sent.log"), ["hello"]);
     assert_eq!(h.engine.meta(&id).await.unwrap().state, RuntimeState::Idle);
 }
+
+/// Who may see and do what is decided by the core's use cases, for any front-end: a user
+/// token's rules hold without the HTTP server in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_rights_are_decided_by_the_core() {
+    use keel::access::{AccessError, GrantRoots, Principal, Role};
+    use keel::api::{BudgetRequest, Caller, GrantRequest, PolicyRequest, SessionRequest};
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let h = harness_with_session(
+        home.path(),
+        "http://127.0.0.1:9/v1",
+        "none",
+        &[],
+        vec![],
+        LoopGuards::default(),
+    )
+    .await;
+    let template = spec("http://127.0.0.1:9/v1", vec![], Some(vec![]));
+    let roots = GrantRoots::new(&[ws.path().to_path_buf()]).unwrap();
+    let grant = Grant::new(ws.path(), "/w", Access::Ro).unwrap();
+    h.preset_add("team", vec![grant], false, false).await.unwrap();
+    let alice = Caller::Api(Principal::token("alice", Role::User));
+    let bob = Caller::Api(Principal::token("bob", Role::User));
+    let admin = Caller::Api(Principal::token("root", Role::Admin));
+    let forbidden = |r: Result<keel::api::SessionSpec, ApiError>| match r {
+        Err(ApiError::Access(AccessError::Forbidden(m))) => m,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+
+    // A user grants no host directory, lets nothing run unasked, lowers only.
+    let dir = GrantRequest { host: ws.path().display().to_string(), guest: None, access: None };
+    let req = SessionRequest { grants: vec![dir.clone()], ..Default::default() };
+    let m = forbidden(h.session_spec_for(&alice, &template, &roots, req).await);
+    assert!(m.contains("only admins grant host directories"), "{m}");
+    let req = SessionRequest {
+        policy: Some(PolicyRequest { allow: vec!["write".into()], ..Default::default() }),
+        ..Default::default()
+    };
+    forbidden(h.session_spec_for(&alice, &template, &roots, req).await);
+    let more = template.budget.fuel + 1;
+    let req = SessionRequest {
+        budget: Some(BudgetRequest { fuel: Some(more), ..Default::default() }),
+        ..Default::default()
+    };
+    let m = forbidden(h.session_spec_for(&alice, &template, &roots, req).await);
+    assert!(m.contains("a user may only lower the budget"), "{m}");
+    let req = SessionRequest { user: Some("bob".into()), ..Default::default() };
+    forbidden(h.session_spec_for(&alice, &template, &roots, req).await);
+    // An admin may, under the grant roots.
+    let req = SessionRequest { grants: vec![dir], ..Default::default() };
+    let s = h.session_spec_for(&admin, &template, &roots, req).await.unwrap();
+    assert_eq!(s.grants.len(), 1);
+
+    // A user's session, made with a preset that does not let her decide.
+    let req = SessionRequest { preset: Some("team".into()), ..Default::default() };
+    let s = h.session_spec_for(&alice, &template, &roots, req).await.unwrap();
+    assert_eq!(s.user.as_deref(), Some("alice"));
+    let owner = s.owner.clone().unwrap();
+    assert_eq!((owner.principal.as_str(), owner.preset.as_deref()), ("token:alice", Some("team")));
+    let id = h.create_session(s).await.unwrap();
+    assert!(h.session_for(&alice, &id).await.is_ok());
+    assert!(h.session_for(&admin, &id).await.is_ok());
+    assert!(h.session_for(&Caller::Operator, &id).await.is_ok());
+    match h.session_for(&bob, &id).await {
+        Err(e) => assert_eq!(e.kind(), "not_found", "{e}"),
+        Ok(_) => panic!("bob sees alice's session"),
+    }
+    let ids = |v: Vec<keel::session::SessionSummary>| -> Vec<String> {
+        v.into_iter().map(|s| s.id.to_string()).collect()
+    };
+    assert_eq!(ids(h.sessions_for(&alice).await.unwrap()), [id.to_string()]);
+    assert!(ids(h.sessions_for(&bob).await.unwrap()).is_empty());
+    assert!(ids(h.sessions_for(&Caller::Operator).await.unwrap()).contains(&id.to_string()));
+}

@@ -146,3 +146,51 @@ impl AccessError {
         }
     }
 }
+
+/// Who asks for a use case: the local operator (the CLI, and `keel mcp serve`, whose admin
+/// fixed everything when it started), or a principal of the network API. The use cases that
+/// take one decide what it may see and do (`api/callers.rs`), the same way for every
+/// front-end; a front-end only says who is asking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    Operator,
+    Api(Principal),
+}
+
+impl Caller {
+    /// The operator, and the API's admins, may do everything.
+    pub fn is_admin(&self) -> bool {
+        match self {
+            Self::Operator => true,
+            Self::Api(p) => p.is_admin(),
+        }
+    }
+
+    /// Whether the caller is the principal that created a session with owner `owner`.
+    pub fn owns(&self, owner: Option<&Owner>) -> bool {
+        match self {
+            Self::Operator => false,
+            Self::Api(p) => owner.is_some_and(|o| o.principal == p.id()),
+        }
+    }
+
+    /// Whether the caller may see a session with owner `owner` (admins see every session,
+    /// users their own).
+    pub fn may_see(&self, owner: Option<&Owner>) -> bool {
+        self.is_admin() || self.owns(owner)
+    }
+
+    /// Whether the caller may decide the approvals of a session with owner `owner`: admins,
+    /// and its user when the session's preset lets them.
+    pub fn may_decide(&self, owner: Option<&Owner>) -> bool {
+        self.is_admin() || (self.owns(owner) && owner.is_some_and(|o| o.user_decides))
+    }
+
+    /// The API principal's token name (`None`: the operator).
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            Self::Operator => None,
+            Self::Api(p) => Some(&p.name),
+        }
+    }
+}

@@ -1,7 +1,6 @@
 //! The JSON API under `/api/v1`. Each handler checks who may do what, then calls one use case
 //! of the core API; errors are the core API's envelope, with the status of their kind.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,8 +19,7 @@ use utoipa::{IntoParams, OpenApi, ToSchema};
 
 use super::auth::Caller;
 use super::{App, Failure, MAX_JSON_BODY};
-use keel::access::{AccessError, Owner};
-use keel::sandbox::{Access, Grant};
+use keel::sandbox::Access;
 use keel::session::{Decision, SessionMeta};
 use keel::tools::InstallMode;
 
@@ -243,16 +241,7 @@ pub(crate) async fn visible_session(
     caller: &Caller,
     id: &str,
 ) -> Result<SessionMeta, Failure> {
-    let meta = app.harness.session(id).await?;
-    if caller.is_admin() || owns(caller, meta.owner.as_ref()) {
-        Ok(meta)
-    } else {
-        Err(Failure::new("not_found", format!("session `{}` does not exist", id.escape_debug())))
-    }
-}
-
-fn owns(caller: &Caller, owner: Option<&Owner>) -> bool {
-    owner.is_some_and(|o| o.principal == caller.principal.id())
+    Ok(app.harness.session_for(&caller.who(), id).await?)
 }
 
 /// One grant as the API takes and shows it.
@@ -334,31 +323,16 @@ pub struct MainSpec {
     pub max_tokens: Option<i64>,
 }
 
-impl MainSpec {
-    /// The limits, checked; a user may not raise a default.
-    fn limits(self, admin: bool) -> Result<keel::session::workgroup::Limits, Failure> {
-        let d = keel::session::workgroup::Limits::default();
-        let limits = keel::session::workgroup::Limits {
-            max_live_children: self.max_children.unwrap_or(d.max_live_children),
-            max_depth: self.max_depth.unwrap_or(d.max_depth),
-            child_deadline_secs: self.child_deadline_secs.unwrap_or(d.child_deadline_secs),
-            wait_notice_secs: self.wait_notice_secs.unwrap_or(d.wait_notice_secs),
-            max_steps: self.max_steps,
-            max_tokens: self.max_tokens,
-        };
-        limits.check().map_err(|e| Failure::new("input", e))?;
-        if !admin
-            && (limits.max_live_children > d.max_live_children
-                || limits.max_depth > d.max_depth
-                || limits.child_deadline_secs > d.child_deadline_secs)
-        {
-            return Err(AccessError::Forbidden(format!(
-                "a user may only keep or lower a workgroup's limits (children {}, depth {}, deadline {} s)",
-                d.max_live_children, d.max_depth, d.child_deadline_secs
-            ))
-            .into());
+impl From<MainSpec> for keel::api::WorkgroupRequest {
+    fn from(m: MainSpec) -> Self {
+        Self {
+            max_children: m.max_children,
+            max_depth: m.max_depth,
+            child_deadline_secs: m.child_deadline_secs,
+            wait_notice_secs: m.wait_notice_secs,
+            max_steps: m.max_steps,
+            max_tokens: m.max_tokens,
         }
-        Ok(limits)
     }
 }
 
@@ -386,23 +360,31 @@ async fn create_session(
     if req.input.trim().is_empty() {
         return Err(Failure::new("input", "the input is empty: say what to do"));
     }
-    let spec = session_spec(
-        &app,
-        &caller,
-        req.id,
-        req.grants,
-        req.preset.as_deref(),
-        req.tools,
-        req.policy,
-        req.budget,
-        req.model,
-        req.user,
-    )
-    .await?;
-    let mut spec = spec;
-    if let Some(m) = req.main {
-        spec.main = Some(m.limits(caller.is_admin())?);
-    }
+    let request = keel::api::SessionRequest {
+        id: req.id,
+        grants: req
+            .grants
+            .unwrap_or_default()
+            .into_iter()
+            .map(|g| keel::api::GrantRequest { host: g.host, guest: g.guest, access: g.access })
+            .collect(),
+        preset: req.preset,
+        tools: req.tools,
+        policy: req.policy.map(|p| keel::api::PolicyRequest {
+            allow: p.allow,
+            ask: p.ask,
+            deny: p.deny,
+        }),
+        budget: req.budget.map(|b| keel::api::BudgetRequest {
+            fuel: b.fuel,
+            timeout_ms: b.timeout_ms,
+            memory: b.memory,
+        }),
+        model: req.model,
+        user: req.user,
+        main: req.main.map(Into::into),
+    };
+    let spec = session_spec(&app, &caller, request).await?;
     let id = app.harness.create_session(spec).await?;
     let seq = app.harness.queue(&id, &req.input).await?;
     let state = app.harness.session(&id).await?.state.to_string();
@@ -413,118 +395,20 @@ async fn create_session(
     ))
 }
 
-/// The session a request asks for, checked against what the caller may do.
-#[allow(clippy::too_many_arguments)]
+/// The session a request asks for, checked against what the caller may do (by the core).
 pub(crate) async fn session_spec(
     app: &App,
     caller: &Caller,
-    id: Option<String>,
-    grants: Option<Vec<GrantSpec>>,
-    preset: Option<&str>,
-    tools: Option<Vec<String>>,
-    policy: Option<PolicySpec>,
-    budget: Option<BudgetSpec>,
-    model: Option<String>,
-    user: Option<String>,
+    request: keel::api::SessionRequest,
 ) -> Result<keel::api::SessionSpec, Failure> {
-    let mut spec = app.options.template.clone();
-    let admin = caller.is_admin();
-    let forbidden = |what: &str| -> Failure {
-        AccessError::Forbidden(format!("{what}; `{}` is a user token", caller.principal.name))
-            .into()
-    };
-    let grants = grants.unwrap_or_default();
-    if !grants.is_empty() && preset.is_some() {
-        return Err(Failure::new("input", "give `grants` or `preset`, not both"));
-    }
-    let mut owner = Owner { principal: caller.principal.id(), preset: None, user_decides: false };
-    if !grants.is_empty() {
-        if !admin {
-            return Err(forbidden(
-                "only admins grant host directories: name a preset an admin defined (`preset`)",
-            ));
-        }
-        let grants = grants
-            .iter()
-            .map(|g| keel::access::grant_of(&g.host, g.guest.as_deref(), g.access))
-            .collect::<Result<Vec<Grant>, _>>()?;
-        app.options.roots.check(&grants)?;
-        spec.grants = grants;
-    }
-    if let Some(name) = preset {
-        let p = app.harness.preset(name).await?;
-        spec.grants = p.grants;
-        owner.preset = Some(p.name);
-        owner.user_decides = p.user_decides;
-    }
-    if let Some(p) = policy {
-        if !p.allow.is_empty() && !admin {
-            return Err(forbidden("only admins may let tools run without asking (`policy.allow`)"));
-        }
-        spec.allow.extend(p.allow);
-        spec.ask.extend(p.ask);
-        spec.deny.extend(p.deny);
-    }
-    if let Some(b) = budget {
-        let d = spec.budget.clone();
-        let timeout = b.timeout_ms.map(Duration::from_millis);
-        if !admin
-            && (b.fuel.is_some_and(|f| f > d.fuel)
-                || timeout.is_some_and(|t| t > d.timeout)
-                || b.memory.is_some_and(|m| m > d.memory))
-        {
-            return Err(forbidden(&format!(
-                "a user may only lower the budget (fuel {}, timeout {} ms, memory {})",
-                d.fuel,
-                d.timeout.as_millis(),
-                d.memory
-            )));
-        }
-        spec.budget.fuel = b.fuel.unwrap_or(d.fuel);
-        spec.budget.timeout = timeout.unwrap_or(d.timeout);
-        spec.budget.memory = b.memory.unwrap_or(d.memory);
-    }
-    if let Some(m) = model {
-        if m.trim().is_empty() {
-            return Err(Failure::new("input", "the model name is empty"));
-        }
-        spec.model.model = m.clone();
-        if let Some(p) = spec.preprocess.as_mut()
-            && p.model.model == app.options.template.model.model
-        {
-            p.model.model = m;
-        }
-    }
-    spec.user = match (admin, user) {
-        (true, Some(u)) => Some(u),
-        (true, None) => spec.user,
-        (false, Some(u)) if u != caller.principal.name => {
-            return Err(forbidden("a user's sessions work for that user only (`user`)"));
-        }
-        (false, _) => Some(caller.principal.name.clone()),
-    };
-    if let Some(u) = &spec.user
-        && !keel::memory::valid_principal(&keel::memory::typed(u, keel::memory::Kind::Token))
-    {
-        return Err(Failure::new(
-            "input",
-            format!("user `{}` is not a valid name", u.escape_debug()),
-        ));
-    }
-    spec.id = id;
-    spec.tools = tools;
-    spec.owner = Some(owner);
-    Ok(spec)
+    let o = &app.options;
+    Ok(app.harness.session_spec_for(&caller.who(), &o.template, &o.roots, request).await?)
 }
 
 /// Every session the caller may see, newest first.
 #[utoipa::path(get, path = "/sessions", responses((status = 200, description = "sessions: id, state, turns, steps, session_goal, created_at, last_activity, owner", body = Object)))]
 async fn list_sessions(State(app): Shared, caller: Caller) -> Result<Json<Value>, Failure> {
-    let mut sessions = app.harness.sessions().await?;
-    if !caller.is_admin() {
-        let me = caller.principal.id();
-        sessions.retain(|s| s.owner.as_deref() == Some(me.as_str()));
-    }
+    let sessions = app.harness.sessions_for(&caller.who()).await?;
     Ok(Json(json!({"ok": true, "sessions": sessions})))
 }
 
@@ -777,28 +661,12 @@ pub(crate) async fn visible_approvals(
     session: Option<&str>,
     pending_only: bool,
 ) -> Result<Vec<Value>, Failure> {
-    if let Some(s) = session {
-        visible_session(app, caller, s).await?;
-    }
-    let units = app.harness.approvals(session, pending_only).await?;
-    let mut owners: HashMap<String, Option<Owner>> = HashMap::new();
+    let views = app.harness.approvals_for(&caller.who(), session, pending_only).await?;
     let mut out = Vec::new();
-    for u in units {
-        let sid = u.session_id.to_string();
-        if !owners.contains_key(&sid) {
-            let meta = app.harness.session(&sid).await?;
-            owners.insert(sid.clone(), meta.owner);
-        }
-        let owner = owners.get(&sid).cloned().flatten();
-        let mine = owns(caller, owner.as_ref());
-        if !caller.is_admin() && !mine {
-            continue;
-        }
-        let may_decide =
-            caller.is_admin() || owner.as_ref().is_some_and(|o| mine && o.user_decides);
-        let mut v =
-            serde_json::to_value(&u).map_err(|e| Failure::new("internal", e.to_string()))?;
-        v["may_decide"] = json!(may_decide);
+    for view in views {
+        let mut v = serde_json::to_value(&view.unit)
+            .map_err(|e| Failure::new("internal", e.to_string()))?;
+        v["may_decide"] = json!(view.may_decide);
         out.push(super::shown::approval(caller.is_admin(), v));
     }
     Ok(out)
@@ -850,26 +718,8 @@ pub(crate) async fn decide(
     decision: Decision,
     req: DecideBody,
 ) -> Result<Json<Value>, Failure> {
-    let unit = app.harness.approval(id).await?;
-    let meta = app.harness.session(&unit.session_id).await?;
-    if !caller.is_admin() {
-        if !owns(caller, meta.owner.as_ref()) {
-            return Err(Failure::new("not_found", format!("there is no approval `{id}`")));
-        }
-        if !meta.owner.as_ref().is_some_and(|o| o.user_decides) {
-            return Err(AccessError::Forbidden(format!(
-                "an admin decides this session's approvals: its preset does not let its user decide{}",
-                meta.owner
-                    .as_ref()
-                    .and_then(|o| o.preset.as_deref())
-                    .map(|p| format!(" (preset `{p}`)"))
-                    .unwrap_or_default()
-            ))
-            .into());
-        }
-    }
     let reason = req.reason.filter(|r| !r.trim().is_empty());
-    let unit = app.harness.decide_by(id, decision, reason, caller.principal.decider()).await?;
+    let unit = app.harness.decide_for(&caller.who(), id, decision, reason).await?;
     app.run_in_background(unit.session_id.to_string());
     Ok(Json(json!({"ok": true, "unit": unit})))
 }

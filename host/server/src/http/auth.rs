@@ -51,6 +51,11 @@ impl Caller {
         self.principal.is_admin()
     }
 
+    /// Who asks, as the core's use cases take it (they decide what it may see and do).
+    pub fn who(&self) -> keel::api::Caller {
+        keel::api::Caller::Api(self.principal.clone())
+    }
+
     /// Refuses a caller who is not an admin, naming what was asked.
     pub fn require_admin(&self, what: &str) -> Result<(), Failure> {
         if self.is_admin() {

@@ -228,9 +228,9 @@ async fn new_session(
         if f.input.trim().is_empty() {
             return Err(Failure::new("input", "the input is empty: say what to do"));
         }
-        let preset = Some(f.preset.as_str()).filter(|p| !p.is_empty());
-        let spec =
-            api::session_spec(&app, &v, None, None, preset, None, None, None, None, None).await?;
+        let preset = Some(f.preset).filter(|p| !p.is_empty());
+        let request = keel::api::SessionRequest { preset, ..Default::default() };
+        let spec = api::session_spec(&app, &v, request).await?;
         let id = app.harness.create_session(spec).await?;
         api::queue_and_run(&app, &id, &f.input).await?;
         Ok(Redirect::to(&format!("/sessions/{id}")).into_response())

@@ -7,6 +7,12 @@
 
 use std::time::Duration;
 
+mod callers;
+pub use crate::caller::Caller;
+pub use callers::{
+    ApprovalView, BudgetRequest, GrantRequest, PolicyRequest, SessionRequest, WorkgroupRequest,
+};
+
 use crate::agent::{AgentError, Events, LoopGuards};
 use crate::brain::Submitted;
 use crate::harness::Harness;

@@ -1,0 +1,314 @@
+//! The use cases as a caller makes them: what a principal of the network API may see and do,
+//! decided here once for every front-end (the HTTP API and the console) — a user token sees
+//! and steers only the sessions it created, decides their approvals only when its preset lets
+//! it, grants no host directory but a preset's, and may only tighten the policy and lower the
+//! budget and a workgroup's limits. The operator ([`Caller::Operator`]) may do everything.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::{ApiError, Harness, SessionSpec};
+use crate::access::{AccessError, GrantRoots};
+use crate::caller::{Caller, Owner};
+use crate::grant::{Access, Grant};
+use crate::session::{ApprovalUnit, Decision, SessionMeta, SessionSummary};
+
+/// What a caller asks of a new session; each absent part takes the front-end's template.
+#[derive(Debug, Clone, Default)]
+pub struct SessionRequest {
+    /// Chosen id (letters, digits, `-`, `_`), else a generated one.
+    pub id: Option<String>,
+    /// Host directories to grant (admins only, under the grant roots).
+    pub grants: Vec<GrantRequest>,
+    /// A grant preset an admin defined; instead of `grants`.
+    pub preset: Option<String>,
+    /// The tools the model sees (default: every installed tool).
+    pub tools: Option<Vec<String>>,
+    pub policy: Option<PolicyRequest>,
+    pub budget: Option<BudgetRequest>,
+    /// A model name on the template's model endpoint.
+    pub model: Option<String>,
+    /// The user the session works for (admins only; a user's sessions work for that user).
+    pub user: Option<String>,
+    /// Make it a main session with these workgroup limits.
+    pub main: Option<WorkgroupRequest>,
+}
+
+/// One host directory asked for.
+#[derive(Debug, Clone)]
+pub struct GrantRequest {
+    pub host: String,
+    pub guest: Option<String>,
+    pub access: Option<Access>,
+}
+
+/// Policy adjustments by tool name or effect class.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyRequest {
+    /// Run without asking (admins only).
+    pub allow: Vec<String>,
+    pub ask: Vec<String>,
+    pub deny: Vec<String>,
+}
+
+/// Per-call limits; a user may only lower the template's.
+#[derive(Debug, Clone, Default)]
+pub struct BudgetRequest {
+    pub fuel: Option<u64>,
+    pub timeout_ms: Option<u64>,
+    pub memory: Option<u64>,
+}
+
+/// A main session's workgroup limits; each absent one takes its default, and a user may not
+/// raise a default.
+#[derive(Debug, Clone, Default)]
+pub struct WorkgroupRequest {
+    pub max_children: Option<u32>,
+    pub max_depth: Option<u32>,
+    pub child_deadline_secs: Option<u64>,
+    pub wait_notice_secs: Option<u64>,
+    pub max_steps: Option<i64>,
+    pub max_tokens: Option<i64>,
+}
+
+/// An approval unit as a caller sees it, with whether they may decide it.
+#[derive(Debug, Clone)]
+pub struct ApprovalView {
+    pub unit: ApprovalUnit,
+    pub may_decide: bool,
+}
+
+fn forbidden(caller: &Caller, what: &str) -> ApiError {
+    let name = caller.name().unwrap_or("operator");
+    AccessError::Forbidden(format!("{what}; `{name}` is a user token")).into()
+}
+
+impl Harness {
+    /// Session `id`'s settings, if `caller` may see it; another user's session is "not
+    /// found", as one that does not exist.
+    pub async fn session_for(&self, caller: &Caller, id: &str) -> Result<SessionMeta, ApiError> {
+        let meta = self.session(id).await?;
+        if caller.may_see(meta.owner.as_ref()) {
+            Ok(meta)
+        } else {
+            Err(AccessError::NotFound(format!("session `{}` does not exist", id.escape_debug()))
+                .into())
+        }
+    }
+
+    /// Every session `caller` may see, newest first.
+    pub async fn sessions_for(&self, caller: &Caller) -> Result<Vec<SessionSummary>, ApiError> {
+        let mut sessions = self.sessions().await?;
+        if let Caller::Api(p) = caller
+            && !caller.is_admin()
+        {
+            let me = p.id();
+            sessions.retain(|s| s.owner.as_deref() == Some(me.as_str()));
+        }
+        Ok(sessions)
+    }
+
+    /// The approval units `caller` may see (of `session`, or of every session), each with
+    /// whether they may decide it.
+    pub async fn approvals_for(
+        &self,
+        caller: &Caller,
+        session: Option<&str>,
+        pending_only: bool,
+    ) -> Result<Vec<ApprovalView>, ApiError> {
+        if let Some(s) = session {
+            self.session_for(caller, s).await?;
+        }
+        let units = self.approvals(session, pending_only).await?;
+        let mut owners: HashMap<String, Option<Owner>> = HashMap::new();
+        let mut out = Vec::new();
+        for unit in units {
+            let sid = unit.session_id.to_string();
+            if !owners.contains_key(&sid) {
+                let meta = self.session(&sid).await?;
+                owners.insert(sid.clone(), meta.owner);
+            }
+            let owner = owners.get(&sid).cloned().flatten();
+            if !caller.may_see(owner.as_ref()) {
+                continue;
+            }
+            out.push(ApprovalView { may_decide: caller.may_decide(owner.as_ref()), unit });
+        }
+        Ok(out)
+    }
+
+    /// Records `caller`'s decision on unit `unit` if they may make it (a user who cannot see
+    /// its session is told there is no such unit).
+    pub async fn decide_for(
+        &self,
+        caller: &Caller,
+        unit: &str,
+        decision: Decision,
+        reason: Option<String>,
+    ) -> Result<ApprovalUnit, ApiError> {
+        let found = self.approval(unit).await?;
+        let meta = self.session(&found.session_id).await?;
+        let owner = meta.owner.as_ref();
+        if !caller.may_see(owner) {
+            return Err(AccessError::NotFound(format!("there is no approval `{unit}`")).into());
+        }
+        if !caller.may_decide(owner) {
+            return Err(AccessError::Forbidden(format!(
+                "an admin decides this session's approvals: its preset does not let its user decide{}",
+                owner
+                    .and_then(|o| o.preset.as_deref())
+                    .map(|p| format!(" (preset `{p}`)"))
+                    .unwrap_or_default()
+            ))
+            .into());
+        }
+        match caller {
+            Caller::Operator => self.decide(unit, decision, reason, None).await,
+            Caller::Api(p) => self.decide_by(unit, decision, reason, p.decider()).await,
+        }
+    }
+
+    /// The session `req` asks for, from `template`, checked against what `caller` may do:
+    /// host directories only from an admin and under `roots`, a preset's grants otherwise;
+    /// `allow` only from an admin; a user only lowers the budget and the workgroup limits and
+    /// works for themselves. The caller is recorded as the session's owner.
+    pub async fn session_spec_for(
+        &self,
+        caller: &Caller,
+        template: &SessionSpec,
+        roots: &GrantRoots,
+        req: SessionRequest,
+    ) -> Result<SessionSpec, ApiError> {
+        let mut spec = template.clone();
+        let admin = caller.is_admin();
+        if !req.grants.is_empty() && req.preset.is_some() {
+            return Err(ApiError::Input("give `grants` or `preset`, not both".into()));
+        }
+        let mut owner = match caller {
+            Caller::Api(p) => Some(Owner { principal: p.id(), preset: None, user_decides: false }),
+            Caller::Operator => None,
+        };
+        if !req.grants.is_empty() {
+            if !admin {
+                return Err(forbidden(
+                    caller,
+                    "only admins grant host directories: name a preset an admin defined (`preset`)",
+                ));
+            }
+            let grants = req
+                .grants
+                .iter()
+                .map(|g| crate::access::grant_of(&g.host, g.guest.as_deref(), g.access))
+                .collect::<Result<Vec<Grant>, _>>()?;
+            roots.check(&grants)?;
+            spec.grants = grants;
+        }
+        if let Some(name) = &req.preset {
+            let p = self.preset(name).await?;
+            spec.grants = p.grants;
+            if let Some(o) = owner.as_mut() {
+                o.preset = Some(p.name);
+                o.user_decides = p.user_decides;
+            }
+        }
+        if let Some(p) = req.policy {
+            if !p.allow.is_empty() && !admin {
+                return Err(forbidden(
+                    caller,
+                    "only admins may let tools run without asking (`policy.allow`)",
+                ));
+            }
+            spec.allow.extend(p.allow);
+            spec.ask.extend(p.ask);
+            spec.deny.extend(p.deny);
+        }
+        if let Some(b) = req.budget {
+            let d = spec.budget.clone();
+            let timeout = b.timeout_ms.map(Duration::from_millis);
+            if !admin
+                && (b.fuel.is_some_and(|f| f > d.fuel)
+                    || timeout.is_some_and(|t| t > d.timeout)
+                    || b.memory.is_some_and(|m| m > d.memory))
+            {
+                return Err(forbidden(
+                    caller,
+                    &format!(
+                        "a user may only lower the budget (fuel {}, timeout {} ms, memory {})",
+                        d.fuel,
+                        d.timeout.as_millis(),
+                        d.memory
+                    ),
+                ));
+            }
+            spec.budget.fuel = b.fuel.unwrap_or(d.fuel);
+            spec.budget.timeout = timeout.unwrap_or(d.timeout);
+            spec.budget.memory = b.memory.unwrap_or(d.memory);
+        }
+        if let Some(m) = req.model {
+            if m.trim().is_empty() {
+                return Err(ApiError::Input("the model name is empty".into()));
+            }
+            spec.model.model = m.clone();
+            if let Some(p) = spec.preprocess.as_mut()
+                && p.model.model == template.model.model
+            {
+                p.model.model = m;
+            }
+        }
+        spec.user = match (admin, req.user, caller.name()) {
+            (true, Some(u), _) => Some(u),
+            (true, None, _) => spec.user,
+            (false, Some(u), Some(me)) if u != me => {
+                return Err(forbidden(
+                    caller,
+                    "a user's sessions work for that user only (`user`)",
+                ));
+            }
+            (false, _, me) => me.map(str::to_string),
+        };
+        if let Some(u) = &spec.user
+            && !crate::memory::valid_principal(&crate::memory::typed(u, crate::memory::Kind::Token))
+        {
+            return Err(ApiError::Input(format!(
+                "user `{}` is not a valid name",
+                u.escape_debug()
+            )));
+        }
+        spec.id = req.id;
+        spec.tools = req.tools;
+        spec.owner = owner;
+        if let Some(m) = req.main {
+            spec.main = Some(workgroup_limits(m, admin)?);
+        }
+        Ok(spec)
+    }
+}
+
+/// The limits, checked; a user may not raise a default.
+fn workgroup_limits(
+    m: WorkgroupRequest,
+    admin: bool,
+) -> Result<crate::session::workgroup::Limits, ApiError> {
+    let d = crate::session::workgroup::Limits::default();
+    let limits = crate::session::workgroup::Limits {
+        max_live_children: m.max_children.unwrap_or(d.max_live_children),
+        max_depth: m.max_depth.unwrap_or(d.max_depth),
+        child_deadline_secs: m.child_deadline_secs.unwrap_or(d.child_deadline_secs),
+        wait_notice_secs: m.wait_notice_secs.unwrap_or(d.wait_notice_secs),
+        max_steps: m.max_steps,
+        max_tokens: m.max_tokens,
+    };
+    limits.check().map_err(ApiError::Input)?;
+    if !admin
+        && (limits.max_live_children > d.max_live_children
+            || limits.max_depth > d.max_depth
+            || limits.child_deadline_secs > d.child_deadline_secs)
+    {
+        return Err(AccessError::Forbidden(format!(
+            "a user may only keep or lower a workgroup's limits (children {}, depth {}, deadline {} s)",
+            d.max_live_children, d.max_depth, d.child_deadline_secs
+        ))
+        .into());
+    }
+    Ok(limits)
+}
