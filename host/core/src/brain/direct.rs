@@ -117,8 +117,7 @@ impl Brain {
         let step = self.engine().begin_direct(id, entry.clone()).await?;
         let refuse =
             |entry: &mut JournalEntry, kind: &str, message: String, ask: Option<String>| {
-                let content =
-                    serde_json::json!({"error": {"kind": kind, "message": message}}).to_string();
+                let content = crate::tools::result::error_content(kind, &message);
                 entry.status = JournalStatus::Done;
                 entry.result = Some(content.clone());
                 entry.error_kind = Some(kind.to_string());

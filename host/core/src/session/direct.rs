@@ -87,7 +87,7 @@ pub fn recover_in(
 
 fn close(e: &mut JournalEntry, kind: &str, message: &str) {
     e.status = JournalStatus::Done;
-    e.result = Some(serde_json::json!({"error": {"kind": kind, "message": message}}).to_string());
+    e.result = Some(crate::tools::result::error_content(kind, message));
     e.error_kind = Some(kind.to_string());
 }
 

@@ -18,6 +18,7 @@ use crate::policy::Effect;
 use crate::sandbox::Grant;
 use crate::store::{StoreError, now_ms};
 use crate::tools::ConsumedApproval;
+use crate::tools::result::error_content;
 
 /// What the model is told about a side-effecting call whose process died before its result was
 /// recorded.
@@ -474,10 +475,6 @@ pub fn decide_in(
     u.decision_reason = reason.map(str::to_string);
     u.decided_by = Some(by.to_string());
     Ok(Ok(u))
-}
-
-fn error_content(kind: &str, message: &str) -> String {
-    json!({"error": {"kind": kind, "message": message}}).to_string()
 }
 
 /// What becomes of a journal row when the runner that wrote it is gone (a crash, or an

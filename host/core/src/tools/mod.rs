@@ -15,6 +15,7 @@ mod error;
 pub mod install;
 pub mod lease;
 pub mod mcp;
+pub mod result;
 mod source;
 mod view;
 

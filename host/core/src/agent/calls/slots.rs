@@ -76,7 +76,7 @@ impl Slot {
 
 pub(super) fn error_outcome(kind: &str, message: &str) -> Outcome {
     Outcome {
-        content: json!({"error": {"kind": kind, "message": message}}).to_string(),
+        content: crate::tools::result::error_content(kind, message),
         kind: Some(kind.to_string()),
         ..Outcome::default()
     }
@@ -99,7 +99,7 @@ pub fn result_content(
                 (text, None)
             }
             Err(e) => {
-                let mut error = json!({"kind": e.kind(), "message": e.to_string()});
+                let mut error = crate::tools::result::error_value(e.kind(), &e.to_string());
                 // Why keel refused a request: the tool only saw HTTP-request-denied.
                 let refused: Vec<String> = o
                     .report
@@ -117,13 +117,13 @@ pub fn result_content(
                     })
                     .collect();
                 if !refused.is_empty() {
-                    error["network"] = json!(refused);
+                    error["error"]["network"] = json!(refused);
                 }
-                (json!({"error": error}).to_string(), Some(e.kind().to_string()))
+                (error.to_string(), Some(e.kind().to_string()))
             }
         },
         Err(e) => (
-            json!({"error": {"kind": e.kind(), "message": e.to_string()}}).to_string(),
+            crate::tools::result::error_content(e.kind(), &e.to_string()),
             Some(e.kind().to_string()),
         ),
     };
