@@ -188,6 +188,18 @@ impl HasData for GuardedFsData {
     type Data<'a> = GuardedFs<'a>;
 }
 
+/// Adds the guarded `wasi:filesystem` (`types` and `preopens`) to `linker`; `get` gives a
+/// call's view: its WASI filesystem context and its [`FsGuard`].
+pub fn add_to_linker<T: Send + 'static>(
+    linker: &mut wasmtime::component::Linker<T>,
+    get: fn(&mut T) -> GuardedFs<'_>,
+) -> wasmtime::Result<()> {
+    use wasmtime_wasi::p2::bindings::filesystem;
+    filesystem::types::add_to_linker::<T, GuardedFsData>(linker, get)?;
+    filesystem::preopens::add_to_linker::<T, GuardedFsData>(linker, get)?;
+    Ok(())
+}
+
 /// wasmtime-wasi's filesystem view and the call's guard.
 pub struct GuardedFs<'a> {
     pub fs: WasiFilesystemCtxView<'a>,

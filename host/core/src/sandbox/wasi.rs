@@ -13,15 +13,18 @@
 //!   guard of [`super::fs`] (effect class, write quota, creation cap);
 //! - clocks and random numbers (they reveal nothing of the host).
 //!
-//! [`add_to_linker`] links the WASI 0.2 interfaces above plus `keel:tool/host`; the list of
-//! what is linked is [`GRANTED_INTERFACES`], used to explain install refusals.
+//! [`add_to_linker`] links the WASI 0.2 interfaces above and keel's own units — the guarded
+//! filesystem ([`super::fs`]), egress ([`super::net`]), `keel:tool/host` ([`super::host_api`])
+//! and, for trusted components, `keel:control` ([`super::control`]) — each of which provides
+//! its linker setup; [`CallState`] holds each unit's per-call state. The list of what is
+//! linked is [`GRANTED_INTERFACES`], used to explain install refusals.
 
 use wasmtime::component::{Linker, ResourceTable};
 use wasmtime_wasi::filesystem::WasiFilesystemCtxView;
 use wasmtime_wasi::p2::bindings as wasi;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-use super::fs::{FsGuard, FsPolicy, GuardedFs, GuardedFsData};
+use super::fs::{FsGuard, FsPolicy, GuardedFs};
 
 use super::host_api::{self, HostApi, HostApiCtx};
 use super::limits::CallLimits;
@@ -184,8 +187,6 @@ pub fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
     wasi::io::streams::add_to_linker::<T, HasIo>(l, |t| &mut t.table)?;
     wasi::clocks::wall_clock::add_to_linker::<T, WasiClocks>(l, T::clocks)?;
     wasi::clocks::monotonic_clock::add_to_linker::<T, WasiClocks>(l, T::clocks)?;
-    wasi::filesystem::types::add_to_linker::<T, GuardedFsData>(l, T::guarded_fs)?;
-    wasi::filesystem::preopens::add_to_linker::<T, GuardedFsData>(l, T::guarded_fs)?;
     wasi::random::random::add_to_linker::<T, WasiRandom>(l, |t| t.wasi.random())?;
     wasi::random::insecure::add_to_linker::<T, WasiRandom>(l, |t| t.wasi.random())?;
     wasi::random::insecure_seed::add_to_linker::<T, WasiRandom>(l, |t| t.wasi.random())?;
@@ -206,7 +207,9 @@ pub fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
     wasi::sockets::instance_network::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
     wasi::sockets::network::add_to_linker::<T, WasiSockets>(l, &Default::default(), T::sockets)?;
     wasi::sockets::ip_name_lookup::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
-    wasmtime_wasi_http::p2::add_only_http_to_linker_async(l)?;
+    // keel's own units, each with its per-call state in `CallState`.
+    super::fs::add_to_linker(l, T::guarded_fs)?;
+    super::net::add_to_linker(l)?;
     host_api::add_to_linker(l, |t: &mut T| HostApi::new(&mut t.host))?;
     Ok(())
 }

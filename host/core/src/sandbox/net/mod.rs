@@ -18,6 +18,14 @@ pub use grant::{
 };
 pub use hook::{Egress, EgressPlan, IoFuture, MAX_NET_RECORDS, NetRecord, NetReport};
 
+/// Adds outgoing `wasi:http` (`types`, `outgoing-handler`) to `linker`, with the store's
+/// [`Egress`] (reached through its `WasiHttpView`) as the sender of every request.
+pub fn add_to_linker<T: wasmtime_wasi_http::WasiHttpView + 'static>(
+    linker: &mut wasmtime::component::Linker<T>,
+) -> wasmtime::Result<()> {
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)
+}
+
 /// The `wasi:http` interfaces (without version) a tool may import; importing them makes the
 /// component's tools `external`.
 pub const HTTP_INTERFACES: &[&str] = &["wasi:http/types", "wasi:http/outgoing-handler"];
