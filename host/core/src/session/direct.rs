@@ -14,7 +14,7 @@ use crate::store::StoreError;
 
 use super::facts::{self, RuntimeState};
 use super::steps::{self, AfterCrash, ApprovalUnit, JournalStatus, WaitCommit};
-use super::{JournalEntry, SessionEngine};
+use super::{JournalEntry, SessionEngine, calls};
 
 /// Opens a direct call: the next step number, its journal row and the `running` state — one
 /// transaction. Returns the step.
@@ -22,7 +22,7 @@ pub fn begin_in(c: &Connection, id: &str, entry: &JournalEntry) -> Result<i64, S
     let step: i64 = c
         .prepare_cached("UPDATE sessions SET steps = steps + 1 WHERE id = ?1 RETURNING steps")?
         .query_row([id], |r| r.get(0))?;
-    facts::put_journal(c, id, step, entry)?;
+    calls::record_in(c, id, step, entry)?;
     let detail = format!("direct call of {}", entry.tool);
     facts::set_state(c, id, RuntimeState::Running, Some(&detail))?;
     Ok(step)
@@ -36,7 +36,7 @@ pub fn finish_in(
     step: i64,
     entry: &JournalEntry,
 ) -> Result<(), StoreError> {
-    facts::put_journal(c, id, step, entry)?;
+    calls::record_in(c, id, step, entry)?;
     facts::set_state(c, id, RuntimeState::Idle, None)
 }
 
@@ -74,7 +74,7 @@ pub fn recover_in(
                 "the process stopped while the call waited for a decision; it never ran",
             ),
         }
-        facts::put_journal(c, id, step, &e)?;
+        calls::record_in(c, id, step, &e)?;
         settled.push((e.call_id.clone(), e.status == JournalStatus::Unknown));
         c.prepare_cached(
             "UPDATE approvals SET status='cancelled', decision_reason='the process stopped before a decision'

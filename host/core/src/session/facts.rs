@@ -430,73 +430,6 @@ impl SessionMeta {
     }
 }
 
-/// Applies the changes control call `call_id` asked for, in the transaction that records its
-/// result: plan changes (once per call), skills and tools to load (add-only, so writing the
-/// result again adds nothing), facts to remember (once per call).
-fn apply_control_in(
-    c: &Connection,
-    id: &str,
-    call_id: &str,
-    requests: &[crate::control::ControlRequest],
-) -> Result<(), StoreError> {
-    use super::capabilities::{Selection, Via, add_in};
-    use crate::control::ControlRequest;
-    let plan: Vec<crate::plan::PlanRequest> = requests
-        .iter()
-        .filter_map(|r| match r {
-            ControlRequest::Plan(p) => Some(p.clone()),
-            _ => None,
-        })
-        .collect();
-    if !plan.is_empty() {
-        super::plan::apply_in(c, id, call_id, &plan)?;
-    }
-    let turn = load_counters(c, id)?.active_turn;
-    for r in requests {
-        match r {
-            ControlRequest::Plan(_) => {}
-            ControlRequest::LoadSkill { name } => {
-                let s = Selection { skills: vec![name.clone()], ..Selection::default() };
-                add_in(c, id, &s, Via::SkillsLoad, turn, Some(call_id))?;
-            }
-            ControlRequest::SelectTools { tools, toolsets } => {
-                let s = Selection {
-                    tools: tools.clone(),
-                    toolsets: toolsets.clone(),
-                    ..Selection::default()
-                };
-                add_in(c, id, &s, Via::ToolsSelect, turn, Some(call_id))?;
-            }
-            ControlRequest::Remember { text, tags } => {
-                let user = load_meta(c, id)?.user();
-                match crate::memory::add_in(c, &user, text, tags, Some((id, call_id))) {
-                    Err(StoreError::Input(why)) => {
-                        tracing::warn!(
-                            session = id,
-                            call = call_id,
-                            "a memory was not kept: {why}"
-                        );
-                    }
-                    other => {
-                        other?;
-                    }
-                }
-            }
-            ControlRequest::Spawn(spawn) => super::workgroup::spawn_in(c, id, call_id, spawn)?,
-            ControlRequest::Send { session, input } => {
-                super::workgroup::send_in(c, id, call_id, session, input)?;
-            }
-            ControlRequest::Interrupt { session } => {
-                super::workgroup::stop_in(c, session, None)?;
-            }
-            ControlRequest::Ask { question } => {
-                super::workgroup::ask_in(c, id, call_id, question)?;
-            }
-        }
-    }
-    Ok(())
-}
-
 /// The plan state the calls of a step see: the current plan, and whether a phase is open.
 pub fn plan_state(meta: &SessionMeta) -> crate::plan::PlanState {
     crate::plan::PlanState { steps: meta.plan.clone(), phase_open: meta.phase_goal.is_some() }
@@ -550,10 +483,6 @@ pub fn put_journal(
         e.approval_id,
         e.net
     ])?;
-    // The changes a finished control call asked for commit with its result, once.
-    if e.status == super::JournalStatus::Done && !e.control_requests.is_empty() {
-        apply_control_in(c, id, &e.call_id, &e.control_requests)?;
-    }
     if before == Some(e.status) {
         return Ok(());
     }

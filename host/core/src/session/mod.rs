@@ -8,6 +8,7 @@
 
 mod assemble;
 mod blobs;
+mod calls;
 pub mod capabilities;
 pub mod compaction;
 pub mod delegation;
@@ -1154,7 +1155,7 @@ fn commit_step(
         .chain(notice.as_deref().map(|n| ("assistant", n)));
     facts::append_messages(c, id, s.turn, messages)?;
     for e in &s.journal {
-        facts::put_journal(c, id, s.step, e)?;
+        calls::record_in(c, id, s.step, e)?;
     }
     if s.closes_open_step {
         c.prepare_cached("DELETE FROM open_steps WHERE session_id=?1")?.execute([id])?;

@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::facts::{self, RuntimeState};
-use super::{JournalEntry, json as to_json};
+use super::{JournalEntry, calls, json as to_json};
 use crate::ids::{CallId, SessionId, UnitId};
 use crate::policy::Effect;
 use crate::sandbox::Grant;
@@ -310,7 +310,7 @@ pub fn open_step_in(
     )?
     .execute(params![id, step, turn, assistant, now_ms()])?;
     for e in entries {
-        facts::put_journal(c, id, step, e)?;
+        calls::record_in(c, id, step, e)?;
     }
     Ok(())
 }
@@ -345,7 +345,7 @@ pub fn progress_in(
         }
     }
     for e in entries {
-        facts::put_journal(c, id, step, e)?;
+        calls::record_in(c, id, step, e)?;
     }
     Ok(consumed)
 }
@@ -370,7 +370,7 @@ pub fn consumed_by(
 /// the `waiting_approval` state — one transaction.
 pub fn wait_in(c: &Connection, id: &str, w: &WaitCommit) -> Result<(), StoreError> {
     for e in &w.entries {
-        facts::put_journal(c, id, w.step, e)?;
+        calls::record_in(c, id, w.step, e)?;
     }
     for unit in &w.invalidate {
         c.prepare_cached(
@@ -531,7 +531,7 @@ pub fn close_turn_in(c: &Connection, id: &str, why: &str) -> Result<usize, Store
                 (false, AfterCrash::OutcomeUnknown) => {
                     mark_unknown(&mut e);
                     closed += 1;
-                    facts::put_journal(c, id, open.step, &e)?;
+                    calls::record_in(c, id, open.step, &e)?;
                 }
                 (false, AfterCrash::Keep | AfterCrash::Rerun) => {
                     e.status = JournalStatus::Done;
@@ -541,7 +541,7 @@ pub fn close_turn_in(c: &Connection, id: &str, why: &str) -> Result<usize, Store
                     ));
                     e.error_kind = Some("interrupted".into());
                     closed += 1;
-                    facts::put_journal(c, id, open.step, &e)?;
+                    calls::record_in(c, id, open.step, &e)?;
                 }
             }
             results.push(
@@ -605,7 +605,7 @@ pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreErr
                     rerun.push(e.call_id.clone());
                 }
             }
-            facts::put_journal(c, id, open.step, &e)?;
+            calls::record_in(c, id, open.step, &e)?;
         }
     }
     // Direct calls (a front-end's, without a model step) the stopped process left open.
