@@ -294,7 +294,7 @@ fn deliver_in(
     if done {
         return Ok(false);
     }
-    let seq = super::submit_event_in(c, to, text, event, kind == Kind::Request)?;
+    let seq = super::turns::submit_event_in(c, to, text, event, kind == Kind::Request)?;
     c.prepare_cached(
         "INSERT INTO workgroup_events (id, main_id, from_session, to_session, kind, body, created_at, inbox_seq)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",

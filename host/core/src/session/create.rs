@@ -1,0 +1,187 @@
+//! Creating a session: what a new session is made of ([`NewSession`]), the checks of what it
+//! names, and the one transaction that stores it with its configuration, its tools' pins and
+//! how each tool arrived.
+
+use rusqlite::{Connection, params};
+
+use super::*;
+
+/// What a new session starts with.
+#[derive(Debug, Clone)]
+pub struct NewSession {
+    /// Chosen id (letters, digits, `-`, `_`), or a generated one.
+    pub id: Option<String>,
+    pub grants: Vec<Grant>,
+    /// Where the session's tools may send HTTP requests, and the secrets bound there.
+    pub net: crate::sandbox::net::NetGrants,
+    /// Tools loaded into the session (the only ones its model sees and may call).
+    pub tools: Vec<String>,
+    pub policy: Policy,
+    pub budget: Budget,
+    pub model: ModelConfig,
+    pub system_prompt: String,
+    /// The session's loop guards; `None` uses those of the harness that runs each turn.
+    pub guards: Option<LoopGuards>,
+    /// Settings of the task-understanding call; `None` turns it off (`--no-preprocess`).
+    pub preprocess: Option<crate::understand::PreprocessConfig>,
+    /// The user the session works for (its long-term memory is theirs); `None`: the
+    /// operating-system user.
+    pub user: Option<String>,
+    /// Whether `tools` were named (`--tools`) rather than every installed tool: recorded as
+    /// how each arrived.
+    pub named_tools: bool,
+    /// Who created the session over the HTTP API (`None`: a local front-end did).
+    pub owner: Option<crate::caller::Owner>,
+    /// The versions its tools run (tool → component digest), stored with the session in its
+    /// creation transaction; a pin for a tool not in `tools` is dropped.
+    pub pins: crate::tools::ToolPins,
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+/// Checks what `new` names (its user, policy patterns, chosen id) and returns its id: the
+/// chosen one, or a new random one — so that sessions created at once (by concurrent API
+/// requests on one worker thread, or parallel spawns) never collide.
+fn checked_id(new: &NewSession) -> Result<String, StoreError> {
+    if let Some(u) = &new.user
+        && !crate::memory::valid_principal(&crate::memory::typed(u, crate::memory::Kind::Local))
+    {
+        return Err(StoreError::Input(format!(
+            "the user name `{u}` is not valid: use letters, digits, `-`, `_`, `.` and `@` (at most 64)"
+        )));
+    }
+    new.policy.check_patterns().map_err(StoreError::Input)?;
+    match &new.id {
+        Some(id) if !valid_id(id) => Err(StoreError::Input(format!(
+            "session id `{id}` is not valid: use letters, digits, `-` and `_` (at most 64)"
+        ))),
+        Some(id) => Ok(id.clone()),
+        None => Ok(workgroup::new_id()),
+    }
+}
+
+/// Stores session `id` as `new` describes it, inside a caller's transaction (a sub-session is
+/// created in the transaction that records its parent's spawn). Refuses an id in use.
+pub fn create_in(c: &Connection, id: &str, new: &NewSession) -> Result<(), StoreError> {
+    let pins: crate::tools::ToolPins = new
+        .pins
+        .iter()
+        .filter(|(t, _)| new.tools.contains(t))
+        .map(|(t, d)| (t.clone(), d.clone()))
+        .collect();
+    let exists: bool =
+        c.query_row("SELECT EXISTS(SELECT 1 FROM sessions WHERE id=?1)", [id], |r| r.get(0))?;
+    if exists {
+        return Err(StoreError::Conflict(format!("session `{id}` already exists")));
+    }
+    c.execute(
+        "INSERT INTO sessions (id, created_at, state, meta_version) VALUES (?1, ?2, 'idle', 1)",
+        params![id, now_ms()],
+    )?;
+    c.execute(
+        "INSERT INTO session_config (session_id, loaded_tools, policy, budget, model, system_prompt, guards, preprocess, user, owner, net, tool_pins)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        params![
+            id,
+            json(&new.tools)?,
+            json(&new.policy)?,
+            json(&new.budget)?,
+            json(&new.model)?,
+            new.system_prompt,
+            new.guards.as_ref().map(json).transpose()?,
+            new.preprocess.as_ref().map(json).transpose()?,
+            // Typed: a local user unless the creator typed it (`token:NAME` over the API).
+            crate::memory::typed(
+                &new.user.clone().unwrap_or_else(crate::memory::default_user),
+                crate::memory::Kind::Local
+            ),
+            new.owner.as_ref().map(json).transpose()?,
+            (!new.net.is_empty()).then(|| json(&new.net)).transpose()?,
+            json(&pins)?
+        ],
+    )?;
+    let origins: Vec<(String, capabilities::Via)> = new
+        .tools
+        .iter()
+        .map(|t| {
+            let via = if new.named_tools && !crate::builtin::ALWAYS_LOADED.contains(&t.as_str()) {
+                capabilities::Via::Flag
+            } else {
+                capabilities::Via::Default
+            };
+            (t.clone(), via)
+        })
+        .collect();
+    capabilities::created_in(c, id, &origins)?;
+    for g in &new.grants {
+        let within = g
+            .within
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| StoreError::Task(format!("cannot store a grant: {e}")))?;
+        c.execute(
+            "INSERT INTO session_grants (session_id, host, guest, access, dev, ino, within)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                id,
+                g.host.display().to_string(),
+                g.guest,
+                g.access.to_string(),
+                g.id.map(|d| d.dev as i64),
+                g.id.map(|d| d.ino as i64),
+                within
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+impl SessionEngine {
+    /// Creates a session with its grants, tools, policy and model.
+    pub async fn create(&self, new: NewSession) -> Result<String, StoreError> {
+        let id = checked_id(&new)?;
+        let new = Arc::new(new);
+        let id2 = id.clone();
+        self.db.run(move |c| create_in(c, &id2, &new)).await?;
+        Ok(id)
+    }
+
+    /// Creates a main session: `new` (without task understanding of its own: a main session
+    /// routes) and its workgroup, with `limits` and the settings its sub-sessions get —
+    /// `child_preprocess` and `new.tools` (the delegation tools among them) — in one
+    /// transaction.
+    pub async fn create_main(
+        &self,
+        new: NewSession,
+        limits: workgroup::Limits,
+        child_preprocess: Option<crate::understand::PreprocessConfig>,
+    ) -> Result<String, StoreError> {
+        limits.check().map_err(StoreError::Input)?;
+        let id = checked_id(&new)?;
+        let new = NewSession { id: Some(id.clone()), preprocess: None, ..new };
+        let id2 = id.clone();
+        self.db
+            .run(move |c| {
+                create_in(c, &id2, &new)?;
+                workgroup::create_main_in(c, &id2, &limits, child_preprocess.as_ref(), &new.tools)
+            })
+            .await?;
+        Ok(id)
+    }
+
+    /// Whether a session exists.
+    pub async fn exists(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.db
+            .read_inline(move |c| {
+                Ok(c.prepare_cached("SELECT EXISTS(SELECT 1 FROM sessions WHERE id=?1)")?
+                    .query_row([&id], |r| r.get(0))?)
+            })
+            .await
+    }
+}

@@ -1,0 +1,143 @@
+//! What a session did and holds, read: the list of sessions, a session's timeline, its
+//! request evidence, events (read after N, or followed), its model calls and token estimate.
+
+use super::*;
+
+impl SessionEngine {
+    /// Every session, newest first.
+    pub async fn list(&self) -> Result<Vec<SessionSummary>, StoreError> {
+        self.db.read(views::list).await
+    }
+
+    /// The session's timeline: messages, tool calls, state.
+    pub async fn timeline(&self, id: &str) -> Result<Timeline, StoreError> {
+        let id = id.to_string();
+        self.db.read(move |c| views::timeline(c, &id)).await
+    }
+
+    /// The exact request body of `step` (the last step if `None`), byte for byte.
+    pub async fn evidence(
+        &self,
+        id: &str,
+        step: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), StoreError> {
+        let id = id.to_string();
+        self.db.read(move |c| assemble::evidence(c, &id, EvidenceOf::Step(step))).await
+    }
+
+    /// Events of session `id` after sequence number `after`, oldest first, at most `limit`.
+    /// An unknown session is an error (a session without events yet has none).
+    pub async fn events_after(
+        &self,
+        id: &str,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        let id = id.to_string();
+        self.db
+            .read_inline(move |c| {
+                facts::load_counters(c, &id)?;
+                events::after(c, &id, after, limit)
+            })
+            .await
+    }
+
+    /// Follows session `id`'s events after sequence number `after`, whichever process
+    /// commits them: the receiver gets each new event once, in order, until it is dropped.
+    /// Every commit of this process wakes the follower at once; the store is also polled every
+    /// `every` for other processes' commits (one indexed read of the rows after the last one
+    /// seen; no busy loop).
+    pub fn follow(
+        &self,
+        id: &str,
+        after: i64,
+        every: std::time::Duration,
+    ) -> tokio::sync::mpsc::Receiver<Result<EventRow, StoreError>> {
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        let engine = self.clone();
+        let id = id.to_string();
+        let mut commits = self.db.commits();
+        tokio::spawn(async move {
+            let mut last = after;
+            loop {
+                match engine.events_after(&id, last, 256).await {
+                    Ok(rows) => {
+                        let full = rows.len() == 256;
+                        for row in rows {
+                            last = row.seq;
+                            if tx.send(Ok(row)).await.is_err() {
+                                return;
+                            }
+                        }
+                        if full {
+                            continue;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+                // This process's commits wake the follower at once; another process's are
+                // seen at the next poll.
+                tokio::select! {
+                    () = tokio::time::sleep(every) => {}
+                    changed = commits.changed() => {
+                        if changed.is_err() {
+                            tokio::time::sleep(every).await;
+                        }
+                    }
+                    () = tx.closed() => return,
+                }
+            }
+        });
+        rx
+    }
+
+    /// The last event's sequence number of session `id` (0 when it has none).
+    pub async fn last_event(&self, id: &str) -> Result<i64, StoreError> {
+        let id = id.to_string();
+        self.db.read_inline(move |c| events::last_seq(c, &id)).await
+    }
+
+    /// The exact body of refused request `seq` (the last one if `None`), byte for byte.
+    pub async fn refused_evidence(
+        &self,
+        id: &str,
+        seq: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), StoreError> {
+        let id = id.to_string();
+        self.db.read(move |c| assemble::evidence(c, &id, EvidenceOf::Refused(seq))).await
+    }
+
+    /// The session's model calls (what each came to: finish reason, tokens, time), by step.
+    pub async fn model_calls(&self, id: &str) -> Result<Vec<ModelCallRecord>, StoreError> {
+        let id = id.to_string();
+        self.db.read(move |c| assemble::model_calls(c, &id)).await
+    }
+
+    /// An estimate of the tokens of the session's next request.
+    pub async fn token_estimate(&self, id: &str) -> Result<TokenEstimate, StoreError> {
+        let id = id.to_string();
+        self.db.read(move |c| assemble::token_estimate(c, &id)).await
+    }
+
+    /// Bytes of request per token for session `id`: from the newest of its last eight
+    /// requests whose usage the server reported, else [`BYTES_PER_TOKEN`].
+    pub async fn bytes_per_token(&self, id: &str) -> Result<f64, StoreError> {
+        let id = id.to_string();
+        self.db
+            .read_inline(move |c| {
+                let rows: Vec<(Option<i64>, Option<i64>)> = c
+                    .prepare_cached(
+                        "SELECT body_bytes, prompt_tokens FROM evidence WHERE session_id=?1
+                         ORDER BY step DESC LIMIT 8",
+                    )?
+                    .query_map([&id], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<_, _>>()?;
+                let known = rows.into_iter().find_map(|(b, t)| Some((b?, t?)));
+                Ok(estimate_tokens(0, known).bytes_per_token)
+            })
+            .await
+    }
+}
