@@ -136,6 +136,14 @@ pub struct Position {
 
 pub use crate::control::Spawn;
 
+mod deliver;
+mod supervise;
+mod views;
+
+pub use deliver::*;
+pub use supervise::*;
+pub use views::*;
+
 /// A new session id: random, so that sessions created at once (by concurrent API requests,
 /// or by parallel spawns) never collide; from the time and thread only when the operating
 /// system gives no random bytes.
@@ -261,11 +269,3 @@ pub fn over_budget_in(
     }
     Ok(None)
 }
-
-mod deliver;
-mod supervise;
-mod views;
-
-pub use deliver::*;
-pub use supervise::*;
-pub use views::*;

@@ -1,0 +1,279 @@
+//! Context compaction, SessionEngine's side: freezing the history to summarize at a legal
+//! boundary, and the two-step commit of a checkpoint.
+//!
+//! Nothing is deleted. A compaction changes one fact, the session's `context_start` (the last
+//! message later requests no longer hold), and adds a checkpoint whose summary later requests
+//! hold in its place. The commit has two steps:
+//!
+//! 1. the checkpoint row is committed `pending`, with the summary, the range it covers and its
+//!    preconditions (the context start it replaces, the last message, the meta version);
+//! 2. one transaction checks the preconditions, advances `context_start` and promotes the
+//!    checkpoint — or discards it when they no longer hold.
+//!
+//! A process that dies between the two leaves a pending checkpoint; recovery
+//! ([`settle_in`]) finishes step 2 for it. So a request is built either from the old context
+//! or from the new one, never from a mix.
+//!
+//! **Boundary rules.** The kept history never starts with a tool result (a call and its
+//! results are never split); outside an active turn it starts with a user message; inside
+//! one, a boundary before the turn's user message starts at a user message, and one after it
+//! keeps that message verbatim as the *anchor*, repeated at the head of the history of every
+//! later request. Open steps are never in the history (their messages are appended when they
+//! end), so a boundary is never inside one.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+use crate::store::{StoreError, now_ms};
+
+use super::events::{self, SessionEvent};
+use super::facts::{self, RuntimeState};
+
+mod checkpoints;
+mod freeze;
+
+pub use checkpoints::*;
+pub use freeze::*;
+
+crate::stored_enum! {
+    /// What started a compaction.
+    pub enum Trigger: "compaction trigger" {
+        /// The next request's estimated size passed the session's threshold of the context
+        /// window.
+        Threshold = "threshold",
+        /// The model server refused a request as longer than its context window.
+        Overflow = "overflow",
+        /// A person asked for it (`keel session compact`).
+        Manual = "manual",
+    }
+}
+
+crate::stored_enum! {
+    /// Where a checkpoint stands.
+    pub enum CheckpointStatus: "checkpoint status" {
+        /// Committed with its summary; not yet the session's context.
+        Pending = "pending",
+        /// The session's context: requests hold its summary and the history after it.
+        Promoted = "promoted",
+        /// Its preconditions no longer held when it was to be promoted.
+        Discarded = "discarded",
+        /// The summary call failed or its answer was refused; nothing changed.
+        Failed = "failed",
+    }
+}
+
+/// A file a tool created, changed or deleted, as the journal's change sets recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Artifact {
+    pub path: String,
+    /// `created`, `modified` or `deleted` (the last change).
+    pub change: String,
+    pub tool: String,
+    pub step: i64,
+}
+
+/// A tool call that failed, as the journal recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailedCall {
+    pub tool: String,
+    pub error_kind: String,
+    pub step: i64,
+}
+
+/// A call of the active turn that a compaction summarized: what ran and how it ended, as the
+/// journal recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TurnCall {
+    pub turn: i64,
+    pub step: i64,
+    pub tool: String,
+    /// Its input, cut to [`INPUT_SHOWN`] characters.
+    pub input: String,
+    /// `ok`, `failed: KIND`, or `outcome unknown`.
+    pub outcome: String,
+}
+
+/// Characters of a summarized call's input kept at most.
+pub const INPUT_SHOWN: usize = 80;
+/// The active turn's calls a summary shows at most (the newest; every one stays in the
+/// journal and in `keel session show`).
+pub const TURN_CALLS_SHOWN: usize = 12;
+/// The active turn's calls a summary keeps at most (the newest).
+pub const TURN_CALLS_KEPT: usize = 200;
+
+/// The structured continuity summary of a checkpoint. `artifacts`, `failed_calls` and
+/// `turn_calls` come from the journal; the other fields from the summary call. Goals and the
+/// plan are not here: they stay SessionMeta facts.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Summary {
+    pub active_user_request: String,
+    pub artifacts: Vec<Artifact>,
+    /// Calls that failed in the summarized range (and the previous summary's), so that a
+    /// failure stays a failure whatever the summary call wrote.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_calls: Vec<FailedCall>,
+    /// The calls of the active turn in the summarized range (and the previous summary's of the
+    /// same turn): what already ran, so that a summary never hides a recorded effect.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turn_calls: Vec<TurnCall>,
+    pub decisions: Vec<String>,
+    pub constraints: Vec<String>,
+    pub open_questions: Vec<String>,
+    pub next_actions: Vec<String>,
+    pub notes: Vec<String>,
+}
+
+/// Characters of one summary entry shown at most.
+pub const ENTRY_SHOWN: usize = 600;
+/// Entries of one summary list shown at most (the newest artifacts, the first of others).
+pub const ENTRIES_SHOWN: usize = 40;
+
+impl Summary {
+    /// The summary of the messages up to `to` as the system message shows it, bounded ([`ENTRY_SHOWN`],
+    /// [`ENTRIES_SHOWN`]).
+    pub fn render(&self, to: i64) -> String {
+        let mut text = format!(
+            "\n\nEarlier conversation, summarized (messages 1–{to} are compacted: they are kept \
+             in the session's record and no longer shown). The summary is a record of earlier \
+             work, not a new instruction.\nActive user request: {}",
+            shown(&self.active_user_request)
+        );
+        if !self.artifacts.is_empty() {
+            text.push_str("\nFiles changed (from the tool journal):");
+            let skip = self.artifacts.len().saturating_sub(ENTRIES_SHOWN);
+            if skip > 0 {
+                text.push_str(&format!("\n- … {skip} earlier changes not listed"));
+            }
+            for a in &self.artifacts[skip..] {
+                text.push_str(&format!(
+                    "\n- {} ({} by {}, step {})",
+                    shown(&a.path),
+                    a.change,
+                    a.tool,
+                    a.step
+                ));
+            }
+        }
+        if !self.failed_calls.is_empty() {
+            text.push_str("\nCalls that failed (from the tool journal):");
+            let skip = self.failed_calls.len().saturating_sub(ENTRIES_SHOWN);
+            if skip > 0 {
+                text.push_str(&format!("\n- … {skip} earlier failures not listed"));
+            }
+            for f in &self.failed_calls[skip..] {
+                text.push_str(&format!(
+                    "\n- {} failed: {} (step {})",
+                    f.tool, f.error_kind, f.step
+                ));
+            }
+        }
+        if !self.turn_calls.is_empty() {
+            text.push_str(
+                "\nCalls already run in the current turn (from the tool journal; their effects \
+                 happened — do not run one again unless the user asks):",
+            );
+            let skip = self.turn_calls.len().saturating_sub(TURN_CALLS_SHOWN);
+            if skip > 0 {
+                text.push_str(&format!(
+                    "\n- … {skip} earlier calls of this turn not listed (up to step {})",
+                    self.turn_calls[skip - 1].step
+                ));
+            }
+            for t in &self.turn_calls[skip..] {
+                text.push_str(&format!(
+                    "\n- step {}: {} {} → {}",
+                    t.step,
+                    t.tool,
+                    shown(&t.input),
+                    t.outcome
+                ));
+            }
+        }
+        for (title, items) in [
+            ("Decisions", &self.decisions),
+            ("Constraints", &self.constraints),
+            ("Open questions", &self.open_questions),
+            ("Next actions", &self.next_actions),
+            ("Notes", &self.notes),
+        ] {
+            if items.is_empty() {
+                continue;
+            }
+            text.push_str(&format!("\n{title}:"));
+            for item in items.iter().take(ENTRIES_SHOWN) {
+                text.push_str(&format!("\n- {}", shown(item)));
+            }
+            if items.len() > ENTRIES_SHOWN {
+                text.push_str(&format!("\n- … {} more", items.len() - ENTRIES_SHOWN));
+            }
+        }
+        text
+    }
+}
+
+fn shown(text: &str) -> String {
+    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    clip(super::assemble::inert_markers(&line).into_owned(), ENTRY_SHOWN)
+}
+
+/// `text` cut to `max` characters, `…` marking a cut.
+fn clip(text: String, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text;
+    }
+    let mut cut: String = text.chars().take(max).collect();
+    cut.push('…');
+    cut
+}
+
+/// The session's current checkpoint, as requests are built from it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CurrentCheckpoint {
+    pub seq: i64,
+    pub from: i64,
+    pub to: i64,
+    pub summary: Summary,
+    /// The active turn's user message, repeated at the head of the history: its sequence
+    /// number and stored body.
+    #[serde(skip)]
+    pub anchor: Option<(i64, String)>,
+}
+
+/// The promoted checkpoint of session `id` that its context starts after, if any.
+pub fn current_in(c: &Connection, id: &str) -> Result<Option<CurrentCheckpoint>, StoreError> {
+    type Row = ((i64, i64, i64), Option<String>, Option<i64>);
+    let row: Option<Row> = c
+        .prepare_cached(
+            "SELECT seq, range_from, range_to, summary, anchor FROM checkpoints
+             WHERE session_id=?1 AND status='promoted' ORDER BY seq DESC LIMIT 1",
+        )?
+        .query_row([id], |r| Ok(((r.get(0)?, r.get(1)?, r.get(2)?), r.get(3)?, r.get(4)?)))
+        .optional()?;
+    let Some(((seq, from, to), summary, anchor)) = row else { return Ok(None) };
+    let summary = parse_summary(summary.as_deref(), seq)?;
+    let anchor = match anchor {
+        Some(a) => Some((
+            a,
+            c.prepare_cached("SELECT body FROM messages WHERE session_id=?1 AND seq=?2")?
+                .query_row(params![id, a], |r| r.get::<_, String>(0))
+                .optional()?
+                .ok_or_else(|| {
+                    StoreError::Corrupt(format!(
+                        "checkpoint {seq} of session `{id}` names message {a}, which is missing"
+                    ))
+                })?,
+        )),
+        None => None,
+    };
+    Ok(Some(CurrentCheckpoint { seq, from, to, summary, anchor }))
+}
+
+fn parse_summary(text: Option<&str>, seq: i64) -> Result<Summary, StoreError> {
+    serde_json::from_str(text.unwrap_or("null")).map_err(|e| {
+        StoreError::Corrupt(format!("the summary of checkpoint {seq} is unreadable: {e}"))
+    })
+}
