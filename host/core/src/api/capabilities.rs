@@ -1,0 +1,168 @@
+//! The use cases of what sessions can use: skills, long-term memory, a session's loaded
+//! capabilities, and its compaction.
+
+use super::*;
+
+/// What installing a skill did: the skill, and the install of each component it bundles.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SkillInstallReport {
+    #[serde(flatten)]
+    pub installed: crate::skills::SkillInstalled,
+    pub components: Vec<InstallReport>,
+}
+
+/// A session's capabilities: each loaded tool and skill with how it arrived, and the
+/// orchestration of each turn that prepared capabilities.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SessionCapabilities {
+    pub capabilities: Vec<crate::session::capabilities::Capability>,
+    pub orchestrations: Vec<crate::session::capabilities::Orchestration>,
+}
+
+/// Skills, long-term memory and a session's capabilities.
+impl Harness {
+    /// Reads, checks and installs the skill at `path` (a directory holding `SKILL.md`, or the
+    /// file alone): its bundled components first, through the normal tool install (same
+    /// validation, same reserved names), then the skill, pinned by the SHA-256 of its content.
+    /// `upgrade` replaces an installed skill (and its components) of the same name.
+    pub async fn install_skill(
+        &self,
+        path: &std::path::Path,
+        upgrade: bool,
+    ) -> Result<SkillInstallReport, ApiError> {
+        let pkg = crate::skills::read_package(path)?;
+        // Refused before its components are installed: other content under an installed
+        // name needs `upgrade`.
+        if !upgrade {
+            let (name, digest) = (pkg.name.clone(), pkg.digest.clone());
+            let current = self.db.read(move |c| crate::skills::get_in(c, &name)).await?;
+            if let Some(old) = current.filter(|r| r.digest != digest) {
+                return Err(crate::skills::installed_already(&old.name, &old.digest).into());
+            }
+        }
+        let source = path.display().to_string();
+        let mode = if upgrade { InstallMode::Upgrade } else { InstallMode::New };
+        let mut components = Vec::new();
+        for (name, bytes) in &pkg.components {
+            let from = format!("{source} (skill {})", pkg.name);
+            components.push(self.tools.install_as(bytes, name, &from, mode).await?);
+        }
+        let installed =
+            self.db.run(move |c| crate::skills::install_in(c, &pkg, &source, upgrade)).await?;
+        Ok(SkillInstallReport { installed, components })
+    }
+
+    /// The installed skills, by name.
+    pub async fn skills(&self) -> Result<Vec<crate::skills::SkillRecord>, ApiError> {
+        Ok(self.db.read(crate::skills::list_in).await?)
+    }
+
+    /// The installed skill `name` with the version it is installed at (its body).
+    pub async fn skill(
+        &self,
+        name: &str,
+    ) -> Result<(crate::skills::SkillRecord, crate::skills::SkillVersion), ApiError> {
+        let n = name.to_string();
+        let found = self
+            .db
+            .read(move |c| {
+                let Some(r) = crate::skills::get_in(c, &n)? else { return Ok(None) };
+                Ok(crate::skills::version_in(c, &r.digest)?.map(|v| (r, v)))
+            })
+            .await?;
+        found.ok_or_else(|| crate::skills::SkillError::NotInstalled(name.to_string()).into())
+    }
+
+    /// Removes the installed skill `name` (sessions that loaded it keep their version; the
+    /// components it bundled stay installed — remove them with `remove_tool`).
+    pub async fn remove_skill(&self, name: &str) -> Result<crate::skills::SkillRecord, ApiError> {
+        let n = name.to_string();
+        Ok(self.db.run(move |c| crate::skills::remove_in(c, &n)).await?)
+    }
+
+    /// The memories of `user` (of every user when `None`), oldest first. A user named without
+    /// a kind is a local one (`alice` is `local:alice`; `token:alice` names an API token's).
+    pub async fn memories(
+        &self,
+        user: Option<&str>,
+    ) -> Result<Vec<crate::memory::Memory>, ApiError> {
+        let u = user.map(str::to_string);
+        Ok(self.db.read(move |c| crate::memory::list_in(c, u.as_deref())).await?)
+    }
+
+    /// Remembers `text` (with `tags`) for `user`; returns its id.
+    pub async fn add_memory(
+        &self,
+        user: &str,
+        text: &str,
+        tags: &[String],
+    ) -> Result<i64, ApiError> {
+        let (u, t, g) = (user.to_string(), text.to_string(), tags.to_vec());
+        Ok(self.db.run(move |c| crate::memory::add_in(c, &u, &t, &g, None)).await?)
+    }
+
+    /// Removes memory `id` of `user`.
+    pub async fn remove_memory(
+        &self,
+        user: &str,
+        id: i64,
+    ) -> Result<crate::memory::Memory, ApiError> {
+        let u = user.to_string();
+        Ok(self.db.run(move |c| crate::memory::remove_in(c, &u, id)).await?)
+    }
+
+    /// Session `id`'s capabilities, how each arrived, and its orchestrations.
+    pub async fn capabilities(&self, id: &str) -> Result<SessionCapabilities, ApiError> {
+        let (capabilities, orchestrations) = self.engine.capabilities(id).await?;
+        Ok(SessionCapabilities { capabilities, orchestrations })
+    }
+
+    /// Unloads a tool or skill from session `id` (the explicit removal path: nothing else
+    /// removes a capability).
+    pub async fn unload(
+        &self,
+        id: &str,
+        kind: crate::session::capabilities::Kind,
+        name: &str,
+    ) -> Result<(), ApiError> {
+        Ok(self.engine.unload(id, kind, name).await?)
+    }
+
+    /// Compacts session `id` now (see [`Brain::compact`](crate::brain::Brain::compact)); inputs
+    /// that arrived meanwhile are run afterwards.
+    pub async fn compact(
+        &self,
+        id: &str,
+        cancel: &CancelToken,
+        events: &Events,
+    ) -> Result<crate::agent::compact::Compaction, ApiError> {
+        self.engine.meta(id).await?;
+        Ok(self.brain.compact(id, cancel, events).await?)
+    }
+
+    /// Session `id`'s checkpoints, oldest first.
+    pub async fn checkpoints(
+        &self,
+        id: &str,
+    ) -> Result<Vec<crate::session::compaction::CheckpointRecord>, ApiError> {
+        Ok(self.engine.checkpoints(id).await?)
+    }
+
+    /// The exact request of checkpoint `n`'s summary call (the last checkpoint's if `None`).
+    pub async fn compaction_evidence(
+        &self,
+        id: &str,
+        n: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), ApiError> {
+        Ok(self.engine.compaction_evidence(id, n).await?)
+    }
+
+    /// The exact request of turn `turn`'s orchestration call (the last one made if `None`).
+    pub async fn orchestration_evidence(
+        &self,
+        id: &str,
+        turn: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), ApiError> {
+        Ok(self.engine.orchestration_evidence(id, turn).await?)
+    }
+}
