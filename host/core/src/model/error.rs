@@ -1,0 +1,150 @@
+//! Why a model call failed ([`ModelError`]), which failures are retried, and the failure
+//! after every attempt ([`ModelFailure`]).
+
+use super::*;
+
+/// Why a model call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    #[error("the model server answered HTTP {status}: {body}")]
+    Status { status: u16, body: String, retry_after: Option<Duration> },
+    /// The server answered with a redirect. keel does not follow it: a POST redirected by 301,
+    /// 302 or 303 would be resent as a GET without its body, and the key would not go to
+    /// another host — the call would fail later with a less clear error.
+    #[error(
+        "the model server redirected the request (HTTP {status}) to {location}; keel does not follow redirects: point the base URL at the new address"
+    )]
+    Redirect { status: u16, location: String },
+    #[error("cannot reach the model server: {0}")]
+    Transport(String),
+    /// The server sent nothing for the longest wait without progress.
+    #[error(
+        "the model server sent nothing for {} while keel waited for {waiting}; that is the longest wait without progress \
+         (--model-timeout, KEEL_MODEL_TIMEOUT or [model] timeout_ms, now {limit_ms} ms; a session keeps the value it was created with)",
+        crate::units::format_duration(std::time::Duration::from_millis(*limit_ms))
+    )]
+    Timeout { waiting: &'static str, limit_ms: u64 },
+    /// A 200 whose body is neither JSON nor an event stream (an HTML error page from a proxy,
+    /// say): its first bytes, made printable.
+    #[error(
+        "the model server answered 200 with a body that is neither JSON nor an event stream; it starts: {0}"
+    )]
+    Garbled(String),
+    /// The server refused the request as longer than the model's context window.
+    #[error(
+        "the request is too long for the model's context window (the server answered HTTP {status}: {body}). \
+         The session's history no longer fits: start a new session with a shorter task, or use a model \
+         (or a server setting, such as llama-server's --ctx-size) with a larger context"
+    )]
+    ContextTooLong { status: u16, body: String },
+    #[error("the model server answered 200 with an empty body")]
+    Empty,
+    #[error("the model's stream ended before it finished (no [DONE] or finish_reason)")]
+    Truncated,
+    #[error("the model server's reply is not understood: {0}")]
+    Malformed(String),
+    #[error(
+        "the model server's reply is larger than {} MiB; refused (a reply this large is not a chat completion)",
+        MAX_REPLY_BYTES >> 20
+    )]
+    TooLarge,
+    #[error("the model call was cancelled")]
+    Cancelled,
+    /// The configuration cannot work (an invalid URL, say): trying again would not help.
+    #[error("{0}")]
+    Config(String),
+}
+
+/// Whether an error body says the server could not parse the request (llama.cpp answers 500
+/// "Failed to parse tool call arguments as JSON" to a history it cannot read): sending the
+/// same bytes again fails the same way.
+fn says_unparsable(body: &str) -> bool {
+    let lower = body.to_ascii_lowercase();
+    lower.contains("failed to parse") || lower.contains("parse error")
+}
+
+/// Whether an error reply says the request does not fit the model's context window: OpenAI's
+/// `context_length_exceeded`, llama.cpp's `exceed_context_size_error` and "exceeds the
+/// available context size", vLLM's "maximum context length", and their kin.
+pub(super) fn says_too_long(status: u16, body: &str) -> bool {
+    if !(400..600).contains(&status) {
+        return false;
+    }
+    let lower = body.to_ascii_lowercase();
+    [
+        "context_length_exceeded",
+        "exceed_context_size",
+        "context size",
+        "context length",
+        "context window",
+        "maximum context",
+        "too many tokens",
+        "prompt is too long",
+    ]
+    .iter()
+    .any(|p| lower.contains(p))
+}
+
+impl ModelError {
+    /// The HTTP status the server answered with, for an error that has one.
+    pub fn http_status(&self) -> Option<u16> {
+        match self {
+            Self::Status { status, .. }
+            | Self::Redirect { status, .. }
+            | Self::ContextTooLong { status, .. } => Some(*status),
+            Self::Empty
+            | Self::Truncated
+            | Self::Malformed(_)
+            | Self::TooLarge
+            | Self::Garbled(_) => Some(200),
+            _ => None,
+        }
+    }
+
+    /// Whether `self` is the very failure `previous` was, and one that says nothing of load: a
+    /// server that answers the same 500 twice to the same bytes will answer it every time.
+    /// Overload and gateway statuses (408, 429, 502, 503, 504) say to come back later, however
+    /// often they repeat.
+    pub(super) fn same_as(&self, previous: &Self) -> bool {
+        match (self, previous) {
+            (Self::Status { status: a, body: x, .. }, Self::Status { status: b, body: y, .. }) => {
+                a == b && x == y && !matches!(a, 408 | 429 | 502..=504)
+            }
+            _ => false,
+        }
+    }
+}
+
+impl ModelError {
+    /// Whether trying again may succeed: not for a request the server refused as such (a 4xx
+    /// other than 408 and 429, a 5xx saying it could not parse the request), nor for a reply
+    /// that parsed but makes no sense.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Status { status, body, .. } => match status {
+                408 | 429 => true,
+                500.. => !says_unparsable(body),
+                _ => false,
+            },
+            Self::Transport(_)
+            | Self::Empty
+            | Self::Truncated
+            | Self::Timeout { .. }
+            | Self::Garbled(_) => true,
+            Self::ContextTooLong { .. }
+            | Self::Malformed(_)
+            | Self::TooLarge
+            | Self::Cancelled
+            | Self::Config(_)
+            | Self::Redirect { .. } => false,
+        }
+    }
+}
+
+/// A failed call after all its attempts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("model call failed after {attempts} attempt(s): {last}")]
+pub struct ModelFailure {
+    pub attempts: u32,
+    pub last: ModelError,
+}
