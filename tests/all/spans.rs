@@ -1,7 +1,11 @@
 //! Owner operations carry tracing spans whose fields — `session_id`, `turn`, `step`, `call_id`,
 //! `tool` — let one turn's log lines be picked out of a busy host's.
+//!
+//! The turn runs in a process of its own (this test binary, running only
+//! [`turn_in_a_process_of_its_own`]) with a global subscriber: `tracing` caches whether a span's
+//! call site is wanted the first time any thread reaches it, so a subscriber of one test among
+//! many running at once would miss the call sites another test's thread reached first.
 
-use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use keel::agent::{LoopGuards, TurnOutcome};
@@ -12,39 +16,65 @@ use keel_tests::mock_model::{MockModel, Reply};
 use keel_tests::no_events;
 use tracing_subscriber::fmt::format::FmtSpan;
 
-/// What the log writes, kept.
-#[derive(Clone, Default)]
-struct Buf(Arc<Mutex<Vec<u8>>>);
+/// Where the process of its own writes its log.
+const LOG_FILE: &str = "KEEL_SPANS_TEST_LOG";
 
-impl Write for Buf {
+#[test]
+fn a_turn_s_spans_name_its_session_turn_step_call_and_tool() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "spans::turn_in_a_process_of_its_own", "--ignored", "--test-threads=1"])
+        .env(LOG_FILE, &log)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the turn did not run");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let closed = |path: &str| text.lines().any(|l| l.contains(path) && l.contains("close"));
+    // Each span's close line carries the spans it runs in, outermost first.
+    let turn = "runner{session_id=s1}:turn{session_id=s1 turn=1}";
+    for path in [
+        format!("{turn}:model_call{{step=1}}"),
+        format!("{turn}:tool_call{{step=1 call_id=call_1 tool=fs_read_file}}"),
+        format!(
+            "{turn}:tool_call{{step=1 call_id=call_1 tool=fs_read_file}}:call_chain{{tool=fs_read_file}}"
+        ),
+        format!("{turn}:model_call{{step=2}}"),
+        turn.to_string(),
+        "runner{session_id=s1}".to_string(),
+    ] {
+        assert!(closed(&path), "no span closed at `{path}` in the log:\n{text}");
+    }
+}
+
+/// The log, kept until the process ends.
+#[derive(Clone)]
+struct File(Arc<Mutex<std::fs::File>>);
+
+impl std::io::Write for File {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
+        self.0.lock().unwrap().write(b)
     }
     fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
+        self.0.lock().unwrap().flush()
     }
 }
 
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Buf {
-    type Writer = Buf;
-    fn make_writer(&'a self) -> Buf {
-        self.clone()
-    }
-}
-
-// One thread: the runner's tasks run where the test's subscriber is the default.
-#[tokio::test(flavor = "current_thread")]
-async fn a_turn_s_spans_name_its_session_turn_step_call_and_tool() {
-    let log = Buf::default();
+/// One tool turn under a global subscriber writing to `KEEL_SPANS_TEST_LOG`; run by the test
+/// above in a process of its own, and a no-op anywhere else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by a_turn_s_spans_name_its_session_turn_step_call_and_tool in a process of its own"]
+async fn turn_in_a_process_of_its_own() {
+    let Some(path) = std::env::var_os(LOG_FILE) else { return };
+    let file = File(Arc::new(Mutex::new(std::fs::File::create(path).unwrap())));
     let subscriber = tracing_subscriber::fmt()
         .with_env_filter("keel=info")
         .with_span_events(FmtSpan::CLOSE)
         .with_ansi(false)
-        .with_writer(log.clone())
+        .with_writer(move || file.clone())
         .finish();
-    // This thread's, and every task of the runtime runs on it.
-    let _guard = tracing::subscriber::set_default(subscriber);
+    tracing::subscriber::set_global_default(subscriber).unwrap();
 
     let ws = tempfile::tempdir().unwrap();
     std::fs::write(ws.path().join("a.txt"), "alpha\n").unwrap();
@@ -66,21 +96,4 @@ async fn a_turn_s_spans_name_its_session_turn_step_call_and_tool() {
     .await;
     let out = h.brain.submit("s1", "What does a.txt say?", &CancelToken::new(), &no_events()).await;
     assert_eq!(out.unwrap(), Submitted::Ran(TurnOutcome::Answer("It says alpha.".into())));
-
-    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
-    let closed = |path: &str| text.lines().any(|l| l.contains(path) && l.contains("close"));
-    // Each span's close line carries the spans it runs in, outermost first.
-    let turn = "runner{session_id=s1}:turn{session_id=s1 turn=1}";
-    for path in [
-        format!("{turn}:model_call{{step=1}}"),
-        format!("{turn}:tool_call{{step=1 call_id=call_1 tool=fs_read_file}}"),
-        format!(
-            "{turn}:tool_call{{step=1 call_id=call_1 tool=fs_read_file}}:call_chain{{tool=fs_read_file}}"
-        ),
-        format!("{turn}:model_call{{step=2}}"),
-        turn.to_string(),
-        "runner{session_id=s1}".to_string(),
-    ] {
-        assert!(closed(&path), "no span closed at `{path}` in the log:\n{text}");
-    }
 }
