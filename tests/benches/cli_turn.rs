@@ -58,7 +58,7 @@ fn keel_binary() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(root())
-        .args(["build", "--release", "-p", "keel", "--bin", "keel", "--quiet"])
+        .args(["build", "--release", "-p", "keel-cli", "--bin", "keel", "--quiet"])
         .status()
         .unwrap();
     assert!(status.success(), "building the keel binary failed");

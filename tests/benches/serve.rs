@@ -54,7 +54,7 @@ fn keel_binary() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(root())
-        .args(["build", "--release", "-p", "keel", "--bin", "keel"])
+        .args(["build", "--release", "-p", "keel-cli", "--bin", "keel"])
         .status()
         .unwrap();
     assert!(status.success(), "cannot build keel");
