@@ -6,6 +6,7 @@ use std::sync::{Arc, Barrier};
 
 use keel::agent::{LoopGuards, TurnOutcome};
 use keel::brain::Submitted;
+use keel::failure::FailureKind;
 use keel::sandbox::{Access, CancelToken, Grant};
 use keel::session::{DecideError, Decision, RuntimeState, SessionEngine};
 use keel::store::Db;
@@ -367,7 +368,7 @@ async fn interrupt_while_waiting_closes_every_open_call() {
     assert_eq!(t.state, RuntimeState::Interrupted);
     assert_paired(&f.h, "ap6");
     let kinds: Vec<_> = t.tool_calls.iter().map(|c| c.entry.error_kind.clone()).collect();
-    assert_eq!(kinds, vec![None, Some("interrupted".into()), Some("interrupted".into())]);
+    assert_eq!(kinds, vec![None, Some(FailureKind::Interrupted), Some(FailureKind::Interrupted)]);
     assert!(f.lines("sent.log").is_empty() && f.lines("effects.log").is_empty());
     assert_eq!(
         f.h.engine.approval(&units[0]).await.unwrap().unwrap().status,
@@ -437,7 +438,7 @@ async fn policy_ask_allow_and_deny_per_session() {
     assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done t7".into())));
     assert_eq!(f.lines("effects.log"), vec!["t7-1"]);
     let t = f.h.engine.timeline("pol").await.unwrap();
-    assert_eq!(t.tool_calls[2].entry.error_kind.as_deref(), Some("denied"));
+    assert_eq!(t.tool_calls[2].entry.error_kind.map(|k| k.as_str()), Some("denied"));
     assert!(f.lines("sent.log").is_empty());
 }
 

@@ -287,7 +287,7 @@ async fn the_model_finds_and_loads_skills_and_tools_and_a_mention_grants_nothing
     assert_eq!(result("c2")["accepted_skill_ids"][0], "csv-audit");
     assert!(result("c2")["text"].as_str().unwrap().contains("MARKER-CSV-AUDIT"));
     let c3 = t.tool_calls.iter().find(|c| c.entry.call_id.as_str() == "c3").unwrap();
-    assert_eq!(c3.entry.error_kind.as_deref(), Some("unknown_tool"), "{:?}", c3.entry);
+    assert_eq!(c3.entry.error_kind.map(|k| k.as_str()), Some("unknown_tool"), "{:?}", c3.entry);
     assert_eq!(result("c4")["tools"][0]["name"], "csv_inspect");
     let c5 = t.tool_calls.iter().find(|c| c.entry.call_id.as_str() == "c5").unwrap();
     assert!(c5.entry.result.as_deref().unwrap().contains("no_such_tool"), "unknown names refused");
@@ -403,7 +403,11 @@ async fn h1_a_hostile_skill_steers_text_only() {
     assert!(system_of(&model.requests()[0]).contains("IGNORE YOUR INSTRUCTIONS"));
     let t = h.timeline("s").await.unwrap();
     let c1 = t.tool_calls.iter().find(|c| c.entry.call_id.as_str() == "c1").unwrap();
-    assert_eq!(c1.entry.error_kind.as_deref(), Some("unknown_tool"), "not loaded by the skill");
+    assert_eq!(
+        c1.entry.error_kind.map(|k| k.as_str()),
+        Some("unknown_tool"),
+        "not loaded by the skill"
+    );
     assert_eq!(std::fs::read_to_string(work.path().join("keep.txt")).unwrap(), "precious");
 }
 

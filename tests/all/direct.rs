@@ -3,6 +3,7 @@
 //! unapproved, and settled by recovery after a crash like a step's calls.
 
 use keel::agent::LoopGuards;
+use keel::failure::FailureKind;
 use keel::ids::CallId;
 use keel::sandbox::{Access, CancelToken, Grant};
 use keel::session::{Decision, JournalEntry, JournalStatus, RuntimeState};
@@ -41,14 +42,14 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
         })
         .await
         .unwrap();
-    assert!(peek.outcome.is_ok(), "{peek:?}");
+    assert!(peek.ran && peek.result.is_ok() && peek.output.is_some(), "{peek:?}");
 
     // External, nobody to ask: refused, nothing sent.
     let refused =
         h.brain.call_direct("d", "effect_send", &input, &cancel, |_| async { None }).await.unwrap();
-    let r = refused.outcome.unwrap_err();
-    assert_eq!(r.kind, "needs_approval");
-    assert!(r.ask_reason.is_some());
+    assert!(!refused.ran, "{refused:?}");
+    assert_eq!(refused.result.error, Some(FailureKind::NeedsApproval));
+    assert!(refused.ask_reason.is_some());
     assert!(log_lines(work.path(), "sent.log").is_empty());
 
     // Rejected by the person: not run, the reason kept.
@@ -61,9 +62,9 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
         })
         .await
         .unwrap();
-    let r = rejected.outcome.unwrap_err();
-    assert_eq!(r.kind, "rejected");
-    assert!(r.message.contains("not now"), "{r:?}");
+    assert!(!rejected.ran, "{rejected:?}");
+    assert_eq!(rejected.result.error, Some(FailureKind::Rejected));
+    assert!(rejected.result.content.contains("not now"), "{rejected:?}");
     assert!(log_lines(work.path(), "sent.log").is_empty());
 
     // Approved: runs exactly once, consuming the approval.
@@ -74,7 +75,7 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
         })
         .await
         .unwrap();
-    assert!(approved.outcome.is_ok(), "{approved:?}");
+    assert!(approved.ran && approved.result.is_ok(), "{approved:?}");
     assert_eq!(log_lines(work.path(), "sent.log"), vec!["m1"]);
     let units = h.engine.approvals(Some("d"), false).await.unwrap();
     let statuses: Vec<&str> = units.iter().map(|u| u.status.as_str()).collect();
@@ -86,7 +87,7 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
     let rows: Vec<(i64, &str, Option<&str>)> = t
         .tool_calls
         .iter()
-        .map(|c| (c.step, c.entry.tool.as_str(), c.entry.error_kind.as_deref()))
+        .map(|c| (c.step, c.entry.tool.as_str(), c.entry.error_kind.map(|k| k.as_str())))
         .collect();
     assert_eq!(
         rows,
@@ -103,7 +104,8 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
     // A tool the session did not load is refused (and journaled) like any call.
     let unloaded =
         h.brain.call_direct("d", "effect_wipe", "{}", &cancel, |_| async { None }).await.unwrap();
-    assert_eq!(unloaded.outcome.unwrap_err().kind, "unknown_tool");
+    assert!(!unloaded.ran, "{unloaded:?}");
+    assert_eq!(unloaded.result.error, Some(FailureKind::UnknownTool));
 }
 
 fn intent(id: &str, tool: &str, effect: &str, idempotent: bool) -> JournalEntry {
@@ -145,7 +147,13 @@ async fn a_crash_during_a_direct_call_leaves_an_unknown_outcome() {
     let rows: Vec<(&str, &str, Option<&str>)> = t
         .tool_calls
         .iter()
-        .map(|c| (c.entry.call_id.as_str(), c.entry.status.as_str(), c.entry.error_kind.as_deref()))
+        .map(|c| {
+            (
+                c.entry.call_id.as_str(),
+                c.entry.status.as_str(),
+                c.entry.error_kind.map(|k| k.as_str()),
+            )
+        })
         .collect();
     assert_eq!(
         rows,

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 const CORE: &[&[&str]] = &[
     // Leaves: no import of another module of the library.
     &[
-        "builtin", "caller", "cancel", "crash", "digest", "grant", "home", "ids", "names", "plan",
-        "policy", "stored", "tls", "units",
+        "builtin", "caller", "cancel", "crash", "digest", "failure", "grant", "home", "ids",
+        "names", "plan", "policy", "stored", "tls", "units",
     ],
     &["store"],
     &["config"],

@@ -29,7 +29,7 @@
 //! - Leaf modules every owner may use: [`policy`] (effect classes, allow/ask/deny), [`ids`]
 //!   (session, call and approval unit ids), [`stored`] (enums stored as names), [`grant`]
 //!   (directory grants), [`caller`] (the API's principals and a session's owner), [`cancel`],
-//!   [`digest`], [`plan`] (plan steps and the one function that changes them), [`names`] (the
+//!   [`digest`], [`failure`] (why a tool call failed), [`plan`] (plan steps and the one function that changes them), [`names`] (the
 //!   naming rules of what is installed), [`units`], [`tls`], [`crash`] (test crash points),
 //!   [`builtin`] (the first-party components).
 //! - Around the spine: [`memory`] (per-user long-term memory) and [`search`] (its and the
@@ -54,6 +54,7 @@ pub mod config;
 pub mod control;
 pub mod crash;
 pub mod digest;
+pub mod failure;
 pub mod grant;
 pub mod harness;
 pub mod home;

@@ -304,31 +304,32 @@ impl ServerHandler for KeelServer {
             .await;
         watch.abort();
         let call = call.map_err(internal)?;
-        let result = match call.outcome {
-            Ok(o) => match o.report.result {
-                Ok(value) => {
-                    let text = policy.redact(&value.to_string()).into_owned();
-                    let structured = serde_json::from_str::<serde_json::Value>(&text)
-                        .ok()
-                        .filter(|v| v.is_object());
-                    let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
-                    r.structured_content = structured;
-                    r
-                }
-                Err(_) => CallToolResult::error(vec![ContentBlock::text(call.content)]),
-            },
-            Err(refusal) => {
-                let hint = match &refusal.ask_reason {
-                    Some(_) => format!(
-                        " This MCP client cannot be asked (it does not declare elicitation): \
+        let result = match (call.output, call.ran) {
+            (Some(value), _) => {
+                let text = policy.redact(&value.to_string()).into_owned();
+                let structured =
+                    serde_json::from_str::<serde_json::Value>(&text).ok().filter(|v| v.is_object());
+                let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+                r.structured_content = structured;
+                r
+            }
+            (None, true) => CallToolResult::error(vec![ContentBlock::text(call.result.content)]),
+            (None, false) => {
+                let mut text = call.result.content;
+                if call.ask_reason.is_some() {
+                    // The client could not be asked: say how the call could run.
+                    let mut error: serde_json::Value =
+                        serde_json::from_str(&text).unwrap_or_default();
+                    let message = error["error"]["message"].as_str().unwrap_or_default();
+                    error["error"]["message"] = format!(
+                        "{}. This MCP client cannot be asked (it does not declare elicitation): \
                          restart `keel mcp serve` with `--allow {tool}` to let the call run \
-                         without asking."
-                    ),
-                    None => String::new(),
-                };
-                let text = serde_json::json!({"error": {
-                    "kind": refusal.kind, "message": format!("{}.{hint}", refusal.message.trim_end_matches('.'))}})
-                .to_string();
+                         without asking.",
+                        message.trim_end_matches('.')
+                    )
+                    .into();
+                    text = error.to_string();
+                }
                 CallToolResult::error(vec![ContentBlock::text(text)])
             }
         };

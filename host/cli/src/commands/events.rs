@@ -126,7 +126,7 @@ pub fn render(row: &EventRow) -> Option<String> {
                 other => format!(
                     "  ✗ {}{ms}: {}",
                     inert(tool),
-                    inert(error_kind.as_deref().unwrap_or(other.as_str()))
+                    inert(error_kind.map_or(other.as_str(), |k| k.as_str()))
                 ),
             }
         }

@@ -210,132 +210,132 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             }
             Err(e) => super::api_fail(json_out, &e),
         },
-        SessionCommand::Show(a) => match h.timeline(&a.id).await {
-            Ok(t) if a.json => {
-                println!("{}", json!(t));
-                ExitCode::SUCCESS
-            }
-            Ok(t) => {
-                println!(
-                    "session {}  state {}{}",
-                    t.id,
-                    t.state,
-                    t.state_detail
-                        .as_deref()
-                        .map(|d| format!(" ({})", inert(d)))
-                        .unwrap_or_default()
-                );
-                println!("goal    {}", inert(t.session_goal.as_deref().unwrap_or("-")));
-                println!(
-                    "phase   {}",
-                    inert(t.phase_goal.as_deref().unwrap_or("- (no phase open)"))
-                );
-                let tools: Vec<String> = t
-                    .loaded_tools
-                    .iter()
-                    .map(|n| match t.tool_pins.get(n) {
-                        Some(d) => format!("{n}@{}", &d[..d.len().min(12)]),
-                        None => n.clone(),
-                    })
-                    .collect();
-                println!("tools   {}", tools.join(", "));
-                println!("user    {}", inert(&t.user));
-                for g in &t.grants {
-                    println!("grant   {g}");
+        SessionCommand::Show(a) => {
+            match h.timeline(&a.id).await {
+                Ok(t) if a.json => {
+                    println!("{}", json!(t));
+                    ExitCode::SUCCESS
                 }
-                for n in &t.net {
-                    println!("grant   {n}");
-                }
-                let mut marks = t.checkpoints.iter().peekable();
-                for m in &t.messages {
-                    while let Some(cp) = marks.next_if(|cp| cp.from <= m.seq) {
-                        print_checkpoint(cp, t.context_start);
-                    }
-                    let content = m.body.get("content").and_then(|c| c.as_str()).unwrap_or("");
-                    let calls = m
-                        .body
-                        .get("tool_calls")
-                        .and_then(|c| c.as_array())
-                        .cloned()
-                        .unwrap_or_default();
-                    let compacted = if m.seq <= t.context_start { " (compacted)" } else { "" };
-                    println!("\n#{} turn {} {}{compacted}", m.seq, m.turn, m.role);
-                    if !content.is_empty() {
-                        println!("  {}", inert_block(content));
-                    }
-                    for c in calls {
-                        println!(
-                            "  → {} {}",
-                            inert(c["function"]["name"].as_str().unwrap_or("")),
-                            inert(c["function"]["arguments"].as_str().unwrap_or(""))
-                        );
-                    }
-                }
-                if !t.tool_calls.is_empty() {
-                    println!("\ntool calls:");
-                    for c in &t.tool_calls {
-                        let e = &c.entry;
-                        println!(
-                            "  step {} {} {} [{}{}] {:.1} ms{}",
-                            c.step,
-                            inert(&e.tool),
-                            inert(&e.input),
-                            e.status,
-                            e.error_kind.as_deref().map(|k| format!(", {k}")).unwrap_or_default(),
-                            e.duration_ms.unwrap_or(0.0),
-                            e.changes
-                                .as_deref()
-                                .map(|ch| format!("\n    changes {}", inert(ch)))
-                                .unwrap_or_default()
-                        );
-                        // The call's HTTP requests (method, destination, status, bytes, time).
-                        let records: Vec<keel::sandbox::net::NetRecord> = e
-                            .net
-                            .as_deref()
-                            .and_then(|n| serde_json::from_str(n).ok())
-                            .unwrap_or_default();
-                        for n in &records {
-                            println!("    {}", inert(&super::net_line(n)));
-                        }
-                        // A direct call (an MCP client's) has no history message holding its
-                        // result: show it here.
-                        if let Some(r) = e
-                            .result
-                            .as_deref()
-                            .filter(|_| e.call_id.starts_with(keel::session::DIRECT_CALL_PREFIX))
-                        {
-                            let shown: String = r.chars().take(DIRECT_RESULT_SHOWN).collect();
-                            let more = if shown.len() < r.len() { " …" } else { "" };
-                            println!("    result {}{more}", inert(&shown));
-                        }
-                    }
-                }
-                for u in t
-                    .approvals
-                    .iter()
-                    .filter(|u| u.status == keel::session::ApprovalStatus::Pending)
-                {
+                Ok(t) => {
                     println!(
-                        "\nwaiting for approval {}: {} {} ({}) — keel approve {} / keel reject {}",
-                        u.id,
-                        inert(&u.tool),
-                        inert(&u.input),
-                        u.effect,
-                        u.id,
-                        u.id
+                        "session {}  state {}{}",
+                        t.id,
+                        t.state,
+                        t.state_detail
+                            .as_deref()
+                            .map(|d| format!(" ({})", inert(d)))
+                            .unwrap_or_default()
                     );
+                    println!("goal    {}", inert(t.session_goal.as_deref().unwrap_or("-")));
+                    println!(
+                        "phase   {}",
+                        inert(t.phase_goal.as_deref().unwrap_or("- (no phase open)"))
+                    );
+                    let tools: Vec<String> = t
+                        .loaded_tools
+                        .iter()
+                        .map(|n| match t.tool_pins.get(n) {
+                            Some(d) => format!("{n}@{}", &d[..d.len().min(12)]),
+                            None => n.clone(),
+                        })
+                        .collect();
+                    println!("tools   {}", tools.join(", "));
+                    println!("user    {}", inert(&t.user));
+                    for g in &t.grants {
+                        println!("grant   {g}");
+                    }
+                    for n in &t.net {
+                        println!("grant   {n}");
+                    }
+                    let mut marks = t.checkpoints.iter().peekable();
+                    for m in &t.messages {
+                        while let Some(cp) = marks.next_if(|cp| cp.from <= m.seq) {
+                            print_checkpoint(cp, t.context_start);
+                        }
+                        let content = m.body.get("content").and_then(|c| c.as_str()).unwrap_or("");
+                        let calls = m
+                            .body
+                            .get("tool_calls")
+                            .and_then(|c| c.as_array())
+                            .cloned()
+                            .unwrap_or_default();
+                        let compacted = if m.seq <= t.context_start { " (compacted)" } else { "" };
+                        println!("\n#{} turn {} {}{compacted}", m.seq, m.turn, m.role);
+                        if !content.is_empty() {
+                            println!("  {}", inert_block(content));
+                        }
+                        for c in calls {
+                            println!(
+                                "  → {} {}",
+                                inert(c["function"]["name"].as_str().unwrap_or("")),
+                                inert(c["function"]["arguments"].as_str().unwrap_or(""))
+                            );
+                        }
+                    }
+                    if !t.tool_calls.is_empty() {
+                        println!("\ntool calls:");
+                        for c in &t.tool_calls {
+                            let e = &c.entry;
+                            println!(
+                                "  step {} {} {} [{}{}] {:.1} ms{}",
+                                c.step,
+                                inert(&e.tool),
+                                inert(&e.input),
+                                e.status,
+                                e.error_kind.map(|k| format!(", {k}")).unwrap_or_default(),
+                                e.duration_ms.unwrap_or(0.0),
+                                e.changes
+                                    .as_deref()
+                                    .map(|ch| format!("\n    changes {}", inert(ch)))
+                                    .unwrap_or_default()
+                            );
+                            // The call's HTTP requests (method, destination, status, bytes, time).
+                            let records: Vec<keel::sandbox::net::NetRecord> = e
+                                .net
+                                .as_deref()
+                                .and_then(|n| serde_json::from_str(n).ok())
+                                .unwrap_or_default();
+                            for n in &records {
+                                println!("    {}", inert(&super::net_line(n)));
+                            }
+                            // A direct call (an MCP client's) has no history message holding its
+                            // result: show it here.
+                            if let Some(r) = e.result.as_deref().filter(|_| {
+                                e.call_id.starts_with(keel::session::DIRECT_CALL_PREFIX)
+                            }) {
+                                let shown: String = r.chars().take(DIRECT_RESULT_SHOWN).collect();
+                                let more = if shown.len() < r.len() { " …" } else { "" };
+                                println!("    result {}{more}", inert(&shown));
+                            }
+                        }
+                    }
+                    for u in t
+                        .approvals
+                        .iter()
+                        .filter(|u| u.status == keel::session::ApprovalStatus::Pending)
+                    {
+                        println!(
+                            "\nwaiting for approval {}: {} {} ({}) — keel approve {} / keel reject {}",
+                            u.id,
+                            inert(&u.tool),
+                            inert(&u.input),
+                            u.effect,
+                            u.id,
+                            u.id
+                        );
+                    }
+                    print_plan(&t);
+                    print_transitions(&t);
+                    print_capabilities(&t);
+                    print_model_calls(&t);
+                    if t.pending_inputs > 0 {
+                        println!("\n{} input(s) waiting in the inbox", t.pending_inputs);
+                    }
+                    ExitCode::SUCCESS
                 }
-                print_plan(&t);
-                print_transitions(&t);
-                print_capabilities(&t);
-                print_model_calls(&t);
-                if t.pending_inputs > 0 {
-                    println!("\n{} input(s) waiting in the inbox", t.pending_inputs);
-                }
-                ExitCode::SUCCESS
+                Err(e) => super::api_fail(a.json, &e),
             }
-            Err(e) => super::api_fail(a.json, &e),
-        },
+        }
         SessionCommand::Send(a) => {
             let cancel = CancelToken::new();
             cancel_on_ctrl_c(&cancel);

@@ -26,7 +26,7 @@ use crate::tools::ToolService;
 
 use crate::ids::{CallId, UnitId};
 use calls::StepEnd;
-pub use calls::{net_records, result_content};
+pub use calls::{DirectCall, net_records};
 
 /// Something worth telling the user while a turn runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,7 +54,7 @@ pub enum Event {
         name: String,
         call_id: CallId,
         ok: bool,
-        kind: Option<String>,
+        kind: Option<crate::failure::FailureKind>,
         ms: f64,
     },
     /// A call waits for a person's decision (`keel approvals`).

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::failure::FailureKind;
+
 /// Why a component cannot be installed or loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -102,26 +104,31 @@ pub enum CallError {
 }
 
 impl CallError {
-    /// A stable, machine-readable name of the error's kind.
-    pub fn kind(&self) -> &'static str {
+    /// The error's kind, as a call's result carries it.
+    pub fn failure(&self) -> FailureKind {
         match self {
             Self::Tool { kind, .. } => match kind {
-                ToolErrorKind::InvalidInput => "invalid_input",
-                ToolErrorKind::UnknownTool => "unknown_tool",
-                ToolErrorKind::NotFound => "not_found",
-                ToolErrorKind::Denied => "denied",
-                ToolErrorKind::Failed => "failed",
+                ToolErrorKind::InvalidInput => FailureKind::InvalidInput,
+                ToolErrorKind::UnknownTool => FailureKind::UnknownTool,
+                ToolErrorKind::NotFound => FailureKind::NotFound,
+                ToolErrorKind::Denied => FailureKind::Denied,
+                ToolErrorKind::Failed => FailureKind::Failed,
             },
-            Self::Timeout { .. } => "timeout",
-            Self::FuelExhausted { .. } => "fuel_exhausted",
-            Self::MemoryLimit { .. } => "memory_limit",
-            Self::StackOverflow => "stack_overflow",
-            Self::OutputTooLarge { .. } => "output_too_large",
-            Self::InvalidOutput { .. } => "invalid_output",
-            Self::Cancelled => "cancelled",
-            Self::Crashed { .. } => "crashed",
-            Self::Setup { .. } => "setup",
+            Self::Timeout { .. } => FailureKind::Timeout,
+            Self::FuelExhausted { .. } => FailureKind::FuelExhausted,
+            Self::MemoryLimit { .. } => FailureKind::MemoryLimit,
+            Self::StackOverflow => FailureKind::StackOverflow,
+            Self::OutputTooLarge { .. } => FailureKind::OutputTooLarge,
+            Self::InvalidOutput { .. } => FailureKind::InvalidOutput,
+            Self::Cancelled => FailureKind::Cancelled,
+            Self::Crashed { .. } => FailureKind::Crashed,
+            Self::Setup { .. } => FailureKind::Setup,
         }
+    }
+
+    /// A stable, machine-readable name of the error's kind.
+    pub fn kind(&self) -> &'static str {
+        self.failure().as_str()
     }
 
     /// True when running the same call again could succeed without changing anything

@@ -10,6 +10,7 @@ use rusqlite::{Connection, params};
 /// How a direct call's id begins (`direct-` and 12 hex characters).
 pub const DIRECT_CALL_PREFIX: &str = "direct-";
 
+use crate::failure::FailureKind;
 use crate::store::StoreError;
 
 use super::facts::{self, RuntimeState};
@@ -66,11 +67,11 @@ pub fn recover_in(
                 steps::mark_unknown(&mut e);
             }
             (JournalStatus::Intent, _) => {
-                close(&mut e, "interrupted", "the process stopped during the call")
+                close(&mut e, FailureKind::Interrupted, "the process stopped during the call")
             }
             _ => close(
                 &mut e,
-                "not_run",
+                FailureKind::NotRun,
                 "the process stopped while the call waited for a decision; it never ran",
             ),
         }
@@ -85,10 +86,10 @@ pub fn recover_in(
     Ok(settled)
 }
 
-fn close(e: &mut JournalEntry, kind: &str, message: &str) {
+fn close(e: &mut JournalEntry, kind: FailureKind, message: &str) {
     e.status = JournalStatus::Done;
     e.result = Some(crate::tools::result::error_content(kind, message));
-    e.error_kind = Some(kind.to_string());
+    e.error_kind = Some(kind);
 }
 
 impl SessionEngine {

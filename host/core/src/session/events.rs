@@ -122,7 +122,7 @@ pub enum SessionEvent {
         tool: String,
         status: super::JournalStatus,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        error_kind: Option<String>,
+        error_kind: Option<crate::failure::FailureKind>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         ms: Option<f64>,
     },

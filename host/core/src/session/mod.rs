@@ -121,7 +121,7 @@ pub struct JournalEntry {
     pub status: JournalStatus,
     /// The content given to the model as the tool result.
     pub result: Option<String>,
-    pub error_kind: Option<String>,
+    pub error_kind: Option<crate::failure::FailureKind>,
     pub changes: Option<String>,
     pub duration_ms: Option<f64>,
     /// Whether the tool declares that calling it twice equals calling it once.

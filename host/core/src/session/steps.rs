@@ -18,7 +18,7 @@ use crate::policy::Effect;
 use crate::sandbox::Grant;
 use crate::store::{StoreError, now_ms};
 use crate::tools::ConsumedApproval;
-use crate::tools::result::error_content;
+use crate::tools::result::{FailureKind, error_content};
 
 /// What the model is told about a side-effecting call whose process died before its result was
 /// recorded.
@@ -512,8 +512,8 @@ impl JournalEntry {
 /// Marks a started, side-effecting, non-idempotent call as `unknown`.
 pub(super) fn mark_unknown(e: &mut JournalEntry) {
     e.status = JournalStatus::Unknown;
-    e.result = Some(error_content("outcome_unknown", OUTCOME_UNKNOWN));
-    e.error_kind = Some("outcome_unknown".into());
+    e.result = Some(error_content(FailureKind::OutcomeUnknown, OUTCOME_UNKNOWN));
+    e.error_kind = Some(FailureKind::OutcomeUnknown);
 }
 
 /// Closes the session's turn as interrupted: every call of its open step that has no result
@@ -536,10 +536,10 @@ pub fn close_turn_in(c: &Connection, id: &str, why: &str) -> Result<usize, Store
                 (false, AfterCrash::Keep | AfterCrash::Rerun) => {
                     e.status = JournalStatus::Done;
                     e.result = Some(error_content(
-                        "interrupted",
+                        FailureKind::Interrupted,
                         &format!("{why} before this call ran; it was not run"),
                     ));
-                    e.error_kind = Some("interrupted".into());
+                    e.error_kind = Some(FailureKind::Interrupted);
                     closed += 1;
                     calls::record_in(c, id, open.step, &e)?;
                 }

@@ -79,6 +79,18 @@ impl StoreError {
             | Self::TooNew { .. } => "store",
         }
     }
+
+    /// The error's kind, as the result of a tool call it stopped carries it.
+    pub fn failure(&self) -> crate::failure::FailureKind {
+        use crate::failure::FailureKind;
+        match self {
+            Self::NotFound(_) => FailureKind::NotFound,
+            Self::Conflict(_) => FailureKind::Conflict,
+            Self::Input(_) => FailureKind::Input,
+            Self::Corrupt(_) => FailureKind::Corrupt,
+            _ => FailureKind::Store,
+        }
+    }
 }
 
 mod writer;

@@ -1,5 +1,6 @@
 //! Why a tool operation could not be carried out, with a stable kind per case.
 
+use crate::failure::FailureKind;
 use crate::sandbox::{CallError, GrantError, LoadError};
 use crate::store::StoreError;
 
@@ -88,36 +89,41 @@ pub enum ToolServiceError {
 }
 
 impl ToolServiceError {
+    /// The error's kind, as a call's result carries it.
+    pub fn failure(&self) -> FailureKind {
+        match self {
+            Self::Store(_) => FailureKind::Store,
+            Self::Load(_) => FailureKind::Load,
+            Self::Config(_) => FailureKind::Config,
+            Self::Grant(_) => FailureKind::Grant,
+            Self::Busy(_) => FailureKind::Busy,
+            Self::NetGrant(_) => FailureKind::Grant,
+            Self::Secret(_) => FailureKind::Secrets,
+            Self::Io { .. } => FailureKind::Io,
+            Self::InvalidComponentName { .. } => FailureKind::InvalidName,
+            Self::NotInstalled { .. } => FailureKind::NotInstalled,
+            Self::Builtin { .. } => FailureKind::Builtin,
+            Self::HostTool { .. } => FailureKind::HostTool,
+            Self::Reserved { .. } => FailureKind::ReservedName,
+            Self::AlreadyInstalled { .. } => FailureKind::AlreadyInstalled,
+            Self::Describe { .. } => FailureKind::DescribeFailed,
+            Self::InvalidSpecs { .. } => FailureKind::InvalidSpecs,
+            Self::NameClash { .. } => FailureKind::NameClash,
+            Self::InvalidInput { .. } => FailureKind::InvalidInput,
+            Self::OverCeiling { .. } => FailureKind::OverCeiling,
+            Self::NotLoaded { .. } => FailureKind::UnknownTool,
+            Self::PolicyDenied { .. } => FailureKind::Denied,
+            Self::NeedsApproval { .. } => FailureKind::NeedsApproval,
+            Self::ApprovalNotBound { .. } => FailureKind::ApprovalNotBound,
+            Self::McpServer { .. } => FailureKind::McpServer,
+            Self::Mcp(e) => e.failure(),
+            Self::GrantMoved(_) => FailureKind::GrantMoved,
+            Self::HomeGrant { .. } => FailureKind::Grant,
+        }
+    }
+
     /// A stable, machine-readable name of the error's kind.
     pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Store(_) => "store",
-            Self::Load(_) => "load",
-            Self::Config(_) => "config",
-            Self::Grant(_) => "grant",
-            Self::Busy(_) => "busy",
-            Self::NetGrant(_) => "grant",
-            Self::Secret(_) => "secrets",
-            Self::Io { .. } => "io",
-            Self::InvalidComponentName { .. } => "invalid_name",
-            Self::NotInstalled { .. } => "not_installed",
-            Self::Builtin { .. } => "builtin",
-            Self::HostTool { .. } => "host_tool",
-            Self::Reserved { .. } => "reserved_name",
-            Self::AlreadyInstalled { .. } => "already_installed",
-            Self::Describe { .. } => "describe_failed",
-            Self::InvalidSpecs { .. } => "invalid_specs",
-            Self::NameClash { .. } => "name_clash",
-            Self::InvalidInput { .. } => "invalid_input",
-            Self::OverCeiling { .. } => "over_ceiling",
-            Self::NotLoaded { .. } => "unknown_tool",
-            Self::PolicyDenied { .. } => "denied",
-            Self::NeedsApproval { .. } => "needs_approval",
-            Self::ApprovalNotBound { .. } => "approval_not_bound",
-            Self::McpServer { .. } => "mcp_server",
-            Self::Mcp(e) => e.kind(),
-            Self::GrantMoved(_) => "grant_moved",
-            Self::HomeGrant { .. } => "grant",
-        }
+        self.failure().as_str()
     }
 }

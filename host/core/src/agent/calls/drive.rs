@@ -9,11 +9,12 @@ use tracing::Instrument;
 use crate::cancel::CancelToken;
 use crate::model::ToolCallRequest;
 use crate::session::{ApprovalUnit, ConsumedApproval, JournalStatus, SessionMeta};
+use crate::tools::result::{FailureKind, ToolResult};
 use crate::tools::{CallOutcome, CallRequest, Resolved, ToolService, ToolServiceError};
 
 use super::super::{AgentError, Event, Events};
 use super::gate::{Gate, gate, wait};
-use super::slots::{Outcome, Slot, asks, error_outcome, journaled, result_content, unsaved};
+use super::slots::{Outcome, Slot, asks, error_outcome, journaled, unsaved};
 use super::{Step, StepEnd, StepResult};
 
 /// Runs the step's calls in order from where its journal stands: parallel runs of read-only
@@ -44,7 +45,7 @@ pub(super) async fn drive(
         }
         if cancel.is_cancelled() {
             slots[i].finish(error_outcome(
-                "interrupted",
+                FailureKind::Interrupted,
                 "the user interrupted the turn before this call ran; it was not run",
             ));
             i += 1;
@@ -113,7 +114,7 @@ pub(super) async fn drive(
             match gate(agent, meta, &units, &slots[i]) {
                 Gate::Run(unit) => consume = unit,
                 Gate::Reject(message) => {
-                    slots[i].finish(error_outcome("rejected", &message));
+                    slots[i].finish(error_outcome(FailureKind::Rejected, &message));
                     i += 1;
                     continue;
                 }
@@ -173,11 +174,12 @@ pub(super) async fn drive(
     let mut failed = 0;
     for (k, s) in slots.iter().enumerate() {
         let o = s.outcome.clone().unwrap_or_default();
-        if o.kind.is_some() {
+        if !o.result.is_ok() {
             failed += 1;
         }
         results.push(
-            json!({"role": "tool", "tool_call_id": s.call.id, "content": o.content}).to_string(),
+            json!({"role": "tool", "tool_call_id": s.call.id, "content": o.result.content})
+                .to_string(),
         );
         journal.push(s.entry(k));
     }
@@ -196,17 +198,17 @@ pub(super) async fn drive(
 }
 
 /// One call to run, owned: it may run as a task of its own.
-struct CallJob {
-    tools: Arc<ToolService>,
-    db: crate::store::Db,
-    meta: Arc<SessionMeta>,
-    call: ToolCallRequest,
+pub(super) struct CallJob {
+    pub(super) tools: Arc<ToolService>,
+    pub(super) db: crate::store::Db,
+    pub(super) meta: Arc<SessionMeta>,
+    pub(super) call: ToolCallRequest,
     /// The tool from the step's catalog; `None` resolves the session's pinned version now.
-    resolved: Option<Arc<Resolved>>,
-    approval: Option<ConsumedApproval>,
-    cancel: CancelToken,
+    pub(super) resolved: Option<Arc<Resolved>>,
+    pub(super) approval: Option<ConsumedApproval>,
+    pub(super) cancel: CancelToken,
     /// The step's delegation checks (shared by its calls, so parallel spawns count each other).
-    delegation: Arc<dyn crate::control::Delegation>,
+    pub(super) delegation: Arc<dyn crate::control::Delegation>,
 }
 
 async fn execute(job: CallJob) -> Result<CallOutcome, ToolServiceError> {
@@ -236,11 +238,19 @@ async fn execute(job: CallJob) -> Result<CallOutcome, ToolServiceError> {
 }
 
 /// The span of one call of a step, inside its turn's span: `step`, `call_id`, `tool`.
-fn call_span(step: i64, call: &ToolCallRequest) -> tracing::Span {
+pub(super) fn call_span(step: i64, call: &ToolCallRequest) -> tracing::Span {
     tracing::info_span!("tool_call", step, call_id = %call.id, tool = %call.name)
 }
 
 async fn run_one(job: CallJob, cap: usize) -> Outcome {
+    run_raw(job, cap).await.0
+}
+
+/// Runs one call: its outcome as the journal keeps it, and the ToolService's own answer.
+pub(super) async fn run_raw(
+    job: CallJob,
+    cap: usize,
+) -> (Outcome, Result<CallOutcome, ToolServiceError>) {
     let started = std::time::Instant::now();
     let meta = job.meta.clone();
     let outcome = execute(job).await;
@@ -253,9 +263,9 @@ async fn run_one(job: CallJob, cap: usize) -> Outcome {
         .and_then(|c| serde_json::to_string(c).ok());
     let control = outcome.as_ref().map(|o| o.report.control_requests.clone()).unwrap_or_default();
     // Redacted before the result is journaled, put in the history or shown to anyone.
-    let (content, kind) = result_content(&outcome, cap, &meta.policy);
+    let result = ToolResult::of(&outcome, cap, &meta.policy);
     let net = outcome.as_ref().ok().and_then(|o| net_records(&o.report.net));
-    Outcome { content, kind, changes, ms, control, net }
+    (Outcome { result, changes, ms, control, net }, outcome)
 }
 
 /// The journal's JSON of a call's request records (`None`: it sent none).
@@ -274,8 +284,8 @@ pub(super) fn finished_event(events: &Events, s: &Slot, o: &Outcome) {
     events(&Event::ToolFinished {
         name: s.call.name.clone(),
         call_id: s.call.id.clone(),
-        ok: o.kind.is_none(),
-        kind: o.kind.clone(),
+        ok: o.result.is_ok(),
+        kind: o.result.error,
         ms: o.ms,
     });
 }

@@ -7,6 +7,7 @@
 //! it runs and its result after; a call the policy asks about stops the step until a person
 //! decides. The same driver finishes a step after an approval or a crash.
 
+mod direct;
 mod drive;
 mod gate;
 mod slots;
@@ -18,6 +19,7 @@ use crate::model::ToolCallRequest;
 use crate::session::{
     AfterCrash, ApprovalStatus, JournalEntry, JournalStatus, OpenStep, SessionMeta,
 };
+use crate::tools::result::{FailureKind, ToolResult};
 use crate::tools::{Catalog, PolicyDecision};
 
 use super::{AgentError, AgentService, Events};
@@ -25,8 +27,8 @@ use drive::{drive, finished_event};
 use gate::unit_for;
 use slots::{Outcome, Slot, asks, error_outcome, journaled, plan};
 
+pub use direct::DirectCall;
 pub use drive::net_records;
-pub use slots::result_content;
 
 /// Where a step's calls run: the agent, the session, the step, its cancel token and events.
 #[derive(Clone, Copy)]
@@ -126,8 +128,10 @@ pub(in crate::agent) async fn run_open(
         .map(|e| {
             let outcome =
                 matches!(e.status, JournalStatus::Done | JournalStatus::Unknown).then(|| Outcome {
-                    content: e.result.clone().unwrap_or_default(),
-                    kind: e.error_kind.clone(),
+                    result: ToolResult {
+                        content: e.result.clone().unwrap_or_default(),
+                        error: e.error_kind,
+                    },
                     changes: e.changes.clone(),
                     ms: e.duration_ms.unwrap_or(0.0),
                     // A finished call's plan changes were applied when it was journaled.
@@ -158,7 +162,10 @@ pub(in crate::agent) async fn run_open(
             AfterCrash::Keep => {}
             AfterCrash::OutcomeUnknown => {
                 s.status = JournalStatus::Unknown;
-                s.outcome = Some(error_outcome("outcome_unknown", crate::session::OUTCOME_UNKNOWN));
+                s.outcome = Some(error_outcome(
+                    FailureKind::OutcomeUnknown,
+                    crate::session::OUTCOME_UNKNOWN,
+                ));
                 s.durable = false;
             }
             AfterCrash::Rerun => s.status = JournalStatus::Planned,

@@ -4,18 +4,16 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use serde_json::json;
-
 use crate::model::ToolCallRequest;
 use crate::policy::Effect;
 use crate::session::{JournalEntry, JournalStatus, SessionMeta};
-use crate::tools::{CallOutcome, Catalog, PolicyDecision, Resolved, ToolService, ToolServiceError};
+use crate::tools::result::{FailureKind, ToolResult};
+use crate::tools::{Catalog, PolicyDecision, Resolved, ToolService};
 
-/// A call's result: content for the model, error kind, change set (JSON), duration (ms).
+/// A call's result (content for the model, failure kind), change set (JSON), duration (ms).
 #[derive(Debug, Clone, Default)]
 pub(super) struct Outcome {
-    pub(super) content: String,
-    pub(super) kind: Option<String>,
+    pub(super) result: ToolResult,
     pub(super) changes: Option<String>,
     pub(super) ms: f64,
     /// The changes a control call asked for.
@@ -56,8 +54,8 @@ impl Slot {
             component_digest: self.digest.clone(),
             effect: self.effect,
             status: self.status,
-            result: has.then_some(o.content),
-            error_kind: o.kind,
+            result: has.then_some(o.result.content),
+            error_kind: o.result.error,
             changes: o.changes,
             duration_ms: has.then_some(o.ms),
             idempotent: self.idempotent,
@@ -74,76 +72,8 @@ impl Slot {
     }
 }
 
-pub(super) fn error_outcome(kind: &str, message: &str) -> Outcome {
-    Outcome {
-        content: crate::tools::result::error_content(kind, message),
-        kind: Some(kind.to_string()),
-        ..Outcome::default()
-    }
-}
-
-/// The content the model sees for a call's result: redacted by `policy`, then capped at
-/// `cap` bytes with a marker that says how to read more.
-pub fn result_content(
-    outcome: &Result<CallOutcome, ToolServiceError>,
-    cap: usize,
-    policy: &crate::policy::Policy,
-) -> (String, Option<String>) {
-    let (text, kind) = match outcome {
-        Ok(o) => match &o.report.result {
-            Ok(v) => {
-                let text = match &o.changes {
-                    Some(ch) if !ch.is_empty() => json!({"output": v, "changes": ch}).to_string(),
-                    _ => v.to_string(),
-                };
-                (text, None)
-            }
-            Err(e) => {
-                let mut error = crate::tools::result::error_value(e.kind(), &e.to_string());
-                // Why keel refused a request: the tool only saw HTTP-request-denied.
-                let refused: Vec<String> = o
-                    .report
-                    .net
-                    .records
-                    .iter()
-                    .filter(|r| r.outcome != "ok")
-                    .filter_map(|r| {
-                        r.reason.as_ref().map(|why| {
-                            format!(
-                                "{} {}://{}:{}{}: {why}",
-                                r.method, r.scheme, r.host, r.port, r.path
-                            )
-                        })
-                    })
-                    .collect();
-                if !refused.is_empty() {
-                    error["error"]["network"] = json!(refused);
-                }
-                (error.to_string(), Some(e.kind().to_string()))
-            }
-        },
-        Err(e) => (
-            crate::tools::result::error_content(e.kind(), &e.to_string()),
-            Some(e.kind().to_string()),
-        ),
-    };
-    (cap_text(policy.redact(&text).into_owned(), cap), kind)
-}
-
-pub(super) fn cap_text(text: String, cap: usize) -> String {
-    if text.len() <= cap {
-        return text;
-    }
-    let mut cut = cap;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!(
-        "{}\n[output truncated: {} of {} bytes shown. Ask for less at a time — use offset/limit, a narrower path or fewer results — to read the rest.]",
-        &text[..cut],
-        cut,
-        text.len()
-    )
+pub(super) fn error_outcome(kind: FailureKind, message: &str) -> Outcome {
+    Outcome { result: ToolResult::failed(kind, message), ..Outcome::default() }
 }
 
 /// Validates the calls of a fresh model response: ids, known tools, JSON arguments, the input
@@ -170,7 +100,7 @@ pub(super) fn plan(
                 let original = call.id.clone();
                 call.id = format!("{original}#{i}").into();
                 refused = Some(error_outcome(
-                    "duplicate_call_id",
+                    FailureKind::DuplicateCallId,
                     &format!("tool call id `{original}` was used twice in one response; this call was not run. Give every call its own id."),
                 ));
             }
@@ -180,14 +110,14 @@ pub(super) fn plan(
             if refused.is_none() {
                 if !meta.loaded_tools.contains(&call.name) {
                     refused = Some(error_outcome(
-                        "unknown_tool",
+                        FailureKind::UnknownTool,
                         &format!("there is no tool `{}` in this session; available tools: {}", call.name, meta.loaded_tools.join(", ")),
                     ));
                 } else if let Err(e) = serde_json::from_str::<serde_json::Value>(&call.arguments) {
                     refused = Some(if cut {
-                        error_outcome("cut_off", &format!("your call of `{}` was cut off by the token limit (finish_reason: length) before its arguments were complete; it was not run. Send it again with shorter arguments, or split the work.", call.name))
+                        error_outcome(FailureKind::CutOff, &format!("your call of `{}` was cut off by the token limit (finish_reason: length) before its arguments were complete; it was not run. Send it again with shorter arguments, or split the work.", call.name))
                     } else {
-                        error_outcome("invalid_input", &format!("the arguments of `{}` are not valid JSON ({e}); send a JSON object", call.name))
+                        error_outcome(FailureKind::InvalidInput, &format!("the arguments of `{}` are not valid JSON ({e}); send a JSON object", call.name))
                     });
                 } else {
                     let found = match catalog {
@@ -204,17 +134,17 @@ pub(super) fn plan(
                             idempotent = r.record.idempotent;
                             match meta.policy.decide(&call.name, r.record.effect) {
                                 PolicyDecision::Deny(why) => {
-                                    refused = Some(error_outcome("denied", &why));
+                                    refused = Some(error_outcome(FailureKind::Denied, &why));
                                 }
                                 PolicyDecision::Ask(_) => {
                                     if let Err(e) = tools.check_input(&r.record, &call.arguments) {
-                                        refused = Some(error_outcome(e.kind(), &e.to_string()));
+                                        refused = Some(error_outcome(e.failure(), &e.to_string()));
                                     }
                                 }
                                 PolicyDecision::Allow => {}
                             }
                         }
-                        Err(e) => refused = Some(error_outcome(e.kind(), &e.to_string())),
+                        Err(e) => refused = Some(error_outcome(e.failure(), &e.to_string())),
                     }
                 }
             }

@@ -226,7 +226,7 @@ fn journal_facts(
     let rows = stmt.query_map([id], |r| {
         Ok((
             (r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?),
-            (r.get::<_, Option<String>>(3)?, r.get::<_, Option<String>>(4)?),
+            (r.get::<_, Option<String>>(3)?, r.get::<_, Option<crate::failure::FailureKind>>(4)?),
         ))
     })?;
     for row in rows {

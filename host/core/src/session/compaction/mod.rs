@@ -78,7 +78,7 @@ pub struct Artifact {
 #[serde(deny_unknown_fields)]
 pub struct FailedCall {
     pub tool: String,
-    pub error_kind: String,
+    pub error_kind: crate::failure::FailureKind,
     pub step: i64,
 }
 

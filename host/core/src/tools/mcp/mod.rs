@@ -59,17 +59,23 @@ pub enum McpError {
 }
 
 impl McpError {
+    /// The error's kind, as a call's result carries it.
+    pub fn failure(&self) -> crate::failure::FailureKind {
+        use crate::failure::FailureKind;
+        match self {
+            Self::InvalidName(_) => FailureKind::InvalidName,
+            Self::NotFound(_) => FailureKind::NotFound,
+            Self::Exists(_) => FailureKind::Exists,
+            Self::Input(_) => FailureKind::Input,
+            Self::Connect { .. } => FailureKind::McpConnect,
+            Self::Request { .. } => FailureKind::McpRequest,
+            Self::Store(e) => e.failure(),
+        }
+    }
+
     /// A stable name of the error's kind.
     pub fn kind(&self) -> &'static str {
-        match self {
-            Self::InvalidName(_) => "invalid_name",
-            Self::NotFound(_) => "not_found",
-            Self::Exists(_) => "exists",
-            Self::Input(_) => "input",
-            Self::Connect { .. } => "mcp_connect",
-            Self::Request { .. } => "mcp_request",
-            Self::Store(e) => e.kind(),
-        }
+        self.failure().as_str()
     }
 }
 
