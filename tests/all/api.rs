@@ -2,7 +2,7 @@
 //! with no CLI code, and the typed refusals a front-end maps to its own codes.
 
 use keel::agent::{LoopGuards, TurnOutcome};
-use keel::api::ApiError;
+use keel::api::{ApiError, Caller};
 use keel::brain::Submitted;
 use keel::sandbox::{Access, CancelToken, Grant};
 use keel::session::{Decision, RuntimeState};
@@ -30,40 +30,54 @@ async fn an_approval_flow_through_the_api_and_its_typed_refusals() {
 
     // Refusals, each with its kind, and nothing created.
     let unknown = Some(vec!["no_such_tool".to_string()]);
-    let e = h.create_session(spec(&model.url(), grants.clone(), unknown)).await.unwrap_err();
+    let e = h
+        .create_session(&Caller::Operator, spec(&model.url(), grants.clone(), unknown))
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), "not_installed", "{e}");
     let overlapping = vec![
         Grant::new(work.path(), "/work", Access::Rw).unwrap(),
         Grant::new(work.path(), "/work/sub", Access::Ro).unwrap(),
     ];
-    let e = h.create_session(spec(&model.url(), overlapping, None)).await.unwrap_err();
+    let e = h
+        .create_session(&Caller::Operator, spec(&model.url(), overlapping, None))
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), "grant", "{e}");
-    let e = h.create_session(spec("ftp://nowhere", grants.clone(), None)).await.unwrap_err();
+    let e = h
+        .create_session(&Caller::Operator, spec("ftp://nowhere", grants.clone(), None))
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), "config", "{e}");
     assert!(!h.engine.exists("api").await.unwrap());
 
     let tools = Some(vec!["effect_send".to_string()]);
-    let id = h.create_session(spec(&model.url(), grants, tools)).await.unwrap();
+    let id = h.create_session(&Caller::Operator, spec(&model.url(), grants, tools)).await.unwrap();
     let meta = h.engine.meta(&id).await.unwrap();
     assert_eq!(meta.guards.map(|g| g.max_steps), Some(5), "the loop guards are stored");
     assert!(meta.tool_pins.contains_key("effect_send"), "the loaded tool is pinned");
-    let e = h.create_session(spec(&model.url(), vec![], None)).await.unwrap_err();
+    let e =
+        h.create_session(&Caller::Operator, spec(&model.url(), vec![], None)).await.unwrap_err();
     assert_eq!(e.kind(), "conflict", "the id is taken: {e}");
 
     let cancel = CancelToken::new();
-    let e = h.send(&id, "  ", &cancel, &no_events()).await.unwrap_err();
+    let e = h.send(&Caller::Operator, &id, "  ", &cancel, &no_events()).await.unwrap_err();
     assert!(matches!(e, ApiError::Input(_)), "{e}");
-    let units = match h.send(&id, "send hello", &cancel, &no_events()).await.unwrap() {
-        Submitted::Ran(TurnOutcome::WaitingApproval(units)) => units,
-        other => panic!("expected a wait for approval, got {other:?}"),
-    };
+    let units =
+        match h.send(&Caller::Operator, &id, "send hello", &cancel, &no_events()).await.unwrap() {
+            Submitted::Ran(TurnOutcome::WaitingApproval(units)) => units,
+            other => panic!("expected a wait for approval, got {other:?}"),
+        };
     assert!(log_lines(work.path(), "sent.log").is_empty(), "nothing ran before the decision");
-    let decided = h.decide(&units[0], Decision::Approve, None, Some(id.to_string())).await.unwrap();
+    let decided = h
+        .decide(&Caller::Operator, &units[0], Decision::Approve, None, Some(id.to_string()))
+        .await
+        .unwrap();
     assert_eq!(decided.status, keel::session::ApprovalStatus::Approved);
-    let e = h.decide(&units[0], Decision::Reject, None, None).await.unwrap_err();
+    let e = h.decide(&Caller::Operator, &units[0], Decision::Reject, None, None).await.unwrap_err();
     assert_eq!(e.kind(), "not_pending", "exactly one decision wins: {e}");
     assert_eq!(
-        h.resume(&id, &cancel, &no_events()).await.unwrap(),
+        h.resume(&Caller::Operator, &id, &cancel, &no_events()).await.unwrap(),
         Some(Submitted::Ran(TurnOutcome::Answer("sent".into())))
     );
     assert_eq!(log_lines(work.path(), "sent.log"), ["hello"]);
@@ -90,7 +104,7 @@ async fn a_callers_rights_are_decided_by_the_core() {
     let template = spec("http://127.0.0.1:9/v1", vec![], Some(vec![]));
     let roots = GrantRoots::new(&[ws.path().to_path_buf()]).unwrap();
     let grant = Grant::new(ws.path(), "/w", Access::Ro).unwrap();
-    h.preset_add("team", vec![grant], false, false).await.unwrap();
+    h.preset_add(&Caller::Operator, "team", vec![grant], false, false).await.unwrap();
     let alice = Caller::Api(Principal::token("alice", Role::User));
     let bob = Caller::Api(Principal::token("bob", Role::User));
     let admin = Caller::Api(Principal::token("root", Role::Admin));
@@ -129,18 +143,53 @@ async fn a_callers_rights_are_decided_by_the_core() {
     assert_eq!(s.user.as_deref(), Some("alice"));
     let owner = s.owner.clone().unwrap();
     assert_eq!((owner.principal.as_str(), owner.preset.as_deref()), ("token:alice", Some("team")));
-    let id = h.create_session(s).await.unwrap();
-    assert!(h.session_for(&alice, &id).await.is_ok());
-    assert!(h.session_for(&admin, &id).await.is_ok());
-    assert!(h.session_for(&Caller::Operator, &id).await.is_ok());
-    match h.session_for(&bob, &id).await {
+    let id = h.create_session(&Caller::Operator, s).await.unwrap();
+    assert!(h.session(&alice, &id).await.is_ok());
+    assert!(h.session(&admin, &id).await.is_ok());
+    assert!(h.session(&Caller::Operator, &id).await.is_ok());
+    match h.session(&bob, &id).await {
         Err(e) => assert_eq!(e.kind(), "not_found", "{e}"),
         Ok(_) => panic!("bob sees alice's session"),
     }
     let ids = |v: Vec<keel::session::SessionSummary>| -> Vec<String> {
         v.into_iter().map(|s| s.id.to_string()).collect()
     };
-    assert_eq!(ids(h.sessions_for(&alice).await.unwrap()), [id.to_string()]);
-    assert!(ids(h.sessions_for(&bob).await.unwrap()).is_empty());
-    assert!(ids(h.sessions_for(&Caller::Operator).await.unwrap()).contains(&id.to_string()));
+    assert_eq!(ids(h.sessions(&alice).await.unwrap()), [id.to_string()]);
+    assert!(ids(h.sessions(&bob).await.unwrap()).is_empty());
+    assert!(ids(h.sessions(&Caller::Operator).await.unwrap()).contains(&id.to_string()));
+
+    // Every use case takes its caller and decides for itself: bob reads and steers nothing of
+    // alice's session (it does not exist for him), alice reads hers.
+    let cancel = CancelToken::new();
+    let not_found = |r: Result<(), keel::api::ApiError>, what: &str| match r {
+        Err(e) => assert_eq!(e.kind(), "not_found", "{what}: {e}"),
+        Ok(()) => panic!("bob reached alice's session: {what}"),
+    };
+    not_found(h.timeline(&bob, &id).await.map(|_| ()), "timeline");
+    not_found(h.events(&bob, &id, 0, 10).await.map(|_| ()), "events");
+    not_found(h.model_calls(&bob, &id).await.map(|_| ()), "model calls");
+    not_found(h.evidence(&bob, &id, None).await.map(|_| ()), "evidence");
+    not_found(h.capabilities(&bob, &id).await.map(|_| ()), "capabilities");
+    not_found(h.queue(&bob, &id, "do it").await.map(|_| ()), "queue");
+    not_found(h.send(&bob, &id, "do it", &cancel, &no_events()).await.map(|_| ()), "send");
+    not_found(h.interrupt(&bob, &id).await.map(|_| ()), "interrupt");
+    not_found(h.approvals(&bob, Some(&id), false).await.map(|_| ()), "approvals");
+    assert!(!h.session_exists(&bob, &id).await.unwrap());
+    assert!(h.session_exists(&alice, &id).await.unwrap());
+    assert!(h.timeline(&alice, &id).await.is_ok());
+    // Admin-only use cases refuse a user whatever the front-end.
+    let admin_only = |r: Result<(), keel::api::ApiError>, what: &str| match r {
+        Err(e) => assert_eq!(e.kind(), "forbidden", "{what}: {e}"),
+        Ok(()) => panic!("a user token did what needs an admin: {what}"),
+    };
+    admin_only(h.create_session(&alice, template.clone()).await.map(|_| ()), "full spec");
+    admin_only(h.remove_tool(&alice, "effect_send").map(|_| ()), "remove tool");
+    admin_only(h.token_add(&alice, "eve", keel::access::Role::Admin).await.map(|_| ()), "token");
+    admin_only(h.memories(&alice, None).await.map(|_| ()), "memories");
+    admin_only(h.upgrade_session_tools(&alice, &id).await.map(|_| ()), "upgrade tools");
+    // A user creates a session through the checked request, and owns it.
+    let req = SessionRequest { preset: Some("team".into()), ..Default::default() };
+    let mine = h.create_session_for(&alice, &template, &roots, req).await.unwrap();
+    assert!(h.session(&alice, &mine).await.is_ok());
+    not_found(h.session(&bob, &mine).await.map(|_| ()), "bob sees alice's new session");
 }

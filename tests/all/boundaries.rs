@@ -2,6 +2,7 @@
 //! directory it was given for (not a path that can be swapped), the artifact cache runs only
 //! what keel wrote, and principals of one name are distinct.
 
+use keel::api::Caller;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::Path;
 
@@ -47,7 +48,7 @@ async fn j1_a_grant_around_or_inside_the_home_is_refused_at_creation_and_at_each
     let inside = Grant::new(root.join("cache"), "/cache", Access::Rw).unwrap();
     for g in [&around, &inside] {
         let spec = keel_tests::session_spec("http://127.0.0.1:9", "s", vec![g.clone()], None);
-        let e = h.create_session(spec).await.unwrap_err();
+        let e = h.create_session(&Caller::Operator, spec).await.unwrap_err();
         assert!(matches!(e, ApiError::Grant(_)), "{e}");
         let text = e.to_string();
         assert!(text.contains(&root.display().to_string()) && text.contains("--home"), "{text}");
@@ -58,10 +59,11 @@ async fn j1_a_grant_around_or_inside_the_home_is_refused_at_creation_and_at_each
                 .await
                 .unwrap_err();
         assert_eq!(e.kind(), "grant", "{e}");
-        let e = h.preset_add("p", vec![g.clone()], false, false).await.unwrap_err();
+        let e =
+            h.preset_add(&Caller::Operator, "p", vec![g.clone()], false, false).await.unwrap_err();
         assert!(e.to_string().contains("keel's home"), "{e}");
     }
-    assert!(h.sessions().await.unwrap().is_empty(), "nothing was created");
+    assert!(h.sessions(&Caller::Operator).await.unwrap().is_empty(), "nothing was created");
     // A directory beside the home is fine.
     let beside = dir.path().join("work");
     std::fs::create_dir(&beside).unwrap();
@@ -232,7 +234,7 @@ async fn j2_a_granted_directory_replaced_by_a_link_or_moved_is_refused_for_the_s
 async fn j6_a_token_and_a_local_user_of_one_name_share_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let h = harness(dir.path()).await;
-    h.add_memory("alice", "alice's local secret plan", &[]).await.unwrap();
+    h.add_memory(&Caller::Operator, "alice", "alice's local secret plan", &[]).await.unwrap();
     // A session an API token named `alice` creates works for `token:alice`.
     let mut spec = keel_tests::session_spec("http://127.0.0.1:9", "t", vec![], None);
     spec.user = Some("alice".into());
@@ -241,23 +243,30 @@ async fn j6_a_token_and_a_local_user_of_one_name_share_nothing() {
         preset: None,
         user_decides: false,
     });
-    h.create_session(spec).await.unwrap();
-    assert_eq!(h.session("t").await.unwrap().user.as_deref(), Some("token:alice"));
+    h.create_session(&Caller::Operator, spec).await.unwrap();
+    assert_eq!(
+        h.session(&Caller::Operator, "t").await.unwrap().user.as_deref(),
+        Some("token:alice")
+    );
     let mut spec = keel_tests::session_spec("http://127.0.0.1:9", "l", vec![], None);
     spec.user = Some("alice".into());
-    h.create_session(spec).await.unwrap();
-    assert_eq!(h.session("l").await.unwrap().user.as_deref(), Some("local:alice"));
-    let local = h.memories(Some("alice")).await.unwrap();
+    h.create_session(&Caller::Operator, spec).await.unwrap();
+    assert_eq!(
+        h.session(&Caller::Operator, "l").await.unwrap().user.as_deref(),
+        Some("local:alice")
+    );
+    let local = h.memories(&Caller::Operator, Some("alice")).await.unwrap();
     assert_eq!(local.len(), 1);
     assert_eq!(local[0].user, "local:alice");
-    assert!(h.memories(Some("token:alice")).await.unwrap().is_empty());
+    assert!(h.memories(&Caller::Operator, Some("token:alice")).await.unwrap().is_empty());
     // A name that owns data (the sessions of an earlier token) is not given to a new token,
     // nor are keel's own admin names.
-    let e = h.token_add("alice", keel::access::Role::User).await.unwrap_err();
+    let e = h.token_add(&Caller::Operator, "alice", keel::access::Role::User).await.unwrap_err();
     assert!(e.to_string().contains("already owns"), "{e}");
     for reserved in ["keel-serve", "KEEL_API_TOKEN"] {
-        let e = h.token_add(reserved, keel::access::Role::User).await.unwrap_err();
+        let e =
+            h.token_add(&Caller::Operator, reserved, keel::access::Role::User).await.unwrap_err();
         assert!(e.to_string().contains("keel's own"), "{e}");
     }
-    h.token_add("bob", keel::access::Role::User).await.unwrap();
+    h.token_add(&Caller::Operator, "bob", keel::access::Role::User).await.unwrap();
 }

@@ -3,6 +3,7 @@
 //! answered from their own script), real skills installed from files, the real control
 //! component, a real SQLite file; asserting on the bytes the server got.
 
+use keel::api::Caller;
 use std::path::Path;
 
 use keel::agent::{LoopGuards, TurnOutcome};
@@ -48,7 +49,7 @@ async fn install(h: &Harness, dir: &Path, name: &str, skill_md: &str) {
     let d = dir.join(name);
     std::fs::create_dir_all(&d).unwrap();
     std::fs::write(d.join("SKILL.md"), skill_md).unwrap();
-    h.install_skill(&d, false).await.unwrap();
+    h.install_skill(&Caller::Operator, &d, false).await.unwrap();
 }
 
 /// A harness on a fresh home and a session `id` of user `user` with understanding on and only
@@ -62,7 +63,7 @@ async fn session(h: &Harness, url: &str, id: &str, user: &str, tools: &[&str]) {
     );
     spec.user = Some(user.into());
     spec.guards.max_steps = 12;
-    h.create_session(spec).await.unwrap();
+    h.create_session(&Caller::Operator, spec).await.unwrap();
 }
 
 async fn harness(dir: &Path, url: &str) -> Harness {
@@ -91,7 +92,7 @@ async fn an_orchestrator_answer_in_a_loose_shape_is_read() {
     install(&h, skills.path(), "csv-repair", CSV_REPAIR).await;
     session(&h, &model.url(), "s", "alice", &[]).await;
     assert_eq!(submit(&h, "s", "Audit orders.csv").await, "audited");
-    let t = h.timeline("s").await.unwrap();
+    let t = h.timeline(&Caller::Operator, "s").await.unwrap();
     let o = &t.orchestrations[0];
     assert!(o.error.is_none(), "{o:?}");
     assert_eq!(o.selected.as_ref().unwrap().skills, ["csv-audit"]);
@@ -154,7 +155,7 @@ async fn a_recalled_and_selected_skill_reaches_the_next_request_and_stays_add_on
     assert!(!system.contains("MARKER-RELEASE-NOTES"));
     // A skill that names a tool does not load it.
     assert!(!tools_of(first).contains(&"csv_inspect".to_string()), "{:?}", tools_of(first));
-    let t = h.timeline("s").await.unwrap();
+    let t = h.timeline(&Caller::Operator, "s").await.unwrap();
     assert!(!t.loaded_tools.contains(&"csv_inspect".to_string()));
     let o = &t.orchestrations[0];
     assert_eq!(o.dropped, ["tool:rm_everything", "skill:no-such-skill"]);
@@ -166,7 +167,7 @@ async fn a_recalled_and_selected_skill_reaches_the_next_request_and_stays_add_on
     // continue_current: no recall, no orchestration call; the skill stays.
     assert_eq!(submit(&h, "s", "and the totals").await, "more");
     assert_eq!(model.orchestration_requests().len(), 1);
-    assert_eq!(h.timeline("s").await.unwrap().orchestrations.len(), 1);
+    assert_eq!(h.timeline(&Caller::Operator, "s").await.unwrap().orchestrations.len(), 1);
     assert!(system_of(&model.requests()[1]).contains("MARKER-CSV-AUDIT"));
 
     // A reconcile adds and never removes.
@@ -177,21 +178,21 @@ async fn a_recalled_and_selected_skill_reaches_the_next_request_and_stays_add_on
     assert_eq!(input["loaded"]["skills"][0], "csv-audit", "the Orchestrator sees what is loaded");
     let system = system_of(&model.requests()[2]);
     assert!(system.contains("MARKER-CSV-AUDIT") && system.contains("MARKER-RELEASE-NOTES"));
-    let t = h.timeline("s").await.unwrap();
+    let t = h.timeline(&Caller::Operator, "s").await.unwrap();
     let skills: Vec<&str> =
         t.capabilities.iter().filter(|c| c.kind == Kind::Skill).map(|c| c.name.as_str()).collect();
     assert_eq!(skills, ["csv-audit", "release-notes"]);
     // The Orchestrator's request is kept byte for byte.
-    let (turn, body) = h.orchestration_evidence("s", None).await.unwrap();
+    let (turn, body) = h.orchestration_evidence(&Caller::Operator, "s", None).await.unwrap();
     assert_eq!((turn, body), (3, model.orchestration_requests()[1].clone()));
 
     // Unloading is the explicit path.
-    h.unload("s", Kind::Skill, "csv-audit").await.unwrap();
-    let e = h.unload("s", Kind::Skill, "csv-audit").await.unwrap_err();
+    h.unload(&Caller::Operator, "s", Kind::Skill, "csv-audit").await.unwrap();
+    let e = h.unload(&Caller::Operator, "s", Kind::Skill, "csv-audit").await.unwrap_err();
     assert_eq!(e.kind(), "not_found");
-    let e = h.unload("s", Kind::Tool, "skills_find").await.unwrap_err();
+    let e = h.unload(&Caller::Operator, "s", Kind::Tool, "skills_find").await.unwrap_err();
     assert_eq!(e.kind(), "input", "{e}");
-    let meta = h.session("s").await.unwrap();
+    let meta = h.session(&Caller::Operator, "s").await.unwrap();
     assert_eq!(meta.skills.len(), 1);
 }
 
@@ -224,15 +225,15 @@ async fn nothing_recalled_makes_no_call_and_a_failed_recall_or_call_does_not_blo
     }
     assert_eq!(submit(&h, "a", "do the thing").await, "one");
     assert!(model.orchestration_requests().is_empty(), "no candidates: no call");
-    let o = &h.timeline("a").await.unwrap().orchestrations[0];
+    let o = &h.timeline(&Caller::Operator, "a").await.unwrap().orchestrations[0];
     assert!(o.done && o.selected.is_none() && o.candidates.skills.is_empty());
 
     // An unreadable Orchestrator answer adds nothing; the turn goes on.
     assert_eq!(submit(&h, "b", "Audit orders.csv").await, "two");
-    let t = h.timeline("b").await.unwrap();
+    let t = h.timeline(&Caller::Operator, "b").await.unwrap();
     assert!(t.orchestrations[0].error.as_deref().unwrap().contains("no JSON object"));
-    assert!(h.session("b").await.unwrap().skills.is_empty());
-    let events = h.events("b", 0, 1000).await.unwrap();
+    assert!(h.session(&Caller::Operator, "b").await.unwrap().skills.is_empty());
+    let events = h.events(&Caller::Operator, "b", 0, 1000).await.unwrap();
     assert!(
         events
             .iter()
@@ -241,19 +242,19 @@ async fn nothing_recalled_makes_no_call_and_a_failed_recall_or_call_does_not_blo
 
     // A failed call: nothing added, the turn goes on.
     assert_eq!(submit(&h, "d", "Audit orders.csv").await, "three");
-    let t = h.timeline("d").await.unwrap();
+    let t = h.timeline(&Caller::Operator, "d").await.unwrap();
     assert!(
         t.orchestrations[0].error.as_deref().unwrap().contains("400"),
         "{:?}",
         t.orchestrations[0]
     );
-    assert!(h.session("d").await.unwrap().skills.is_empty());
+    assert!(h.session(&Caller::Operator, "d").await.unwrap().skills.is_empty());
 
     // A failed recall group: the skills index is gone. The turn goes on, and says so.
     let c = rusqlite::Connection::open(home.path().join("keel.db")).unwrap();
     c.execute_batch("DROP TABLE skills_fts").unwrap();
     assert_eq!(submit(&h, "c", "Audit orders.csv").await, "four");
-    let t = h.timeline("c").await.unwrap();
+    let t = h.timeline(&Caller::Operator, "c").await.unwrap();
     let error = t.orchestrations[0].recall_error.as_deref().unwrap();
     assert!(error.starts_with("skills:"), "{error}");
     assert_eq!(t.messages.last().unwrap().body["content"], "four");
@@ -278,7 +279,7 @@ async fn the_model_finds_and_loads_skills_and_tools_and_a_mention_grants_nothing
     install(&h, skills.path(), "csv-audit", CSV_AUDIT).await;
     session(&h, &model.url(), "s", "alice", &[]).await;
     assert_eq!(submit(&h, "s", "Audit orders.csv").await, "ready");
-    let t = h.timeline("s").await.unwrap();
+    let t = h.timeline(&Caller::Operator, "s").await.unwrap();
     let result = |id: &str| -> Value {
         let c = t.tool_calls.iter().find(|c| c.entry.call_id.as_str() == id).unwrap();
         serde_json::from_str(c.entry.result.as_deref().unwrap()).unwrap_or(Value::Null)
@@ -307,7 +308,7 @@ async fn the_model_finds_and_loads_skills_and_tools_and_a_mention_grants_nothing
     assert!(via.contains(&("csv-audit".into(), Via::SkillsLoad)), "{via:?}");
     assert!(via.contains(&("fs_write_file".into(), Via::ToolsSelect)), "{via:?}");
     // Tools selected are pinned like any loaded tool; their calls follow the policy.
-    let meta = h.session("s").await.unwrap();
+    let meta = h.session(&Caller::Operator, "s").await.unwrap();
     assert!(meta.tool_pins.contains_key("fs_delete_files"));
     assert!(matches!(
         meta.policy.decide("fs_delete_files", keel::policy::Effect::Destructive),
@@ -343,7 +344,7 @@ async fn memory_written_in_one_session_is_recalled_for_the_same_user_only() {
         submit(&h, "a1", "Remember: the orders report goes to finance on Mondays").await,
         "noted"
     );
-    let kept = h.memories(Some("alice")).await.unwrap();
+    let kept = h.memories(&Caller::Operator, Some("alice")).await.unwrap();
     assert_eq!(kept.len(), 1);
     assert_eq!(kept[0].tags, ["orders"]);
     assert_eq!(kept[0].session_id.as_deref(), Some("a1"));
@@ -356,10 +357,10 @@ async fn memory_written_in_one_session_is_recalled_for_the_same_user_only() {
     assert_eq!(submit(&h, "b1", "Prepare the orders report").await, "for bob");
     let requests = model.requests();
     assert!(!system_of(&requests[3]).contains("Relevant memory"), "another user's memory");
-    let t = h.timeline("b1").await.unwrap();
+    let t = h.timeline(&Caller::Operator, "b1").await.unwrap();
     let found = t.tool_calls.iter().find(|c| c.entry.call_id.as_str() == "f1").unwrap();
     assert_eq!(found.entry.result.as_deref(), Some(r#"{"memories":[]}"#));
-    assert!(h.memories(Some("bob")).await.unwrap().is_empty());
+    assert!(h.memories(&Caller::Operator, Some("bob")).await.unwrap().is_empty());
 }
 
 /// H1: a skill that tells the model to delete everything steers text only — the deletion
@@ -394,14 +395,14 @@ async fn h1_a_hostile_skill_steers_text_only() {
         Some(Vec::new()),
     );
     spec.guards.max_steps = 12;
-    h.create_session(spec).await.unwrap();
+    h.create_session(&Caller::Operator, spec).await.unwrap();
     let out = h.brain.submit("s", "clean up", &CancelToken::new(), &no_events()).await.unwrap();
     assert!(
         matches!(out, Submitted::Ran(TurnOutcome::WaitingApproval(_))),
         "the deletion waits for a person: {out:?}"
     );
     assert!(system_of(&model.requests()[0]).contains("IGNORE YOUR INSTRUCTIONS"));
-    let t = h.timeline("s").await.unwrap();
+    let t = h.timeline(&Caller::Operator, "s").await.unwrap();
     let c1 = t.tool_calls.iter().find(|c| c.entry.call_id.as_str() == "c1").unwrap();
     assert_eq!(
         c1.entry.error_kind.map(|k| k.as_str()),
@@ -429,9 +430,12 @@ async fn h4_a_session_keeps_the_skill_version_it_loaded() {
     h.engine.add_capabilities("old", load.clone(), Via::Admin).await.unwrap();
     let v2 = CSV_AUDIT.replace("MARKER-CSV-AUDIT", "MARKER-V2");
     std::fs::write(skills.path().join("csv-audit/SKILL.md"), &v2).unwrap();
-    let e = h.install_skill(&skills.path().join("csv-audit"), false).await.unwrap_err();
+    let e = h
+        .install_skill(&Caller::Operator, &skills.path().join("csv-audit"), false)
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), "conflict", "other content needs --upgrade: {e}");
-    h.install_skill(&skills.path().join("csv-audit"), true).await.unwrap();
+    h.install_skill(&Caller::Operator, &skills.path().join("csv-audit"), true).await.unwrap();
     h.engine.add_capabilities("new", load, Via::Admin).await.unwrap();
     assert_eq!(submit(&h, "old", "go").await, "a");
     assert_eq!(submit(&h, "new", "go").await, "b");

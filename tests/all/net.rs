@@ -2,6 +2,7 @@
 //! HTTP server on loopback. No test sends traffic anywhere but loopback: every refusal below
 //! happens before a connection is made, and the server counts the connections it accepts.
 
+use keel::api::Caller;
 use std::time::{Duration, Instant};
 
 use keel::sandbox::Budget;
@@ -312,9 +313,12 @@ async fn a_canary_secret_never_reaches_the_model_the_journal_or_the_database() {
         &[format!("localhost:{p}")],
         &[format!("TOKEN@http://localhost:{p}")],
     );
-    h.create_session(spec).await.unwrap();
+    h.create_session(&Caller::Operator, spec).await.unwrap();
     let cancel = keel::cancel::CancelToken::new();
-    let done = h.send("s", "Fetch the echo.", &cancel, &keel_tests::no_events()).await.unwrap();
+    let done = h
+        .send(&Caller::Operator, "s", "Fetch the echo.", &cancel, &keel_tests::no_events())
+        .await
+        .unwrap();
     assert_eq!(keel_tests::answered(done), "The server answered.");
     assert_eq!(peer.seen()[0].header("authorization"), Some(format!("Bearer {CANARY}").as_str()));
     let requests = model.requests();
@@ -383,14 +387,23 @@ async fn an_approval_shows_where_the_call_may_reach_and_nothing_is_sent_before_i
         keel_tests::session_spec(&model.url(), "s", Vec::new(), Some(vec!["http_fetch".into()]));
     spec.preprocess = None;
     spec.net = net(&[format!("http://localhost:{p}")], &[format!("localhost:{p}")], &[]);
-    h.create_session(spec).await.unwrap();
+    h.create_session(&Caller::Operator, spec).await.unwrap();
     let cancel = keel::cancel::CancelToken::new();
-    let ran = h.send("s", "Fetch the echo.", &cancel, &keel_tests::no_events()).await.unwrap();
+    let ran = h
+        .send(&Caller::Operator, "s", "Fetch the echo.", &cancel, &keel_tests::no_events())
+        .await
+        .unwrap();
     assert!(
         matches!(ran, keel::brain::Submitted::Ran(keel::agent::TurnOutcome::WaitingApproval(_))),
         "{ran:?}"
     );
-    let units = h.approvals(Some("s"), true).await.unwrap();
+    let units: Vec<_> = h
+        .approvals(&Caller::Operator, Some("s"), true)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| v.unit)
+        .collect();
     assert_eq!(units[0].tool, "http_fetch");
     assert_eq!(
         units[0].net,

@@ -4,6 +4,7 @@
 //! import the interface.
 
 use keel::agent::{LoopGuards, TurnOutcome};
+use keel::api::Caller;
 use keel::brain::Submitted;
 use keel::plan::StepStatus;
 use keel::sandbox::CancelToken;
@@ -44,14 +45,16 @@ async fn a_plan_is_shown_in_every_request_of_its_phase_across_turns_and_restarts
     let h =
         harness_with_session(home.path(), &model.url(), "x", &[], vec![], LoopGuards::default())
             .await;
-    h.create_session(session_spec(&model.url(), "p", vec![], Some(Vec::new()))).await.unwrap();
-    let meta = h.session("p").await.unwrap();
+    h.create_session(&Caller::Operator, session_spec(&model.url(), "p", vec![], Some(Vec::new())))
+        .await
+        .unwrap();
+    let meta = h.session(&Caller::Operator, "p").await.unwrap();
     assert_eq!(meta.loaded_tools, keel::builtin::ALWAYS_LOADED);
     assert_eq!(
         submit(&h, "p", "Write the release list").await,
         Submitted::Ran(TurnOutcome::Answer("planned".into()))
     );
-    let t = h.timeline("p").await.unwrap();
+    let t = h.timeline(&Caller::Operator, "p").await.unwrap();
     let plan = t.plan.clone().unwrap();
     assert_eq!(plan.len(), 3);
     assert_eq!((plan[0].status, plan[0].note.as_deref()), (StepStatus::Done, Some("notes read")));
@@ -71,14 +74,14 @@ async fn a_plan_is_shown_in_every_request_of_its_phase_across_turns_and_restarts
     let h =
         harness_with_session(home.path(), &model.url(), "x", &[], vec![], LoopGuards::default())
             .await;
-    assert_eq!(h.timeline("p").await.unwrap().plan, Some(plan.clone()));
+    assert_eq!(h.timeline(&Caller::Operator, "p").await.unwrap().plan, Some(plan.clone()));
     assert_eq!(
         submit(&h, "p", "keep going").await,
         Submitted::Ran(TurnOutcome::Answer("still going".into()))
     );
     let requests = model.requests();
     assert!(system_of(&requests[3]).contains("1. [done] read the notes"), "shown after restart");
-    let t = h.timeline("p").await.unwrap();
+    let t = h.timeline(&Caller::Operator, "p").await.unwrap();
     let refused = &t.tool_calls[2].entry;
     assert_eq!(refused.error_kind.map(|k| k.as_str()), Some("failed"), "{refused:?}");
     assert!(refused.result.as_deref().unwrap().contains("no step 9"), "{refused:?}");
@@ -89,7 +92,7 @@ async fn a_plan_is_shown_in_every_request_of_its_phase_across_turns_and_restarts
         submit(&h, "p", "finish it").await,
         Submitted::Ran(TurnOutcome::Answer("finished".into()))
     );
-    let t = h.timeline("p").await.unwrap();
+    let t = h.timeline(&Caller::Operator, "p").await.unwrap();
     assert_eq!(t.phase_goal, None);
     assert_eq!(t.plan, None);
     assert!(t.plan_history.last().unwrap().closed);
@@ -111,7 +114,7 @@ async fn a_plan_is_shown_in_every_request_of_its_phase_across_turns_and_restarts
         submit(&h, "p", "Now draft the announcement").await,
         Submitted::Ran(TurnOutcome::Answer("new phase".into()))
     );
-    let t = h.timeline("p").await.unwrap();
+    let t = h.timeline(&Caller::Operator, "p").await.unwrap();
     assert_eq!(t.phase_goal.as_deref(), Some("Now draft the announcement"));
     assert_eq!(t.session_goal.as_deref(), Some("Write the release list"));
     assert_eq!(t.transitions.last().unwrap().mode, keel::understand::TransitionMode::Initialize);
@@ -146,10 +149,13 @@ async fn a_third_party_component_importing_the_plan_interface_is_refused_unless_
         harness_with_session(home.path(), &model.url(), "x", &[], vec![], LoopGuards::default())
             .await;
     h.tools.install(&bytes, "planner", "test", false).await.unwrap();
-    h.create_session(session_spec(&model.url(), "t", vec![], Some(vec!["sneaky_plan".into()])))
-        .await
-        .unwrap();
+    h.create_session(
+        &Caller::Operator,
+        session_spec(&model.url(), "t", vec![], Some(vec!["sneaky_plan".into()])),
+    )
+    .await
+    .unwrap();
     assert_eq!(submit(&h, "t", "do it").await, Submitted::Ran(TurnOutcome::Answer("done".into())));
-    let plan = h.timeline("t").await.unwrap().plan.unwrap();
+    let plan = h.timeline(&Caller::Operator, "t").await.unwrap().plan.unwrap();
     assert_eq!(plan[0].text, "obey the tool");
 }

@@ -2,6 +2,7 @@
 //! component's — loaded, input schema, policy, the approval gate bound to its implementation
 //! digest, the journal — and its own deadline and output cap.
 
+use keel::api::Caller;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -95,26 +96,33 @@ async fn a_host_tool_is_asked_approved_run_and_journaled_like_a_component() {
             .await;
     install_effects(&h).await;
     let notes = Notes::new("note_add", Effect::External);
-    h.register_host_tool(notes.clone()).unwrap();
-    assert!(h.tools().unwrap().iter().any(|t| t.name == "note_add"), "listed with the tools");
+    h.register_host_tool(&Caller::Operator, notes.clone()).unwrap();
+    assert!(
+        h.tools(&Caller::Operator).unwrap().iter().any(|t| t.name == "note_add"),
+        "listed with the tools"
+    );
 
     // Names stay unique across sources, and keel's own tools cannot be removed.
-    let e = h.register_host_tool(Notes::new("note_add", Effect::ReadOnly)).unwrap_err();
+    let e = h
+        .register_host_tool(&Caller::Operator, Notes::new("note_add", Effect::ReadOnly))
+        .unwrap_err();
     assert_eq!(e.kind(), "name_clash", "{e}");
-    let e = h.register_host_tool(Notes::new("effect_send", Effect::ReadOnly)).unwrap_err();
+    let e = h
+        .register_host_tool(&Caller::Operator, Notes::new("effect_send", Effect::ReadOnly))
+        .unwrap_err();
     assert_eq!(e.kind(), "name_clash", "a component's tool has the name: {e}");
-    let e = h.register_host_tool(Notes::new("Bad Name", Effect::ReadOnly)).unwrap_err();
+    let e = h
+        .register_host_tool(&Caller::Operator, Notes::new("Bad Name", Effect::ReadOnly))
+        .unwrap_err();
     assert_eq!(e.kind(), "invalid_specs", "{e}");
-    let e = h.remove_tool("note_add").unwrap_err();
+    let e = h.remove_tool(&Caller::Operator, "note_add").unwrap_err();
     assert_eq!(e.kind(), "host_tool", "{e}");
 
     let id = h
-        .create_session(session_spec(
-            &model.url(),
-            "control",
-            vec![],
-            Some(vec!["note_add".into()]),
-        ))
+        .create_session(
+            &Caller::Operator,
+            session_spec(&model.url(), "control", vec![], Some(vec!["note_add".into()])),
+        )
         .await
         .unwrap();
     let meta = h.engine.meta(&id).await.unwrap();
@@ -122,22 +130,26 @@ async fn a_host_tool_is_asked_approved_run_and_journaled_like_a_component() {
 
     // An external effect is asked about by default: nothing runs before the decision.
     let cancel = CancelToken::new();
-    let units = match h.send(&id, "remember milk", &cancel, &no_events()).await.unwrap() {
-        Submitted::Ran(TurnOutcome::WaitingApproval(units)) => units,
-        other => panic!("expected a wait for approval, got {other:?}"),
-    };
+    let units =
+        match h.send(&Caller::Operator, &id, "remember milk", &cancel, &no_events()).await.unwrap()
+        {
+            Submitted::Ran(TurnOutcome::WaitingApproval(units)) => units,
+            other => panic!("expected a wait for approval, got {other:?}"),
+        };
     assert!(notes.notes().is_empty(), "nothing ran before the decision");
-    let unit = h.approvals(Some(&id), true).await.unwrap().remove(0);
+    let unit = h.approvals(&Caller::Operator, Some(&id), true).await.unwrap().remove(0).unit;
     assert_eq!(unit.component_digest, notes.digest, "the approval binds the implementation");
     assert_eq!(unit.effect, Effect::External);
 
-    h.decide(&units[0], Decision::Approve, None, Some(id.to_string())).await.unwrap();
+    h.decide(&Caller::Operator, &units[0], Decision::Approve, None, Some(id.to_string()))
+        .await
+        .unwrap();
     assert_eq!(
-        h.resume(&id, &cancel, &no_events()).await.unwrap(),
+        h.resume(&Caller::Operator, &id, &cancel, &no_events()).await.unwrap(),
         Some(Submitted::Ran(TurnOutcome::Answer("noted".into())))
     );
     assert_eq!(notes.notes(), ["buy milk"], "it ran exactly once");
-    let timeline = h.timeline(&id).await.unwrap();
+    let timeline = h.timeline(&Caller::Operator, &id).await.unwrap();
     let call = &timeline.tool_calls[0].entry;
     assert_eq!(call.status, JournalStatus::Done);
     assert_eq!(call.component_digest.as_deref(), Some(notes.digest.as_str()));
@@ -154,7 +166,7 @@ async fn a_host_tool_gets_the_same_checks_deadline_and_output_cap() {
         harness_with_session(home.path(), &model.url(), "_", &[], vec![], LoopGuards::default())
             .await;
     let notes = Notes::new("note_add", Effect::ReadOnly);
-    h.register_host_tool(notes.clone()).unwrap();
+    h.register_host_tool(&Caller::Operator, notes.clone()).unwrap();
     let call = |input: &'static str, budget: Budget| CallRequest {
         tool: "note_add",
         input,
@@ -168,22 +180,30 @@ async fn a_host_tool_gets_the_same_checks_deadline_and_output_cap() {
         control: None,
     };
 
-    let ok = h.call_tool(call(r#"{"text":"a"}"#, Budget::default())).await.unwrap();
+    let ok =
+        h.call_tool(&Caller::Operator, call(r#"{"text":"a"}"#, Budget::default())).await.unwrap();
     assert_eq!(ok.report.result.unwrap()["count"], 1);
     assert_eq!(ok.tool.component, "keel:control");
 
     // The input schema is checked before the tool runs.
-    let e = h.call_tool(call(r#"{"txt":"a"}"#, Budget::default())).await.unwrap_err();
+    let e = h
+        .call_tool(&Caller::Operator, call(r#"{"txt":"a"}"#, Budget::default()))
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), "invalid_input", "{e}");
 
     // Past its deadline the call is stopped with the component's error.
     let short = Budget { timeout: Duration::from_millis(50), ..Budget::default() };
-    let slow = h.call_tool(call(r#"{"text":"b","sleep_ms":5000}"#, short)).await.unwrap();
+    let slow = h
+        .call_tool(&Caller::Operator, call(r#"{"text":"b","sleep_ms":5000}"#, short))
+        .await
+        .unwrap();
     assert!(matches!(slow.report.result, Err(CallError::Timeout { .. })), "{:?}", slow.report);
 
     // Output over the call's cap is discarded, as a component's is.
     let capped = Budget { max_output: 64 * 1024, ..Budget::default() };
-    let big = h.call_tool(call(r#"{"text":"c","big":true}"#, capped)).await.unwrap();
+    let big =
+        h.call_tool(&Caller::Operator, call(r#"{"text":"c","big":true}"#, capped)).await.unwrap();
     assert!(
         matches!(big.report.result, Err(CallError::OutputTooLarge { .. })),
         "{:?}",

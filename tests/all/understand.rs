@@ -3,6 +3,7 @@
 //! got.
 
 use keel::agent::{LoopGuards, TurnOutcome};
+use keel::api::Caller;
 use keel::brain::Submitted;
 use keel::sandbox::CancelToken;
 use keel::understand::{INSTRUCTIONS, TaskRelation, TransitionMode};
@@ -50,7 +51,7 @@ async fn each_relation_applies_its_row_of_the_table_and_the_goals_reach_every_re
     {
         assert_eq!(answered(submit(&h, "t", text).await), format!("answer {}", i + 1));
     }
-    let t = h.timeline("t").await.unwrap();
+    let t = h.timeline(&Caller::Operator, "t").await.unwrap();
     use TaskRelation::*;
     use TransitionMode::*;
     assert_eq!(
@@ -136,12 +137,13 @@ async fn the_call_sees_only_the_message_its_resources_and_the_two_goals() {
         assert!(!text.contains("first answer") && !text.contains("test agent"), "{text}");
         assert!(v.get("tools").is_none());
         // The request is kept byte for byte.
-        let (turn, kept) = h.understanding_evidence("t", Some(i as i64 + 1)).await.unwrap();
+        let (turn, kept) =
+            h.understanding_evidence(&Caller::Operator, "t", Some(i as i64 + 1)).await.unwrap();
         assert_eq!(turn, i as i64 + 1);
         assert_eq!(&kept, body);
     }
-    assert_eq!(h.understanding_evidence("t", None).await.unwrap().1, calls[1]);
-    let e = h.understanding_evidence("t", Some(9)).await.unwrap_err();
+    assert_eq!(h.understanding_evidence(&Caller::Operator, "t", None).await.unwrap().1, calls[1]);
+    let e = h.understanding_evidence(&Caller::Operator, "t", Some(9)).await.unwrap_err();
     assert_eq!(e.kind(), "not_found");
 }
 
@@ -178,7 +180,7 @@ async fn a_bad_or_failed_call_is_uncertain_and_the_turn_runs_with_its_input_kept
     for (i, text) in inputs.iter().enumerate() {
         assert_eq!(answered(submit(&h, "t", text).await), format!("answer {}", i + 1));
     }
-    let t = h.timeline("t").await.unwrap();
+    let t = h.timeline(&Caller::Operator, "t").await.unwrap();
     assert_eq!(t.transitions.len(), 6);
     assert_eq!(t.transitions[0].mode, TransitionMode::Initialize, "no phase yet: initialize");
     for tr in &t.transitions {
@@ -233,7 +235,7 @@ async fn replies_in_the_shapes_real_models_answer_are_read() {
     for (i, text) in [ASK, MORE, SWITCH].iter().enumerate() {
         assert_eq!(answered(submit(&h, "t", text).await), format!("answer {}", i + 1));
     }
-    let t = h.timeline("t").await.unwrap();
+    let t = h.timeline(&Caller::Operator, "t").await.unwrap();
     use TaskRelation::*;
     use TransitionMode::*;
     assert_eq!(
@@ -264,12 +266,15 @@ async fn without_understanding_no_call_is_made_and_the_first_input_sets_the_goal
     answered(submit(&h, "p", ASK).await);
     answered(submit(&h, "p", SWITCH).await);
     assert!(model.understanding_requests().is_empty());
-    let t = h.timeline("p").await.unwrap();
+    let t = h.timeline(&Caller::Operator, "p").await.unwrap();
     let rows: Vec<_> = t.transitions.iter().map(|t| (t.relation, t.mode)).collect();
     assert_eq!(rows, [(None, TransitionMode::Initialize), (None, TransitionMode::Keep)]);
     assert_eq!((t.session_goal.as_deref(), t.phase_goal.as_deref()), (Some(ASK), Some(ASK)));
     assert!(t.transitions[0].body_sha256.is_none());
-    assert_eq!(h.understanding_evidence("p", None).await.unwrap_err().kind(), "not_found");
+    assert_eq!(
+        h.understanding_evidence(&Caller::Operator, "p", None).await.unwrap_err().kind(),
+        "not_found"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -286,13 +291,13 @@ async fn an_interrupt_during_the_call_cancels_it_and_the_turn_stops_with_its_inp
     let h2 = h.clone();
     let stopper = tokio::spawn(async move {
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        h2.interrupt("t").await.unwrap();
+        h2.interrupt(&Caller::Operator, "t").await.unwrap();
     });
     let started = std::time::Instant::now();
     assert_eq!(submit(&h, "t", ASK).await, Submitted::Ran(TurnOutcome::Interrupted));
     assert!(started.elapsed() < std::time::Duration::from_secs(4), "the call was cancelled");
     stopper.await.unwrap();
-    let t = h.timeline("t").await.unwrap();
+    let t = h.timeline(&Caller::Operator, "t").await.unwrap();
     assert_eq!(t.transitions.len(), 1);
     assert_eq!(t.transitions[0].relation, Some(TaskRelation::Uncertain));
     assert!(t.transitions[0].error.as_deref().unwrap().contains("interrupted"));

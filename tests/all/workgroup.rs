@@ -1,6 +1,7 @@
 //! Workgroups: a main session delegates to sub-sessions over durable events, against the
 //! scripted model server routing replies per session (by each session's first input).
 
+use keel::api::Caller;
 use std::time::Duration;
 
 use keel::api::SessionSpec;
@@ -25,7 +26,7 @@ fn main_spec(url: &str, grants: Vec<Grant>, limits: Limits) -> SessionSpec {
 }
 
 async fn run(h: &Harness, id: &str, task: &str) -> Submitted {
-    h.send(id, task, &CancelToken::new(), &no_events()).await.unwrap()
+    h.send(&Caller::Operator, id, task, &CancelToken::new(), &no_events()).await.unwrap()
 }
 
 fn answer(s: &Submitted) -> String {
@@ -66,9 +67,12 @@ async fn spawned_children_run_concurrently_and_their_results_wake_the_parent() {
     let model = MockModel::start_fn(script.responder.clone()).await;
     let home = tempfile::tempdir().unwrap();
     let h = harness(home.path()).await;
-    let id = h.create_session(main_spec(&model.url(), vec![], Limits::default())).await.unwrap();
+    let id = h
+        .create_session(&Caller::Operator, main_spec(&model.url(), vec![], Limits::default()))
+        .await
+        .unwrap();
     let id = id.to_string();
-    let meta = h.session(&id).await.unwrap();
+    let meta = h.session(&Caller::Operator, &id).await.unwrap();
     assert!(meta.preprocess.is_none(), "a main session routes: no task understanding");
     assert!(meta.loaded_tools.iter().any(|t| t == "session_spawn"));
 
@@ -85,7 +89,7 @@ async fn spawned_children_run_concurrently_and_their_results_wake_the_parent() {
     let gap = arrivals[1].1.duration_since(arrivals[0].1);
     assert!(gap < Duration::from_millis(400), "children ran one after the other ({gap:?})");
 
-    let w = h.workgroup(&id).await.unwrap();
+    let w = h.workgroup(&Caller::Operator, &id).await.unwrap();
     assert_eq!(w.members.len(), 3);
     for child in &w.members[1..] {
         assert_eq!(child.parent.as_deref(), Some(id.as_str()));
@@ -97,7 +101,7 @@ async fn spawned_children_run_concurrently_and_their_results_wake_the_parent() {
         let t = h.engine.transitions(&child.session_id).await.unwrap();
         assert_eq!(t.len(), 1);
         // A child of depth 1 with depth limit 2 may delegate further.
-        let m = h.session(&child.session_id).await.unwrap();
+        let m = h.session(&Caller::Operator, &child.session_id).await.unwrap();
         assert!(m.loaded_tools.iter().any(|t| t == "session_spawn"));
         assert!(m.preprocess.is_some());
     }
@@ -111,13 +115,13 @@ async fn spawned_children_run_concurrently_and_their_results_wake_the_parent() {
     assert!(understood.iter().any(|u| u.contains("CHILD A")));
     assert!(understood.iter().any(|u| u.contains("CHILD B")));
     assert!(!understood.iter().any(|u| u.contains("MAIN")));
-    let events = h.workgroup_events(&id).await.unwrap();
+    let events = h.workgroup_events(&Caller::Operator, &id).await.unwrap();
     let kinds: Vec<Kind> = events.iter().map(|e| e.kind).collect();
     assert_eq!(kinds.iter().filter(|k| **k == Kind::Request).count(), 2);
     assert_eq!(kinds.iter().filter(|k| **k == Kind::Result).count(), 2);
     assert_delivered_once(home.path(), &id);
     // Session events shadow each delivery in the sender's and the receiver's logs.
-    let main_events = h.events(&id, 0, 10_000).await.unwrap();
+    let main_events = h.events(&Caller::Operator, &id, 0, 10_000).await.unwrap();
     let shadows = main_events
         .iter()
         .filter(|e| matches!(e.event, keel::session::SessionEvent::Workgroup { .. }))
@@ -136,7 +140,10 @@ async fn a_spawn_asking_for_a_wider_grant_is_refused_and_nothing_is_created() {
     std::os::unix::fs::symlink(outside.path(), work.path().join("escape")).unwrap();
     let h = harness(home.path()).await;
     let grants = vec![Grant::new(work.path(), "/work", Access::Ro).unwrap()];
-    let id = h.create_session(main_spec(&model.url(), grants, Limits::default())).await.unwrap();
+    let id = h
+        .create_session(&Caller::Operator, main_spec(&model.url(), grants, Limits::default()))
+        .await
+        .unwrap();
     let id = id.to_string();
     let task = spawn_task(
         "MAIN",
@@ -150,15 +157,15 @@ async fn a_spawn_asking_for_a_wider_grant_is_refused_and_nothing_is_created() {
     let out = run(&h, &id, &task).await;
     // Only the narrowing spawn made a child; the coordinator waits for four, gets one.
     assert_eq!(answer(&out), "waiting");
-    let w = h.workgroup(&id).await.unwrap();
+    let w = h.workgroup(&Caller::Operator, &id).await.unwrap();
     assert_eq!(w.members.len(), 2, "{:?}", w.members);
     let child = &w.members[1];
-    let m = h.session(&child.session_id).await.unwrap();
+    let m = h.session(&Caller::Operator, &child.session_id).await.unwrap();
     assert_eq!(m.grants.len(), 1);
     assert_eq!(m.grants[0].guest, "/work/sub");
     assert_eq!(m.grants[0].access, Access::Ro);
     assert_eq!(m.grants[0].host, work.path().join("sub").canonicalize().unwrap());
-    let timeline = h.timeline(&id).await.unwrap();
+    let timeline = h.timeline(&Caller::Operator, &id).await.unwrap();
     let errors: Vec<String> = timeline
         .tool_calls
         .iter()
@@ -179,14 +186,18 @@ async fn fan_out_and_depth_limits_refuse_with_a_typed_error() {
     let h = harness(home.path()).await;
     // Fan-out: three spawns in one step (run in parallel) against a limit of two.
     let limits = Limits { max_live_children: 2, ..Limits::default() };
-    let id = h.create_session(main_spec(&model.url(), vec![], limits)).await.unwrap().to_string();
+    let id = h
+        .create_session(&Caller::Operator, main_spec(&model.url(), vec![], limits))
+        .await
+        .unwrap()
+        .to_string();
     let task =
         spawn_task("MAIN", &[("a", "CHILD A", &[]), ("b", "CHILD B", &[]), ("c", "CHILD C", &[])]);
     run(&h, &id, &task).await;
-    let w = h.workgroup(&id).await.unwrap();
+    let w = h.workgroup(&Caller::Operator, &id).await.unwrap();
     assert_eq!(w.members.len(), 3, "two children, not three");
     let refused: Vec<String> = h
-        .timeline(&id)
+        .timeline(&Caller::Operator, &id)
         .await
         .unwrap()
         .tool_calls
@@ -202,30 +213,33 @@ async fn fan_out_and_depth_limits_refuse_with_a_typed_error() {
     let id2 = {
         let mut spec = main_spec(&model.url(), vec![], Limits::default());
         spec.id = Some("main2".into());
-        h.create_session(spec).await.unwrap().to_string()
+        h.create_session(&Caller::Operator, spec).await.unwrap().to_string()
     };
     let inner = spawn_task("INNER", &[("leaf", "CHILD LEAF", &[])]);
     let task = spawn_task("MAIN", &[("inner", &inner, &[])]);
     let out = run(&h, &id2, &task).await;
     let text = answer(&out);
     assert!(text.contains("coordinator done: coordinator done: answer LEAF"), "{text}");
-    let w = h.workgroup(&id2).await.unwrap();
+    let w = h.workgroup(&Caller::Operator, &id2).await.unwrap();
     assert_eq!(w.members.len(), 3);
     let leaf = w.members.iter().find(|m| m.depth == 2).unwrap();
-    let m = h.session(&leaf.session_id).await.unwrap();
+    let m = h.session(&Caller::Operator, &leaf.session_id).await.unwrap();
     assert!(!m.loaded_tools.iter().any(|t| t.starts_with("session_")), "{:?}", m.loaded_tools);
     assert_delivered_once(home.path(), &id2);
 
     // A standalone session cannot be given the delegation tools.
     let mut spec = keel_tests::session_spec(&model.url(), "alone", vec![], None);
     spec.tools = Some(vec!["session_spawn".into()]);
-    let e = h.create_session(spec).await.unwrap_err();
+    let e = h.create_session(&Caller::Operator, spec).await.unwrap_err();
     assert_eq!(e.kind(), "input");
     let alone = h
-        .create_session(keel_tests::session_spec(&model.url(), "alone", vec![], None))
+        .create_session(
+            &Caller::Operator,
+            keel_tests::session_spec(&model.url(), "alone", vec![], None),
+        )
         .await
         .unwrap();
-    let m = h.session(alone.as_str()).await.unwrap();
+    let m = h.session(&Caller::Operator, alone.as_str()).await.unwrap();
     assert!(!m.loaded_tools.iter().any(|t| t.starts_with("session_")));
 }
 
@@ -238,33 +252,40 @@ async fn a_child_waiting_for_approval_shows_in_the_workgroup_and_resumes_after_a
     let h = harness(home.path()).await;
     install_effects(&h).await;
     let grants = vec![Grant::new(work.path(), "/work", Access::Rw).unwrap()];
-    let id = h.create_session(main_spec(&model.url(), grants, Limits::default())).await.unwrap();
+    let id = h
+        .create_session(&Caller::Operator, main_spec(&model.url(), grants, Limits::default()))
+        .await
+        .unwrap();
     let id = id.to_string();
     let task = spawn_task("MAIN", &[("send", "CHILD S effect:effect_send", &[])]);
     let out = run(&h, &id, &task).await;
     // The child waits; its parent was told and ended its turn waiting.
     assert_eq!(answer(&out), "waiting");
-    let w = h.workgroup(&id).await.unwrap();
+    let w = h.workgroup(&Caller::Operator, &id).await.unwrap();
     let child = w.members[1].clone();
     assert_eq!(child.state, RuntimeState::WaitingApproval);
     assert_eq!(child.delegation, Some(Delegation::Live));
     assert_eq!(child.approvals.len(), 1);
-    let units = h.approvals_below(&id, true).await.unwrap();
+    let units = h.approvals_below(&Caller::Operator, &id, true).await.unwrap();
     assert_eq!(units.len(), 1);
     assert_eq!(units[0].session_id, child.session_id);
-    assert!(h.approvals(Some(&id), true).await.unwrap().is_empty());
-    let kinds: Vec<Kind> = h.workgroup_events(&id).await.unwrap().iter().map(|e| e.kind).collect();
+    assert!(h.approvals(&Caller::Operator, Some(&id), true).await.unwrap().is_empty());
+    let kinds: Vec<Kind> =
+        h.workgroup_events(&Caller::Operator, &id).await.unwrap().iter().map(|e| e.kind).collect();
     assert_eq!(kinds, vec![Kind::Request, Kind::ApprovalNeeded]);
     assert!(log_lines(work.path(), "sent.log").is_empty());
 
-    h.decide(&units[0].id, Decision::Approve, None, None).await.unwrap();
-    let resumed = h.resume(&child.session_id, &CancelToken::new(), &no_events()).await.unwrap();
+    h.decide(&Caller::Operator, &units[0].id, Decision::Approve, None, None).await.unwrap();
+    let resumed = h
+        .resume(&Caller::Operator, &child.session_id, &CancelToken::new(), &no_events())
+        .await
+        .unwrap();
     assert!(resumed.is_some());
     assert_eq!(log_lines(work.path(), "sent.log"), vec!["S"]);
-    let w = h.workgroup(&id).await.unwrap();
+    let w = h.workgroup(&Caller::Operator, &id).await.unwrap();
     assert_eq!(w.members[1].terminal, Some(Kind::Result));
     assert_eq!(w.members[0].state, RuntimeState::Idle);
-    let last = h.events(&id, 0, 10_000).await.unwrap();
+    let last = h.events(&Caller::Operator, &id, 0, 10_000).await.unwrap();
     let answers: Vec<String> = last
         .iter()
         .filter_map(|e| match &e.event {
@@ -282,13 +303,18 @@ async fn interrupting_the_main_session_stops_every_live_child_with_its_closer() 
     let model = MockModel::start_fn(script.responder).await;
     let home = tempfile::tempdir().unwrap();
     let h = harness(home.path()).await;
-    let id = h.create_session(main_spec(&model.url(), vec![], Limits::default())).await.unwrap();
+    let id = h
+        .create_session(&Caller::Operator, main_spec(&model.url(), vec![], Limits::default()))
+        .await
+        .unwrap();
     let id = id.to_string();
     let task = spawn_task("MAIN", &[("slow a", "CHILD A", &[]), ("slow b", "CHILD B", &[])]);
     let cancel = CancelToken::new();
     let run = {
         let (h, id, cancel) = (h.clone(), id.clone(), cancel.clone());
-        tokio::spawn(async move { h.send(&id, &task, &cancel, &no_events()).await })
+        tokio::spawn(
+            async move { h.send(&Caller::Operator, &id, &task, &cancel, &no_events()).await },
+        )
     };
     // Both children are mid-call (their model replies take 30 s).
     let waited = std::time::Instant::now();
@@ -297,18 +323,19 @@ async fn interrupting_the_main_session_stops_every_live_child_with_its_closer() 
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let started = std::time::Instant::now();
-    h.interrupt(&id).await.unwrap();
+    h.interrupt(&Caller::Operator, &id).await.unwrap();
     let out = tokio::time::timeout(Duration::from_secs(20), run).await.unwrap().unwrap().unwrap();
     assert!(started.elapsed() < Duration::from_secs(10), "children were not stopped");
     let _ = out;
-    let w = h.workgroup(&id).await.unwrap();
+    let w = h.workgroup(&Caller::Operator, &id).await.unwrap();
     for child in &w.members[1..] {
         assert_eq!(child.terminal, Some(Kind::Interrupted), "{child:?}");
         assert_eq!(child.state, RuntimeState::Interrupted);
     }
     // The main session is interrupted; the children's events wait in its inbox for the user.
     assert_eq!(w.members[0].state, RuntimeState::Interrupted);
-    let kinds: Vec<Kind> = h.workgroup_events(&id).await.unwrap().iter().map(|e| e.kind).collect();
+    let kinds: Vec<Kind> =
+        h.workgroup_events(&Caller::Operator, &id).await.unwrap().iter().map(|e| e.kind).collect();
     assert_eq!(kinds.iter().filter(|k| **k == Kind::Interrupted).count(), 2, "{kinds:?}");
     assert_delivered_once(home.path(), &id);
 }
@@ -320,17 +347,22 @@ async fn a_child_past_its_deadline_ends_budget_exhausted_and_the_parent_answers(
     let home = tempfile::tempdir().unwrap();
     let h = harness(home.path()).await;
     let limits = Limits { child_deadline_secs: 3, wait_notice_secs: 1, ..Limits::default() };
-    let id = h.create_session(main_spec(&model.url(), vec![], limits)).await.unwrap().to_string();
+    let id = h
+        .create_session(&Caller::Operator, main_spec(&model.url(), vec![], limits))
+        .await
+        .unwrap()
+        .to_string();
     let task = spawn_task("MAIN", &[("slow", "CHILD SLOW", &[])]);
     let out = tokio::time::timeout(Duration::from_secs(20), run(&h, &id, &task)).await.unwrap();
     let text = answer(&out);
     assert!(text.starts_with("coordinator done: "), "{text}");
-    let w = h.workgroup(&id).await.unwrap();
+    let w = h.workgroup(&Caller::Operator, &id).await.unwrap();
     assert_eq!(w.members[1].terminal, Some(Kind::BudgetExhausted));
     assert!(w.members[1].text.as_deref().unwrap().contains("deadline of 3 s"));
     // Before the deadline the parent was told, each second, that the child still worked: a
     // wait that times out is not terminal.
-    let kinds: Vec<Kind> = h.workgroup_events(&id).await.unwrap().iter().map(|e| e.kind).collect();
+    let kinds: Vec<Kind> =
+        h.workgroup_events(&Caller::Operator, &id).await.unwrap().iter().map(|e| e.kind).collect();
     let notices = kinds.iter().filter(|k| **k == Kind::WaitTimeout).count();
     assert!((1..=3).contains(&notices), "{kinds:?}");
     assert_eq!(kinds.iter().filter(|k| k.terminal()).count(), 1, "{kinds:?}");
@@ -343,15 +375,19 @@ async fn a_childs_question_reaches_its_parent_and_the_answer_comes_back_as_its_n
     let model = MockModel::start_fn(script.responder).await;
     let home = tempfile::tempdir().unwrap();
     let h = harness(home.path()).await;
-    let id = h.create_session(main_spec(&model.url(), vec![], Limits::default())).await.unwrap();
+    let id = h
+        .create_session(&Caller::Operator, main_spec(&model.url(), vec![], Limits::default()))
+        .await
+        .unwrap();
     let id = id.to_string();
     let task = spawn_task("MAIN", &[("asker", "CHILD Q ask", &[])]);
     let text = answer(&run(&h, &id, &task).await);
     assert_eq!(text, "coordinator done: answer Q: ANSWER 42");
-    let kinds: Vec<Kind> = h.workgroup_events(&id).await.unwrap().iter().map(|e| e.kind).collect();
+    let kinds: Vec<Kind> =
+        h.workgroup_events(&Caller::Operator, &id).await.unwrap().iter().map(|e| e.kind).collect();
     // The question left the request live (its turn ended "asked", which is not an answer).
     assert_eq!(kinds, vec![Kind::Request, Kind::Question, Kind::Request, Kind::Result]);
-    let w = h.workgroup(&id).await.unwrap();
+    let w = h.workgroup(&Caller::Operator, &id).await.unwrap();
     assert_eq!(w.members[1].question, None);
     assert_delivered_once(home.path(), &id);
 }
@@ -364,13 +400,17 @@ async fn a_spent_workgroup_step_budget_stops_live_children_and_refuses_new_ones(
     let h = harness(home.path()).await;
     // The main session's spawn step and its "waiting" answer spend the two steps.
     let limits = Limits { max_steps: Some(2), ..Limits::default() };
-    let id = h.create_session(main_spec(&model.url(), vec![], limits)).await.unwrap().to_string();
+    let id = h
+        .create_session(&Caller::Operator, main_spec(&model.url(), vec![], limits))
+        .await
+        .unwrap()
+        .to_string();
     let task = spawn_task("MAIN", &[("slow", "CHILD SLOW", &[])]);
     let out = match tokio::time::timeout(Duration::from_secs(20), run(&h, &id, &task)).await {
         Ok(o) => o,
         Err(_) => {
-            let w = h.workgroup(&id).await.unwrap();
-            let ev = h.workgroup_events(&id).await.unwrap();
+            let w = h.workgroup(&Caller::Operator, &id).await.unwrap();
+            let ev = h.workgroup_events(&Caller::Operator, &id).await.unwrap();
             let mut states = Vec::new();
             for m in &w.members {
                 let meta = h.engine.meta(&m.session_id).await.unwrap();
@@ -386,7 +426,7 @@ async fn a_spent_workgroup_step_budget_stops_live_children_and_refuses_new_ones(
         }
     };
     assert!(answer(&out).starts_with("coordinator done: "));
-    let w = h.workgroup(&id).await.unwrap();
+    let w = h.workgroup(&Caller::Operator, &id).await.unwrap();
     assert_eq!(w.members[1].terminal, Some(Kind::BudgetExhausted));
     assert!(w.members[1].text.as_deref().unwrap().contains("model steps"), "{:?}", w.members[1]);
 

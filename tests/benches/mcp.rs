@@ -16,6 +16,7 @@
 //! `cargo bench -p keel-tests --bench mcp`; `KEEL_BENCH_CALLS` sets the calls (default 300).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+use keel::api::Caller;
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
@@ -90,20 +91,23 @@ fn main() {
             effect: Some(keel::policy::Effect::ReadOnly),
             trust_annotations: false,
         };
-        h.mcp_add(spec).await.unwrap();
+        h.mcp_add(&Caller::Operator, spec).await.unwrap();
         let call = || {
-            h.call_tool(keel::tools::CallRequest {
-                tool: "py__echo",
-                input: r#"{"text":"x"}"#,
-                grants: &[],
-                net: keel::sandbox::net::NetGrants::none(),
-                budget: Budget::default(),
-                cancel: None,
-                loaded: None,
-                policy: None,
-                approval: None,
-                control: None,
-            })
+            h.call_tool(
+                &Caller::Operator,
+                keel::tools::CallRequest {
+                    tool: "py__echo",
+                    input: r#"{"text":"x"}"#,
+                    grants: &[],
+                    net: keel::sandbox::net::NetGrants::none(),
+                    budget: Budget::default(),
+                    cancel: None,
+                    loaded: None,
+                    policy: None,
+                    approval: None,
+                    control: None,
+                },
+            )
         };
         call().await.unwrap().report.result.unwrap();
         let mut direct = Vec::with_capacity(n);
@@ -115,7 +119,7 @@ fn main() {
         let mut spec = keel_tests::session_spec("http://127.0.0.1:9/v1", "b", vec![], None);
         spec.tools = Some(vec!["py__echo".into()]);
         spec.preprocess = None;
-        h.create_session(spec).await.unwrap();
+        h.create_session(&Caller::Operator, spec).await.unwrap();
         let cancel = CancelToken::new();
         let mut session = Vec::with_capacity(n);
         for i in 0..=n {

@@ -12,6 +12,7 @@
 //! `KEEL_BENCH_INSTALLS` change the sizes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+use keel::api::Caller;
 use std::time::{Duration, Instant};
 
 use keel::search::MAX_CANDIDATES;
@@ -353,7 +354,12 @@ fn main() {
     let mut each = Vec::with_capacity(installs);
     for i in 0..installs {
         let one = Instant::now();
-        rt.block_on(h.install_skill(&source.path().join(format!("inst-{i}")), false)).unwrap();
+        rt.block_on(h.install_skill(
+            &Caller::Operator,
+            &source.path().join(format!("inst-{i}")),
+            false,
+        ))
+        .unwrap();
         each.push(one.elapsed());
     }
     let total = started.elapsed();

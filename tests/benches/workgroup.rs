@@ -12,6 +12,7 @@
 //! (default 30), `KEEL_BENCH_CHILDREN` the fan-out (default 64). Asserts nothing about time.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+use keel::api::Caller;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -44,10 +45,10 @@ fn spec(url: &str, id: &str, main: Option<Limits>) -> keel::api::SessionSpec {
 
 /// Runs `task` in a new session `id` and returns (ms, commits).
 async fn timed(h: &Harness, url: &str, id: &str, main: Option<Limits>, task: &str) -> (f64, u64) {
-    h.create_session(spec(url, id, main)).await.unwrap();
+    h.create_session(&Caller::Operator, spec(url, id, main)).await.unwrap();
     let commits = h.db.stats().commits.load(Ordering::Relaxed);
     let started = Instant::now();
-    let out = h.send(id, task, &CancelToken::new(), &no_events()).await.unwrap();
+    let out = h.send(&Caller::Operator, id, task, &CancelToken::new(), &no_events()).await.unwrap();
     let ms = started.elapsed().as_secs_f64() * 1e3;
     match out {
         keel::brain::Submitted::Ran(keel::agent::TurnOutcome::Answer(a)) => {
@@ -104,7 +105,7 @@ fn main() {
         let task = spawn_task("MAIN", &children);
         let limits = Limits { max_live_children: fan_out.max(1) as u32, ..Limits::default() };
         let (ms, commits) = timed(&h, &url, "wide", Some(limits), &task).await;
-        let w = h.workgroup("wide").await.unwrap();
+        let w = h.workgroup(&Caller::Operator, "wide").await.unwrap();
         assert_eq!(w.members.len(), fan_out + 1);
         println!(
             "{fan_out} children in one workgroup: {ms:.1} ms until the main answer, {commits} commits \

@@ -158,6 +158,17 @@ pub enum Caller {
 }
 
 impl Caller {
+    /// Refuses a non-admin: `what` says what needed an admin ("installing a tool").
+    pub fn require_admin(&self, what: &str) -> Result<(), AccessError> {
+        if self.is_admin() {
+            return Ok(());
+        }
+        Err(AccessError::Forbidden(format!(
+            "{what} needs an admin token; `{}` is a user token",
+            self.name().unwrap_or_default()
+        )))
+    }
+
     /// The operator, and the API's admins, may do everything.
     pub fn is_admin(&self) -> bool {
         match self {

@@ -11,3 +11,42 @@
 pub mod http;
 pub mod listen;
 pub mod mcp;
+
+#[cfg(test)]
+mod tests {
+    /// The front-ends reach the owner spine only through the use cases of `keel::api`, each
+    /// with its caller: none touches the Brain, SessionEngine, ToolService or the store.
+    #[test]
+    fn front_ends_use_only_the_use_case_api() {
+        let sources = [
+            ("mcp.rs", include_str!("mcp.rs")),
+            ("listen.rs", include_str!("listen.rs")),
+            ("http/mod.rs", include_str!("http/mod.rs")),
+            ("http/api.rs", include_str!("http/api.rs")),
+            ("http/auth.rs", include_str!("http/auth.rs")),
+            ("http/console.rs", include_str!("http/console.rs")),
+            ("http/files.rs", include_str!("http/files.rs")),
+        ];
+        for (file, text) in sources {
+            let code: String = text
+                .split("#[cfg(test)]")
+                .next()
+                .unwrap_or(text)
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            for owner in [
+                ".brain",
+                ".engine",
+                "harness.tools.",
+                "harness.db",
+                ".agent",
+                "ToolService",
+                "SessionEngine",
+            ] {
+                assert!(!code.contains(owner), "{file} reaches `{owner}` directly");
+            }
+        }
+    }
+}

@@ -4,7 +4,7 @@
 //! neither widen nor change them. Each MCP connection (a stdio process, or one
 //! `Mcp-Session-Id` of the streamable HTTP endpoint) is a keel session created at
 //! `initialize`: every `tools/call` is a direct call of that session (see
-//! `Brain::call_direct`) — the ToolService chain, the journal, the events and evidence of
+//! `Harness::call_in_session`) — the ToolService chain, the journal, the events and evidence of
 //! input and output. A call the policy asks about is put to the person through MCP
 //! elicitation when the client declares it; otherwise it is refused with the `--allow` that
 //! would permit it. It never runs unapproved.
@@ -93,7 +93,7 @@ impl KeelServer {
             Some(t) => t.clone(),
             None => self
                 .harness
-                .tools()
+                .tools(&keel::api::Caller::Operator)
                 .map_err(internal)?
                 .into_iter()
                 .map(|t| t.name)
@@ -114,12 +114,17 @@ impl KeelServer {
         let c = &self.config;
         let tools = Some(self.offered()?);
         let spec = SessionSpec { id: None, tools, ..(**c).clone() };
-        let id = self.harness.create_session(spec).await.map_err(internal)?;
-        let meta = self.harness.session(&id).await.map_err(internal)?;
+        let id = self
+            .harness
+            .create_session(&keel::api::Caller::Operator, spec)
+            .await
+            .map_err(internal)?;
+        let meta =
+            self.harness.session(&keel::api::Caller::Operator, &id).await.map_err(internal)?;
         let info = client.client_info.clone();
         self.harness
-            .engine
             .client_connected(
+                &keel::api::Caller::Operator,
                 &id,
                 info.name,
                 info.version,
@@ -137,18 +142,25 @@ impl KeelServer {
         if self.client.get().is_none() {
             return Err(not_initialized());
         }
-        let catalog = self.harness.tools.catalog().map_err(internal)?;
         let (loaded, pins) = match self.session_id() {
             Some(id) => {
-                let meta = self.harness.session(id).await.map_err(internal)?;
+                let meta = self
+                    .harness
+                    .session(&keel::api::Caller::Operator, id)
+                    .await
+                    .map_err(internal)?;
                 (meta.loaded_tools, meta.tool_pins)
             }
             None => (self.offered()?, Default::default()),
         };
+        let offered: Vec<String> =
+            loaded.into_iter().filter(|n| !CONTROL_TOOLS.contains(&n.as_str())).collect();
+        let records = self
+            .harness
+            .tools_pinned(&keel::api::Caller::Operator, &offered, &pins)
+            .map_err(internal)?;
         let mut out = Vec::new();
-        for name in loaded.iter().filter(|n| !CONTROL_TOOLS.contains(&n.as_str())) {
-            let Some(r) = catalog.get_pinned(name, &pins) else { continue };
-            let t = &r.record;
+        for t in &records {
             let input = match &t.input_schema {
                 serde_json::Value::Object(o) => o.clone(),
                 _ => continue,
@@ -294,13 +306,19 @@ impl ServerHandler for KeelServer {
             .unwrap_or_else(|| "(unnamed)".into());
         let call = self
             .harness
-            .brain
-            .call_direct(id, &tool, &input, &cancel, |unit| async move {
-                match can_ask {
-                    true => Some(elicit(peer, who, unit).await),
-                    false => None,
-                }
-            })
+            .call_in_session(
+                &keel::api::Caller::Operator,
+                id,
+                &tool,
+                &input,
+                &cancel,
+                |unit| async move {
+                    match can_ask {
+                        true => Some(elicit(peer, who, unit).await),
+                        false => None,
+                    }
+                },
+            )
             .await;
         watch.abort();
         let call = call.map_err(internal)?;

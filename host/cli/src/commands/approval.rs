@@ -1,5 +1,6 @@
 //! `keel approvals`, `keel approve`, `keel reject`, `keel recover`.
 
+use keel::api::Caller;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -88,8 +89,11 @@ pub async fn list(home: PathBuf, a: ApprovalsArgs) -> ExitCode {
         Err(e) => return fail(a.json, "setup", &e, EXIT_SETUP),
     };
     let units = match (&a.session, a.all_children) {
-        (Some(s), true) => h.approvals_below(s, !a.all).await,
-        _ => h.approvals(a.session.as_deref(), !a.all).await,
+        (Some(s), true) => h.approvals_below(&Caller::Operator, s, !a.all).await,
+        _ => h
+            .approvals(&Caller::Operator, a.session.as_deref(), !a.all)
+            .await
+            .map(|views| views.into_iter().map(|v| v.unit).collect()),
     };
     match units {
         Ok(units) if a.json => {
@@ -121,7 +125,10 @@ pub async fn decide(home: PathBuf, a: DecideArgs, decision: Decision) -> ExitCod
         Ok(x) => x,
         Err(e) => return fail(a.json, "setup", &e, EXIT_SETUP),
     };
-    let unit = match h.decide(&a.unit, decision, a.reason.clone(), a.session.clone()).await {
+    let unit = match h
+        .decide(&Caller::Operator, &a.unit, decision, a.reason.clone(), a.session.clone())
+        .await
+    {
         Ok(u) => u,
         Err(e) => return fail(a.json, e.kind(), &e.to_string(), super::exit_code(&e)),
     };
@@ -144,7 +151,7 @@ pub async fn decide(home: PathBuf, a: DecideArgs, decision: Decision) -> ExitCod
     let cancel = CancelToken::new();
     cancel_on_ctrl_c(&cancel);
     let progress = super::events::Progress::start(&h, &id).await;
-    let resumed = h.resume(&id, &cancel, &quiet()).await;
+    let resumed = h.resume(&Caller::Operator, &id, &cancel, &quiet()).await;
     progress.finish().await;
     let submitted = match resumed {
         Ok(Some(s)) => s,
@@ -178,28 +185,35 @@ pub async fn recover(home: PathBuf, a: RecoverArgs) -> ExitCode {
     if !a.no_resume {
         let cancel = CancelToken::new();
         cancel_on_ctrl_c(&cancel);
-        for r in h.recovered().iter().filter(|r| r.resumable) {
+        for r in h.recovered(&Caller::Operator).unwrap_or_default().iter().filter(|r| r.resumable) {
             if !a.json {
                 eprintln!("keel: resuming session {}", r.id);
             }
             let progress = super::events::Progress::start(&h, &r.id).await;
-            let drained = h.resume(&r.id, &cancel, &quiet()).await;
+            let drained = h.resume(&Caller::Operator, &r.id, &cancel, &quiet()).await;
             progress.finish().await;
             let outcome = match drained {
                 Ok(Some(Submitted::Ran(o))) => format!("{o:?}"),
                 Ok(_) => "held by another runner".to_string(),
                 Err(e) => format!("error: {e}"),
             };
-            let state = h.session(&r.id).await.map(|m| m.state.to_string()).unwrap_or_default();
+            let state = h
+                .session(&Caller::Operator, &r.id)
+                .await
+                .map(|m| m.state.to_string())
+                .unwrap_or_default();
             resumed.push(json!({"session_id": r.id, "state": state, "outcome": outcome}));
         }
     }
     if a.json {
-        println!("{}", json!({"ok": true, "recovered": h.recovered(), "resumed": resumed}));
-    } else if h.recovered().is_empty() {
+        println!(
+            "{}",
+            json!({"ok": true, "recovered": h.recovered(&Caller::Operator).unwrap_or_default(), "resumed": resumed})
+        );
+    } else if h.recovered(&Caller::Operator).unwrap_or_default().is_empty() {
         println!("nothing to recover");
     } else {
-        for r in h.recovered() {
+        for r in h.recovered(&Caller::Operator).unwrap_or_default() {
             println!(
                 "session {}: {} → {}{}{}",
                 r.id,

@@ -2,6 +2,7 @@
 //! commands that run turns (`run`, `session send`, `approve`, `reject`, `recover`), which are
 //! rendered from the same durable events — what one process prints, another can follow.
 
+use keel::api::Caller;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -195,9 +196,9 @@ pub struct Progress {
 impl Progress {
     /// Starts printing the events of session `id` committed from now on.
     pub async fn start(h: &Harness, id: &str) -> Self {
-        let from = h.last_event(id).await.unwrap_or(0);
+        let from = h.last_event(&Caller::Operator, id).await.unwrap_or(0);
         let printed = Arc::new(AtomicI64::new(from));
-        let rx = h.follow(id, from, POLL).await.ok();
+        let rx = h.follow(&Caller::Operator, id, from, POLL).await.ok();
         let seen = printed.clone();
         let task = tokio::spawn(async move {
             let Some(mut rx) = rx else { return };
@@ -219,7 +220,7 @@ impl Progress {
         self.task.abort();
         let _ = self.task.await;
         let mut last = self.printed.load(Ordering::Acquire);
-        while let Ok(rows) = self.harness.events(&self.id, last, 256).await {
+        while let Ok(rows) = self.harness.events(&Caller::Operator, &self.id, last, 256).await {
             if rows.is_empty() {
                 break;
             }
@@ -254,7 +255,7 @@ pub async fn execute(h: &Harness, id: &str, after: i64, follow: bool, json: bool
     if !follow {
         let mut last = after;
         loop {
-            match h.events(id, last, 1000).await {
+            match h.events(&Caller::Operator, id, last, 1000).await {
                 Ok(rows) if rows.is_empty() => return ExitCode::SUCCESS,
                 Ok(rows) => {
                     for row in &rows {
@@ -266,7 +267,7 @@ pub async fn execute(h: &Harness, id: &str, after: i64, follow: bool, json: bool
             }
         }
     }
-    let mut rx = match h.follow(id, after, POLL).await {
+    let mut rx = match h.follow(&Caller::Operator, id, after, POLL).await {
         Ok(rx) => rx,
         Err(e) => return super::api_fail(json, &e),
     };

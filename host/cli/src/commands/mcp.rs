@@ -1,5 +1,6 @@
 //! `keel mcp …`: serve keel's governed tools over MCP, and add external MCP servers as tools.
 
+use keel::api::Caller;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -206,7 +207,7 @@ async fn add(harness: &Harness, a: AddArgs) -> ExitCode {
         trust_annotations: a.trust_annotations,
     };
     eprintln!("keel: starting MCP server `{}` to list its tools…", inert(&a.name));
-    match harness.mcp_add(spec).await {
+    match harness.mcp_add(&Caller::Operator, spec).await {
         Ok(offer) => {
             if a.json {
                 let tools: Vec<_> = offer
@@ -263,7 +264,7 @@ fn first_line(text: &str) -> String {
 }
 
 fn list(harness: &Harness, json_out: bool) -> ExitCode {
-    let servers = match harness.mcp_servers() {
+    let servers = match harness.mcp_servers(&Caller::Operator) {
         Ok(s) => s,
         Err(e) => return super::api_fail(json_out, &e),
     };
@@ -310,7 +311,7 @@ fn list(harness: &Harness, json_out: bool) -> ExitCode {
 }
 
 fn inspect(harness: &Harness, a: NameJson) -> ExitCode {
-    let (server, tools) = match harness.mcp_server(&a.name) {
+    let (server, tools) = match harness.mcp_server(&Caller::Operator, &a.name) {
         Ok(x) => x,
         Err(e) => return super::api_fail(a.json, &e),
     };
@@ -373,7 +374,7 @@ fn inspect(harness: &Harness, a: NameJson) -> ExitCode {
 }
 
 fn remove(harness: &Harness, a: NameJson) -> ExitCode {
-    match harness.mcp_remove(&a.name) {
+    match harness.mcp_remove(&Caller::Operator, &a.name) {
         Ok(tools) => {
             if a.json {
                 println!("{}", json!({"ok": true, "removed": a.name, "tools": tools}));
@@ -387,7 +388,7 @@ fn remove(harness: &Harness, a: NameJson) -> ExitCode {
 }
 
 async fn refresh(harness: &Harness, a: RefreshArgs) -> ExitCode {
-    let r = match harness.mcp_refresh(&a.name, a.accept).await {
+    let r = match harness.mcp_refresh(&Caller::Operator, &a.name, a.accept).await {
         Ok(r) => r,
         Err(e) => return super::api_fail(a.json, &e),
     };

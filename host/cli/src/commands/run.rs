@@ -1,5 +1,6 @@
 //! `keel run "TASK"`: create or continue a session and run its turn.
 
+use keel::api::Caller;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -252,10 +253,11 @@ impl TurnTokens {
 
 /// Prints the outcome of a submit to session `id` and returns the exit code.
 pub async fn report(json_out: bool, h: &Harness, id: &str, submitted: &Submitted) -> ExitCode {
-    let meta = h.session(id).await;
+    let meta = h.session(&Caller::Operator, id).await;
     let harness_state = meta.as_ref().map(|m| m.state.to_string()).unwrap_or_default();
     let turn = meta.map(|m| m.turns).unwrap_or(0);
-    let tokens = TurnTokens::of(&h.model_calls(id).await.unwrap_or_default(), turn);
+    let tokens =
+        TurnTokens::of(&h.model_calls(&Caller::Operator, id).await.unwrap_or_default(), turn);
     report_with(json_out, id, &harness_state, submitted, &tokens)
 }
 
@@ -320,7 +322,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
         Err(e) => return fail(a.json, "setup", &e, EXIT_SETUP),
     };
     let existing = match &a.session {
-        Some(id) => match h.session_exists(id).await {
+        Some(id) => match h.session_exists(&Caller::Operator, id).await {
             Ok(b) => b,
             Err(e) => return super::api_fail(a.json, &e),
         },
@@ -364,7 +366,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
             );
         }
         if !a.tools.is_empty()
-            && let Err(e) = h.add_session_tools(&id, &a.tools).await
+            && let Err(e) = h.add_session_tools(&Caller::Operator, &id, &a.tools).await
         {
             return fail(a.json, e.kind(), &e.to_string(), EXIT_REFUSED);
         }
@@ -422,7 +424,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
             owner: None,
             main: a.workgroup.limits(),
         };
-        match h.create_session(spec).await {
+        match h.create_session(&Caller::Operator, spec).await {
             Ok(id) => id.into_string(),
             Err(e) => return fail(a.json, e.kind(), &e.to_string(), EXIT_REFUSED),
         }
@@ -431,7 +433,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
     let cancel = CancelToken::new();
     cancel_on_ctrl_c(&cancel);
     let progress = super::events::Progress::start(&h, &id).await;
-    let submitted = h.send(&id, &a.task, &cancel, &quiet()).await;
+    let submitted = h.send(&Caller::Operator, &id, &a.task, &cancel, &quiet()).await;
     progress.finish().await;
     let submitted = match submitted {
         Ok(s) => s,

@@ -1,6 +1,7 @@
 //! `keel serve` (the HTTP API and web console), `keel token` (who may use it) and `keel grant
 //! preset` (the grants users may name).
 
+use keel::api::Caller;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -127,7 +128,7 @@ pub async fn tokens(home: PathBuf, cmd: TokenCommand) -> ExitCode {
                 Ok(r) => r,
                 Err(e) => return fail(a.json, "input", &format!("--role: {e}"), EXIT_REFUSED),
             };
-            match h.token_add(&a.name, role).await {
+            match h.token_add(&Caller::Operator, &a.name, role).await {
                 Ok(secret) if a.json => {
                     println!(
                         "{}",
@@ -146,7 +147,7 @@ pub async fn tokens(home: PathBuf, cmd: TokenCommand) -> ExitCode {
                 Err(e) => super::api_fail(a.json, &e),
             }
         }
-        TokenCommand::List(a) => match h.tokens().await {
+        TokenCommand::List(a) => match h.tokens(&Caller::Operator).await {
             Ok(tokens) if a.json => {
                 println!("{}", json!({"ok": true, "tokens": tokens}));
                 ExitCode::SUCCESS
@@ -167,7 +168,7 @@ pub async fn tokens(home: PathBuf, cmd: TokenCommand) -> ExitCode {
             }
             Err(e) => super::api_fail(a.json, &e),
         },
-        TokenCommand::Revoke(a) => match h.token_revoke(&a.name).await {
+        TokenCommand::Revoke(a) => match h.token_revoke(&Caller::Operator, &a.name).await {
             Ok(t) if a.json => {
                 println!("{}", json!({"ok": true, "revoked": t}));
                 ExitCode::SUCCESS
@@ -204,7 +205,10 @@ pub async fn grants(home: PathBuf, cmd: GrantCommand) -> ExitCode {
     };
     match cmd {
         PresetCommand::Add(a) => {
-            match h.preset_add(&a.name, a.grants, a.user_decides, a.replace).await {
+            match h
+                .preset_add(&Caller::Operator, &a.name, a.grants, a.user_decides, a.replace)
+                .await
+            {
                 Ok(p) if a.json => {
                     println!("{}", json!({"ok": true, "preset": p}));
                     ExitCode::SUCCESS
@@ -216,7 +220,7 @@ pub async fn grants(home: PathBuf, cmd: GrantCommand) -> ExitCode {
                 Err(e) => super::api_fail(a.json, &e),
             }
         }
-        PresetCommand::List(a) => match h.presets().await {
+        PresetCommand::List(a) => match h.presets(&Caller::Operator).await {
             Ok(ps) if a.json => {
                 println!("{}", json!({"ok": true, "presets": ps}));
                 ExitCode::SUCCESS
@@ -230,7 +234,7 @@ pub async fn grants(home: PathBuf, cmd: GrantCommand) -> ExitCode {
             }
             Err(e) => super::api_fail(a.json, &e),
         },
-        PresetCommand::Remove(a) => match h.preset_remove(&a.name).await {
+        PresetCommand::Remove(a) => match h.preset_remove(&Caller::Operator, &a.name).await {
             Ok(p) if a.json => {
                 println!("{}", json!({"ok": true, "removed": p}));
                 ExitCode::SUCCESS
@@ -262,6 +266,7 @@ async fn admin_token(
     let token = keel::access::new_token().map_err(|e| e.to_string())?;
     write_private(&path, &token).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     h.token_put_hashed(
+        &Caller::Operator,
         keel_server::http::HOME_TOKEN_NAME,
         Role::Admin,
         keel::access::token_hash(&token),

@@ -1,5 +1,6 @@
 //! `keel session …`: list, show, send, interrupt, evidence.
 
+use keel::api::Caller;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -169,7 +170,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                     return super::fail(a.json, "input", "name --tool or --skill", EXIT_REFUSED);
                 }
             };
-            match h.unload(&a.id, kind, &name).await {
+            match h.unload(&Caller::Operator, &a.id, kind, &name).await {
                 Ok(()) if a.json => {
                     println!(
                         "{}",
@@ -187,7 +188,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::Events(a) => {
             super::events::execute(&h, &a.id, a.after, a.follow, a.json).await
         }
-        SessionCommand::List(_) => match h.sessions().await {
+        SessionCommand::List(_) => match h.sessions(&Caller::Operator).await {
             Ok(list) if json_out => {
                 println!("{}", json!(list));
                 ExitCode::SUCCESS
@@ -211,7 +212,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             Err(e) => super::api_fail(json_out, &e),
         },
         SessionCommand::Show(a) => {
-            match h.timeline(&a.id).await {
+            match h.timeline(&Caller::Operator, &a.id).await {
                 Ok(t) if a.json => {
                     println!("{}", json!(t));
                     ExitCode::SUCCESS
@@ -252,24 +253,13 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                         while let Some(cp) = marks.next_if(|cp| cp.from <= m.seq) {
                             print_checkpoint(cp, t.context_start);
                         }
-                        let content = m.body.get("content").and_then(|c| c.as_str()).unwrap_or("");
-                        let calls = m
-                            .body
-                            .get("tool_calls")
-                            .and_then(|c| c.as_array())
-                            .cloned()
-                            .unwrap_or_default();
                         let compacted = if m.seq <= t.context_start { " (compacted)" } else { "" };
                         println!("\n#{} turn {} {}{compacted}", m.seq, m.turn, m.role);
-                        if !content.is_empty() {
-                            println!("  {}", inert_block(content));
+                        if !m.text.is_empty() {
+                            println!("  {}", inert_block(&m.text));
                         }
-                        for c in calls {
-                            println!(
-                                "  → {} {}",
-                                inert(c["function"]["name"].as_str().unwrap_or("")),
-                                inert(c["function"]["arguments"].as_str().unwrap_or(""))
-                            );
+                        for c in &m.calls {
+                            println!("  → {} {}", inert(&c.tool), inert(&c.input));
                         }
                     }
                     if !t.tool_calls.is_empty() {
@@ -340,14 +330,14 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             let cancel = CancelToken::new();
             cancel_on_ctrl_c(&cancel);
             let progress = super::events::Progress::start(&h, &a.id).await;
-            let submitted = h.send(&a.id, &a.message, &cancel, &quiet()).await;
+            let submitted = h.send(&Caller::Operator, &a.id, &a.message, &cancel, &quiet()).await;
             progress.finish().await;
             match submitted {
                 Ok(s) => report(a.json, &h, &a.id, &s).await,
                 Err(e) => super::fail(a.json, e.kind(), &e.to_string(), super::exit_code(&e)),
             }
         }
-        SessionCommand::Interrupt(a) => match h.interrupt(&a.id).await {
+        SessionCommand::Interrupt(a) => match h.interrupt(&Caller::Operator, &a.id).await {
             Ok(state) => {
                 if a.json {
                     println!("{}", json!({"ok": true, "session_id": a.id, "state": state}));
@@ -365,12 +355,18 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::Evidence(a) => match match (a.refused, a.understanding, a.orchestration) {
             _ if a.compaction.is_some() => {
                 let n = a.compaction.unwrap_or(0);
-                h.compaction_evidence(&a.id, (n > 0).then_some(n)).await
+                h.compaction_evidence(&Caller::Operator, &a.id, (n > 0).then_some(n)).await
             }
-            (Some(n), _, _) => h.refused_evidence(&a.id, (n > 0).then_some(n)).await,
-            (None, Some(t), _) => h.understanding_evidence(&a.id, (t > 0).then_some(t)).await,
-            (None, None, Some(t)) => h.orchestration_evidence(&a.id, (t > 0).then_some(t)).await,
-            (None, None, None) => h.evidence(&a.id, a.step).await,
+            (Some(n), _, _) => {
+                h.refused_evidence(&Caller::Operator, &a.id, (n > 0).then_some(n)).await
+            }
+            (None, Some(t), _) => {
+                h.understanding_evidence(&Caller::Operator, &a.id, (t > 0).then_some(t)).await
+            }
+            (None, None, Some(t)) => {
+                h.orchestration_evidence(&Caller::Operator, &a.id, (t > 0).then_some(t)).await
+            }
+            (None, None, None) => h.evidence(&Caller::Operator, &a.id, a.step).await,
         } {
             Ok((_, body)) => {
                 let mut out = std::io::stdout().lock();
@@ -424,13 +420,13 @@ async fn compact(h: &keel::harness::Harness, a: &IdArgs) -> ExitCode {
     let cancel = CancelToken::new();
     cancel_on_ctrl_c(&cancel);
     let progress = super::events::Progress::start(h, &a.id).await;
-    let result = h.compact(&a.id, &cancel, &quiet()).await;
+    let result = h.compact(&Caller::Operator, &a.id, &cancel, &quiet()).await;
     progress.finish().await;
     let outcome = match result {
         Ok(o) => o,
         Err(e) => return super::api_fail(a.json, &e),
     };
-    let next = h.timeline(&a.id).await.ok().map(|t| t.next_request);
+    let next = h.timeline(&Caller::Operator, &a.id).await.ok().map(|t| t.next_request);
     match outcome {
         Compaction::Compacted { checkpoint, from, context_start, ms } => {
             if a.json {
@@ -664,7 +660,7 @@ fn print_model_calls(t: &keel::session::Timeline) {
 
 /// `keel session upgrade-tools ID`: pins every loaded tool to the version installed now.
 async fn upgrade_tools(h: &keel::harness::Harness, a: &IdArgs) -> ExitCode {
-    let changed = match h.upgrade_session_tools(&a.id).await {
+    let changed = match h.upgrade_session_tools(&Caller::Operator, &a.id).await {
         Ok(c) => c,
         Err(e) => return super::api_fail(a.json, &e),
     };

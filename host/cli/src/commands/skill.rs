@@ -1,6 +1,7 @@
 //! `keel skill …` and `keel memory …`: install, list, inspect and remove skills; list, add and
 //! remove a user's long-term memories. Skill and memory text is shown inert on terminals.
 
+use keel::api::Caller;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -150,7 +151,7 @@ pub async fn execute(home: PathBuf, cmd: SkillCommand) -> ExitCode {
 
 async fn install(h: &Harness, a: SkillInstallArgs) -> ExitCode {
     eprintln!("keel: checking the skill at {}…", a.path.display());
-    let r = match h.install_skill(&a.path, a.upgrade).await {
+    let r = match h.install_skill(&Caller::Operator, &a.path, a.upgrade).await {
         Ok(r) => r,
         Err(e) => return super::api_fail(a.json, &e),
     };
@@ -192,7 +193,7 @@ async fn install(h: &Harness, a: SkillInstallArgs) -> ExitCode {
 }
 
 async fn list(h: &Harness, json: bool) -> ExitCode {
-    let skills = match h.skills().await {
+    let skills = match h.skills(&Caller::Operator).await {
         Ok(s) => s,
         Err(e) => return super::api_fail(json, &e),
     };
@@ -218,7 +219,7 @@ fn one_line(text: &str, max: usize) -> String {
 }
 
 async fn inspect(h: &Harness, a: SkillInspectArgs) -> ExitCode {
-    let (record, version) = match h.skill(&a.name).await {
+    let (record, version) = match h.skill(&Caller::Operator, &a.name).await {
         Ok(s) => s,
         Err(e) => return super::api_fail(a.json, &e),
     };
@@ -245,7 +246,7 @@ async fn inspect(h: &Harness, a: SkillInspectArgs) -> ExitCode {
 }
 
 async fn remove(h: &Harness, a: SkillNameArgs) -> ExitCode {
-    match h.remove_skill(&a.name).await {
+    match h.remove_skill(&Caller::Operator, &a.name).await {
         Ok(r) => {
             if a.json {
                 println!("{}", json!({"ok": true, "removed": r}));
@@ -277,7 +278,7 @@ pub async fn memory(home: PathBuf, cmd: MemoryCommand) -> ExitCode {
     match cmd {
         MemoryCommand::List(a) => {
             let user = (!a.all_users).then(|| a.user.user());
-            match h.memories(user.as_deref()).await {
+            match h.memories(&Caller::Operator, user.as_deref()).await {
                 Ok(list) if a.json => {
                     println!("{}", json!(list));
                     ExitCode::SUCCESS
@@ -306,7 +307,7 @@ pub async fn memory(home: PathBuf, cmd: MemoryCommand) -> ExitCode {
         }
         MemoryCommand::Add(a) => {
             let user = a.user.user();
-            match h.add_memory(&user, &a.text, &a.tags).await {
+            match h.add_memory(&Caller::Operator, &user, &a.text, &a.tags).await {
                 Ok(id) if a.json => {
                     println!("{}", json!({"ok": true, "id": id, "user": user}));
                     ExitCode::SUCCESS
@@ -320,7 +321,7 @@ pub async fn memory(home: PathBuf, cmd: MemoryCommand) -> ExitCode {
         }
         MemoryCommand::Remove(a) => {
             let user = a.user.user();
-            match h.remove_memory(&user, a.id).await {
+            match h.remove_memory(&Caller::Operator, &user, a.id).await {
                 Ok(m) if a.json => {
                     println!("{}", json!({"ok": true, "removed": m}));
                     ExitCode::SUCCESS

@@ -1,5 +1,6 @@
 //! `keel tool …`: install, list, inspect, remove and call tool components.
 
+use keel::api::Caller;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -115,7 +116,10 @@ async fn install(service: &Harness, a: InstallArgs) -> ExitCode {
     });
     eprintln!("keel: validating and compiling {} ({} bytes)…", a.file.display(), bytes.len());
     let mode = if a.upgrade { InstallMode::Upgrade } else { InstallMode::New };
-    match service.install_tool(&bytes, &name, &a.file.display().to_string(), mode).await {
+    match service
+        .install_tool(&Caller::Operator, &bytes, &name, &a.file.display().to_string(), mode)
+        .await
+    {
         Ok(r) => {
             if a.json {
                 println!("{}", json!({"ok": true, "install": r}));
@@ -152,7 +156,7 @@ async fn install(service: &Harness, a: InstallArgs) -> ExitCode {
 }
 
 fn list(service: &Harness, json_out: bool) -> ExitCode {
-    let tools = match service.tools() {
+    let tools = match service.tools(&Caller::Operator) {
         Ok(t) => t,
         Err(e) => return super::api_fail(json_out, &e),
     };
@@ -181,7 +185,7 @@ fn list(service: &Harness, json_out: bool) -> ExitCode {
 }
 
 fn inspect(service: &Harness, a: NameArgs) -> ExitCode {
-    let (component, tools) = match service.tool(&a.name) {
+    let (component, tools) = match service.tool(&Caller::Operator, &a.name) {
         Ok(x) => x,
         Err(e) => return super::api_fail(a.json, &e),
     };
@@ -213,7 +217,7 @@ fn inspect(service: &Harness, a: NameArgs) -> ExitCode {
 }
 
 fn remove(service: &Harness, a: NameArgs) -> ExitCode {
-    match service.remove_tool(&a.name) {
+    match service.remove_tool(&Caller::Operator, &a.name) {
         Ok((component, tools)) => {
             if a.json {
                 println!("{}", json!({"ok": true, "removed": component.name, "tools": tools}));
@@ -248,7 +252,7 @@ async fn call(service: &Harness, a: CallArgs) -> ExitCode {
         approval: None,
         control: None,
     };
-    let outcome = match service.call_tool(req).await {
+    let outcome = match service.call_tool(&Caller::Operator, req).await {
         Ok(o) => o,
         Err(e) => return super::api_fail(a.json, &e),
     };

@@ -1,5 +1,6 @@
 //! `keel workgroup list|show`: main sessions and the sub-sessions below them.
 
+use keel::api::Caller;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -49,7 +50,7 @@ pub async fn execute(home: PathBuf, cmd: WorkgroupCommand) -> ExitCode {
         Err(e) => return fail(json_out, "setup", &e, EXIT_SETUP),
     };
     match cmd {
-        WorkgroupCommand::List(a) => match h.workgroups().await {
+        WorkgroupCommand::List(a) => match h.workgroups(&Caller::Operator).await {
             Ok(list) if a.json => {
                 println!("{}", json!(list));
                 ExitCode::SUCCESS
@@ -82,12 +83,12 @@ pub async fn execute(home: PathBuf, cmd: WorkgroupCommand) -> ExitCode {
             Err(e) => super::api_fail(a.json, &e),
         },
         WorkgroupCommand::Show(a) => {
-            let w = match h.workgroup(&a.id).await {
+            let w = match h.workgroup(&Caller::Operator, &a.id).await {
                 Ok(w) => w,
                 Err(e) => return super::api_fail(a.json, &e),
             };
             let events = if a.events {
-                match h.workgroup_events(&a.id).await {
+                match h.workgroup_events(&Caller::Operator, &a.id).await {
                     Ok(e) => Some(e),
                     Err(e) => return super::api_fail(a.json, &e),
                 }
@@ -184,8 +185,8 @@ pub fn print_tree(w: &Workgroup) {
 /// the workgroup on stderr and, when a session of it waits for a decision, says so and exits
 /// with the waiting code.
 pub async fn after_run(json_out: bool, h: &Harness, id: &str, code: ExitCode) -> ExitCode {
-    let Ok(Some(main)) = h.workgroup_of(id).await else { return code };
-    let Ok(w) = h.workgroup(&main).await else { return code };
+    let Ok(Some(main)) = h.workgroup_of(&Caller::Operator, id).await else { return code };
+    let Ok(w) = h.workgroup(&Caller::Operator, &main).await else { return code };
     let waiting: Vec<(&str, &str)> = w
         .members
         .iter()

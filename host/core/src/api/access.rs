@@ -7,9 +7,11 @@ impl Harness {
     /// Makes token `name` with `role`; returns its secret (shown once: only its hash is kept).
     pub async fn token_add(
         &self,
+        caller: &Caller,
         name: &str,
         role: crate::access::Role,
     ) -> Result<String, ApiError> {
+        caller.require_admin("making a token")?;
         let n = name.to_string();
         Ok(self.db.run(move |c| crate::access::add_token_in(c, &n, role)).await?)
     }
@@ -18,21 +20,32 @@ impl Harness {
     /// admin token it writes to the home).
     pub async fn token_put_hashed(
         &self,
+        caller: &Caller,
         name: &str,
         role: crate::access::Role,
         hash: String,
     ) -> Result<(), ApiError> {
+        caller.require_admin("storing a token")?;
         let n = name.to_string();
         Ok(self.db.run(move |c| crate::access::put_token_in(c, &n, role, &hash)).await?)
     }
 
     /// Every token (names and roles, never secrets).
-    pub async fn tokens(&self) -> Result<Vec<crate::access::TokenRecord>, ApiError> {
+    pub async fn tokens(
+        &self,
+        caller: &Caller,
+    ) -> Result<Vec<crate::access::TokenRecord>, ApiError> {
+        caller.require_admin("listing tokens")?;
         Ok(self.db.read(crate::access::tokens_in).await?)
     }
 
     /// Revokes token `name`: requests carrying it are refused from now on.
-    pub async fn token_revoke(&self, name: &str) -> Result<crate::access::TokenRecord, ApiError> {
+    pub async fn token_revoke(
+        &self,
+        caller: &Caller,
+        name: &str,
+    ) -> Result<crate::access::TokenRecord, ApiError> {
+        caller.require_admin("revoking a token")?;
         let n = name.to_string();
         Ok(self.db.run(move |c| crate::access::revoke_in(c, &n)).await?)
     }
@@ -57,11 +70,13 @@ impl Harness {
     /// Defines grant preset `name` (replacing one of that name with `replace`).
     pub async fn preset_add(
         &self,
+        caller: &Caller,
         name: &str,
         grants: Vec<Grant>,
         user_decides: bool,
         replace: bool,
     ) -> Result<crate::access::Preset, ApiError> {
+        caller.require_admin("defining a grant preset")?;
         self.tools.check_grants(&grants).map_err(|e| ApiError::Grant(e.to_string()))?;
         let n = name.to_string();
         Ok(self
@@ -70,13 +85,18 @@ impl Harness {
             .await?)
     }
 
-    /// Every grant preset.
-    pub async fn presets(&self) -> Result<Vec<crate::access::Preset>, ApiError> {
+    /// Every grant preset (any caller may read them; what a user is shown of their grants is
+    /// [`shown::grants`](crate::api::shown::grants)).
+    pub async fn presets(&self, _caller: &Caller) -> Result<Vec<crate::access::Preset>, ApiError> {
         Ok(self.db.read(crate::access::presets_in).await?)
     }
 
-    /// Grant preset `name`.
-    pub async fn preset(&self, name: &str) -> Result<crate::access::Preset, ApiError> {
+    /// Grant preset `name` (any caller may read it).
+    pub async fn preset(
+        &self,
+        _caller: &Caller,
+        name: &str,
+    ) -> Result<crate::access::Preset, ApiError> {
         let n = name.to_string();
         self.db.read(move |c| crate::access::preset_in(c, &n)).await?.ok_or_else(|| {
             crate::access::AccessError::NotFound(format!(
@@ -88,7 +108,12 @@ impl Harness {
     }
 
     /// Removes grant preset `name` (sessions created with it keep their grants).
-    pub async fn preset_remove(&self, name: &str) -> Result<crate::access::Preset, ApiError> {
+    pub async fn preset_remove(
+        &self,
+        caller: &Caller,
+        name: &str,
+    ) -> Result<crate::access::Preset, ApiError> {
+        caller.require_admin("removing a grant preset")?;
         let n = name.to_string();
         Ok(self.db.run(move |c| crate::access::remove_preset_in(c, &n)).await?)
     }

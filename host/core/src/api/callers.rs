@@ -11,7 +11,7 @@ use super::{ApiError, Harness, SessionSpec};
 use crate::access::{AccessError, GrantRoots};
 use crate::caller::{Caller, Owner};
 use crate::grant::{Access, Grant};
-use crate::session::{ApprovalUnit, Decision, SessionMeta, SessionSummary};
+use crate::session::{ApprovalUnit, DecideError, Decision, SessionMeta, SessionSummary};
 
 /// What a caller asks of a new session; each absent part takes the front-end's template.
 #[derive(Debug, Clone, Default)]
@@ -84,10 +84,25 @@ fn forbidden(caller: &Caller, what: &str) -> ApiError {
 }
 
 impl Harness {
-    /// Session `id`'s settings, if `caller` may see it; another user's session is "not
-    /// found", as one that does not exist.
-    pub async fn session_for(&self, caller: &Caller, id: &str) -> Result<SessionMeta, ApiError> {
-        let meta = self.session(id).await?;
+    /// Whether `caller` may see session `id` (which exists).
+    pub(super) async fn sees(&self, caller: &Caller, id: &str) -> Result<bool, ApiError> {
+        Ok(caller.is_admin() || caller.may_see(self.engine.meta(id).await?.owner.as_ref()))
+    }
+
+    /// Refuses `caller` a session it may not see — as "not found", like one that does not
+    /// exist — and a session that does not exist.
+    pub(super) async fn check_sees(&self, caller: &Caller, id: &str) -> Result<(), ApiError> {
+        match caller {
+            // Whether it exists is the use case's own check.
+            Caller::Operator => Ok(()),
+            Caller::Api(_) => self.session(caller, id).await.map(|_| ()),
+        }
+    }
+
+    /// Session `id`'s settings and state, if `caller` may see it; another user's session is
+    /// "not found", as one that does not exist.
+    pub async fn session(&self, caller: &Caller, id: &str) -> Result<SessionMeta, ApiError> {
+        let meta = self.engine.meta(id).await?;
         if caller.may_see(meta.owner.as_ref()) {
             Ok(meta)
         } else {
@@ -97,8 +112,8 @@ impl Harness {
     }
 
     /// Every session `caller` may see, newest first.
-    pub async fn sessions_for(&self, caller: &Caller) -> Result<Vec<SessionSummary>, ApiError> {
-        let mut sessions = self.sessions().await?;
+    pub async fn sessions(&self, caller: &Caller) -> Result<Vec<SessionSummary>, ApiError> {
+        let mut sessions = self.engine.list().await?;
         if let Caller::Api(p) = caller
             && !caller.is_admin()
         {
@@ -108,24 +123,24 @@ impl Harness {
         Ok(sessions)
     }
 
-    /// The approval units `caller` may see (of `session`, or of every session), each with
-    /// whether they may decide it.
-    pub async fn approvals_for(
+    /// The approval units `caller` may see (of `session`, or of every session; pending only
+    /// or all), each with whether they may decide it.
+    pub async fn approvals(
         &self,
         caller: &Caller,
         session: Option<&str>,
         pending_only: bool,
     ) -> Result<Vec<ApprovalView>, ApiError> {
         if let Some(s) = session {
-            self.session_for(caller, s).await?;
+            self.session(caller, s).await?;
         }
-        let units = self.approvals(session, pending_only).await?;
+        let units = self.engine.approvals(session, pending_only).await?;
         let mut owners: HashMap<String, Option<Owner>> = HashMap::new();
         let mut out = Vec::new();
         for unit in units {
             let sid = unit.session_id.to_string();
             if !owners.contains_key(&sid) {
-                let meta = self.session(&sid).await?;
+                let meta = self.engine.meta(&sid).await?;
                 owners.insert(sid.clone(), meta.owner);
             }
             let owner = owners.get(&sid).cloned().flatten();
@@ -137,35 +152,60 @@ impl Harness {
         Ok(out)
     }
 
-    /// Records `caller`'s decision on unit `unit` if they may make it (a user who cannot see
-    /// its session is told there is no such unit).
-    pub async fn decide_for(
+    /// Approval unit `unit`, if `caller` may see its session.
+    pub async fn approval(&self, caller: &Caller, unit: &str) -> Result<ApprovalUnit, ApiError> {
+        let missing = || ApiError::Decision(DecideError::NotFound { unit: unit.into() });
+        let found = self.engine.approval(unit).await?.ok_or_else(missing)?;
+        if self.sees(caller, &found.session_id).await? { Ok(found) } else { Err(missing()) }
+    }
+
+    /// Records `caller`'s decision on unit `unit` (of session `session`, when given) if they
+    /// may make it (a user who cannot see its session is told there is no such unit). The
+    /// operator decides as the local user; an API principal by its token's name.
+    pub async fn decide(
         &self,
         caller: &Caller,
         unit: &str,
         decision: Decision,
         reason: Option<String>,
+        session: Option<String>,
     ) -> Result<ApprovalUnit, ApiError> {
-        let found = self.approval(unit).await?;
-        let meta = self.session(&found.session_id).await?;
-        let owner = meta.owner.as_ref();
-        if !caller.may_see(owner) {
+        let Caller::Api(principal) = caller else {
+            return Ok(self.brain.decide(unit, decision, reason, session).await??);
+        };
+        let found = self.engine.approval(unit).await?;
+        let owner = match &found {
+            Some(u) => self.engine.meta(&u.session_id).await?.owner,
+            None => None,
+        };
+        if found.is_none() || !caller.may_see(owner.as_ref()) {
             return Err(AccessError::NotFound(format!("there is no approval `{unit}`")).into());
         }
-        if !caller.may_decide(owner) {
+        if !caller.may_decide(owner.as_ref()) {
             return Err(AccessError::Forbidden(format!(
                 "an admin decides this session's approvals: its preset does not let its user decide{}",
                 owner
+                    .as_ref()
                     .and_then(|o| o.preset.as_deref())
                     .map(|p| format!(" (preset `{p}`)"))
                     .unwrap_or_default()
             ))
             .into());
         }
-        match caller {
-            Caller::Operator => self.decide(unit, decision, reason, None).await,
-            Caller::Api(p) => self.decide_by(unit, decision, reason, p.decider()).await,
-        }
+        Ok(self.brain.decide_by(unit, decision, reason, session, principal.decider()).await??)
+    }
+
+    /// Creates the session `req` asks for, from `template`, checked against what `caller`
+    /// may do ([`session_spec_for`](Self::session_spec_for)); the caller is its owner.
+    pub async fn create_session_for(
+        &self,
+        caller: &Caller,
+        template: &SessionSpec,
+        roots: &GrantRoots,
+        req: SessionRequest,
+    ) -> Result<crate::ids::SessionId, ApiError> {
+        let spec = self.session_spec_for(caller, template, roots, req).await?;
+        self.create(spec).await
     }
 
     /// The session `req` asks for, from `template`, checked against what `caller` may do:
@@ -204,7 +244,7 @@ impl Harness {
             spec.grants = grants;
         }
         if let Some(name) = &req.preset {
-            let p = self.preset(name).await?;
+            let p = self.preset(caller, name).await?;
             spec.grants = p.grants;
             if let Some(o) = owner.as_mut() {
                 o.preset = Some(p.name);

@@ -27,9 +27,11 @@ impl Harness {
     /// `upgrade` replaces an installed skill (and its components) of the same name.
     pub async fn install_skill(
         &self,
+        caller: &Caller,
         path: &std::path::Path,
         upgrade: bool,
     ) -> Result<SkillInstallReport, ApiError> {
+        caller.require_admin("installing a skill")?;
         let pkg = crate::skills::read_package(path)?;
         // Refused before its components are installed: other content under an installed
         // name needs `upgrade`.
@@ -52,14 +54,19 @@ impl Harness {
         Ok(SkillInstallReport { installed, components })
     }
 
-    /// The installed skills, by name.
-    pub async fn skills(&self) -> Result<Vec<crate::skills::SkillRecord>, ApiError> {
+    /// The installed skills, by name (any caller may read the catalog).
+    pub async fn skills(
+        &self,
+        _caller: &Caller,
+    ) -> Result<Vec<crate::skills::SkillRecord>, ApiError> {
         Ok(self.db.read(crate::skills::list_in).await?)
     }
 
-    /// The installed skill `name` with the version it is installed at (its body).
+    /// The installed skill `name` with the version it is installed at (its body); any caller
+    /// may read it.
     pub async fn skill(
         &self,
+        _caller: &Caller,
         name: &str,
     ) -> Result<(crate::skills::SkillRecord, crate::skills::SkillVersion), ApiError> {
         let n = name.to_string();
@@ -75,7 +82,12 @@ impl Harness {
 
     /// Removes the installed skill `name` (sessions that loaded it keep their version; the
     /// components it bundled stay installed — remove them with `remove_tool`).
-    pub async fn remove_skill(&self, name: &str) -> Result<crate::skills::SkillRecord, ApiError> {
+    pub async fn remove_skill(
+        &self,
+        caller: &Caller,
+        name: &str,
+    ) -> Result<crate::skills::SkillRecord, ApiError> {
+        caller.require_admin("removing a skill")?;
         let n = name.to_string();
         Ok(self.db.run(move |c| crate::skills::remove_in(c, &n)).await?)
     }
@@ -84,8 +96,10 @@ impl Harness {
     /// a kind is a local one (`alice` is `local:alice`; `token:alice` names an API token's).
     pub async fn memories(
         &self,
+        caller: &Caller,
         user: Option<&str>,
     ) -> Result<Vec<crate::memory::Memory>, ApiError> {
+        caller.require_admin("reading long-term memory")?;
         let u = user.map(str::to_string);
         Ok(self.db.read(move |c| crate::memory::list_in(c, u.as_deref())).await?)
     }
@@ -93,10 +107,12 @@ impl Harness {
     /// Remembers `text` (with `tags`) for `user`; returns its id.
     pub async fn add_memory(
         &self,
+        caller: &Caller,
         user: &str,
         text: &str,
         tags: &[String],
     ) -> Result<i64, ApiError> {
+        caller.require_admin("writing long-term memory")?;
         let (u, t, g) = (user.to_string(), text.to_string(), tags.to_vec());
         Ok(self.db.run(move |c| crate::memory::add_in(c, &u, &t, &g, None)).await?)
     }
@@ -104,15 +120,22 @@ impl Harness {
     /// Removes memory `id` of `user`.
     pub async fn remove_memory(
         &self,
+        caller: &Caller,
         user: &str,
         id: i64,
     ) -> Result<crate::memory::Memory, ApiError> {
+        caller.require_admin("removing a memory")?;
         let u = user.to_string();
         Ok(self.db.run(move |c| crate::memory::remove_in(c, &u, id)).await?)
     }
 
     /// Session `id`'s capabilities, how each arrived, and its orchestrations.
-    pub async fn capabilities(&self, id: &str) -> Result<SessionCapabilities, ApiError> {
+    pub async fn capabilities(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<SessionCapabilities, ApiError> {
+        self.check_sees(caller, id).await?;
         let (capabilities, orchestrations) = self.engine.capabilities(id).await?;
         Ok(SessionCapabilities { capabilities, orchestrations })
     }
@@ -121,10 +144,12 @@ impl Harness {
     /// removes a capability).
     pub async fn unload(
         &self,
+        caller: &Caller,
         id: &str,
         kind: crate::session::capabilities::Kind,
         name: &str,
     ) -> Result<(), ApiError> {
+        caller.require_admin("unloading a capability")?;
         Ok(self.engine.unload(id, kind, name).await?)
     }
 
@@ -132,10 +157,12 @@ impl Harness {
     /// that arrived meanwhile are run afterwards.
     pub async fn compact(
         &self,
+        caller: &Caller,
         id: &str,
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<crate::agent::compact::Compaction, ApiError> {
+        self.check_sees(caller, id).await?;
         self.engine.meta(id).await?;
         Ok(self.brain.compact(id, cancel, events).await?)
     }
@@ -143,26 +170,32 @@ impl Harness {
     /// Session `id`'s checkpoints, oldest first.
     pub async fn checkpoints(
         &self,
+        caller: &Caller,
         id: &str,
     ) -> Result<Vec<crate::session::compaction::CheckpointRecord>, ApiError> {
+        self.check_sees(caller, id).await?;
         Ok(self.engine.checkpoints(id).await?)
     }
 
     /// The exact request of checkpoint `n`'s summary call (the last checkpoint's if `None`).
     pub async fn compaction_evidence(
         &self,
+        caller: &Caller,
         id: &str,
         n: Option<i64>,
     ) -> Result<(i64, Vec<u8>), ApiError> {
+        self.check_sees(caller, id).await?;
         Ok(self.engine.compaction_evidence(id, n).await?)
     }
 
     /// The exact request of turn `turn`'s orchestration call (the last one made if `None`).
     pub async fn orchestration_evidence(
         &self,
+        caller: &Caller,
         id: &str,
         turn: Option<i64>,
     ) -> Result<(i64, Vec<u8>), ApiError> {
+        self.check_sees(caller, id).await?;
         Ok(self.engine.orchestration_evidence(id, turn).await?)
     }
 }

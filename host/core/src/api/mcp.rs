@@ -21,8 +21,10 @@ impl Harness {
     /// `NAME__TOOL`, pinned by digest). The server is stopped again; calls start it on demand.
     pub async fn mcp_add(
         &self,
+        caller: &Caller,
         spec: crate::tools::mcp::ServerSpec,
     ) -> Result<crate::tools::mcp::Offer, ApiError> {
+        caller.require_admin("adding an MCP server")?;
         crate::tools::mcp::check_server_name(&spec.name)
             .map_err(crate::tools::ToolServiceError::from)?;
         if self.tools.component_for(&spec.name).is_ok() {
@@ -43,7 +45,13 @@ impl Harness {
     /// Lists the server's tools again and compares them with those accepted; with `accept`,
     /// a change replaces them (sessions see the new tools; approvals bound to a changed tool's
     /// old digest no longer match).
-    pub async fn mcp_refresh(&self, name: &str, accept: bool) -> Result<McpRefresh, ApiError> {
+    pub async fn mcp_refresh(
+        &self,
+        caller: &Caller,
+        name: &str,
+        accept: bool,
+    ) -> Result<McpRefresh, ApiError> {
+        caller.require_admin("refreshing an MCP server")?;
         let record = self.tools.mcp_server(name)?;
         let live = crate::tools::mcp::client::connect(&record.spec)
             .await
@@ -71,22 +79,29 @@ impl Harness {
     }
 
     /// Every added MCP server.
-    pub fn mcp_servers(&self) -> Result<Vec<crate::tools::mcp::registry::ServerRecord>, ApiError> {
+    pub fn mcp_servers(
+        &self,
+        caller: &Caller,
+    ) -> Result<Vec<crate::tools::mcp::registry::ServerRecord>, ApiError> {
+        caller.require_admin("listing MCP servers")?;
         Ok(self.tools.mcp_servers()?)
     }
 
     /// One added MCP server, with its tools as the catalog holds them.
     pub fn mcp_server(
         &self,
+        caller: &Caller,
         name: &str,
     ) -> Result<(crate::tools::mcp::registry::ServerRecord, Vec<ToolRecord>), ApiError> {
+        caller.require_admin("reading an MCP server")?;
         let record = self.tools.mcp_server(name)?;
         let (_, tools) = self.tools.component_for(name)?;
         Ok((record, tools))
     }
 
     /// Removes an MCP server and its tools; returns the tools' names.
-    pub fn mcp_remove(&self, name: &str) -> Result<Vec<String>, ApiError> {
+    pub fn mcp_remove(&self, caller: &Caller, name: &str) -> Result<Vec<String>, ApiError> {
+        caller.require_admin("removing an MCP server")?;
         Ok(self.tools.mcp_remove(name)?)
     }
 }

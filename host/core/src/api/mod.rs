@@ -11,6 +11,7 @@ mod access;
 mod callers;
 mod capabilities;
 mod mcp;
+pub mod shown;
 pub use crate::caller::Caller;
 pub use callers::{
     ApprovalView, BudgetRequest, GrantRequest, PolicyRequest, SessionRequest, WorkgroupRequest,
@@ -25,8 +26,8 @@ use crate::ids::SessionId;
 use crate::model::ModelConfig;
 use crate::sandbox::{Budget, CancelToken, Grant};
 use crate::session::{
-    ApprovalUnit, DecideError, Decision, EventRow, ModelCallRecord, NewSession, Policy,
-    RecoveredSession, RuntimeState, SessionMeta, SessionSummary, Timeline,
+    ApprovalUnit, DecideError, EventRow, ModelCallRecord, NewSession, Policy, RecoveredSession,
+    RuntimeState, Timeline,
 };
 use crate::store::StoreError;
 use crate::tools::{
@@ -136,8 +137,19 @@ impl ApiError {
 impl Harness {
     /// Creates a session: checks its grants, tools and model settings, stores it with its
     /// policy, budget and loop guards, and pins the component version of each loaded tool.
-    /// Returns its id.
-    pub async fn create_session(&self, spec: SessionSpec) -> Result<SessionId, ApiError> {
+    /// Returns its id. A full specification is the operator's or an admin's; a user's session
+    /// is made from a request checked against what they may do
+    /// ([`create_session_for`](Self::create_session_for)).
+    pub async fn create_session(
+        &self,
+        caller: &Caller,
+        spec: SessionSpec,
+    ) -> Result<SessionId, ApiError> {
+        caller.require_admin("creating a session from a full specification")?;
+        self.create(spec).await
+    }
+
+    pub(super) async fn create(&self, spec: SessionSpec) -> Result<SessionId, ApiError> {
         spec.model.validate()?;
         if let Some(p) = &spec.preprocess {
             p.model.validate()?;
@@ -223,7 +235,13 @@ impl Harness {
     }
 
     /// Adds `tools` to an existing session (add-only), pinned at the versions installed now.
-    pub async fn add_session_tools(&self, id: &str, tools: &[String]) -> Result<(), ApiError> {
+    pub async fn add_session_tools(
+        &self,
+        caller: &Caller,
+        id: &str,
+        tools: &[String],
+    ) -> Result<(), ApiError> {
+        caller.require_admin("adding tools to a session")?;
         for t in tools {
             self.tools.resolve(t).map_err(|e| ApiError::NotInstalled(e.to_string()))?;
         }
@@ -239,11 +257,13 @@ impl Harness {
     /// runner holds the session). An empty input is refused before anything is stored.
     pub async fn send(
         &self,
+        caller: &Caller,
         id: &str,
         text: &str,
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<Submitted, ApiError> {
+        self.check_sees(caller, id).await?;
         if text.trim().is_empty() {
             return Err(ApiError::Input("the message is empty: say what to do".into()));
         }
@@ -261,7 +281,8 @@ impl Harness {
     /// Commits `text` to session `id`'s inbox without running it (a front-end that runs turns
     /// in the background: [`resume`](Self::resume) then takes it). Returns its inbox sequence
     /// number; an empty input is refused before anything is stored.
-    pub async fn queue(&self, id: &str, text: &str) -> Result<i64, ApiError> {
+    pub async fn queue(&self, caller: &Caller, id: &str, text: &str) -> Result<i64, ApiError> {
+        self.check_sees(caller, id).await?;
         if text.trim().is_empty() {
             return Err(ApiError::Input("the message is empty: say what to do".into()));
         }
@@ -269,45 +290,16 @@ impl Harness {
         Ok(self.engine.submit(id, text).await?)
     }
 
-    /// Records a decision on approval unit `unit` (of session `session`, when given), decided
-    /// by the local user.
-    pub async fn decide(
-        &self,
-        unit: &str,
-        decision: Decision,
-        reason: Option<String>,
-        session: Option<String>,
-    ) -> Result<ApprovalUnit, ApiError> {
-        Ok(self.brain.decide(unit, decision, reason, session).await??)
-    }
-
-    /// Like [`decide`](Self::decide), recording `by` as the decider.
-    pub async fn decide_by(
-        &self,
-        unit: &str,
-        decision: Decision,
-        reason: Option<String>,
-        by: String,
-    ) -> Result<ApprovalUnit, ApiError> {
-        Ok(self.brain.decide_by(unit, decision, reason, None, by).await??)
-    }
-
-    /// Approval unit `unit`.
-    pub async fn approval(&self, unit: &str) -> Result<ApprovalUnit, ApiError> {
-        self.engine
-            .approval(unit)
-            .await?
-            .ok_or_else(|| ApiError::Decision(DecideError::NotFound { unit: unit.into() }))
-    }
-
     /// Resumes session `id` (after a decision, or a recovery): runs its open turn and queued
     /// inputs. `None` when another live runner holds it (that runner resumes it).
     pub async fn resume(
         &self,
+        caller: &Caller,
         id: &str,
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<Option<Submitted>, ApiError> {
+        self.check_sees(caller, id).await?;
         if let Some(main) = self.brain.workgroup_of(id).await? {
             // The whole workgroup: a decision on a child's call ends with its parent (and the
             // main session) having taken the child's answer.
@@ -319,7 +311,12 @@ impl Harness {
 
     /// The main session of the workgroup session `id` belongs to (`None`: a standalone
     /// session).
-    pub async fn workgroup_of(&self, id: &str) -> Result<Option<String>, ApiError> {
+    pub async fn workgroup_of(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<Option<String>, ApiError> {
+        self.check_sees(caller, id).await?;
         self.engine.meta(id).await?;
         Ok(self.brain.workgroup_of(id).await?)
     }
@@ -327,8 +324,10 @@ impl Harness {
     /// The workgroup of main session `main`: its limits, use and sessions.
     pub async fn workgroup(
         &self,
+        caller: &Caller,
         main: &str,
     ) -> Result<crate::session::workgroup::Workgroup, ApiError> {
+        self.check_sees(caller, main).await?;
         let m = main.to_string();
         let found =
             self.engine.db().read(move |c| crate::session::workgroup::workgroup_in(c, &m)).await?;
@@ -343,10 +342,13 @@ impl Harness {
         }
     }
 
-    /// Every workgroup, newest first.
-    pub async fn workgroups(&self) -> Result<Vec<crate::session::workgroup::Workgroup>, ApiError> {
+    /// Every workgroup `caller` may see, newest first.
+    pub async fn workgroups(
+        &self,
+        caller: &Caller,
+    ) -> Result<Vec<crate::session::workgroup::Workgroup>, ApiError> {
         let db = self.engine.db().clone();
-        Ok(db
+        let all = db
             .read(|c| {
                 let mut out = Vec::new();
                 for m in crate::session::workgroup::mains_in(c)? {
@@ -354,77 +356,100 @@ impl Harness {
                 }
                 Ok(out)
             })
-            .await?)
+            .await?;
+        let mut out = Vec::new();
+        for w in all {
+            if caller.is_admin() || self.sees(caller, &w.main_id).await? {
+                out.push(w);
+            }
+        }
+        Ok(out)
     }
 
     /// The events between the sessions of the workgroup of `main`, in order.
     pub async fn workgroup_events(
         &self,
+        caller: &Caller,
         main: &str,
     ) -> Result<Vec<crate::session::workgroup::EventRecord>, ApiError> {
-        self.workgroup(main).await?;
+        self.check_sees(caller, main).await?;
+        self.workgroup(caller, main).await?;
         let m = main.to_string();
         Ok(self.engine.db().read(move |c| crate::session::workgroup::events_in(c, &m)).await?)
     }
 
     /// Interrupts session `id`: a running turn stops at its next check, a waiting one is
     /// closed now. Returns the state the session was in.
-    pub async fn interrupt(&self, id: &str) -> Result<RuntimeState, ApiError> {
+    pub async fn interrupt(&self, caller: &Caller, id: &str) -> Result<RuntimeState, ApiError> {
+        self.check_sees(caller, id).await?;
         Ok(self.brain.interrupt(id).await?)
     }
 
     /// What recovery found when this harness opened the home: sessions whose runner was gone.
     /// Each that is [`resumable`](RecoveredSession::resumable) continues with
     /// [`resume`](Self::resume).
-    pub fn recovered(&self) -> &[RecoveredSession] {
-        &self.recovered
+    pub fn recovered(&self, caller: &Caller) -> Result<&[RecoveredSession], ApiError> {
+        caller.require_admin("reading what recovery found")?;
+        Ok(&self.recovered)
     }
 
     /// Pins every loaded tool of session `id` to the version installed now (an admin's
     /// upgrade); returns what changed.
-    pub async fn upgrade_session_tools(&self, id: &str) -> Result<Vec<PinChange>, ApiError> {
+    pub async fn upgrade_session_tools(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<Vec<PinChange>, ApiError> {
+        caller.require_admin("upgrading a session's tools")?;
         let meta = self.engine.meta(id).await?;
         let pins: ToolPins = self.tools.current_pins(&meta.loaded_tools)?;
         Ok(self.engine.pin_tools(id, pins, true).await?)
     }
 
-    /// Whether session `id` exists.
-    pub async fn session_exists(&self, id: &str) -> Result<bool, ApiError> {
-        Ok(self.engine.exists(id).await?)
-    }
-
-    /// Session `id`'s settings and state.
-    pub async fn session(&self, id: &str) -> Result<SessionMeta, ApiError> {
-        Ok(self.engine.meta(id).await?)
-    }
-
-    /// Every session, newest first.
-    pub async fn sessions(&self) -> Result<Vec<SessionSummary>, ApiError> {
-        Ok(self.engine.list().await?)
+    /// Whether session `id` exists and `caller` may see it.
+    pub async fn session_exists(&self, caller: &Caller, id: &str) -> Result<bool, ApiError> {
+        if !self.engine.exists(id).await? {
+            return Ok(false);
+        }
+        Ok(caller.is_admin() || self.sees(caller, id).await?)
     }
 
     /// Everything session `id` did: turns, messages, tool calls, model calls, approvals.
-    pub async fn timeline(&self, id: &str) -> Result<Timeline, ApiError> {
+    pub async fn timeline(&self, caller: &Caller, id: &str) -> Result<Timeline, ApiError> {
+        self.check_sees(caller, id).await?;
         Ok(self.engine.timeline(id).await?)
     }
 
     /// Session `id`'s model calls, one per step.
-    pub async fn model_calls(&self, id: &str) -> Result<Vec<ModelCallRecord>, ApiError> {
+    pub async fn model_calls(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<Vec<ModelCallRecord>, ApiError> {
+        self.check_sees(caller, id).await?;
         Ok(self.engine.model_calls(id).await?)
     }
 
     /// The exact request body of `step` of session `id` (the last one if `None`), checked
     /// against its recorded digest.
-    pub async fn evidence(&self, id: &str, step: Option<i64>) -> Result<(i64, Vec<u8>), ApiError> {
+    pub async fn evidence(
+        &self,
+        caller: &Caller,
+        id: &str,
+        step: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), ApiError> {
+        self.check_sees(caller, id).await?;
         Ok(self.engine.evidence(id, step).await?)
     }
 
     /// The body of refused request `n` of session `id` (the last one if `None`).
     pub async fn refused_evidence(
         &self,
+        caller: &Caller,
         id: &str,
         n: Option<i64>,
     ) -> Result<(i64, Vec<u8>), ApiError> {
+        self.check_sees(caller, id).await?;
         Ok(self.engine.refused_evidence(id, n).await?)
     }
 
@@ -432,24 +457,29 @@ impl Harness {
     /// `None`), byte for byte.
     pub async fn understanding_evidence(
         &self,
+        caller: &Caller,
         id: &str,
         turn: Option<i64>,
     ) -> Result<(i64, Vec<u8>), ApiError> {
+        self.check_sees(caller, id).await?;
         Ok(self.engine.understanding_evidence(id, turn).await?)
     }
 
     /// Session `id`'s events after sequence number `after`, oldest first, at most `limit`.
     pub async fn events(
         &self,
+        caller: &Caller,
         id: &str,
         after: i64,
         limit: usize,
     ) -> Result<Vec<EventRow>, ApiError> {
+        self.check_sees(caller, id).await?;
         Ok(self.engine.events_after(id, after, limit).await?)
     }
 
     /// The sequence number of session `id`'s last event (0 without events).
-    pub async fn last_event(&self, id: &str) -> Result<i64, ApiError> {
+    pub async fn last_event(&self, caller: &Caller, id: &str) -> Result<i64, ApiError> {
+        self.check_sees(caller, id).await?;
         Ok(self.engine.last_event(id).await?)
     }
 
@@ -457,33 +487,25 @@ impl Harness {
     /// the store every `every`; the receiver gets each new event once, in order.
     pub async fn follow(
         &self,
+        caller: &Caller,
         id: &str,
         after: i64,
         every: Duration,
     ) -> Result<tokio::sync::mpsc::Receiver<Result<EventRow, StoreError>>, ApiError> {
+        self.check_sees(caller, id).await?;
         self.engine.meta(id).await?;
         Ok(self.engine.follow(id, after, every))
-    }
-
-    /// Approval units, of one session or all, pending only or all.
-    pub async fn approvals(
-        &self,
-        session: Option<&str>,
-        pending_only: bool,
-    ) -> Result<Vec<ApprovalUnit>, ApiError> {
-        if let Some(s) = session {
-            self.engine.meta(s).await?;
-        }
-        Ok(self.engine.approvals(session, pending_only).await?)
     }
 
     /// Approval units of session `session` and of every session below it in its workgroup
     /// (`keel approvals --session MAIN --all-children`).
     pub async fn approvals_below(
         &self,
+        caller: &Caller,
         session: &str,
         pending_only: bool,
     ) -> Result<Vec<ApprovalUnit>, ApiError> {
+        self.check_sees(caller, session).await?;
         self.engine.meta(session).await?;
         let s = session.to_string();
         let below = self
@@ -502,38 +524,114 @@ impl Harness {
     /// from), pinned by its sha256.
     pub async fn install_tool(
         &self,
+        caller: &Caller,
         bytes: &[u8],
         name: &str,
         source: &str,
         mode: InstallMode,
     ) -> Result<InstallReport, ApiError> {
+        caller.require_admin("installing a tool")?;
         Ok(self.tools.install_as(bytes, name, source, mode).await?)
     }
 
-    /// The installed tools.
-    pub fn tools(&self) -> Result<Vec<ToolRecord>, ApiError> {
+    /// The installed tools (any caller may read the catalog).
+    pub fn tools(&self, _caller: &Caller) -> Result<Vec<ToolRecord>, ApiError> {
         Ok(self.tools.tools()?)
     }
 
-    /// The component named `name`, or the one providing the tool `name`, with its tools.
-    pub fn tool(&self, name: &str) -> Result<(ComponentRecord, Vec<ToolRecord>), ApiError> {
+    /// The component named `name`, or the one providing the tool `name`, with its tools (any
+    /// caller may read it; what a user is shown of it is [`shown::component`](crate::api::shown::component)).
+    pub fn tool(
+        &self,
+        _caller: &Caller,
+        name: &str,
+    ) -> Result<(ComponentRecord, Vec<ToolRecord>), ApiError> {
         Ok(self.tools.component_for(name)?)
     }
 
     /// Removes the component named `name` (or providing the tool `name`); returns it and the
     /// names of its tools. Sessions that pinned it keep their record of it.
-    pub fn remove_tool(&self, name: &str) -> Result<(ComponentRecord, Vec<String>), ApiError> {
+    pub fn remove_tool(
+        &self,
+        caller: &Caller,
+        name: &str,
+    ) -> Result<(ComponentRecord, Vec<String>), ApiError> {
+        caller.require_admin("removing a tool")?;
         Ok(self.tools.remove(name)?)
     }
 
     /// Adds a tool implemented in this process (a control or MCP tool) to the catalog; from
     /// then on it is loaded, checked, asked about, approved and journaled like a component's.
-    pub fn register_host_tool(&self, tool: std::sync::Arc<dyn HostTool>) -> Result<(), ApiError> {
+    pub fn register_host_tool(
+        &self,
+        caller: &Caller,
+        tool: std::sync::Arc<dyn HostTool>,
+    ) -> Result<(), ApiError> {
+        caller.require_admin("adding a host tool")?;
         Ok(self.tools.register_host_tool(tool)?)
     }
 
+    /// Records that a client (an MCP client: its name, version, protocol and transport)
+    /// reached session `id` from outside.
+    pub async fn client_connected(
+        &self,
+        caller: &Caller,
+        id: &str,
+        client: String,
+        version: String,
+        protocol: String,
+        transport: String,
+    ) -> Result<(), ApiError> {
+        self.check_sees(caller, id).await?;
+        Ok(self.engine.client_connected(id, client, version, protocol, transport).await?)
+    }
+
+    /// The installed tool records of `names` at the versions `pins` holds (the version
+    /// installed now for a name not pinned); a name not installed is left out. Any caller may
+    /// read the catalog.
+    pub fn tools_pinned(
+        &self,
+        _caller: &Caller,
+        names: &[String],
+        pins: &ToolPins,
+    ) -> Result<Vec<ToolRecord>, ApiError> {
+        let catalog = self.tools.catalog()?;
+        Ok(names
+            .iter()
+            .filter_map(|n| catalog.get_pinned(n, pins))
+            .map(|r| r.record.clone())
+            .collect())
+    }
+
+    /// A direct call of `tool` with `input` (JSON object text) in session `id`, without a
+    /// model step (an MCP client's `tools/call`): the session's call pipeline with one slot,
+    /// under its runner lease. `ask` is put the approval unit when the policy asks about the
+    /// call; it answers with a decision, or `None` when nobody can be asked (the call is then
+    /// refused).
+    pub async fn call_in_session<F, Fut>(
+        &self,
+        caller: &Caller,
+        id: &str,
+        tool: &str,
+        input: &str,
+        cancel: &CancelToken,
+        ask: F,
+    ) -> Result<crate::agent::DirectCall, ApiError>
+    where
+        F: FnOnce(ApprovalUnit) -> Fut,
+        Fut: std::future::Future<Output = Option<(crate::session::Decision, Option<String>)>>,
+    {
+        self.check_sees(caller, id).await?;
+        Ok(self.brain.call_direct(id, tool, input, cancel, ask).await?)
+    }
+
     /// An admin's direct, governed call of one tool, outside any session.
-    pub async fn call_tool(&self, req: CallRequest<'_>) -> Result<CallOutcome, ApiError> {
+    pub async fn call_tool(
+        &self,
+        caller: &Caller,
+        req: CallRequest<'_>,
+    ) -> Result<CallOutcome, ApiError> {
+        caller.require_admin("calling a tool outside a session")?;
         Ok(self.tools.call(req).await?)
     }
 }

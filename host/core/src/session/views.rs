@@ -70,8 +70,56 @@ pub struct TimelineMessage {
     pub seq: i64,
     pub turn: i64,
     pub role: String,
+    /// The message's text (its text parts joined; empty when it has none).
+    pub text: String,
+    /// The tool calls an assistant message asked for, in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub calls: Vec<MessageCall>,
+    /// The call a tool message answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answers: Option<crate::ids::CallId>,
     /// The message exactly as the model sees it.
     pub body: serde_json::Value,
+}
+
+/// A tool call an assistant message asked for.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MessageCall {
+    pub id: crate::ids::CallId,
+    pub tool: String,
+    /// Its arguments as the model wrote them (JSON text, normally an object).
+    pub input: String,
+}
+
+impl TimelineMessage {
+    /// A stored message read into its parts: its text, the calls it asks for, the call it
+    /// answers. A body that is not JSON is kept as text.
+    pub fn read(seq: i64, turn: i64, role: String, body: String) -> Self {
+        let body: serde_json::Value =
+            serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body));
+        let text = match &body["content"] {
+            serde_json::Value::String(t) => t.clone(),
+            serde_json::Value::Array(parts) => {
+                parts.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join("\n")
+            }
+            _ => body.as_str().unwrap_or_default().to_string(),
+        };
+        let calls = body["tool_calls"]
+            .as_array()
+            .map(|calls| {
+                calls
+                    .iter()
+                    .map(|c| MessageCall {
+                        id: crate::ids::CallId::new(c["id"].as_str().unwrap_or_default()),
+                        tool: c["function"]["name"].as_str().unwrap_or_default().to_string(),
+                        input: c["function"]["arguments"].as_str().unwrap_or_default().to_string(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let answers = body["tool_call_id"].as_str().map(crate::ids::CallId::new);
+        TimelineMessage { seq, turn, role, text, calls, answers, body }
+    }
 }
 
 /// One tool call of a timeline.
@@ -146,12 +194,7 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         })?
         .collect::<Result<Vec<_>, _>>()?
         .into_iter()
-        .map(|(seq, turn, role, body)| TimelineMessage {
-            seq,
-            turn,
-            role,
-            body: serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)),
-        })
+        .map(|(seq, turn, role, body)| TimelineMessage::read(seq, turn, role, body))
         .collect();
     let mut stmt = c.prepare(
         "SELECT step, call_id, position, tool, input, component_digest, effect, status, result, error_kind, changes,

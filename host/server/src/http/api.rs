@@ -20,7 +20,7 @@ use utoipa::{IntoParams, OpenApi, ToSchema};
 use super::auth::Caller;
 use super::{App, Failure, MAX_JSON_BODY};
 use keel::sandbox::Access;
-use keel::session::{Decision, SessionMeta};
+use keel::session::Decision;
 use keel::tools::InstallMode;
 
 type Shared = State<Arc<App>>;
@@ -234,16 +234,6 @@ async fn whoami(caller: Caller) -> Json<WhoAmI> {
     Json(WhoAmI { name: caller.principal.name, role: caller.principal.role.to_string() })
 }
 
-/// Session `id`'s settings, if `caller` may see it (admins see every session, users their
-/// own); another user's session is "not found".
-pub(crate) async fn visible_session(
-    app: &App,
-    caller: &Caller,
-    id: &str,
-) -> Result<SessionMeta, Failure> {
-    Ok(app.harness.session_for(&caller.who(), id).await?)
-}
-
 /// One grant as the API takes and shows it.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -384,10 +374,9 @@ async fn create_session(
         user: req.user,
         main: req.main.map(Into::into),
     };
-    let spec = session_spec(&app, &caller, request).await?;
-    let id = app.harness.create_session(spec).await?;
-    let seq = app.harness.queue(&id, &req.input).await?;
-    let state = app.harness.session(&id).await?.state.to_string();
+    let id = create_for(&app, &caller, request).await?;
+    let seq = app.harness.queue(&caller.who(), &id, &req.input).await?;
+    let state = app.harness.session(&caller.who(), &id).await?.state.to_string();
     app.run_in_background(id.to_string());
     Ok((
         StatusCode::ACCEPTED,
@@ -395,20 +384,21 @@ async fn create_session(
     ))
 }
 
-/// The session a request asks for, checked against what the caller may do (by the core).
-pub(crate) async fn session_spec(
+/// Creates the session a request asks for, from the server's template, checked against what
+/// the caller may do (by the core); the caller owns it.
+pub(crate) async fn create_for(
     app: &App,
     caller: &Caller,
     request: keel::api::SessionRequest,
-) -> Result<keel::api::SessionSpec, Failure> {
+) -> Result<keel::ids::SessionId, Failure> {
     let o = &app.options;
-    Ok(app.harness.session_spec_for(&caller.who(), &o.template, &o.roots, request).await?)
+    Ok(app.harness.create_session_for(&caller.who(), &o.template, &o.roots, request).await?)
 }
 
 /// Every session the caller may see, newest first.
 #[utoipa::path(get, path = "/sessions", responses((status = 200, description = "sessions: id, state, turns, steps, session_goal, created_at, last_activity, owner", body = Object)))]
 async fn list_sessions(State(app): Shared, caller: Caller) -> Result<Json<Value>, Failure> {
-    let sessions = app.harness.sessions_for(&caller.who()).await?;
+    let sessions = app.harness.sessions(&caller.who()).await?;
     Ok(Json(json!({"ok": true, "sessions": sessions})))
 }
 
@@ -419,9 +409,9 @@ async fn get_session(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, Failure> {
-    let meta = visible_session(&app, &caller, &id).await?;
-    let capabilities = app.harness.capabilities(&id).await?;
-    let session = super::shown::session(caller.is_admin(), &meta);
+    let meta = app.harness.session(&caller.who(), &id).await?;
+    let capabilities = app.harness.capabilities(&caller.who(), &id).await?;
+    let session = keel::api::shown::session(&caller.who(), &meta);
     Ok(Json(json!({"ok": true, "session": session, "capabilities": capabilities})))
 }
 
@@ -433,15 +423,14 @@ async fn workgroup(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, Failure> {
-    visible_session(&app, &caller, &id).await?;
-    let Some(main) = app.harness.workgroup_of(&id).await? else {
+    let Some(main) = app.harness.workgroup_of(&caller.who(), &id).await? else {
         return Err(Failure::new(
             "input",
             format!("session `{}` is not part of a workgroup", id.escape_debug()),
         ));
     };
-    let w = app.harness.workgroup(&main).await?;
-    let events = app.harness.workgroup_events(&main).await?;
+    let w = app.harness.workgroup(&caller.who(), &main).await?;
+    let events = app.harness.workgroup_events(&caller.who(), &main).await?;
     Ok(Json(json!({"ok": true, "workgroup": w, "events": events})))
 }
 
@@ -452,9 +441,8 @@ async fn timeline(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, Failure> {
-    visible_session(&app, &caller, &id).await?;
-    let t = app.harness.timeline(&id).await?;
-    Ok(Json(json!({"ok": true, "timeline": super::shown::timeline(caller.is_admin(), &t)})))
+    let t = app.harness.timeline(&caller.who(), &id).await?;
+    Ok(Json(json!({"ok": true, "timeline": keel::api::shown::timeline(&caller.who(), &t)})))
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -473,18 +461,18 @@ async fn send_input(
     req: Result<Json<InputBody>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Accepted>), Failure> {
     let req = body(req)?;
-    visible_session(&app, &caller, &id).await?;
-    let accepted = queue_and_run(&app, &id, &req.text).await?;
+    let accepted = queue_and_run(&app, &caller.who(), &id, &req.text).await?;
     Ok((StatusCode::ACCEPTED, Json(accepted)))
 }
 
 pub(crate) async fn queue_and_run(
     app: &Arc<App>,
+    who: &keel::api::Caller,
     id: &str,
     text: &str,
 ) -> Result<Accepted, Failure> {
-    let seq = app.harness.queue(id, text).await?;
-    let state = app.harness.session(id).await?.state.to_string();
+    let seq = app.harness.queue(who, id, text).await?;
+    let state = app.harness.session(who, id).await?.state.to_string();
     app.run_in_background(id.to_string());
     Ok(Accepted { session_id: id.to_string(), state, inbox_seq: seq })
 }
@@ -496,8 +484,7 @@ async fn interrupt(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, Failure> {
-    visible_session(&app, &caller, &id).await?;
-    let before = app.harness.interrupt(&id).await?;
+    let before = app.harness.interrupt(&caller.who(), &id).await?;
     Ok(Json(json!({"ok": true, "session_id": id, "state_before": before.to_string()})))
 }
 
@@ -508,8 +495,7 @@ async fn evidence(
     caller: Caller,
     Path((id, step)): Path<(String, i64)>,
 ) -> Result<Response, Failure> {
-    visible_session(&app, &caller, &id).await?;
-    let (_, bytes) = app.harness.evidence(&id, Some(step)).await?;
+    let (_, bytes) = app.harness.evidence(&caller.who(), &id, Some(step)).await?;
     Ok(([(header::CONTENT_TYPE, "application/json")], bytes).into_response())
 }
 
@@ -536,7 +522,6 @@ async fn events(
     Query(q): Query<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Response, Failure> {
-    visible_session(&app, &caller, &id).await?;
     let last_id = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
@@ -553,10 +538,10 @@ async fn events(
         .is_some_and(|v| v.contains("text/event-stream"));
     if !stream {
         let limit = q.limit.unwrap_or(MAX_EVENTS).clamp(1, MAX_EVENTS);
-        let rows = app.harness.events(&id, after, limit).await?;
+        let rows = app.harness.events(&caller.who(), &id, after, limit).await?;
         return Ok(Json(json!({"ok": true, "events": rows})).into_response());
     }
-    let rx = app.harness.follow(&id, after, Duration::from_millis(100)).await?;
+    let rx = app.harness.follow(&caller.who(), &id, after, Duration::from_millis(100)).await?;
     let follow = Follow { rx, access: Some(app.access.subscribe()), app, caller, ended: false };
     let events = futures_util::stream::unfold(follow, |mut f| async move {
         if f.ended {
@@ -625,7 +610,7 @@ async fn files(
     Path(id): Path<String>,
     Query(q): Query<FilesQuery>,
 ) -> Result<Json<super::files::Listing>, Failure> {
-    let meta = visible_session(&app, &caller, &id).await?;
+    let meta = app.harness.session(&caller.who(), &id).await?;
     let path = q.path.unwrap_or_default();
     let grants = meta.grants.clone();
     let listing = tokio::task::spawn_blocking(move || super::files::list(&grants, &q.grant, &path))
@@ -661,13 +646,13 @@ pub(crate) async fn visible_approvals(
     session: Option<&str>,
     pending_only: bool,
 ) -> Result<Vec<Value>, Failure> {
-    let views = app.harness.approvals_for(&caller.who(), session, pending_only).await?;
+    let views = app.harness.approvals(&caller.who(), session, pending_only).await?;
     let mut out = Vec::new();
     for view in views {
         let mut v = serde_json::to_value(&view.unit)
             .map_err(|e| Failure::new("internal", e.to_string()))?;
         v["may_decide"] = json!(view.may_decide);
-        out.push(super::shown::approval(caller.is_admin(), v));
+        out.push(keel::api::shown::approval(&caller.who(), v));
     }
     Ok(out)
 }
@@ -719,7 +704,7 @@ pub(crate) async fn decide(
     req: DecideBody,
 ) -> Result<Json<Value>, Failure> {
     let reason = req.reason.filter(|r| !r.trim().is_empty());
-    let unit = app.harness.decide_for(&caller.who(), id, decision, reason).await?;
+    let unit = app.harness.decide(&caller.who(), id, decision, reason, None).await?;
     app.run_in_background(unit.session_id.to_string());
     Ok(Json(json!({"ok": true, "unit": unit})))
 }
@@ -727,7 +712,7 @@ pub(crate) async fn decide(
 /// The grant presets users may name (`keel grant preset add`).
 #[utoipa::path(get, path = "/presets", responses((status = 200, body = Object)))]
 async fn presets(State(app): Shared, caller: Caller) -> Result<Json<Value>, Failure> {
-    let presets = app.harness.presets().await?;
+    let presets = app.harness.presets(&caller.who()).await?;
     let shown: Vec<Value> = presets
         .into_iter()
         .map(|p| {
@@ -738,7 +723,7 @@ async fn presets(State(app): Shared, caller: Caller) -> Result<Json<Value>, Fail
                 json!({
                     "name": p.name,
                     "user_decides": p.user_decides,
-                    "grants": super::shown::grants(false, &p.grants),
+                    "grants": keel::api::shown::grants(&caller.who(), &p.grants),
                 })
             }
         })
@@ -748,8 +733,8 @@ async fn presets(State(app): Shared, caller: Caller) -> Result<Json<Value>, Fail
 
 /// The installed tools.
 #[utoipa::path(get, path = "/tools", responses((status = 200, body = Object)))]
-async fn list_tools(State(app): Shared, _caller: Caller) -> Result<Json<Value>, Failure> {
-    Ok(Json(json!({"ok": true, "tools": app.harness.tools()?})))
+async fn list_tools(State(app): Shared, caller: Caller) -> Result<Json<Value>, Failure> {
+    Ok(Json(json!({"ok": true, "tools": app.harness.tools(&caller.who())?})))
 }
 
 /// A component (or the one providing a tool), with its tools: digest, effect, schemas.
@@ -759,8 +744,8 @@ async fn get_tool(
     caller: Caller,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, Failure> {
-    let (component, tools) = app.harness.tool(&name)?;
-    let component = super::shown::component(caller.is_admin(), &component);
+    let (component, tools) = app.harness.tool(&caller.who(), &name)?;
+    let component = keel::api::shown::component(&caller.who(), &component);
     Ok(Json(json!({"ok": true, "component": component, "tools": tools})))
 }
 
@@ -787,7 +772,7 @@ async fn upload_tool(
     let bytes = spool(upload, app.options.max_upload).await?;
     let mode = if q.upgrade { InstallMode::Upgrade } else { InstallMode::New };
     let source = format!("uploaded by {}", caller.principal.decider());
-    let report = app.harness.install_tool(&bytes, &q.name, &source, mode).await?;
+    let report = app.harness.install_tool(&caller.who(), &bytes, &q.name, &source, mode).await?;
     Ok((StatusCode::CREATED, Json(json!({"ok": true, "installed": report}))))
 }
 
@@ -829,7 +814,6 @@ async fn remove_tool(
     caller: Caller,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, Failure> {
-    caller.require_admin("removing a tool")?;
-    let (component, tools) = app.harness.remove_tool(&name)?;
+    let (component, tools) = app.harness.remove_tool(&caller.who(), &name)?;
     Ok(Json(json!({"ok": true, "removed": component, "tools": tools})))
 }

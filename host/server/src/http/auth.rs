@@ -56,17 +56,10 @@ impl Caller {
         keel::api::Caller::Api(self.principal.clone())
     }
 
-    /// Refuses a caller who is not an admin, naming what was asked.
+    /// Refuses a caller who is not an admin, naming what was asked — the core's rule, asked
+    /// early where a handler must decide before it reads a request's body.
     pub fn require_admin(&self, what: &str) -> Result<(), Failure> {
-        if self.is_admin() {
-            Ok(())
-        } else {
-            Err(AccessError::Forbidden(format!(
-                "{what} needs an admin token; `{}` is a user token",
-                self.principal.name
-            ))
-            .into())
-        }
+        Ok(self.who().require_admin(what)?)
     }
 
     /// The login's CSRF token (empty for a bearer caller).

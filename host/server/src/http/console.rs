@@ -189,12 +189,9 @@ async fn logout(
 }
 
 async fn sessions_ctx(app: &App, v: &Caller) -> Result<Value, Failure> {
-    let mut sessions = app.harness.sessions().await?;
-    if !v.is_admin() {
-        let me = v.principal.id();
-        sessions.retain(|s| s.owner.as_deref() == Some(me.as_str()));
-    }
-    let presets: Vec<String> = app.harness.presets().await?.into_iter().map(|p| p.name).collect();
+    let sessions = app.harness.sessions(&v.who()).await?;
+    let presets: Vec<String> =
+        app.harness.presets(&v.who()).await?.into_iter().map(|p| p.name).collect();
     Ok(json!({"sessions": sessions, "presets": presets}))
 }
 
@@ -230,9 +227,8 @@ async fn new_session(
         }
         let preset = Some(f.preset).filter(|p| !p.is_empty());
         let request = keel::api::SessionRequest { preset, ..Default::default() };
-        let spec = api::session_spec(&app, &v, request).await?;
-        let id = app.harness.create_session(spec).await?;
-        api::queue_and_run(&app, &id, &f.input).await?;
+        let id = api::create_for(&app, &v, request).await?;
+        api::queue_and_run(&app, &v.who(), &id, &f.input).await?;
         Ok(Redirect::to(&format!("/sessions/{id}")).into_response())
     }
     .await;
@@ -242,9 +238,9 @@ async fn new_session(
 /// The timeline of a session as the console shows it: its messages and, inline, each tool
 /// call with its input, output, duration, changes and approval.
 async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure> {
-    let meta = api::visible_session(app, v, id).await?;
-    let t = app.harness.timeline(id).await?;
-    let t = super::shown::timeline(v.is_admin(), &t);
+    let meta = app.harness.session(&v.who(), id).await?;
+    let t = app.harness.timeline(&v.who(), id).await?;
+    let t = keel::api::shown::timeline(&v.who(), &t);
     let approvals = api::visible_approvals(app, v, Some(id), false).await?;
     let calls: Vec<Value> = t["tool_calls"].as_array().cloned().unwrap_or_default();
     let evidence: Vec<i64> = t["model_calls"]
@@ -280,20 +276,15 @@ async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure>
         })
     };
     for m in t["messages"].as_array().into_iter().flatten() {
-        let body = &m["body"];
         let role = m["role"].as_str().unwrap_or_default();
         if role == "tool" {
             continue;
         }
-        let text = match &body["content"] {
-            Value::String(s) => s.clone(),
-            Value::Null => String::new(),
-            other => other.to_string(),
-        };
+        let text = m["text"].as_str().unwrap_or_default();
         if !text.is_empty() || role != "assistant" {
             items.push(json!({"kind": "message", "role": role, "turn": m["turn"], "text": text}));
         }
-        for tc in body["tool_calls"].as_array().into_iter().flatten() {
+        for tc in m["calls"].as_array().into_iter().flatten() {
             if let Some(c) = calls.iter().find(|c| c["call_id"] == tc["id"]) {
                 shown.insert(c["call_id"].as_str().unwrap_or_default().to_string());
                 items.push(call_view(c));
@@ -306,7 +297,7 @@ async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure>
             items.push(call_view(c));
         }
     }
-    let last_event = app.harness.last_event(id).await?;
+    let last_event = app.harness.last_event(&v.who(), id).await?;
     Ok(json!({
         "id": id,
         "state": t["state"],
@@ -317,7 +308,7 @@ async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure>
         "items": items,
         "evidence": evidence,
         "pending_inputs": t["pending_inputs"],
-        "grants": super::shown::grants(v.is_admin(), &meta.grants),
+        "grants": keel::api::shown::grants(&v.who(), &meta.grants),
         "net": meta.net.lines(),
         "loaded_tools": meta.loaded_tools,
         "user": meta.user(),
@@ -369,7 +360,7 @@ async fn files_page(
     Query(q): Query<FilesQuery>,
 ) -> Response {
     let r = async {
-        let meta = api::visible_session(&app, &v, &id).await?;
+        let meta = app.harness.session(&v.who(), &id).await?;
         let listing = match q.grant {
             Some(grant) => {
                 let grants = meta.grants.clone();
@@ -390,7 +381,7 @@ async fn files_page(
             &app,
             &v,
             "files.html",
-            json!({"id": id, "grants": super::shown::grants(v.is_admin(), &meta.grants), "listing": listing, "parent": parent}),
+            json!({"id": id, "grants": keel::api::shown::grants(&v.who(), &meta.grants), "listing": listing, "parent": parent}),
         ))
     }
     .await;
@@ -413,8 +404,7 @@ async fn send_input(
 ) -> Response {
     let r = async {
         auth::check_form(&headers, &v, &f.csrf)?;
-        api::visible_session(&app, &v, &id).await?;
-        api::queue_and_run(&app, &id, &f.text).await?;
+        api::queue_and_run(&app, &v.who(), &id, &f.text).await?;
         Ok(Redirect::to(&format!("/sessions/{id}")).into_response())
     }
     .await;
@@ -430,8 +420,7 @@ async fn interrupt(
 ) -> Response {
     let r = async {
         auth::check_form(&headers, &v, &f.csrf)?;
-        api::visible_session(&app, &v, &id).await?;
-        app.harness.interrupt(&id).await?;
+        app.harness.interrupt(&v.who(), &id).await?;
         Ok(Redirect::to(&format!("/sessions/{id}")).into_response())
     }
     .await;
@@ -500,14 +489,14 @@ async fn decide(
 async fn tools_page(State(app): Shared, Viewer(v): Viewer) -> Response {
     let r = app
         .harness
-        .tools()
+        .tools(&v.who())
         .map_err(Failure::from)
         .map(|tools| page(&app, &v, "tools.html", json!({ "tools": tools })));
     or_error(&app, r)
 }
 
 async fn tool_page(State(app): Shared, Viewer(v): Viewer, Path(name): Path<String>) -> Response {
-    let r = app.harness.tool(&name).map_err(Failure::from).map(|(component, tools)| {
+    let r = app.harness.tool(&v.who(), &name).map_err(Failure::from).map(|(component, tools)| {
         let tools: Vec<Value> = tools
             .into_iter()
             .map(|t| {
@@ -517,7 +506,7 @@ async fn tool_page(State(app): Shared, Viewer(v): Viewer, Path(name): Path<Strin
                 j
             })
             .collect();
-        let component = super::shown::component(v.is_admin(), &component);
+        let component = keel::api::shown::component(&v.who(), &component);
         page(&app, &v, "tool.html", json!({"component": component, "tools": tools}))
     });
     or_error(&app, r)

@@ -11,7 +11,6 @@ pub mod api;
 pub mod auth;
 pub mod console;
 pub mod files;
-pub mod shown;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -82,7 +81,7 @@ impl App {
         tokio::spawn(async move {
             let cancel = CancelToken::new();
             let events: Events = Arc::new(|_| {});
-            if let Err(e) = h.resume(&id, &cancel, &events).await {
+            if let Err(e) = h.resume(&keel::api::Caller::Operator, &id, &cancel, &events).await {
                 tracing::warn!(session = %id, "the turn could not run: {e}");
             }
         });
@@ -183,7 +182,8 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
-    for r in app.harness.recovered().iter().filter(|r| r.resumable) {
+    let recovered = app.harness.recovered(&keel::api::Caller::Operator).unwrap_or_default();
+    for r in recovered.iter().filter(|r| r.resumable) {
         app.run_in_background(r.id.to_string());
     }
     let watcher = app.watch_access();
