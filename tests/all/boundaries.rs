@@ -2,11 +2,11 @@
 //! directory it was given for (not a path that can be swapped), the artifact cache runs only
 //! what keel wrote, and principals of one name are distinct.
 
-use keel::api::Caller;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::Path;
 
 use keel::api::ApiError;
+use keel::api::Caller;
 use keel::home::Home;
 use keel::sandbox::{Access, Budget, Grant, LoadSource};
 use keel::tools::{ToolService, ToolServiceError};

@@ -3,10 +3,10 @@
 //! answered from their own script), real skills installed from files, the real control
 //! component, a real SQLite file; asserting on the bytes the server got.
 
-use keel::api::Caller;
 use std::path::Path;
 
 use keel::agent::{LoopGuards, TurnOutcome};
+use keel::api::Caller;
 use keel::brain::Submitted;
 use keel::harness::Harness;
 use keel::sandbox::CancelToken;

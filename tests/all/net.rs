@@ -2,9 +2,9 @@
 //! HTTP server on loopback. No test sends traffic anywhere but loopback: every refusal below
 //! happens before a connection is made, and the server counts the connections it accepts.
 
-use keel::api::Caller;
 use std::time::{Duration, Instant};
 
+use keel::api::Caller;
 use keel::sandbox::Budget;
 use keel::sandbox::net::NetGrants;
 use keel::secrets::{Secret, SecretStore};

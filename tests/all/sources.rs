@@ -2,11 +2,11 @@
 //! component's — loaded, input schema, policy, the approval gate bound to its implementation
 //! digest, the journal — and its own deadline and output cap.
 
-use keel::api::Caller;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keel::agent::{LoopGuards, TurnOutcome};
+use keel::api::Caller;
 use keel::brain::Submitted;
 use keel::policy::Effect;
 use keel::sandbox::{Budget, CallError, CancelToken};

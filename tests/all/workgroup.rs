@@ -1,9 +1,9 @@
 //! Workgroups: a main session delegates to sub-sessions over durable events, against the
 //! scripted model server routing replies per session (by each session's first input).
 
-use keel::api::Caller;
 use std::time::Duration;
 
+use keel::api::Caller;
 use keel::api::SessionSpec;
 use keel::brain::Submitted;
 use keel::harness::Harness;

@@ -16,11 +16,11 @@
 //! `cargo bench -p keel-tests --bench mcp`; `KEEL_BENCH_CALLS` sets the calls (default 300).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
-use keel::api::Caller;
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
+use keel::api::Caller;
 use keel::sandbox::{Budget, CancelToken};
 use keel::tools::mcp::{ServerSpec, Transport};
 use keel_tests::mcp_peers::{Peers, fixture};

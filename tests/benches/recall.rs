@@ -12,9 +12,9 @@
 //! `KEEL_BENCH_INSTALLS` change the sizes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
-use keel::api::Caller;
 use std::time::{Duration, Instant};
 
+use keel::api::Caller;
 use keel::search::MAX_CANDIDATES;
 use keel::store::Db;
 

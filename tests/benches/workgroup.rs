@@ -12,10 +12,10 @@
 //! (default 30), `KEEL_BENCH_CHILDREN` the fan-out (default 64). Asserts nothing about time.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
-use keel::api::Caller;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use keel::api::Caller;
 use keel::harness::Harness;
 use keel::sandbox::CancelToken;
 use keel::session::workgroup::Limits;

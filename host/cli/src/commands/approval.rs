@@ -1,10 +1,10 @@
 //! `keel approvals`, `keel approve`, `keel reject`, `keel recover`.
 
-use keel::api::Caller;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+use keel::api::Caller;
 use keel::brain::Submitted;
 use keel::sandbox::CancelToken;
 use keel::session::{ApprovalUnit, Decision};

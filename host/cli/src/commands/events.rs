@@ -2,12 +2,12 @@
 //! commands that run turns (`run`, `session send`, `approve`, `reject`, `recover`), which are
 //! rendered from the same durable events — what one process prints, another can follow.
 
-use keel::api::Caller;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
+use keel::api::Caller;
 use keel::harness::Harness;
 use keel::session::{EventRow, JournalStatus, SessionEvent};
 

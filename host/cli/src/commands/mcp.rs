@@ -1,6 +1,5 @@
 //! `keel mcp …`: serve keel's governed tools over MCP, and add external MCP servers as tools.
 
-use keel::api::Caller;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Args, Subcommand};
+use keel::api::Caller;
 use keel::harness::Harness;
 use keel::policy::Effect;
 use keel::sandbox::Grant;

@@ -1,12 +1,12 @@
 //! `keel run "TASK"`: create or continue a session and run its turn.
 
-use keel::api::Caller;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Args;
 use keel::agent::{Event, Events, LoopGuards, TurnOutcome};
+use keel::api::Caller;
 use keel::api::SessionSpec;
 use keel::brain::Submitted;
 use keel::harness::{DEFAULT_SYSTEM_PROMPT, Harness, ModelFlags, model_config};

@@ -1,7 +1,6 @@
 //! `keel serve` (the HTTP API and web console), `keel token` (who may use it) and `keel grant
 //! preset` (the grants users may name).
 
-use keel::api::Caller;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,6 +8,7 @@ use std::sync::Arc;
 
 use clap::{Args, Subcommand};
 use keel::access::Role;
+use keel::api::Caller;
 use keel::sandbox::Grant;
 use serde_json::json;
 

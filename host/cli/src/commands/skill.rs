@@ -1,11 +1,11 @@
 //! `keel skill …` and `keel memory …`: install, list, inspect and remove skills; list, add and
 //! remove a user's long-term memories. Skill and memory text is shown inert on terminals.
 
-use keel::api::Caller;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
+use keel::api::Caller;
 use keel::harness::Harness;
 use serde_json::json;
 

@@ -1,10 +1,10 @@
 //! `keel tool …`: install, list, inspect, remove and call tool components.
 
-use keel::api::Caller;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
+use keel::api::Caller;
 use keel::harness::Harness;
 use keel::sandbox::{CancelToken, Grant};
 use keel::tools::{CallRequest, InstallMode};

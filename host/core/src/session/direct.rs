@@ -13,8 +13,9 @@ pub const DIRECT_CALL_PREFIX: &str = "direct-";
 use crate::failure::FailureKind;
 use crate::store::StoreError;
 
+use super::approvals::ApprovalUnit;
 use super::facts::{self, RuntimeState};
-use super::steps::{self, AfterCrash, ApprovalUnit, JournalStatus, WaitCommit};
+use super::steps::{self, AfterCrash, JournalStatus, WaitCommit};
 use super::{JournalEntry, SessionEngine, calls};
 
 /// Opens a direct call: the next step number, its journal row and the `running` state — one

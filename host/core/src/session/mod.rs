@@ -6,6 +6,7 @@
 //! transaction on the store's single writer; no other module writes these tables. It assembles
 //! each model request from the current facts. It does not call the model or run tools.
 
+mod approvals;
 mod assemble;
 mod blobs;
 mod calls;
@@ -38,6 +39,7 @@ use crate::store::{Db, StoreError, now_ms};
 
 pub use crate::policy::{Effect, Policy};
 pub use crate::tools::ConsumedApproval;
+pub use approvals::{ApprovalStatus, ApprovalUnit, DecideError, Decision};
 pub use assemble::{
     Assembled, BYTES_PER_TOKEN, CallFacts, EvidenceOf, GOAL_SHOWN, ModelCallRecord, Part,
     RefusedRequest, TokenEstimate, estimate_tokens, goal_reference, reconstruct_body,
@@ -49,9 +51,8 @@ pub use discovery::SessionDiscovery;
 pub use events::{EventRow, SessionEvent};
 pub use facts::{RuntimeState, SessionMeta, pending_inputs, plan_state, unsettled_in};
 pub use steps::{
-    AfterCrash, ApprovalStatus, ApprovalUnit, DecideError, Decision, JournalStatus,
-    OUTCOME_UNKNOWN, OpenStep, RecoveredSession, WaitCommit, after_crash, close_turn_in,
-    recover_in,
+    AfterCrash, JournalStatus, OUTCOME_UNKNOWN, OpenStep, RecoveredSession, WaitCommit,
+    after_crash, close_turn_in, recover_in,
 };
 pub use turns::{Again, StepCommit, TurnStart, begin_turn_in, submit_in};
 pub use views::{SessionSummary, Timeline, TimelineCall, TimelineMessage};
@@ -383,7 +384,7 @@ impl SessionEngine {
         let unit = unit.to_string();
         self.db
             .run(move |c| {
-                steps::decide_in(c, &unit, decision, reason.as_deref(), session.as_deref(), &by)
+                approvals::decide_in(c, &unit, decision, reason.as_deref(), session.as_deref(), &by)
             })
             .await
     }
@@ -395,13 +396,13 @@ impl SessionEngine {
         pending_only: bool,
     ) -> Result<Vec<ApprovalUnit>, StoreError> {
         let session = session.map(str::to_string);
-        self.db.read(move |c| steps::approvals_of(c, session.as_deref(), pending_only)).await
+        self.db.read(move |c| approvals::approvals_of(c, session.as_deref(), pending_only)).await
     }
 
     /// One approval unit.
     pub async fn approval(&self, unit: &str) -> Result<Option<ApprovalUnit>, StoreError> {
         let unit = unit.to_string();
-        self.db.read(move |c| steps::approval(c, &unit)).await
+        self.db.read(move |c| approvals::approval(c, &unit)).await
     }
 
     /// Starts a compaction of session `id`: finishes any pending checkpoint first (see

@@ -169,7 +169,7 @@ pub struct Timeline {
     pub messages: Vec<TimelineMessage>,
     pub tool_calls: Vec<TimelineCall>,
     /// Every approval unit of the session, oldest first.
-    pub approvals: Vec<super::steps::ApprovalUnit>,
+    pub approvals: Vec<super::approvals::ApprovalUnit>,
     pub pending_inputs: i64,
     /// Every model call: its step, turn, finish reason, tokens and time.
     pub model_calls: Vec<super::assemble::ModelCallRecord>,
@@ -204,7 +204,7 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
     let tool_calls = stmt
         .query_map([id], |r| Ok(TimelineCall { step: r.get(0)?, entry: journal_row(r, 1)? }))?
         .collect::<Result<Vec<_>, _>>()?;
-    let approvals = super::steps::approvals_of(c, Some(id), false)?;
+    let approvals = super::approvals::approvals_of(c, Some(id), false)?;
     let user = meta.user();
     Ok(Timeline {
         id: id.to_string(),

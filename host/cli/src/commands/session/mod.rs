@@ -1,16 +1,21 @@
 //! `keel session …`: list, show, send, interrupt, evidence.
 
-use keel::api::Caller;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
+use keel::api::Caller;
 use keel::sandbox::CancelToken;
 use serde_json::json;
 
+mod show;
+
 use super::run::{cancel_on_ctrl_c, open_harness, quiet, report};
 use super::{EXIT_REFUSED, EXIT_SETUP, inert, inert_block};
+use show::{
+    print_capabilities, print_checkpoint, print_model_calls, print_plan, print_transitions,
+};
 
 #[derive(Subcommand)]
 pub enum SessionCommand {
@@ -379,41 +384,6 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
     }
 }
 
-/// A checkpoint's mark in `keel session show`, before the first message it summarizes.
-fn print_checkpoint(cp: &keel::session::compaction::CheckpointRecord, context_start: i64) {
-    use keel::session::compaction::CheckpointStatus;
-    let current = cp.status == CheckpointStatus::Promoted && cp.to == context_start;
-    println!(
-        "\n── checkpoint {} ({}{}, {}): messages {}–{} {} ──",
-        cp.seq,
-        cp.status,
-        if current { ", current" } else { "" },
-        cp.trigger,
-        cp.from,
-        cp.to,
-        match cp.status {
-            CheckpointStatus::Promoted => "summarized; requests hold the summary instead",
-            CheckpointStatus::Pending => "summarized, not promoted yet",
-            CheckpointStatus::Discarded | CheckpointStatus::Failed => "unchanged",
-        }
-    );
-    if let Some(e) = &cp.error {
-        println!("   {}", inert(e));
-    }
-    if let Some(s) = cp.summary.as_ref().filter(|_| current) {
-        for line in s.render(cp.to).trim().lines().skip(1) {
-            println!("   {}", inert(line));
-        }
-    }
-    println!(
-        "   summary call: {} bytes, {} attempt(s), {:.1} s (keel session evidence --compaction {})",
-        cp.request_bytes,
-        cp.attempts,
-        cp.duration_ms / 1e3,
-        cp.seq
-    );
-}
-
 /// `keel session compact`.
 async fn compact(h: &keel::harness::Harness, a: &IdArgs) -> ExitCode {
     use keel::agent::compact::Compaction;
@@ -461,201 +431,6 @@ async fn compact(h: &keel::harness::Harness, a: &IdArgs) -> ExitCode {
             EXIT_REFUSED,
         ),
     }
-}
-
-/// How each capability arrived, and each turn's orchestration, in `keel session show`.
-fn print_capabilities(t: &keel::session::Timeline) {
-    use keel::session::capabilities::{Kind, Via};
-    let skills: Vec<_> = t.capabilities.iter().filter(|c| c.kind == Kind::Skill).collect();
-    let arrived: Vec<_> = t
-        .capabilities
-        .iter()
-        .filter(|c| c.kind == Kind::Skill || !matches!(c.via, Via::Default | Via::Flag))
-        .collect();
-    if !skills.is_empty() {
-        let names: Vec<String> = skills.iter().map(|s| inert(&s.name)).collect();
-        println!(
-            "
-skills  {}",
-            names.join(", ")
-        );
-    }
-    if !arrived.is_empty() {
-        println!(
-            "
-capabilities added while the session ran:"
-        );
-        for c in arrived {
-            let turn = c.turn.map(|t| format!(" in turn {t}")).unwrap_or_default();
-            println!("  {} {} via {}{turn}", c.kind, inert(&c.name), c.via);
-        }
-    }
-    if t.orchestrations.is_empty() {
-        return;
-    }
-    println!(
-        "
-capability preparation (the Orchestrator's request: keel session evidence {} --orchestration TURN):",
-        t.id
-    );
-    for o in &t.orchestrations {
-        let c = &o.candidates;
-        println!(
-            "  turn {} {}: recalled {} skill(s), {} tool set(s), {} tool(s), {} memory(ies){}",
-            o.turn,
-            o.mode,
-            c.skills.len(),
-            c.toolsets.len(),
-            c.tools.len(),
-            o.memories.len(),
-            o.recall_ms.map(|ms| format!(" in {ms:.1} ms")).unwrap_or_default()
-        );
-        if let Some(e) = &o.recall_error {
-            println!("    recall failed in part: {}", inert(e));
-        }
-        match (&o.selected, &o.error) {
-            (_, Some(e)) => println!("    orchestration failed, nothing added: {}", inert(e)),
-            (Some(s), None) => {
-                let all: Vec<String> = s
-                    .toolsets
-                    .iter()
-                    .map(|n| format!("tool set {n}"))
-                    .chain(s.tools.iter().map(|n| format!("tool {n}")))
-                    .chain(s.skills.iter().map(|n| format!("skill {n}")))
-                    .collect();
-                let chose =
-                    if all.is_empty() { "nothing".to_string() } else { inert(&all.join(", ")) };
-                let ms =
-                    o.duration_ms.map(|ms| format!(" ({:.1} s)", ms / 1e3)).unwrap_or_default();
-                println!("    the Orchestrator chose {chose}{ms}");
-            }
-            (None, None) if o.done => println!("    nothing to choose from: no call"),
-            (None, None) => println!("    unfinished (it is made again when the turn resumes)"),
-        }
-        if !o.dropped.is_empty() {
-            println!("    dropped (not candidates): {}", inert(&o.dropped.join(", ")));
-        }
-    }
-}
-
-/// The plan of the current phase in `keel session show`, and how many versions plans had.
-fn print_plan(t: &keel::session::Timeline) {
-    if let Some(steps) = &t.plan {
-        println!("\nplan of the current phase:");
-        for (i, s) in steps.iter().enumerate() {
-            let note = s.note.as_deref().map(|n| format!(" — {}", inert(n))).unwrap_or_default();
-            println!("  {}. [{}] {}{note}", i + 1, s.status, inert(&s.text));
-        }
-    }
-    if let Some(last) = t.plan_history.last() {
-        let closed = t.plan_history.iter().filter(|v| v.closed).count();
-        println!(
-            "plan history: {} version(s), last v{} ({}); {closed} phase(s) completed",
-            t.plan_history.len(),
-            last.version,
-            last.change.kind()
-        );
-    }
-}
-
-/// The task transitions of `keel session show`: per turn, what the understanding call
-/// answered and what the fixed table did.
-fn print_transitions(t: &keel::session::Timeline) {
-    if t.transitions.is_empty() {
-        return;
-    }
-    println!(
-        "\ntask transitions (the understanding call's request: keel session evidence {} --understanding TURN):",
-        t.id
-    );
-    for tr in &t.transitions {
-        let relation = tr.relation.map(|r| r.as_str()).unwrap_or("not asked");
-        let call = tr.duration_ms.map(|ms| format!(" ({:.1} s)", ms / 1e3)).unwrap_or_default();
-        println!(
-            "  turn {} {} {relation} → {}{call}{}",
-            tr.turn,
-            keel::units::format_time(tr.at_ms),
-            tr.mode,
-            tr.error
-                .as_deref()
-                .map(|e| format!("\n    uncertain because {}", inert(e)))
-                .unwrap_or_default()
-        );
-        let terms =
-            [("skill", &tr.terms.skill), ("tool", &tr.terms.tool), ("memory", &tr.terms.memory)];
-        for (group, list) in terms {
-            if !list.is_empty() {
-                let list: Vec<String> = list.iter().map(|x| inert(x)).collect();
-                println!("    {group} terms: {}", list.join(", "));
-            }
-        }
-    }
-}
-
-/// The model calls of `keel session show`: tokens per step and per turn, the requests that
-/// were refused, and the estimate of the next request.
-fn print_model_calls(t: &keel::session::Timeline) {
-    if !t.model_calls.is_empty() {
-        println!("\nmodel calls:");
-        let mut turns: Vec<i64> = t.model_calls.iter().filter_map(|c| c.turn).collect();
-        turns.dedup();
-        for c in &t.model_calls {
-            let tokens = match c.call.usage {
-                Some(u) => format!(
-                    "{} + {} tokens{}",
-                    u.prompt_tokens,
-                    u.completion_tokens,
-                    u.cached_tokens.map(|n| format!(" ({n} cached)")).unwrap_or_default()
-                ),
-                None => "tokens not reported".into(),
-            };
-            let bytes = c.request_bytes.map(|b| format!(", request {b} bytes")).unwrap_or_default();
-            let finish = c
-                .call
-                .finish_reason
-                .as_deref()
-                .map(|f| format!(", finish {}", inert(f)))
-                .unwrap_or_default();
-            let warn = if c.call.finish_reason.as_deref() == Some("length") {
-                "  ⚠ cut by the token limit"
-            } else {
-                ""
-            };
-            println!(
-                "  step {} turn {}: {tokens}{bytes}, {:.1} s{finish}{warn}",
-                c.step,
-                c.turn.map(|t| t.to_string()).unwrap_or_else(|| "-".into()),
-                c.call.duration_ms / 1e3
-            );
-        }
-        for turn in turns {
-            let sum = super::run::TurnTokens::of(&t.model_calls, turn);
-            println!("  turn {turn}: {}", sum.describe());
-        }
-    }
-    if !t.refused_requests.is_empty() {
-        println!("\nrefused requests (keel session evidence {} --refused N):", t.id);
-        for r in &t.refused_requests {
-            println!(
-                "  #{} turn {} step {}: {} after {} attempt(s), request {} bytes: {}",
-                r.seq,
-                r.turn,
-                r.step,
-                r.http_status.map(|s| format!("HTTP {s}")).unwrap_or_else(|| "no reply".into()),
-                r.attempts,
-                r.request_bytes,
-                inert(&r.error)
-            );
-        }
-    }
-    let e = &t.next_request;
-    println!(
-        "\nnext request ≈ {} tokens ({} bytes at {:.2} bytes/token, {})",
-        e.tokens,
-        e.bytes,
-        e.bytes_per_token,
-        if e.calibrated { "calibrated by the last reported usage" } else { "not yet calibrated" }
-    );
 }
 
 /// `keel session upgrade-tools ID`: pins every loaded tool to the version installed now.

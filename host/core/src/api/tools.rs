@@ -1,0 +1,84 @@
+//! The use cases of the tool catalog: install, read and remove components, host tools, and
+//! an admin's governed call outside any session.
+
+use super::*;
+
+impl Harness {
+    /// Validates, compiles and installs a component as `name` (`source` says where it came
+    /// from), pinned by its sha256.
+    pub async fn install_tool(
+        &self,
+        caller: &Caller,
+        bytes: &[u8],
+        name: &str,
+        source: &str,
+        mode: InstallMode,
+    ) -> Result<InstallReport, ApiError> {
+        caller.require_admin("installing a tool")?;
+        Ok(self.tools.install_as(bytes, name, source, mode).await?)
+    }
+
+    /// The installed tools (any caller may read the catalog).
+    pub fn tools(&self, _caller: &Caller) -> Result<Vec<ToolRecord>, ApiError> {
+        Ok(self.tools.tools()?)
+    }
+
+    /// The component named `name`, or the one providing the tool `name`, with its tools (any
+    /// caller may read it; what a user is shown of it is [`shown::component`](crate::api::shown::component)).
+    pub fn tool(
+        &self,
+        _caller: &Caller,
+        name: &str,
+    ) -> Result<(ComponentRecord, Vec<ToolRecord>), ApiError> {
+        Ok(self.tools.component_for(name)?)
+    }
+
+    /// Removes the component named `name` (or providing the tool `name`); returns it and the
+    /// names of its tools. Sessions that pinned it keep their record of it.
+    pub fn remove_tool(
+        &self,
+        caller: &Caller,
+        name: &str,
+    ) -> Result<(ComponentRecord, Vec<String>), ApiError> {
+        caller.require_admin("removing a tool")?;
+        Ok(self.tools.remove(name)?)
+    }
+
+    /// Adds a tool implemented in this process (a control or MCP tool) to the catalog; from
+    /// then on it is loaded, checked, asked about, approved and journaled like a component's.
+    pub fn register_host_tool(
+        &self,
+        caller: &Caller,
+        tool: std::sync::Arc<dyn HostTool>,
+    ) -> Result<(), ApiError> {
+        caller.require_admin("adding a host tool")?;
+        Ok(self.tools.register_host_tool(tool)?)
+    }
+
+    /// The installed tool records of `names` at the versions `pins` holds (the version
+    /// installed now for a name not pinned); a name not installed is left out. Any caller may
+    /// read the catalog.
+    pub fn tools_pinned(
+        &self,
+        _caller: &Caller,
+        names: &[String],
+        pins: &ToolPins,
+    ) -> Result<Vec<ToolRecord>, ApiError> {
+        let catalog = self.tools.catalog()?;
+        Ok(names
+            .iter()
+            .filter_map(|n| catalog.get_pinned(n, pins))
+            .map(|r| r.record.clone())
+            .collect())
+    }
+
+    /// An admin's direct, governed call of one tool, outside any session.
+    pub async fn call_tool(
+        &self,
+        caller: &Caller,
+        req: CallRequest<'_>,
+    ) -> Result<CallOutcome, ApiError> {
+        caller.require_admin("calling a tool outside a session")?;
+        Ok(self.tools.call(req).await?)
+    }
+}
