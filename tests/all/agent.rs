@@ -22,12 +22,12 @@ fn ws() -> (tempfile::TempDir, Vec<Grant>) {
 
 fn bodies(h: &keel::harness::Harness, id: &str) -> Vec<Value> {
     let rt = tokio::runtime::Handle::current();
-    let t = tokio::task::block_in_place(|| rt.block_on(h.engine.timeline(id))).unwrap();
+    let t = tokio::task::block_in_place(|| rt.block_on(h.internals().engine.timeline(id))).unwrap();
     t.messages.into_iter().map(|m| m.body).collect()
 }
 
 async fn submit(h: &keel::harness::Harness, id: &str, text: &str) -> Submitted {
-    h.brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
+    h.internals().brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
 }
 
 const FS: &[&str] = &["fs_read_file", "fs_write_file", "fs_list_dir"];
@@ -57,13 +57,14 @@ async fn one_tool_turn_and_byte_identical_evidence() {
     let result: Value = serde_json::from_str(msgs[2]["content"].as_str().unwrap()).unwrap();
     assert_eq!(result["content"], "alpha");
     assert_eq!(msgs[3], json!({"role": "assistant", "content": "The file says alpha."}));
-    let meta = h.engine.meta("s1").await.unwrap();
+    let meta = h.internals().engine.meta("s1").await.unwrap();
     assert_eq!(meta.state, RuntimeState::Idle);
     // Evidence: what the server received, byte for byte.
     let received = model.requests();
     assert_eq!(received.len(), 2);
     for (i, body) in received.iter().enumerate() {
-        let (step, evidence) = h.engine.evidence("s1", Some(i as i64 + 1)).await.unwrap();
+        let (step, evidence) =
+            h.internals().engine.evidence("s1", Some(i as i64 + 1)).await.unwrap();
         assert_eq!(step, i as i64 + 1);
         assert_eq!(&evidence, body, "evidence of step {step} differs from the request");
     }
@@ -134,7 +135,7 @@ async fn side_effects_run_in_order_with_intent_then_result() {
     assert_eq!(read["content"], "bravo", "the read ran after the write");
     let write: Value = serde_json::from_str(msgs[2]["content"].as_str().unwrap()).unwrap();
     assert_eq!(write["changes"]["created"][0]["path"], "/w/b.txt");
-    let tl = h.engine.timeline("w").await.unwrap();
+    let tl = h.internals().engine.timeline("w").await.unwrap();
     let statuses: Vec<(String, String)> =
         tl.tool_calls.iter().map(|c| (c.entry.tool.clone(), c.entry.status.to_string())).collect();
     assert_eq!(
@@ -212,7 +213,7 @@ async fn g2_retryable_failures_are_retried_then_fail_clearly_without_partial_com
         other => panic!("expected failure, got {other:?}"),
     }
     assert_eq!(bodies(&h, "r"), [json!({"role": "user", "content": "hello"})], "no partial commit");
-    assert_eq!(h.engine.meta("r").await.unwrap().state, RuntimeState::Failed);
+    assert_eq!(h.internals().engine.meta("r").await.unwrap().state, RuntimeState::Failed);
     // The next input runs normally (the scripted answer is next).
     assert_eq!(
         submit(&h, "r", "again").await,
@@ -281,7 +282,7 @@ async fn loop_guards_end_the_turn_with_a_notice() {
     }
     let last = bodies(&h, "steps").pop().unwrap();
     assert!(last["content"].as_str().unwrap().starts_with("[keel] Turn stopped"));
-    assert_eq!(h.engine.meta("steps").await.unwrap().state, RuntimeState::Idle);
+    assert_eq!(h.internals().engine.meta("steps").await.unwrap().state, RuntimeState::Idle);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -306,13 +307,16 @@ async fn a7_interrupt_during_a_model_call_and_during_a_running_tool() {
         let h2 = h.clone();
         let interrupter = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            h2.engine.request_interrupt("int").await.unwrap();
+            h2.internals().engine.request_interrupt("int").await.unwrap();
         });
         let started = Instant::now();
         assert_eq!(submit(&h, "int", "work").await, Submitted::Ran(TurnOutcome::Interrupted));
         assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
         interrupter.await.unwrap();
-        assert_eq!(h.engine.meta("int").await.unwrap().state, RuntimeState::Interrupted);
+        assert_eq!(
+            h.internals().engine.meta("int").await.unwrap().state,
+            RuntimeState::Interrupted
+        );
     }
     // The interrupted tool call was closed with a result: no orphan call in the history.
     let msgs = bodies(&h, "int");
@@ -355,7 +359,7 @@ async fn c4_two_hosts_one_session_one_runner_nothing_lost_order_kept() {
         LoopGuards::default(),
     )
     .await;
-    assert_ne!(a.brain.owner(), b.brain.owner());
+    assert_ne!(a.internals().brain.owner(), b.internals().brain.owner());
     let first = tokio::spawn({
         let a = a.clone();
         async move { submit(&a, "c4", "one").await }
@@ -418,10 +422,10 @@ async fn the_api_key_never_reaches_the_database_or_the_evidence() {
     .await
     .unwrap();
     assert_eq!(submit(&keyed, "k", "hi").await, Submitted::Ran(TurnOutcome::Answer("ok".into())));
-    let (_, evidence) = keyed.engine.evidence("k", None).await.unwrap();
+    let (_, evidence) = keyed.internals().engine.evidence("k", None).await.unwrap();
     assert!(!String::from_utf8_lossy(&evidence).contains(KEY));
     // The session's events (in the files scanned below) were written too.
-    assert!(keyed.engine.last_event("k").await.unwrap() >= 6);
+    assert!(keyed.internals().engine.last_event("k").await.unwrap() >= 6);
     for file in ["keel.db", "keel.db-wal"] {
         let bytes = std::fs::read(home.path().join(file)).unwrap_or_default();
         assert!(!String::from_utf8_lossy(&bytes).contains(KEY), "the key is in {file}");
@@ -584,12 +588,13 @@ async fn evidence_parts_are_stored_once_and_again_when_they_change() {
     .await;
     assert!(matches!(submit(&h, "s", "Read a.txt").await, Submitted::Ran(TurnOutcome::Answer(_))));
     // The session's tool schemas change: the new ones must be stored with the next request.
-    h.engine.add_tools("s", vec!["fs_list_dir".into()]).await.unwrap();
+    h.internals().engine.add_tools("s", vec!["fs_list_dir".into()]).await.unwrap();
     assert!(matches!(submit(&h, "s", "List /w").await, Submitted::Ran(TurnOutcome::Answer(_))));
     let received = model.requests();
     assert_eq!(received.len(), 4);
     for (i, body) in received.iter().enumerate() {
-        let (step, evidence) = h.engine.evidence("s", Some(i as i64 + 1)).await.unwrap();
+        let (step, evidence) =
+            h.internals().engine.evidence("s", Some(i as i64 + 1)).await.unwrap();
         assert_eq!(&evidence, body, "evidence of step {step} differs from the request");
         // A fresh engine, which knows of no stored part, rebuilds it the same way.
         let fresh = keel::session::SessionEngine::new(
@@ -657,7 +662,7 @@ async fn g2_oversized_and_absurd_replies_fail_clearly_and_the_session_goes_on() 
     let users: Vec<Value> =
         ["one", "two", "three"].iter().map(|t| json!({"role": "user", "content": t})).collect();
     assert_eq!(bodies(&h, "big"), users);
-    assert_eq!(h.engine.meta("big").await.unwrap().state, RuntimeState::Failed);
+    assert_eq!(h.internals().engine.meta("big").await.unwrap().state, RuntimeState::Failed);
     assert_eq!(
         submit(&h, "big", "four").await,
         Submitted::Ran(TurnOutcome::Answer("still here".into()))
@@ -686,14 +691,14 @@ async fn guards_of_zero_are_raised_and_never_leave_a_turn_running() {
         submit(&h, "z", "hello").await,
         Submitted::Ran(TurnOutcome::Answer("one call is allowed".into()))
     );
-    assert_eq!(h.engine.meta("z").await.unwrap().state, RuntimeState::Idle);
+    assert_eq!(h.internals().engine.meta("z").await.unwrap().state, RuntimeState::Idle);
     // The step limit (1) ends the next turn after its one call, with the notice, idle.
     let out = submit(&h, "z", "call echo").await;
     assert!(
         matches!(&out, Submitted::Ran(TurnOutcome::Stopped(n)) if n.contains("limit of 1 model calls")),
         "{out:?}"
     );
-    let meta = h.engine.meta("z").await.unwrap();
+    let meta = h.internals().engine.meta("z").await.unwrap();
     assert_eq!(meta.state, RuntimeState::Idle);
     assert_eq!(meta.active_turn, None);
 }
@@ -720,7 +725,7 @@ async fn a_model_url_that_cannot_work_fails_at_once_without_retries() {
         }
         other => panic!("expected a failed turn, got {other:?}"),
     }
-    assert_eq!(h.engine.meta("u").await.unwrap().state, RuntimeState::Failed);
+    assert_eq!(h.internals().engine.meta("u").await.unwrap().state, RuntimeState::Failed);
 }
 
 /// A redirect is not followed (a POST would be resent as a GET, or its key not sent to the new
@@ -758,7 +763,7 @@ async fn a_redirecting_model_server_fails_the_call_at_once_naming_the_new_addres
         assert_eq!(model.requests().len(), 1, "not followed, not retried");
         // Only the user's input is in the history: nothing of the call was committed.
         assert_eq!(bodies(&h, "r").len(), 1);
-        assert_eq!(h.engine.meta("r").await.unwrap().state, RuntimeState::Failed);
+        assert_eq!(h.internals().engine.meta("r").await.unwrap().state, RuntimeState::Failed);
     }
 }
 
@@ -776,7 +781,12 @@ async fn an_empty_input_is_refused_and_leaves_nothing_behind() {
     )
     .await;
     for empty in ["", "  \n\t"] {
-        let err = h.brain.submit("e", empty, &CancelToken::new(), &no_events()).await.unwrap_err();
+        let err = h
+            .internals()
+            .brain
+            .submit("e", empty, &CancelToken::new(), &no_events())
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("empty"), "{err}");
     }
     assert!(bodies(&h, "e").is_empty(), "nothing was appended");
@@ -829,12 +839,16 @@ async fn every_step_sees_the_catalog_another_process_changed() {
     .unwrap();
     let effects = std::fs::read(keel_tests::guests::EFFECTS_COMPONENT).unwrap();
     other.install(&effects, "effects", "test", false).await.unwrap();
-    let loads = h.tools.catalog_loads();
+    let loads = h.internals().tools.catalog_loads();
     assert_eq!(
         submit(&h, "s", "peek again").await,
         Submitted::Ran(TurnOutcome::Answer("there".into()))
     );
-    assert_eq!(h.tools.catalog_loads(), loads + 1, "loaded once for the change, not per step");
+    assert_eq!(
+        h.internals().tools.catalog_loads(),
+        loads + 1,
+        "loaded once for the change, not per step"
+    );
     other.remove("effects").unwrap();
     assert_eq!(
         submit(&h, "s", "peek once more").await,
@@ -896,15 +910,16 @@ async fn h4_a_session_keeps_the_component_version_it_loaded_until_told_to_upgrad
         LoopGuards::default(),
     )
     .await;
-    let old = h.tools.resolve("echo").unwrap().digest.clone();
-    let pins = h.tools.current_pins(&["echo".to_string()]).unwrap();
-    h.engine.pin_tools("s", pins, false).await.unwrap();
+    let old = h.internals().tools.resolve("echo").unwrap().digest.clone();
+    let pins = h.internals().tools.current_pins(&["echo".to_string()]).unwrap();
+    h.internals().engine.pin_tools("s", pins, false).await.unwrap();
     assert_eq!(submit(&h, "s", "one").await, Submitted::Ran(TurnOutcome::Answer("first".into())));
     // The admin upgrades the component (a custom section: a new digest, the same tools).
     let mut bytes = std::fs::read(keel_tests::guests::HOSTILE_COMPONENT).unwrap();
     bytes.extend_from_slice(&[0, 8, 7]);
     bytes.extend_from_slice(b"upgrade");
     let r = h
+        .internals()
         .tools
         .install_as(&bytes, "hostile", "test", keel::tools::InstallMode::Upgrade)
         .await
@@ -914,12 +929,12 @@ async fn h4_a_session_keeps_the_component_version_it_loaded_until_told_to_upgrad
     assert!(home.path().join("components").join(format!("{old}.wasm")).exists());
     assert_eq!(submit(&h, "s", "two").await, Submitted::Ran(TurnOutcome::Answer("second".into())));
     // Pinning again without an upgrade keeps what the session loaded.
-    let pins = h.tools.current_pins(&["echo".to_string()]).unwrap();
-    assert!(h.engine.pin_tools("s", pins.clone(), false).await.unwrap().is_empty());
-    let changed = h.engine.pin_tools("s", pins, true).await.unwrap();
+    let pins = h.internals().tools.current_pins(&["echo".to_string()]).unwrap();
+    assert!(h.internals().engine.pin_tools("s", pins.clone(), false).await.unwrap().is_empty());
+    let changed = h.internals().engine.pin_tools("s", pins, true).await.unwrap();
     assert_eq!(changed, vec![("echo".to_string(), Some(old.clone()), new.clone())]);
     assert_eq!(submit(&h, "s", "three").await, Submitted::Ran(TurnOutcome::Answer("third".into())));
-    let t = h.engine.timeline("s").await.unwrap();
+    let t = h.internals().engine.timeline("s").await.unwrap();
     let ran: Vec<(String, Option<String>)> = t
         .tool_calls
         .iter()
@@ -988,7 +1003,7 @@ async fn g5_a_tool_call_cut_by_the_token_limit_never_poisons_the_history() {
         assert!(text.contains("cut off by the token limit"), "{text}");
     }
     // The raw text is kept: in the journal and in the stored message.
-    let t = h.engine.timeline("s").await.unwrap();
+    let t = h.internals().engine.timeline("s").await.unwrap();
     assert_eq!(t.tool_calls[0].entry.input, "{\"text\": \"abc");
     let stored = t.messages.iter().find(|m| m.body["tool_calls"].is_array()).unwrap();
     assert_eq!(stored.body["tool_calls"][0]["function"]["arguments"], "{\"text\": \"abc");
@@ -1045,7 +1060,8 @@ async fn a_sessions_loop_guards_are_stored_and_used_by_every_turn() {
         LoopGuards::default(),
     )
     .await;
-    h.engine
+    h.internals()
+        .engine
         .create(keel::session::NewSession {
             pins: Default::default(),
             user: None,
@@ -1064,7 +1080,7 @@ async fn a_sessions_loop_guards_are_stored_and_used_by_every_turn() {
         })
         .await
         .unwrap();
-    assert_eq!(h.engine.meta("g").await.unwrap().guards.map(|g| g.max_steps), Some(2));
+    assert_eq!(h.internals().engine.meta("g").await.unwrap().guards.map(|g| g.max_steps), Some(2));
     for text in ["one", "two"] {
         match submit(&h, "g", text).await {
             Submitted::Ran(TurnOutcome::Stopped(n)) => {
@@ -1074,7 +1090,7 @@ async fn a_sessions_loop_guards_are_stored_and_used_by_every_turn() {
         }
     }
     assert_eq!(model.requests().len(), 4, "two model calls per turn, not 24");
-    let t = h.engine.timeline("g").await.unwrap();
+    let t = h.internals().engine.timeline("g").await.unwrap();
     let notices = t
         .messages
         .iter()
@@ -1110,12 +1126,14 @@ async fn a_turn_with_one_read_only_call_commits_three_times() {
     .await;
     keel_tests::plain_session(&h, "p", &["echo"], &model.url()).await;
     for (session, answer, commits) in [("c", "one", 4), ("p", "two", 3)] {
-        let before = h.engine.db().stats().commits.load(std::sync::atomic::Ordering::Relaxed);
+        let before =
+            h.internals().engine.db().stats().commits.load(std::sync::atomic::Ordering::Relaxed);
         assert_eq!(
             submit(&h, session, "go").await,
             Submitted::Ran(TurnOutcome::Answer(answer.into()))
         );
-        let after = h.engine.db().stats().commits.load(std::sync::atomic::Ordering::Relaxed);
+        let after =
+            h.internals().engine.db().stats().commits.load(std::sync::atomic::Ordering::Relaxed);
         assert_eq!(after - before, commits, "commits of the turn answered {answer:?}");
     }
     // The lease went with the last commit: another runner may take the session at once.
@@ -1128,7 +1146,7 @@ async fn a_turn_with_one_read_only_call_commits_three_times() {
         LoopGuards::default(),
     )
     .await;
-    assert!(other.brain.try_acquire("c").await.unwrap());
+    assert!(other.internals().brain.try_acquire("c").await.unwrap());
 }
 
 /// Two tasks of one process submit to one session at once: the lease row names the process,
@@ -1161,7 +1179,7 @@ async fn two_tasks_of_one_process_never_run_one_session_at_once() {
     assert!(matches!(second, Submitted::Queued { .. }), "{second:?}");
     // The first task ran both turns, one after the other.
     assert_eq!(first.await.unwrap(), Submitted::Ran(TurnOutcome::Answer("two".into())));
-    let t = h.engine.timeline("par").await.unwrap();
+    let t = h.internals().engine.timeline("par").await.unwrap();
     let order: Vec<String> = t
         .messages
         .iter()

@@ -49,11 +49,11 @@ async fn an_approval_flow_through_the_api_and_its_typed_refusals() {
         .await
         .unwrap_err();
     assert_eq!(e.kind(), "config", "{e}");
-    assert!(!h.engine.exists("api").await.unwrap());
+    assert!(!h.internals().engine.exists("api").await.unwrap());
 
     let tools = Some(vec!["effect_send".to_string()]);
     let id = h.create_session(&Caller::Operator, spec(&model.url(), grants, tools)).await.unwrap();
-    let meta = h.engine.meta(&id).await.unwrap();
+    let meta = h.internals().engine.meta(&id).await.unwrap();
     assert_eq!(meta.guards.map(|g| g.max_steps), Some(5), "the loop guards are stored");
     assert!(meta.tool_pins.contains_key("effect_send"), "the loaded tool is pinned");
     let e =
@@ -81,7 +81,7 @@ async fn an_approval_flow_through_the_api_and_its_typed_refusals() {
         Some(Submitted::Ran(TurnOutcome::Answer("sent".into())))
     );
     assert_eq!(log_lines(work.path(), "sent.log"), ["hello"]);
-    assert_eq!(h.engine.meta(&id).await.unwrap().state, RuntimeState::Idle);
+    assert_eq!(h.internals().engine.meta(&id).await.unwrap().state, RuntimeState::Idle);
 }
 
 /// Who may see and do what is decided by the core's use cases, for any front-end: a user

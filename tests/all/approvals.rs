@@ -54,11 +54,11 @@ impl Fixture {
 }
 
 async fn submit(h: &keel::harness::Harness, id: &str, text: &str) -> Submitted {
-    h.brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
+    h.internals().brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
 }
 
 async fn drain(h: &keel::harness::Harness, id: &str) -> Option<Submitted> {
-    h.brain.drain(id, &CancelToken::new(), &no_events()).await.unwrap()
+    h.internals().brain.drain(id, &CancelToken::new(), &no_events()).await.unwrap()
 }
 
 fn waiting_units(s: &Submitted) -> Vec<keel::ids::UnitId> {
@@ -71,7 +71,7 @@ fn waiting_units(s: &Submitted) -> Vec<keel::ids::UnitId> {
 /// Every assistant tool call in the history has exactly one result, right after it.
 fn assert_paired(h: &keel::harness::Harness, id: &str) {
     let rt = tokio::runtime::Handle::current();
-    let t = tokio::task::block_in_place(|| rt.block_on(h.engine.timeline(id))).unwrap();
+    let t = tokio::task::block_in_place(|| rt.block_on(h.internals().engine.timeline(id))).unwrap();
     let msgs: Vec<Value> = t.messages.into_iter().map(|m| m.body).collect();
     let mut i = 0;
     while i < msgs.len() {
@@ -92,18 +92,18 @@ async fn approve_runs_the_stored_call_exactly_once_and_the_turn_continues() {
     let out = submit(&f.h, "ap1", "send the report t1").await;
     let units = waiting_units(&out);
     assert_eq!(units.len(), 1);
-    let meta = f.h.engine.meta("ap1").await.unwrap();
+    let meta = f.h.internals().engine.meta("ap1").await.unwrap();
     assert_eq!(meta.state, RuntimeState::WaitingApproval);
     assert!(meta.state_detail.unwrap().contains(units[0].as_str()));
     assert!(f.lines("sent.log").is_empty(), "nothing runs before the decision");
     // The unit shows exactly what would run.
-    let pending = f.h.engine.approvals(Some("ap1"), true).await.unwrap();
+    let pending = f.h.internals().engine.approvals(Some("ap1"), true).await.unwrap();
     assert_eq!(pending.len(), 1);
     let u = &pending[0];
     assert_eq!((u.tool.as_str(), u.effect.as_str()), ("effect_send", "external"));
     assert_eq!(u.input, r#"{"label":"t1-0"}"#);
     assert_eq!(u.input_digest, keel::sandbox::sha256_hex(u.input.as_bytes()));
-    assert_eq!(u.component_digest, f.h.tools.resolve("effect_send").unwrap().digest);
+    assert_eq!(u.component_digest, f.h.internals().tools.resolve("effect_send").unwrap().digest);
     assert_eq!(u.grants.len(), 1);
     assert!(u.result_id.starts_with("res-"));
     // A second runner finds nothing to do while the decision is pending.
@@ -111,20 +111,22 @@ async fn approve_runs_the_stored_call_exactly_once_and_the_turn_continues() {
     assert_eq!(waiting_units(&again), units);
     assert!(f.lines("sent.log").is_empty());
 
-    let decided = f.h.brain.decide(&units[0], Decision::Approve, Some("ok".into()), None).await;
+    let decided =
+        f.h.internals().brain.decide(&units[0], Decision::Approve, Some("ok".into()), None).await;
     assert_eq!(decided.unwrap().unwrap().status, keel::session::ApprovalStatus::Approved);
     let out = drain(&f.h, "ap1").await.unwrap();
     assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done t1".into())));
     assert_eq!(f.lines("sent.log"), vec!["t1-0"]);
-    let unit = f.h.engine.approval(&units[0]).await.unwrap().unwrap();
+    let unit = f.h.internals().engine.approval(&units[0]).await.unwrap().unwrap();
     assert_eq!(unit.status, keel::session::ApprovalStatus::Consumed);
-    let t = f.h.engine.timeline("ap1").await.unwrap();
+    let t = f.h.internals().engine.timeline("ap1").await.unwrap();
     assert_eq!(t.state, RuntimeState::Idle);
     assert_eq!(t.tool_calls[0].entry.approval_id.as_deref(), Some(units[0].as_str()));
     assert_eq!(t.tool_calls[0].entry.status.as_str(), "done");
     assert_paired(&f.h, "ap1");
     // Used once: deciding it again is refused, and a resume runs nothing more.
-    let again = f.h.brain.decide(&units[0], Decision::Approve, None, None).await.unwrap();
+    let again =
+        f.h.internals().brain.decide(&units[0], Decision::Approve, None, None).await.unwrap();
     assert!(matches!(again, Err(DecideError::NotPending { .. })));
     assert_eq!(drain(&f.h, "ap1").await, Some(Submitted::Ran(TurnOutcome::Answer(String::new()))));
     assert_eq!(f.lines("sent.log"), vec!["t1-0"]);
@@ -138,16 +140,28 @@ async fn the_gate_takes_only_a_consumed_approval_bound_to_the_call() {
     let model = MockModel::start_fn(plan_responder(vec!["effect_send".into()])).await;
     let f = Fixture::new(&model.url(), "gate", LoopGuards::default()).await;
     let units = waiting_units(&submit(&f.h, "gate", "send the report g").await);
-    f.h.brain.decide(&units[0], Decision::Approve, None, None).await.unwrap().unwrap();
+    f.h.internals().brain.decide(&units[0], Decision::Approve, None, None).await.unwrap().unwrap();
     drain(&f.h, "gate").await.unwrap();
-    let call_id = f.h.engine.approval(&units[0]).await.unwrap().unwrap().call_id;
+    let call_id = f.h.internals().engine.approval(&units[0]).await.unwrap().unwrap().call_id;
     // No proof for a unit that this call did not consume, or another call.
-    assert_eq!(f.h.engine.consumed_approval("gate", &units[0], "other-call").await.unwrap(), None);
-    assert_eq!(f.h.engine.consumed_approval("gate", "ap-missing", &call_id).await.unwrap(), None);
-    let proof = f.h.engine.consumed_approval("gate", &units[0], &call_id).await.unwrap().unwrap();
+    assert_eq!(
+        f.h.internals().engine.consumed_approval("gate", &units[0], "other-call").await.unwrap(),
+        None
+    );
+    assert_eq!(
+        f.h.internals().engine.consumed_approval("gate", "ap-missing", &call_id).await.unwrap(),
+        None
+    );
+    let proof =
+        f.h.internals()
+            .engine
+            .consumed_approval("gate", &units[0], &call_id)
+            .await
+            .unwrap()
+            .unwrap();
     assert_eq!((proof.unit(), proof.call_id()), (units[0].as_str(), call_id.as_str()));
 
-    let meta = f.h.engine.meta("gate").await.unwrap();
+    let meta = f.h.internals().engine.meta("gate").await.unwrap();
     let call = |input: &'static str, approval| CallRequest {
         tool: "effect_send",
         input,
@@ -160,14 +174,15 @@ async fn the_gate_takes_only_a_consumed_approval_bound_to_the_call() {
         approval,
         control: None,
     };
-    let err = f.h.tools.call(call(r#"{"label":"g-0"}"#, None)).await.unwrap_err();
+    let err = f.h.internals().tools.call(call(r#"{"label":"g-0"}"#, None)).await.unwrap_err();
     assert!(matches!(err, ToolServiceError::NeedsApproval { .. }), "{err}");
-    let err = f.h.tools.call(call(r#"{"label":"other"}"#, Some(&proof))).await.unwrap_err();
+    let err =
+        f.h.internals().tools.call(call(r#"{"label":"other"}"#, Some(&proof))).await.unwrap_err();
     assert!(matches!(err, ToolServiceError::ApprovalNotBound { .. }), "{err}");
     assert_eq!(err.kind(), "approval_not_bound");
     assert_eq!(f.lines("sent.log"), vec!["g-0"], "neither refused call ran");
     // The proof approves exactly what the person saw.
-    let ok = f.h.tools.call(call(r#"{"label":"g-0"}"#, Some(&proof))).await.unwrap();
+    let ok = f.h.internals().tools.call(call(r#"{"label":"g-0"}"#, Some(&proof))).await.unwrap();
     assert!(ok.report.result.is_ok());
     assert_eq!(f.lines("sent.log"), vec!["g-0", "g-0"]);
 }
@@ -177,12 +192,16 @@ async fn reject_commits_a_result_the_model_sees() {
     let model = MockModel::start_fn(plan_responder(vec!["effect_wipe".into()])).await;
     let f = Fixture::new(&model.url(), "ap2", LoopGuards::default()).await;
     let units = waiting_units(&submit(&f.h, "ap2", "wipe it t2").await);
-    let r = f.h.brain.decide(&units[0], Decision::Reject, Some("not today".into()), None).await;
+    let r =
+        f.h.internals()
+            .brain
+            .decide(&units[0], Decision::Reject, Some("not today".into()), None)
+            .await;
     assert_eq!(r.unwrap().unwrap().status, keel::session::ApprovalStatus::Rejected);
     let out = drain(&f.h, "ap2").await.unwrap();
     assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done t2".into())));
     assert!(f.lines("wiped.log").is_empty());
-    let t = f.h.engine.timeline("ap2").await.unwrap();
+    let t = f.h.internals().engine.timeline("ap2").await.unwrap();
     let result: Value =
         serde_json::from_str(t.messages[2].body["content"].as_str().unwrap()).unwrap();
     assert_eq!(result["error"]["kind"], "rejected");
@@ -198,20 +217,28 @@ async fn d1_d2_pending_and_approved_survive_a_restart() {
     let units = waiting_units(&submit(&f.h, "ap3", "two messages t3").await);
     // D1: the process goes away while the approval is pending; a new one starts.
     f.restart().await;
-    let pending = f.h.engine.approvals(Some("ap3"), true).await.unwrap();
+    let pending = f.h.internals().engine.approvals(Some("ap3"), true).await.unwrap();
     assert_eq!(pending.iter().map(|u| u.id.clone()).collect::<Vec<_>>(), units, "same id");
-    assert_eq!(f.h.engine.meta("ap3").await.unwrap().state, RuntimeState::WaitingApproval);
+    assert_eq!(
+        f.h.internals().engine.meta("ap3").await.unwrap().state,
+        RuntimeState::WaitingApproval
+    );
     assert!(f.lines("sent.log").is_empty(), "nothing executed");
     // D2: approved, then the process goes away before the call ran.
-    f.h.brain.decide(&units[0], Decision::Approve, None, None).await.unwrap().unwrap();
+    f.h.internals().brain.decide(&units[0], Decision::Approve, None, None).await.unwrap().unwrap();
     f.restart().await;
-    assert!(f.h.recovered.iter().any(|r| r.id == "ap3" && r.resumable));
+    assert!(
+        f.h.recovered(&keel::api::Caller::Operator)
+            .unwrap()
+            .iter()
+            .any(|r| r.id == "ap3" && r.resumable)
+    );
     // Resuming runs it exactly once; the second call asks again.
     let second = waiting_units(&drain(&f.h, "ap3").await.unwrap());
     assert_ne!(second, units);
     assert_eq!(f.lines("sent.log"), vec!["t3-0"]);
     f.restart().await;
-    f.h.brain.decide(&second[0], Decision::Approve, None, None).await.unwrap().unwrap();
+    f.h.internals().brain.decide(&second[0], Decision::Approve, None, None).await.unwrap().unwrap();
     let out = drain(&f.h, "ap3").await.unwrap();
     assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done t3".into())));
     assert_eq!(f.lines("sent.log"), vec!["t3-0", "t3-1"]);
@@ -231,10 +258,10 @@ async fn d5_new_call_ids_and_upgraded_tools_need_a_new_approval() {
     let f = Fixture::new(&model.url(), "ap4", LoopGuards::default()).await;
     let first = waiting_units(&submit(&f.h, "ap4", "send it").await);
     // Approved, but the turn is interrupted before it resumes: the approval dies with it.
-    f.h.brain.decide(&first[0], Decision::Approve, None, None).await.unwrap().unwrap();
-    f.h.brain.interrupt("ap4").await.unwrap();
+    f.h.internals().brain.decide(&first[0], Decision::Approve, None, None).await.unwrap().unwrap();
+    f.h.internals().brain.interrupt("ap4").await.unwrap();
     assert_eq!(
-        f.h.engine.approval(&first[0]).await.unwrap().unwrap().status,
+        f.h.internals().engine.approval(&first[0]).await.unwrap().unwrap().status,
         keel::session::ApprovalStatus::Cancelled
     );
     assert_paired(&f.h, "ap4");
@@ -243,13 +270,14 @@ async fn d5_new_call_ids_and_upgraded_tools_need_a_new_approval() {
     assert_ne!(second, first);
     assert!(f.lines("sent.log").is_empty());
     // Approved, then the tool is upgraded (a new component digest) before the call runs.
-    f.h.brain.decide(&second[0], Decision::Approve, None, None).await.unwrap().unwrap();
+    f.h.internals().brain.decide(&second[0], Decision::Approve, None, None).await.unwrap().unwrap();
     let mut bytes = std::fs::read(keel_tests::guests::EFFECTS_COMPONENT).unwrap();
     // A custom section changes the digest, not the behaviour.
     bytes.extend_from_slice(&[0, 8, 7]);
     bytes.extend_from_slice(b"upgrade");
     let report =
-        f.h.tools
+        f.h.internals()
+            .tools
             .install_as(&bytes, "effects", "test", keel::tools::InstallMode::Upgrade)
             .await
             .unwrap();
@@ -257,13 +285,13 @@ async fn d5_new_call_ids_and_upgraded_tools_need_a_new_approval() {
     let third = waiting_units(&drain(&f.h, "ap4").await.unwrap());
     assert_ne!(third, second);
     assert_eq!(
-        f.h.engine.approval(&second[0]).await.unwrap().unwrap().status,
+        f.h.internals().engine.approval(&second[0]).await.unwrap().unwrap().status,
         keel::session::ApprovalStatus::Invalidated
     );
-    let unit = f.h.engine.approval(&third[0]).await.unwrap().unwrap();
+    let unit = f.h.internals().engine.approval(&third[0]).await.unwrap().unwrap();
     assert_eq!(unit.component_digest, report.component.digest);
     assert!(f.lines("sent.log").is_empty(), "an invalidated approval runs nothing");
-    f.h.brain.decide(&third[0], Decision::Approve, None, None).await.unwrap().unwrap();
+    f.h.internals().brain.decide(&third[0], Decision::Approve, None, None).await.unwrap().unwrap();
     assert!(matches!(drain(&f.h, "ap4").await, Some(Submitted::Ran(TurnOutcome::Answer(_)))));
     assert_eq!(f.lines("sent.log"), vec!["same"]);
 }
@@ -273,22 +301,32 @@ async fn d6_decisions_on_missing_or_settled_units_change_nothing() {
     let model = MockModel::start_fn(plan_responder(vec!["effect_send".into()])).await;
     let f = Fixture::new(&model.url(), "ap5", LoopGuards::default()).await;
     let units = waiting_units(&submit(&f.h, "ap5", "go t5").await);
-    let before = f.h.engine.approvals(None, false).await.unwrap();
-    let missing = f.h.brain.decide("ap-nope", Decision::Approve, None, None).await.unwrap();
+    let before = f.h.internals().engine.approvals(None, false).await.unwrap();
+    let missing =
+        f.h.internals().brain.decide("ap-nope", Decision::Approve, None, None).await.unwrap();
     assert_eq!(missing, Err(DecideError::NotFound { unit: "ap-nope".into() }));
     let wrong =
-        f.h.brain.decide(&units[0], Decision::Approve, None, Some("other".into())).await.unwrap();
+        f.h.internals()
+            .brain
+            .decide(&units[0], Decision::Approve, None, Some("other".into()))
+            .await
+            .unwrap();
     assert!(matches!(wrong, Err(DecideError::WrongSession { .. })));
     assert!(wrong.unwrap_err().to_string().contains("belongs to session `ap5`"));
-    assert_eq!(f.h.engine.approvals(None, false).await.unwrap(), before, "nothing changed");
-    f.h.brain.decide(&units[0], Decision::Reject, None, None).await.unwrap().unwrap();
-    let late = f.h.brain.decide(&units[0], Decision::Approve, None, None).await.unwrap();
+    assert_eq!(
+        f.h.internals().engine.approvals(None, false).await.unwrap(),
+        before,
+        "nothing changed"
+    );
+    f.h.internals().brain.decide(&units[0], Decision::Reject, None, None).await.unwrap().unwrap();
+    let late =
+        f.h.internals().brain.decide(&units[0], Decision::Approve, None, None).await.unwrap();
     assert_eq!(
         late.unwrap_err().to_string(),
         format!("approval `{}` is not pending: it is rejected", units[0])
     );
     assert_eq!(
-        f.h.engine.approval(&units[0]).await.unwrap().unwrap().status,
+        f.h.internals().engine.approval(&units[0]).await.unwrap().unwrap().status,
         keel::session::ApprovalStatus::Rejected
     );
 }
@@ -328,7 +366,7 @@ async fn d4_sixteen_concurrent_deciders_one_wins_every_time() {
         let winners: Vec<_> = results.iter().filter(|r| r.is_ok()).collect();
         winners_per_round.push(winners.len());
         assert_eq!(winners.len(), 1, "round {round}: {results:?}");
-        let stored = f.h.engine.approval(&unit).await.unwrap().unwrap();
+        let stored = f.h.internals().engine.approval(&unit).await.unwrap().unwrap();
         let winner = winners[0].as_ref().unwrap();
         assert_eq!(
             stored.decision_reason, winner.decision_reason,
@@ -338,7 +376,7 @@ async fn d4_sixteen_concurrent_deciders_one_wins_every_time() {
     }
     assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done r".into())));
     assert!(winners_per_round.iter().all(|w| *w == 1));
-    let approved = f.h.engine.approvals(Some("race"), false).await.unwrap();
+    let approved = f.h.internals().engine.approvals(Some("race"), false).await.unwrap();
     let consumed =
         approved.iter().filter(|u| u.status == keel::session::ApprovalStatus::Consumed).count();
     assert_eq!(f.lines("sent.log").len(), consumed, "every approved call ran exactly once");
@@ -363,15 +401,18 @@ async fn interrupt_while_waiting_closes_every_open_call() {
     let f = Fixture::new(&model.url(), "ap6", LoopGuards::default()).await;
     let units = waiting_units(&submit(&f.h, "ap6", "mixed").await);
     assert_eq!(units.len(), 1);
-    assert_eq!(f.h.brain.interrupt("ap6").await.unwrap(), RuntimeState::WaitingApproval);
-    let t = f.h.engine.timeline("ap6").await.unwrap();
+    assert_eq!(
+        f.h.internals().brain.interrupt("ap6").await.unwrap(),
+        RuntimeState::WaitingApproval
+    );
+    let t = f.h.internals().engine.timeline("ap6").await.unwrap();
     assert_eq!(t.state, RuntimeState::Interrupted);
     assert_paired(&f.h, "ap6");
     let kinds: Vec<_> = t.tool_calls.iter().map(|c| c.entry.error_kind.clone()).collect();
     assert_eq!(kinds, vec![None, Some(FailureKind::Interrupted), Some(FailureKind::Interrupted)]);
     assert!(f.lines("sent.log").is_empty() && f.lines("effects.log").is_empty());
     assert_eq!(
-        f.h.engine.approval(&units[0]).await.unwrap().unwrap().status,
+        f.h.internals().engine.approval(&units[0]).await.unwrap().unwrap().status,
         keel::session::ApprovalStatus::Cancelled
     );
     // The next input continues from a well-formed history.
@@ -409,7 +450,8 @@ async fn policy_ask_allow_and_deny_per_session() {
     let grants = vec![Grant::new(f.work.path(), "/work", Access::Rw).unwrap()];
     let mut model_cfg = keel::model::ModelConfig::new(&f.url, "m");
     model_cfg.max_retries = 0;
-    f.h.engine
+    f.h.internals()
+        .engine
         .create(keel::session::NewSession {
             pins: Default::default(),
             user: None,
@@ -430,14 +472,14 @@ async fn policy_ask_allow_and_deny_per_session() {
         .unwrap();
     let units = waiting_units(&submit(&f.h, "pol", "policy t7").await);
     assert_eq!(f.lines("wiped.log"), vec!["t7-0"], "allowed by name, no question");
-    let u = f.h.engine.approval(&units[0]).await.unwrap().unwrap();
+    let u = f.h.internals().engine.approval(&units[0]).await.unwrap().unwrap();
     assert_eq!(u.tool, "effect_append");
     assert!(u.why.contains("asks before every call of `effect_append`"));
-    f.h.brain.decide(&units[0], Decision::Approve, None, None).await.unwrap().unwrap();
+    f.h.internals().brain.decide(&units[0], Decision::Approve, None, None).await.unwrap().unwrap();
     let out = drain(&f.h, "pol").await.unwrap();
     assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done t7".into())));
     assert_eq!(f.lines("effects.log"), vec!["t7-1"]);
-    let t = f.h.engine.timeline("pol").await.unwrap();
+    let t = f.h.internals().engine.timeline("pol").await.unwrap();
     assert_eq!(t.tool_calls[2].entry.error_kind.map(|k| k.as_str()), Some("denied"));
     assert!(f.lines("sent.log").is_empty());
 }
@@ -448,29 +490,40 @@ async fn c3_disk_full_rolls_back_pauses_and_resumes() {
     let model = MockModel::start(vec![Reply::text(&big), Reply::text(&big)]).await;
     let f = Fixture::new(&model.url(), "full", LoopGuards::default()).await;
     let pages: i64 =
-        f.h.db.run(|c| Ok(c.query_row("PRAGMA page_count", [], |r| r.get(0))?)).await.unwrap();
+        f.h.internals()
+            .db
+            .run(|c| Ok(c.query_row("PRAGMA page_count", [], |r| r.get(0))?))
+            .await
+            .unwrap();
     // The database may grow by a few pages only: the answer cannot be stored.
-    f.h.db
+    f.h.internals()
+        .db
         .run(move |c| {
             c.query_row(&format!("PRAGMA max_page_count = {}", pages + 8), [], |_| Ok(()))?;
             Ok(())
         })
         .await
         .unwrap();
-    let err = f.h.brain.submit("full", "write a lot", &CancelToken::new(), &no_events()).await;
+    let err =
+        f.h.internals()
+            .brain
+            .submit("full", "write a lot", &CancelToken::new(), &no_events())
+            .await;
     let message = err.unwrap_err().to_string();
     assert!(message.contains("full"), "a typed, clear error: {message}");
     // Rolled back: no half step, the input is kept, the database is sound.
-    let t = f.h.engine.timeline("full").await.unwrap();
+    let t = f.h.internals().engine.timeline("full").await.unwrap();
     assert_eq!(t.messages.len(), 1, "only the input: {:?}", t.messages);
     let ok: String =
-        f.h.db
+        f.h.internals()
+            .db
             .read(|c| Ok(c.query_row("PRAGMA integrity_check", [], |r| r.get(0))?))
             .await
             .unwrap();
     assert_eq!(ok, "ok");
     // Space again: the session resumes where it stopped.
-    f.h.db
+    f.h.internals()
+        .db
         .run(|c| {
             c.query_row("PRAGMA max_page_count = 1073741823", [], |_| Ok(()))?;
             Ok(())
@@ -479,5 +532,5 @@ async fn c3_disk_full_rolls_back_pauses_and_resumes() {
         .unwrap();
     let out = drain(&f.h, "full").await.unwrap();
     assert_eq!(out, Submitted::Ran(TurnOutcome::Answer(big)));
-    assert_eq!(f.h.engine.meta("full").await.unwrap().state, RuntimeState::Idle);
+    assert_eq!(f.h.internals().engine.meta("full").await.unwrap().state, RuntimeState::Idle);
 }

@@ -54,10 +54,14 @@ async fn j1_a_grant_around_or_inside_the_home_is_refused_at_creation_and_at_each
         assert!(text.contains(&root.display().to_string()) && text.contains("--home"), "{text}");
         // The same grant at a call (`keel tool call`, a stored session's grant): refused
         // before anything runs.
-        let e =
-            call_with(&h.tools, "fs_list_dir", json!({"path": g.guest}), std::slice::from_ref(g))
-                .await
-                .unwrap_err();
+        let e = call_with(
+            &h.internals().tools,
+            "fs_list_dir",
+            json!({"path": g.guest}),
+            std::slice::from_ref(g),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(e.kind(), "grant", "{e}");
         let e =
             h.preset_add(&Caller::Operator, "p", vec![g.clone()], false, false).await.unwrap_err();
@@ -68,7 +72,9 @@ async fn j1_a_grant_around_or_inside_the_home_is_refused_at_creation_and_at_each
     let beside = dir.path().join("work");
     std::fs::create_dir(&beside).unwrap();
     let g = Grant::new(&beside, "/work", Access::Ro).unwrap();
-    let out = call_with(&h.tools, "fs_list_dir", json!({"path": "/work"}), &[g]).await.unwrap();
+    let out = call_with(&h.internals().tools, "fs_list_dir", json!({"path": "/work"}), &[g])
+        .await
+        .unwrap();
     assert!(out.report.result.is_ok(), "{:?}", out.report.result);
 }
 
@@ -102,7 +108,7 @@ async fn j1_the_home_is_private_and_an_older_home_is_tightened() {
             .unwrap();
         let work = tempfile::tempdir().unwrap();
         let g = Grant::new(work.path(), "/w", Access::Ro).unwrap();
-        call_with(&h.tools, "fs_list_dir", json!({"path": "/w"}), &[g]).await.unwrap();
+        call_with(&h.internals().tools, "fs_list_dir", json!({"path": "/w"}), &[g]).await.unwrap();
         let files = modes(&home);
         assert!(files.iter().any(|(p, _)| p.ends_with("keel.db-wal")), "{files:?}");
         assert!(files.iter().any(|(p, _)| p.ends_with(".cwasm")), "{files:?}");

@@ -17,7 +17,7 @@ use keel_tests::{answered, harness_with_session, no_events, system_of};
 use serde_json::Value;
 
 async fn submit(h: &Harness, id: &str, text: &str) -> String {
-    answered(h.brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap())
+    answered(h.internals().brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap())
 }
 
 fn json(body: &[u8]) -> Value {
@@ -396,7 +396,12 @@ async fn h1_a_hostile_skill_steers_text_only() {
     );
     spec.guards.max_steps = 12;
     h.create_session(&Caller::Operator, spec).await.unwrap();
-    let out = h.brain.submit("s", "clean up", &CancelToken::new(), &no_events()).await.unwrap();
+    let out = h
+        .internals()
+        .brain
+        .submit("s", "clean up", &CancelToken::new(), &no_events())
+        .await
+        .unwrap();
     assert!(
         matches!(out, Submitted::Ran(TurnOutcome::WaitingApproval(_))),
         "the deletion waits for a person: {out:?}"
@@ -427,7 +432,7 @@ async fn h4_a_session_keeps_the_skill_version_it_loaded() {
         skills: vec!["csv-audit".into()],
         ..Default::default()
     };
-    h.engine.add_capabilities("old", load.clone(), Via::Admin).await.unwrap();
+    h.internals().engine.add_capabilities("old", load.clone(), Via::Admin).await.unwrap();
     let v2 = CSV_AUDIT.replace("MARKER-CSV-AUDIT", "MARKER-V2");
     std::fs::write(skills.path().join("csv-audit/SKILL.md"), &v2).unwrap();
     let e = h
@@ -436,7 +441,7 @@ async fn h4_a_session_keeps_the_skill_version_it_loaded() {
         .unwrap_err();
     assert_eq!(e.kind(), "conflict", "other content needs --upgrade: {e}");
     h.install_skill(&Caller::Operator, &skills.path().join("csv-audit"), true).await.unwrap();
-    h.engine.add_capabilities("new", load, Via::Admin).await.unwrap();
+    h.internals().engine.add_capabilities("new", load, Via::Admin).await.unwrap();
     assert_eq!(submit(&h, "old", "go").await, "a");
     assert_eq!(submit(&h, "new", "go").await, "b");
     let requests = model.requests();

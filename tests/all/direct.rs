@@ -36,6 +36,7 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
 
     // Read-only: runs without asking.
     let peek = h
+        .internals()
         .brain
         .call_direct("d", "effect_peek", r#"{"label":"x"}"#, &cancel, |_| async {
             panic!("a read-only call is not asked about")
@@ -45,8 +46,12 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
     assert!(peek.ran && peek.result.is_ok() && peek.output.is_some(), "{peek:?}");
 
     // External, nobody to ask: refused, nothing sent.
-    let refused =
-        h.brain.call_direct("d", "effect_send", &input, &cancel, |_| async { None }).await.unwrap();
+    let refused = h
+        .internals()
+        .brain
+        .call_direct("d", "effect_send", &input, &cancel, |_| async { None })
+        .await
+        .unwrap();
     assert!(!refused.ran, "{refused:?}");
     assert_eq!(refused.result.error, Some(FailureKind::NeedsApproval));
     assert!(refused.ask_reason.is_some());
@@ -54,6 +59,7 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
 
     // Rejected by the person: not run, the reason kept.
     let rejected = h
+        .internals()
         .brain
         .call_direct("d", "effect_send", &input, &cancel, |unit| async move {
             assert_eq!(unit.tool, "effect_send");
@@ -69,6 +75,7 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
 
     // Approved: runs exactly once, consuming the approval.
     let approved = h
+        .internals()
         .brain
         .call_direct("d", "effect_send", &input, &cancel, |_| async {
             Some((Decision::Approve, Some("ok".into())))
@@ -77,13 +84,13 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
         .unwrap();
     assert!(approved.ran && approved.result.is_ok(), "{approved:?}");
     assert_eq!(log_lines(work.path(), "sent.log"), vec!["m1"]);
-    let units = h.engine.approvals(Some("d"), false).await.unwrap();
+    let units = h.internals().engine.approvals(Some("d"), false).await.unwrap();
     let statuses: Vec<&str> = units.iter().map(|u| u.status.as_str()).collect();
     assert_eq!(statuses.iter().filter(|s| **s == "consumed").count(), 1, "{statuses:?}");
     assert_eq!(statuses.iter().filter(|s| **s == "rejected").count(), 2, "{statuses:?}");
 
     // Each call is a step with one journal row, all done; the session is idle again.
-    let t = h.engine.timeline("d").await.unwrap();
+    let t = h.internals().engine.timeline("d").await.unwrap();
     let rows: Vec<(i64, &str, Option<&str>)> = t
         .tool_calls
         .iter()
@@ -99,11 +106,15 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
         ]
     );
     assert!(t.tool_calls.iter().all(|c| c.entry.status == JournalStatus::Done));
-    assert_eq!(h.engine.meta("d").await.unwrap().state, RuntimeState::Idle);
+    assert_eq!(h.internals().engine.meta("d").await.unwrap().state, RuntimeState::Idle);
 
     // A tool the session did not load is refused (and journaled) like any call.
-    let unloaded =
-        h.brain.call_direct("d", "effect_wipe", "{}", &cancel, |_| async { None }).await.unwrap();
+    let unloaded = h
+        .internals()
+        .brain
+        .call_direct("d", "effect_wipe", "{}", &cancel, |_| async { None })
+        .await
+        .unwrap();
     assert!(!unloaded.ran, "{unloaded:?}");
     assert_eq!(unloaded.result.error, Some(FailureKind::UnknownTool));
 }
@@ -135,15 +146,28 @@ fn intent(id: &str, tool: &str, effect: &str, idempotent: bool) -> JournalEntry 
 async fn a_crash_during_a_direct_call_leaves_an_unknown_outcome() {
     let (home, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let h = fixture(home.path(), work.path()).await;
-    h.engine.begin_direct("d", intent("direct-a", "effect_peek", "read-only", true)).await.unwrap();
-    h.engine.begin_direct("d", intent("direct-b", "effect_send", "external", false)).await.unwrap();
+    h.internals()
+        .engine
+        .begin_direct("d", intent("direct-a", "effect_peek", "read-only", true))
+        .await
+        .unwrap();
+    h.internals()
+        .engine
+        .begin_direct("d", intent("direct-b", "effect_send", "external", false))
+        .await
+        .unwrap();
     drop(h);
     // The next process recovers the session (no runner holds it).
     let h = fixture(home.path(), work.path()).await;
-    let r = h.recovered.iter().find(|r| r.id.as_str() == "d").expect("the session is recovered");
+    let r = h
+        .recovered(&keel::api::Caller::Operator)
+        .unwrap()
+        .iter()
+        .find(|r| r.id.as_str() == "d")
+        .expect("the session is recovered");
     assert_eq!(r.outcome_unknown, vec![CallId::new("direct-b")]);
     assert_eq!(r.state_after, RuntimeState::Idle);
-    let t = h.engine.timeline("d").await.unwrap();
+    let t = h.internals().engine.timeline("d").await.unwrap();
     let rows: Vec<(&str, &str, Option<&str>)> = t
         .tool_calls
         .iter()

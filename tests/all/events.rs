@@ -85,20 +85,20 @@ async fn events_report_every_visible_change_and_another_engine_follows_them() {
     let watcher =
         harness_with_session(home.path(), &model.url(), "e", TOOLS, vec![], LoopGuards::default())
             .await;
-    let mut rx = watcher.engine.follow("e", 0, Duration::from_millis(20));
+    let mut rx = watcher.internals().engine.follow("e", 0, Duration::from_millis(20));
 
     let cancel = CancelToken::new();
-    let out = h.brain.submit("e", "send hello", &cancel, &no_events()).await.unwrap();
+    let out = h.internals().brain.submit("e", "send hello", &cancel, &no_events()).await.unwrap();
     let Submitted::Ran(TurnOutcome::WaitingApproval(units)) = out else {
         panic!("expected a wait for approval, got {out:?}")
     };
-    h.engine.decide(&units[0], Decision::Approve, None, None).await.unwrap().unwrap();
+    h.internals().engine.decide(&units[0], Decision::Approve, None, None).await.unwrap().unwrap();
     assert_eq!(
-        h.brain.drain("e", &cancel, &no_events()).await.unwrap(),
+        h.internals().brain.drain("e", &cancel, &no_events()).await.unwrap(),
         Some(Submitted::Ran(TurnOutcome::Answer("sent it".into())))
     );
     // A refused request is an event too.
-    let out = h.brain.submit("e", "again", &cancel, &no_events()).await.unwrap();
+    let out = h.internals().brain.submit("e", "again", &cancel, &no_events()).await.unwrap();
     assert!(matches!(out, Submitted::Ran(TurnOutcome::Failed(_))), "{out:?}");
 
     let expected = [
@@ -154,10 +154,10 @@ async fn events_report_every_visible_change_and_another_engine_follows_them() {
     assert!(tokio::time::timeout(Duration::from_millis(200), rx.recv()).await.is_err());
 
     // Reading after a sequence number gives the same rows.
-    let tail = h.engine.events_after("e", 20, 100).await.unwrap();
+    let tail = h.internals().engine.events_after("e", 20, 100).await.unwrap();
     assert_eq!(tail, followed[20..]);
-    assert_eq!(h.engine.events_after("e", 0, 3).await.unwrap(), followed[..3]);
-    assert_eq!(h.engine.last_event("e").await.unwrap(), expected.len() as i64);
+    assert_eq!(h.internals().engine.events_after("e", 0, 3).await.unwrap(), followed[..3]);
+    assert_eq!(h.internals().engine.last_event("e").await.unwrap(), expected.len() as i64);
     // The finished model call carries its tokens; the state its detail.
     match &followed[10].event {
         SessionEvent::ModelCallFinished { usage: Some(u), attempts: 1, .. } => {
@@ -172,6 +172,6 @@ async fn events_report_every_visible_change_and_another_engine_follows_them() {
         other => panic!("{other:?}"),
     }
     // An unknown session is an error, not an empty list.
-    let e = h.engine.events_after("nope", 0, 10).await.unwrap_err().to_string();
+    let e = h.internals().engine.events_after("nope", 0, 10).await.unwrap_err().to_string();
     assert!(e.contains("nope"), "{e}");
 }

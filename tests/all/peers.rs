@@ -100,7 +100,7 @@ fn fixtures() -> tempfile::TempDir {
 }
 
 async fn submit(h: &keel::harness::Harness, id: &str, text: &str) -> Submitted {
-    h.brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
+    h.internals().brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
 }
 
 /// A tool turn against a slow stream (20 ms between chunks of 5 characters), its usage
@@ -127,7 +127,7 @@ async fn peers_aimock_tool_turn_usage_cut_answers_and_refusals() {
         submit(&h, "p", "Check orders.csv").await,
         Submitted::Ran(TurnOutcome::Answer("Two rows are ragged: lines 4 and 6.".into()))
     );
-    let t = h.engine.timeline("p").await.unwrap();
+    let t = h.internals().engine.timeline("p").await.unwrap();
     assert_eq!(t.tool_calls.len(), 1);
     assert_eq!(t.tool_calls[0].entry.status.as_str(), "done");
     assert_eq!(t.model_calls.len(), 2);
@@ -142,7 +142,7 @@ async fn peers_aimock_tool_turn_usage_cut_answers_and_refusals() {
         submit(&h, "p", "cut please").await,
         Submitted::Ran(TurnOutcome::Answer("The answer is".into()))
     );
-    let calls = h.engine.model_calls("p").await.unwrap();
+    let calls = h.internals().engine.model_calls("p").await.unwrap();
     assert_eq!(calls.last().unwrap().call.finish_reason.as_deref(), Some("length"));
 
     match submit(&h, "p", "something no fixture knows").await {
@@ -151,7 +151,7 @@ async fn peers_aimock_tool_turn_usage_cut_answers_and_refusals() {
         }
         other => panic!("expected a failed turn, got {other:?}"),
     }
-    let t = h.engine.timeline("p").await.unwrap();
+    let t = h.internals().engine.timeline("p").await.unwrap();
     assert_eq!(t.refused_requests.len(), 1);
     assert_eq!(t.refused_requests[0].http_status, Some(404));
 }
@@ -190,9 +190,9 @@ async fn peers_aimock_loose_understanding_and_summary_answers_are_read() {
         Submitted::Ran(TurnOutcome::Answer("audited loosely".into()))
     );
     let cancel = CancelToken::new();
-    let done = h.brain.compact("l", &cancel, &no_events()).await.unwrap();
+    let done = h.internals().brain.compact("l", &cancel, &no_events()).await.unwrap();
     assert!(matches!(done, keel::agent::compact::Compaction::Compacted { .. }), "{done:?}");
-    let t = h.engine.timeline("l").await.unwrap();
+    let t = h.internals().engine.timeline("l").await.unwrap();
     let tr = &t.transitions[0];
     assert_eq!(tr.relation, Some(keel::understand::TaskRelation::EstablishTask), "{tr:?}");
     assert!(tr.error.is_none(), "{tr:?}");
@@ -237,7 +237,7 @@ async fn peers_aimock_chaos_malformed_and_dropped() {
             }
             other => panic!("{flag}: expected a failed turn, got {other:?}"),
         }
-        let t = h.engine.timeline(id).await.unwrap();
+        let t = h.internals().engine.timeline(id).await.unwrap();
         assert_eq!(t.refused_requests.len(), 1, "{flag}");
     }
 }

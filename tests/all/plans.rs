@@ -13,7 +13,7 @@ use keel_tests::mock_model::{MockModel, Reply};
 use keel_tests::{guests, harness_with_session, no_events, session_spec, system_of};
 
 async fn submit(h: &keel::harness::Harness, id: &str, text: &str) -> Submitted {
-    h.brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
+    h.internals().brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,7 +101,7 @@ async fn a_plan_is_shown_in_every_request_of_its_phase_across_turns_and_restarts
     let after = system_of(&requests[6]);
     assert!(after.contains("Current phase goal: none (the last phase is complete)"), "{after}");
     assert!(!after.contains("Plan of the current phase"), "{after}");
-    let events = h.engine.events_after("p", 0, 1000).await.unwrap();
+    let events = h.internals().engine.events_after("p", 0, 1000).await.unwrap();
     assert!(events.iter().any(|e| matches!(&e.event,
         SessionEvent::PhaseCompleted { summary, .. } if summary == "the list is written and checked")));
     assert_eq!(
@@ -131,11 +131,11 @@ async fn a_third_party_component_importing_the_plan_interface_is_refused_unless_
         harness_with_session(home.path(), &model.url(), "x", &[], vec![], LoopGuards::default())
             .await;
     let bytes = std::fs::read(guests::PLAN_IMPORT_COMPONENT).unwrap();
-    let e = h.tools.install(&bytes, "planner", "test", false).await.unwrap_err();
+    let e = h.internals().tools.install(&bytes, "planner", "test", false).await.unwrap_err();
     let text = e.to_string();
     assert!(text.contains("`keel:control/plan@0.1.0`"), "names the interface: {text}");
     assert!(text.contains("only linked for trusted control tools"), "{text}");
-    assert!(h.tools.resolve("sneaky_plan").is_err());
+    assert!(h.internals().tools.resolve("sneaky_plan").is_err());
 
     // An admin trusts it by digest: installed, and its requests reach the session's plan.
     drop(h);
@@ -148,7 +148,7 @@ async fn a_third_party_component_importing_the_plan_interface_is_refused_unless_
     let h =
         harness_with_session(home.path(), &model.url(), "x", &[], vec![], LoopGuards::default())
             .await;
-    h.tools.install(&bytes, "planner", "test", false).await.unwrap();
+    h.internals().tools.install(&bytes, "planner", "test", false).await.unwrap();
     h.create_session(
         &Caller::Operator,
         session_spec(&model.url(), "t", vec![], Some(vec!["sneaky_plan".into()])),

@@ -94,6 +94,10 @@ async fn turn_in_a_process_of_its_own() {
         LoopGuards::default(),
     )
     .await;
-    let out = h.brain.submit("s1", "What does a.txt say?", &CancelToken::new(), &no_events()).await;
+    let out = h
+        .internals()
+        .brain
+        .submit("s1", "What does a.txt say?", &CancelToken::new(), &no_events())
+        .await;
     assert_eq!(out.unwrap(), Submitted::Ran(TurnOutcome::Answer("It says alpha.".into())));
 }

@@ -16,7 +16,9 @@ async fn open(dir: &std::path::Path) -> Result<Harness, String> {
 /// `PRAGMA synchronous` of the writer's connection (0 off, 1 normal, 2 full), read through a
 /// write operation so that it is the writer's own connection that answers.
 async fn writer_synchronous(h: &Harness) -> i64 {
-    h.db.run(|c| Ok(c.pragma_query_value(None, "synchronous", |r| r.get::<_, i64>(0))?))
+    h.internals()
+        .db
+        .run(|c| Ok(c.pragma_query_value(None, "synchronous", |r| r.get::<_, i64>(0))?))
         .await
         .unwrap()
 }
@@ -37,11 +39,16 @@ async fn synchronous_is_full_by_default_and_follows_keel_toml() {
     let h = open(dir.path()).await.unwrap();
     assert_eq!(writer_synchronous(&h).await, 1);
     // Commits work and are counted; under `normal` none of them waits for an fsync.
-    let before = h.db.stats().commits.load(std::sync::atomic::Ordering::Relaxed);
-    h.db.run(|c| Ok(c.execute("INSERT INTO blobs (hash, body) VALUES ('h', 'b')", [])?))
+    let before = h.internals().db.stats().commits.load(std::sync::atomic::Ordering::Relaxed);
+    h.internals()
+        .db
+        .run(|c| Ok(c.execute("INSERT INTO blobs (hash, body) VALUES ('h', 'b')", [])?))
         .await
         .unwrap();
-    assert_eq!(h.db.stats().commits.load(std::sync::atomic::Ordering::Relaxed), before + 1);
+    assert_eq!(
+        h.internals().db.stats().commits.load(std::sync::atomic::Ordering::Relaxed),
+        before + 1
+    );
     drop(h);
 
     std::fs::write(dir.path().join("keel.toml"), "[store]\nsynchronous = \"off\"\n").unwrap();
@@ -49,6 +56,7 @@ async fn synchronous_is_full_by_default_and_follows_keel_toml() {
     assert_eq!(writer_synchronous(&h).await, 0);
     // What was committed under the other modes is all there.
     let blobs: i64 = h
+        .internals()
         .db
         .read(|c| Ok(c.query_row("SELECT COUNT(*) FROM blobs WHERE hash = 'h'", [], |r| r.get(0))?))
         .await

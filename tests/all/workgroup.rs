@@ -98,7 +98,7 @@ async fn spawned_children_run_concurrently_and_their_results_wake_the_parent() {
         assert_eq!(child.terminal, Some(Kind::Result));
         assert_eq!(child.state, RuntimeState::Idle);
         // Each child understood its own task: the understanding call saw its request only.
-        let t = h.engine.transitions(&child.session_id).await.unwrap();
+        let t = h.internals().engine.transitions(&child.session_id).await.unwrap();
         assert_eq!(t.len(), 1);
         // A child of depth 1 with depth limit 2 may delegate further.
         let m = h.session(&Caller::Operator, &child.session_id).await.unwrap();
@@ -413,7 +413,7 @@ async fn a_spent_workgroup_step_budget_stops_live_children_and_refuses_new_ones(
             let ev = h.workgroup_events(&Caller::Operator, &id).await.unwrap();
             let mut states = Vec::new();
             for m in &w.members {
-                let meta = h.engine.meta(&m.session_id).await.unwrap();
+                let meta = h.internals().engine.meta(&m.session_id).await.unwrap();
                 states.push((
                     m.session_id.clone(),
                     meta.state,
@@ -432,7 +432,8 @@ async fn a_spent_workgroup_step_budget_stops_live_children_and_refuses_new_ones(
 
     // Spent: a further spawn is refused with the reason, as the model would read it.
     use keel::control::Delegation as _;
-    let checks = keel::session::SessionDelegation::new(h.db.clone(), id.clone(), vec![]);
+    let checks =
+        keel::session::SessionDelegation::new(h.internals().db.clone(), id.clone(), vec![]);
     let e = checks.check_spawn("more", "CHILD MORE", &[], &[]).unwrap_err();
     assert!(e.starts_with("budget: the workgroup used its 2 model steps"), "{e}");
 }

@@ -68,7 +68,7 @@ fn main() {
         .await;
         let mut config = keel::model::ModelConfig::new(&model.url(), "m");
         config.context_window = Some(window);
-        h.engine
+        h.internals().engine
             .create(NewSession {
                 pins: Default::default(),
                 id: Some("long".into()),
@@ -87,7 +87,7 @@ fn main() {
             })
             .await
             .unwrap();
-        let stats = h.db.stats();
+        let stats = h.internals().db.stats();
         let cancel = CancelToken::new();
         let events = keel_tests::no_events();
         let mut per_turn = Vec::with_capacity(turns);
@@ -100,11 +100,11 @@ fn main() {
             );
             let commits0 = stats.commits.load(Ordering::Relaxed);
             let t0 = Instant::now();
-            let out = h.brain.submit("long", &task, &cancel, &events).await.unwrap();
+            let out = h.internals().brain.submit("long", &task, &cancel, &events).await.unwrap();
             assert!(matches!(out, keel::brain::Submitted::Ran(keel::agent::TurnOutcome::Answer(_))), "{out:?}");
             let ms = t0.elapsed().as_secs_f64() * 1e3;
             let commits = stats.commits.load(Ordering::Relaxed) - commits0;
-            let calls = h.engine.model_calls("long").await.unwrap();
+            let calls = h.internals().engine.model_calls("long").await.unwrap();
             let request_bytes = calls
                 .iter()
                 .filter(|c| c.step > last_step)
@@ -115,8 +115,8 @@ fn main() {
             per_turn.push(Turn { ms, commits, request_bytes });
         }
         let total = started.elapsed();
-        let t = h.engine.timeline("long").await.unwrap();
-        let events = h.engine.events_after("long", 0, usize::MAX).await.unwrap();
+        let t = h.internals().engine.timeline("long").await.unwrap();
+        let events = h.internals().engine.events_after("long", 0, usize::MAX).await.unwrap();
         let mut without_call: Vec<f64> = Vec::new();
         for e in &events {
             if let SessionEvent::Compacted { checkpoint, ms, .. } = &e.event

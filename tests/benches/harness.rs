@@ -173,8 +173,8 @@ async fn run(
     // One harness (one writer) serves every session, as one host process would.
     let h = harnesses.swap_remove(0);
     drop(harnesses);
-    h.db.emulate_sync_latency(added_sync);
-    let stats = h.db.stats();
+    h.internals().db.emulate_sync_latency(added_sync);
+    let stats = h.internals().db.stats();
     let commits0 = stats.commits.load(Ordering::Relaxed);
     let operations0 = stats.operations.load(Ordering::Relaxed);
     let wcpu0 = stats.cpu_ns.load(Ordering::Relaxed);
@@ -218,7 +218,11 @@ async fn run(
                 }
                 *l = (now, phase);
             });
-            let r = h.brain.submit(&format!("b{i}"), "go", &CancelToken::new(), &events).await;
+            let r = h
+                .internals()
+                .brain
+                .submit(&format!("b{i}"), "go", &CancelToken::new(), &events)
+                .await;
             let r = r.unwrap();
             assert!(
                 matches!(r, keel::brain::Submitted::Ran(keel::agent::TurnOutcome::Answer(_))),
@@ -408,10 +412,10 @@ async fn recovery(n: usize) {
         LoopGuards::default(),
     )
     .await;
-    let meta = h.engine.meta("r0").await.unwrap();
+    let meta = h.internals().engine.meta("r0").await.unwrap();
     let mut creates = Vec::new();
     for i in 1..n {
-        let engine = h.engine.clone();
+        let engine = h.internals().engine.clone();
         let model = meta.model.clone();
         creates.push(tokio::spawn(async move {
             engine
@@ -438,7 +442,7 @@ async fn recovery(n: usize) {
     for c in creates {
         c.await.unwrap();
     }
-    h.db
+    h.internals().db
         .run(move |c| {
             for i in 0..n {
                 let id = format!("r{i}");
@@ -485,7 +489,7 @@ async fn recovery(n: usize) {
     let db = keel::store::Db::open(&home.path().join("keel.db")).unwrap();
     let agent = keel::agent::AgentService::new(
         keel::session::SessionEngine::new(db.clone()),
-        h.tools.clone(),
+        h.internals().tools.clone(),
         keel::model::ModelClient::new(None).unwrap(),
         LoopGuards::default(),
     );

@@ -125,6 +125,7 @@ fn main() {
         for i in 0..=n {
             let t = Instant::now();
             let c = h
+                .internals()
                 .brain
                 .call_direct("b", "py__echo", r#"{"text":"x"}"#, &cancel, |_| async { None })
                 .await

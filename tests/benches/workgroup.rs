@@ -46,7 +46,7 @@ fn spec(url: &str, id: &str, main: Option<Limits>) -> keel::api::SessionSpec {
 /// Runs `task` in a new session `id` and returns (ms, commits).
 async fn timed(h: &Harness, url: &str, id: &str, main: Option<Limits>, task: &str) -> (f64, u64) {
     h.create_session(&Caller::Operator, spec(url, id, main)).await.unwrap();
-    let commits = h.db.stats().commits.load(Ordering::Relaxed);
+    let commits = h.internals().db.stats().commits.load(Ordering::Relaxed);
     let started = Instant::now();
     let out = h.send(&Caller::Operator, id, task, &CancelToken::new(), &no_events()).await.unwrap();
     let ms = started.elapsed().as_secs_f64() * 1e3;
@@ -56,7 +56,7 @@ async fn timed(h: &Harness, url: &str, id: &str, main: Option<Limits>, task: &st
         }
         other => panic!("{other:?}"),
     }
-    (ms, h.db.stats().commits.load(Ordering::Relaxed) - commits)
+    (ms, h.internals().db.stats().commits.load(Ordering::Relaxed) - commits)
 }
 
 fn line(name: &str, runs: &mut [(f64, u64)]) {

@@ -133,11 +133,11 @@ pub async fn harness_with_session(
 ) -> keel::harness::Harness {
     let home = Home::at(dir).unwrap();
     let h = keel::harness::Harness::open(home, test_limits(), None, guards, &|_| {}).await.unwrap();
-    if h.tools.resolve("echo").is_err() {
+    if h.internals().tools.resolve("echo").is_err() {
         let bytes = std::fs::read(guests::HOSTILE_COMPONENT).unwrap();
-        h.tools.install(&bytes, "hostile", "test", false).await.unwrap();
+        h.internals().tools.install(&bytes, "hostile", "test", false).await.unwrap();
     }
-    if !h.engine.exists(id).await.unwrap() {
+    if !h.internals().engine.exists(id).await.unwrap() {
         let mut model = keel::model::ModelConfig::new(url, "test-model");
         model.max_retries = 2;
         model.timeout_ms = 10_000;
@@ -182,7 +182,8 @@ async fn create_with(
     model: keel::model::ModelConfig,
     understand: bool,
 ) {
-    h.engine
+    h.internals()
+        .engine
         .create(keel::session::NewSession {
             pins: Default::default(),
             user: None,
@@ -212,9 +213,9 @@ pub fn no_events() -> keel::agent::Events {
 /// Installs the effect-counting guest (`effect_append`, `effect_send`, `effect_put`,
 /// `effect_wipe`, `effect_peek`) into the harness's home if it is not there yet.
 pub async fn install_effects(h: &keel::harness::Harness) {
-    if h.tools.resolve("effect_append").is_err() {
+    if h.internals().tools.resolve("effect_append").is_err() {
         let bytes = std::fs::read(guests::EFFECTS_COMPONENT).unwrap();
-        h.tools.install(&bytes, "effects", "test", false).await.unwrap();
+        h.internals().tools.install(&bytes, "effects", "test", false).await.unwrap();
     }
 }
 

@@ -19,16 +19,36 @@ pub const DEFAULT_SYSTEM_PROMPT: &str = "You are keel, an agent that completes t
 Use tools to inspect and change files; never claim a change you did not make. \
 Verify results with a tool before declaring the task done. Answer concisely.";
 
-/// The owners of one home, wired together.
+/// The owners of one home, wired together. They are private: a front-end reaches them only
+/// through the use cases ([`crate::api`]), each with its caller.
 #[derive(Clone)]
 pub struct Harness {
-    pub tools: Arc<ToolService>,
-    pub engine: SessionEngine,
-    pub brain: Brain,
-    pub db: Db,
+    pub(crate) tools: Arc<ToolService>,
+    pub(crate) engine: SessionEngine,
+    pub(crate) brain: Brain,
+    pub(crate) db: Db,
     /// What startup recovery found: sessions whose runner was gone and that changed or have
     /// work to resume.
-    pub recovered: Vec<crate::session::RecoveredSession>,
+    pub(crate) recovered: Vec<crate::session::RecoveredSession>,
+}
+
+/// The owners behind the use cases, for the tests and benchmarks that check an owner's own
+/// behaviour (a runner lease, a journal row, the catalog's cache). Only with the `internals`
+/// feature, which no front-end's build enables.
+#[cfg(feature = "internals")]
+pub struct Internals<'a> {
+    pub tools: &'a Arc<ToolService>,
+    pub engine: &'a SessionEngine,
+    pub brain: &'a Brain,
+    pub db: &'a Db,
+}
+
+#[cfg(feature = "internals")]
+impl Harness {
+    /// The owners behind the use cases (tests and benchmarks only).
+    pub fn internals(&self) -> Internals<'_> {
+        Internals { tools: &self.tools, engine: &self.engine, brain: &self.brain, db: &self.db }
+    }
 }
 
 /// Why the harness could not start.

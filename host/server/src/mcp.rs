@@ -24,7 +24,6 @@ use rmcp::{ErrorData, ServerHandler};
 use keel::api::{CONTROL_TOOLS, DELEGATION_TOOLS, SessionSpec};
 use keel::cancel::CancelToken;
 use keel::harness::Harness;
-use keel::sandbox::Grant;
 use keel::session::{ApprovalUnit, Decision, Policy};
 
 /// How long a person has to answer an elicitation.
@@ -66,19 +65,11 @@ impl KeelServer {
 
     /// Checks what the server offers (the tools exist) before it accepts a connection.
     pub fn check(harness: &Harness, config: &ServeConfig) -> Result<(), keel::api::ApiError> {
-        Grant::check_disjoint(&config.grants)
-            .map_err(|e| keel::api::ApiError::Grant(e.to_string()))?;
-        harness
-            .tools
-            .check_grants(&config.grants)
-            .map_err(|e| keel::api::ApiError::Grant(e.to_string()))?;
-        for t in config.tools.iter().flatten() {
-            harness
-                .tools
-                .resolve(t)
-                .map_err(|e| keel::api::ApiError::NotInstalled(e.to_string()))?;
-        }
-        Ok(())
+        harness.check_session_parts(
+            &keel::api::Caller::Operator,
+            &config.grants,
+            config.tools.as_deref(),
+        )
     }
 
     /// The connection's session id, once its first `tools/call` created it.

@@ -384,27 +384,41 @@ async fn peers_reference_servers_in_a_session() {
     let submit = |text: &'static str| {
         let h = h.clone();
         async move {
-            h.brain.submit("m", text, &CancelToken::new(), &keel_tests::no_events()).await.unwrap()
+            h.internals()
+                .brain
+                .submit("m", text, &CancelToken::new(), &keel_tests::no_events())
+                .await
+                .unwrap()
         }
     };
     assert_eq!(
         submit("read the notes").await,
         Submitted::Ran(TurnOutcome::Answer("read it".into()))
     );
-    let t = h.engine.timeline("m").await.unwrap();
+    let t = h.internals().engine.timeline("m").await.unwrap();
     assert!(t.tool_calls[0].entry.result.as_deref().unwrap().contains("hello notes"), "{t:?}");
 
     let units = match submit("add two and three").await {
         Submitted::Ran(TurnOutcome::WaitingApproval(u)) => u,
         other => panic!("an external MCP tool must wait for approval, got {other:?}"),
     };
-    let unit = h.engine.approval(&units[0]).await.unwrap().unwrap();
+    let unit = h.internals().engine.approval(&units[0]).await.unwrap().unwrap();
     assert_eq!(unit.tool, "every__get_sum");
     assert_eq!(unit.effect.to_string(), "external");
-    h.brain.decide(&units[0], keel::session::Decision::Approve, None, None).await.unwrap().unwrap();
-    let resumed = h.brain.drain("m", &CancelToken::new(), &keel_tests::no_events()).await.unwrap();
+    h.internals()
+        .brain
+        .decide(&units[0], keel::session::Decision::Approve, None, None)
+        .await
+        .unwrap()
+        .unwrap();
+    let resumed = h
+        .internals()
+        .brain
+        .drain("m", &CancelToken::new(), &keel_tests::no_events())
+        .await
+        .unwrap();
     assert_eq!(resumed, Some(Submitted::Ran(TurnOutcome::Answer("summed".into()))));
-    let t = h.engine.timeline("m").await.unwrap();
+    let t = h.internals().engine.timeline("m").await.unwrap();
     assert!(
         t.tool_calls[1].entry.result.as_deref().unwrap().contains("The sum of 2 and 3 is 5"),
         "{t:?}"
@@ -414,9 +428,14 @@ async fn peers_reference_servers_in_a_session() {
         Submitted::Ran(TurnOutcome::WaitingApproval(u)) => u,
         other => panic!("expected a wait, got {other:?}"),
     };
-    h.brain.decide(&units[0], keel::session::Decision::Approve, None, None).await.unwrap().unwrap();
-    h.brain.drain("m", &CancelToken::new(), &keel_tests::no_events()).await.unwrap();
-    let t = h.engine.timeline("m").await.unwrap();
+    h.internals()
+        .brain
+        .decide(&units[0], keel::session::Decision::Approve, None, None)
+        .await
+        .unwrap()
+        .unwrap();
+    h.internals().brain.drain("m", &CancelToken::new(), &keel_tests::no_events()).await.unwrap();
+    let t = h.internals().engine.timeline("m").await.unwrap();
     let env = t.tool_calls[2].entry.result.clone().unwrap();
     assert!(env.contains("GIVEN") && env.contains("PATH") && env.contains("HOME"), "{env}");
     assert!(!env.contains("CARGO"), "keel's own environment must not reach the server: {env}");

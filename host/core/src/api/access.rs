@@ -56,9 +56,19 @@ impl Harness {
         Ok(self.db.read(crate::access::access_version_in).await?)
     }
 
-    /// The principal a presented token stands for; `unauthorized` for an unknown token.
+    /// The principal a presented token stands for; `unauthorized` for an unknown token. This
+    /// is how a caller comes to be, so it takes none.
     pub async fn authenticate(&self, token: &str) -> Result<crate::access::Principal, ApiError> {
-        let hash = crate::access::token_hash(token);
+        self.authenticate_hash(&crate::access::token_hash(token)).await
+    }
+
+    /// The principal of the token whose SHA-256 is `hash` (a login cookie carries the hash,
+    /// not the token); `unauthorized` for an unknown one.
+    pub async fn authenticate_hash(
+        &self,
+        hash: &str,
+    ) -> Result<crate::access::Principal, ApiError> {
+        let hash = hash.to_string();
         self.db.read(move |c| crate::access::principal_in(c, &hash)).await?.ok_or_else(|| {
             crate::access::AccessError::Unauthorized(
                 "the token is not valid (revoked, or never made): see `keel token list`".into(),

@@ -81,4 +81,22 @@ impl Harness {
         caller.require_admin("calling a tool outside a session")?;
         Ok(self.tools.call(req).await?)
     }
+
+    /// Checks the grants and tools a session would be made with, before it is (`keel mcp
+    /// serve` checks what it offers when it starts): grants that overlap or reach keel's home,
+    /// tools not installed.
+    pub fn check_session_parts(
+        &self,
+        caller: &Caller,
+        grants: &[Grant],
+        tools: Option<&[String]>,
+    ) -> Result<(), ApiError> {
+        caller.require_admin("checking a session's grants and tools")?;
+        Grant::check_disjoint(grants).map_err(|e| ApiError::Grant(e.to_string()))?;
+        self.tools.check_grants(grants).map_err(|e| ApiError::Grant(e.to_string()))?;
+        for t in tools.into_iter().flatten() {
+            self.tools.resolve(t).map_err(|e| ApiError::NotInstalled(e.to_string()))?;
+        }
+        Ok(())
+    }
 }

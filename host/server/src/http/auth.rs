@@ -109,19 +109,7 @@ impl App {
         {
             return Ok(Principal::env_admin());
         }
-        let h = hash.to_string();
-        let found = self
-            .harness
-            .db
-            .read(move |c| keel::access::principal_in(c, &h))
-            .await
-            .map_err(|e| Failure::new(e.kind(), e.to_string()))?;
-        found.ok_or_else(|| {
-            AccessError::Unauthorized(
-                "the token is not valid (revoked, or never made): see `keel token list`".into(),
-            )
-            .into()
-        })
+        Ok(self.harness.authenticate_hash(hash).await?)
     }
 
     /// The login of cookie value `id`, if it exists and has not ended.
