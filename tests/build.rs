@@ -20,6 +20,7 @@ const GUESTS: &[&str] = &[
     "forger_install",
     "plain_bindgen",
     "plan_import",
+    "plan_import_v1",
     "net_readonly",
     "net_probe",
 ];

@@ -133,7 +133,7 @@ async fn a_third_party_component_importing_the_plan_interface_is_refused_unless_
     let bytes = std::fs::read(guests::PLAN_IMPORT_COMPONENT).unwrap();
     let e = h.internals().tools.install(&bytes, "planner", "test", false).await.unwrap_err();
     let text = e.to_string();
-    assert!(text.contains("`keel:control/plan@0.1.0`"), "names the interface: {text}");
+    assert!(text.contains("`keel:control/plan@0.2.0`"), "names the interface: {text}");
     assert!(text.contains("only linked for trusted control tools"), "{text}");
     assert!(h.internals().tools.resolve("sneaky_plan").is_err());
 
@@ -158,4 +158,45 @@ async fn a_third_party_component_importing_the_plan_interface_is_refused_unless_
     assert_eq!(submit(&h, "t", "do it").await, Submitted::Ran(TurnOutcome::Answer("done".into())));
     let plan = h.timeline(&Caller::Operator, "t").await.unwrap().plan.unwrap();
     assert_eq!(plan[0].text, "obey the tool");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_component_built_against_control_0_1_0_still_runs() {
+    // Sessions pin the component version they loaded, so a control component built against
+    // keel:control@0.1.0 (errors as strings) must keep working after 0.2.0 (typed errors).
+    let model =
+        MockModel::start(vec![Reply::calls(&[("c1", "old_plan", "{}")]), Reply::text("done")])
+            .await;
+    let home = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(guests::PLAN_IMPORT_V1_COMPONENT).unwrap();
+    let digest = keel::sandbox::sha256_hex(&bytes);
+    std::fs::write(
+        home.path().join("keel.toml"),
+        format!("[tools]\ncontrol_trusted = [\"{digest}\"]\n"),
+    )
+    .unwrap();
+    let h =
+        harness_with_session(home.path(), &model.url(), "x", &[], vec![], LoopGuards::default())
+            .await;
+    h.install_tool(&Caller::Operator, &bytes, "old_planner", "test", keel::tools::InstallMode::New)
+        .await
+        .unwrap();
+    h.create_session(
+        &Caller::Operator,
+        session_spec(&model.url(), "t", vec![], Some(vec!["old_plan".into()])),
+    )
+    .await
+    .unwrap();
+    assert_eq!(submit(&h, "t", "do it").await, Submitted::Ran(TurnOutcome::Answer("done".into())));
+    let t = h.timeline(&Caller::Operator, "t").await.unwrap();
+    assert_eq!(t.plan.unwrap()[0].text, "obey the old tool");
+    let call = t.tool_calls.iter().find(|c| c.entry.tool == "old_plan").unwrap();
+    assert_eq!(call.entry.error_kind, None, "{:?}", call.entry);
+    let result: serde_json::Value =
+        serde_json::from_str(call.entry.result.as_deref().unwrap()).unwrap();
+    assert_eq!(result["steps"], 1);
+    assert!(
+        result["refused"].as_str().unwrap().contains("there is no step 9"),
+        "a refusal reaches a 0.1.0 component as its message: {result}"
+    );
 }

@@ -435,5 +435,6 @@ async fn a_spent_workgroup_step_budget_stops_live_children_and_refuses_new_ones(
     let checks =
         keel::session::SessionDelegation::new(h.internals().db.clone(), id.clone(), vec![]);
     let e = checks.check_spawn("more", "CHILD MORE", &[], &[]).unwrap_err();
-    assert!(e.starts_with("budget: the workgroup used its 2 model steps"), "{e}");
+    assert!(matches!(e, keel::control::ControlError::Denied(_)), "{e:?}");
+    assert!(e.to_string().starts_with("budget: the workgroup used its 2 model steps"), "{e}");
 }

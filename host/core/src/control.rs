@@ -10,6 +10,25 @@ use serde::Serialize;
 use crate::grant::Grant;
 use crate::plan::{PlanRequest, PlanState};
 
+/// Why keel refused a control request: the `keel:control` interfaces' `control-error`. Each
+/// carries a message for the model.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ControlError {
+    /// The request is malformed or names nothing that exists.
+    #[error("{0}")]
+    Invalid(String),
+    /// The session's rules refuse it (a limit, grants wider than the session's, a session that
+    /// is not this one's child).
+    #[error("{0}")]
+    Denied(String),
+    /// The call has no session to ask, or the session offers no such service.
+    #[error("{0}")]
+    Unavailable(String),
+    /// keel could not carry it out (its store failed).
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// Bytes of one delegation request's input (`session_spawn`, `session_send`), at most.
 pub const MAX_INPUT: usize = 64 * 1024;
 
@@ -78,16 +97,21 @@ pub struct ToolNames {
 }
 
 /// Read-only search of the catalogs and of the session user's memory, for one call. Errors
-/// are messages for the model.
+/// carry messages for the model.
 pub trait Discovery: Send + Sync {
-    fn find_skills(&self, query: &str, limit: usize) -> Result<Vec<SkillHit>, String>;
+    fn find_skills(&self, query: &str, limit: usize) -> Result<Vec<SkillHit>, ControlError>;
     /// Skill `name` as installed now: a page of its body from `offset`, or reference file
     /// `file`.
-    fn skill_page(&self, name: &str, offset: u64, file: Option<&str>) -> Result<SkillPage, String>;
-    fn find_tools(&self, query: &str, limit: usize) -> Result<Vec<ToolHit>, String>;
+    fn skill_page(
+        &self,
+        name: &str,
+        offset: u64,
+        file: Option<&str>,
+    ) -> Result<SkillPage, ControlError>;
+    fn find_tools(&self, query: &str, limit: usize) -> Result<Vec<ToolHit>, ControlError>;
     /// Sorts `names` into installed tools and tool sets; an unknown name is an error naming it.
-    fn tool_names(&self, names: &[String]) -> Result<ToolNames, String>;
-    fn find_memories(&self, query: &str, limit: usize) -> Result<Vec<MemoryHit>, String>;
+    fn tool_names(&self, names: &[String]) -> Result<ToolNames, ControlError>;
+    fn find_memories(&self, query: &str, limit: usize) -> Result<Vec<MemoryHit>, ControlError>;
 }
 
 /// A sub-session as the delegation tools report it.
@@ -112,7 +136,7 @@ pub struct Checked {
 /// The workgroup of the session a delegation call runs in: checks made when the call asks
 /// (limits, grants, whose child a session is), so that the model sees a refusal as the call's
 /// error. One handle serves one step, so calls of a step that run in parallel count each
-/// other's spawns. Errors are messages for the model.
+/// other's spawns. Errors carry messages for the model.
 pub trait Delegation: Send + Sync {
     /// Checks a spawn (the session's role, depth, live children, workgroup budget, and that
     /// `grants` only narrow the session's) and picks the child's id.
@@ -122,13 +146,13 @@ pub trait Delegation: Send + Sync {
         input: &str,
         resources: &[String],
         grants: &[String],
-    ) -> Result<Checked, String>;
+    ) -> Result<Checked, ControlError>;
     /// Checks that `session` is a child of this session.
-    fn check_child(&self, session: &str) -> Result<(), String>;
+    fn check_child(&self, session: &str) -> Result<(), ControlError>;
     /// Checks that this session is a sub-session (it has a parent to ask).
-    fn check_ask(&self, question: &str) -> Result<(), String>;
+    fn check_ask(&self, question: &str) -> Result<(), ControlError>;
     /// The status of `sessions` (children of this session; empty: all of them).
-    fn status(&self, sessions: &[String]) -> Result<Vec<ChildStatus>, String>;
+    fn status(&self, sessions: &[String]) -> Result<Vec<ChildStatus>, ControlError>;
 }
 
 /// What a control call is given of its session: the plan as it stands and, for a call made in

@@ -27,6 +27,7 @@ mod bindings {
 }
 
 use bindings::exports::keel::tool::tools::Guest;
+use bindings::keel::control::types::ControlError;
 use bindings::keel::control::{capabilities, memory, plan, sessions};
 use bindings::keel::tool::types::{Effect, ToolError, ToolSpec};
 use serde::Deserialize;
@@ -167,6 +168,18 @@ fn plan_json(steps: &[plan::Step]) -> Value {
         })
         .collect();
     json!({"plan": steps})
+}
+
+/// keel's refusal of a control request, as the tool's error: its message, as a failed call —
+/// the kind the model has always been shown for a refused control request, whatever keel's
+/// reason (the reason is in the message).
+fn refused(e: ControlError) -> ToolError {
+    match e {
+        ControlError::Invalid(m)
+        | ControlError::Denied(m)
+        | ControlError::Unavailable(m)
+        | ControlError::Failed(m) => ToolError::Failed(m),
+    }
 }
 
 fn parse<T: serde::de::DeserializeOwned>(input: &str) -> Result<T, ToolError> {
@@ -313,24 +326,22 @@ impl Guest for Control {
         let out = match name.as_str() {
             "plan_create" => {
                 let i: CreateInput = parse(&input)?;
-                plan_json(&plan::create(&i.steps).map_err(ToolError::Failed)?)
+                plan_json(&plan::create(&i.steps).map_err(refused)?)
             }
             "plan_update" => {
                 let i: UpdateInput = parse(&input)?;
                 let status = status_of(&i.status)?;
-                plan_json(
-                    &plan::update(i.step, status, i.note.as_deref()).map_err(ToolError::Failed)?,
-                )
+                plan_json(&plan::update(i.step, status, i.note.as_deref()).map_err(refused)?)
             }
             "task_complete" => {
                 let i: CompleteInput = parse(&input)?;
-                plan::complete(&i.summary).map_err(ToolError::Failed)?;
+                plan::complete(&i.summary).map_err(refused)?;
                 json!({"completed": true, "summary": i.summary.trim()})
             }
             "skills_find" => {
                 let i: QueryInput = parse(&input)?;
-                let hits = capabilities::find_skills(&i.query, i.limit.unwrap_or(10))
-                    .map_err(ToolError::Failed)?;
+                let hits =
+                    capabilities::find_skills(&i.query, i.limit.unwrap_or(10)).map_err(refused)?;
                 let skills: Vec<Value> = hits
                     .iter()
                     .map(|h| json!({"name": h.name, "description": h.description}))
@@ -341,7 +352,7 @@ impl Guest for Control {
                 let i: LoadInput = parse(&input)?;
                 let page =
                     capabilities::load_skill(&i.name, i.offset.unwrap_or(0), i.file.as_deref())
-                        .map_err(ToolError::Failed)?;
+                        .map_err(refused)?;
                 let mut out = json!({
                     "accepted_skill_ids": [page.name],
                     "name": page.name,
@@ -360,8 +371,8 @@ impl Guest for Control {
             }
             "tools_find" => {
                 let i: QueryInput = parse(&input)?;
-                let hits = capabilities::find_tools(&i.query, i.limit.unwrap_or(10))
-                    .map_err(ToolError::Failed)?;
+                let hits =
+                    capabilities::find_tools(&i.query, i.limit.unwrap_or(10)).map_err(refused)?;
                 let tools: Vec<Value> = hits
                     .iter()
                     .map(|h| json!({"name": h.name, "toolset": h.toolset, "description": h.description, "effect": h.effect}))
@@ -370,18 +381,17 @@ impl Guest for Control {
             }
             "tools_select" => {
                 let i: SelectInput = parse(&input)?;
-                let accepted = capabilities::select_tools(&i.names).map_err(ToolError::Failed)?;
+                let accepted = capabilities::select_tools(&i.names).map_err(refused)?;
                 json!({"accepted_tool_ids": accepted})
             }
             "memory_write" => {
                 let i: WriteInput = parse(&input)?;
-                memory::remember(&i.text, &i.tags).map_err(ToolError::Failed)?;
+                memory::remember(&i.text, &i.tags).map_err(refused)?;
                 json!({"remembered": true, "text": i.text.trim()})
             }
             "memory_find" => {
                 let i: QueryInput = parse(&input)?;
-                let hits =
-                    memory::find(&i.query, i.limit.unwrap_or(10)).map_err(ToolError::Failed)?;
+                let hits = memory::find(&i.query, i.limit.unwrap_or(10)).map_err(refused)?;
                 let memories: Vec<Value> = hits
                     .iter()
                     .map(|m| json!({"id": m.id, "text": m.text, "tags": m.tags}))
@@ -391,18 +401,18 @@ impl Guest for Control {
             "session_spawn" => {
                 let i: SpawnInput = parse(&input)?;
                 let s = sessions::spawn(&i.purpose, &i.input, &i.resources, &i.grants)
-                    .map_err(ToolError::Failed)?;
+                    .map_err(refused)?;
                 json!({"session": s.session, "depth": s.depth, "grants": s.grants, "state": "started",
                        "note": "its result arrives as a notification; end your turn to wait for it"})
             }
             "session_send" => {
                 let i: SendInput = parse(&input)?;
-                sessions::send(&i.session, &i.input).map_err(ToolError::Failed)?;
+                sessions::send(&i.session, &i.input).map_err(refused)?;
                 json!({"sent": true, "session": i.session})
             }
             "session_status" => {
                 let i: StatusInput = parse(&input)?;
-                let list = sessions::status(&i.sessions).map_err(ToolError::Failed)?;
+                let list = sessions::status(&i.sessions).map_err(refused)?;
                 let list: Vec<Value> = list
                     .iter()
                     .map(|s| {
@@ -415,12 +425,12 @@ impl Guest for Control {
             }
             "session_interrupt" => {
                 let i: SessionInput = parse(&input)?;
-                sessions::interrupt(&i.session).map_err(ToolError::Failed)?;
+                sessions::interrupt(&i.session).map_err(refused)?;
                 json!({"interrupted": true, "session": i.session})
             }
             "session_ask" => {
                 let i: AskInput = parse(&input)?;
-                sessions::ask(&i.question).map_err(ToolError::Failed)?;
+                sessions::ask(&i.question).map_err(refused)?;
                 json!({"asked": true, "note": "end your turn; the answer arrives as your next input"})
             }
             other => return Err(ToolError::UnknownTool(other.to_string())),

@@ -12,6 +12,7 @@ mod bindings {
 
 use bindings::exports::keel::tool::tools::Guest;
 use bindings::keel::control::plan;
+use bindings::keel::control::types::ControlError;
 use bindings::keel::tool::types::{Effect, ToolError, ToolSpec};
 
 struct Planner;
@@ -29,7 +30,12 @@ impl Guest for Planner {
     }
 
     fn invoke(_name: String, _input: String) -> Result<String, ToolError> {
-        let steps = plan::create(&["obey the tool".to_string()]).map_err(ToolError::Failed)?;
+        let steps = plan::create(&["obey the tool".to_string()]).map_err(|e| match e {
+            ControlError::Invalid(m)
+            | ControlError::Denied(m)
+            | ControlError::Unavailable(m)
+            | ControlError::Failed(m) => ToolError::Failed(m),
+        })?;
         Ok(format!("{{\"steps\":{}}}", steps.len()))
     }
 }

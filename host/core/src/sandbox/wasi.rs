@@ -220,6 +220,7 @@ pub const CONTROL_INTERFACES: &[&str] = &[
     "keel:control/capabilities",
     "keel:control/memory",
     "keel:control/sessions",
+    "keel:control/types",
 ];
 
 /// Links the control interfaces (on a linker that has the rest: see [`add_to_linker`]).

@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 
 use super::workgroup::{self, Delegation as Status, Spawn};
-use crate::control::{Checked, ChildStatus, Delegation};
+use crate::control::{Checked, ChildStatus, ControlError, Delegation};
 use crate::sandbox::Grant;
 use crate::store::Db;
 
@@ -31,8 +31,16 @@ impl SessionDelegation {
     }
 }
 
-fn store(e: crate::store::StoreError) -> String {
-    format!("the workgroup could not be read: {e}")
+fn store(e: crate::store::StoreError) -> ControlError {
+    ControlError::Failed(format!("the workgroup could not be read: {e}"))
+}
+
+fn invalid(message: impl Into<String>) -> ControlError {
+    ControlError::Invalid(message.into())
+}
+
+fn denied(message: impl Into<String>) -> ControlError {
+    ControlError::Denied(message.into())
 }
 
 const NOT_IN_WORKGROUP: &str = "this session is not part of a workgroup: delegation works in a main session (`keel run --main`) and in its sub-sessions";
@@ -44,32 +52,32 @@ impl Delegation for SessionDelegation {
         input: &str,
         resources: &[String],
         grants: &[String],
-    ) -> Result<Checked, String> {
+    ) -> Result<Checked, ControlError> {
         let purpose = purpose.trim();
         if purpose.is_empty() || purpose.chars().count() > MAX_PURPOSE {
-            return Err(format!("say the purpose in 1 to {MAX_PURPOSE} characters"));
+            return Err(invalid(format!("say the purpose in 1 to {MAX_PURPOSE} characters")));
         }
         if input.trim().is_empty() {
-            return Err("the input is empty: say what the sub-session should do".into());
+            return Err(invalid("the input is empty: say what the sub-session should do"));
         }
         if input.len() > MAX_INPUT {
-            return Err(format!(
+            return Err(invalid(format!(
                 "the input is over {MAX_INPUT} bytes; pass large data as a resource reference (a path in a grant)"
-            ));
+            )));
         }
         if resources.len() > MAX_RESOURCES || resources.iter().any(|r| r.len() > MAX_RESOURCE) {
-            return Err(format!(
+            return Err(invalid(format!(
                 "at most {MAX_RESOURCES} resource references of at most {MAX_RESOURCE} bytes each"
-            ));
+            )));
         }
         let narrowed = if grants.is_empty() {
             self.grants.clone()
         } else {
             let mut out = Vec::new();
             for g in grants {
-                out.push(Grant::narrow(&self.grants, g)?);
+                out.push(Grant::narrow(&self.grants, g).map_err(denied)?);
             }
-            Grant::check_disjoint(&out).map_err(|e| e.to_string())?;
+            Grant::check_disjoint(&out).map_err(|e| invalid(e.to_string()))?;
             out
         };
         let id = self.id.clone();
@@ -84,23 +92,23 @@ impl Delegation for SessionDelegation {
                 Ok((Some(pos), live, over))
             })
             .map_err(store)?;
-        let pos = pos.ok_or(NOT_IN_WORKGROUP)?;
+        let pos = pos.ok_or_else(|| ControlError::Unavailable(NOT_IN_WORKGROUP.into()))?;
         if pos.depth + 1 > pos.limits.max_depth {
-            return Err(format!(
+            return Err(denied(format!(
                 "depth limit: this session is at depth {} of its workgroup and the limit is {}; do the work here, or answer with what you have",
                 pos.depth, pos.limits.max_depth
-            ));
+            )));
         }
         if let Some(why) = over {
-            return Err(format!("budget: {why}; no more sub-sessions can start"));
+            return Err(denied(format!("budget: {why}; no more sub-sessions can start")));
         }
         let mut spawned = self.spawned.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if live + *spawned >= pos.limits.max_live_children {
-            return Err(format!(
+            return Err(denied(format!(
                 "limit: {} sub-sessions of this session are live and the limit is {}; end your turn to wait for their results (each wakes you), or stop one with session_interrupt",
                 live + *spawned,
                 pos.limits.max_live_children
-            ));
+            )));
         }
         *spawned += 1;
         Ok(Checked {
@@ -115,33 +123,35 @@ impl Delegation for SessionDelegation {
         })
     }
 
-    fn check_child(&self, session: &str) -> Result<(), String> {
+    fn check_child(&self, session: &str) -> Result<(), ControlError> {
         let (id, s) = (self.id.clone(), session.to_string());
         let row = self.db.read_blocking(move |c| workgroup::child_in(c, &s)).map_err(store)?;
         match row {
             Some(r) if r.parent == id => Ok(()),
-            _ => Err(format!(
+            _ => Err(denied(format!(
                 "`{session}` is not a sub-session of this session; session_status lists them"
-            )),
+            ))),
         }
     }
 
-    fn check_ask(&self, question: &str) -> Result<(), String> {
+    fn check_ask(&self, question: &str) -> Result<(), ControlError> {
         if question.trim().is_empty() || question.len() > MAX_INPUT {
-            return Err(format!("ask a question of 1 to {MAX_INPUT} bytes"));
+            return Err(invalid(format!("ask a question of 1 to {MAX_INPUT} bytes")));
         }
         let id = self.id.clone();
         let row = self.db.read_blocking(move |c| workgroup::child_in(c, &id)).map_err(store)?;
         match row {
             Some(r) if r.status == Status::Live => Ok(()),
-            Some(_) => Err("this session has no request under way to ask about".into()),
-            None => {
-                Err("this session has no parent session to ask; ask the user in your answer".into())
-            }
+            Some(_) => Err(ControlError::Unavailable(
+                "this session has no request under way to ask about".into(),
+            )),
+            None => Err(ControlError::Unavailable(
+                "this session has no parent session to ask; ask the user in your answer".into(),
+            )),
         }
     }
 
-    fn status(&self, sessions: &[String]) -> Result<Vec<ChildStatus>, String> {
+    fn status(&self, sessions: &[String]) -> Result<Vec<ChildStatus>, ControlError> {
         let (id, wanted) = (self.id.clone(), sessions.to_vec());
         let found = self
             .db
@@ -151,7 +161,7 @@ impl Delegation for SessionDelegation {
                 Ok(group.map(|g| g.members))
             })
             .map_err(store)?;
-        let members = found.ok_or(NOT_IN_WORKGROUP)?;
+        let members = found.ok_or_else(|| ControlError::Unavailable(NOT_IN_WORKGROUP.into()))?;
         let mut out = Vec::new();
         if wanted.is_empty() {
             out.extend(members.iter().filter(|m| m.parent.as_deref() == Some(self.id.as_str())));
@@ -160,7 +170,7 @@ impl Delegation for SessionDelegation {
                 let m = members
                     .iter()
                     .find(|m| &m.session_id == w)
-                    .ok_or_else(|| format!("`{w}` is not a session of this workgroup"))?;
+                    .ok_or_else(|| invalid(format!("`{w}` is not a session of this workgroup")))?;
                 out.push(m);
             }
         }

@@ -2,7 +2,7 @@
 //! catalogs, and the memories of the session's user — through the store's read pool, never
 //! the writer.
 
-use crate::control::{Discovery, MemoryHit, SkillHit, SkillPage, ToolHit, ToolNames};
+use crate::control::{ControlError, Discovery, MemoryHit, SkillHit, SkillPage, ToolHit, ToolNames};
 use crate::store::Db;
 
 /// Discovery for the calls of one session, whose user is `user`.
@@ -17,22 +17,25 @@ impl SessionDiscovery {
     }
 }
 
-fn words(query: &str) -> Result<Vec<&str>, String> {
+fn words(query: &str) -> Result<Vec<&str>, ControlError> {
     if query.chars().count() > crate::search::MAX_QUERY {
-        return Err(format!("the query is over {} characters", crate::search::MAX_QUERY));
+        return Err(ControlError::Invalid(format!(
+            "the query is over {} characters",
+            crate::search::MAX_QUERY
+        )));
     }
     if crate::search::fts_query(&[query]).is_none() {
-        return Err("the query has no words to search for".into());
+        return Err(ControlError::Invalid("the query has no words to search for".into()));
     }
     Ok(vec![query])
 }
 
-fn store(e: crate::store::StoreError) -> String {
-    format!("the catalog could not be read: {e}")
+fn store(e: crate::store::StoreError) -> ControlError {
+    ControlError::Failed(format!("the catalog could not be read: {e}"))
 }
 
 impl Discovery for SessionDiscovery {
-    fn find_skills(&self, query: &str, limit: usize) -> Result<Vec<SkillHit>, String> {
+    fn find_skills(&self, query: &str, limit: usize) -> Result<Vec<SkillHit>, ControlError> {
         let terms = words(query)?;
         let hits =
             self.db.read_blocking(|c| crate::skills::recall_in(c, &terms, limit)).map_err(store)?;
@@ -42,7 +45,12 @@ impl Discovery for SessionDiscovery {
             .collect())
     }
 
-    fn skill_page(&self, name: &str, offset: u64, file: Option<&str>) -> Result<SkillPage, String> {
+    fn skill_page(
+        &self,
+        name: &str,
+        offset: u64,
+        file: Option<&str>,
+    ) -> Result<SkillPage, ControlError> {
         let found = self
             .db
             .read_blocking(|c| {
@@ -56,17 +64,17 @@ impl Discovery for SessionDiscovery {
             })
             .map_err(store)?;
         let Some((Some(version), content)) = found else {
-            return Err(format!(
+            return Err(ControlError::Invalid(format!(
                 "no skill named `{name}` is installed; skills_find lists the installed ones"
-            ));
+            )));
         };
         let files: Vec<String> = version.files.iter().map(|f| f.path.clone()).collect();
         let (text, next_offset) = match (file, content) {
             (Some(f), None) | (Some(f), Some(None)) => {
-                return Err(format!(
+                return Err(ControlError::Invalid(format!(
                     "skill `{name}` has no file `{f}`; its files: {}",
                     if files.is_empty() { "none".to_string() } else { files.join(", ") }
-                ));
+                )));
             }
             (_, Some(Some(bytes))) => {
                 let text = String::from_utf8_lossy(&bytes).into_owned();
@@ -88,7 +96,7 @@ impl Discovery for SessionDiscovery {
         })
     }
 
-    fn find_tools(&self, query: &str, limit: usize) -> Result<Vec<ToolHit>, String> {
+    fn find_tools(&self, query: &str, limit: usize) -> Result<Vec<ToolHit>, ControlError> {
         let terms = words(query)?;
         let hits =
             self.db.read_blocking(|c| crate::tools::recall_in(c, &terms, limit)).map_err(store)?;
@@ -103,9 +111,9 @@ impl Discovery for SessionDiscovery {
             .collect())
     }
 
-    fn tool_names(&self, names: &[String]) -> Result<ToolNames, String> {
+    fn tool_names(&self, names: &[String]) -> Result<ToolNames, ControlError> {
         if names.len() > 64 {
-            return Err("name at most 64 tools or tool sets at once".into());
+            return Err(ControlError::Invalid("name at most 64 tools or tool sets at once".into()));
         }
         let names = names.to_vec();
         self.db
@@ -125,14 +133,14 @@ impl Discovery for SessionDiscovery {
             })
             .map_err(store)?
             .map_err(|unknown| {
-                format!(
+                ControlError::Invalid(format!(
                     "not installed: {}; tools_find searches the installed tools",
                     unknown.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
-                )
+                ))
             })
     }
 
-    fn find_memories(&self, query: &str, limit: usize) -> Result<Vec<MemoryHit>, String> {
+    fn find_memories(&self, query: &str, limit: usize) -> Result<Vec<MemoryHit>, ControlError> {
         let terms = words(query)?;
         let hits = self
             .db

@@ -10,11 +10,14 @@
 
 use wasmtime::component::{HasData, Linker};
 
+mod v1;
+
 use super::host_api::bindings::keel::control::capabilities as caps;
 use super::host_api::bindings::keel::control::memory as mem;
 use super::host_api::bindings::keel::control::plan as wit;
 use super::host_api::bindings::keel::control::sessions as ses;
-use crate::control::{ControlRequest, ControlSession, Delegation, Discovery};
+use super::host_api::bindings::keel::control::types;
+use crate::control::{ControlError, ControlRequest, ControlSession, Delegation, Discovery};
 use crate::plan::{self, PlanRequest, PlanState, PlanStep, StepStatus};
 
 /// Change requests one call may make at most.
@@ -63,37 +66,49 @@ impl<'a> Control<'a> {
         Self { ctx }
     }
 
-    fn ask(&mut self, request: PlanRequest) -> Result<(), String> {
-        let ctx = self.ctx.as_mut().ok_or("this call runs outside a session: there is no plan")?;
+    fn ask(&mut self, request: PlanRequest) -> Result<(), ControlError> {
+        let ctx = self.ctx.as_mut().ok_or_else(|| {
+            ControlError::Unavailable("this call runs outside a session: there is no plan".into())
+        })?;
         if ctx.requests.len() >= MAX_REQUESTS {
-            return Err(format!("a call may change the plan {MAX_REQUESTS} times at most"));
+            return Err(ControlError::Denied(format!(
+                "a call may change the plan {MAX_REQUESTS} times at most"
+            )));
         }
-        plan::apply(&mut ctx.state, &request)?;
+        plan::apply(&mut ctx.state, &request).map_err(ControlError::Invalid)?;
         ctx.requests.push(ControlRequest::Plan(request));
         Ok(())
     }
 
     /// Keeps a request to commit with the call's result.
-    fn request(&mut self, request: ControlRequest) -> Result<(), String> {
-        let ctx = self.ctx.as_mut().ok_or("this call runs outside a session")?;
+    fn request(&mut self, request: ControlRequest) -> Result<(), ControlError> {
+        let ctx = self
+            .ctx
+            .as_mut()
+            .ok_or_else(|| ControlError::Unavailable("this call runs outside a session".into()))?;
         if ctx.requests.len() >= MAX_REQUESTS {
-            return Err(format!("a call may make {MAX_REQUESTS} requests at most"));
+            return Err(ControlError::Denied(format!(
+                "a call may make {MAX_REQUESTS} requests at most"
+            )));
         }
         ctx.requests.push(request);
         Ok(())
     }
 
-    fn discovery(&self) -> Result<std::sync::Arc<dyn Discovery>, String> {
+    fn discovery(&self) -> Result<std::sync::Arc<dyn Discovery>, ControlError> {
         self.ctx.as_ref().and_then(|c| c.discovery.clone()).ok_or_else(|| {
-            "this call runs outside a session: there is nothing to search".to_string()
+            ControlError::Unavailable(
+                "this call runs outside a session: there is nothing to search".into(),
+            )
         })
     }
 
-    fn delegation(&self) -> Result<std::sync::Arc<dyn Delegation>, String> {
-        self.ctx
-            .as_ref()
-            .and_then(|c| c.delegation.clone())
-            .ok_or_else(|| "this call runs outside a session: there is no workgroup".to_string())
+    fn delegation(&self) -> Result<std::sync::Arc<dyn Delegation>, ControlError> {
+        self.ctx.as_ref().and_then(|c| c.delegation.clone()).ok_or_else(|| {
+            ControlError::Unavailable(
+                "this call runs outside a session: there is no workgroup".into(),
+            )
+        })
     }
 
     fn steps(&self) -> Vec<wit::Step> {
@@ -121,7 +136,7 @@ impl wit::Host for Control<'_> {
         Some(self.steps())
     }
 
-    fn create(&mut self, steps: Vec<String>) -> Result<Vec<wit::Step>, String> {
+    fn create(&mut self, steps: Vec<String>) -> Result<Vec<wit::Step>, Refusal> {
         self.ask(PlanRequest::Create { steps })?;
         Ok(self.steps())
     }
@@ -131,7 +146,7 @@ impl wit::Host for Control<'_> {
         step: u32,
         status: wit::StepStatus,
         note: Option<String>,
-    ) -> Result<Vec<wit::Step>, String> {
+    ) -> Result<Vec<wit::Step>, Refusal> {
         let status = match status {
             wit::StepStatus::Pending => StepStatus::Pending,
             wit::StepStatus::InProgress => StepStatus::InProgress,
@@ -142,9 +157,30 @@ impl wit::Host for Control<'_> {
         Ok(self.steps())
     }
 
-    fn complete(&mut self, summary: String) -> Result<(), String> {
-        self.ask(PlanRequest::Complete { summary })
+    fn complete(&mut self, summary: String) -> Result<(), Refusal> {
+        Ok(self.ask(PlanRequest::Complete { summary })?)
     }
+}
+
+/// keel's refusal of a control request, as the interfaces return it.
+type Refusal = types::ControlError;
+
+/// `keel:control/types` declares only the error type.
+impl types::Host for Control<'_> {}
+
+impl From<ControlError> for types::ControlError {
+    fn from(e: ControlError) -> Self {
+        match e {
+            ControlError::Invalid(m) => Self::Invalid(m),
+            ControlError::Denied(m) => Self::Denied(m),
+            ControlError::Unavailable(m) => Self::Unavailable(m),
+            ControlError::Failed(m) => Self::Failed(m),
+        }
+    }
+}
+
+fn invalid(message: impl Into<String>) -> Refusal {
+    Refusal::Invalid(message.into())
 }
 
 fn limit(n: u32) -> usize {
@@ -152,7 +188,7 @@ fn limit(n: u32) -> usize {
 }
 
 impl caps::Host for Control<'_> {
-    fn find_skills(&mut self, query: String, n: u32) -> Result<Vec<caps::SkillHit>, String> {
+    fn find_skills(&mut self, query: String, n: u32) -> Result<Vec<caps::SkillHit>, Refusal> {
         let hits = self.discovery()?.find_skills(&query, limit(n))?;
         Ok(hits
             .into_iter()
@@ -165,7 +201,7 @@ impl caps::Host for Control<'_> {
         name: String,
         offset: u64,
         file: Option<String>,
-    ) -> Result<caps::SkillPage, String> {
+    ) -> Result<caps::SkillPage, Refusal> {
         let page = self.discovery()?.skill_page(&name, offset, file.as_deref())?;
         self.request(ControlRequest::LoadSkill { name })?;
         Ok(caps::SkillPage {
@@ -178,7 +214,7 @@ impl caps::Host for Control<'_> {
         })
     }
 
-    fn find_tools(&mut self, query: String, n: u32) -> Result<Vec<caps::ToolHit>, String> {
+    fn find_tools(&mut self, query: String, n: u32) -> Result<Vec<caps::ToolHit>, Refusal> {
         let hits = self.discovery()?.find_tools(&query, limit(n))?;
         Ok(hits
             .into_iter()
@@ -191,9 +227,9 @@ impl caps::Host for Control<'_> {
             .collect())
     }
 
-    fn select_tools(&mut self, names: Vec<String>) -> Result<Vec<String>, String> {
+    fn select_tools(&mut self, names: Vec<String>) -> Result<Vec<String>, Refusal> {
         if names.is_empty() {
-            return Err("name at least one tool or tool set".into());
+            return Err(invalid("name at least one tool or tool set"));
         }
         let sorted = self.discovery()?.tool_names(&names)?;
         let accepted = sorted.tools.iter().chain(&sorted.toolsets).cloned().collect();
@@ -206,13 +242,13 @@ impl caps::Host for Control<'_> {
 }
 
 impl mem::Host for Control<'_> {
-    fn remember(&mut self, text: String, tags: Vec<String>) -> Result<(), String> {
+    fn remember(&mut self, text: String, tags: Vec<String>) -> Result<(), Refusal> {
         self.discovery()?;
-        let (text, tags) = crate::memory::check(&text, &tags)?;
-        self.request(ControlRequest::Remember { text, tags })
+        let (text, tags) = crate::memory::check(&text, &tags).map_err(invalid)?;
+        Ok(self.request(ControlRequest::Remember { text, tags })?)
     }
 
-    fn find(&mut self, query: String, n: u32) -> Result<Vec<mem::MemoryItem>, String> {
+    fn find(&mut self, query: String, n: u32) -> Result<Vec<mem::MemoryItem>, Refusal> {
         let hits = self.discovery()?.find_memories(&query, limit(n))?;
         Ok(hits
             .into_iter()
@@ -228,7 +264,7 @@ impl ses::Host for Control<'_> {
         input: String,
         resources: Vec<String>,
         grants: Vec<String>,
-    ) -> Result<ses::Spawned, String> {
+    ) -> Result<ses::Spawned, Refusal> {
         let checked = self.delegation()?.check_spawn(&purpose, &input, &resources, &grants)?;
         let spawned = ses::Spawned {
             session: checked.spawn.child.clone(),
@@ -244,20 +280,20 @@ impl ses::Host for Control<'_> {
         Ok(spawned)
     }
 
-    fn send(&mut self, session: String, input: String) -> Result<(), String> {
+    fn send(&mut self, session: String, input: String) -> Result<(), Refusal> {
         if input.trim().is_empty() {
-            return Err("the input is empty: say what the sub-session should do".into());
+            return Err(invalid("the input is empty: say what the sub-session should do"));
         }
         if input.len() > crate::control::MAX_INPUT {
-            return Err(format!("the input is over {} bytes", crate::control::MAX_INPUT));
+            return Err(invalid(format!("the input is over {} bytes", crate::control::MAX_INPUT)));
         }
         self.delegation()?.check_child(&session)?;
-        self.request(ControlRequest::Send { session, input })
+        Ok(self.request(ControlRequest::Send { session, input })?)
     }
 
-    fn status(&mut self, sessions: Vec<String>) -> Result<Vec<ses::ChildStatus>, String> {
+    fn status(&mut self, sessions: Vec<String>) -> Result<Vec<ses::ChildStatus>, Refusal> {
         if sessions.len() > 256 {
-            return Err("name at most 256 sessions".into());
+            return Err(invalid("name at most 256 sessions"));
         }
         Ok(self
             .delegation()?
@@ -275,14 +311,14 @@ impl ses::Host for Control<'_> {
             .collect())
     }
 
-    fn interrupt(&mut self, session: String) -> Result<(), String> {
+    fn interrupt(&mut self, session: String) -> Result<(), Refusal> {
         self.delegation()?.check_child(&session)?;
-        self.request(ControlRequest::Interrupt { session })
+        Ok(self.request(ControlRequest::Interrupt { session })?)
     }
 
-    fn ask(&mut self, question: String) -> Result<(), String> {
+    fn ask(&mut self, question: String) -> Result<(), Refusal> {
         self.delegation()?.check_ask(&question)?;
-        self.request(ControlRequest::Ask { question })
+        Ok(self.request(ControlRequest::Ask { question })?)
     }
 }
 
@@ -292,13 +328,50 @@ impl HasData for HasControl {
     type Data<'a> = Control<'a>;
 }
 
-/// Adds the `keel:control` interfaces to `linker`.
+/// Adds the `keel:control` interfaces to `linker`: 0.2.0, and 0.1.0 for the components built
+/// against it that sessions pinned.
 pub fn add_to_linker<T: 'static>(
     linker: &mut Linker<T>,
     get: fn(&mut T) -> Control<'_>,
 ) -> wasmtime::Result<()> {
+    types::add_to_linker::<T, HasControl>(linker, get)?;
     wit::add_to_linker::<T, HasControl>(linker, get)?;
     caps::add_to_linker::<T, HasControl>(linker, get)?;
     mem::add_to_linker::<T, HasControl>(linker, get)?;
-    ses::add_to_linker::<T, HasControl>(linker, get)
+    ses::add_to_linker::<T, HasControl>(linker, get)?;
+    v1::add_to_linker(linker, get)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_says_why_in_its_kind() {
+        // Outside a session: nothing to ask.
+        let mut none = None;
+        let e = wit::Host::create(&mut Control::new(&mut none), vec!["a".into()]).unwrap_err();
+        assert!(matches!(e, Refusal::Unavailable(_)), "{e:?}");
+
+        // A step the plan does not have: the request is invalid.
+        let session = ControlSession {
+            plan: PlanState { steps: None, phase_open: true },
+            ..ControlSession::default()
+        };
+        let mut ctx = Some(ControlCtx::new(session));
+        let mut c = Control::new(&mut ctx);
+        assert_eq!(wit::Host::create(&mut c, vec!["read".into()]).unwrap().len(), 1);
+        let e = wit::Host::update(&mut c, 9, wit::StepStatus::Done, None).unwrap_err();
+        assert!(matches!(&e, Refusal::Invalid(m) if m.contains("there is no step 9")), "{e:?}");
+
+        // More requests than a call may make: the session's rules refuse it.
+        for _ in 1..MAX_REQUESTS {
+            wit::Host::update(&mut c, 1, wit::StepStatus::InProgress, None).unwrap();
+        }
+        let e = wit::Host::update(&mut c, 1, wit::StepStatus::Done, None).unwrap_err();
+        assert!(matches!(e, Refusal::Denied(_)), "{e:?}");
+        // No discovery handle in this session: searching is unavailable.
+        let e = caps::Host::find_skills(&mut c, "notes".into(), 5).unwrap_err();
+        assert!(matches!(e, Refusal::Unavailable(_)), "{e:?}");
+    }
 }
