@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use clap::Args;
 use keel::agent::{Event, Events, LoopGuards, TurnOutcome};
-use keel::api::Caller;
-use keel::api::SessionSpec;
+use keel::api::{Caller, SessionSpec};
 use keel::brain::Submitted;
 use keel::harness::{DEFAULT_SYSTEM_PROMPT, Harness, ModelFlags, model_config};
 use keel::home::Home;
 use keel::model::ModelClient;
 use keel::sandbox::{CancelToken, Grant, SandboxLimits};
+use keel::session::TurnUsage;
 use serde_json::json;
 
 pub use super::fail;
@@ -194,70 +194,12 @@ pub fn cancel_on_ctrl_c(cancel: &CancelToken) {
     });
 }
 
-/// What the model calls of a session's last turn came to: their number, the tokens the
-/// server reported (summed), and the last reply's finish reason.
-#[derive(Debug, Default, serde::Serialize)]
-pub struct TurnTokens {
-    pub model_calls: usize,
-    /// Calls whose usage the server reported (the sums cover only these).
-    pub reported: usize,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cached_tokens: Option<u64>,
-    #[serde(skip)]
-    pub finish_reason: Option<String>,
-}
-
-impl TurnTokens {
-    /// Sums the calls of `turn`.
-    pub fn of(calls: &[keel::session::ModelCallRecord], turn: i64) -> Self {
-        let mut t = Self::default();
-        for c in calls.iter().filter(|c| c.turn == Some(turn)) {
-            t.model_calls += 1;
-            t.finish_reason.clone_from(&c.call.finish_reason);
-            if let Some(u) = c.call.usage {
-                t.reported += 1;
-                t.prompt_tokens += u.prompt_tokens;
-                t.completion_tokens += u.completion_tokens;
-                if let Some(cached) = u.cached_tokens {
-                    *t.cached_tokens.get_or_insert(0) += cached;
-                }
-            }
-        }
-        t
-    }
-
-    /// `1234 + 56 tokens (3 model calls)`, or what is known of it.
-    pub fn describe(&self) -> String {
-        let calls = match self.model_calls {
-            1 => "1 model call".to_string(),
-            n => format!("{n} model calls"),
-        };
-        if self.reported == 0 {
-            return format!("{calls}, tokens not reported by the server");
-        }
-        let cached =
-            self.cached_tokens.map(|c| format!(", {c} of them cached")).unwrap_or_default();
-        let partial = if self.reported < self.model_calls {
-            format!("; {} of the calls reported none", self.model_calls - self.reported)
-        } else {
-            String::new()
-        };
-        format!(
-            "{} prompt{cached} + {} completion tokens, {calls}{partial}",
-            self.prompt_tokens, self.completion_tokens
-        )
-    }
-}
-
 /// Prints the outcome of a submit to session `id` and returns the exit code.
 pub async fn report(json_out: bool, h: &Harness, id: &str, submitted: &Submitted) -> ExitCode {
     let meta = h.session(&Caller::Operator, id).await;
     let harness_state = meta.as_ref().map(|m| m.state.to_string()).unwrap_or_default();
     let turn = meta.map(|m| m.turns).unwrap_or(0);
-    let tokens =
-        TurnTokens::of(&h.model_calls(&Caller::Operator, id).await.unwrap_or_default(), turn);
+    let tokens = h.turn_usage(&Caller::Operator, id, turn).await.unwrap_or_default();
     report_with(json_out, id, &harness_state, submitted, &tokens)
 }
 
@@ -266,7 +208,7 @@ fn report_with(
     id: &str,
     harness_state: &str,
     submitted: &Submitted,
-    tokens: &TurnTokens,
+    tokens: &TurnUsage,
 ) -> ExitCode {
     let (outcome, answer, code) = match submitted {
         Submitted::Ran(TurnOutcome::Answer(a)) => ("answer", a.clone(), 0),

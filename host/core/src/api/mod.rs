@@ -363,6 +363,18 @@ impl Harness {
         Ok(self.engine.model_calls(id).await?)
     }
 
+    /// What the model calls of turn `turn` of session `id` came to: calls, reported tokens,
+    /// the last finish reason.
+    pub async fn turn_usage(
+        &self,
+        caller: &Caller,
+        id: &str,
+        turn: i64,
+    ) -> Result<crate::session::TurnUsage, ApiError> {
+        self.check_sees(caller, id).await?;
+        Ok(crate::session::TurnUsage::of(&self.engine.model_calls(id).await?, turn))
+    }
+
     /// The exact request body of `step` of session `id` (the last one if `None`), checked
     /// against its recorded digest.
     pub async fn evidence(

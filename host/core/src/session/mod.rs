@@ -55,7 +55,7 @@ pub use steps::{
     after_crash, close_turn_in, recover_in,
 };
 pub use turns::{Again, StepCommit, TurnStart, begin_turn_in, submit_in};
-pub use views::{SessionSummary, Timeline, TimelineCall, TimelineMessage};
+pub use views::{MessageCall, SessionSummary, Timeline, TimelineCall, TimelineMessage, TurnUsage};
 
 /// How a decision made on this machine (the CLI, or a library caller) names its decider: the
 /// operating-system user.

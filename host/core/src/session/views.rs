@@ -122,6 +122,63 @@ impl TimelineMessage {
     }
 }
 
+/// What the model calls of one turn came to: their number, the tokens the server reported
+/// (summed), and the last reply's finish reason.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct TurnUsage {
+    pub model_calls: usize,
+    /// Calls whose usage the server reported (the sums cover only these).
+    pub reported: usize,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
+    #[serde(skip)]
+    pub finish_reason: Option<String>,
+}
+
+impl TurnUsage {
+    /// Sums the calls of `turn`.
+    pub fn of(calls: &[super::assemble::ModelCallRecord], turn: i64) -> Self {
+        let mut t = Self::default();
+        for c in calls.iter().filter(|c| c.turn == Some(turn)) {
+            t.model_calls += 1;
+            t.finish_reason.clone_from(&c.call.finish_reason);
+            if let Some(u) = c.call.usage {
+                t.reported += 1;
+                t.prompt_tokens += u.prompt_tokens;
+                t.completion_tokens += u.completion_tokens;
+                if let Some(cached) = u.cached_tokens {
+                    *t.cached_tokens.get_or_insert(0) += cached;
+                }
+            }
+        }
+        t
+    }
+
+    /// `1234 + 56 tokens (3 model calls)`, or what is known of it.
+    pub fn describe(&self) -> String {
+        let calls = match self.model_calls {
+            1 => "1 model call".to_string(),
+            n => format!("{n} model calls"),
+        };
+        if self.reported == 0 {
+            return format!("{calls}, tokens not reported by the server");
+        }
+        let cached =
+            self.cached_tokens.map(|c| format!(", {c} of them cached")).unwrap_or_default();
+        let partial = if self.reported < self.model_calls {
+            format!("; {} of the calls reported none", self.model_calls - self.reported)
+        } else {
+            String::new()
+        };
+        format!(
+            "{} prompt{cached} + {} completion tokens, {calls}{partial}",
+            self.prompt_tokens, self.completion_tokens
+        )
+    }
+}
+
 /// One tool call of a timeline.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TimelineCall {
@@ -232,4 +289,35 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         refused_requests: super::assemble::refused_requests(c, id)?,
         next_request: super::assemble::token_estimate(c, id)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_is_read_into_its_text_calls_and_answer() {
+        let assistant = serde_json::json!({"role": "assistant", "content": "Reading it.",
+            "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "fs_read_file", "arguments": "{\"path\":\"/w/a\"}"}}]});
+        let m = TimelineMessage::read(3, 1, "assistant".into(), assistant.to_string());
+        assert_eq!(m.text, "Reading it.");
+        assert_eq!(m.calls.len(), 1);
+        assert_eq!((m.calls[0].id.as_str(), m.calls[0].tool.as_str()), ("c1", "fs_read_file"));
+        assert_eq!(m.calls[0].input, "{\"path\":\"/w/a\"}");
+        assert_eq!(m.answers, None);
+
+        let tool = serde_json::json!({"role": "tool", "tool_call_id": "c1", "content": "hello"});
+        let m = TimelineMessage::read(4, 1, "tool".into(), tool.to_string());
+        assert_eq!((m.text.as_str(), m.answers.as_deref()), ("hello", Some("c1")));
+
+        let parts = serde_json::json!({"role": "user",
+            "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]});
+        let m = TimelineMessage::read(1, 1, "user".into(), parts.to_string());
+        assert_eq!(m.text, "one\ntwo");
+        // A body that is not JSON is kept as text.
+        let m = TimelineMessage::read(2, 1, "user".into(), "plain words".into());
+        assert_eq!(m.text, "plain words");
+        assert!(m.calls.is_empty());
+    }
 }

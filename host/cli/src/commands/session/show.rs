@@ -207,7 +207,7 @@ pub(super) fn print_model_calls(t: &keel::session::Timeline) {
             );
         }
         for turn in turns {
-            let sum = crate::commands::run::TurnTokens::of(&t.model_calls, turn);
+            let sum = keel::session::TurnUsage::of(&t.model_calls, turn);
             println!("  turn {turn}: {}", sum.describe());
         }
     }
