@@ -408,7 +408,7 @@ async fn interrupt_while_waiting_closes_every_open_call() {
     let t = f.h.internals().engine.timeline("ap6").await.unwrap();
     assert_eq!(t.state, RuntimeState::Interrupted);
     assert_paired(&f.h, "ap6");
-    let kinds: Vec<_> = t.tool_calls.iter().map(|c| c.entry.error_kind.clone()).collect();
+    let kinds: Vec<_> = t.tool_calls.iter().map(|c| c.entry.error_kind).collect();
     assert_eq!(kinds, vec![None, Some(FailureKind::Interrupted), Some(FailureKind::Interrupted)]);
     assert!(f.lines("sent.log").is_empty() && f.lines("effects.log").is_empty());
     assert_eq!(

@@ -55,7 +55,7 @@ async fn j1_a_grant_around_or_inside_the_home_is_refused_at_creation_and_at_each
         // The same grant at a call (`keel tool call`, a stored session's grant): refused
         // before anything runs.
         let e = call_with(
-            &h.internals().tools,
+            h.internals().tools,
             "fs_list_dir",
             json!({"path": g.guest}),
             std::slice::from_ref(g),
@@ -72,7 +72,7 @@ async fn j1_a_grant_around_or_inside_the_home_is_refused_at_creation_and_at_each
     let beside = dir.path().join("work");
     std::fs::create_dir(&beside).unwrap();
     let g = Grant::new(&beside, "/work", Access::Ro).unwrap();
-    let out = call_with(&h.internals().tools, "fs_list_dir", json!({"path": "/work"}), &[g])
+    let out = call_with(h.internals().tools, "fs_list_dir", json!({"path": "/work"}), &[g])
         .await
         .unwrap();
     assert!(out.report.result.is_ok(), "{:?}", out.report.result);
@@ -108,7 +108,7 @@ async fn j1_the_home_is_private_and_an_older_home_is_tightened() {
             .unwrap();
         let work = tempfile::tempdir().unwrap();
         let g = Grant::new(work.path(), "/w", Access::Ro).unwrap();
-        call_with(&h.internals().tools, "fs_list_dir", json!({"path": "/w"}), &[g]).await.unwrap();
+        call_with(h.internals().tools, "fs_list_dir", json!({"path": "/w"}), &[g]).await.unwrap();
         let files = modes(&home);
         assert!(files.iter().any(|(p, _)| p.ends_with("keel.db-wal")), "{files:?}");
         assert!(files.iter().any(|(p, _)| p.ends_with(".cwasm")), "{files:?}");

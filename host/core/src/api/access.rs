@@ -96,7 +96,7 @@ impl Harness {
     }
 
     /// Every grant preset (any caller may read them; what a user is shown of their grants is
-    /// [`shown::grants`](crate::api::shown::grants)).
+    /// [`shown::grants`]).
     pub async fn presets(&self, _caller: &Caller) -> Result<Vec<crate::access::Preset>, ApiError> {
         Ok(self.db.read(crate::access::presets_in).await?)
     }

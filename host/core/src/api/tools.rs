@@ -24,7 +24,7 @@ impl Harness {
     }
 
     /// The component named `name`, or the one providing the tool `name`, with its tools (any
-    /// caller may read it; what a user is shown of it is [`shown::component`](crate::api::shown::component)).
+    /// caller may read it; what a user is shown of it is [`shown::component`]).
     pub fn tool(
         &self,
         _caller: &Caller,

@@ -494,7 +494,7 @@ pub fn put_journal(
             call_id: e.call_id.clone(),
             tool: e.tool.clone(),
             status: e.status,
-            error_kind: e.error_kind.clone(),
+            error_kind: e.error_kind,
             ms: e.duration_ms,
         },
     )?;
