@@ -151,13 +151,18 @@ impl Harness {
         self.create(spec).await
     }
 
+    /// The grants of one session: no two overlap, and none reaches keel's own home.
+    pub(super) fn check_grant_set(&self, grants: &[Grant]) -> Result<(), ApiError> {
+        Grant::check_disjoint(grants).map_err(|e| ApiError::Grant(e.to_string()))?;
+        self.tools.check_grants(grants).map_err(|e| ApiError::Grant(e.to_string()))
+    }
+
     pub(super) async fn create(&self, spec: SessionSpec) -> Result<SessionId, ApiError> {
         spec.model.validate()?;
         if let Some(p) = &spec.preprocess {
             p.model.validate()?;
         }
-        Grant::check_disjoint(&spec.grants).map_err(|e| ApiError::Grant(e.to_string()))?;
-        self.tools.check_grants(&spec.grants).map_err(|e| ApiError::Grant(e.to_string()))?;
+        self.check_grant_set(&spec.grants)?;
         // Every grant is bound to the directory it names now (a preset's grant carries the
         // identity it was given with; one stored without is bound here).
         let grants = spec

@@ -92,8 +92,7 @@ impl Harness {
         tools: Option<&[String]>,
     ) -> Result<(), ApiError> {
         caller.require_admin("checking a session's grants and tools")?;
-        Grant::check_disjoint(grants).map_err(|e| ApiError::Grant(e.to_string()))?;
-        self.tools.check_grants(grants).map_err(|e| ApiError::Grant(e.to_string()))?;
+        self.check_grant_set(grants)?;
         for t in tools.into_iter().flatten() {
             self.tools.resolve(t).map_err(|e| ApiError::NotInstalled(e.to_string()))?;
         }
