@@ -2,6 +2,7 @@
 //! turns, tool calls, ordering, protocol faults (G1, G2, G3), loop guards, interruption (A7),
 //! one runner per session (C4) and request evidence.
 
+use keel::ids::SessionId;
 use std::time::{Duration, Instant};
 
 use keel::agent::{LoopGuards, TurnOutcome};
@@ -22,12 +23,19 @@ fn ws() -> (tempfile::TempDir, Vec<Grant>) {
 
 fn bodies(h: &keel::harness::Harness, id: &str) -> Vec<Value> {
     let rt = tokio::runtime::Handle::current();
-    let t = tokio::task::block_in_place(|| rt.block_on(h.internals().engine.timeline(id))).unwrap();
+    let t = tokio::task::block_in_place(|| {
+        rt.block_on(h.internals().engine.timeline(&SessionId::from(id)))
+    })
+    .unwrap();
     t.messages.into_iter().map(|m| m.body).collect()
 }
 
 async fn submit(h: &keel::harness::Harness, id: &str, text: &str) -> Submitted {
-    h.internals().brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
+    h.internals()
+        .brain
+        .submit(&SessionId::from(id), text, &CancelToken::new(), &no_events())
+        .await
+        .unwrap()
 }
 
 const FS: &[&str] = &["fs_read_file", "fs_write_file", "fs_list_dir"];
@@ -57,14 +65,18 @@ async fn one_tool_turn_and_byte_identical_evidence() {
     let result: Value = serde_json::from_str(msgs[2]["content"].as_str().unwrap()).unwrap();
     assert_eq!(result["content"], "alpha");
     assert_eq!(msgs[3], json!({"role": "assistant", "content": "The file says alpha."}));
-    let meta = h.internals().engine.meta("s1").await.unwrap();
-    assert_eq!(meta.state, RuntimeState::Idle);
+    let meta = h.internals().engine.meta(&SessionId::from("s1")).await.unwrap();
+    assert_eq!(meta.runtime.state, RuntimeState::Idle);
     // Evidence: what the server received, byte for byte.
     let received = model.requests();
     assert_eq!(received.len(), 2);
     for (i, body) in received.iter().enumerate() {
-        let (step, evidence) =
-            h.internals().engine.evidence("s1", Some(i as i64 + 1)).await.unwrap();
+        let (step, evidence) = h
+            .internals()
+            .engine
+            .evidence(&SessionId::from("s1"), Some(i as i64 + 1))
+            .await
+            .unwrap();
         assert_eq!(step, i as i64 + 1);
         assert_eq!(&evidence, body, "evidence of step {step} differs from the request");
     }
@@ -135,7 +147,7 @@ async fn side_effects_run_in_order_with_intent_then_result() {
     assert_eq!(read["content"], "bravo", "the read ran after the write");
     let write: Value = serde_json::from_str(msgs[2]["content"].as_str().unwrap()).unwrap();
     assert_eq!(write["changes"]["created"][0]["path"], "/w/b.txt");
-    let tl = h.internals().engine.timeline("w").await.unwrap();
+    let tl = h.internals().engine.timeline(&SessionId::from("w")).await.unwrap();
     let statuses: Vec<(String, String)> =
         tl.tool_calls.iter().map(|c| (c.entry.tool.clone(), c.entry.status.to_string())).collect();
     assert_eq!(
@@ -213,7 +225,10 @@ async fn g2_retryable_failures_are_retried_then_fail_clearly_without_partial_com
         other => panic!("expected failure, got {other:?}"),
     }
     assert_eq!(bodies(&h, "r"), [json!({"role": "user", "content": "hello"})], "no partial commit");
-    assert_eq!(h.internals().engine.meta("r").await.unwrap().state, RuntimeState::Failed);
+    assert_eq!(
+        h.internals().engine.meta(&SessionId::from("r")).await.unwrap().runtime.state,
+        RuntimeState::Failed
+    );
     // The next input runs normally (the scripted answer is next).
     assert_eq!(
         submit(&h, "r", "again").await,
@@ -282,7 +297,10 @@ async fn loop_guards_end_the_turn_with_a_notice() {
     }
     let last = bodies(&h, "steps").pop().unwrap();
     assert!(last["content"].as_str().unwrap().starts_with("[keel] Turn stopped"));
-    assert_eq!(h.internals().engine.meta("steps").await.unwrap().state, RuntimeState::Idle);
+    assert_eq!(
+        h.internals().engine.meta(&SessionId::from("steps")).await.unwrap().runtime.state,
+        RuntimeState::Idle
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,14 +325,14 @@ async fn a7_interrupt_during_a_model_call_and_during_a_running_tool() {
         let h2 = h.clone();
         let interrupter = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            h2.internals().engine.request_interrupt("int").await.unwrap();
+            h2.internals().engine.request_interrupt(&SessionId::from("int")).await.unwrap();
         });
         let started = Instant::now();
         assert_eq!(submit(&h, "int", "work").await, Submitted::Ran(TurnOutcome::Interrupted));
         assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
         interrupter.await.unwrap();
         assert_eq!(
-            h.internals().engine.meta("int").await.unwrap().state,
+            h.internals().engine.meta(&SessionId::from("int")).await.unwrap().runtime.state,
             RuntimeState::Interrupted
         );
     }
@@ -422,10 +440,11 @@ async fn the_api_key_never_reaches_the_database_or_the_evidence() {
     .await
     .unwrap();
     assert_eq!(submit(&keyed, "k", "hi").await, Submitted::Ran(TurnOutcome::Answer("ok".into())));
-    let (_, evidence) = keyed.internals().engine.evidence("k", None).await.unwrap();
+    let (_, evidence) =
+        keyed.internals().engine.evidence(&SessionId::from("k"), None).await.unwrap();
     assert!(!String::from_utf8_lossy(&evidence).contains(KEY));
     // The session's events (in the files scanned below) were written too.
-    assert!(keyed.internals().engine.last_event("k").await.unwrap() >= 6);
+    assert!(keyed.internals().engine.last_event(&SessionId::from("k")).await.unwrap() >= 6);
     for file in ["keel.db", "keel.db-wal"] {
         let bytes = std::fs::read(home.path().join(file)).unwrap_or_default();
         assert!(!String::from_utf8_lossy(&bytes).contains(KEY), "the key is in {file}");
@@ -464,8 +483,8 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
     for i in 0..6 {
         // Alternate the writer: this engine, then "another process".
         let writer = if i % 2 == 0 { &a } else { &b };
-        writer.submit("s", &format!("message {i}")).await.unwrap();
-        writer.begin_turn("s").await.unwrap().unwrap();
+        writer.submit(&SessionId::from("s"), &format!("message {i}")).await.unwrap();
+        writer.begin_turn(&SessionId::from("s")).await.unwrap().unwrap();
         let (mine, full) = assemble_twice(&a, &path).await;
         assert_eq!(mine.1.history_to, i + 1);
         let text = String::from_utf8(mine.1.body.to_vec()).unwrap();
@@ -477,14 +496,16 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
     // The meta changes in another process: its state, its tools (through SessionEngine), and
     // — as a later keel might — its prompt and model by plain SQL, which the database itself
     // versions (migration 5). Each is seen at once, and matches a full read.
-    b.set_state("s", keel::session::RuntimeState::Failed, Some("x".into())).await.unwrap();
+    b.set_state(&SessionId::from("s"), keel::session::RuntimeState::Failed, Some("x".into()))
+        .await
+        .unwrap();
     let (mine, full) = assemble_twice(&a, &path).await;
-    assert_eq!(mine.0.state, keel::session::RuntimeState::Failed);
+    assert_eq!(mine.0.runtime.state, keel::session::RuntimeState::Failed);
     assert_eq!(mine, full);
     let version = mine.1.meta_version;
-    b.add_tools("s", vec!["fs_read_file".into()]).await.unwrap();
+    b.add_tools(&SessionId::from("s"), vec!["fs_read_file".into()]).await.unwrap();
     let (mine, full) = assemble_twice(&a, &path).await;
-    assert_eq!(mine.0.loaded_tools, ["fs_read_file"]);
+    assert_eq!(mine.0.capabilities.loaded_tools, ["fs_read_file"]);
     assert_eq!(mine.1.tools.as_ref().unwrap().text.as_ref(), "[\"fs_read_file\"]");
     assert_eq!(mine, full);
     let other = rusqlite::Connection::open(&path).unwrap();
@@ -523,8 +544,8 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
         .unwrap();
     b.create(session("born again")).await.unwrap();
     for i in 0..=old_to {
-        b.submit("s", &format!("again {i}")).await.unwrap();
-        b.begin_turn("s").await.unwrap().unwrap();
+        b.submit(&SessionId::from("s"), &format!("again {i}")).await.unwrap();
+        b.begin_turn(&SessionId::from("s")).await.unwrap().unwrap();
     }
     other
         .execute("UPDATE sessions SET meta_version=?1, created_at=created_at+1", [old_version])
@@ -549,20 +570,21 @@ async fn assemble_twice(
         std::sync::Mutex::new(Vec::new());
     let tools =
         |_: &rusqlite::Connection, m: &keel::session::SessionMeta| -> Option<std::sync::Arc<str>> {
-            if m.loaded_tools.is_empty() {
+            if m.capabilities.loaded_tools.is_empty() {
                 return None;
             }
             let mut known = SCHEMAS.lock().unwrap();
-            if let Some((_, json)) = known.iter().find(|(t, _)| *t == m.loaded_tools) {
+            if let Some((_, json)) = known.iter().find(|(t, _)| *t == m.capabilities.loaded_tools) {
                 return Some(json.clone());
             }
-            let json: std::sync::Arc<str> = serde_json::to_string(&m.loaded_tools).unwrap().into();
-            known.push((m.loaded_tools.clone(), json.clone()));
+            let json: std::sync::Arc<str> =
+                serde_json::to_string(&m.capabilities.loaded_tools).unwrap().into();
+            known.push((m.capabilities.loaded_tools.clone(), json.clone()));
             Some(json)
         };
-    let mine = engine.assemble("s", tools).await.unwrap();
+    let mine = engine.assemble(&SessionId::from("s"), tools).await.unwrap();
     let fresh = keel::session::SessionEngine::new(keel::store::Db::open(path).unwrap());
-    let full = fresh.assemble("s", tools).await.unwrap();
+    let full = fresh.assemble(&SessionId::from("s"), tools).await.unwrap();
     (mine, full)
 }
 
@@ -588,19 +610,23 @@ async fn evidence_parts_are_stored_once_and_again_when_they_change() {
     .await;
     assert!(matches!(submit(&h, "s", "Read a.txt").await, Submitted::Ran(TurnOutcome::Answer(_))));
     // The session's tool schemas change: the new ones must be stored with the next request.
-    h.internals().engine.add_tools("s", vec!["fs_list_dir".into()]).await.unwrap();
+    h.internals()
+        .engine
+        .add_tools(&SessionId::from("s"), vec!["fs_list_dir".into()])
+        .await
+        .unwrap();
     assert!(matches!(submit(&h, "s", "List /w").await, Submitted::Ran(TurnOutcome::Answer(_))));
     let received = model.requests();
     assert_eq!(received.len(), 4);
     for (i, body) in received.iter().enumerate() {
         let (step, evidence) =
-            h.internals().engine.evidence("s", Some(i as i64 + 1)).await.unwrap();
+            h.internals().engine.evidence(&SessionId::from("s"), Some(i as i64 + 1)).await.unwrap();
         assert_eq!(&evidence, body, "evidence of step {step} differs from the request");
         // A fresh engine, which knows of no stored part, rebuilds it the same way.
         let fresh = keel::session::SessionEngine::new(
             keel::store::Db::open(&home.path().join("keel.db")).unwrap(),
         );
-        assert_eq!(&fresh.evidence("s", Some(step)).await.unwrap().1, body);
+        assert_eq!(&fresh.evidence(&SessionId::from("s"), Some(step)).await.unwrap().1, body);
     }
     // One head, one system message, two sets of tool schemas: each stored once.
     let c = rusqlite::Connection::open(home.path().join("keel.db")).unwrap();
@@ -662,7 +688,10 @@ async fn g2_oversized_and_absurd_replies_fail_clearly_and_the_session_goes_on() 
     let users: Vec<Value> =
         ["one", "two", "three"].iter().map(|t| json!({"role": "user", "content": t})).collect();
     assert_eq!(bodies(&h, "big"), users);
-    assert_eq!(h.internals().engine.meta("big").await.unwrap().state, RuntimeState::Failed);
+    assert_eq!(
+        h.internals().engine.meta(&SessionId::from("big")).await.unwrap().runtime.state,
+        RuntimeState::Failed
+    );
     assert_eq!(
         submit(&h, "big", "four").await,
         Submitted::Ran(TurnOutcome::Answer("still here".into()))
@@ -691,16 +720,19 @@ async fn guards_of_zero_are_raised_and_never_leave_a_turn_running() {
         submit(&h, "z", "hello").await,
         Submitted::Ran(TurnOutcome::Answer("one call is allowed".into()))
     );
-    assert_eq!(h.internals().engine.meta("z").await.unwrap().state, RuntimeState::Idle);
+    assert_eq!(
+        h.internals().engine.meta(&SessionId::from("z")).await.unwrap().runtime.state,
+        RuntimeState::Idle
+    );
     // The step limit (1) ends the next turn after its one call, with the notice, idle.
     let out = submit(&h, "z", "call echo").await;
     assert!(
         matches!(&out, Submitted::Ran(TurnOutcome::Stopped(n)) if n.contains("limit of 1 model calls")),
         "{out:?}"
     );
-    let meta = h.internals().engine.meta("z").await.unwrap();
-    assert_eq!(meta.state, RuntimeState::Idle);
-    assert_eq!(meta.active_turn, None);
+    let meta = h.internals().engine.meta(&SessionId::from("z")).await.unwrap();
+    assert_eq!(meta.runtime.state, RuntimeState::Idle);
+    assert_eq!(meta.runtime.active_turn, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -725,7 +757,10 @@ async fn a_model_url_that_cannot_work_fails_at_once_without_retries() {
         }
         other => panic!("expected a failed turn, got {other:?}"),
     }
-    assert_eq!(h.internals().engine.meta("u").await.unwrap().state, RuntimeState::Failed);
+    assert_eq!(
+        h.internals().engine.meta(&SessionId::from("u")).await.unwrap().runtime.state,
+        RuntimeState::Failed
+    );
 }
 
 /// A redirect is not followed (a POST would be resent as a GET, or its key not sent to the new
@@ -763,7 +798,10 @@ async fn a_redirecting_model_server_fails_the_call_at_once_naming_the_new_addres
         assert_eq!(model.requests().len(), 1, "not followed, not retried");
         // Only the user's input is in the history: nothing of the call was committed.
         assert_eq!(bodies(&h, "r").len(), 1);
-        assert_eq!(h.internals().engine.meta("r").await.unwrap().state, RuntimeState::Failed);
+        assert_eq!(
+            h.internals().engine.meta(&SessionId::from("r")).await.unwrap().runtime.state,
+            RuntimeState::Failed
+        );
     }
 }
 
@@ -784,7 +822,7 @@ async fn an_empty_input_is_refused_and_leaves_nothing_behind() {
         let err = h
             .internals()
             .brain
-            .submit("e", empty, &CancelToken::new(), &no_events())
+            .submit(&SessionId::from("e"), empty, &CancelToken::new(), &no_events())
             .await
             .unwrap_err();
         assert!(err.to_string().contains("empty"), "{err}");
@@ -912,7 +950,7 @@ async fn h4_a_session_keeps_the_component_version_it_loaded_until_told_to_upgrad
     .await;
     let old = h.internals().tools.resolve("echo").unwrap().digest.clone();
     let pins = h.internals().tools.current_pins(&["echo".to_string()]).unwrap();
-    h.internals().engine.pin_tools("s", pins, false).await.unwrap();
+    h.internals().engine.pin_tools(&SessionId::from("s"), pins, false).await.unwrap();
     assert_eq!(submit(&h, "s", "one").await, Submitted::Ran(TurnOutcome::Answer("first".into())));
     // The admin upgrades the component (a custom section: a new digest, the same tools).
     let mut bytes = std::fs::read(keel_tests::guests::HOSTILE_COMPONENT).unwrap();
@@ -930,11 +968,18 @@ async fn h4_a_session_keeps_the_component_version_it_loaded_until_told_to_upgrad
     assert_eq!(submit(&h, "s", "two").await, Submitted::Ran(TurnOutcome::Answer("second".into())));
     // Pinning again without an upgrade keeps what the session loaded.
     let pins = h.internals().tools.current_pins(&["echo".to_string()]).unwrap();
-    assert!(h.internals().engine.pin_tools("s", pins.clone(), false).await.unwrap().is_empty());
-    let changed = h.internals().engine.pin_tools("s", pins, true).await.unwrap();
+    assert!(
+        h.internals()
+            .engine
+            .pin_tools(&SessionId::from("s"), pins.clone(), false)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let changed = h.internals().engine.pin_tools(&SessionId::from("s"), pins, true).await.unwrap();
     assert_eq!(changed, vec![("echo".to_string(), Some(old.clone()), new.clone())]);
     assert_eq!(submit(&h, "s", "three").await, Submitted::Ran(TurnOutcome::Answer("third".into())));
-    let t = h.internals().engine.timeline("s").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("s")).await.unwrap();
     let ran: Vec<(String, Option<String>)> = t
         .tool_calls
         .iter()
@@ -1003,7 +1048,7 @@ async fn g5_a_tool_call_cut_by_the_token_limit_never_poisons_the_history() {
         assert!(text.contains("cut off by the token limit"), "{text}");
     }
     // The raw text is kept: in the journal and in the stored message.
-    let t = h.internals().engine.timeline("s").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("s")).await.unwrap();
     assert_eq!(t.tool_calls[0].entry.input, "{\"text\": \"abc");
     let stored = t.messages.iter().find(|m| m.body["tool_calls"].is_array()).unwrap();
     assert_eq!(stored.body["tool_calls"][0]["function"]["arguments"], "{\"text\": \"abc");
@@ -1080,7 +1125,17 @@ async fn a_sessions_loop_guards_are_stored_and_used_by_every_turn() {
         })
         .await
         .unwrap();
-    assert_eq!(h.internals().engine.meta("g").await.unwrap().guards.map(|g| g.max_steps), Some(2));
+    assert_eq!(
+        h.internals()
+            .engine
+            .meta(&SessionId::from("g"))
+            .await
+            .unwrap()
+            .config
+            .guards
+            .map(|g| g.max_steps),
+        Some(2)
+    );
     for text in ["one", "two"] {
         match submit(&h, "g", text).await {
             Submitted::Ran(TurnOutcome::Stopped(n)) => {
@@ -1090,7 +1145,7 @@ async fn a_sessions_loop_guards_are_stored_and_used_by_every_turn() {
         }
     }
     assert_eq!(model.requests().len(), 4, "two model calls per turn, not 24");
-    let t = h.internals().engine.timeline("g").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("g")).await.unwrap();
     let notices = t
         .messages
         .iter()
@@ -1146,7 +1201,7 @@ async fn a_turn_with_one_read_only_call_commits_three_times() {
         LoopGuards::default(),
     )
     .await;
-    assert!(other.internals().brain.try_acquire("c").await.unwrap());
+    assert!(other.internals().brain.try_acquire(&SessionId::from("c")).await.unwrap());
 }
 
 /// Two tasks of one process submit to one session at once: the lease row names the process,
@@ -1179,7 +1234,7 @@ async fn two_tasks_of_one_process_never_run_one_session_at_once() {
     assert!(matches!(second, Submitted::Queued { .. }), "{second:?}");
     // The first task ran both turns, one after the other.
     assert_eq!(first.await.unwrap(), Submitted::Ran(TurnOutcome::Answer("two".into())));
-    let t = h.internals().engine.timeline("par").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("par")).await.unwrap();
     let order: Vec<String> = t
         .messages
         .iter()

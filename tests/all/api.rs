@@ -4,6 +4,7 @@
 use keel::agent::{LoopGuards, TurnOutcome};
 use keel::api::{ApiError, Caller};
 use keel::brain::Submitted;
+use keel::ids::SessionId;
 use keel::sandbox::{Access, CancelToken, Grant};
 use keel::session::{Decision, RuntimeState};
 use keel_tests::mock_model::{MockModel, Reply};
@@ -49,13 +50,13 @@ async fn an_approval_flow_through_the_api_and_its_typed_refusals() {
         .await
         .unwrap_err();
     assert_eq!(e.kind(), "config", "{e}");
-    assert!(!h.internals().engine.exists("api").await.unwrap());
+    assert!(!h.internals().engine.exists(&SessionId::from("api")).await.unwrap());
 
     let tools = Some(vec!["effect_send".to_string()]);
     let id = h.create_session(&Caller::Operator, spec(&model.url(), grants, tools)).await.unwrap();
     let meta = h.internals().engine.meta(&id).await.unwrap();
-    assert_eq!(meta.guards.map(|g| g.max_steps), Some(5), "the loop guards are stored");
-    assert!(meta.tool_pins.contains_key("effect_send"), "the loaded tool is pinned");
+    assert_eq!(meta.config.guards.map(|g| g.max_steps), Some(5), "the loop guards are stored");
+    assert!(meta.capabilities.tool_pins.contains_key("effect_send"), "the loaded tool is pinned");
     let e =
         h.create_session(&Caller::Operator, spec(&model.url(), vec![], None)).await.unwrap_err();
     assert_eq!(e.kind(), "conflict", "the id is taken: {e}");
@@ -81,7 +82,7 @@ async fn an_approval_flow_through_the_api_and_its_typed_refusals() {
         Some(Submitted::Ran(TurnOutcome::Answer("sent".into())))
     );
     assert_eq!(log_lines(work.path(), "sent.log"), ["hello"]);
-    assert_eq!(h.internals().engine.meta(&id).await.unwrap().state, RuntimeState::Idle);
+    assert_eq!(h.internals().engine.meta(&id).await.unwrap().runtime.state, RuntimeState::Idle);
 }
 
 /// Who may see and do what is decided by the core's use cases, for any front-end: a user
@@ -192,4 +193,51 @@ async fn a_callers_rights_are_decided_by_the_core() {
     let mine = h.create_session_for(&alice, &template, &roots, req).await.unwrap();
     assert!(h.session(&alice, &mine).await.is_ok());
     not_found(h.session(&bob, &mine).await.map(|_| ()), "bob sees alice's new session");
+}
+
+/// SessionMeta is its four sub-owners, each read alone equal to its part of the whole, and
+/// its JSON is one flat object as before the split.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_facts_are_four_sub_owners_read_alone_and_shown_flat() {
+    let model =
+        MockModel::start(vec![Reply::calls(&[("c1", "effect_send", r#"{"label":"x"}"#)])]).await;
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let h =
+        harness_with_session(home.path(), &model.url(), "_", &[], vec![], LoopGuards::default())
+            .await;
+    install_effects(&h).await;
+    let grants = vec![Grant::new(work.path(), "/work", Access::Rw).unwrap()];
+    let tools = Some(vec!["effect_send".to_string()]);
+    let id = h.create_session(&Caller::Operator, spec(&model.url(), grants, tools)).await.unwrap();
+    let cancel = CancelToken::new();
+    let sent = h.send(&Caller::Operator, &id, "send x", &cancel, &no_events()).await.unwrap();
+    assert!(matches!(sent, Submitted::Ran(TurnOutcome::WaitingApproval(_))), "{sent:?}");
+
+    let engine = &h.internals().engine;
+    let meta = engine.meta(&id).await.unwrap();
+    assert_eq!(engine.config(&id).await.unwrap(), meta.config);
+    assert_eq!(engine.task(&id).await.unwrap(), meta.task);
+    assert_eq!(engine.loaded(&id).await.unwrap(), meta.capabilities);
+    assert_eq!(engine.runtime(&id).await.unwrap(), meta.runtime);
+    assert_eq!(meta.runtime.state, RuntimeState::WaitingApproval);
+    assert_eq!(meta.runtime.active_turn, Some(1));
+    assert_eq!(meta.config.grants[0].guest, "/work");
+    assert!(meta.capabilities.loaded_tools.contains(&"effect_send".to_string()));
+    assert_eq!(meta.task.session_goal.as_deref(), Some("send x"));
+
+    let shown = serde_json::to_value(&meta).unwrap();
+    for key in ["id", "grants", "policy", "model", "session_goal", "plan", "loaded_tools"] {
+        assert!(shown.get(key).is_some(), "`{key}` is a top-level field: {shown}");
+    }
+    for key in ["tool_pins", "state", "active_turn", "meta_version", "context_start"] {
+        assert!(shown.get(key).is_some(), "`{key}` is a top-level field: {shown}");
+    }
+    for part in ["config", "task", "capabilities", "runtime"] {
+        assert!(shown.get(part).is_none(), "`{part}` is not nested in the JSON");
+    }
+    let e = engine.runtime(&SessionId::from("no-such")).await.unwrap_err();
+    assert!(e.to_string().contains("no session `no-such`"), "{e}");
+    let e = engine.config(&SessionId::from("no-such")).await.unwrap_err();
+    assert!(e.to_string().contains("no session `no-such`"), "{e}");
 }

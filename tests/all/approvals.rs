@@ -2,6 +2,7 @@
 //! full (C3) — through the whole spine, against the scripted model server, with the
 //! effect-counting guest making every execution visible.
 
+use keel::ids::SessionId;
 use std::sync::{Arc, Barrier};
 
 use keel::agent::{LoopGuards, TurnOutcome};
@@ -54,11 +55,19 @@ impl Fixture {
 }
 
 async fn submit(h: &keel::harness::Harness, id: &str, text: &str) -> Submitted {
-    h.internals().brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
+    h.internals()
+        .brain
+        .submit(&SessionId::from(id), text, &CancelToken::new(), &no_events())
+        .await
+        .unwrap()
 }
 
 async fn drain(h: &keel::harness::Harness, id: &str) -> Option<Submitted> {
-    h.internals().brain.drain(id, &CancelToken::new(), &no_events()).await.unwrap()
+    h.internals()
+        .brain
+        .drain(&SessionId::from(id), &CancelToken::new(), &no_events())
+        .await
+        .unwrap()
 }
 
 fn waiting_units(s: &Submitted) -> Vec<keel::ids::UnitId> {
@@ -71,7 +80,10 @@ fn waiting_units(s: &Submitted) -> Vec<keel::ids::UnitId> {
 /// Every assistant tool call in the history has exactly one result, right after it.
 fn assert_paired(h: &keel::harness::Harness, id: &str) {
     let rt = tokio::runtime::Handle::current();
-    let t = tokio::task::block_in_place(|| rt.block_on(h.internals().engine.timeline(id))).unwrap();
+    let t = tokio::task::block_in_place(|| {
+        rt.block_on(h.internals().engine.timeline(&SessionId::from(id)))
+    })
+    .unwrap();
     let msgs: Vec<Value> = t.messages.into_iter().map(|m| m.body).collect();
     let mut i = 0;
     while i < msgs.len() {
@@ -92,9 +104,9 @@ async fn approve_runs_the_stored_call_exactly_once_and_the_turn_continues() {
     let out = submit(&f.h, "ap1", "send the report t1").await;
     let units = waiting_units(&out);
     assert_eq!(units.len(), 1);
-    let meta = f.h.internals().engine.meta("ap1").await.unwrap();
-    assert_eq!(meta.state, RuntimeState::WaitingApproval);
-    assert!(meta.state_detail.unwrap().contains(units[0].as_str()));
+    let meta = f.h.internals().engine.meta(&SessionId::from("ap1")).await.unwrap();
+    assert_eq!(meta.runtime.state, RuntimeState::WaitingApproval);
+    assert!(meta.runtime.state_detail.unwrap().contains(units[0].as_str()));
     assert!(f.lines("sent.log").is_empty(), "nothing runs before the decision");
     // The unit shows exactly what would run.
     let pending = f.h.internals().engine.approvals(Some("ap1"), true).await.unwrap();
@@ -119,7 +131,7 @@ async fn approve_runs_the_stored_call_exactly_once_and_the_turn_continues() {
     assert_eq!(f.lines("sent.log"), vec!["t1-0"]);
     let unit = f.h.internals().engine.approval(&units[0]).await.unwrap().unwrap();
     assert_eq!(unit.status, keel::session::ApprovalStatus::Consumed);
-    let t = f.h.internals().engine.timeline("ap1").await.unwrap();
+    let t = f.h.internals().engine.timeline(&SessionId::from("ap1")).await.unwrap();
     assert_eq!(t.state, RuntimeState::Idle);
     assert_eq!(t.tool_calls[0].entry.approval_id.as_deref(), Some(units[0].as_str()));
     assert_eq!(t.tool_calls[0].entry.status.as_str(), "done");
@@ -145,32 +157,40 @@ async fn the_gate_takes_only_a_consumed_approval_bound_to_the_call() {
     let call_id = f.h.internals().engine.approval(&units[0]).await.unwrap().unwrap().call_id;
     // No proof for a unit that this call did not consume, or another call.
     assert_eq!(
-        f.h.internals().engine.consumed_approval("gate", &units[0], "other-call").await.unwrap(),
+        f.h.internals()
+            .engine
+            .consumed_approval(&SessionId::from("gate"), &units[0], "other-call")
+            .await
+            .unwrap(),
         None
     );
     assert_eq!(
-        f.h.internals().engine.consumed_approval("gate", "ap-missing", &call_id).await.unwrap(),
+        f.h.internals()
+            .engine
+            .consumed_approval(&SessionId::from("gate"), "ap-missing", &call_id)
+            .await
+            .unwrap(),
         None
     );
     let proof =
         f.h.internals()
             .engine
-            .consumed_approval("gate", &units[0], &call_id)
+            .consumed_approval(&SessionId::from("gate"), &units[0], &call_id)
             .await
             .unwrap()
             .unwrap();
     assert_eq!((proof.unit(), proof.call_id()), (units[0].as_str(), call_id.as_str()));
 
-    let meta = f.h.internals().engine.meta("gate").await.unwrap();
+    let meta = f.h.internals().engine.meta(&SessionId::from("gate")).await.unwrap();
     let call = |input: &'static str, approval| CallRequest {
         tool: "effect_send",
         input,
-        grants: &meta.grants,
+        grants: &meta.config.grants,
         net: keel::sandbox::net::NetGrants::none(),
-        budget: meta.budget.clone(),
+        budget: meta.config.budget.clone(),
         cancel: None,
-        loaded: Some(&meta.loaded_tools),
-        policy: Some(&meta.policy),
+        loaded: Some(&meta.capabilities.loaded_tools),
+        policy: Some(&meta.config.policy),
         approval,
         control: None,
     };
@@ -201,7 +221,7 @@ async fn reject_commits_a_result_the_model_sees() {
     let out = drain(&f.h, "ap2").await.unwrap();
     assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done t2".into())));
     assert!(f.lines("wiped.log").is_empty());
-    let t = f.h.internals().engine.timeline("ap2").await.unwrap();
+    let t = f.h.internals().engine.timeline(&SessionId::from("ap2")).await.unwrap();
     let result: Value =
         serde_json::from_str(t.messages[2].body["content"].as_str().unwrap()).unwrap();
     assert_eq!(result["error"]["kind"], "rejected");
@@ -220,7 +240,7 @@ async fn d1_d2_pending_and_approved_survive_a_restart() {
     let pending = f.h.internals().engine.approvals(Some("ap3"), true).await.unwrap();
     assert_eq!(pending.iter().map(|u| u.id.clone()).collect::<Vec<_>>(), units, "same id");
     assert_eq!(
-        f.h.internals().engine.meta("ap3").await.unwrap().state,
+        f.h.internals().engine.meta(&SessionId::from("ap3")).await.unwrap().runtime.state,
         RuntimeState::WaitingApproval
     );
     assert!(f.lines("sent.log").is_empty(), "nothing executed");
@@ -259,7 +279,7 @@ async fn d5_new_call_ids_and_upgraded_tools_need_a_new_approval() {
     let first = waiting_units(&submit(&f.h, "ap4", "send it").await);
     // Approved, but the turn is interrupted before it resumes: the approval dies with it.
     f.h.internals().brain.decide(&first[0], Decision::Approve, None, None).await.unwrap().unwrap();
-    f.h.internals().brain.interrupt("ap4").await.unwrap();
+    f.h.internals().brain.interrupt(&SessionId::from("ap4")).await.unwrap();
     assert_eq!(
         f.h.internals().engine.approval(&first[0]).await.unwrap().unwrap().status,
         keel::session::ApprovalStatus::Cancelled
@@ -402,10 +422,10 @@ async fn interrupt_while_waiting_closes_every_open_call() {
     let units = waiting_units(&submit(&f.h, "ap6", "mixed").await);
     assert_eq!(units.len(), 1);
     assert_eq!(
-        f.h.internals().brain.interrupt("ap6").await.unwrap(),
+        f.h.internals().brain.interrupt(&SessionId::from("ap6")).await.unwrap(),
         RuntimeState::WaitingApproval
     );
-    let t = f.h.internals().engine.timeline("ap6").await.unwrap();
+    let t = f.h.internals().engine.timeline(&SessionId::from("ap6")).await.unwrap();
     assert_eq!(t.state, RuntimeState::Interrupted);
     assert_paired(&f.h, "ap6");
     let kinds: Vec<_> = t.tool_calls.iter().map(|c| c.entry.error_kind).collect();
@@ -479,7 +499,7 @@ async fn policy_ask_allow_and_deny_per_session() {
     let out = drain(&f.h, "pol").await.unwrap();
     assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done t7".into())));
     assert_eq!(f.lines("effects.log"), vec!["t7-1"]);
-    let t = f.h.internals().engine.timeline("pol").await.unwrap();
+    let t = f.h.internals().engine.timeline(&SessionId::from("pol")).await.unwrap();
     assert_eq!(t.tool_calls[2].entry.error_kind.map(|k| k.as_str()), Some("denied"));
     assert!(f.lines("sent.log").is_empty());
 }
@@ -507,12 +527,12 @@ async fn c3_disk_full_rolls_back_pauses_and_resumes() {
     let err =
         f.h.internals()
             .brain
-            .submit("full", "write a lot", &CancelToken::new(), &no_events())
+            .submit(&SessionId::from("full"), "write a lot", &CancelToken::new(), &no_events())
             .await;
     let message = err.unwrap_err().to_string();
     assert!(message.contains("full"), "a typed, clear error: {message}");
     // Rolled back: no half step, the input is kept, the database is sound.
-    let t = f.h.internals().engine.timeline("full").await.unwrap();
+    let t = f.h.internals().engine.timeline(&SessionId::from("full")).await.unwrap();
     assert_eq!(t.messages.len(), 1, "only the input: {:?}", t.messages);
     let ok: String =
         f.h.internals()
@@ -532,5 +552,8 @@ async fn c3_disk_full_rolls_back_pauses_and_resumes() {
         .unwrap();
     let out = drain(&f.h, "full").await.unwrap();
     assert_eq!(out, Submitted::Ran(TurnOutcome::Answer(big)));
-    assert_eq!(f.h.internals().engine.meta("full").await.unwrap().state, RuntimeState::Idle);
+    assert_eq!(
+        f.h.internals().engine.meta(&SessionId::from("full")).await.unwrap().runtime.state,
+        RuntimeState::Idle
+    );
 }

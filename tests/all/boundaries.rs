@@ -251,14 +251,14 @@ async fn j6_a_token_and_a_local_user_of_one_name_share_nothing() {
     });
     h.create_session(&Caller::Operator, spec).await.unwrap();
     assert_eq!(
-        h.session(&Caller::Operator, "t").await.unwrap().user.as_deref(),
+        h.session(&Caller::Operator, "t").await.unwrap().config.user.as_deref(),
         Some("token:alice")
     );
     let mut spec = keel_tests::session_spec("http://127.0.0.1:9", "l", vec![], None);
     spec.user = Some("alice".into());
     h.create_session(&Caller::Operator, spec).await.unwrap();
     assert_eq!(
-        h.session(&Caller::Operator, "l").await.unwrap().user.as_deref(),
+        h.session(&Caller::Operator, "l").await.unwrap().config.user.as_deref(),
         Some("local:alice")
     );
     let local = h.memories(&Caller::Operator, Some("alice")).await.unwrap();

@@ -3,6 +3,7 @@
 //! answered from their own script), real skills installed from files, the real control
 //! component, a real SQLite file; asserting on the bytes the server got.
 
+use keel::ids::SessionId;
 use std::path::Path;
 
 use keel::agent::{LoopGuards, TurnOutcome};
@@ -17,7 +18,13 @@ use keel_tests::{answered, harness_with_session, no_events, system_of};
 use serde_json::Value;
 
 async fn submit(h: &Harness, id: &str, text: &str) -> String {
-    answered(h.internals().brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap())
+    answered(
+        h.internals()
+            .brain
+            .submit(&SessionId::from(id), text, &CancelToken::new(), &no_events())
+            .await
+            .unwrap(),
+    )
 }
 
 fn json(body: &[u8]) -> Value {
@@ -193,7 +200,7 @@ async fn a_recalled_and_selected_skill_reaches_the_next_request_and_stays_add_on
     let e = h.unload(&Caller::Operator, "s", Kind::Tool, "skills_find").await.unwrap_err();
     assert_eq!(e.kind(), "input", "{e}");
     let meta = h.session(&Caller::Operator, "s").await.unwrap();
-    assert_eq!(meta.skills.len(), 1);
+    assert_eq!(meta.capabilities.skills.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -232,7 +239,7 @@ async fn nothing_recalled_makes_no_call_and_a_failed_recall_or_call_does_not_blo
     assert_eq!(submit(&h, "b", "Audit orders.csv").await, "two");
     let t = h.timeline(&Caller::Operator, "b").await.unwrap();
     assert!(t.orchestrations[0].error.as_deref().unwrap().contains("no JSON object"));
-    assert!(h.session(&Caller::Operator, "b").await.unwrap().skills.is_empty());
+    assert!(h.session(&Caller::Operator, "b").await.unwrap().capabilities.skills.is_empty());
     let events = h.events(&Caller::Operator, "b", 0, 1000).await.unwrap();
     assert!(
         events
@@ -248,7 +255,7 @@ async fn nothing_recalled_makes_no_call_and_a_failed_recall_or_call_does_not_blo
         "{:?}",
         t.orchestrations[0]
     );
-    assert!(h.session(&Caller::Operator, "d").await.unwrap().skills.is_empty());
+    assert!(h.session(&Caller::Operator, "d").await.unwrap().capabilities.skills.is_empty());
 
     // A failed recall group: the skills index is gone. The turn goes on, and says so.
     let c = rusqlite::Connection::open(home.path().join("keel.db")).unwrap();
@@ -309,9 +316,9 @@ async fn the_model_finds_and_loads_skills_and_tools_and_a_mention_grants_nothing
     assert!(via.contains(&("fs_write_file".into(), Via::ToolsSelect)), "{via:?}");
     // Tools selected are pinned like any loaded tool; their calls follow the policy.
     let meta = h.session(&Caller::Operator, "s").await.unwrap();
-    assert!(meta.tool_pins.contains_key("fs_delete_files"));
+    assert!(meta.capabilities.tool_pins.contains_key("fs_delete_files"));
     assert!(matches!(
-        meta.policy.decide("fs_delete_files", keel::policy::Effect::Destructive),
+        meta.config.policy.decide("fs_delete_files", keel::policy::Effect::Destructive),
         keel::policy::PolicyDecision::Ask(_)
     ));
 }
@@ -399,7 +406,7 @@ async fn h1_a_hostile_skill_steers_text_only() {
     let out = h
         .internals()
         .brain
-        .submit("s", "clean up", &CancelToken::new(), &no_events())
+        .submit(&SessionId::from("s"), "clean up", &CancelToken::new(), &no_events())
         .await
         .unwrap();
     assert!(
@@ -432,7 +439,11 @@ async fn h4_a_session_keeps_the_skill_version_it_loaded() {
         skills: vec!["csv-audit".into()],
         ..Default::default()
     };
-    h.internals().engine.add_capabilities("old", load.clone(), Via::Admin).await.unwrap();
+    h.internals()
+        .engine
+        .add_capabilities(&SessionId::from("old"), load.clone(), Via::Admin)
+        .await
+        .unwrap();
     let v2 = CSV_AUDIT.replace("MARKER-CSV-AUDIT", "MARKER-V2");
     std::fs::write(skills.path().join("csv-audit/SKILL.md"), &v2).unwrap();
     let e = h
@@ -441,7 +452,7 @@ async fn h4_a_session_keeps_the_skill_version_it_loaded() {
         .unwrap_err();
     assert_eq!(e.kind(), "conflict", "other content needs --upgrade: {e}");
     h.install_skill(&Caller::Operator, &skills.path().join("csv-audit"), true).await.unwrap();
-    h.internals().engine.add_capabilities("new", load, Via::Admin).await.unwrap();
+    h.internals().engine.add_capabilities(&SessionId::from("new"), load, Via::Admin).await.unwrap();
     assert_eq!(submit(&h, "old", "go").await, "a");
     assert_eq!(submit(&h, "new", "go").await, "b");
     let requests = model.requests();

@@ -5,6 +5,7 @@
 use keel::agent::compact::Compaction;
 use keel::agent::{LoopGuards, TurnOutcome};
 use keel::brain::Submitted;
+use keel::ids::SessionId;
 use keel::sandbox::{Access, Budget, CancelToken, Grant};
 use keel::session::compaction::CheckpointStatus;
 use keel::session::{Decision, NewSession, Policy, RuntimeState, SessionEvent};
@@ -117,7 +118,7 @@ async fn the_threshold_compacts_and_the_next_request_holds_the_summary_not_the_r
         let out = h
             .internals()
             .brain
-            .submit("t", &filler(task, 10), &cancel, &no_events())
+            .submit(&SessionId::from("t"), &filler(task, 10), &cancel, &no_events())
             .await
             .unwrap();
         assert!(!answered(out).is_empty(), "turn {i}");
@@ -153,7 +154,7 @@ async fn the_threshold_compacts_and_the_next_request_holds_the_summary_not_the_r
     assert!(third.contains("task-three"));
     assert!(third.len() < requests[1].len());
     // The record keeps everything, and the evidence of the third request is exact.
-    let t = h.internals().engine.timeline("t").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("t")).await.unwrap();
     assert_eq!(t.messages.len(), 6);
     let spans: Vec<_> =
         t.checkpoints.iter().map(|c| (c.status, c.from, c.to, c.anchor, c.turn)).collect();
@@ -168,12 +169,13 @@ async fn the_threshold_compacts_and_the_next_request_holds_the_summary_not_the_r
     let cp = &t.checkpoints[1];
     assert_eq!(cp.summary.as_ref().unwrap().active_user_request, "the third task");
     assert!(cp.tokens_after.unwrap() < cp.tokens_before.unwrap());
-    let (_, body) = h.internals().engine.evidence("t", Some(3)).await.unwrap();
+    let (_, body) = h.internals().engine.evidence(&SessionId::from("t"), Some(3)).await.unwrap();
     assert_eq!(body, requests[2]);
-    let (n, sbody) = h.internals().engine.compaction_evidence("t", None).await.unwrap();
+    let (n, sbody) =
+        h.internals().engine.compaction_evidence(&SessionId::from("t"), None).await.unwrap();
     assert_eq!((n, sbody), (2, summaries[1].clone()));
     // State and events: compressing while it ran, then running again.
-    let events = h.internals().engine.events_after("t", 0, 1000).await.unwrap();
+    let events = h.internals().engine.events_after(&SessionId::from("t"), 0, 1000).await.unwrap();
     let kinds: Vec<String> = events
         .iter()
         .filter_map(|e| match &e.event {
@@ -223,10 +225,14 @@ async fn an_active_turn_with_a_long_tool_loop_compacts_mid_turn_and_finishes_wit
     let h = harness(dir.path(), &model.url()).await;
     session(&h, "loop", &model.url(), Some(2048), &["echo"], Vec::new(), Policy::default()).await;
     let task = "run the twelve echo steps and report";
-    let out =
-        h.internals().brain.submit("loop", task, &CancelToken::new(), &no_events()).await.unwrap();
+    let out = h
+        .internals()
+        .brain
+        .submit(&SessionId::from("loop"), task, &CancelToken::new(), &no_events())
+        .await
+        .unwrap();
     assert_eq!(answered(out), "all twelve done");
-    let t = h.internals().engine.timeline("loop").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("loop")).await.unwrap();
     let promoted: Vec<_> =
         t.checkpoints.iter().filter(|c| c.status == CheckpointStatus::Promoted).collect();
     assert!(promoted.len() >= 2, "{:?}", t.checkpoints);
@@ -254,7 +260,12 @@ async fn an_active_turn_with_a_long_tool_loop_compacts_mid_turn_and_finishes_wit
     }
     // Every request's evidence rebuilds byte for byte.
     for (i, r) in requests.iter().enumerate() {
-        let (_, body) = h.internals().engine.evidence("loop", Some(i as i64 + 1)).await.unwrap();
+        let (_, body) = h
+            .internals()
+            .engine
+            .evidence(&SessionId::from("loop"), Some(i as i64 + 1))
+            .await
+            .unwrap();
         assert_eq!(&body, r, "evidence of step {}", i + 1);
     }
 }
@@ -279,10 +290,18 @@ async fn a_naive_boundary_inside_a_call_group_moves_to_a_legal_one() {
     session(&h, "g", &model.url(), None, &["echo"], Vec::new(), Policy::default()).await;
     let cancel = CancelToken::new();
     answered(
-        h.internals().brain.submit("g", &filler("first", 40), &cancel, &no_events()).await.unwrap(),
+        h.internals()
+            .brain
+            .submit(&SessionId::from("g"), &filler("first", 40), &cancel, &no_events())
+            .await
+            .unwrap(),
     );
     answered(
-        h.internals().brain.submit("g", "second: six echoes", &cancel, &no_events()).await.unwrap(),
+        h.internals()
+            .brain
+            .submit(&SessionId::from("g"), "second: six echoes", &cancel, &no_events())
+            .await
+            .unwrap(),
     );
     // Messages: 1 user, 2 answer, 3 user, 4 the six calls, 5–10 their results, 11 answer.
     // Outside a turn the kept history starts at a user message: legal boundaries are 2 and
@@ -300,7 +319,7 @@ async fn a_naive_boundary_inside_a_call_group_moves_to_a_legal_one() {
     let f = freeze(20_000).await.unwrap().unwrap();
     assert_eq!(f.to, 2);
     // Manual: as much as is legal.
-    match h.internals().brain.compact("g", &cancel, &no_events()).await.unwrap() {
+    match h.internals().brain.compact(&SessionId::from("g"), &cancel, &no_events()).await.unwrap() {
         Compaction::Compacted { from, context_start, .. } => {
             assert_eq!((from, context_start), (1, 11))
         }
@@ -308,10 +327,13 @@ async fn a_naive_boundary_inside_a_call_group_moves_to_a_legal_one() {
     }
     // Nothing is left after the context start: a second compaction has nothing to do.
     assert_eq!(
-        h.internals().brain.compact("g", &cancel, &no_events()).await.unwrap(),
+        h.internals().brain.compact(&SessionId::from("g"), &cancel, &no_events()).await.unwrap(),
         Compaction::Nothing
     );
-    assert_eq!(h.internals().engine.meta("g").await.unwrap().state, RuntimeState::Idle);
+    assert_eq!(
+        h.internals().engine.meta(&SessionId::from("g")).await.unwrap().runtime.state,
+        RuntimeState::Idle
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -327,29 +349,43 @@ async fn a_pending_approval_and_its_open_step_survive_a_compaction() {
     answered(
         h.internals()
             .brain
-            .submit("ap", &filler("earlier task", 30), &cancel, &no_events())
+            .submit(&SessionId::from("ap"), &filler("earlier task", 30), &cancel, &no_events())
             .await
             .unwrap(),
     );
-    let waiting =
-        h.internals().brain.submit("ap", "send the label", &cancel, &no_events()).await.unwrap();
+    let waiting = h
+        .internals()
+        .brain
+        .submit(&SessionId::from("ap"), "send the label", &cancel, &no_events())
+        .await
+        .unwrap();
     let Submitted::Ran(TurnOutcome::WaitingApproval(units)) = waiting else {
         panic!("{waiting:?}")
     };
-    assert_eq!(h.internals().engine.meta("ap").await.unwrap().state, RuntimeState::WaitingApproval);
-    match h.internals().brain.compact("ap", &cancel, &no_events()).await.unwrap() {
+    assert_eq!(
+        h.internals().engine.meta(&SessionId::from("ap")).await.unwrap().runtime.state,
+        RuntimeState::WaitingApproval
+    );
+    match h.internals().brain.compact(&SessionId::from("ap"), &cancel, &no_events()).await.unwrap()
+    {
         // Up to the active turn's user message (3), which stays; its open step is not history.
         Compaction::Compacted { context_start, .. } => assert_eq!(context_start, 2),
         other => panic!("{other:?}"),
     }
-    let meta = h.internals().engine.meta("ap").await.unwrap();
-    assert_eq!(meta.state, RuntimeState::WaitingApproval);
-    assert!(h.internals().engine.load_open_step("ap").await.unwrap().is_some());
+    let meta = h.internals().engine.meta(&SessionId::from("ap")).await.unwrap();
+    assert_eq!(meta.runtime.state, RuntimeState::WaitingApproval);
+    assert!(h.internals().engine.load_open_step(&SessionId::from("ap")).await.unwrap().is_some());
     let pending = h.internals().engine.approvals(Some("ap"), true).await.unwrap();
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].id, units[0]);
     h.internals().brain.decide(&units[0], Decision::Approve, None, None).await.unwrap().unwrap();
-    let out = h.internals().brain.drain("ap", &cancel, &no_events()).await.unwrap().unwrap();
+    let out = h
+        .internals()
+        .brain
+        .drain(&SessionId::from("ap"), &cancel, &no_events())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(answered(out), "sent after compaction");
     assert_eq!(keel_tests::log_lines(work.path(), "sent.log").len(), 1);
     let last = model.requests().pop().unwrap();
@@ -385,13 +421,19 @@ async fn a_redacted_canary_reaches_no_summary_request_and_no_summary() {
     answered(
         h.internals()
             .brain
-            .submit("red", "read the secret file", &cancel, &no_events())
+            .submit(&SessionId::from("red"), "read the secret file", &cancel, &no_events())
             .await
             .unwrap(),
     );
-    answered(h.internals().brain.submit("red", "and then?", &cancel, &no_events()).await.unwrap());
+    answered(
+        h.internals()
+            .brain
+            .submit(&SessionId::from("red"), "and then?", &cancel, &no_events())
+            .await
+            .unwrap(),
+    );
     assert!(matches!(
-        h.internals().brain.compact("red", &cancel, &no_events()).await.unwrap(),
+        h.internals().brain.compact(&SessionId::from("red"), &cancel, &no_events()).await.unwrap(),
         Compaction::Compacted { .. }
     ));
     let summary_req = model.summary_requests();
@@ -401,7 +443,7 @@ async fn a_redacted_canary_reaches_no_summary_request_and_no_summary() {
     for r in model.requests().iter().chain(summary_req.iter()) {
         assert!(!String::from_utf8_lossy(r).contains(CANARY));
     }
-    let t = h.internals().engine.timeline("red").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("red")).await.unwrap();
     let stored = serde_json::to_string(&t).unwrap();
     assert!(!stored.contains(CANARY), "the timeline (messages, journal, summary) holds it");
     let s = t.checkpoints[0].summary.as_ref().unwrap();
@@ -453,16 +495,29 @@ async fn a_bad_summary_is_asked_for_once_more_then_the_compaction_fails_cleanly(
     session(&h, "bad", &model.url(), Some(512), &[], Vec::new(), Policy::default()).await;
     let cancel = CancelToken::new();
     answered(
-        h.internals().brain.submit("bad", &filler("t1", 12), &cancel, &no_events()).await.unwrap(),
+        h.internals()
+            .brain
+            .submit(&SessionId::from("bad"), &filler("t1", 12), &cancel, &no_events())
+            .await
+            .unwrap(),
     );
     answered(
-        h.internals().brain.submit("bad", &filler("t2", 12), &cancel, &no_events()).await.unwrap(),
+        h.internals()
+            .brain
+            .submit(&SessionId::from("bad"), &filler("t2", 12), &cancel, &no_events())
+            .await
+            .unwrap(),
     );
     // Over the threshold, under the window: two refused answers fail the compaction and the
     // turn goes on with the whole history.
-    let third = h.internals().brain.submit("bad", "t3", &cancel, &no_events()).await.unwrap();
+    let third = h
+        .internals()
+        .brain
+        .submit(&SessionId::from("bad"), "t3", &cancel, &no_events())
+        .await
+        .unwrap();
     assert_eq!(answered(third), "third answered without compaction");
-    let t = h.internals().engine.timeline("bad").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("bad")).await.unwrap();
     assert_eq!(t.context_start, 0);
     assert_eq!(t.checkpoints[0].status, CheckpointStatus::Failed);
     assert_eq!(t.checkpoints[0].attempts, 2);
@@ -470,15 +525,20 @@ async fn a_bad_summary_is_asked_for_once_more_then_the_compaction_fails_cleanly(
     assert!(error.contains("`notes` is an object, not a list of strings"), "{error}");
     assert!(String::from_utf8_lossy(&model.requests()[2]).contains("t1"));
     // The next one: a refused answer, then a good one — compacted.
-    let fourth = h.internals().brain.submit("bad", "t4", &cancel, &no_events()).await.unwrap();
+    let fourth = h
+        .internals()
+        .brain
+        .submit(&SessionId::from("bad"), "t4", &cancel, &no_events())
+        .await
+        .unwrap();
     assert_eq!(answered(fourth), "fourth answered after a retried summary");
-    let t = h.internals().engine.timeline("bad").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("bad")).await.unwrap();
     assert_eq!(t.checkpoints[1].status, CheckpointStatus::Promoted);
     assert_eq!(t.checkpoints[1].attempts, 2);
     assert!(t.context_start > 0);
     // (A second round may follow: one summary call is sent at most 0.6 of the window.)
     assert!(model.summary_requests().len() >= 4);
-    let events = h.internals().engine.events_after("bad", 0, 1000).await.unwrap();
+    let events = h.internals().engine.events_after(&SessionId::from("bad"), 0, 1000).await.unwrap();
     assert!(events.iter().any(|e| matches!(&e.event, SessionEvent::CompactionFailed { error }
         if error.contains("the summary was refused: `notes` is an object"))));
 }
@@ -517,13 +577,18 @@ async fn summaries_in_the_shapes_real_models_answer_are_read() {
         answered(
             h.internals()
                 .brain
-                .submit("loose", &format!("task {i}"), &cancel, &no_events())
+                .submit(&SessionId::from("loose"), &format!("task {i}"), &cancel, &no_events())
                 .await
                 .unwrap(),
         );
-        let done = h.internals().brain.compact("loose", &cancel, &no_events()).await.unwrap();
+        let done = h
+            .internals()
+            .brain
+            .compact(&SessionId::from("loose"), &cancel, &no_events())
+            .await
+            .unwrap();
         assert!(matches!(done, Compaction::Compacted { .. }), "{what}: {done:?}");
-        let t = h.internals().engine.timeline("loose").await.unwrap();
+        let t = h.internals().engine.timeline(&SessionId::from("loose")).await.unwrap();
         let cp = t.checkpoints.last().unwrap();
         assert_eq!(cp.status, CheckpointStatus::Promoted, "{what}");
         assert_eq!(cp.attempts, 1, "{what}: read at the first answer");
@@ -559,20 +624,28 @@ async fn a_compaction_inside_a_turn_keeps_the_step_that_just_ran() {
         effects_session(&model.url(), "keep", Some(2048), &["effect_append"]).await;
     let cancel = CancelToken::new();
     answered(
-        h.internals().brain.submit("keep", &filler("t1", 20), &cancel, &no_events()).await.unwrap(),
+        h.internals()
+            .brain
+            .submit(&SessionId::from("keep"), &filler("t1", 20), &cancel, &no_events())
+            .await
+            .unwrap(),
     );
     answered(
-        h.internals().brain.submit("keep", &filler("t2", 20), &cancel, &no_events()).await.unwrap(),
+        h.internals()
+            .brain
+            .submit(&SessionId::from("keep"), &filler("t2", 20), &cancel, &no_events())
+            .await
+            .unwrap(),
     );
     let out = h
         .internals()
         .brain
-        .submit("keep", "append three lines", &cancel, &no_events())
+        .submit(&SessionId::from("keep"), "append three lines", &cancel, &no_events())
         .await
         .unwrap();
     assert_eq!(answered(out), "appended three lines");
     assert_eq!(keel_tests::log_lines(work.path(), "effects.log").len(), 3);
-    let t = h.internals().engine.timeline("keep").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("keep")).await.unwrap();
     let in_turn: Vec<_> = t
         .checkpoints
         .iter()
@@ -619,17 +692,20 @@ async fn a_request_that_cannot_fit_fails_the_turn_with_a_clear_message() {
     let out = h
         .internals()
         .brain
-        .submit("big", &filler("huge", 120), &CancelToken::new(), &no_events())
+        .submit(&SessionId::from("big"), &filler("huge", 120), &CancelToken::new(), &no_events())
         .await
         .unwrap();
     let Submitted::Ran(TurnOutcome::Failed(msg)) = out else { panic!("{out:?}") };
     assert!(msg.contains("more than the model's context window of 512"), "{msg}");
     assert!(msg.contains("--context-window"), "{msg}");
     assert!(model.requests().is_empty());
-    let meta = h.internals().engine.meta("big").await.unwrap();
-    assert_eq!(meta.state, RuntimeState::Failed);
+    let meta = h.internals().engine.meta(&SessionId::from("big")).await.unwrap();
+    assert_eq!(meta.runtime.state, RuntimeState::Failed);
     // The input is kept.
-    assert_eq!(h.internals().engine.timeline("big").await.unwrap().messages.len(), 1);
+    assert_eq!(
+        h.internals().engine.timeline(&SessionId::from("big")).await.unwrap().messages.len(),
+        1
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -651,20 +727,25 @@ async fn a_request_the_server_refuses_as_too_long_is_compacted_and_sent_again() 
     answered(
         h.internals()
             .brain
-            .submit("of", &filler("first", 10), &cancel, &no_events())
+            .submit(&SessionId::from("of"), &filler("first", 10), &cancel, &no_events())
             .await
             .unwrap(),
     );
     answered(
         h.internals()
             .brain
-            .submit("of", &filler("second", 10), &cancel, &no_events())
+            .submit(&SessionId::from("of"), &filler("second", 10), &cancel, &no_events())
             .await
             .unwrap(),
     );
-    let out = h.internals().brain.submit("of", "third", &cancel, &no_events()).await.unwrap();
+    let out = h
+        .internals()
+        .brain
+        .submit(&SessionId::from("of"), "third", &cancel, &no_events())
+        .await
+        .unwrap();
     assert_eq!(answered(out), "three after an overflow compaction");
-    let t = h.internals().engine.timeline("of").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("of")).await.unwrap();
     assert_eq!(t.checkpoints.len(), 1);
     assert_eq!(t.checkpoints[0].trigger, keel::session::compaction::Trigger::Overflow);
     let requests = model.requests();
@@ -691,22 +772,26 @@ async fn failed_calls_in_the_compacted_range_stay_failed_in_the_summary() {
     answered(
         h.internals()
             .brain
-            .submit("fail", "read the missing file", &cancel, &no_events())
+            .submit(&SessionId::from("fail"), "read the missing file", &cancel, &no_events())
             .await
             .unwrap(),
     );
     assert!(matches!(
-        h.internals().brain.compact("fail", &cancel, &no_events()).await.unwrap(),
+        h.internals().brain.compact(&SessionId::from("fail"), &cancel, &no_events()).await.unwrap(),
         Compaction::Compacted { .. }
     ));
     let summary_req = String::from_utf8_lossy(&model.summary_requests()[0]).to_string();
     assert!(summary_req.contains(r#"\"failed_calls\":[{\"error_kind\""#), "{summary_req}");
-    let t = h.internals().engine.timeline("fail").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("fail")).await.unwrap();
     let failed = &t.checkpoints[0].summary.as_ref().unwrap().failed_calls;
     assert_eq!(failed.len(), 1);
     assert_eq!((failed[0].tool.as_str(), failed[0].step), ("read", 1));
     answered(
-        h.internals().brain.submit("fail", "what happened?", &cancel, &no_events()).await.unwrap(),
+        h.internals()
+            .brain
+            .submit(&SessionId::from("fail"), "what happened?", &cancel, &no_events())
+            .await
+            .unwrap(),
     );
     let system = system_of(model.requests().last().unwrap());
     let line = format!("- read failed: {} (step 1)", failed[0].error_kind);
@@ -734,29 +819,43 @@ async fn inputs_that_arrive_during_a_compaction_wait_in_the_inbox_and_run_after_
     answered(
         h.internals()
             .brain
-            .submit("in", &filler("first", 20), &cancel, &no_events())
+            .submit(&SessionId::from("in"), &filler("first", 20), &cancel, &no_events())
             .await
             .unwrap(),
     );
     let compactor = {
         let h = h.clone();
         tokio::spawn(async move {
-            h.internals().brain.compact("in", &CancelToken::new(), &no_events()).await
+            h.internals()
+                .brain
+                .compact(&SessionId::from("in"), &CancelToken::new(), &no_events())
+                .await
         })
     };
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert_eq!(h.internals().engine.meta("in").await.unwrap().state, RuntimeState::Compressing);
+    assert_eq!(
+        h.internals().engine.meta(&SessionId::from("in")).await.unwrap().runtime.state,
+        RuntimeState::Compressing
+    );
     // Another host process on the same home (its own runner identity).
     let other = harness(dir.path(), &model.url()).await;
     for text in ["input A", "input B"] {
-        let out = other.internals().brain.submit("in", text, &cancel, &no_events()).await.unwrap();
+        let out = other
+            .internals()
+            .brain
+            .submit(&SessionId::from("in"), text, &cancel, &no_events())
+            .await
+            .unwrap();
         assert!(matches!(out, Submitted::Queued { .. }), "{out:?}");
     }
     // Still compressing: an input does not change the state of a compaction.
-    assert_eq!(h.internals().engine.meta("in").await.unwrap().state, RuntimeState::Compressing);
+    assert_eq!(
+        h.internals().engine.meta(&SessionId::from("in")).await.unwrap().runtime.state,
+        RuntimeState::Compressing
+    );
     let done = compactor.await.unwrap().unwrap();
     assert!(matches!(done, Compaction::Compacted { .. }), "{done:?}");
-    let t = h.internals().engine.timeline("in").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("in")).await.unwrap();
     let users: Vec<String> = t
         .messages
         .iter()
@@ -784,17 +883,25 @@ async fn a_failed_compaction_is_not_tried_again_at_every_step_of_the_turn() {
     session(&h, "once", &model.url(), Some(1024), &[], Vec::new(), Policy::default()).await;
     let cancel = CancelToken::new();
     answered(
-        h.internals().brain.submit("once", &filler("u1", 70), &cancel, &no_events()).await.unwrap(),
+        h.internals()
+            .brain
+            .submit(&SessionId::from("once"), &filler("u1", 70), &cancel, &no_events())
+            .await
+            .unwrap(),
     );
     // Both steps of this turn pass the threshold (0.8 × 1,024 tokens) and fit the window: the
     // first tries to compact and fails; the second does not try again.
-    let out =
-        h.internals().brain.submit("once", &filler("u2", 44), &cancel, &no_events()).await.unwrap();
+    let out = h
+        .internals()
+        .brain
+        .submit(&SessionId::from("once"), &filler("u2", 44), &cancel, &no_events())
+        .await
+        .unwrap();
     assert_eq!(answered(out), "finished without compaction");
     let sizes: Vec<usize> = model.requests().iter().map(Vec::len).collect();
-    let t = h.internals().engine.timeline("once").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("once")).await.unwrap();
     assert_eq!(model.summary_requests().len(), 2, "{sizes:?} {:?}", t.checkpoints);
-    let t = h.internals().engine.timeline("once").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("once")).await.unwrap();
     assert_eq!(t.checkpoints.len(), 1);
     assert_eq!(t.checkpoints[0].status, CheckpointStatus::Failed);
     let sizes: Vec<usize> = model.requests().iter().map(Vec::len).collect();

@@ -5,6 +5,7 @@
 use keel::agent::LoopGuards;
 use keel::failure::FailureKind;
 use keel::ids::CallId;
+use keel::ids::SessionId;
 use keel::sandbox::{Access, CancelToken, Grant};
 use keel::session::{Decision, JournalEntry, JournalStatus, RuntimeState};
 use keel_tests::{harness_with_session, install_effects, log_lines};
@@ -38,7 +39,7 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
     let peek = h
         .internals()
         .brain
-        .call_direct("d", "effect_peek", r#"{"label":"x"}"#, &cancel, |_| async {
+        .call_direct(&SessionId::from("d"), "effect_peek", r#"{"label":"x"}"#, &cancel, |_| async {
             panic!("a read-only call is not asked about")
         })
         .await
@@ -49,7 +50,7 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
     let refused = h
         .internals()
         .brain
-        .call_direct("d", "effect_send", &input, &cancel, |_| async { None })
+        .call_direct(&SessionId::from("d"), "effect_send", &input, &cancel, |_| async { None })
         .await
         .unwrap();
     assert!(!refused.ran, "{refused:?}");
@@ -61,7 +62,7 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
     let rejected = h
         .internals()
         .brain
-        .call_direct("d", "effect_send", &input, &cancel, |unit| async move {
+        .call_direct(&SessionId::from("d"), "effect_send", &input, &cancel, |unit| async move {
             assert_eq!(unit.tool, "effect_send");
             assert_eq!(unit.input, json!({"label": "m1"}).to_string());
             Some((Decision::Reject, Some("not now".into())))
@@ -77,7 +78,7 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
     let approved = h
         .internals()
         .brain
-        .call_direct("d", "effect_send", &input, &cancel, |_| async {
+        .call_direct(&SessionId::from("d"), "effect_send", &input, &cancel, |_| async {
             Some((Decision::Approve, Some("ok".into())))
         })
         .await
@@ -90,7 +91,7 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
     assert_eq!(statuses.iter().filter(|s| **s == "rejected").count(), 2, "{statuses:?}");
 
     // Each call is a step with one journal row, all done; the session is idle again.
-    let t = h.internals().engine.timeline("d").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("d")).await.unwrap();
     let rows: Vec<(i64, &str, Option<&str>)> = t
         .tool_calls
         .iter()
@@ -106,13 +107,16 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
         ]
     );
     assert!(t.tool_calls.iter().all(|c| c.entry.status == JournalStatus::Done));
-    assert_eq!(h.internals().engine.meta("d").await.unwrap().state, RuntimeState::Idle);
+    assert_eq!(
+        h.internals().engine.meta(&SessionId::from("d")).await.unwrap().runtime.state,
+        RuntimeState::Idle
+    );
 
     // A tool the session did not load is refused (and journaled) like any call.
     let unloaded = h
         .internals()
         .brain
-        .call_direct("d", "effect_wipe", "{}", &cancel, |_| async { None })
+        .call_direct(&SessionId::from("d"), "effect_wipe", "{}", &cancel, |_| async { None })
         .await
         .unwrap();
     assert!(!unloaded.ran, "{unloaded:?}");
@@ -148,12 +152,12 @@ async fn a_crash_during_a_direct_call_leaves_an_unknown_outcome() {
     let h = fixture(home.path(), work.path()).await;
     h.internals()
         .engine
-        .begin_direct("d", intent("direct-a", "effect_peek", "read-only", true))
+        .begin_direct(&SessionId::from("d"), intent("direct-a", "effect_peek", "read-only", true))
         .await
         .unwrap();
     h.internals()
         .engine
-        .begin_direct("d", intent("direct-b", "effect_send", "external", false))
+        .begin_direct(&SessionId::from("d"), intent("direct-b", "effect_send", "external", false))
         .await
         .unwrap();
     drop(h);
@@ -167,7 +171,7 @@ async fn a_crash_during_a_direct_call_leaves_an_unknown_outcome() {
         .expect("the session is recovered");
     assert_eq!(r.outcome_unknown, vec![CallId::new("direct-b")]);
     assert_eq!(r.state_after, RuntimeState::Idle);
-    let t = h.internals().engine.timeline("d").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("d")).await.unwrap();
     let rows: Vec<(&str, &str, Option<&str>)> = t
         .tool_calls
         .iter()

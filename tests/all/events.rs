@@ -2,6 +2,7 @@
 //! after a sequence number, and followed from another process's engine while a turn with an
 //! approval runs.
 
+use keel::ids::SessionId;
 use std::time::Duration;
 
 use keel::agent::{LoopGuards, TurnOutcome};
@@ -85,20 +86,31 @@ async fn events_report_every_visible_change_and_another_engine_follows_them() {
     let watcher =
         harness_with_session(home.path(), &model.url(), "e", TOOLS, vec![], LoopGuards::default())
             .await;
-    let mut rx = watcher.internals().engine.follow("e", 0, Duration::from_millis(20));
+    let mut rx =
+        watcher.internals().engine.follow(&SessionId::from("e"), 0, Duration::from_millis(20));
 
     let cancel = CancelToken::new();
-    let out = h.internals().brain.submit("e", "send hello", &cancel, &no_events()).await.unwrap();
+    let out = h
+        .internals()
+        .brain
+        .submit(&SessionId::from("e"), "send hello", &cancel, &no_events())
+        .await
+        .unwrap();
     let Submitted::Ran(TurnOutcome::WaitingApproval(units)) = out else {
         panic!("expected a wait for approval, got {out:?}")
     };
     h.internals().engine.decide(&units[0], Decision::Approve, None, None).await.unwrap().unwrap();
     assert_eq!(
-        h.internals().brain.drain("e", &cancel, &no_events()).await.unwrap(),
+        h.internals().brain.drain(&SessionId::from("e"), &cancel, &no_events()).await.unwrap(),
         Some(Submitted::Ran(TurnOutcome::Answer("sent it".into())))
     );
     // A refused request is an event too.
-    let out = h.internals().brain.submit("e", "again", &cancel, &no_events()).await.unwrap();
+    let out = h
+        .internals()
+        .brain
+        .submit(&SessionId::from("e"), "again", &cancel, &no_events())
+        .await
+        .unwrap();
     assert!(matches!(out, Submitted::Ran(TurnOutcome::Failed(_))), "{out:?}");
 
     let expected = [
@@ -154,10 +166,16 @@ async fn events_report_every_visible_change_and_another_engine_follows_them() {
     assert!(tokio::time::timeout(Duration::from_millis(200), rx.recv()).await.is_err());
 
     // Reading after a sequence number gives the same rows.
-    let tail = h.internals().engine.events_after("e", 20, 100).await.unwrap();
+    let tail = h.internals().engine.events_after(&SessionId::from("e"), 20, 100).await.unwrap();
     assert_eq!(tail, followed[20..]);
-    assert_eq!(h.internals().engine.events_after("e", 0, 3).await.unwrap(), followed[..3]);
-    assert_eq!(h.internals().engine.last_event("e").await.unwrap(), expected.len() as i64);
+    assert_eq!(
+        h.internals().engine.events_after(&SessionId::from("e"), 0, 3).await.unwrap(),
+        followed[..3]
+    );
+    assert_eq!(
+        h.internals().engine.last_event(&SessionId::from("e")).await.unwrap(),
+        expected.len() as i64
+    );
     // The finished model call carries its tokens; the state its detail.
     match &followed[10].event {
         SessionEvent::ModelCallFinished { usage: Some(u), attempts: 1, .. } => {
@@ -172,6 +190,12 @@ async fn events_report_every_visible_change_and_another_engine_follows_them() {
         other => panic!("{other:?}"),
     }
     // An unknown session is an error, not an empty list.
-    let e = h.internals().engine.events_after("nope", 0, 10).await.unwrap_err().to_string();
+    let e = h
+        .internals()
+        .engine
+        .events_after(&SessionId::from("nope"), 0, 10)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("nope"), "{e}");
 }

@@ -2,6 +2,7 @@
 //! silent servers (G6), failures that repeat whatever is sent and garbled replies (G2), a
 //! context window the history outgrows, token usage, and replies cut or empty.
 
+use keel::ids::SessionId;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,7 +16,11 @@ use keel_tests::{harness_with_session, no_events, session_with_model};
 use serde_json::{Value, json};
 
 async fn submit(h: &keel::harness::Harness, id: &str, text: &str) -> Submitted {
-    h.internals().brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
+    h.internals()
+        .brain
+        .submit(&SessionId::from(id), text, &CancelToken::new(), &no_events())
+        .await
+        .unwrap()
 }
 
 fn failed(out: Submitted) -> String {
@@ -67,7 +72,10 @@ async fn g6_a_slow_live_stream_succeeds_and_a_silent_server_fails_naming_the_set
         assert!(e.contains(named), "the error names {named}: {e}");
     }
     assert!(e.contains("the reply to begin"), "{e}");
-    assert_eq!(h.internals().engine.meta("slow").await.unwrap().state, RuntimeState::Failed);
+    assert_eq!(
+        h.internals().engine.meta(&SessionId::from("slow")).await.unwrap().runtime.state,
+        RuntimeState::Failed
+    );
 }
 
 /// G6, in the middle of a stream: a server that stops sending for longer than the limit
@@ -89,7 +97,7 @@ async fn g6_a_stream_that_stops_mid_way_fails_naming_the_setting() {
     assert!(e.contains("after 1 attempt(s)") && e.contains("300ms"), "{e}");
     assert!(e.contains("the reply to begin") || e.contains("the next part of the reply"), "{e}");
     // Nothing of the cut stream was committed.
-    let t = h.internals().engine.timeline("stall").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("stall")).await.unwrap();
     assert_eq!(t.messages.len(), 1);
 }
 
@@ -144,7 +152,7 @@ async fn g2_deterministic_failures_are_not_retried_and_a_garbled_reply_is_retrie
     );
     assert_eq!(model.requests().len(), 12);
 
-    let t = h.internals().engine.timeline("d").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("d")).await.unwrap();
     let refused: Vec<(i64, Option<u16>, u32)> =
         t.refused_requests.iter().map(|r| (r.turn, r.http_status, r.attempts)).collect();
     assert_eq!(
@@ -159,11 +167,19 @@ async fn g2_deterministic_failures_are_not_retried_and_a_garbled_reply_is_retrie
     );
     // A refused request's evidence is the request the server got, byte for byte.
     let requests = model.requests();
-    let (seq, body) = h.internals().engine.refused_evidence("d", Some(2)).await.unwrap();
+    let (seq, body) =
+        h.internals().engine.refused_evidence(&SessionId::from("d"), Some(2)).await.unwrap();
     assert_eq!((seq, &body), (2, &requests[1]));
-    let (seq, body) = h.internals().engine.refused_evidence("d", None).await.unwrap();
+    let (seq, body) =
+        h.internals().engine.refused_evidence(&SessionId::from("d"), None).await.unwrap();
     assert_eq!((seq, &body), (5, &requests[9]));
-    let e = h.internals().engine.refused_evidence("d", Some(9)).await.unwrap_err().to_string();
+    let e = h
+        .internals()
+        .engine
+        .refused_evidence(&SessionId::from("d"), Some(9))
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("no refused request 9"), "{e}");
 }
 
@@ -215,7 +231,7 @@ async fn the_task_is_sent_once_and_a_request_too_long_for_the_context_says_so() 
     assert!(e.contains("after 1 attempt(s)"), "not retried: {e}");
     assert!(e.contains("too long for the model's context window"), "{e}");
     assert!(e.contains("start a new session"), "says what to do: {e}");
-    let t = h.internals().engine.timeline("long").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("long")).await.unwrap();
     assert_eq!(t.refused_requests.len(), 1);
     assert_eq!(t.refused_requests[0].http_status, Some(400));
     assert_eq!(t.checkpoints.len(), 1);
@@ -241,7 +257,7 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     let home = tempfile::tempdir().unwrap();
     let h = harness(home.path(), &model.url()).await;
     session_with_model(&h, "u", &["echo"], config(&model.url(), 10_000, 0)).await;
-    let before = h.internals().engine.token_estimate("u").await.unwrap();
+    let before = h.internals().engine.token_estimate(&SessionId::from("u")).await.unwrap();
     assert!(!before.calibrated);
     assert_eq!(before.bytes_per_token, keel::session::BYTES_PER_TOKEN);
     assert_eq!(submit(&h, "u", "say hi").await, Submitted::Ran(TurnOutcome::Answer("done".into())));
@@ -249,7 +265,7 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     let first: Value = serde_json::from_slice(&requests[0]).unwrap();
     assert_eq!(first["stream_options"], json!({"include_usage": true}));
 
-    let calls = h.internals().engine.model_calls("u").await.unwrap();
+    let calls = h.internals().engine.model_calls(&SessionId::from("u")).await.unwrap();
     type Row<'a> = (i64, Option<i64>, Option<&'a str>, Option<Usage>);
     let got: Vec<Row<'_>> = calls
         .iter()
@@ -270,7 +286,7 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     }
 
     // Calibrated by the last request: its bytes over its prompt tokens.
-    let e = h.internals().engine.token_estimate("u").await.unwrap();
+    let e = h.internals().engine.token_estimate(&SessionId::from("u")).await.unwrap();
     assert!(e.calibrated);
     assert_eq!(e.bytes_per_token, requests[1].len() as f64 / 1100.0);
     assert_eq!(e.tokens, (e.bytes as f64 / e.bytes_per_token).ceil() as i64);
@@ -278,7 +294,7 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     assert_eq!(submit(&h, "u", "more").await, Submitted::Ran(TurnOutcome::Answer("second".into())));
     let user = json!({"role": "user", "content": "more"}).to_string();
     assert_eq!(model.requests()[2].len() as i64, e.bytes + 1 + user.len() as i64);
-    let t = h.internals().engine.timeline("u").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("u")).await.unwrap();
     assert_eq!(t.model_calls.len(), 3);
     assert_eq!(t.model_calls[2].turn, Some(2));
 
@@ -294,9 +310,11 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     let body: Value = serde_json::from_slice(&plain.requests()[0]).unwrap();
     assert_eq!(body["stream"], json!(true));
     assert_eq!(body.get("stream_options"), None);
-    let calls = h.internals().engine.model_calls("plain").await.unwrap();
+    let calls = h.internals().engine.model_calls(&SessionId::from("plain")).await.unwrap();
     assert_eq!(calls[0].call.usage, None);
-    assert!(!h.internals().engine.token_estimate("plain").await.unwrap().calibrated);
+    assert!(
+        !h.internals().engine.token_estimate(&SessionId::from("plain")).await.unwrap().calibrated
+    );
 }
 
 /// An answer cut by the token limit, or an empty one, is flagged: the reply's finish reason
@@ -327,11 +345,11 @@ async fn an_empty_or_cut_answer_is_flagged() {
     });
     let cancel = CancelToken::new();
     assert_eq!(
-        h.internals().brain.submit("f", "q", &cancel, &events).await.unwrap(),
+        h.internals().brain.submit(&SessionId::from("f"), "q", &cancel, &events).await.unwrap(),
         Submitted::Ran(TurnOutcome::Answer("The answer is".into()))
     );
     assert_eq!(
-        h.internals().brain.submit("f", "q2", &cancel, &events).await.unwrap(),
+        h.internals().brain.submit(&SessionId::from("f"), "q2", &cancel, &events).await.unwrap(),
         Submitted::Ran(TurnOutcome::Answer(String::new()))
     );
     assert_eq!(
@@ -341,7 +359,7 @@ async fn an_empty_or_cut_answer_is_flagged() {
     let reasons: Vec<Option<String>> = h
         .internals()
         .engine
-        .model_calls("f")
+        .model_calls(&SessionId::from("f"))
         .await
         .unwrap()
         .into_iter()

@@ -5,6 +5,7 @@
 //!
 //! Run with `cargo test --release --test all -- --ignored peers` (CI does).
 
+use keel::ids::SessionId;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -100,7 +101,11 @@ fn fixtures() -> tempfile::TempDir {
 }
 
 async fn submit(h: &keel::harness::Harness, id: &str, text: &str) -> Submitted {
-    h.internals().brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
+    h.internals()
+        .brain
+        .submit(&SessionId::from(id), text, &CancelToken::new(), &no_events())
+        .await
+        .unwrap()
 }
 
 /// A tool turn against a slow stream (20 ms between chunks of 5 characters), its usage
@@ -127,7 +132,7 @@ async fn peers_aimock_tool_turn_usage_cut_answers_and_refusals() {
         submit(&h, "p", "Check orders.csv").await,
         Submitted::Ran(TurnOutcome::Answer("Two rows are ragged: lines 4 and 6.".into()))
     );
-    let t = h.internals().engine.timeline("p").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("p")).await.unwrap();
     assert_eq!(t.tool_calls.len(), 1);
     assert_eq!(t.tool_calls[0].entry.status.as_str(), "done");
     assert_eq!(t.model_calls.len(), 2);
@@ -142,7 +147,7 @@ async fn peers_aimock_tool_turn_usage_cut_answers_and_refusals() {
         submit(&h, "p", "cut please").await,
         Submitted::Ran(TurnOutcome::Answer("The answer is".into()))
     );
-    let calls = h.internals().engine.model_calls("p").await.unwrap();
+    let calls = h.internals().engine.model_calls(&SessionId::from("p")).await.unwrap();
     assert_eq!(calls.last().unwrap().call.finish_reason.as_deref(), Some("length"));
 
     match submit(&h, "p", "something no fixture knows").await {
@@ -151,7 +156,7 @@ async fn peers_aimock_tool_turn_usage_cut_answers_and_refusals() {
         }
         other => panic!("expected a failed turn, got {other:?}"),
     }
-    let t = h.internals().engine.timeline("p").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("p")).await.unwrap();
     assert_eq!(t.refused_requests.len(), 1);
     assert_eq!(t.refused_requests[0].http_status, Some(404));
 }
@@ -190,9 +195,10 @@ async fn peers_aimock_loose_understanding_and_summary_answers_are_read() {
         Submitted::Ran(TurnOutcome::Answer("audited loosely".into()))
     );
     let cancel = CancelToken::new();
-    let done = h.internals().brain.compact("l", &cancel, &no_events()).await.unwrap();
+    let done =
+        h.internals().brain.compact(&SessionId::from("l"), &cancel, &no_events()).await.unwrap();
     assert!(matches!(done, keel::agent::compact::Compaction::Compacted { .. }), "{done:?}");
-    let t = h.internals().engine.timeline("l").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("l")).await.unwrap();
     let tr = &t.transitions[0];
     assert_eq!(tr.relation, Some(keel::understand::TaskRelation::EstablishTask), "{tr:?}");
     assert!(tr.error.is_none(), "{tr:?}");
@@ -237,7 +243,7 @@ async fn peers_aimock_chaos_malformed_and_dropped() {
             }
             other => panic!("{flag}: expected a failed turn, got {other:?}"),
         }
-        let t = h.internals().engine.timeline(id).await.unwrap();
+        let t = h.internals().engine.timeline(&SessionId::from(id)).await.unwrap();
         assert_eq!(t.refused_requests.len(), 1, "{flag}");
     }
 }

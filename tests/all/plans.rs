@@ -6,6 +6,7 @@
 use keel::agent::{LoopGuards, TurnOutcome};
 use keel::api::Caller;
 use keel::brain::Submitted;
+use keel::ids::SessionId;
 use keel::plan::StepStatus;
 use keel::sandbox::CancelToken;
 use keel::session::SessionEvent;
@@ -13,7 +14,11 @@ use keel_tests::mock_model::{MockModel, Reply};
 use keel_tests::{guests, harness_with_session, no_events, session_spec, system_of};
 
 async fn submit(h: &keel::harness::Harness, id: &str, text: &str) -> Submitted {
-    h.internals().brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
+    h.internals()
+        .brain
+        .submit(&SessionId::from(id), text, &CancelToken::new(), &no_events())
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -49,7 +54,7 @@ async fn a_plan_is_shown_in_every_request_of_its_phase_across_turns_and_restarts
         .await
         .unwrap();
     let meta = h.session(&Caller::Operator, "p").await.unwrap();
-    assert_eq!(meta.loaded_tools, keel::builtin::ALWAYS_LOADED);
+    assert_eq!(meta.capabilities.loaded_tools, keel::builtin::ALWAYS_LOADED);
     assert_eq!(
         submit(&h, "p", "Write the release list").await,
         Submitted::Ran(TurnOutcome::Answer("planned".into()))
@@ -101,7 +106,7 @@ async fn a_plan_is_shown_in_every_request_of_its_phase_across_turns_and_restarts
     let after = system_of(&requests[6]);
     assert!(after.contains("Current phase goal: none (the last phase is complete)"), "{after}");
     assert!(!after.contains("Plan of the current phase"), "{after}");
-    let events = h.internals().engine.events_after("p", 0, 1000).await.unwrap();
+    let events = h.internals().engine.events_after(&SessionId::from("p"), 0, 1000).await.unwrap();
     assert!(events.iter().any(|e| matches!(&e.event,
         SessionEvent::PhaseCompleted { summary, .. } if summary == "the list is written and checked")));
     assert_eq!(

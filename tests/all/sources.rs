@@ -126,7 +126,11 @@ async fn a_host_tool_is_asked_approved_run_and_journaled_like_a_component() {
         .await
         .unwrap();
     let meta = h.internals().engine.meta(&id).await.unwrap();
-    assert_eq!(meta.tool_pins.get("note_add"), Some(&notes.digest), "pinned to its digest");
+    assert_eq!(
+        meta.capabilities.tool_pins.get("note_add"),
+        Some(&notes.digest),
+        "pinned to its digest"
+    );
 
     // An external effect is asked about by default: nothing runs before the decision.
     let cancel = CancelToken::new();

@@ -6,6 +6,7 @@
 //! call site is wanted the first time any thread reaches it, so a subscriber of one test among
 //! many running at once would miss the call sites another test's thread reached first.
 
+use keel::ids::SessionId;
 use std::sync::{Arc, Mutex};
 
 use keel::agent::{LoopGuards, TurnOutcome};
@@ -97,7 +98,7 @@ async fn turn_in_a_process_of_its_own() {
     let out = h
         .internals()
         .brain
-        .submit("s1", "What does a.txt say?", &CancelToken::new(), &no_events())
+        .submit(&SessionId::from("s1"), "What does a.txt say?", &CancelToken::new(), &no_events())
         .await;
     assert_eq!(out.unwrap(), Submitted::Ran(TurnOutcome::Answer("It says alpha.".into())));
 }

@@ -5,6 +5,7 @@
 use keel::agent::{LoopGuards, TurnOutcome};
 use keel::api::Caller;
 use keel::brain::Submitted;
+use keel::ids::SessionId;
 use keel::sandbox::CancelToken;
 use keel::understand::{INSTRUCTIONS, TaskRelation, TransitionMode};
 use keel_tests::mock_model::{MockModel, Reply};
@@ -12,7 +13,11 @@ use keel_tests::{answered, harness_with_session, no_events, system_of};
 use serde_json::Value;
 
 async fn submit(h: &keel::harness::Harness, id: &str, text: &str) -> Submitted {
-    h.internals().brain.submit(id, text, &CancelToken::new(), &no_events()).await.unwrap()
+    h.internals()
+        .brain
+        .submit(&SessionId::from(id), text, &CancelToken::new(), &no_events())
+        .await
+        .unwrap()
 }
 
 /// Each transition's relation and mode, in order.
@@ -90,7 +95,7 @@ async fn each_relation_applies_its_row_of_the_table_and_the_goals_reach_every_re
         assert_eq!(system.matches(SWITCH).count(), 1, "{system}");
     }
     // The events report each transition; goals changed twice.
-    let events = h.internals().engine.events_after("t", 0, 1000).await.unwrap();
+    let events = h.internals().engine.events_after(&SessionId::from("t"), 0, 1000).await.unwrap();
     let applied = events
         .iter()
         .filter(|e| matches!(e.event, keel::session::SessionEvent::EnvironmentApplied { .. }))

@@ -1,6 +1,7 @@
 //! Workgroups: a main session delegates to sub-sessions over durable events, against the
 //! scripted model server routing replies per session (by each session's first input).
 
+use keel::ids::SessionId;
 use std::time::Duration;
 
 use keel::api::Caller;
@@ -73,8 +74,8 @@ async fn spawned_children_run_concurrently_and_their_results_wake_the_parent() {
         .unwrap();
     let id = id.to_string();
     let meta = h.session(&Caller::Operator, &id).await.unwrap();
-    assert!(meta.preprocess.is_none(), "a main session routes: no task understanding");
-    assert!(meta.loaded_tools.iter().any(|t| t == "session_spawn"));
+    assert!(meta.config.preprocess.is_none(), "a main session routes: no task understanding");
+    assert!(meta.capabilities.loaded_tools.iter().any(|t| t == "session_spawn"));
 
     let task = spawn_task("MAIN", &[("count A", "CHILD A", &[]), ("count B", "CHILD B", &[])]);
     let out = run(&h, &id, &task).await;
@@ -98,12 +99,13 @@ async fn spawned_children_run_concurrently_and_their_results_wake_the_parent() {
         assert_eq!(child.terminal, Some(Kind::Result));
         assert_eq!(child.state, RuntimeState::Idle);
         // Each child understood its own task: the understanding call saw its request only.
-        let t = h.internals().engine.transitions(&child.session_id).await.unwrap();
+        let t =
+            h.internals().engine.transitions(&SessionId::from(&child.session_id)).await.unwrap();
         assert_eq!(t.len(), 1);
         // A child of depth 1 with depth limit 2 may delegate further.
         let m = h.session(&Caller::Operator, &child.session_id).await.unwrap();
-        assert!(m.loaded_tools.iter().any(|t| t == "session_spawn"));
-        assert!(m.preprocess.is_some());
+        assert!(m.capabilities.loaded_tools.iter().any(|t| t == "session_spawn"));
+        assert!(m.config.preprocess.is_some());
     }
     // Task understanding ran for each child on its own request, never for the main session.
     let understood: Vec<String> = model
@@ -161,10 +163,10 @@ async fn a_spawn_asking_for_a_wider_grant_is_refused_and_nothing_is_created() {
     assert_eq!(w.members.len(), 2, "{:?}", w.members);
     let child = &w.members[1];
     let m = h.session(&Caller::Operator, &child.session_id).await.unwrap();
-    assert_eq!(m.grants.len(), 1);
-    assert_eq!(m.grants[0].guest, "/work/sub");
-    assert_eq!(m.grants[0].access, Access::Ro);
-    assert_eq!(m.grants[0].host, work.path().join("sub").canonicalize().unwrap());
+    assert_eq!(m.config.grants.len(), 1);
+    assert_eq!(m.config.grants[0].guest, "/work/sub");
+    assert_eq!(m.config.grants[0].access, Access::Ro);
+    assert_eq!(m.config.grants[0].host, work.path().join("sub").canonicalize().unwrap());
     let timeline = h.timeline(&Caller::Operator, &id).await.unwrap();
     let errors: Vec<String> = timeline
         .tool_calls
@@ -224,7 +226,11 @@ async fn fan_out_and_depth_limits_refuse_with_a_typed_error() {
     assert_eq!(w.members.len(), 3);
     let leaf = w.members.iter().find(|m| m.depth == 2).unwrap();
     let m = h.session(&Caller::Operator, &leaf.session_id).await.unwrap();
-    assert!(!m.loaded_tools.iter().any(|t| t.starts_with("session_")), "{:?}", m.loaded_tools);
+    assert!(
+        !m.capabilities.loaded_tools.iter().any(|t| t.starts_with("session_")),
+        "{:?}",
+        m.capabilities.loaded_tools
+    );
     assert_delivered_once(home.path(), &id2);
 
     // A standalone session cannot be given the delegation tools.
@@ -240,7 +246,7 @@ async fn fan_out_and_depth_limits_refuse_with_a_typed_error() {
         .await
         .unwrap();
     let m = h.session(&Caller::Operator, alone.as_str()).await.unwrap();
-    assert!(!m.loaded_tools.iter().any(|t| t.starts_with("session_")));
+    assert!(!m.capabilities.loaded_tools.iter().any(|t| t.starts_with("session_")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -413,13 +419,14 @@ async fn a_spent_workgroup_step_budget_stops_live_children_and_refuses_new_ones(
             let ev = h.workgroup_events(&Caller::Operator, &id).await.unwrap();
             let mut states = Vec::new();
             for m in &w.members {
-                let meta = h.internals().engine.meta(&m.session_id).await.unwrap();
+                let meta =
+                    h.internals().engine.meta(&SessionId::from(&m.session_id)).await.unwrap();
                 states.push((
                     m.session_id.clone(),
-                    meta.state,
-                    meta.state_detail.clone(),
-                    meta.active_turn,
-                    meta.steps,
+                    meta.runtime.state,
+                    meta.runtime.state_detail.clone(),
+                    meta.runtime.active_turn,
+                    meta.runtime.steps,
                 ));
             }
             panic!("DIAG members {:#?}\nevents {:#?}\nstates {:#?}", w.members, ev, states);

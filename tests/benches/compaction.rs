@@ -8,6 +8,7 @@
 //! 1000), `KEEL_BENCH_WINDOW` the context window in tokens (default 2048).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+use keel::ids::SessionId;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -100,11 +101,11 @@ fn main() {
             );
             let commits0 = stats.commits.load(Ordering::Relaxed);
             let t0 = Instant::now();
-            let out = h.internals().brain.submit("long", &task, &cancel, &events).await.unwrap();
+            let out = h.internals().brain.submit(&SessionId::from("long"), &task, &cancel, &events).await.unwrap();
             assert!(matches!(out, keel::brain::Submitted::Ran(keel::agent::TurnOutcome::Answer(_))), "{out:?}");
             let ms = t0.elapsed().as_secs_f64() * 1e3;
             let commits = stats.commits.load(Ordering::Relaxed) - commits0;
-            let calls = h.internals().engine.model_calls("long").await.unwrap();
+            let calls = h.internals().engine.model_calls(&SessionId::from("long")).await.unwrap();
             let request_bytes = calls
                 .iter()
                 .filter(|c| c.step > last_step)
@@ -115,8 +116,8 @@ fn main() {
             per_turn.push(Turn { ms, commits, request_bytes });
         }
         let total = started.elapsed();
-        let t = h.internals().engine.timeline("long").await.unwrap();
-        let events = h.internals().engine.events_after("long", 0, usize::MAX).await.unwrap();
+        let t = h.internals().engine.timeline(&SessionId::from("long")).await.unwrap();
+        let events = h.internals().engine.events_after(&SessionId::from("long"), 0, usize::MAX).await.unwrap();
         let mut without_call: Vec<f64> = Vec::new();
         for e in &events {
             if let SessionEvent::Compacted { checkpoint, ms, .. } = &e.event

@@ -13,6 +13,7 @@
 //! `KEEL_BENCH_PERF_CTL` a `perf record` control FIFO (see [`profiler`]).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+use keel::ids::SessionId;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -221,7 +222,7 @@ async fn run(
             let r = h
                 .internals()
                 .brain
-                .submit(&format!("b{i}"), "go", &CancelToken::new(), &events)
+                .submit(&SessionId::from(format!("b{i}")), "go", &CancelToken::new(), &events)
                 .await;
             let r = r.unwrap();
             assert!(
@@ -412,11 +413,11 @@ async fn recovery(n: usize) {
         LoopGuards::default(),
     )
     .await;
-    let meta = h.internals().engine.meta("r0").await.unwrap();
+    let meta = h.internals().engine.meta(&SessionId::from("r0")).await.unwrap();
     let mut creates = Vec::new();
     for i in 1..n {
         let engine = h.internals().engine.clone();
-        let model = meta.model.clone();
+        let model = meta.config.model.clone();
         creates.push(tokio::spawn(async move {
             engine
                 .create(keel::session::NewSession {

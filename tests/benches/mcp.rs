@@ -16,6 +16,7 @@
 //! `cargo bench -p keel-tests --bench mcp`; `KEEL_BENCH_CALLS` sets the calls (default 300).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+use keel::ids::SessionId;
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
@@ -127,7 +128,13 @@ fn main() {
             let c = h
                 .internals()
                 .brain
-                .call_direct("b", "py__echo", r#"{"text":"x"}"#, &cancel, |_| async { None })
+                .call_direct(
+                    &SessionId::from("b"),
+                    "py__echo",
+                    r#"{"text":"x"}"#,
+                    &cancel,
+                    |_| async { None },
+                )
                 .await
                 .unwrap();
             assert!(c.ran && c.result.is_ok(), "{c:?}");

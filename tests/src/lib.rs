@@ -2,6 +2,7 @@
 //! `build.rs`), and helpers to open a ToolService on a temporary home.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use keel::ids::SessionId;
 use std::path::Path;
 use std::sync::OnceLock;
 
@@ -137,7 +138,7 @@ pub async fn harness_with_session(
         let bytes = std::fs::read(guests::HOSTILE_COMPONENT).unwrap();
         h.internals().tools.install(&bytes, "hostile", "test", false).await.unwrap();
     }
-    if !h.internals().engine.exists(id).await.unwrap() {
+    if !h.internals().engine.exists(&SessionId::from(id)).await.unwrap() {
         let mut model = keel::model::ModelConfig::new(url, "test-model");
         model.max_retries = 2;
         model.timeout_ms = 10_000;

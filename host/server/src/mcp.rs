@@ -124,7 +124,7 @@ impl KeelServer {
             )
             .await
             .map_err(internal)?;
-        Ok((id.to_string(), meta.policy))
+        Ok((id.to_string(), meta.config.policy))
     }
 
     /// The tools the session offers (before it exists: those it would load, as installed
@@ -140,7 +140,7 @@ impl KeelServer {
                     .session(&keel::api::Caller::Operator, id)
                     .await
                     .map_err(internal)?;
-                (meta.loaded_tools, meta.tool_pins)
+                (meta.capabilities.loaded_tools, meta.capabilities.tool_pins)
             }
             None => (self.offered()?, Default::default()),
         };

@@ -200,7 +200,7 @@ pub async fn recover(home: PathBuf, a: RecoverArgs) -> ExitCode {
             let state = h
                 .session(&Caller::Operator, &r.id)
                 .await
-                .map(|m| m.state.to_string())
+                .map(|m| m.runtime.state.to_string())
                 .unwrap_or_default();
             resumed.push(json!({"session_id": r.id, "state": state, "outcome": outcome}));
         }

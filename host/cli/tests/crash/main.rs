@@ -9,6 +9,7 @@
 //! `KEEL_CRASH_ITERATIONS=200 cargo test --release --test crash -- --nocapture`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+use keel::ids::SessionId;
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -845,7 +846,7 @@ impl Rig {
         let engine = keel::session::SessionEngine::new(db);
         for step in 1..=steps {
             engine
-                .evidence(session, Some(step))
+                .evidence(&SessionId::from(session), Some(step))
                 .await
                 .unwrap_or_else(|e| panic!("the evidence of step {step} does not rebuild: {e}"));
         }

@@ -6,6 +6,7 @@
 //! SessionEngine commits the checkpoint `pending`, then promotes it. A failure leaves the
 //! context as it was and says why.
 
+use crate::ids::SessionId;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -81,7 +82,7 @@ impl AgentService {
     #[tracing::instrument(name = "compaction", skip_all, fields(session_id = %id))]
     pub async fn compact(
         &self,
-        id: &str,
+        id: &SessionId,
         req: CompactRequest,
         cancel: &CancelToken,
     ) -> Result<Compaction, AgentError> {
@@ -99,8 +100,11 @@ impl AgentService {
             (Some(s), Some((bytes, tokens))) if bytes > 0 => {
                 let removed = frozen.history_bytes - frozen.kept_bytes;
                 let added = s.render(frozen.to).len() as i64;
-                let old =
-                    meta.checkpoint.as_ref().map_or(0, |cp| cp.summary.render(cp.to).len() as i64);
+                let old = meta
+                    .runtime
+                    .checkpoint
+                    .as_ref()
+                    .map_or(0, |cp| cp.summary.render(cp.to).len() as i64);
                 let bytes_after = (bytes - removed + added - old).max(0);
                 Some((tokens as f64 * bytes_after as f64 / bytes as f64).ceil() as i64)
             }
@@ -140,7 +144,7 @@ impl AgentService {
         frozen: &Frozen,
         cancel: &CancelToken,
     ) -> SummaryCall {
-        let config = summary::config(&meta.model, meta.preprocess.as_ref());
+        let config = summary::config(&meta.config.model, meta.config.preprocess.as_ref());
         let request = summary::request_body(&config, frozen);
         let body = bytes::Bytes::from(request.clone());
         let started = Instant::now();
@@ -159,7 +163,7 @@ impl AgentService {
                     out.attempts += reply.attempts;
                     out.usage = reply.usage;
                     let content = reply.content.unwrap_or_default();
-                    let content = meta.policy.redact(&content).into_owned();
+                    let content = meta.config.policy.redact(&content).into_owned();
                     match summary::parse(&content) {
                         Ok((mut s, reader)) => {
                             reader.log("summary");

@@ -24,7 +24,7 @@ use crate::session::{CallFacts, RuntimeState, SessionEngine, StepCommit, TurnSta
 use crate::store::StoreError;
 use crate::tools::ToolService;
 
-use crate::ids::{CallId, UnitId};
+use crate::ids::{CallId, SessionId, UnitId};
 use calls::StepEnd;
 pub use calls::{DirectCall, net_records};
 
@@ -161,12 +161,12 @@ impl AgentService {
     #[tracing::instrument(name = "turn", skip_all, fields(session_id = %id, turn = turn.turn))]
     pub async fn run_turn(
         &self,
-        id: &str,
+        id: &SessionId,
         turn: &TurnStart,
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<TurnOutcome, AgentError> {
-        match self.engine.meta(id).await?.guards.map(LoopGuards::normalized) {
+        match self.engine.config(id).await?.guards.map(LoopGuards::normalized) {
             Some(g) if g != self.guards => {
                 Self { guards: g, ..self.clone() }.run_turn_guarded(id, turn, cancel, events).await
             }
@@ -176,7 +176,7 @@ impl AgentService {
 
     async fn run_turn_guarded(
         &self,
-        id: &str,
+        id: &SessionId,
         turn: &TurnStart,
         cancel: &CancelToken,
         events: &Events,
@@ -192,7 +192,7 @@ impl AgentService {
                     .map(|u| u.id.clone());
                 return Ok(TurnOutcome::WaitingApproval(pending.collect()));
             }
-            if meta.state != RuntimeState::Running {
+            if meta.runtime.state != RuntimeState::Running {
                 self.engine.set_state(id, RuntimeState::Running, None).await?;
             }
             events(&Event::State(RuntimeState::Running));
@@ -222,7 +222,7 @@ impl AgentService {
             events(&Event::State(RuntimeState::Running));
         } else {
             // begin_turn committed `running`; a resumed turn shows it again now.
-            if self.engine.meta(id).await?.state != RuntimeState::Running {
+            if self.engine.runtime(id).await?.state != RuntimeState::Running {
                 self.engine.set_state(id, RuntimeState::Running, None).await?;
             }
             events(&Event::State(RuntimeState::Running));
@@ -246,7 +246,7 @@ impl AgentService {
                 let called = Instant::now();
                 let result = self
                     .model
-                    .complete(&meta.model, &assembled.body, cancel)
+                    .complete(&meta.config.model, &assembled.body, cancel)
                     .instrument(tracing::info_span!("model_call", step = assembled.step))
                     .await;
                 if !overflowed
@@ -386,7 +386,7 @@ impl AgentService {
     #[allow(clippy::type_complexity)]
     async fn assemble_fitting(
         &self,
-        id: &str,
+        id: &SessionId,
         guard: &mut GuardState,
         cancel: &CancelToken,
     ) -> Result<
@@ -407,18 +407,19 @@ impl AgentService {
                 .engine
                 .assemble(id, |c, m| {
                     let at = self.tools.catalog_in(c).ok()?;
-                    let json = at.tools_json_pinned(&m.loaded_tools, &m.tool_pins);
+                    let json = at
+                        .tools_json_pinned(&m.capabilities.loaded_tools, &m.capabilities.tool_pins);
                     catalog = Some(at);
                     json
                 })
                 .await?;
-            let Some(window) = meta.model.context_window else {
+            let Some(window) = meta.config.model.context_window else {
                 return Ok(Ok((meta, assembled, catalog)));
             };
             let per_token = self.engine.bytes_per_token(id).await?;
             let bytes = assembled.body.len() as i64;
             let tokens = (bytes as f64 / per_token).ceil() as i64;
-            if (tokens as f64) < window as f64 * meta.model.compact_at {
+            if (tokens as f64) < window as f64 * meta.config.model.compact_at {
                 return Ok(Ok((meta, assembled, catalog)));
             }
             let why = if rounds == compact::MAX_ROUNDS {
@@ -431,7 +432,7 @@ impl AgentService {
                 rounds += 1;
                 let request = compact::CompactRequest {
                     trigger: compact::Trigger::Threshold,
-                    aim: compact::aim(window, meta.model.compact_at, per_token, &assembled),
+                    aim: compact::aim(window, meta.config.model.compact_at, per_token, &assembled),
                     before: Some((bytes, tokens)),
                     state_after: RuntimeState::Running,
                 };
@@ -469,7 +470,7 @@ impl AgentService {
     /// Applies the loop guards to a finished step and commits it; `Some` when the turn ends.
     async fn finish_step(
         &self,
-        id: &str,
+        id: &SessionId,
         turn: i64,
         done: StepDone,
         guard: &mut GuardState,
@@ -550,7 +551,11 @@ impl AgentService {
         Ok(None)
     }
 
-    async fn interrupted(&self, id: &str, events: &Events) -> Result<TurnOutcome, AgentError> {
+    async fn interrupted(
+        &self,
+        id: &SessionId,
+        events: &Events,
+    ) -> Result<TurnOutcome, AgentError> {
         self.engine
             .set_state(id, RuntimeState::Interrupted, Some("interrupted by the user".into()))
             .await?;

@@ -4,6 +4,7 @@
 //! it, grants no host directory but a preset's, and may only tighten the policy and lower the
 //! budget and a workgroup's limits. The operator ([`Caller::Operator`]) may do everything.
 
+use crate::ids::SessionId;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -86,7 +87,8 @@ fn forbidden(caller: &Caller, what: &str) -> ApiError {
 impl Harness {
     /// Whether `caller` may see session `id` (which exists).
     pub(super) async fn sees(&self, caller: &Caller, id: &str) -> Result<bool, ApiError> {
-        Ok(caller.is_admin() || caller.may_see(self.engine.meta(id).await?.owner.as_ref()))
+        let id = &SessionId::from(id);
+        Ok(caller.is_admin() || caller.may_see(self.engine.config(id).await?.owner.as_ref()))
     }
 
     /// Refuses `caller` a session it may not see — as "not found", like one that does not
@@ -102,8 +104,9 @@ impl Harness {
     /// Session `id`'s settings and state, if `caller` may see it; another user's session is
     /// "not found", as one that does not exist.
     pub async fn session(&self, caller: &Caller, id: &str) -> Result<SessionMeta, ApiError> {
+        let id = &SessionId::from(id);
         let meta = self.engine.meta(id).await?;
-        if caller.may_see(meta.owner.as_ref()) {
+        if caller.may_see(meta.config.owner.as_ref()) {
             Ok(meta)
         } else {
             Err(AccessError::NotFound(format!("session `{}` does not exist", id.escape_debug()))
@@ -140,8 +143,7 @@ impl Harness {
         for unit in units {
             let sid = unit.session_id.to_string();
             if !owners.contains_key(&sid) {
-                let meta = self.engine.meta(&sid).await?;
-                owners.insert(sid.clone(), meta.owner);
+                owners.insert(sid.clone(), self.engine.config(&SessionId::from(&sid)).await?.owner);
             }
             let owner = owners.get(&sid).cloned().flatten();
             if !caller.may_see(owner.as_ref()) {
@@ -175,7 +177,7 @@ impl Harness {
         };
         let found = self.engine.approval(unit).await?;
         let owner = match &found {
-            Some(u) => self.engine.meta(&u.session_id).await?.owner,
+            Some(u) => self.engine.config(&u.session_id).await?.owner,
             None => None,
         };
         if found.is_none() || !caller.may_see(owner.as_ref()) {

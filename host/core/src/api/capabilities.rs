@@ -2,6 +2,7 @@
 //! capabilities, and its compaction.
 
 use super::*;
+use crate::ids::SessionId;
 
 /// What installing a skill did: the skill, and the install of each component it bundles.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -135,6 +136,7 @@ impl Harness {
         caller: &Caller,
         id: &str,
     ) -> Result<SessionCapabilities, ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         let (capabilities, orchestrations) = self.engine.capabilities(id).await?;
         Ok(SessionCapabilities { capabilities, orchestrations })
@@ -149,6 +151,7 @@ impl Harness {
         kind: crate::session::capabilities::Kind,
         name: &str,
     ) -> Result<(), ApiError> {
+        let id = &SessionId::from(id);
         caller.require_admin("unloading a capability")?;
         Ok(self.engine.unload(id, kind, name).await?)
     }
@@ -162,8 +165,9 @@ impl Harness {
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<crate::agent::compact::Compaction, ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        self.engine.meta(id).await?;
+        self.engine.runtime(id).await?;
         Ok(self.brain.compact(id, cancel, events).await?)
     }
 
@@ -173,6 +177,7 @@ impl Harness {
         caller: &Caller,
         id: &str,
     ) -> Result<Vec<crate::session::compaction::CheckpointRecord>, ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         Ok(self.engine.checkpoints(id).await?)
     }
@@ -184,6 +189,7 @@ impl Harness {
         id: &str,
         n: Option<i64>,
     ) -> Result<(i64, Vec<u8>), ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         Ok(self.engine.compaction_evidence(id, n).await?)
     }
@@ -195,6 +201,7 @@ impl Harness {
         id: &str,
         turn: Option<i64>,
     ) -> Result<(i64, Vec<u8>), ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         Ok(self.engine.orchestration_evidence(id, turn).await?)
     }

@@ -248,6 +248,7 @@ impl Harness {
         id: &str,
         tools: &[String],
     ) -> Result<(), ApiError> {
+        let id = &SessionId::from(id);
         caller.require_admin("adding tools to a session")?;
         for t in tools {
             self.tools.resolve(t).map_err(|e| ApiError::NotInstalled(e.to_string()))?;
@@ -270,17 +271,18 @@ impl Harness {
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<Submitted, ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         if text.trim().is_empty() {
             return Err(ApiError::Input("the message is empty: say what to do".into()));
         }
-        self.engine.meta(id).await?;
+        self.engine.runtime(id).await?;
         if let Some(main) = self.brain.workgroup_of(id).await? {
             // A session of a workgroup: the input is committed, then every session of the
             // workgroup with work runs until none has any left.
             let seq = self.engine.submit(id, text).await?;
             let mut ran = self.brain.run_workgroup(&main, cancel, events).await?;
-            return Ok(ran.remove(id).unwrap_or(Submitted::Queued { inbox_seq: seq }));
+            return Ok(ran.remove(id.as_str()).unwrap_or(Submitted::Queued { inbox_seq: seq }));
         }
         Ok(self.brain.submit(id, text, cancel, events).await?)
     }
@@ -289,11 +291,12 @@ impl Harness {
     /// in the background: [`resume`](Self::resume) then takes it). Returns its inbox sequence
     /// number; an empty input is refused before anything is stored.
     pub async fn queue(&self, caller: &Caller, id: &str, text: &str) -> Result<i64, ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         if text.trim().is_empty() {
             return Err(ApiError::Input("the message is empty: say what to do".into()));
         }
-        self.engine.meta(id).await?;
+        self.engine.runtime(id).await?;
         Ok(self.engine.submit(id, text).await?)
     }
 
@@ -306,12 +309,13 @@ impl Harness {
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<Option<Submitted>, ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         if let Some(main) = self.brain.workgroup_of(id).await? {
             // The whole workgroup: a decision on a child's call ends with its parent (and the
             // main session) having taken the child's answer.
             let mut ran = self.brain.run_workgroup(&main, cancel, events).await?;
-            return Ok(ran.remove(id).or_else(|| ran.remove(&main)));
+            return Ok(ran.remove(id.as_str()).or_else(|| ran.remove(main.as_str())));
         }
         Ok(self.brain.drain(id, cancel, events).await?)
     }
@@ -319,6 +323,7 @@ impl Harness {
     /// Interrupts session `id`: a running turn stops at its next check, a waiting one is
     /// closed now. Returns the state the session was in.
     pub async fn interrupt(&self, caller: &Caller, id: &str) -> Result<RuntimeState, ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         Ok(self.brain.interrupt(id).await?)
     }
@@ -338,14 +343,16 @@ impl Harness {
         caller: &Caller,
         id: &str,
     ) -> Result<Vec<PinChange>, ApiError> {
+        let id = &SessionId::from(id);
         caller.require_admin("upgrading a session's tools")?;
-        let meta = self.engine.meta(id).await?;
-        let pins: ToolPins = self.tools.current_pins(&meta.loaded_tools)?;
+        let loaded = self.engine.loaded(id).await?;
+        let pins: ToolPins = self.tools.current_pins(&loaded.loaded_tools)?;
         Ok(self.engine.pin_tools(id, pins, true).await?)
     }
 
     /// Whether session `id` exists and `caller` may see it.
     pub async fn session_exists(&self, caller: &Caller, id: &str) -> Result<bool, ApiError> {
+        let id = &SessionId::from(id);
         if !self.engine.exists(id).await? {
             return Ok(false);
         }
@@ -354,6 +361,7 @@ impl Harness {
 
     /// Everything session `id` did: turns, messages, tool calls, model calls, approvals.
     pub async fn timeline(&self, caller: &Caller, id: &str) -> Result<Timeline, ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         Ok(self.engine.timeline(id).await?)
     }
@@ -364,6 +372,7 @@ impl Harness {
         caller: &Caller,
         id: &str,
     ) -> Result<Vec<ModelCallRecord>, ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         Ok(self.engine.model_calls(id).await?)
     }
@@ -376,6 +385,7 @@ impl Harness {
         id: &str,
         turn: i64,
     ) -> Result<crate::session::TurnUsage, ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         Ok(crate::session::TurnUsage::of(&self.engine.model_calls(id).await?, turn))
     }
@@ -388,6 +398,7 @@ impl Harness {
         id: &str,
         step: Option<i64>,
     ) -> Result<(i64, Vec<u8>), ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         Ok(self.engine.evidence(id, step).await?)
     }
@@ -399,6 +410,7 @@ impl Harness {
         id: &str,
         n: Option<i64>,
     ) -> Result<(i64, Vec<u8>), ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         Ok(self.engine.refused_evidence(id, n).await?)
     }
@@ -411,6 +423,7 @@ impl Harness {
         id: &str,
         turn: Option<i64>,
     ) -> Result<(i64, Vec<u8>), ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         Ok(self.engine.understanding_evidence(id, turn).await?)
     }
@@ -423,12 +436,14 @@ impl Harness {
         after: i64,
         limit: usize,
     ) -> Result<Vec<EventRow>, ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         Ok(self.engine.events_after(id, after, limit).await?)
     }
 
     /// The sequence number of session `id`'s last event (0 without events).
     pub async fn last_event(&self, caller: &Caller, id: &str) -> Result<i64, ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         Ok(self.engine.last_event(id).await?)
     }
@@ -442,8 +457,9 @@ impl Harness {
         after: i64,
         every: Duration,
     ) -> Result<tokio::sync::mpsc::Receiver<Result<EventRow, StoreError>>, ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        self.engine.meta(id).await?;
+        self.engine.runtime(id).await?;
         Ok(self.engine.follow(id, after, every))
     }
 
@@ -458,6 +474,7 @@ impl Harness {
         protocol: String,
         transport: String,
     ) -> Result<(), ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         Ok(self.engine.client_connected(id, client, version, protocol, transport).await?)
     }
@@ -480,6 +497,7 @@ impl Harness {
         F: FnOnce(ApprovalUnit) -> Fut,
         Fut: std::future::Future<Output = Option<(crate::session::Decision, Option<String>)>>,
     {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         Ok(self.brain.call_direct(id, tool, input, cancel, ask).await?)
     }

@@ -37,7 +37,7 @@ pub fn component(caller: &Caller, c: &ComponentRecord) -> Value {
 pub fn session(caller: &Caller, meta: &SessionMeta) -> Value {
     let mut v = json!(meta);
     if !caller.is_admin() {
-        v["grants"] = grants(caller, &meta.grants);
+        v["grants"] = grants(caller, &meta.config.grants);
         for model in ["/model", "/preprocess/model"] {
             if let Some(o) = v.pointer_mut(model).and_then(Value::as_object_mut) {
                 o.remove("base_url");

@@ -2,6 +2,7 @@
 //! between them.
 
 use super::*;
+use crate::ids::SessionId;
 
 impl Harness {
     /// The main session of the workgroup session `id` belongs to (`None`: a standalone
@@ -11,9 +12,10 @@ impl Harness {
         caller: &Caller,
         id: &str,
     ) -> Result<Option<String>, ApiError> {
+        let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        self.engine.meta(id).await?;
-        Ok(self.brain.workgroup_of(id).await?)
+        self.engine.runtime(id).await?;
+        Ok(self.brain.workgroup_of(id).await?.map(SessionId::into_string))
     }
 
     /// The workgroup of main session `main`: its limits, use and sessions.
@@ -22,6 +24,7 @@ impl Harness {
         caller: &Caller,
         main: &str,
     ) -> Result<crate::session::workgroup::Workgroup, ApiError> {
+        let main = &SessionId::from(main);
         self.check_sees(caller, main).await?;
         let m = main.to_string();
         let found =
@@ -29,7 +32,7 @@ impl Harness {
         match found {
             Some(w) => Ok(w),
             None => {
-                self.engine.meta(main).await?;
+                self.engine.runtime(main).await?;
                 Err(ApiError::Input(format!(
                     "session `{main}` is not a main session; `keel workgroup list` lists them"
                 )))
@@ -81,8 +84,9 @@ impl Harness {
         session: &str,
         pending_only: bool,
     ) -> Result<Vec<ApprovalUnit>, ApiError> {
+        let session = &SessionId::from(session);
         self.check_sees(caller, session).await?;
-        self.engine.meta(session).await?;
+        self.engine.runtime(session).await?;
         let s = session.to_string();
         let below = self
             .engine

@@ -8,6 +8,7 @@
 //! and recorded as a durable approval that the call consumes — or, when nobody can be asked,
 //! is refused without running.
 
+use crate::ids::SessionId;
 use std::future::Future;
 
 use crate::cancel::CancelToken;
@@ -25,7 +26,7 @@ impl Brain {
     #[tracing::instrument(name = "direct_call", skip_all, fields(session_id = %id, tool = %tool))]
     pub async fn call_direct<F, Fut>(
         &self,
-        id: &str,
+        id: &SessionId,
         tool: &str,
         input: &str,
         cancel: &CancelToken,

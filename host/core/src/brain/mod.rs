@@ -8,6 +8,7 @@
 //! and watches the session's durable interrupt flag, turning it into cancellation of the
 //! in-flight model call or running component. It does not assemble requests or own tool facts.
 
+use crate::ids::SessionId;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -53,13 +54,13 @@ pub struct Brain {
     owner: Arc<str>,
     /// Sessions a task of this process is running now. The lease row names the process, so it
     /// cannot tell two of its tasks apart: this set does.
-    local: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    local: Arc<std::sync::Mutex<std::collections::HashSet<SessionId>>>,
 }
 
 /// A session run by a task of this process; leaves the set on drop.
 struct LocalRun {
-    local: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
-    id: String,
+    local: Arc<std::sync::Mutex<std::collections::HashSet<SessionId>>>,
+    id: SessionId,
 }
 
 impl Drop for LocalRun {
@@ -145,7 +146,7 @@ impl Brain {
     /// request (a live runner stops at its next check and closes its open calls); a turn that
     /// no live runner holds is closed here — every open call gets an interrupted result and
     /// pending approvals are cancelled. Returns the state `id` was in.
-    pub async fn interrupt(&self, id: &str) -> Result<RuntimeState, StoreError> {
+    pub async fn interrupt(&self, id: &SessionId) -> Result<RuntimeState, StoreError> {
         self.stop(id, None).await
     }
 
@@ -160,10 +161,9 @@ impl Brain {
 
     /// Marks session `id` as run by this task; `None` when another task of this process runs
     /// it.
-    fn enter(&self, id: &str) -> Option<LocalRun> {
+    fn enter(&self, id: &SessionId) -> Option<LocalRun> {
         let mut set = self.local.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        set.insert(id.to_string())
-            .then(|| LocalRun { local: self.local.clone(), id: id.to_string() })
+        set.insert(id.clone()).then(|| LocalRun { local: self.local.clone(), id: id.clone() })
     }
 
     /// Leaves session `id` after `local`'s run ended with `last`, then runs inputs that another
@@ -172,7 +172,7 @@ impl Brain {
     /// other order is covered by that task: it looks again after its commit.)
     async fn leave(
         &self,
-        id: &str,
+        id: &SessionId,
         local: LocalRun,
         mut last: Option<Submitted>,
         cancel: &CancelToken,
@@ -183,11 +183,11 @@ impl Brain {
             let waiting = self
                 .db
                 .read_inline({
-                    let id = id.to_string();
+                    let id = id.clone();
                     move |c| {
                         let meta = SessionEngine::load_meta_in(c, &id)?;
-                        let runs = meta.active_turn.is_none()
-                            && !matches!(meta.state, RuntimeState::Interrupted);
+                        let runs = meta.runtime.active_turn.is_none()
+                            && !matches!(meta.runtime.state, RuntimeState::Interrupted);
                         Ok(runs && crate::session::pending_inputs(c, &id)? > 0)
                     }
                 })
@@ -210,7 +210,7 @@ impl Brain {
     /// unless another runner holds it (another process, or another task of this one).
     pub async fn submit(
         &self,
-        id: &str,
+        id: &SessionId,
         input: &str,
         cancel: &CancelToken,
         events: &Events,
@@ -218,7 +218,7 @@ impl Brain {
         let Some(local) = self.enter(id) else {
             // Another task of this process runs the session: the input waits in the inbox,
             // and that task's loop takes it — or, if it ended meanwhile, this task does.
-            let (sid, text) = (id.to_string(), input.to_string());
+            let (sid, text) = (id.clone(), input.to_string());
             let seq = self.db.run(move |c| crate::session::submit_in(c, &sid, &text)).await?;
             return match self.enter(id) {
                 Some(local) => Ok(self
@@ -230,7 +230,7 @@ impl Brain {
         };
         // The input, the lease attempt and — with the lease, when no turn is under way — the
         // turn's start commit together: one fsync acknowledges the input and starts its turn.
-        let (sid, text, owner) = (id.to_string(), input.to_string(), self.owner.clone());
+        let (sid, text, owner) = (id.clone(), input.to_string(), self.owner.clone());
         let (seq, acquired, begun) = self
             .db
             .run(move |c| {
@@ -238,8 +238,10 @@ impl Brain {
                 if !lease::acquire_in(c, &sid, &owner)? {
                     return Ok((seq, false, None));
                 }
-                let under_way =
-                    crate::session::SessionEngine::load_meta_in(c, &sid)?.active_turn.is_some();
+                let under_way = crate::session::SessionEngine::load_meta_in(c, &sid)?
+                    .runtime
+                    .active_turn
+                    .is_some();
                 let begun = if under_way { None } else { crate::session::begin_turn_in(c, &sid)? };
                 Ok((seq, true, begun))
             })
@@ -258,7 +260,7 @@ impl Brain {
     /// runner does.
     pub async fn drain(
         &self,
-        id: &str,
+        id: &SessionId,
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<Option<Submitted>, AgentError> {
@@ -272,7 +274,7 @@ impl Brain {
     #[tracing::instrument(name = "runner", skip_all, fields(session_id = %id))]
     async fn drain_held(
         &self,
-        id: &str,
+        id: &SessionId,
         mut held: bool,
         mut begun: Option<TurnStart>,
         cancel: &CancelToken,
@@ -317,7 +319,7 @@ impl Brain {
 
     async fn run_inbox(
         &self,
-        id: &str,
+        id: &SessionId,
         begun: Option<TurnStart>,
         cancel: &CancelToken,
         events: &Events,
@@ -326,7 +328,7 @@ impl Brain {
         let mut last = None;
         // A turn already under way (it waited for an approval, or its process died) comes first.
         if begun.is_none()
-            && let Some(turn) = self.engine().meta(id).await?.active_turn
+            && let Some(turn) = self.engine().runtime(id).await?.active_turn
         {
             // Its process may have died before its transition was committed.
             let announced = self.understand(id, cancel, true).await?;
@@ -382,7 +384,7 @@ impl Brain {
     #[tracing::instrument(name = "compact", skip_all, fields(session_id = %id))]
     pub async fn compact(
         &self,
-        id: &str,
+        id: &SessionId,
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<crate::agent::compact::Compaction, AgentError> {
@@ -399,9 +401,9 @@ impl Brain {
             return Err(busy().into());
         }
         let guard = RunnerTasks::start(self, id, cancel);
-        let state_after = match meta.state {
+        let state_after = match meta.runtime.state {
             RuntimeState::Running | RuntimeState::Compressing | RuntimeState::PreparingContext
-                if meta.active_turn.is_some() =>
+                if meta.runtime.active_turn.is_some() =>
             {
                 RuntimeState::PreparingContext
             }
@@ -418,6 +420,7 @@ impl Brain {
             aim: Aim {
                 keep_bytes: None,
                 input_bytes: meta
+                    .config
                     .model
                     .context_window
                     .map(|w| (w as f64 * compact::INPUT_FRACTION * per_token) as i64),
@@ -444,28 +447,28 @@ impl Brain {
     }
 
     /// Whether this runner holds the lease of `id` (a read).
-    async fn holds(&self, id: &str) -> Result<bool, StoreError> {
-        let (id, owner) = (id.to_string(), self.owner.clone());
+    async fn holds(&self, id: &SessionId) -> Result<bool, StoreError> {
+        let (id, owner) = (id.clone(), self.owner.clone());
         self.db.read_inline(move |c| lease::holds_in(c, &id, &owner)).await
     }
 
     /// Takes the runner lease of `id` if it is free, abandoned, or already ours.
-    pub async fn try_acquire(&self, id: &str) -> Result<bool, StoreError> {
-        let (id, owner) = (id.to_string(), self.owner.clone());
+    pub async fn try_acquire(&self, id: &SessionId) -> Result<bool, StoreError> {
+        let (id, owner) = (id.clone(), self.owner.clone());
         self.db.run(move |c| lease::acquire_in(c, &id, &owner)).await
     }
 
     /// Releases the lease unless unconsumed inputs are waiting (then keeps it and returns
     /// false). With `force`, releases regardless.
-    async fn release(&self, id: &str, force: bool) -> Result<bool, StoreError> {
-        let (id, owner) = (id.to_string(), self.owner.clone());
+    async fn release(&self, id: &SessionId, force: bool) -> Result<bool, StoreError> {
+        let (id, owner) = (id.clone(), self.owner.clone());
         self.db
             .run(move |c| {
                 // Inputs keep the lease for this runner, except those of an interrupted session:
                 // they wait for a person's next message, which takes the session again.
                 if !force
                     && crate::session::pending_inputs(c, &id)? > 0
-                    && crate::session::SessionEngine::load_meta_in(c, &id)?.state
+                    && crate::session::SessionEngine::load_meta_in(c, &id)?.runtime.state
                         != crate::session::RuntimeState::Interrupted
                 {
                     return Ok(false);
@@ -476,8 +479,8 @@ impl Brain {
             .await
     }
 
-    async fn heartbeat(&self, id: &str) -> Result<(), StoreError> {
-        let (id, owner) = (id.to_string(), self.owner.clone());
+    async fn heartbeat(&self, id: &SessionId) -> Result<(), StoreError> {
+        let (id, owner) = (id.clone(), self.owner.clone());
         self.db.run(move |c| lease::heartbeat_in(c, &id, &owner)).await
     }
 }
@@ -488,8 +491,8 @@ struct RunnerTasks {
 }
 
 impl RunnerTasks {
-    fn start(brain: &Brain, id: &str, cancel: &CancelToken) -> Self {
-        let (brain, id, cancel) = (brain.clone(), id.to_string(), cancel.clone());
+    fn start(brain: &Brain, id: &SessionId, cancel: &CancelToken) -> Self {
+        let (brain, id, cancel) = (brain.clone(), id.clone(), cancel.clone());
         let handle = tokio::spawn(async move {
             let mut since_beat = Duration::ZERO;
             loop {
@@ -499,7 +502,8 @@ impl RunnerTasks {
                     since_beat = Duration::ZERO;
                     let _ = brain.heartbeat(&id).await;
                 }
-                if brain.engine().interrupt_requested(&id).await.unwrap_or(false) {
+                if brain.engine().interrupt_requested(&id).await.unwrap_or(false)
+                {
                     cancel.cancel();
                 }
             }

@@ -3,6 +3,7 @@
 //! skills, tools and memories in parallel, then the Orchestrator's call).
 
 use super::*;
+use crate::ids::SessionId;
 
 impl Brain {
     /// Task understanding of the session's active turn, when its transition is pending: the
@@ -15,7 +16,7 @@ impl Brain {
     #[tracing::instrument(name = "understand", skip_all, fields(session_id = %id))]
     pub(super) async fn understand(
         &self,
-        id: &str,
+        id: &SessionId,
         cancel: &CancelToken,
         resumed: bool,
     ) -> Result<bool, AgentError> {
@@ -23,7 +24,7 @@ impl Brain {
             // Committed already: its capability preparation may not have finished (the
             // process died in between).
             if let Some(t) = self.engine().unprepared(id).await?
-                && let Some(config) = self.engine().meta(id).await?.preprocess
+                && let Some(config) = self.engine().config(id).await?.preprocess
             {
                 self.prepare_capabilities(id, &t, &config, cancel).await?;
                 return Ok(true);
@@ -132,7 +133,7 @@ impl Brain {
     /// what failed, and the turn goes on.
     async fn prepare_capabilities(
         &self,
-        id: &str,
+        id: &SessionId,
         transition: &Transition,
         config: &understand::PreprocessConfig,
         cancel: &CancelToken,
@@ -176,7 +177,7 @@ impl Brain {
     #[tracing::instrument(name = "orchestrate", skip_all, fields(session_id = %id))]
     async fn orchestrate(
         &self,
-        id: &str,
+        id: &SessionId,
         transition: &Transition,
         config: &understand::PreprocessConfig,
         candidates: &crate::session::capabilities::Candidates,
@@ -199,7 +200,7 @@ impl Brain {
         candidates: &crate::session::capabilities::Candidates,
         cancel: &CancelToken,
     ) -> crate::session::capabilities::OrchestratorCall {
-        let skills: Vec<String> = meta.skills.iter().map(|s| s.name.clone()).collect();
+        let skills: Vec<String> = meta.capabilities.skills.iter().map(|s| s.name.clone()).collect();
         let body = orchestrate::request_body(
             config,
             orchestrate::Inputs {
@@ -207,7 +208,7 @@ impl Brain {
                 session_goal: transition.session_goal.as_deref(),
                 phase_goal: transition.phase_goal.as_deref(),
                 terms: &transition.terms,
-                loaded_tools: &meta.loaded_tools,
+                loaded_tools: &meta.capabilities.loaded_tools,
                 loaded_skills: &skills,
                 candidates,
             },
@@ -272,7 +273,7 @@ async fn recall(
     use crate::search::MAX_CANDIDATES;
     let (skill_terms, tool_terms, memory_terms) =
         (terms.skill.clone(), terms.tool.clone(), terms.memory.clone());
-    let user = meta.user();
+    let user = meta.config.user();
     let (skills, tools, memories) = tokio::join!(
         db.read(move |c| crate::skills::recall_in(c, &skill_terms, MAX_CANDIDATES)),
         db.read(move |c| {
@@ -304,7 +305,7 @@ async fn recall(
             out.candidates.skills = hits
                 .into_iter()
                 .map(|h| h.item)
-                .filter(|s| !meta.skills.iter().any(|l| l.name == s.name))
+                .filter(|s| !meta.capabilities.skills.iter().any(|l| l.name == s.name))
                 .collect();
         }
         Err(e) => errors.push(format!("skills: {e}")),
@@ -314,7 +315,7 @@ async fn recall(
             for h in &hits {
                 tracing::debug!(session = %meta.id, tool = %h.item.name, score = h.score, "tool recalled");
             }
-            let loaded = |t: &String| meta.loaded_tools.contains(t);
+            let loaded = |t: &String| meta.capabilities.loaded_tools.contains(t);
             out.candidates.tools =
                 hits.into_iter().map(|h| h.item).filter(|t| !loaded(&t.name)).collect();
             out.candidates.toolsets =

@@ -11,6 +11,7 @@
 //! Crash recovery needs nothing of its own: what a dead process left is in the inbox rows and
 //! open turns that the next supervisor finds.
 
+use crate::ids::SessionId;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
@@ -43,20 +44,24 @@ struct Look {
 impl Brain {
     /// The main session of the workgroup session `id` belongs to; `None` for a standalone
     /// session.
-    pub async fn workgroup_of(&self, id: &str) -> Result<Option<String>, StoreError> {
-        let id = id.to_string();
-        self.db.read_inline(move |c| Ok(workgroup::position_in(c, &id)?.map(|p| p.main_id))).await
+    pub async fn workgroup_of(&self, id: &SessionId) -> Result<Option<SessionId>, StoreError> {
+        let id = id.clone();
+        self.db.read_inline(move |c| Ok(workgroup::position_in(c, &id)?.map(|p| p.main_id.into()))).await
     }
 
     /// Stops session `id` and every live session below it (`reason`: a limit, which makes a
     /// child's terminal event `budget_exhausted`; `None`: an interrupt). A runner stops at its
     /// next check; a turn without a live runner (waiting for a decision, or left by a dead
     /// process) is closed here. Returns the state `id` was in.
-    pub async fn stop(&self, id: &str, reason: Option<String>) -> Result<RuntimeState, StoreError> {
-        let (sid, owner) = (id.to_string(), self.owner.clone());
+    pub async fn stop(
+        &self,
+        id: &SessionId,
+        reason: Option<String>,
+    ) -> Result<RuntimeState, StoreError> {
+        let (sid, owner) = (id.clone(), self.owner.clone());
         self.db
             .run(move |c| {
-                let before = crate::session::SessionEngine::load_meta_in(c, &sid)?.state;
+                let before = crate::session::SessionEngine::load_meta_in(c, &sid)?.runtime.state;
                 let why = match &reason {
                     Some(r) => format!("stopped: {r}"),
                     None => "interrupted by the user".to_string(),
@@ -75,8 +80,8 @@ impl Brain {
             .await
     }
 
-    async fn look(&self, main: &str) -> Result<Look, StoreError> {
-        let (main, owner) = (main.to_string(), self.owner.clone());
+    async fn look(&self, main: &SessionId) -> Result<Look, StoreError> {
+        let (main, owner) = (main.clone(), self.owner.clone());
         self.db
             .read(move |c| {
                 let sessions = workgroup::sessions_in(c, &main)?;
@@ -121,7 +126,7 @@ impl Brain {
     /// the last outcome of each session that ran.
     pub async fn run_workgroup(
         &self,
-        main: &str,
+        main: &SessionId,
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<HashMap<String, Submitted>, AgentError> {
@@ -140,7 +145,7 @@ impl Brain {
             }
             let look = self.look(main).await?;
             for s in &look.sessions {
-                if known.insert(s.id.clone()) && s.id != main {
+                if known.insert(s.id.clone()) && s.id != *main {
                     // A child this supervisor had not seen: its spawn is committed.
                     crate::crash::point("after_spawn");
                 }
@@ -149,13 +154,13 @@ impl Brain {
             for child in &look.overdue {
                 if stopped.insert(child.clone()) {
                     let why = format!("its deadline of {deadline} s passed");
-                    self.stop(child, Some(why)).await?;
+                    self.stop(&SessionId::from(child), Some(why)).await?;
                 }
             }
             if let Some(why) = &look.over_budget {
                 for child in &look.live_unstopped {
                     if stopped.insert(child.clone()) {
-                        self.stop(child, Some(why.clone())).await?;
+                        self.stop(&SessionId::from(child), Some(why.clone())).await?;
                     }
                 }
             }
@@ -174,7 +179,7 @@ impl Brain {
                     && matches!(s.state, RuntimeState::WaitingApproval)
                 {
                     // Stopped while it waited for a decision: close it (no runner would).
-                    self.stop(&s.id, None).await?;
+                    self.stop(&SessionId::from(&s.id), None).await?;
                     started = true;
                     continue;
                 }
@@ -189,7 +194,7 @@ impl Brain {
                 running.insert(s.id.clone());
                 let (brain, id, events) = (self.clone(), s.id.clone(), events.clone());
                 tasks.spawn(async move {
-                    let r = brain.drain(&id, &token, &events).await;
+                    let r = brain.drain(&SessionId::from(&id), &token, &events).await;
                     (id, r)
                 });
                 started = true;
@@ -205,7 +210,7 @@ impl Brain {
                                 running.remove(&id);
                                 match result {
                                     Ok(Some(s)) => {
-                                        if id != main {
+                                        if id != *main {
                                             // Its answer (and any terminal event) is committed.
                                             crate::crash::point("after_child_answer");
                                         }

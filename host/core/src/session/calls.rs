@@ -59,7 +59,7 @@ fn apply_in(
                 add_in(c, id, &s, Via::ToolsSelect, turn, Some(call_id))?;
             }
             ControlRequest::Remember { text, tags } => {
-                let user = super::facts::load_meta(c, id)?.user();
+                let user = super::config::config_in(c, id)?.user();
                 match crate::memory::add_in(c, &user, text, tags, Some((id, call_id))) {
                     Err(StoreError::Input(why)) => {
                         tracing::warn!(

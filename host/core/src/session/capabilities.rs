@@ -74,6 +74,96 @@ pub struct LoadedSkill {
     pub body_bytes: usize,
 }
 
+/// What a session has loaded: its tools (with the digest each is pinned to), its skills, and
+/// what the last orchestration found and recalled. Changed only by [`add_in`] and
+/// [`unload_in`] (and an upgrade of pins); read by [`capabilities_in`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LoadedCapabilities {
+    pub loaded_tools: Vec<String>,
+    /// The skills the session loaded, at the versions it loaded.
+    pub skills: Vec<LoadedSkill>,
+    /// Skills the last orchestration found and did not load (named in requests by name and
+    /// description only).
+    pub found_skills: Vec<SkillRef>,
+    /// The user's memories the last orchestration recalled (a request's "relevant memory").
+    pub memories: Vec<Memory>,
+    /// The component digest of each loaded tool, pinned when it was loaded: the session runs
+    /// those versions, even after an upgrade, until it is told to upgrade. A tool without a
+    /// pin (a session older than pins) runs the installed version.
+    pub tool_pins: std::collections::BTreeMap<String, String>,
+}
+
+/// The tools and their pins session `id` has loaded.
+fn tools_in(c: &Connection, id: &str) -> Result<(Vec<String>, crate::tools::ToolPins), StoreError> {
+    let (tools, pins): (String, String) = c
+        .prepare_cached("SELECT loaded_tools, tool_pins FROM session_config WHERE session_id=?1")?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?
+        .ok_or_else(|| super::facts::no_session(id))?;
+    Ok((super::facts::parse(&tools, "tool list")?, super::facts::parse(&pins, "tool pins")?))
+}
+
+/// The one writer of session `id`'s loaded tools and their pins.
+fn set_tools_in(
+    c: &Connection,
+    id: &str,
+    loaded: &[String],
+    pins: &crate::tools::ToolPins,
+) -> Result<(), StoreError> {
+    c.prepare_cached(
+        "UPDATE session_config SET loaded_tools=?2, tool_pins=?3 WHERE session_id=?1",
+    )?
+    .execute(params![id, super::json(&loaded)?, super::json(pins)?])?;
+    Ok(())
+}
+
+/// Pins session `id`'s loaded tools to component digests: `pins` holds the digest each tool
+/// resolves to now. Without `upgrade` only tools not pinned yet are pinned (what a session
+/// loaded it keeps); with it every given pin replaces the old one. Returns the pins that
+/// changed, as (tool, old digest, new digest).
+pub fn pin_in(
+    c: &Connection,
+    id: &str,
+    pins: crate::tools::ToolPins,
+    upgrade: bool,
+) -> Result<Vec<(String, Option<String>, String)>, StoreError> {
+    let (loaded, mut current) = tools_in(c, id)?;
+    let mut changed = Vec::new();
+    for (tool, digest) in pins {
+        if !loaded.contains(&tool) {
+            continue;
+        }
+        let old = current.get(&tool).cloned();
+        if old.as_deref() == Some(digest.as_str()) || (old.is_some() && !upgrade) {
+            continue;
+        }
+        current.insert(tool.clone(), digest.clone());
+        changed.push((tool, old, digest));
+    }
+    if !changed.is_empty() {
+        set_tools_in(c, id, &loaded, &current)?;
+    }
+    Ok(changed)
+}
+
+/// What session `id` has loaded.
+pub fn capabilities_in(c: &Connection, id: &str) -> Result<LoadedCapabilities, StoreError> {
+    let (loaded_tools, tool_pins) = tools_in(c, id)?;
+    let skills = skills_in(c, id)?;
+    let (found_skills, memories) = match latest_in(c, id)? {
+        Some(o) => (
+            o.candidates
+                .skills
+                .into_iter()
+                .filter(|s| !skills.iter().any(|l| l.name == s.name))
+                .collect(),
+            o.memories,
+        ),
+        None => (Vec::new(), Vec::new()),
+    };
+    Ok(LoadedCapabilities { loaded_tools, skills, found_skills, memories, tool_pins })
+}
+
 /// What to add: tool sets (components, every tool of each), single tools, skills — by name.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Selection {
@@ -114,9 +204,7 @@ pub fn add_in(
     turn: Option<i64>,
     call_id: Option<&str>,
 ) -> Result<Added, StoreError> {
-    let meta = super::facts::load_meta(c, id)?;
-    let mut loaded = meta.loaded_tools.clone();
-    let mut pins = meta.tool_pins.clone();
+    let (mut loaded, mut pins) = tools_in(c, id)?;
     let mut added = Added::default();
     let mut wanted: Vec<String> = Vec::new();
     for set in &selection.toolsets {
@@ -174,10 +262,7 @@ pub fn add_in(
         added.skills.push(skill.clone());
     }
     if !added.tools.is_empty() {
-        c.execute(
-            "UPDATE session_config SET loaded_tools=?2, tool_pins=?3 WHERE session_id=?1",
-            params![id, super::json(&loaded)?, super::json(&pins)?],
-        )?;
+        set_tools_in(c, id, &loaded, &pins)?;
     }
     if !added.is_empty() {
         events::append(
@@ -226,7 +311,7 @@ fn insert(
 /// Removes a loaded tool or skill from session `id` (the explicit unload path). The tools
 /// every session keeps (control and discovery) cannot be unloaded.
 pub fn unload_in(c: &Connection, id: &str, kind: Kind, name: &str) -> Result<(), StoreError> {
-    let meta = super::facts::load_meta(c, id)?;
+    let (loaded, mut pins) = tools_in(c, id)?;
     match kind {
         Kind::Tool => {
             if crate::builtin::ALWAYS_LOADED.contains(&name) {
@@ -234,18 +319,14 @@ pub fn unload_in(c: &Connection, id: &str, kind: Kind, name: &str) -> Result<(),
                     "`{name}` is always loaded: the control and discovery tools stay with every session"
                 )));
             }
-            if !meta.loaded_tools.iter().any(|t| t == name) {
+            if !loaded.iter().any(|t| t == name) {
                 return Err(StoreError::NotFound(format!(
                     "session `{id}` has no tool `{name}` loaded"
                 )));
             }
-            let loaded: Vec<&String> = meta.loaded_tools.iter().filter(|t| *t != name).collect();
-            let mut pins = meta.tool_pins.clone();
+            let loaded: Vec<String> = loaded.into_iter().filter(|t| t != name).collect();
             pins.remove(name);
-            c.execute(
-                "UPDATE session_config SET loaded_tools=?2, tool_pins=?3 WHERE session_id=?1",
-                params![id, super::json(&loaded)?, super::json(&pins)?],
-            )?;
+            set_tools_in(c, id, &loaded, &pins)?;
         }
         Kind::Skill => {}
     }
@@ -465,19 +546,20 @@ pub fn finish_in(
         )?;
     }
     let added = add_in(c, id, &call.selection, Via::Orchestrator, Some(turn), None)?;
-    let meta = super::facts::load_meta(c, id)?;
+    let runtime = crate::session::facts::runtime_in(c, id)?;
+    let task = crate::session::task::task_in(c, id)?;
     events::append(
         c,
         id,
         &SessionEvent::EnvironmentApplied {
-            session_goal: meta.session_goal.clone(),
-            phase_goal: meta.phase_goal.clone(),
+            session_goal: task.session_goal.clone(),
+            phase_goal: task.phase_goal.clone(),
         },
     )?;
     events::append(
         c,
         id,
-        &SessionEvent::ModelCallStarted { step: meta.steps + 1, resumed: false },
+        &SessionEvent::ModelCallStarted { step: runtime.steps + 1, resumed: false },
     )?;
     Ok(added)
 }

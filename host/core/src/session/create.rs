@@ -2,6 +2,7 @@
 //! names, and the one transaction that stores it with its configuration, its tools' pins and
 //! how each tool arrived.
 
+use crate::ids::SessionId;
 use rusqlite::{Connection, params};
 
 use super::*;
@@ -175,8 +176,8 @@ impl SessionEngine {
     }
 
     /// Whether a session exists.
-    pub async fn exists(&self, id: &str) -> Result<bool, StoreError> {
-        let id = id.to_string();
+    pub async fn exists(&self, id: &SessionId) -> Result<bool, StoreError> {
+        let id = id.clone();
         self.db
             .read_inline(move |c| {
                 Ok(c.prepare_cached("SELECT EXISTS(SELECT 1 FROM sessions WHERE id=?1)")?

@@ -5,6 +5,7 @@
 //! event). The model-free session has no open step: after a crash, [`recover_in`] settles its
 //! rows by the same rule as a step's.
 
+use crate::ids::SessionId;
 use rusqlite::{Connection, params};
 
 /// How a direct call's id begins (`direct-` and 12 hex characters).
@@ -96,8 +97,12 @@ fn close(e: &mut JournalEntry, kind: FailureKind, message: &str) {
 impl SessionEngine {
     /// Opens a direct call: the next step, its journal row and the `running` state, in one
     /// transaction; returns the step.
-    pub async fn begin_direct(&self, id: &str, entry: JournalEntry) -> Result<i64, StoreError> {
-        let id = id.to_string();
+    pub async fn begin_direct(
+        &self,
+        id: &SessionId,
+        entry: JournalEntry,
+    ) -> Result<i64, StoreError> {
+        let id = id.clone();
         self.db().run(move |c| begin_in(c, &id, &entry)).await
     }
 
@@ -105,12 +110,12 @@ impl SessionEngine {
     /// `approval_asked` event and the `waiting_approval` state — one transaction.
     pub async fn ask_direct(
         &self,
-        id: &str,
+        id: &SessionId,
         step: i64,
         entry: JournalEntry,
         unit: ApprovalUnit,
     ) -> Result<(), StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db()
             .run(move |c| {
                 steps::wait_in(
@@ -130,13 +135,13 @@ impl SessionEngine {
     /// Records that a client reached session `id` from outside (an MCP client).
     pub async fn client_connected(
         &self,
-        id: &str,
+        id: &SessionId,
         client: String,
         version: String,
         protocol: String,
         transport: String,
     ) -> Result<(), StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         let event =
             super::events::SessionEvent::ClientConnected { client, version, protocol, transport };
         self.db().run(move |c| super::events::append(c, &id, &event).map(|_| ())).await
@@ -145,11 +150,11 @@ impl SessionEngine {
     /// Finishes a direct call: its row and the `idle` state, in one transaction.
     pub async fn finish_direct(
         &self,
-        id: &str,
+        id: &SessionId,
         step: i64,
         entry: JournalEntry,
     ) -> Result<(), StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db().run(move |c| finish_in(c, &id, step, &entry)).await
     }
 }

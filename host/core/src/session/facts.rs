@@ -6,13 +6,12 @@ use std::str::FromStr;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
-use crate::grant::DirId;
-use crate::model::ModelConfig;
-use crate::sandbox::{Access, Budget, Grant};
 use crate::store::{StoreError, now_ms};
 
 use super::JournalEntry;
-use crate::policy::Policy;
+use super::capabilities::LoadedCapabilities;
+use super::config::SessionConfig;
+use super::task::TaskState;
 
 /// The runtime state a user sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,50 +62,34 @@ impl FromStr for RuntimeState {
     }
 }
 
-/// SessionMeta: the session's facts besides its history.
+/// SessionMeta: the session's facts besides its history, as four sub-owners that each own
+/// their columns and are read on their own: its configuration ([`SessionConfig`], fixed at
+/// creation), its task state ([`TaskState`]: goals, phase, plan), what it has loaded
+/// ([`LoadedCapabilities`]: tools, pins, skills, recalled memories) and its runtime
+/// ([`Runtime`]: state, counters, active turn, checkpoint). Its JSON is the four flattened
+/// into one object.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SessionMeta {
     pub id: crate::ids::SessionId,
-    pub session_goal: Option<String>,
-    pub phase_goal: Option<String>,
-    /// The turn whose transition set the current phase goal (`None`: no phase is open).
-    pub phase_turn: Option<i64>,
-    /// The session's settings for task understanding (`None`: off).
-    pub preprocess: Option<crate::understand::PreprocessConfig>,
-    /// The plan of the current phase, as it stands (`None`: no phase, or no plan yet).
-    pub plan: Option<Vec<crate::plan::PlanStep>>,
+    #[serde(flatten)]
+    pub config: SessionConfig,
+    #[serde(flatten)]
+    pub task: TaskState,
+    #[serde(flatten)]
+    pub capabilities: LoadedCapabilities,
+    #[serde(flatten)]
+    pub runtime: Runtime,
+}
+
+/// The session's runtime: its state, its counters, the turn in progress and the checkpoint its
+/// context starts after.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Runtime {
     pub state: RuntimeState,
     pub state_detail: Option<String>,
-    pub loaded_tools: Vec<String>,
-    /// The user the session works for: its long-term memory is theirs (`None`: a session
-    /// created before users were; see [`user`](Self::user)).
-    pub user: Option<String>,
-    /// Who created the session over the HTTP API (`None`: a local front-end did).
-    pub owner: Option<crate::caller::Owner>,
     /// The checkpoint the session's context starts after (its summary is in every request),
     /// if the session was compacted.
     pub checkpoint: Option<super::compaction::CurrentCheckpoint>,
-    /// The skills the session loaded, at the versions it loaded.
-    pub skills: Vec<super::capabilities::LoadedSkill>,
-    /// Skills the last orchestration found and did not load (named in requests by name and
-    /// description only).
-    pub found_skills: Vec<crate::skills::SkillRef>,
-    /// The user's memories the last orchestration recalled (a request's "relevant memory").
-    pub memories: Vec<crate::memory::Memory>,
-    /// The component digest of each loaded tool, pinned when it was loaded: the session runs
-    /// those versions, even after an upgrade, until it is told to upgrade. A tool without a
-    /// pin (a session older than pins) runs the installed version.
-    pub tool_pins: std::collections::BTreeMap<String, String>,
-    pub policy: Policy,
-    pub budget: Budget,
-    pub model: ModelConfig,
-    pub system_prompt: String,
-    /// The session's loop guards (`None`: those of the harness that runs its turns).
-    pub guards: Option<super::LoopGuards>,
-    pub grants: Vec<Grant>,
-    /// Where the session's tools may send HTTP requests, and the secrets bound there (fixed at
-    /// creation, like `grants`).
-    pub net: crate::sandbox::net::NetGrants,
     pub meta_version: i64,
     pub context_start: i64,
     pub steps: i64,
@@ -116,7 +99,10 @@ pub struct SessionMeta {
     pub active_turn: Option<i64>,
 }
 
-fn parse<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, StoreError> {
+pub(super) fn parse<T: serde::de::DeserializeOwned>(
+    text: &str,
+    what: &str,
+) -> Result<T, StoreError> {
     serde_json::from_str(text)
         .map_err(|e| StoreError::Corrupt(format!("stored {what} is unreadable: {e}")))
 }
@@ -133,113 +119,21 @@ pub fn load_meta_at(
     id: &str,
     counters: MetaCounters,
 ) -> Result<SessionMeta, StoreError> {
-    let (
-        (goal, phase, phase_turn, preprocess, owner, net),
-        (tools, policy, budget, model, system, pins, guards, user),
-    ) = c
-        .prepare_cached(
-            "SELECT session_goal, phase_goal, phase_turn, preprocess, loaded_tools, policy,
-                    budget, model, system_prompt, tool_pins, guards, user, owner, net
-             FROM session_config WHERE session_id=?1",
-        )?
-        .query_row([id], |r| {
-            Ok((
-                (
-                    r.get::<_, Option<String>>(0)?,
-                    r.get::<_, Option<String>>(1)?,
-                    r.get::<_, Option<i64>>(2)?,
-                    r.get::<_, Option<String>>(3)?,
-                    r.get::<_, Option<String>>(12)?,
-                    r.get::<_, Option<String>>(13)?,
-                ),
-                (
-                    r.get::<_, String>(4)?,
-                    r.get::<_, String>(5)?,
-                    r.get::<_, String>(6)?,
-                    r.get::<_, String>(7)?,
-                    r.get::<_, String>(8)?,
-                    r.get::<_, String>(9)?,
-                    r.get::<_, Option<String>>(10)?,
-                    r.get::<_, Option<String>>(11)?,
-                ),
-            ))
-        })
-        .optional()?
-        .ok_or_else(|| no_session(id))?;
-    let mut stmt = c.prepare_cached(
-        "SELECT host, guest, access, dev, ino, within FROM session_grants WHERE session_id=?1 ORDER BY guest",
-    )?;
-    let grants = stmt
-        .query_map([id], |r| {
-            let (dev, ino) = (r.get::<_, Option<i64>>(3)?, r.get::<_, Option<i64>>(4)?);
-            Ok((
-                Grant {
-                    host: r.get::<_, String>(0)?.into(),
-                    guest: r.get(1)?,
-                    access: if r.get::<_, String>(2)? == "rw" { Access::Rw } else { Access::Ro },
-                    id: dev.zip(ino).map(|(dev, ino)| DirId { dev: dev as u64, ino: ino as u64 }),
-                    within: None,
-                },
-                r.get::<_, Option<String>>(5)?,
-            ))
-        })?
-        .collect::<Result<Vec<_>, _>>()?
-        .into_iter()
-        .map(|(mut g, within)| {
-            g.within = within.map(|w| parse(&w, "a grant's directory")).transpose()?;
-            Ok(g)
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    let skills = super::capabilities::skills_in(c, id)?;
-    let (found_skills, memories) = match super::capabilities::latest_in(c, id)? {
-        Some(o) => (
-            o.candidates
-                .skills
-                .into_iter()
-                .filter(|s| !skills.iter().any(|l| l.name == s.name))
-                .collect(),
-            o.memories,
-        ),
-        None => (Vec::new(), Vec::new()),
-    };
-    let mut meta = SessionMeta {
+    Ok(SessionMeta {
         id: id.into(),
-        session_goal: goal,
-        phase_goal: phase,
-        phase_turn,
-        preprocess: preprocess.map(|p| parse(&p, "task understanding settings")).transpose()?,
-        plan: match phase_turn {
-            Some(t) => super::plan::current_in(c, id, t)?,
-            None => None,
-        },
-        state: counters.state,
-        state_detail: None,
-        loaded_tools: parse(&tools, "tool list")?,
-        user,
-        owner: owner.map(|o| parse(&o, "session owner")).transpose()?,
-        checkpoint: super::compaction::current_in(c, id)?,
-        skills,
-        found_skills,
-        memories,
-        tool_pins: parse(&pins, "tool pins")?,
-        policy: parse(&policy, "policy")?,
-        budget: parse(&budget, "budget")?,
-        model: parse(&model, "model config")?,
-        system_prompt: system,
-        guards: guards.map(|g| parse(&g, "loop guards")).transpose()?,
-        grants,
-        net: net.map(|n| parse(&n, "network grants")).transpose()?.unwrap_or_default(),
-        meta_version: 0,
-        context_start: 0,
-        steps: 0,
-        turns: 0,
-        active_turn: None,
-    };
-    counters.apply(&mut meta);
-    Ok(meta)
+        config: super::config::config_in(c, id)?,
+        task: super::task::task_in(c, id)?,
+        capabilities: super::capabilities::capabilities_in(c, id)?,
+        runtime: counters.runtime(super::compaction::current_in(c, id)?),
+    })
 }
 
-fn no_session(id: &str) -> StoreError {
+/// The runtime of session `id`.
+pub fn runtime_in(c: &Connection, id: &str) -> Result<Runtime, StoreError> {
+    Ok(load_counters(c, id)?.runtime(super::compaction::current_in(c, id)?))
+}
+
+pub(super) fn no_session(id: &str) -> StoreError {
     StoreError::NotFound(format!("no session `{id}`; see `keel session list`"))
 }
 
@@ -274,13 +168,22 @@ impl MetaCounters {
 
     /// `meta` (read at this `meta_version`) brought up to these counters.
     pub fn apply(self, meta: &mut SessionMeta) {
-        meta.meta_version = self.meta_version;
-        meta.state = self.state;
-        meta.state_detail = self.state_detail;
-        meta.context_start = self.context_start;
-        meta.steps = self.steps;
-        meta.turns = self.turns;
-        meta.active_turn = self.active_turn;
+        let checkpoint = meta.runtime.checkpoint.take();
+        meta.runtime = self.runtime(checkpoint);
+    }
+
+    /// The runtime these counters and `checkpoint` (read at this `meta_version`) make.
+    fn runtime(self, checkpoint: Option<super::compaction::CurrentCheckpoint>) -> Runtime {
+        Runtime {
+            state: self.state,
+            state_detail: self.state_detail,
+            checkpoint,
+            meta_version: self.meta_version,
+            context_start: self.context_start,
+            steps: self.steps,
+            turns: self.turns,
+            active_turn: self.active_turn,
+        }
     }
 }
 
@@ -420,19 +323,6 @@ pub fn unsettled_in(c: &Connection) -> Result<Vec<String>, StoreError> {
 pub fn pending_inputs(c: &Connection, id: &str) -> Result<i64, StoreError> {
     Ok(c.prepare_cached("SELECT COUNT(*) FROM inbox WHERE session_id=?1 AND consumed_at IS NULL")?
         .query_row([id], |r| r.get(0))?)
-}
-
-impl SessionMeta {
-    /// The user the session works for (the operating-system user for a session created
-    /// before sessions had users).
-    pub fn user(&self) -> String {
-        self.user.clone().unwrap_or_else(crate::memory::default_user)
-    }
-}
-
-/// The plan state the calls of a step see: the current plan, and whether a phase is open.
-pub fn plan_state(meta: &SessionMeta) -> crate::plan::PlanState {
-    crate::plan::PlanState { steps: meta.plan.clone(), phase_open: meta.phase_goal.is_some() }
 }
 
 pub fn put_journal(

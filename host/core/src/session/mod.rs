@@ -12,6 +12,7 @@ mod blobs;
 mod calls;
 pub mod capabilities;
 pub mod compaction;
+mod config;
 mod create;
 pub mod delegation;
 mod direct;
@@ -22,6 +23,7 @@ pub mod lease;
 pub mod plan;
 mod reads;
 mod steps;
+mod task;
 pub mod transition;
 mod turns;
 mod views;
@@ -29,10 +31,10 @@ pub mod workgroup;
 
 use std::sync::Arc;
 
-use rusqlite::{Connection, params};
+use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{CallId, UnitId};
+use crate::ids::{CallId, SessionId, UnitId};
 use crate::model::ModelConfig;
 use crate::sandbox::{Budget, Grant};
 use crate::store::{Db, StoreError, now_ms};
@@ -44,16 +46,19 @@ pub use assemble::{
     Assembled, BYTES_PER_TOKEN, CallFacts, EvidenceOf, GOAL_SHOWN, ModelCallRecord, Part,
     RefusedRequest, TokenEstimate, estimate_tokens, goal_reference, reconstruct_body,
 };
+pub use capabilities::LoadedCapabilities;
+pub use config::SessionConfig;
 pub use create::{NewSession, create_in};
 pub use delegation::SessionDelegation;
 pub use direct::DIRECT_CALL_PREFIX;
 pub use discovery::SessionDiscovery;
 pub use events::{EventRow, SessionEvent};
-pub use facts::{RuntimeState, SessionMeta, pending_inputs, plan_state, unsettled_in};
+pub use facts::{Runtime, RuntimeState, SessionMeta, pending_inputs, unsettled_in};
 pub use steps::{
     AfterCrash, JournalStatus, OUTCOME_UNKNOWN, OpenStep, RecoveredSession, WaitCommit,
     after_crash, close_turn_in, recover_in,
 };
+pub use task::TaskState;
 pub use turns::{Again, StepCommit, TurnStart, begin_turn_in, submit_in};
 pub use views::{MessageCall, SessionSummary, Timeline, TimelineCall, TimelineMessage, TurnUsage};
 
@@ -162,10 +167,37 @@ impl SessionEngine {
         facts::load_meta(c, id)
     }
 
-    /// The session's meta facts.
-    pub async fn meta(&self, id: &str) -> Result<SessionMeta, StoreError> {
-        let id = id.to_string();
+    /// The session's meta facts (its four sub-owners'; a reader that needs one reads that one
+    /// alone: [`config`](Self::config), [`task`](Self::task),
+    /// [`loaded`](Self::loaded), [`runtime`](Self::runtime)).
+    pub async fn meta(&self, id: &SessionId) -> Result<SessionMeta, StoreError> {
+        let id = id.clone();
         self.db.read_inline(move |c| facts::load_meta(c, &id)).await
+    }
+
+    /// The session's configuration.
+    pub async fn config(&self, id: &SessionId) -> Result<SessionConfig, StoreError> {
+        let id = id.clone();
+        self.db.read_inline(move |c| config::config_in(c, &id)).await
+    }
+
+    /// The session's task state: goals, phase, plan.
+    pub async fn task(&self, id: &SessionId) -> Result<TaskState, StoreError> {
+        let id = id.clone();
+        self.db.read_inline(move |c| task::task_in(c, &id)).await
+    }
+
+    /// What the session has loaded.
+    pub async fn loaded(&self, id: &SessionId) -> Result<LoadedCapabilities, StoreError> {
+        let id = id.clone();
+        self.db.read_inline(move |c| capabilities::capabilities_in(c, &id)).await
+    }
+
+    /// The session's runtime: state, counters, active turn, checkpoint. Also what tells
+    /// whether a session exists (`NotFound` if not).
+    pub async fn runtime(&self, id: &SessionId) -> Result<Runtime, StoreError> {
+        let id = id.clone();
+        self.db.read_inline(move |c| facts::runtime_in(c, &id)).await
     }
 
     /// Pins loaded tools to component digests: `pins` holds the digest each tool resolves to
@@ -174,41 +206,17 @@ impl SessionEngine {
     /// as (tool, old digest, new digest).
     pub async fn pin_tools(
         &self,
-        id: &str,
+        id: &SessionId,
         pins: std::collections::BTreeMap<String, String>,
         upgrade: bool,
     ) -> Result<Vec<(String, Option<String>, String)>, StoreError> {
-        let id = id.to_string();
-        self.db
-            .run(move |c| {
-                let meta = facts::load_meta(c, &id)?;
-                let mut current = meta.tool_pins;
-                let mut changed = Vec::new();
-                for (tool, digest) in pins {
-                    if !meta.loaded_tools.contains(&tool) {
-                        continue;
-                    }
-                    let old = current.get(&tool).cloned();
-                    if old.as_deref() == Some(digest.as_str()) || (old.is_some() && !upgrade) {
-                        continue;
-                    }
-                    current.insert(tool.clone(), digest.clone());
-                    changed.push((tool, old, digest));
-                }
-                if !changed.is_empty() {
-                    c.execute(
-                        "UPDATE session_config SET tool_pins=?2 WHERE session_id=?1",
-                        params![id, json(&current)?],
-                    )?;
-                }
-                Ok(changed)
-            })
-            .await
+        let id = id.clone();
+        self.db.run(move |c| capabilities::pin_in(c, &id, pins, upgrade)).await
     }
 
     /// Adds tools to the session's loaded set (add-only, pinned): an admin's addition through
     /// AddSelectedCapabilities.
-    pub async fn add_tools(&self, id: &str, tools: Vec<String>) -> Result<(), StoreError> {
+    pub async fn add_tools(&self, id: &SessionId, tools: Vec<String>) -> Result<(), StoreError> {
         let selection = capabilities::Selection { tools, ..Default::default() };
         self.add_capabilities(id, selection, capabilities::Via::Admin).await.map(|_| ())
     }
@@ -217,9 +225,9 @@ impl SessionEngine {
     /// the understanding call, then [`commit_transition`](Self::commit_transition)).
     pub async fn pending_understanding(
         &self,
-        id: &str,
+        id: &SessionId,
     ) -> Result<Option<transition::PendingUnderstanding>, StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db.read_inline(move |c| transition::pending_in(c, &id)).await
     }
 
@@ -227,12 +235,12 @@ impl SessionEngine {
     /// capability preparation when it has one: `None` when it was committed already.
     pub async fn commit_transition(
         &self,
-        id: &str,
+        id: &SessionId,
         turn: i64,
         understood: transition::Understood,
         recalled: Option<capabilities::RecallRecord>,
     ) -> Result<Option<transition::Transition>, StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db
             .run(move |c| transition::commit_in(c, &id, turn, &understood, recalled.as_ref()))
             .await
@@ -240,8 +248,11 @@ impl SessionEngine {
 
     /// The active turn's transition when its capability preparation has not finished (see
     /// [`transition::unprepared_in`]).
-    pub async fn unprepared(&self, id: &str) -> Result<Option<transition::Transition>, StoreError> {
-        let id = id.to_string();
+    pub async fn unprepared(
+        &self,
+        id: &SessionId,
+    ) -> Result<Option<transition::Transition>, StoreError> {
+        let id = id.clone();
         self.db.read_inline(move |c| transition::unprepared_in(c, &id)).await
     }
 
@@ -249,11 +260,11 @@ impl SessionEngine {
     /// finishes the orchestration in the same commit (no call was needed).
     pub async fn record_recall(
         &self,
-        id: &str,
+        id: &SessionId,
         record: capabilities::RecallRecord,
         finish: Option<capabilities::OrchestratorCall>,
     ) -> Result<(), StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db
             .run(move |c| {
                 capabilities::record_recall_in(c, &id, &record)?;
@@ -269,42 +280,42 @@ impl SessionEngine {
     /// environment (see [`capabilities::finish_in`]).
     pub async fn finish_orchestration(
         &self,
-        id: &str,
+        id: &SessionId,
         turn: i64,
         call: capabilities::OrchestratorCall,
     ) -> Result<capabilities::Added, StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db.run(move |c| capabilities::finish_in(c, &id, turn, &call)).await
     }
 
     /// AddSelectedCapabilities outside a turn (an admin's addition): add-only, pinned.
     pub async fn add_capabilities(
         &self,
-        id: &str,
+        id: &SessionId,
         selection: capabilities::Selection,
         via: capabilities::Via,
     ) -> Result<capabilities::Added, StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db.run(move |c| capabilities::add_in(c, &id, &selection, via, None, None)).await
     }
 
     /// Unloads a tool or skill from session `id` (the explicit removal path).
     pub async fn unload(
         &self,
-        id: &str,
+        id: &SessionId,
         kind: capabilities::Kind,
         name: &str,
     ) -> Result<(), StoreError> {
-        let (id, name) = (id.to_string(), name.to_string());
+        let (id, name) = (id.clone(), name.to_string());
         self.db.run(move |c| capabilities::unload_in(c, &id, kind, &name)).await
     }
 
     /// The session's capabilities and how each arrived, and its orchestrations.
     pub async fn capabilities(
         &self,
-        id: &str,
+        id: &SessionId,
     ) -> Result<(Vec<capabilities::Capability>, Vec<capabilities::Orchestration>), StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db
             .read(move |c| {
                 facts::load_counters(c, &id)?;
@@ -316,16 +327,19 @@ impl SessionEngine {
     /// The exact request of turn `turn`'s orchestration call (the last one if `None`).
     pub async fn orchestration_evidence(
         &self,
-        id: &str,
+        id: &SessionId,
         turn: Option<i64>,
     ) -> Result<(i64, Vec<u8>), StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db.read(move |c| capabilities::evidence_in(c, &id, turn)).await
     }
 
     /// The session's task transitions, oldest first.
-    pub async fn transitions(&self, id: &str) -> Result<Vec<transition::Transition>, StoreError> {
-        let id = id.to_string();
+    pub async fn transitions(
+        &self,
+        id: &SessionId,
+    ) -> Result<Vec<transition::Transition>, StoreError> {
+        let id = id.clone();
         self.db
             .read(move |c| {
                 facts::load_counters(c, &id)?;
@@ -337,10 +351,10 @@ impl SessionEngine {
     /// The exact request body of turn `turn`'s understanding call (the last one if `None`).
     pub async fn understanding_evidence(
         &self,
-        id: &str,
+        id: &SessionId,
         turn: Option<i64>,
     ) -> Result<(i64, Vec<u8>), StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db.read(move |c| transition::evidence_in(c, &id, turn)).await
     }
 
@@ -349,13 +363,13 @@ impl SessionEngine {
     /// read transaction (the connection is passed to it).
     pub async fn assemble<F>(
         &self,
-        id: &str,
+        id: &SessionId,
         tools: F,
     ) -> Result<(SessionMeta, Assembled), StoreError>
     where
         F: FnOnce(&Connection, &SessionMeta) -> Option<Arc<str>> + Send,
     {
-        let id = id.to_string();
+        let id = id.clone();
         let cache = self.assembly.clone();
         self.db.read_inline(move |c| assemble::assemble(c, &id, &cache, tools)).await
     }
@@ -411,12 +425,12 @@ impl SessionEngine {
     /// compacted (the session is left as it was).
     pub async fn begin_compaction(
         &self,
-        id: &str,
+        id: &SessionId,
         trigger: compaction::Trigger,
         aim: compaction::Aim,
         tokens: Option<i64>,
     ) -> Result<Option<compaction::Frozen>, StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db
             .run(move |c| {
                 compaction::settle_in(c, &id)?;
@@ -432,13 +446,13 @@ impl SessionEngine {
     /// Commits the checkpoint of a compaction (step 1, see [`compaction::prepare_in`]).
     pub async fn prepare_checkpoint(
         &self,
-        id: &str,
+        id: &SessionId,
         frozen: Arc<compaction::Frozen>,
         call: compaction::SummaryCall,
         tokens: (Option<i64>, Option<i64>),
         state_after: RuntimeState,
     ) -> Result<i64, StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db
             .run(move |c| compaction::prepare_in(c, &id, &frozen, &call, tokens, state_after))
             .await
@@ -447,21 +461,21 @@ impl SessionEngine {
     /// Promotes checkpoint `seq` (step 2, see [`compaction::promote_in`]).
     pub async fn promote_checkpoint(
         &self,
-        id: &str,
+        id: &SessionId,
         seq: i64,
         state_after: RuntimeState,
         ms: f64,
     ) -> Result<compaction::Promotion, StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db.run(move |c| compaction::promote_in(c, &id, seq, Some(state_after), ms)).await
     }
 
     /// The session's checkpoints, oldest first.
     pub async fn checkpoints(
         &self,
-        id: &str,
+        id: &SessionId,
     ) -> Result<Vec<compaction::CheckpointRecord>, StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db
             .read(move |c| {
                 facts::load_counters(c, &id)?;
@@ -473,10 +487,10 @@ impl SessionEngine {
     /// The exact request of checkpoint `seq`'s summary call (the last one's if `None`).
     pub async fn compaction_evidence(
         &self,
-        id: &str,
+        id: &SessionId,
         seq: Option<i64>,
     ) -> Result<(i64, Vec<u8>), StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db.read(move |c| compaction::evidence_in(c, &id, seq)).await
     }
 }

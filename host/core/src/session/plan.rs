@@ -68,10 +68,10 @@ pub fn apply_in(
     if applied || requests.is_empty() {
         return Ok(());
     }
-    let meta = super::facts::load_meta(c, id)?;
-    let Some(phase_turn) = meta.phase_turn else { return Ok(()) };
+    let task = crate::session::task::task_in(c, id)?;
+    let Some(phase_turn) = task.phase_turn else { return Ok(()) };
     let mut state =
-        PlanState { steps: current_in(c, id, phase_turn)?, phase_open: meta.phase_goal.is_some() };
+        PlanState { steps: current_in(c, id, phase_turn)?, phase_open: task.phase_goal.is_some() };
     for request in requests {
         if let Err(why) = plan::apply(&mut state, request) {
             tracing::debug!(call = call_id, %why, "a plan change was skipped");

@@ -10,18 +10,18 @@ impl SessionEngine {
     }
 
     /// The session's timeline: messages, tool calls, state.
-    pub async fn timeline(&self, id: &str) -> Result<Timeline, StoreError> {
-        let id = id.to_string();
+    pub async fn timeline(&self, id: &SessionId) -> Result<Timeline, StoreError> {
+        let id = id.clone();
         self.db.read(move |c| views::timeline(c, &id)).await
     }
 
     /// The exact request body of `step` (the last step if `None`), byte for byte.
     pub async fn evidence(
         &self,
-        id: &str,
+        id: &SessionId,
         step: Option<i64>,
     ) -> Result<(i64, Vec<u8>), StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db.read(move |c| assemble::evidence(c, &id, EvidenceOf::Step(step))).await
     }
 
@@ -29,11 +29,11 @@ impl SessionEngine {
     /// An unknown session is an error (a session without events yet has none).
     pub async fn events_after(
         &self,
-        id: &str,
+        id: &SessionId,
         after: i64,
         limit: usize,
     ) -> Result<Vec<EventRow>, StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db
             .read_inline(move |c| {
                 facts::load_counters(c, &id)?;
@@ -49,13 +49,13 @@ impl SessionEngine {
     /// seen; no busy loop).
     pub fn follow(
         &self,
-        id: &str,
+        id: &SessionId,
         after: i64,
         every: std::time::Duration,
     ) -> tokio::sync::mpsc::Receiver<Result<EventRow, StoreError>> {
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         let engine = self.clone();
-        let id = id.to_string();
+        let id = id.clone();
         let mut commits = self.db.commits();
         tokio::spawn(async move {
             let mut last = after;
@@ -95,37 +95,37 @@ impl SessionEngine {
     }
 
     /// The last event's sequence number of session `id` (0 when it has none).
-    pub async fn last_event(&self, id: &str) -> Result<i64, StoreError> {
-        let id = id.to_string();
+    pub async fn last_event(&self, id: &SessionId) -> Result<i64, StoreError> {
+        let id = id.clone();
         self.db.read_inline(move |c| events::last_seq(c, &id)).await
     }
 
     /// The exact body of refused request `seq` (the last one if `None`), byte for byte.
     pub async fn refused_evidence(
         &self,
-        id: &str,
+        id: &SessionId,
         seq: Option<i64>,
     ) -> Result<(i64, Vec<u8>), StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db.read(move |c| assemble::evidence(c, &id, EvidenceOf::Refused(seq))).await
     }
 
     /// The session's model calls (what each came to: finish reason, tokens, time), by step.
-    pub async fn model_calls(&self, id: &str) -> Result<Vec<ModelCallRecord>, StoreError> {
-        let id = id.to_string();
+    pub async fn model_calls(&self, id: &SessionId) -> Result<Vec<ModelCallRecord>, StoreError> {
+        let id = id.clone();
         self.db.read(move |c| assemble::model_calls(c, &id)).await
     }
 
     /// An estimate of the tokens of the session's next request.
-    pub async fn token_estimate(&self, id: &str) -> Result<TokenEstimate, StoreError> {
-        let id = id.to_string();
+    pub async fn token_estimate(&self, id: &SessionId) -> Result<TokenEstimate, StoreError> {
+        let id = id.clone();
         self.db.read(move |c| assemble::token_estimate(c, &id)).await
     }
 
     /// Bytes of request per token for session `id`: from the newest of its last eight
     /// requests whose usage the server reported, else [`BYTES_PER_TOKEN`].
-    pub async fn bytes_per_token(&self, id: &str) -> Result<f64, StoreError> {
-        let id = id.to_string();
+    pub async fn bytes_per_token(&self, id: &SessionId) -> Result<f64, StoreError> {
+        let id = id.clone();
         self.db
             .read_inline(move |c| {
                 let rows: Vec<(Option<i64>, Option<i64>)> = c

@@ -328,10 +328,10 @@ pub const RECOVERED_DETAIL: &str =
 pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreError> {
     // A checkpoint committed but not promoted is promoted now, or discarded.
     let settled = super::compaction::settle_in(c, id)?;
-    let meta = facts::load_meta(c, id)?;
+    let runtime = crate::session::facts::runtime_in(c, id)?;
     // A compaction that committed no checkpoint (its process stopped during the summary call)
     // is closed here, once: the state it left is changed below.
-    if meta.state == RuntimeState::Compressing && settled.is_empty() {
+    if runtime.state == RuntimeState::Compressing && settled.is_empty() {
         super::events::append(
             c,
             id,
@@ -363,11 +363,11 @@ pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreErr
     // Direct calls (a front-end's, without a model step) the stopped process left open.
     let direct = super::direct::recover_in(c, id, open.as_ref().map(|o| o.step))?;
     let had_direct = !direct.is_empty()
-        || meta.state_detail.as_deref().is_some_and(|d| d.starts_with("direct call"));
+        || runtime.state_detail.as_deref().is_some_and(|d| d.starts_with("direct call"));
     outcome_unknown.extend(direct.into_iter().filter(|(_, unknown)| *unknown).map(|(id, _)| id));
-    let state_after = match meta.state {
+    let state_after = match runtime.state {
         RuntimeState::Running | RuntimeState::WaitingApproval
-            if had_direct && open.is_none() && meta.active_turn.is_none() =>
+            if had_direct && open.is_none() && runtime.active_turn.is_none() =>
         {
             facts::set_state(c, id, RuntimeState::Idle, Some(RECOVERED_DETAIL))?;
             RuntimeState::Idle
@@ -378,7 +378,7 @@ pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreErr
             facts::set_state(c, id, RuntimeState::WaitingApproval, None)?;
             RuntimeState::WaitingApproval
         }
-        RuntimeState::Compressing if meta.active_turn.is_none() => {
+        RuntimeState::Compressing if runtime.active_turn.is_none() => {
             facts::set_state(c, id, RuntimeState::Idle, None)?;
             RuntimeState::Idle
         }
@@ -394,11 +394,11 @@ pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreErr
     let resumable = match state_after {
         RuntimeState::WaitingApproval => !undecided,
         RuntimeState::Interrupted | RuntimeState::Idle | RuntimeState::Failed => inputs > 0,
-        _ => meta.active_turn.is_some() || inputs > 0,
+        _ => runtime.active_turn.is_some() || inputs > 0,
     };
     Ok(RecoveredSession {
         id: id.into(),
-        state_before: meta.state,
+        state_before: runtime.state,
         state_after,
         outcome_unknown,
         rerun,

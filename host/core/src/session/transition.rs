@@ -108,14 +108,6 @@ pub struct PendingUnderstanding {
     pub phase_goal: Option<String>,
 }
 
-/// Whether session `id` has task understanding on.
-pub fn preprocess_on(c: &Connection, id: &str) -> Result<bool, StoreError> {
-    Ok(c.prepare_cached("SELECT preprocess IS NOT NULL FROM session_config WHERE session_id=?1")?
-        .query_row([id], |r| r.get(0))
-        .optional()?
-        .unwrap_or(false))
-}
-
 fn recorded(c: &Connection, id: &str, turn: i64) -> Result<bool, StoreError> {
     Ok(c.prepare_cached(
         "SELECT EXISTS(SELECT 1 FROM task_transitions WHERE session_id=?1 AND turn=?2)",
@@ -144,16 +136,16 @@ fn turn_input(c: &Connection, id: &str, turn: i64) -> Result<String, StoreError>
 /// The session's active turn, when its transition is not committed yet.
 pub fn pending_in(c: &Connection, id: &str) -> Result<Option<PendingUnderstanding>, StoreError> {
     let meta = facts::load_meta(c, id)?;
-    let Some(turn) = meta.active_turn else { return Ok(None) };
+    let Some(turn) = meta.runtime.active_turn else { return Ok(None) };
     if recorded(c, id, turn)? {
         return Ok(None);
     }
     Ok(Some(PendingUnderstanding {
         turn,
         text: turn_input(c, id, turn)?,
-        preprocess: meta.preprocess,
-        session_goal: meta.session_goal,
-        phase_goal: meta.phase_goal,
+        preprocess: meta.config.preprocess,
+        session_goal: meta.task.session_goal,
+        phase_goal: meta.task.phase_goal,
     }))
 }
 
@@ -167,12 +159,13 @@ pub fn prepares_capabilities(mode: TransitionMode, understanding_on: bool) -> bo
 /// The active turn's committed transition, when it prepares capabilities and its
 /// orchestration has not finished (its process died in between): what to prepare again.
 pub fn unprepared_in(c: &Connection, id: &str) -> Result<Option<Transition>, StoreError> {
-    let meta = facts::load_meta(c, id)?;
-    let Some(turn) = meta.active_turn else { return Ok(None) };
+    let config = crate::session::config::config_in(c, id)?;
+    let runtime = crate::session::facts::runtime_in(c, id)?;
+    let Some(turn) = runtime.active_turn else { return Ok(None) };
     let Some(t) = select(c, id, Some(turn))?.pop() else {
         return Ok(None);
     };
-    if !prepares_capabilities(t.mode, meta.preprocess.is_some()) {
+    if !prepares_capabilities(t.mode, config.preprocess.is_some()) {
         return Ok(None);
     }
     let done = super::capabilities::of_turn_in(c, id, turn)?.is_some_and(|o| o.done);
@@ -193,16 +186,17 @@ pub fn commit_in(
     if recorded(c, id, turn)? {
         return Ok(None);
     }
-    let meta = facts::load_meta(c, id)?;
+    let config = crate::session::config::config_in(c, id)?;
+    let task = crate::session::task::task_in(c, id)?;
     let text = turn_input(c, id, turn)?;
     let relation = understood.understanding.as_ref().map(|u| u.task_relation);
-    let mode = understood.mode(meta.phase_goal.as_deref());
+    let mode = understood.mode(task.phase_goal.as_deref());
     let (session_goal, phase_goal) = match mode {
         TransitionMode::Initialize => {
-            (Some(meta.session_goal.clone().unwrap_or_else(|| text.clone())), Some(text))
+            (Some(task.session_goal.clone().unwrap_or_else(|| text.clone())), Some(text))
         }
-        TransitionMode::Reconcile => (meta.session_goal.clone(), Some(text)),
-        TransitionMode::Keep => (meta.session_goal.clone(), meta.phase_goal.clone()),
+        TransitionMode::Reconcile => (task.session_goal.clone(), Some(text)),
+        TransitionMode::Keep => (task.session_goal.clone(), task.phase_goal.clone()),
     };
     if mode != TransitionMode::Keep {
         c.prepare_cached(
@@ -247,7 +241,7 @@ pub fn commit_in(
         id,
         &SessionEvent::TaskTransition { turn, relation, mode, error: understood.error.clone() },
     )?;
-    if prepares_capabilities(mode, meta.preprocess.is_some()) {
+    if prepares_capabilities(mode, config.preprocess.is_some()) {
         // Capability preparation: its recall (made before this commit) is recorded here; with
         // no candidates it is finished here too — otherwise the Orchestrator's call follows,
         // and its commit applies the environment.

@@ -73,7 +73,7 @@ pub fn begin_turn_in(c: &Connection, id: &str) -> Result<Option<TurnStart>, Stor
     }
     // With task understanding on, the runner makes the call and commits the transition
     // next; without it, the transition (the fixed table on no answer) commits here.
-    let understand = !notification && transition::preprocess_on(c, id)?;
+    let understand = !notification && super::config::preprocess_on(c, id)?;
     if understand {
         events::append(c, id, &SessionEvent::UnderstandingStarted { turn, resumed: false })?;
     } else {
@@ -112,7 +112,7 @@ fn inbox_in(
     if text.trim().is_empty() {
         return Err(StoreError::Input("an input must say something: this one is empty".into()));
     }
-    let meta = facts::load_meta(c, id)?;
+    let runtime = crate::session::facts::runtime_in(c, id)?;
     let seq: i64 = c
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM inbox WHERE session_id=?1")?
         .query_row([id], |r| r.get(0))?;
@@ -122,9 +122,9 @@ fn inbox_in(
     .execute(params![id, seq, text, now_ms(), event])?;
     events::append(c, id, &SessionEvent::InputAccepted { inbox_seq: seq, text: text.to_string() })?;
     // A compaction in progress keeps its state; the input is taken after it.
-    if meta.active_turn.is_none()
-        && !matches!(meta.state, RuntimeState::Running | RuntimeState::Compressing)
-        && (wakes_interrupted || meta.state != RuntimeState::Interrupted)
+    if runtime.active_turn.is_none()
+        && !matches!(runtime.state, RuntimeState::Running | RuntimeState::Compressing)
+        && (wakes_interrupted || runtime.state != RuntimeState::Interrupted)
     {
         facts::set_state(c, id, RuntimeState::PreparingContext, None)?;
     }
@@ -210,24 +210,29 @@ fn commit_step(
 impl SessionEngine {
     /// Appends an input to the durable inbox; returns its sequence number. Committed before
     /// anything runs.
-    pub async fn submit(&self, id: &str, text: &str) -> Result<i64, StoreError> {
-        let (id, text) = (id.to_string(), text.to_string());
+    pub async fn submit(&self, id: &SessionId, text: &str) -> Result<i64, StoreError> {
+        let (id, text) = (id.clone(), text.to_string());
         self.db.run(move |c| submit_in(c, &id, &text)).await
     }
 
     /// Takes the oldest unconsumed input: marks it consumed, appends it to history as the user
     /// message of a new turn and clears an interrupt request — and, for a session without
     /// task understanding, commits the turn's transition. One transaction.
-    pub async fn begin_turn(&self, id: &str) -> Result<Option<TurnStart>, StoreError> {
-        let id = id.to_string();
+    pub async fn begin_turn(&self, id: &SessionId) -> Result<Option<TurnStart>, StoreError> {
+        let id = id.clone();
         self.db.run(move |c| begin_turn_in(c, &id)).await
     }
 
     /// Records that a runner took over turn `turn` of session `id` from one that stopped, and
     /// is about to make `again` once more: its `…_started` event (`resumed`), and for a model
     /// call the `running` state, in one transaction.
-    pub async fn resume_turn(&self, id: &str, turn: i64, again: Again) -> Result<(), StoreError> {
-        let id = id.to_string();
+    pub async fn resume_turn(
+        &self,
+        id: &SessionId,
+        turn: i64,
+        again: Again,
+    ) -> Result<(), StoreError> {
+        let id = id.clone();
         self.db
             .run(move |c| {
                 let event = match again {
@@ -235,11 +240,11 @@ impl SessionEngine {
                         SessionEvent::UnderstandingStarted { turn, resumed: true }
                     }
                     Again::ModelCall => {
-                        let meta = facts::load_meta(c, &id)?;
-                        if meta.state != RuntimeState::Running {
+                        let runtime = crate::session::facts::runtime_in(c, &id)?;
+                        if runtime.state != RuntimeState::Running {
                             facts::set_state(c, &id, RuntimeState::Running, None)?;
                         }
-                        SessionEvent::ModelCallStarted { step: meta.steps + 1, resumed: true }
+                        SessionEvent::ModelCallStarted { step: runtime.steps + 1, resumed: true }
                     }
                 };
                 events::append(c, &id, &event).map(|_| ())
@@ -248,38 +253,38 @@ impl SessionEngine {
     }
 
     /// Whether inputs are waiting in the inbox.
-    pub async fn has_pending_input(&self, id: &str) -> Result<bool, StoreError> {
-        let id = id.to_string();
+    pub async fn has_pending_input(&self, id: &SessionId) -> Result<bool, StoreError> {
+        let id = id.clone();
         self.db.read_inline(move |c| facts::pending_inputs(c, &id).map(|n| n > 0)).await
     }
 
     /// Sets the runtime state (with an optional detail shown to the user).
     pub async fn set_state(
         &self,
-        id: &str,
+        id: &SessionId,
         state: RuntimeState,
         detail: Option<String>,
     ) -> Result<(), StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db.run(move |c| facts::set_state(c, &id, state, detail.as_deref())).await
     }
 
     /// Records that the user asked to interrupt the session's running turn.
-    pub async fn request_interrupt(&self, id: &str) -> Result<RuntimeState, StoreError> {
-        let id = id.to_string();
+    pub async fn request_interrupt(&self, id: &SessionId) -> Result<RuntimeState, StoreError> {
+        let id = id.clone();
         self.db
             .run(move |c| {
-                let meta = facts::load_meta(c, &id)?;
+                let runtime = crate::session::facts::runtime_in(c, &id)?;
                 c.execute("UPDATE sessions SET interrupt_requested=1 WHERE id=?1", [&id])?;
-                Ok(meta.state)
+                Ok(runtime.state)
             })
             .await
     }
 
     /// Whether an interrupt was requested.
     /// A read (it never queues behind the writer): runners poll it often.
-    pub async fn interrupt_requested(&self, id: &str) -> Result<bool, StoreError> {
-        let id = id.to_string();
+    pub async fn interrupt_requested(&self, id: &SessionId) -> Result<bool, StoreError> {
+        let id = id.clone();
         self.db
             .read_inline(move |c| {
                 Ok(c.prepare_cached("SELECT interrupt_requested FROM sessions WHERE id=?1")?
@@ -291,8 +296,8 @@ impl SessionEngine {
     /// Commits a step whose tools were all safe to re-run: the request evidence, the assistant
     /// message and every tool result (as pairs, in the model's order), the journal rows and
     /// the new state — one transaction.
-    pub async fn commit_step(&self, id: &str, step: StepCommit) -> Result<(), StoreError> {
-        let id = id.to_string();
+    pub async fn commit_step(&self, id: &SessionId, step: StepCommit) -> Result<(), StoreError> {
+        let id = id.clone();
         let stored = self.stored.clone();
         let evidence = step.evidence.clone();
         self.db.run(move |c| commit_step(c, &id, &step, &stored)).await?;
@@ -307,13 +312,13 @@ impl SessionEngine {
     /// a refused one) — one transaction, before any of them runs.
     pub async fn open_step(
         &self,
-        id: &str,
+        id: &SessionId,
         turn: i64,
         evidence: Assembled,
         assistant: String,
         entries: Vec<JournalEntry>,
     ) -> Result<(), StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         let stored = self.stored.clone();
         let recorded = evidence.clone();
         self.db
@@ -328,8 +333,8 @@ impl SessionEngine {
     }
 
     /// The session's open step (committed, not finished), if any.
-    pub async fn load_open_step(&self, id: &str) -> Result<Option<OpenStep>, StoreError> {
-        let id = id.to_string();
+    pub async fn load_open_step(&self, id: &SessionId) -> Result<Option<OpenStep>, StoreError> {
+        let id = id.clone();
         self.db.read_inline(move |c| steps::load_open_step(c, &id)).await
     }
 
@@ -337,12 +342,12 @@ impl SessionEngine {
     /// with `consume`, the approval the call uses is consumed in the same transaction.
     pub async fn commit_progress(
         &self,
-        id: &str,
+        id: &SessionId,
         step: i64,
         entries: Vec<JournalEntry>,
         consume: Option<UnitId>,
     ) -> Result<Option<ConsumedApproval>, StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         self.db.run(move |c| steps::progress_in(c, &id, step, &entries, consume.as_deref())).await
     }
 
@@ -350,24 +355,24 @@ impl SessionEngine {
     /// process stopped; `None` when the unit is not consumed by that call.
     pub async fn consumed_approval(
         &self,
-        id: &str,
+        id: &SessionId,
         unit: &str,
         call_id: &str,
     ) -> Result<Option<ConsumedApproval>, StoreError> {
-        let (id, unit, call_id) = (id.to_string(), unit.to_string(), call_id.to_string());
+        let (id, unit, call_id) = (id.clone(), unit.to_string(), call_id.to_string());
         self.db.run(move |c| steps::consumed_by(c, &id, &unit, &call_id)).await
     }
 
     /// Persists the approval units of a blocked step and sets `waiting_approval`; the runner
     /// then exits.
-    pub async fn commit_wait(&self, id: &str, wait: WaitCommit) -> Result<(), StoreError> {
-        let id = id.to_string();
+    pub async fn commit_wait(&self, id: &SessionId, wait: WaitCommit) -> Result<(), StoreError> {
+        let id = id.clone();
         self.db.run(move |c| steps::wait_in(c, &id, &wait)).await
     }
 
     /// Closes the session's turn as interrupted (see [`close_turn_in`]).
-    pub async fn close_turn(&self, id: &str, why: &str) -> Result<usize, StoreError> {
-        let (id, why) = (id.to_string(), why.to_string());
+    pub async fn close_turn(&self, id: &SessionId, why: &str) -> Result<usize, StoreError> {
+        let (id, why) = (id.clone(), why.to_string());
         self.db.run(move |c| close_turn_in(c, &id, &why)).await
     }
 
@@ -376,12 +381,12 @@ impl SessionEngine {
     /// `failed` with `error` — one transaction. Returns the refused request's number.
     pub async fn refuse_step(
         &self,
-        id: &str,
+        id: &SessionId,
         request: Assembled,
         http_status: Option<u16>,
         error: String,
     ) -> Result<i64, StoreError> {
-        let id = id.to_string();
+        let id = id.clone();
         let stored = self.stored.clone();
         let recorded = request.clone();
         let seq = self

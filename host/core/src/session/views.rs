@@ -262,25 +262,25 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         .query_map([id], |r| Ok(TimelineCall { step: r.get(0)?, entry: journal_row(r, 1)? }))?
         .collect::<Result<Vec<_>, _>>()?;
     let approvals = super::approvals::approvals_of(c, Some(id), false)?;
-    let user = meta.user();
+    let user = meta.config.user();
     Ok(Timeline {
         id: id.to_string(),
-        state: meta.state,
-        state_detail: meta.state_detail,
-        session_goal: meta.session_goal,
-        phase_goal: meta.phase_goal,
+        state: meta.runtime.state,
+        state_detail: meta.runtime.state_detail,
+        session_goal: meta.task.session_goal,
+        phase_goal: meta.task.phase_goal,
         transitions: super::transition::of_session(c, id)?,
-        plan: meta.plan,
+        plan: meta.task.plan,
         plan_history: super::plan::history_in(c, id)?,
         user,
-        loaded_tools: meta.loaded_tools,
-        tool_pins: meta.tool_pins,
+        loaded_tools: meta.capabilities.loaded_tools,
+        tool_pins: meta.capabilities.tool_pins,
         capabilities: super::capabilities::of_session(c, id)?,
         orchestrations: super::capabilities::orchestrations_in(c, id)?,
-        context_start: meta.context_start,
+        context_start: meta.runtime.context_start,
         checkpoints: super::compaction::checkpoints_in(c, id)?,
-        grants: meta.grants,
-        net: meta.net.lines(),
+        grants: meta.config.grants,
+        net: meta.config.net.lines(),
         messages,
         tool_calls,
         approvals,

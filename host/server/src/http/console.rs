@@ -308,13 +308,13 @@ async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure>
         "items": items,
         "evidence": evidence,
         "pending_inputs": t["pending_inputs"],
-        "grants": keel::api::shown::grants(&v.who(), &meta.grants),
-        "net": meta.net.lines(),
-        "loaded_tools": meta.loaded_tools,
-        "user": meta.user(),
-        "owner": meta.owner,
+        "grants": keel::api::shown::grants(&v.who(), &meta.config.grants),
+        "net": meta.config.net.lines(),
+        "loaded_tools": meta.capabilities.loaded_tools,
+        "user": meta.config.user(),
+        "owner": meta.config.owner,
         "last_event": last_event,
-        "live": !matches!(meta.state, keel::session::RuntimeState::Idle | keel::session::RuntimeState::Failed),
+        "live": !matches!(meta.runtime.state, keel::session::RuntimeState::Idle | keel::session::RuntimeState::Failed),
     }))
 }
 
@@ -363,7 +363,7 @@ async fn files_page(
         let meta = app.harness.session(&v.who(), &id).await?;
         let listing = match q.grant {
             Some(grant) => {
-                let grants = meta.grants.clone();
+                let grants = meta.config.grants.clone();
                 let path = q.path.unwrap_or_default();
                 let l =
                     tokio::task::spawn_blocking(move || super::files::list(&grants, &grant, &path))
@@ -381,7 +381,7 @@ async fn files_page(
             &app,
             &v,
             "files.html",
-            json!({"id": id, "grants": keel::api::shown::grants(&v.who(), &meta.grants), "listing": listing, "parent": parent}),
+            json!({"id": id, "grants": keel::api::shown::grants(&v.who(), &meta.config.grants), "listing": listing, "parent": parent}),
         ))
     }
     .await;

@@ -6,6 +6,7 @@
 //! durable before it runs, it runs as a step's call runs, and its result is built by the same
 //! builder. It is journaled as a step of its own ([`crate::session::DIRECT_CALL_PREFIX`]).
 
+use crate::ids::SessionId;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -58,7 +59,7 @@ impl AgentService {
         F: FnOnce(ApprovalUnit) -> Fut,
         Fut: Future<Output = Option<(Decision, Option<String>)>>,
     {
-        let id = meta.id.as_str();
+        let id = &meta.id;
         let seed =
             format!("{id}\u{1f}{tool}\u{1f}{}\u{1f}{:?}", now_ms(), std::time::Instant::now());
         let hash = blake3::hash(seed.as_bytes()).to_hex();
@@ -85,6 +86,7 @@ impl AgentService {
         let mut consume = None;
         if asked_about {
             let why = match meta
+                .config
                 .policy
                 .decide(&slot.call.name, slot.effect.unwrap_or(Effect::Destructive))
             {
@@ -145,7 +147,7 @@ impl AgentService {
             approval = self.engine.commit_progress(id, step, vec![slot.entry(0)], consume).await?;
             crate::crash::point("after_intent");
         }
-        let cap = meta.guards.as_ref().unwrap_or(&self.guards).result_cap;
+        let cap = meta.config.guards.as_ref().unwrap_or(&self.guards).result_cap;
         let job = CallJob {
             tools: self.tools.clone(),
             db: self.engine.db().clone(),
@@ -158,7 +160,7 @@ impl AgentService {
             delegation: Arc::new(crate::session::SessionDelegation::new(
                 self.engine.db().clone(),
                 id.to_string(),
-                meta.grants.clone(),
+                meta.config.grants.clone(),
             )),
         };
         let (outcome, raw) = run_raw(job, cap).instrument(call_span(step, &slot.call)).await;
@@ -173,7 +175,7 @@ impl AgentService {
 /// The end of a direct call: its final row and the `idle` state, in one commit.
 struct Done<'a> {
     agent: &'a AgentService,
-    id: &'a str,
+    id: &'a SessionId,
     step: i64,
     ran: bool,
     ask_reason: Option<String>,
@@ -185,7 +187,10 @@ impl Done<'_> {
         slot: Slot,
         output: Option<serde_json::Value>,
     ) -> Result<DirectCall, StoreError> {
-        self.agent.engine.finish_direct(self.id, self.step, slot.entry(0)).await?;
+        self.agent
+            .engine
+            .finish_direct(self.id, self.step, slot.entry(0))
+            .await?;
         let result = slot.outcome.map(|o| o.result).unwrap_or_default();
         Ok(DirectCall {
             step: self.step,

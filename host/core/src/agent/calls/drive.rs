@@ -33,7 +33,7 @@ pub(super) async fn drive(
         Arc::new(crate::session::SessionDelegation::new(
             agent.engine().db().clone(),
             id.to_string(),
-            meta.grants.clone(),
+            meta.config.grants.clone(),
         ));
     let semaphore = Arc::new(Semaphore::new(agent.guards.max_parallel.max(1)));
     let mut wrote = false;
@@ -216,23 +216,26 @@ async fn execute(job: CallJob) -> Result<CallOutcome, ToolServiceError> {
     let req = CallRequest {
         tool: &call.name,
         input: &call.arguments,
-        grants: &meta.grants,
-        net: &meta.net,
-        budget: meta.budget.clone(),
+        grants: &meta.config.grants,
+        net: &meta.config.net,
+        budget: meta.config.budget.clone(),
         cancel: Some(cancel),
-        loaded: Some(&meta.loaded_tools),
-        policy: Some(&meta.policy),
+        loaded: Some(&meta.capabilities.loaded_tools),
+        policy: Some(&meta.config.policy),
         approval: approval.as_ref(),
         control: Some(crate::control::ControlSession {
-            plan: crate::session::plan_state(&meta),
-            discovery: Some(Arc::new(crate::session::SessionDiscovery::new(db, meta.user()))),
+            plan: meta.task.plan_state(),
+            discovery: Some(Arc::new(crate::session::SessionDiscovery::new(
+                db,
+                meta.config.user(),
+            ))),
             delegation: Some(delegation),
         }),
     };
     // The version the session pinned when it loaded the tool (kept after an upgrade).
     let resolved = match resolved {
         Some(r) => r,
-        None => tools.resolve_pinned(&call.name, &meta.tool_pins)?,
+        None => tools.resolve_pinned(&call.name, &meta.capabilities.tool_pins)?,
     };
     tools.call_as(req, Some(resolved)).await
 }
@@ -263,7 +266,7 @@ pub(super) async fn run_raw(
         .and_then(|c| serde_json::to_string(c).ok());
     let control = outcome.as_ref().map(|o| o.report.control_requests.clone()).unwrap_or_default();
     // Redacted before the result is journaled, put in the history or shown to anyone.
-    let result = ToolResult::of(&outcome, cap, &meta.policy);
+    let result = ToolResult::of(&outcome, cap, &meta.config.policy);
     let net = outcome.as_ref().ok().and_then(|o| net_records(&o.report.net));
     (Outcome { result, changes, ms, control, net }, outcome)
 }

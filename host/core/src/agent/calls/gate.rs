@@ -42,7 +42,7 @@ pub(super) fn gate(
             // The approval binds (call id, component digest, input digest).
             let current = agent
                 .tools
-                .resolve_pinned(&s.call.name, &meta.tool_pins)
+                .resolve_pinned(&s.call.name, &meta.capabilities.tool_pins)
                 .ok()
                 .map(|r| r.digest.clone());
             let bound = u.call_id == s.call.id
@@ -89,13 +89,15 @@ pub(super) async fn wait(
             Some(u) => waiting.push(u.id.clone()),
             None => {
                 // The unit binds the component that would run now.
-                if let Ok(r) = agent.tools.resolve_pinned(&slot.call.name, &meta.tool_pins)
+                if let Ok(r) =
+                    agent.tools.resolve_pinned(&slot.call.name, &meta.capabilities.tool_pins)
                     && slot.digest.as_deref() != Some(r.digest.as_str())
                 {
                     slot.digest = Some(r.digest.clone());
                     slot.durable = false;
                 }
                 let why = match meta
+                    .config
                     .policy
                     .decide(&slot.call.name, slot.effect.unwrap_or(Effect::Destructive))
                 {

@@ -184,9 +184,9 @@ pub(in crate::agent) fn can_progress(meta: &SessionMeta, open: &OpenStep) -> boo
     else {
         return true;
     };
-    let asked = first
-        .effect
-        .is_some_and(|e| matches!(meta.policy.decide(&first.tool, e), PolicyDecision::Ask(_)));
+    let asked = first.effect.is_some_and(|e| {
+        matches!(meta.config.policy.decide(&first.tool, e), PolicyDecision::Ask(_))
+    });
     !(asked
         && first.approval_id.is_none()
         && unit_for(&open.units, &first.call_id)

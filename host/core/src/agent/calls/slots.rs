@@ -108,10 +108,10 @@ pub(super) fn plan(
             call.arguments = if trimmed.is_empty() { "{}".to_string() } else { trimmed.to_string() };
             let (mut effect, mut digest, mut idempotent, mut resolved) = (None, None, false, None);
             if refused.is_none() {
-                if !meta.loaded_tools.contains(&call.name) {
+                if !meta.capabilities.loaded_tools.contains(&call.name) {
                     refused = Some(error_outcome(
                         FailureKind::UnknownTool,
-                        &format!("there is no tool `{}` in this session; available tools: {}", call.name, meta.loaded_tools.join(", ")),
+                        &format!("there is no tool `{}` in this session; available tools: {}", call.name, meta.capabilities.loaded_tools.join(", ")),
                     ));
                 } else if let Err(e) = serde_json::from_str::<serde_json::Value>(&call.arguments) {
                     refused = Some(if cut {
@@ -122,9 +122,9 @@ pub(super) fn plan(
                 } else {
                     let found = match catalog {
                         Some(at) => at
-                            .get_pinned(&call.name, &meta.tool_pins)
+                            .get_pinned(&call.name, &meta.capabilities.tool_pins)
                             .ok_or_else(|| tools.not_installed(&call.name)),
-                        None => tools.resolve_pinned(&call.name, &meta.tool_pins),
+                        None => tools.resolve_pinned(&call.name, &meta.capabilities.tool_pins),
                     };
                     match found {
                         Ok(r) => {
@@ -132,7 +132,7 @@ pub(super) fn plan(
                             effect = Some(r.record.effect);
                             digest = Some(r.digest.clone());
                             idempotent = r.record.idempotent;
-                            match meta.policy.decide(&call.name, r.record.effect) {
+                            match meta.config.policy.decide(&call.name, r.record.effect) {
                                 PolicyDecision::Deny(why) => {
                                     refused = Some(error_outcome(FailureKind::Denied, &why));
                                 }
@@ -169,7 +169,9 @@ pub(super) fn plan(
 
 /// Whether the policy asks about this slot's call.
 pub(super) fn asks(meta: &SessionMeta, s: &Slot) -> bool {
-    s.effect.is_some_and(|e| matches!(meta.policy.decide(&s.call.name, e), PolicyDecision::Ask(_)))
+    s.effect.is_some_and(|e| {
+        matches!(meta.config.policy.decide(&s.call.name, e), PolicyDecision::Ask(_))
+    })
 }
 
 /// Whether a slot must run alone, through the journal (side-effecting or asked about).

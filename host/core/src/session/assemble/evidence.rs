@@ -224,7 +224,8 @@ pub fn estimate_tokens(bytes: i64, calibration: Option<(i64, i64)>) -> TokenEsti
 /// request), calibrated by the last reported usage. Without any request yet, the history and
 /// the session's system prompt.
 pub fn token_estimate(c: &Connection, id: &str) -> Result<TokenEstimate, StoreError> {
-    let meta = crate::session::facts::load_meta(c, id)?;
+    let config = crate::session::config::config_in(c, id)?;
+    let runtime = crate::session::facts::runtime_in(c, id)?;
     let last: Option<(Option<i64>, i64, i64)> = c
         .prepare_cached(
             "SELECT body_bytes, history_from, history_to FROM evidence WHERE session_id=?1
@@ -232,23 +233,25 @@ pub fn token_estimate(c: &Connection, id: &str) -> Result<TokenEstimate, StoreEr
         )?
         .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
-    let summary = meta.checkpoint.as_ref().map_or(0, |cp| {
+    let summary = runtime.checkpoint.as_ref().map_or(0, |cp| {
         (cp.summary.render(cp.to).len() + cp.anchor.as_ref().map_or(0, |a| a.1.len())) as i64
     });
     let (base, after) = match last {
         // A compaction since the last request: its messages up to the context start are no
         // longer sent; the summary (and anchor) are.
-        Some((Some(bytes), from, to)) if from <= meta.context_start => {
+        Some((Some(bytes), from, to)) if from <= runtime.context_start => {
             let (gone,): (i64,) = c
                 .prepare_cached(
                     "SELECT COALESCE(SUM(LENGTH(CAST(body AS BLOB))), 0) FROM messages
                      WHERE session_id=?1 AND seq>=?2 AND seq<=?3",
                 )?
-                .query_row(params![id, from, meta.context_start.min(to)], |r| Ok((r.get(0)?,)))?;
-            ((bytes - gone + summary).max(0), to.max(meta.context_start))
+                .query_row(params![id, from, runtime.context_start.min(to)], |r| {
+                    Ok((r.get(0)?,))
+                })?;
+            ((bytes - gone + summary).max(0), to.max(runtime.context_start))
         }
-        Some((Some(bytes), _, to)) => (bytes, to.max(meta.context_start)),
-        _ => (meta.system_prompt.len() as i64 + 64 + summary, meta.context_start),
+        Some((Some(bytes), _, to)) => (bytes, to.max(runtime.context_start)),
+        _ => (config.system_prompt.len() as i64 + 64 + summary, runtime.context_start),
     };
     let (since, count): (i64, i64) = c
         .prepare_cached(

@@ -71,7 +71,8 @@ pub fn spawn_in(
     }
     let pos = position_in(c, parent)?
         .ok_or_else(|| StoreError::Input(format!("session `{parent}` is not in a workgroup")))?;
-    let meta = facts::load_meta(c, parent)?;
+    let capabilities = crate::session::capabilities::capabilities_in(c, parent)?;
+    let config = crate::session::config::config_in(c, parent)?;
     let (preprocess, tools): (Option<String>, String) = c
         .prepare_cached("SELECT preprocess, tools FROM workgroups WHERE main_id=?1")?
         .query_row([&pos.main_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
@@ -88,19 +89,19 @@ pub fn spawn_in(
         id: Some(spawn.child.clone()),
         grants: spawn.grants.clone(),
         // A child reaches what its parent may reach on the network, no more.
-        net: meta.net.clone(),
+        net: config.net.clone(),
         tools: tools.clone(),
-        policy: meta.policy.clone(),
-        budget: meta.budget.clone(),
-        model: meta.model.clone(),
-        system_prompt: meta.system_prompt.clone(),
-        guards: meta.guards.clone(),
+        policy: config.policy.clone(),
+        budget: config.budget.clone(),
+        model: config.model.clone(),
+        system_prompt: config.system_prompt.clone(),
+        guards: config.guards.clone(),
         preprocess,
-        user: meta.user.clone(),
+        user: config.user.clone(),
         named_tools: false,
-        owner: meta.owner.clone(),
+        owner: config.owner.clone(),
         // The child runs the versions its workgroup pinned.
-        pins: meta.tool_pins.clone(),
+        pins: capabilities.tool_pins.clone(),
     };
     crate::session::create_in(c, &spawn.child, &new)?;
     let now = now_ms();

@@ -116,7 +116,7 @@ pub(super) async fn files(
 ) -> Result<Json<crate::http::files::Listing>, Failure> {
     let meta = app.harness.session(&caller.who(), &id).await?;
     let path = q.path.unwrap_or_default();
-    let grants = meta.grants.clone();
+    let grants = meta.config.grants.clone();
     let listing =
         tokio::task::spawn_blocking(move || crate::http::files::list(&grants, &q.grant, &path))
             .await

@@ -386,7 +386,7 @@ async fn create_session(
     };
     let id = create_for(&app, &caller, request).await?;
     let seq = app.harness.queue(&caller.who(), &id, &req.input).await?;
-    let state = app.harness.session(&caller.who(), &id).await?.state.to_string();
+    let state = app.harness.session(&caller.who(), &id).await?.runtime.state.to_string();
     app.run_in_background(id.to_string());
     Ok((
         StatusCode::ACCEPTED,
@@ -482,7 +482,7 @@ pub(crate) async fn queue_and_run(
     text: &str,
 ) -> Result<Accepted, Failure> {
     let seq = app.harness.queue(who, id, text).await?;
-    let state = app.harness.session(who, id).await?.state.to_string();
+    let state = app.harness.session(who, id).await?.runtime.state.to_string();
     app.run_in_background(id.to_string());
     Ok(Accepted { session_id: id.to_string(), state, inbox_seq: seq })
 }

@@ -1,0 +1,120 @@
+//! The session's configuration: what it was created with and keeps — grants, network grants,
+//! policy, budget, model, system prompt, loop guards, task-understanding settings, the user it
+//! works for and who owns it. Written once, by the creation transaction ([`super::create_in`]);
+//! read here.
+
+use rusqlite::{Connection, OptionalExtension};
+use serde::Serialize;
+
+use crate::grant::DirId;
+use crate::model::ModelConfig;
+use crate::policy::Policy;
+use crate::sandbox::{Access, Budget, Grant};
+use crate::store::StoreError;
+
+use super::facts::{no_session, parse};
+
+/// A session's configuration (see the module's documentation).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionConfig {
+    /// The session's settings for task understanding (`None`: off).
+    pub preprocess: Option<crate::understand::PreprocessConfig>,
+    /// The user the session works for: its long-term memory is theirs (`None`: a session
+    /// created before users were; see [`user`](Self::user)).
+    pub user: Option<String>,
+    /// Who created the session over the HTTP API (`None`: a local front-end did).
+    pub owner: Option<crate::caller::Owner>,
+    pub policy: Policy,
+    pub budget: Budget,
+    pub model: ModelConfig,
+    pub system_prompt: String,
+    /// The session's loop guards (`None`: those of the harness that runs its turns).
+    pub guards: Option<super::LoopGuards>,
+    pub grants: Vec<Grant>,
+    /// Where the session's tools may send HTTP requests, and the secrets bound there (fixed at
+    /// creation, like `grants`).
+    pub net: crate::sandbox::net::NetGrants,
+}
+
+impl SessionConfig {
+    /// The user the session works for (the operating-system user for a session created
+    /// before sessions had users).
+    pub fn user(&self) -> String {
+        self.user.clone().unwrap_or_else(crate::memory::default_user)
+    }
+}
+
+/// The configuration of session `id`.
+pub fn config_in(c: &Connection, id: &str) -> Result<SessionConfig, StoreError> {
+    let ((policy, budget, model, system), (guards, user, owner, net, preprocess)) = c
+        .prepare_cached(
+            "SELECT policy, budget, model, system_prompt, guards, user, owner, net, preprocess
+             FROM session_config WHERE session_id=?1",
+        )?
+        .query_row([id], |r| {
+            Ok((
+                (
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                ),
+                (
+                    r.get::<_, Option<String>>(4)?,
+                    r.get::<_, Option<String>>(5)?,
+                    r.get::<_, Option<String>>(6)?,
+                    r.get::<_, Option<String>>(7)?,
+                    r.get::<_, Option<String>>(8)?,
+                ),
+            ))
+        })
+        .optional()?
+        .ok_or_else(|| no_session(id))?;
+    Ok(SessionConfig {
+        preprocess: preprocess.map(|p| parse(&p, "task understanding settings")).transpose()?,
+        user,
+        owner: owner.map(|o| parse(&o, "session owner")).transpose()?,
+        policy: parse(&policy, "policy")?,
+        budget: parse(&budget, "budget")?,
+        model: parse(&model, "model config")?,
+        system_prompt: system,
+        guards: guards.map(|g| parse(&g, "loop guards")).transpose()?,
+        grants: grants_in(c, id)?,
+        net: net.map(|n| parse(&n, "network grants")).transpose()?.unwrap_or_default(),
+    })
+}
+
+/// The directories granted to session `id`, by guest path.
+fn grants_in(c: &Connection, id: &str) -> Result<Vec<Grant>, StoreError> {
+    let mut stmt = c.prepare_cached(
+        "SELECT host, guest, access, dev, ino, within FROM session_grants WHERE session_id=?1 ORDER BY guest",
+    )?;
+    stmt.query_map([id], |r| {
+        let (dev, ino) = (r.get::<_, Option<i64>>(3)?, r.get::<_, Option<i64>>(4)?);
+        Ok((
+            Grant {
+                host: r.get::<_, String>(0)?.into(),
+                guest: r.get(1)?,
+                access: if r.get::<_, String>(2)? == "rw" { Access::Rw } else { Access::Ro },
+                id: dev.zip(ino).map(|(dev, ino)| DirId { dev: dev as u64, ino: ino as u64 }),
+                within: None,
+            },
+            r.get::<_, Option<String>>(5)?,
+        ))
+    })?
+    .collect::<Result<Vec<_>, _>>()?
+    .into_iter()
+    .map(|(mut g, within)| {
+        g.within = within.map(|w| parse(&w, "a grant's directory")).transpose()?;
+        Ok(g)
+    })
+    .collect()
+}
+
+/// Whether session `id` has task understanding on (false for a session that does not exist).
+pub fn preprocess_on(c: &Connection, id: &str) -> Result<bool, StoreError> {
+    Ok(c.prepare_cached("SELECT preprocess IS NOT NULL FROM session_config WHERE session_id=?1")?
+        .query_row([id], |r| r.get(0))
+        .optional()?
+        .unwrap_or(false))
+}
