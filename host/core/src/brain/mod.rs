@@ -502,8 +502,7 @@ impl RunnerTasks {
                     since_beat = Duration::ZERO;
                     let _ = brain.heartbeat(&id).await;
                 }
-                if brain.engine().interrupt_requested(&id).await.unwrap_or(false)
-                {
+                if brain.engine().interrupt_requested(&id).await.unwrap_or(false) {
                     cancel.cancel();
                 }
             }

@@ -46,7 +46,9 @@ impl Brain {
     /// session.
     pub async fn workgroup_of(&self, id: &SessionId) -> Result<Option<SessionId>, StoreError> {
         let id = id.clone();
-        self.db.read_inline(move |c| Ok(workgroup::position_in(c, &id)?.map(|p| p.main_id.into()))).await
+        self.db
+            .read_inline(move |c| Ok(workgroup::position_in(c, &id)?.map(|p| p.main_id.into())))
+            .await
     }
 
     /// Stops session `id` and every live session below it (`reason`: a limit, which makes a

@@ -187,10 +187,7 @@ impl Done<'_> {
         slot: Slot,
         output: Option<serde_json::Value>,
     ) -> Result<DirectCall, StoreError> {
-        self.agent
-            .engine
-            .finish_direct(self.id, self.step, slot.entry(0))
-            .await?;
+        self.agent.engine.finish_direct(self.id, self.step, slot.entry(0)).await?;
         let result = slot.outcome.map(|o| o.result).unwrap_or_default();
         Ok(DirectCall {
             step: self.step,
