@@ -51,7 +51,11 @@ use std::fmt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-pub use schemars::{self, JsonSchema};
+/// Derives the JSON Schema of a tool's input or output type from its fields and doc comments
+/// (`serde` and `schemars` attributes apply). It needs no dependency besides `keel-sdk`; the
+/// trait it implements is [`schemars::JsonSchema`].
+pub use keel_sdk_macros::JsonSchema;
+pub use schemars;
 pub use serde_json;
 
 /// Bindings generated from keel's WIT contract. Used by [`export_tools!`]; not part of the
@@ -60,7 +64,7 @@ pub use serde_json;
 #[allow(unsafe_code, missing_docs, clippy::all)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "wit",
         world: "keel:tool/tool",
         pub_export_macro: true,
         export_macro_name: "__export_keel_tool",
@@ -171,8 +175,8 @@ impl Tool {
         run: F,
     ) -> Self
     where
-        I: DeserializeOwned + JsonSchema,
-        O: Serialize + JsonSchema,
+        I: DeserializeOwned + schemars::JsonSchema,
+        O: Serialize + schemars::JsonSchema,
         F: Fn(I) -> Result<O, ToolError> + 'static,
     {
         let handler = move |input: &str| -> Result<String, ToolError> {
@@ -206,7 +210,7 @@ impl Tool {
     }
 }
 
-fn schema_json<T: JsonSchema>() -> String {
+fn schema_json<T: schemars::JsonSchema>() -> String {
     let schema = schemars::schema_for!(T);
     serde_json::to_string(&schema).unwrap_or_else(|_| String::from("{}"))
 }

@@ -88,6 +88,9 @@ enum Command {
     /// Grant presets: named directory grants users may give their sessions over the API.
     #[command(subcommand)]
     Grant(commands::serve::GrantCommand),
+    /// Print the WIT contract a tool component implements (`keel:tool`), for any toolchain's
+    /// bindings generator.
+    Wit(commands::author::WitArgs),
 }
 
 /// Exit code of a command whose reader went away (a closed pipe: `keel … | head`), as a
@@ -168,6 +171,7 @@ fn main() -> ExitCode {
             Command::Token(cmd) => commands::serve::tokens(home, cmd).await,
             Command::Grant(cmd) => commands::serve::grants(home, cmd).await,
             Command::Secret(cmd) => commands::secret::execute(home, cmd),
+            Command::Wit(args) => commands::author::wit(args),
             Command::Skill(cmd) => commands::skill::execute(home, cmd).await,
             Command::Memory(cmd) => commands::skill::memory(home, cmd).await,
             Command::Run(args) => commands::run::execute(home, *args).await,

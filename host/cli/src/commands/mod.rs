@@ -1,6 +1,7 @@
 //! One module per command.
 
 pub mod approval;
+pub mod author;
 pub mod events;
 pub mod mcp;
 pub mod run;

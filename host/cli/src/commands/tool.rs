@@ -1,6 +1,6 @@
 //! `keel tool …`: install, list, inspect, remove and call tool components.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
@@ -18,12 +18,16 @@ pub enum ToolCommand {
     Install(InstallArgs),
     /// List installed tools.
     List(JsonArg),
-    /// Show a tool or component: description, effect, schemas, digest.
-    Inspect(NameArgs),
+    /// Show a tool or component: description, effect, schemas, digest. With --wasm FILE: what
+    /// install would accept or refuse of a component file, and why, without installing it.
+    Inspect(InspectArgs),
     /// Remove an installed component (by its name or one of its tools).
     Remove(NameArgs),
     /// Run one governed call of a tool, in the sandbox, with only the granted directories.
     Call(Box<CallArgs>),
+    /// Start a tool: a standalone project (outside any keel checkout) with a working example
+    /// tool, its test, the WIT contract and the commands to build, install and call it.
+    New(super::author::NewArgs),
 }
 
 #[derive(Args)]
@@ -61,11 +65,34 @@ pub struct NameArgs {
 }
 
 #[derive(Args)]
+pub struct InspectArgs {
+    /// Tool or component name (not with --wasm).
+    #[arg(required_unless_present = "wasm", conflicts_with = "wasm")]
+    name: Option<String>,
+    /// A component file to check as install would, without installing it.
+    #[arg(long, value_name = "FILE")]
+    wasm: Option<PathBuf>,
+    /// With --wasm: the component name to check it as (default: the file name without
+    /// `.wasm`).
+    #[arg(long = "as", value_name = "NAME", requires = "wasm")]
+    as_name: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
 pub struct CallArgs {
-    /// Tool name (see `keel tool list`).
+    /// Tool name (see `keel tool list`; with --wasm, a tool of that component).
     name: String,
-    /// Input: a JSON object matching the tool's input schema.
-    #[arg(long, default_value = "{}")]
+    /// Call a tool of this component file, not installed: the checks install makes, then the
+    /// sandbox, budgets and grants an installed tool gets. Nothing is installed (a tool
+    /// author's loop: build, call, change, build again).
+    #[arg(long, value_name = "FILE")]
+    wasm: Option<PathBuf>,
+    /// Input: a JSON object matching the tool's input schema; `@FILE` reads it from a file,
+    /// `-` from stdin.
+    #[arg(long, default_value = "{}", value_name = "JSON|@FILE|-")]
     input: String,
     /// Grant a host directory: HOST_DIR[=GUEST_PATH][:ro|:rw]. Repeatable. The guest path
     /// defaults to /NAME (the directory's name); access defaults to read-only.
@@ -81,11 +108,17 @@ pub struct CallArgs {
 }
 
 pub async fn execute(home: PathBuf, cmd: ToolCommand) -> ExitCode {
+    // Starting a project touches no keel home.
+    if let ToolCommand::New(a) = cmd {
+        return super::author::new(a);
+    }
     let json = match &cmd {
         ToolCommand::Install(a) => a.json,
         ToolCommand::List(a) => a.json,
-        ToolCommand::Inspect(a) | ToolCommand::Remove(a) => a.json,
+        ToolCommand::Inspect(a) => a.json,
+        ToolCommand::Remove(a) => a.json,
         ToolCommand::Call(a) => a.json,
+        ToolCommand::New(_) => false,
     };
     let service = match super::run::open_harness(&home).await {
         Ok((_, h)) => h,
@@ -94,9 +127,10 @@ pub async fn execute(home: PathBuf, cmd: ToolCommand) -> ExitCode {
     match cmd {
         ToolCommand::Install(a) => install(&service, a).await,
         ToolCommand::List(a) => list(&service, a.json),
-        ToolCommand::Inspect(a) => inspect(&service, a),
+        ToolCommand::Inspect(a) => inspect(&service, a).await,
         ToolCommand::Remove(a) => remove(&service, a),
         ToolCommand::Call(a) => call(&service, *a).await,
+        ToolCommand::New(a) => super::author::new(a),
     }
 }
 
@@ -184,13 +218,90 @@ fn list(service: &Harness, json_out: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn inspect(service: &Harness, a: NameArgs) -> ExitCode {
-    let (component, tools) = match service.tool(&Caller::Operator, &a.name) {
+/// The bytes of a component file, or the error to print.
+fn read_component(file: &Path, json: bool) -> Result<(Vec<u8>, String), ExitCode> {
+    let bytes = std::fs::read(file).map_err(|e| {
+        super::fail(json, "io", &format!("cannot read {}: {e}", file.display()), EXIT_REFUSED)
+    })?;
+    let stem = file.file_stem().and_then(|s| s.to_str()).unwrap_or("component").to_string();
+    Ok((bytes, stem))
+}
+
+async fn inspect_file(
+    service: &Harness,
+    file: &Path,
+    name: Option<String>,
+    json: bool,
+) -> ExitCode {
+    let (bytes, stem) = match read_component(file, json) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    let name = name.unwrap_or(stem);
+    let r = match service.inspect_tool_file(&Caller::Operator, &bytes, &name).await {
+        Ok(r) => r,
+        Err(e) => return super::api_fail(json, &e),
+    };
+    if json {
+        println!("{}", json!(r));
+    } else {
+        println!("file       {}", file.display());
+        println!("sha256     {}", r.digest);
+        println!("size       {} bytes", r.size);
+        match (&r.refusal, &r.refusal_kind) {
+            (None, _) => println!("install    would accept it as `{}`", r.name),
+            (Some(why), kind) => println!(
+                "install    would refuse it ({}): {}",
+                kind.as_deref().unwrap_or("refused"),
+                inert(why)
+            ),
+        }
+        if let Some(ms) = r.compile_ms {
+            println!("compile    {ms:.0} ms");
+        }
+        println!(
+            "imports    {}",
+            if r.imports.is_empty() { "(none)".into() } else { r.imports.join(", ") }
+        );
+        if r.networked {
+            println!(
+                "network    imports wasi:http: its calls reach only the hosts a session grants"
+            );
+        }
+        for t in &r.tools {
+            print_tool(t);
+        }
+    }
+    if r.accepted { ExitCode::SUCCESS } else { ExitCode::from(EXIT_REFUSED) }
+}
+
+fn print_tool(t: &keel::tools::ToolRecord) {
+    println!();
+    println!("tool        {}", t.name);
+    println!("effect      {}{}", t.effect, if t.idempotent { ", idempotent" } else { "" });
+    println!("description {}", inert(&t.description));
+    println!(
+        "input       {}",
+        inert_block(&serde_json::to_string_pretty(&t.input_schema).unwrap_or_default())
+    );
+    if let Some(out) = &t.output_schema {
+        println!(
+            "output      {}",
+            inert_block(&serde_json::to_string_pretty(out).unwrap_or_default())
+        );
+    }
+}
+
+async fn inspect(service: &Harness, a: InspectArgs) -> ExitCode {
+    if let Some(file) = &a.wasm {
+        return inspect_file(service, file, a.as_name, a.json).await;
+    }
+    let name = a.name.unwrap_or_default();
+    let (component, tools) = match service.tool(&Caller::Operator, &name) {
         Ok(x) => x,
         Err(e) => return super::api_fail(a.json, &e),
     };
-    let shown: Vec<_> =
-        tools.iter().filter(|t| t.name == a.name || component.name == a.name).collect();
+    let shown: Vec<_> = tools.iter().filter(|t| t.name == name || component.name == name).collect();
     if a.json {
         println!("{}", json!({"component": component, "tools": shown}));
         return ExitCode::SUCCESS;
@@ -204,14 +315,7 @@ fn inspect(service: &Harness, a: NameArgs) -> ExitCode {
     println!("size       {} bytes", component.size);
     println!("source     {}", inert(&component.source));
     for t in shown {
-        println!();
-        println!("tool        {}", t.name);
-        println!("effect      {}{}", t.effect, if t.idempotent { ", idempotent" } else { "" });
-        println!("description {}", inert(&t.description));
-        println!(
-            "input       {}",
-            inert_block(&serde_json::to_string_pretty(&t.input_schema).unwrap_or_default())
-        );
+        print_tool(t);
     }
     ExitCode::SUCCESS
 }
@@ -230,7 +334,41 @@ fn remove(service: &Harness, a: NameArgs) -> ExitCode {
     }
 }
 
+/// Inputs read from a file or stdin larger than this are refused (a tool's input is a JSON
+/// object a model could write; the sandbox refuses far less).
+const MAX_INPUT_BYTES: u64 = 16 << 20;
+
+/// The input `--input` names: the text itself, `@FILE`'s contents, or stdin's (`-`).
+fn read_input(arg: &str) -> Result<String, String> {
+    use std::io::Read;
+    let (what, reader): (String, Box<dyn Read>) = if arg == "-" {
+        ("stdin".into(), Box::new(std::io::stdin()))
+    } else if let Some(path) = arg.strip_prefix('@') {
+        let file = std::fs::File::open(path)
+            .map_err(|e| format!("--input @{path}: cannot open the file: {e}"))?;
+        (path.to_string(), Box::new(file))
+    } else {
+        return Ok(arg.to_string());
+    };
+    let mut text = String::new();
+    let read = reader
+        .take(MAX_INPUT_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("--input: cannot read {what} as UTF-8 text: {e}"))?;
+    if read as u64 > MAX_INPUT_BYTES {
+        return Err(format!(
+            "--input: {what} holds more than {} MiB; a tool's input is a JSON object, not a file to upload",
+            MAX_INPUT_BYTES >> 20
+        ));
+    }
+    Ok(text)
+}
+
 async fn call(service: &Harness, a: CallArgs) -> ExitCode {
+    let input = match read_input(&a.input) {
+        Ok(text) => text,
+        Err(why) => return super::fail(a.json, "invalid_input", &why, EXIT_REFUSED),
+    };
     let budget = a.budget.budget();
     let cancel = CancelToken::new();
     let on_interrupt = cancel.clone();
@@ -242,7 +380,7 @@ async fn call(service: &Harness, a: CallArgs) -> ExitCode {
     let net = a.net.grants();
     let req = CallRequest {
         tool: &a.name,
-        input: &a.input,
+        input: &input,
         grants: &a.grants,
         net: &net,
         budget,
@@ -252,7 +390,17 @@ async fn call(service: &Harness, a: CallArgs) -> ExitCode {
         approval: None,
         control: None,
     };
-    let outcome = match service.call_tool(&Caller::Operator, req).await {
+    let called = match &a.wasm {
+        None => service.call_tool(&Caller::Operator, req).await,
+        Some(file) => {
+            let (bytes, stem) = match read_component(file, a.json) {
+                Ok(x) => x,
+                Err(code) => return code,
+            };
+            service.call_tool_file(&Caller::Operator, &bytes, &stem, req).await
+        }
+    };
+    let outcome = match called {
         Ok(o) => o,
         Err(e) => return super::api_fail(a.json, &e),
     };

@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 use serde_json::{Value, json};
 
 mod abuse;
+mod author;
 mod boundaries;
 mod console;
 mod mcp;

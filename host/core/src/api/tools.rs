@@ -82,6 +82,32 @@ impl Harness {
         Ok(self.tools.call(req).await?)
     }
 
+    /// Runs one call of a tool of the component file `bytes` without installing it (a tool
+    /// author's loop): install's checks, then the governed call an installed tool gets. `name`
+    /// is the component name it is checked as. Nothing is written to the catalog.
+    pub async fn call_tool_file(
+        &self,
+        caller: &Caller,
+        bytes: &[u8],
+        name: &str,
+        req: CallRequest<'_>,
+    ) -> Result<CallOutcome, ApiError> {
+        caller.require_admin("calling a component file")?;
+        Ok(self.tools.call_file(bytes, name, req).await?)
+    }
+
+    /// What installing the component file `bytes` as `name` would do — accepted, or refused
+    /// and why — with its imports and tools. Nothing is installed.
+    pub async fn inspect_tool_file(
+        &self,
+        caller: &Caller,
+        bytes: &[u8],
+        name: &str,
+    ) -> Result<crate::tools::FileInspection, ApiError> {
+        caller.require_admin("inspecting a component file")?;
+        Ok(self.tools.inspect_file(bytes, name).await)
+    }
+
     /// Checks the grants and tools a session would be made with, before it is (`keel mcp
     /// serve` checks what it offers when it starts): grants that overlap or reach keel's home,
     /// tools not installed.

@@ -292,6 +292,12 @@ impl Sandbox {
         check_granted(names.iter().map(String::as_str), trusted)
     }
 
+    /// The interfaces the component in `bytes` imports (package, interface and version).
+    pub fn imports(&self, bytes: &[u8]) -> Result<Vec<String>, LoadError> {
+        imports::top_level_imports(bytes)
+            .map_err(|e| LoadError::Compile { source: wasmtime::format_err!("{e}") })
+    }
+
     /// Whether the component in `bytes` imports `wasi:http` (can reach the network).
     pub fn imports_http(&self, bytes: &[u8]) -> Result<bool, LoadError> {
         let names = imports::top_level_imports(bytes)

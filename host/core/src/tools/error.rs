@@ -37,6 +37,8 @@ pub enum ToolServiceError {
     InvalidComponentName { name: String },
     #[error("no tool or component named `{name}` is installed; installed tools: {available}")]
     NotInstalled { name: String, available: String },
+    #[error("the component has no tool `{tool}`; its tools: {tools}")]
+    NotInComponent { tool: String, tools: String },
     #[error("`{name}` is a first-party component and cannot be removed")]
     Builtin { name: String },
     #[error("`{name}` is provided by keel itself (`{provider}`), not by an installed component")]
@@ -101,7 +103,7 @@ impl ToolServiceError {
             Self::Secret(_) => FailureKind::Secrets,
             Self::Io { .. } => FailureKind::Io,
             Self::InvalidComponentName { .. } => FailureKind::InvalidName,
-            Self::NotInstalled { .. } => FailureKind::NotInstalled,
+            Self::NotInstalled { .. } | Self::NotInComponent { .. } => FailureKind::NotInstalled,
             Self::Builtin { .. } => FailureKind::Builtin,
             Self::HostTool { .. } => FailureKind::HostTool,
             Self::Reserved { .. } => FailureKind::ReservedName,

@@ -223,6 +223,40 @@ pub struct InstallReport {
     pub compile_ms: f64,
 }
 
+/// A component that passed install's checks (see [`ToolService::check_component`]).
+pub struct Checked {
+    pub digest: String,
+    pub size: u64,
+    /// The interfaces it imports (packages and versions).
+    pub imports: Vec<String>,
+    /// Whether it imports `wasi:http`.
+    pub networked: bool,
+    pub component: wasmtime::component::Component,
+    pub prepared: Arc<crate::sandbox::Prepared>,
+    pub tools: Vec<ToolRecord>,
+    pub compile_ms: f64,
+}
+
+/// What install would do with a component file (`keel tool inspect --wasm`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FileInspection {
+    /// The component name it was checked as.
+    pub name: String,
+    pub digest: String,
+    pub size: u64,
+    /// Whether install would accept it.
+    pub accepted: bool,
+    /// Why install would refuse it, and the error kind (`None`: it would be accepted).
+    pub refusal: Option<String>,
+    pub refusal_kind: Option<String>,
+    pub imports: Vec<String>,
+    pub networked: bool,
+    /// The tools it describes, with their schemas (empty when a check before describing
+    /// refused it).
+    pub tools: Vec<ToolRecord>,
+    pub compile_ms: Option<f64>,
+}
+
 /// What an upgrade changes in a component's tools (a changed description, schema, effect
 /// class or idempotence is a changed spec, and needs fresh approvals).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -308,29 +342,9 @@ impl ToolService {
                 digest: old.digest.clone(),
             });
         }
-        let limit = self.sandbox.limits().max_component_bytes;
-        if bytes.len() as u64 > limit {
-            return Err(LoadError::TooLarge { size: bytes.len() as u64, limit }.into());
-        }
-        crate::sandbox::check_header(bytes)?;
-        let started = std::time::Instant::now();
-        let trusted = self.trusted_with_control(&digest);
-        self.sandbox.check_imports(bytes, trusted)?;
-        let networked = self.sandbox.imports_http(bytes)?;
-        let component = self.sandbox.compile(bytes)?;
-        let compile_ms = started.elapsed().as_secs_f64() * 1e3;
-        let prepared = Arc::new(self.sandbox.prepare(&component, trusted)?);
-        let report = self.sandbox.describe(&prepared, &describe_budget()).await;
-        let specs = report.result.map_err(|error| ToolServiceError::Describe { error })?;
-        let tools = validate_specs(name, specs)
-            .map_err(|problems| ToolServiceError::InvalidSpecs { problems })?;
-        if networked {
-            check_networked(&tools)
-                .map_err(|problems| ToolServiceError::InvalidSpecs { problems })?;
-        }
-        let names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
-        let mut clashes = catalog::clashes(&self.db(), name, &names)?;
-        clashes.extend(self.host_tool_owners(&names));
+        let Checked { component, prepared, tools, compile_ms, .. } =
+            self.check_component(bytes, name).await?;
+        let clashes = self.clashes(name, &tools)?;
         if !clashes.is_empty() {
             return Err(ToolServiceError::NameClash { clashes });
         }
@@ -371,6 +385,126 @@ impl ToolService {
         self.invalidate_catalog();
         self.prepared.lock().unwrap_or_else(PoisonError::into_inner).insert(digest, prepared);
         Ok(InstallReport { component: record, tools, replaced, upgrade, compile_ms })
+    }
+
+    /// What install checks of a component, in its order, before anything is written: size and
+    /// header, imports (refused before compiling), compile, the tools it describes and their
+    /// schemas. `name` is the component name its tools would be recorded under.
+    pub async fn check_component(
+        &self,
+        bytes: &[u8],
+        name: &str,
+    ) -> Result<Checked, ToolServiceError> {
+        let digest = crate::sandbox::sha256_hex(bytes);
+        let limit = self.sandbox.limits().max_component_bytes;
+        if bytes.len() as u64 > limit {
+            return Err(LoadError::TooLarge { size: bytes.len() as u64, limit }.into());
+        }
+        crate::sandbox::check_header(bytes)?;
+        let started = std::time::Instant::now();
+        let trusted = self.trusted_with_control(&digest);
+        self.sandbox.check_imports(bytes, trusted)?;
+        let imports = self.sandbox.imports(bytes)?;
+        let networked = self.sandbox.imports_http(bytes)?;
+        let component = self.sandbox.compile(bytes)?;
+        let compile_ms = started.elapsed().as_secs_f64() * 1e3;
+        let prepared = Arc::new(self.sandbox.prepare(&component, trusted)?);
+        let report = self.sandbox.describe(&prepared, &describe_budget()).await;
+        let specs = report.result.map_err(|error| ToolServiceError::Describe { error })?;
+        let tools = validate_specs(name, specs)
+            .map_err(|problems| ToolServiceError::InvalidSpecs { problems })?;
+        if networked {
+            check_networked(&tools)
+                .map_err(|problems| ToolServiceError::InvalidSpecs { problems })?;
+        }
+        Ok(Checked {
+            digest,
+            size: bytes.len() as u64,
+            imports,
+            networked,
+            component,
+            prepared,
+            tools,
+            compile_ms,
+        })
+    }
+
+    /// The installed tools (another component's, or implemented in this process) whose names
+    /// `tools` of component `name` would take.
+    fn clashes(
+        &self,
+        name: &str,
+        tools: &[ToolRecord],
+    ) -> Result<Vec<(String, String)>, ToolServiceError> {
+        let names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
+        let mut clashes = catalog::clashes(&self.db(), name, &names)?;
+        clashes.extend(self.host_tool_owners(&names));
+        Ok(clashes)
+    }
+
+    /// What installing `bytes` as `name` would do, without installing: the checks install
+    /// makes, and the names it would clash with. Nothing is written.
+    pub async fn inspect_file(&self, bytes: &[u8], name: &str) -> FileInspection {
+        let digest = crate::sandbox::sha256_hex(bytes);
+        let size = bytes.len() as u64;
+        let imports = self.sandbox.imports(bytes).unwrap_or_default();
+        match self.check_component(bytes, name).await {
+            Ok(c) => {
+                let clashes = self.clashes(name, &c.tools).unwrap_or_default();
+                let refusal = (!clashes.is_empty())
+                    .then(|| ToolServiceError::NameClash { clashes: clashes.clone() }.to_string());
+                FileInspection {
+                    name: name.to_string(),
+                    digest,
+                    size,
+                    accepted: refusal.is_none(),
+                    refusal,
+                    refusal_kind: (!clashes.is_empty()).then(|| "name_clash".to_string()),
+                    imports: c.imports,
+                    networked: c.networked,
+                    tools: c.tools,
+                    compile_ms: Some(c.compile_ms),
+                }
+            }
+            Err(e) => FileInspection {
+                name: name.to_string(),
+                digest,
+                size,
+                accepted: false,
+                refusal_kind: Some(e.kind().to_string()),
+                refusal: Some(e.to_string()),
+                imports,
+                networked: false,
+                tools: Vec::new(),
+                compile_ms: None,
+            },
+        }
+    }
+
+    /// Runs one call of a tool of the component in `bytes`, not installed: the checks install
+    /// makes, then the governed call an installed tool gets (input schema, budget, grants,
+    /// effect enforcement, lease, change set). The component is compiled in memory for this
+    /// call; the catalog, the component files and the artifact cache are not touched.
+    pub async fn call_file(
+        &self,
+        bytes: &[u8],
+        name: &str,
+        req: super::CallRequest<'_>,
+    ) -> Result<super::CallOutcome, ToolServiceError> {
+        let checked = self.check_component(bytes, name).await?;
+        let Some(record) = checked.tools.iter().find(|t| t.name == req.tool).cloned() else {
+            let names: Vec<&str> = checked.tools.iter().map(|t| t.name.as_str()).collect();
+            return Err(ToolServiceError::NotInComponent {
+                tool: req.tool.to_string(),
+                tools: names.join(", "),
+            });
+        };
+        let resolved = Arc::new(super::Resolved::component(record, checked.digest.clone()));
+        self.prepared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(checked.digest, checked.prepared);
+        self.call_as(req, Some(resolved)).await
     }
 
     fn forget_file(&self, digest: &str) -> Result<(), ToolServiceError> {

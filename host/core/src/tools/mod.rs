@@ -37,8 +37,8 @@ pub use catalog::{
 pub use changes::ChangeSet;
 pub use error::ToolServiceError;
 pub use install::{
-    InstallMode, InstallReport, UpgradeDiff, describe_budget, now as install_time,
-    valid_component_name, valid_tool_name,
+    Checked, FileInspection, InstallMode, InstallReport, UpgradeDiff, describe_budget,
+    now as install_time, valid_component_name, valid_tool_name,
 };
 pub use lease::{LeaseBusy, LeaseRequest, Leases};
 pub use source::{HostCall, HostFuture, HostTool, SourceKind, ToolSource};

@@ -21,7 +21,7 @@ pub struct Resolved {
 }
 
 impl Resolved {
-    fn component(record: ToolRecord, digest: String) -> Self {
+    pub(super) fn component(record: ToolRecord, digest: String) -> Self {
         Self { record, digest, source: ToolSource::Component }
     }
 

@@ -1,0 +1,341 @@
+//! A tool author's path, from where an author stands: `keel wit`, `keel tool new` and the
+//! README's "Write your first tool" recipe built outside this workspace with cargo, the
+//! component checked and called before it is installed (`inspect --wasm`, `call --wasm`,
+//! `--input @FILE` and `-`), then installed and called.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::json;
+
+use super::{json_of, keel};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// Where the author projects of these tests build: one directory, kept between runs, so the
+/// SDK and its dependencies compile once (the projects themselves are outside the workspace).
+fn author_target() -> PathBuf {
+    repo().join("target").join("authoring")
+}
+
+/// Runs cargo in `dir` (a project outside the workspace) as an author would.
+fn cargo(dir: &Path, args: &[&str]) {
+    let out = Command::new(env!("CARGO"))
+        .current_dir(dir)
+        .args(args)
+        .env("CARGO_TARGET_DIR", author_target())
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cargo {args:?} in {} failed:\n{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn component(lib: &str) -> PathBuf {
+    author_target().join("wasm32-wasip2").join("release").join(format!("{lib}.wasm"))
+}
+
+fn keel_with_stdin(home: &Path, args: &[&str], stdin: &str) -> std::process::Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--home")
+        .arg(home)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn keel_wit_prints_and_writes_the_tool_contract() {
+    let home = tempfile::tempdir().unwrap();
+    let out = keel(home.path(), &["wit"]);
+    assert!(out.status.success());
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let wit = std::fs::read_to_string(repo().join("wit/tool.wit")).unwrap();
+    assert_eq!(printed, wit, "`keel wit` prints the package keel accepts, as it is");
+    assert!(printed.contains("package keel:tool@0.1.0;"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("wit");
+    let out = keel(home.path(), &["wit", "--out", out_dir.to_str().unwrap(), "--json"]);
+    assert!(out.status.success());
+    let v = json_of(&out);
+    assert_eq!((v["package"].clone(), v["version"].clone()), (json!("keel:tool"), json!("0.1.0")));
+    assert_eq!(std::fs::read_to_string(out_dir.join("tool.wit")).unwrap(), wit);
+}
+
+#[test]
+fn keel_tool_new_refuses_a_bad_name_a_taken_directory_and_a_wrong_sdk() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let at = |n: &str| dir.path().join(n).display().to_string();
+    let out = keel(home.path(), &["tool", "new", "Bad Name", "--dir", &at("x"), "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(json_of(&out)["error"]["kind"], json!("invalid_input"));
+
+    std::fs::create_dir(dir.path().join("taken")).unwrap();
+    std::fs::write(dir.path().join("taken/keep.txt"), "mine").unwrap();
+    let out = keel(home.path(), &["tool", "new", "taken", "--dir", &at("taken"), "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(json_of(&out)["error"]["kind"], json!("conflict"));
+    assert_eq!(std::fs::read_to_string(dir.path().join("taken/keep.txt")).unwrap(), "mine");
+
+    let out = keel(home.path(), &["tool", "new", "t", "--dir", &at("t"), "--sdk", &at("taken")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no keel-sdk here"));
+    assert!(!dir.path().join("t").exists(), "nothing is written for a refused request");
+
+    // Without --sdk the project asks the registry for this keel's SDK version.
+    let out = keel(home.path(), &["tool", "new", "reg", "--dir", &at("reg")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let manifest = std::fs::read_to_string(dir.path().join("reg/Cargo.toml")).unwrap();
+    assert!(manifest.contains("keel-sdk = \"0.1\""), "{manifest}");
+}
+
+/// The scaffold, built and tested with cargo outside the workspace, checked and called as a
+/// file, then installed and called by name; a write-class scaffold declares its effect.
+#[test]
+fn a_new_tool_project_builds_outside_the_workspace_and_is_called_before_and_after_install() {
+    let home = tempfile::tempdir().unwrap();
+    let projects = tempfile::tempdir().unwrap();
+    let dir = projects.path().join("word-stats");
+    let sdk = repo().join("sdk");
+    let out = keel(
+        home.path(),
+        &[
+            "tool",
+            "new",
+            "word-stats",
+            "--sdk",
+            sdk.to_str().unwrap(),
+            "--dir",
+            dir.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json_of(&out);
+    assert_eq!(v["tool"], json!("word_stats"));
+    for f in ["Cargo.toml", "src/lib.rs", "README.md", "wit/tool.wit", ".gitignore"] {
+        assert!(dir.join(f).is_file(), "{f} is written");
+    }
+    let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
+    assert!(readme.contains("keel tool install target/wasm32-wasip2/release/word_stats.wasm"));
+
+    cargo(&dir, &["test", "--quiet"]);
+    cargo(&dir, &["build", "--release", "--target", "wasm32-wasip2", "--quiet"]);
+    let wasm = component("word_stats");
+    let file = wasm.to_str().unwrap();
+
+    // Checked as install would, nothing installed.
+    let out =
+        keel(home.path(), &["tool", "inspect", "--wasm", file, "--as", "word-stats", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json_of(&out);
+    assert_eq!(v["accepted"], json!(true));
+    assert_eq!(v["tools"][0]["name"], json!("word_stats"));
+    assert_eq!(v["tools"][0]["effect"], json!("read-only"));
+    assert_eq!(v["tools"][0]["input_schema"]["properties"]["text"]["type"], json!("string"));
+    assert!(v["tools"][0]["output_schema"]["properties"]["words"].is_object());
+    assert!(
+        v["imports"].as_array().unwrap().iter().any(|i| i
+            .as_str()
+            .unwrap()
+            .starts_with("keel:tool/")
+            || i.as_str().unwrap().starts_with("wasi:"))
+    );
+
+    // Called as a file: input from a file, then from stdin.
+    let input = projects.path().join("input.json");
+    std::fs::write(&input, r#"{"text": "one two three"}"#).unwrap();
+    let at_input = format!("@{}", input.display());
+    let out = keel(
+        home.path(),
+        &["tool", "call", "--wasm", file, "word_stats", "--input", &at_input, "--json"],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(json_of(&out)["output"], json!({"words": 3, "characters": 13}));
+    let out = keel_with_stdin(
+        home.path(),
+        &["tool", "call", "--wasm", file, "word_stats", "--input", "-", "--json"],
+        r#"{"text": "héllo"}"#,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(json_of(&out)["output"], json!({"words": 1, "characters": 5}));
+    // The tool's own refusal, and a tool the file does not have.
+    let out = keel(
+        home.path(),
+        &["tool", "call", "--wasm", file, "word_stats", "--input", r#"{"txt": 1}"#, "--json"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stdout));
+    let out = keel(home.path(), &["tool", "call", "--wasm", file, "nope", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let v = json_of(&out);
+    assert_eq!(v["error"]["kind"], json!("not_installed"));
+    assert!(v["error"]["message"].as_str().unwrap().contains("its tools: word_stats"), "{v}");
+    // Nothing of it reached the catalog.
+    let listed = json_of(&keel(home.path(), &["tool", "list", "--json"]));
+    assert!(!listed.to_string().contains("word_stats"), "{listed}");
+
+    // Installed as the README says, then called by name.
+    let out = keel(home.path(), &["tool", "install", file, "--name", "word-stats", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = keel(
+        home.path(),
+        &["tool", "call", "word_stats", "--input", r#"{"text": "hello keel"}"#, "--json"],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(json_of(&out)["output"]["words"], json!(2));
+
+    // The effect flag is the class the tool declares.
+    let ext = projects.path().join("notify");
+    let out = keel(
+        home.path(),
+        &[
+            "tool",
+            "new",
+            "notify",
+            "--effect",
+            "external",
+            "--sdk",
+            sdk.to_str().unwrap(),
+            "--dir",
+            ext.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    cargo(&ext, &["build", "--release", "--target", "wasm32-wasip2", "--quiet"]);
+    let out = keel(
+        home.path(),
+        &["tool", "inspect", "--wasm", component("notify").to_str().unwrap(), "--json"],
+    );
+    let v = json_of(&out);
+    assert_eq!(v["tools"][0]["effect"], json!("external"));
+    assert_eq!(v["tools"][0]["idempotent"], json!(false));
+}
+
+/// `inspect --wasm` says what install would refuse, and why, before anything is installed.
+#[test]
+fn inspect_wasm_names_what_install_would_refuse() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let core = dir.path().join("core.wasm");
+    std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
+    let out = keel(home.path(), &["tool", "inspect", "--wasm", core.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let v = json_of(&out);
+    assert_eq!(v["accepted"], json!(false));
+    assert!(v["refusal"].as_str().unwrap().contains("core WebAssembly module"), "{v}");
+
+    // A component that imports an interface keel does not grant: refused before compiling.
+    let vault = keel_tests::guests::VAULT_IMPORT_COMPONENT;
+    let out = keel(home.path(), &["tool", "inspect", "--wasm", vault]);
+    assert_eq!(out.status.code(), Some(2));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("install    would refuse it"), "{text}");
+    assert!(!text.contains("compile "), "it was not compiled: {text}");
+
+    // A name another component's tool has: refused as a clash, with the tools it describes.
+    let effects = keel_tests::guests::EFFECTS_COMPONENT;
+    assert!(keel(home.path(), &["tool", "install", effects, "--name", "effects"]).status.success());
+    let out = keel(home.path(), &["tool", "inspect", "--wasm", effects, "--as", "other", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let v = json_of(&out);
+    assert_eq!(v["refusal_kind"], json!("name_clash"));
+    assert!(!v["tools"].as_array().unwrap().is_empty());
+    let missing = keel(home.path(), &["tool", "inspect", "--wasm", "/definitely/missing.wasm"]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("cannot read /definitely/missing.wasm")
+    );
+}
+
+/// The README's "Write your first tool", as a newcomer runs it: `cargo new`, `cargo add`, the
+/// recipe's `src/lib.rs` as written, built for wasm32-wasip2, installed and called.
+#[test]
+fn the_readme_first_tool_recipe_compiles_as_written_and_runs() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let section = readme.split("## Write your first tool").nth(1).expect("the recipe section");
+    let lib_rs = section
+        .split("`src/lib.rs`:")
+        .nth(1)
+        .and_then(|s| s.split("```rust\n").nth(1))
+        .and_then(|s| s.split("\n```").next())
+        .expect("the recipe's src/lib.rs block");
+    let projects = tempfile::tempdir().unwrap();
+    let sdk = repo().join("sdk");
+    cargo(projects.path(), &["new", "--lib", "word_count", "--quiet"]);
+    let dir = projects.path().join("word_count");
+    cargo(&dir, &["add", "keel-sdk", "--path", sdk.to_str().unwrap(), "--quiet"]);
+    cargo(&dir, &["add", "serde", "--features", "derive", "--quiet"]);
+    let mut manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+    manifest.push_str("\n[lib]\ncrate-type = [\"cdylib\"]\n");
+    std::fs::write(dir.join("Cargo.toml"), manifest).unwrap();
+    std::fs::write(dir.join("src/lib.rs"), lib_rs).unwrap();
+    cargo(&dir, &["build", "--release", "--target", "wasm32-wasip2", "--quiet"]);
+
+    let home = tempfile::tempdir().unwrap();
+    let docs = tempfile::tempdir().unwrap();
+    std::fs::write(docs.path().join("notes.md"), "three little words").unwrap();
+    let wasm = component("word_count");
+    let out = keel(home.path(), &["tool", "install", wasm.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let grant = format!("{}=/data", docs.path().display());
+    let out = keel(
+        home.path(),
+        &[
+            "tool",
+            "call",
+            "word_count",
+            "--grant",
+            &grant,
+            "--input",
+            r#"{"path":"/data/notes.md"}"#,
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(json_of(&out)["output"], json!({"words": 3}));
+}
+
+/// keel-sdk is ready to publish: packaged with its derive macros (published together, the
+/// macros first), the WIT contract inside the package, and the packaged crates build.
+#[test]
+fn the_sdk_packages_with_its_macros_and_the_wit_contract() {
+    let target = author_target().join("package");
+    let out = Command::new(env!("CARGO"))
+        .current_dir(repo())
+        .args(["package", "-p", "keel-sdk-macros", "-p", "keel-sdk", "--allow-dirty", "--quiet"])
+        .arg("--target-dir")
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cargo package failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = Command::new("tar")
+        .arg("tzf")
+        .arg(target.join("package").join("keel-sdk-0.1.0.crate"))
+        .output()
+        .unwrap();
+    let files = String::from_utf8_lossy(&listed.stdout);
+    for f in
+        ["keel-sdk-0.1.0/wit/tool.wit", "keel-sdk-0.1.0/README.md", "keel-sdk-0.1.0/src/lib.rs"]
+    {
+        assert!(files.lines().any(|l| l == f), "{f} is in the package: {files}");
+    }
+}
