@@ -13,7 +13,7 @@ const CORE: &[&[&str]] = &[
     // Leaves: no import of another module of the library.
     &[
         "builtin", "caller", "cancel", "crash", "digest", "failure", "grant", "home", "ids",
-        "names", "plan", "policy", "stored", "tls", "units",
+        "names", "plan", "policy", "signing", "stored", "tls", "units",
     ],
     &["store"],
     &["config"],

@@ -88,6 +88,13 @@ enum Command {
     /// Grant presets: named directory grants users may give their sessions over the API.
     #[command(subcommand)]
     Grant(commands::serve::GrantCommand),
+    /// Signing keys for tool components: make one, list them with their public keys.
+    #[command(subcommand)]
+    Key(commands::signing::KeyCommand),
+    /// The publishers whose signatures installs from a registry accept: their public keys,
+    /// each for the packages a glob matches.
+    #[command(subcommand)]
+    Trust(commands::signing::TrustCommand),
     /// Print the WIT contract a tool component implements (`keel:tool`), for any toolchain's
     /// bindings generator.
     Wit(commands::author::WitArgs),
@@ -172,6 +179,8 @@ fn main() -> ExitCode {
             Command::Grant(cmd) => commands::serve::grants(home, cmd).await,
             Command::Secret(cmd) => commands::secret::execute(home, cmd),
             Command::Wit(args) => commands::author::wit(args),
+            Command::Key(cmd) => commands::signing::keys(&home, cmd),
+            Command::Trust(cmd) => commands::signing::trust(&home, cmd).await,
             Command::Skill(cmd) => commands::skill::execute(home, cmd).await,
             Command::Memory(cmd) => commands::skill::memory(home, cmd).await,
             Command::Run(args) => commands::run::execute(home, *args).await,

@@ -31,7 +31,7 @@
 //!   (directory grants), [`caller`] (the API's principals and a session's owner), [`cancel`],
 //!   [`digest`], [`failure`] (why a tool call failed), [`plan`] (plan steps and the one function that changes them), [`names`] (the
 //!   naming rules of what is installed), [`units`], [`tls`], [`crash`] (test crash points),
-//!   [`builtin`] (the first-party components).
+//!   [`builtin`] (the first-party components), [`signing`] (components' embedded signatures).
 //! - Around the spine: [`memory`] (per-user long-term memory) and [`search`] (its and the
 //!   catalogs' full-text recall); [`skills`]; [`control`] (what a control call asks for);
 //!   [`access`] (API tokens and grant presets); [`tools::mcp`] (external MCP servers, a tool
@@ -68,6 +68,7 @@ pub mod sandbox;
 pub mod search;
 pub mod secrets;
 pub mod session;
+pub mod signing;
 pub mod skills;
 pub mod store;
 pub mod stored;

@@ -96,6 +96,8 @@ fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> SecretError 
 #[derive(Debug, Clone)]
 pub struct SecretStore {
     dir: PathBuf,
+    /// The encrypted file's name in the home.
+    file: &'static str,
 }
 
 /// The decrypted contents: name → value (wiped when dropped).
@@ -104,11 +106,18 @@ type Plain = BTreeMap<String, Zeroizing<String>>;
 impl SecretStore {
     /// The store of the keel home `dir`.
     pub fn new(dir: &Path) -> Self {
-        Self { dir: dir.to_path_buf() }
+        Self { dir: dir.to_path_buf(), file: "secrets.age" }
+    }
+
+    /// The signing keys of the keel home `dir` (`keel key`): `signing-keys.age`, sealed with
+    /// the same key as the secrets and kept apart from them, so no session can bind a signing
+    /// key to a destination as it binds a secret.
+    pub fn signing_keys(dir: &Path) -> Self {
+        Self { dir: dir.to_path_buf(), file: "signing-keys.age" }
     }
 
     fn file(&self) -> PathBuf {
-        self.dir.join("secrets.age")
+        self.dir.join(self.file)
     }
 
     fn key_file(&self) -> PathBuf {
@@ -150,7 +159,7 @@ impl SecretStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
                 let id = age::x25519::Identity::generate();
                 let text = Zeroizing::new(format!(
-                    "# keel secrets key: decrypts secrets.age. Keep it private.\n{}\n",
+                    "# keel secrets key: decrypts secrets.age and signing-keys.age. Keep it private.\n{}\n",
                     id.to_string().expose_secret()
                 ));
                 write_private(&path, text.as_bytes())?;
@@ -165,20 +174,22 @@ impl SecretStore {
         let bytes = match std::fs::read(self.file()) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Plain::new()),
-            Err(e) => return Err(io("reading secrets.age")(e)),
+            Err(e) => return Err(io(format!("reading {}", self.file))(e)),
         };
         let id = self.identity(false)?.ok_or_else(|| {
             SecretError::Corrupt(format!(
-                "secrets.age exists but its key {} is missing; the secrets cannot be read (remove secrets.age to start over)",
-                self.key_file().display()
+                "{} exists but its key {} is missing; it cannot be read (remove {} to start over)",
+                self.file,
+                self.key_file().display(),
+                self.file
             ))
         })?;
-        let plain =
-            Zeroizing::new(age::decrypt(&id, &bytes).map_err(|e| {
-                SecretError::Corrupt(format!("secrets.age cannot be decrypted: {e}"))
-            })?);
-        let map: BTreeMap<String, String> = serde_json::from_slice(&plain)
-            .map_err(|e| SecretError::Corrupt(format!("secrets.age holds no secrets map: {e}")))?;
+        let plain = Zeroizing::new(age::decrypt(&id, &bytes).map_err(|e| {
+            SecretError::Corrupt(format!("{} cannot be decrypted: {e}", self.file))
+        })?);
+        let map: BTreeMap<String, String> = serde_json::from_slice(&plain).map_err(|e| {
+            SecretError::Corrupt(format!("{} holds no map of names: {e}", self.file))
+        })?;
         Ok(map.into_iter().map(|(k, v)| (k, Zeroizing::new(v))).collect())
     }
 

@@ -8,6 +8,7 @@ pub mod run;
 pub mod secret;
 pub mod serve;
 pub mod session;
+pub mod signing;
 pub mod skill;
 pub mod tool;
 pub mod workgroup;

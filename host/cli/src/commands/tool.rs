@@ -28,6 +28,12 @@ pub enum ToolCommand {
     /// Start a tool: a standalone project (outside any keel checkout) with a working example
     /// tool, its test, the WIT contract and the commands to build, install and call it.
     New(super::author::NewArgs),
+    /// Sign a component with a signing key (`keel key new`): the signature is embedded in the
+    /// file (wasmsign2's format, so other tools can verify it).
+    Sign(super::signing::SignArgs),
+    /// Verify a component's signature: by a given public key, or by a trusted key whose scope
+    /// covers it (`keel trust`).
+    Verify(super::signing::VerifyArgs),
 }
 
 #[derive(Args)]
@@ -109,16 +115,19 @@ pub struct CallArgs {
 
 pub async fn execute(home: PathBuf, cmd: ToolCommand) -> ExitCode {
     // Starting a project touches no keel home.
-    if let ToolCommand::New(a) = cmd {
-        return super::author::new(a);
-    }
+    let cmd = match cmd {
+        ToolCommand::New(a) => return super::author::new(a),
+        ToolCommand::Sign(a) => return super::signing::sign(&home, a),
+        ToolCommand::Verify(a) => return super::signing::verify(&home, a).await,
+        cmd => cmd,
+    };
     let json = match &cmd {
         ToolCommand::Install(a) => a.json,
         ToolCommand::List(a) => a.json,
         ToolCommand::Inspect(a) => a.json,
         ToolCommand::Remove(a) => a.json,
         ToolCommand::Call(a) => a.json,
-        ToolCommand::New(_) => false,
+        ToolCommand::New(_) | ToolCommand::Sign(_) | ToolCommand::Verify(_) => false,
     };
     let service = match super::run::open_harness(&home).await {
         Ok((_, h)) => h,
@@ -131,6 +140,8 @@ pub async fn execute(home: PathBuf, cmd: ToolCommand) -> ExitCode {
         ToolCommand::Remove(a) => remove(&service, a),
         ToolCommand::Call(a) => call(&service, *a).await,
         ToolCommand::New(a) => super::author::new(a),
+        ToolCommand::Sign(a) => super::signing::sign(&home, a),
+        ToolCommand::Verify(a) => super::signing::verify(&home, a).await,
     }
 }
 
@@ -248,6 +259,11 @@ async fn inspect_file(
         println!("file       {}", file.display());
         println!("sha256     {}", r.digest);
         println!("size       {} bytes", r.size);
+        match (&r.signer, r.signed) {
+            (Some(t), _) => println!("signer     {} ({})", t.name, t.public_key),
+            (None, true) => println!("signer     signed, by no trusted key covering `{}`", r.name),
+            (None, false) => println!("signer     unsigned"),
+        }
         match (&r.refusal, &r.refusal_kind) {
             (None, _) => println!("install    would accept it as `{}`", r.name),
             (Some(why), kind) => println!(
@@ -314,6 +330,13 @@ async fn inspect(service: &Harness, a: InspectArgs) -> ExitCode {
     println!("sha256     {}", component.digest);
     println!("size       {} bytes", component.size);
     println!("source     {}", inert(&component.source));
+    match (&component.signer, &component.signer_key) {
+        (Some(name), Some(key)) => println!("signer     {name} ({key})"),
+        _ if component.unsigned_allowed => {
+            println!("signer     none: installed unsigned (--allow-unsigned)")
+        }
+        _ => println!("signer     none"),
+    }
     for t in shown {
         print_tool(t);
     }

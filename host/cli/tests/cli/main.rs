@@ -14,6 +14,7 @@ mod mcp;
 mod net;
 mod run;
 mod serve;
+mod signing;
 mod skills;
 mod workgroup;
 

@@ -108,6 +108,48 @@ impl Harness {
         Ok(self.tools.inspect_file(bytes, name).await)
     }
 
+    /// Trusts the publisher key `key` (`ed25519:` and 64 hex digits) as `name` for the packages
+    /// the glob `packages` matches. A name or key trusted already is a conflict.
+    pub fn trust_add(
+        &self,
+        caller: &Caller,
+        name: &str,
+        key: &str,
+        packages: &str,
+    ) -> Result<crate::tools::trust::TrustedKey, ApiError> {
+        caller.require_admin("trusting a publisher key")?;
+        self.tools.trust_add(name, key, packages).map_err(store_kind)
+    }
+
+    /// The trusted publisher keys (any caller may read them).
+    pub fn trusted_keys(
+        &self,
+        _caller: &Caller,
+    ) -> Result<Vec<crate::tools::trust::TrustedKey>, ApiError> {
+        self.tools.trusted_keys().map_err(store_kind)
+    }
+
+    /// Stops trusting the publisher key `name`.
+    pub fn trust_remove(
+        &self,
+        caller: &Caller,
+        name: &str,
+    ) -> Result<crate::tools::trust::TrustedKey, ApiError> {
+        caller.require_admin("removing a trusted key")?;
+        self.tools.trust_remove(name).map_err(store_kind)
+    }
+
+    /// Whether the component file `bytes` is signed, and which trusted key (covering the
+    /// package `package`) signed it.
+    pub fn signer_of(
+        &self,
+        _caller: &Caller,
+        bytes: &[u8],
+        package: &str,
+    ) -> Result<(bool, Option<crate::tools::trust::TrustedKey>), ApiError> {
+        self.tools.signers_of(bytes, package).map_err(store_kind)
+    }
+
     /// Checks the grants and tools a session would be made with, before it is (`keel mcp
     /// serve` checks what it offers when it starts): grants that overlap or reach keel's home,
     /// tools not installed.
@@ -123,5 +165,14 @@ impl Harness {
             self.tools.resolve(t).map_err(|e| ApiError::NotInstalled(e.to_string()))?;
         }
         Ok(())
+    }
+}
+
+/// A ToolService error whose cause is the store's keeps the store's kind (`input`,
+/// `conflict`, `not_found`).
+fn store_kind(e: crate::tools::ToolServiceError) -> ApiError {
+    match e {
+        crate::tools::ToolServiceError::Store(s) => ApiError::Store(s),
+        other => ApiError::Tools(other),
     }
 }

@@ -631,4 +631,19 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[
     CREATE TRIGGER api_tokens_deleted AFTER DELETE ON api_tokens
         BEGIN UPDATE access_version SET version = version + 1; END;",
     ),
+    // Signatures and trust: the publishers' keys an admin trusts (each for the packages its
+    // glob covers), and what an install recorded of a component's signature — the trusted
+    // key that signed it, or that it was installed unsigned on purpose (`--allow-unsigned`).
+    (
+        21,
+        "CREATE TABLE trusted_keys (
+        name       TEXT PRIMARY KEY,
+        public_key TEXT NOT NULL UNIQUE,
+        packages   TEXT NOT NULL,
+        added_at   TEXT NOT NULL
+    );
+    ALTER TABLE components ADD COLUMN signer TEXT;
+    ALTER TABLE components ADD COLUMN signer_key TEXT;
+    ALTER TABLE components ADD COLUMN unsigned_allowed INTEGER NOT NULL DEFAULT 0;",
+    ),
 ];

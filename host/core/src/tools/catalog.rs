@@ -19,6 +19,15 @@ pub struct ComponentRecord {
     /// `component` (a WebAssembly file) or `mcp` (an external MCP server; see
     /// [`super::mcp`]).
     pub kind: super::SourceKind,
+    /// The trusted key (by its trust name) whose signature the component carried when it was
+    /// installed, and that key (`None`: unsigned, or signed by no trusted key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signer: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signer_key: Option<String>,
+    /// Installed without the signature its source requires, on purpose (`--allow-unsigned`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub unsigned_allowed: bool,
 }
 
 /// One tool, as its component described it at install time.
@@ -62,10 +71,14 @@ fn component_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ComponentRecord
         builtin: r.get(4)?,
         installed_at: r.get(5)?,
         kind: r.get(6)?,
+        signer: r.get(7)?,
+        signer_key: r.get(8)?,
+        unsigned_allowed: r.get(9)?,
     })
 }
 
-const COMPONENT_COLUMNS: &str = "name, digest, size, source, builtin, installed_at, kind";
+const COMPONENT_COLUMNS: &str =
+    "name, digest, size, source, builtin, installed_at, kind, signer, signer_key, unsigned_allowed";
 
 pub fn component(conn: &Connection, name: &str) -> Result<Option<ComponentRecord>, StoreError> {
     let sql = format!("SELECT {COMPONENT_COLUMNS} FROM components WHERE name = ?1");
@@ -167,8 +180,9 @@ pub fn put_in(
     tx.execute("DELETE FROM tools WHERE component = ?1", [&component.name])?;
     tx.execute("DELETE FROM components WHERE name = ?1", [&component.name])?;
     tx.execute(
-        "INSERT INTO components (name, digest, size, source, builtin, installed_at, kind)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO components (name, digest, size, source, builtin, installed_at, kind,
+                                 signer, signer_key, unsigned_allowed)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
         params![
             component.name,
             component.digest,
@@ -176,7 +190,10 @@ pub fn put_in(
             component.source,
             component.builtin,
             component.installed_at,
-            component.kind
+            component.kind,
+            component.signer,
+            component.signer_key,
+            component.unsigned_allowed
         ],
     )?;
     for t in tools {

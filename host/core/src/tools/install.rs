@@ -227,6 +227,10 @@ pub struct InstallReport {
 pub struct Checked {
     pub digest: String,
     pub size: u64,
+    /// Whether it carries an embedded signature, and the trusted key (covering its name) that
+    /// made it, if one did.
+    pub signed: bool,
+    pub signer: Option<super::trust::TrustedKey>,
     /// The interfaces it imports (packages and versions).
     pub imports: Vec<String>,
     /// Whether it imports `wasi:http`.
@@ -244,6 +248,10 @@ pub struct FileInspection {
     pub name: String,
     pub digest: String,
     pub size: u64,
+    /// Whether it carries an embedded signature, and the trusted key that made it.
+    pub signed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signer: Option<super::trust::TrustedKey>,
     /// Whether install would accept it.
     pub accepted: bool,
     /// Why install would refuse it, and the error kind (`None`: it would be accepted).
@@ -342,7 +350,7 @@ impl ToolService {
                 digest: old.digest.clone(),
             });
         }
-        let Checked { component, prepared, tools, compile_ms, .. } =
+        let Checked { component, prepared, tools, compile_ms, signer, .. } =
             self.check_component(bytes, name).await?;
         let clashes = self.clashes(name, &tools)?;
         if !clashes.is_empty() {
@@ -367,6 +375,9 @@ impl ToolService {
             builtin,
             installed_at: now(),
             kind: super::SourceKind::Component,
+            signer_key: signer.as_ref().map(|t| t.public_key.clone()),
+            signer: signer.map(|t| t.name),
+            unsigned_allowed: false,
         };
         let (replaced, upgrade) = {
             let mut db = self.db();
@@ -401,6 +412,9 @@ impl ToolService {
             return Err(LoadError::TooLarge { size: bytes.len() as u64, limit }.into());
         }
         crate::sandbox::check_header(bytes)?;
+        // The signature before anything reads what the component imports or compiles it.
+        let signed = crate::signing::is_signed(bytes);
+        let signer = super::trust::signer_in(&self.db(), bytes, name)?;
         let started = std::time::Instant::now();
         let trusted = self.trusted_with_control(&digest);
         self.sandbox.check_imports(bytes, trusted)?;
@@ -420,6 +434,8 @@ impl ToolService {
         Ok(Checked {
             digest,
             size: bytes.len() as u64,
+            signed,
+            signer,
             imports,
             networked,
             component,
@@ -457,6 +473,8 @@ impl ToolService {
                     name: name.to_string(),
                     digest,
                     size,
+                    signed: c.signed,
+                    signer: c.signer,
                     accepted: refusal.is_none(),
                     refusal,
                     refusal_kind: (!clashes.is_empty()).then(|| "name_clash".to_string()),
@@ -470,6 +488,8 @@ impl ToolService {
                 name: name.to_string(),
                 digest,
                 size,
+                signed: crate::signing::is_signed(bytes),
+                signer: None,
                 accepted: false,
                 refusal_kind: Some(e.kind().to_string()),
                 refusal: Some(e.to_string()),
@@ -505,6 +525,37 @@ impl ToolService {
             .unwrap_or_else(PoisonError::into_inner)
             .insert(checked.digest, checked.prepared);
         self.call_as(req, Some(resolved)).await
+    }
+
+    /// Trusts the publisher key `key` as `name` for the packages `packages` matches.
+    pub fn trust_add(
+        &self,
+        name: &str,
+        key: &str,
+        packages: &str,
+    ) -> Result<super::trust::TrustedKey, ToolServiceError> {
+        Ok(super::trust::add_in(&self.db(), name, key, packages)?)
+    }
+
+    /// The trusted publisher keys.
+    pub fn trusted_keys(&self) -> Result<Vec<super::trust::TrustedKey>, ToolServiceError> {
+        Ok(super::trust::list_in(&self.db())?)
+    }
+
+    /// Stops trusting the key named `name`.
+    pub fn trust_remove(&self, name: &str) -> Result<super::trust::TrustedKey, ToolServiceError> {
+        Ok(super::trust::remove_in(&self.db(), name)?)
+    }
+
+    /// The trusted keys (of those covering `package`) that signed `bytes`, and whether `bytes`
+    /// carry a signature at all.
+    pub fn signers_of(
+        &self,
+        bytes: &[u8],
+        package: &str,
+    ) -> Result<(bool, Option<super::trust::TrustedKey>), ToolServiceError> {
+        let signed = crate::signing::is_signed(bytes);
+        Ok((signed, super::trust::signer_in(&self.db(), bytes, package)?))
     }
 
     fn forget_file(&self, digest: &str) -> Result<(), ToolServiceError> {

@@ -17,6 +17,7 @@ pub mod lease;
 pub mod mcp;
 pub mod result;
 mod source;
+pub mod trust;
 mod view;
 
 use std::collections::HashMap;

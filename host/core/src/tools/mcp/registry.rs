@@ -70,6 +70,9 @@ pub fn put_in(c: &Connection, spec: &ServerSpec, offer: &Offer) -> Result<(), St
         builtin: false,
         installed_at: crate::tools::install_time(),
         kind: SourceKind::Mcp,
+        signer: None,
+        signer_key: None,
+        unsigned_allowed: false,
     };
     let records: Vec<ToolRecord> = offer.tools.iter().map(|t| t.record.clone()).collect();
     // Earlier versions of the server's tools cannot run (the server is what it is now).

@@ -1,0 +1,141 @@
+//! Signing keys, signatures and trust from the command line: a publisher makes a key and
+//! signs a component; an admin trusts the key for some packages; verify and install see who
+//! signed what, and a changed byte, another key or a package outside the scope fail, naming
+//! what failed.
+
+use std::path::Path;
+
+use serde_json::json;
+
+use super::{json_of, keel};
+
+fn ok(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn new_key(home: &Path, name: &str) -> String {
+    let out = keel(home, &["key", "new", name, "--json"]);
+    ok(&out);
+    json_of(&out)["public_key"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_signed_component_verifies_installs_with_its_signer_and_fails_when_changed() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("effects.wasm");
+    std::fs::copy(keel_tests::guests::EFFECTS_COMPONENT, &plain).unwrap();
+    let signed = dir.path().join("effects-signed.wasm");
+    let (plain_s, signed_s) = (plain.to_str().unwrap(), signed.to_str().unwrap());
+
+    // A key: made once, listed with its public key, never shown as a secret.
+    let public = new_key(h, "acme-release");
+    assert!(public.starts_with("ed25519:") && public.len() == 72, "{public}");
+    let out = keel(h, &["key", "new", "acme-release", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(json_of(&out)["error"]["kind"], json!("conflict"));
+    let listed = json_of(&keel(h, &["key", "list", "--json"]));
+    assert_eq!(listed["keys"], json!([{"name": "acme-release", "public_key": public}]));
+    let secrets = json_of(&keel(h, &["secret", "list", "--json"]));
+    assert_eq!(secrets["secrets"], json!([]), "a signing key is not a secret a session can bind");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(h.join("signing-keys.age")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    // Signed into another file; the original is untouched.
+    let before = std::fs::read(&plain).unwrap();
+    let out =
+        keel(h, &["tool", "sign", plain_s, "--key", "acme-release", "--out", signed_s, "--json"]);
+    ok(&out);
+    assert_eq!(std::fs::read(&plain).unwrap(), before);
+    let v = json_of(&out);
+    assert_eq!(v["public_key"], json!(public));
+    let out = keel(h, &["tool", "sign", plain_s, "--key", "nobody"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no signing key `nobody`"));
+
+    // Verified by the key given.
+    ok(&keel(h, &["tool", "verify", signed_s, "--key", &public]));
+    let other = new_key(h, "someone-else");
+    let out = keel(h, &["tool", "verify", signed_s, "--key", &other, "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(json_of(&out)["error"]["kind"], json!("signature"));
+    let out = keel(h, &["tool", "verify", plain_s, "--key", &public]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no signature"));
+
+    // By the trusted keys: none yet, then one whose scope covers `effects*` only.
+    let out = keel(h, &["tool", "verify", signed_s, "--as", "effects"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("by no trusted key"));
+    let out = keel(h, &["trust", "add", "acme", &public, "--packages", "effects*", "--json"]);
+    ok(&out);
+    assert_eq!(json_of(&out)["trusted"]["packages"], json!("effects*"));
+    let v = json_of(&keel(h, &["tool", "verify", signed_s, "--as", "effects", "--json"]));
+    assert_eq!(v["signer"]["name"], json!("acme"));
+    let out = keel(h, &["tool", "verify", signed_s, "--as", "billing"]);
+    assert_eq!(out.status.code(), Some(2), "outside the key's scope");
+    let out = keel(h, &["tool", "verify", plain_s]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not signed"));
+
+    // Installed, it records its signer; it runs as the unsigned file does.
+    ok(&keel(h, &["tool", "install", signed_s, "--name", "effects"]));
+    let v = json_of(&keel(h, &["tool", "inspect", "effects", "--json"]));
+    assert_eq!(v["component"]["signer"], json!("acme"));
+    assert_eq!(v["component"]["signer_key"], json!(public));
+    let text =
+        String::from_utf8_lossy(&keel(h, &["tool", "inspect", "effects"]).stdout).to_string();
+    assert!(text.contains(&format!("signer     acme ({public})")), "{text}");
+    let out = keel(h, &["tool", "inspect", "--wasm", signed_s, "--as", "effects2", "--json"]);
+    assert_eq!(json_of(&out)["signed"], json!(true));
+    let v = json_of(&keel(
+        h,
+        &["tool", "call", "effect_peek", "--input", r#"{"label":"x"}"#, "--json"],
+    ));
+    assert_eq!(v["output"], json!({"label": "x", "lines": 0}), "the signed component runs: {v}");
+
+    // One byte changed after signing: the signature no longer verifies.
+    let mut bytes = std::fs::read(&signed).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    let tampered = dir.path().join("tampered.wasm");
+    std::fs::write(&tampered, bytes).unwrap();
+    let out = keel(h, &["tool", "verify", tampered.to_str().unwrap(), "--key", &public]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not verify"));
+}
+
+#[test]
+fn trust_refuses_bad_keys_duplicates_and_unknown_names() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let out = keel(h, &["trust", "add", "acme", "ed25519:nothex", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let v = json_of(&out);
+    assert_eq!(v["error"]["kind"], json!("input"));
+    assert!(v["error"]["message"].as_str().unwrap().contains("64 hex digits"));
+    let public = new_key(h, "k");
+    let out = keel(h, &["trust", "add", "Acme Corp", &public]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = keel(h, &["trust", "add", "acme", &public, "--packages", "Bad Glob"]);
+    assert_eq!(out.status.code(), Some(2));
+    ok(&keel(h, &["trust", "add", "acme", &public]));
+    let out = keel(h, &["trust", "add", "acme2", &public, "--json"]);
+    assert_eq!(json_of(&out)["error"]["kind"], json!("conflict"), "the same key twice");
+    let v = json_of(&keel(h, &["trust", "list", "--json"]));
+    assert_eq!(v["trusted"][0]["packages"], json!("*"));
+    ok(&keel(h, &["trust", "remove", "acme"]));
+    let out = keel(h, &["trust", "remove", "acme", "--json"]);
+    assert_eq!(json_of(&out)["error"]["kind"], json!("not_found"));
+    assert_eq!(json_of(&keel(h, &["trust", "list", "--json"]))["trusted"], json!([]));
+}

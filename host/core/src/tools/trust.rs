@@ -1,0 +1,181 @@
+//! The publishers an admin trusts: a name, an ed25519 public key, and the packages (a glob
+//! over component names or registry repositories) the key may sign for. Install checks a
+//! component's embedded signature against these keys before it compiles anything.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::signing::PublicKey;
+use crate::store::StoreError;
+
+/// One trusted publisher key.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TrustedKey {
+    pub name: String,
+    /// `ed25519:` and 64 hex digits.
+    pub public_key: String,
+    /// The packages it may sign for: a glob where `*` matches any run of characters (`*`:
+    /// every package).
+    pub packages: String,
+    pub added_at: String,
+}
+
+impl TrustedKey {
+    /// Whether this key may sign for the package `name`.
+    pub fn covers(&self, name: &str) -> bool {
+        glob_matches(&self.packages, name)
+    }
+
+    /// The key, parsed (a stored key is checked when it is added).
+    pub fn key(&self) -> Result<PublicKey, StoreError> {
+        self.public_key
+            .parse()
+            .map_err(|e| StoreError::Corrupt(format!("trusted key `{}`: {e}", self.name)))
+    }
+}
+
+/// `*` matches any run of characters (`/` included); everything else matches itself.
+pub fn glob_matches(pattern: &str, name: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    let [first, middle @ .., last] = parts.as_slice() else { return pattern == name };
+    if parts.len() == 1 {
+        return pattern == name;
+    }
+    let Some(mut rest) = name.strip_prefix(first) else { return false };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+fn valid_glob(pattern: &str) -> bool {
+    !pattern.is_empty()
+        && pattern.len() <= 256
+        && pattern
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "*-_./:".contains(c))
+}
+
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TrustedKey> {
+    Ok(TrustedKey {
+        name: r.get(0)?,
+        public_key: r.get(1)?,
+        packages: r.get(2)?,
+        added_at: r.get(3)?,
+    })
+}
+
+/// Trusts `key` as `name` for `packages`. A name or key already trusted is refused (remove it
+/// first), so a trust is never widened silently.
+pub fn add_in(
+    c: &Connection,
+    name: &str,
+    key: &str,
+    packages: &str,
+) -> Result<TrustedKey, StoreError> {
+    if !crate::names::valid_component_name(name) {
+        return Err(StoreError::Input(format!(
+            "`{name}` is not a valid trust name: use lowercase letters, digits, `_` and `-`, starting with a letter"
+        )));
+    }
+    let key: PublicKey = key.parse().map_err(|e| StoreError::Input(format!("{e}")))?;
+    if !valid_glob(packages) {
+        return Err(StoreError::Input(format!(
+            "`{packages}` is not a package glob: use lowercase letters, digits, `-`, `_`, `.`, `/`, `:` and `*` (any run of characters)"
+        )));
+    }
+    let public_key = key.to_string();
+    let taken: Option<String> = c
+        .query_row(
+            "SELECT name FROM trusted_keys WHERE name = ?1 OR public_key = ?2",
+            params![name, public_key],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if let Some(other) = taken {
+        return Err(StoreError::Conflict(if other == name {
+            format!(
+                "a key is already trusted as `{name}`; remove it first (`keel trust remove {name}`)"
+            )
+        } else {
+            format!("this key is already trusted as `{other}`")
+        }));
+    }
+    let t = TrustedKey {
+        name: name.to_string(),
+        public_key,
+        packages: packages.to_string(),
+        added_at: super::install_time(),
+    };
+    c.execute(
+        "INSERT INTO trusted_keys (name, public_key, packages, added_at) VALUES (?1, ?2, ?3, ?4)",
+        params![t.name, t.public_key, t.packages, t.added_at],
+    )?;
+    Ok(t)
+}
+
+/// Every trusted key, by name.
+pub fn list_in(c: &Connection) -> Result<Vec<TrustedKey>, StoreError> {
+    Ok(c.prepare("SELECT name, public_key, packages, added_at FROM trusted_keys ORDER BY name")?
+        .query_map([], row)?
+        .collect::<Result<_, _>>()?)
+}
+
+/// Stops trusting `name`. Components it signed stay installed (their record keeps the
+/// signer); later installs no longer accept its signature.
+pub fn remove_in(c: &Connection, name: &str) -> Result<TrustedKey, StoreError> {
+    let t = c
+        .query_row(
+            "SELECT name, public_key, packages, added_at FROM trusted_keys WHERE name = ?1",
+            [name],
+            row,
+        )
+        .optional()?
+        .ok_or_else(|| {
+            StoreError::NotFound(format!("no key is trusted as `{name}`; see `keel trust list`"))
+        })?;
+    c.execute("DELETE FROM trusted_keys WHERE name = ?1", [name])?;
+    Ok(t)
+}
+
+/// The trusted key whose scope covers `package` and that signed `bytes`, if any.
+pub fn signer_in(
+    c: &Connection,
+    bytes: &[u8],
+    package: &str,
+) -> Result<Option<TrustedKey>, StoreError> {
+    if !crate::signing::is_signed(bytes) {
+        return Ok(None);
+    }
+    for t in list_in(c)?.into_iter().filter(|t| t.covers(package)) {
+        if crate::signing::verify(bytes, &t.key()?).is_ok() {
+            return Ok(Some(t));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_matches;
+
+    #[test]
+    fn a_glob_matches_runs_of_characters_at_its_stars_only() {
+        for (p, n) in [
+            ("*", "x"),
+            ("acme-*", "acme-csv"),
+            ("ghcr.io/acme/*", "ghcr.io/acme/a/b"),
+            ("a*c*e", "abcde"),
+            ("csv", "csv"),
+        ] {
+            assert!(glob_matches(p, n), "{p} ~ {n}");
+        }
+        for (p, n) in
+            [("acme-*", "other"), ("csv", "csv2"), ("a*c", "ab"), ("*x", "y"), ("ab*ba", "aba")]
+        {
+            assert!(!glob_matches(p, n), "{p} !~ {n}");
+        }
+    }
+}
