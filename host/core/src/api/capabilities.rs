@@ -17,7 +17,7 @@ pub struct SkillInstallReport {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SessionCapabilities {
     pub capabilities: Vec<crate::session::capabilities::Capability>,
-    pub orchestrations: Vec<crate::session::capabilities::Orchestration>,
+    pub orchestrations: Vec<crate::session::orchestration::Orchestration>,
 }
 
 /// Skills, long-term memory and a session's capabilities.

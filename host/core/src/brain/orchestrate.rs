@@ -11,7 +11,8 @@
 
 use serde_json::{Value, json};
 
-use crate::session::capabilities::{Candidates, Selection};
+use crate::session::capabilities::Selection;
+use crate::session::orchestration::Candidates;
 use crate::session::transition::RecallTerms;
 use crate::understand::PreprocessConfig;
 

@@ -142,7 +142,7 @@ impl Brain {
         let record = self.recall(&meta, transition.turn, transition.mode, &transition.terms).await;
         if record.candidates.is_empty() {
             // Nothing to choose from: no call; the recall and the environment in one commit.
-            let call = crate::session::capabilities::OrchestratorCall::default();
+            let call = crate::session::orchestration::OrchestratorCall::default();
             self.engine().record_recall(id, record, Some(call)).await?;
             return Ok(());
         }
@@ -159,10 +159,10 @@ impl Brain {
         turn: i64,
         mode: crate::understand::TransitionMode,
         terms: &crate::session::transition::RecallTerms,
-    ) -> crate::session::capabilities::RecallRecord {
+    ) -> crate::session::orchestration::RecallRecord {
         let started = Instant::now();
         let recalled = recall(&self.db, meta, terms).await;
-        crate::session::capabilities::RecallRecord {
+        crate::session::orchestration::RecallRecord {
             turn,
             mode: mode.as_str().to_string(),
             candidates: recalled.candidates,
@@ -180,7 +180,7 @@ impl Brain {
         id: &SessionId,
         transition: &Transition,
         config: &understand::PreprocessConfig,
-        candidates: &crate::session::capabilities::Candidates,
+        candidates: &crate::session::orchestration::Candidates,
         cancel: &CancelToken,
     ) -> Result<(), AgentError> {
         let meta = self.engine().meta(id).await?;
@@ -197,9 +197,9 @@ impl Brain {
         config: &understand::PreprocessConfig,
         meta: &crate::session::SessionMeta,
         transition: &Transition,
-        candidates: &crate::session::capabilities::Candidates,
+        candidates: &crate::session::orchestration::Candidates,
         cancel: &CancelToken,
-    ) -> crate::session::capabilities::OrchestratorCall {
+    ) -> crate::session::orchestration::OrchestratorCall {
         let skills: Vec<String> = meta.capabilities.skills.iter().map(|s| s.name.clone()).collect();
         let body = orchestrate::request_body(
             config,
@@ -217,7 +217,7 @@ impl Brain {
         let started = Instant::now();
         let result = self.agent.model().complete(&config.model, &body, cancel).await;
         let duration_ms = started.elapsed().as_secs_f64() * 1e3;
-        let mut call = crate::session::capabilities::OrchestratorCall {
+        let mut call = crate::session::orchestration::OrchestratorCall {
             request: Some(body.to_vec()),
             duration_ms,
             ..Default::default()
@@ -255,7 +255,7 @@ impl Brain {
 
 /// What recall found for one transition.
 struct Recalled {
-    candidates: crate::session::capabilities::Candidates,
+    candidates: crate::session::orchestration::Candidates,
     memories: Vec<crate::memory::Memory>,
     /// What failed, group by group.
     error: Option<String>,

@@ -20,6 +20,7 @@ mod discovery;
 pub mod events;
 mod facts;
 pub mod lease;
+pub mod orchestration;
 pub mod plan;
 mod reads;
 mod steps;
@@ -238,7 +239,7 @@ impl SessionEngine {
         id: &SessionId,
         turn: i64,
         understood: transition::Understood,
-        recalled: Option<capabilities::RecallRecord>,
+        recalled: Option<orchestration::RecallRecord>,
     ) -> Result<Option<transition::Transition>, StoreError> {
         let id = id.clone();
         self.db
@@ -256,20 +257,20 @@ impl SessionEngine {
         self.db.read_inline(move |c| transition::unprepared_in(c, &id)).await
     }
 
-    /// Records what recall found (see [`capabilities::record_recall_in`]) and, with `finish`,
+    /// Records what recall found (see [`orchestration::record_recall_in`]) and, with `finish`,
     /// finishes the orchestration in the same commit (no call was needed).
     pub async fn record_recall(
         &self,
         id: &SessionId,
-        record: capabilities::RecallRecord,
-        finish: Option<capabilities::OrchestratorCall>,
+        record: orchestration::RecallRecord,
+        finish: Option<orchestration::OrchestratorCall>,
     ) -> Result<(), StoreError> {
         let id = id.clone();
         self.db
             .run(move |c| {
-                capabilities::record_recall_in(c, &id, &record)?;
+                orchestration::record_recall_in(c, &id, &record)?;
                 if let Some(call) = &finish {
-                    capabilities::finish_in(c, &id, record.turn, call)?;
+                    orchestration::finish_in(c, &id, record.turn, call)?;
                 }
                 Ok(())
             })
@@ -277,15 +278,15 @@ impl SessionEngine {
     }
 
     /// Finishes turn `turn`'s orchestration: adds what was selected and applies the
-    /// environment (see [`capabilities::finish_in`]).
+    /// environment (see [`orchestration::finish_in`]).
     pub async fn finish_orchestration(
         &self,
         id: &SessionId,
         turn: i64,
-        call: capabilities::OrchestratorCall,
+        call: orchestration::OrchestratorCall,
     ) -> Result<capabilities::Added, StoreError> {
         let id = id.clone();
-        self.db.run(move |c| capabilities::finish_in(c, &id, turn, &call)).await
+        self.db.run(move |c| orchestration::finish_in(c, &id, turn, &call)).await
     }
 
     /// AddSelectedCapabilities outside a turn (an admin's addition): add-only, pinned.
@@ -314,12 +315,13 @@ impl SessionEngine {
     pub async fn capabilities(
         &self,
         id: &SessionId,
-    ) -> Result<(Vec<capabilities::Capability>, Vec<capabilities::Orchestration>), StoreError> {
+    ) -> Result<(Vec<capabilities::Capability>, Vec<orchestration::Orchestration>), StoreError>
+    {
         let id = id.clone();
         self.db
             .read(move |c| {
                 facts::load_counters(c, &id)?;
-                Ok((capabilities::of_session(c, &id)?, capabilities::orchestrations_in(c, &id)?))
+                Ok((capabilities::of_session(c, &id)?, orchestration::orchestrations_in(c, &id)?))
             })
             .await
     }
@@ -331,7 +333,7 @@ impl SessionEngine {
         turn: Option<i64>,
     ) -> Result<(i64, Vec<u8>), StoreError> {
         let id = id.clone();
-        self.db.read(move |c| capabilities::evidence_in(c, &id, turn)).await
+        self.db.read(move |c| orchestration::evidence_in(c, &id, turn)).await
     }
 
     /// The session's task transitions, oldest first.

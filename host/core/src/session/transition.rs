@@ -168,7 +168,7 @@ pub fn unprepared_in(c: &Connection, id: &str) -> Result<Option<Transition>, Sto
     if !prepares_capabilities(t.mode, config.preprocess.is_some()) {
         return Ok(None);
     }
-    let done = super::capabilities::of_turn_in(c, id, turn)?.is_some_and(|o| o.done);
+    let done = super::orchestration::of_turn_in(c, id, turn)?.is_some_and(|o| o.done);
     Ok((!done).then_some(t))
 }
 
@@ -181,7 +181,7 @@ pub fn commit_in(
     id: &str,
     turn: i64,
     understood: &Understood,
-    recalled: Option<&super::capabilities::RecallRecord>,
+    recalled: Option<&super::orchestration::RecallRecord>,
 ) -> Result<Option<Transition>, StoreError> {
     if recorded(c, id, turn)? {
         return Ok(None);
@@ -247,10 +247,10 @@ pub fn commit_in(
         // and its commit applies the environment.
         events::append(c, id, &SessionEvent::CapabilitiesDiscovering { turn })?;
         if let Some(r) = recalled.filter(|r| r.turn == turn) {
-            super::capabilities::record_recall_in(c, id, r)?;
+            super::orchestration::record_recall_in(c, id, r)?;
             if r.candidates.is_empty() {
-                let none = super::capabilities::OrchestratorCall::default();
-                super::capabilities::finish_in(c, id, turn, &none)?;
+                let none = super::orchestration::OrchestratorCall::default();
+                super::orchestration::finish_in(c, id, turn, &none)?;
             }
         }
     } else {

@@ -212,7 +212,7 @@ pub struct Timeline {
     pub capabilities: Vec<super::capabilities::Capability>,
     /// The orchestration of each turn that prepared capabilities: what recall found, what the
     /// Orchestrator answered, what was added.
-    pub orchestrations: Vec<super::capabilities::Orchestration>,
+    pub orchestrations: Vec<super::orchestration::Orchestration>,
     pub grants: Vec<Grant>,
     /// Where the session's tools may send HTTP requests and the secrets bound there (names
     /// only), one line each.
@@ -276,7 +276,7 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         loaded_tools: meta.capabilities.loaded_tools,
         tool_pins: meta.capabilities.tool_pins,
         capabilities: super::capabilities::of_session(c, id)?,
-        orchestrations: super::capabilities::orchestrations_in(c, id)?,
+        orchestrations: super::orchestration::orchestrations_in(c, id)?,
         context_start: meta.runtime.context_start,
         checkpoints: super::compaction::checkpoints_in(c, id)?,
         grants: meta.config.grants,
