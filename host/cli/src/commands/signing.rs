@@ -161,16 +161,9 @@ pub fn sign(home: &Path, a: SignArgs) -> ExitCode {
         }
         Err(e) => return fail(a.json, "keys", &e.to_string(), EXIT_SETUP),
     };
-    let bytes = match std::fs::read(&a.file) {
-        Ok(b) => b,
-        Err(e) => {
-            return fail(
-                a.json,
-                "io",
-                &format!("cannot read {}: {e}", a.file.display()),
-                EXIT_REFUSED,
-            );
-        }
+    let bytes = match super::tool::read_component(&a.file, a.json) {
+        Ok((bytes, _)) => bytes,
+        Err(code) => return code,
     };
     if let Err(e) = keel::sandbox::check_header(&bytes) {
         return fail(a.json, "load", &format!("{}: {e}", a.file.display()), EXIT_REFUSED);
@@ -227,16 +220,9 @@ pub struct VerifyArgs {
 /// `keel tool verify`: exit 0 when the component is signed by the key given, or by a trusted
 /// key whose scope covers it; 2 otherwise, naming what failed.
 pub async fn verify(home: &PathBuf, a: VerifyArgs) -> ExitCode {
-    let bytes = match std::fs::read(&a.file) {
-        Ok(b) => b,
-        Err(e) => {
-            return fail(
-                a.json,
-                "io",
-                &format!("cannot read {}: {e}", a.file.display()),
-                EXIT_REFUSED,
-            );
-        }
+    let bytes = match super::tool::read_component(&a.file, a.json) {
+        Ok((bytes, _)) => bytes,
+        Err(code) => return code,
     };
     let file = a.file.display().to_string();
     if let Some(text) = &a.key {

@@ -230,7 +230,7 @@ fn list(service: &Harness, json_out: bool) -> ExitCode {
 }
 
 /// The bytes of a component file, or the error to print.
-fn read_component(file: &Path, json: bool) -> Result<(Vec<u8>, String), ExitCode> {
+pub(super) fn read_component(file: &Path, json: bool) -> Result<(Vec<u8>, String), ExitCode> {
     let bytes = std::fs::read(file).map_err(|e| {
         super::fail(json, "io", &format!("cannot read {}: {e}", file.display()), EXIT_REFUSED)
     })?;
