@@ -12,6 +12,33 @@ use super::{EXIT_REFUSED, EXIT_SETUP, fail};
 /// The `keel:tool` WIT package: what every tool component exports and may import.
 pub const TOOL_WIT: &str = include_str!("../../../../wit/tool.wit");
 
+/// The whole WIT directory a bindings generator parses: `tool.wit` and the package it refers
+/// to (`keel:control`, which only the trusted `control-tool` world imports), by path.
+pub const WIT_FILES: &[(&str, &str)] = &[
+    ("tool.wit", TOOL_WIT),
+    ("deps/control/types.wit", include_str!("../../../../wit/deps/control/types.wit")),
+    ("deps/control/plan.wit", include_str!("../../../../wit/deps/control/plan.wit")),
+    (
+        "deps/control/capabilities.wit",
+        include_str!("../../../../wit/deps/control/capabilities.wit"),
+    ),
+    ("deps/control/sessions.wit", include_str!("../../../../wit/deps/control/sessions.wit")),
+];
+
+/// Writes [`WIT_FILES`] under `dir`; returns the files written.
+fn write_wit(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+    for (path, text) in WIT_FILES {
+        let file = dir.join(path);
+        if let Some(parent) = file.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&file, text)?;
+        written.push(file);
+    }
+    Ok(written)
+}
+
 /// The version of the `keel:tool` package keel accepts, read from its `package` line.
 pub fn tool_wit_version() -> &'static str {
     TOOL_WIT
@@ -41,20 +68,28 @@ pub fn wit(a: WitArgs) -> ExitCode {
             );
         } else {
             print!("{TOOL_WIT}");
+            eprintln!(
+                "keel: this is tool.wit; its control-tool world imports keel:control — `keel wit --out DIR` writes both, as a bindings generator needs them"
+            );
         }
         return ExitCode::SUCCESS;
     };
-    let file = dir.join("tool.wit");
-    if let Err(e) = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&file, TOOL_WIT)) {
-        return fail(a.json, "io", &format!("cannot write {}: {e}", file.display()), EXIT_SETUP);
-    }
+    let files = match write_wit(&dir) {
+        Ok(f) => f,
+        Err(e) => {
+            return fail(a.json, "io", &format!("cannot write {}: {e}", dir.display()), EXIT_SETUP);
+        }
+    };
     if a.json {
         println!(
             "{}",
-            json!({"ok": true, "package": "keel:tool", "version": version, "file": file})
+            json!({"ok": true, "package": "keel:tool", "version": version, "file": dir.join("tool.wit"), "files": files})
         );
     } else {
-        println!("wrote keel:tool@{version} to {}", file.display());
+        println!(
+            "wrote keel:tool@{version} to {} (with deps/control/, the package its control-tool world imports)",
+            dir.join("tool.wit").display()
+        );
     }
     ExitCode::SUCCESS
 }
@@ -64,6 +99,23 @@ pub fn wit(a: WitArgs) -> ExitCode {
 pub enum Lang {
     /// Rust with keel-sdk.
     Rust,
+    /// Python with componentize-py (pinned as in keel's examples).
+    Python,
+    /// JavaScript with componentize-js (pinned as in keel's examples).
+    Js,
+}
+
+/// componentize-py's pin: the examples' requirements, one place for the version.
+const PYTHON_REQUIREMENTS: &str = include_str!("../../../../examples/python-tool/requirements.txt");
+
+/// componentize-js's pin, from the examples' package.json.
+fn componentize_js_version() -> &'static str {
+    const PACKAGE: &str = include_str!("../../../../examples/js-tool/package.json");
+    PACKAGE
+        .split("\"@bytecodealliance/componentize-js\":")
+        .nth(1)
+        .and_then(|rest| rest.split('"').nth(1))
+        .unwrap_or("0.23.0")
 }
 
 /// The effect class a new tool declares.
@@ -80,6 +132,24 @@ pub enum EffectClass {
 }
 
 impl EffectClass {
+    fn python(self) -> &'static str {
+        match self {
+            Self::ReadOnly => "READ_ONLY",
+            Self::WorkspaceWrite => "WORKSPACE_WRITE",
+            Self::External => "EXTERNAL",
+            Self::Destructive => "DESTRUCTIVE",
+        }
+    }
+
+    fn wit(self) -> &'static str {
+        match self {
+            Self::ReadOnly => "read-only",
+            Self::WorkspaceWrite => "workspace-write",
+            Self::External => "external",
+            Self::Destructive => "destructive",
+        }
+    }
+
     fn sdk(self) -> &'static str {
         match self {
             Self::ReadOnly => "ReadOnly",
@@ -136,21 +206,41 @@ pub fn new(a: NewArgs) -> ExitCode {
             EXIT_REFUSED,
         );
     }
-    let sdk = match &a.sdk {
-        None => format!("\"{}\"", sdk_requirement()),
-        Some(p) => match sdk_path(p) {
-            Ok(p) => format!("{{ path = {} }}", toml_string(&p.display().to_string())),
-            Err(why) => return fail(a.json, "invalid_input", &why, EXIT_REFUSED),
-        },
+    if a.sdk.is_some() && a.lang != Lang::Rust {
+        return fail(
+            a.json,
+            "invalid_input",
+            "--sdk is for Rust projects (--lang rust)",
+            EXIT_REFUSED,
+        );
+    }
+    let files = match a.lang {
+        Lang::Rust => {
+            let sdk = match &a.sdk {
+                None => format!("\"{}\"", sdk_requirement()),
+                Some(p) => match sdk_path(p) {
+                    Ok(p) => format!("{{ path = {} }}", toml_string(&p.display().to_string())),
+                    Err(why) => return fail(a.json, "invalid_input", &why, EXIT_REFUSED),
+                },
+            };
+            rust_project(&a.name, a.effect, &sdk)
+        }
+        Lang::Python => python_project(&a.name, a.effect),
+        Lang::Js => js_project(&a.name, a.effect),
     };
-    let files = rust_project(&a.name, a.effect, &sdk);
+    let lang = match a.lang {
+        Lang::Rust => "rust",
+        Lang::Python => "python",
+        Lang::Js => "js",
+    };
     let mut written = Vec::new();
     for (path, text) in &files {
         let file = dir.join(path);
         let made = file
             .parent()
             .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| std::fs::write(&file, text));
+            .and_then(|()| std::fs::write(&file, text))
+            .and_then(|()| executable_if_script(&file));
         if let Err(e) = made {
             return fail(
                 a.json,
@@ -164,26 +254,49 @@ pub fn new(a: NewArgs) -> ExitCode {
     if a.json {
         println!(
             "{}",
-            json!({"ok": true, "dir": dir, "lang": "rust", "tool": tool_name(&a.name), "files": written})
+            json!({"ok": true, "dir": dir, "lang": lang, "tool": tool_name(&a.name), "files": written})
         );
     } else {
         println!(
-            "created {} ({} files): a Rust tool `{}`",
+            "created {} ({} files): a {lang} tool `{}`",
             dir.display(),
             written.len(),
             tool_name(&a.name)
         );
-        println!("next:");
+        println!("next (also in its README.md):");
         println!("  cd {}", dir.display());
-        println!("  cargo test");
-        println!("  cargo build --release --target wasm32-wasip2");
-        println!(
-            "  keel tool install target/wasm32-wasip2/release/{}.wasm --name {}",
-            lib_name(&a.name),
-            a.name
-        );
+        let wasm = match a.lang {
+            Lang::Rust => {
+                println!("  cargo test");
+                println!("  cargo build --release --target wasm32-wasip2");
+                format!("target/wasm32-wasip2/release/{}.wasm", lib_name(&a.name))
+            }
+            Lang::Python => {
+                println!("  python3 -m unittest");
+                println!("  ./build.sh");
+                format!("{}.wasm", lib_name(&a.name))
+            }
+            Lang::Js => {
+                println!("  npm install && npm test");
+                println!("  npm run build");
+                format!("{}.wasm", lib_name(&a.name))
+            }
+        };
+        println!("  keel tool install {wasm} --name {}", a.name);
     }
     ExitCode::SUCCESS
+}
+
+/// A project's build script (`*.sh`) is made executable, as its README runs it.
+fn executable_if_script(file: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    if file.extension().is_some_and(|e| e == "sh") {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o755))?;
+    }
+    #[cfg(not(unix))]
+    let _ = file;
+    Ok(())
 }
 
 /// The keel-sdk version a new project asks the registry for: this keel's.
@@ -333,7 +446,285 @@ and for other toolchains (`keel wit` prints it).
         ("src/lib.rs", lib_rs),
         ("README.md", readme),
         ("wit/tool.wit", TOOL_WIT.to_string()),
+        ("wit/deps/control/types.wit", WIT_FILES[1].1.to_string()),
+        ("wit/deps/control/plan.wit", WIT_FILES[2].1.to_string()),
+        ("wit/deps/control/capabilities.wit", WIT_FILES[3].1.to_string()),
+        ("wit/deps/control/sessions.wit", WIT_FILES[4].1.to_string()),
         (".gitignore", "/target\n".to_string()),
+    ]
+}
+
+/// The files of a new Python tool project (componentize-py).
+fn python_project(name: &str, effect: EffectClass) -> Vec<(&'static str, String)> {
+    let tool = tool_name(name);
+    let wasm = format!("{}.wasm", lib_name(name));
+    let idempotent = if effect == EffectClass::ReadOnly { "True" } else { "False" };
+    let app = format!(
+        r#""""The `{tool}` tool: counts the words and characters of a text.
+
+Built into a WebAssembly component with componentize-py against `wit/tool.wit` (world `tool`);
+the logic is in `logic.py`, tested natively by `test_logic.py`.
+"""
+
+import json
+
+from componentize_py_types import Err
+from wit_world import exports
+from wit_world.imports import types
+
+import logic
+
+
+class Tools(exports.Tools):
+    def describe(self) -> list[types.ToolSpec]:
+        return [
+            types.ToolSpec(
+                name="{tool}",
+                description="Counts the words and characters of a text.",
+                input_schema=json.dumps(logic.INPUT_SCHEMA),
+                output_schema=json.dumps(logic.OUTPUT_SCHEMA),
+                effect=types.Effect.{effect},
+                idempotent={idempotent},
+            )
+        ]
+
+    def invoke(self, name: str, input: str) -> str:
+        if name != "{tool}":
+            raise Err(types.ToolError_UnknownTool(f"no tool named {{name}}"))
+        try:
+            text = json.loads(input)["text"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise Err(types.ToolError_InvalidInput(f"expected an object with `text`: {{e}}"))
+        try:
+            return json.dumps(logic.count(text))
+        except ValueError as e:
+            raise Err(types.ToolError_InvalidInput(str(e)))
+"#,
+        effect = effect.python(),
+    );
+    let logic = r#""""What the tool does, apart from the component plumbing (so it can be tested natively)."""
+
+INPUT_SCHEMA = {
+    "type": "object",
+    "properties": {"text": {"type": "string", "description": "The text to count."}},
+    "required": ["text"],
+    "additionalProperties": False,
+}
+
+OUTPUT_SCHEMA = {
+    "type": "object",
+    "properties": {"words": {"type": "integer"}, "characters": {"type": "integer"}},
+    "required": ["words", "characters"],
+}
+
+MAX_BYTES = 1 << 20
+
+
+def count(text) -> dict:
+    if not isinstance(text, str):
+        raise ValueError("`text` must be a string")
+    if len(text.encode()) > MAX_BYTES:
+        raise ValueError("`text` is over 1 MiB: give a shorter text")
+    return {"words": len(text.split()), "characters": len(text)}
+"#
+    .to_string();
+    let test = r#"import unittest
+
+import logic
+
+
+class CountTest(unittest.TestCase):
+    def test_counts_words_and_characters(self):
+        self.assertEqual(logic.count("two words"), {"words": 2, "characters": 9})
+
+    def test_refuses_a_text_over_the_limit(self):
+        with self.assertRaises(ValueError):
+            logic.count("a" * (logic.MAX_BYTES + 1))
+
+
+if __name__ == "__main__":
+    unittest.main()
+"#
+    .to_string();
+    let build = format!(
+        r#"#!/usr/bin/env bash
+# Builds {wasm} with componentize-py (pinned in requirements.txt), installed into .venv on
+# first use. COMPONENTIZE_PY may name an installed componentize-py instead.
+set -euo pipefail
+cd "$(dirname "$0")"
+tool="${{COMPONENTIZE_PY:-}}"
+if [ -z "$tool" ]; then
+  if [ ! -x .venv/bin/componentize-py ]; then
+    python3 -m venv .venv
+    .venv/bin/pip install --quiet -r requirements.txt
+  fi
+  tool=.venv/bin/componentize-py
+fi
+"$tool" -d wit -w tool componentize app -o {wasm}
+"#
+    );
+    let readme = format!(
+        r#"# {name}
+
+A keel tool component in Python: the tool `{tool}` counts the words and characters of a text.
+`logic.py` is what it does, `app.py` the component (componentize-py's bindings of
+`wit/tool.wit`, generated into the module `wit_world` at build time).
+
+```sh
+python3 -m unittest                       # the logic, natively
+./build.sh                                # {wasm} (installs componentize-py into .venv once)
+keel tool call --wasm {wasm} {tool} --input '{{"text": "hello keel"}}'
+keel tool install {wasm} --name {name}
+```
+
+The component carries CPython (about 18 MB); keel compiles it once at install and loads the
+cached artifact afterwards.
+"#
+    );
+    vec![
+        ("app.py", app),
+        ("logic.py", logic),
+        ("test_logic.py", test),
+        ("requirements.txt", PYTHON_REQUIREMENTS.to_string()),
+        ("build.sh", build),
+        ("README.md", readme),
+        ("wit/tool.wit", TOOL_WIT.to_string()),
+        ("wit/deps/control/types.wit", WIT_FILES[1].1.to_string()),
+        ("wit/deps/control/plan.wit", WIT_FILES[2].1.to_string()),
+        ("wit/deps/control/capabilities.wit", WIT_FILES[3].1.to_string()),
+        ("wit/deps/control/sessions.wit", WIT_FILES[4].1.to_string()),
+        (".gitignore", ".venv/\n__pycache__/\n*.wasm\n".to_string()),
+    ]
+}
+
+/// The files of a new JavaScript tool project (componentize-js).
+fn js_project(name: &str, effect: EffectClass) -> Vec<(&'static str, String)> {
+    let tool = tool_name(name);
+    let wasm = format!("{}.wasm", lib_name(name));
+    let idempotent = effect == EffectClass::ReadOnly;
+    let tool_js = format!(
+        r#"// The `{tool}` tool: counts the words and characters of a text. Built into a WebAssembly
+// component with componentize-js against wit/tool.wit (world `tool`); `count` is tested
+// natively by test.mjs.
+
+const INPUT_SCHEMA = {{
+  type: 'object',
+  properties: {{ text: {{ type: 'string', description: 'The text to count.' }} }},
+  required: ['text'],
+  additionalProperties: false,
+}};
+
+const MAX_CHARS = 1 << 20;
+
+export function count(text) {{
+  if (typeof text !== 'string') {{
+    throw new TypeError('`text` must be a string');
+  }}
+  if (text.length > MAX_CHARS) {{
+    throw new RangeError('`text` is over 1 MiB: give a shorter text');
+  }}
+  const words = text.split(/\s+/).filter((w) => w.length > 0).length;
+  return {{ words, characters: [...text].length }};
+}}
+
+export const tools = {{
+  describe() {{
+    return [
+      {{
+        name: '{tool}',
+        description: 'Counts the words and characters of a text.',
+        inputSchema: JSON.stringify(INPUT_SCHEMA),
+        outputSchema: undefined,
+        effect: '{effect}',
+        idempotent: {idempotent},
+      }},
+    ];
+  }},
+
+  invoke(name, input) {{
+    if (name !== '{tool}') {{
+      throw {{ tag: 'unknown-tool', val: `no tool named ${{name}}` }};
+    }}
+    try {{
+      return JSON.stringify(count(JSON.parse(input).text));
+    }} catch (e) {{
+      // Anything thrown that is not a tool-error variant would abort the component.
+      throw {{ tag: 'invalid-input', val: String(e) }};
+    }}
+  }},
+}};
+"#,
+        effect = effect.wit(),
+    );
+    let test = r#"import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { count } from './tool.js';
+
+test('counts words and characters', () => {
+  assert.deepEqual(count('two words'), { words: 2, characters: 9 });
+});
+
+test('refuses what is not a string', () => {
+  assert.throws(() => count(7), TypeError);
+});
+"#
+    .to_string();
+    let build = format!(
+        r#"// Builds tool.js into {wasm}: npm run build (after npm install).
+import {{ componentize }} from '@bytecodealliance/componentize-js';
+import {{ writeFile }} from 'node:fs/promises';
+
+const {{ component }} = await componentize({{
+  sourcePath: 'tool.js',
+  witPath: 'wit',
+  worldName: 'tool',
+  // keel tools get no network unless a session grants it: leave out fetch() support, which
+  // would import wasi:http.
+  disableFeatures: ['http', 'fetch-event'],
+}});
+await writeFile('{wasm}', component);
+console.error(`wrote {wasm} (${{component.length}} bytes)`);
+"#
+    );
+    let package = format!(
+        r#"{{
+  "name": "{name}",
+  "private": true,
+  "type": "module",
+  "description": "A keel tool component",
+  "scripts": {{ "build": "node build.mjs", "test": "node --test test.mjs" }},
+  "dependencies": {{ "@bytecodealliance/componentize-js": "{version}" }}
+}}
+"#,
+        version = componentize_js_version(),
+    );
+    let readme = format!(
+        r#"# {name}
+
+A keel tool component in JavaScript: the tool `{tool}` counts the words and characters of a
+text. `tool.js` exports `tools` (the `keel:tool` interface, through componentize-js) and
+`count`, which `test.mjs` tests natively.
+
+```sh
+npm install && npm test
+npm run build                             # {wasm}
+keel tool call --wasm {wasm} {tool} --input '{{"text": "hello keel"}}'
+keel tool install {wasm} --name {name}
+```
+"#
+    );
+    vec![
+        ("tool.js", tool_js),
+        ("test.mjs", test),
+        ("build.mjs", build),
+        ("package.json", package),
+        ("README.md", readme),
+        ("wit/tool.wit", TOOL_WIT.to_string()),
+        ("wit/deps/control/types.wit", WIT_FILES[1].1.to_string()),
+        ("wit/deps/control/plan.wit", WIT_FILES[2].1.to_string()),
+        ("wit/deps/control/capabilities.wit", WIT_FILES[3].1.to_string()),
+        ("wit/deps/control/sessions.wit", WIT_FILES[4].1.to_string()),
+        (".gitignore", "node_modules/\n*.wasm\n".to_string()),
     ]
 }
 
@@ -345,5 +736,7 @@ mod tests {
     fn the_wit_version_is_read_from_its_package_line() {
         assert_eq!(tool_wit_version(), "0.1.0");
         assert_eq!(sdk_requirement(), "0.1");
+        assert!(PYTHON_REQUIREMENTS.starts_with("componentize-py=="));
+        assert_eq!(componentize_js_version().split('.').count(), 3);
     }
 }

@@ -74,6 +74,14 @@ fn keel_wit_prints_and_writes_the_tool_contract() {
     let v = json_of(&out);
     assert_eq!((v["package"].clone(), v["version"].clone()), (json!("keel:tool"), json!("0.1.0")));
     assert_eq!(std::fs::read_to_string(out_dir.join("tool.wit")).unwrap(), wit);
+    for dep in ["types", "plan", "capabilities", "sessions"] {
+        let path = format!("wit/deps/control/{dep}.wit");
+        assert_eq!(
+            std::fs::read_to_string(out_dir.join(format!("deps/control/{dep}.wit"))).unwrap(),
+            std::fs::read_to_string(repo().join(&path)).unwrap(),
+            "{path} is written beside tool.wit"
+        );
+    }
 }
 
 #[test]
@@ -337,5 +345,104 @@ fn the_sdk_packages_with_its_macros_and_the_wit_contract() {
         ["keel-sdk-0.1.0/wit/tool.wit", "keel-sdk-0.1.0/README.md", "keel-sdk-0.1.0/src/lib.rs"]
     {
         assert!(files.lines().any(|l| l == f), "{f} is in the package: {files}");
+    }
+}
+
+/// The toolchains of the examples (`examples/build.sh` installs them under
+/// `target/examples-toolchains` on first use, pinned as the scaffolds pin them).
+fn example_toolchains() -> PathBuf {
+    let tools = repo().join("target").join("examples-toolchains");
+    let ready = tools.join("venv/bin/componentize-py").exists()
+        && tools.join("js/node_modules/@bytecodealliance/componentize-js").is_dir();
+    if !ready {
+        let out = tempfile::tempdir().unwrap();
+        let status =
+            Command::new(repo().join("examples/build.sh")).arg(out.path()).status().unwrap();
+        assert!(status.success(), "examples/build.sh failed: {status}");
+    }
+    tools
+}
+
+fn run_in(dir: &Path, program: &str, args: &[&str], env: &[(&str, &Path)]) {
+    let mut cmd = Command::new(program);
+    cmd.current_dir(dir).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?} in {} failed:\n{}\n{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `keel tool new --lang python` and `--lang js`, tested and built with their pinned
+/// toolchains as the projects' READMEs say, then installed and called.
+#[test]
+#[ignore = "scaffolds tier: builds Python and JavaScript components (componentize-py, componentize-js)"]
+fn scaffolds_in_python_and_javascript_build_install_and_run() {
+    let tools = example_toolchains();
+    let home = tempfile::tempdir().unwrap();
+    let projects = tempfile::tempdir().unwrap();
+
+    let py = projects.path().join("py-count");
+    let out = keel(
+        home.path(),
+        &["tool", "new", "py-count", "--lang", "python", "--dir", py.to_str().unwrap(), "--json"],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(json_of(&out)["lang"], json!("python"));
+    let pinned =
+        std::fs::read_to_string(repo().join("examples/python-tool/requirements.txt")).unwrap();
+    assert_eq!(std::fs::read_to_string(py.join("requirements.txt")).unwrap(), pinned);
+    run_in(&py, "python3", &["-m", "unittest", "--quiet"], &[]);
+    let componentize = tools.join("venv/bin/componentize-py");
+    run_in(&py, "./build.sh", &[], &[("COMPONENTIZE_PY", &componentize)]);
+
+    let js = projects.path().join("js-count");
+    let out = keel(
+        home.path(),
+        &[
+            "tool",
+            "new",
+            "js-count",
+            "--lang",
+            "js",
+            "--effect",
+            "external",
+            "--dir",
+            js.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::os::unix::fs::symlink(tools.join("js/node_modules"), js.join("node_modules")).unwrap();
+    run_in(&js, "npm", &["test", "--silent"], &[]);
+    run_in(&js, "npm", &["run", "build", "--silent"], &[]);
+
+    for (dir, file, name, tool, effect) in [
+        (&py, "py_count.wasm", "py-count", "py_count", "read-only"),
+        (&js, "js_count.wasm", "js-count", "js_count", "external"),
+    ] {
+        let wasm = dir.join(file);
+        let out = keel(
+            home.path(),
+            &["tool", "install", wasm.to_str().unwrap(), "--name", name, "--json"],
+        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v = json_of(&keel(home.path(), &["tool", "inspect", tool, "--json"]));
+        assert_eq!(v["tools"][0]["effect"], json!(effect));
+        let out = keel(
+            home.path(),
+            &["tool", "call", tool, "--input", r#"{"text": "one two three"}"#, "--json"],
+        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(json_of(&out)["output"], json!({"words": 3, "characters": 13}), "{tool}");
+        let out = keel(home.path(), &["tool", "call", tool, "--input", r#"{"text": 7}"#, "--json"]);
+        assert_eq!(out.status.code(), Some(2), "{tool}: the input schema refuses it");
+        let message = json_of(&out)["error"]["message"].as_str().unwrap().to_string();
+        assert!(message.contains("text"), "{tool}: {message}");
     }
 }
