@@ -263,6 +263,12 @@ pub fn new(a: NewArgs) -> ExitCode {
             written.len(),
             tool_name(&a.name)
         );
+        if a.lang == Lang::Rust && a.sdk.is_none() {
+            println!(
+                "(its Cargo.toml asks the registry for keel-sdk {}; where the SDK is not published there, make it again with --sdk PATH, the sdk/ directory of a keel checkout)",
+                sdk_requirement()
+            );
+        }
         println!("next (also in its README.md):");
         println!("  cd {}", dir.display());
         let wasm = match a.lang {
