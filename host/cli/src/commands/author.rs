@@ -251,6 +251,11 @@ pub fn new(a: NewArgs) -> ExitCode {
         }
         written.push(path.to_string());
     }
+    // The contract, with the package it refers to, as `keel wit --out` writes it.
+    if let Err(e) = write_wit(&dir.join("wit")) {
+        return fail(a.json, "io", &format!("cannot write {}/wit: {e}", dir.display()), EXIT_SETUP);
+    }
+    written.extend(WIT_FILES.iter().map(|(path, _)| format!("wit/{path}")));
     if a.json {
         println!(
             "{}",
@@ -342,7 +347,7 @@ fn lib_name(name: &str) -> String {
     name.replace('-', "_")
 }
 
-/// The files of a new Rust tool project, by path inside it.
+/// The files of a new Rust tool project, by path inside it (the WIT is written beside them).
 fn rust_project(name: &str, effect: EffectClass, sdk: &str) -> Vec<(&'static str, String)> {
     let tool = tool_name(name);
     let lib = lib_name(name);
@@ -451,11 +456,6 @@ and for other toolchains (`keel wit` prints it).
         ("Cargo.toml", cargo),
         ("src/lib.rs", lib_rs),
         ("README.md", readme),
-        ("wit/tool.wit", TOOL_WIT.to_string()),
-        ("wit/deps/control/types.wit", WIT_FILES[1].1.to_string()),
-        ("wit/deps/control/plan.wit", WIT_FILES[2].1.to_string()),
-        ("wit/deps/control/capabilities.wit", WIT_FILES[3].1.to_string()),
-        ("wit/deps/control/sessions.wit", WIT_FILES[4].1.to_string()),
         (".gitignore", "/target\n".to_string()),
     ]
 }
@@ -594,11 +594,6 @@ cached artifact afterwards.
         ("requirements.txt", PYTHON_REQUIREMENTS.to_string()),
         ("build.sh", build),
         ("README.md", readme),
-        ("wit/tool.wit", TOOL_WIT.to_string()),
-        ("wit/deps/control/types.wit", WIT_FILES[1].1.to_string()),
-        ("wit/deps/control/plan.wit", WIT_FILES[2].1.to_string()),
-        ("wit/deps/control/capabilities.wit", WIT_FILES[3].1.to_string()),
-        ("wit/deps/control/sessions.wit", WIT_FILES[4].1.to_string()),
         (".gitignore", ".venv/\n__pycache__/\n*.wasm\n".to_string()),
     ]
 }
@@ -725,11 +720,6 @@ keel tool install {wasm} --name {name}
         ("build.mjs", build),
         ("package.json", package),
         ("README.md", readme),
-        ("wit/tool.wit", TOOL_WIT.to_string()),
-        ("wit/deps/control/types.wit", WIT_FILES[1].1.to_string()),
-        ("wit/deps/control/plan.wit", WIT_FILES[2].1.to_string()),
-        ("wit/deps/control/capabilities.wit", WIT_FILES[3].1.to_string()),
-        ("wit/deps/control/sessions.wit", WIT_FILES[4].1.to_string()),
         (".gitignore", "node_modules/\n*.wasm\n".to_string()),
     ]
 }
