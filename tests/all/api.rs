@@ -14,13 +14,18 @@ fn spec(url: &str, grants: Vec<Grant>, tools: Option<Vec<String>>) -> keel::api:
     keel_tests::session_spec(url, "api", grants, tools)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_approval_flow_through_the_api_and_its_typed_refusals() {
-    let model = MockModel::start(vec![
-        Reply::calls(&[("c1", "effect_send", r#"{"label":"hello"}"#)]),
-        Reply::text("sent"),
-    ])
-    .await;
+/// A harness on a fresh home with the effects component installed, a model answering
+/// `replies`, and a read-write grant of a fresh directory at `/work`.
+struct Fixture {
+    model: MockModel,
+    _home: tempfile::TempDir,
+    work: tempfile::TempDir,
+    h: keel::harness::Harness,
+    grants: Vec<Grant>,
+}
+
+async fn fixture(replies: Vec<Reply>) -> Fixture {
+    let model = MockModel::start(replies).await;
     let home = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
     let h =
@@ -28,6 +33,16 @@ async fn an_approval_flow_through_the_api_and_its_typed_refusals() {
             .await;
     install_effects(&h).await;
     let grants = vec![Grant::new(work.path(), "/work", Access::Rw).unwrap()];
+    Fixture { model, _home: home, work, h, grants }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_flow_through_the_api_and_its_typed_refusals() {
+    let Fixture { model, _home, work, h, grants } = fixture(vec![
+        Reply::calls(&[("c1", "effect_send", r#"{"label":"hello"}"#)]),
+        Reply::text("sent"),
+    ])
+    .await;
 
     // Refusals, each with its kind, and nothing created.
     let unknown = Some(vec!["no_such_tool".to_string()]);
@@ -199,15 +214,8 @@ async fn a_callers_rights_are_decided_by_the_core() {
 /// its JSON is one flat object as before the split.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_session_facts_are_four_sub_owners_read_alone_and_shown_flat() {
-    let model =
-        MockModel::start(vec![Reply::calls(&[("c1", "effect_send", r#"{"label":"x"}"#)])]).await;
-    let home = tempfile::tempdir().unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let h =
-        harness_with_session(home.path(), &model.url(), "_", &[], vec![], LoopGuards::default())
-            .await;
-    install_effects(&h).await;
-    let grants = vec![Grant::new(work.path(), "/work", Access::Rw).unwrap()];
+    let Fixture { model, _home, work: _work, h, grants } =
+        fixture(vec![Reply::calls(&[("c1", "effect_send", r#"{"label":"x"}"#)])]).await;
     let tools = Some(vec!["effect_send".to_string()]);
     let id = h.create_session(&Caller::Operator, spec(&model.url(), grants, tools)).await.unwrap();
     let cancel = CancelToken::new();

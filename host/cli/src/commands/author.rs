@@ -228,11 +228,7 @@ pub fn new(a: NewArgs) -> ExitCode {
         Lang::Python => python_project(&a.name, a.effect),
         Lang::Js => js_project(&a.name, a.effect),
     };
-    let lang = match a.lang {
-        Lang::Rust => "rust",
-        Lang::Python => "python",
-        Lang::Js => "js",
-    };
+    let lang = a.lang.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
     let mut written = Vec::new();
     for (path, text) in &files {
         let file = dir.join(path);

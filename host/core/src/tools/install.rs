@@ -466,18 +466,21 @@ impl ToolService {
         let imports = self.sandbox.imports(bytes).unwrap_or_default();
         match self.check_component(bytes, name).await {
             Ok(c) => {
-                let clashes = self.clashes(name, &c.tools).unwrap_or_default();
-                let refusal = (!clashes.is_empty())
-                    .then(|| ToolServiceError::NameClash { clashes: clashes.clone() }.to_string());
+                // What install checks next: the names its tools would take.
+                let refused = match self.clashes(name, &c.tools) {
+                    Ok(clashes) if clashes.is_empty() => None,
+                    Ok(clashes) => Some(ToolServiceError::NameClash { clashes }),
+                    Err(e) => Some(e),
+                };
                 FileInspection {
                     name: name.to_string(),
                     digest,
                     size,
                     signed: c.signed,
                     signer: c.signer,
-                    accepted: refusal.is_none(),
-                    refusal,
-                    refusal_kind: (!clashes.is_empty()).then(|| "name_clash".to_string()),
+                    accepted: refused.is_none(),
+                    refusal_kind: refused.as_ref().map(|e| e.kind().to_string()),
+                    refusal: refused.map(|e| e.to_string()),
                     imports: c.imports,
                     networked: c.networked,
                     tools: c.tools,
@@ -519,12 +522,24 @@ impl ToolService {
                 tools: names.join(", "),
             });
         };
-        let resolved = Arc::new(super::Resolved::component(record, checked.digest.clone()));
-        self.prepared
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(checked.digest, checked.prepared);
-        self.call_as(req, Some(resolved)).await
+        let digest = checked.digest.clone();
+        let resolved = Arc::new(super::Resolved::component(record, digest.clone()));
+        // The call finds the component where it finds an installed one, for this call only:
+        // an entry it adds is taken out again (an installed component of the same digest
+        // keeps its own).
+        let added = {
+            let mut prepared = self.prepared.lock().unwrap_or_else(PoisonError::into_inner);
+            let absent = !prepared.contains_key(&digest);
+            if absent {
+                prepared.insert(digest.clone(), checked.prepared);
+            }
+            absent
+        };
+        let outcome = self.call_as(req, Some(resolved)).await;
+        if added {
+            self.prepared.lock().unwrap_or_else(PoisonError::into_inner).remove(&digest);
+        }
+        outcome
     }
 
     /// Trusts the publisher key `key` as `name` for the packages `packages` matches.
