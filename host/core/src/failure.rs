@@ -32,6 +32,8 @@ crate::stored_enum! {
         Secrets = "secrets",
         Io = "io",
         InvalidName = "invalid_name",
+        /// A component from a registry lacks the signature of a trusted key covering it.
+        Unverified = "unverified",
         NotInstalled = "not_installed",
         Builtin = "builtin",
         HostTool = "host_tool",

@@ -62,6 +62,7 @@ pub mod ids;
 pub mod memory;
 pub mod model;
 pub mod names;
+pub mod oci;
 pub mod plan;
 pub mod policy;
 pub mod sandbox;

@@ -34,6 +34,18 @@ impl Harness {
     ) -> Result<SkillInstallReport, ApiError> {
         caller.require_admin("installing a skill")?;
         let pkg = crate::skills::read_package(path)?;
+        self.install_skill_package(pkg, &path.display().to_string(), None, upgrade).await
+    }
+
+    /// Installs a checked skill package from `source` (a directory, or a registry reference
+    /// with what it was pulled at): its components first, then the skill.
+    pub(super) async fn install_skill_package(
+        &self,
+        pkg: crate::skills::SkillPackage,
+        source: &str,
+        registry: Option<super::registry::SkillRegistry>,
+        upgrade: bool,
+    ) -> Result<SkillInstallReport, ApiError> {
         // Refused before its components are installed: other content under an installed
         // name needs `upgrade`.
         if !upgrade {
@@ -43,15 +55,38 @@ impl Harness {
                 return Err(crate::skills::installed_already(&old.name, &old.digest).into());
             }
         }
-        let source = path.display().to_string();
+        // Every bundled component's signature before any is installed.
+        if let Some(r) = &registry {
+            for (name, bytes) in &pkg.components {
+                self.tools.registry_verdict(bytes, &r.package, r.allow_unsigned).map_err(
+                    |e| match e {
+                        crate::tools::ToolServiceError::Unverified { package, reason } => {
+                            let reason = format!("the skill's component `{name}`: {reason}");
+                            crate::tools::ToolServiceError::Unverified { package, reason }
+                        }
+                        other => other,
+                    },
+                )?;
+            }
+        }
         let mode = if upgrade { InstallMode::Upgrade } else { InstallMode::New };
         let mut components = Vec::new();
         for (name, bytes) in &pkg.components {
             let from = format!("{source} (skill {})", pkg.name);
-            components.push(self.tools.install_as(bytes, name, &from, mode).await?);
+            let origin = match &registry {
+                Some(r) => r.origin(from),
+                None => crate::tools::Origin::Local { source: from },
+            };
+            components.push(self.tools.install_from(bytes, name, &origin, mode).await?);
         }
-        let installed =
-            self.db.run(move |c| crate::skills::install_in(c, &pkg, &source, upgrade)).await?;
+        let source = source.to_string();
+        let manifest = registry.map(|r| r.manifest_digest);
+        let installed = self
+            .db
+            .run(move |c| {
+                crate::skills::install_from_in(c, &pkg, &source, manifest.as_deref(), upgrade)
+            })
+            .await?;
         Ok(SkillInstallReport { installed, components })
     }
 

@@ -11,6 +11,7 @@ mod access;
 mod callers;
 mod capabilities;
 mod mcp;
+mod registry;
 pub mod shown;
 mod tools;
 mod workgroups;
@@ -20,6 +21,7 @@ pub use callers::{
 };
 pub use capabilities::{SessionCapabilities, SkillInstallReport};
 pub use mcp::McpRefresh;
+pub use registry::{Outdated, RegistryInstall};
 
 use crate::agent::{AgentError, Events, LoopGuards};
 use crate::brain::Submitted;
@@ -114,6 +116,9 @@ pub enum ApiError {
     /// A token or preset request was refused, or a principal may not do what it asked.
     #[error(transparent)]
     Access(#[from] crate::access::AccessError),
+    /// A registry could not be reached or refused, or what it sent failed a digest check.
+    #[error(transparent)]
+    Registry(#[from] crate::oci::OciError),
 }
 
 impl ApiError {
@@ -132,6 +137,7 @@ impl ApiError {
             Self::Run(_) => "run",
             Self::Skill(e) => e.kind(),
             Self::Access(e) => e.kind(),
+            Self::Registry(e) => e.kind(),
         }
     }
 }

@@ -10,7 +10,14 @@ const MAX_UNLINKED_LISTED: usize = 64;
 /// The names of the top-level imports of the component in `bytes` (nested modules' and
 /// components' own imports are theirs, satisfied inside the component).
 pub fn top_level_imports(bytes: &[u8]) -> Result<Vec<String>, wasmparser::BinaryReaderError> {
-    let mut names = Vec::new();
+    Ok(top_level(bytes)?.0)
+}
+
+/// The names a component imports and exports at its top level, in its order.
+pub fn top_level(
+    bytes: &[u8],
+) -> Result<(Vec<String>, Vec<String>), wasmparser::BinaryReaderError> {
+    let (mut names, mut exports) = (Vec::new(), Vec::new());
     let mut depth = 0usize;
     for payload in wasmparser::Parser::new(0).parse_all(bytes) {
         match payload? {
@@ -22,10 +29,15 @@ pub fn top_level_imports(bytes: &[u8]) -> Result<Vec<String>, wasmparser::Binary
                     names.push(import?.name.name.to_string());
                 }
             }
+            wasmparser::Payload::ComponentExportSection(reader) if depth == 0 => {
+                for export in reader {
+                    exports.push(export?.name.name.to_string());
+                }
+            }
             _ => {}
         }
     }
-    Ok(names)
+    Ok((names, exports))
 }
 
 /// Every import of `component` that `linker` cannot satisfy, found by linking a copy of the

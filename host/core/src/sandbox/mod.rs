@@ -179,6 +179,8 @@ pub struct Sandbox {
     core: std::sync::OnceLock<Core>,
     /// One permit per pooled instance slot: calls beyond the pool wait instead of failing.
     slots: Arc<tokio::sync::Semaphore>,
+    /// Compiles started (from bytes or from a file), for checks that nothing was compiled.
+    compiles: std::sync::atomic::AtomicU64,
 }
 
 /// What the sandbox builds on first use.
@@ -219,7 +221,13 @@ impl Sandbox {
     /// when it is first needed; [`Sandbox::ready`] builds it now.
     pub fn new(cache_root: &Path, limits: SandboxLimits) -> Result<Self, LoadError> {
         let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_concurrent_calls as usize));
-        Ok(Self { cache_root: cache_root.to_path_buf(), limits, core: Default::default(), slots })
+        Ok(Self {
+            cache_root: cache_root.to_path_buf(),
+            limits,
+            core: Default::default(),
+            slots,
+            compiles: Default::default(),
+        })
     }
 
     /// The engine and what goes with it, built on first use (by one caller; a concurrent
@@ -246,8 +254,14 @@ impl Sandbox {
         &self.limits
     }
 
+    /// How many compiles this sandbox has started.
+    pub fn compiles(&self) -> u64 {
+        self.compiles.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Compiles `bytes` (bounded in size and time) without caching.
     pub fn compile(&self, bytes: &[u8]) -> Result<Component, LoadError> {
+        self.compiles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         cache::compile(
             &self.core()?.engine,
             Arc::from(bytes),
@@ -273,14 +287,18 @@ impl Sandbox {
         wasm: &Path,
     ) -> Result<(Component, LoadSource, Option<String>), LoadError> {
         let core = self.core()?;
-        core.cache.load_or_compile(
+        let loaded = core.cache.load_or_compile(
             &core.engine,
             digest,
             recorded,
             wasm,
             self.limits.max_component_bytes,
             self.limits.compile_timeout,
-        )
+        )?;
+        if !matches!(loaded.1, LoadSource::Cache) {
+            self.compiles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(loaded)
     }
 
     /// Checks the imports of a component's bytes before anything is compiled: a component
@@ -295,6 +313,13 @@ impl Sandbox {
     /// The interfaces the component in `bytes` imports (package, interface and version).
     pub fn imports(&self, bytes: &[u8]) -> Result<Vec<String>, LoadError> {
         imports::top_level_imports(bytes)
+            .map_err(|e| LoadError::Compile { source: wasmtime::format_err!("{e}") })
+    }
+
+    /// The names the component in `bytes` exports at its top level (its interfaces).
+    pub fn exports(&self, bytes: &[u8]) -> Result<Vec<String>, LoadError> {
+        imports::top_level(bytes)
+            .map(|(_, exports)| exports)
             .map_err(|e| LoadError::Compile { source: wasmtime::format_err!("{e}") })
     }
 

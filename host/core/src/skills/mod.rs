@@ -32,6 +32,10 @@ pub const MAX_FILES: usize = 64;
 pub const MAX_FILE_BYTES: usize = 1024 * 1024;
 /// Bytes of all reference files together, at most.
 pub const MAX_TOTAL_BYTES: usize = 8 * 1024 * 1024;
+/// Bytes a skill bundle from a registry may hold in all: its `SKILL.md`, reference files and
+/// components at their limits.
+pub const MAX_SKILL_BUNDLE_BYTES: u64 =
+    (MAX_SKILL_MD + MAX_TOTAL_BYTES) as u64 + package::MAX_COMPONENTS_TOTAL;
 /// Tool components one skill may bundle, at most.
 pub const MAX_COMPONENTS: usize = 16;
 /// Bytes of a loaded skill's body that enter a request; the rest is paged with `skills_load`.
@@ -109,6 +113,10 @@ pub struct SkillRecord {
     pub files: Vec<SkillFile>,
     /// The components it bundles (installed as tools).
     pub tools: Vec<String>,
+    /// Installed from a registry (`source` is the `oci://` reference): the digest of the
+    /// manifest it named then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub manifest_digest: Option<String>,
 }
 
 /// One stored version of a skill, with its body.
@@ -159,6 +167,17 @@ pub fn install_in(
     source: &str,
     upgrade: bool,
 ) -> Result<SkillInstalled, StoreError> {
+    install_from_in(c, pkg, source, None, upgrade)
+}
+
+/// [`install_in`], recording the digest of the registry manifest it was pulled from.
+pub fn install_from_in(
+    c: &Connection,
+    pkg: &SkillPackage,
+    source: &str,
+    manifest_digest: Option<&str>,
+    upgrade: bool,
+) -> Result<SkillInstalled, StoreError> {
     let current: Option<String> = c
         .query_row("SELECT digest FROM skills WHERE name=?1", [&pkg.name], |r| r.get(0))
         .optional()?;
@@ -189,13 +208,15 @@ pub fn install_in(
     let at = crate::names::now();
     if current.is_some() {
         c.execute(
-            "UPDATE skills SET digest=?2, source=?3, installed_at=?4 WHERE name=?1",
-            params![pkg.name, pkg.digest, source, at],
+            "UPDATE skills SET digest=?2, source=?3, installed_at=?4, manifest_digest=?5
+             WHERE name=?1",
+            params![pkg.name, pkg.digest, source, at, manifest_digest],
         )?;
     } else {
         c.execute(
-            "INSERT INTO skills (name, digest, source, installed_at) VALUES (?1, ?2, ?3, ?4)",
-            params![pkg.name, pkg.digest, source, at],
+            "INSERT INTO skills (name, digest, source, installed_at, manifest_digest)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![pkg.name, pkg.digest, source, at, manifest_digest],
         )?;
     }
     let skill = get_in(c, &pkg.name)?
@@ -219,7 +240,7 @@ fn parse_list<T: serde::de::DeserializeOwned>(text: &str) -> rusqlite::Result<T>
 }
 
 const RECORD: &str = "SELECT s.name, v.description, s.digest, s.source, s.installed_at,
-    length(CAST(v.body AS BLOB)), v.files, v.tools
+    length(CAST(v.body AS BLOB)), v.files, v.tools, s.manifest_digest
     FROM skills s JOIN skill_versions v ON v.digest = s.digest";
 
 fn record(r: &rusqlite::Row<'_>) -> rusqlite::Result<SkillRecord> {
@@ -232,6 +253,7 @@ fn record(r: &rusqlite::Row<'_>) -> rusqlite::Result<SkillRecord> {
         body_bytes: r.get::<_, i64>(5)? as usize,
         files: parse_list(&r.get::<_, String>(6)?)?,
         tools: parse_list(&r.get::<_, String>(7)?)?,
+        manifest_digest: r.get(8)?,
     })
 }
 

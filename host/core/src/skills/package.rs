@@ -94,6 +94,13 @@ pub(super) fn find_closing(rest: &str) -> Option<(&str, &str)> {
 /// Symbolic links are refused (a skill's files are its own); hidden files and directories
 /// (`.git`) are skipped.
 pub fn read_package(path: &Path) -> Result<SkillPackage, SkillError> {
+    let all = read_files(path)?;
+    package_of(&path.display().to_string(), all)
+}
+
+/// A skill directory's files (or a `SKILL.md` alone), by relative path, in path order: their
+/// counts and sizes checked before a byte is read.
+pub fn read_files(path: &Path) -> Result<Vec<(String, Vec<u8>)>, SkillError> {
     let shown = path.display().to_string();
     let meta = std::fs::symlink_metadata(path)
         .map_err(|source| SkillError::Read { path: shown.clone(), source })?;
@@ -123,6 +130,53 @@ pub fn read_package(path: &Path) -> Result<SkillPackage, SkillError> {
         all.push((rel.clone(), bytes));
     }
     all.sort_by(|a, b| a.0.cmp(&b.0));
+    if !problems.is_empty() {
+        return Err(invalid(problems));
+    }
+    Ok(all)
+}
+
+/// A skill's files as a registry sent them (each named by its path): the paths checked as a
+/// directory's would be (relative, no hidden part, not too deep), then the counts and sizes.
+pub fn files_from_registry(
+    reference: &str,
+    files: Vec<(String, Vec<u8>)>,
+) -> Result<Vec<(String, Vec<u8>)>, SkillError> {
+    let mut problems = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for (rel, _) in &files {
+        let shown: String = rel.chars().take(120).collect();
+        let parts: Vec<&str> = rel.split('/').collect();
+        if rel.is_empty()
+            || parts.iter().any(|p| p.is_empty() || p.starts_with('.') || p.contains('\\'))
+        {
+            problems.push(format!(
+                "a file is named {shown:?}: a skill file's name is a relative path without \
+                 hidden or empty parts"
+            ));
+        } else if parts.len() > 9 {
+            problems.push(format!("`{shown}` is nested too deep"));
+        } else if !seen.insert(rel.clone()) {
+            problems.push(format!("`{shown}` is sent twice"));
+        }
+    }
+    let found: Vec<(String, std::path::PathBuf, u64)> =
+        files.iter().map(|(r, b)| (r.clone(), std::path::PathBuf::new(), b.len() as u64)).collect();
+    check_sizes(&found, &mut problems);
+    if !problems.is_empty() {
+        return Err(SkillError::Invalid { path: reference.to_string(), problems });
+    }
+    let mut files = files;
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(files)
+}
+
+/// Checks a skill's files (from [`read_files`] or [`files_from_registry`]) and reads them
+/// into a package; `shown` names where they came from in errors.
+pub fn package_of(shown: &str, all: Vec<(String, Vec<u8>)>) -> Result<SkillPackage, SkillError> {
+    let invalid =
+        |problems: Vec<String>| SkillError::Invalid { path: shown.to_string(), problems };
+    let mut problems = Vec::new();
     let Some(skill_md) = all.iter().find(|(p, _)| p == "SKILL.md").map(|f| f.1.clone()) else {
         return Err(invalid(vec!["there is no SKILL.md at the top of the directory".into()]));
     };

@@ -646,4 +646,11 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[
     ALTER TABLE components ADD COLUMN signer_key TEXT;
     ALTER TABLE components ADD COLUMN unsigned_allowed INTEGER NOT NULL DEFAULT 0;",
     ),
+    // Components and skills installed from a registry: the digest of the manifest the
+    // reference (kept in `source`) named when it was pulled, so a tag that moved is seen.
+    (
+        22,
+        "ALTER TABLE components ADD COLUMN manifest_digest TEXT;
+    ALTER TABLE skills ADD COLUMN manifest_digest TEXT;",
+    ),
 ];

@@ -28,6 +28,10 @@ pub struct ComponentRecord {
     /// Installed without the signature its source requires, on purpose (`--allow-unsigned`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub unsigned_allowed: bool,
+    /// Installed from a registry (`source` is the `oci://` reference): the digest of the
+    /// manifest the reference named then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub manifest_digest: Option<String>,
 }
 
 /// One tool, as its component described it at install time.
@@ -74,11 +78,12 @@ fn component_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ComponentRecord
         signer: r.get(7)?,
         signer_key: r.get(8)?,
         unsigned_allowed: r.get(9)?,
+        manifest_digest: r.get(10)?,
     })
 }
 
 const COMPONENT_COLUMNS: &str =
-    "name, digest, size, source, builtin, installed_at, kind, signer, signer_key, unsigned_allowed";
+    "name, digest, size, source, builtin, installed_at, kind, signer, signer_key, unsigned_allowed, manifest_digest";
 
 pub fn component(conn: &Connection, name: &str) -> Result<Option<ComponentRecord>, StoreError> {
     let sql = format!("SELECT {COMPONENT_COLUMNS} FROM components WHERE name = ?1");
@@ -181,8 +186,8 @@ pub fn put_in(
     tx.execute("DELETE FROM components WHERE name = ?1", [&component.name])?;
     tx.execute(
         "INSERT INTO components (name, digest, size, source, builtin, installed_at, kind,
-                                 signer, signer_key, unsigned_allowed)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                                 signer, signer_key, unsigned_allowed, manifest_digest)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         params![
             component.name,
             component.digest,
@@ -193,7 +198,8 @@ pub fn put_in(
             component.kind,
             component.signer,
             component.signer_key,
-            component.unsigned_allowed
+            component.unsigned_allowed,
+            component.manifest_digest
         ],
     )?;
     for t in tools {

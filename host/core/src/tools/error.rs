@@ -88,6 +88,12 @@ pub enum ToolServiceError {
     /// A grant would let a tool reach keel's own home.
     #[error("grant `{grant}`: {reason}")]
     HomeGrant { grant: String, reason: String },
+    /// A registry component's signature does not let it in; refused before it is compiled.
+    #[error(
+        "refused before compiling: {reason} (trust the publisher with `keel trust add NAME KEY \
+         --packages GLOB`, or install it unsigned on purpose with --allow-unsigned)"
+    )]
+    Unverified { package: String, reason: String },
 }
 
 impl ToolServiceError {
@@ -121,6 +127,7 @@ impl ToolServiceError {
             Self::Mcp(e) => e.failure(),
             Self::GrantMoved(_) => FailureKind::GrantMoved,
             Self::HomeGrant { .. } => FailureKind::Grant,
+            Self::Unverified { .. } => FailureKind::Unverified,
         }
     }
 

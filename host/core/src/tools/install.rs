@@ -210,6 +210,26 @@ pub enum InstallMode {
     Builtin,
 }
 
+/// Where a component being installed comes from.
+#[derive(Debug, Clone)]
+pub enum Origin {
+    /// A local file (or a file a local skill bundles), named by `source`. A signature is not
+    /// required; the trusted key covering the component's name that made one is recorded.
+    Local { source: String },
+    /// A registry artifact whose digests the pull checked. A signature by a trusted key whose
+    /// scope covers `package` is required before anything reads its imports or compiles it,
+    /// unless `allow_unsigned` (then the record says so).
+    Registry { reference: String, manifest_digest: String, package: String, allow_unsigned: bool },
+}
+
+impl Origin {
+    fn source(&self) -> &str {
+        match self {
+            Self::Local { source } | Self::Registry { reference: source, .. } => source,
+        }
+    }
+}
+
 /// What `install` did.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct InstallReport {
@@ -329,6 +349,19 @@ impl ToolService {
         source: &str,
         mode: InstallMode,
     ) -> Result<InstallReport, ToolServiceError> {
+        self.install_from(bytes, name, &Origin::Local { source: source.to_string() }, mode).await
+    }
+
+    /// [`install_as`](Self::install_as) from an [`Origin`]. In order: the name, then for a
+    /// registry artifact the signature (its digests were checked by the pull), then
+    /// [`check_component`](Self::check_component)'s imports, compile and descriptions.
+    pub async fn install_from(
+        &self,
+        bytes: &[u8],
+        name: &str,
+        origin: &Origin,
+        mode: InstallMode,
+    ) -> Result<InstallReport, ToolServiceError> {
         let builtin = mode == InstallMode::Builtin;
         if !valid_component_name(name) {
             return Err(ToolServiceError::InvalidComponentName { name: name.to_string() });
@@ -350,8 +383,26 @@ impl ToolService {
                 digest: old.digest.clone(),
             });
         }
+        // A registry artifact's signature, before anything reads its imports or compiles it.
+        let verified = match origin {
+            Origin::Local { .. } => None,
+            Origin::Registry { package, allow_unsigned, .. } => {
+                Some(self.registry_verdict(bytes, package, *allow_unsigned)?)
+            }
+        };
         let Checked { component, prepared, tools, compile_ms, signer, .. } =
             self.check_component(bytes, name).await?;
+        let (signer, unsigned_allowed) = match verified {
+            None => (signer, false),
+            Some(key) => {
+                let unsigned = key.is_none();
+                (key, unsigned)
+            }
+        };
+        let manifest_digest = match origin {
+            Origin::Registry { manifest_digest, .. } => Some(manifest_digest.clone()),
+            Origin::Local { .. } => None,
+        };
         let clashes = self.clashes(name, &tools)?;
         if !clashes.is_empty() {
             return Err(ToolServiceError::NameClash { clashes });
@@ -371,13 +422,14 @@ impl ToolService {
             name: name.to_string(),
             digest: digest.clone(),
             size: bytes.len() as u64,
-            source: source.to_string(),
+            source: origin.source().to_string(),
             builtin,
             installed_at: now(),
             kind: super::SourceKind::Component,
             signer_key: signer.as_ref().map(|t| t.public_key.clone()),
             signer: signer.map(|t| t.name),
-            unsigned_allowed: false,
+            unsigned_allowed,
+            manifest_digest,
         };
         let (replaced, upgrade) = {
             let mut db = self.db();
@@ -396,6 +448,25 @@ impl ToolService {
         self.invalidate_catalog();
         self.prepared.lock().unwrap_or_else(PoisonError::into_inner).insert(digest, prepared);
         Ok(InstallReport { component: record, tools, replaced, upgrade, compile_ms })
+    }
+
+    /// The trusted key whose signature on a registry component covers `package`; without one,
+    /// the refusal naming what failed (unsigned, untrusted key, key outside its scope) — or,
+    /// with `allow_unsigned`, `None`.
+    pub fn registry_verdict(
+        &self,
+        bytes: &[u8],
+        package: &str,
+        allow_unsigned: bool,
+    ) -> Result<Option<super::trust::TrustedKey>, ToolServiceError> {
+        match super::trust::verdict_in(&self.db(), bytes, package)? {
+            Ok(key) => Ok(Some(key)),
+            Err(_) if allow_unsigned => Ok(None),
+            Err(why) => Err(ToolServiceError::Unverified {
+                package: package.to_string(),
+                reason: format!("`{package}`: {why}"),
+            }),
+        }
     }
 
     /// What install checks of a component, in its order, before anything is written: size and

@@ -38,7 +38,7 @@ pub use catalog::{
 pub use changes::ChangeSet;
 pub use error::ToolServiceError;
 pub use install::{
-    Checked, FileInspection, InstallMode, InstallReport, UpgradeDiff, describe_budget,
+    Checked, FileInspection, InstallMode, InstallReport, Origin, UpgradeDiff, describe_budget,
     now as install_time, valid_component_name, valid_tool_name,
 };
 pub use lease::{LeaseBusy, LeaseRequest, Leases};

@@ -157,6 +157,53 @@ pub fn signer_in(
     Ok(None)
 }
 
+/// Why a registry artifact's signature does not let it in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unverified {
+    /// It carries no signature.
+    Unsigned,
+    /// No trusted key made any of its signatures.
+    Untrusted,
+    /// A trusted key signed it, but its scope does not cover the package.
+    OutOfScope { key: String, packages: String },
+}
+
+impl std::fmt::Display for Unverified {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unsigned => f.write_str("it is not signed"),
+            Self::Untrusted => f.write_str("it is signed, but by no key keel trusts"),
+            Self::OutOfScope { key, packages } => write!(
+                f,
+                "it is signed by the trusted key `{key}`, whose scope ({packages}) does not \
+                 cover this package"
+            ),
+        }
+    }
+}
+
+/// The trusted key whose signature on `bytes` covers `package`, or why there is none: what a
+/// component from a registry must have before anything compiles it.
+pub fn verdict_in(
+    c: &Connection,
+    bytes: &[u8],
+    package: &str,
+) -> Result<Result<TrustedKey, Unverified>, StoreError> {
+    if !crate::signing::is_signed(bytes) {
+        return Ok(Err(Unverified::Unsigned));
+    }
+    let mut outside = None;
+    for t in list_in(c)? {
+        if crate::signing::verify(bytes, &t.key()?).is_ok() {
+            if t.covers(package) {
+                return Ok(Ok(t));
+            }
+            outside.get_or_insert(Unverified::OutOfScope { key: t.name, packages: t.packages });
+        }
+    }
+    Ok(Err(outside.unwrap_or(Unverified::Untrusted)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::glob_matches;

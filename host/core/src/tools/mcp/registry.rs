@@ -73,6 +73,7 @@ pub fn put_in(c: &Connection, spec: &ServerSpec, offer: &Offer) -> Result<(), St
         signer: None,
         signer_key: None,
         unsigned_allowed: false,
+        manifest_digest: None,
     };
     let records: Vec<ToolRecord> = offer.tools.iter().map(|t| t.record.clone()).collect();
     // Earlier versions of the server's tools cannot run (the server is what it is now).

@@ -1,0 +1,211 @@
+//! The use cases of registries: publishing components and skills as OCI artifacts,
+//! installing them by reference (digests checked, then signatures, then imports, then
+//! compile), and finding installed components whose tag now names other bytes.
+
+use super::*;
+use crate::oci::{ArtifactKind, Credentials, OciError, OciRef, Pushed, Registry};
+use crate::tools::Origin;
+
+/// One installed component from a registry, against what its tag names today.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Outdated {
+    pub name: String,
+    /// The reference it was installed from.
+    pub reference: String,
+    /// The manifest digest it was installed at.
+    pub installed: String,
+    /// What the reference's tag names now (`None` when it could not be asked, or when the
+    /// reference is pinned by digest and cannot move).
+    pub current: Option<String>,
+    /// Whether the tag now names another digest.
+    pub outdated: bool,
+    /// Why the registry could not be asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Options of an install from a registry.
+#[derive(Debug, Clone, Default)]
+pub struct RegistryInstall<'a> {
+    /// The component name (default: the repository's last part).
+    pub name: Option<&'a str>,
+    /// Replace an installed component (or skill) of that name.
+    pub upgrade: bool,
+    /// Install even without a trusted signature covering the package (recorded).
+    pub allow_unsigned: bool,
+    /// The secret holding the registry's credentials (`USER:PASSWORD`).
+    pub auth: Option<&'a str>,
+}
+
+fn parse(reference: &str) -> Result<OciRef, ApiError> {
+    Ok(reference.parse::<OciRef>().map_err(OciError::from)?)
+}
+
+/// The component name a repository suggests: its last part, as a component name.
+fn name_of(r: &OciRef) -> String {
+    let last = r.repository.rsplit('/').next().unwrap_or(&r.repository);
+    last.replace('.', "-").to_lowercase()
+}
+
+impl Harness {
+    /// A client of `r`'s registry, with the credentials in the secret `auth`.
+    fn registry(&self, r: &OciRef, auth: Option<&str>) -> Result<Registry, ApiError> {
+        let credentials = match auth {
+            None => None,
+            Some(name) => {
+                let store = crate::secrets::SecretStore::new(self.tools.home().root());
+                let values = store
+                    .get(&[name.to_string()])
+                    .map_err(crate::tools::ToolServiceError::from)?;
+                let value = values.into_iter().next().map(|(_, v)| v);
+                let value = value.ok_or_else(|| ApiError::Input(format!("no secret `{name}`")))?;
+                Some(
+                    Credentials::from_secret(value.expose())
+                        .map_err(|e| ApiError::Input(format!("secret `{name}`: {e}")))?,
+                )
+            }
+        };
+        Ok(Registry::new(r, credentials.as_ref()))
+    }
+
+    /// Publishes a component file to `reference` (which names a tag) as a wasm OCI artifact,
+    /// its bytes unchanged. The file must be a component; nothing is compiled.
+    pub async fn publish_tool(
+        &self,
+        caller: &Caller,
+        bytes: Vec<u8>,
+        reference: &str,
+        auth: Option<&str>,
+    ) -> Result<Pushed, ApiError> {
+        caller.require_admin("publishing a tool")?;
+        let r = parse(reference)?;
+        let sandbox = self.tools.sandbox();
+        let limit = sandbox.limits().max_component_bytes;
+        if bytes.len() as u64 > limit {
+            let size = bytes.len() as u64;
+            let e = crate::sandbox::LoadError::TooLarge { size, limit };
+            return Err(crate::tools::ToolServiceError::from(e).into());
+        }
+        let checked = crate::sandbox::check_header(&bytes)
+            .and_then(|()| Ok((sandbox.imports(&bytes)?, sandbox.exports(&bytes)?)));
+        let (imports, exports) = checked.map_err(crate::tools::ToolServiceError::from)?;
+        Ok(self.registry(&r, auth)?.push_component(&r, bytes, imports, exports).await?)
+    }
+
+    /// Installs the component `reference` names: pulled with every digest checked, then
+    /// refused unless a trusted key whose scope covers the package signed it (or
+    /// `allow_unsigned`), and only then inspected, compiled and installed as a local file is.
+    pub async fn install_tool_from(
+        &self,
+        caller: &Caller,
+        reference: &str,
+        opts: &RegistryInstall<'_>,
+    ) -> Result<InstallReport, ApiError> {
+        caller.require_admin("installing a tool")?;
+        let r = parse(reference)?;
+        let limit = self.tools.sandbox().limits().max_component_bytes;
+        let pulled = self.registry(&r, opts.auth)?.pull(&r, ArtifactKind::Component, limit).await?;
+        let bytes = pulled.files.into_iter().next().map(|f| f.1).unwrap_or_default();
+        let name = opts.name.map(str::to_string).unwrap_or_else(|| name_of(&r));
+        let origin = Origin::Registry {
+            reference: r.to_string(),
+            manifest_digest: pulled.digest,
+            package: r.package(),
+            allow_unsigned: opts.allow_unsigned,
+        };
+        let mode = if opts.upgrade { InstallMode::Upgrade } else { InstallMode::New };
+        Ok(self.tools.install_from(&bytes, &name, &origin, mode).await?)
+    }
+
+    /// The installed components from a registry by tag, each against what its tag names now.
+    /// A registry that cannot be asked is reported on its rows, not as a failure of all.
+    pub async fn tools_outdated(
+        &self,
+        caller: &Caller,
+        auth: Option<&str>,
+    ) -> Result<Vec<Outdated>, ApiError> {
+        caller.require_admin("checking installed tools against their registries")?;
+        let mut out = Vec::new();
+        for c in self.tools.components()? {
+            let Some(installed) = c.manifest_digest.clone() else { continue };
+            let Ok(r) = c.source.parse::<OciRef>() else { continue };
+            let mut row = Outdated {
+                name: c.name.clone(),
+                reference: c.source.clone(),
+                installed,
+                current: None,
+                outdated: false,
+                error: None,
+            };
+            if let Some(by_tag) = r.by_tag() {
+                match self.registry(&by_tag, auth)?.resolve(&by_tag).await {
+                    Ok(now) => {
+                        row.outdated = now != row.installed;
+                        row.current = Some(now);
+                    }
+                    Err(e) => row.error = Some(e.to_string()),
+                }
+            }
+            out.push(row);
+        }
+        Ok(out)
+    }
+
+    /// Publishes the skill at `path` (checked as install checks it) to `reference`: one layer
+    /// per file, `SKILL.md` and its bundled components among them.
+    pub async fn publish_skill(
+        &self,
+        caller: &Caller,
+        path: &std::path::Path,
+        reference: &str,
+        auth: Option<&str>,
+    ) -> Result<Pushed, ApiError> {
+        caller.require_admin("publishing a skill")?;
+        let r = parse(reference)?;
+        let files = crate::skills::read_files(path)?;
+        let pkg = crate::skills::package_of(&path.display().to_string(), files.clone())?;
+        Ok(self.registry(&r, auth)?.push_skill(&r, &pkg.name, files).await?)
+    }
+
+    /// Installs the skill `reference` names: pulled with every digest checked, its files
+    /// checked as a directory's are, its bundled components under the registry's rules
+    /// (a trusted signature covering the package, or `allow_unsigned`).
+    pub async fn install_skill_from(
+        &self,
+        caller: &Caller,
+        reference: &str,
+        opts: &RegistryInstall<'_>,
+    ) -> Result<SkillInstallReport, ApiError> {
+        caller.require_admin("installing a skill")?;
+        let r = parse(reference)?;
+        let limit = crate::skills::MAX_SKILL_BUNDLE_BYTES;
+        let pulled = self.registry(&r, opts.auth)?.pull(&r, ArtifactKind::Skill, limit).await?;
+        let source = r.to_string();
+        let files = crate::skills::files_from_registry(&source, pulled.files)?;
+        let pkg = crate::skills::package_of(&source, files)?;
+        let registry = SkillRegistry {
+            manifest_digest: pulled.digest,
+            package: r.package(),
+            allow_unsigned: opts.allow_unsigned,
+        };
+        self.install_skill_package(pkg, &source, Some(registry), opts.upgrade).await
+    }
+}
+
+/// Where a skill installed from a registry came from, for its record and its components'.
+pub(super) struct SkillRegistry {
+    pub manifest_digest: String,
+    pub package: String,
+    pub allow_unsigned: bool,
+}
+
+impl SkillRegistry {
+    pub(super) fn origin(&self, source: String) -> Origin {
+        Origin::Registry {
+            reference: source,
+            manifest_digest: self.manifest_digest.clone(),
+            package: self.package.clone(),
+            allow_unsigned: self.allow_unsigned,
+        }
+    }
+}
