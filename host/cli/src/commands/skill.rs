@@ -16,8 +16,13 @@ pub enum SkillCommand {
     /// Check and install a skill: a directory holding SKILL.md (YAML front matter with `name`
     /// and `description`, then the method), with optional reference files and tool components
     /// (*.wasm, installed as tools). A skill grants nothing: its text is shown to the model,
-    /// its tools follow each session's grants and policy.
+    /// its tools follow each session's grants and policy. From a registry
+    /// (oci://REGISTRY/REPOSITORY:TAG or …@sha256:DIGEST), its components need a signature by
+    /// a trusted key covering the repository.
     Install(SkillInstallArgs),
+    /// Publish a skill directory to a registry (oci://REGISTRY/REPOSITORY:TAG), one layer per
+    /// file; prints the digest reference.
+    Publish(SkillPublishArgs),
     /// List the installed skills.
     List(SkillJson),
     /// Show a skill: description, digest, files, bundled tools and its method (--body).
@@ -36,11 +41,34 @@ pub struct SkillJson {
 
 #[derive(Args)]
 pub struct SkillInstallArgs {
-    /// The skill directory, or its SKILL.md alone.
-    path: PathBuf,
+    /// The skill directory, its SKILL.md alone, or a registry reference (oci://…).
+    #[arg(value_name = "DIR|oci://REF")]
+    path: String,
+    /// From a registry: install its components even without a signature by a trusted key
+    /// covering the repository (the install records it).
+    #[arg(long)]
+    allow_unsigned: bool,
+    /// From a registry: the secret holding its credentials (USER:PASSWORD).
+    #[arg(long, value_name = "SECRET")]
+    auth: Option<String>,
     /// Replace an installed skill of the same name (and upgrade the components it bundles).
     #[arg(long)]
     upgrade: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct SkillPublishArgs {
+    /// The skill directory (checked as install checks it).
+    dir: PathBuf,
+    /// Where to publish: oci://REGISTRY/REPOSITORY:TAG.
+    #[arg(value_name = "oci://REF")]
+    reference: String,
+    /// The secret holding the registry's credentials (USER:PASSWORD).
+    #[arg(long, value_name = "SECRET")]
+    auth: Option<String>,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -133,6 +161,7 @@ pub struct MemoryRemoveArgs {
 pub async fn execute(home: PathBuf, cmd: SkillCommand) -> ExitCode {
     let json = match &cmd {
         SkillCommand::Install(a) => a.json,
+        SkillCommand::Publish(a) => a.json,
         SkillCommand::List(a) => a.json,
         SkillCommand::Inspect(a) => a.json,
         SkillCommand::Remove(a) => a.json,
@@ -143,15 +172,48 @@ pub async fn execute(home: PathBuf, cmd: SkillCommand) -> ExitCode {
     };
     match cmd {
         SkillCommand::Install(a) => install(&h, a).await,
+        SkillCommand::Publish(a) => publish(&h, a).await,
         SkillCommand::List(a) => list(&h, a.json).await,
         SkillCommand::Inspect(a) => inspect(&h, a).await,
         SkillCommand::Remove(a) => remove(&h, a).await,
     }
 }
 
+async fn publish(h: &Harness, a: SkillPublishArgs) -> ExitCode {
+    eprintln!("keel: publishing the skill at {} to {} …", a.dir.display(), inert(&a.reference));
+    match h.publish_skill(&Caller::Operator, &a.dir, &a.reference, a.auth.as_deref()).await {
+        Ok(p) => {
+            if a.json {
+                println!("{}", json!({"ok": true, "publish": p}));
+            } else {
+                println!("published {} ({} bytes)", inert(&p.reference), p.size);
+                println!("{}", inert(&p.pinned));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => super::api_fail(a.json, &e),
+    }
+}
+
 async fn install(h: &Harness, a: SkillInstallArgs) -> ExitCode {
-    eprintln!("keel: checking the skill at {}…", a.path.display());
-    let r = match h.install_skill(&Caller::Operator, &a.path, a.upgrade).await {
+    let installed = if a.path.starts_with("oci://") {
+        eprintln!("keel: pulling {} …", inert(&a.path));
+        let opts = keel::api::RegistryInstall {
+            name: None,
+            upgrade: a.upgrade,
+            allow_unsigned: a.allow_unsigned,
+            auth: a.auth.as_deref(),
+        };
+        h.install_skill_from(&Caller::Operator, &a.path, &opts).await
+    } else if a.allow_unsigned || a.auth.is_some() {
+        let msg = "--allow-unsigned and --auth are for oci:// references";
+        return super::fail(a.json, "input", msg, super::EXIT_REFUSED);
+    } else {
+        let path = PathBuf::from(&a.path);
+        eprintln!("keel: checking the skill at {}…", path.display());
+        h.install_skill(&Caller::Operator, &path, a.upgrade).await
+    };
+    let r = match installed {
         Ok(r) => r,
         Err(e) => return super::api_fail(a.json, &e),
     };

@@ -14,8 +14,16 @@ use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert, inert_
 
 #[derive(Subcommand)]
 pub enum ToolCommand {
-    /// Validate and install a tool component (.wasm), pinned by its sha256.
+    /// Validate and install a tool component (.wasm), pinned by its sha256: from a file, or
+    /// from a registry (oci://REGISTRY/REPOSITORY:TAG or …@sha256:DIGEST), which requires a
+    /// signature by a trusted key covering the repository (`keel trust add`).
     Install(InstallArgs),
+    /// Publish a component file to a registry as a wasm OCI artifact (the layout other wasm
+    /// tools read); prints the digest reference, which always names these bytes.
+    Publish(PublishArgs),
+    /// List the installed components from a registry whose tag now names another digest
+    /// (a tag that moved is never followed silently: `keel tool install --upgrade REF`).
+    Outdated(OutdatedArgs),
     /// List installed tools.
     List(JsonArg),
     /// Show a tool or component: description, effect, schemas, digest. With --wasm FILE: what
@@ -45,17 +53,54 @@ pub struct JsonArg {
 
 #[derive(Args)]
 pub struct InstallArgs {
-    /// The component file.
-    file: PathBuf,
-    /// Component name (default: the file name without `.wasm`). The names of first-party
-    /// components (`fs`, `csv`) are reserved.
+    /// The component file, or a registry reference: oci://REGISTRY/REPOSITORY:TAG or
+    /// oci://REGISTRY/REPOSITORY@sha256:DIGEST.
+    #[arg(value_name = "FILE|oci://REF")]
+    file: String,
+    /// Component name (default: the file name without `.wasm`, or the repository's last
+    /// part). The names of first-party components (`fs`, `csv`) are reserved.
     #[arg(long)]
     name: Option<String>,
+    /// From a registry: install even without a signature by a trusted key covering the
+    /// repository. The install records it, and `keel tool list` shows it.
+    #[arg(long)]
+    allow_unsigned: bool,
+    /// From a registry: the secret (`keel secret set NAME`) holding its credentials, as
+    /// USER:PASSWORD or USER:TOKEN. Without it, the registry is asked anonymously.
+    #[arg(long, value_name = "SECRET")]
+    auth: Option<String>,
     /// Replace the installed component of that name. Prints the old and new digest and the
     /// tools whose description, schema or effect changed; calls of changed tools need fresh
     /// approvals.
     #[arg(long)]
     upgrade: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct PublishArgs {
+    /// The component file (signed with `keel tool sign` for others to install it).
+    file: PathBuf,
+    /// Where to publish: oci://REGISTRY/REPOSITORY:TAG. Plain HTTP is used only for a
+    /// registry on a loopback address.
+    #[arg(value_name = "oci://REF")]
+    reference: String,
+    /// The secret (`keel secret set NAME`) holding the registry's credentials, as
+    /// USER:PASSWORD or USER:TOKEN.
+    #[arg(long, value_name = "SECRET")]
+    auth: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct OutdatedArgs {
+    /// The secret holding the registries' credentials (USER:PASSWORD).
+    #[arg(long, value_name = "SECRET")]
+    auth: Option<String>,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -123,6 +168,8 @@ pub async fn execute(home: PathBuf, cmd: ToolCommand) -> ExitCode {
     };
     let json = match &cmd {
         ToolCommand::Install(a) => a.json,
+        ToolCommand::Publish(a) => a.json,
+        ToolCommand::Outdated(a) => a.json,
         ToolCommand::List(a) => a.json,
         ToolCommand::Inspect(a) => a.json,
         ToolCommand::Remove(a) => a.json,
@@ -135,6 +182,8 @@ pub async fn execute(home: PathBuf, cmd: ToolCommand) -> ExitCode {
     };
     match cmd {
         ToolCommand::Install(a) => install(&service, a).await,
+        ToolCommand::Publish(a) => publish(&service, a).await,
+        ToolCommand::Outdated(a) => outdated(&service, a).await,
         ToolCommand::List(a) => list(&service, a.json),
         ToolCommand::Inspect(a) => inspect(&service, a).await,
         ToolCommand::Remove(a) => remove(&service, a),
@@ -146,25 +195,41 @@ pub async fn execute(home: PathBuf, cmd: ToolCommand) -> ExitCode {
 }
 
 async fn install(service: &Harness, a: InstallArgs) -> ExitCode {
-    let bytes = match std::fs::read(&a.file) {
-        Ok(b) => b,
-        Err(e) => {
-            let msg = format!("cannot read {}: {e}", a.file.display());
-            return super::fail(a.json, "io", &msg, EXIT_REFUSED);
-        }
-    };
-    let name = a.name.clone().unwrap_or_else(|| {
-        a.file
-            .file_stem()
-            .map(|s| s.to_string_lossy().replace('_', "-").to_lowercase())
-            .unwrap_or_default()
-    });
-    eprintln!("keel: validating and compiling {} ({} bytes)…", a.file.display(), bytes.len());
     let mode = if a.upgrade { InstallMode::Upgrade } else { InstallMode::New };
-    match service
-        .install_tool(&Caller::Operator, &bytes, &name, &a.file.display().to_string(), mode)
-        .await
-    {
+    let result = if a.file.starts_with("oci://") {
+        eprintln!("keel: pulling {} …", inert(&a.file));
+        let opts = keel::api::RegistryInstall {
+            name: a.name.as_deref(),
+            upgrade: a.upgrade,
+            allow_unsigned: a.allow_unsigned,
+            auth: a.auth.as_deref(),
+        };
+        service.install_tool_from(&Caller::Operator, &a.file, &opts).await
+    } else {
+        if a.allow_unsigned || a.auth.is_some() {
+            let msg = "--allow-unsigned and --auth are for oci:// references; a local file is \
+                       installed as it is (signed or not)";
+            return super::fail(a.json, "input", msg, EXIT_REFUSED);
+        }
+        let file = PathBuf::from(&a.file);
+        let bytes = match std::fs::read(&file) {
+            Ok(b) => b,
+            Err(e) => {
+                let msg = format!("cannot read {}: {e}", file.display());
+                return super::fail(a.json, "io", &msg, EXIT_REFUSED);
+            }
+        };
+        let name = a.name.clone().unwrap_or_else(|| {
+            file.file_stem()
+                .map(|s| s.to_string_lossy().replace('_', "-").to_lowercase())
+                .unwrap_or_default()
+        });
+        eprintln!("keel: validating and compiling {} ({} bytes)…", file.display(), bytes.len());
+        service
+            .install_tool(&Caller::Operator, &bytes, &name, &file.display().to_string(), mode)
+            .await
+    };
+    match result {
         Ok(r) => {
             if a.json {
                 println!("{}", json!({"ok": true, "install": r}));
@@ -180,6 +245,13 @@ async fn install(service: &Harness, a: InstallArgs) -> ExitCode {
                         .map(|d| format!(", replacing sha256:{d}"))
                         .unwrap_or_default()
                 );
+                if let Some(m) = &r.component.manifest_digest {
+                    println!("  from     {} ({m})", inert(&r.component.source));
+                    match &r.component.signer {
+                        Some(s) => println!("  signer   {s}"),
+                        None => println!("  signer   none: installed unsigned (--allow-unsigned)"),
+                    }
+                }
                 for t in &r.tools {
                     println!("  {:<20} {:<16} {}", t.name, t.effect, inert(&t.description));
                 }
@@ -201,30 +273,123 @@ async fn install(service: &Harness, a: InstallArgs) -> ExitCode {
 }
 
 fn list(service: &Harness, json_out: bool) -> ExitCode {
-    let tools = match service.tools(&Caller::Operator) {
-        Ok(t) => t,
+    let listed = service
+        .tools(&Caller::Operator)
+        .and_then(|t| Ok((t, service.components(&Caller::Operator)?)));
+    let (tools, components) = match listed {
+        Ok(x) => x,
         Err(e) => return super::api_fail(json_out, &e),
+    };
+    // Who vouches for a tool: the trusted key that signed its component, or that it was
+    // installed unsigned from a registry on purpose.
+    let signed = |component: &str| {
+        let c = components.iter().find(|c| c.name == component);
+        match c {
+            Some(c) if c.unsigned_allowed => "unsigned!".to_string(),
+            Some(c) => c.signer.clone().unwrap_or_else(|| "-".into()),
+            None => "-".into(),
+        }
     };
     if json_out {
         let rows: Vec<_> = tools
             .iter()
             .map(|t| {
+                let c = components.iter().find(|c| c.name == t.component);
                 json!({"name": t.name, "component": t.component, "effect": t.effect,
-                       "idempotent": t.idempotent, "description": t.description})
+                       "idempotent": t.idempotent, "description": t.description,
+                       "signer": c.and_then(|c| c.signer.clone()),
+                       "unsigned_allowed": c.is_some_and(|c| c.unsigned_allowed)})
             })
             .collect();
         println!("{}", serde_json::Value::Array(rows));
     } else {
-        println!("{:<20} {:<10} {:<16} DESCRIPTION", "TOOL", "COMPONENT", "EFFECT");
+        println!(
+            "{:<20} {:<10} {:<16} {:<10} DESCRIPTION",
+            "TOOL", "COMPONENT", "EFFECT", "SIGNER"
+        );
         for t in &tools {
             println!(
-                "{:<20} {:<10} {:<16} {}",
+                "{:<20} {:<10} {:<16} {:<10} {}",
                 t.name,
                 t.component,
                 t.effect,
+                inert(&signed(&t.component)),
                 inert(&t.description)
             );
         }
+        if components.iter().any(|c| c.unsigned_allowed) {
+            println!(
+                "(unsigned!: installed from a registry without a trusted signature, by --allow-unsigned)"
+            );
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+async fn publish(service: &Harness, a: PublishArgs) -> ExitCode {
+    let (bytes, _) = match read_component(&a.file, a.json) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    if !keel::signing::is_signed(&bytes) {
+        eprintln!(
+            "keel: note: {} is not signed; installing it from the registry will need \
+             --allow-unsigned (sign it with `keel tool sign FILE --key NAME`)",
+            a.file.display()
+        );
+    }
+    eprintln!(
+        "keel: publishing {} ({} bytes) to {} …",
+        a.file.display(),
+        bytes.len(),
+        inert(&a.reference)
+    );
+    match service.publish_tool(&Caller::Operator, bytes, &a.reference, a.auth.as_deref()).await {
+        Ok(p) => {
+            if a.json {
+                println!("{}", json!({"ok": true, "publish": p}));
+            } else {
+                println!("published {} ({} bytes)", inert(&p.reference), p.size);
+                println!("{}", inert(&p.pinned));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => super::api_fail(a.json, &e),
+    }
+}
+
+async fn outdated(service: &Harness, a: OutdatedArgs) -> ExitCode {
+    let rows = match service.tools_outdated(&Caller::Operator, a.auth.as_deref()).await {
+        Ok(r) => r,
+        Err(e) => return super::api_fail(a.json, &e),
+    };
+    if a.json {
+        println!("{}", json!({"ok": true, "components": rows}));
+        return ExitCode::SUCCESS;
+    }
+    if rows.is_empty() {
+        println!("no component is installed from a registry");
+        return ExitCode::SUCCESS;
+    }
+    let short =
+        |d: &str| d.strip_prefix("sha256:").unwrap_or(d).chars().take(12).collect::<String>();
+    println!("{:<16} {:<13} {:<13} REFERENCE", "COMPONENT", "INSTALLED", "TAG NOW");
+    for r in &rows {
+        let now = match (&r.current, &r.error) {
+            (Some(c), _) if r.outdated => format!("{} (moved)", short(c)),
+            (Some(_), _) => "same".to_string(),
+            (None, Some(_)) => "unknown".to_string(),
+            (None, None) => "pinned".to_string(),
+        };
+        println!("{:<16} {:<13} {:<13} {}", r.name, short(&r.installed), now, inert(&r.reference));
+        if let Some(e) = &r.error {
+            println!("  {}", inert(e));
+        }
+    }
+    let moved: Vec<&str> =
+        rows.iter().filter(|r| r.outdated).map(|r| r.reference.as_str()).collect();
+    for m in &moved {
+        println!("upgrade with: keel tool install --upgrade {}", inert(m));
     }
     ExitCode::SUCCESS
 }
@@ -330,6 +495,10 @@ async fn inspect(service: &Harness, a: InspectArgs) -> ExitCode {
     println!("sha256     {}", component.digest);
     println!("size       {} bytes", component.size);
     println!("source     {}", inert(&component.source));
+    if let Some(m) = &component.manifest_digest {
+        println!("manifest   {m}");
+    }
+    println!("installed  {}", component.installed_at);
     match (&component.signer, &component.signer_key) {
         (Some(name), Some(key)) => println!("signer     {name} ({key})"),
         _ if component.unsigned_allowed => {

@@ -58,15 +58,15 @@ impl Harness {
         // Every bundled component's signature before any is installed.
         if let Some(r) = &registry {
             for (name, bytes) in &pkg.components {
-                self.tools.registry_verdict(bytes, &r.package, r.allow_unsigned).map_err(
-                    |e| match e {
+                self.tools.registry_verdict(bytes, &r.package, r.allow_unsigned).map_err(|e| {
+                    match e {
                         crate::tools::ToolServiceError::Unverified { package, reason } => {
                             let reason = format!("the skill's component `{name}`: {reason}");
                             crate::tools::ToolServiceError::Unverified { package, reason }
                         }
                         other => other,
-                    },
-                )?;
+                    }
+                })?;
             }
         }
         let mode = if upgrade { InstallMode::Upgrade } else { InstallMode::New };

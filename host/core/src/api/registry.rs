@@ -54,9 +54,8 @@ impl Harness {
             None => None,
             Some(name) => {
                 let store = crate::secrets::SecretStore::new(self.tools.home().root());
-                let values = store
-                    .get(&[name.to_string()])
-                    .map_err(crate::tools::ToolServiceError::from)?;
+                let values =
+                    store.get(&[name.to_string()]).map_err(crate::tools::ToolServiceError::from)?;
                 let value = values.into_iter().next().map(|(_, v)| v);
                 let value = value.ok_or_else(|| ApiError::Input(format!("no secret `{name}`")))?;
                 Some(

@@ -23,6 +23,12 @@ impl Harness {
         Ok(self.tools.tools()?)
     }
 
+    /// The installed components, with where each came from and who signed it (any caller may
+    /// read the catalog).
+    pub fn components(&self, _caller: &Caller) -> Result<Vec<ComponentRecord>, ApiError> {
+        Ok(self.tools.components()?)
+    }
+
     /// The component named `name`, or the one providing the tool `name`, with its tools (any
     /// caller may read it; what a user is shown of it is [`shown::component`]).
     pub fn tool(

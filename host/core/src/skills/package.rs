@@ -174,8 +174,7 @@ pub fn files_from_registry(
 /// Checks a skill's files (from [`read_files`] or [`files_from_registry`]) and reads them
 /// into a package; `shown` names where they came from in errors.
 pub fn package_of(shown: &str, all: Vec<(String, Vec<u8>)>) -> Result<SkillPackage, SkillError> {
-    let invalid =
-        |problems: Vec<String>| SkillError::Invalid { path: shown.to_string(), problems };
+    let invalid = |problems: Vec<String>| SkillError::Invalid { path: shown.to_string(), problems };
     let mut problems = Vec::new();
     let Some(skill_md) = all.iter().find(|(p, _)| p == "SKILL.md").map(|f| f.1.clone()) else {
         return Err(invalid(vec!["there is no SKILL.md at the top of the directory".into()]));

@@ -82,8 +82,7 @@ fn component_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ComponentRecord
     })
 }
 
-const COMPONENT_COLUMNS: &str =
-    "name, digest, size, source, builtin, installed_at, kind, signer, signer_key, unsigned_allowed, manifest_digest";
+const COMPONENT_COLUMNS: &str = "name, digest, size, source, builtin, installed_at, kind, signer, signer_key, unsigned_allowed, manifest_digest";
 
 pub fn component(conn: &Connection, name: &str) -> Result<Option<ComponentRecord>, StoreError> {
     let sql = format!("SELECT {COMPONENT_COLUMNS} FROM components WHERE name = ?1");
