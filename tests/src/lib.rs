@@ -12,6 +12,7 @@ use keel::tools::{CallOutcome, CallRequest, ToolService};
 
 pub mod mcp_peers;
 pub mod mock_model;
+pub mod oci_registry;
 pub mod web_peer;
 
 /// Paths of the test guest components.
