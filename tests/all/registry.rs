@@ -161,9 +161,10 @@ async fn registry_a_moved_tag_is_listed_as_outdated_and_needs_an_upgrade_that_sh
     assert_eq!(rows.len(), 1);
     assert!(!rows[0].outdated && rows[0].current.as_deref() == Some(first.digest.as_str()));
 
-    // The tag moves to other bytes (the same tools, signed again: a new signature section).
-    let (_, again) = keel::signing::generate();
-    let moved = keel::signing::sign(&sign(guests::EFFECTS_COMPONENT), &again).unwrap();
+    // The tag moves to other bytes with the same tools (a custom section more), signed.
+    let plain = std::fs::read(guests::EFFECTS_COMPONENT).unwrap();
+    let next = keel_tests::oci_registry::with_custom_section(&plain, "version", b"2");
+    let moved = keel::signing::sign(&next, &secret).unwrap();
     let second = h.publish_tool(OP, moved, &reference, None).await.unwrap();
     assert_ne!(second.digest, first.digest);
     let rows = h.tools_outdated(OP, None).await.unwrap();
@@ -254,4 +255,32 @@ async fn registry_a_skill_bundle_round_trips_with_its_signed_component() {
     let h2 = harness(local.path()).await;
     let l = h2.install_skill(OP, s, false).await.unwrap();
     assert_eq!(l.installed.skill.digest, skill.digest);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_that_is_down_or_answers_garbage_is_a_clear_error_and_installs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness(dir.path()).await;
+    let before = compiles(&h);
+    // Nothing listens on the port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let down = format!("oci://127.0.0.1:{port}/acme/effects:1");
+    let e = h.install_tool_from(OP, &down, &opts()).await.unwrap_err();
+    assert_eq!(e.kind(), "registry_unreachable", "{e}");
+    assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
+    let bytes = std::fs::read(guests::EFFECTS_COMPONENT).unwrap();
+    let e = h.publish_tool(OP, bytes, &down, None).await.unwrap_err();
+    assert_eq!(e.kind(), "registry_unreachable", "{e}");
+    // A server that answers `ok` to every request.
+    let peer = keel_tests::web_peer::WebPeer::start().await;
+    let garbage = format!("oci://127.0.0.1:{}/acme/effects:1", peer.port);
+    let e = h.install_tool_from(OP, &garbage, &opts()).await.unwrap_err();
+    assert!(matches!(e.kind(), "registry_protocol" | "wrong_artifact"), "{} {e}", e.kind());
+    // A reference that is not one, and a file that is not a component, before any request.
+    let e = h.install_tool_from(OP, "oci://acme/effects:1", &opts()).await.unwrap_err();
+    assert_eq!(e.kind(), "invalid_reference", "{e}");
+    let e = h.publish_tool(OP, b"not wasm".to_vec(), &garbage, None).await.unwrap_err();
+    assert_eq!(e.kind(), "load", "{e}");
+    assert_eq!(compiles(&h), before);
+    assert!(h.components(OP).unwrap().iter().all(|c| c.manifest_digest.is_none()));
 }

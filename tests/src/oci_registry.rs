@@ -65,12 +65,14 @@ impl OciRegistry {
         }
         let config_path = dir.path().join("config.yml");
         std::fs::write(&config_path, config).unwrap();
+        // Its log (404s are logged as errors) goes to a file, shown if it does not start.
+        let log = std::fs::File::create(dir.path().join("registry.log")).unwrap();
         let child = Command::new(binary())
             .arg("serve")
             .arg(&config_path)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(log)
             .spawn()
             .unwrap_or_else(|e| {
                 panic!(
@@ -102,7 +104,8 @@ impl OciRegistry {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("the OCI registry on {} did not answer within 20 s", self.addr);
+        let log = std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default();
+        panic!("the OCI registry on {} did not answer within 20 s; its log:\n{log}", self.addr);
     }
 
     /// `oci://127.0.0.1:PORT/REPOSITORY:TAG`.
@@ -136,5 +139,31 @@ impl OciRegistry {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// `bytes` (a component) with a custom section `name` appended: other bytes, the same tools —
+/// a new version of a component for a tag to move to.
+pub fn with_custom_section(bytes: &[u8], name: &str, payload: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    leb(&mut body, name.len() as u64);
+    body.extend_from_slice(name.as_bytes());
+    body.extend_from_slice(payload);
+    let mut out = bytes.to_vec();
+    out.push(0);
+    leb(&mut out, body.len() as u64);
+    out.extend_from_slice(&body);
+    out
+}
+
+fn leb(out: &mut Vec<u8>, mut v: u64) {
+    loop {
+        let byte = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
     }
 }

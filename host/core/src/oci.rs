@@ -529,10 +529,15 @@ impl Registry {
         let digest = sha256_digest(&body);
         let size = layers.iter().map(|l| l.data.len() as u64).sum();
         let cref = reference.client_ref();
-        self.client
-            .push(&cref, &layers, config, &self.auth, Some(manifest))
-            .await
-            .map_err(|e| self.error(reference, e))?;
+        let err = |e| self.error(reference, e);
+        self.client.store_auth_if_needed(&self.registry, &self.auth).await;
+        for (layer, d) in layers.iter().zip(&manifest.layers) {
+            self.client.push_blob(&cref, layer.data.clone(), &d.digest).await.map_err(err)?;
+        }
+        self.client.push_blob(&cref, config.data, &manifest.config.digest).await.map_err(err)?;
+        // The manifest as these bytes, so the digest printed is the digest stored.
+        let content_type = http::HeaderValue::from_static(OCI_IMAGE_MEDIA_TYPE);
+        self.client.push_manifest_raw(&cref, body, content_type).await.map_err(err)?;
         Ok(Pushed {
             reference: reference.to_string(),
             pinned: reference.by_digest(&digest).to_string(),

@@ -12,6 +12,7 @@ mod boundaries;
 mod console;
 mod mcp;
 mod net;
+mod registry;
 mod run;
 mod serve;
 mod signing;
