@@ -44,13 +44,8 @@ pub struct SkillInstallArgs {
     /// The skill directory, its SKILL.md alone, or a registry reference (oci://…).
     #[arg(value_name = "DIR|oci://REF")]
     path: String,
-    /// From a registry: install its components even without a signature by a trusted key
-    /// covering the repository (the install records it).
-    #[arg(long)]
-    allow_unsigned: bool,
-    /// From a registry: the secret holding its credentials (USER:PASSWORD).
-    #[arg(long, value_name = "SECRET")]
-    auth: Option<String>,
+    #[command(flatten)]
+    registry: super::tool::FromRegistry,
     /// Replace an installed skill of the same name (and upgrade the components it bundles).
     #[arg(long)]
     upgrade: bool,
@@ -63,15 +58,8 @@ pub struct SkillInstallArgs {
 pub struct SkillPublishArgs {
     /// The skill directory (checked as install checks it).
     dir: PathBuf,
-    /// Where to publish: oci://REGISTRY/REPOSITORY:TAG.
-    #[arg(value_name = "oci://REF")]
-    reference: String,
-    /// The secret holding the registry's credentials (USER:PASSWORD).
-    #[arg(long, value_name = "SECRET")]
-    auth: Option<String>,
-    /// Print JSON instead of text.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    to: super::tool::PublishTo,
 }
 
 #[derive(Args)]
@@ -161,7 +149,7 @@ pub struct MemoryRemoveArgs {
 pub async fn execute(home: PathBuf, cmd: SkillCommand) -> ExitCode {
     let json = match &cmd {
         SkillCommand::Install(a) => a.json,
-        SkillCommand::Publish(a) => a.json,
+        SkillCommand::Publish(a) => a.to.json,
         SkillCommand::List(a) => a.json,
         SkillCommand::Inspect(a) => a.json,
         SkillCommand::Remove(a) => a.json,
@@ -180,19 +168,10 @@ pub async fn execute(home: PathBuf, cmd: SkillCommand) -> ExitCode {
 }
 
 async fn publish(h: &Harness, a: SkillPublishArgs) -> ExitCode {
-    eprintln!("keel: publishing the skill at {} to {} …", a.dir.display(), inert(&a.reference));
-    match h.publish_skill(&Caller::Operator, &a.dir, &a.reference, a.auth.as_deref()).await {
-        Ok(p) => {
-            if a.json {
-                println!("{}", json!({"ok": true, "publish": p}));
-            } else {
-                println!("published {} ({} bytes)", inert(&p.reference), p.size);
-                println!("{}", inert(&p.pinned));
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => super::api_fail(a.json, &e),
-    }
+    let to = &a.to;
+    eprintln!("keel: publishing the skill at {} to {} …", a.dir.display(), inert(&to.reference));
+    let result = h.publish_skill(&Caller::Operator, &a.dir, &to.reference, to.auth.as_deref());
+    super::tool::published(to.json, result.await)
 }
 
 async fn install(h: &Harness, a: SkillInstallArgs) -> ExitCode {
@@ -201,11 +180,11 @@ async fn install(h: &Harness, a: SkillInstallArgs) -> ExitCode {
         let opts = keel::api::RegistryInstall {
             name: None,
             upgrade: a.upgrade,
-            allow_unsigned: a.allow_unsigned,
-            auth: a.auth.as_deref(),
+            allow_unsigned: a.registry.allow_unsigned,
+            auth: a.registry.auth.as_deref(),
         };
         h.install_skill_from(&Caller::Operator, &a.path, &opts).await
-    } else if a.allow_unsigned || a.auth.is_some() {
+    } else if a.registry.allow_unsigned || a.registry.auth.is_some() {
         let msg = "--allow-unsigned and --auth are for oci:// references";
         return super::fail(a.json, "input", msg, super::EXIT_REFUSED);
     } else {
@@ -231,6 +210,9 @@ async fn install(h: &Harness, a: SkillInstallArgs) -> ExitCode {
     };
     println!("{what} skill {} (sha256 {})", inert(&s.name), &s.digest[..12]);
     println!("  {}", inert(&s.description));
+    if let Some(m) = &s.manifest_digest {
+        println!("  from {} ({m})", inert(&s.source));
+    }
     if let Some(old) = &r.installed.replaced {
         println!("  replaced sha256 {}", &old[..12.min(old.len())]);
     }

@@ -61,14 +61,8 @@ pub struct InstallArgs {
     /// part). The names of first-party components (`fs`, `csv`) are reserved.
     #[arg(long)]
     name: Option<String>,
-    /// From a registry: install even without a signature by a trusted key covering the
-    /// repository. The install records it, and `keel tool list` shows it.
-    #[arg(long)]
-    allow_unsigned: bool,
-    /// From a registry: the secret (`keel secret set NAME`) holding its credentials, as
-    /// USER:PASSWORD or USER:TOKEN. Without it, the registry is asked anonymously.
-    #[arg(long, value_name = "SECRET")]
-    auth: Option<String>,
+    #[command(flatten)]
+    registry: FromRegistry,
     /// Replace the installed component of that name. Prints the old and new digest and the
     /// tools whose description, schema or effect changed; calls of changed tools need fresh
     /// approvals.
@@ -83,17 +77,37 @@ pub struct InstallArgs {
 pub struct PublishArgs {
     /// The component file (signed with `keel tool sign` for others to install it).
     file: PathBuf,
+    #[command(flatten)]
+    to: PublishTo,
+}
+
+/// Where and how to publish (a component or a skill).
+#[derive(Args)]
+pub struct PublishTo {
     /// Where to publish: oci://REGISTRY/REPOSITORY:TAG. Plain HTTP is used only for a
     /// registry on a loopback address.
     #[arg(value_name = "oci://REF")]
-    reference: String,
+    pub reference: String,
     /// The secret (`keel secret set NAME`) holding the registry's credentials, as
     /// USER:PASSWORD or USER:TOKEN.
     #[arg(long, value_name = "SECRET")]
-    auth: Option<String>,
+    pub auth: Option<String>,
     /// Print JSON instead of text.
     #[arg(long)]
-    json: bool,
+    pub json: bool,
+}
+
+/// How to install from a registry (a component or a skill).
+#[derive(Args)]
+pub struct FromRegistry {
+    /// From a registry: install even without a signature by a trusted key covering the
+    /// repository. The install records it, and `keel tool list` shows it.
+    #[arg(long)]
+    pub allow_unsigned: bool,
+    /// From a registry: the secret (`keel secret set NAME`) holding its credentials, as
+    /// USER:PASSWORD or USER:TOKEN. Without it, the registry is asked anonymously.
+    #[arg(long, value_name = "SECRET")]
+    pub auth: Option<String>,
 }
 
 #[derive(Args)]
@@ -168,7 +182,7 @@ pub async fn execute(home: PathBuf, cmd: ToolCommand) -> ExitCode {
     };
     let json = match &cmd {
         ToolCommand::Install(a) => a.json,
-        ToolCommand::Publish(a) => a.json,
+        ToolCommand::Publish(a) => a.to.json,
         ToolCommand::Outdated(a) => a.json,
         ToolCommand::List(a) => a.json,
         ToolCommand::Inspect(a) => a.json,
@@ -201,12 +215,12 @@ async fn install(service: &Harness, a: InstallArgs) -> ExitCode {
         let opts = keel::api::RegistryInstall {
             name: a.name.as_deref(),
             upgrade: a.upgrade,
-            allow_unsigned: a.allow_unsigned,
-            auth: a.auth.as_deref(),
+            allow_unsigned: a.registry.allow_unsigned,
+            auth: a.registry.auth.as_deref(),
         };
         service.install_tool_from(&Caller::Operator, &a.file, &opts).await
     } else {
-        if a.allow_unsigned || a.auth.is_some() {
+        if a.registry.allow_unsigned || a.registry.auth.is_some() {
             let msg = "--allow-unsigned and --auth are for oci:// references; a local file is \
                        installed as it is (signed or not)";
             return super::fail(a.json, "input", msg, EXIT_REFUSED);
@@ -327,7 +341,7 @@ fn list(service: &Harness, json_out: bool) -> ExitCode {
 }
 
 async fn publish(service: &Harness, a: PublishArgs) -> ExitCode {
-    let (bytes, _) = match read_component(&a.file, a.json) {
+    let (bytes, _) = match read_component(&a.file, a.to.json) {
         Ok(x) => x,
         Err(code) => return code,
     };
@@ -342,11 +356,21 @@ async fn publish(service: &Harness, a: PublishArgs) -> ExitCode {
         "keel: publishing {} ({} bytes) to {} …",
         a.file.display(),
         bytes.len(),
-        inert(&a.reference)
+        inert(&a.to.reference)
     );
-    match service.publish_tool(&Caller::Operator, bytes, &a.reference, a.auth.as_deref()).await {
+    let to = &a.to;
+    let auth = to.auth.as_deref();
+    published(to.json, service.publish_tool(&Caller::Operator, bytes, &to.reference, auth).await)
+}
+
+/// Prints what a publish did (the digest reference last, alone on its line).
+pub(super) fn published(
+    json_out: bool,
+    result: Result<keel::oci::Pushed, keel::api::ApiError>,
+) -> ExitCode {
+    match result {
         Ok(p) => {
-            if a.json {
+            if json_out {
                 println!("{}", json!({"ok": true, "publish": p}));
             } else {
                 println!("published {} ({} bytes)", inert(&p.reference), p.size);
@@ -354,7 +378,7 @@ async fn publish(service: &Harness, a: PublishArgs) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e) => super::api_fail(a.json, &e),
+        Err(e) => super::api_fail(json_out, &e),
     }
 }
 
