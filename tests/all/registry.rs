@@ -165,6 +165,7 @@ async fn registry_a_moved_tag_is_listed_as_outdated_and_needs_an_upgrade_that_sh
     let plain = std::fs::read(guests::EFFECTS_COMPONENT).unwrap();
     let next = keel_tests::oci_registry::with_custom_section(&plain, "version", b"2");
     let moved = keel::signing::sign(&next, &secret).unwrap();
+    let next = next.clone();
     let second = h.publish_tool(OP, moved, &reference, None).await.unwrap();
     assert_ne!(second.digest, first.digest);
     let rows = h.tools_outdated(OP, None).await.unwrap();
@@ -182,6 +183,18 @@ async fn registry_a_moved_tag_is_listed_as_outdated_and_needs_an_upgrade_that_sh
     assert!(diff.changed.is_empty() && diff.added.is_empty() && diff.removed.is_empty());
     assert_eq!(r.component.manifest_digest.as_deref(), Some(second.digest.as_str()));
     assert!(!h.tools_outdated(OP, None).await.unwrap()[0].outdated);
+
+    // An unsigned copy pushed under the same tag: seen as moved, refused as an upgrade before
+    // compiling, and the installed record is unchanged.
+    let before = compiles(&h);
+    let unsigned = h.publish_tool(OP, next, &reference, None).await.unwrap();
+    assert!(h.tools_outdated(OP, None).await.unwrap()[0].outdated);
+    let e = refused(h.install_tool_from(OP, &reference, &up).await.unwrap_err());
+    assert!(e.contains("it is not signed"), "{e}");
+    assert_eq!(compiles(&h), before);
+    let (kept, _) = h.tool(OP, "tool").unwrap();
+    assert_eq!(kept.manifest_digest.as_deref(), Some(second.digest.as_str()));
+    assert_ne!(unsigned.digest, second.digest);
 
     // A registry that is gone is reported on the row, not as a failure of the whole list.
     drop(registry);

@@ -161,8 +161,9 @@ impl Harness {
     ) -> Result<Pushed, ApiError> {
         caller.require_admin("publishing a skill")?;
         let r = parse(reference)?;
-        let files = crate::skills::read_files(path)?;
-        let pkg = crate::skills::package_of(&path.display().to_string(), files.clone())?;
+        let (files, problems) = crate::skills::read_files(path)?;
+        let shown = path.display().to_string();
+        let pkg = crate::skills::package_of(&shown, files.clone(), problems)?;
         Ok(self.registry(&r, auth)?.push_skill(&r, &pkg.name, files).await?)
     }
 
@@ -181,7 +182,7 @@ impl Harness {
         let pulled = self.registry(&r, opts.auth)?.pull(&r, ArtifactKind::Skill, limit).await?;
         let source = r.to_string();
         let files = crate::skills::files_from_registry(&source, pulled.files)?;
-        let pkg = crate::skills::package_of(&source, files)?;
+        let pkg = crate::skills::package_of(&source, files, Vec::new())?;
         let registry = SkillRegistry {
             manifest_digest: pulled.digest,
             package: r.package(),

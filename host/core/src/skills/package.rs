@@ -94,13 +94,16 @@ pub(super) fn find_closing(rest: &str) -> Option<(&str, &str)> {
 /// Symbolic links are refused (a skill's files are its own); hidden files and directories
 /// (`.git`) are skipped.
 pub fn read_package(path: &Path) -> Result<SkillPackage, SkillError> {
-    let all = read_files(path)?;
-    package_of(&path.display().to_string(), all)
+    let (all, problems) = read_files(path)?;
+    package_of(&path.display().to_string(), all, problems)
 }
 
 /// A skill directory's files (or a `SKILL.md` alone), by relative path, in path order: their
-/// counts and sizes checked before a byte is read.
-pub fn read_files(path: &Path) -> Result<Vec<(String, Vec<u8>)>, SkillError> {
+/// counts and sizes checked before a byte is read. The problems found while listing them (a
+/// symbolic link, a name that is not UTF-8) come back beside them, for [`package_of`] to
+/// report with the rest.
+#[allow(clippy::type_complexity)]
+pub fn read_files(path: &Path) -> Result<(Vec<(String, Vec<u8>)>, Vec<String>), SkillError> {
     let shown = path.display().to_string();
     let meta = std::fs::symlink_metadata(path)
         .map_err(|source| SkillError::Read { path: shown.clone(), source })?;
@@ -130,10 +133,7 @@ pub fn read_files(path: &Path) -> Result<Vec<(String, Vec<u8>)>, SkillError> {
         all.push((rel.clone(), bytes));
     }
     all.sort_by(|a, b| a.0.cmp(&b.0));
-    if !problems.is_empty() {
-        return Err(invalid(problems));
-    }
-    Ok(all)
+    Ok((all, problems))
 }
 
 /// A skill's files as a registry sent them (each named by its path): the paths checked as a
@@ -172,12 +172,17 @@ pub fn files_from_registry(
 }
 
 /// Checks a skill's files (from [`read_files`] or [`files_from_registry`]) and reads them
-/// into a package; `shown` names where they came from in errors.
-pub fn package_of(shown: &str, all: Vec<(String, Vec<u8>)>) -> Result<SkillPackage, SkillError> {
+/// into a package; `shown` names where they came from in errors, `problems` are those already
+/// found (each is reported with the rest).
+pub fn package_of(
+    shown: &str,
+    all: Vec<(String, Vec<u8>)>,
+    mut problems: Vec<String>,
+) -> Result<SkillPackage, SkillError> {
     let invalid = |problems: Vec<String>| SkillError::Invalid { path: shown.to_string(), problems };
-    let mut problems = Vec::new();
     let Some(skill_md) = all.iter().find(|(p, _)| p == "SKILL.md").map(|f| f.1.clone()) else {
-        return Err(invalid(vec!["there is no SKILL.md at the top of the directory".into()]));
+        problems.push("there is no SKILL.md at the top of the directory".into());
+        return Err(invalid(problems));
     };
     if skill_md.len() > MAX_SKILL_MD {
         problems.push(format!("SKILL.md is {} bytes, over {MAX_SKILL_MD}", skill_md.len()));
