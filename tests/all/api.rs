@@ -249,3 +249,24 @@ async fn the_session_facts_are_four_sub_owners_read_alone_and_shown_flat() {
     let e = engine.config(&SessionId::from("no-such")).await.unwrap_err();
     assert!(e.to_string().contains("no session `no-such`"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_rule_naming_no_tool_and_no_effect_class_is_refused_with_a_suggestion() {
+    let Fixture { model, _home, work: _work, h, grants } = fixture(vec![]).await;
+    let mut bad = spec(&model.url(), grants.clone(), None);
+    bad.deny = vec!["fs_wrte_file".into()];
+    bad.ask = vec!["write".into()];
+    let e = h.create_session(&Caller::Operator, bad).await.unwrap_err();
+    assert_eq!(e.kind(), "input", "{e}");
+    let e = e.to_string();
+    assert!(e.contains(r#"--deny "fs_wrte_file" names neither an installed tool"#), "{e}");
+    assert!(e.contains("(did you mean `fs_write_file`?)"), "{e}");
+    assert!(e.contains(r#"--ask "write""#) && e.contains("`workspace-write`"), "{e}");
+    assert!(h.sessions(&Caller::Operator).await.unwrap().iter().all(|s| s.id != "api"));
+    // Tools and effect classes are accepted, MCP and control tools included.
+    let mut good = spec(&model.url(), grants, None);
+    good.deny = vec!["fs_write_file".into(), "destructive".into()];
+    good.ask = vec!["plan_create".into()];
+    good.allow = vec!["external".into()];
+    h.create_session(&Caller::Operator, good).await.unwrap();
+}

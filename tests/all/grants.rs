@@ -247,4 +247,9 @@ fn grants_are_validated_when_made() {
     assert!(Grant::check_disjoint(&overlapping).is_err());
     let e = "x=y=z:rw".parse::<Grant>().unwrap_err().to_string();
     assert!(e.contains("x"), "{e}");
+    // An access other than `:ro`/`:rw` is refused, not taken into the guest path.
+    for spec in [format!("{}=/data:rx", ws.display()), format!("{}:RW", ws.display())] {
+        let e = spec.parse::<Grant>().unwrap_err().to_string();
+        assert!(e.contains("is not an access: use `:ro`"), "{spec}: {e}");
+    }
 }

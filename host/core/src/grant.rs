@@ -251,6 +251,11 @@ impl Grant {
 pub enum GrantError {
     #[error("grant `{spec}`: expected HOST_DIR[=GUEST_PATH][:ro|:rw], e.g. ./data=/data:ro")]
     Syntax { spec: String },
+    #[error(
+        "grant `{spec}`: `:{suffix}` is not an access: use `:ro` (read-only, the default) or \
+         `:rw` (read-write)"
+    )]
+    Access { spec: String, suffix: String },
     #[error("grant `{spec}`: host directory {host} cannot be used: {reason}")]
     HostDir { spec: String, host: String, reason: String },
     #[error(
@@ -414,6 +419,15 @@ impl FromStr for Grant {
         } else if let Some(r) = spec.strip_suffix(":rw") {
             (r, Access::Rw)
         } else {
+            // A last `:word` (no `/` in it) is an access that is neither `ro` nor `rw`: refused,
+            // not taken as part of the path (`/data:rx` is a typo, not a directory).
+            if let Some((_, suffix)) = spec.rsplit_once(':')
+                && !suffix.contains('/')
+                && suffix.len() <= 16
+            {
+                let suffix = suffix.to_string();
+                return Err(GrantError::Access { spec: spec.to_string(), suffix });
+            }
             (spec, Access::Ro)
         };
         let (host, guest) = match rest.split_once('=') {

@@ -30,3 +30,70 @@ pub fn now() -> String {
         SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     format!("{secs}")
 }
+
+/// The edit distance (insertions, deletions, substitutions) between `a` and `b`.
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut last = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let here = row[j + 1];
+            row[j + 1] = (last + usize::from(ca != *cb)).min(row[j] + 1).min(here + 1);
+            last = here;
+        }
+    }
+    row[b.len()]
+}
+
+/// The names among `candidates` that `word` most likely meant: the closest by edit distance
+/// (within a third of its length, at least one edit), else up to three that contain it — for
+/// a "did you mean" in an error.
+pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let candidates: Vec<&str> = candidates.into_iter().collect();
+    let limit = (word.chars().count() / 3).max(1);
+    let best = candidates
+        .iter()
+        .map(|c| (distance(word, c), *c))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, c)| (*d, *c));
+    if let Some((_, c)) = best {
+        return vec![c];
+    }
+    if word.len() < 3 {
+        return Vec::new();
+    }
+    let mut containing: Vec<&str> = candidates.into_iter().filter(|c| c.contains(word)).collect();
+    containing.sort();
+    containing.truncate(3);
+    containing
+}
+
+/// ` (did you mean `a` or `b`?)`, or nothing when there is no suggestion.
+pub fn did_you_mean(suggestions: &[&str]) -> String {
+    match suggestions {
+        [] => String::new(),
+        [one] => format!(" (did you mean `{one}`?)"),
+        more => {
+            let quoted: Vec<String> = more.iter().map(|s| format!("`{s}`")).collect();
+            format!(" (did you mean {}?)", quoted.join(" or "))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_closest_name_is_suggested_and_a_far_one_is_not() {
+        let names = ["fs_write_file", "fs_read_file", "workspace-write", "read-only"];
+        assert_eq!(closest("fs_wrte_file", names), ["fs_write_file"]);
+        assert_eq!(closest("read-onyl", names), ["read-only"]);
+        assert_eq!(closest("write", names), ["fs_write_file", "workspace-write"]);
+        assert!(closest("zzz", names).is_empty());
+        assert_eq!(did_you_mean(&["a", "b"]), " (did you mean `a` or `b`?)");
+        assert_eq!(did_you_mean(&[]), "");
+    }
+}

@@ -87,6 +87,34 @@ async fn run_show_evidence_through_the_binary() {
     let out = keel_async(home.path().to_path_buf(), args(&["run", "hello"])).await;
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no model configured"));
+
+    // What the session runs under, in text and JSON.
+    assert_eq!(t["model"]["model"], "m");
+    assert_eq!(t["policy"]["ask_effects"], json!(["external", "destructive"]));
+    assert!(t["budget"]["fuel"].as_u64().unwrap() > 0);
+    let out = keel_async(home.path().to_path_buf(), args(&["session", "show", "cli1"])).await;
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains(&format!("model   m at {url}")), "{shown}");
+    assert!(shown.contains("policy  ask external, destructive"), "{shown}");
+    assert!(shown.contains("budget  per call: fuel "), "{shown}");
+
+    // Misspelled policy and grants are refused before anything runs, with a suggestion.
+    let requests = model.requests().len();
+    let run = |extra: &[&str]| {
+        let mut a = args(&["run", "x", "--model-url", &url, "--model", "m", "--json"]);
+        a.extend(args(extra));
+        keel_async(home.path().to_path_buf(), a)
+    };
+    let out = run(&["--deny", "fs_wrte_file", "--ask", "write"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let message = super::json_of(&out)["error"]["message"].as_str().unwrap().to_string();
+    assert!(message.contains("did you mean `fs_write_file`?"), "{message}");
+    assert!(message.contains(r#"--ask "write""#), "{message}");
+    let bad_grant = format!("{}=/data:rx", super::data_dir());
+    let out = run(&["--grant", &bad_grant]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`:rx` is not an access"));
+    assert_eq!(model.requests().len(), requests, "nothing reached the model");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -210,6 +210,9 @@ impl Harness {
                 tools.push(control.to_string());
             }
         }
+        let known: Vec<String> = self.tools.tools()?.into_iter().map(|t| t.name).collect();
+        Policy::check_rule_names(&spec.allow, &spec.ask, &spec.deny, &known)
+            .map_err(ApiError::Input)?;
         let mut policy = Policy::default();
         policy.adjust(&spec.allow, &spec.ask, &spec.deny);
         policy.redact = spec.redact;

@@ -53,6 +53,9 @@ pub fn timeline(caller: &Caller, t: &crate::session::Timeline) -> Value {
     let mut v = json!(t);
     if !caller.is_admin() {
         v["grants"] = grants(caller, &t.grants);
+        if let Some(o) = v.pointer_mut("/model").and_then(Value::as_object_mut) {
+            o.remove("base_url");
+        }
         if let Some(units) = v.get_mut("approvals").and_then(Value::as_array_mut) {
             for u in units {
                 *u = approval(caller, u.take());

@@ -217,6 +217,13 @@ pub struct Timeline {
     /// Where the session's tools may send HTTP requests and the secrets bound there (names
     /// only), one line each.
     pub net: Vec<String>,
+    /// What the session's calls run under: its policy (denied, asked and allowed tools and
+    /// effect classes, redaction patterns), each call's budget, its model settings (the
+    /// server's address shown to admins only) and its loop guards.
+    pub policy: crate::policy::Policy,
+    pub budget: crate::sandbox::Budget,
+    pub model: crate::model::ModelConfig,
+    pub guards: Option<super::LoopGuards>,
     /// The last message requests no longer hold (0: none; see `checkpoints`).
     pub context_start: i64,
     /// Every compaction of the session, oldest first: the messages each summarizes, its
@@ -281,6 +288,10 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         checkpoints: super::compaction::checkpoints_in(c, id)?,
         grants: meta.config.grants,
         net: meta.config.net.lines(),
+        policy: meta.config.policy,
+        budget: meta.config.budget,
+        model: meta.config.model,
+        guards: meta.config.guards,
         messages,
         tool_calls,
         approvals,

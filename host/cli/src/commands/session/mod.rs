@@ -14,7 +14,8 @@ mod show;
 use super::run::{cancel_on_ctrl_c, open_harness, quiet, report};
 use super::{EXIT_REFUSED, EXIT_SETUP, inert, inert_block};
 use show::{
-    print_capabilities, print_checkpoint, print_model_calls, print_plan, print_transitions,
+    print_capabilities, print_checkpoint, print_model_calls, print_plan, print_settings,
+    print_transitions,
 };
 
 #[derive(Subcommand)]
@@ -247,6 +248,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                         .collect();
                     println!("tools   {}", tools.join(", "));
                     println!("user    {}", inert(&t.user));
+                    print_settings(&t);
                     for g in &t.grants {
                         println!("grant   {g}");
                     }
