@@ -317,16 +317,17 @@ pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
         model: a.model.clone(),
         ..Default::default()
     };
-    let model = match keel::harness::model_config(&home, &flags) {
-        Ok(Some(m)) => m,
+    let (model, no_model) = match keel::harness::model_config(&home, &flags) {
+        Ok(Some(m)) => (m, None),
+        // Without a model the server still serves the console, approvals, sessions and
+        // tools; creating a session says what to configure.
         Ok(None) => {
-            return fail(
-                false,
-                "config",
-                "no model configured for new sessions: pass --model-url URL --model NAME, set \
-                 KEEL_MODEL_URL and KEEL_MODEL, or add a [model] table to keel.toml",
-                EXIT_REFUSED,
-            );
+            let why = "no model is configured for new sessions: restart keel serve with \
+                       --model-url URL --model NAME, KEEL_MODEL_URL and KEEL_MODEL, or a [model] \
+                       table in keel.toml";
+            eprintln!("keel: {why}; serving the console, approvals, sessions and tools meanwhile");
+            let placeholder = keel::model::ModelConfig::new(keel::model::DEFAULT_BASE_URL, "-");
+            (placeholder, Some(why.to_string()))
         }
         Err(e) => return fail(false, e.kind(), &e.to_string(), EXIT_REFUSED),
     };
@@ -371,6 +372,7 @@ pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
         max_upload: usize::try_from(keel::sandbox::SandboxLimits::default().max_component_bytes)
             .unwrap_or(usize::MAX),
         bounds,
+        no_model,
     };
     let app = match keel_server::http::App::new(Arc::new(h), options) {
         Ok(app) => app,

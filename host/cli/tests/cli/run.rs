@@ -90,12 +90,12 @@ async fn run_show_evidence_through_the_binary() {
 
     // What the session runs under, in text and JSON.
     assert_eq!(t["model"]["model"], "m");
-    assert_eq!(t["policy"]["ask_effects"], json!(["external", "destructive"]));
+    assert_eq!(t["policy"]["ask_effects"], json!(["destructive", "external"]));
     assert!(t["budget"]["fuel"].as_u64().unwrap() > 0);
     let out = keel_async(home.path().to_path_buf(), args(&["session", "show", "cli1"])).await;
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(shown.contains(&format!("model   m at {url}")), "{shown}");
-    assert!(shown.contains("policy  ask external, destructive"), "{shown}");
+    assert!(shown.contains("policy  ask destructive, external"), "{shown}");
     assert!(shown.contains("budget  per call: fuel "), "{shown}");
 
     // Misspelled policy and grants are refused before anything runs, with a suggestion.

@@ -37,11 +37,17 @@ impl Server {
             format!("[serve]\ngrant_roots = [{}]\n{serve}\n", roots.join(", ")),
         )
         .unwrap();
+        // An empty `model_url`: no model at all.
+        let model: &[&str] =
+            if model_url.is_empty() { &[] } else { &["--model-url", model_url, "--model", "m"] };
         let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
             .arg("--home")
             .arg(home)
-            .args(["serve", "--listen", "127.0.0.1:0", "--model-url", model_url, "--model", "m"])
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(model)
             .env_remove("KEEL_API_TOKEN")
+            .env_remove("KEEL_MODEL_URL")
+            .env_remove("KEEL_MODEL")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -148,6 +154,24 @@ pub async fn upload_effects(c: &reqwest::Client, s: &Server) {
     )
     .await;
     assert_eq!(status, StatusCode::CREATED, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_starts_without_a_model_and_creating_a_session_says_what_to_configure() {
+    let home = tempfile::tempdir().unwrap();
+    let s = Server::start(home.path(), "", &[]);
+    assert!(s.stderr.lock().unwrap().contains("no model is configured"));
+    let c = client();
+    let (status, v) = get(&c, &s.api("/sessions"), &s.admin).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (status, _) = get(&c, &s.api("/approvals"), &s.admin).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, v) = post(&c, &s.api("/sessions"), &s.admin, json!({"input": "hi"})).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    assert_eq!(v["error"]["kind"], "no_model");
+    assert!(v["error"]["message"].as_str().unwrap().contains("--model-url URL --model NAME"));
+    let page = c.get(format!("{}/", s.base)).send().await.unwrap();
+    assert!(page.status().is_success() || page.status().is_redirection(), "{}", page.status());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -50,6 +50,10 @@ pub struct ServeOptions {
     pub max_upload: usize,
     /// Timeouts and the connection cap (`[serve]` in keel.toml).
     pub bounds: crate::listen::Bounds,
+    /// Why no session can be created (no model is configured): the server still serves the
+    /// console, approvals, sessions and tools; creating a session answers this, with what to
+    /// configure (`None`: the template's model is configured).
+    pub no_model: Option<String>,
 }
 
 /// The server's state: the harness, its options and the console's logins.
@@ -165,6 +169,7 @@ pub fn status_of(kind: &str) -> StatusCode {
         "conflict" | "not_pending" | "already_installed" | "exists" | "name_clash" | "busy"
         | "grant_moved" => StatusCode::CONFLICT,
         "too_large" => StatusCode::PAYLOAD_TOO_LARGE,
+        "no_model" => StatusCode::SERVICE_UNAVAILABLE,
         "body_timeout" => StatusCode::REQUEST_TIMEOUT,
         "method_not_allowed" => StatusCode::METHOD_NOT_ALLOWED,
         "unsupported_media_type" => StatusCode::UNSUPPORTED_MEDIA_TYPE,

@@ -402,6 +402,9 @@ pub(crate) async fn create_for(
     request: keel::api::SessionRequest,
 ) -> Result<keel::ids::SessionId, Failure> {
     let o = &app.options;
+    if let Some(why) = &o.no_model {
+        return Err(Failure::new("no_model", why.clone()));
+    }
     Ok(app.harness.create_session_for(&caller.who(), &o.template, &o.roots, request).await?)
 }
 
