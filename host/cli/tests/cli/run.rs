@@ -817,3 +817,21 @@ async fn compaction_through_the_binary_flags_compact_show_and_evidence() {
         assert!(kinds.iter().any(|x| x == k), "{k} in {kinds:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_server_that_is_not_running_fails_fast_with_one_message_and_a_hint() {
+    let home = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}/v1");
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&["run", "hello", "--model-url", &url, "--model", "m"]),
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    let hint = format!("is a server running at {url}?");
+    assert_eq!(stderr.matches(&hint).count(), 1, "{stderr}");
+    assert!(!stderr.contains("retrying"), "{stderr}");
+    assert_eq!(stderr.to_lowercase().matches("connection refused").count(), 1, "{stderr}");
+}

@@ -17,6 +17,12 @@ pub enum ModelError {
     Redirect { status: u16, location: String },
     #[error("cannot reach the model server: {0}")]
     Transport(String),
+    /// No connection could be made to the server at all (refused, no route, no such host):
+    /// nothing is listening there, and trying again at once would not change that.
+    #[error(
+        "cannot connect to the model server at {url} ({reason}); is a server running at {url}?"
+    )]
+    Unreachable { url: String, reason: String },
     /// The server sent nothing for the longest wait without progress.
     #[error(
         "the model server sent nothing for {} while keel waited for {waiting}; that is the longest wait without progress \
@@ -132,6 +138,7 @@ impl ModelError {
             | Self::Timeout { .. }
             | Self::Garbled(_) => true,
             Self::ContextTooLong { .. }
+            | Self::Unreachable { .. }
             | Self::Malformed(_)
             | Self::TooLarge
             | Self::Cancelled

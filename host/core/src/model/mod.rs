@@ -218,7 +218,14 @@ impl ModelClient {
         let mut resp = tokio::time::timeout(limit, req.send())
             .await
             .map_err(silent("the reply to begin"))?
-            .map_err(|e| ModelError::Transport(transport(&e)))?;
+            .map_err(|e| match e.is_connect() {
+                // The innermost cause alone ("Connection refused (os error 111)"): the URL is
+                // in the message already.
+                true => {
+                    ModelError::Unreachable { url: config.base_url.clone(), reason: innermost(&e) }
+                }
+                false => ModelError::Transport(transport(&e)),
+            })?;
         let status = resp.status().as_u16();
         if (300..400).contains(&status) {
             let location = resp
@@ -278,6 +285,14 @@ impl ModelClient {
             parse_json(&bytes)
         }
     }
+}
+
+fn innermost(e: &reqwest::Error) -> String {
+    let mut last: &dyn std::error::Error = e;
+    while let Some(s) = last.source() {
+        last = s;
+    }
+    last.to_string()
 }
 
 fn transport(e: &reqwest::Error) -> String {
