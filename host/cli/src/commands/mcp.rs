@@ -80,6 +80,11 @@ pub struct AddArgs {
     /// effect class. They are the server's claims; without this every tool is `external`.
     #[arg(long)]
     trust_annotations: bool,
+    /// When its tools join a session: `on-demand` (the default: found through tools_find /
+    /// tools_select, or named with --tools) or `always` (loaded into every new session that
+    /// does not name its tools).
+    #[arg(long, value_name = "on-demand|always", default_value = "on-demand")]
+    load: keel::tools::mcp::McpLoad,
     /// An environment variable for a stdio server, KEY=VALUE. Repeatable. The server gets
     /// these plus PATH and HOME, nothing else.
     #[arg(long = "env", value_name = "KEY=VALUE")]
@@ -205,6 +210,7 @@ async fn add(harness: &Harness, a: AddArgs) -> ExitCode {
         transport,
         effect: a.effect,
         trust_annotations: a.trust_annotations,
+        load: a.load,
     };
     eprintln!("keel: starting MCP server `{}` to list its tools…", inert(&a.name));
     match harness.mcp_add(&Caller::Operator, spec).await {
@@ -274,7 +280,7 @@ fn list(harness: &Harness, json_out: bool) -> ExitCode {
             .map(|s| {
                 json!({"name": s.spec.name, "transport": s.spec.transport.shown(),
                        "effect": s.spec.effect, "trust_annotations": s.spec.trust_annotations,
-                       "info": s.info, "tools": s.tools.len(),
+                       "load": s.spec.load, "info": s.info, "tools": s.tools.len(),
                        "added_at": s.added_at, "refreshed_at": s.refreshed_at})
             })
             .collect();
@@ -285,7 +291,7 @@ fn list(harness: &Harness, json_out: bool) -> ExitCode {
         println!("no MCP servers; add one with `keel mcp add NAME -- COMMAND ARGS…`");
         return ExitCode::SUCCESS;
     }
-    println!("{:<16} {:<6} {:<6} {:<18} WHERE", "SERVER", "TOOLS", "VIA", "CLASS");
+    println!("{:<16} {:<6} {:<6} {:<18} {:<10} WHERE", "SERVER", "TOOLS", "VIA", "CLASS", "LOAD");
     for s in &servers {
         let (via, at) = match &s.spec.transport {
             Transport::Stdio { command, args, .. } => {
@@ -299,11 +305,12 @@ fn list(harness: &Harness, json_out: bool) -> ExitCode {
             (None, false) => "external".to_string(),
         };
         println!(
-            "{:<16} {:<6} {:<6} {:<18} {}",
+            "{:<16} {:<6} {:<6} {:<18} {:<10} {}",
             s.spec.name,
             s.tools.len(),
             via,
             class,
+            s.spec.load,
             inert(&at)
         );
     }

@@ -213,7 +213,20 @@ fn keel_mcp_serve_by_default_leaves_out_the_control_and_delegation_tools() {
     let inner_home = inner.path().display().to_string();
     let add = keel(
         outer.path(),
-        &["mcp", "add", "inner", "--json", "--", bin(), "--home", &inner_home, "mcp", "serve"],
+        &[
+            "mcp",
+            "add",
+            "inner",
+            "--load",
+            "always",
+            "--json",
+            "--",
+            bin(),
+            "--home",
+            &inner_home,
+            "mcp",
+            "serve",
+        ],
     );
     assert!(add.status.success(), "{}", String::from_utf8_lossy(&add.stderr));
     let names: Vec<String> = json_of(&add)["tools"]
@@ -224,6 +237,62 @@ fn keel_mcp_serve_by_default_leaves_out_the_control_and_delegation_tools() {
         .collect();
     assert!(names.iter().any(|n| n.ends_with("fs_read_file")), "{names:?}");
     assert!(!names.iter().any(|n| n.contains("session_") || n.contains("plan_")), "{names:?}");
+}
+
+/// A server's tools join a new session only when it was added with `--load always`; the
+/// others are found when needed (tools_find, tools_select) or named with `--tools`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_servers_tools_are_found_on_demand_unless_added_with_load_always() {
+    use super::run::{args, keel_async};
+    use keel_tests::mock_model::{MockModel, Reply};
+    let (inner, _work) = home_and_workspace();
+    let outer = tempfile::tempdir().unwrap();
+    let inner_home = inner.path().display().to_string();
+    let add = |name: &str, load: Option<&str>| {
+        let mut a = vec!["mcp", "add", name, "--json"];
+        if let Some(l) = load {
+            a.extend(["--load", l]);
+        }
+        a.extend(["--", bin(), "--home", &inner_home, "mcp", "serve", "--tools", "fs_read_file"]);
+        keel(outer.path(), &a)
+    };
+    let lazy = add("lazy", None);
+    assert!(lazy.status.success(), "{}", String::from_utf8_lossy(&lazy.stderr));
+    assert!(add("eager", Some("always")).status.success());
+    let list = json_of(&keel(outer.path(), &["mcp", "list", "--json"]));
+    assert_eq!(
+        (list[0]["name"].clone(), list[0]["load"].clone()),
+        (json!("eager"), json!("always"))
+    );
+    assert_eq!(
+        (list[1]["name"].clone(), list[1]["load"].clone()),
+        (json!("lazy"), json!("on-demand"))
+    );
+    let bad = keel(outer.path(), &["mcp", "add", "x", "--load", "sometimes", "--", bin()]);
+    assert_eq!(bad.status.code(), Some(2));
+
+    let model = MockModel::start((0..6).map(|_| Reply::text("done")).collect()).await;
+    let url = model.url();
+    let home = outer.path().to_path_buf();
+    let run = |session: &str, tools: Option<&str>| {
+        let mut a = args(&["run", "hi", "--session", session, "--model-url", &url, "--model", "m"]);
+        if let Some(t) = tools {
+            a.extend(args(&["--tools", t]));
+        }
+        keel_async(home.clone(), a)
+    };
+    let out = run("default", None).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let show = json_of(&keel(outer.path(), &["session", "show", "default", "--json"]));
+    let loaded: Vec<&str> =
+        show["loaded_tools"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert!(loaded.contains(&"eager__fs_read_file"), "{loaded:?}");
+    assert!(!loaded.contains(&"lazy__fs_read_file"), "{loaded:?}");
+    assert!(loaded.contains(&"tools_find") && loaded.contains(&"tools_select"), "{loaded:?}");
+    let out = run("named", Some("lazy__fs_read_file")).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let show = json_of(&keel(outer.path(), &["session", "show", "named", "--json"]));
+    assert!(show["loaded_tools"].as_array().unwrap().contains(&json!("lazy__fs_read_file")));
 }
 
 /// keel against itself, no peer needed: one home adds another home's `keel mcp serve` as a
@@ -354,12 +423,35 @@ async fn peers_reference_servers_in_a_session() {
     let wdir = work.path().canonicalize().unwrap().display().to_string();
     let out = keel(
         home.path(),
-        &["mcp", "add", "every", "--env", "GIVEN=yes", "--", &node, &everything, "stdio"],
+        &[
+            "mcp",
+            "add",
+            "every",
+            "--load",
+            "always",
+            "--env",
+            "GIVEN=yes",
+            "--",
+            &node,
+            &everything,
+            "stdio",
+        ],
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let out = keel(
         home.path(),
-        &["mcp", "add", "files", "--trust-annotations", "--", &node, &filesystem, &wdir],
+        &[
+            "mcp",
+            "add",
+            "files",
+            "--load",
+            "always",
+            "--trust-annotations",
+            "--",
+            &node,
+            &filesystem,
+            &wdir,
+        ],
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
@@ -606,8 +698,10 @@ fn peers_a_server_that_pages_forever_is_stopped_at_the_limits() {
     ] {
         let home = tempfile::tempdir().unwrap();
         let started = Instant::now();
-        let out =
-            keel(home.path(), &["mcp", "add", "pager", "--json", "--", &python, &pager, mode]);
+        let out = keel(
+            home.path(),
+            &["mcp", "add", "pager", "--load", "always", "--json", "--", &python, &pager, mode],
+        );
         let took = started.elapsed();
         let v = json_of(&out);
         assert_ne!(out.status.code(), Some(0), "{mode}: {v}");
@@ -631,7 +725,18 @@ fn peers_tools_without_annotations_are_destructive_when_annotations_are_trusted(
     let server = fixture("server.py");
     let add = keel(
         home.path(),
-        &["mcp", "add", "py", "--trust-annotations", "--json", "--", &python, &server],
+        &[
+            "mcp",
+            "add",
+            "py",
+            "--load",
+            "always",
+            "--trust-annotations",
+            "--json",
+            "--",
+            &python,
+            &server,
+        ],
     );
     assert!(add.status.success(), "{}", String::from_utf8_lossy(&add.stdout));
     let list = json_of(&keel(home.path(), &["tool", "list", "--json"]));

@@ -182,7 +182,23 @@ impl Harness {
         let delegation = |t: &str| DELEGATION_TOOLS.contains(&t);
         let mut tools: Vec<String> = match spec.tools {
             None => {
-                self.tools.tools()?.into_iter().map(|t| t.name).filter(|t| !delegation(t)).collect()
+                // Every installed tool, but an MCP server's only when it was added with
+                // `--load always`: the others are found when needed (tools_find,
+                // tools_select).
+                let on_demand: Vec<String> = self
+                    .tools
+                    .mcp_servers()?
+                    .into_iter()
+                    .filter(|s| s.spec.load == crate::tools::mcp::McpLoad::OnDemand)
+                    .map(|s| s.spec.name)
+                    .collect();
+                self.tools
+                    .tools()?
+                    .into_iter()
+                    .filter(|t| !on_demand.contains(&t.component))
+                    .map(|t| t.name)
+                    .filter(|t| !delegation(t))
+                    .collect()
             }
             Some(tools) => {
                 for t in &tools {

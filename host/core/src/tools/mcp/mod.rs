@@ -151,6 +151,22 @@ pub struct ServerSpec {
     /// class when `effect` is not set.
     #[serde(default)]
     pub trust_annotations: bool,
+    /// Whether its tools join every new session (`always`), or are found when needed through
+    /// `tools_find` / `tools_select` or named with `--tools` (`on-demand`, the default).
+    #[serde(default)]
+    pub load: McpLoad,
+}
+
+crate::stored_enum! {
+    /// When an MCP server's tools join a session (`keel mcp add --load`).
+    #[derive(Default)]
+    pub enum McpLoad: "MCP load mode" {
+        /// Found through tool discovery (`tools_find`, `tools_select`) or named with `--tools`.
+        #[default]
+        OnDemand = "on-demand",
+        /// Loaded into every new session that does not name its tools.
+        Always = "always",
+    }
 }
 
 /// What the server said of itself in `initialize`.
@@ -445,6 +461,7 @@ mod tests {
             transport: Transport::Http { url: "http://x".into(), headers: BTreeMap::new() },
             effect: None,
             trust_annotations: false,
+            load: McpLoad::OnDemand,
         };
         let schema = || {
             std::sync::Arc::new(serde_json::Map::from_iter([(
@@ -482,6 +499,7 @@ mod tests {
             transport: Transport::Http { url: "http://x".into(), headers: BTreeMap::new() },
             effect: None,
             trust_annotations: false,
+            load: McpLoad::OnDemand,
         };
         let ro = rmcp::model::ToolAnnotations::new().read_only(true);
         assert_eq!(classify(&spec, Some(&ro)), (Effect::External, false));
