@@ -91,6 +91,7 @@ fn main() {
             },
             effect: Some(keel::policy::Effect::ReadOnly),
             trust_annotations: false,
+            load: keel::tools::mcp::McpLoad::Always,
         };
         h.mcp_add(&Caller::Operator, spec).await.unwrap();
         let call = || {

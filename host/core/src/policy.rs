@@ -144,6 +144,32 @@ impl Policy {
         if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
     }
 
+    /// One line a person reads: `deny …; ask …; allow …; redact N pattern(s)`.
+    pub fn summary(&self) -> String {
+        let list = |tools: &[String], effects: &[Effect]| -> Option<String> {
+            let all: Vec<String> =
+                tools.iter().cloned().chain(effects.iter().map(|e| e.to_string())).collect();
+            (!all.is_empty()).then(|| all.join(", "))
+        };
+        let mut parts = Vec::new();
+        if let Some(d) = list(&self.deny_tools, &self.deny_effects) {
+            parts.push(format!("deny {d}"));
+        }
+        if let Some(a) = list(&self.ask_tools, &self.ask_effects) {
+            parts.push(format!("ask {a}"));
+        }
+        if let Some(a) = list(&self.allow_tools, &[]) {
+            parts.push(format!("allow {a}"));
+        }
+        if !self.redact.is_empty() {
+            parts.push(format!("redact {} pattern(s)", self.redact.len()));
+        }
+        if parts.is_empty() {
+            parts.push("every call runs without asking".into());
+        }
+        parts.join(" · ")
+    }
+
     /// Applies `--allow/--ask/--deny TOOL|EFFECT` adjustments to this policy.
     pub fn adjust(&mut self, allow: &[String], ask: &[String], deny: &[String]) {
         for a in allow {

@@ -606,6 +606,13 @@ async fn console_forms_need_the_origin_and_the_csrf_token() {
     assert!(to.starts_with("/sessions/s-"), "{to}");
     let res = c.get(s.api("/sessions")).header("cookie", &cookie).send().await.unwrap();
     assert_eq!(res.status(), 200);
+    // The session's page says what it runs under: model, policy, budget.
+    let res = c.get(format!("{}{to}", s.base)).header("cookie", &cookie).send().await.unwrap();
+    let page = res.text().await.unwrap();
+    let url = model.url();
+    assert!(page.contains(&format!("Model: m at {url}")), "{page}");
+    assert!(page.contains("Policy: ask destructive, external"), "{page}");
+    assert!(page.contains("Budget per call: fuel "), "{page}");
     // Logging out ends the login.
     let res = c
         .post(format!("{}/logout", s.base))

@@ -52,6 +52,26 @@ fn default_compact_at() -> f64 {
 pub const DEFAULT_BASE_URL: &str = "http://127.0.0.1:8080/v1";
 
 impl ModelConfig {
+    /// One line a person reads: the model, the server's address (when `with_url`), the
+    /// longest wait, and the settings given.
+    pub fn summary(&self, with_url: bool) -> String {
+        let mut parts = vec![match with_url {
+            true => format!("{} at {}", self.model, self.base_url),
+            false => self.model.clone(),
+        }];
+        parts.push(format!("wait {} s", self.timeout_ms / 1000));
+        if let Some(x) = self.temperature {
+            parts.push(format!("temperature {x}"));
+        }
+        if let Some(x) = self.max_tokens {
+            parts.push(format!("max tokens {x}"));
+        }
+        if let Some(w) = self.context_window {
+            parts.push(format!("window {w} (compact at {:.0} %)", self.compact_at * 100.0));
+        }
+        parts.join(" · ")
+    }
+
     pub fn new(base_url: &str, model: &str) -> Self {
         Self {
             base_url: base_url.trim_end_matches('/').to_string(),

@@ -311,6 +311,12 @@ async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure>
         "grants": keel::api::shown::grants(&v.who(), &meta.config.grants),
         "net": meta.config.net.lines(),
         "loaded_tools": meta.capabilities.loaded_tools,
+        // What the session runs under (a user is not shown the model server's address).
+        "settings": {
+            "model": meta.config.model.summary(v.who().is_admin()),
+            "policy": meta.config.policy.summary(),
+            "budget": meta.config.budget.summary(),
+        },
         "user": meta.config.user(),
         "owner": meta.config.owner,
         "last_event": last_event,

@@ -236,64 +236,11 @@ pub(super) fn print_model_calls(t: &keel::session::Timeline) {
     );
 }
 
-/// Bytes as `N KiB`, `N MiB` or `N GiB` when they are a whole number of them.
-fn bytes(n: u64) -> String {
-    for (unit, size) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-        if n >= size && n % size == 0 {
-            return format!("{} {unit}", n / size);
-        }
-    }
-    format!("{n} bytes")
-}
-
 /// What a session runs under, in `keel session show`: its model, policy, budget and guards.
 pub(super) fn print_settings(t: &keel::session::Timeline) {
-    let m = &t.model;
-    let mut model = vec![format!("{} at {}", inert(&m.model), inert(&m.base_url))];
-    model.push(format!("wait {} s", m.timeout_ms / 1000));
-    if let Some(x) = m.temperature {
-        model.push(format!("temperature {x}"));
-    }
-    if let Some(x) = m.max_tokens {
-        model.push(format!("max tokens {x}"));
-    }
-    if let Some(w) = m.context_window {
-        model.push(format!("window {w} (compact at {:.0} %)", m.compact_at * 100.0));
-    }
-    println!("model   {}", model.join(" · "));
-    let p = &t.policy;
-    let list = |tools: &[String], effects: &[keel::policy::Effect]| -> Option<String> {
-        let all: Vec<String> =
-            tools.iter().map(|x| inert(x)).chain(effects.iter().map(|e| e.to_string())).collect();
-        (!all.is_empty()).then(|| all.join(", "))
-    };
-    let mut policy = Vec::new();
-    if let Some(d) = list(&p.deny_tools, &p.deny_effects) {
-        policy.push(format!("deny {d}"));
-    }
-    if let Some(a) = list(&p.ask_tools, &p.ask_effects) {
-        policy.push(format!("ask {a}"));
-    }
-    if let Some(a) = list(&p.allow_tools, &[]) {
-        policy.push(format!("allow {a}"));
-    }
-    if !p.redact.is_empty() {
-        policy.push(format!("redact {} pattern(s)", p.redact.len()));
-    }
-    if policy.is_empty() {
-        policy.push("every call runs without asking".into());
-    }
-    println!("policy  {}", policy.join(" · "));
-    let b = &t.budget;
-    println!(
-        "budget  per call: fuel {} · {:.1} s · memory {} · output {} · writes {} · {} new files",
-        b.fuel,
-        b.timeout.as_secs_f64(),
-        bytes(b.memory),
-        bytes(b.max_output),
-        bytes(b.write_quota),
-        b.max_files_created
-    );
+    println!("model   {}", inert(&t.model.summary(true)));
+    println!("policy  {}", inert(&t.policy.summary()));
+    println!("budget  per call: {}", t.budget.summary());
     if let Some(g) = &t.guards {
         println!("guards  {} model calls a turn at most", g.max_steps);
     }
