@@ -255,13 +255,14 @@ async fn a_policy_rule_naming_no_tool_and_no_effect_class_is_refused_with_a_sugg
     let Fixture { model, _home, work: _work, h, grants } = fixture(vec![]).await;
     let mut bad = spec(&model.url(), grants.clone(), None);
     bad.deny = vec!["fs_wrte_file".into()];
-    bad.ask = vec!["write".into()];
+    bad.ask = vec!["workspace_write".into()];
     let e = h.create_session(&Caller::Operator, bad).await.unwrap_err();
     assert_eq!(e.kind(), "input", "{e}");
     let e = e.to_string();
     assert!(e.contains(r#"--deny "fs_wrte_file" names neither an installed tool"#), "{e}");
     assert!(e.contains("(did you mean `fs_write_file`?)"), "{e}");
-    assert!(e.contains(r#"--ask "write""#) && e.contains("`workspace-write`"), "{e}");
+    assert!(e.contains(r#"--ask "workspace_write""#), "{e}");
+    assert!(e.contains("(did you mean `workspace-write`?)"), "{e}");
     assert!(h.sessions(&Caller::Operator).await.unwrap().iter().all(|s| s.id != "api"));
     // Tools and effect classes are accepted, MCP and control tools included.
     let mut good = spec(&model.url(), grants, None);

@@ -48,7 +48,7 @@ fn distance(a: &str, b: &str) -> usize {
 }
 
 /// The names among `candidates` that `word` most likely meant: the closest by edit distance
-/// (within a third of its length, at least one edit), else up to three that contain it — for
+/// (within a third of its length, at least one edit), else the first three that contain it — for
 /// a "did you mean" in an error.
 pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
     let candidates: Vec<&str> = candidates.into_iter().collect();
@@ -64,8 +64,8 @@ pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) ->
     if word.len() < 3 {
         return Vec::new();
     }
+    // In the candidates' order: the caller lists the likelier kind first.
     let mut containing: Vec<&str> = candidates.into_iter().filter(|c| c.contains(word)).collect();
-    containing.sort();
     containing.truncate(3);
     containing
 }

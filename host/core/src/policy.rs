@@ -116,34 +116,6 @@ impl Policy {
         out
     }
 
-    /// Checks that every `--allow/--ask/--deny` entry names an effect class or one of
-    /// `tools` (the installed and host tools): a misspelled rule would otherwise be kept and
-    /// never match. The refusal names each one that does not, with the likeliest name.
-    pub fn check_rule_names(
-        allow: &[String],
-        ask: &[String],
-        deny: &[String],
-        tools: &[String],
-    ) -> Result<(), String> {
-        let effects: Vec<&str> = Effect::ALL.iter().map(|e| e.as_str()).collect();
-        let mut problems = Vec::new();
-        for (flag, names) in [("--allow", allow), ("--ask", ask), ("--deny", deny)] {
-            for name in names {
-                if name.parse::<Effect>().is_ok() || tools.iter().any(|t| t == name) {
-                    continue;
-                }
-                let candidates = effects.iter().copied().chain(tools.iter().map(String::as_str));
-                let hint = crate::names::did_you_mean(&crate::names::closest(name, candidates));
-                let shown: String = name.chars().take(80).collect();
-                problems.push(format!(
-                    "{flag} {shown:?} names neither an installed tool nor an effect class ({}){hint}",
-                    effects.join(", ")
-                ));
-            }
-        }
-        if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
-    }
-
     /// One line a person reads: `deny …; ask …; allow …; redact N pattern(s)`.
     pub fn summary(&self) -> String {
         let list = |tools: &[String], effects: &[Effect]| -> Option<String> {

@@ -186,6 +186,17 @@ pub fn render(row: &EventRow) -> Option<String> {
 
 /// Progress lines on stderr for a session while this process runs its turns: a follower of
 /// the session's events from the moment it starts.
+/// A line of a command's own progress: as [`render`], but a failed state without its detail,
+/// which the command prints once, as its error, when it ends.
+fn brief(row: &EventRow) -> Option<String> {
+    match &row.event {
+        SessionEvent::State { state: keel::session::RuntimeState::Failed, .. } => {
+            Some("state failed".to_string())
+        }
+        _ => render(row),
+    }
+}
+
 pub struct Progress {
     printed: Arc<AtomicI64>,
     task: tokio::task::JoinHandle<()>,
@@ -203,7 +214,7 @@ impl Progress {
         let task = tokio::spawn(async move {
             let Some(mut rx) = rx else { return };
             while let Some(Ok(row)) = rx.recv().await {
-                if let Some(line) = render(&row) {
+                if let Some(line) = brief(&row) {
                     eprintln!("keel: {line}");
                 }
                 seen.store(row.seq, Ordering::Release);
@@ -225,7 +236,7 @@ impl Progress {
                 break;
             }
             for row in rows {
-                if let Some(line) = render(&row) {
+                if let Some(line) = brief(&row) {
                     eprintln!("keel: {line}");
                 }
                 last = row.seq;

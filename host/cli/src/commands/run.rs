@@ -165,6 +165,32 @@ pub fn quiet() -> Events {
     Arc::new(|_: &Event| {})
 }
 
+/// The model's text on stderr as it arrives (the durable events carry the rest of the
+/// progress); a newline ends each streamed reply. Stdout stays the answer alone.
+pub fn streaming() -> Events {
+    let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    Arc::new(move |e: &Event| {
+        use std::io::Write;
+        use std::sync::atomic::Ordering;
+        match e {
+            Event::TextDelta { text, .. } => {
+                let mut err = std::io::stderr().lock();
+                if !open.swap(true, Ordering::SeqCst) {
+                    let _ = write!(err, "keel: ▸ ");
+                }
+                let _ = write!(err, "{}", super::inert_block(text));
+                let _ = err.flush();
+            }
+            Event::ModelReplied { .. } | Event::State(_) => {
+                if open.swap(false, Ordering::SeqCst) {
+                    eprintln!();
+                }
+            }
+            _ => {}
+        }
+    })
+}
+
 /// Opens the harness of `home`, with first-party installs reported on stderr.
 pub async fn open_harness(home: &PathBuf) -> Result<(Home, Harness), String> {
     let home =
@@ -375,7 +401,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
     let cancel = CancelToken::new();
     cancel_on_ctrl_c(&cancel);
     let progress = super::events::Progress::start(&h, &id).await;
-    let submitted = h.send(&Caller::Operator, &id, &a.task, &cancel, &quiet()).await;
+    let submitted = h.send(&Caller::Operator, &id, &a.task, &cancel, &streaming()).await;
     progress.finish().await;
     let submitted = match submitted {
         Ok(s) => s,

@@ -835,3 +835,56 @@ async fn a_model_server_that_is_not_running_fails_fast_with_one_message_and_a_hi
     assert!(!stderr.contains("retrying"), "{stderr}");
     assert_eq!(stderr.to_lowercase().matches("connection refused").count(), 1, "{stderr}");
 }
+
+/// A slow stream: its first words are on stderr while the reply is still coming; stdout is
+/// the answer alone, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_answer_streams_on_stderr_while_it_is_written() {
+    use std::io::Read;
+    let words = ["The first ", "words come ", "slowly."];
+    let mut events: Vec<Value> =
+        words.iter().map(|w| json!({"choices": [{"index": 0, "delta": {"content": w}}]})).collect();
+    events.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}));
+    let model =
+        MockModel::start(vec![Reply::Drip { events, gap: Duration::from_millis(1500) }]).await;
+    let home = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["run", "Say something", "--model-url", &model.url(), "--model", "m"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<(String, bool)>();
+    let watcher = std::thread::spawn(move || {
+        let mut seen = String::new();
+        let mut buf = [0u8; 256];
+        while let Ok(n) = stderr.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+            let _ = tx.send((seen.clone(), false));
+        }
+        let _ = tx.send((seen, true));
+    });
+    // The first words arrive while the stream still has two gaps to go.
+    let mut early = None;
+    while let Ok((seen, ended)) = rx.recv_timeout(Duration::from_secs(60)) {
+        if seen.contains("The first ") && early.is_none() {
+            early = Some(child.try_wait().unwrap().is_none() && !seen.contains("slowly."));
+        }
+        if ended {
+            break;
+        }
+    }
+    assert_eq!(early, Some(true), "the first words were shown before the reply ended");
+    let status = child.wait().unwrap();
+    watcher.join().unwrap();
+    let mut stdout = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    assert!(status.success());
+    assert_eq!(stdout.matches("The first words come slowly.").count(), 1, "{stdout}");
+}

@@ -62,6 +62,12 @@ pub enum Event {
         unit: UnitId,
         tool: String,
     },
+    /// A piece of the model's text for step `step`, as it arrives (transient: the durable
+    /// message is written when the reply is in).
+    TextDelta {
+        step: i64,
+        text: String,
+    },
 }
 
 /// A sink for [`Event`]s.
@@ -244,9 +250,13 @@ impl AgentService {
                     };
                 events(&Event::ModelCall { step: assembled.step });
                 let called = Instant::now();
+                let step = assembled.step;
+                let on_text = |text: &str| {
+                    events(&Event::TextDelta { step, text: text.to_string() });
+                };
                 let result = self
                     .model
-                    .complete(&meta.config.model, &assembled.body, cancel)
+                    .complete_with(&meta.config.model, &assembled.body, cancel, Some(&on_text))
                     .instrument(tracing::info_span!("model_call", step = assembled.step))
                     .await;
                 if !overflowed

@@ -227,8 +227,7 @@ impl Harness {
             }
         }
         let known: Vec<String> = self.tools.tools()?.into_iter().map(|t| t.name).collect();
-        Policy::check_rule_names(&spec.allow, &spec.ask, &spec.deny, &known)
-            .map_err(ApiError::Input)?;
+        check_rule_names(&spec.allow, &spec.ask, &spec.deny, &known).map_err(ApiError::Input)?;
         let mut policy = Policy::default();
         policy.adjust(&spec.allow, &spec.ask, &spec.deny);
         policy.redact = spec.redact;
@@ -526,4 +525,32 @@ impl Harness {
         self.check_sees(caller, id).await?;
         Ok(self.brain.call_direct(id, tool, input, cancel, ask).await?)
     }
+}
+
+/// Checks that every `--allow/--ask/--deny` entry names an effect class or one of
+/// `tools` (the installed and host tools): a misspelled rule would otherwise be kept and
+/// never match. The refusal names each one that does not, with the likeliest name.
+fn check_rule_names(
+    allow: &[String],
+    ask: &[String],
+    deny: &[String],
+    tools: &[String],
+) -> Result<(), String> {
+    let effects: Vec<&str> = crate::policy::Effect::ALL.iter().map(|e| e.as_str()).collect();
+    let mut problems = Vec::new();
+    for (flag, names) in [("--allow", allow), ("--ask", ask), ("--deny", deny)] {
+        for name in names {
+            if name.parse::<crate::policy::Effect>().is_ok() || tools.iter().any(|t| t == name) {
+                continue;
+            }
+            let candidates = effects.iter().copied().chain(tools.iter().map(String::as_str));
+            let hint = crate::names::did_you_mean(&crate::names::closest(name, candidates));
+            let shown: String = name.chars().take(80).collect();
+            problems.push(format!(
+                "{flag} {shown:?} names neither an installed tool nor an effect class ({}){hint}",
+                effects.join(", ")
+            ));
+        }
+    }
+    if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
 }

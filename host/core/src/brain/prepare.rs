@@ -104,10 +104,13 @@ impl Brain {
                 }
             }
             Err(f) => {
-                let why = if f.last == ModelError::Cancelled {
-                    "the call was interrupted".to_string()
-                } else {
-                    f.to_string()
+                let why = match &f.last {
+                    ModelError::Cancelled => "the call was interrupted".to_string(),
+                    // Said once, by the turn's own call to the server, not twice.
+                    ModelError::Unreachable { url, .. } => {
+                        format!("nothing answers at {url}")
+                    }
+                    _ => f.to_string(),
                 };
                 (understand::Understanding::uncertain(), Some(why), None, f.attempts)
             }

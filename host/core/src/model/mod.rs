@@ -117,6 +117,9 @@ pub struct ModelClient {
 /// The `User-Agent` keel sends to model servers.
 pub const USER_AGENT: &str = concat!("keel/", env!("CARGO_PKG_VERSION"));
 
+/// Where a streamed reply's text goes as it arrives.
+pub type OnText<'a> = &'a (dyn Fn(&str) + Send + Sync);
+
 impl ModelClient {
     /// A client using `api_key` (if any) as a bearer token.
     pub fn new(api_key: Option<String>) -> Result<Self, ModelError> {
@@ -142,13 +145,25 @@ impl ModelClient {
         body: &bytes::Bytes,
         cancel: &CancelToken,
     ) -> Result<ModelReply, ModelFailure> {
+        self.complete_with(config, body, cancel, None).await
+    }
+
+    /// [`complete`](Self::complete), handing each piece of a streamed reply's text to
+    /// `on_text` as it arrives (the reply is still parsed and checked whole at its end).
+    pub async fn complete_with(
+        &self,
+        config: &ModelConfig,
+        body: &bytes::Bytes,
+        cancel: &CancelToken,
+        on_text: Option<OnText<'_>>,
+    ) -> Result<ModelReply, ModelFailure> {
         let mut attempt = 0;
         let mut previous: Option<ModelError> = None;
         let mut garbled = 0;
         loop {
             attempt += 1;
             let result = tokio::select! {
-                r = self.attempt(config, body) => r,
+                r = self.attempt(config, body, on_text) => r,
                 () = cancel.cancelled() => Err(ModelError::Cancelled),
             };
             let again = |e: &ModelError| {
@@ -201,6 +216,7 @@ impl ModelClient {
         &self,
         config: &ModelConfig,
         body: &bytes::Bytes,
+        on_text: Option<OnText<'_>>,
     ) -> Result<ModelReply, ModelError> {
         // No limit on the whole exchange: a long reply that keeps coming is fine. What is
         // bounded is each wait — for the reply's head, then for each part of its body.
@@ -257,6 +273,9 @@ impl ModelClient {
             return Err(ModelError::Status { status, body, retry_after });
         }
         let mut bytes = Vec::new();
+        // Where the next stream line starts, for showing the text as it arrives.
+        let mut line_start = 0;
+        let on_text = on_text.filter(|_| config.stream);
         loop {
             let next = tokio::time::timeout(limit, resp.chunk())
                 .await
@@ -265,7 +284,19 @@ impl ModelClient {
                 Ok(Some(chunk)) if bytes.len() + chunk.len() > MAX_REPLY_BYTES => {
                     return Err(ModelError::TooLarge);
                 }
-                Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
+                Ok(Some(chunk)) => {
+                    bytes.extend_from_slice(&chunk);
+                    if let Some(show) = on_text {
+                        while let Some(end) = bytes[line_start..].iter().position(|b| *b == b'\n') {
+                            let line =
+                                String::from_utf8_lossy(&bytes[line_start..line_start + end]);
+                            if let Some(text) = sse::delta_text(&line) {
+                                show(&text);
+                            }
+                            line_start += end + 1;
+                        }
+                    }
+                }
                 Ok(None) => break,
                 Err(e) => {
                     if bytes.is_empty() {

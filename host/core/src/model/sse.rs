@@ -52,6 +52,18 @@ fn merge(into: &mut String, part: Option<String>) {
     }
 }
 
+/// The text one stream line carries (`data: {"choices":[{"delta":{"content":"…"}}]}`), for
+/// showing it as it arrives. Anything else — another field, `[DONE]`, a line that does not
+/// parse — is `None`: the whole body is parsed, and checked, when it ends.
+pub fn delta_text(line: &str) -> Option<String> {
+    let data = line.trim_end_matches('\r').strip_prefix("data:")?.trim();
+    if data.is_empty() || data == "[DONE]" {
+        return None;
+    }
+    let chunk: Chunk = serde_json::from_str(data).ok()?;
+    chunk.choices.into_iter().next()?.delta?.content.filter(|c| !c.is_empty())
+}
+
 /// Parses a complete SSE body: `data: {json}` events until `data: [DONE]`. A body that ends
 /// without `[DONE]` and without a finish reason is [`ModelError::Truncated`].
 pub fn parse_stream(bytes: &[u8]) -> Result<ModelReply, ModelError> {

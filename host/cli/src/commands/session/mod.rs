@@ -11,7 +11,7 @@ use serde_json::json;
 
 mod show;
 
-use super::run::{cancel_on_ctrl_c, open_harness, quiet, report};
+use super::run::{cancel_on_ctrl_c, open_harness, quiet, report, streaming};
 use super::{EXIT_REFUSED, EXIT_SETUP, inert, inert_block};
 use show::{
     print_capabilities, print_checkpoint, print_model_calls, print_plan, print_settings,
@@ -337,7 +337,8 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             let cancel = CancelToken::new();
             cancel_on_ctrl_c(&cancel);
             let progress = super::events::Progress::start(&h, &a.id).await;
-            let submitted = h.send(&Caller::Operator, &a.id, &a.message, &cancel, &quiet()).await;
+            let submitted =
+                h.send(&Caller::Operator, &a.id, &a.message, &cancel, &streaming()).await;
             progress.finish().await;
             match submitted {
                 Ok(s) => report(a.json, &h, &a.id, &s).await,
