@@ -181,10 +181,8 @@ pub fn streaming() -> Events {
                 let _ = write!(err, "{}", super::inert_block(text));
                 let _ = err.flush();
             }
-            Event::ModelReplied { .. } | Event::State(_) => {
-                if open.swap(false, Ordering::SeqCst) {
-                    eprintln!();
-                }
+            Event::ModelReplied { .. } | Event::State(_) if open.swap(false, Ordering::SeqCst) => {
+                eprintln!();
             }
             _ => {}
         }

@@ -108,7 +108,7 @@ pub struct Budget {
 /// Bytes as `N KiB`, `N MiB` or `N GiB` when they are a whole number of them.
 fn shown_bytes(n: u64) -> String {
     for (unit, size) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-        if n >= size && n % size == 0 {
+        if n >= size && n.is_multiple_of(size) {
             return format!("{} {unit}", n / size);
         }
     }
