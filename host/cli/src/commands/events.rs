@@ -245,6 +245,22 @@ impl Progress {
     }
 }
 
+/// A line for every event, the ones progress leaves out included (`keel session events`).
+pub fn line(row: &EventRow) -> String {
+    render(row).unwrap_or_else(|| match &row.event {
+        SessionEvent::ToolCall { tool, status, .. } => format!("  {} {}", inert(tool), status),
+        SessionEvent::Orchestrated { turn, .. } => {
+            format!("orchestration of turn {turn}: every name it chose is known")
+        }
+        SessionEvent::CheckpointPrepared { checkpoint } => {
+            format!("checkpoint {checkpoint} prepared (its summary is written, not promoted yet)")
+        }
+        // Every other kind has a line of its own in `render`; a kind added later that has
+        // none yet is shown by its stored name, never as a Rust value.
+        other => other.kind().to_string(),
+    })
+}
+
 /// `keel session events ID [--after N] [--follow] [--json]`.
 pub async fn execute(h: &Harness, id: &str, after: i64, follow: bool, json: bool) -> ExitCode {
     let print = |row: &EventRow| {
@@ -254,12 +270,7 @@ pub async fn execute(h: &Harness, id: &str, after: i64, follow: bool, json: bool
                 Err(e) => eprintln!("error: event {} cannot be written: {e}", row.seq),
             }
         } else {
-            let line = render(row).unwrap_or_else(|| match &row.event {
-                SessionEvent::ToolCall { tool, status, .. } => {
-                    format!("  {} {}", inert(tool), status)
-                }
-                other => format!("{other:?}"),
-            });
+            let line = line(row);
             println!("#{} {} {line}", row.seq, keel::units::format_time(row.at_ms));
         }
     };

@@ -533,6 +533,13 @@ async fn session_events_through_the_binary_and_followed_from_another_process() {
     assert!(lines[5].ends_with("task: uncertain → keep"), "{text}");
     assert!(lines[8].ends_with("turn 2 answered"), "{text}");
     assert!(lines[9].ends_with("state idle"), "{text}");
+    // Every event of the session has a human line: none is shown as a Rust value.
+    let out = keel_async(home.path().to_path_buf(), args(&["session", "events", "ev"])).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.lines().count() >= 20, "{text}");
+    for l in text.lines() {
+        assert!(l.starts_with('#') && !l.contains(" { ") && !l.contains("None"), "{l}");
+    }
 }
 
 /// Task understanding from the command line: `[model.preprocess]` in keel.toml,

@@ -199,7 +199,8 @@ pub struct EventRow {
 }
 
 impl SessionEvent {
-    fn kind(&self) -> &'static str {
+    /// The stored name of the event's kind (`input_accepted`, `tool_call` …).
+    pub fn kind(&self) -> &'static str {
         match self {
             Self::InputAccepted { .. } => "input_accepted",
             Self::TurnStarted { .. } => "turn_started",
