@@ -345,8 +345,7 @@ impl fmt::Debug for Registry {
 }
 
 fn sha256_digest(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+    format!("sha256:{}", crate::digest::sha256_hex(bytes))
 }
 
 /// A writer into memory that refuses to grow past `limit` bytes.

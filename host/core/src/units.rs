@@ -63,6 +63,17 @@ pub fn format_time(ms: i64) -> String {
     )
 }
 
+/// A size as people write it, in the units [`parse_size`] reads: `64MiB` when it is a whole
+/// number of a binary unit, else bytes (`1500B`).
+pub fn format_size(bytes: u64) -> String {
+    for (unit, size) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if bytes >= size && bytes.is_multiple_of(size) {
+            return format!("{}{unit}", bytes / size);
+        }
+    }
+    format!("{bytes}B")
+}
+
 /// Parses a size in bytes: a number with an optional unit `B`, `K`/`KiB`, `M`/`MiB`,
 /// `G`/`GiB` (binary multiples; `KB`, `MB`, `GB` are read the same way).
 pub fn parse_size(text: &str) -> Result<u64, String> {
@@ -115,6 +126,10 @@ mod tests {
     #[test]
     fn sizes() {
         assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        for n in [0, 1500, 64 << 20, 1 << 30, 3 << 10] {
+            assert_eq!(parse_size(&format_size(n)), Ok(n), "{n}");
+        }
+        assert_eq!(format_size(256 << 20), "256MiB");
         assert_eq!(parse_size("1G"), Ok(1 << 30));
         assert_eq!(parse_size("4096"), Ok(4096));
         assert!(parse_size("lots").is_err());

@@ -105,26 +105,16 @@ pub struct Budget {
     pub max_files_created: u64,
 }
 
-/// Bytes as `N KiB`, `N MiB` or `N GiB` when they are a whole number of them.
-fn shown_bytes(n: u64) -> String {
-    for (unit, size) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-        if n >= size && n.is_multiple_of(size) {
-            return format!("{} {unit}", n / size);
-        }
-    }
-    format!("{n} bytes")
-}
-
 impl Budget {
     /// One line a person reads: fuel, deadline, memory, output, writes, new files.
     pub fn summary(&self) -> String {
         format!(
-            "fuel {} · {:.1} s · memory {} · output {} · writes {} · {} new files",
+            "fuel {} · {} · memory {} · output {} · writes {} · {} new files",
             self.fuel,
-            self.timeout.as_secs_f64(),
-            shown_bytes(self.memory),
-            shown_bytes(self.max_output),
-            shown_bytes(self.write_quota),
+            crate::units::format_duration(self.timeout),
+            crate::units::format_size(self.memory),
+            crate::units::format_size(self.max_output),
+            crate::units::format_size(self.write_quota),
             self.max_files_created
         )
     }
