@@ -500,7 +500,7 @@ async fn policy_ask_allow_and_deny_per_session() {
     assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done t7".into())));
     assert_eq!(f.lines("effects.log"), vec!["t7-1"]);
     let t = f.h.internals().engine.timeline(&SessionId::from("pol")).await.unwrap();
-    assert_eq!(t.tool_calls[2].entry.error_kind.map(|k| k.as_str()), Some("denied"));
+    assert_eq!(t.tool_calls[2].entry.error_kind.map(|k| k.as_str()), Some("policy_denied"));
     assert!(f.lines("sent.log").is_empty());
 }
 

@@ -15,7 +15,7 @@ const CORE: &[&[&str]] = &[
         "builtin", "caller", "cancel", "crash", "digest", "failure", "grant", "home", "ids",
         "names", "plan", "policy", "signing", "stored", "tls", "units",
     ],
-    &["oci"],
+    &["oci", "live"],
     &["store"],
     &["config"],
     &["search"],

@@ -21,6 +21,11 @@ struct Cli {
     #[arg(long, global = true, value_name = "DIR")]
     home: Option<PathBuf>,
 
+    /// Event-level progress: every step of a turn (inputs, states, model calls, tool
+    /// intents), not only the goal, tool calls, approvals and the answer.
+    #[arg(short, long, global = true)]
+    verbose: bool,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -48,6 +53,11 @@ overrides the file, and flags override both:
 enum Command {
     /// Run a task: create (or continue, with --session) a session and run its turn.
     Run(Box<commands::run::RunArgs>),
+    /// Chat in a session: each line is an input, answers stream as they are written, and a
+    /// call that needs approval is asked about in place (y: approve once, n: reject with a
+    /// reason, d: the full diff and input). Slash commands: /help. Ctrl-C interrupts a turn,
+    /// Ctrl-D leaves; the session stays.
+    Chat(Box<commands::chat::ChatArgs>),
     /// Inspect and steer sessions.
     #[command(subcommand)]
     Session(commands::session::SessionCommand),
@@ -154,14 +164,14 @@ fn main() -> ExitCode {
     quiet_broken_pipe();
     // Colours only for a person at a terminal: stderr piped to a file or a script gets plain
     // text, and `NO_COLOR` turns them off anywhere.
-    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
-        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let colour = commands::style::colour_for_stderr();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(colour)
         .with_env_filter(log_filter())
         .init();
     let cli = Cli::parse();
+    commands::style::init(cli.verbose, colour);
     let home = cli.home.unwrap_or_else(keel::home::Home::default_root);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -184,6 +194,7 @@ fn main() -> ExitCode {
             Command::Skill(cmd) => commands::skill::execute(home, cmd).await,
             Command::Memory(cmd) => commands::skill::memory(home, cmd).await,
             Command::Run(args) => commands::run::execute(home, *args).await,
+            Command::Chat(args) => commands::chat::execute(home, *args).await,
             Command::Session(cmd) => commands::session::execute(home, cmd).await,
             Command::Workgroup(cmd) => commands::workgroup::execute(home, cmd).await,
             Command::Approvals(args) => commands::approval::list(home, args).await,

@@ -11,6 +11,8 @@ crate::stored_enum! {
         UnknownTool = "unknown_tool",
         NotFound = "not_found",
         Denied = "denied",
+        /// The session's policy refused the call before it ran (a `--deny` rule).
+        PolicyDenied = "policy_denied",
         Failed = "failed",
         // The sandbox stopped the call.
         Timeout = "timeout",

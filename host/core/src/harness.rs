@@ -30,6 +30,8 @@ pub struct Harness {
     /// What startup recovery found: sessions whose runner was gone and that changed or have
     /// work to resume.
     pub(crate) recovered: Vec<crate::session::RecoveredSession>,
+    /// The text models are writing in this home's sessions, shared with other processes.
+    pub(crate) live: crate::live::Live,
 }
 
 /// The owners behind the use cases, for the tests and benchmarks that check an owner's own
@@ -74,6 +76,7 @@ impl Harness {
         progress: &(dyn Fn(&str) + Sync),
     ) -> Result<Self, HarnessError> {
         let db_path = home.database();
+        let live = crate::live::Live::at(home.root());
         let sync = crate::config::synchronous(&home)?;
         let tools = Arc::new(ToolService::open(home, limits, progress).await?);
         let db = Db::open_with(&db_path, sync)?;
@@ -93,7 +96,7 @@ impl Harness {
                 changed.len()
             ));
         }
-        Ok(Self { tools, engine, brain, db, recovered })
+        Ok(Self { tools, engine, brain, db, recovered, live })
     }
 }
 

@@ -59,6 +59,7 @@ pub mod grant;
 pub mod harness;
 pub mod home;
 pub mod ids;
+pub mod live;
 pub mod memory;
 pub mod model;
 pub mod names;

@@ -171,14 +171,14 @@ impl Policy {
     pub fn decide(&self, tool: &str, effect: Effect) -> PolicyDecision {
         let has = |list: &[String], x: &str| list.iter().any(|t| t == x);
         if has(&self.deny_tools, tool) {
-            PolicyDecision::Deny(format!("the session's policy denies the tool `{tool}`"))
+            PolicyDecision::Deny(format!("denied by policy (--deny {tool})"))
         } else if has(&self.allow_tools, tool) {
             PolicyDecision::Allow
         } else if has(&self.ask_tools, tool) {
             PolicyDecision::Ask(format!("the session's policy asks before every call of `{tool}`"))
         } else if self.deny_effects.contains(&effect) {
             PolicyDecision::Deny(format!(
-                "the session's policy denies `{effect}` tools such as `{tool}`"
+                "denied by policy (--deny {effect}): `{tool}` is a `{effect}` tool"
             ))
         } else if self.ask_effects.contains(&effect) {
             PolicyDecision::Ask(format!(

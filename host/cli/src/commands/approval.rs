@@ -24,7 +24,11 @@ pub struct ApprovalsArgs {
     /// Also list decided, consumed and cancelled approvals.
     #[arg(long)]
     all: bool,
-    /// Print JSON (an array of approval units).
+    /// Show a file write's whole diff (or content) and the exact input, not cut.
+    #[arg(long)]
+    full: bool,
+    /// Print JSON (an array of approval units, each pending file write with its `change`:
+    /// path, content, current size, unified diff).
     #[arg(long)]
     json: bool,
 }
@@ -57,29 +61,67 @@ pub struct RecoverArgs {
     json: bool,
 }
 
-fn print_unit(u: &ApprovalUnit) {
-    println!("approval {}  [{}]", u.id, u.status);
-    println!("  session   {} (step {}, call {})", u.session_id, u.step, inert(&u.call_id));
-    println!("  tool      {}  ({})", inert(&u.tool), u.effect);
-    println!("  component sha256:{}", u.component_digest);
-    println!("  input     {}", inert(&u.input));
-    println!("  input sha256:{}", u.input_digest);
+/// Diff lines shown before the rest is cut with a count (`--full` shows them all).
+const DIFF_LINES: usize = 60;
+/// Content lines of a new file shown before the rest is cut with a count.
+const CONTENT_LINES: usize = 30;
+
+/// An approval unit as lines a person reads: what exactly would run and what it may touch,
+/// and for a file write, the content and its diff against the file there now (cut unless
+/// `full`; `full` also shows the exact input).
+pub fn unit_lines(u: &ApprovalUnit, full: bool) -> Vec<String> {
+    let mut out = vec![
+        format!("approval {}  [{}]", u.id, u.status),
+        format!("  session   {} (step {}, call {})", u.session_id, u.step, inert(&u.call_id)),
+        format!("  tool      {}  ({})", inert(&u.tool), u.effect),
+        format!("  component sha256:{}", u.component_digest),
+    ];
+    let change = (u.status == keel::session::ApprovalStatus::Pending)
+        .then(|| keel::api::FileChange::of(u))
+        .flatten();
+    if change.is_none() || full {
+        out.push(format!("  input     {}", inert(&u.input)));
+    }
+    out.push(format!("  input sha256:{}", u.input_digest));
+    if let Some(c) = &change {
+        out.extend(change_lines(c, full));
+    }
     if u.grants.is_empty() {
-        println!("  may touch nothing on disk (no grants)");
+        out.push("  may touch nothing on disk (no grants)".to_string());
     }
     for g in &u.grants {
-        println!("  may touch {g}");
+        out.push(format!("  may touch {g}"));
     }
     for n in &u.net {
-        println!("  may reach {}", inert(n));
+        out.push(format!("  may reach {}", inert(n)));
     }
     if u.net.is_empty() && matches!(u.effect, keel::policy::Effect::External) {
-        println!("  may reach nothing on the network (no network grants)");
+        out.push("  may reach nothing on the network (no network grants)".to_string());
     }
-    println!("  why       {}", inert(&u.why));
+    out.push(format!("  why       {}", inert(&u.why)));
     if let Some(r) = &u.decision_reason {
-        println!("  reason    {}", inert(r));
+        out.push(format!("  reason    {}", inert(r)));
     }
+    out
+}
+
+/// A file write as a person reviews it: one summary line, then the unified diff against the
+/// file there now — or, for a new file (or one that cannot be compared), its content.
+pub fn change_lines(c: &keel::api::FileChange, full: bool) -> Vec<String> {
+    let mut out = vec![format!("  change    {}", inert(&c.summary()))];
+    let (text, max, what) = if c.diff.is_empty() {
+        (&c.content, CONTENT_LINES, "of the content")
+    } else {
+        (&c.diff, DIFF_LINES, "of the diff")
+    };
+    let (shown, omitted) = keel::api::cut_lines(text, if full { usize::MAX } else { max });
+    for line in shown {
+        out.push(format!("    │ {}", inert(line)));
+    }
+    if omitted > 0 {
+        out.push(format!("    │ … {omitted} more line(s) {what}; --full shows them all"));
+    }
+    out
 }
 
 /// `keel approvals`.
@@ -97,7 +139,19 @@ pub async fn list(home: PathBuf, a: ApprovalsArgs) -> ExitCode {
     };
     match units {
         Ok(units) if a.json => {
-            println!("{}", json!(units));
+            let shown: Vec<serde_json::Value> = units
+                .iter()
+                .map(|u| {
+                    let mut v = json!(u);
+                    if u.status == keel::session::ApprovalStatus::Pending
+                        && let Some(c) = keel::api::FileChange::of(u)
+                    {
+                        v["change"] = json!(c);
+                    }
+                    v
+                })
+                .collect();
+            println!("{}", json!(shown));
             ExitCode::SUCCESS
         }
         Ok(units) if units.is_empty() => {
@@ -109,7 +163,9 @@ pub async fn list(home: PathBuf, a: ApprovalsArgs) -> ExitCode {
                 if i > 0 {
                     println!();
                 }
-                print_unit(u);
+                for line in unit_lines(u, a.full) {
+                    println!("{line}");
+                }
             }
             println!("\ndecide with `keel approve UNIT` or `keel reject UNIT [--reason TEXT]`");
             ExitCode::SUCCESS

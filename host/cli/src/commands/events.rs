@@ -16,9 +16,73 @@ use super::{EXIT_REFUSED, inert};
 /// How often a follower reads the store.
 pub const POLL: Duration = Duration::from_millis(50);
 
-/// The progress line of an event (without the `keel: ` prefix), or `None` for an event that
-/// has none of its own.
-pub fn render(row: &EventRow) -> Option<String> {
+/// How much of a session's events progress shows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Detail {
+    /// The default: the goal, each tool call with what it touched, approvals, warnings and
+    /// failures — what a person follows a turn by.
+    Compact,
+    /// `-v`: a line for every step (inputs, turns, states, model calls, tool intents).
+    Verbose,
+}
+
+impl Detail {
+    /// The detail `-v` asked for.
+    pub fn from_flags() -> Self {
+        if super::style::verbose() { Detail::Verbose } else { Detail::Compact }
+    }
+}
+
+/// Whether an event is plumbing: a step of the machinery a person does not follow a turn by,
+/// shown only with `-v`.
+fn plumbing(event: &SessionEvent) -> bool {
+    match event {
+        SessionEvent::InputAccepted { .. }
+        | SessionEvent::TurnStarted { .. }
+        | SessionEvent::UnderstandingStarted { .. }
+        | SessionEvent::CapabilitiesDiscovering { .. }
+        | SessionEvent::State { .. }
+        | SessionEvent::ModelCallStarted { .. }
+        | SessionEvent::Answer { .. }
+        | SessionEvent::ClientConnected { .. }
+        | SessionEvent::CompactionStarted { .. } => true,
+        SessionEvent::TaskTransition { error, .. } => error.is_none(),
+        SessionEvent::CapabilitiesRecalled { error, .. } => error.is_none(),
+        SessionEvent::ToolCall { status, .. } => *status == JournalStatus::Intent,
+        _ => false,
+    }
+}
+
+/// A tool call as a person reads it: its name and what it touches.
+fn call(tool: &str, subject: &Option<String>) -> String {
+    match subject {
+        Some(s) => format!("{} {}", inert(tool), inert(s)),
+        None => inert(tool),
+    }
+}
+
+/// The progress line of an event at `detail` (without the `keel: ` prefix), or `None` for an
+/// event that has none there.
+pub fn render(row: &EventRow, detail: Detail) -> Option<String> {
+    if detail == Detail::Compact {
+        if plumbing(&row.event) {
+            return None;
+        }
+        match &row.event {
+            SessionEvent::EnvironmentApplied { session_goal, phase_goal } => {
+                let goal = phase_goal.as_deref().or(session_goal.as_deref()).unwrap_or("");
+                return Some(format!("goal: {}", inert(&keel::session::goal_reference(goal))));
+            }
+            SessionEvent::ModelCallFinished { .. } => {
+                // Only its warnings (a reply cut or empty), never the timing line.
+                let full = render(row, Detail::Verbose)?;
+                let warnings: Vec<&str> =
+                    full.lines().skip(1).map(|l| l.trim_start_matches("keel: ")).collect();
+                return (!warnings.is_empty()).then(|| warnings.join("\nkeel: "));
+            }
+            _ => {}
+        }
+    }
     Some(match &row.event {
         SessionEvent::InputAccepted { inbox_seq, .. } => format!("input #{inbox_seq} accepted"),
         SessionEvent::TurnStarted { turn } => format!("turn {turn} started"),
@@ -117,23 +181,25 @@ pub fn render(row: &EventRow) -> Option<String> {
             "model call of step {step} failed after {attempts} attempt(s){}; kept as refused request #{refused}",
             http_status.map(|s| format!(" (HTTP {s})")).unwrap_or_default()
         ),
-        SessionEvent::ToolCall { call_id, tool, status, error_kind, ms, .. } => {
-            let ms = ms.map(|m| format!(" ({m:.1} ms)")).unwrap_or_default();
+        SessionEvent::ToolCall {
+            call_id, tool, status, error_kind, ms, subject, reason, ..
+        } => {
+            // A call the policy refused never ran: it has no duration to show.
+            let ran = *error_kind != Some(keel::failure::FailureKind::PolicyDenied);
+            let ms =
+                ms.filter(|m| ran && *m > 0.0).map(|m| format!(" ({m:.1} ms)")).unwrap_or_default();
+            let what = call(tool, subject);
             match status {
                 JournalStatus::Planned => return None,
-                JournalStatus::Intent => format!("  → {} [{}]", inert(tool), inert(call_id)),
-                JournalStatus::Done if error_kind.is_none() => format!("  ✓ {}{ms}", inert(tool)),
+                JournalStatus::Intent => format!("  → {what} [{}]", inert(call_id)),
+                JournalStatus::Done if error_kind.is_none() => format!("  ✓ {what}{ms}"),
                 JournalStatus::Waiting => return None,
-                other => format!(
-                    "  ✗ {}{ms}: {}",
-                    inert(tool),
-                    inert(error_kind.map_or(other.as_str(), |k| k.as_str()))
-                ),
+                other => format!("  ✗ {what}{ms}: {}", failure(other, *error_kind, reason)),
             }
         }
-        SessionEvent::ApprovalAsked { unit, tool, .. } => format!(
+        SessionEvent::ApprovalAsked { unit, tool, subject, .. } => format!(
             "  ⏸ {} needs approval: keel approve {unit}  (or keel reject {unit})",
-            inert(tool)
+            call(tool, subject)
         ),
         SessionEvent::ApprovalDecided { unit, decision, .. } => {
             format!("approval {unit} {}", inert(decision))
@@ -184,18 +250,45 @@ pub fn render(row: &EventRow) -> Option<String> {
     })
 }
 
-/// Progress lines on stderr for a session while this process runs its turns: a follower of
-/// the session's events from the moment it starts.
-/// A line of a command's own progress: as [`render`], but a failed state without its detail,
-/// which the command prints once, as its error, when it ends.
-fn brief(row: &EventRow) -> Option<String> {
-    match &row.event {
-        SessionEvent::State { state: keel::session::RuntimeState::Failed, .. } => {
-            Some("state failed".to_string())
-        }
-        _ => render(row),
+/// Why a call failed, as a person reads it: a policy's refusal says which rule, the sandbox's
+/// or a tool's says `denied:` and why, anything else its kind and first line.
+fn failure(
+    status: &JournalStatus,
+    kind: Option<keel::failure::FailureKind>,
+    reason: &Option<String>,
+) -> String {
+    use keel::failure::FailureKind;
+    let reason = reason.as_deref().map(inert);
+    match (kind, reason) {
+        (Some(FailureKind::PolicyDenied), Some(r)) => r,
+        (Some(FailureKind::PolicyDenied), None) => "denied by policy".to_string(),
+        (Some(k), Some(r)) => format!("{}: {r}", k.as_str().replace('_', " ")),
+        (Some(k), None) => k.as_str().replace('_', " "),
+        (None, _) => status.as_str().to_string(),
     }
 }
+
+/// A line of a command's own progress: as [`render`], but a failed state without its detail,
+/// which the command prints once, as its error, when it ends.
+fn brief(row: &EventRow, detail: Detail) -> Option<String> {
+    match &row.event {
+        SessionEvent::State { state: keel::session::RuntimeState::Failed, .. } => {
+            (detail == Detail::Verbose).then(|| "state failed".to_string())
+        }
+        _ => render(row, detail),
+    }
+}
+
+/// Prints a progress line on stderr, its mark coloured on a terminal.
+fn print_progress(line: &str) {
+    for l in line.lines() {
+        let l = l.strip_prefix("keel: ").unwrap_or(l);
+        eprintln!("keel: {}", super::style::mark(l));
+    }
+}
+
+/// Progress lines on stderr for a session while this process runs its turns: a follower of
+/// the session's events from the moment it starts.
 
 pub struct Progress {
     printed: Arc<AtomicI64>,
@@ -211,11 +304,12 @@ impl Progress {
         let printed = Arc::new(AtomicI64::new(from));
         let rx = h.follow(&Caller::Operator, id, from, POLL).await.ok();
         let seen = printed.clone();
+        let detail = Detail::from_flags();
         let task = tokio::spawn(async move {
             let Some(mut rx) = rx else { return };
             while let Some(Ok(row)) = rx.recv().await {
-                if let Some(line) = brief(&row) {
-                    eprintln!("keel: {line}");
+                if let Some(line) = brief(&row, detail) {
+                    print_progress(&line);
                 }
                 seen.store(row.seq, Ordering::Release);
             }
@@ -236,8 +330,8 @@ impl Progress {
                 break;
             }
             for row in rows {
-                if let Some(line) = brief(&row) {
-                    eprintln!("keel: {line}");
+                if let Some(line) = brief(&row, Detail::from_flags()) {
+                    print_progress(&line);
                 }
                 last = row.seq;
             }
@@ -247,7 +341,7 @@ impl Progress {
 
 /// A line for every event, the ones progress leaves out included (`keel session events`).
 pub fn line(row: &EventRow) -> String {
-    render(row).unwrap_or_else(|| match &row.event {
+    render(row, Detail::Verbose).unwrap_or_else(|| match &row.event {
         SessionEvent::ToolCall { tool, status, .. } => format!("  {} {}", inert(tool), status),
         SessionEvent::Orchestrated { turn, .. } => {
             format!("orchestration of turn {turn}: every name it chose is known")
@@ -261,9 +355,17 @@ pub fn line(row: &EventRow) -> String {
     })
 }
 
-/// `keel session events ID [--after N] [--follow] [--json]`.
+/// `keel session events ID [--after N] [--follow] [--json]`. Following, the text a model is
+/// writing shows as it arrives (`▸ …`; with `--json`, `text_delta` objects without a sequence
+/// number), in whichever process runs the turn; the durable `answer` or message follows it.
 pub async fn execute(h: &Harness, id: &str, after: i64, follow: bool, json: bool) -> ExitCode {
-    let print = |row: &EventRow| {
+    use std::io::Write;
+    // Whether a line of live text is open (the next event starts a new line).
+    let mut open = false;
+    let print = |row: &EventRow, open: &mut bool| {
+        if std::mem::take(open) {
+            println!();
+        }
         if json {
             match serde_json::to_string(row) {
                 Ok(line) => println!("{line}"),
@@ -281,7 +383,7 @@ pub async fn execute(h: &Harness, id: &str, after: i64, follow: bool, json: bool
                 Ok(rows) if rows.is_empty() => return ExitCode::SUCCESS,
                 Ok(rows) => {
                     for row in &rows {
-                        print(row);
+                        print(row, &mut open);
                         last = row.seq;
                     }
                 }
@@ -293,13 +395,38 @@ pub async fn execute(h: &Harness, id: &str, after: i64, follow: bool, json: bool
         Ok(rx) => rx,
         Err(e) => return super::api_fail(json, &e),
     };
+    let mut text = match h.follow_text(&Caller::Operator, id).await {
+        Ok(t) => t,
+        Err(e) => return super::api_fail(json, &e),
+    };
+    let mut tick = tokio::time::interval(POLL);
     loop {
         tokio::select! {
             next = rx.recv() => match next {
-                Some(Ok(row)) => print(&row),
+                Some(Ok(row)) => print(&row, &mut open),
                 Some(Err(e)) => return super::fail(json, e.kind(), &e.to_string(), EXIT_REFUSED),
                 None => return ExitCode::SUCCESS,
             },
+            _ = tick.tick() => {
+                let deltas = text.poll();
+                if deltas.is_empty() {
+                    continue;
+                }
+                let mut out = std::io::stdout().lock();
+                for d in deltas {
+                    if json {
+                        let v = serde_json::json!({"kind": "text_delta", "step": d.step, "text": d.text});
+                        let _ = writeln!(out, "{v}");
+                    } else {
+                        if !open {
+                            let _ = write!(out, "  ▸ ");
+                            open = true;
+                        }
+                        let _ = write!(out, "{}", super::inert_block(&d.text));
+                    }
+                }
+                let _ = out.flush();
+            }
             _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,
         }
     }

@@ -2,6 +2,7 @@
 
 pub mod approval;
 pub mod author;
+pub mod chat;
 pub mod events;
 pub mod mcp;
 pub mod run;
@@ -10,6 +11,7 @@ pub mod serve;
 pub mod session;
 pub mod signing;
 pub mod skill;
+pub mod style;
 pub mod tool;
 pub mod workgroup;
 
@@ -34,7 +36,7 @@ pub fn fail(json: bool, kind: &str, message: &str, code: u8) -> std::process::Ex
             serde_json::json!({"ok": false, "error": {"kind": kind, "message": message}})
         );
     } else {
-        eprintln!("error: {}", inert_block(message));
+        eprintln!("{} {}", style::paint(style::Tone::Bad, "error:"), inert_block(message));
     }
     std::process::ExitCode::from(code)
 }

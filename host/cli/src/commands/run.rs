@@ -27,6 +27,16 @@ pub const EXIT_WAITING: u8 = 4;
 pub struct RunArgs {
     /// The task, in plain words.
     task: String,
+    #[command(flatten)]
+    session: SessionArgs,
+    /// Print one JSON object instead of the answer.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The session a command runs turns in: one to continue, or the settings of a new one.
+#[derive(Args)]
+pub struct SessionArgs {
     /// Session id to create or continue (default: a new session with a generated id).
     #[arg(long)]
     session: Option<String>,
@@ -103,9 +113,6 @@ pub struct RunArgs {
     preprocess_model: Option<String>,
     #[command(flatten)]
     workgroup: WorkgroupArgs,
-    /// Print one JSON object instead of the answer.
-    #[arg(long)]
-    json: bool,
 }
 
 /// A main session and the limits of its workgroup.
@@ -250,10 +257,13 @@ fn report_with(
         Submitted::Ran(TurnOutcome::WaitingApproval(units)) => units.clone(),
         _ => Vec::new(),
     };
-    if tokens.model_calls > 0 {
-        eprintln!("keel: this turn: {}", tokens.describe());
-    }
+    let this_turn = (tokens.model_calls > 0)
+        .then(|| format!(" · this turn: {}", tokens.describe()))
+        .unwrap_or_default();
     if json_out {
+        if !this_turn.is_empty() {
+            eprintln!("keel: session {id} ({harness_state}){this_turn}");
+        }
         println!(
             "{}",
             json!({"ok": code == 0 || code == EXIT_WAITING, "session_id": id, "state": harness_state,
@@ -262,7 +272,11 @@ fn report_with(
         );
     } else {
         match submitted {
-            Submitted::Ran(TurnOutcome::Failed(e)) => eprintln!("error: {}", inert_block(e)),
+            Submitted::Ran(TurnOutcome::Failed(e)) => eprintln!(
+                "{} {}",
+                super::style::paint(super::style::Tone::Bad, "error:"),
+                inert_block(e)
+            ),
             Submitted::Ran(TurnOutcome::Interrupted) => eprintln!("keel: session {id} interrupted"),
             Submitted::Ran(TurnOutcome::WaitingApproval(units)) => eprintln!(
                 "keel: session {id} waits for approval ({}); review with `keel approvals --session {id}`, \
@@ -274,7 +288,7 @@ fn report_with(
             ),
             _ => println!("{}", inert_block(&answer)),
         }
-        eprintln!("keel: session {id} ({harness_state})");
+        eprintln!("keel: session {id} ({harness_state}){this_turn}");
     }
     ExitCode::from(code)
 }
@@ -283,28 +297,54 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
     if a.task.trim().is_empty() {
         return fail(a.json, "input", "the task is empty: say what to do", EXIT_REFUSED);
     }
-    let (home_dir, h) = match open_harness(&home).await {
+    let (h, id) = match open_session(&home, &a.session, a.json).await {
         Ok(x) => x,
-        Err(e) => return fail(a.json, "setup", &e, EXIT_SETUP),
+        Err(code) => return code,
+    };
+    eprintln!("keel: session {id}");
+    let cancel = CancelToken::new();
+    cancel_on_ctrl_c(&cancel);
+    let progress = super::events::Progress::start(&h, &id).await;
+    let submitted = h.send(&Caller::Operator, &id, &a.task, &cancel, &streaming()).await;
+    progress.finish().await;
+    let submitted = match submitted {
+        Ok(s) => s,
+        Err(e) => return super::api_fail(a.json, &e),
+    };
+    let code = report(a.json, &h, &id, &submitted).await;
+    super::workgroup::after_run(a.json, &h, &id, code).await
+}
+
+/// Opens the harness and the session `a` names — continued when it exists (its settings kept;
+/// the flags that only a new session takes are named on stderr), else created with `a`'s
+/// settings. An error is printed (as JSON with `json`) and returned as the exit code.
+pub async fn open_session(
+    home: &PathBuf,
+    a: &SessionArgs,
+    json: bool,
+) -> Result<(Harness, String), ExitCode> {
+    let (home_dir, h) = match open_harness(home).await {
+        Ok(x) => x,
+        Err(e) => return Err(fail(json, "setup", &e, EXIT_SETUP)),
     };
     let existing = match &a.session {
         Some(id) => match h.session_exists(&Caller::Operator, id).await {
             Ok(b) => b,
-            Err(e) => return super::api_fail(a.json, &e),
+            Err(e) => return Err(super::api_fail(json, &e)),
         },
         None => false,
     };
     let id = if existing {
         let id = a.session.clone().unwrap_or_default();
         if !a.grants.is_empty() || a.net.given() {
-            return fail(
-                a.json,
+            return Err(fail(
+                json,
                 "grant",
                 &format!(
                     "session `{id}` exists; its grants (directories and network) are fixed at creation (start a new session to change them)"
                 ),
                 EXIT_REFUSED,
-            );
+            ));
         }
         if a.model_url.is_some()
             || a.model.is_some()
@@ -334,7 +374,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
         if !a.tools.is_empty()
             && let Err(e) = h.add_session_tools(&Caller::Operator, &id, &a.tools).await
         {
-            return fail(a.json, e.kind(), &e.to_string(), EXIT_REFUSED);
+            return Err(fail(json, e.kind(), &e.to_string(), EXIT_REFUSED));
         }
         id
     } else {
@@ -350,15 +390,15 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
         let model = match model_config(&home_dir, &flags) {
             Ok(Some(m)) => m,
             Ok(None) => {
-                return fail(
-                    a.json,
+                return Err(fail(
+                    json,
                     "config",
                     "no model configured: pass --model-url URL --model NAME, set KEEL_MODEL_URL and KEEL_MODEL, \
                      or add a [model] table to keel.toml in the keel home",
                     EXIT_REFUSED,
-                );
+                ));
             }
-            Err(e) => return fail(a.json, e.kind(), &e.to_string(), EXIT_REFUSED),
+            Err(e) => return Err(fail(json, e.kind(), &e.to_string(), EXIT_REFUSED)),
         };
         let preprocess = match keel::harness::preprocess_config(
             &home_dir,
@@ -367,7 +407,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
             a.no_preprocess,
         ) {
             Ok(p) => p,
-            Err(e) => return fail(a.json, e.kind(), &e.to_string(), EXIT_REFUSED),
+            Err(e) => return Err(fail(json, e.kind(), &e.to_string(), EXIT_REFUSED)),
         };
         let spec = SessionSpec {
             id: a.session.clone(),
@@ -392,19 +432,8 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
         };
         match h.create_session(&Caller::Operator, spec).await {
             Ok(id) => id.into_string(),
-            Err(e) => return fail(a.json, e.kind(), &e.to_string(), EXIT_REFUSED),
+            Err(e) => return Err(fail(json, e.kind(), &e.to_string(), EXIT_REFUSED)),
         }
     };
-    eprintln!("keel: session {id}");
-    let cancel = CancelToken::new();
-    cancel_on_ctrl_c(&cancel);
-    let progress = super::events::Progress::start(&h, &id).await;
-    let submitted = h.send(&Caller::Operator, &id, &a.task, &cancel, &streaming()).await;
-    progress.finish().await;
-    let submitted = match submitted {
-        Ok(s) => s,
-        Err(e) => return super::api_fail(a.json, &e),
-    };
-    let code = report(a.json, &h, &id, &submitted).await;
-    super::workgroup::after_run(a.json, &h, &id, code).await
+    Ok((h, id))
 }

@@ -17,6 +17,7 @@ mod run;
 mod serve;
 mod signing;
 mod skills;
+mod terminal;
 mod workgroup;
 
 fn keel(home: &Path, args: &[&str]) -> Output {

@@ -157,7 +157,7 @@ async fn f6_control_characters_in_model_tool_names_are_inert_on_the_terminal() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(0), "{stderr}");
     assert!(
-        stderr.contains("evil") && stderr.contains("unknown_tool"),
+        stderr.contains("evil") && stderr.contains("unknown tool"),
         "the call is shown: {stderr}"
     );
     let show = keel_async(home.path().to_path_buf(), args(&["session", "show", "f6"])).await;
@@ -387,7 +387,8 @@ async fn tokens_flags_and_refused_requests_through_the_binary() {
     .await;
     let home = tempfile::tempdir().unwrap();
     let url = model.url();
-    let run = args(&["run", "Answer", "--session", "t1", "--model-url", &url, "--model", "m"]);
+    let run =
+        args(&["run", "Answer", "--session", "t1", "--model-url", &url, "--model", "m", "-v"]);
     let mut json_run = run.clone();
     json_run.push("--json".into());
     let out = keel_async(home.path().to_path_buf(), json_run).await;
@@ -661,6 +662,7 @@ async fn capabilities_progress_show_evidence_and_unload_through_the_binary() {
             &url,
             "--model",
             "m",
+            "-v",
         ]),
     )
     .await;
@@ -757,7 +759,8 @@ async fn compaction_through_the_binary_flags_compact_show_and_evidence() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     // On demand: progress lines, then the result.
     let out =
-        keel_async(home.path().to_path_buf(), args(&["session", "compact", "cmp", "--json"])).await;
+        keel_async(home.path().to_path_buf(), args(&["session", "compact", "cmp", "--json", "-v"]))
+            .await;
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let v = super::json_of(&out);
     assert_eq!(
@@ -771,7 +774,8 @@ async fn compaction_through_the_binary_flags_compact_show_and_evidence() {
     assert!(err.contains("context compacted: checkpoint 1"), "{err}");
     // Nothing more to compact: a clear refusal.
     let out =
-        keel_async(home.path().to_path_buf(), args(&["session", "compact", "cmp", "--json"])).await;
+        keel_async(home.path().to_path_buf(), args(&["session", "compact", "cmp", "--json", "-v"]))
+            .await;
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(super::json_of(&out)["error"]["kind"], "nothing_to_compact");
     // The next turn holds the summary; show marks the checkpoint and the compacted messages.
@@ -894,4 +898,148 @@ async fn the_answer_streams_on_stderr_while_it_is_written() {
     child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
     assert!(status.success());
     assert_eq!(stdout.matches("The first words come slowly.").count(), 1, "{stdout}");
+}
+
+/// Progress people read: by default the goal, each tool call with what it touched (a policy's
+/// refusal and the sandbox's read apart), and one summary line — no plumbing; `-v` adds the
+/// event-level lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_is_compact_by_default_and_event_level_with_v() {
+    let model = MockModel::start(vec![
+        Reply::calls(&[
+            ("c1", "csv_inspect", r#"{"path":"/data/orders.csv"}"#),
+            ("c2", "fs_read_file", r#"{"path":"/etc/passwd"}"#),
+            ("c3", "fs_write_file", r#"{"path":"/data/x.md","content":"hi"}"#),
+        ]),
+        Reply::text("Two rows are ragged."),
+        Reply::text("again"),
+    ])
+    .await;
+    model.push_understanding(vec![Reply::understanding("establish_task", &[], &[], &[])]);
+    let home = tempfile::tempdir().unwrap();
+    let grant = format!("{}=/data:ro", super::data_dir());
+    let url = model.url();
+    let run = |extra: &[&str]| {
+        let mut a = args(&["run", "Check orders.csv", "--session", "prog", "--model", "m"]);
+        a.extend(["--model-url".to_string(), url.clone()]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        keel_async(home.path().to_path_buf(), a)
+    };
+    let out = run(&[
+        "--grant",
+        &grant,
+        "--tools",
+        "csv_inspect,fs_read_file,fs_write_file",
+        "--deny",
+        "fs_write_file",
+    ])
+    .await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "Two rows are ragged.\n");
+    assert!(err.contains("keel: goal: Check orders.csv\n"), "{err}");
+    assert!(err.contains("keel:   ✓ csv_inspect /data/orders.csv ("), "{err}");
+    let sandbox = err.lines().find(|l| l.contains("✗ fs_read_file")).expect(&err);
+    assert!(sandbox.starts_with("keel:   ✗ fs_read_file /etc/passwd ("), "{sandbox}");
+    assert!(
+        sandbox.ends_with(": denied: /etc/passwd: outside every directory granted to this session"),
+        "{sandbox}"
+    );
+    assert!(
+        err.contains("keel:   ✗ fs_write_file /data/x.md (2 bytes): denied by policy (--deny fs_write_file)\n"),
+        "{err}"
+    );
+    for plumbing in ["state running", "model call (step", "input #1", "turn 1 started", "→ "] {
+        assert!(!err.contains(plumbing), "{plumbing}: {err}");
+    }
+    let last = err.lines().last().unwrap();
+    assert!(last.starts_with("keel: session prog (idle) · this turn: "), "{err}");
+    assert!(last.ends_with("2 model calls, tokens not reported by the server"), "{last}");
+    // No colour when stderr is not a terminal.
+    assert!(!err.contains('\u{1b}'), "{err}");
+
+    let out = run(&["-v"]).await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    for step in ["input #2 accepted", "turn 2 started", "state running", "model call (step "] {
+        assert!(err.contains(step), "{step}: {err}");
+    }
+
+    // The durable events keep both refusals apart, for scripts.
+    let out =
+        keel_async(home.path().to_path_buf(), args(&["session", "events", "prog", "--json"])).await;
+    let rows: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let done = |id: &str| {
+        rows.iter().rev().find(|r| r["kind"] == "tool_call" && r["call_id"] == id).cloned().unwrap()
+    };
+    assert_eq!(done("c2")["error_kind"], "denied");
+    assert_eq!(done("c3")["error_kind"], "policy_denied");
+    assert_eq!(done("c3")["reason"], "denied by policy (--deny fs_write_file)");
+    assert_eq!(done("c3")["subject"], "/data/x.md (2 bytes)");
+}
+
+/// `keel session events --follow` in another process shows the text a model is writing as it
+/// arrives, before the durable answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_in_another_process_sees_the_text_while_it_is_written() {
+    use std::io::{BufRead, BufReader};
+    let words = ["The first ", "words come ", "slowly."];
+    let mut events: Vec<Value> =
+        words.iter().map(|w| json!({"choices": [{"index": 0, "delta": {"content": w}}]})).collect();
+    events.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}));
+    let model = MockModel::start(vec![
+        Reply::text("hello"),
+        Reply::Drip { events, gap: Duration::from_millis(700) },
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let url = model.url();
+    let base = ["--model-url", url.as_str(), "--model", "m", "--no-preprocess"];
+    let mut first = args(&["run", "Say hello", "--session", "f"]);
+    first.extend(base.iter().map(|s| s.to_string()));
+    let out = keel_async(home.path().to_path_buf(), first).await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let last: i64 = String::from_utf8_lossy(
+        &super::keel(home.path(), &["session", "events", "f", "--json"]).stdout,
+    )
+    .lines()
+    .count() as i64;
+    let mut follower = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["session", "events", "f", "--follow", "--json", "--after", &last.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(follower.stdout.take().unwrap());
+    let runner =
+        keel_async(home.path().to_path_buf(), args(&["session", "send", "f", "Say something"]));
+    let runner = tokio::spawn(runner);
+    let watched = tokio::task::spawn_blocking(move || {
+        let mut text = String::new();
+        let mut early = None;
+        for line in lines.lines() {
+            let v: Value = serde_json::from_str(&line.unwrap()).unwrap();
+            if v["kind"] == "text_delta" {
+                assert!(v.get("seq").is_none(), "{v}");
+                text.push_str(v["text"].as_str().unwrap());
+                early.get_or_insert(!text.contains("slowly."));
+            }
+            if v["kind"] == "answer" {
+                assert_eq!(v["text"], "The first words come slowly.");
+                return (early, text);
+            }
+        }
+        (early, text)
+    });
+    let out = runner.await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let (early, text) = watched.await.unwrap();
+    let _ = follower.kill();
+    assert_eq!(early, Some(true), "text came before the reply ended: {text:?}");
+    assert!(text.starts_with("The first "), "{text}");
 }

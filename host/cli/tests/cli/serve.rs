@@ -716,3 +716,62 @@ async fn a_main_session_over_the_api_runs_its_workgroup_in_the_server() {
     let (status, v) = get(&c, &s.api(&format!("/sessions/{solo}/workgroup")), &alice).await;
     assert_eq!(status, 400, "{v}");
 }
+
+/// The text a model is writing reaches the event stream as it arrives: transient `text_delta`
+/// events (no id) before the durable answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_stream_carries_the_text_while_it_is_written() {
+    let words = ["The first ", "words come ", "slowly."];
+    let mut events: Vec<Value> =
+        words.iter().map(|w| json!({"choices": [{"index": 0, "delta": {"content": w}}]})).collect();
+    events.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}));
+    let model =
+        MockModel::start(vec![Reply::Drip { events, gap: Duration::from_millis(700) }]).await;
+    let home = tempfile::tempdir().unwrap();
+    let roots = tempfile::tempdir().unwrap();
+    let s = Server::start(home.path(), &model.url(), &[roots.path()]);
+    let c = client();
+    let (status, v) =
+        post(&c, &s.api("/sessions"), &s.admin, json!({"input": "Say something", "id": "talk"}))
+            .await;
+    assert_eq!(status, 202, "{v}");
+    let mut res = c
+        .get(s.api("/sessions/talk/events"))
+        .bearer_auth(&s.admin)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    let mut buf = String::new();
+    let mut text = String::new();
+    let mut first_seen_before_answer = None;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    'read: loop {
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let data: String =
+                block.lines().filter_map(|l| l.strip_prefix("data: ")).collect::<String>();
+            let Ok(v) = serde_json::from_str::<Value>(&data) else { continue };
+            if block.lines().any(|l| l == "event: text_delta") {
+                assert!(!block.contains("\nid: ") && !block.starts_with("id: "), "{block}");
+                text.push_str(v["text"].as_str().unwrap());
+                if first_seen_before_answer.is_none() {
+                    first_seen_before_answer = Some(!text.contains("slowly."));
+                }
+            } else if v["kind"] == "answer" {
+                assert_eq!(v["text"], "The first words come slowly.");
+                break 'read;
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, res.chunk()).await {
+            Ok(Ok(Some(bytes))) => buf.push_str(&String::from_utf8_lossy(&bytes)),
+            other => panic!("the event stream ended early: {other:?}; text {text:?}"),
+        }
+    }
+    assert_eq!(first_seen_before_answer, Some(true), "text arrived before the reply ended");
+    assert!(text.starts_with("The first "), "{text}");
+    // Transient: nothing of it is in the durable log but the answer and its message.
+    let (_, page) = get(&c, &s.api("/sessions/talk/events"), &s.admin).await;
+    assert!(!page.to_string().contains("text_delta"), "{page}");
+}

@@ -77,6 +77,9 @@ pub struct WorkgroupRequest {
 pub struct ApprovalView {
     pub unit: ApprovalUnit,
     pub may_decide: bool,
+    /// For a pending call that writes a file: the content and its diff against the file there
+    /// now.
+    pub change: Option<super::FileChange>,
 }
 
 fn forbidden(caller: &Caller, what: &str) -> ApiError {
@@ -149,7 +152,10 @@ impl Harness {
             if !caller.may_see(owner.as_ref()) {
                 continue;
             }
-            out.push(ApprovalView { may_decide: caller.may_decide(owner.as_ref()), unit });
+            let change = (unit.status == crate::session::ApprovalStatus::Pending)
+                .then(|| super::FileChange::of(&unit))
+                .flatten();
+            out.push(ApprovalView { may_decide: caller.may_decide(owner.as_ref()), unit, change });
         }
         Ok(out)
     }

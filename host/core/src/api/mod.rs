@@ -5,11 +5,13 @@
 //! [`kind`](ApiError::kind) is stable, so a front-end maps errors to exit codes or HTTP
 //! statuses without reading their text.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 mod access;
 mod callers;
 mod capabilities;
+mod change;
 mod mcp;
 mod registry;
 pub mod shown;
@@ -20,6 +22,7 @@ pub use callers::{
     ApprovalView, BudgetRequest, GrantRequest, PolicyRequest, SessionRequest, WorkgroupRequest,
 };
 pub use capabilities::{SessionCapabilities, SkillInstallReport};
+pub use change::{FileChange, cut_lines};
 pub use mcp::McpRefresh;
 pub use registry::{Outdated, RegistryInstall};
 
@@ -308,7 +311,41 @@ impl Harness {
             let mut ran = self.brain.run_workgroup(&main, cancel, events).await?;
             return Ok(ran.remove(id.as_str()).unwrap_or(Submitted::Queued { inbox_seq: seq }));
         }
-        Ok(self.brain.submit(id, text, cancel, events).await?)
+        let (events, _live) = self.live_events(id, events);
+        Ok(self.brain.submit(id, text, cancel, &events).await?)
+    }
+
+    /// `events` that also append the model's text, as it arrives, to session `id`'s live text
+    /// (for the followers in other processes); the writer removes it when dropped, at the end
+    /// of the drive.
+    fn live_events(
+        &self,
+        id: &SessionId,
+        events: &Events,
+    ) -> (Events, Arc<crate::live::LiveWriter>) {
+        let writer = Arc::new(self.live.writer(id.as_str()));
+        let inner = events.clone();
+        let w = writer.clone();
+        let tee: Events = Arc::new(move |e: &crate::agent::Event| {
+            if let crate::agent::Event::TextDelta { step, text } = e {
+                w.push(*step, text);
+            }
+            inner(e)
+        });
+        (tee, writer)
+    }
+
+    /// A follower of session `id`'s live text: the pieces of the reply a model is writing now,
+    /// in whichever process runs the turn (transient; the durable message event follows).
+    pub async fn follow_text(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<crate::live::LiveReader, ApiError> {
+        let sid = &SessionId::from(id);
+        self.check_sees(caller, sid).await?;
+        self.engine.runtime(sid).await?;
+        Ok(self.live.reader(id))
     }
 
     /// Commits `text` to session `id`'s inbox without running it (a front-end that runs turns
@@ -341,7 +378,8 @@ impl Harness {
             let mut ran = self.brain.run_workgroup(&main, cancel, events).await?;
             return Ok(ran.remove(id.as_str()).or_else(|| ran.remove(main.as_str())));
         }
-        Ok(self.brain.drain(id, cancel, events).await?)
+        let (events, _live) = self.live_events(id, events);
+        Ok(self.brain.drain(id, cancel, &events).await?)
     }
 
     /// Interrupts session `id`: a running turn stops at its next check, a waiting one is

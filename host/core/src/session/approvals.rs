@@ -63,6 +63,28 @@ pub struct ApprovalUnit {
 }
 
 impl ApprovalUnit {
+    /// Where the unit stands, in words a person reads: `approved by alice at
+    /// 2026-12-04T16:40:02.120Z · ran once`.
+    pub fn verdict(&self) -> String {
+        let by = self.decided_by.as_deref().map(|b| format!(" by {b}")).unwrap_or_default();
+        let at = self
+            .decided_at
+            .map(|t| format!(" at {}", crate::units::format_time(t)))
+            .unwrap_or_default();
+        match self.status {
+            ApprovalStatus::Pending => "waiting for a decision".to_string(),
+            ApprovalStatus::Approved => format!("approved{by}{at} · not run yet"),
+            ApprovalStatus::Consumed => format!("approved{by}{at} · ran once"),
+            ApprovalStatus::Rejected => format!("rejected{by}{at}"),
+            ApprovalStatus::Invalidated => format!(
+                "approved{by}{at} · not run: the tool changed before the call ran, so it was asked about again"
+            ),
+            ApprovalStatus::Cancelled => {
+                "cancelled: the turn was closed before the call ran".to_string()
+            }
+        }
+    }
+
     /// A new pending unit for the call `entry` of step `step` of the session `meta`: what it
     /// would run (tool, component, exact input), the grants in force and why the policy asks.
     /// An unresolved call is never asked about, so its effect is known; the strictest class

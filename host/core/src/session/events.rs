@@ -125,9 +125,22 @@ pub enum SessionEvent {
         error_kind: Option<crate::failure::FailureKind>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         ms: Option<f64>,
+        /// What the call touches, in a few words ([`call_subject`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        subject: Option<String>,
+        /// Why it failed: the first line of its error message ([`failure_reason`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
     },
     /// A call waits for a person's decision.
-    ApprovalAsked { unit: crate::ids::UnitId, tool: String, call_id: crate::ids::CallId },
+    ApprovalAsked {
+        unit: crate::ids::UnitId,
+        tool: String,
+        call_id: crate::ids::CallId,
+        /// What the call would touch ([`call_subject`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        subject: Option<String>,
+    },
     /// A person decided on an approval unit.
     ApprovalDecided {
         unit: crate::ids::UnitId,
@@ -235,6 +248,59 @@ impl SessionEvent {
     }
 }
 
+/// The keys of a tool's input that name what a call touches, most telling first.
+const SUBJECT_KEYS: &[&str] =
+    &["path", "file", "url", "uri", "command", "query", "pattern", "dir", "directory", "name"];
+
+/// Longest subject shown, in characters.
+const SUBJECT_CHARS: usize = 80;
+
+/// What a call with this input touches, in a few words for a progress line: the first of
+/// [`SUBJECT_KEYS`] the input has as a string (else its first string value), cut at 80
+/// characters, followed by the size of the `content` it writes — `/out/report.md (133
+/// bytes)`. `None` for an input that is not a JSON object or holds no string.
+pub fn call_subject(input: &str) -> Option<String> {
+    let serde_json::Value::Object(map) = serde_json::from_str(input).ok()? else {
+        return None;
+    };
+    let text = |k: &str| map.get(k).and_then(|v| v.as_str()).filter(|s| !s.trim().is_empty());
+    let named = SUBJECT_KEYS
+        .iter()
+        .find_map(|k| text(k))
+        .or_else(|| map.iter().filter(|(k, _)| *k != "content").find_map(|(k, _)| text(k)));
+    let size = map.get("content").and_then(|v| v.as_str()).map(|c| match c.len() {
+        1 => "1 byte".to_string(),
+        n => format!("{n} bytes"),
+    });
+    let subject = match (named, size) {
+        (Some(n), Some(s)) => format!("{} ({s})", one_line(n, SUBJECT_CHARS)),
+        (Some(n), None) => one_line(n, SUBJECT_CHARS),
+        (None, Some(s)) => format!("({s})"),
+        (None, None) => return None,
+    };
+    Some(subject)
+}
+
+/// Longest failure reason kept, in characters.
+const REASON_CHARS: usize = 160;
+
+/// The first line of a failed call's error message (`{"error": {"message": …}}`), cut at 160
+/// characters; `None` for a result that is not such an object.
+pub fn failure_reason(result: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(result).ok()?;
+    let message = v.get("error")?.get("message")?.as_str()?;
+    Some(one_line(message, REASON_CHARS)).filter(|m| !m.is_empty())
+}
+
+/// The first line of `text`, trimmed, cut at `max` characters with `…`.
+fn one_line(text: &str, max: usize) -> String {
+    let line = text.trim().lines().next().unwrap_or_default();
+    match line.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &line[..at]),
+        None => line.to_string(),
+    }
+}
+
 /// Appends `event` to session `id`'s events, in the caller's transaction; returns its
 /// sequence number.
 pub fn append(c: &Connection, id: &str, event: &SessionEvent) -> Result<i64, StoreError> {
@@ -279,4 +345,45 @@ pub fn after(
 pub fn last_seq(c: &Connection, id: &str) -> Result<i64, StoreError> {
     Ok(c.prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM session_events WHERE session_id=?1")?
         .query_row([id], |r| r.get(0))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_subject_names_what_a_call_touches() {
+        let write = r##"{"content":"# audit\n","path":"/out/report.md"}"##;
+        assert_eq!(call_subject(write).as_deref(), Some("/out/report.md (8 bytes)"));
+        assert_eq!(
+            call_subject(r#"{"path":"/data/orders.csv"}"#).as_deref(),
+            Some("/data/orders.csv")
+        );
+        assert_eq!(
+            call_subject(r#"{"limit":3,"url":"https://x.test/a"}"#).as_deref(),
+            Some("https://x.test/a")
+        );
+        // No telling key: the first string, never the content.
+        assert_eq!(call_subject(r#"{"n":1,"label":"q3"}"#).as_deref(), Some("q3"));
+        assert_eq!(call_subject(r#"{"content":"x"}"#).as_deref(), Some("(1 byte)"));
+        assert_eq!(call_subject(r#"{"n":1}"#), None);
+        assert_eq!(call_subject("not json"), None);
+        assert_eq!(call_subject("[1]"), None);
+        let long = format!(r#"{{"path":"/{}\nsecond line"}}"#, "é".repeat(100));
+        let s = call_subject(&long).unwrap();
+        assert_eq!(s.chars().count(), SUBJECT_CHARS + 1, "{s}");
+        assert!(s.ends_with('…') && !s.contains("second"));
+    }
+
+    #[test]
+    fn a_reason_is_the_first_line_of_the_error() {
+        let r = r#"{"error":{"kind":"denied","message":"/etc/x: outside every directory granted to this session\nmore"}}"#;
+        assert_eq!(
+            failure_reason(r).as_deref(),
+            Some("/etc/x: outside every directory granted to this session")
+        );
+        assert_eq!(failure_reason(r#"{"rows":1}"#), None);
+        assert_eq!(failure_reason(r#"{"error":{"message":""}}"#), None);
+        assert_eq!(failure_reason("{\"error\": {\"message\": \"cut"), None);
+    }
 }

@@ -386,6 +386,8 @@ pub fn put_journal(
             status: e.status,
             error_kind: e.error_kind,
             ms: e.duration_ms,
+            subject: super::events::call_subject(&e.input),
+            reason: e.error_kind.and(e.result.as_deref()).and_then(super::events::failure_reason),
         },
     )?;
     Ok(())

@@ -213,6 +213,7 @@ pub fn wait_in(c: &Connection, id: &str, w: &WaitCommit) -> Result<(), StoreErro
                 unit: u.id.clone(),
                 tool: u.tool.clone(),
                 call_id: u.call_id.clone(),
+                subject: super::events::call_subject(&u.input),
             },
         )?;
     }

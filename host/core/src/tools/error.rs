@@ -120,7 +120,7 @@ impl ToolServiceError {
             Self::InvalidInput { .. } => FailureKind::InvalidInput,
             Self::OverCeiling { .. } => FailureKind::OverCeiling,
             Self::NotLoaded { .. } => FailureKind::UnknownTool,
-            Self::PolicyDenied { .. } => FailureKind::Denied,
+            Self::PolicyDenied { .. } => FailureKind::PolicyDenied,
             Self::NeedsApproval { .. } => FailureKind::NeedsApproval,
             Self::ApprovalNotBound { .. } => FailureKind::ApprovalNotBound,
             Self::McpServer { .. } => FailureKind::McpServer,

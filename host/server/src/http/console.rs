@@ -31,6 +31,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("timeline.html", include_str!("templates/timeline.html")),
     ("approvals.html", include_str!("templates/approvals.html")),
     ("approval_list.html", include_str!("templates/approval_list.html")),
+    ("change.html", include_str!("templates/change.html")),
     ("tools.html", include_str!("templates/tools.html")),
     ("tool.html", include_str!("templates/tool.html")),
     ("files.html", include_str!("templates/files.html")),
@@ -235,6 +236,9 @@ async fn new_session(
     or_error(&app, r)
 }
 
+/// Lines of a tool's output past which it starts collapsed.
+const LONG_OUTPUT_LINES: usize = 20;
+
 /// The timeline of a session as the console shows it: its messages and, inline, each tool
 /// call with its input, output, duration, changes and approval.
 async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure> {
@@ -262,12 +266,17 @@ async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure>
                     .find(|u| u["call_id"] == c["call_id"] && u["status"] == "pending")
                     .cloned()
             });
+        let result = c["result"].as_str().map(pretty_text);
+        let result_lines = result.as_deref().map_or(0, |r| r.lines().count());
         json!({
             "kind": "call",
             "step": c["step"],
             "tool": c["tool"],
             "input": pretty(&c["input"]),
-            "result": c["result"].as_str().map(pretty_text),
+            // A long output starts collapsed, with its size on the summary line.
+            "result_long": result_lines > LONG_OUTPUT_LINES,
+            "result_lines": result_lines,
+            "result": result,
             "status": c["status"],
             "error_kind": c["error_kind"],
             "duration_ms": c["duration_ms"],
@@ -298,8 +307,12 @@ async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure>
         }
     }
     let last_event = app.harness.last_event(&v.who(), id).await?;
+    // What waits for a decision goes first, with its buttons and the change it would make.
+    let pending: Vec<Value> =
+        approvals.iter().filter(|u| u["status"] == "pending").cloned().map(approval_view).collect();
     Ok(json!({
         "id": id,
+        "pending": pending,
         "state": t["state"],
         "state_detail": t["state_detail"],
         "session_goal": t["session_goal"],
@@ -433,15 +446,47 @@ async fn interrupt(
     or_error(&app, r)
 }
 
+/// Diff lines a page shows before the rest is cut with a count.
+const DIFF_LINES: usize = 80;
+/// Content lines of a new file a page shows before the rest is cut with a count.
+const CONTENT_LINES: usize = 40;
+
+/// An approval unit as a page shows it: the exact input pretty-printed and, for a file write,
+/// the diff (or a new file's content) as lines with a class each (`add`, `del`, `hunk`).
+fn approval_view(mut u: Value) -> Value {
+    u["input_pretty"] = json!(pretty(&u["input"]));
+    let diff = u["change"]["diff"].as_str().unwrap_or_default().to_string();
+    let content = u["change"]["content"].as_str().unwrap_or_default().to_string();
+    if u["change"].is_object() {
+        let (text, max, what) = if diff.is_empty() {
+            (content.as_str(), CONTENT_LINES, "of the content")
+        } else {
+            (diff.as_str(), DIFF_LINES, "of the diff")
+        };
+        let (shown, omitted) = keel::api::cut_lines(text, max);
+        let lines: Vec<Value> = shown
+            .iter()
+            .map(|l| {
+                let class = match l.chars().next() {
+                    _ if diff.is_empty() => "text",
+                    Some('+') if !l.starts_with("+++") => "add",
+                    Some('-') if !l.starts_with("---") => "del",
+                    Some('@') => "hunk",
+                    _ => "ctx",
+                };
+                json!({"text": l, "class": class})
+            })
+            .collect();
+        u["change_lines"] = json!(lines);
+        u["change_omitted"] = json!(omitted);
+        u["change_what"] = json!(what);
+    }
+    u
+}
+
 async fn approvals_ctx(app: &App, v: &Caller) -> Result<Value, Failure> {
     let units = api::visible_approvals(app, v, None, true).await?;
-    let units: Vec<Value> = units
-        .into_iter()
-        .map(|mut u| {
-            u["input_pretty"] = json!(pretty(&u["input"]));
-            u
-        })
-        .collect();
+    let units: Vec<Value> = units.into_iter().map(approval_view).collect();
     Ok(json!({"approvals": units}))
 }
 

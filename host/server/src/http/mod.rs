@@ -164,7 +164,7 @@ impl IntoResponse for Failure {
 pub fn status_of(kind: &str) -> StatusCode {
     match kind {
         "unauthorized" => StatusCode::UNAUTHORIZED,
-        "forbidden" | "denied" => StatusCode::FORBIDDEN,
+        "forbidden" | "denied" | "policy_denied" => StatusCode::FORBIDDEN,
         "not_found" | "not_installed" | "unknown_tool" => StatusCode::NOT_FOUND,
         "conflict" | "not_pending" | "already_installed" | "exists" | "name_clash" | "busy"
         | "grant_moved" => StatusCode::CONFLICT,

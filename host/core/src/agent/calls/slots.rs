@@ -134,7 +134,7 @@ pub(super) fn plan(
                             idempotent = r.record.idempotent;
                             match meta.config.policy.decide(&call.name, r.record.effect) {
                                 PolicyDecision::Deny(why) => {
-                                    refused = Some(error_outcome(FailureKind::Denied, &why));
+                                    refused = Some(error_outcome(FailureKind::PolicyDenied, &why));
                                 }
                                 PolicyDecision::Ask(_) => {
                                     if let Err(e) = tools.check_input(&r.record, &call.arguments) {

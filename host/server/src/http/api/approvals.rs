@@ -35,6 +35,11 @@ pub(crate) async fn visible_approvals(
         let mut v = serde_json::to_value(&view.unit)
             .map_err(|e| Failure::new("internal", e.to_string()))?;
         v["may_decide"] = json!(view.may_decide);
+        v["verdict"] = json!(view.unit.verdict());
+        if let Some(c) = &view.change {
+            v["change"] = json!(c);
+            v["change"]["summary"] = json!(c.summary());
+        }
         out.push(keel::api::shown::approval(&caller.who(), v));
     }
     Ok(out)

@@ -17,7 +17,8 @@ const MAX_EVENTS: usize = 1000;
 /// The session's durable events: Server-Sent Events with `Accept: text/event-stream`
 /// (resumable with `Last-Event-ID`; each event's id is its sequence number, its data the
 /// event as JSON with its `kind`; a store failure arrives as a `failure` event), a JSON array
-/// otherwise.
+/// otherwise. The stream also carries the text a model is writing, as it arrives: transient
+/// `text_delta` events (`{"step", "text"}`, no id) before the durable message.
 #[utoipa::path(get, path = "/sessions/{id}/events", params(("id" = String, Path), EventsQuery), responses((status = 200, description = "a JSON array, or an event stream", body = Object), (status = 404, body = ErrorBody)))]
 pub(super) async fn events(
     State(app): Shared,
@@ -46,7 +47,10 @@ pub(super) async fn events(
         return Ok(Json(json!({"ok": true, "events": rows})).into_response());
     }
     let rx = app.harness.follow(&caller.who(), &id, after, Duration::from_millis(100)).await?;
-    let follow = Follow { rx, access: Some(app.access.subscribe()), app, caller, ended: false };
+    let text = app.harness.follow_text(&caller.who(), &id).await?;
+    let tick = tokio::time::interval(Duration::from_millis(100));
+    let follow =
+        Follow { rx, text, tick, access: Some(app.access.subscribe()), app, caller, ended: false };
     let events = futures_util::stream::unfold(follow, |mut f| async move {
         if f.ended {
             return None;
@@ -63,6 +67,17 @@ pub(super) async fn events(
                         Err(e) => failure_event(e.kind(), &e.to_string()),
                     };
                     return Some((Ok::<_, Infallible>(event), f));
+                }
+                _ = f.tick.tick() => {
+                    let deltas = f.text.poll();
+                    if deltas.is_empty() {
+                        continue;
+                    }
+                    // The pieces read in one look go as one event.
+                    let step = deltas.last().map_or(0, |d| d.step);
+                    let text: String = deltas.into_iter().map(|d| d.text).collect();
+                    let data = json!({"step": step, "text": text}).to_string();
+                    return Some((Ok(Event::default().event("text_delta").data(data)), f));
                 }
                 changed = async { f.access.as_mut()?.changed().await.ok() }, if f.access.is_some() => {
                     if changed.is_none() {
@@ -86,6 +101,9 @@ pub(super) async fn events(
 /// against.
 struct Follow {
     rx: tokio::sync::mpsc::Receiver<Result<keel::session::EventRow, keel::store::StoreError>>,
+    /// The text a model is writing, read every tick.
+    text: keel::live::LiveReader,
+    tick: tokio::time::Interval,
     access: Option<tokio::sync::watch::Receiver<i64>>,
     app: Arc<App>,
     caller: Caller,

@@ -25,7 +25,24 @@ function followSession(el) {
   const source = new EventSource(
     "/api/v1/sessions/" + encodeURIComponent(id) + "/events?after=" + encodeURIComponent(after)
   );
-  source.onmessage = () => {
+  // The text a model is writing, as it arrives (as text, never markup), until the durable
+  // reply replaces it.
+  const live = document.getElementById("live-text");
+  source.addEventListener("text_delta", (e) => {
+    if (!live) return;
+    try {
+      live.textContent += JSON.parse(e.data).text;
+      live.hidden = false;
+    } catch (_) {}
+  });
+  source.onmessage = (e) => {
+    try {
+      const kind = JSON.parse(e.data).kind;
+      if (live && (kind === "model_call_finished" || kind === "model_call_failed" || kind === "answer")) {
+        live.textContent = "";
+        live.hidden = true;
+      }
+    } catch (_) {}
     if (pending) return;
     pending = setTimeout(() => {
       pending = null;

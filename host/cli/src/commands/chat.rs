@@ -1,0 +1,428 @@
+//! `keel chat`: a session kept open in the terminal. Each line is an input of the session; the
+//! answer streams as it is written, with the tool calls between; a call that needs approval is
+//! asked about in place — approve it once, reject it with a reason, see its diff or its exact
+//! input — deciding the same durable approval unit `keel approve` or the console would. Ctrl-C
+//! interrupts a turn and keeps the session; Ctrl-D leaves it.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use clap::Args;
+use keel::agent::{Event, Events, TurnOutcome};
+use keel::api::Caller;
+use keel::brain::Submitted;
+use keel::harness::Harness;
+use keel::sandbox::CancelToken;
+use keel::session::{ApprovalStatus, Decision};
+use rustyline::DefaultEditor;
+use rustyline::error::ReadlineError;
+
+use super::run::{SessionArgs, open_session};
+use super::style::{Tone, paint};
+use super::{inert, inert_block};
+
+#[derive(Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    session: SessionArgs,
+}
+
+/// The slash commands, with what each does (`/help`).
+const COMMANDS: &[(&str, &str)] = &[
+    ("/help", "this list"),
+    ("/tools", "the tools the session has loaded"),
+    ("/grants", "the directories and network destinations the session may reach"),
+    ("/approvals", "the calls of this session waiting for a decision, decided in place"),
+    ("/compact", "summarize the session's history now, to free its context"),
+    ("/events [N]", "the session's last N events (default 20)"),
+    ("/session", "the session's id, state, model, policy and budget"),
+    ("/quit", "leave (as Ctrl-D); the session stays"),
+];
+
+/// Lines of history kept in the keel home.
+const HISTORY_LINES: usize = 1000;
+
+/// `keel chat`.
+pub async fn execute(home: PathBuf, a: ChatArgs) -> ExitCode {
+    let (h, id) = match open_session(&home, &a.session, false).await {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    let config = rustyline::Config::builder()
+        .auto_add_history(true)
+        .max_history_size(HISTORY_LINES)
+        .and_then(|b| b.history_ignore_dups(true))
+        .map(|b| b.build());
+    let editor = config.and_then(DefaultEditor::with_config);
+    let mut editor = match editor {
+        Ok(e) => e,
+        Err(e) => {
+            return super::fail(
+                false,
+                "terminal",
+                &format!("the line editor cannot start: {e}"),
+                super::EXIT_SETUP,
+            );
+        }
+    };
+    let history = home.join("chat-history");
+    // A missing history file is a first chat, not an error.
+    let _ = editor.load_history(&history);
+    eprintln!(
+        "keel: chat in session {id} — type a task; /help lists commands; Ctrl-C interrupts a turn, Ctrl-D leaves"
+    );
+    let mut chat = Chat { h, id, editor };
+    loop {
+        match chat.read_line("› ") {
+            Ok(line) if line.trim().is_empty() => {}
+            Ok(line) if line.trim_start().starts_with('/') => {
+                if !chat.command(line.trim()).await {
+                    break;
+                }
+            }
+            Ok(line) => chat.turn(&line).await,
+            Err(ReadlineError::Interrupted) => {
+                eprintln!("keel: (nothing is running; Ctrl-D leaves, the session stays)");
+            }
+            Err(ReadlineError::Eof) => break,
+            Err(e) => {
+                eprintln!("{} the terminal cannot be read: {e}", paint(Tone::Bad, "error:"));
+                break;
+            }
+        }
+    }
+    if let Err(e) = chat.editor.save_history(&history) {
+        eprintln!("keel: warning: the chat history was not saved to {}: {e}", history.display());
+    }
+    eprintln!("keel: left session {}; go on with `keel chat --session {}`", chat.id, chat.id);
+    ExitCode::SUCCESS
+}
+
+/// What a turn streamed to the terminal: the text of the reply being written, so an answer
+/// already shown is not printed twice.
+#[derive(Default)]
+struct Streamed {
+    /// The text of the current reply so far.
+    reply: String,
+    /// The text of the last complete reply.
+    last: String,
+}
+
+struct Chat {
+    h: Harness,
+    id: String,
+    editor: DefaultEditor,
+}
+
+impl Chat {
+    /// A line from the terminal (the runtime's other tasks keep running meanwhile).
+    fn read_line(&mut self, prompt: &str) -> Result<String, ReadlineError> {
+        tokio::task::block_in_place(|| self.editor.readline(prompt))
+    }
+
+    /// Runs `text` as the session's next input, then asks about what waits for approval, until
+    /// the turn ends.
+    async fn turn(&mut self, text: &str) {
+        let streamed = Arc::new(Mutex::new(Streamed::default()));
+        let events = stream_to_stdout(streamed.clone());
+        let submitted = self.run(|h, id, cancel| {
+            let text = text.to_string();
+            let events = events.clone();
+            async move { h.send(&Caller::Operator, &id, &text, &cancel, &events).await.map(Some) }
+        });
+        let mut outcome = submitted.await;
+        loop {
+            let units = match &outcome {
+                Ok(Some(Submitted::Ran(TurnOutcome::WaitingApproval(units)))) => units.clone(),
+                _ => break,
+            };
+            if !self.decide_all(&units).await {
+                eprintln!(
+                    "keel: the turn waits; decide with /approvals, `keel approve UNIT` or the console"
+                );
+                return;
+            }
+            let events = events.clone();
+            outcome = self
+                .run(move |h, id, cancel| async move {
+                    h.resume(&Caller::Operator, &id, &cancel, &events).await
+                })
+                .await;
+        }
+        let last = streamed.lock().map(|s| s.last.clone()).unwrap_or_default();
+        match outcome {
+            Ok(Some(Submitted::Ran(TurnOutcome::Answer(a)))) => {
+                if a.trim() != last.trim() {
+                    println!("{}", inert_block(&a));
+                }
+            }
+            Ok(Some(Submitted::Ran(TurnOutcome::Stopped(note)))) => {
+                eprintln!("keel: the turn stopped: {}", inert_block(&note));
+            }
+            Ok(Some(Submitted::Ran(TurnOutcome::Interrupted))) => {
+                eprintln!("keel: interrupted; the session stays — type to go on");
+            }
+            Ok(Some(Submitted::Ran(TurnOutcome::Failed(e)))) => {
+                eprintln!("{} {}", paint(Tone::Bad, "error:"), inert_block(&e));
+            }
+            Ok(Some(Submitted::Ran(TurnOutcome::WaitingApproval(_)))) => {}
+            Ok(Some(Submitted::Queued { inbox_seq })) => eprintln!(
+                "keel: another keel process runs this session; your input is queued (#{inbox_seq})"
+            ),
+            Ok(None) => {
+                eprintln!("keel: another keel process holds this session; it resumes the turn")
+            }
+            Err(e) => eprintln!("{} {}", paint(Tone::Bad, "error:"), inert_block(&e.to_string())),
+        }
+        self.summary().await;
+    }
+
+    /// Runs one drive of the session (`send` or `resume`) with its progress on stderr, Ctrl-C
+    /// interrupting it.
+    async fn run<F, Fut>(&self, drive: F) -> Result<Option<Submitted>, keel::api::ApiError>
+    where
+        F: FnOnce(Harness, String, CancelToken) -> Fut,
+        Fut: std::future::Future<Output = Result<Option<Submitted>, keel::api::ApiError>>,
+    {
+        let cancel = CancelToken::new();
+        let interrupt = {
+            let cancel = cancel.clone();
+            tokio::spawn(async move {
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    eprintln!("\nkeel: interrupting…");
+                    cancel.cancel();
+                }
+            })
+        };
+        let progress = super::events::Progress::start(&self.h, &self.id).await;
+        let out = drive(self.h.clone(), self.id.clone(), cancel).await;
+        progress.finish().await;
+        interrupt.abort();
+        out
+    }
+
+    /// Asks about each waiting unit in turn; `false` when one was left undecided.
+    async fn decide_all(&mut self, units: &[keel::ids::UnitId]) -> bool {
+        for unit in units {
+            let Ok(u) = self.h.approval(&Caller::Operator, unit).await else {
+                continue;
+            };
+            if u.status != ApprovalStatus::Pending {
+                // Decided elsewhere meanwhile (another terminal, the console).
+                eprintln!("keel: approval {unit}: {}", u.verdict());
+                continue;
+            }
+            if !self.ask(&u).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Shows unit `u` and asks until it is decided (`true`) or skipped (`false`).
+    async fn ask(&mut self, u: &keel::session::ApprovalUnit) -> bool {
+        let mut full = false;
+        loop {
+            for line in super::approval::unit_lines(u, full) {
+                eprintln!("{line}");
+            }
+            let prompt = format!(
+                "{} approve once [y] · reject [n] · full diff and input [d] · leave it [s] › ",
+                paint(Tone::Waiting, "⏸")
+            );
+            let answer = match self.read_line(&prompt) {
+                Ok(a) => a.trim().to_lowercase(),
+                Err(ReadlineError::Interrupted | ReadlineError::Eof) => return false,
+                Err(_) => return false,
+            };
+            let (decision, reason) = match answer.as_str() {
+                "y" | "yes" => (Decision::Approve, None),
+                "n" | "no" => {
+                    let reason =
+                        match self.read_line("reason (the model is told; Enter for none) › ") {
+                            Ok(r) => Some(r.trim().to_string()).filter(|r| !r.is_empty()),
+                            Err(_) => return false,
+                        };
+                    (Decision::Reject, reason)
+                }
+                "d" | "i" | "diff" | "input" => {
+                    full = true;
+                    continue;
+                }
+                "s" | "skip" => return false,
+                _ => {
+                    eprintln!("keel: answer y, n, d or s");
+                    continue;
+                }
+            };
+            return match self
+                .h
+                .decide(&Caller::Operator, &u.id, decision, reason, Some(self.id.clone()))
+                .await
+            {
+                Ok(d) => {
+                    eprintln!("keel: approval {}: {}", d.id, d.verdict());
+                    true
+                }
+                Err(e) => {
+                    // Decided elsewhere first: the durable unit says how.
+                    eprintln!("keel: {}", inert(&e.to_string()));
+                    true
+                }
+            };
+        }
+    }
+
+    /// One line after a turn: the session's state and what the turn cost.
+    async fn summary(&self) {
+        let meta = self.h.session(&Caller::Operator, &self.id).await;
+        let state = meta.as_ref().map(|m| m.runtime.state.to_string()).unwrap_or_default();
+        let turn = meta.map(|m| m.runtime.turns).unwrap_or(0);
+        let tokens = self.h.turn_usage(&Caller::Operator, &self.id, turn).await.unwrap_or_default();
+        let cost = (tokens.model_calls > 0)
+            .then(|| format!(" · this turn: {}", tokens.describe()))
+            .unwrap_or_default();
+        eprintln!("keel: {state}{cost}");
+    }
+
+    /// Runs slash command `line`; `false` to leave.
+    async fn command(&mut self, line: &str) -> bool {
+        let mut words = line.split_whitespace();
+        let name = words.next().unwrap_or_default();
+        let arg = words.next();
+        let meta = match self.h.session(&Caller::Operator, &self.id).await {
+            Ok(m) => m,
+            Err(e) => {
+                eprintln!("{} {}", paint(Tone::Bad, "error:"), inert(&e.to_string()));
+                return true;
+            }
+        };
+        match name {
+            "/quit" | "/exit" | "/q" => return false,
+            "/help" | "/?" => {
+                for (c, what) in COMMANDS {
+                    eprintln!("  {c:<12} {what}");
+                }
+                eprintln!("  anything else is the session's next input");
+            }
+            "/tools" => {
+                let tools = &meta.capabilities.loaded_tools;
+                if tools.is_empty() {
+                    eprintln!("keel: no tools loaded");
+                }
+                for t in tools {
+                    eprintln!("  {}", inert(t));
+                }
+            }
+            "/grants" => {
+                if meta.config.grants.is_empty() {
+                    eprintln!("  no directories");
+                }
+                for g in &meta.config.grants {
+                    eprintln!("  {g}");
+                }
+                for n in meta.config.net.lines() {
+                    eprintln!("  {}", inert(&n));
+                }
+            }
+            "/approvals" => {
+                let units = self
+                    .h
+                    .approvals(&Caller::Operator, Some(&self.id), true)
+                    .await
+                    .unwrap_or_default();
+                if units.is_empty() {
+                    eprintln!("keel: nothing waits for a decision");
+                    return true;
+                }
+                let ids: Vec<keel::ids::UnitId> = units.into_iter().map(|v| v.unit.id).collect();
+                if self.decide_all(&ids).await {
+                    let streamed = Arc::new(Mutex::new(Streamed::default()));
+                    let events = stream_to_stdout(streamed);
+                    let out = self
+                        .run(move |h, id, cancel| async move {
+                            h.resume(&Caller::Operator, &id, &cancel, &events).await
+                        })
+                        .await;
+                    if let Ok(Some(Submitted::Ran(TurnOutcome::Answer(a)))) = out {
+                        println!("{}", inert_block(&a));
+                    }
+                    self.summary().await;
+                }
+            }
+            "/compact" => {
+                let cancel = CancelToken::new();
+                let progress = super::events::Progress::start(&self.h, &self.id).await;
+                let r = self
+                    .h
+                    .compact(&Caller::Operator, &self.id, &cancel, &super::run::quiet())
+                    .await;
+                progress.finish().await;
+                match r {
+                    Ok(keel::agent::compact::Compaction::Nothing) => {
+                        eprintln!("keel: nothing to compact yet");
+                    }
+                    Ok(_) => {}
+                    Err(e) => eprintln!("{} {}", paint(Tone::Bad, "error:"), inert(&e.to_string())),
+                }
+            }
+            "/events" => {
+                let n: i64 = arg.and_then(|a| a.parse().ok()).unwrap_or(20).clamp(1, 1000);
+                let last = self.h.last_event(&Caller::Operator, &self.id).await.unwrap_or(0);
+                let rows = self
+                    .h
+                    .events(&Caller::Operator, &self.id, (last - n).max(0), n as usize)
+                    .await
+                    .unwrap_or_default();
+                for row in rows {
+                    eprintln!(
+                        "#{} {} {}",
+                        row.seq,
+                        keel::units::format_time(row.at_ms),
+                        super::events::line(&row)
+                    );
+                }
+            }
+            "/session" => {
+                eprintln!("  session  {} ({})", self.id, meta.runtime.state);
+                eprintln!("  model    {}", inert(&meta.config.model.summary(true)));
+                eprintln!("  policy   {}", inert(&meta.config.policy.summary()));
+                eprintln!("  budget   {}", inert(&meta.config.budget.summary()));
+            }
+            other => {
+                let names = COMMANDS.iter().map(|(c, _)| c.split(' ').next().unwrap_or(c));
+                let hint = keel::names::did_you_mean(&keel::names::closest(other, names));
+                eprintln!("keel: no command {}{hint}; /help lists them", inert(other));
+            }
+        }
+        true
+    }
+}
+
+/// Events that write the model's text to stdout as it arrives (the chat's answer), keeping
+/// what was shown in `streamed`.
+fn stream_to_stdout(streamed: Arc<Mutex<Streamed>>) -> Events {
+    Arc::new(move |e: &Event| {
+        use std::io::Write;
+        match e {
+            Event::TextDelta { text, .. } => {
+                let mut out = std::io::stdout().lock();
+                let _ = write!(out, "{}", inert_block(text));
+                let _ = out.flush();
+                if let Ok(mut s) = streamed.lock() {
+                    s.reply.push_str(text);
+                }
+            }
+            Event::ModelReplied { .. } | Event::State(_) => {
+                if let Ok(mut s) = streamed.lock()
+                    && !s.reply.is_empty()
+                {
+                    println!();
+                    s.last = std::mem::take(&mut s.reply);
+                }
+            }
+            _ => {}
+        }
+    })
+}

@@ -1,0 +1,279 @@
+//! The terminal tier: `keel chat` and coloured progress in a real terminal (tmux: keys sent,
+//! the pane captured), against the scripted model server on loopback.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use keel_tests::mock_model::{MockModel, Reply};
+use serde_json::{Value, json};
+
+/// How long a step may take before the test gives up and shows the pane: a hang, not a
+/// timing requirement.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A tmux server of its own (its socket in a temporary directory) with one pane.
+struct Pane {
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn quote(arg: &str) -> String {
+    format!("'{}'", arg.replace('\'', r"'\''"))
+}
+
+impl Pane {
+    /// Runs `env` and `args` (the keel binary's) in a 200×60 pane that stays after it ends.
+    fn start(env: &[(&str, &str)], args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("tmux.sock");
+        let pane = Pane { socket, _dir: dir };
+        pane.tmux(&["new-session", "-d", "-s", "k", "-x", "200", "-y", "60"]);
+        pane.tmux(&["set-option", "-t", "k", "remain-on-exit", "on"]);
+        let mut line = String::from("env -u NO_COLOR");
+        for (k, v) in env {
+            line.push_str(&format!(" {k}={}", quote(v)));
+        }
+        line.push(' ');
+        line.push_str(&quote(env!("CARGO_BIN_EXE_keel")));
+        for a in args {
+            line.push(' ');
+            line.push_str(&quote(a));
+        }
+        pane.tmux(&["respawn-pane", "-k", "-t", "k", &line]);
+        pane
+    }
+
+    fn tmux(&self, args: &[&str]) -> String {
+        let out = Command::new("tmux").arg("-S").arg(&self.socket).args(args).output().unwrap();
+        assert!(out.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Types `keys` (tmux key names: `Enter`, `C-c`, `Up` …).
+    fn send(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "k"];
+        args.extend(keys);
+        self.tmux(&args);
+    }
+
+    /// Types `text` literally, then Enter.
+    fn line(&self, text: &str) {
+        self.tmux(&["send-keys", "-t", "k", "-l", text]);
+        self.send(&["Enter"]);
+    }
+
+    /// The pane's text, its history included, wrapped lines joined.
+    fn text(&self) -> String {
+        self.tmux(&["capture-pane", "-p", "-J", "-S", "-2000", "-t", "k"])
+    }
+
+    /// The pane's text with its colours as escape sequences.
+    fn coloured(&self) -> String {
+        self.tmux(&["capture-pane", "-p", "-e", "-J", "-S", "-2000", "-t", "k"])
+    }
+
+    /// Waits until `ready` holds of the pane's text; returns it.
+    fn until(&self, what: &str, ready: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let text = self.text();
+            if ready(&text) {
+                return text;
+            }
+            assert!(start.elapsed() < PATIENCE, "waiting for {what}; the pane:\n{text}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until the pane shows `needle` `n` times.
+    fn shows(&self, needle: &str, n: usize) -> String {
+        self.until(needle, |t| t.matches(needle).count() >= n)
+    }
+
+    fn dead(&self) -> bool {
+        self.tmux(&["display-message", "-p", "-t", "k", "#{pane_dead}"]).trim() == "1"
+    }
+}
+
+impl Drop for Pane {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux").arg("-S").arg(&self.socket).arg("kill-server").output();
+    }
+}
+
+fn keel_json(home: &Path, args: &[&str]) -> Value {
+    super::json_of(&super::keel(home, args))
+}
+
+/// A conversation kept open: a streamed answer, a write approved in place after its diff was
+/// shown, one rejected with a reason, slash commands, Ctrl-C interrupting a turn, history, and
+/// Ctrl-D leaving with the session kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "terminal tier: needs tmux"]
+async fn terminal_chat_streams_asks_in_place_interrupts_and_leaves() {
+    let streamed = |words: &[&str]| {
+        let mut events: Vec<Value> = words
+            .iter()
+            .map(|w| json!({"choices": [{"index": 0, "delta": {"content": w}}]}))
+            .collect();
+        events.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}));
+        Reply::Drip { events, gap: Duration::from_millis(300) }
+    };
+    let report = "# audit\nrow 3: ragged\n";
+    let model = MockModel::start(vec![
+        Reply::calls(&[(
+            "c1",
+            "fs_write_file",
+            &json!({"path": "/w/report.md", "content": report}).to_string(),
+        )]),
+        streamed(&["Report ", "written."]),
+        Reply::calls(&[(
+            "c2",
+            "fs_write_file",
+            &json!({"path": "/w/report.md", "content": "bad\n"}).to_string(),
+        )]),
+        Reply::text("Left it as it was."),
+        Reply::Delay(Duration::from_secs(120), Box::new(Reply::text("too late"))),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    std::fs::write(work.path().join("report.md"), "# audit\nold\n").unwrap();
+    let grant = format!("{}=/w:rw", work.path().display());
+    let url = model.url();
+    let home_arg = home.path().display().to_string();
+    let pane = Pane::start(
+        &[],
+        &[
+            "--home",
+            &home_arg,
+            "chat",
+            "--session",
+            "talk",
+            "--no-preprocess",
+            "--model-url",
+            &url,
+            "--model",
+            "m",
+            "--grant",
+            &grant,
+            "--tools",
+            "fs_write_file,fs_read_file",
+            "--ask",
+            "fs_write_file",
+        ],
+    );
+    pane.shows("/help lists commands", 1);
+    pane.shows("› ", 1);
+
+    // A write is asked about in place, with its diff against the file there now.
+    pane.line("Write the audit report");
+    let asked = pane.shows("approve once [y]", 1);
+    assert!(asked.contains("⏸ fs_write_file /w/report.md (22 bytes) needs approval"), "{asked}");
+    assert!(asked.contains("change    writes 22B to /w/report.md, replacing 12B"), "{asked}");
+    assert!(asked.contains("│ -old") && asked.contains("│ +row 3: ragged"), "{asked}");
+    assert!(!asked.contains(r#"\n"#), "no escaped JSON: {asked}");
+    pane.line("y");
+    let done = pane.shows("keel: idle", 1);
+    assert!(done.contains("approved by "), "{done}");
+    assert!(done.contains("✓ fs_write_file /w/report.md (22 bytes)"), "{done}");
+    assert_eq!(done.matches("Report written.").count(), 1, "streamed once, not repeated: {done}");
+    assert_eq!(std::fs::read_to_string(work.path().join("report.md")).unwrap(), report);
+
+    // Rejected with a reason: the model is told, the file stays.
+    pane.line("Try again");
+    pane.shows("approve once [y]", 2);
+    pane.line("n");
+    pane.shows("reason (the model is told", 1);
+    pane.line("not now");
+    let done = pane.shows("keel: idle", 2);
+    assert!(done.contains("Left it as it was."), "{done}");
+    assert_eq!(std::fs::read_to_string(work.path().join("report.md")).unwrap(), report);
+    let units = keel_json(home.path(), &["approvals", "--session", "talk", "--all", "--json"]);
+    let statuses: Vec<(&str, Option<&str>)> = units
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| (u["status"].as_str().unwrap(), u["decision_reason"].as_str()))
+        .collect();
+    assert_eq!(statuses, [("consumed", None), ("rejected", Some("not now"))]);
+    let rejected = &model.requests()[3];
+    assert!(String::from_utf8_lossy(rejected).contains("not now"), "the model was told why");
+
+    // Slash commands.
+    pane.line("/tools");
+    pane.shows("  fs_read_file", 1);
+    pane.line("/tool");
+    pane.shows("did you mean `/tools`?", 1);
+    pane.line("/session");
+    pane.shows("policy ", 1);
+
+    // Ctrl-C interrupts the turn and keeps the session.
+    pane.line("Wait for it");
+    let start = Instant::now();
+    while model.requests().len() < 5 {
+        assert!(start.elapsed() < PATIENCE, "the fifth request never came: {}", pane.text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    pane.send(&["C-c"]);
+    pane.shows("interrupted; the session stays", 1);
+    pane.shows("› ", 4);
+
+    // History: Up brings back the last line; Ctrl-U clears it; Ctrl-D leaves.
+    pane.send(&["Up"]);
+    pane.until("the last line again", |t| {
+        t.lines().rev().find(|l| !l.trim().is_empty()).is_some_and(|l| l.ends_with("› Wait for it"))
+    });
+    pane.send(&["C-u"]);
+    pane.send(&["C-d"]);
+    let left = pane.shows("left session talk", 1);
+    assert!(left.contains("keel chat --session talk"), "{left}");
+    pane.until("the pane to end", |_| pane.dead());
+    let show = keel_json(home.path(), &["session", "show", "talk", "--json"]);
+    assert_eq!(show["id"], "talk");
+    assert_ne!(show["state"], "running");
+    assert!(home.path().join("chat-history").exists());
+}
+
+/// Progress marks are coloured on a terminal, and not with `NO_COLOR`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "terminal tier: needs tmux"]
+async fn terminal_progress_is_coloured_unless_no_color() {
+    for no_color in [false, true] {
+        let model = MockModel::start(vec![
+            Reply::calls(&[("c1", "csv_inspect", r#"{"path":"/data/orders.csv"}"#)]),
+            Reply::text("Two rows are ragged."),
+        ])
+        .await;
+        let home = tempfile::tempdir().unwrap();
+        let home_arg = home.path().display().to_string();
+        let grant = format!("{}=/data:ro", super::data_dir());
+        let url = model.url();
+        let env: &[(&str, &str)] = if no_color { &[("NO_COLOR", "1")] } else { &[] };
+        let pane = Pane::start(
+            env,
+            &[
+                "--home",
+                &home_arg,
+                "run",
+                "Check orders.csv",
+                "--no-preprocess",
+                "--model-url",
+                &url,
+                "--model",
+                "m",
+                "--grant",
+                &grant,
+                "--tools",
+                "csv_inspect",
+            ],
+        );
+        pane.shows("keel: session", 2);
+        pane.until("the command to end", |_| pane.dead());
+        let plain = pane.text();
+        assert!(plain.contains("✓ csv_inspect /data/orders.csv"), "{plain}");
+        let text = pane.coloured();
+        assert_eq!(text.contains("\u{1b}[32m✓"), !no_color, "NO_COLOR={no_color}: {text:?}");
+    }
+}
