@@ -208,3 +208,142 @@ fn main() -> ExitCode {
         }
     })
 }
+
+/// The command lines of the README and the guides, checked against the real argument parser:
+/// a renamed command or flag fails here before a reader finds it.
+#[cfg(test)]
+mod doc_check {
+    use super::Cli;
+    use clap::Parser;
+
+    /// Words of a shell line, quotes removed (enough for the docs' command lines).
+    fn words(line: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut word = String::new();
+        let mut quote: Option<char> = None;
+        let mut any = false;
+        for c in line.chars() {
+            match (quote, c) {
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), c) => word.push(c),
+                (None, '\'' | '"') => {
+                    quote = Some(c);
+                    any = true;
+                }
+                (None, c) if c.is_whitespace() => {
+                    if any || !word.is_empty() {
+                        out.push(std::mem::take(&mut word));
+                    }
+                    any = false;
+                }
+                (None, c) => word.push(c),
+            }
+        }
+        if any || !word.is_empty() {
+            out.push(word);
+        }
+        out
+    }
+
+    /// The `keel …` commands of the `sh` blocks of a Markdown text: continuation lines joined,
+    /// comments, pipes and redirections cut off.
+    fn commands(text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut in_sh = false;
+        let mut pending = String::new();
+        for line in text.lines() {
+            let t = line.trim();
+            if t.starts_with("```") {
+                in_sh = !in_sh && (t == "```sh" || t == "```bash" || t == "```shell");
+                pending.clear();
+                continue;
+            }
+            if !in_sh {
+                continue;
+            }
+            if let Some(head) = t.strip_suffix('\\') {
+                pending.push_str(head);
+                pending.push(' ');
+                continue;
+            }
+            let full = format!("{pending}{t}");
+            pending.clear();
+            let cmd = full
+                .strip_prefix("cargo run --release -- ")
+                .map(|rest| format!("keel {rest}"))
+                .unwrap_or(full);
+            if let Some(dir) = cmd.strip_prefix("mkdir -p ") {
+                // A directory the next commands grant.
+                let _ = std::fs::create_dir_all(dir.trim());
+                continue;
+            }
+            if !cmd.starts_with("keel ") {
+                continue;
+            }
+            // Up to a comment, a pipe, a redirection or the next command.
+            let mut cut = cmd.len();
+            let mut quote: Option<char> = None;
+            for (i, c) in cmd.char_indices() {
+                match (quote, c) {
+                    (Some(q), c) if c == q => quote = None,
+                    (Some(_), _) => {}
+                    (None, '\'' | '"') => quote = Some(c),
+                    (None, '#' | '|' | '>' | ';' | '&') => {
+                        cut = i;
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            let cmd = cmd[..cut].trim();
+            // A synopsis (`keel mcp list [--json]`) is not a command to copy.
+            if !words(cmd).iter().any(|w| w.starts_with('[')) {
+                out.push(cmd.to_string());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_keel_command_in_the_docs_parses() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        // Relative paths in the docs (`--grant tests/data=/data:ro`) are the repository's.
+        std::env::set_current_dir(&root).unwrap();
+        let mut files = vec![root.join("README.md")];
+        for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "md") {
+                files.push(path);
+            }
+        }
+        let mut checked = 0;
+        let mut failures = Vec::new();
+        for file in &files {
+            let text = std::fs::read_to_string(file).unwrap();
+            for cmd in commands(&text) {
+                checked += 1;
+                let parsed = Cli::try_parse_from(words(&cmd));
+                if let Err(e) = parsed.as_ref().map(|_| ())
+                    && !matches!(
+                        e.kind(),
+                        clap::error::ErrorKind::DisplayHelp
+                            | clap::error::ErrorKind::DisplayVersion
+                    )
+                {
+                    let first = e.to_string().lines().next().unwrap_or_default().to_string();
+                    failures.push(format!("{}: `{cmd}`: {first}", file.display()));
+                }
+            }
+        }
+        assert!(checked >= 40, "only {checked} commands found: the extraction is broken");
+        assert!(failures.is_empty(), "{} of {checked}:\n{}", failures.len(), failures.join("\n"));
+    }
+
+    #[test]
+    fn the_extraction_reads_continuations_comments_and_quotes() {
+        let md = "```sh\nkeel run 'a # b' \\\n  --grant x=/y:ro   # note\necho keel run\ncargo run --release -- tool list | head\nkeel mcp list [--json]\n```\nkeel run outside\n";
+        let cmds = commands(md);
+        assert_eq!(cmds, ["keel run 'a # b'  --grant x=/y:ro", "keel tool list"]);
+        assert_eq!(words(&cmds[0]), ["keel", "run", "a # b", "--grant", "x=/y:ro"]);
+    }
+}

@@ -249,7 +249,7 @@ pub async fn recover(home: PathBuf, a: RecoverArgs) -> ExitCode {
             let drained = h.resume(&Caller::Operator, &r.id, &cancel, &quiet()).await;
             progress.finish().await;
             let outcome = match drained {
-                Ok(Some(Submitted::Ran(o))) => format!("{o:?}"),
+                Ok(Some(Submitted::Ran(o))) => o.describe(),
                 Ok(_) => "held by another runner".to_string(),
                 Err(e) => format!("error: {e}"),
             };

@@ -1,5 +1,5 @@
 //! A tool author's path, from where an author stands: `keel wit`, `keel tool new` and the
-//! README's "Write your first tool" recipe built outside this workspace with cargo, the
+//! tools guide's "Write your first tool" recipe built outside this workspace with cargo, the
 //! component checked and called before it is installed (`inspect --wasm`, `call --wasm`,
 //! `--input @FILE` and `-`), then installed and called.
 
@@ -270,11 +270,11 @@ fn inspect_wasm_names_what_install_would_refuse() {
     );
 }
 
-/// The README's "Write your first tool", as a newcomer runs it: `cargo new`, `cargo add`, the
+/// The tools guide's "Write your first tool", as a newcomer runs it: `cargo new`, `cargo add`, the
 /// recipe's `src/lib.rs` as written, built for wasm32-wasip2, installed and called.
 #[test]
 fn the_readme_first_tool_recipe_compiles_as_written_and_runs() {
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(repo().join("docs/tools.md")).unwrap();
     let section = readme.split("## Write your first tool").nth(1).expect("the recipe section");
     let lib_rs = section
         .split("`src/lib.rs`:")

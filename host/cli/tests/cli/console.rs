@@ -221,3 +221,114 @@ async fn browser_console_login_live_turn_approve_and_escaping() {
     assert!(policy.contains("script-src 'self'") && !policy.contains("unsafe-inline"), "{policy}");
     b.close().await.unwrap();
 }
+
+/// An approval that shows the change: the pending write at the top of its session with its
+/// buttons and a diff against the file there now; the decided one reads "approved by … · ran
+/// once"; a long output starts collapsed; the model's text appears while it is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "browser tier: needs Debian's chromium and chromium-driver"]
+async fn browser_console_approval_diff_at_the_top_verdict_collapsed_output_and_live_text() {
+    let long: String = (1..=400).map(|i| format!("line {i}: the quick brown fox\n")).collect();
+    let words = ["The report ", "is written ", "now."];
+    let mut drip: Vec<Value> =
+        words.iter().map(|w| json!({"choices": [{"index": 0, "delta": {"content": w}}]})).collect();
+    drip.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}));
+    let model = MockModel::start(vec![
+        Reply::calls(&[("c1", "fs_read_file", r#"{"path":"/work/long.txt"}"#)]),
+        Reply::calls(&[(
+            "c2",
+            "fs_write_file",
+            &json!({"path": "/work/report.md", "content": "# audit\nrow 3: ragged\n"}).to_string(),
+        )]),
+        Reply::Drip { events: drip, gap: Duration::from_millis(1200) },
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let roots = tempfile::tempdir().unwrap();
+    let project = roots.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("long.txt"), &long).unwrap();
+    std::fs::write(project.join("report.md"), "# audit\nold\n").unwrap();
+    let s = Server::start(home.path(), &model.url(), &[roots.path()]);
+    let c = client();
+    let driver = Driver::start();
+    let b = driver.browser().await;
+    b.goto(&format!("{}/login", s.base)).await.unwrap();
+    b.find(Locator::Id("token")).await.unwrap().send_keys(&s.admin).await.unwrap();
+    b.find(Locator::Id("login")).await.unwrap().click().await.unwrap();
+    until(&b, "the sessions page", "location.pathname === '/'").await;
+
+    let grant = json!([{"host": project.display().to_string(), "guest": "/work", "access": "rw"}]);
+    let (status, v) = post(
+        &c,
+        &s.api("/sessions"),
+        &s.admin,
+        json!({"input": "Write the report", "grants": grant, "id": "diff",
+               "tools": ["fs_read_file", "fs_write_file"], "policy": {"ask": ["fs_write_file"]}}),
+    )
+    .await;
+    assert_eq!(status, 202, "{v}");
+    b.goto(&format!("{}/sessions/diff", s.base)).await.unwrap();
+    until(
+        &b,
+        "the pending approval at the top",
+        "document.querySelector('section.approval.top form.decide')",
+    )
+    .await;
+    shot(&b, "approval-diff").await;
+    let top = text_of(&b, "section.approval.top").await;
+    assert!(top.contains("writes 22B to /work/report.md, replacing 12B"), "{top}");
+    let del = text_of(&b, "section.approval.top pre.diff .del").await;
+    let add = b.find_all(Locator::Css("section.approval.top pre.diff .add")).await.unwrap();
+    assert_eq!(del, "-old");
+    let mut added = Vec::new();
+    for a in add {
+        added.push(a.text().await.unwrap());
+    }
+    assert_eq!(added, ["+row 3: ragged"]);
+    // The long output starts collapsed, its size on its summary.
+    let collapsed = b
+        .execute(
+            "return [...document.querySelectorAll('#timeline li.call details')].filter(d => d.querySelector('pre.output') && !d.open).map(d => d.querySelector('summary').innerText);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let summaries = collapsed.as_array().unwrap();
+    assert_eq!(summaries.len(), 1, "{collapsed}");
+    let summary = summaries[0].as_str().unwrap();
+    assert!(summary.starts_with("output (") && summary.ends_with(" bytes)"), "{summary}");
+
+    // Approve from the top; the reply streams in before it is committed.
+    b.find(Locator::Css("section.approval.top button.approve"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until(
+        &b,
+        "the first words, live",
+        "document.getElementById('live-text').innerText.includes('The report')",
+    )
+    .await;
+    let timeline = text_of(&b, "#timeline").await;
+    assert!(!timeline.contains("is written now."), "not committed yet: {timeline}");
+    shot(&b, "live-text").await;
+    until(
+        &b,
+        "the answer",
+        "document.getElementById('timeline').innerText.includes('The report is written now.')",
+    )
+    .await;
+    until(&b, "the idle state", "document.getElementById('state').innerText === 'idle'").await;
+    let verdict = text_of(&b, "#timeline .verdict").await;
+    assert!(verdict.starts_with("approved by api token keel-serve at "), "{verdict}");
+    assert!(verdict.ends_with(" · ran once"), "{verdict}");
+    assert!(b.find_all(Locator::Css("section.approval.top")).await.unwrap().is_empty());
+    assert_eq!(
+        std::fs::read_to_string(project.join("report.md")).unwrap(),
+        "# audit\nrow 3: ragged\n"
+    );
+    b.close().await.unwrap();
+}

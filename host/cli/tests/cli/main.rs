@@ -10,6 +10,7 @@ mod abuse;
 mod author;
 mod boundaries;
 mod console;
+mod docs;
 mod mcp;
 mod net;
 mod registry;

@@ -99,6 +99,22 @@ pub enum TurnOutcome {
     Failed(String),
 }
 
+impl TurnOutcome {
+    /// How the turn ended, in words: `answered`, `waiting for approval ap-…` …
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Answer(_) => "answered".to_string(),
+            Self::Stopped(note) => format!("stopped: {note}"),
+            Self::Interrupted => "interrupted".to_string(),
+            Self::WaitingApproval(units) => format!(
+                "waiting for approval {}",
+                units.iter().map(|u| u.as_str()).collect::<Vec<_>>().join(", ")
+            ),
+            Self::Failed(e) => format!("failed: {e}"),
+        }
+    }
+}
+
 /// Why a turn could not run at all.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {

@@ -238,6 +238,8 @@ async fn new_session(
 
 /// Lines of a tool's output past which it starts collapsed.
 const LONG_OUTPUT_LINES: usize = 20;
+/// Bytes of a tool's output past which it starts collapsed.
+const LONG_OUTPUT_BYTES: usize = 2000;
 
 /// The timeline of a session as the console shows it: its messages and, inline, each tool
 /// call with its input, output, duration, changes and approval.
@@ -268,14 +270,16 @@ async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure>
             });
         let result = c["result"].as_str().map(pretty_text);
         let result_lines = result.as_deref().map_or(0, |r| r.lines().count());
+        let result_bytes = result.as_deref().map_or(0, str::len);
         json!({
             "kind": "call",
             "step": c["step"],
             "tool": c["tool"],
             "input": pretty(&c["input"]),
             // A long output starts collapsed, with its size on the summary line.
-            "result_long": result_lines > LONG_OUTPUT_LINES,
+            "result_long": result_lines > LONG_OUTPUT_LINES || result_bytes > LONG_OUTPUT_BYTES,
             "result_lines": result_lines,
+            "result_bytes": result_bytes,
             "result": result,
             "status": c["status"],
             "error_kind": c["error_kind"],
