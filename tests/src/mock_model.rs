@@ -113,6 +113,17 @@ impl Reply {
         }
     }
 
+    /// A final answer streamed slowly: each of `pieces` a content delta, `gap` apart (a slow
+    /// local model).
+    pub fn drip_text(pieces: &[&str], gap: Duration) -> Self {
+        let mut events: Vec<Value> = pieces
+            .iter()
+            .map(|p| json!({"choices": [{"index": 0, "delta": {"content": p}}]}))
+            .collect();
+        events.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}));
+        Reply::Drip { events, gap }
+    }
+
     /// Streamed tool calls `(id, name, arguments)`, each with its id and name repeated in every
     /// delta and its arguments split across two chunks (as several real servers do).
     pub fn calls(calls: &[(&str, &str, &str)]) -> Self {

@@ -53,10 +53,13 @@ overrides the file, and flags override both:
 enum Command {
     /// Run a task: create (or continue, with --session) a session and run its turn.
     Run(Box<commands::run::RunArgs>),
-    /// Chat in a session: each line is an input, answers stream as they are written, and a
-    /// call that needs approval is asked about in place (y: approve once, n: reject with a
-    /// reason, d: the full diff and input). Slash commands: /help. Ctrl-C interrupts a turn,
-    /// Ctrl-D leaves; the session stays.
+    /// Chat in a session kept open: streamed answers, approvals asked in place.
+    ///
+    /// Each line is the session's next input; answers stream as they are written, with the
+    /// tool calls between. A call that needs approval is asked about in place: y approves it
+    /// once, n rejects it with a reason the model is told, d shows the full diff and input, s
+    /// leaves it for `keel approve` or the console. Slash commands: /help. Ctrl-C interrupts
+    /// a turn, Ctrl-D leaves; the session stays (`keel chat --session ID` goes on).
     Chat(Box<commands::chat::ChatArgs>),
     /// Inspect and steer sessions.
     #[command(subcommand)]

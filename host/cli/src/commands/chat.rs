@@ -132,11 +132,8 @@ impl Chat {
             async move { h.send(&Caller::Operator, &id, &text, &cancel, &events).await.map(Some) }
         });
         let mut outcome = submitted.await;
-        loop {
-            let units = match &outcome {
-                Ok(Some(Submitted::Ran(TurnOutcome::WaitingApproval(units)))) => units.clone(),
-                _ => break,
-            };
+        while let Ok(Some(Submitted::Ran(TurnOutcome::WaitingApproval(units)))) = &outcome {
+            let units = units.clone();
             if !self.decide_all(&units).await {
                 eprintln!(
                     "keel: the turn waits; decide with /approvals, `keel approve UNIT` or the console"
@@ -280,10 +277,7 @@ impl Chat {
         let state = meta.as_ref().map(|m| m.runtime.state.to_string()).unwrap_or_default();
         let turn = meta.map(|m| m.runtime.turns).unwrap_or(0);
         let tokens = self.h.turn_usage(&Caller::Operator, &self.id, turn).await.unwrap_or_default();
-        let cost = (tokens.model_calls > 0)
-            .then(|| format!(" · this turn: {}", tokens.describe()))
-            .unwrap_or_default();
-        eprintln!("keel: {state}{cost}");
+        eprintln!("keel: {state}{}", super::run::this_turn(&tokens));
     }
 
     /// Runs slash command `line`; `false` to leave.

@@ -289,7 +289,6 @@ fn print_progress(line: &str) {
 
 /// Progress lines on stderr for a session while this process runs its turns: a follower of
 /// the session's events from the moment it starts.
-
 pub struct Progress {
     printed: Arc<AtomicI64>,
     task: tokio::task::JoinHandle<()>,

@@ -234,6 +234,16 @@ pub async fn report(json_out: bool, h: &Harness, id: &str, submitted: &Submitted
     report_with(json_out, id, &harness_state, submitted, &tokens)
 }
 
+/// What a turn cost, for the end of its summary line (` · this turn: …`; empty without a
+/// model call).
+pub fn this_turn(tokens: &TurnUsage) -> String {
+    if tokens.model_calls > 0 {
+        format!(" · this turn: {}", tokens.describe())
+    } else {
+        String::new()
+    }
+}
+
 fn report_with(
     json_out: bool,
     id: &str,
@@ -257,9 +267,7 @@ fn report_with(
         Submitted::Ran(TurnOutcome::WaitingApproval(units)) => units.clone(),
         _ => Vec::new(),
     };
-    let this_turn = (tokens.model_calls > 0)
-        .then(|| format!(" · this turn: {}", tokens.describe()))
-        .unwrap_or_default();
+    let this_turn = this_turn(tokens);
     if json_out {
         if !this_turn.is_empty() {
             eprintln!("keel: session {id} ({harness_state}){this_turn}");

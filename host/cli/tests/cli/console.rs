@@ -230,9 +230,6 @@ async fn browser_console_login_live_turn_approve_and_escaping() {
 async fn browser_console_approval_diff_at_the_top_verdict_collapsed_output_and_live_text() {
     let long: String = (1..=400).map(|i| format!("line {i}: the quick brown fox\n")).collect();
     let words = ["The report ", "is written ", "now."];
-    let mut drip: Vec<Value> =
-        words.iter().map(|w| json!({"choices": [{"index": 0, "delta": {"content": w}}]})).collect();
-    drip.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}));
     let model = MockModel::start(vec![
         Reply::calls(&[("c1", "fs_read_file", r#"{"path":"/work/long.txt"}"#)]),
         Reply::calls(&[(
@@ -240,7 +237,7 @@ async fn browser_console_approval_diff_at_the_top_verdict_collapsed_output_and_l
             "fs_write_file",
             &json!({"path": "/work/report.md", "content": "# audit\nrow 3: ragged\n"}).to_string(),
         )]),
-        Reply::Drip { events: drip, gap: Duration::from_millis(1200) },
+        Reply::drip_text(&words, Duration::from_millis(1200)),
     ])
     .await;
     let home = tempfile::tempdir().unwrap();

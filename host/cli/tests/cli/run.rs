@@ -853,11 +853,7 @@ async fn a_model_server_that_is_not_running_fails_fast_with_one_message_and_a_hi
 async fn the_answer_streams_on_stderr_while_it_is_written() {
     use std::io::Read;
     let words = ["The first ", "words come ", "slowly."];
-    let mut events: Vec<Value> =
-        words.iter().map(|w| json!({"choices": [{"index": 0, "delta": {"content": w}}]})).collect();
-    events.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}));
-    let model =
-        MockModel::start(vec![Reply::Drip { events, gap: Duration::from_millis(1500) }]).await;
+    let model = MockModel::start(vec![Reply::drip_text(&words, Duration::from_millis(1500))]).await;
     let home = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
         .arg("--home")
@@ -987,12 +983,9 @@ async fn progress_is_compact_by_default_and_event_level_with_v() {
 async fn a_follower_in_another_process_sees_the_text_while_it_is_written() {
     use std::io::{BufRead, BufReader};
     let words = ["The first ", "words come ", "slowly."];
-    let mut events: Vec<Value> =
-        words.iter().map(|w| json!({"choices": [{"index": 0, "delta": {"content": w}}]})).collect();
-    events.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}));
     let model = MockModel::start(vec![
         Reply::text("hello"),
-        Reply::Drip { events, gap: Duration::from_millis(700) },
+        Reply::drip_text(&words, Duration::from_millis(700)),
     ])
     .await;
     let home = tempfile::tempdir().unwrap();
@@ -1040,6 +1033,7 @@ async fn a_follower_in_another_process_sees_the_text_while_it_is_written() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let (early, text) = watched.await.unwrap();
     let _ = follower.kill();
+    let _ = follower.wait();
     assert_eq!(early, Some(true), "text came before the reply ended: {text:?}");
     assert!(text.starts_with("The first "), "{text}");
 }

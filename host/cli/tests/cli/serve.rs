@@ -722,11 +722,7 @@ async fn a_main_session_over_the_api_runs_its_workgroup_in_the_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_event_stream_carries_the_text_while_it_is_written() {
     let words = ["The first ", "words come ", "slowly."];
-    let mut events: Vec<Value> =
-        words.iter().map(|w| json!({"choices": [{"index": 0, "delta": {"content": w}}]})).collect();
-    events.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}));
-    let model =
-        MockModel::start(vec![Reply::Drip { events, gap: Duration::from_millis(700) }]).await;
+    let model = MockModel::start(vec![Reply::drip_text(&words, Duration::from_millis(700))]).await;
     let home = tempfile::tempdir().unwrap();
     let roots = tempfile::tempdir().unwrap();
     let s = Server::start(home.path(), &model.url(), &[roots.path()]);

@@ -112,14 +112,6 @@ fn keel_json(home: &Path, args: &[&str]) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "terminal tier: needs tmux"]
 async fn terminal_chat_streams_asks_in_place_interrupts_and_leaves() {
-    let streamed = |words: &[&str]| {
-        let mut events: Vec<Value> = words
-            .iter()
-            .map(|w| json!({"choices": [{"index": 0, "delta": {"content": w}}]}))
-            .collect();
-        events.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}));
-        Reply::Drip { events, gap: Duration::from_millis(300) }
-    };
     let report = "# audit\nrow 3: ragged\n";
     let model = MockModel::start(vec![
         Reply::calls(&[(
@@ -127,7 +119,7 @@ async fn terminal_chat_streams_asks_in_place_interrupts_and_leaves() {
             "fs_write_file",
             &json!({"path": "/w/report.md", "content": report}).to_string(),
         )]),
-        streamed(&["Report ", "written."]),
+        Reply::drip_text(&["Report ", "written."], Duration::from_millis(300)),
         Reply::calls(&[(
             "c2",
             "fs_write_file",

@@ -256,8 +256,8 @@ const SUBJECT_KEYS: &[&str] =
 const SUBJECT_CHARS: usize = 80;
 
 /// What a call with this input touches, in a few words for a progress line: the first of
-/// [`SUBJECT_KEYS`] the input has as a string (else its first string value), cut at 80
-/// characters, followed by the size of the `content` it writes — `/out/report.md (133
+/// `path`, `file`, `url`, `uri`, `command`, `query`, `pattern`, `dir`, `directory`, `name` the
+/// input has as a string (else its first string value), cut at 80 characters, followed by the size of the `content` it writes — `/out/report.md (133
 /// bytes)`. `None` for an input that is not a JSON object or holds no string.
 pub fn call_subject(input: &str) -> Option<String> {
     let serde_json::Value::Object(map) = serde_json::from_str(input).ok()? else {

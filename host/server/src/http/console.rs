@@ -32,6 +32,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("approvals.html", include_str!("templates/approvals.html")),
     ("approval_list.html", include_str!("templates/approval_list.html")),
     ("change.html", include_str!("templates/change.html")),
+    ("decide.html", include_str!("templates/decide.html")),
     ("tools.html", include_str!("templates/tools.html")),
     ("tool.html", include_str!("templates/tool.html")),
     ("files.html", include_str!("templates/files.html")),
