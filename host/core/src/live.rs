@@ -24,6 +24,10 @@ pub struct Delta {
     /// The model call (step) it belongs to.
     pub step: i64,
     pub text: String,
+    /// The text of this step so far is void (its attempt failed and the call is made again);
+    /// `text` starts it over.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restart: bool,
 }
 
 /// The live-text files of one keel home.
@@ -68,6 +72,15 @@ impl LiveWriter {
     /// Appends a piece. Failures are ignored: live text is a courtesy, the durable message is
     /// the record.
     pub fn push(&self, step: i64, text: &str) {
+        self.append(Delta { step, text: text.to_string(), restart: false });
+    }
+
+    /// Says that step `step`'s text so far is void: its call is made again.
+    pub fn restart(&self, step: i64) {
+        self.append(Delta { step, text: String::new(), restart: true });
+    }
+
+    fn append(&self, delta: Delta) {
         let Ok(mut slot) = self.file.lock() else { return };
         if slot.is_none() {
             use std::os::unix::fs::OpenOptionsExt;
@@ -81,7 +94,7 @@ impl LiveWriter {
                 .ok();
         }
         if let Some(f) = slot.as_mut()
-            && let Ok(mut line) = serde_json::to_vec(&Delta { step, text: text.to_string() })
+            && let Ok(mut line) = serde_json::to_vec(&delta)
         {
             line.push(b'\n');
             let _ = f.write_all(&line);
@@ -173,15 +186,17 @@ mod tests {
         );
         assert!(reader.poll().is_empty(), "nothing new");
         w.push(2, "more");
-        assert_eq!(reader.poll(), vec![Delta { step: 2, text: "more".into() }]);
+        assert_eq!(reader.poll(), vec![Delta { step: 2, text: "more".into(), restart: false }]);
+        w.restart(2);
+        assert_eq!(reader.poll(), vec![Delta { step: 2, text: String::new(), restart: true }]);
         drop(w);
         assert!(reader.poll().is_empty(), "the drive ended: its file is gone");
         let w = live.writer("s/../1");
         w.push(3, "again");
-        assert_eq!(reader.poll(), vec![Delta { step: 3, text: "again".into() }]);
+        assert_eq!(reader.poll(), vec![Delta { step: 3, text: "again".into(), restart: false }]);
         // A writer that streamed nothing leaves the running drive's file alone.
         drop(live.writer("s/../1"));
         w.push(3, "!");
-        assert_eq!(reader.poll(), vec![Delta { step: 3, text: "!".into() }]);
+        assert_eq!(reader.poll(), vec![Delta { step: 3, text: "!".into(), restart: false }]);
     }
 }

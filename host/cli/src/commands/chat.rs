@@ -408,6 +408,14 @@ fn stream_to_stdout(streamed: Arc<Mutex<Streamed>>) -> Events {
                     s.reply.push_str(text);
                 }
             }
+            Event::TextRestarted { .. } => {
+                if let Ok(mut s) = streamed.lock()
+                    && !std::mem::take(&mut s.reply).is_empty()
+                {
+                    println!();
+                }
+                eprintln!("keel: (the reply was cut off; the model is asked again)");
+            }
             Event::ModelReplied { .. } | Event::State(_) => {
                 if let Ok(mut s) = streamed.lock()
                     && !s.reply.is_empty()

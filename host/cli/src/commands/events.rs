@@ -414,8 +414,18 @@ pub async fn execute(h: &Harness, id: &str, after: i64, follow: bool, json: bool
                 let mut out = std::io::stdout().lock();
                 for d in deltas {
                     if json {
-                        let v = serde_json::json!({"kind": "text_delta", "step": d.step, "text": d.text});
+                        let mut v = serde_json::json!({"kind": "text_delta", "step": d.step, "text": d.text});
+                        if d.restart {
+                            v["restart"] = serde_json::json!(true);
+                        }
                         let _ = writeln!(out, "{v}");
+                    } else if d.restart {
+                        // The text so far is void: its call is made again.
+                        let _ = write!(
+                            out,
+                            "{}  ▸ (the reply was cut off; asked again) ",
+                            if std::mem::replace(&mut open, true) { "\n" } else { "" }
+                        );
                     } else {
                         if !open {
                             let _ = write!(out, "  ▸ ");

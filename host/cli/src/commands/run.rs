@@ -188,6 +188,14 @@ pub fn streaming() -> Events {
                 let _ = write!(err, "{}", super::inert_block(text));
                 let _ = err.flush();
             }
+            Event::TextRestarted { .. } => {
+                // The attempt that showed the text failed; the call is made again.
+                let was_open = open.swap(true, Ordering::SeqCst);
+                eprint!(
+                    "{}keel: ▸ (the reply was cut off; asked again) ",
+                    if was_open { "\n" } else { "" }
+                );
+            }
             Event::ModelReplied { .. } | Event::State(_) if open.swap(false, Ordering::SeqCst) => {
                 eprintln!();
             }

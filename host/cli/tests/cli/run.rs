@@ -1037,3 +1037,28 @@ async fn a_follower_in_another_process_sees_the_text_while_it_is_written() {
     assert_eq!(early, Some(true), "text came before the reply ended: {text:?}");
     assert!(text.starts_with("The first "), "{text}");
 }
+
+/// A stream cut mid-way is asked again: the text shown so far is declared void on every live
+/// channel, and the answer is the second attempt's, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_and_asked_again_says_its_text_starts_over() {
+    let cut = Reply::Sse {
+        events: vec![json!({"choices": [{"index": 0, "delta": {"content": "Half an ans"}}]})],
+        cut: true,
+    };
+    let model = MockModel::start(vec![cut, Reply::text("A whole answer.")]).await;
+    let home = tempfile::tempdir().unwrap();
+    let url = model.url();
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&["run", "Answer", "--model-url", &url, "--model", "m", "--no-preprocess"]),
+    )
+    .await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "A whole answer.\n");
+    let restarted = err.find("(the reply was cut off; asked again)").expect(&err);
+    assert!(err.find("Half an ans").is_some_and(|at| at < restarted), "{err}");
+    assert!(err[restarted..].contains("A whole answer."), "{err}");
+    assert_eq!(model.requests().len(), 2);
+}

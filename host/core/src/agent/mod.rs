@@ -68,6 +68,11 @@ pub enum Event {
         step: i64,
         text: String,
     },
+    /// The attempt that streamed step `step`'s text so far failed and the call is made again:
+    /// the text shown is void and starts over.
+    TextRestarted {
+        step: i64,
+    },
 }
 
 /// A sink for [`Event`]s.
@@ -267,8 +272,11 @@ impl AgentService {
                 events(&Event::ModelCall { step: assembled.step });
                 let called = Instant::now();
                 let step = assembled.step;
-                let on_text = |text: &str| {
-                    events(&Event::TextDelta { step, text: text.to_string() });
+                let on_text = |piece: crate::model::Streamed<'_>| match piece {
+                    crate::model::Streamed::Text(text) => {
+                        events(&Event::TextDelta { step, text: text.to_string() });
+                    }
+                    crate::model::Streamed::Restart => events(&Event::TextRestarted { step }),
                 };
                 let result = self
                     .model

@@ -327,8 +327,10 @@ impl Harness {
         let inner = events.clone();
         let w = writer.clone();
         let tee: Events = Arc::new(move |e: &crate::agent::Event| {
-            if let crate::agent::Event::TextDelta { step, text } = e {
-                w.push(*step, text);
+            match e {
+                crate::agent::Event::TextDelta { step, text } => w.push(*step, text),
+                crate::agent::Event::TextRestarted { step } => w.restart(*step),
+                _ => {}
             }
             inner(e)
         });

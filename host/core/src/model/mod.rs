@@ -117,8 +117,18 @@ pub struct ModelClient {
 /// The `User-Agent` keel sends to model servers.
 pub const USER_AGENT: &str = concat!("keel/", env!("CARGO_PKG_VERSION"));
 
-/// Where a streamed reply's text goes as it arrives.
-pub type OnText<'a> = &'a (dyn Fn(&str) + Send + Sync);
+/// A piece of a streamed reply, as it arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Streamed<'a> {
+    /// More of the reply's text.
+    Text(&'a str),
+    /// The attempt that sent the text so far failed and the call is made again: what was
+    /// shown is void, and the text starts over.
+    Restart,
+}
+
+/// Where a streamed reply's pieces go as they arrive.
+pub type OnText<'a> = &'a (dyn Fn(Streamed<'_>) + Send + Sync);
 
 impl ModelClient {
     /// A client using `api_key` (if any) as a bearer token.
@@ -160,8 +170,25 @@ impl ModelClient {
         let mut attempt = 0;
         let mut previous: Option<ModelError> = None;
         let mut garbled = 0;
+        // Whether the current attempt has shown text (a retry then says the text starts over).
+        let shown = std::sync::atomic::AtomicBool::new(false);
+        let counting = |piece: Streamed<'_>| {
+            if matches!(piece, Streamed::Text(t) if !t.is_empty()) {
+                shown.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            if let Some(show) = on_text {
+                show(piece);
+            }
+        };
+        let on_text: Option<OnText<'_>> = on_text.map(|_| &counting as OnText<'_>);
         loop {
             attempt += 1;
+            if attempt > 1
+                && let Some(show) = on_text
+                && shown.swap(false, std::sync::atomic::Ordering::Relaxed)
+            {
+                show(Streamed::Restart);
+            }
             let result = tokio::select! {
                 r = self.attempt(config, body, on_text) => r,
                 () = cancel.cancelled() => Err(ModelError::Cancelled),
@@ -291,7 +318,7 @@ impl ModelClient {
                             let line =
                                 String::from_utf8_lossy(&bytes[line_start..line_start + end]);
                             if let Some(text) = sse::delta_text(&line) {
-                                show(&text);
+                                show(Streamed::Text(&text));
                             }
                             line_start += end + 1;
                         }

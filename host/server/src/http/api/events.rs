@@ -18,7 +18,8 @@ const MAX_EVENTS: usize = 1000;
 /// (resumable with `Last-Event-ID`; each event's id is its sequence number, its data the
 /// event as JSON with its `kind`; a store failure arrives as a `failure` event), a JSON array
 /// otherwise. The stream also carries the text a model is writing, as it arrives: transient
-/// `text_delta` events (`{"step", "text"}`, no id) before the durable message.
+/// `text_delta` events (`{"step", "text"}`, no id; `"restart": true` when the text so far is
+/// void because its call is made again) before the durable message.
 #[utoipa::path(get, path = "/sessions/{id}/events", params(("id" = String, Path), EventsQuery), responses((status = 200, description = "a JSON array, or an event stream", body = Object), (status = 404, body = ErrorBody)))]
 pub(super) async fn events(
     State(app): Shared,
@@ -73,11 +74,18 @@ pub(super) async fn events(
                     if deltas.is_empty() {
                         continue;
                     }
-                    // The pieces read in one look go as one event.
+                    // The pieces read in one look go as one event; after a restart (the text
+                    // so far is void, the call is made again), only what followed it.
+                    let restart = deltas.iter().rposition(|d| d.restart);
                     let step = deltas.last().map_or(0, |d| d.step);
-                    let text: String = deltas.into_iter().map(|d| d.text).collect();
-                    let data = json!({"step": step, "text": text}).to_string();
-                    return Some((Ok(Event::default().event("text_delta").data(data)), f));
+                    let text: String =
+                        deltas[restart.unwrap_or(0)..].iter().map(|d| d.text.as_str()).collect();
+                    let mut data = json!({"step": step, "text": text});
+                    if restart.is_some() {
+                        data["restart"] = json!(true);
+                    }
+                    let event = Event::default().event("text_delta").data(data.to_string());
+                    return Some((Ok(event), f));
                 }
                 changed = async { f.access.as_mut()?.changed().await.ok() }, if f.access.is_some() => {
                     if changed.is_none() {

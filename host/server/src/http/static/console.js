@@ -31,7 +31,9 @@ function followSession(el) {
   source.addEventListener("text_delta", (e) => {
     if (!live) return;
     try {
-      live.textContent += JSON.parse(e.data).text;
+      const piece = JSON.parse(e.data);
+      if (piece.restart) live.textContent = "";
+      live.textContent += piece.text;
       live.hidden = false;
     } catch (_) {}
   });
