@@ -131,7 +131,18 @@ impl Chat {
             let events = events.clone();
             async move { h.send(&Caller::Operator, &id, &text, &cancel, &events).await.map(Some) }
         });
-        let mut outcome = submitted.await;
+        let outcome = submitted.await;
+        self.settle(outcome, &streamed, &events).await;
+    }
+
+    /// Asks about what a drive left waiting for approval and resumes the turn, until it ends;
+    /// then says how it ended, and what it cost.
+    async fn settle(
+        &mut self,
+        mut outcome: Result<Option<Submitted>, keel::api::ApiError>,
+        streamed: &Arc<Mutex<Streamed>>,
+        events: &Events,
+    ) {
         while let Ok(Some(Submitted::Ran(TurnOutcome::WaitingApproval(units)))) = &outcome {
             let units = units.clone();
             if !self.decide_all(&units).await {
@@ -333,16 +344,14 @@ impl Chat {
                 let ids: Vec<keel::ids::UnitId> = units.into_iter().map(|v| v.unit.id).collect();
                 if self.decide_all(&ids).await {
                     let streamed = Arc::new(Mutex::new(Streamed::default()));
-                    let events = stream_to_stdout(streamed);
+                    let events = stream_to_stdout(streamed.clone());
+                    let resume = events.clone();
                     let out = self
                         .run(move |h, id, cancel| async move {
-                            h.resume(&Caller::Operator, &id, &cancel, &events).await
+                            h.resume(&Caller::Operator, &id, &cancel, &resume).await
                         })
                         .await;
-                    if let Ok(Some(Submitted::Ran(TurnOutcome::Answer(a)))) = out {
-                        println!("{}", inert_block(&a));
-                    }
-                    self.summary().await;
+                    self.settle(out, &streamed, &events).await;
                 }
             }
             "/compact" => {

@@ -126,6 +126,12 @@ async fn terminal_chat_streams_asks_in_place_interrupts_and_leaves() {
             &json!({"path": "/w/report.md", "content": "bad\n"}).to_string(),
         )]),
         Reply::text("Left it as it was."),
+        Reply::calls(&[(
+            "c3",
+            "fs_write_file",
+            &json!({"path": "/w/later.md", "content": "later\n"}).to_string(),
+        )]),
+        Reply::text("Written later."),
         Reply::Delay(Duration::from_secs(120), Box::new(Reply::text("too late"))),
     ])
     .await;
@@ -193,6 +199,18 @@ async fn terminal_chat_streams_asks_in_place_interrupts_and_leaves() {
     let rejected = &model.requests()[3];
     assert!(String::from_utf8_lossy(rejected).contains("not now"), "the model was told why");
 
+    // Left undecided, then decided from /approvals: the turn resumes from there.
+    pane.line("Write it later");
+    pane.shows("approve once [y]", 3);
+    pane.line("s");
+    pane.shows("the turn waits; decide with /approvals", 1);
+    pane.line("/approvals");
+    pane.shows("approve once [y]", 4);
+    pane.line("y");
+    let done = pane.shows("keel: idle", 3);
+    assert!(done.contains("Written later."), "{done}");
+    assert_eq!(std::fs::read_to_string(work.path().join("later.md")).unwrap(), "later\n");
+
     // Slash commands.
     pane.line("/tools");
     pane.shows("  fs_read_file", 1);
@@ -204,13 +222,15 @@ async fn terminal_chat_streams_asks_in_place_interrupts_and_leaves() {
     // Ctrl-C interrupts the turn and keeps the session.
     pane.line("Wait for it");
     let start = Instant::now();
-    while model.requests().len() < 5 {
-        assert!(start.elapsed() < PATIENCE, "the fifth request never came: {}", pane.text());
+    while model.requests().len() < 7 {
+        assert!(start.elapsed() < PATIENCE, "the seventh request never came: {}", pane.text());
         std::thread::sleep(Duration::from_millis(50));
     }
     pane.send(&["C-c"]);
     pane.shows("interrupted; the session stays", 1);
-    pane.shows("› ", 4);
+    pane.until("the prompt again", |t| {
+        t.lines().rev().find(|l| !l.trim().is_empty()).is_some_and(|l| l.trim_end() == "›")
+    });
 
     // History: Up brings back the last line; Ctrl-U clears it; Ctrl-D leaves.
     pane.send(&["Up"]);
