@@ -568,20 +568,21 @@ async fn assemble_twice(
     // The tool schemas as a catalog would hand them out: one shared text per tool set.
     static SCHEMAS: std::sync::Mutex<Vec<(Vec<String>, std::sync::Arc<str>)>> =
         std::sync::Mutex::new(Vec::new());
-    let tools =
-        |_: &rusqlite::Connection, m: &keel::session::SessionMeta| -> Option<std::sync::Arc<str>> {
-            if m.capabilities.loaded_tools.is_empty() {
-                return None;
-            }
-            let mut known = SCHEMAS.lock().unwrap();
-            if let Some((_, json)) = known.iter().find(|(t, _)| *t == m.capabilities.loaded_tools) {
-                return Some(json.clone());
-            }
-            let json: std::sync::Arc<str> =
-                serde_json::to_string(&m.capabilities.loaded_tools).unwrap().into();
-            known.push((m.capabilities.loaded_tools.clone(), json.clone()));
-            Some(json)
-        };
+    let tools = |_: &keel::sql::Connection,
+                 m: &keel::session::SessionMeta|
+     -> Option<std::sync::Arc<str>> {
+        if m.capabilities.loaded_tools.is_empty() {
+            return None;
+        }
+        let mut known = SCHEMAS.lock().unwrap();
+        if let Some((_, json)) = known.iter().find(|(t, _)| *t == m.capabilities.loaded_tools) {
+            return Some(json.clone());
+        }
+        let json: std::sync::Arc<str> =
+            serde_json::to_string(&m.capabilities.loaded_tools).unwrap().into();
+        known.push((m.capabilities.loaded_tools.clone(), json.clone()));
+        Some(json)
+    };
     let mine = engine.assemble(&SessionId::from("s"), tools).await.unwrap();
     let fresh = keel::session::SessionEngine::new(keel::store::Db::open(path).unwrap());
     let full = fresh.assemble(&SessionId::from("s"), tools).await.unwrap();

@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 
 /// The core's top-level modules, bottom first.
 const CORE: &[&[&str]] = &[
-    // Leaves: no import of another module of the library.
+    // The database interface (values, statements, rows; SQLite and PostgreSQL drivers): the
+    // one module the leaves' stored types implement conversions for.
+    &["sql"],
+    // Leaves: no import of another module of the library but `sql`.
     &[
         "builtin", "caller", "cancel", "crash", "digest", "failure", "grant", "home", "ids",
         "names", "plan", "policy", "signing", "stored", "tls", "units",

@@ -20,6 +20,7 @@ mod net;
 mod peers;
 mod plans;
 mod plugins;
+mod postgres;
 mod registry;
 mod sandbox;
 mod sources;

@@ -18,7 +18,11 @@ async fn open(dir: &std::path::Path) -> Result<Harness, String> {
 async fn writer_synchronous(h: &Harness) -> i64 {
     h.internals()
         .db
-        .run(|c| Ok(c.pragma_query_value(None, "synchronous", |r| r.get::<_, i64>(0))?))
+        .run(|c| {
+            Ok(c.sqlite()
+                .unwrap()
+                .pragma_query_value(None, "synchronous", |r| r.get::<_, i64>(0))?)
+        })
         .await
         .unwrap()
 }

@@ -13,6 +13,7 @@ use keel::tools::{CallOutcome, CallRequest, ToolService};
 pub mod mcp_peers;
 pub mod mock_model;
 pub mod oci_registry;
+pub mod postgres;
 pub mod web_peer;
 
 /// Paths of the test guest components.

@@ -33,8 +33,8 @@ struct Cli {
 /// Where settings come from, shown under `keel --help`.
 const SETTINGS: &str = "\
 Settings: HOME/keel.toml, tables [model] (base_url, model, temperature, max_tokens, timeout_ms,
-stream, stream_usage, max_retries) and [store] (synchronous = \"full\" | \"normal\" | \"off\"); the environment
-overrides the file, and flags override both:
+stream, stream_usage, max_retries) and [store] (synchronous = \"full\" | \"normal\" | \"off\",
+url = \"postgres://…\"); the environment overrides the file, and flags override both:
   KEEL_HOME          the keel home (as --home)
   KEEL_MODEL_URL     the model's base URL, the part before /chat/completions (as --model-url)
   KEEL_MODEL         the model name (as --model)
@@ -47,6 +47,10 @@ overrides the file, and flags override both:
                      HOME/api-token)
   KEEL_SYNCHRONOUS   full: every commit synced before it is reported (default); normal: synced
                      at checkpoints; off: never synced
+  KEEL_DATABASE_URL  postgres://USER:PASSWORD@HOST:PORT/DB: the store is that PostgreSQL
+                     database, which several `keel serve` hosts may share (as [store] url)
+  KEEL_HOST_ID       this host's name in runner leases (default: the kernel's host name)
+  KEEL_LEASE_TTL_MS  how long a runner's lease lasts unrenewed (default 15000)
   KEEL_LOG           log filter for stderr (info, debug, keel::model=debug, ...); NO_COLOR";
 
 #[derive(Subcommand)]
@@ -108,6 +112,10 @@ enum Command {
     /// each for the packages a glob matches.
     #[command(subcommand)]
     Trust(commands::signing::TrustCommand),
+    /// The store: where it is, and copying a home's SQLite store into PostgreSQL for
+    /// several hosts.
+    #[command(subcommand)]
+    Store(commands::store::StoreCommand),
     /// Print the WIT contract a tool component implements (`keel:tool`), for any toolchain's
     /// bindings generator.
     Wit(commands::author::WitArgs),
@@ -192,6 +200,7 @@ fn main() -> ExitCode {
             Command::Grant(cmd) => commands::serve::grants(home, cmd).await,
             Command::Secret(cmd) => commands::secret::execute(home, cmd),
             Command::Wit(args) => commands::author::wit(args),
+            Command::Store(cmd) => commands::store::execute(home, cmd).await,
             Command::Key(cmd) => commands::signing::keys(&home, cmd),
             Command::Trust(cmd) => commands::signing::trust(&home, cmd).await,
             Command::Skill(cmd) => commands::skill::execute(home, cmd).await,

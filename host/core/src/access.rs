@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::sql::{Connection, OptionalExtension, params};
 
 pub use crate::caller::{AccessError, ENV_TOKEN_NAME, Owner, Principal, Role, Source};
 use crate::sandbox::{Access, Grant};
@@ -249,7 +249,7 @@ pub fn add_preset_in(
     Ok(preset)
 }
 
-fn preset_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, String, bool, i64)> {
+fn preset_row(r: &crate::sql::Row<'_>) -> crate::sql::Result<(String, String, bool, i64)> {
     Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
 }
 

@@ -95,6 +95,8 @@ pub struct PreprocessTable {
 #[serde(deny_unknown_fields)]
 pub struct StoreTable {
     pub synchronous: Option<String>,
+    /// `postgres://…`: the store is that PostgreSQL database (several hosts may share it).
+    pub url: Option<String>,
 }
 
 /// The `[tools]` table.
@@ -256,6 +258,39 @@ pub fn synchronous(home: &Home) -> Result<Synchronous, ConfigError> {
         }),
         None => Ok(Synchronous::default()),
     }
+}
+
+/// Where the home's store is: the PostgreSQL database of `KEEL_DATABASE_URL`, else of
+/// `[store] url` in `keel.toml`, else the home's SQLite file (committing as
+/// [`synchronous`] says).
+pub fn store_location(home: &Home) -> Result<crate::store::Location, ConfigError> {
+    let file = read(home)?;
+    let url = match env("KEEL_DATABASE_URL") {
+        Some(url) => Some(("KEEL_DATABASE_URL".to_string(), url)),
+        None => file
+            .store
+            .as_ref()
+            .and_then(|s| s.url.clone())
+            .map(|url| (format!("{}: [store] url", path(home).display()), url)),
+    };
+    if let Some((from, url)) = url {
+        let url = url.trim().to_string();
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(ConfigError(format!(
+                "{from}: `{}` is not a PostgreSQL URL: use postgres://USER:PASSWORD@HOST:PORT/DATABASE \
+                 (without a URL the store is the home's SQLite file)",
+                crate::sql::pg::redact(&url)
+            )));
+        }
+        return Ok(crate::store::Location::Postgres { url });
+    }
+    #[cfg(feature = "internals")]
+    if let Some(url) = crate::store::per_home_test_database(home.root())
+        .map_err(|e| ConfigError(format!("KEEL_TEST_POSTGRES: {e}")))?
+    {
+        return Ok(crate::store::Location::Postgres { url });
+    }
+    Ok(crate::store::Location::Sqlite { path: home.database(), sync: synchronous(home)? })
 }
 
 /// The bounds of a front-end's connections (`keel.toml` `[serve]`).

@@ -75,11 +75,10 @@ impl Harness {
         guards: LoopGuards,
         progress: &(dyn Fn(&str) + Sync),
     ) -> Result<Self, HarnessError> {
-        let db_path = home.database();
         let live = crate::live::Live::at(home.root());
-        let sync = crate::config::synchronous(&home)?;
+        let location = crate::config::store_location(&home)?;
         let tools = Arc::new(ToolService::open(home, limits, progress).await?);
-        let db = Db::open_with(&db_path, sync)?;
+        let db = Db::open_at(&location)?;
         let engine = SessionEngine::new(db.clone());
         let agent =
             AgentService::new(engine.clone(), tools.clone(), ModelClient::new(api_key)?, guards);

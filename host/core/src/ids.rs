@@ -103,17 +103,15 @@ macro_rules! id_text {
             }
         }
 
-        impl rusqlite::ToSql for $name {
-            fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-                Ok((&*self.0).into())
+        impl $crate::sql::ToSql for $name {
+            fn to_sql(&self) -> $crate::sql::SqlRef<'_> {
+                $crate::sql::SqlRef::Text(&self.0)
             }
         }
 
-        impl rusqlite::types::FromSql for $name {
-            fn column_result(
-                v: rusqlite::types::ValueRef<'_>,
-            ) -> rusqlite::types::FromSqlResult<Self> {
-                String::column_result(v).map(Self::from)
+        impl $crate::sql::FromSql for $name {
+            fn column_result(v: $crate::sql::SqlRef<'_>) -> $crate::sql::FromSqlResult<Self> {
+                <String as $crate::sql::FromSql>::column_result(v).map(Self::from)
             }
         }
     };
@@ -197,7 +195,7 @@ mod tests {
         let back: UnitId = serde_json::from_str("\"ap-123\"").unwrap();
         assert_eq!(back, unit);
         assert_eq!(format!("[{unit:>8}]"), "[  ap-123]");
-        let c = rusqlite::Connection::open_in_memory().unwrap();
+        let c = crate::sql::Connection::from(rusqlite::Connection::open_in_memory().unwrap());
         let read: UnitId = c.query_row("SELECT ?1", [&unit], |r| r.get(0)).unwrap();
         assert_eq!(read, unit);
 

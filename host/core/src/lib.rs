@@ -21,7 +21,10 @@
 //! - [`model`] — the model provider: one OpenAI-compatible exchange, and the liberal reader of
 //!   the JSON answers of keel's own calls ([`model::answer`]); [`understand`] — the task
 //!   understanding call's request, answer and transition table.
-//! - [`store`] — the SQLite store: connection setup and numbered migrations.
+//! - [`store`] — the store: SQLite (one machine, the default) or PostgreSQL (several hosts),
+//!   its writer, numbered migrations for both, event wake-ups, and copying SQLite into
+//!   PostgreSQL; [`sql`] — the one database interface both run behind (values, statements,
+//!   rows), below every module that stores anything.
 //! - [`harness`] — the owners of one home wired together; [`api`] — the use cases every
 //!   front-end reaches them through.
 //! - [`home`] — where keel keeps its state (`--home`, `KEEL_HOME`); [`config`] — its settings
@@ -38,7 +41,7 @@
 //!   source).
 //!
 //! Layers, bottom first — a module uses only modules of a layer below its own, checked by a
-//! test over the `crate::` paths (`tests/all/layers.rs`): leaves; `store`; `config`; `search`;
+//! test over the `crate::` paths (`tests/all/layers.rs`): `sql`; leaves; `oci`, `live`; `store`; `config`; `search`;
 //! `memory`; `model`; `understand`; `secrets`; `control`; `sandbox`; `skills`; `tools`;
 //! `session`; `agent`; `brain`; `access`; `harness`; `api`.
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
@@ -72,6 +75,7 @@ pub mod secrets;
 pub mod session;
 pub mod signing;
 pub mod skills;
+pub mod sql;
 pub mod store;
 pub mod stored;
 pub mod tls;

@@ -11,7 +11,7 @@
 //! `fts5vocab` table) how many rows hold each word, keeps the most selective words up to a
 //! budget of rows, and ranks at most the newest [`RANK_WINDOW`] rows that match.
 
-use rusqlite::OptionalExtension;
+use crate::sql::OptionalExtension;
 
 /// Terms one recall group takes at most.
 pub const MAX_TERMS: usize = 16;
@@ -43,6 +43,17 @@ fn or_query(words: &[String]) -> String {
     words.iter().map(|w| format!("\"{w}\"")).collect::<Vec<_>>().join(" OR ")
 }
 
+/// The PostgreSQL text-search query matching any word of `terms` (the same words as
+/// [`fts_query`], joined by `|`; a word is letters and digits only, so it carries no query
+/// syntax). `None` when no word is left.
+pub fn ts_query<S: AsRef<str>>(terms: &[S]) -> Option<String> {
+    let words = words(terms);
+    if words.is_empty() {
+        return None;
+    }
+    Some(words.join(" | "))
+}
+
 /// A planned recall: the FTS5 query, and the lowest row id worth ranking.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
@@ -64,7 +75,7 @@ pub struct Scope<'a> {
 /// below which rows are not ranked — counted among the rows of `scope` when given. A word the
 /// vocabulary does not hold as written (the index stems words) is kept.
 pub fn plan_in<S: AsRef<str>>(
-    c: &rusqlite::Connection,
+    c: &crate::sql::Connection,
     index: &str,
     vocab: &str,
     columns: Option<&str>,
@@ -109,9 +120,9 @@ pub fn plan_in<S: AsRef<str>>(
         let mut stmt = c.prepare_cached(&sql)?;
         let lowest = match owner {
             Some(o) => {
-                stmt.query_row(rusqlite::params![query, RANK_WINDOW, o], |r| r.get::<_, i64>(0))
+                stmt.query_row(crate::sql::params![query, RANK_WINDOW, o], |r| r.get::<_, i64>(0))
             }
-            None => stmt.query_row(rusqlite::params![query, RANK_WINDOW], |r| r.get::<_, i64>(0)),
+            None => stmt.query_row(crate::sql::params![query, RANK_WINDOW], |r| r.get::<_, i64>(0)),
         }
         .optional()?;
         if let Some(lowest) = lowest {

@@ -68,19 +68,19 @@ macro_rules! stored_enum {
             }
         }
 
-        impl ::rusqlite::ToSql for $name {
-            fn to_sql(&self) -> ::rusqlite::Result<::rusqlite::types::ToSqlOutput<'_>> {
-                Ok(self.as_str().into())
+        impl $crate::sql::ToSql for $name {
+            fn to_sql(&self) -> $crate::sql::SqlRef<'_> {
+                $crate::sql::SqlRef::Text(self.as_str())
             }
         }
 
-        impl ::rusqlite::types::FromSql for $name {
+        impl $crate::sql::FromSql for $name {
             fn column_result(
-                v: ::rusqlite::types::ValueRef<'_>,
-            ) -> ::rusqlite::types::FromSqlResult<Self> {
-                v.as_str()?
+                v: $crate::sql::SqlRef<'_>,
+            ) -> $crate::sql::FromSqlResult<Self> {
+                <String as $crate::sql::FromSql>::column_result(v)?
                     .parse()
-                    .map_err(|e| ::rusqlite::types::FromSqlError::Other(Box::new(e)))
+                    .map_err($crate::sql::FromSqlError::other)
             }
         }
     };
@@ -109,7 +109,7 @@ mod tests {
 
     #[test]
     fn an_unknown_stored_name_is_a_read_error() {
-        let c = rusqlite::Connection::open_in_memory().unwrap();
+        let c = crate::sql::Connection::from(rusqlite::Connection::open_in_memory().unwrap());
         let ok: Colour = c.query_row("SELECT ?1", [Colour::DarkBlue], |r| r.get(0)).unwrap();
         assert_eq!(ok, Colour::DarkBlue);
         assert!(c.query_row("SELECT 'green'", [], |r| r.get::<_, Colour>(0)).is_err());

@@ -11,6 +11,7 @@ pub mod serve;
 pub mod session;
 pub mod signing;
 pub mod skill;
+pub mod store;
 pub mod style;
 pub mod tool;
 pub mod workgroup;

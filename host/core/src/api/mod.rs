@@ -400,6 +400,21 @@ impl Harness {
         Ok(&self.recovered)
     }
 
+    /// Whether several hosts may share this store (it is PostgreSQL): then each host takes over
+    /// the sessions of a host that stopped renewing its leases ([`take_over`](Self::take_over)).
+    pub fn shared_store(&self) -> bool {
+        self.engine.db().backend() == crate::sql::Backend::Postgres
+    }
+
+    /// Recovers the sessions whose runner is gone — on a shared store, a host that died or
+    /// stopped renewing its leases for [`LEASE_TTL`](crate::brain::LEASE_TTL) — as startup
+    /// recovery does (a call whose outcome is unknown is never run again); the sessions with
+    /// work to resume, which the caller then resumes as their runner.
+    pub async fn take_over(&self, caller: &Caller) -> Result<Vec<RecoveredSession>, ApiError> {
+        caller.require_admin("taking over sessions whose runner is gone")?;
+        Ok(self.brain.recover().await?)
+    }
+
     /// Pins every loaded tool of session `id` to the version installed now (an admin's
     /// upgrade); returns what changed.
     pub async fn upgrade_session_tools(

@@ -27,11 +27,11 @@ pub mod orchestrate;
 mod prepare;
 pub mod workgroup;
 
-pub use crate::session::lease::LEASE_TTL;
 use crate::session::lease::{self, RunnerId, lease_live};
+pub use crate::session::lease::{LEASE_TTL, heartbeat_every, lease_ttl};
 use crate::understand;
 
-/// How often a runner renews its lease.
+/// How often a runner renews its lease with the default TTL (see [`heartbeat_every`]).
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
 /// How often a runner checks the session's interrupt flag.
 pub const INTERRUPT_POLL: Duration = Duration::from_millis(100);
@@ -86,12 +86,17 @@ impl Brain {
         self.db
             .run(move |c| {
                 // Sessions with work in flight, and sessions some runner holds.
+                let (held, busy) = lease::for_recovery_in(c)?;
                 let mut candidates: std::collections::BTreeMap<String, Option<(String, i64)>> =
-                    crate::session::unsettled_in(c)?.into_iter().map(|id| (id, None)).collect();
-                for (id, holder, beat) in lease::all_in(c)? {
+                    crate::session::unsettled_in(c)?
+                        .into_iter()
+                        .filter(|id| !busy.contains(id))
+                        .map(|id| (id, None))
+                        .collect();
+                for (id, holder, beat) in held {
                     candidates.insert(id, Some((holder, beat)));
                 }
-                let now = now_ms();
+                let now = lease::db_now_in(c)?;
                 let mut out = Vec::new();
                 for (id, held) in candidates {
                     if let Some((holder, beat)) = &held {
@@ -235,20 +240,21 @@ impl Brain {
             .db
             .run(move |c| {
                 let seq = crate::session::submit_in(c, &sid, &text)?;
-                if !lease::acquire_in(c, &sid, &owner)? {
-                    return Ok((seq, false, None));
-                }
+                let Some(token) = lease::acquire_in(c, &sid, &owner)? else {
+                    return Ok((seq, None, None));
+                };
                 let under_way = crate::session::SessionEngine::load_meta_in(c, &sid)?
                     .runtime
                     .active_turn
                     .is_some();
                 let begun = if under_way { None } else { crate::session::begin_turn_in(c, &sid)? };
-                Ok((seq, true, begun))
+                Ok((seq, Some(token), begun))
             })
             .await?;
-        if !acquired {
+        let Some(token) = acquired else {
             return Ok(Submitted::Queued { inbox_seq: seq });
-        }
+        };
+        self.hold(id, token);
         let ran = self.drain_held(id, true, begun, cancel, events).await?;
         Ok(self
             .leave(id, local, ran, cancel, events)
@@ -454,32 +460,49 @@ impl Brain {
 
     /// Takes the runner lease of `id` if it is free, abandoned, or already ours.
     pub async fn try_acquire(&self, id: &SessionId) -> Result<bool, StoreError> {
-        let (id, owner) = (id.clone(), self.owner.clone());
-        self.db.run(move |c| lease::acquire_in(c, &id, &owner)).await
+        let (sid, owner) = (id.clone(), self.owner.clone());
+        let token = self.db.run(move |c| lease::acquire_in(c, &sid, &owner)).await?;
+        if let Some(token) = token {
+            self.hold(id, token);
+        }
+        Ok(token.is_some())
+    }
+
+    /// Registers the fencing token this runner holds `id`'s lease with: every write of the
+    /// session's state checks it from now on.
+    fn hold(&self, id: &SessionId, token: i64) {
+        let fence = lease::Fence { owner: self.owner.clone(), token };
+        self.engine.fences().hold(id.as_str(), fence);
     }
 
     /// Releases the lease unless unconsumed inputs are waiting (then keeps it and returns
     /// false). With `force`, releases regardless.
     async fn release(&self, id: &SessionId, force: bool) -> Result<bool, StoreError> {
-        let (id, owner) = (id.clone(), self.owner.clone());
-        self.db
+        let (sid, owner) = (id.clone(), self.owner.clone());
+        let released = self
+            .db
             .run(move |c| {
                 // Inputs keep the lease for this runner, except those of an interrupted session:
                 // they wait for a person's next message, which takes the session again.
                 if !force
-                    && crate::session::pending_inputs(c, &id)? > 0
-                    && crate::session::SessionEngine::load_meta_in(c, &id)?.runtime.state
+                    && crate::session::pending_inputs(c, &sid)? > 0
+                    && crate::session::SessionEngine::load_meta_in(c, &sid)?.runtime.state
                         != crate::session::RuntimeState::Interrupted
                 {
                     return Ok(false);
                 }
-                lease::release_in(c, &id, &owner)?;
+                lease::release_in(c, &sid, &owner)?;
                 Ok(true)
             })
-            .await
+            .await?;
+        if released {
+            self.engine.fences().drop_held(id.as_str(), &self.owner);
+        }
+        Ok(released)
     }
 
-    async fn heartbeat(&self, id: &SessionId) -> Result<(), StoreError> {
+    /// Renews this runner's lease of `id`; false when it was taken over (the runner stops).
+    async fn heartbeat(&self, id: &SessionId) -> Result<bool, StoreError> {
         let (id, owner) = (id.clone(), self.owner.clone());
         self.db.run(move |c| lease::heartbeat_in(c, &id, &owner)).await
     }
@@ -498,9 +521,14 @@ impl RunnerTasks {
             loop {
                 tokio::time::sleep(INTERRUPT_POLL).await;
                 since_beat += INTERRUPT_POLL;
-                if since_beat >= HEARTBEAT {
+                if since_beat >= heartbeat_every() {
                     since_beat = Duration::ZERO;
-                    let _ = brain.heartbeat(&id).await;
+                    if let Ok(false) = brain.heartbeat(&id).await {
+                        // Another runner took the session over: stop at once (its writes
+                        // would be refused by the fence anyway).
+                        tracing::warn!(session = %id, "the session's lease was taken over; this runner stops");
+                        cancel.cancel();
+                    }
                 }
                 if brain.engine().interrupt_requested(&id).await.unwrap_or(false) {
                     cancel.cancel();

@@ -21,7 +21,7 @@ use crate::cancel::CancelToken;
 use crate::session::RuntimeState;
 use crate::session::lease::{self, lease_live};
 use crate::session::workgroup::{self, Runnable};
-use crate::store::{StoreError, now_ms};
+use crate::store::StoreError;
 
 /// How often the supervisor looks again when no commit of this process woke it (commits of
 /// other processes, deadlines).
@@ -68,9 +68,10 @@ impl Brain {
                     Some(r) => format!("stopped: {r}"),
                     None => "interrupted by the user".to_string(),
                 };
+                let now = lease::db_now_in(c)?;
                 for s in workgroup::stop_in(c, &sid, reason.as_deref())? {
                     if let Some((h, beat)) = &lease::holder_in(c, &s)?
-                        && (h.as_str() == &*owner || lease_live(h, *beat, now_ms()))
+                        && (h.as_str() == &*owner || lease_live(h, *beat, now))
                     {
                         continue;
                     }
@@ -87,7 +88,7 @@ impl Brain {
         self.db
             .read(move |c| {
                 let sessions = workgroup::sessions_in(c, &main)?;
-                let now = now_ms();
+                let now = lease::db_now_in(c)?;
                 let mut elsewhere = HashSet::new();
                 for s in &sessions {
                     if let Some((h, beat)) = lease::holder_in(c, &s.id)?

@@ -6,7 +6,7 @@
 //! model, it grants nothing. A full-text index (`memories_fts`, FTS5 with bm25) follows the
 //! table by triggers.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::sql::{Backend, Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 use crate::search::Scored;
@@ -141,23 +141,22 @@ pub fn add_in(
         return Ok(id);
     }
     let tags = serde_json::to_string(&tags).map_err(|e| StoreError::Input(e.to_string()))?;
-    c.prepare_cached(
-        "INSERT INTO memories (user, text, tags, at_ms, session_id, call_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    Ok(c.prepare_cached(
+        "INSERT INTO memories (\"user\", text, tags, at_ms, session_id, call_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
     )?
-    .execute(params![user, text, tags, now_ms(), call.map(|c| c.0), call.map(|c| c.1)])?;
-    Ok(c.last_insert_rowid())
+    .query_row(params![user, text, tags, now_ms(), call.map(|c| c.0), call.map(|c| c.1)], |r| {
+        r.get(0)
+    })?)
 }
 
-fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Memory> {
+fn row(r: &crate::sql::Row<'_>) -> crate::sql::Result<Memory> {
     let tags: String = r.get(3)?;
     Ok(Memory {
         id: r.get(0)?,
         user: r.get(1)?,
         text: r.get(2)?,
-        tags: serde_json::from_str(&tags).map_err(|e| {
-            rusqlite::Error::FromSqlConversionFailure(3, rusqlite::types::Type::Text, Box::new(e))
-        })?,
+        tags: serde_json::from_str(&tags).map_err(|e| crate::sql::Error::conversion(3, e))?,
         at_ms: r.get(4)?,
         session_id: r.get(5)?,
     })
@@ -169,8 +168,8 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Memory> {
 pub fn list_in(c: &Connection, user: Option<&str>) -> Result<Vec<Memory>, StoreError> {
     let user = user.map(|u| typed(u, Kind::Local));
     let mut stmt = c.prepare_cached(
-        "SELECT id, user, text, tags, at_ms, session_id FROM memories
-         WHERE ?1 IS NULL OR user = ?1 ORDER BY id",
+        "SELECT id, \"user\", text, tags, at_ms, session_id FROM memories
+         WHERE ?1 IS NULL OR \"user\" = ?1 ORDER BY id",
     )?;
     let rows = stmt.query_map([user], row)?;
     Ok(rows.collect::<Result<_, _>>()?)
@@ -181,7 +180,7 @@ pub fn remove_in(c: &Connection, user: &str, id: i64) -> Result<Memory, StoreErr
     let user = &typed(user, Kind::Local);
     let found = c
         .prepare_cached(
-            "SELECT id, user, text, tags, at_ms, session_id FROM memories WHERE id=?1 AND user=?2",
+            "SELECT id, \"user\", text, tags, at_ms, session_id FROM memories WHERE id=?1 AND \"user\"=?2",
         )?
         .query_row(params![id, user], row)
         .optional()?;
@@ -201,13 +200,28 @@ pub fn recall_in<S: AsRef<str>>(
     limit: usize,
 ) -> Result<Vec<Scored<Memory>>, StoreError> {
     let user = &typed(user, Kind::Local);
+    if c.backend() == Backend::Postgres {
+        let Some(query) = crate::search::ts_query(terms) else {
+            return Ok(Vec::new());
+        };
+        let mut stmt = c.prepare_cached(
+            "SELECT m.id, m.\"user\", m.text, m.tags, m.at_ms, m.session_id,
+                    -ts_rank(m.fts, q) AS score
+             FROM memories m, to_tsquery('english', ?1) q
+             WHERE m.fts @@ q AND m.\"user\" = ?2 ORDER BY score, m.id DESC LIMIT ?3",
+        )?;
+        let rows = stmt.query_map(params![query, user, limit as i64], |r| {
+            Ok(Scored { item: row(r)?, score: r.get(6)? })
+        })?;
+        return Ok(rows.collect::<Result<_, _>>()?);
+    }
     let Some(plan) = crate::search::plan_in(
         c,
         "memories_fts",
         "memories_vocab",
         Some("{text tags}"),
         Some(crate::search::Scope {
-            join: "JOIN memories m ON m.id = memories_fts.rowid AND m.user = ?3",
+            join: "JOIN memories m ON m.id = memories_fts.rowid AND m.\"user\" = ?3",
             owner: user,
         }),
         terms,
@@ -216,10 +230,10 @@ pub fn recall_in<S: AsRef<str>>(
         return Ok(Vec::new());
     };
     let mut stmt = c.prepare_cached(
-        "SELECT m.id, m.user, m.text, m.tags, m.at_ms, m.session_id,
+        "SELECT m.id, m.\"user\", m.text, m.tags, m.at_ms, m.session_id,
                 bm25(memories_fts, 0.0, 1.0, 2.0) AS score
          FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid
-         WHERE memories_fts MATCH ?1 AND memories_fts.rowid >= ?4 AND m.user = ?2
+         WHERE memories_fts MATCH ?1 AND memories_fts.rowid >= ?4 AND m.\"user\" = ?2
          ORDER BY score LIMIT ?3",
     )?;
     let rows = stmt.query_map(params![plan.query, user, limit as i64, plan.min_rowid], |r| {

@@ -3,7 +3,7 @@
 //! recorded (exactly one wins). How a unit is consumed by the call it binds is the open
 //! step's business (`steps.rs`).
 
-use rusqlite::{Connection, params};
+use crate::sql::{Connection, params};
 use serde::Serialize;
 
 use crate::ids::{CallId, SessionId, UnitId};
@@ -155,7 +155,7 @@ impl DecideError {
     }
 }
 
-fn unit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(ApprovalUnit, String)> {
+fn unit_row(r: &crate::sql::Row<'_>) -> crate::sql::Result<(ApprovalUnit, String)> {
     Ok((
         ApprovalUnit {
             id: r.get(0)?,
@@ -191,7 +191,7 @@ pub(super) const UNIT_COLUMNS: &str = "id, session_id, step, call_id, result_id,
 pub(super) fn units_where(
     c: &Connection,
     filter: &str,
-    args: &[&dyn rusqlite::ToSql],
+    args: &[&dyn crate::sql::ToSql],
 ) -> Result<Vec<ApprovalUnit>, StoreError> {
     let sql =
         format!("SELECT {UNIT_COLUMNS} FROM approvals WHERE {filter} ORDER BY created_at, id");

@@ -1,13 +1,13 @@
 //! Content-addressed text (`blobs`): request parts and the exact requests of supporting calls
 //! (task understanding, the Orchestrator), stored once by SHA-256.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::sql::{Connection, OptionalExtension, params};
 
 use crate::store::StoreError;
 
 /// Stores `text` under `sha256` (once).
 pub fn put_in(c: &Connection, sha256: &str, text: &str) -> Result<(), StoreError> {
-    c.prepare_cached("INSERT OR IGNORE INTO blobs (hash, body) VALUES (?1, ?2)")?
+    c.prepare_cached("INSERT INTO blobs (hash, body) VALUES (?1, ?2) ON CONFLICT DO NOTHING")?
         .execute(params![sha256, text])?;
     Ok(())
 }

@@ -6,7 +6,7 @@
 //! (`workgroup.rs`). The journal writer ([`super::facts::put_journal`]) writes the call's row
 //! only; [`record_in`] is what every commit of a call's row goes through.
 
-use rusqlite::Connection;
+use crate::sql::Connection;
 
 use super::JournalEntry;
 use crate::store::StoreError;

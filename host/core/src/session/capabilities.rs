@@ -7,7 +7,7 @@
 //! skill to its content's), and never touches goals, model or identity. [`unload_in`] is the
 //! explicit removal path (`keel session unload`).
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::sql::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 use crate::memory::Memory;
@@ -299,9 +299,9 @@ fn insert(
     call_id: Option<&str>,
 ) -> Result<(), StoreError> {
     c.prepare_cached(
-        "INSERT OR IGNORE INTO session_capabilities
+        "INSERT INTO session_capabilities
              (session_id, kind, name, via, turn, at_ms, digest, call_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING",
     )?
     .execute(params![id, kind, name, via, turn, at_ms, digest, call_id])?;
     Ok(())

@@ -3,7 +3,7 @@
 //! works for and who owns it. Written once, by the creation transaction ([`super::create_in`]);
 //! read here.
 
-use rusqlite::{Connection, OptionalExtension};
+use crate::sql::{Connection, OptionalExtension};
 use serde::Serialize;
 
 use crate::grant::DirId;
@@ -48,7 +48,7 @@ impl SessionConfig {
 pub fn config_in(c: &Connection, id: &str) -> Result<SessionConfig, StoreError> {
     let ((policy, budget, model, system), (guards, user, owner, net, preprocess)) = c
         .prepare_cached(
-            "SELECT policy, budget, model, system_prompt, guards, user, owner, net, preprocess
+            "SELECT policy, budget, model, system_prompt, guards, \"user\", owner, net, preprocess
              FROM session_config WHERE session_id=?1",
         )?
         .query_row([id], |r| {

@@ -3,7 +3,7 @@
 //! how each tool arrived.
 
 use crate::ids::SessionId;
-use rusqlite::{Connection, params};
+use crate::sql::{Connection, params};
 
 use super::*;
 
@@ -84,7 +84,7 @@ pub fn create_in(c: &Connection, id: &str, new: &NewSession) -> Result<(), Store
         params![id, now_ms()],
     )?;
     c.execute(
-        "INSERT INTO session_config (session_id, loaded_tools, policy, budget, model, system_prompt, guards, preprocess, user, owner, net, tool_pins)
+        "INSERT INTO session_config (session_id, loaded_tools, policy, budget, model, system_prompt, guards, preprocess, \"user\", owner, net, tool_pins)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
         params![
             id,

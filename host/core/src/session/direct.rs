@@ -6,7 +6,7 @@
 //! rows by the same rule as a step's.
 
 use crate::ids::SessionId;
-use rusqlite::{Connection, params};
+use crate::sql::{Connection, params};
 
 /// How a direct call's id begins (`direct-` and 12 hex characters).
 pub const DIRECT_CALL_PREFIX: &str = "direct-";
@@ -103,7 +103,7 @@ impl SessionEngine {
         entry: JournalEntry,
     ) -> Result<i64, StoreError> {
         let id = id.clone();
-        self.db().run(move |c| begin_in(c, &id, &entry)).await
+        self.write(id.clone(), move |c| begin_in(c, &id, &entry)).await
     }
 
     /// Stops a direct call to ask a person: its row `waiting` with the approval unit, the
@@ -116,20 +116,19 @@ impl SessionEngine {
         unit: ApprovalUnit,
     ) -> Result<(), StoreError> {
         let id = id.clone();
-        self.db()
-            .run(move |c| {
-                steps::wait_in(
-                    c,
-                    &id,
-                    &WaitCommit {
-                        step,
-                        entries: vec![entry],
-                        new_units: vec![unit],
-                        invalidate: vec![],
-                    },
-                )
-            })
-            .await
+        self.write(id.clone(), move |c| {
+            steps::wait_in(
+                c,
+                &id,
+                &WaitCommit {
+                    step,
+                    entries: vec![entry],
+                    new_units: vec![unit],
+                    invalidate: vec![],
+                },
+            )
+        })
+        .await
     }
 
     /// Records that a client reached session `id` from outside (an MCP client).
@@ -144,7 +143,7 @@ impl SessionEngine {
         let id = id.clone();
         let event =
             super::events::SessionEvent::ClientConnected { client, version, protocol, transport };
-        self.db().run(move |c| super::events::append(c, &id, &event).map(|_| ())).await
+        self.write(id.clone(), move |c| super::events::append(c, &id, &event).map(|_| ())).await
     }
 
     /// Finishes a direct call: its row and the `idle` state, in one transaction.
@@ -155,6 +154,6 @@ impl SessionEngine {
         entry: JournalEntry,
     ) -> Result<(), StoreError> {
         let id = id.clone();
-        self.db().run(move |c| finish_in(c, &id, step, &entry)).await
+        self.write(id.clone(), move |c| finish_in(c, &id, step, &entry)).await
     }
 }

@@ -8,7 +8,7 @@
 //! ([`SessionEngine::follow`](super::SessionEngine::follow)): one indexed read of the rows
 //! after the last one seen, every poll interval.
 
-use rusqlite::{Connection, params};
+use crate::sql::{Connection, params};
 use serde::{Deserialize, Serialize};
 
 use crate::model::Usage;
@@ -303,16 +303,26 @@ fn one_line(text: &str, max: usize) -> String {
 
 /// Appends `event` to session `id`'s events, in the caller's transaction; returns its
 /// sequence number.
+///
+/// The event records the fencing token of the session's lease at the time (`fence`: never
+/// smaller than an earlier event's), and on PostgreSQL wakes the followers of the session
+/// (`NOTIFY keel_events`, delivered when the transaction commits; only a hint — they read the
+/// table by sequence number).
 pub fn append(c: &Connection, id: &str, event: &SessionEvent) -> Result<i64, StoreError> {
+    super::facts::lock_in(c, id)?;
     let seq: i64 = c
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM session_events WHERE session_id=?1")?
         .query_row([id], |r| r.get(0))?;
     let body = serde_json::to_string(event)
         .map_err(|e| StoreError::Corrupt(format!("an event cannot be encoded: {e}")))?;
     c.prepare_cached(
-        "INSERT INTO session_events (session_id, seq, at_ms, kind, body) VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO session_events (session_id, seq, at_ms, kind, body, fence)
+         VALUES (?1, ?2, ?3, ?4, ?5, (SELECT fence FROM runner_leases WHERE session_id=?1))",
     )?
     .execute(params![id, seq, now_ms(), event.kind(), body])?;
+    if c.backend() == crate::sql::Backend::Postgres {
+        c.prepare_cached("SELECT pg_notify('keel_events', ?1)")?.query_row([id], |_| Ok(()))?;
+    }
     Ok(seq)
 }
 

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::sql::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 use crate::store::{StoreError, now_ms};
@@ -105,6 +105,19 @@ pub(super) fn parse<T: serde::de::DeserializeOwned>(
 ) -> Result<T, StoreError> {
     serde_json::from_str(text)
         .map_err(|e| StoreError::Corrupt(format!("stored {what} is unreadable: {e}")))
+}
+
+/// Locks session `id`'s row for the rest of the caller's transaction (PostgreSQL's
+/// `FOR UPDATE`): writes of one session from several hosts take their turn, so each numbers
+/// its rows (events, messages, inputs …) after the last committed one. SQLite's store has one
+/// writer, which already orders them; there this does nothing. Taken before any lease row.
+pub fn lock_in(c: &Connection, id: &str) -> Result<(), StoreError> {
+    if c.backend() == crate::sql::Backend::Postgres {
+        c.prepare_cached("SELECT 1 FROM sessions WHERE id=?1 FOR UPDATE")?
+            .query_row([id], |_| Ok(()))
+            .optional()?;
+    }
+    Ok(())
 }
 
 pub fn load_meta(c: &Connection, id: &str) -> Result<SessionMeta, StoreError> {
@@ -244,6 +257,7 @@ pub fn append_messages<'a>(
     turn: i64,
     messages: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> Result<i64, StoreError> {
+    lock_in(c, id)?;
     let mut seq: i64 = c
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id=?1")?
         .query_row([id], |r| r.get(0))?;
@@ -396,7 +410,7 @@ pub fn put_journal(
 /// A journal entry from the columns `call_id, position, tool, input, component_digest, effect,
 /// status, result, error_kind, changes, duration_ms, idempotent, approval_id, net` starting at
 /// `at`.
-pub fn journal_row(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<JournalEntry> {
+pub fn journal_row(r: &crate::sql::Row<'_>, at: usize) -> crate::sql::Result<JournalEntry> {
     Ok(JournalEntry {
         call_id: r.get(at)?,
         position: r.get(at + 1)?,

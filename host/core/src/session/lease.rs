@@ -4,27 +4,126 @@
 //! releases it in its own transaction when Brain asked for that. This module reads no other
 //! table.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, params};
-
+use crate::sql::{Backend, Connection, OptionalExtension, params};
 use crate::store::{StoreError, now_ms};
 
-/// A lease not renewed for this long is considered abandoned (its process died).
+/// A lease not renewed for this long is considered abandoned (its process died), unless
+/// `KEEL_LEASE_TTL_MS` says otherwise ([`lease_ttl`]).
 pub const LEASE_TTL: Duration = Duration::from_secs(15);
+
+/// The lease TTL in force: `KEEL_LEASE_TTL_MS` (at least 300 ms), else [`LEASE_TTL`]. A
+/// shorter TTL lets another host take over a dead one's sessions sooner, at the cost of more
+/// frequent heartbeats (every third of the TTL) and of a paused process losing its sessions
+/// sooner. Read once per process; every host of one store should use the same value.
+pub fn lease_ttl() -> Duration {
+    static TTL: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *TTL.get_or_init(|| {
+        std::env::var("KEEL_LEASE_TTL_MS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|ms| Duration::from_millis(ms.max(300)))
+            .unwrap_or(LEASE_TTL)
+    })
+}
+
+/// How often a runner renews its lease: a third of the TTL, so two renewals may be lost
+/// before the lease expires.
+pub fn heartbeat_every() -> Duration {
+    lease_ttl() / 3
+}
+
+/// A lease as held: its holder and the fencing token its acquisition was given. Every write a
+/// runner makes to its session's state checks the token against the lease row in the same
+/// transaction; a newer acquisition (by another runner, after this one stopped renewing) has a
+/// greater token, and the stale runner's writes are refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub owner: Arc<str>,
+    pub token: i64,
+}
+
+/// The fences this process's runners hold, by session. One per SessionEngine: a runner
+/// registers its fence when it takes a lease and removes it when it gives the lease up.
+#[derive(Debug, Default)]
+pub(crate) struct Fences {
+    held: Mutex<HashMap<String, Fence>>,
+}
+
+impl Fences {
+    pub(crate) fn hold(&self, id: &str, fence: Fence) {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).insert(id.to_string(), fence);
+    }
+
+    pub(crate) fn drop_held(&self, id: &str, owner: &str) {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.get(id).is_some_and(|f| &*f.owner == owner) {
+            held.remove(id);
+        }
+    }
+
+    pub(crate) fn of(&self, id: &str) -> Option<Fence> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).get(id).cloned()
+    }
+}
+
+/// The time by the database's clock, in milliseconds since the Unix epoch: lease expiry is
+/// judged by one clock for every host (PostgreSQL's; SQLite's store has one host).
+pub(crate) fn db_now_in(c: &Connection) -> Result<i64, StoreError> {
+    match c.backend() {
+        Backend::Sqlite => Ok(now_ms()),
+        Backend::Postgres => Ok(c
+            .prepare_cached("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")?
+            .query_row([], |r| r.get(0))?),
+    }
+}
 
 /// The holder of `id`'s lease and its last heartbeat, if any.
 pub(crate) fn holder_in(c: &Connection, id: &str) -> Result<Option<(String, i64)>, StoreError> {
-    Ok(c.prepare_cached("SELECT owner, heartbeat_ms FROM runner_leases WHERE session_id=?1")?
-        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?)
+    Ok(c.prepare_cached(
+        "SELECT owner, heartbeat_ms FROM runner_leases WHERE session_id=?1 AND owner <> ''",
+    )?
+    .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
+    .optional()?)
 }
 
-/// Every lease: session, holder, last heartbeat.
+/// Every held lease: session, holder, last heartbeat.
 pub(crate) fn all_in(c: &Connection) -> Result<Vec<(String, String, i64)>, StoreError> {
-    Ok(c.prepare("SELECT session_id, owner, heartbeat_ms FROM runner_leases")?
+    Ok(c.prepare("SELECT session_id, owner, heartbeat_ms FROM runner_leases WHERE owner <> ''")?
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<Result<_, _>>()?)
+}
+
+/// What recovery may look at: the held leases it locked, and the sessions whose lease row
+/// another transaction has locked (a host taking or checking that lease right now), which it
+/// must leave alone. On PostgreSQL the rows are locked `FOR UPDATE SKIP LOCKED`, so several
+/// hosts recovering at once each claim different sessions and none waits for another; SQLite's
+/// one writer sees no locked row.
+pub(crate) fn for_recovery_in(
+    c: &Connection,
+) -> Result<(Vec<(String, String, i64)>, std::collections::HashSet<String>), StoreError> {
+    if c.backend() == Backend::Sqlite {
+        return Ok((all_in(c)?, Default::default()));
+    }
+    let locked: Vec<(String, String, i64)> = c
+        .prepare_cached(
+            "SELECT session_id, owner, heartbeat_ms FROM runner_leases FOR UPDATE SKIP LOCKED",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<Result<_, _>>()?;
+    let mine: std::collections::HashSet<&str> = locked.iter().map(|l| l.0.as_str()).collect();
+    let busy = c
+        .prepare_cached("SELECT session_id FROM runner_leases")?
+        .query_map([], |r| r.get::<_, String>(0))?
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .filter(|id| !mine.contains(id.as_str()))
+        .collect();
+    let held = locked.into_iter().filter(|l| !l.1.is_empty()).collect();
+    Ok((held, busy))
 }
 
 /// Whether `owner` holds `id`'s lease.
@@ -35,43 +134,103 @@ pub(crate) fn holds_in(c: &Connection, id: &str, owner: &str) -> Result<bool, St
     .query_row(params![id, owner], |r| r.get(0))?)
 }
 
-/// Drops `id`'s lease, whoever holds it (its holder is gone).
+/// Drops `id`'s lease, whoever holds it (its holder is gone), and moves its token on: a
+/// holder that was only paused finds its token stale. The row stays, so the next
+/// acquisition's token is greater than every earlier one.
 pub(crate) fn drop_in(c: &Connection, id: &str) -> Result<(), StoreError> {
-    c.prepare_cached("DELETE FROM runner_leases WHERE session_id=?1")?.execute([id])?;
+    c.prepare_cached("UPDATE runner_leases SET owner='', fence=fence+1 WHERE session_id=?1")?
+        .execute([id])?;
     Ok(())
 }
 
-/// Renews `owner`'s lease of `id`.
-pub(crate) fn heartbeat_in(c: &Connection, id: &str, owner: &str) -> Result<(), StoreError> {
-    c.prepare_cached("UPDATE runner_leases SET heartbeat_ms=?3 WHERE session_id=?1 AND owner=?2")?
-        .execute(params![id, owner, now_ms()])?;
-    Ok(())
+/// Renews `owner`'s lease of `id`; false when `owner` no longer holds it (another runner took
+/// it after this one stopped renewing: this runner must stop).
+pub(crate) fn heartbeat_in(c: &Connection, id: &str, owner: &str) -> Result<bool, StoreError> {
+    let now = db_now_in(c)?;
+    Ok(c.prepare_cached(
+        "UPDATE runner_leases SET heartbeat_ms=?3 WHERE session_id=?1 AND owner=?2",
+    )?
+    .execute(params![id, owner, now])?
+        == 1)
 }
 
 /// Releases `owner`'s lease of `id`. The caller has checked that no input waits (a runner
 /// keeps its lease while the inbox has work).
 pub fn release_in(c: &Connection, id: &str, owner: &str) -> Result<(), StoreError> {
-    c.prepare_cached("DELETE FROM runner_leases WHERE session_id=?1 AND owner=?2")?
+    c.prepare_cached("UPDATE runner_leases SET owner='' WHERE session_id=?1 AND owner=?2")?
         .execute(params![id, owner])?;
     Ok(())
 }
 
-/// Takes the runner lease of `id` for `owner` if it is free, abandoned, or already theirs.
-pub(crate) fn acquire_in(c: &Connection, id: &str, owner: &str) -> Result<bool, StoreError> {
-    let now = now_ms();
-    let free = match holder_in(c, id)? {
-        None => true,
-        Some((o, _)) if o == owner => true,
-        Some((o, beat)) => !lease_live(&o, beat, now),
+/// Takes the runner lease of `id` for `owner` if it is free, abandoned, or already theirs;
+/// the fencing token it holds it with. A new holder's token is one more than the last (a
+/// holder taking its own lease again keeps its token). On PostgreSQL the lease row is locked
+/// first, so two hosts deciding at once decide one after the other.
+pub(crate) fn acquire_in(c: &Connection, id: &str, owner: &str) -> Result<Option<i64>, StoreError> {
+    let now = db_now_in(c)?;
+    let current: Option<(String, i64)> = match c.backend() {
+        Backend::Sqlite => c
+            .prepare_cached("SELECT owner, heartbeat_ms FROM runner_leases WHERE session_id=?1")?
+            .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?,
+        Backend::Postgres => {
+            c.prepare_cached(
+                "INSERT INTO runner_leases (session_id, owner, heartbeat_ms, fence)
+                 VALUES (?1, '', 0, 0) ON CONFLICT DO NOTHING",
+            )?
+            .execute([id])?;
+            c.prepare_cached(
+                "SELECT owner, heartbeat_ms FROM runner_leases WHERE session_id=?1 FOR UPDATE",
+            )?
+            .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?
+        }
     };
-    if free {
-        c.prepare_cached(
-            "INSERT INTO runner_leases (session_id, owner, heartbeat_ms) VALUES (?1, ?2, ?3)
-             ON CONFLICT (session_id) DO UPDATE SET owner=excluded.owner, heartbeat_ms=excluded.heartbeat_ms",
-        )?
-        .execute(params![id, owner, now])?;
+    let free = match &current {
+        None => true,
+        Some((o, _)) if o.is_empty() || o == owner => true,
+        Some((o, beat)) => !lease_live(o, *beat, now),
+    };
+    if !free {
+        return Ok(None);
     }
-    Ok(free)
+    let token = c
+        .prepare_cached(
+            "INSERT INTO runner_leases (session_id, owner, heartbeat_ms, fence) VALUES (?1, ?2, ?3, 1)
+             ON CONFLICT (session_id) DO UPDATE SET owner=excluded.owner,
+                 heartbeat_ms=excluded.heartbeat_ms,
+                 fence = CASE WHEN runner_leases.owner = excluded.owner THEN runner_leases.fence
+                              ELSE runner_leases.fence + 1 END
+             RETURNING fence",
+        )?
+        .query_row(params![id, owner, now], |r| r.get(0))?;
+    Ok(Some(token))
+}
+
+/// Refuses the write it runs in unless `fence` is still the lease of `id`: the lease row is
+/// read under a lock that conflicts with an acquisition's update (PostgreSQL's `FOR SHARE`;
+/// `FOR KEY SHARE` would not conflict with an update of the token and would let a stale write
+/// through), so no acquisition can commit between this check and the write's commit.
+pub(crate) fn check_fence_in(c: &Connection, id: &str, fence: &Fence) -> Result<(), StoreError> {
+    let sql = match c.backend() {
+        Backend::Sqlite => "SELECT owner, fence FROM runner_leases WHERE session_id=?1",
+        Backend::Postgres => "SELECT owner, fence FROM runner_leases WHERE session_id=?1 FOR SHARE",
+    };
+    let row: Option<(String, i64)> =
+        c.prepare_cached(sql)?.query_row([id], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
+    match row {
+        Some((owner, token)) if owner == *fence.owner && token == fence.token => Ok(()),
+        Some((owner, token)) => Err(StoreError::Fenced(format!(
+            "session {id}: this runner's lease (token {}) was taken over{} (token {token}); \
+             it stops without writing",
+            fence.token,
+            if owner.is_empty() { String::new() } else { format!(" by {owner}") },
+        ))),
+        None => Err(StoreError::Fenced(format!(
+            "session {id}: this runner holds no lease (token {}); it stops without writing",
+            fence.token
+        ))),
+    }
 }
 
 /// A runner's identity: `host/pid/start/nonce`. On the same host, a lease whose process is gone
@@ -85,10 +244,24 @@ pub(crate) struct RunnerId {
     nonce: String,
 }
 
+/// This host's name in runner ids: `KEEL_HOST_ID`, else the kernel's host name. Hosts that
+/// share a store must have different names (containers given one host name each need
+/// `KEEL_HOST_ID`): a lease held on this host is judged by its process being alive, a lease
+/// held elsewhere by its heartbeat.
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "unknown-host".into())
+    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| {
+        std::env::var("KEEL_HOST_ID")
+            .ok()
+            .map(|h| h.trim().replace('/', "_"))
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_string())
+                    .unwrap_or_else(|_| "unknown-host".into())
+            })
+    })
+    .clone()
 }
 
 /// The start time of process `pid` (clock ticks since boot), where the system tells it.
@@ -137,7 +310,7 @@ pub(crate) fn lease_live(holder: &str, beat: i64, now: i64) -> bool {
         }
         return process_start(h.pid) == Some(h.start);
     }
-    now - beat <= LEASE_TTL.as_millis() as i64
+    now - beat <= lease_ttl().as_millis() as i64
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ pub mod workgroup;
 
 use std::sync::Arc;
 
-use rusqlite::Connection;
+use crate::sql::Connection;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{CallId, SessionId, UnitId};
@@ -150,17 +150,44 @@ pub struct JournalEntry {
 #[derive(Clone)]
 pub struct SessionEngine {
     db: Db,
+    fences: Arc<lease::Fences>,
     assembly: Arc<assemble::AssemblyCache>,
     stored: Arc<assemble::StoredParts>,
 }
 
 impl SessionEngine {
     pub fn new(db: Db) -> Self {
-        Self { db, assembly: Arc::default(), stored: Arc::default() }
+        Self { db, fences: Arc::default(), assembly: Arc::default(), stored: Arc::default() }
     }
 
     pub fn db(&self) -> &Db {
         &self.db
+    }
+
+    /// The fencing tokens of the leases this process's runners hold.
+    pub(crate) fn fences(&self) -> &lease::Fences {
+        &self.fences
+    }
+
+    /// Runs `op`, a write of session `id`'s state, as one atomic operation. When a runner of
+    /// this process holds the session's lease, the write first locks the session and checks
+    /// the lease's fencing token in the same transaction: a runner whose lease was taken over
+    /// gets [`StoreError::Fenced`] and nothing is written.
+    pub(crate) async fn write<R, F>(&self, id: SessionId, op: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        let fence = self.fences.of(id.as_str());
+        self.db
+            .run(move |c| {
+                if let Some(fence) = &fence {
+                    facts::lock_in(c, &id)?;
+                    lease::check_fence_in(c, &id, fence)?;
+                }
+                op(c)
+            })
+            .await
     }
 
     /// The session's meta facts, read inside a caller's transaction.
@@ -212,7 +239,7 @@ impl SessionEngine {
         upgrade: bool,
     ) -> Result<Vec<(String, Option<String>, String)>, StoreError> {
         let id = id.clone();
-        self.db.run(move |c| capabilities::pin_in(c, &id, pins, upgrade)).await
+        self.write(id.clone(), move |c| capabilities::pin_in(c, &id, pins, upgrade)).await
     }
 
     /// Adds tools to the session's loaded set (add-only, pinned): an admin's addition through
@@ -242,9 +269,10 @@ impl SessionEngine {
         recalled: Option<orchestration::RecallRecord>,
     ) -> Result<Option<transition::Transition>, StoreError> {
         let id = id.clone();
-        self.db
-            .run(move |c| transition::commit_in(c, &id, turn, &understood, recalled.as_ref()))
-            .await
+        self.write(id.clone(), move |c| {
+            transition::commit_in(c, &id, turn, &understood, recalled.as_ref())
+        })
+        .await
     }
 
     /// The active turn's transition when its capability preparation has not finished (see
@@ -266,15 +294,14 @@ impl SessionEngine {
         finish: Option<orchestration::OrchestratorCall>,
     ) -> Result<(), StoreError> {
         let id = id.clone();
-        self.db
-            .run(move |c| {
-                orchestration::record_recall_in(c, &id, &record)?;
-                if let Some(call) = &finish {
-                    orchestration::finish_in(c, &id, record.turn, call)?;
-                }
-                Ok(())
-            })
-            .await
+        self.write(id.clone(), move |c| {
+            orchestration::record_recall_in(c, &id, &record)?;
+            if let Some(call) = &finish {
+                orchestration::finish_in(c, &id, record.turn, call)?;
+            }
+            Ok(())
+        })
+        .await
     }
 
     /// Finishes turn `turn`'s orchestration: adds what was selected and applies the
@@ -286,7 +313,7 @@ impl SessionEngine {
         call: orchestration::OrchestratorCall,
     ) -> Result<capabilities::Added, StoreError> {
         let id = id.clone();
-        self.db.run(move |c| orchestration::finish_in(c, &id, turn, &call)).await
+        self.write(id.clone(), move |c| orchestration::finish_in(c, &id, turn, &call)).await
     }
 
     /// AddSelectedCapabilities outside a turn (an admin's addition): add-only, pinned.
@@ -297,7 +324,8 @@ impl SessionEngine {
         via: capabilities::Via,
     ) -> Result<capabilities::Added, StoreError> {
         let id = id.clone();
-        self.db.run(move |c| capabilities::add_in(c, &id, &selection, via, None, None)).await
+        self.write(id.clone(), move |c| capabilities::add_in(c, &id, &selection, via, None, None))
+            .await
     }
 
     /// Unloads a tool or skill from session `id` (the explicit removal path).
@@ -308,7 +336,7 @@ impl SessionEngine {
         name: &str,
     ) -> Result<(), StoreError> {
         let (id, name) = (id.clone(), name.to_string());
-        self.db.run(move |c| capabilities::unload_in(c, &id, kind, &name)).await
+        self.write(id.clone(), move |c| capabilities::unload_in(c, &id, kind, &name)).await
     }
 
     /// The session's capabilities and how each arrived, and its orchestrations.
@@ -433,16 +461,15 @@ impl SessionEngine {
         tokens: Option<i64>,
     ) -> Result<Option<compaction::Frozen>, StoreError> {
         let id = id.clone();
-        self.db
-            .run(move |c| {
-                compaction::settle_in(c, &id)?;
-                let frozen = compaction::freeze_in(c, &id, trigger, aim)?;
-                if let Some(f) = &frozen {
-                    compaction::begin_in(c, &id, f, tokens)?;
-                }
-                Ok(frozen)
-            })
-            .await
+        self.write(id.clone(), move |c| {
+            compaction::settle_in(c, &id)?;
+            let frozen = compaction::freeze_in(c, &id, trigger, aim)?;
+            if let Some(f) = &frozen {
+                compaction::begin_in(c, &id, f, tokens)?;
+            }
+            Ok(frozen)
+        })
+        .await
     }
 
     /// Commits the checkpoint of a compaction (step 1, see [`compaction::prepare_in`]).
@@ -455,9 +482,10 @@ impl SessionEngine {
         state_after: RuntimeState,
     ) -> Result<i64, StoreError> {
         let id = id.clone();
-        self.db
-            .run(move |c| compaction::prepare_in(c, &id, &frozen, &call, tokens, state_after))
-            .await
+        self.write(id.clone(), move |c| {
+            compaction::prepare_in(c, &id, &frozen, &call, tokens, state_after)
+        })
+        .await
     }
 
     /// Promotes checkpoint `seq` (step 2, see [`compaction::promote_in`]).
@@ -469,7 +497,8 @@ impl SessionEngine {
         ms: f64,
     ) -> Result<compaction::Promotion, StoreError> {
         let id = id.clone();
-        self.db.run(move |c| compaction::promote_in(c, &id, seq, Some(state_after), ms)).await
+        self.write(id.clone(), move |c| compaction::promote_in(c, &id, seq, Some(state_after), ms))
+            .await
     }
 
     /// The session's checkpoints, oldest first.

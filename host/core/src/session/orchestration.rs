@@ -2,7 +2,7 @@
 //! the Orchestrator was asked and answered, what was added (through
 //! [`super::capabilities::add_in`]), and the exact request of its call.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::sql::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 use crate::memory::Memory;
@@ -195,11 +195,9 @@ const ORCHESTRATION: &str = "SELECT turn, at_ms, mode, candidates, memories, rec
     recall_ms, body_sha256, body_bytes, reply, selected, dropped, error, duration_ms, attempts,
     done FROM orchestrations";
 
-fn orchestration(r: &rusqlite::Row<'_>) -> rusqlite::Result<Orchestration> {
-    fn json<T: serde::de::DeserializeOwned>(i: usize, t: String) -> rusqlite::Result<T> {
-        serde_json::from_str(&t).map_err(|e| {
-            rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
-        })
+fn orchestration(r: &crate::sql::Row<'_>) -> crate::sql::Result<Orchestration> {
+    fn json<T: serde::de::DeserializeOwned>(i: usize, t: String) -> crate::sql::Result<T> {
+        serde_json::from_str(&t).map_err(|e| crate::sql::Error::conversion(i, e))
     }
     Ok(Orchestration {
         turn: r.get(0)?,

@@ -6,7 +6,7 @@
 //! per call, however often the result is written. `task_complete` closes the phase: the phase
 //! goal is cleared (it stays in the transition history) and its plan stops being shown.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::sql::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
 use crate::plan::{self, PlanRequest, PlanState, PlanStep};
@@ -77,6 +77,7 @@ pub fn apply_in(
             tracing::debug!(call = call_id, %why, "a plan change was skipped");
             continue;
         }
+        crate::session::facts::lock_in(c, id)?;
         let version: i64 = c
             .prepare_cached(
                 "SELECT COALESCE(MAX(version), 0) + 1 FROM plan_versions WHERE session_id=?1",

@@ -7,7 +7,7 @@
 //! ran). A later runner — after an approval, or after a crash — finishes the step from these
 //! facts alone.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::sql::{Connection, OptionalExtension, params};
 use serde::Serialize;
 use serde_json::json;
 
@@ -120,7 +120,7 @@ pub fn open_step_in(
     Ok(())
 }
 
-fn consumed_row(unit: &str, r: &rusqlite::Row<'_>) -> rusqlite::Result<ConsumedApproval> {
+fn consumed_row(unit: &str, r: &crate::sql::Row<'_>) -> crate::sql::Result<ConsumedApproval> {
     Ok(ConsumedApproval::new(unit.into(), r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
 }
 

@@ -2,7 +2,7 @@
 //! phase, and the phase's plan as it stands. Goals change only by a committed transition
 //! (`transition.rs`), the plan only by a new version (`plan.rs`); read here.
 
-use rusqlite::{Connection, OptionalExtension};
+use crate::sql::{Connection, OptionalExtension};
 use serde::Serialize;
 
 use crate::store::StoreError;

@@ -8,7 +8,7 @@
 //! resumes it makes the call again and commits it then. A second commit for one turn is a
 //! no-op, so an input is understood and applied once, whatever crashed.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::sql::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 use crate::store::{StoreError, now_ms};

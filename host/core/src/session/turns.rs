@@ -1,7 +1,7 @@
 //! A session's runtime: the inbox, turns (begin, resume, close), the state and the interrupt
 //! flag, and the commits of a step (its open step, progress, waits, its end).
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::sql::{Connection, OptionalExtension, params};
 
 use super::*;
 
@@ -112,6 +112,7 @@ fn inbox_in(
     if text.trim().is_empty() {
         return Err(StoreError::Input("an input must say something: this one is empty".into()));
     }
+    crate::session::facts::lock_in(c, id)?;
     let runtime = crate::session::facts::runtime_in(c, id)?;
     let seq: i64 = c
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM inbox WHERE session_id=?1")?
@@ -154,12 +155,13 @@ pub struct StepCommit {
     pub release_lease: Option<Arc<str>>,
 }
 
+/// Commits a step; whether it released the runner's lease.
 fn commit_step(
     c: &Connection,
     id: &str,
     s: &StepCommit,
     stored: &assemble::StoredParts,
-) -> Result<(), StoreError> {
+) -> Result<bool, StoreError> {
     if let Some(e) = &s.evidence {
         assemble::record_evidence(c, id, e, stored)?;
     }
@@ -189,12 +191,14 @@ fn commit_step(
     }
     let step = s.evidence.as_ref().map(|e| e.step);
     facts::set_state_after(c, id, s.state, s.detail.as_deref(), step)?;
+    let mut released = false;
     if let Some(owner) = &s.release_lease
         && s.state == RuntimeState::Idle
     {
         // The runner keeps its lease while inputs wait: it runs them next.
         if facts::pending_inputs(c, id)? == 0 {
             crate::session::lease::release_in(c, id, owner)?;
+            released = true;
         }
     }
     if s.state == RuntimeState::Running {
@@ -204,7 +208,7 @@ fn commit_step(
             &SessionEvent::ModelCallStarted { step: s.step + 1, resumed: false },
         )?;
     }
-    Ok(())
+    Ok(released)
 }
 
 impl SessionEngine {
@@ -220,7 +224,7 @@ impl SessionEngine {
     /// task understanding, commits the turn's transition. One transaction.
     pub async fn begin_turn(&self, id: &SessionId) -> Result<Option<TurnStart>, StoreError> {
         let id = id.clone();
-        self.db.run(move |c| begin_turn_in(c, &id)).await
+        self.write(id.clone(), move |c| begin_turn_in(c, &id)).await
     }
 
     /// Records that a runner took over turn `turn` of session `id` from one that stopped, and
@@ -233,23 +237,20 @@ impl SessionEngine {
         again: Again,
     ) -> Result<(), StoreError> {
         let id = id.clone();
-        self.db
-            .run(move |c| {
-                let event = match again {
-                    Again::Understanding => {
-                        SessionEvent::UnderstandingStarted { turn, resumed: true }
+        self.write(id.clone(), move |c| {
+            let event = match again {
+                Again::Understanding => SessionEvent::UnderstandingStarted { turn, resumed: true },
+                Again::ModelCall => {
+                    let runtime = crate::session::facts::runtime_in(c, &id)?;
+                    if runtime.state != RuntimeState::Running {
+                        facts::set_state(c, &id, RuntimeState::Running, None)?;
                     }
-                    Again::ModelCall => {
-                        let runtime = crate::session::facts::runtime_in(c, &id)?;
-                        if runtime.state != RuntimeState::Running {
-                            facts::set_state(c, &id, RuntimeState::Running, None)?;
-                        }
-                        SessionEvent::ModelCallStarted { step: runtime.steps + 1, resumed: true }
-                    }
-                };
-                events::append(c, &id, &event).map(|_| ())
-            })
-            .await
+                    SessionEvent::ModelCallStarted { step: runtime.steps + 1, resumed: true }
+                }
+            };
+            events::append(c, &id, &event).map(|_| ())
+        })
+        .await
     }
 
     /// Whether inputs are waiting in the inbox.
@@ -266,7 +267,7 @@ impl SessionEngine {
         detail: Option<String>,
     ) -> Result<(), StoreError> {
         let id = id.clone();
-        self.db.run(move |c| facts::set_state(c, &id, state, detail.as_deref())).await
+        self.write(id.clone(), move |c| facts::set_state(c, &id, state, detail.as_deref())).await
     }
 
     /// Records that the user asked to interrupt the session's running turn.
@@ -300,7 +301,12 @@ impl SessionEngine {
         let id = id.clone();
         let stored = self.stored.clone();
         let evidence = step.evidence.clone();
-        self.db.run(move |c| commit_step(c, &id, &step, &stored)).await?;
+        let owner = step.release_lease.clone();
+        let sid = id.clone();
+        let released = self.write(id.clone(), move |c| commit_step(c, &id, &step, &stored)).await?;
+        if released && let Some(owner) = owner {
+            self.fences.drop_held(sid.as_str(), &owner);
+        }
         if let Some(e) = &evidence {
             self.stored.committed(e);
         }
@@ -321,13 +327,12 @@ impl SessionEngine {
         let id = id.clone();
         let stored = self.stored.clone();
         let recorded = evidence.clone();
-        self.db
-            .run(move |c| {
-                assemble::record_evidence(c, &id, &evidence, &stored)?;
-                steps::open_step_in(c, &id, turn, evidence.step, &assistant, &entries)?;
-                facts::set_state_after(c, &id, RuntimeState::Running, None, Some(evidence.step))
-            })
-            .await?;
+        self.write(id.clone(), move |c| {
+            assemble::record_evidence(c, &id, &evidence, &stored)?;
+            steps::open_step_in(c, &id, turn, evidence.step, &assistant, &entries)?;
+            facts::set_state_after(c, &id, RuntimeState::Running, None, Some(evidence.step))
+        })
+        .await?;
         self.stored.committed(&recorded);
         Ok(())
     }
@@ -348,7 +353,10 @@ impl SessionEngine {
         consume: Option<UnitId>,
     ) -> Result<Option<ConsumedApproval>, StoreError> {
         let id = id.clone();
-        self.db.run(move |c| steps::progress_in(c, &id, step, &entries, consume.as_deref())).await
+        self.write(id.clone(), move |c| {
+            steps::progress_in(c, &id, step, &entries, consume.as_deref())
+        })
+        .await
     }
 
     /// The proof of the approval `unit` that call `call_id` of session `id` consumed before its
@@ -360,20 +368,20 @@ impl SessionEngine {
         call_id: &str,
     ) -> Result<Option<ConsumedApproval>, StoreError> {
         let (id, unit, call_id) = (id.clone(), unit.to_string(), call_id.to_string());
-        self.db.run(move |c| steps::consumed_by(c, &id, &unit, &call_id)).await
+        self.write(id.clone(), move |c| steps::consumed_by(c, &id, &unit, &call_id)).await
     }
 
     /// Persists the approval units of a blocked step and sets `waiting_approval`; the runner
     /// then exits.
     pub async fn commit_wait(&self, id: &SessionId, wait: WaitCommit) -> Result<(), StoreError> {
         let id = id.clone();
-        self.db.run(move |c| steps::wait_in(c, &id, &wait)).await
+        self.write(id.clone(), move |c| steps::wait_in(c, &id, &wait)).await
     }
 
     /// Closes the session's turn as interrupted (see [`close_turn_in`]).
     pub async fn close_turn(&self, id: &SessionId, why: &str) -> Result<usize, StoreError> {
         let (id, why) = (id.clone(), why.to_string());
-        self.db.run(move |c| close_turn_in(c, &id, &why)).await
+        self.write(id.clone(), move |c| close_turn_in(c, &id, &why)).await
     }
 
     /// Ends the turn of a request that did not come back as a reply: records the request as

@@ -1,7 +1,7 @@
 //! Read views of a session for people: `keel session list` and `keel session show` — built
 //! from the facts (meta, history, journal) and the approvals, owning none of them.
 
-use rusqlite::Connection;
+use crate::sql::Connection;
 use serde::Serialize;
 
 use crate::sandbox::Grant;

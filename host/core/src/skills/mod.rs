@@ -15,7 +15,7 @@
 
 use std::path::Path;
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::sql::{Backend, Connection, OptionalExtension, params};
 use serde::Serialize;
 
 use crate::digest::sha256_hex;
@@ -194,13 +194,14 @@ pub fn install_from_in(
         .collect();
     let tools: Vec<&str> = pkg.components.iter().map(|(n, _)| n.as_str()).collect();
     c.execute(
-        "INSERT OR IGNORE INTO skill_versions (digest, name, description, body, files, tools)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO skill_versions (digest, name, description, body, files, tools)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
         params![pkg.digest, pkg.name, pkg.description, pkg.body, json(&files)?, json(&tools)?],
     )?;
     for (p, b) in &pkg.files {
         c.execute(
-            "INSERT OR IGNORE INTO skill_files (digest, path, content) VALUES (?1, ?2, ?3)",
+            "INSERT INTO skill_files (digest, path, content) VALUES (?1, ?2, ?3)
+             ON CONFLICT DO NOTHING",
             params![pkg.digest, p, b],
         )?;
     }
@@ -233,17 +234,15 @@ fn json<T: Serialize + ?Sized>(v: &T) -> Result<String, StoreError> {
     serde_json::to_string(v).map_err(|e| StoreError::Input(e.to_string()))
 }
 
-fn parse_list<T: serde::de::DeserializeOwned>(text: &str) -> rusqlite::Result<T> {
-    serde_json::from_str(text).map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
-    })
+fn parse_list<T: serde::de::DeserializeOwned>(text: &str) -> crate::sql::Result<T> {
+    serde_json::from_str(text).map_err(|e| crate::sql::Error::conversion(0, e))
 }
 
 const RECORD: &str = "SELECT s.name, v.description, s.digest, s.source, s.installed_at,
     length(CAST(v.body AS BLOB)), v.files, v.tools, s.manifest_digest
     FROM skills s JOIN skill_versions v ON v.digest = s.digest";
 
-fn record(r: &rusqlite::Row<'_>) -> rusqlite::Result<SkillRecord> {
+fn record(r: &crate::sql::Row<'_>) -> crate::sql::Result<SkillRecord> {
     Ok(SkillRecord {
         name: r.get(0)?,
         description: r.get(1)?,
@@ -312,6 +311,24 @@ pub fn recall_in<S: AsRef<str>>(
     terms: &[S],
     limit: usize,
 ) -> Result<Vec<Scored<SkillRef>>, StoreError> {
+    if c.backend() == Backend::Postgres {
+        let Some(query) = crate::search::ts_query(terms) else {
+            return Ok(Vec::new());
+        };
+        let mut stmt = c.prepare_cached(
+            "SELECT s.name, v.description, s.digest, -ts_rank(v.fts, q) AS score
+             FROM skills s JOIN skill_versions v ON v.digest = s.digest,
+                  to_tsquery('english', ?1) q
+             WHERE v.fts @@ q ORDER BY score, s.name LIMIT ?2",
+        )?;
+        let rows = stmt.query_map(params![query, limit as i64], |r| {
+            Ok(Scored {
+                item: SkillRef { name: r.get(0)?, description: r.get(1)?, digest: r.get(2)? },
+                score: r.get(3)?,
+            })
+        })?;
+        return Ok(rows.collect::<Result<_, _>>()?);
+    }
     let Some(plan) = crate::search::plan_in(c, "skills_fts", "skills_vocab", None, None, terms)?
     else {
         return Ok(Vec::new());

@@ -653,4 +653,13 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[
         "ALTER TABLE components ADD COLUMN manifest_digest TEXT;
     ALTER TABLE skills ADD COLUMN manifest_digest TEXT;",
     ),
+    (
+        23,
+        "ALTER TABLE runner_leases ADD COLUMN fence INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE session_events ADD COLUMN fence INTEGER;",
+    ),
+    (
+        24,
+        "CREATE TABLE component_files (digest TEXT PRIMARY KEY, bytes BLOB NOT NULL);",
+    ),
 ];

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use rusqlite::{Connection, TransactionBehavior};
 
+use crate::sql;
+
 mod migrations;
 use migrations::MIGRATIONS;
 
@@ -32,10 +34,10 @@ pub enum StoreError {
     Open {
         path: String,
         #[source]
-        source: rusqlite::Error,
+        source: sql::Error,
     },
     #[error("database error: {0}")]
-    Sql(#[from] rusqlite::Error),
+    Sql(#[from] sql::Error),
     #[error("the database commit failed: {message}")]
     Commit { message: String },
     #[error("the database writer has stopped")]
@@ -52,6 +54,10 @@ pub enum StoreError {
     /// Stored data does not read back as keel wrote it (unreadable, or altered).
     #[error("{0}")]
     Corrupt(String),
+    /// A runner's write refused because its lease was taken over (its fencing token is
+    /// stale): the runner stops and never retries the write.
+    #[error("{0}")]
+    Fenced(String),
     /// A task of the store or of its caller failed (it panicked or could not start).
     #[error("{0}")]
     Task(String),
@@ -71,6 +77,7 @@ impl StoreError {
             Self::Conflict(_) => "conflict",
             Self::Input(_) => "input",
             Self::Corrupt(_) => "corrupt",
+            Self::Fenced(_) => "fenced",
             Self::Open { .. }
             | Self::Sql(_)
             | Self::Commit { .. }
@@ -93,9 +100,78 @@ impl StoreError {
     }
 }
 
+pub mod copy;
+mod listen;
+mod postgres;
+mod postgres_schema;
+
 mod writer;
 
 pub use writer::{Db, DbStats};
+
+/// Where a store is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// A SQLite file, committing as durably as `sync` says (the embedded default).
+    Sqlite { path: std::path::PathBuf, sync: Synchronous },
+    /// A PostgreSQL database (`postgres://…`), which several hosts may share.
+    Postgres { url: String },
+}
+
+impl Location {
+    /// The location as it may be shown (a URL without its password).
+    pub fn display(&self) -> String {
+        match self {
+            Self::Sqlite { path, .. } => path.display().to_string(),
+            Self::Postgres { url } => sql::pg::redact(url),
+        }
+    }
+}
+
+/// A connection to the store at `location` (migrated).
+pub fn connect(location: &Location) -> Result<sql::Connection, StoreError> {
+    match location {
+        Location::Sqlite { path, sync } => open_with(path, *sync),
+        Location::Postgres { url } => postgres::open(&sql::pg::config(url)?, url),
+    }
+}
+
+/// Tests only (`internals`): with `KEEL_TEST_POSTGRES` naming a PostgreSQL server (a
+/// `postgres://` URL without a database), every home gets a database of its own on it, made
+/// from the migrated template database `keel_template` when first used — so the whole suite
+/// runs against PostgreSQL unchanged.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub fn per_home_test_database(home: &Path) -> Result<Option<String>, StoreError> {
+    let Some(server) = std::env::var("KEEL_TEST_POSTGRES").ok().filter(|s| !s.is_empty()) else {
+        return Ok(None);
+    };
+    let digest = crate::digest::sha256_hex(home.to_string_lossy().as_bytes());
+    let name = format!("keel_{}", &digest[..16]);
+    let base = server.trim_end_matches('/');
+    let admin = sql::pg::PgConn::connect(&sql::pg::config(&format!("{base}/postgres"))?)?;
+    let admin = sql::Connection::postgres(admin);
+    let exists = admin.prepare("SELECT 1 FROM pg_database WHERE datname = ?1")?.exists([&name])?;
+    if !exists {
+        // Two processes of one test may race to create it: the loser finds it made.
+        if let Err(e) =
+            admin.execute_batch(&format!("CREATE DATABASE {name} TEMPLATE keel_template"))
+        {
+            let made =
+                admin.prepare("SELECT 1 FROM pg_database WHERE datname = ?1")?.exists([&name])?;
+            if !made {
+                return Err(e.into());
+            }
+        }
+    }
+    Ok(Some(format!("{base}/{name}")))
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        Self::Sql(sql::Error::Sqlite(e))
+    }
+}
 
 /// A value as the JSON text of a column.
 pub fn json<T: serde::Serialize>(v: &T) -> Result<String, StoreError> {
@@ -156,7 +232,7 @@ impl std::str::FromStr for Synchronous {
 
 /// Opens (creating if needed) the database at `path` and brings its schema up to date, with
 /// every commit synced (`synchronous=FULL`).
-pub fn open(path: &Path) -> Result<Connection, StoreError> {
+pub fn open(path: &Path) -> Result<sql::Connection, StoreError> {
     open_with(path, Synchronous::Full)
 }
 
@@ -166,8 +242,15 @@ pub fn open(path: &Path) -> Result<Connection, StoreError> {
 /// the directory the first time every process syncs the WAL). The directory entries that
 /// matter are the database's and its WAL's; when either file is new, this syncs the directory
 /// once, before any business commit, unless nothing is synced at all (`synchronous=off`).
-pub fn open_with(path: &Path, sync: Synchronous) -> Result<Connection, StoreError> {
-    let open_err = |source| StoreError::Open { path: path.display().to_string(), source };
+pub fn open_with(path: &Path, sync: Synchronous) -> Result<sql::Connection, StoreError> {
+    open_sqlite(path, sync).map(sql::Connection::from)
+}
+
+fn open_sqlite(path: &Path, sync: Synchronous) -> Result<Connection, StoreError> {
+    let open_err = |source: rusqlite::Error| StoreError::Open {
+        path: path.display().to_string(),
+        source: source.into(),
+    };
     let new_files = !path.exists() || !wal_path(path).exists();
     if !path.exists() {
         // Created private: SQLite gives the WAL and shared-memory files the database's mode.
@@ -222,8 +305,10 @@ pub(crate) fn tune(conn: &Connection) -> rusqlite::Result<()> {
 /// database written by an older keel looks (for upgrade tests).
 #[doc(hidden)]
 pub fn open_at_version(path: &Path, version: i64) -> Result<Connection, StoreError> {
-    let mut conn = Connection::open(path)
-        .map_err(|source| StoreError::Open { path: path.display().to_string(), source })?;
+    let mut conn = Connection::open(path).map_err(|source| StoreError::Open {
+        path: path.display().to_string(),
+        source: source.into(),
+    })?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     migrate_to(&mut conn, version)?;
     Ok(conn)

@@ -13,10 +13,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 use super::StoreError;
+use crate::sql::{Backend, Connection};
 
 /// Most operations committed together.
 pub const MAX_BATCH: usize = 256;
@@ -48,9 +48,22 @@ pub struct DbStats {
     pub commit_cpu_ns: AtomicU64,
     /// CPU time of the writer thread, in nanoseconds.
     pub cpu_ns: AtomicU64,
+    /// Times the PostgreSQL writer connected again after losing its connection.
+    pub reconnects: AtomicU64,
+    /// Times the PostgreSQL listener (`LISTEN keel_events`) connected and listened.
+    pub listens: AtomicU64,
+    /// Notifications the PostgreSQL listener received.
+    pub notifications: AtomicU64,
     /// The writer thread's id in the kernel (Linux; 0 elsewhere), for its scheduler
     /// statistics in `/proc/self/task/ID/schedstat`: how long it waited for a CPU.
     pub thread_id: AtomicU64,
+}
+
+/// Where the database is.
+#[derive(Debug)]
+enum Source {
+    Sqlite(std::path::PathBuf),
+    Postgres(tokio_postgres::Config),
 }
 
 /// A handle to the database writer and read pool. Clones share them.
@@ -58,7 +71,7 @@ pub struct DbStats {
 pub struct Db {
     jobs: mpsc::UnboundedSender<Job>,
     stats: Arc<DbStats>,
-    path: Arc<std::path::PathBuf>,
+    source: Arc<Source>,
     readers: Arc<std::sync::Mutex<Vec<Connection>>>,
     /// Counts this process's commits that wrote something: followers of session events wake
     /// on it at once instead of at their next poll (another process's commits are seen at
@@ -80,6 +93,43 @@ impl Db {
     /// Like [`open`](Self::open), committing as durably as `sync` says.
     pub fn open_with(path: &Path, sync: super::Synchronous) -> Result<Self, StoreError> {
         let conn = super::open_with(path, sync)?;
+        Self::start(conn, Source::Sqlite(path.to_path_buf()))
+    }
+
+    /// Opens the store at `location` (migrating it) and starts its writer.
+    pub fn open_at(location: &super::Location) -> Result<Self, StoreError> {
+        match location {
+            super::Location::Sqlite { path, sync } => Self::open_with(path, *sync),
+            super::Location::Postgres { url } => Self::open_postgres(url),
+        }
+    }
+
+    /// Connects to the PostgreSQL database at `url` (migrating it) and starts the writer.
+    pub fn open_postgres(url: &str) -> Result<Self, StoreError> {
+        let config = crate::sql::pg::config(url)?;
+        let conn = super::postgres::open(&config, url)?;
+        Self::start(conn, Source::Postgres(config))
+    }
+
+    /// Which database this is.
+    pub fn backend(&self) -> Backend {
+        match *self.source {
+            Source::Sqlite(_) => Backend::Sqlite,
+            Source::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// A new connection of this database's (for an owner that keeps its own).
+    pub fn connect(&self) -> Result<Connection, StoreError> {
+        match &*self.source {
+            Source::Sqlite(path) => super::open(path),
+            Source::Postgres(config) => {
+                Ok(Connection::postgres(crate::sql::pg::PgConn::connect(config)?))
+            }
+        }
+    }
+
+    fn start(conn: Connection, source: Source) -> Result<Self, StoreError> {
         let (jobs, rx) = mpsc::unbounded_channel();
         let stats = Arc::new(DbStats::default());
         let counters = stats.clone();
@@ -87,14 +137,24 @@ impl Db {
         #[cfg_attr(not(feature = "bench-hooks"), allow(clippy::redundant_clone))]
         let added = added_sync_ns.clone();
         let (commits, committed) = tokio::sync::watch::channel(0u64);
-        std::thread::Builder::new()
-            .name("keel-db-writer".into())
-            .spawn(move || run(conn, rx, &counters, &added, &commits))
-            .map_err(|e| StoreError::Task(format!("cannot start the database writer: {e}")))?;
+        let commits = Arc::new(commits);
+        let spawned = match &source {
+            Source::Sqlite(_) => std::thread::Builder::new()
+                .name("keel-db-writer".into())
+                .spawn(move || run(conn, rx, &counters, &added, &commits)),
+            Source::Postgres(config) => {
+                super::listen::start(config.clone(), commits.clone(), stats.clone())?;
+                let config = config.clone();
+                std::thread::Builder::new()
+                    .name("keel-db-writer".into())
+                    .spawn(move || run_postgres(conn, &config, rx, &counters, &commits))
+            }
+        };
+        spawned.map_err(|e| StoreError::Task(format!("cannot start the database writer: {e}")))?;
         Ok(Self {
             jobs,
             stats,
-            path: Arc::new(path.to_path_buf()),
+            source: Arc::new(source),
             readers: Arc::new(std::sync::Mutex::new(Vec::new())),
             committed,
             #[cfg(feature = "bench-hooks")]
@@ -133,7 +193,8 @@ impl Db {
     /// Runs a small, indexed read (a session's meta, the next request, a flag) right here, on
     /// the calling task's thread. WAL readers never wait for the writer, so such a read takes
     /// tens of microseconds; handing it to the blocking pool would cost two thread switches —
-    /// more than the read. Scans and reports go through [`read`](Self::read).
+    /// more than the read. Scans and reports go through [`read`](Self::read). On PostgreSQL
+    /// such a read is one round trip to the server, waited for here as well.
     pub async fn read_inline<R, F>(&self, op: F) -> Result<R, StoreError>
     where
         F: FnOnce(&Connection) -> Result<R, StoreError>,
@@ -146,25 +207,35 @@ impl Db {
     where
         F: FnOnce(&Connection) -> Result<R, StoreError>,
     {
-        let pooled = self.readers.lock().ok().and_then(|mut p| p.pop());
+        let mut pooled = self.readers.lock().ok().and_then(|mut p| p.pop());
+        // A PostgreSQL connection lost since it was pooled (the server restarted) is dropped.
+        if pooled.as_ref().and_then(|c| c.pg()).is_some_and(|c| c.is_closed()) {
+            pooled = None;
+        }
         let conn = match pooled {
             Some(c) => c,
-            None => {
-                let c = Connection::open_with_flags(
-                    &*self.path,
-                    rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
-                        | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-                )?;
-                c.busy_timeout(super::BUSY_TIMEOUT)?;
-                super::tune(&c)?;
-                c
-            }
+            None => match &*self.source {
+                Source::Sqlite(path) => {
+                    let c = rusqlite::Connection::open_with_flags(
+                        path,
+                        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+                            | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                    )?;
+                    c.busy_timeout(super::BUSY_TIMEOUT)?;
+                    super::tune(&c)?;
+                    Connection::from(c)
+                }
+                Source::Postgres(config) => {
+                    Connection::postgres(crate::sql::pg::PgConn::connect(config)?)
+                }
+            },
         };
         let result = snapshot(&conn, op);
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut p) = self.readers.lock()
             && p.len() < MAX_READERS
             && conn.is_autocommit()
+            && conn.pg().is_none_or(|c| !c.is_closed())
         {
             p.push(conn);
         }
@@ -225,7 +296,7 @@ fn run(
         let changes_before = conn.total_changes();
         let started = std::time::Instant::now();
         stats.batches.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = exec(&conn, "BEGIN IMMEDIATE") {
+        if let Err(e) = exec(&conn, conn.begin_write()) {
             // Run nothing; every caller hears why.
             let message = format!("cannot begin a transaction: {e}");
             for job in batch {
@@ -299,6 +370,66 @@ fn run(
     }
 }
 
+/// The writer of a PostgreSQL store: each operation in a transaction of its own (the server
+/// shares fsyncs between the hosts' concurrent commits itself, and one operation per
+/// transaction keeps row locks from being held across sessions), on one connection, made
+/// again when it is lost (the operation that found it lost fails; the next one reconnects).
+fn run_postgres(
+    mut conn: Connection,
+    config: &tokio_postgres::Config,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    stats: &DbStats,
+    commits: &tokio::sync::watch::Sender<u64>,
+) {
+    while let Some(job) = rx.blocking_recv() {
+        if conn.pg().is_some_and(|c| c.is_closed()) {
+            match crate::sql::pg::PgConn::connect(config) {
+                Ok(c) => {
+                    conn = Connection::postgres(c);
+                    stats.reconnects.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    let message = format!("the database is unreachable: {e}");
+                    let (_, completion) = job(Err(&message));
+                    completion(None);
+                    continue;
+                }
+            }
+        }
+        stats.batches.fetch_add(1, Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        if let Err(e) = exec(&conn, "BEGIN") {
+            let message = format!("cannot begin a transaction: {e}");
+            let (_, completion) = job(Err(&message));
+            completion(None);
+            continue;
+        }
+        let changes_before = conn.total_changes();
+        let (ok, completion) = job(Ok(&conn));
+        stats.operations.fetch_add(1, Ordering::Relaxed);
+        let committing = std::time::Instant::now();
+        stats.ops_ns.fetch_add(nanos(committing - started), Ordering::Relaxed);
+        if !ok {
+            let _ = exec(&conn, "ROLLBACK");
+            completion(None);
+            continue;
+        }
+        let wrote = conn.total_changes() != changes_before;
+        let error = exec(&conn, "COMMIT").err().map(|e| {
+            let _ = exec(&conn, "ROLLBACK");
+            e.to_string()
+        });
+        stats.commit_ns.fetch_add(nanos(committing.elapsed()), Ordering::Relaxed);
+        if wrote {
+            stats.commits.fetch_add(1, Ordering::Relaxed);
+        }
+        completion(error.as_deref());
+        if wrote && error.is_none() {
+            commits.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+}
+
 /// Runs `op` in one read transaction: every statement of it sees the same committed state
 /// (a session's meta and its history, say, from the same commit), and the connection takes its
 /// read lock and checks the WAL once instead of once per statement.
@@ -306,7 +437,14 @@ fn snapshot<R>(
     conn: &Connection,
     op: impl FnOnce(&Connection) -> Result<R, StoreError>,
 ) -> Result<R, StoreError> {
-    exec(conn, "BEGIN")?;
+    exec(
+        conn,
+        match conn.backend() {
+            Backend::Sqlite => "BEGIN",
+            // One snapshot for every statement of the read, as SQLite's read transaction.
+            Backend::Postgres => "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+        },
+    )?;
     let result = op(conn);
     // A read transaction has nothing to keep; ending it cannot lose anything. A connection
     // still in a transaction after this is not put back in the pool.
@@ -316,8 +454,8 @@ fn snapshot<R>(
 
 /// Runs one transaction-control statement from the statement cache (the writer runs four of
 /// them per operation or batch; parsing each anew showed in its profile).
-fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
-    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+fn exec(conn: &Connection, sql: &str) -> crate::sql::Result<()> {
+    conn.control(sql)
 }
 
 /// CPU time of the calling thread, in nanoseconds.
@@ -345,6 +483,7 @@ mod tests {
         let path = dir.path().join("keel.db");
         let db = Db::open(&path).unwrap();
         let other = super::super::open(&path).unwrap();
+        let other = other.sqlite().unwrap();
         let (before, during) = db
             .read_blocking(|c| {
                 let before = blobs(c)?;

@@ -111,6 +111,34 @@ impl ToolService {
         Ok(())
     }
 
+    /// On a shared store, writes the component with `digest` into this host's home from the
+    /// database when another host installed it (digest-checked): each host compiles it itself.
+    fn fetch_shared_file(&self, digest: &str) -> Result<(), ToolServiceError> {
+        let path = self.home.component_path(digest);
+        if path.exists() {
+            return Ok(());
+        }
+        let Some(bytes) = super::catalog::shared_file(&self.db(), digest)? else {
+            return Ok(());
+        };
+        if crate::sandbox::sha256_hex(&bytes) != digest {
+            return Err(crate::store::StoreError::Corrupt(format!(
+                "the stored bytes of component {digest} do not have that digest"
+            ))
+            .into());
+        }
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| ToolServiceError::Io {
+                context: "making the components directory".into(),
+                source,
+            })?;
+        }
+        crate::home::write_private(&path, &bytes).map_err(|source| ToolServiceError::Io {
+            context: "writing the component file".into(),
+            source,
+        })
+    }
+
     /// Loads (from memory, the artifact cache, or by compiling) the component with `digest`.
     pub fn prepared(
         &self,
@@ -120,6 +148,7 @@ impl ToolService {
             return Ok((p.clone(), None));
         }
         let engine = self.sandbox.engine_hash()?.to_string();
+        self.fetch_shared_file(digest)?;
         let recorded = super::catalog::artifact_digest(&self.db(), &engine, digest)?;
         let (component, source, written) =
             self.sandbox.load(digest, recorded.as_deref(), &self.home.component_path(digest))?;

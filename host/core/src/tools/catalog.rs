@@ -1,7 +1,7 @@
 //! The tool catalog: installed components and the tools they describe (SQLite tables
 //! `components` and `tools`). Only the ToolService writes them; each change is one transaction.
 
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use crate::sql::{Backend, Connection, OptionalExtension, params};
 
 use crate::store::StoreError;
 
@@ -48,7 +48,7 @@ pub struct ToolRecord {
     pub spec_digest: String,
 }
 
-fn tool_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ToolRecord> {
+fn tool_from_row(r: &crate::sql::Row<'_>) -> crate::sql::Result<ToolRecord> {
     let input: String = r.get(3)?;
     let output: Option<String> = r.get(4)?;
     Ok(ToolRecord {
@@ -66,7 +66,7 @@ fn tool_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ToolRecord> {
 const TOOL_COLUMNS: &str =
     "name, component, description, input_schema, output_schema, effect, idempotent, spec_digest";
 
-fn component_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ComponentRecord> {
+fn component_from_row(r: &crate::sql::Row<'_>) -> crate::sql::Result<ComponentRecord> {
     Ok(ComponentRecord {
         name: r.get(0)?,
         digest: r.get(1)?,
@@ -114,7 +114,7 @@ pub fn record_artifact(
     conn.execute(
         "INSERT INTO artifacts (engine, component, digest, written_at) VALUES (?1, ?2, ?3, ?4)
          ON CONFLICT (engine, component) DO UPDATE SET digest = excluded.digest, written_at = excluded.written_at",
-        rusqlite::params![engine, component, digest, crate::store::now_ms()],
+        crate::sql::params![engine, component, digest, crate::store::now_ms()],
     )?;
     Ok(())
 }
@@ -169,7 +169,7 @@ pub fn put(
     component: &ComponentRecord,
     tools: &[ToolRecord],
 ) -> Result<(), StoreError> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let tx = conn.transaction()?;
     put_in(&tx, component, tools)?;
     tx.commit()?;
     Ok(())
@@ -219,10 +219,11 @@ pub fn put_in(
         )?;
         // The version a session that loads the tool now pins (kept after upgrades).
         tx.execute(
-            "INSERT OR IGNORE INTO tool_versions
+            "INSERT INTO tool_versions
                  SELECT name, ?2, component, description, input_schema, output_schema, effect,
                         idempotent, spec_digest
-                 FROM tools WHERE name = ?1",
+                 FROM tools WHERE name = ?1
+                 ON CONFLICT DO NOTHING",
             params![t.name, component.digest],
         )?;
     }
@@ -235,7 +236,7 @@ pub fn remove(
     conn: &mut Connection,
     component: &str,
 ) -> Result<(Vec<String>, Vec<String>), StoreError> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let tx = conn.transaction()?;
     let out = remove_in(&tx, component)?;
     tx.commit()?;
     Ok(out)
@@ -271,9 +272,15 @@ pub fn tool_versions(conn: &Connection) -> Result<Vec<(ToolRecord, String)>, Sto
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
-/// The database's data version: it changes whenever another connection commits.
+/// The database's data version: it changes whenever another connection commits (SQLite's
+/// `data_version`; on PostgreSQL, which has none, the catalog's own version).
 pub fn data_version(conn: &Connection) -> Result<i64, StoreError> {
-    Ok(conn.prepare_cached("PRAGMA data_version")?.query_row([], |r| r.get(0))?)
+    match conn.backend() {
+        Backend::Sqlite => {
+            Ok(conn.prepare_cached("PRAGMA data_version")?.query_row([], |r| r.get(0))?)
+        }
+        Backend::Postgres => catalog_version(conn),
+    }
 }
 
 /// The catalog's version: it changes whenever a component or tool row changes, whoever
@@ -282,6 +289,32 @@ pub fn catalog_version(conn: &Connection) -> Result<i64, StoreError> {
     Ok(conn
         .prepare_cached("SELECT version FROM catalog_version WHERE id = 1")?
         .query_row([], |r| r.get(0))?)
+}
+
+/// Keeps the bytes of component `digest` in a shared (PostgreSQL) store, for the other hosts;
+/// nothing on SQLite, whose home keeps the file.
+pub fn share_file(conn: &Connection, digest: &str, bytes: &[u8]) -> Result<(), StoreError> {
+    if conn.backend() == Backend::Postgres {
+        conn.prepare_cached(
+            "INSERT INTO component_files (digest, bytes) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+        )?
+        .execute(params![digest, bytes])?;
+    }
+    Ok(())
+}
+
+/// Forgets the shared bytes of component `digest` (no component uses it any more).
+pub fn unshare_file(conn: &Connection, digest: &str) -> Result<(), StoreError> {
+    conn.prepare_cached("DELETE FROM component_files WHERE digest=?1")?.execute([digest])?;
+    Ok(())
+}
+
+/// The shared bytes of component `digest`, if the store keeps them.
+pub fn shared_file(conn: &Connection, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT bytes FROM component_files WHERE digest=?1")?
+        .query_row([digest], |r| r.get(0))
+        .optional()?)
 }
 
 /// Whether any component still uses the file with `digest`.
@@ -320,6 +353,28 @@ pub fn recall_in<S: AsRef<str>>(
     terms: &[S],
     limit: usize,
 ) -> Result<Vec<crate::search::Scored<ToolRef>>, StoreError> {
+    if conn.backend() == Backend::Postgres {
+        let Some(query) = crate::search::ts_query(terms) else {
+            return Ok(Vec::new());
+        };
+        let mut stmt = conn.prepare_cached(
+            "SELECT t.name, t.component, t.description, t.effect, -ts_rank(t.fts, q) AS score
+             FROM tools t, to_tsquery('english', ?1) q
+             WHERE t.fts @@ q ORDER BY score, t.name LIMIT ?2",
+        )?;
+        let rows = stmt.query_map(params![query, limit as i64], |r| {
+            Ok(crate::search::Scored {
+                item: ToolRef {
+                    name: r.get(0)?,
+                    component: r.get(1)?,
+                    description: r.get(2)?,
+                    effect: r.get(3)?,
+                },
+                score: r.get(4)?,
+            })
+        })?;
+        return Ok(rows.collect::<Result<_, _>>()?);
+    }
     let Some(plan) = crate::search::plan_in(conn, "tools_fts", "tools_vocab", None, None, terms)?
     else {
         return Ok(Vec::new());

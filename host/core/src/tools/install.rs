@@ -415,6 +415,7 @@ impl ToolService {
             };
             crate::home::write_private(&path, bytes).map_err(io("writing the component file"))?;
         }
+        catalog::share_file(&self.db(), &digest, bytes)?;
         let written = self.sandbox.cache_artifact(&component, &digest)?;
         let engine = self.sandbox.engine_hash()?.to_string();
         super::catalog::record_artifact(&self.db(), &engine, &digest, &written)?;
@@ -647,6 +648,7 @@ impl ToolService {
     fn forget_file(&self, digest: &str) -> Result<(), ToolServiceError> {
         if !catalog::digest_in_use(&self.db(), digest)? {
             let _ = std::fs::remove_file(self.home.component_path(digest));
+            catalog::unshare_file(&self.db(), digest)?;
         }
         Ok(())
     }

@@ -23,7 +23,7 @@ mod view;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use rusqlite::Connection;
+use crate::sql::Connection;
 
 use crate::home::Home;
 use crate::sandbox::{Prepared, Sandbox, SandboxLimits};
@@ -78,8 +78,7 @@ impl ToolService {
         limits: SandboxLimits,
         progress: &(dyn Fn(&str) + Sync),
     ) -> Result<Self, ToolServiceError> {
-        let sync = crate::config::synchronous(&home)?;
-        let conn = store::open_with(&home.database(), sync)?;
+        let conn = store::connect(&crate::config::store_location(&home)?)?;
         let sandbox = Arc::new(Sandbox::new(&home.cache_dir(), limits)?);
         let admin = crate::config::read(&home)?.tools.unwrap_or_default().control_trusted;
         let builtin: Vec<(&str, &[u8], String)> = crate::builtin::BUILTIN_COMPONENTS

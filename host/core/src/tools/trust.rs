@@ -2,7 +2,7 @@
 //! over component names or registry repositories) the key may sign for. Install checks a
 //! component's embedded signature against these keys before it compiles anything.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::sql::{Connection, OptionalExtension, params};
 
 use crate::signing::PublicKey;
 use crate::store::StoreError;
@@ -58,7 +58,7 @@ fn valid_glob(pattern: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "*-_./:".contains(c))
 }
 
-fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TrustedKey> {
+fn row(r: &crate::sql::Row<'_>) -> crate::sql::Result<TrustedKey> {
     Ok(TrustedKey {
         name: r.get(0)?,
         public_key: r.get(1)?,

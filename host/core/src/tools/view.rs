@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use rusqlite::Connection;
+use crate::sql::Connection;
 
 use crate::store::StoreError;
 

@@ -80,6 +80,29 @@ impl App {
 
     /// Runs session `id`'s queued inputs (or its open turn) in the background; a session
     /// another runner holds is left to it.
+    /// On a shared store (several hosts on one PostgreSQL): every heartbeat, recovers and
+    /// resumes the sessions whose runner stopped renewing its lease — a host that died is
+    /// replaced within the lease's TTL and one heartbeat. Recovery claims the leases it finds
+    /// expired under row locks that skip those another host is taking, and only one host's
+    /// acquisition of a session wins.
+    fn take_over_abandoned(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let app = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(keel::brain::heartbeat_every()).await;
+                match app.harness.take_over(&keel::api::Caller::Operator).await {
+                    Ok(found) => {
+                        for r in found.into_iter().filter(|r| r.resumable) {
+                            tracing::info!(session = %r.id, "taking over a session whose runner is gone");
+                            app.run_in_background(r.id.to_string());
+                        }
+                    }
+                    Err(e) => tracing::warn!("looking for sessions to take over failed: {e}"),
+                }
+            }
+        })
+    }
+
     pub fn run_in_background(self: &Arc<Self>, id: String) {
         let h = Arc::clone(&self.harness);
         tokio::spawn(async move {
@@ -192,8 +215,12 @@ pub async fn serve(
         app.run_in_background(r.id.to_string());
     }
     let watcher = app.watch_access();
+    let takeover = app.harness.shared_store().then(|| app.take_over_abandoned());
     let bounds = app.options.bounds.fitted();
     let served = crate::listen::serve(listener, router(app), bounds, shutdown).await;
     watcher.abort();
+    if let Some(t) = takeover {
+        t.abort();
+    }
     served
 }

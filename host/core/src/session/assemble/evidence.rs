@@ -88,6 +88,7 @@ pub fn record_refused(
     stored: &StoredParts,
 ) -> Result<i64, StoreError> {
     put_parts(c, a, stored)?;
+    crate::session::facts::lock_in(c, id)?;
     let seq: i64 = c
         .prepare_cached(
             "SELECT COALESCE(MAX(seq), 0) + 1 FROM refused_requests WHERE session_id=?1",

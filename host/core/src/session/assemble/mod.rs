@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::sql::{Connection, OptionalExtension, params};
 
 use crate::digest::sha256_hex;
 use crate::model::Usage;

@@ -50,6 +50,7 @@ pub fn prepare_in(
     tokens: (Option<i64>, Option<i64>),
     state_after: RuntimeState,
 ) -> Result<i64, StoreError> {
+    crate::session::facts::lock_in(c, id)?;
     let seq: i64 = c
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM checkpoints WHERE session_id=?1")?
         .query_row([id], |r| r.get(0))?;

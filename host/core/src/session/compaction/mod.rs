@@ -21,7 +21,7 @@
 //! later request. Open steps are never in the history (their messages are appended when they
 //! end), so a boundary is never inside one.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::sql::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 use crate::store::{StoreError, now_ms};

@@ -10,7 +10,7 @@
 //! `interrupted`, `budget_exhausted`), written where its turn ends — [`turn_ended_in`], called
 //! by the one function that ends turns — or where it is stopped while it waits ([`stop_in`]).
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::sql::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 use super::events::{self, SessionEvent};

@@ -3,7 +3,7 @@
 //! also a `components` row of kind `mcp` and its tools are `tools` rows, written in the same
 //! transaction; the ToolService is the only writer (through its `mcp_*` methods).
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::sql::{Connection, OptionalExtension, params};
 
 use crate::store::{StoreError, json, now_ms};
 use crate::tools::{ComponentRecord, SourceKind, ToolRecord, catalog};
@@ -24,7 +24,7 @@ fn corrupt(what: &str, e: serde_json::Error) -> StoreError {
     StoreError::Corrupt(format!("a stored MCP server's {what} does not read back: {e}"))
 }
 
-fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, String, String, i64, i64)> {
+fn from_row(r: &crate::sql::Row<'_>) -> crate::sql::Result<(String, String, String, i64, i64)> {
     Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
 }
 

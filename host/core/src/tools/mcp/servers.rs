@@ -4,8 +4,6 @@
 
 use std::sync::Arc;
 
-use rusqlite::TransactionBehavior;
-
 use super::client::{McpTool, Pool};
 use super::registry::{self, ServerRecord};
 use super::{McpError, Offer, ServerSpec};
@@ -45,9 +43,7 @@ impl crate::tools::ToolService {
         let mut clashes = self.host_tool_owners(&names);
         {
             let mut db = self.db();
-            let tx = db
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(StoreError::from)?;
+            let tx = db.transaction().map_err(StoreError::from)?;
             match (catalog::component(&tx, &spec.name)?, replace) {
                 (Some(_), false) => return Err(McpError::Exists(spec.name.clone()).into()),
                 (Some(c), true) if c.kind != SourceKind::Mcp => {
@@ -71,9 +67,7 @@ impl crate::tools::ToolService {
     pub fn mcp_remove(&self, name: &str) -> Result<Vec<String>, ToolServiceError> {
         let removed = {
             let mut db = self.db();
-            let tx = db
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(StoreError::from)?;
+            let tx = db.transaction().map_err(StoreError::from)?;
             if registry::get_in(&tx, name)?.is_none() {
                 return Err(McpError::NotFound(name.to_string()).into());
             }
@@ -88,7 +82,7 @@ impl crate::tools::ToolService {
     /// The catalog entries of the MCP servers `c` sees, resolved to this process's pool.
     pub(crate) fn mcp_resolved(
         &self,
-        c: &rusqlite::Connection,
+        c: &crate::sql::Connection,
         tools: &[crate::tools::ToolRecord],
     ) -> Result<Vec<Arc<Resolved>>, ToolServiceError> {
         let mut out = Vec::new();

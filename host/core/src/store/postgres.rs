@@ -1,0 +1,70 @@
+//! Opening a PostgreSQL store: connect, and bring the schema up to date under an advisory lock
+//! (several hosts starting at once migrate one after another, never twice).
+
+use super::StoreError;
+use super::postgres_schema::MIGRATIONS;
+use crate::sql::pg::{PgConn, redact};
+use crate::sql::{Connection, OptionalExtension};
+
+/// The advisory lock key migrations hold ("keel" in ASCII).
+const MIGRATION_LOCK: i64 = 0x6b65_656c;
+
+/// Connects to the database of `config` (`url` names it in errors, without its password) and
+/// migrates it.
+pub(super) fn open(config: &tokio_postgres::Config, url: &str) -> Result<Connection, StoreError> {
+    let conn =
+        PgConn::connect(config).map_err(|source| StoreError::Open { path: redact(url), source })?;
+    let conn = Connection::postgres(conn);
+    migrate(&conn, i64::MAX)?;
+    Ok(conn)
+}
+
+/// Applies the migrations up to `up_to` that the database lacks, each in its own transaction
+/// with its version record.
+pub(super) fn migrate(conn: &Connection, up_to: i64) -> Result<(), StoreError> {
+    conn.query_row("SELECT pg_advisory_lock(?1)", [MIGRATION_LOCK], |_| Ok(()))?;
+    let result = apply(conn, up_to);
+    let unlocked = conn.query_row("SELECT pg_advisory_unlock(?1)", [MIGRATION_LOCK], |_| Ok(()));
+    result?;
+    unlocked?;
+    Ok(())
+}
+
+fn apply(conn: &Connection, up_to: i64) -> Result<(), StoreError> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, applied_at TEXT NOT NULL)",
+    )?;
+    let known = MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
+    for &(version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= up_to) {
+        let done = conn
+            .prepare("SELECT version FROM schema_migrations WHERE version = ?1")?
+            .query_row([version], |r| r.get::<_, i64>(0))
+            .optional()?
+            .is_some();
+        if done {
+            continue;
+        }
+        conn.control("BEGIN")?;
+        let applied = conn.execute_batch(sql).and_then(|()| {
+            conn.execute(
+                "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'))",
+                [version],
+            )
+        });
+        match applied {
+            Ok(_) => conn.control("COMMIT")?,
+            Err(e) => {
+                let _ = conn.control("ROLLBACK");
+                return Err(StoreError::Commit { message: format!("migration {version}: {e}") });
+            }
+        }
+    }
+    let found: i64 =
+        conn.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| {
+            r.get(0)
+        })?;
+    if found > known {
+        return Err(StoreError::TooNew { found, known });
+    }
+    Ok(())
+}

@@ -1,0 +1,198 @@
+//! The store on a real PostgreSQL server (Debian's `postgresql`, a throwaway cluster per test,
+//! run as an unprivileged user): fencing of a runner whose lease was taken over, wake-ups of
+//! event followers by `LISTEN/NOTIFY` that survive a killed listener and a restarted server.
+//! Ignored by default (`--ignored postgres`): the PostgreSQL tier of `.ci/run`.
+
+use std::time::Duration;
+
+use keel::ids::SessionId;
+use keel::session::RuntimeState;
+use keel::store::StoreError;
+use keel_tests::postgres::Cluster;
+
+/// A home whose store is database `db` of `pg`.
+fn home_on(pg: &Cluster, db: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("keel.toml"), format!("[store]\nurl = \"{}\"\n", pg.url(db)))
+        .unwrap();
+    dir
+}
+
+async fn harness(dir: &std::path::Path) -> keel::harness::Harness {
+    let home = keel::home::Home::at(dir).unwrap();
+    keel::harness::Harness::open(
+        home,
+        keel_tests::test_limits(),
+        None,
+        keel::agent::LoopGuards::default(),
+        &|_| {},
+    )
+    .await
+    .unwrap()
+}
+
+async fn session(h: &keel::harness::Harness, id: &str) -> SessionId {
+    keel_tests::plain_session(h, id, &[], "http://127.0.0.1:9/v1").await;
+    SessionId::from(id)
+}
+
+fn started() -> Cluster {
+    Cluster::start(&[]).expect("a PostgreSQL server (install Debian's postgresql)")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "postgres tier: needs Debian's postgresql"]
+async fn postgres_a_runner_whose_lease_was_taken_over_writes_nothing() {
+    let pg = started();
+    pg.create_database("keel").unwrap();
+    let dir = home_on(&pg, "keel");
+    let h = harness(dir.path()).await;
+    let id = session(&h, "fenced").await;
+    let i = h.internals();
+    assert!(i.brain.try_acquire(&id).await.unwrap());
+    i.engine.set_state(&id, RuntimeState::Running, None).await.unwrap();
+    let fence = |pg: &Cluster| {
+        pg.psql("keel", "SELECT fence FROM runner_leases WHERE session_id='fenced'").unwrap()
+    };
+    assert_eq!(fence(&pg), "1");
+    let events = |pg: &Cluster| {
+        pg.psql("keel", "SELECT count(*) FROM session_events WHERE session_id='fenced'").unwrap()
+    };
+    let before = events(&pg);
+
+    // Another host takes the session over (its lease expired): a new holder, the next token.
+    pg.psql(
+        "keel",
+        "UPDATE runner_leases SET owner='elsewhere/1/1/x', fence=fence+1 WHERE session_id='fenced'",
+    )
+    .unwrap();
+    let e = i.engine.set_state(&id, RuntimeState::Idle, None).await.unwrap_err();
+    assert!(matches!(e, StoreError::Fenced(_)), "{e}");
+    assert_eq!(e.kind(), "fenced");
+    assert!(e.to_string().contains("taken over by elsewhere/1/1/x (token 2)"), "{e}");
+    assert_eq!(
+        i.engine.runtime(&id).await.unwrap().state,
+        RuntimeState::Running,
+        "nothing written"
+    );
+    assert_eq!(events(&pg), before, "no event either");
+    // The taken-over runner cannot renew either, and its next acquisition waits for the new
+    // holder's lease to expire.
+    assert!(!i.brain.try_acquire(&id).await.unwrap());
+}
+
+/// A fenced write that comes while another host's acquisition is under way waits for it (the
+/// lease row is read `FOR SHARE`, which conflicts with the acquisition's update of the token),
+/// then finds its token stale and writes nothing. With `FOR KEY SHARE` it would not wait, and
+/// would commit after the takeover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "postgres tier: needs Debian's postgresql"]
+async fn postgres_a_write_racing_a_takeover_waits_for_it_and_is_refused() {
+    let pg = started();
+    pg.create_database("keel").unwrap();
+    let dir = home_on(&pg, "keel");
+    let h = harness(dir.path()).await;
+    let id = session(&h, "raced").await;
+    let i = h.internals();
+    assert!(i.brain.try_acquire(&id).await.unwrap());
+    // The takeover: its update of the lease row is made, and held uncommitted for 2 s.
+    let url = pg.url("keel");
+    let takeover = std::thread::spawn(move || {
+        std::process::Command::new(keel_tests::postgres::bin_dir().unwrap().join("psql"))
+            .arg(url)
+            .args([
+                "-X",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                "BEGIN; UPDATE runner_leases SET owner='elsewhere/1/1/y', fence=fence+1 \
+                 WHERE session_id='raced'; SELECT pg_sleep(2); COMMIT;",
+            ])
+            .status()
+            .unwrap()
+    });
+    // Wait until it holds the row.
+    for _ in 0..200 {
+        let n = pg
+            .psql("keel", "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(2)%' AND state='active' AND pid <> pg_backend_pid()")
+            .unwrap();
+        if n == "1" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let started = std::time::Instant::now();
+    let e = i.engine.set_state(&id, RuntimeState::Running, None).await.unwrap_err();
+    let waited = started.elapsed();
+    assert!(takeover.join().unwrap().success());
+    assert!(matches!(e, StoreError::Fenced(_)), "{e}");
+    assert!(waited >= Duration::from_millis(500), "the write waited for the takeover: {waited:?}");
+    assert_ne!(i.engine.runtime(&id).await.unwrap().state, RuntimeState::Running);
+}
+
+/// Receives the next event of `rx` within `within`.
+async fn next_event(
+    rx: &mut tokio::sync::mpsc::Receiver<Result<keel::session::EventRow, StoreError>>,
+    within: Duration,
+) -> Option<keel::session::EventRow> {
+    tokio::time::timeout(within, rx.recv()).await.ok().flatten().map(|r| r.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "postgres tier: needs Debian's postgresql"]
+async fn postgres_followers_wake_on_notify_across_hosts_and_catch_up_after_losses() {
+    let pg = started();
+    pg.create_database("keel").unwrap();
+    let (a_dir, b_dir) = (home_on(&pg, "keel"), home_on(&pg, "keel"));
+    let (a, b) = (harness(a_dir.path()).await, harness(b_dir.path()).await);
+    let id = session(&a, "followed").await;
+    let last = a.internals().engine.last_event(&id).await.unwrap();
+    // The fallback poll is an hour: only a notification can wake the follower.
+    let mut rx = a.internals().engine.follow(&id, last, Duration::from_secs(3600));
+    // Let the listener connect.
+    for _ in 0..200 {
+        if a.internals().db.stats().listens.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // Host B commits; host A's follower is woken by the notification.
+    b.internals().engine.submit(&id, "first").await.unwrap();
+    let e = next_event(&mut rx, Duration::from_secs(10)).await.expect("woken by NOTIFY");
+    assert_eq!(e.event.kind(), "input_accepted");
+
+    // The listener's backend is killed: A listens again and catches up.
+    let killed = pg
+        .psql(
+            "keel",
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = 'keel-listener') t",
+        )
+        .unwrap();
+    assert_ne!(killed, "0", "listeners were connected");
+    b.internals().engine.submit(&id, "second").await.unwrap();
+    let e = next_event(&mut rx, Duration::from_secs(10)).await.expect("caught up after the kill");
+    assert_eq!(e.seq, last + 2);
+
+    // The server restarts (as after a crash): both hosts connect again; nothing is missed.
+    pg.stop_immediate().unwrap();
+    let refused = b.internals().engine.submit(&id, "while down").await;
+    assert!(refused.is_err(), "the database is down");
+    pg.start_again().unwrap();
+    let mut third = Err(StoreError::WriterGone);
+    for _ in 0..100 {
+        third = b.internals().engine.submit(&id, "third").await;
+        if third.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    third.expect("the writer connects again");
+    let e =
+        next_event(&mut rx, Duration::from_secs(15)).await.expect("caught up after the restart");
+    assert_eq!(e.seq, last + 3, "sequence numbers stay contiguous");
+    let listens = a.internals().db.stats().listens.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(listens >= 3, "listened again twice: {listens}");
+}
