@@ -457,10 +457,9 @@ async fn the_api_key_never_reaches_the_database_or_the_evidence() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read() {
     use keel::session::{NewSession, Policy, SessionEngine};
-    use keel::store::Db;
     let home = tempfile::tempdir().unwrap();
     let path = home.path().join("keel.db");
-    let a = SessionEngine::new(Db::open(&path).unwrap());
+    let a = SessionEngine::new(keel_tests::db_of(&path));
     // Session `s`, no tools or grants, with `prompt`.
     let session = |prompt: &str| NewSession {
         pins: Default::default(),
@@ -479,7 +478,7 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
         preprocess: None,
     };
     a.create(session("p")).await.unwrap();
-    let b = SessionEngine::new(Db::open(&path).unwrap());
+    let b = SessionEngine::new(keel_tests::db_of(&path));
     for i in 0..6 {
         // Alternate the writer: this engine, then "another process".
         let writer = if i % 2 == 0 { &a } else { &b };
@@ -508,10 +507,17 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
     assert_eq!(mine.0.capabilities.loaded_tools, ["fs_read_file"]);
     assert_eq!(mine.1.tools.as_ref().unwrap().text.as_ref(), "[\"fs_read_file\"]");
     assert_eq!(mine, full);
-    let other = rusqlite::Connection::open(&path).unwrap();
+    let other = keel_tests::store_of(&path);
     other
         .execute(
-            "UPDATE session_config SET system_prompt='a new prompt', model=json_set(model, '$.model', 'm2')",
+            match other.backend() {
+                keel::sql::Backend::Sqlite => {
+                    "UPDATE session_config SET system_prompt='a new prompt', model=json_set(model, '$.model', 'm2')"
+                }
+                keel::sql::Backend::Postgres => {
+                    "UPDATE session_config SET system_prompt='a new prompt', model=jsonb_set(model::jsonb, '{model}', '\"m2\"')::text"
+                }
+            },
             [],
         )
         .unwrap();
@@ -535,9 +541,15 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
     // the old one is used.
     let (old_version, old_to) = (mine.1.meta_version, mine.1.history_to);
     other
+        .execute_batch(match other.backend() {
+            keel::sql::Backend::Sqlite => "PRAGMA foreign_keys=OFF;",
+            // The test cluster's user is its superuser: foreign keys unchecked, as above.
+            keel::sql::Backend::Postgres => "SET session_replication_role = replica;",
+        })
+        .unwrap();
+    other
         .execute_batch(
-            "PRAGMA foreign_keys=OFF;
-             DELETE FROM messages; DELETE FROM session_grants; DELETE FROM inbox;
+            "DELETE FROM messages; DELETE FROM session_grants; DELETE FROM inbox;
              DELETE FROM evidence; DELETE FROM tool_calls; DELETE FROM runner_leases;
              DELETE FROM session_config; DELETE FROM sessions;",
         )
@@ -584,7 +596,7 @@ async fn assemble_twice(
         Some(json)
     };
     let mine = engine.assemble(&SessionId::from("s"), tools).await.unwrap();
-    let fresh = keel::session::SessionEngine::new(keel::store::Db::open(path).unwrap());
+    let fresh = keel::session::SessionEngine::new(keel_tests::db_of(path));
     let full = fresh.assemble(&SessionId::from("s"), tools).await.unwrap();
     (mine, full)
 }
@@ -624,13 +636,12 @@ async fn evidence_parts_are_stored_once_and_again_when_they_change() {
             h.internals().engine.evidence(&SessionId::from("s"), Some(i as i64 + 1)).await.unwrap();
         assert_eq!(&evidence, body, "evidence of step {step} differs from the request");
         // A fresh engine, which knows of no stored part, rebuilds it the same way.
-        let fresh = keel::session::SessionEngine::new(
-            keel::store::Db::open(&home.path().join("keel.db")).unwrap(),
-        );
+        let fresh =
+            keel::session::SessionEngine::new(keel_tests::db_of(&home.path().join("keel.db")));
         assert_eq!(&fresh.evidence(&SessionId::from("s"), Some(step)).await.unwrap().1, body);
     }
     // One head, one system message, two sets of tool schemas: each stored once.
-    let c = rusqlite::Connection::open(home.path().join("keel.db")).unwrap();
+    let c = keel_tests::store_of(&home.path().join("keel.db"));
     let blobs: i64 = c
         .query_row(
             "SELECT COUNT(*) FROM blobs WHERE hash NOT IN

@@ -10,7 +10,6 @@ use keel::brain::Submitted;
 use keel::failure::FailureKind;
 use keel::sandbox::{Access, CancelToken, Grant};
 use keel::session::{DecideError, Decision, RuntimeState, SessionEngine};
-use keel::store::Db;
 use keel_tests::mock_model::{MockModel, Reply, plan_responder};
 use keel_tests::{harness_with_session, install_effects, log_lines, no_events};
 use serde_json::{Value, json};
@@ -362,7 +361,7 @@ async fn d4_sixteen_concurrent_deciders_one_wins_every_time() {
     let path = f.home.path().join("keel.db");
     // Each decider has its own connection and writer, as separate processes would.
     let deciders: Vec<SessionEngine> =
-        (0..DECIDERS).map(|_| SessionEngine::new(Db::open(&path).unwrap())).collect();
+        (0..DECIDERS).map(|_| SessionEngine::new(keel_tests::db_of(&path))).collect();
     let mut out = submit(&f.h, "race", "race r").await;
     let mut winners_per_round = Vec::new();
     for round in 0..ROUNDS {
@@ -506,6 +505,9 @@ async fn policy_ask_allow_and_deny_per_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c3_disk_full_rolls_back_pauses_and_resumes() {
+    if keel_tests::on_postgres("c3 disk full") {
+        return;
+    }
     let big = "x".repeat(400_000);
     let model = MockModel::start(vec![Reply::text(&big), Reply::text(&big)]).await;
     let f = Fixture::new(&model.url(), "full", LoopGuards::default()).await;

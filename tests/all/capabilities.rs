@@ -258,8 +258,13 @@ async fn nothing_recalled_makes_no_call_and_a_failed_recall_or_call_does_not_blo
     assert!(h.session(&Caller::Operator, "d").await.unwrap().capabilities.skills.is_empty());
 
     // A failed recall group: the skills index is gone. The turn goes on, and says so.
-    let c = rusqlite::Connection::open(home.path().join("keel.db")).unwrap();
-    c.execute_batch("DROP TABLE skills_fts").unwrap();
+    let c = keel_tests::store_of(&home.path().join("keel.db"));
+    // The skills' full-text index is gone: recall fails.
+    c.execute_batch(match c.backend() {
+        keel::sql::Backend::Sqlite => "DROP TABLE skills_fts",
+        keel::sql::Backend::Postgres => "ALTER TABLE skill_versions DROP COLUMN fts",
+    })
+    .unwrap();
     assert_eq!(submit(&h, "c", "Audit orders.csv").await, "four");
     let t = h.timeline(&Caller::Operator, "c").await.unwrap();
     let error = t.orchestrations[0].recall_error.as_deref().unwrap();

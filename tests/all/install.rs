@@ -264,7 +264,7 @@ async fn catalog_cache_follows_the_catalog_not_every_commit() {
     let loaded = vec!["echo".to_string(), "fs_read_file".to_string()];
     let tools = a.tools_json(&loaded).unwrap();
     // Another connection commits facts that are not the catalog.
-    let db = keel::store::Db::open(&dir.path().join("keel.db")).unwrap();
+    let db = keel_tests::db_of(&dir.path().join("keel.db"));
     let engine = keel::session::SessionEngine::new(db);
     for i in 0..5 {
         engine

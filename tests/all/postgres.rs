@@ -172,6 +172,12 @@ async fn postgres_followers_wake_on_notify_across_hosts_and_catch_up_after_losse
         )
         .unwrap();
     assert_ne!(killed, "0", "listeners were connected");
+    let listens = || a.internals().db.stats().listens.load(std::sync::atomic::Ordering::Relaxed);
+    let t = std::time::Instant::now();
+    while listens() < 2 && t.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(listens() >= 2, "the listener listens again after its backend was killed");
     b.internals().engine.submit(&id, "second").await.unwrap();
     let e = next_event(&mut rx, Duration::from_secs(10)).await.expect("caught up after the kill");
     assert_eq!(e.seq, last + 2);
@@ -193,6 +199,9 @@ async fn postgres_followers_wake_on_notify_across_hosts_and_catch_up_after_losse
     let e =
         next_event(&mut rx, Duration::from_secs(15)).await.expect("caught up after the restart");
     assert_eq!(e.seq, last + 3, "sequence numbers stay contiguous");
-    let listens = a.internals().db.stats().listens.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(listens >= 3, "listened again twice: {listens}");
+    let t = std::time::Instant::now();
+    while listens() < 3 && t.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(listens() >= 3, "listened again after the kill and after the restart: {}", listens());
 }

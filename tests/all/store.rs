@@ -29,6 +29,9 @@ async fn writer_synchronous(h: &Harness) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn synchronous_is_full_by_default_and_follows_keel_toml() {
+    if keel_tests::on_postgres("synchronous") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let h = open(dir.path()).await.unwrap();
     assert_eq!(writer_synchronous(&h).await, 2, "full by default");
@@ -87,11 +90,16 @@ async fn a_bad_synchronous_setting_is_refused_naming_the_file_and_the_modes() {
     assert!(!dir.path().join("keel.db").exists(), "a refused setting opens no database");
     std::fs::write(&toml, "[store]\nsynchronous = \"full\"\n").unwrap();
     let h = open(dir.path()).await.unwrap();
-    assert_eq!(writer_synchronous(&h).await, 2);
+    if !keel_tests::on_postgres("the writer's synchronous pragma") {
+        assert_eq!(writer_synchronous(&h).await, 2);
+    }
 }
 
 #[test]
 fn sqlite_leaves_directory_syncs_to_keel_which_syncs_new_files_once() {
+    if keel_tests::on_postgres("directory syncs") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keel.db");
     let c = keel::store::open(&path).unwrap();

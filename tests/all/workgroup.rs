@@ -40,7 +40,7 @@ fn answer(s: &Submitted) -> String {
 /// Every event of the workgroup was delivered once and taken from its inbox once: one inbox
 /// row per event, consumed, and one history message per event in its receiver.
 fn assert_delivered_once(home: &std::path::Path, main: &str) {
-    let c = rusqlite::Connection::open(home.join("keel.db")).unwrap();
+    let c = keel_tests::store_of(&home.join("keel.db"));
     let rows: Vec<(String, String, i64, Option<i64>)> = c
         .prepare(
             "SELECT e.id, e.to_session, COUNT(i.seq), MIN(i.consumed_at) FROM workgroup_events e

@@ -21,6 +21,37 @@ pub mod guests {
     include!(concat!(env!("OUT_DIR"), "/guests.rs"));
 }
 
+/// Whether the suite runs on PostgreSQL (`KEEL_TEST_POSTGRES`, set by `with-postgres`): a
+/// test of what only the SQLite store has — its file, its pragmas, its disk-full behaviour —
+/// returns early there (it says so on stderr).
+pub fn on_postgres(test: &str) -> bool {
+    let on = std::env::var_os("KEEL_TEST_POSTGRES").is_some_and(|v| !v.is_empty());
+    if on {
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!("{test}: SQLite only, skipped on PostgreSQL");
+        }
+    }
+    on
+}
+
+/// The store of the home whose SQLite file would be `db` (`HOME/keel.db`): that file, or the
+/// home's PostgreSQL database when the suite runs on PostgreSQL — a connection for a test that
+/// reads or alters what keel stored.
+pub fn store_of(db: &Path) -> keel::sql::Connection {
+    keel::store::connect(&location_of(db)).unwrap()
+}
+
+/// Like [`store_of`], a database writer and read pool ([`keel::store::Db`]).
+pub fn db_of(db: &Path) -> keel::store::Db {
+    keel::store::Db::open_at(&location_of(db)).unwrap()
+}
+
+fn location_of(db: &Path) -> keel::store::Location {
+    let home = Home::at(db.parent().unwrap()).unwrap();
+    keel::config::store_location(&home).unwrap()
+}
+
 /// Limits for test sandboxes: a small pool, so many sandboxes fit in one test process.
 pub fn test_limits() -> SandboxLimits {
     SandboxLimits { max_concurrent_calls: 16, ..SandboxLimits::default() }

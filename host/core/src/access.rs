@@ -128,9 +128,15 @@ pub fn add_token_in(c: &Connection, name: &str, role: Role) -> Result<String, St
     }
     // A name that owns data (sessions or memories of an earlier token of that name) is not
     // given to a new token: it would see what it never made.
+    let principal = match c.backend() {
+        crate::sql::Backend::Sqlite => "json_extract(owner, '$.principal')",
+        crate::sql::Backend::Postgres => "(owner::json ->> 'principal')",
+    };
     let owns: bool = c.query_row(
-        "SELECT EXISTS(SELECT 1 FROM session_config WHERE json_extract(owner, '$.principal') = 'token:' || ?1)
-             OR EXISTS(SELECT 1 FROM memories WHERE user = 'token:' || ?1)",
+        &format!(
+            "SELECT EXISTS(SELECT 1 FROM session_config WHERE {principal} = 'token:' || ?1)
+                 OR EXISTS(SELECT 1 FROM memories WHERE \"user\" = 'token:' || ?1)"
+        ),
         [name],
         |r| r.get(0),
     )?;

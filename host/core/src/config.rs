@@ -264,6 +264,8 @@ pub fn synchronous(home: &Home) -> Result<Synchronous, ConfigError> {
 /// `[store] url` in `keel.toml`, else the home's SQLite file (committing as
 /// [`synchronous`] says).
 pub fn store_location(home: &Home) -> Result<crate::store::Location, ConfigError> {
+    // A bad durability setting is refused whichever store it would apply to.
+    let sync = synchronous(home)?;
     let file = read(home)?;
     let url = match env("KEEL_DATABASE_URL") {
         Some(url) => Some(("KEEL_DATABASE_URL".to_string(), url)),
@@ -290,7 +292,7 @@ pub fn store_location(home: &Home) -> Result<crate::store::Location, ConfigError
     {
         return Ok(crate::store::Location::Postgres { url });
     }
-    Ok(crate::store::Location::Sqlite { path: home.database(), sync: synchronous(home)? })
+    Ok(crate::store::Location::Sqlite { path: home.database(), sync })
 }
 
 /// The bounds of a front-end's connections (`keel.toml` `[serve]`).

@@ -249,7 +249,8 @@ pub async fn grants(home: PathBuf, cmd: GrantCommand) -> ExitCode {
 }
 
 /// The admin token of this server: `KEEL_API_TOKEN` (held in memory only), else the one in
-/// `HOME/api-token` (written 0600 the first time, stored hashed as `keel-serve`).
+/// `HOME/api-token` (written 0600 the first time, stored hashed as `keel-serve`; on a store
+/// several hosts share, as `keel-serve@HOST`, so that hosts do not replace each other's).
 async fn admin_token(
     home: &keel::home::Home,
     h: &keel::harness::Harness,
@@ -265,14 +266,14 @@ async fn admin_token(
     }
     let token = keel::access::new_token().map_err(|e| e.to_string())?;
     write_private(&path, &token).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    h.token_put_hashed(
-        &Caller::Operator,
-        keel_server::http::HOME_TOKEN_NAME,
-        Role::Admin,
-        keel::access::token_hash(&token),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+    let name = if h.shared_store() {
+        format!("{}@{}", keel_server::http::HOME_TOKEN_NAME, keel::brain::host_id())
+    } else {
+        keel_server::http::HOME_TOKEN_NAME.to_string()
+    };
+    h.token_put_hashed(&Caller::Operator, &name, Role::Admin, keel::access::token_hash(&token))
+        .await
+        .map_err(|e| e.to_string())?;
     Ok((None, path.display().to_string()))
 }
 

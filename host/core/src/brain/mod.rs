@@ -28,7 +28,7 @@ mod prepare;
 pub mod workgroup;
 
 use crate::session::lease::{self, RunnerId, lease_live};
-pub use crate::session::lease::{LEASE_TTL, heartbeat_every, lease_ttl};
+pub use crate::session::lease::{LEASE_TTL, heartbeat_every, host_id, lease_ttl};
 use crate::understand;
 
 /// How often a runner renews its lease with the default TTL (see [`heartbeat_every`]).

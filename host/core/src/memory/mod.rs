@@ -169,7 +169,7 @@ pub fn list_in(c: &Connection, user: Option<&str>) -> Result<Vec<Memory>, StoreE
     let user = user.map(|u| typed(u, Kind::Local));
     let mut stmt = c.prepare_cached(
         "SELECT id, \"user\", text, tags, at_ms, session_id FROM memories
-         WHERE ?1 IS NULL OR \"user\" = ?1 ORDER BY id",
+         WHERE CAST(?1 AS TEXT) IS NULL OR \"user\" = ?1 ORDER BY id",
     )?;
     let rows = stmt.query_map([user], row)?;
     Ok(rows.collect::<Result<_, _>>()?)

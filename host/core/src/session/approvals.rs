@@ -216,7 +216,7 @@ pub fn approvals_of(
     session: Option<&str>,
     pending_only: bool,
 ) -> Result<Vec<ApprovalUnit>, StoreError> {
-    let status = if pending_only { "status='pending'" } else { "1" };
+    let status = if pending_only { "status='pending'" } else { "TRUE" };
     match session {
         Some(s) => units_where(c, &format!("session_id=?1 AND {status}"), &[&s]),
         None => units_where(c, status, &[]),

@@ -65,7 +65,7 @@ pub fn call_evidence_in(
 ) -> Result<(i64, Vec<u8>), StoreError> {
     super::facts::load_counters(c, id)?;
     let sql = format!(
-        "SELECT turn, body_sha256 FROM {} WHERE session_id=?1 AND (?2 IS NULL OR turn=?2)
+        "SELECT turn, body_sha256 FROM {} WHERE session_id=?1 AND (CAST(?2 AS BIGINT) IS NULL OR turn=?2)
          AND body_sha256 IS NOT NULL ORDER BY turn DESC LIMIT 1",
         kind.table()
     );

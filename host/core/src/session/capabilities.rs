@@ -368,7 +368,7 @@ pub fn of_session(c: &Connection, id: &str) -> Result<Vec<Capability>, StoreErro
 pub fn skills_in(c: &Connection, id: &str) -> Result<Vec<LoadedSkill>, StoreError> {
     let mut stmt = c.prepare_cached(
         "SELECT v.name, v.description, v.digest, substr(v.body, 1, ?2),
-                length(CAST(v.body AS BLOB))
+                octet_length(v.body)
          FROM session_capabilities s JOIN skill_versions v ON v.digest = s.digest
          WHERE s.session_id=?1 AND s.kind='skill' ORDER BY v.name",
     )?;

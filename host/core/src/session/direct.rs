@@ -58,7 +58,7 @@ pub fn recover_in(
             "SELECT step, call_id, position, tool, input, component_digest, effect, status, result,
                     error_kind, changes, duration_ms, idempotent, approval_id, net
              FROM tool_calls WHERE session_id=?1 AND status IN ('intent', 'waiting')
-               AND step IS NOT ?2 ORDER BY step, position",
+               AND step IS DISTINCT FROM ?2 ORDER BY step, position",
         )?
         .query_map(params![id, open_step], |r| Ok((r.get(0)?, facts::journal_row(r, 1)?)))?
         .collect::<Result<_, _>>()?;

@@ -362,9 +362,9 @@ pub fn put_journal(
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)
          ON CONFLICT (session_id, step, call_id) DO UPDATE SET status=excluded.status, result=excluded.result,
              error_kind=excluded.error_kind, changes=excluded.changes, duration_ms=excluded.duration_ms,
-             net=COALESCE(excluded.net, net),
+             net=COALESCE(excluded.net, tool_calls.net),
              finished_at=excluded.finished_at, component_digest=excluded.component_digest,
-             approval_id=COALESCE(excluded.approval_id, approval_id)",
+             approval_id=COALESCE(excluded.approval_id, tool_calls.approval_id)",
     )?
     .execute(params![
         id,

@@ -4,7 +4,7 @@
 //! releases it in its own transaction when Brain asked for that. This module reads no other
 //! table.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -90,8 +90,11 @@ pub(crate) fn holder_in(c: &Connection, id: &str) -> Result<Option<(String, i64)
     .optional()?)
 }
 
-/// Every held lease: session, holder, last heartbeat.
-pub(crate) fn all_in(c: &Connection) -> Result<Vec<(String, String, i64)>, StoreError> {
+/// A held lease: session, holder, last heartbeat.
+pub(crate) type Held = (String, String, i64);
+
+/// Every held lease.
+pub(crate) fn all_in(c: &Connection) -> Result<Vec<Held>, StoreError> {
     Ok(c.prepare("SELECT session_id, owner, heartbeat_ms FROM runner_leases WHERE owner <> ''")?
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<Result<_, _>>()?)
@@ -102,19 +105,17 @@ pub(crate) fn all_in(c: &Connection) -> Result<Vec<(String, String, i64)>, Store
 /// must leave alone. On PostgreSQL the rows are locked `FOR UPDATE SKIP LOCKED`, so several
 /// hosts recovering at once each claim different sessions and none waits for another; SQLite's
 /// one writer sees no locked row.
-pub(crate) fn for_recovery_in(
-    c: &Connection,
-) -> Result<(Vec<(String, String, i64)>, std::collections::HashSet<String>), StoreError> {
+pub(crate) fn for_recovery_in(c: &Connection) -> Result<(Vec<Held>, HashSet<String>), StoreError> {
     if c.backend() == Backend::Sqlite {
         return Ok((all_in(c)?, Default::default()));
     }
-    let locked: Vec<(String, String, i64)> = c
+    let locked: Vec<Held> = c
         .prepare_cached(
             "SELECT session_id, owner, heartbeat_ms FROM runner_leases FOR UPDATE SKIP LOCKED",
         )?
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<Result<_, _>>()?;
-    let mine: std::collections::HashSet<&str> = locked.iter().map(|l| l.0.as_str()).collect();
+    let mine: HashSet<&str> = locked.iter().map(|l| l.0.as_str()).collect();
     let busy = c
         .prepare_cached("SELECT session_id FROM runner_leases")?
         .query_map([], |r| r.get::<_, String>(0))?
@@ -248,7 +249,7 @@ pub(crate) struct RunnerId {
 /// share a store must have different names (containers given one host name each need
 /// `KEEL_HOST_ID`): a lease held on this host is judged by its process being alive, a lease
 /// held elsewhere by its heartbeat.
-fn hostname() -> String {
+pub fn host_id() -> String {
     static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     HOST.get_or_init(|| {
         std::env::var("KEEL_HOST_ID")
@@ -276,7 +277,7 @@ impl RunnerId {
     pub(crate) fn current(nonce: &str) -> Self {
         let pid = std::process::id();
         Self {
-            host: hostname(),
+            host: host_id(),
             pid,
             start: process_start(pid).unwrap_or(0),
             nonce: nonce.to_string(),
@@ -302,7 +303,7 @@ impl std::fmt::Display for RunnerId {
 /// Whether the lease of `holder`, last renewed at `beat`, still binds its session.
 pub(crate) fn lease_live(holder: &str, beat: i64, now: i64) -> bool {
     if let Some(h) = RunnerId::parse(holder)
-        && h.host == hostname()
+        && h.host == host_id()
         && h.start != 0
     {
         if h.pid == std::process::id() {

@@ -294,7 +294,7 @@ fn select(c: &Connection, id: &str, turn: Option<i64>) -> Result<Vec<Transition>
     let mut stmt = c.prepare_cached(
         "SELECT turn, at_ms, relation, mode, session_goal, phase_goal, terms, error, body_sha256,
                 body_bytes, duration_ms, attempts
-         FROM task_transitions WHERE session_id=?1 AND (?2 IS NULL OR turn=?2) ORDER BY turn",
+         FROM task_transitions WHERE session_id=?1 AND (CAST(?2 AS BIGINT) IS NULL OR turn=?2) ORDER BY turn",
     )?;
     let rows = stmt.query_map(params![id, turn], |r| {
         Ok((

@@ -239,7 +239,7 @@ fn parse_list<T: serde::de::DeserializeOwned>(text: &str) -> crate::sql::Result<
 }
 
 const RECORD: &str = "SELECT s.name, v.description, s.digest, s.source, s.installed_at,
-    length(CAST(v.body AS BLOB)), v.files, v.tools, s.manifest_digest
+    octet_length(v.body), v.files, v.tools, s.manifest_digest
     FROM skills s JOIN skill_versions v ON v.digest = s.digest";
 
 fn record(r: &crate::sql::Row<'_>) -> crate::sql::Result<SkillRecord> {

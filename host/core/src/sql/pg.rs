@@ -160,7 +160,7 @@ impl PgConn {
         let text = translate(sql);
         let stmt = wait(self.client.prepare(&text))
             .map_err(|e| Error::Postgres(format!("{} in: {}", describe(&e), text.trim())))?;
-        let first = text.trim_start().split_whitespace().next().unwrap_or("").to_ascii_uppercase();
+        let first = text.split_whitespace().next().unwrap_or("").to_ascii_uppercase();
         let writes = !matches!(first.as_str(), "SELECT" | "VALUES" | "SHOW" | "EXPLAIN");
         let s = PgStatement { stmt, writes };
         if cached {

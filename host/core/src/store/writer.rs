@@ -63,7 +63,7 @@ pub struct DbStats {
 #[derive(Debug)]
 enum Source {
     Sqlite(std::path::PathBuf),
-    Postgres(tokio_postgres::Config),
+    Postgres(Box<tokio_postgres::Config>),
 }
 
 /// A handle to the database writer and read pool. Clones share them.
@@ -108,7 +108,7 @@ impl Db {
     pub fn open_postgres(url: &str) -> Result<Self, StoreError> {
         let config = crate::sql::pg::config(url)?;
         let conn = super::postgres::open(&config, url)?;
-        Self::start(conn, Source::Postgres(config))
+        Self::start(conn, Source::Postgres(Box::new(config)))
     }
 
     /// Which database this is.
@@ -143,7 +143,7 @@ impl Db {
                 .name("keel-db-writer".into())
                 .spawn(move || run(conn, rx, &counters, &added, &commits)),
             Source::Postgres(config) => {
-                super::listen::start(config.clone(), commits.clone(), stats.clone())?;
+                super::listen::start((**config).clone(), commits.clone(), stats.clone())?;
                 let config = config.clone();
                 std::thread::Builder::new()
                     .name("keel-db-writer".into())

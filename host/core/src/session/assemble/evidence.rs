@@ -243,7 +243,7 @@ pub fn token_estimate(c: &Connection, id: &str) -> Result<TokenEstimate, StoreEr
         Some((Some(bytes), from, to)) if from <= runtime.context_start => {
             let (gone,): (i64,) = c
                 .prepare_cached(
-                    "SELECT COALESCE(SUM(LENGTH(CAST(body AS BLOB))), 0) FROM messages
+                    "SELECT COALESCE(SUM(octet_length(body)), 0) FROM messages
                      WHERE session_id=?1 AND seq>=?2 AND seq<=?3",
                 )?
                 .query_row(params![id, from, runtime.context_start.min(to)], |r| {
@@ -256,7 +256,7 @@ pub fn token_estimate(c: &Connection, id: &str) -> Result<TokenEstimate, StoreEr
     };
     let (since, count): (i64, i64) = c
         .prepare_cached(
-            "SELECT COALESCE(SUM(LENGTH(CAST(body AS BLOB))), 0), COUNT(*) FROM messages
+            "SELECT COALESCE(SUM(octet_length(body)), 0), COUNT(*) FROM messages
              WHERE session_id=?1 AND seq>?2",
         )?
         .query_row(params![id, after], |r| Ok((r.get(0)?, r.get(1)?)))?;

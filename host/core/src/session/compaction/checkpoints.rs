@@ -320,7 +320,7 @@ pub fn evidence_in(
     facts::load_counters(c, id)?;
     let row: Option<(i64, Option<String>)> = c
         .prepare_cached(
-            "SELECT seq, body_sha256 FROM checkpoints WHERE session_id=?1 AND (?2 IS NULL OR seq=?2)
+            "SELECT seq, body_sha256 FROM checkpoints WHERE session_id=?1 AND (CAST(?2 AS BIGINT) IS NULL OR seq=?2)
              ORDER BY seq DESC LIMIT 1",
         )?
         .query_row(params![id, seq], |r| Ok((r.get(0)?, r.get(1)?)))

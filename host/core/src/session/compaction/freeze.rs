@@ -74,7 +74,7 @@ pub fn freeze_in(
     let (start, meta_version) = (counters.context_start(), counters.meta_version);
     let rows: Vec<Row> = c
         .prepare_cached(
-            "SELECT seq, role, LENGTH(CAST(body AS BLOB)) FROM messages
+            "SELECT seq, role, octet_length(body) FROM messages
              WHERE session_id=?1 AND seq>?2 ORDER BY seq",
         )?
         .query_map(params![id, start], |r| {

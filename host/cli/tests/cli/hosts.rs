@@ -1,0 +1,183 @@
+//! Several `keel serve` hosts on one PostgreSQL (Debian's `postgresql`, a throwaway cluster
+//! run as an unprivileged user): a host paused past its lease's TTL loses its session to
+//! another host, which finishes the turn, and writes nothing when it wakes; every event of the
+//! session is numbered without gaps, with fencing tokens that never go down. Ignored by
+//! default: `cargo test --release --test cli -- --ignored postgres`.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use keel_tests::mock_model::{MockModel, Reply};
+use keel_tests::postgres::Cluster;
+use serde_json::json;
+
+use super::serve::{client, get, post};
+
+/// One admin token for every host (a shared store holds one token table).
+const TOKEN: &str = "kT9-multi-host-admin-token-4f2a81c07d";
+
+/// A `keel serve` host with its own home, on the shared database.
+struct Host {
+    child: Child,
+    base: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Host {
+    fn start(home: &Path, db: &str, id: &str, model: &str) -> Self {
+        std::fs::write(home.join("keel.toml"), format!("[store]\nurl = \"{db}\"\n")).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+            .arg("--home")
+            .arg(home)
+            .args(["serve", "--listen", "127.0.0.1:0", "--model-url", model, "--model", "m"])
+            .env("KEEL_API_TOKEN", TOKEN)
+            .env("KEEL_HOST_ID", id)
+            .env("KEEL_LEASE_TTL_MS", "1500")
+            .env("KEEL_LOG", "warn,keel=info")
+            .env_remove("KEEL_MODEL_URL")
+            .env_remove("KEEL_MODEL")
+            .env_remove("KEEL_TEST_POSTGRES")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = BufReader::new(child.stderr.take().unwrap());
+        let log = stderr.clone();
+        std::thread::spawn(move || {
+            for line in reader.lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("serving the API at ").nth(1) {
+                    let _ = tx.send(rest.split("/api/v1").next().unwrap_or_default().to_string());
+                }
+                log.lock().unwrap().push_str(&format!("{line}\n"));
+            }
+        });
+        let base = rx
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|_| panic!("keel serve did not start: {}", stderr.lock().unwrap()));
+        Self { child, base, stderr }
+    }
+
+    fn api(&self, path: &str) -> String {
+        format!("{}/api/v1{path}", self.base)
+    }
+
+    fn signal(&self, sig: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_child(&self.child);
+        rustix::process::kill_process(pid, sig).unwrap();
+    }
+
+    fn log(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Rows of `sql` on database `keel`, each line split on `|`.
+fn rows(pg: &Cluster, sql: &str) -> Vec<Vec<String>> {
+    pg.psql("keel", sql)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| l.split('|').map(str::to_string).collect())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "postgres tier: needs Debian's postgresql"]
+async fn postgres_a_paused_host_loses_its_session_to_another_and_writes_nothing_when_it_wakes() {
+    let pg = Cluster::start(&[]).expect("a PostgreSQL server (install Debian's postgresql)");
+    pg.create_database("keel").unwrap();
+    // Host A's model call streams slowly (A is paused in the middle of it); the call made
+    // again by the host that takes over is answered at once.
+    let model = MockModel::start(vec![
+        Reply::drip_text(&["the paused ", "host's ", "answer"], Duration::from_millis(700)),
+        Reply::text("the answer of the host that took over"),
+    ])
+    .await;
+    let (home_a, home_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = Host::start(home_a.path(), &pg.url("keel"), "host-a", &model.url());
+    let b = Host::start(home_b.path(), &pg.url("keel"), "host-b", &model.url());
+    let c = client();
+
+    let (status, v) = post(&c, &a.api("/sessions"), TOKEN, json!({"input": "hi"})).await;
+    assert!(status.is_success(), "{v}\n{}", a.log());
+    let id = v["session_id"].as_str().unwrap().to_string();
+    // A is in its model call: pause it there.
+    let start = Instant::now();
+    while model.requests().is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(30), "A never called the model\n{}", a.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.signal(rustix::process::Signal::STOP);
+    let paused = Instant::now();
+
+    // B takes the session over when A's lease expires, and finishes the turn.
+    loop {
+        let (status, v) = get(&c, &b.api(&format!("/sessions/{id}")), TOKEN).await;
+        assert_eq!(status, 200, "{v}");
+        if v["session"]["state"] == "idle" {
+            break;
+        }
+        assert!(
+            paused.elapsed() < Duration::from_secs(30),
+            "B never took the session over: {v}\n{}",
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let takeover = paused.elapsed();
+    assert!(b.log().contains("taking over a session whose runner is gone"), "{}", b.log());
+
+    // A wakes: its stream ends, and every write it tries is refused.
+    a.signal(rustix::process::Signal::CONT);
+    let woke = Instant::now();
+    while !a.log().contains("taken over") {
+        assert!(woke.elapsed() < Duration::from_secs(20), "A never noticed\n{}", a.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // Nothing of A's answer was written; one final answer, B's.
+    let assistant = rows(
+        &pg,
+        &format!(
+            "SELECT body FROM messages WHERE session_id='{id}' AND role='assistant' ORDER BY seq"
+        ),
+    );
+    let all: String = assistant.iter().flatten().cloned().collect();
+    assert!(!all.contains("paused host"), "a stale write: {all}");
+    assert!(all.contains("took over"), "{all}");
+    // Events: numbered 1..n without gaps, fencing tokens never going down.
+    let events = rows(
+        &pg,
+        &format!(
+            "SELECT seq, COALESCE(fence, 0), kind FROM session_events WHERE session_id='{id}' ORDER BY seq"
+        ),
+    );
+    let mut last_fence = 0;
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e[0], (i + 1).to_string(), "contiguous: {events:?}");
+        let fence: i64 = e[1].parse().unwrap();
+        assert!(fence >= last_fence, "the fence went down at {}: {events:?}", e[0]);
+        last_fence = fence;
+    }
+    assert!(last_fence >= 2, "a takeover moved the token on: {events:?}");
+    // No session left running without a live lease.
+    let running = rows(&pg, "SELECT id FROM sessions WHERE state = 'running'");
+    assert!(running.is_empty(), "{running:?}");
+    eprintln!(
+        "takeover after a pause: {:.2} s (TTL 1.5 s, heartbeat 0.5 s)",
+        takeover.as_secs_f64()
+    );
+}
