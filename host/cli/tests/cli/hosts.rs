@@ -181,3 +181,86 @@ async fn postgres_a_paused_host_loses_its_session_to_another_and_writes_nothing_
         takeover.as_secs_f64()
     );
 }
+
+/// `keel` on `home` with `env`, never on the suite's own PostgreSQL.
+fn keel_env(home: &Path, env: &[(&str, &str)], args: &[&str]) -> std::process::Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_keel"));
+    c.arg("--home").arg(home).args(args).env_remove("KEEL_TEST_POSTGRES");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "postgres tier: needs Debian's postgresql"]
+async fn postgres_keel_store_migrate_copies_a_home_checks_it_and_another_host_runs_its_tools() {
+    let pg = Cluster::start(&[]).expect("a PostgreSQL server (install Debian's postgresql)");
+    pg.create_database("keel").unwrap();
+    let url = pg.url("keel");
+    let model = MockModel::start(vec![Reply::text("an answer to migrate")]).await;
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    // What a home holds: a session with a turn, a memory, a token, an installed component.
+    let run = keel_env(
+        h,
+        &[],
+        &["run", "--session", "m1", "--model-url", &model.url(), "--model", "m", "Say something."],
+    );
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let hostile = keel_tests::guests::HOSTILE_COMPONENT;
+    for args in [
+        &["memory", "add", "the build uses cargo", "--json"][..],
+        &["token", "add", "alice", "--role", "user", "--json"],
+        &["tool", "install", hostile, "--name", "hostile", "--json"],
+    ] {
+        let out = keel_env(h, &[], args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    let out = keel_env(h, &[], &["store", "migrate", "--to", &url, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = super::json_of(&out);
+    assert_eq!(v["ok"], true);
+    assert!(!v["to"].as_str().unwrap().contains("PASSWORD"));
+    let table = |name: &str| {
+        v["tables"].as_array().unwrap().iter().find(|t| t["table"] == name).cloned().unwrap()
+    };
+    assert_eq!(table("sessions")["rows"], 1);
+    assert!(table("messages")["rows"].as_u64().unwrap() >= 2);
+    assert_eq!(table("memories")["rows"], 1);
+    assert_eq!(table("skill_files")["rows"], 0);
+    assert!(
+        v["tables"].as_array().unwrap().iter().all(|t| t["digest"].as_str().unwrap().len() == 64)
+    );
+    assert!(v["component_files"].as_u64().unwrap() >= 5, "the first-party tools and hostile: {v}");
+
+    // Into a database that holds keel data: refused, nothing changed.
+    let again = keel_env(h, &[], &["store", "migrate", "--to", &url, "--json"]);
+    assert_eq!(again.status.code(), Some(2));
+    let e = super::json_of(&again);
+    assert_eq!(e["error"]["kind"], "conflict");
+    assert!(e["error"]["message"].as_str().unwrap().contains("already holds keel data"), "{e}");
+
+    // The home on PostgreSQL: the same session, memory and store.
+    let on_pg = [("KEEL_DATABASE_URL", url.as_str())];
+    let info = super::json_of(&keel_env(h, &on_pg, &["store", "info", "--json"]));
+    assert_eq!(info["backend"], "postgres");
+    let list = keel_env(h, &on_pg, &["session", "list", "--json"]);
+    assert!(String::from_utf8_lossy(&list.stdout).contains("\"m1\""), "{list:?}");
+    let mem = keel_env(h, &on_pg, &["memory", "list", "--json"]);
+    assert!(String::from_utf8_lossy(&mem.stdout).contains("the build uses cargo"), "{mem:?}");
+
+    // Another host, with a home of its own: it compiles `hostile` from the bytes the store
+    // keeps (digest-checked) and runs it.
+    let other = tempfile::tempdir().unwrap();
+    let call = keel_env(
+        other.path(),
+        &on_pg,
+        &["tool", "call", "echo", "--input", r#"{"text": "from the other host"}"#, "--json"],
+    );
+    assert!(call.status.success(), "{}", String::from_utf8_lossy(&call.stderr));
+    assert!(String::from_utf8_lossy(&call.stdout).contains("from the other host"));
+    let digest = pg.psql("keel", "SELECT digest FROM components WHERE name = 'hostile'").unwrap();
+    assert!(other.path().join("components").join(format!("{digest}.wasm")).exists());
+}

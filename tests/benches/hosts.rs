@@ -1,0 +1,190 @@
+//! Several hosts on one PostgreSQL beside one host on SQLite: the same workload on the same
+//! machine.
+//!
+//! 1. Turns per second and p50/p99 per turn with 1, 2 and 3 hosts on PostgreSQL, and with one
+//!    host on SQLite (the baseline, measured in the same run). A host is a harness with a home
+//!    of its own; the PostgreSQL hosts share one database (a throwaway cluster of Debian's
+//!    `postgresql`, durable commits as by default). Here the hosts share this process and its
+//!    2 cores, as hosts on one machine would. Each host drives `KEEL_BENCH_SESSIONS` sessions
+//!    (default 4) at once, `KEEL_BENCH_TURNS` turns each (default 25); a turn is an input and
+//!    a streamed answer from a scripted model server on loopback (task understanding off).
+//! 2. Claim latency: the transaction a host runs to take a free session's lease (p50/p99).
+//! 3. Wake-up latency: from a commit on one host to the event reaching a follower on another
+//!    (`LISTEN/NOTIFY`; the follower's fallback poll is an hour, so only the notification
+//!    counts) (p50/p99).
+//!
+//! Takeover after a host stops is measured by the two-host test of the PostgreSQL tier, which
+//! prints it. `cargo bench -p keel-tests --bench hosts`. Prints figures; asserts nothing about
+//! time.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout, clippy::print_stderr)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use keel::api::Caller;
+use keel::cancel::CancelToken;
+use keel::harness::Harness;
+use keel::ids::SessionId;
+use keel_tests::mock_model::{MockModel, Reply};
+use keel_tests::postgres::Cluster;
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+async fn harness(dir: &Path, url: Option<&str>) -> Harness {
+    if let Some(url) = url {
+        std::fs::write(dir.join("keel.toml"), format!("[store]\nurl = \"{url}\"\n")).unwrap();
+    }
+    let home = keel::home::Home::at(dir).unwrap();
+    Harness::open(home, keel_tests::test_limits(), None, Default::default(), &|_| {}).await.unwrap()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+/// Runs the turns of `hosts` (each with its sessions) at once; turns/s, p50 and p99 in ms.
+async fn run(
+    hosts: &[Arc<Harness>],
+    model: &str,
+    sessions: usize,
+    turns: usize,
+) -> (f64, f64, f64) {
+    let mut ids = Vec::new();
+    for (n, h) in hosts.iter().enumerate() {
+        for s in 0..sessions {
+            let id = format!("h{n}s{s}-{}", keel::store::now_ms());
+            keel_tests::plain_session(h, &id, &[], model).await;
+            ids.push((h.clone(), id));
+        }
+    }
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for (h, id) in ids {
+        tasks.push(tokio::spawn(async move {
+            let mut took = Vec::with_capacity(turns);
+            for _ in 0..turns {
+                let t = Instant::now();
+                h.send(
+                    &Caller::Operator,
+                    &id,
+                    "Go on.",
+                    &CancelToken::new(),
+                    &keel_tests::no_events(),
+                )
+                .await
+                .unwrap();
+                took.push(t.elapsed());
+            }
+            took
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let wall = started.elapsed().as_secs_f64();
+    all.sort();
+    (all.len() as f64 / wall, percentile(&all, 0.5), percentile(&all, 0.99))
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let sessions = env_or("KEEL_BENCH_SESSIONS", 4);
+    let turns = env_or("KEEL_BENCH_TURNS", 25);
+    let model = MockModel::start_fn(Arc::new(|_: &[u8]| Reply::text("Done."))).await;
+    let pg = Cluster::start(&[]).expect("a PostgreSQL server (install Debian's postgresql)");
+    println!(
+        "turns: {sessions} session(s) per host, {turns} turn(s) each; 2 CPUs; PostgreSQL {} with fsync",
+        pg.psql("postgres", "SHOW server_version").unwrap()
+    );
+    println!(
+        "{:<11} {:>5} {:>7} {:>9} {:>8} {:>8}",
+        "store", "hosts", "turns", "turns/s", "p50 ms", "p99 ms"
+    );
+
+    let sqlite_home = tempfile::tempdir().unwrap();
+    let sqlite = Arc::new(harness(sqlite_home.path(), None).await);
+    let (tps, p50, p99) = run(&[sqlite.clone()], &model.url(), sessions, turns).await;
+    println!(
+        "{:<11} {:>5} {:>7} {:>9.1} {:>8.2} {:>8.2}",
+        "sqlite",
+        1,
+        sessions * turns,
+        tps,
+        p50,
+        p99
+    );
+    drop(sqlite);
+    let baseline = tps;
+
+    let mut homes = Vec::new();
+    for n in 1..=3 {
+        let db = format!("bench{n}");
+        pg.create_database(&db).unwrap();
+        let mut hosts = Vec::new();
+        for _ in 0..n {
+            let home = tempfile::tempdir().unwrap();
+            hosts.push(Arc::new(harness(home.path(), Some(&pg.url(&db))).await));
+            homes.push(home);
+        }
+        let (tps, p50, p99) = run(&hosts, &model.url(), sessions, turns).await;
+        println!(
+            "{:<11} {:>5} {:>7} {:>9.1} {:>8.2} {:>8.2}   ({:.2} × SQLite)",
+            "postgres",
+            n,
+            n * sessions * turns,
+            tps,
+            p50,
+            p99,
+            tps / baseline
+        );
+    }
+
+    // Claims: a free session's lease taken by a host, one at a time.
+    pg.create_database("claims").unwrap();
+    let (a_home, b_home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = harness(a_home.path(), Some(&pg.url("claims"))).await;
+    let b = harness(b_home.path(), Some(&pg.url("claims"))).await;
+    let mut claims = Vec::new();
+    for i in 0..200 {
+        let id = format!("claim{i}");
+        keel_tests::plain_session(&a, &id, &[], &model.url()).await;
+        let t = Instant::now();
+        assert!(a.internals().brain.try_acquire(&SessionId::from(id.as_str())).await.unwrap());
+        claims.push(t.elapsed());
+    }
+    claims.sort();
+    println!(
+        "claim a free session's lease: p50 {:.2} ms, p99 {:.2} ms (200 claims)",
+        percentile(&claims, 0.5),
+        percentile(&claims, 0.99)
+    );
+
+    // Wake-ups: a commit on host B reaching a follower on host A.
+    let id = SessionId::from("woken");
+    keel_tests::plain_session(&a, "woken", &[], &model.url()).await;
+    let last = a.internals().engine.last_event(&id).await.unwrap();
+    let mut rx = a.internals().engine.follow(&id, last, Duration::from_secs(3600));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut wakes = Vec::new();
+    for i in 0..200 {
+        let t = Instant::now();
+        b.internals().engine.submit(&id, &format!("input {i}")).await.unwrap();
+        let committed = t.elapsed();
+        tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap().unwrap().unwrap();
+        wakes.push(t.elapsed().saturating_sub(committed));
+    }
+    wakes.sort();
+    println!(
+        "wake-up from another host's commit to its follower: p50 {:.2} ms, p99 {:.2} ms (200 events)",
+        percentile(&wakes, 0.5),
+        percentile(&wakes, 0.99)
+    );
+}
