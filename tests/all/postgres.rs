@@ -204,4 +204,6 @@ async fn postgres_followers_wake_on_notify_across_hosts_and_catch_up_after_losse
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(listens() >= 3, "listened again after the kill and after the restart: {}", listens());
+    // The tool catalog's own connection was dropped by the restart too: it connects again.
+    a.internals().tools.resolve("fs_list_dir").expect("the catalog reads after a restart");
 }

@@ -4,7 +4,6 @@
 //! session is numbered without gaps, with fencing tokens that never go down. Ignored by
 //! default: `cargo test --release --test cli -- --ignored postgres`.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -44,21 +43,7 @@ impl Host {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let reader = BufReader::new(child.stderr.take().unwrap());
-        let log = stderr.clone();
-        std::thread::spawn(move || {
-            for line in reader.lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("serving the API at ").nth(1) {
-                    let _ = tx.send(rest.split("/api/v1").next().unwrap_or_default().to_string());
-                }
-                log.lock().unwrap().push_str(&format!("{line}\n"));
-            }
-        });
-        let base = rx
-            .recv_timeout(Duration::from_secs(120))
-            .unwrap_or_else(|_| panic!("keel serve did not start: {}", stderr.lock().unwrap()));
+        let (base, stderr) = super::serve::serving(&mut child);
         Self { child, base, stderr }
     }
 

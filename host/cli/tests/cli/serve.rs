@@ -52,21 +52,7 @@ impl Server {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let reader = BufReader::new(child.stderr.take().unwrap());
-        let log = stderr.clone();
-        std::thread::spawn(move || {
-            for line in reader.lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("serving the API at ").nth(1) {
-                    let _ = tx.send(rest.split("/api/v1").next().unwrap_or_default().to_string());
-                }
-                log.lock().unwrap().push_str(&format!("{line}\n"));
-            }
-        });
-        let base = rx
-            .recv_timeout(Duration::from_secs(120))
-            .unwrap_or_else(|_| panic!("keel serve did not start: {}", stderr.lock().unwrap()));
+        let (base, stderr) = serving(&mut child);
         let admin = std::fs::read_to_string(home.join("api-token")).unwrap().trim().to_string();
         Self { child, base, admin, stderr }
     }
@@ -81,6 +67,27 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The base URL a starting `keel serve` prints (`http://127.0.0.1:PORT`), once it serves, and
+/// its stderr, kept as it is written.
+pub fn serving(child: &mut Child) -> (String, Arc<Mutex<String>>) {
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = BufReader::new(child.stderr.take().unwrap());
+    let log = stderr.clone();
+    std::thread::spawn(move || {
+        for line in reader.lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("serving the API at ").nth(1) {
+                let _ = tx.send(rest.split("/api/v1").next().unwrap_or_default().to_string());
+            }
+            log.lock().unwrap().push_str(&format!("{line}\n"));
+        }
+    });
+    let base = rx
+        .recv_timeout(Duration::from_secs(120))
+        .unwrap_or_else(|_| panic!("keel serve did not start: {}", stderr.lock().unwrap()));
+    (base, stderr)
 }
 
 pub fn client() -> reqwest::Client {

@@ -200,45 +200,46 @@ pub fn recall_in<S: AsRef<str>>(
     limit: usize,
 ) -> Result<Vec<Scored<Memory>>, StoreError> {
     let user = &typed(user, Kind::Local);
-    if c.backend() == Backend::Postgres {
-        let Some(query) = crate::search::ts_query(terms) else {
-            return Ok(Vec::new());
-        };
-        let mut stmt = c.prepare_cached(
-            "SELECT m.id, m.\"user\", m.text, m.tags, m.at_ms, m.session_id,
-                    -ts_rank(m.fts, q) AS score
-             FROM memories m, to_tsquery('english', ?1) q
-             WHERE m.fts @@ q AND m.\"user\" = ?2 ORDER BY score, m.id DESC LIMIT ?3",
-        )?;
-        let rows = stmt.query_map(params![query, user, limit as i64], |r| {
-            Ok(Scored { item: row(r)?, score: r.get(6)? })
-        })?;
-        return Ok(rows.collect::<Result<_, _>>()?);
-    }
-    let Some(plan) = crate::search::plan_in(
-        c,
-        "memories_fts",
-        "memories_vocab",
-        Some("{text tags}"),
-        Some(crate::search::Scope {
-            join: "JOIN memories m ON m.id = memories_fts.rowid AND m.\"user\" = ?3",
-            owner: user,
-        }),
-        terms,
-    )?
-    else {
-        return Ok(Vec::new());
+    let (sql, query, min_rowid) = match c.backend() {
+        Backend::Postgres => {
+            let Some(query) = crate::search::ts_query(terms) else {
+                return Ok(Vec::new());
+            };
+            let sql = "SELECT m.id, m.\"user\", m.text, m.tags, m.at_ms, m.session_id,
+                        -ts_rank(m.fts, q) AS score
+                 FROM memories m, to_tsquery('english', ?1) q
+                 WHERE m.fts @@ q AND m.\"user\" = ?2 ORDER BY score, m.id DESC LIMIT ?3";
+            (sql, query, None)
+        }
+        Backend::Sqlite => {
+            let Some(plan) = crate::search::plan_in(
+                c,
+                "memories_fts",
+                "memories_vocab",
+                Some("{text tags}"),
+                Some(crate::search::Scope {
+                    join: "JOIN memories m ON m.id = memories_fts.rowid AND m.\"user\" = ?3",
+                    owner: user,
+                }),
+                terms,
+            )?
+            else {
+                return Ok(Vec::new());
+            };
+            let sql = "SELECT m.id, m.\"user\", m.text, m.tags, m.at_ms, m.session_id,
+                        bm25(memories_fts, 0.0, 1.0, 2.0) AS score
+                 FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid
+                 WHERE memories_fts MATCH ?1 AND memories_fts.rowid >= ?4 AND m.\"user\" = ?2
+                 ORDER BY score LIMIT ?3";
+            (sql, plan.query, Some(plan.min_rowid))
+        }
     };
-    let mut stmt = c.prepare_cached(
-        "SELECT m.id, m.\"user\", m.text, m.tags, m.at_ms, m.session_id,
-                bm25(memories_fts, 0.0, 1.0, 2.0) AS score
-         FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid
-         WHERE memories_fts MATCH ?1 AND memories_fts.rowid >= ?4 AND m.\"user\" = ?2
-         ORDER BY score LIMIT ?3",
-    )?;
-    let rows = stmt.query_map(params![plan.query, user, limit as i64, plan.min_rowid], |r| {
-        Ok(Scored { item: row(r)?, score: r.get(6)? })
-    })?;
+    let mut stmt = c.prepare_cached(sql)?;
+    let scored = |r: &crate::sql::Row<'_>| Ok(Scored { item: row(r)?, score: r.get(6)? });
+    let rows = match min_rowid {
+        Some(min) => stmt.query_map(params![query, user, limit as i64, min], scored)?,
+        None => stmt.query_map(params![query, user, limit as i64], scored)?,
+    };
     Ok(rows.collect::<Result<_, _>>()?)
 }
 

@@ -311,40 +311,42 @@ pub fn recall_in<S: AsRef<str>>(
     terms: &[S],
     limit: usize,
 ) -> Result<Vec<Scored<SkillRef>>, StoreError> {
-    if c.backend() == Backend::Postgres {
-        let Some(query) = crate::search::ts_query(terms) else {
-            return Ok(Vec::new());
-        };
-        let mut stmt = c.prepare_cached(
-            "SELECT s.name, v.description, s.digest, -ts_rank(v.fts, q) AS score
-             FROM skills s JOIN skill_versions v ON v.digest = s.digest,
-                  to_tsquery('english', ?1) q
-             WHERE v.fts @@ q ORDER BY score, s.name LIMIT ?2",
-        )?;
-        let rows = stmt.query_map(params![query, limit as i64], |r| {
-            Ok(Scored {
-                item: SkillRef { name: r.get(0)?, description: r.get(1)?, digest: r.get(2)? },
-                score: r.get(3)?,
-            })
-        })?;
-        return Ok(rows.collect::<Result<_, _>>()?);
-    }
-    let Some(plan) = crate::search::plan_in(c, "skills_fts", "skills_vocab", None, None, terms)?
-    else {
-        return Ok(Vec::new());
+    let (sql, query, min_rowid) = match c.backend() {
+        Backend::Postgres => {
+            let Some(query) = crate::search::ts_query(terms) else {
+                return Ok(Vec::new());
+            };
+            let sql = "SELECT s.name, v.description, s.digest, -ts_rank(v.fts, q) AS score
+                 FROM skills s JOIN skill_versions v ON v.digest = s.digest,
+                      to_tsquery('english', ?1) q
+                 WHERE v.fts @@ q ORDER BY score, s.name LIMIT ?2";
+            (sql, query, None)
+        }
+        Backend::Sqlite => {
+            let Some(plan) =
+                crate::search::plan_in(c, "skills_fts", "skills_vocab", None, None, terms)?
+            else {
+                return Ok(Vec::new());
+            };
+            let sql =
+                "SELECT s.name, v.description, s.digest, bm25(skills_fts, 10.0, 5.0, 1.0) AS score
+                 FROM skills_fts JOIN skills s ON s.rowid = skills_fts.rowid
+                 JOIN skill_versions v ON v.digest = s.digest
+                 WHERE skills_fts MATCH ?1 AND skills_fts.rowid >= ?3 ORDER BY score LIMIT ?2";
+            (sql, plan.query, Some(plan.min_rowid))
+        }
     };
-    let mut stmt = c.prepare_cached(
-        "SELECT s.name, v.description, s.digest, bm25(skills_fts, 10.0, 5.0, 1.0) AS score
-         FROM skills_fts JOIN skills s ON s.rowid = skills_fts.rowid
-         JOIN skill_versions v ON v.digest = s.digest
-         WHERE skills_fts MATCH ?1 AND skills_fts.rowid >= ?3 ORDER BY score LIMIT ?2",
-    )?;
-    let rows = stmt.query_map(params![plan.query, limit as i64, plan.min_rowid], |r| {
+    let mut stmt = c.prepare_cached(sql)?;
+    let scored = |r: &crate::sql::Row<'_>| {
         Ok(Scored {
             item: SkillRef { name: r.get(0)?, description: r.get(1)?, digest: r.get(2)? },
             score: r.get(3)?,
         })
-    })?;
+    };
+    let rows = match min_rowid {
+        Some(min) => stmt.query_map(params![query, limit as i64, min], scored)?,
+        None => stmt.query_map(params![query, limit as i64], scored)?,
+    };
     Ok(rows.collect::<Result<_, _>>()?)
 }
 

@@ -344,6 +344,11 @@ fn migrate_to(conn: &mut Connection, up_to: i64) -> Result<(), StoreError> {
         conn.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| {
             r.get(0)
         })?;
+    not_newer(found, known)
+}
+
+/// Refuses a database whose schema (`found`) is newer than this build's (`known`).
+fn not_newer(found: i64, known: i64) -> Result<(), StoreError> {
     if found > known {
         return Err(StoreError::TooNew { found, known });
     }

@@ -63,8 +63,5 @@ fn apply(conn: &Connection, up_to: i64) -> Result<(), StoreError> {
         conn.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| {
             r.get(0)
         })?;
-    if found > known {
-        return Err(StoreError::TooNew { found, known });
-    }
-    Ok(())
+    super::not_newer(found, known)
 }

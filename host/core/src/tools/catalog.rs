@@ -353,38 +353,31 @@ pub fn recall_in<S: AsRef<str>>(
     terms: &[S],
     limit: usize,
 ) -> Result<Vec<crate::search::Scored<ToolRef>>, StoreError> {
-    if conn.backend() == Backend::Postgres {
-        let Some(query) = crate::search::ts_query(terms) else {
-            return Ok(Vec::new());
-        };
-        let mut stmt = conn.prepare_cached(
-            "SELECT t.name, t.component, t.description, t.effect, -ts_rank(t.fts, q) AS score
-             FROM tools t, to_tsquery('english', ?1) q
-             WHERE t.fts @@ q ORDER BY score, t.name LIMIT ?2",
-        )?;
-        let rows = stmt.query_map(params![query, limit as i64], |r| {
-            Ok(crate::search::Scored {
-                item: ToolRef {
-                    name: r.get(0)?,
-                    component: r.get(1)?,
-                    description: r.get(2)?,
-                    effect: r.get(3)?,
-                },
-                score: r.get(4)?,
-            })
-        })?;
-        return Ok(rows.collect::<Result<_, _>>()?);
-    }
-    let Some(plan) = crate::search::plan_in(conn, "tools_fts", "tools_vocab", None, None, terms)?
-    else {
-        return Ok(Vec::new());
+    let (sql, query, min_rowid) = match conn.backend() {
+        Backend::Postgres => {
+            let Some(query) = crate::search::ts_query(terms) else {
+                return Ok(Vec::new());
+            };
+            let sql =
+                "SELECT t.name, t.component, t.description, t.effect, -ts_rank(t.fts, q) AS score
+                 FROM tools t, to_tsquery('english', ?1) q
+                 WHERE t.fts @@ q ORDER BY score, t.name LIMIT ?2";
+            (sql, query, None)
+        }
+        Backend::Sqlite => {
+            let Some(plan) =
+                crate::search::plan_in(conn, "tools_fts", "tools_vocab", None, None, terms)?
+            else {
+                return Ok(Vec::new());
+            };
+            let sql = "SELECT t.name, t.component, t.description, t.effect, bm25(tools_fts, 5.0, 1.0) AS score
+                 FROM tools_fts JOIN tools t ON t.rowid = tools_fts.rowid
+                 WHERE tools_fts MATCH ?1 AND tools_fts.rowid >= ?3 ORDER BY score LIMIT ?2";
+            (sql, plan.query, Some(plan.min_rowid))
+        }
     };
-    let mut stmt = conn.prepare_cached(
-        "SELECT t.name, t.component, t.description, t.effect, bm25(tools_fts, 5.0, 1.0) AS score
-         FROM tools_fts JOIN tools t ON t.rowid = tools_fts.rowid
-         WHERE tools_fts MATCH ?1 AND tools_fts.rowid >= ?3 ORDER BY score LIMIT ?2",
-    )?;
-    let rows = stmt.query_map(params![plan.query, limit as i64, plan.min_rowid], |r| {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let scored = |r: &crate::sql::Row<'_>| {
         Ok(crate::search::Scored {
             item: ToolRef {
                 name: r.get(0)?,
@@ -394,7 +387,11 @@ pub fn recall_in<S: AsRef<str>>(
             },
             score: r.get(4)?,
         })
-    })?;
+    };
+    let rows = match min_rowid {
+        Some(min) => stmt.query_map(params![query, limit as i64, min], scored)?,
+        None => stmt.query_map(params![query, limit as i64], scored)?,
+    };
     Ok(rows.collect::<Result<_, _>>()?)
 }
 

@@ -50,6 +50,8 @@ pub struct ToolService {
     home: Home,
     sandbox: Arc<Sandbox>,
     db: Mutex<Connection>,
+    /// Where `db` connects to again when a PostgreSQL server dropped it (a restart).
+    location: store::Location,
     catalog: Mutex<view::CatalogCache>,
     prepared: Mutex<HashMap<String, Arc<Prepared>>>,
     validators: Mutex<HashMap<String, Arc<jsonschema::Validator>>>,
@@ -78,7 +80,8 @@ impl ToolService {
         limits: SandboxLimits,
         progress: &(dyn Fn(&str) + Sync),
     ) -> Result<Self, ToolServiceError> {
-        let conn = store::connect(&crate::config::store_location(&home)?)?;
+        let location = crate::config::store_location(&home)?;
+        let conn = store::connect(&location)?;
         let sandbox = Arc::new(Sandbox::new(&home.cache_dir(), limits)?);
         let admin = crate::config::read(&home)?.tools.unwrap_or_default().control_trusted;
         let builtin: Vec<(&str, &[u8], String)> = crate::builtin::BUILTIN_COMPONENTS
@@ -94,6 +97,7 @@ impl ToolService {
             home,
             sandbox,
             db: Mutex::new(conn),
+            location,
             catalog: Mutex::new(view::CatalogCache::default()),
             prepared: Mutex::new(HashMap::new()),
             validators: Mutex::new(HashMap::new()),
@@ -119,8 +123,17 @@ impl ToolService {
         self.control_trusted.contains(digest)
     }
 
+    /// This service's connection; on PostgreSQL, made again first when the server dropped it
+    /// (after a restart), so that calls work again without restarting keel.
     fn db(&self) -> std::sync::MutexGuard<'_, Connection> {
-        self.db.lock().unwrap_or_else(PoisonError::into_inner)
+        let mut db = self.db.lock().unwrap_or_else(PoisonError::into_inner);
+        if db.pg().is_some_and(|c| c.is_closed()) {
+            match store::connect(&self.location) {
+                Ok(fresh) => *db = fresh,
+                Err(e) => tracing::warn!("the tool catalog cannot reach the database: {e}"),
+            }
+        }
+        db
     }
 
     pub fn sandbox(&self) -> &Arc<Sandbox> {
