@@ -512,7 +512,7 @@ impl<'c> Statement<'c> {
     pub fn exists<P: Params>(&mut self, params: P) -> Result<bool> {
         let values = params.values();
         if let StmtInner::Postgres(c, s) = &self.inner {
-            return Ok(!c.query(s, &values, Some(1))?.is_empty());
+            return Ok(!c.query(s, &values)?.is_empty());
         }
         let s = self.sqlite().ok_or(Error::NoRows)?;
         Ok(s.exists(binds(&values))?)
@@ -525,7 +525,7 @@ impl<'c> Statement<'c> {
     {
         let values = params.values();
         if let StmtInner::Postgres(c, s) = &self.inner {
-            let rows = c.query(s, &values, Some(1))?;
+            let rows = c.query(s, &values)?;
             let row = rows.first().ok_or(Error::NoRows)?;
             return f(&Row { inner: RowInner::Postgres(row) });
         }
@@ -545,7 +545,7 @@ impl<'c> Statement<'c> {
         let values = params.values();
         let mut out = Vec::new();
         if let StmtInner::Postgres(c, s) = &self.inner {
-            for row in c.query(s, &values, None)? {
+            for row in c.query(s, &values)? {
                 out.push(f(&Row { inner: RowInner::Postgres(&row) }));
             }
         } else {

@@ -187,12 +187,7 @@ impl PgConn {
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 
-    pub(crate) fn query(
-        &self,
-        s: &PgStatement,
-        values: &[SqlRef<'_>],
-        _limit: Option<usize>,
-    ) -> Result<Vec<PgRow>> {
+    pub(crate) fn query(&self, s: &PgStatement, values: &[SqlRef<'_>]) -> Result<Vec<PgRow>> {
         let params = Self::params(s, values)?;
         let refs: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as _).collect();
         let rows = wait(self.client.query(&s.stmt, &refs)).map_err(|e| error(&e))?;
