@@ -1,5 +1,6 @@
 //! The store on a real PostgreSQL server (Debian's `postgresql`, a throwaway cluster per test,
-//! run as an unprivileged user): fencing of a runner whose lease was taken over, wake-ups of
+//! run as an unprivileged user): fencing of a runner whose lease was taken over, recovery
+//! racing a host that takes a session's first lease, wake-ups of
 //! event followers by `LISTEN/NOTIFY` that survive a killed listener and a restarted server.
 //! Ignored by default (`--ignored postgres`): the PostgreSQL tier of `.ci/run`.
 
@@ -129,6 +130,65 @@ async fn postgres_a_write_racing_a_takeover_waits_for_it_and_is_refused() {
     assert!(matches!(e, StoreError::Fenced(_)), "{e}");
     assert!(waited >= Duration::from_millis(500), "the write waited for the takeover: {waited:?}");
     assert_ne!(i.engine.runtime(&id).await.unwrap().state, RuntimeState::Running);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "postgres tier: needs Debian's postgresql"]
+async fn postgres_recovery_waits_for_a_host_taking_a_first_lease_and_leaves_its_turn_alone() {
+    let pg = started();
+    pg.create_database("keel").unwrap();
+    let dir = home_on(&pg, "keel");
+    let h = harness(dir.path()).await;
+    let id = session(&h, "first").await;
+    let i = h.internals();
+    // An input waits: recovery would resume the session if no runner held it.
+    i.engine.submit(&id, "do the thing").await.unwrap();
+    // Another host takes the session's first lease and begins its turn, in one transaction
+    // held open for 2 s (the session never had a lease row).
+    let url = pg.url("keel");
+    let taker = std::thread::spawn(move || {
+        std::process::Command::new(keel_tests::postgres::bin_dir().unwrap().join("psql"))
+            .arg(url)
+            .args([
+                "-X",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                "BEGIN; INSERT INTO runner_leases (session_id, owner, heartbeat_ms, fence) \
+                 VALUES ('first', 'elsewhere/1/1/z', \
+                         (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT, 1); \
+                 UPDATE sessions SET state='running', active_turn=1 WHERE id='first'; \
+                 SELECT pg_sleep(2); COMMIT;",
+            ])
+            .status()
+            .unwrap()
+    });
+    for _ in 0..200 {
+        let n = pg
+            .psql("keel", "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(2)%' AND state='active' AND pid <> pg_backend_pid()")
+            .unwrap();
+        if n == "1" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // This host's recovery, meanwhile: it waits for the taker and leaves the session to it.
+    let started = std::time::Instant::now();
+    let recovered = i.brain.recover().await.unwrap();
+    let waited = started.elapsed();
+    assert!(taker.join().unwrap().success());
+    assert!(
+        recovered.iter().all(|r| r.id.as_str() != "first"),
+        "recovery took a session another host had just begun: {recovered:?}"
+    );
+    assert!(waited >= Duration::from_millis(500), "recovery waited for the taker: {waited:?}");
+    assert_eq!(
+        pg.psql("keel", "SELECT owner, fence FROM runner_leases WHERE session_id='first'").unwrap(),
+        "elsewhere/1/1/z|1",
+        "the taker's lease stands"
+    );
+    assert_eq!(i.engine.runtime(&id).await.unwrap().state, RuntimeState::Running);
 }
 
 /// Receives the next event of `rx` within `within`.

@@ -99,6 +99,16 @@ impl Brain {
                 let now = lease::db_now_in(c)?;
                 let mut out = Vec::new();
                 for (id, held) in candidates {
+                    let held = match held {
+                        Some(h) => Some(h),
+                        // Work in flight and no lease locked above: lock its row now (a host
+                        // taking it this moment is waited for, or skipped while it holds it).
+                        None => match lease::lock_unheld_in(c, &id)? {
+                            None => continue,
+                            Some((holder, _)) if holder.is_empty() => None,
+                            Some(h) => Some(h),
+                        },
+                    };
                     if let Some((holder, beat)) = &held {
                         if holder.as_str() == &*owner || lease_live(holder, *beat, now) {
                             continue;

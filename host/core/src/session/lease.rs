@@ -127,6 +127,32 @@ pub(crate) fn for_recovery_in(c: &Connection) -> Result<(Vec<Held>, HashSet<Stri
     Ok((held, busy))
 }
 
+/// The lease row of session `id`, which recovery found with work in flight but no lease it
+/// could lock: on PostgreSQL the row is made if the session never had one, then locked
+/// `FOR UPDATE SKIP LOCKED`. `None` when another transaction holds it (a host taking the
+/// session right now); else its holder (empty when free) and heartbeat. A host taking the
+/// session's first lease while this runs is waited for, so recovery never mistakes a turn
+/// that host just began for one whose runner is gone. SQLite's one writer needs no lock.
+pub(crate) fn lock_unheld_in(
+    c: &Connection,
+    id: &str,
+) -> Result<Option<(String, i64)>, StoreError> {
+    if c.backend() == Backend::Sqlite {
+        return Ok(Some((String::new(), 0)));
+    }
+    c.prepare_cached(
+        "INSERT INTO runner_leases (session_id, owner, heartbeat_ms, fence)
+         VALUES (?1, '', 0, 0) ON CONFLICT DO NOTHING",
+    )?
+    .execute([id])?;
+    Ok(c.prepare_cached(
+        "SELECT owner, heartbeat_ms FROM runner_leases WHERE session_id=?1
+             FOR UPDATE SKIP LOCKED",
+    )?
+    .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
+    .optional()?)
+}
+
 /// Whether `owner` holds `id`'s lease.
 pub(crate) fn holds_in(c: &Connection, id: &str, owner: &str) -> Result<bool, StoreError> {
     Ok(c.prepare_cached(
