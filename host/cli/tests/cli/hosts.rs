@@ -366,17 +366,8 @@ async fn random_kills(hosts: usize) {
     let mut worst_orphan = Duration::ZERO;
     let mut i = 0;
     while signalled + self_killed < kills {
-        // Inputs keep arriving, at random hosts.
-        let tag = format!("t{i}");
-        let url = live[rng.below(hosts as u64) as usize]
-            .api(&format!("/sessions/j{}/input", i % SESSIONS));
-        let client = c.clone();
-        let body = json!({"text": format!("task {tag}")});
-        inflight.push((tag, tokio::spawn(async move { submit(&client, &url, body).await })));
-        i += 1;
-        tokio::time::sleep(Duration::from_millis(20 + rng.below(400))).await;
-
-        // The nemesis: half the time a host holding a lease (mid-turn), else any host.
+        // The nemesis picks its victim: half the time a host holding a lease (mid-turn), else
+        // any host.
         let holders = rows(&pg, "SELECT owner FROM runner_leases WHERE owner <> ''");
         let holding: Vec<usize> = (0..hosts)
             .filter(|h| holders.iter().any(|o| o[0].starts_with(&format!("h{h}/"))))
@@ -386,6 +377,19 @@ async fn random_kills(hosts: usize) {
         } else {
             rng.below(hosts as u64) as usize
         };
+        // Inputs keep arriving at random hosts; a third of them at the victim just before it
+        // dies (acknowledged or not: either way stored at most once, answered if stored).
+        let at_victim = rng.below(3) == 0;
+        let to = if at_victim { victim } else { rng.below(hosts as u64) as usize };
+        let tag = format!("t{i}");
+        let url = live[to].api(&format!("/sessions/j{}/input", i % SESSIONS));
+        let client = c.clone();
+        let body = json!({"text": format!("task {tag}")});
+        inflight.push((tag, tokio::spawn(async move { submit(&client, &url, body).await })));
+        i += 1;
+        let pause = if at_victim { rng.below(6) } else { 20 + rng.below(400) };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+
         let crash_at = (rng.below(4) == 0).then(|| {
             format!("{}:{}", POINTS[rng.below(POINTS.len() as u64) as usize], 1 + rng.below(3))
         });
