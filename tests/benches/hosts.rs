@@ -49,13 +49,24 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1000.0
 }
 
-/// Runs the turns of `hosts` (each with its sessions) at once; turns/s, p50 and p99 in ms.
-async fn run(
-    hosts: &[Arc<Harness>],
-    model: &str,
-    sessions: usize,
-    turns: usize,
-) -> (f64, f64, f64, (f64, f64)) {
+/// What a run of turns measured.
+struct Figures {
+    turns_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    writes: f64,
+    reads: f64,
+    /// Round trips to PostgreSQL per turn, and the mean wait of one in µs.
+    round_trips: f64,
+    round_trip_us: f64,
+    /// The writers' busy time per turn (operations and commits), ms.
+    writer_ms: f64,
+    /// Of it, commits, ms.
+    commit_ms: f64,
+}
+
+/// Runs the turns of `hosts` (each with its sessions) at once.
+async fn run(hosts: &[Arc<Harness>], model: &str, sessions: usize, turns: usize) -> Figures {
     let mut ids = Vec::new();
     for (n, h) in hosts.iter().enumerate() {
         for s in 0..sessions {
@@ -64,12 +75,20 @@ async fn run(
             ids.push((h.clone(), id));
         }
     }
-    let ops = || -> (u64, u64) {
+    let ops = || -> [u64; 4] {
         let stats = hosts.iter().map(|h| h.internals().db.stats());
         let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-        stats.fold((0, 0), |(w, r), s| (w + load(&s.operations), r + load(&s.reads)))
+        stats.fold([0; 4], |[w, r, o, c], s| {
+            [
+                w + load(&s.operations),
+                r + load(&s.reads),
+                o + load(&s.ops_ns),
+                c + load(&s.commit_ns),
+            ]
+        })
     };
     let ops_before = ops();
+    let trips_before = keel::sql::postgres_round_trips();
     let started = Instant::now();
     let mut tasks = Vec::new();
     for (h, id) in ids {
@@ -97,10 +116,42 @@ async fn run(
     }
     let wall = started.elapsed().as_secs_f64();
     all.sort();
-    let (writes, reads) = ops();
+    let after = ops();
+    let trips = keel::sql::postgres_round_trips();
     let n = all.len() as f64;
-    let per_turn = ((writes - ops_before.0) as f64 / n, (reads - ops_before.1) as f64 / n);
-    (all.len() as f64 / wall, percentile(&all, 0.5), percentile(&all, 0.99), per_turn)
+    let per_turn = |i: usize| (after[i] - ops_before[i]) as f64 / n;
+    let round_trips = (trips.0 - trips_before.0) as f64;
+    Figures {
+        turns_per_s: n / wall,
+        p50_ms: percentile(&all, 0.5),
+        p99_ms: percentile(&all, 0.99),
+        writes: per_turn(0),
+        reads: per_turn(1),
+        round_trips: round_trips / n,
+        round_trip_us: if round_trips > 0.0 {
+            (trips.1 - trips_before.1).as_secs_f64() * 1e6 / round_trips
+        } else {
+            0.0
+        },
+        writer_ms: (per_turn(2) + per_turn(3)) / 1e6,
+        commit_ms: per_turn(3) / 1e6,
+    }
+}
+
+fn print_row(store: &str, hosts: usize, turns: usize, f: &Figures, baseline: Option<f64>) {
+    println!(
+        "{store:<9} {hosts:>5} {turns:>6} {:>8.1} {:>7.2} {:>7.2} {:>7.1} {:>6.1} {:>6.1} {:>7.0} {:>7.2} {:>7.2}{}",
+        f.turns_per_s,
+        f.p50_ms,
+        f.p99_ms,
+        f.writes,
+        f.reads,
+        f.round_trips,
+        f.round_trip_us,
+        f.writer_ms,
+        f.commit_ms,
+        baseline.map(|b| format!("   ({:.2} × SQLite)", f.turns_per_s / b)).unwrap_or_default()
+    );
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -114,27 +165,31 @@ async fn main() {
         pg.psql("postgres", "SHOW server_version").unwrap()
     );
     println!(
-        "{:<11} {:>5} {:>7} {:>9} {:>8} {:>8} {:>11} {:>10}",
-        "store", "hosts", "turns", "turns/s", "p50 ms", "p99 ms", "writes/turn", "reads/turn"
+        "per turn: writes and reads (store operations), round trips to PostgreSQL and the mean \
+         wait of one, the writers' busy time and the commits' share of it"
+    );
+    println!(
+        "{:<9} {:>5} {:>6} {:>8} {:>7} {:>7} {:>7} {:>6} {:>6} {:>7} {:>7} {:>7}",
+        "store",
+        "hosts",
+        "turns",
+        "turns/s",
+        "p50 ms",
+        "p99 ms",
+        "writes",
+        "reads",
+        "trips",
+        "µs/trip",
+        "wr ms",
+        "cmt ms"
     );
 
     let sqlite_home = tempfile::tempdir().unwrap();
     let sqlite = Arc::new(harness(sqlite_home.path(), None).await);
-    let (tps, p50, p99, ops) =
-        run(std::slice::from_ref(&sqlite), &model.url(), sessions, turns).await;
-    println!(
-        "{:<11} {:>5} {:>7} {:>9.1} {:>8.2} {:>8.2} {:>11.1} {:>10.1}",
-        "sqlite",
-        1,
-        sessions * turns,
-        tps,
-        p50,
-        p99,
-        ops.0,
-        ops.1
-    );
+    let f = run(std::slice::from_ref(&sqlite), &model.url(), sessions, turns).await;
+    print_row("sqlite", 1, sessions * turns, &f, None);
     drop(sqlite);
-    let baseline = tps;
+    let baseline = f.turns_per_s;
 
     let mut homes = Vec::new();
     for n in 1..=3 {
@@ -146,19 +201,8 @@ async fn main() {
             hosts.push(Arc::new(harness(home.path(), Some(&pg.url(&db))).await));
             homes.push(home);
         }
-        let (tps, p50, p99, ops) = run(&hosts, &model.url(), sessions, turns).await;
-        println!(
-            "{:<11} {:>5} {:>7} {:>9.1} {:>8.2} {:>8.2} {:>11.1} {:>10.1}   ({:.2} × SQLite)",
-            "postgres",
-            n,
-            n * sessions * turns,
-            tps,
-            p50,
-            p99,
-            ops.0,
-            ops.1,
-            tps / baseline
-        );
+        let f = run(&hosts, &model.url(), sessions, turns).await;
+        print_row("postgres", n, n * sessions * turns, &f, Some(baseline));
     }
 
     // Claims: a free session's lease taken by a host, one at a time.

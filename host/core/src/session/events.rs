@@ -310,17 +310,23 @@ fn one_line(text: &str, max: usize) -> String {
 /// table by sequence number).
 pub fn append(c: &Connection, id: &str, event: &SessionEvent) -> Result<i64, StoreError> {
     super::facts::lock_in(c, id)?;
-    let seq: i64 = c
-        .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM session_events WHERE session_id=?1")?
-        .query_row([id], |r| r.get(0))?;
     let body = serde_json::to_string(event)
         .map_err(|e| StoreError::Corrupt(format!("an event cannot be encoded: {e}")))?;
-    c.prepare_cached(
-        "INSERT INTO session_events (session_id, seq, at_ms, kind, body, fence)
-         VALUES (?1, ?2, ?3, ?4, ?5, (SELECT fence FROM runner_leases WHERE session_id=?1))",
-    )?
-    .execute(params![id, seq, now_ms(), event.kind(), body])?;
-    if c.backend() == crate::sql::Backend::Postgres {
+    // Numbered after the last one, in the same statement (the session's row lock orders
+    // writers on PostgreSQL).
+    let seq: i64 = c
+        .prepare_cached(
+            "INSERT INTO session_events (session_id, seq, at_ms, kind, body, fence)
+             SELECT ?1, COALESCE(MAX(seq), 0) + 1, ?2, ?3, ?4,
+                    (SELECT fence FROM runner_leases WHERE session_id=?1)
+             FROM session_events WHERE session_id=?1
+             RETURNING seq",
+        )?
+        .query_row(params![id, now_ms(), event.kind(), body], |r| r.get(0))?;
+    // One wake-up per session and transaction: followers read every event after their last.
+    if c.backend() == crate::sql::Backend::Postgres
+        && c.first_in_transaction(&format!("notify {id}"))
+    {
         c.prepare_cached("SELECT pg_notify('keel_events', ?1)")?.query_row([id], |_| Ok(()))?;
     }
     Ok(seq)

@@ -110,9 +110,11 @@ pub(super) fn parse<T: serde::de::DeserializeOwned>(
 /// Locks session `id`'s row for the rest of the caller's transaction (PostgreSQL's
 /// `FOR UPDATE`): writes of one session from several hosts take their turn, so each numbers
 /// its rows (events, messages, inputs …) after the last committed one. SQLite's store has one
-/// writer, which already orders them; there this does nothing. Taken before any lease row.
+/// writer, which already orders them; there this does nothing. Taken before any lease row;
+/// taken once per transaction (the lock is held until it ends).
 pub fn lock_in(c: &Connection, id: &str) -> Result<(), StoreError> {
-    if c.backend() == crate::sql::Backend::Postgres {
+    if c.backend() == crate::sql::Backend::Postgres && c.first_in_transaction(&format!("lock {id}"))
+    {
         c.prepare_cached("SELECT 1 FROM sessions WHERE id=?1 FOR UPDATE")?
             .query_row([id], |_| Ok(()))
             .optional()?;

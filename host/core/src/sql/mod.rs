@@ -12,6 +12,8 @@ use std::fmt;
 
 pub(crate) mod pg;
 
+pub use pg::round_trips as postgres_round_trips;
+
 /// Which database a connection talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -342,17 +344,18 @@ impl Connection {
         Ok(Statement {
             inner: match &self.inner {
                 Inner::Sqlite(c) => StmtInner::SqliteCached(c.prepare_cached(sql)?),
-                Inner::Postgres(c) => StmtInner::Postgres(c, c.prepare(sql, true)?),
+                Inner::Postgres(c) => StmtInner::Postgres(c, c.prepare(sql)?),
             },
         })
     }
 
-    /// A statement prepared for this use only.
+    /// A statement prepared for this use (on PostgreSQL kept in the connection's cache all the
+    /// same: a statement is prepared there in a round trip of its own).
     pub fn prepare(&self, sql: &str) -> Result<Statement<'_>> {
         Ok(Statement {
             inner: match &self.inner {
                 Inner::Sqlite(c) => StmtInner::Sqlite(c.prepare(sql)?),
-                Inner::Postgres(c) => StmtInner::Postgres(c, c.prepare(sql, false)?),
+                Inner::Postgres(c) => StmtInner::Postgres(c, c.prepare(sql)?),
             },
         })
     }
@@ -409,6 +412,17 @@ impl Connection {
         match self.backend() {
             Backend::Sqlite => "BEGIN IMMEDIATE",
             Backend::Postgres => "BEGIN",
+        }
+    }
+
+    /// Whether `key` is new in this connection's open transaction (always, outside one, and on
+    /// SQLite, whose one writer needs no lock of its own): for what a transaction on
+    /// PostgreSQL needs once — a row it already locked, a notification it already sent. A
+    /// rollback to a savepoint forgets every key.
+    pub fn first_in_transaction(&self, key: &str) -> bool {
+        match &self.inner {
+            Inner::Sqlite(_) => true,
+            Inner::Postgres(c) => c.first_in_transaction(key),
         }
     }
 

@@ -7,6 +7,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -34,10 +35,25 @@ pub(crate) fn runtime() -> Result<&'static tokio::runtime::Runtime> {
     .map_err(|e| Error::Postgres(e.clone()))
 }
 
-/// Waits for `f` on this thread. The client's futures only exchange messages with the
-/// connection's task on the background runtime, so no runtime is needed here.
+/// Round trips to PostgreSQL waited for by this process, and the time spent waiting.
+static ROUND_TRIPS: AtomicU64 = AtomicU64::new(0);
+static WAITED_NS: AtomicU64 = AtomicU64::new(0);
+
+/// How many round trips to PostgreSQL this process has waited for, and for how long in all.
+pub fn round_trips() -> (u64, Duration) {
+    (ROUND_TRIPS.load(Ordering::Relaxed), Duration::from_nanos(WAITED_NS.load(Ordering::Relaxed)))
+}
+
+/// Waits for `f` — one round trip to the server — on this thread. The client's futures only
+/// exchange messages with the connection's task on the background runtime, so no runtime is
+/// needed here.
 fn wait<F: std::future::Future>(f: F) -> F::Output {
-    futures_executor::block_on(f)
+    let started = std::time::Instant::now();
+    let out = futures_executor::block_on(f);
+    ROUND_TRIPS.fetch_add(1, Ordering::Relaxed);
+    let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    WAITED_NS.fetch_add(ns, Ordering::Relaxed);
+    out
 }
 
 /// A PostgreSQL error as keel reports it: the server's message with its SQLSTATE code, or the
@@ -98,12 +114,20 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// How many prepared statements a connection keeps.
+const MAX_CACHED: usize = 512;
+
 /// A connection, used from one thread at a time.
 pub(crate) struct PgConn {
     client: tokio_postgres::Client,
     cache: RefCell<HashMap<String, PgStatement>>,
     changes: Cell<u64>,
     in_tx: Cell<bool>,
+    /// What [`PgConn::first_in_transaction`] has seen in the open transaction.
+    marks: RefCell<std::collections::HashSet<String>>,
+    /// A read-only `BEGIN` not sent yet: it goes with the transaction's first statement, in
+    /// the same round trip (and not at all when no statement follows).
+    pending_begin: RefCell<Option<String>>,
 }
 
 /// A prepared statement, and whether it may change rows.
@@ -145,6 +169,8 @@ impl PgConn {
             cache: RefCell::new(HashMap::new()),
             changes: Cell::new(0),
             in_tx: Cell::new(false),
+            marks: RefCell::default(),
+            pending_begin: RefCell::default(),
         })
     }
 
@@ -153,19 +179,27 @@ impl PgConn {
         self.client.is_closed()
     }
 
-    pub(crate) fn prepare(&self, sql: &str, cached: bool) -> Result<PgStatement> {
-        if cached && let Some(s) = self.cache.borrow().get(sql) {
+    /// Prepares `sql` — a round trip — or takes it from this connection's cache. Every
+    /// statement is cached on PostgreSQL, whether or not the caller asked for the cache: one
+    /// prepared for a single use would cost a round trip to prepare and a message to close on
+    /// every use. Keel's statement texts are fixed, so the cache stays small; past
+    /// [`MAX_CACHED`] statements it starts over.
+    pub(crate) fn prepare(&self, sql: &str) -> Result<PgStatement> {
+        if let Some(s) = self.cache.borrow().get(sql) {
             return Ok(s.clone());
         }
         let text = translate(sql);
-        let stmt = wait(self.client.prepare(&text))
+        let stmt = self
+            .send(self.client.prepare(&text))
             .map_err(|e| Error::Postgres(format!("{} in: {}", describe(&e), text.trim())))?;
         let first = text.split_whitespace().next().unwrap_or("").to_ascii_uppercase();
         let writes = !matches!(first.as_str(), "SELECT" | "VALUES" | "SHOW" | "EXPLAIN");
         let s = PgStatement { stmt, writes };
-        if cached {
-            self.cache.borrow_mut().insert(sql.to_string(), s.clone());
+        let mut cache = self.cache.borrow_mut();
+        if cache.len() >= MAX_CACHED {
+            cache.clear();
         }
+        cache.insert(sql.to_string(), s.clone());
         Ok(s)
     }
 
@@ -180,7 +214,7 @@ impl PgConn {
     pub(crate) fn execute(&self, s: &PgStatement, values: &[SqlRef<'_>]) -> Result<usize> {
         let params = Self::params(s, values)?;
         let refs: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as _).collect();
-        let n = wait(self.client.execute(&s.stmt, &refs)).map_err(|e| error(&e))?;
+        let n = self.send(self.client.execute(&s.stmt, &refs)).map_err(|e| error(&e))?;
         if s.writes {
             self.changes.set(self.changes.get() + n.max(1));
         }
@@ -190,7 +224,7 @@ impl PgConn {
     pub(crate) fn query(&self, s: &PgStatement, values: &[SqlRef<'_>]) -> Result<Vec<PgRow>> {
         let params = Self::params(s, values)?;
         let refs: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as _).collect();
-        let rows = wait(self.client.query(&s.stmt, &refs)).map_err(|e| error(&e))?;
+        let rows = self.send(self.client.query(&s.stmt, &refs)).map_err(|e| error(&e))?;
         if s.writes {
             self.changes.set(self.changes.get() + rows.len().max(1) as u64);
         }
@@ -201,18 +235,65 @@ impl PgConn {
     /// transaction they open or end.
     pub(crate) fn batch(&self, sql: &str) -> Result<()> {
         let head = sql.trim_start().to_ascii_uppercase();
-        let result = wait(self.client.batch_execute(sql)).map_err(|e| error(&e));
-        if head.starts_with("BEGIN") || head.starts_with("START TRANSACTION") {
-            self.in_tx.set(result.is_ok());
-        } else if head.starts_with("COMMIT")
-            || head.starts_with("END")
-            || (head.starts_with("ROLLBACK") && !head.starts_with("ROLLBACK TO"))
+        let begins = head.starts_with("BEGIN") || head.starts_with("START TRANSACTION");
+        let ends =
+            head.starts_with("COMMIT") || head.starts_with("END") || head.starts_with("ROLLBACK");
+        // A read-only transaction begins with its first statement; one that ran none ends
+        // without a word to the server.
+        if begins && head.contains("READ ONLY") && !self.in_transaction() {
+            *self.pending_begin.borrow_mut() = Some(sql.to_string());
+            self.in_tx.set(true);
+            self.marks.borrow_mut().clear();
+            return Ok(());
+        }
+        if ends
+            && !head.starts_with("ROLLBACK TO")
+            && self.pending_begin.borrow_mut().take().is_some()
         {
             self.in_tx.set(false);
+            self.marks.borrow_mut().clear();
+            return Ok(());
+        }
+        let result = self.send(self.client.batch_execute(sql)).map_err(|e| error(&e));
+        if begins {
+            self.in_tx.set(result.is_ok());
+            self.marks.borrow_mut().clear();
+        } else if ends {
+            // A rollback to a savepoint undoes the locks taken after it: forget them all.
+            if !head.starts_with("ROLLBACK TO") {
+                self.in_tx.set(false);
+            }
+            self.marks.borrow_mut().clear();
         } else if !head.starts_with("SAVEPOINT") && !head.starts_with("RELEASE") {
             self.changes.set(self.changes.get() + 1);
         }
         result
+    }
+
+    /// Waits for `request`, sent in one round trip with the pending read-only `BEGIN` if there
+    /// is one (the client pipelines requests polled together); a `BEGIN` that failed fails
+    /// the request.
+    fn send<T>(
+        &self,
+        request: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+    ) -> std::result::Result<T, tokio_postgres::Error> {
+        let Some(begin) = self.pending_begin.borrow_mut().take() else { return wait(request) };
+        let (began, out) =
+            wait(futures_util::future::join(self.client.batch_execute(&begin), request));
+        if let Err(e) = began {
+            self.in_tx.set(false);
+            return Err(e);
+        }
+        out
+    }
+
+    /// Whether `key` is new in the open transaction (always, outside one): for what one
+    /// transaction needs once — a row lock it already holds, a notification it already sent.
+    pub(crate) fn first_in_transaction(&self, key: &str) -> bool {
+        if !self.in_transaction() {
+            return true;
+        }
+        self.marks.borrow_mut().insert(key.to_string())
     }
 
     pub(crate) fn in_transaction(&self) -> bool {
