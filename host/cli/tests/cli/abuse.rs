@@ -71,7 +71,7 @@ async fn k1_slow_and_idle_connections_are_bounded_and_users_are_still_served() {
         let fresh = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
         let (status, v) = get(&fresh, &s.api("/whoami"), &s.admin).await;
         assert_eq!(status, 200, "{v}\n{}", s.stderr.lock().unwrap());
-        assert_eq!(v["name"], "keel-serve");
+        assert_eq!(v["name"], super::serve_token_name().as_str());
     }
     // Every slow connection is closed: displaced for the cap, or by the header or idle
     // timeout; none is answered with a page.

@@ -190,7 +190,8 @@ async fn browser_console_login_live_turn_approve_and_escaping() {
     .await;
     until(&b, "the idle state", "document.getElementById('state').innerText === 'idle'").await;
     let timeline = text_of(&b, "#timeline").await;
-    assert!(timeline.contains("by api token keel-serve"), "{timeline}");
+    let by = format!("by api token {}", super::serve_token_name());
+    assert!(timeline.contains(&by), "{timeline}");
     assert_eq!(keel_tests::log_lines(&project, "sent.log"), ["hello"]);
     assert_ne!(b.title().await.unwrap(), "pwned");
     shot(&b, "session").await;

@@ -32,6 +32,24 @@ fn json_of(out: &Output) -> Value {
     })
 }
 
+/// Whether the suite runs on PostgreSQL (`with-postgres`: every home a database of its own).
+fn on_postgres() -> bool {
+    std::env::var_os("KEEL_TEST_POSTGRES").is_some_and(|v| !v.is_empty())
+}
+
+/// The name of the admin token `keel serve` makes for itself: on a shared store (the suite on
+/// PostgreSQL) it carries the host's name, as every host's does.
+fn serve_token_name() -> String {
+    if !on_postgres() {
+        return "keel-serve".into();
+    }
+    let host =
+        std::env::var("KEEL_HOST_ID").ok().filter(|h| !h.trim().is_empty()).unwrap_or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string()
+        });
+    format!("keel-serve@{host}")
+}
+
 fn data_dir() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data").display().to_string()
 }

@@ -373,12 +373,26 @@ fn keel_adds_keel_as_an_mcp_server() {
             "--json",
         ],
     );
-    // The inner side: a session per connection, its calls with their results.
-    let inner_sessions = sessions(inner.path());
+    // The inner side: a session per connection, its calls with their results. (keel starts an
+    // MCP server with a cleared environment: on the suite's PostgreSQL run the inner server's
+    // store is its home's SQLite file, where these look.)
+    let inner_keel = |args: &[&str]| {
+        std::process::Command::new(bin())
+            .arg("--home")
+            .arg(inner.path())
+            .args(args)
+            .env_remove("KEEL_TEST_POSTGRES")
+            .output()
+            .unwrap()
+    };
+    let inner_sessions = json_of(&inner_keel(&["session", "list", "--json"]))
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let shown = inner_sessions
         .iter()
         .map(|s| {
-            let out = keel(inner.path(), &["session", "show", s["id"].as_str().unwrap()]);
+            let out = inner_keel(&["session", "show", s["id"].as_str().unwrap()]);
             String::from_utf8_lossy(&out.stdout).into_owned()
         })
         .find(|text| text.contains("fs_read_file {"))

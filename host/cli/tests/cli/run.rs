@@ -197,9 +197,10 @@ async fn c4_two_processes_on_one_session() {
             "--json",
         ]),
     ));
-    // Wait until the first process has created the session and holds its runner.
+    // Wait until the first process has created the session and holds its runner (its start
+    // installs the first-party tools into a new store: seconds on a loaded machine).
     let mut queued = None;
-    for _ in 0..100 {
+    for _ in 0..600 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let out = keel_async(h.clone(), args(&["session", "show", "two", "--json"])).await;
         if out.status.success() && super::json_of(&out)["state"] == "running" {

@@ -205,7 +205,10 @@ async fn the_api_checks_tokens_roles_grant_roots_and_sizes() {
     let (status, _) = get(&c, &s.api("/sessions"), "keel_0000").await;
     assert_eq!(status, 401);
     let (status, v) = get(&c, &s.api("/whoami"), &s.admin).await;
-    assert_eq!((status, v), (StatusCode::OK, json!({"name": "keel-serve", "role": "admin"})));
+    assert_eq!(
+        (status, v),
+        (StatusCode::OK, json!({"name": super::serve_token_name(), "role": "admin"}))
+    );
     let (_, v) = get(&c, &s.api("/whoami"), &alice).await;
     assert_eq!(v["role"], "user");
 
@@ -343,8 +346,10 @@ async fn the_api_checks_tokens_roles_grant_roots_and_sizes() {
         .iter()
         .map(|t| t["name"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(names, ["keel-serve"]);
-    let db = std::fs::read(home.path().join("keel.db")).unwrap();
+    assert_eq!(names, [super::serve_token_name()]);
+    // (On PostgreSQL the home holds no database file.)
+    let db = std::fs::read(home.path().join("keel.db")).unwrap_or_default();
+    assert!(db.is_empty() == super::on_postgres());
     assert!(
         !db.windows(s.admin.len()).any(|w| w == s.admin.as_bytes()),
         "the token is not stored in plain text"
@@ -500,7 +505,11 @@ async fn approvals_over_http_resume_the_turn_and_events_resume_after_a_drop() {
         read_events(&mut res, |e| e["kind"] == "turn_finished" || e["kind"] == "answer").await;
     drop(res);
     let decided = rest.iter().find(|e| e.1["kind"] == "approval_decided").unwrap();
-    let by = if approved { "api token keel-serve" } else { "api token carol" };
+    let by = if approved {
+        format!("api token {}", super::serve_token_name())
+    } else {
+        "api token carol".to_string()
+    };
     assert_eq!(decided.1["by"], by, "{decided:?}");
     let meta = wait_for(&c, &s, "flow", "idle", |m| m["state"] == "idle").await;
     assert_eq!(meta["owner"]["preset"], "shared");
