@@ -304,7 +304,9 @@ fn tag_of(text: &str) -> String {
 /// 100). Then: every acknowledged input answered exactly once (and every stored one), every
 /// non-idempotent effect run at most once (exactly once when its journal says done), each
 /// session's events numbered without gaps with fencing tokens that never go down, and no
-/// session ever left running without a live lease for longer than a takeover takes.
+/// session ever left running without a live lease for longer than a takeover takes. Prints
+/// the seed first and what happened last.
+#[allow(clippy::print_stderr)]
 async fn random_kills(hosts: usize) {
     let kills: usize =
         std::env::var("KEEL_HOSTS_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
@@ -398,10 +400,10 @@ async fn random_kills(hosts: usize) {
         signalled += 1;
         live[victim] = start(victim, crash_at.as_deref());
         // Hosts that killed themselves at their crash point come back without one.
-        for h in 0..hosts {
-            if live[h].child.try_wait().unwrap().is_some() {
+        for (h, host) in live.iter_mut().enumerate() {
+            if host.child.try_wait().unwrap().is_some() {
                 self_killed += 1;
-                live[h] = start(h, None);
+                *host = start(h, None);
             }
         }
 

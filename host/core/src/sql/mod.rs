@@ -295,7 +295,7 @@ pub struct Connection {
 
 enum Inner {
     Sqlite(rusqlite::Connection),
-    Postgres(pg::PgConn),
+    Postgres(Box<pg::PgConn>),
 }
 
 impl fmt::Debug for Connection {
@@ -312,7 +312,7 @@ impl From<rusqlite::Connection> for Connection {
 
 impl Connection {
     pub(crate) fn postgres(c: pg::PgConn) -> Self {
-        Self { inner: Inner::Postgres(c) }
+        Self { inner: Inner::Postgres(Box::new(c)) }
     }
 
     /// Which database this is.
@@ -335,7 +335,7 @@ impl Connection {
     pub(crate) fn pg(&self) -> Option<&pg::PgConn> {
         match &self.inner {
             Inner::Sqlite(_) => None,
-            Inner::Postgres(c) => Some(c),
+            Inner::Postgres(c) => Some(c.as_ref()),
         }
     }
 
