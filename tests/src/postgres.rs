@@ -45,6 +45,26 @@ pub fn bin_dir() -> Option<PathBuf> {
     dir.join("initdb").exists().then_some(dir)
 }
 
+/// Gives `path` (a directory and what is in it) to the user the server runs as, when the
+/// tests run as root: files the server reads (a TLS key: the server wants it private).
+pub fn give_to_server(path: &Path) -> Result<(), String> {
+    if !is_root() {
+        return Ok(());
+    }
+    let uid = Some(rustix::process::Uid::from_raw(UNPRIVILEGED));
+    let gid = Some(rustix::process::Gid::from_raw(UNPRIVILEGED));
+    let mut all = vec![path.to_path_buf()];
+    if path.is_dir() {
+        let entries = std::fs::read_dir(path).map_err(|e| e.to_string())?;
+        all.extend(entries.filter_map(|e| e.ok().map(|e| e.path())));
+    }
+    for p in all {
+        rustix::fs::chown(&p, uid, gid)
+            .map_err(|e| format!("cannot chown {}: {e}", p.display()))?;
+    }
+    Ok(())
+}
+
 fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }

@@ -48,7 +48,9 @@ url = \"postgres://…\"); the environment overrides the file, and flags overrid
   KEEL_SYNCHRONOUS   full: every commit synced before it is reported (default); normal: synced
                      at checkpoints; off: never synced
   KEEL_DATABASE_URL  postgres://USER:PASSWORD@HOST:PORT/DB: the store is that PostgreSQL
-                     database, which several `keel serve` hosts may share (as [store] url)
+                     database, which several `keel serve` hosts may share (as [store] url);
+                     ?sslmode=require for TLS, the certificate checked against the system's
+                     trust store (SSL_CERT_FILE names another)
   KEEL_HOST_ID       this host's name in runner leases (default: the kernel's host name)
   KEEL_LEASE_TTL_MS  how long a runner's lease lasts unrenewed (default 15000)
   KEEL_LOG           log filter for stderr (info, debug, keel::model=debug, ...); NO_COLOR";

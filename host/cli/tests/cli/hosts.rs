@@ -557,3 +557,125 @@ async fn postgres_random_kills_of_two_hosts_lose_and_repeat_nothing() {
 async fn postgres_random_kills_of_three_hosts_lose_and_repeat_nothing() {
     random_kills(3).await;
 }
+
+/// Runs `openssl` with `args` in `dir`.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl").current_dir(dir).args(args).output().unwrap();
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "postgres tier: needs Debian's postgresql"]
+async fn postgres_over_tls_when_the_url_requires_it_with_the_certificate_checked() {
+    // A certificate authority, and a server certificate for 127.0.0.1 it signed.
+    let certs = tempfile::tempdir().unwrap();
+    let d = certs.path();
+    let ca_ext = [
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign",
+    ];
+    let mut ca = vec!["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key"];
+    ca.extend(["-out", "ca.crt", "-days", "2", "-subj", "/CN=keel test CA"]);
+    ca.extend(ca_ext);
+    openssl(d, &ca);
+    openssl(
+        d,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+    );
+    std::fs::write(
+        d.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(
+        d,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+        ],
+    );
+    std::fs::set_permissions(
+        d.join("server.key"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    keel_tests::postgres::give_to_server(d).unwrap();
+    let cert = format!("ssl_cert_file={}", d.join("server.crt").display());
+    let key = format!("ssl_key_file={}", d.join("server.key").display());
+    let pg = Cluster::start(&["ssl=on", &cert, &key, "log_connections=on"])
+        .expect("a PostgreSQL server (install Debian's postgresql)");
+    pg.create_database("keel").unwrap();
+    let url = format!("{}?sslmode=require", pg.url("keel"));
+    let ca = d.join("ca.crt").display().to_string();
+    let home = tempfile::tempdir().unwrap();
+
+    // Trusting the authority (`SSL_CERT_FILE`): keel's connections are encrypted.
+    let trusted = [("KEEL_DATABASE_URL", url.as_str()), ("SSL_CERT_FILE", ca.as_str())];
+    let add = keel_env(home.path(), &trusted, &["memory", "add", "kept over TLS", "--json"]);
+    assert!(add.status.success(), "{}", String::from_utf8_lossy(&add.stderr));
+    let list = keel_env(home.path(), &trusted, &["memory", "list", "--json"]);
+    assert!(String::from_utf8_lossy(&list.stdout).contains("kept over TLS"), "{list:?}");
+    let log = pg.log();
+    let keel_connections: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("connection authorized") && l.contains("application_name=keel"))
+        .collect();
+    assert!(!keel_connections.is_empty(), "{log}");
+    assert!(
+        keel_connections.iter().all(|l| l.contains("SSL enabled")),
+        "every connection of keel's is encrypted: {keel_connections:#?}"
+    );
+
+    // Not trusting it: refused before any password is sent, and said so.
+    let mut c = Command::new(env!("CARGO_BIN_EXE_keel"));
+    let untrusted = c
+        .arg("--home")
+        .arg(home.path())
+        .args(["memory", "list", "--json"])
+        .env("KEEL_DATABASE_URL", &url)
+        .env_remove("SSL_CERT_FILE")
+        .env_remove("KEEL_TEST_POSTGRES")
+        .output()
+        .unwrap();
+    assert_eq!(untrusted.status.code(), Some(3), "{untrusted:?}");
+    let err = super::json_of(&untrusted)["error"]["message"].as_str().unwrap().to_string();
+    assert!(err.contains("invalid peer certificate"), "{err}");
+    assert!(err.contains("?sslmode=require") && !err.contains("PASSWORD"), "{err}");
+
+    // Without `sslmode=require` keel does not ask for TLS.
+    let plain = keel_env(
+        home.path(),
+        &[("KEEL_DATABASE_URL", pg.url("keel").as_str())],
+        &["memory", "list", "--json"],
+    );
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    let log = pg.log();
+    let last = log.lines().filter(|l| l.contains("connection authorized")).last().unwrap();
+    assert!(!last.contains("SSL enabled"), "{last}");
+}

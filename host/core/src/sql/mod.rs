@@ -11,6 +11,7 @@
 use std::fmt;
 
 pub(crate) mod pg;
+mod pg_tls;
 
 pub use pg::round_trips as postgres_round_trips;
 

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::BytesMut;
+use tokio_postgres::config::SslMode;
 use tokio_postgres::types::{FromSql as PgFromSql, IsNull, ToSql as PgToSql, Type, to_sql_checked};
 
 use super::{Error, Result, SqlRef};
@@ -97,7 +98,18 @@ pub(crate) fn config(url: &str) -> Result<tokio_postgres::Config> {
     if config.get_application_name().is_none() {
         config.application_name("keel");
     }
+    // TLS when the URL requires it, with the server's certificate verified; `prefer` (the
+    // default) is taken as `disable`: keel never sends a password over a connection whose
+    // certificate it did not check.
+    if config.get_ssl_mode() != SslMode::Require {
+        config.ssl_mode(SslMode::Disable);
+    }
     Ok(config)
+}
+
+/// What connects to PostgreSQL: TLS, used when the configuration requires it.
+pub(crate) fn tls() -> Result<super::pg_tls::MakeRustls> {
+    super::pg_tls::MakeRustls::new().map_err(Error::Postgres)
 }
 
 /// `url` with its password replaced, for messages.
@@ -143,9 +155,10 @@ impl PgConn {
     /// Connects to the database `config` names.
     pub(crate) fn connect(config: &tokio_postgres::Config) -> Result<Self> {
         let config = config.clone();
+        let tls = tls()?;
         let (tx, rx) = std::sync::mpsc::channel();
         runtime()?.spawn(async move {
-            match config.connect(tokio_postgres::NoTls).await {
+            match config.connect(tls).await {
                 Ok((client, connection)) => {
                     if tx.send(Ok(client)).is_ok()
                         && let Err(e) = connection.await

@@ -51,8 +51,9 @@ async fn listen_once(
     wake: &tokio::sync::watch::Sender<u64>,
     stats: &DbStats,
 ) -> Result<(), String> {
+    let tls = crate::sql::pg::tls().map_err(|e| e.to_string())?;
     let (client, mut connection) =
-        config.connect(tokio_postgres::NoTls).await.map_err(|e| crate::sql::pg::describe(&e))?;
+        config.connect(tls).await.map_err(|e| crate::sql::pg::describe(&e))?;
     let (notified, mut notifications) = tokio::sync::mpsc::unbounded_channel();
     let driver = tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
