@@ -10,13 +10,15 @@ use std::path::{Path, PathBuf};
 
 /// The core's top-level modules, bottom first.
 const CORE: &[&[&str]] = &[
-    // The database interface (values, statements, rows; SQLite and PostgreSQL drivers): the
-    // one module the leaves' stored types implement conversions for.
+    // The TLS provider every client installs (HTTP, OCI, PostgreSQL): imports nothing.
+    &["tls"],
+    // The database interface (values, statements, rows; SQLite and PostgreSQL drivers, the
+    // latter over TLS): the one module the leaves' stored types implement conversions for.
     &["sql"],
-    // Leaves: no import of another module of the library but `sql`.
+    // Leaves: no import of another module of the library but `tls` and `sql`.
     &[
         "builtin", "caller", "cancel", "crash", "digest", "failure", "grant", "home", "ids",
-        "names", "plan", "policy", "signing", "stored", "tls", "units",
+        "names", "plan", "policy", "signing", "stored", "units",
     ],
     &["oci", "live"],
     &["store"],

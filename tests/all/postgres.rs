@@ -37,6 +37,31 @@ async fn session(h: &keel::harness::Harness, id: &str) -> SessionId {
     SessionId::from(id)
 }
 
+/// Runs `statements` in one transaction in `psql` on database `keel`, held open for 2 s after
+/// them; returns once the server is in that wait (the transaction holds its locks), with the
+/// thread that ends when it committed.
+fn hold(pg: &Cluster, statements: &str) -> std::thread::JoinHandle<std::process::ExitStatus> {
+    let url = pg.url("keel");
+    let sql = format!("BEGIN; {statements}; SELECT pg_sleep(2); COMMIT;");
+    let held = std::thread::spawn(move || {
+        std::process::Command::new(keel_tests::postgres::bin_dir().unwrap().join("psql"))
+            .arg(url)
+            .args(["-X", "-q", "-o", "/dev/null", "-v", "ON_ERROR_STOP=1", "-c", &sql])
+            .status()
+            .unwrap()
+    });
+    for _ in 0..200 {
+        let n = pg
+            .psql("keel", "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(2)%' AND state='active' AND pid <> pg_backend_pid()")
+            .unwrap();
+        if n == "1" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    held
+}
+
 fn started() -> Cluster {
     Cluster::start(&[]).expect("a PostgreSQL server (install Debian's postgresql)")
 }
@@ -97,32 +122,10 @@ async fn postgres_a_write_racing_a_takeover_waits_for_it_and_is_refused() {
     let i = h.internals();
     assert!(i.brain.try_acquire(&id).await.unwrap());
     // The takeover: its update of the lease row is made, and held uncommitted for 2 s.
-    let url = pg.url("keel");
-    let takeover = std::thread::spawn(move || {
-        std::process::Command::new(keel_tests::postgres::bin_dir().unwrap().join("psql"))
-            .arg(url)
-            .args([
-                "-X",
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-c",
-                "BEGIN; UPDATE runner_leases SET owner='elsewhere/1/1/y', fence=fence+1 \
-                 WHERE session_id='raced'; SELECT pg_sleep(2); COMMIT;",
-            ])
-            .status()
-            .unwrap()
-    });
-    // Wait until it holds the row.
-    for _ in 0..200 {
-        let n = pg
-            .psql("keel", "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(2)%' AND state='active' AND pid <> pg_backend_pid()")
-            .unwrap();
-        if n == "1" {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let takeover = hold(
+        &pg,
+        "UPDATE runner_leases SET owner='elsewhere/1/1/y', fence=fence+1 WHERE session_id='raced'",
+    );
     let started = std::time::Instant::now();
     let e = i.engine.set_state(&id, RuntimeState::Running, None).await.unwrap_err();
     let waited = started.elapsed();
@@ -145,34 +148,13 @@ async fn postgres_recovery_waits_for_a_host_taking_a_first_lease_and_leaves_its_
     i.engine.submit(&id, "do the thing").await.unwrap();
     // Another host takes the session's first lease and begins its turn, in one transaction
     // held open for 2 s (the session never had a lease row).
-    let url = pg.url("keel");
-    let taker = std::thread::spawn(move || {
-        std::process::Command::new(keel_tests::postgres::bin_dir().unwrap().join("psql"))
-            .arg(url)
-            .args([
-                "-X",
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-c",
-                "BEGIN; INSERT INTO runner_leases (session_id, owner, heartbeat_ms, fence) \
-                 VALUES ('first', 'elsewhere/1/1/z', \
-                         (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT, 1); \
-                 UPDATE sessions SET state='running', active_turn=1 WHERE id='first'; \
-                 SELECT pg_sleep(2); COMMIT;",
-            ])
-            .status()
-            .unwrap()
-    });
-    for _ in 0..200 {
-        let n = pg
-            .psql("keel", "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(2)%' AND state='active' AND pid <> pg_backend_pid()")
-            .unwrap();
-        if n == "1" {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let taker = hold(
+        &pg,
+        "INSERT INTO runner_leases (session_id, owner, heartbeat_ms, fence) \
+         VALUES ('first', 'elsewhere/1/1/z', \
+                 (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT, 1); \
+         UPDATE sessions SET state='running', active_turn=1 WHERE id='first'",
+    );
     // This host's recovery, meanwhile: it waits for the taker and leaves the session to it.
     let started = std::time::Instant::now();
     let recovered = i.brain.recover().await.unwrap();

@@ -254,6 +254,34 @@ pub async fn install_effects(h: &keel::harness::Harness) {
 }
 
 /// The lines of `name` in `dir` (an effect log), empty if it does not exist.
+/// Xorshift: the random choices of the kill tests, replayable from their printed seed.
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded from `KEEL_CRASH_SEED`, or from the clock; the seed is returned to be printed.
+    pub fn from_env() -> (Self, u64) {
+        let seed = std::env::var("KEEL_CRASH_SEED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1)
+                    | 1
+            });
+        (Self(seed), seed)
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
 pub fn log_lines(dir: &Path, name: &str) -> Vec<String> {
     std::fs::read_to_string(dir.join(name))
         .map(|t| t.lines().map(str::to_string).collect())

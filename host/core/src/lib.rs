@@ -41,7 +41,7 @@
 //!   source).
 //!
 //! Layers, bottom first — a module uses only modules of a layer below its own, checked by a
-//! test over the `crate::` paths (`tests/all/layers.rs`): `sql`; leaves; `oci`, `live`; `store`; `config`; `search`;
+//! test over the `crate::` paths (`tests/all/layers.rs`): `tls`; `sql`; leaves; `oci`, `live`; `store`; `config`; `search`;
 //! `memory`; `model`; `understand`; `secrets`; `control`; `sandbox`; `skills`; `tools`;
 //! `session`; `agent`; `brain`; `access`; `harness`; `api`.
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]

@@ -261,18 +261,6 @@ async fn postgres_keel_store_migrate_copies_a_home_checks_it_and_another_host_ru
     assert!(other.path().join("components").join(format!("{digest}.wasm")).exists());
 }
 
-/// Xorshift: the random choices of [`random_kills`], replayable from the printed seed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
-
 /// Crash points a restarted host may carry: it kills itself the N-th time it passes one.
 const POINTS: [&str; 5] =
     ["before_intent", "after_intent", "after_effect", "after_result", "after_recall"];
@@ -310,14 +298,8 @@ fn tag_of(text: &str) -> String {
 async fn random_kills(hosts: usize) {
     let kills: usize =
         std::env::var("KEEL_HOSTS_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
-    let seed =
-        std::env::var("KEEL_CRASH_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
-                as u64
-                | 1
-        });
+    let (mut rng, seed) = keel_tests::Rng::from_env();
     eprintln!("{hosts} hosts, {kills} kills, KEEL_CRASH_SEED={seed}");
-    let mut rng = Rng(seed);
     let pg = Cluster::start(&[]).expect("a PostgreSQL server (install Debian's postgresql)");
     pg.create_database("keel").unwrap();
     let db = pg.url("keel");

@@ -675,17 +675,6 @@ async fn c5_crash_during_a_migration() {
     assert!(versions > 0);
 }
 
-/// A small deterministic generator (xorshift), seeded per run and printed.
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
-
 /// Lets `child` run until `deadline`, then kills it (SIGKILL). Returns what was acknowledged
 /// (committed) when it ended — read just before the kill — and whether it was killed.
 fn kill_at(rig: &Rig, mut child: Child, deadline: Instant) -> (BTreeMap<String, String>, bool) {
@@ -708,14 +697,8 @@ fn kill_at(rig: &Rig, mut child: Child, deadline: Instant) -> (BTreeMap<String, 
 async fn c1_random_kills() {
     let iterations: usize =
         std::env::var("KEEL_CRASH_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(25);
-    let seed =
-        std::env::var("KEEL_CRASH_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
-                as u64
-                | 1
-        });
+    let (mut rng, seed) = keel_tests::Rng::from_env();
     println!("C1: {iterations} iterations, KEEL_CRASH_SEED={seed}");
-    let mut rng = Rng(seed);
     let plan = [
         "effect_append",
         "effect_put",
@@ -990,14 +973,8 @@ async fn a_checkpoint_the_session_outran_is_discarded_at_recovery_and_nothing_is
 async fn random_kills_during_compactions_leave_the_old_or_the_new_context() {
     let target: i64 =
         std::env::var("KEEL_CRASH_COMPACTIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
-    let seed =
-        std::env::var("KEEL_CRASH_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
-                as u64
-                | 1
-        });
+    let (mut rng, seed) = keel_tests::Rng::from_env();
     println!("compaction kills: until {target} compactions, KEEL_CRASH_SEED={seed}");
-    let mut rng = Rng(seed);
     let rig = Rig::new(&[]).await;
     let started = Instant::now();
     let out = rig.run_compacting("rc", &long_task("W0"), None);
