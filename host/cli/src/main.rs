@@ -53,7 +53,9 @@ url = \"postgres://…\"); the environment overrides the file, and flags overrid
                      trust store (SSL_CERT_FILE names another)
   KEEL_HOST_ID       this host's name in runner leases (default: the kernel's host name)
   KEEL_LEASE_TTL_MS  how long a runner's lease lasts unrenewed (default 15000)
-  KEEL_LOG           log filter for stderr (info, debug, keel::model=debug, ...); NO_COLOR";
+  KEEL_LOG           log filter for stderr (info, debug, keel::model=debug, ...); NO_COLOR
+  KEEL_LOG_FORMAT    text (default) or json: a JSON object per log line, with the spans it
+                     ran in (session, turn, call), for log shippers";
 
 #[derive(Subcommand)]
 enum Command {
@@ -173,16 +175,45 @@ fn log_filter() -> tracing_subscriber::EnvFilter {
     filter
 }
 
+/// How log lines are written (`KEEL_LOG_FORMAT`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LogFormat {
+    /// For a person: one line of text each, the spans it ran in first (the default).
+    Text,
+    /// For log shippers: a JSON object per line, with the event's fields, its span's and the
+    /// list of spans it ran in (session, turn, call).
+    Json,
+}
+
+fn log_format() -> Result<LogFormat, String> {
+    match std::env::var("KEEL_LOG_FORMAT").ok().as_deref().map(str::trim) {
+        None | Some("" | "text") => Ok(LogFormat::Text),
+        Some("json") => Ok(LogFormat::Json),
+        Some(other) => Err(format!(
+            "KEEL_LOG_FORMAT: `{other}` is not a log format: use `text` (the default) or `json`"
+        )),
+    }
+}
+
 fn main() -> ExitCode {
     quiet_broken_pipe();
     // Colours only for a person at a terminal: stderr piped to a file or a script gets plain
     // text, and `NO_COLOR` turns them off anywhere.
     let colour = commands::style::colour_for_stderr();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(colour)
-        .with_env_filter(log_filter())
-        .init();
+    let format = match log_format() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(commands::EXIT_SETUP);
+        }
+    };
+    let logs = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(log_filter());
+    match format {
+        LogFormat::Text => logs.with_ansi(colour).init(),
+        LogFormat::Json => {
+            logs.json().with_current_span(true).with_span_list(true).flatten_event(true).init()
+        }
+    }
     let cli = Cli::parse();
     commands::style::init(cli.verbose, colour);
     let home = cli.home.unwrap_or_else(keel::home::Home::default_root);

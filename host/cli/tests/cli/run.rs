@@ -1065,3 +1065,74 @@ async fn a_stream_cut_and_asked_again_says_its_text_starts_over() {
     assert!(err[restarted..].contains("A whole answer."), "{err}");
     assert_eq!(model.requests().len(), 2);
 }
+
+/// `KEEL_LOG_FORMAT=json`: a JSON object per log line, with the spans it ran in (session, turn,
+/// call) — what a log shipper reads; an unknown format is refused before anything runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_carry_the_session_turn_and_step_of_each_line() {
+    let model = MockModel::start(vec![
+        Reply::calls(&[(
+            "c1",
+            "csv_inspect",
+            r#"{"path":"/data/orders.csv","expected_columns":7}"#,
+        )]),
+        Reply::text("Two rows are ragged."),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let grant = format!("{}=/data:ro", super::data_dir());
+    let url = model.url();
+    let h = home.path().to_path_buf();
+    let keel_with = move |format: &'static str, args: Vec<String>| {
+        let h = h.clone();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+                .arg("--home")
+                .arg(&h)
+                .args(&args)
+                .env("KEEL_LOG", "warn,keel::agent=debug")
+                .env("KEEL_LOG_FORMAT", format)
+                .output()
+                .unwrap()
+        })
+    };
+    let run = args(&[
+        "run",
+        "Check orders.csv",
+        "--session",
+        "logs1",
+        "--grant",
+        &grant,
+        "--model-url",
+        &url,
+        "--model",
+        "m",
+        "--json",
+    ]);
+    let out = keel_with("json", run).await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Log lines are JSON objects; the command's own progress lines are not log lines.
+    let logs: Vec<Value> = stderr
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let done = logs
+        .iter()
+        .find(|l| l["message"] == "tool calls done")
+        .unwrap_or_else(|| panic!("no line for the step's calls: {stderr}"));
+    assert_eq!(done["level"], "DEBUG", "{done}");
+    assert_eq!(done["step"], 1, "{done}");
+    assert!(done["timestamp"].is_string() && done["ms"].is_number(), "{done}");
+    assert!(done["target"].as_str().unwrap().starts_with("keel::agent"), "{done}");
+    let spans = done["spans"].as_array().unwrap_or_else(|| panic!("{done}"));
+    let turn = spans.iter().find(|s| s["name"] == "turn").unwrap_or_else(|| panic!("{done}"));
+    assert_eq!((&turn["session_id"], &turn["turn"]), (&json!("logs1"), &json!(1)), "{done}");
+    assert_eq!(done["span"], *turn, "the innermost span: {done}");
+
+    let bad = keel_with("yaml", args(&["tool", "list"])).await.unwrap();
+    assert_eq!(bad.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("KEEL_LOG_FORMAT: `yaml` is not a log format"), "{err}");
+}
