@@ -8,6 +8,9 @@
 //!    2 cores, as hosts on one machine would. Each host drives `KEEL_BENCH_SESSIONS` sessions
 //!    (default 4) at once, `KEEL_BENCH_TURNS` turns each (default 25); a turn is an input and
 //!    a streamed answer from a scripted model server on loopback (task understanding off).
+//!    Per turn it also prints the store's writes and reads, the round trips to PostgreSQL with
+//!    the mean wait of one, and the writers' busy time with the commits' share of it: where a
+//!    turn's time goes.
 //! 2. Claim latency: the transaction a host runs to take a free session's lease (p50/p99).
 //! 3. Wake-up latency: from a commit on one host to the event reaching a follower on another
 //!    (`LISTEN/NOTIFY`; the follower's fallback poll is an hour, so only the notification
