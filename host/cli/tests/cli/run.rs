@@ -21,17 +21,22 @@ pub(super) fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_show_evidence_through_the_binary() {
-    let model = MockModel::start(vec![
+/// A model that inspects `/data/orders.csv` with `csv_inspect`, then answers `answer`.
+async fn csv_turn(answer: &str) -> MockModel {
+    MockModel::start(vec![
         Reply::calls(&[(
             "c1",
             "csv_inspect",
             r#"{"path":"/data/orders.csv","expected_columns":7}"#,
         )]),
-        Reply::text("Two rows are ragged: lines 4 and 6."),
+        Reply::text(answer),
     ])
-    .await;
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_show_evidence_through_the_binary() {
+    let model = csv_turn("Two rows are ragged: lines 4 and 6.").await;
     let home = tempfile::tempdir().unwrap();
     let grant = format!("{}=/data:ro", super::data_dir());
     let url = model.url();
@@ -1070,15 +1075,7 @@ async fn a_stream_cut_and_asked_again_says_its_text_starts_over() {
 /// call) — what a log shipper reads; an unknown format is refused before anything runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_carry_the_session_turn_and_step_of_each_line() {
-    let model = MockModel::start(vec![
-        Reply::calls(&[(
-            "c1",
-            "csv_inspect",
-            r#"{"path":"/data/orders.csv","expected_columns":7}"#,
-        )]),
-        Reply::text("Two rows are ragged."),
-    ])
-    .await;
+    let model = csv_turn("Two rows are ragged.").await;
     let home = tempfile::tempdir().unwrap();
     let grant = format!("{}=/data:ro", super::data_dir());
     let url = model.url();
