@@ -127,6 +127,17 @@ pub(crate) fn for_recovery_in(c: &Connection) -> Result<(Vec<Held>, HashSet<Stri
     Ok((held, busy))
 }
 
+/// Makes session `id`'s lease row, free, if it has none (PostgreSQL: a row to lock before
+/// deciding; a row being made by another transaction is waited for).
+fn free_row_in(c: &Connection, id: &str) -> Result<(), StoreError> {
+    c.prepare_cached(
+        "INSERT INTO runner_leases (session_id, owner, heartbeat_ms, fence)
+         VALUES (?1, '', 0, 0) ON CONFLICT DO NOTHING",
+    )?
+    .execute([id])?;
+    Ok(())
+}
+
 /// The lease row of session `id`, which recovery found with work in flight but no lease it
 /// could lock: on PostgreSQL the row is made if the session never had one, then locked
 /// `FOR UPDATE SKIP LOCKED`. `None` when another transaction holds it (a host taking the
@@ -140,11 +151,7 @@ pub(crate) fn lock_unheld_in(
     if c.backend() == Backend::Sqlite {
         return Ok(Some((String::new(), 0)));
     }
-    c.prepare_cached(
-        "INSERT INTO runner_leases (session_id, owner, heartbeat_ms, fence)
-         VALUES (?1, '', 0, 0) ON CONFLICT DO NOTHING",
-    )?
-    .execute([id])?;
+    free_row_in(c, id)?;
     Ok(c.prepare_cached(
         "SELECT owner, heartbeat_ms FROM runner_leases WHERE session_id=?1
              FOR UPDATE SKIP LOCKED",
@@ -201,11 +208,7 @@ pub(crate) fn acquire_in(c: &Connection, id: &str, owner: &str) -> Result<Option
             .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()?,
         Backend::Postgres => {
-            c.prepare_cached(
-                "INSERT INTO runner_leases (session_id, owner, heartbeat_ms, fence)
-                 VALUES (?1, '', 0, 0) ON CONFLICT DO NOTHING",
-            )?
-            .execute([id])?;
+            free_row_in(c, id)?;
             c.prepare_cached(
                 "SELECT owner, heartbeat_ms FROM runner_leases WHERE session_id=?1 FOR UPDATE",
             )?
