@@ -18,7 +18,7 @@ const CORE: &[&[&str]] = &[
     // Leaves: no import of another module of the library but `tls` and `sql`.
     &[
         "builtin", "caller", "cancel", "crash", "digest", "failure", "grant", "home", "ids",
-        "names", "plan", "policy", "signing", "stored", "units",
+        "metrics", "names", "plan", "policy", "signing", "stored", "units",
     ],
     &["oci", "live"],
     &["store"],

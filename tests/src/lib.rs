@@ -14,6 +14,7 @@ pub mod mcp_peers;
 pub mod mock_model;
 pub mod oci_registry;
 pub mod postgres;
+pub mod telemetry_peers;
 pub mod web_peer;
 
 /// Paths of the test guest components.

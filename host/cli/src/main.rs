@@ -3,6 +3,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod commands;
+mod telemetry;
 
 #[global_allocator]
 static ALLOCATOR: keel::Allocator = keel::Allocator;
@@ -55,7 +56,14 @@ url = \"postgres://…\"); the environment overrides the file, and flags overrid
   KEEL_LEASE_TTL_MS  how long a runner's lease lasts unrenewed (default 15000)
   KEEL_LOG           log filter for stderr (info, debug, keel::model=debug, ...); NO_COLOR
   KEEL_LOG_FORMAT    text (default) or json: a JSON object per log line, with the spans it
-                     ran in (session, turn, call), for log shippers";
+                     ran in (session, turn, call), for log shippers
+  OTEL_EXPORTER_OTLP_ENDPOINT
+                     an OTLP/HTTP collector (http://localhost:4318): every turn, model call,
+                     tool call, approval and HTTP request is exported as a span (as
+                     [telemetry] otlp_endpoint; OTEL_EXPORTER_OTLP_TRACES_ENDPOINT gives the
+                     traces URL itself, OTEL_SERVICE_NAME the service, OTEL_SDK_DISABLED=true
+                     turns it off). Prompts and outputs are not exported unless [telemetry]
+                     capture_content = true";
 
 #[derive(Subcommand)]
 enum Command {
@@ -207,16 +215,50 @@ fn main() -> ExitCode {
             return ExitCode::from(commands::EXIT_SETUP);
         }
     };
-    let logs = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(log_filter());
-    match format {
-        LogFormat::Text => logs.with_ansi(colour).init(),
-        LogFormat::Json => {
-            logs.json().with_current_span(true).with_span_list(true).flatten_event(true).init()
-        }
-    }
     let cli = Cli::parse();
     commands::style::init(cli.verbose, colour);
     let home = cli.home.unwrap_or_else(keel::home::Home::default_root);
+    // Traces, when a collector is configured: the environment, else `[telemetry]` in the
+    // home's keel.toml (a file that does not read is reported by the command that reads it).
+    let table = keel::home::Home::at(&home)
+        .ok()
+        .filter(|h| keel::config::path(h).exists())
+        .and_then(|h| keel::config::read(&h).ok())
+        .and_then(|f| f.telemetry);
+    let traces = match telemetry::settings(|k| std::env::var(k).ok(), table.as_ref())
+        .and_then(|s| s.map(|s| telemetry::start(&s)).transpose())
+    {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(commands::EXIT_SETUP);
+        }
+    };
+    let (bridge, exporter) = traces.unzip();
+    let bridge = bridge.map(|b| {
+        use tracing_subscriber::Layer;
+        let keel_spans = tracing_subscriber::filter::Targets::new()
+            .with_target("keel", tracing::Level::INFO)
+            .with_target("keel_server", tracing::Level::INFO);
+        b.with_filter(keel_spans)
+    });
+    {
+        use tracing_subscriber::Layer;
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+        let logs = match format {
+            LogFormat::Text => logs.with_ansi(colour).with_filter(log_filter()).boxed(),
+            LogFormat::Json => logs
+                .json()
+                .with_current_span(true)
+                .with_span_list(true)
+                .flatten_event(true)
+                .with_filter(log_filter())
+                .boxed(),
+        };
+        tracing_subscriber::registry().with(logs).with(bridge).init();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -224,7 +266,7 @@ fn main() -> ExitCode {
             return ExitCode::from(commands::EXIT_SETUP);
         }
     };
-    runtime.block_on(async {
+    let code = runtime.block_on(async {
         match cli.command {
             Command::Tool(cmd) => commands::tool::execute(home, cmd).await,
             Command::Mcp(cmd) => commands::mcp::execute(home, cmd).await,
@@ -251,7 +293,13 @@ fn main() -> ExitCode {
             }
             Command::Recover(args) => commands::approval::recover(home, args).await,
         }
-    })
+    });
+    // The runtime's tasks end first; then the last spans are sent.
+    drop(runtime);
+    if let Some(e) = exporter {
+        e.shutdown();
+    }
+    code
 }
 
 /// The command lines of the README and the guides, checked against the real argument parser:

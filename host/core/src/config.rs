@@ -17,6 +17,12 @@
 //! body_timeout_secs = 60
 //! idle_timeout_secs = 60
 //! max_connections = 1024
+//! metrics_listen = "127.0.0.1:9464"  # GET /metrics without a token, for the scraper only
+//!
+//! [telemetry]                # traces over OTLP/HTTP; OTEL_EXPORTER_OTLP_ENDPOINT overrides
+//! otlp_endpoint = "http://localhost:4318"
+//! capture_content = false    # prompts, replies, tool inputs and outputs in spans
+//! service_name = "keel"      # OTEL_SERVICE_NAME overrides
 //!
 //! [mcp]                      # keel mcp serve
 //! token = "…"                # KEEL_MCP_TOKEN; at least 16 characters
@@ -159,6 +165,21 @@ impl Default for HttpLimits {
     }
 }
 
+/// The `[telemetry]` table: traces exported over OTLP/HTTP (`OTEL_EXPORTER_OTLP_ENDPOINT`
+/// overrides the endpoint).
+#[derive(serde::Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryTable {
+    /// The OTLP/HTTP collector's base URL (`http://localhost:4318`): spans go to
+    /// `/v1/traces` under it. None: no traces are exported.
+    pub otlp_endpoint: Option<String>,
+    /// Whether spans carry prompts, replies and tool inputs and outputs (default false).
+    #[serde(default)]
+    pub capture_content: bool,
+    /// The `service.name` of the spans (default `keel`; `OTEL_SERVICE_NAME` overrides it).
+    pub service_name: Option<String>,
+}
+
 /// The `[serve]` table: `keel serve`, the HTTP API and console.
 #[derive(serde::Deserialize, Default, Debug)]
 #[serde(deny_unknown_fields)]
@@ -178,6 +199,9 @@ pub struct ServeTable {
     pub idle_timeout_secs: Option<u64>,
     /// Open connections at most (default 1024); past it the longest-idle one is closed.
     pub max_connections: Option<usize>,
+    /// A second address serving only `GET /metrics`, without a token (`--metrics-listen`
+    /// overrides it): for a scraper on a network the API is not on.
+    pub metrics_listen: Option<String>,
 }
 
 impl ServeTable {
@@ -213,6 +237,8 @@ pub struct File {
     pub mcp: Option<McpTable>,
     #[serde(default)]
     pub serve: Option<ServeTable>,
+    #[serde(default)]
+    pub telemetry: Option<TelemetryTable>,
 }
 
 /// The settings file of `home`.

@@ -33,7 +33,7 @@
 //!   (session, call and approval unit ids), [`stored`] (enums stored as names), [`grant`]
 //!   (directory grants), [`caller`] (the API's principals and a session's owner), [`cancel`],
 //!   [`digest`], [`failure`] (why a tool call failed), [`plan`] (plan steps and the one function that changes them), [`names`] (the
-//!   naming rules of what is installed), [`units`], [`tls`], [`crash`] (test crash points),
+//!   naming rules of what is installed), [`units`], [`metrics`] (the process's counters and histograms), [`tls`], [`crash`] (test crash points),
 //!   [`builtin`] (the first-party components), [`signing`] (components' embedded signatures).
 //! - Around the spine: [`memory`] (per-user long-term memory) and [`search`] (its and the
 //!   catalogs' full-text recall); [`skills`]; [`control`] (what a control call asks for);
@@ -64,6 +64,7 @@ pub mod home;
 pub mod ids;
 pub mod live;
 pub mod memory;
+pub mod metrics;
 pub mod model;
 pub mod names;
 pub mod oci;

@@ -24,6 +24,11 @@ pub struct ServeArgs {
     /// max_connections (1024).
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
+    /// A second address serving only GET /metrics (Prometheus), without a token, for a
+    /// scraper that should not hold an admin token (default: `[serve] metrics_listen`; none:
+    /// /metrics is served on --listen, to an admin token only).
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
     /// Model server base URL of new sessions (env KEEL_MODEL_URL; default: keel.toml).
     #[arg(long)]
     model_url: Option<String>,
@@ -305,6 +310,17 @@ pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
             }
         }
     };
+    let metrics_listen = match (a.metrics_listen, table.metrics_listen.as_deref()) {
+        (Some(l), _) => Some(l),
+        (None, None) => None,
+        (None, Some(text)) => match text.parse() {
+            Ok(l) => Some(l),
+            Err(e) => {
+                let msg = format!("[serve] metrics_listen `{}`: {e}", inert(text));
+                return fail(false, "config", &msg, EXIT_REFUSED);
+            }
+        },
+    };
     let bounds = match table.bounds() {
         Ok(b) => b,
         Err(e) => return fail(false, "config", &e, EXIT_REFUSED),
@@ -393,6 +409,19 @@ pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
             "keel: warning: {bound} is not a loopback address and this is plain HTTP: tokens and \
              cookies cross the network in clear unless a TLS proxy is in front"
         );
+    }
+    if let Some(at) = metrics_listen {
+        let listener = match tokio::net::TcpListener::bind(at).await {
+            Ok(l) => l,
+            Err(e) => {
+                return fail(false, "io", &format!("cannot listen on {at}: {e}"), EXIT_SETUP);
+            }
+        };
+        let bound = listener.local_addr().unwrap_or(at);
+        eprintln!("keel: serving the metrics at http://{bound}/metrics (no token)");
+        let router = keel_server::http::metrics_router(Arc::clone(&app));
+        let bounds = app.options.bounds;
+        tokio::spawn(keel_server::listen::serve(listener, router, bounds, std::future::pending()));
     }
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;

@@ -19,6 +19,7 @@ mod run;
 mod serve;
 mod signing;
 mod skills;
+mod telemetry;
 mod terminal;
 mod workgroup;
 

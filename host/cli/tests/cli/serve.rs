@@ -30,6 +30,39 @@ impl Server {
 
     /// [`Server::start`] with more `[serve]` settings (lines of TOML).
     pub fn start_with(home: &Path, model_url: &str, grant_roots: &[&Path], serve: &str) -> Self {
+        Self::start_env(home, model_url, grant_roots, serve, &[])
+    }
+
+    /// [`Server::start`] exporting traces to the OTLP/HTTP collector at `collector` (batches
+    /// sent every 100 ms), `telemetry` lines in `[telemetry]`, and a canary as the model's
+    /// API key.
+    pub fn start_traced(
+        home: &Path,
+        model_url: &str,
+        root: &Path,
+        collector: &str,
+        telemetry: &str,
+    ) -> Self {
+        Self::start_env(
+            home,
+            model_url,
+            &[root],
+            &format!("\n[telemetry]\n{telemetry}"),
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", collector),
+                ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+                ("KEEL_API_KEY", "model-key-canary"),
+            ],
+        )
+    }
+
+    fn start_env(
+        home: &Path,
+        model_url: &str,
+        grant_roots: &[&Path],
+        serve: &str,
+        envs: &[(&str, &str)],
+    ) -> Self {
         let roots: Vec<String> =
             grant_roots.iter().map(|r| format!("{:?}", r.display().to_string())).collect();
         std::fs::write(
@@ -48,6 +81,7 @@ impl Server {
             .env_remove("KEEL_API_TOKEN")
             .env_remove("KEEL_MODEL_URL")
             .env_remove("KEEL_MODEL")
+            .envs(envs.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

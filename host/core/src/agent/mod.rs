@@ -105,6 +105,18 @@ pub enum TurnOutcome {
 }
 
 impl TurnOutcome {
+    /// How the turn ended, as a name: `answer`, `stopped`, `interrupted`, `waiting_approval`,
+    /// `failed` (the metrics' and the trace's label).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Answer(_) => "answer",
+            Self::Stopped(_) => "stopped",
+            Self::Interrupted => "interrupted",
+            Self::WaitingApproval(_) => "waiting_approval",
+            Self::Failed(_) => "failed",
+        }
+    }
+
     /// How the turn ended, in words: `answered`, `waiting for approval ap-…` …
     pub fn describe(&self) -> String {
         match self {
@@ -185,7 +197,15 @@ impl AgentService {
     ///
     /// The turn runs under the session's stored loop guards, or this service's when the
     /// session has none.
-    #[tracing::instrument(name = "turn", skip_all, fields(session_id = %id, turn = turn.turn))]
+    #[tracing::instrument(
+        name = "turn",
+        skip_all,
+        fields(
+            session_id = %id,
+            turn = turn.turn,
+            keel.outcome = tracing::field::Empty,
+        )
+    )]
     pub async fn run_turn(
         &self,
         id: &SessionId,
@@ -193,12 +213,21 @@ impl AgentService {
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<TurnOutcome, AgentError> {
-        match self.engine.config(id).await?.guards.map(LoopGuards::normalized) {
+        let started = std::time::Instant::now();
+        let out = match self.engine.config(id).await?.guards.map(LoopGuards::normalized) {
             Some(g) if g != self.guards => {
                 Self { guards: g, ..self.clone() }.run_turn_guarded(id, turn, cancel, events).await
             }
             _ => self.run_turn_guarded(id, turn, cancel, events).await,
-        }
+        };
+        let outcome = match &out {
+            Ok(o) => o.kind(),
+            Err(_) => "error",
+        };
+        tracing::Span::current().record("keel.outcome", outcome);
+        crate::metrics::TURNS.inc(&[outcome]);
+        crate::metrics::TURN_SECONDS.observe(&[], started.elapsed().as_secs_f64());
+        out
     }
 
     async fn run_turn_guarded(

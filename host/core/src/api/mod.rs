@@ -415,6 +415,49 @@ impl Harness {
         Ok(self.brain.recover().await?)
     }
 
+    /// The metrics page (the Prometheus text format): the process's counters and histograms
+    /// ([`crate::metrics`]), this host's store commits and syncs, and what the store holds
+    /// now — sessions by state, approvals waiting and the oldest one's age, live leases.
+    pub async fn metrics(&self, caller: &Caller) -> Result<String, ApiError> {
+        caller.require_admin("reading the metrics")?;
+        let g = self.engine.gauges().await?;
+        let mut out = crate::metrics::Text::default();
+        crate::metrics::render(&mut out);
+        let stats = self.engine.db().stats();
+        let load =
+            |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed) as f64;
+        out.counter(
+            "keel_store_commits_total",
+            "Store transactions this process committed that changed something.",
+            load(&stats.commits),
+        );
+        out.counter(
+            "keel_store_fsyncs_total",
+            "Of those, the commits that waited for the log to be synced to disk.",
+            load(&stats.syncs),
+        );
+        let by_state: Vec<_> =
+            g.sessions.iter().map(|(s, n)| (vec![("state", s.as_str())], *n as f64)).collect();
+        out.gauge("keel_sessions", "Sessions in the store, by state.", &by_state);
+        out.gauge(
+            "keel_approvals_pending",
+            "Approval units waiting for a decision.",
+            &[(vec![], g.approvals_pending as f64)],
+        );
+        let age = g.oldest_pending_ms.map_or(0.0, |t| (g.now_ms - t).max(0) as f64 / 1e3);
+        out.gauge(
+            "keel_approval_oldest_pending_age_seconds",
+            "How long the oldest pending approval has waited (0 when none waits).",
+            &[(vec![], age)],
+        );
+        out.gauge(
+            "keel_leases_live",
+            "Sessions whose runner lease is live (a host runs them now).",
+            &[(vec![], g.live_leases as f64)],
+        );
+        Ok(out.into_string())
+    }
+
     /// Pins every loaded tool of session `id` to the version installed now (an admin's
     /// upgrade); returns what changed.
     pub async fn upgrade_session_tools(

@@ -14,6 +14,7 @@
 use crate::ids::SessionId;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
+use tracing::Instrument;
 
 use super::{Brain, Submitted};
 use crate::agent::{AgentError, Events};
@@ -196,10 +197,24 @@ impl Brain {
                 let token = CancelToken::new();
                 running.insert(s.id.clone());
                 let (brain, id, events) = (self.clone(), s.id.clone(), events.clone());
-                tasks.spawn(async move {
-                    let r = brain.drain(&SessionId::from(&id), &token, &events).await;
-                    (id, r)
-                });
+                // A sub-session's runner names the call that spawned it: its trace links the
+                // child's turns to the parent's spawn.
+                let span = match &s.spawned_by {
+                    Some((parent, call)) => tracing::info_span!(
+                        "delegated",
+                        session_id = %id,
+                        keel.parent.session_id = %parent,
+                        keel.parent.call_id = %call,
+                    ),
+                    None => tracing::Span::current(),
+                };
+                tasks.spawn(
+                    async move {
+                        let r = brain.drain(&SessionId::from(&id), &token, &events).await;
+                        (id, r)
+                    }
+                    .instrument(span),
+                );
                 started = true;
             }
             if tasks.is_empty() && !started && look.elsewhere.is_empty() {

@@ -92,6 +92,25 @@ pub(super) fn says_too_long(status: u16, body: &str) -> bool {
 }
 
 impl ModelError {
+    /// The error's kind, as a name (the metrics' label and the trace's `error.type`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Status { .. } => "status",
+            Self::Redirect { .. } => "redirect",
+            Self::Transport(_) => "transport",
+            Self::Unreachable { .. } => "unreachable",
+            Self::Timeout { .. } => "timeout",
+            Self::Garbled(_) => "garbled",
+            Self::ContextTooLong { .. } => "context_too_long",
+            Self::Empty => "empty",
+            Self::Truncated => "truncated",
+            Self::Malformed(_) => "malformed",
+            Self::TooLarge => "too_large",
+            Self::Cancelled => "cancelled",
+            Self::Config(_) => "config",
+        }
+    }
+
     /// The HTTP status the server answered with, for an error that has one.
     pub fn http_status(&self) -> Option<u16> {
         match self {

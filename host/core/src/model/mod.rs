@@ -13,6 +13,7 @@ mod error;
 mod sse;
 
 use std::time::Duration;
+use tracing::Instrument;
 
 use serde::{Deserialize, Serialize};
 
@@ -160,7 +161,75 @@ impl ModelClient {
 
     /// [`complete`](Self::complete), handing each piece of a streamed reply's text to
     /// `on_text` as it arrives (the reply is still parsed and checked whole at its end).
+    ///
+    /// The call is a `chat` span with the OpenTelemetry GenAI attributes (the model, the
+    /// tokens, the finish reason; the request and the reply only when content is captured,
+    /// [`crate::metrics::capture_content`]) and is counted in the model-call metrics.
     pub async fn complete_with(
+        &self,
+        config: &ModelConfig,
+        body: &bytes::Bytes,
+        cancel: &CancelToken,
+        on_text: Option<OnText<'_>>,
+    ) -> Result<ModelReply, ModelFailure> {
+        let span = tracing::info_span!(
+            "chat",
+            otel.name = %format_args!("chat {}", config.model),
+            gen_ai.operation.name = "chat",
+            gen_ai.provider.name = "openai",
+            gen_ai.request.model = %config.model,
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+            gen_ai.response.finish_reasons = tracing::field::Empty,
+            gen_ai.input.messages = tracing::field::Empty,
+            gen_ai.output.messages = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+            keel.attempts = tracing::field::Empty,
+        );
+        let started = std::time::Instant::now();
+        let out =
+            self.complete_unobserved(config, body, cancel, on_text).instrument(span.clone()).await;
+        let metrics = &crate::metrics::MODEL_CALLS;
+        match &out {
+            Ok(reply) => {
+                metrics.inc(&["ok"]);
+                span.record("keel.attempts", reply.attempts);
+                if let Some(u) = &reply.usage {
+                    span.record("gen_ai.usage.input_tokens", u.prompt_tokens);
+                    span.record("gen_ai.usage.output_tokens", u.completion_tokens);
+                    let tokens = &crate::metrics::MODEL_TOKENS;
+                    tokens.add(&["input"], u.prompt_tokens as f64);
+                    tokens.add(&["output"], u.completion_tokens as f64);
+                    tokens.add(&["cached"], u.cached_tokens.unwrap_or(0) as f64);
+                }
+                if let Some(f) = &reply.finish_reason {
+                    span.record("gen_ai.response.finish_reasons", f.as_str());
+                }
+                if crate::metrics::capture_content() {
+                    span.record("gen_ai.input.messages", crate::metrics::captured(body));
+                    let reply = serde_json::json!({
+                        "content": reply.content,
+                        "tool_calls": reply.tool_calls.iter()
+                            .map(|c| serde_json::json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
+                            .collect::<Vec<_>>(),
+                    });
+                    span.record(
+                        "gen_ai.output.messages",
+                        crate::metrics::captured(reply.to_string().as_bytes()),
+                    );
+                }
+            }
+            Err(f) => {
+                metrics.inc(&[f.last.kind()]);
+                span.record("keel.attempts", f.attempts);
+                span.record("error.type", f.last.kind());
+            }
+        }
+        crate::metrics::MODEL_SECONDS.observe(&[], started.elapsed().as_secs_f64());
+        out
+    }
+
+    async fn complete_unobserved(
         &self,
         config: &ModelConfig,
         body: &bytes::Bytes,

@@ -160,6 +160,30 @@ fn map_report<A, B>(r: CallReport<A>, f: impl FnOnce(A) -> Result<B, CallError>)
     }
 }
 
+/// Counts a call the sandbox stopped, by kind, and the call's HTTP requests, by outcome
+/// ([`crate::metrics`]).
+fn count<T>(result: &Result<T, CallError>, net: &super::net::NetReport) {
+    if let Err(
+        e @ (CallError::Timeout { .. }
+        | CallError::FuelExhausted { .. }
+        | CallError::MemoryLimit { .. }
+        | CallError::StackOverflow
+        | CallError::Crashed { .. }),
+    ) = result
+    {
+        crate::metrics::SANDBOX_TRAPS.inc(&[e.kind()]);
+    }
+    for r in &net.records {
+        let outcome = match r.outcome.as_str() {
+            "ok" => "ok",
+            "denied" => "denied",
+            "cancelled" => "cancelled",
+            _ => "failed",
+        };
+        crate::metrics::EGRESS.inc(&[outcome]);
+    }
+}
+
 async fn execute(
     engine: &Engine,
     prepared: &Prepared,
@@ -197,6 +221,7 @@ async fn execute(
             }
             None => (Vec::new(), 0, None, 0, 0, FsReport::default()),
         };
+        count(&result, &net);
         CallReport {
             result,
             stdout: stdout.captured(),

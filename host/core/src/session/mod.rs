@@ -55,6 +55,7 @@ pub use direct::DIRECT_CALL_PREFIX;
 pub use discovery::SessionDiscovery;
 pub use events::{EventRow, SessionEvent};
 pub use facts::{Runtime, RuntimeState, SessionMeta, pending_inputs, unsettled_in};
+pub use reads::StoreGauges;
 pub use steps::{
     AfterCrash, JournalStatus, OUTCOME_UNKNOWN, OpenStep, RecoveredSession, WaitCommit,
     after_crash, close_turn_in, recover_in,
@@ -426,11 +427,31 @@ impl SessionEngine {
         by: String,
     ) -> Result<Result<ApprovalUnit, DecideError>, StoreError> {
         let unit = unit.to_string();
-        self.db
+        let decided = self
+            .db
             .run(move |c| {
                 approvals::decide_in(c, &unit, decision, reason.as_deref(), session.as_deref(), &by)
             })
-            .await
+            .await?;
+        if let Ok(u) = &decided {
+            let name = match decision {
+                Decision::Approve => "approve",
+                Decision::Reject => "reject",
+            };
+            crate::metrics::APPROVALS_DECIDED.inc(&[name]);
+            // The wait, as a span from the unit's creation to its decision.
+            let _wait = tracing::info_span!(
+                "approval",
+                session_id = %u.session_id,
+                otel.start_unix_ms = u.created_at,
+                keel.approval.id = %u.id,
+                keel.decision = name,
+                gen_ai.tool.name = %u.tool,
+                gen_ai.tool.call.id = %u.call_id,
+            )
+            .entered();
+        }
+        Ok(decided)
     }
 
     /// Approval units of one session (or every session); only pending ones if `pending_only`.

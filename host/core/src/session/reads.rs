@@ -3,7 +3,52 @@
 
 use super::*;
 
+/// What the store holds now, for the metrics page.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreGauges {
+    /// Sessions by state (`idle`, `running`, `waiting_approval` …).
+    pub sessions: Vec<(String, i64)>,
+    /// Approval units waiting for a decision, and when the oldest was asked for (ms).
+    pub approvals_pending: i64,
+    pub oldest_pending_ms: Option<i64>,
+    /// Runner leases renewed within their time to live (sessions a host is running now).
+    pub live_leases: i64,
+    /// The store's clock when read (ms).
+    pub now_ms: i64,
+}
+
 impl SessionEngine {
+    /// What the store holds now: sessions by state, approvals waiting, live leases.
+    pub async fn gauges(&self) -> Result<StoreGauges, StoreError> {
+        self.db
+            .read(|c| {
+                let sessions = c
+                    .prepare("SELECT state, COUNT(*) FROM sessions GROUP BY state ORDER BY state")?
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<_, _>>()?;
+                let (approvals_pending, oldest_pending_ms) = c
+                    .prepare(
+                        "SELECT COUNT(*), MIN(created_at) FROM approvals WHERE status='pending'",
+                    )?
+                    .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                let now_ms = lease::db_now_in(c)?;
+                let ttl = i64::try_from(lease::lease_ttl().as_millis()).unwrap_or(i64::MAX);
+                let live_leases = c
+                    .prepare(
+                        "SELECT COUNT(*) FROM runner_leases WHERE owner <> '' AND heartbeat_ms > ?1",
+                    )?
+                    .query_row([now_ms.saturating_sub(ttl)], |r| r.get(0))?;
+                Ok(StoreGauges {
+                    sessions,
+                    approvals_pending,
+                    oldest_pending_ms,
+                    live_leases,
+                    now_ms,
+                })
+            })
+            .await
+    }
+
     /// Every session, newest first.
     pub async fn list(&self) -> Result<Vec<SessionSummary>, StoreError> {
         self.db.read(views::list).await

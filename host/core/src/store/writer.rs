@@ -32,6 +32,10 @@ pub struct DbStats {
     /// Transactions committed that changed something: each is one WAL sync (fsync) under
     /// `synchronous=FULL`, none under `normal` or `off`.
     pub commits: AtomicU64,
+    /// Of those, the commits that waited for a sync of the log to disk: each under SQLite's
+    /// `synchronous=FULL`, none under `normal` or `off` (the WAL is synced at checkpoints
+    /// then); each on PostgreSQL (the server syncs before it answers).
+    pub syncs: AtomicU64,
     /// Operations run by the writer.
     pub operations: AtomicU64,
     /// Reads run on the read pool.
@@ -284,6 +288,11 @@ fn run(
         u64::try_from(rustix::thread::gettid().as_raw_nonzero().get()).unwrap_or(0),
         Ordering::Relaxed,
     );
+    // Whether each commit syncs the WAL (`FULL` is 2, `EXTRA` 3).
+    let syncs = conn
+        .prepare("PRAGMA synchronous")
+        .and_then(|mut s| s.query_row([], |r| r.get::<_, i64>(0)))
+        .is_ok_and(|v| v >= 2);
     while let Some(first) = rx.blocking_recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -352,6 +361,10 @@ fn run(
         stats.commit_ns.fetch_add(nanos(committing.elapsed()), Ordering::Relaxed);
         if wrote {
             stats.commits.fetch_add(1, Ordering::Relaxed);
+            if syncs {
+                stats.syncs.fetch_add(1, Ordering::Relaxed);
+            }
+            crate::metrics::COMMIT.observe(&[], committing.elapsed().as_secs_f64());
         }
         stats.cpu_ns.store(cpu, Ordering::Relaxed);
         let error = match commit {
@@ -421,7 +434,10 @@ fn run_postgres(
         });
         stats.commit_ns.fetch_add(nanos(committing.elapsed()), Ordering::Relaxed);
         if wrote {
+            // The server syncs its WAL before it answers a COMMIT (`synchronous_commit`).
             stats.commits.fetch_add(1, Ordering::Relaxed);
+            stats.syncs.fetch_add(1, Ordering::Relaxed);
+            crate::metrics::COMMIT.observe(&[], committing.elapsed().as_secs_f64());
         }
         completion(error.as_deref());
         if wrote && error.is_none() {

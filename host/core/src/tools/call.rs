@@ -179,8 +179,54 @@ impl ToolService {
 
     /// Like [`call`](Self::call), with the tool already resolved by the caller — from the
     /// [`Catalog`](super::Catalog) its step was assembled from — when `resolved` names the requested tool.
-    #[tracing::instrument(name = "call_chain", skip_all, fields(tool = %req.tool))]
+    ///
+    /// The call is a `call_chain` span carrying what the sandbox measured (time, fuel, peak
+    /// memory), the tool's effect class and the outcome, and is counted in the tool-call
+    /// metrics.
+    #[tracing::instrument(
+        name = "call_chain",
+        skip_all,
+        fields(
+            tool = %req.tool,
+            keel.effect = tracing::field::Empty,
+            keel.outcome = tracing::field::Empty,
+            keel.sandbox.ms = tracing::field::Empty,
+            keel.sandbox.fuel = tracing::field::Empty,
+            keel.sandbox.memory_bytes = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        )
+    )]
     pub async fn call_as(
+        &self,
+        req: CallRequest<'_>,
+        resolved: Option<Arc<Resolved>>,
+    ) -> Result<CallOutcome, ToolServiceError> {
+        let started = std::time::Instant::now();
+        let out = self.call_governed(req, resolved).await;
+        let span = tracing::Span::current();
+        let outcome = match &out {
+            Ok(o) => {
+                span.record("keel.effect", o.tool.effect.as_str());
+                span.record("keel.sandbox.ms", o.report.duration.as_secs_f64() * 1e3);
+                span.record("keel.sandbox.fuel", o.report.fuel_used);
+                span.record("keel.sandbox.memory_bytes", o.report.memory_peak);
+                match &o.report.result {
+                    Ok(_) => "ok",
+                    Err(e) => e.failure().as_str(),
+                }
+            }
+            Err(e) => e.failure().as_str(),
+        };
+        span.record("keel.outcome", outcome);
+        if outcome != "ok" {
+            span.record("error.type", outcome);
+        }
+        crate::metrics::TOOL_CALLS.inc(&[outcome]);
+        crate::metrics::TOOL_SECONDS.observe(&[], started.elapsed().as_secs_f64());
+        out
+    }
+
+    async fn call_governed(
         &self,
         req: CallRequest<'_>,
         resolved: Option<Arc<Resolved>>,

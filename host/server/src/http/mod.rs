@@ -103,24 +103,100 @@ impl App {
         })
     }
 
+    /// The runner runs in the span current here (a request's: the turns it runs are part of
+    /// the request's trace).
     pub fn run_in_background(self: &Arc<Self>, id: String) {
+        use tracing::Instrument;
         let h = Arc::clone(&self.harness);
-        tokio::spawn(async move {
-            let cancel = CancelToken::new();
-            let events: Events = Arc::new(|_| {});
-            if let Err(e) = h.resume(&keel::api::Caller::Operator, &id, &cancel, &events).await {
-                tracing::warn!(session = %id, "the turn could not run: {e}");
+        tokio::spawn(
+            async move {
+                let cancel = CancelToken::new();
+                let events: Events = Arc::new(|_| {});
+                if let Err(e) = h.resume(&keel::api::Caller::Operator, &id, &cancel, &events).await
+                {
+                    tracing::warn!(session = %id, "the turn could not run: {e}");
+                }
             }
-        });
+            .instrument(tracing::Span::current()),
+        );
     }
 }
 
-/// The server: the API under `/api/v1`, the console at `/`.
+/// The server: the API under `/api/v1`, the console at `/`, the metrics at `/metrics` (an
+/// admin token's).
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .nest("/api/v1", api::routes(Arc::clone(&app)))
         .merge(console::routes(Arc::clone(&app)))
+        .merge(Router::new().route("/metrics", axum::routing::get(metrics)).with_state(app))
         .layer(axum::middleware::from_fn(security_headers))
+        .layer(axum::middleware::from_fn(traced))
+}
+
+/// `GET /metrics`: the Prometheus text page, for an admin token.
+async fn metrics(
+    axum::extract::State(app): axum::extract::State<Arc<App>>,
+    caller: auth::Caller,
+) -> Result<Response, Failure> {
+    let page = app.harness.metrics(&caller.who()).await?;
+    Ok(([(axum::http::header::CONTENT_TYPE, keel::metrics::CONTENT_TYPE)], page).into_response())
+}
+
+/// The metrics page alone, without a token: for a listener of its own (`--metrics-listen`),
+/// which only the scraper should reach.
+pub fn metrics_router(app: Arc<App>) -> Router {
+    let page = move || {
+        let app = Arc::clone(&app);
+        async move {
+            match app.harness.metrics(&keel::api::Caller::Operator).await {
+                Ok(page) => {
+                    ([(axum::http::header::CONTENT_TYPE, keel::metrics::CONTENT_TYPE)], page)
+                        .into_response()
+                }
+                Err(e) => Failure::from(e).into_response(),
+            }
+        }
+    };
+    Router::new().route("/metrics", axum::routing::get(page))
+}
+
+/// Every request is an `http_request` span — its method, its route (the pattern, never the
+/// ids in the path), its status — whose parent is the caller's trace when the request carries
+/// a W3C `traceparent` header: a turn the request starts is part of that trace. Counted in
+/// the HTTP metrics by status class.
+async fn traced(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use tracing::Instrument;
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let parent = req
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| v.len() <= 128)
+        .map(str::to_string);
+    let span = tracing::info_span!(
+        "http_request",
+        otel.name = %format_args!("{} {route}", req.method()),
+        otel.kind = "server",
+        otel.parent = parent.as_deref().unwrap_or(""),
+        http.request.method = %req.method(),
+        http.route = %route,
+        http.response.status_code = tracing::field::Empty,
+    );
+    let res = next.run(req).instrument(span.clone()).await;
+    let status = res.status().as_u16();
+    span.record("http.response.status_code", status);
+    let class = match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    };
+    keel::metrics::HTTP_REQUESTS.inc(&[class]);
+    res
 }
 
 /// Headers every response carries: a strict Content-Security-Policy (scripts and styles only

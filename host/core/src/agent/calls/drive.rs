@@ -242,7 +242,14 @@ async fn execute(job: CallJob) -> Result<CallOutcome, ToolServiceError> {
 
 /// The span of one call of a step, inside its turn's span: `step`, `call_id`, `tool`.
 pub(super) fn call_span(step: i64, call: &ToolCallRequest) -> tracing::Span {
-    tracing::info_span!("tool_call", step, call_id = %call.id, tool = %call.name)
+    tracing::info_span!(
+        "tool_call",
+        step,
+        call_id = %call.id,
+        tool = %call.name,
+        gen_ai.tool.call.arguments = tracing::field::Empty,
+        gen_ai.tool.call.result = tracing::field::Empty,
+    )
 }
 
 async fn run_one(job: CallJob, cap: usize) -> Outcome {
@@ -256,6 +263,7 @@ pub(super) async fn run_raw(
 ) -> (Outcome, Result<CallOutcome, ToolServiceError>) {
     let started = std::time::Instant::now();
     let meta = job.meta.clone();
+    let call_input = crate::metrics::capture_content().then(|| job.call.arguments.clone());
     let outcome = execute(job).await;
     let ms = started.elapsed().as_secs_f64() * 1e3;
     let changes = outcome
@@ -267,6 +275,11 @@ pub(super) async fn run_raw(
     let control = outcome.as_ref().map(|o| o.report.control_requests.clone()).unwrap_or_default();
     // Redacted before the result is journaled, put in the history or shown to anyone.
     let result = ToolResult::of(&outcome, cap, &meta.config.policy);
+    if let Some(input) = call_input {
+        let span = tracing::Span::current();
+        span.record("gen_ai.tool.call.arguments", crate::metrics::captured(input.as_bytes()));
+        span.record("gen_ai.tool.call.result", crate::metrics::captured(result.content.as_bytes()));
+    }
     let net = outcome.as_ref().ok().and_then(|o| net_records(&o.report.net));
     (Outcome { result, changes, ms, control, net }, outcome)
 }

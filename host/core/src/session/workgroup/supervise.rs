@@ -91,6 +91,9 @@ pub struct Runnable {
     pub undecided: i64,
     /// Inputs waiting in its inbox that are notifications from other sessions.
     pub notifications: i64,
+    /// A sub-session's parent and the parent's call that spawned it (`None`: the main
+    /// session).
+    pub spawned_by: Option<(String, String)>,
 }
 
 impl Runnable {
@@ -113,8 +116,9 @@ pub fn sessions_in(c: &Connection, main: &str) -> Result<Vec<Runnable>, StoreErr
                     (SELECT COUNT(*) FROM inbox i WHERE i.session_id = s.id AND i.consumed_at IS NULL),
                     (SELECT COUNT(*) FROM approvals a WHERE a.session_id = s.id AND a.status = 'pending'),
                     (SELECT COUNT(*) FROM inbox i JOIN workgroup_events e ON e.id = i.event_id
-                     WHERE i.session_id = s.id AND i.consumed_at IS NULL AND e.kind != 'request')
-             FROM sessions s
+                     WHERE i.session_id = s.id AND i.consumed_at IS NULL AND e.kind != 'request'),
+                    sub.parent_id, sub.spawn_call
+             FROM sessions s LEFT JOIN subsessions sub ON sub.session_id = s.id
              WHERE s.id = ?1 OR s.id IN (SELECT session_id FROM subsessions WHERE main_id = ?1)
              ORDER BY s.created_at, s.id",
         )?
@@ -122,6 +126,7 @@ pub fn sessions_in(c: &Connection, main: &str) -> Result<Vec<Runnable>, StoreErr
             Ok((
                 (r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get(2)?, r.get(3)?),
                 (r.get(4)?, r.get(5)?, r.get(6)?),
+                (r.get::<_, Option<String>>(7)?, r.get::<_, Option<String>>(8)?),
             ))
         })?
         .collect::<Result<Vec<_>, _>>()?;
@@ -130,6 +135,7 @@ pub fn sessions_in(c: &Connection, main: &str) -> Result<Vec<Runnable>, StoreErr
             |(
                 (id, state, active_turn, interrupt_requested),
                 (pending, undecided, notifications),
+                (parent, call),
             )| {
                 Ok(Runnable {
                     id,
@@ -139,6 +145,7 @@ pub fn sessions_in(c: &Connection, main: &str) -> Result<Vec<Runnable>, StoreErr
                     interrupt_requested,
                     undecided,
                     notifications,
+                    spawned_by: parent.zip(call),
                 })
             },
         )

@@ -1,0 +1,202 @@
+//! The telemetry peers of the slow tier: an OTLP/HTTP receiver that decodes what keel sends
+//! with the official protobuf definitions (`opentelemetry-proto` from PyPI, pinned, in a
+//! virtual environment under `target/otel-peers`), and Debian's `prometheus` server.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const PYTHON_PROTO: &str = "opentelemetry-proto==1.45.2";
+
+/// The virtual environment with the protobuf definitions, made on first use (a staging
+/// directory renamed into place).
+fn python() -> PathBuf {
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target");
+            let root = target.join("otel-peers");
+            let python = root.join("venv/bin/python");
+            if root.join(".keel-installed").exists() {
+                return python;
+            }
+            let staging = target.join(format!("otel-peers.staging.{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&staging);
+            std::fs::create_dir_all(&staging).unwrap();
+            let ok = Command::new("python3")
+                .args(["-m", "venv"])
+                .arg(staging.join("venv"))
+                .status()
+                .expect("python3 is needed for the OTLP receiver");
+            assert!(ok.success(), "python3 -m venv failed");
+            let ok = Command::new(staging.join("venv/bin/pip"))
+                .args(["install", "--quiet", "--disable-pip-version-check", PYTHON_PROTO])
+                .status()
+                .unwrap();
+            assert!(ok.success(), "pip install {PYTHON_PROTO} failed");
+            std::fs::write(staging.join(".keel-installed"), "").unwrap();
+            let _ = std::fs::remove_dir_all(&root);
+            std::fs::rename(&staging, &root).unwrap();
+            python
+        })
+        .clone()
+}
+
+/// A running OTLP/HTTP receiver, stopped when dropped.
+pub struct Receiver {
+    child: Child,
+    /// `http://127.0.0.1:PORT` (the base URL: spans go to `/v1/traces`).
+    pub base: String,
+    out: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Receiver {
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("spans.jsonl");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/otel/receiver.py");
+        let mut child = Command::new(python())
+            .arg(script)
+            .arg(&out)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let port = line.trim().strip_prefix("listening ").expect("the receiver did not start");
+        Self { child, base: format!("http://127.0.0.1:{port}"), out, _dir: dir }
+    }
+
+    /// Every span received so far, as the receiver decoded it.
+    pub fn spans(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.out)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// Waits until `done` holds for the spans received, or panics after `limit`.
+    pub fn wait_for(&self, limit: Duration, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        let start = Instant::now();
+        loop {
+            let spans = self.spans();
+            if done(&spans) {
+                return spans;
+            }
+            assert!(start.elapsed() < limit, "the spans never arrived; received: {spans:#?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Debian's `prometheus` server scraping one target, stopped when dropped.
+pub struct Prometheus {
+    child: Child,
+    pub base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    /// Starts `prometheus` scraping `target` (`HOST:PORT`, path `/metrics`) every second with
+    /// `token` as its bearer credential (`None`: no credential).
+    pub fn start(target: &str, token: Option<&str>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = match token {
+            Some(t) => {
+                let file = dir.path().join("token");
+                std::fs::write(&file, t).unwrap();
+                format!("    authorization:\n      credentials_file: {}\n", file.display())
+            }
+            None => String::new(),
+        };
+        let config = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: keel\n{auth}    static_configs:\n      - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("Debian's prometheus is needed (apt-get install prometheus)");
+        Self { child, base: format!("http://127.0.0.1:{port}"), _dir: dir }
+    }
+
+    /// The value of an instant query's first sample, once there is one (waits up to `limit`).
+    pub fn value(&self, query: &str, limit: Duration) -> Option<f64> {
+        let client = reqwest::blocking::Client::new();
+        let start = Instant::now();
+        loop {
+            let v: Option<Value> = client
+                .get(format!("{}/api/v1/query?query={}", self.base, encode(query)))
+                .send()
+                .and_then(|r| r.text())
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok());
+            let first = v.as_ref().and_then(|v| v["data"]["result"].get(0).cloned());
+            if let Some(s) = first {
+                return s["value"][1].as_str().and_then(|t| t.parse().ok());
+            }
+            if start.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// The scrape target's health as Prometheus last saw it (`up`, `down`, `unknown`) and its
+    /// last error.
+    pub fn target(&self) -> (String, String) {
+        let v: Value = reqwest::blocking::Client::new()
+            .get(format!("{}/api/v1/targets", self.base))
+            .send()
+            .and_then(|r| r.text())
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        let t = &v["data"]["activeTargets"][0];
+        (
+            t["health"].as_str().unwrap_or_default().to_string(),
+            t["lastError"].as_str().unwrap_or_default().to_string(),
+        )
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `text` percent-encoded for a query string.
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
