@@ -42,7 +42,7 @@ const CORE: &[&[&str]] = &[
 
 /// The server library's modules, bottom first: the two front-ends share the listener and
 /// nothing else.
-const SERVER: &[&[&str]] = &[&["listen"], &["http", "mcp"]];
+const SERVER: &[&[&str]] = &[&["listen", "telemetry"], &["http", "mcp"]];
 
 fn src(krate: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../host").join(krate).join("src")

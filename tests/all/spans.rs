@@ -38,11 +38,13 @@ fn a_turn_s_spans_name_its_session_turn_step_call_and_tool() {
     for path in [
         format!("{turn}:model_call{{step=1}}"),
         format!("{turn}:tool_call{{step=1 call_id=call_1 tool=fs_read_file}}"),
+        // (the chain's and the turn's close lines carry what they recorded: the sandbox's
+        // figures, the outcome)
         format!(
-            "{turn}:tool_call{{step=1 call_id=call_1 tool=fs_read_file}}:call_chain{{tool=fs_read_file}}"
+            "{turn}:tool_call{{step=1 call_id=call_1 tool=fs_read_file}}:call_chain{{tool=fs_read_file keel.effect=\"read-only\""
         ),
         format!("{turn}:model_call{{step=2}}"),
-        turn.to_string(),
+        "runner{session_id=s1}:turn{session_id=s1 turn=1 keel.outcome=\"answer\"}".to_string(),
         "runner{session_id=s1}".to_string(),
     ] {
         assert!(closed(&path), "no span closed at `{path}` in the log:\n{text}");

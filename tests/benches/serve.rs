@@ -7,6 +7,8 @@
 //! 2. Requests per second of `GET /sessions/{id}` from 64 concurrent clients, with p50/p99.
 //! 3. The same GET from 8 clients, alone and beside 1,000 slow connections without a token
 //!    (half a request line each, then nothing): requests/s and p99 of each, and the ratio.
+//! 4. Turns through the API and the CLI with traces exported over OTLP/HTTP to a collector on
+//!    loopback, beside the same turns with export off (p50 of each, and the ratio).
 //!
 //! `cargo bench -p keel-tests --bench serve`. `KEEL_BENCH_TURNS` (default 20) and
 //! `KEEL_BENCH_SECONDS` (default 5) change the shape. Prints figures; asserts nothing about
@@ -145,55 +147,23 @@ async fn load(
     (all.len() as f64 / elapsed, percentile(&all, 0.5), percentile(&all, 0.99), all.len())
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    keel::tls::init();
-    let turns = env_or("KEEL_BENCH_TURNS", 20);
-    let seconds = env_or("KEEL_BENCH_SECONDS", 5) as u64;
-    let keel = keel_binary();
-    let model = MockModel::start_fn(responder()).await;
-    let data = root().join("tests/data");
-    let grant = format!("{}=/data:ro", data.display());
-    println!("keel serve: {turns} turns each side, one csv_inspect call and an answer per turn");
-
-    // The CLI: a process per turn.
-    let cli_home = tempfile::tempdir().unwrap();
-    let run = |args: &[&str]| {
-        let out =
-            Command::new(&keel).arg("--home").arg(cli_home.path()).args(args).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    };
-    let url = model.url();
-    run(&[
-        "run",
-        "warm up",
-        "--session",
-        "b",
-        "--grant",
-        &grant,
-        "--tools",
-        "csv_inspect",
-        "--model-url",
-        &url,
-        "--model",
-        "m",
-        "--no-preprocess",
-    ]);
-    let mut cli = Vec::new();
-    for _ in 0..turns {
-        let t = Instant::now();
-        run(&["session", "send", "b", "Check orders.csv"]);
-        cli.push(t.elapsed().as_secs_f64() * 1000.0);
-    }
-
-    // The API: one server, the turn runs in it.
+/// A `keel serve` on a home of its own (its model at `url`, `data` grantable), with `envs`
+/// set, and `turns` timed API turns through it (after a warm-up): the turns' ms, the server's
+/// base URL and admin token, and the process.
+async fn api_turns(
+    keel: &Path,
+    url: &str,
+    data: &Path,
+    turns: usize,
+    envs: &[(&str, &str)],
+) -> (Vec<f64>, String, String, std::process::Child, tempfile::TempDir) {
     let home = tempfile::tempdir().unwrap();
     std::fs::write(
         home.path().join("keel.toml"),
         format!("[serve]\ngrant_roots = [{:?}]\n", data.display().to_string()),
     )
     .unwrap();
-    let mut server = Command::new(&keel)
+    let mut server = Command::new(keel)
         .arg("--home")
         .arg(home.path())
         .args([
@@ -201,12 +171,13 @@ async fn main() {
             "--listen",
             "127.0.0.1:0",
             "--model-url",
-            &url,
+            url,
             "--model",
             "m",
             "--no-preprocess",
         ])
         .env_remove("KEEL_API_TOKEN")
+        .envs(envs.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -265,6 +236,53 @@ async fn main() {
         last = until_idle(&mut events, &mut buf).await;
         http.push(t.elapsed().as_secs_f64() * 1000.0);
     }
+    (http, base, token, server, home)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    keel::tls::init();
+    let turns = env_or("KEEL_BENCH_TURNS", 20);
+    let seconds = env_or("KEEL_BENCH_SECONDS", 5) as u64;
+    let keel = keel_binary();
+    let model = MockModel::start_fn(responder()).await;
+    let data = root().join("tests/data");
+    let grant = format!("{}=/data:ro", data.display());
+    println!("keel serve: {turns} turns each side, one csv_inspect call and an answer per turn");
+
+    // The CLI: a process per turn.
+    let cli_home = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out =
+            Command::new(&keel).arg("--home").arg(cli_home.path()).args(args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    let url = model.url();
+    run(&[
+        "run",
+        "warm up",
+        "--session",
+        "b",
+        "--grant",
+        &grant,
+        "--tools",
+        "csv_inspect",
+        "--model-url",
+        &url,
+        "--model",
+        "m",
+        "--no-preprocess",
+    ]);
+    let mut cli = Vec::new();
+    for _ in 0..turns {
+        let t = Instant::now();
+        run(&["session", "send", "b", "Check orders.csv"]);
+        cli.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+
+    // The API: one server, the turn runs in it.
+    let (http, base, token, mut server, _home) = api_turns(&keel, &url, &data, turns, &[]).await;
+    let api = |p: &str| format!("{base}/api/v1{p}");
     let (cli50, cli90) = summary(cli);
     let (api50, api90) = summary(http);
     println!("| path | p50 | p90 |");
@@ -309,4 +327,49 @@ async fn main() {
     drop(slow);
     let _ = server.kill();
     let _ = server.wait();
+
+    // Traces exported over OTLP/HTTP to a collector on loopback (a sink answering 200), beside
+    // the same turns with export off: the API's turns (the server exports in batches from a
+    // thread of its own) and the CLI's (a process per turn, which sends its spans before it
+    // exits). Off and on alternate in rounds, so drift hits both alike.
+    let sink = keel_tests::telemetry_peers::Sink::start();
+    let on: &[(&str, &str)] = &[("OTEL_EXPORTER_OTLP_ENDPOINT", &sink.base)];
+    let (mut api_off, mut api_on, mut cli_off, mut cli_on) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..2 {
+        for (envs, out) in [(&[][..], &mut api_off), (on, &mut api_on)] {
+            let model_url = model.url();
+            let (ms, _, _, mut s, _home) =
+                api_turns(&keel, &model_url, &data, turns / 2, envs).await;
+            out.extend(ms);
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+        for (envs, out) in [(&[][..], &mut cli_off), (on, &mut cli_on)] {
+            for _ in 0..turns / 2 {
+                let t = Instant::now();
+                let out2 = Command::new(&keel)
+                    .arg("--home")
+                    .arg(cli_home.path())
+                    .args(["session", "send", "b", "Check orders.csv"])
+                    .envs(envs.iter().copied())
+                    .output()
+                    .unwrap();
+                assert!(out2.status.success(), "{}", String::from_utf8_lossy(&out2.stderr));
+                out.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+    }
+    let exported = sink.requests.load(Ordering::Relaxed);
+    let bytes = sink.bytes.load(Ordering::Relaxed);
+    println!();
+    println!("| turn | export off p50 | export on p50 | on / off |");
+    println!("|---|---|---|---|");
+    for (name, off, on) in [
+        ("`POST /sessions/{id}/input` → idle", api_off, api_on),
+        ("`keel session send` (a process per turn)", cli_off, cli_on),
+    ] {
+        let ((off50, _), (on50, _)) = (summary(off), summary(on));
+        println!("| {name} | {off50:.2} ms | {on50:.2} ms | {:.3} |", on50 / off50);
+    }
+    println!("the collector received {exported} export requests, {bytes} bytes");
 }

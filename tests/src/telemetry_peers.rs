@@ -200,3 +200,65 @@ fn encode(text: &str) -> String {
         })
         .collect()
 }
+
+/// A collector that takes every OTLP/HTTP export and answers 200 at once, counting requests
+/// and bytes: the benchmarks' sink (it decodes nothing, so what is measured is keel's side).
+pub struct Sink {
+    /// `http://127.0.0.1:PORT`
+    pub base: String,
+    pub requests: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub bytes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Sink {
+    pub fn start() -> Self {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let requests = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let bytes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (r, b) = (requests.clone(), bytes.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let (r, b) = (r.clone(), b.clone());
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(conn.try_clone().unwrap());
+                    let mut out = conn;
+                    loop {
+                        let mut length = 0usize;
+                        let mut line = String::new();
+                        // The request line and the headers, up to the empty line.
+                        loop {
+                            line.clear();
+                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            let l = line.trim_end();
+                            if l.is_empty() {
+                                break;
+                            }
+                            if let Some((k, v)) = l.split_once(':')
+                                && k.eq_ignore_ascii_case("content-length")
+                            {
+                                length = v.trim().parse().unwrap_or(0);
+                            }
+                        }
+                        let mut body = vec![0; length];
+                        if reader.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        r.fetch_add(1, Ordering::Relaxed);
+                        b.fetch_add(length as u64, Ordering::Relaxed);
+                        let reply = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                        if out.write_all(reply.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Self { base, requests, bytes }
+    }
+}

@@ -3,7 +3,6 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod commands;
-mod telemetry;
 
 #[global_allocator]
 static ALLOCATOR: keel::Allocator = keel::Allocator;
@@ -225,8 +224,8 @@ fn main() -> ExitCode {
         .filter(|h| keel::config::path(h).exists())
         .and_then(|h| keel::config::read(&h).ok())
         .and_then(|f| f.telemetry);
-    let traces = match telemetry::settings(|k| std::env::var(k).ok(), table.as_ref())
-        .and_then(|s| s.map(|s| telemetry::start(&s)).transpose())
+    let traces = match keel_server::telemetry::settings(|k| std::env::var(k).ok(), table.as_ref())
+        .and_then(|s| s.map(|s| keel_server::telemetry::start(&s)).transpose())
     {
         Ok(t) => t,
         Err(e) => {

@@ -6,11 +6,14 @@
 //! - [`http`] — `keel serve`: the JSON API under `/api/v1` and the server-rendered console.
 //! - [`mcp`] — `keel mcp serve`: keel as an MCP server, over stdio or streamable HTTP.
 //! - [`listen`] — the bounded HTTP listener both network front-ends serve on.
+//! - [`telemetry`] — traces: keel's spans exported over OTLP/HTTP (a `tracing` layer the
+//!   binary installs, any front-end's spans included).
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
 pub mod http;
 pub mod listen;
 pub mod mcp;
+pub mod telemetry;
 
 #[cfg(test)]
 mod tests {
