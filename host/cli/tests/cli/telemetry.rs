@@ -142,6 +142,21 @@ async fn metrics_count_turns_calls_tokens_and_approvals_for_an_admin_token_only(
         assert!(!page.contains(data), "{data} on the metrics page:\n{page}");
     }
 
+    // The operations guide's table lists every metric of the page, and nothing else.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let guide = std::fs::read_to_string(root.join("docs/operations.md")).unwrap();
+    let on_page: std::collections::BTreeSet<String> = page
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .collect();
+    let in_guide: std::collections::BTreeSet<String> = guide
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `keel_"))
+        .map(|l| format!("keel_{}", l.split('`').next().unwrap()))
+        .collect();
+    assert_eq!(on_page, in_guide, "the page's metrics and the guide's table differ");
+
     // The scraper's own listener: the same page without a token, and nothing else.
     let scrape = metrics_address(&s);
     assert!(scrape.ends_with("/metrics"), "{scrape}");
@@ -172,6 +187,23 @@ fn a_bad_metrics_listen_or_trace_endpoint_stops_serve_with_the_setting_named() {
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("[telemetry] otlp_endpoint: `collector:4318` is not an http://"), "{err}");
+
+    // A collector that is down costs the command nothing but the spans: it does its work and
+    // ends at once.
+    std::fs::write(home.path().join("keel.toml"), "").unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let started = Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["tool", "list", "--json"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{closed}"))
+        .env("KEEL_LOG", "keel=info")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(super::json_of(&out).as_array().is_some_and(|t| !t.is_empty()), "{out:?}");
+    assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
 }
 
 /// The grant preset `shared`: `ROOTS/work` as `/work`, read-write.
@@ -457,5 +489,40 @@ async fn telemetry_prometheus_scrapes_keel_serve_with_an_admin_token() {
         }
         assert!(start.elapsed() < Duration::from_secs(30), "never scraped: {health} {error}");
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[test]
+#[ignore = "telemetry tier: needs Debian's prometheus (promtool)"]
+fn telemetry_the_sample_alerts_of_the_operations_guide_pass_promtool() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let guide = std::fs::read_to_string(root.join("docs/operations.md")).unwrap();
+    let after = guide.split("### Sample alerts").nth(1).unwrap();
+    let rules = after.split("```yaml\n").nth(1).unwrap().split("```").next().unwrap();
+    assert!(rules.contains("keel_approval_oldest_pending_age_seconds"), "{rules}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("keel.rules.yml");
+    std::fs::write(&file, rules).unwrap();
+    let out = std::process::Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool (Debian's prometheus package) is needed");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every metric the rules use is one the guide's table lists (which the default tier
+    // checks against the page keel serves).
+    let table = guide.split("### Sample alerts").next().unwrap();
+    for m in [
+        "keel_approval_oldest_pending_age_seconds",
+        "keel_model_calls_total",
+        "keel_sandbox_traps_total",
+        "keel_turns_total",
+    ] {
+        assert!(rules.contains(m) && table.contains(&format!("| `{m}` |")), "{m}");
     }
 }
