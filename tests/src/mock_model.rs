@@ -405,6 +405,24 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
         let buf_head: Vec<u8> = buf[..header_end].to_vec();
         buf.drain(..header_end + len);
         let scripted = match &shared.responder {
+            // A server with a context of its own refuses every request past it, a summary
+            // call's too (a summary request it refuses is recorded as one).
+            _ if shared.context_bytes.is_some_and(|max| body.len() > max) => {
+                if is_summary(&body)
+                    && let Ok(mut r) = shared.summary_requests.lock()
+                {
+                    r.push(body.clone());
+                }
+                Some(Reply::Status {
+                    code: 400,
+                    retry_after: None,
+                    body: json!({"error": {"code": 400, "type": "exceed_context_size_error",
+                        "message": "the request exceeds the available context size, try increasing it",
+                        "n_prompt_tokens": body.len() / 4,
+                        "n_ctx": shared.context_bytes.unwrap_or(0) / 4}})
+                    .to_string(),
+                })
+            }
             _ if is_understanding(&body) => {
                 if let Ok(mut r) = shared.understanding_requests.lock() {
                     r.push(body.clone());
@@ -449,15 +467,6 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
                 retry_after: None,
                 body: json!({"error": {"code": 500, "type": "server_error",
                     "message": "Failed to parse tool call arguments as JSON"}})
-                .to_string(),
-            }),
-            _ if shared.context_bytes.is_some_and(|max| body.len() > max) => Some(Reply::Status {
-                code: 400,
-                retry_after: None,
-                body: json!({"error": {"code": 400, "type": "exceed_context_size_error",
-                    "message": "the request exceeds the available context size, try increasing it",
-                    "n_prompt_tokens": body.len() / 4,
-                    "n_ctx": shared.context_bytes.unwrap_or(0) / 4}})
                 .to_string(),
             }),
             Some(f) => Some(f(&body)),

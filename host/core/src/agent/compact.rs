@@ -67,10 +67,19 @@ pub enum Compaction {
     Discarded(String),
 }
 
+/// Of the tokens a summary request may use (the window less the reply's reserve), the part
+/// its estimated size is held under: the estimate is of bytes per token, and the server's
+/// tokenizer may count more.
+pub const SUMMARY_SAFETY: f64 = 0.85;
+
 /// What one compaction is asked to do.
 pub struct CompactRequest {
     pub trigger: Trigger,
     pub aim: Aim,
+    /// The context window the summary calls must fit, in tokens: the session's, or what a
+    /// refusal said (or, when it said no number, less than the request it refused). `None`:
+    /// the session's, if it has one.
+    pub window: Option<u64>,
     /// The size of the request that led to it: (bytes, estimated tokens).
     pub before: Option<(i64, i64)>,
     /// The state the session returns to.
@@ -94,7 +103,9 @@ impl AgentService {
         };
         let frozen = Arc::new(frozen);
         let meta = self.engine.meta(id).await?;
-        let call = self.summary_call(&meta, &frozen, cancel).await;
+        let window = req.window.or(meta.config.model.context_window);
+        let per_token = self.engine.bytes_per_token(id).await?;
+        let call = self.summary_call(&meta, &frozen, window.map(|w| (w, per_token)), cancel).await;
         crate::crash::point("after_summary_call");
         let after = match (&call.summary, req.before) {
             (Some(s), Some((bytes, tokens))) if bytes > 0 => {
@@ -136,66 +147,150 @@ impl AgentService {
         })
     }
 
-    /// SummaryService's call over `frozen`: asked once more when its answer is refused. The
-    /// summary is redacted by the session's policy and given the journal's artifacts.
+    /// SummaryService's calls over `frozen`. With a window (tokens, and the session's bytes
+    /// per token), each request — instructions, schema, previous summary, the range, JSON
+    /// escaping and all — is held under the window less the reply's reserve
+    /// ([`summary::reply_reserve`], also the call's `max_tokens`): a range that does not fit
+    /// one call is summarized over several, each given the summary so far. A refused answer is
+    /// asked for once more, with a note saying why (cut by the token limit, repeating itself,
+    /// not JSON) and half the messages; a request the server refuses as too long is sent again
+    /// with half the messages. The summary is redacted by the session's policy and given the
+    /// journal's artifacts.
     async fn summary_call(
         &self,
         meta: &SessionMeta,
         frozen: &Frozen,
+        window: Option<(u64, f64)>,
         cancel: &CancelToken,
     ) -> SummaryCall {
-        let config = summary::config(&meta.config.model, meta.config.preprocess.as_ref());
-        let request = summary::request_body(&config, frozen);
-        let body = bytes::Bytes::from(request.clone());
+        let mut config = summary::config(&meta.config.model, meta.config.preprocess.as_ref());
+        let budget = window.map(|(w, per_token)| {
+            let reserve = summary::reply_reserve(w);
+            config.model.max_tokens = Some(reserve);
+            (w.saturating_sub(u64::from(reserve)) as f64 * per_token * SUMMARY_SAFETY) as usize
+        });
         let started = Instant::now();
         let mut out = SummaryCall {
             summary: None,
             error: None,
-            request,
+            request: Vec::new(),
             reply: None,
             attempts: 0,
             duration_ms: 0.0,
             usage: None,
         };
-        for _ in 0..2 {
-            match self.model.complete(&config.model, &body, cancel).await {
-                Ok(reply) => {
-                    out.attempts += reply.attempts;
-                    out.usage = reply.usage;
-                    let content = reply.content.unwrap_or_default();
-                    let content = meta.config.policy.redact(&content).into_owned();
-                    match summary::parse(&content) {
-                        Ok((mut s, reader)) => {
-                            reader.log("summary");
-                            if s.active_user_request.is_empty()
-                                && let Some(r) = &frozen.active_request
-                            {
-                                s.active_user_request = r.clone();
-                            }
-                            s.artifacts = frozen.artifacts.clone();
-                            s.failed_calls = frozen.failed_calls.clone();
-                            s.turn_calls = frozen.turn_calls.clone();
-                            out.summary = Some(s);
-                            out.error = None;
-                            out.reply = Some(content);
-                            break;
+        let mut rest: &[crate::session::compaction::FrozenMessage] = &frozen.messages;
+        let mut previous = frozen.previous.clone();
+        let mut last = None;
+        let mut calls = 0u32;
+        'range: while last.is_none() || !rest.is_empty() {
+            let part =
+                |take: usize, previous: &Option<(i64, crate::session::compaction::Summary)>| {
+                    Frozen {
+                        messages: rest[..take].to_vec(),
+                        previous: previous.clone(),
+                        ..frozen.clone()
+                    }
+                };
+            // The most messages whose request fits the budget (one at least).
+            let mut take = match budget {
+                None => rest.len(),
+                Some(b) => {
+                    let fits =
+                        |n: usize| summary::request_body(&config, &part(n, &previous)).len() <= b;
+                    let (mut lo, mut hi) = (1usize, rest.len());
+                    while lo < hi {
+                        let mid = (lo + hi).div_ceil(2);
+                        if fits(mid) { lo = mid } else { hi = mid - 1 }
+                    }
+                    lo.min(rest.len())
+                }
+            };
+            let mut note: Option<String> = None;
+            let mut answered = false;
+            for _ in 0..2 {
+                let request =
+                    summary::request_body_noted(&config, &part(take, &previous), note.as_deref());
+                out.request = request.clone();
+                calls += 1;
+                match self.model.complete(&config.model, &bytes::Bytes::from(request), cancel).await
+                {
+                    Ok(reply) => {
+                        out.attempts += reply.attempts;
+                        if let Some(u) = &reply.usage {
+                            let sum = out.usage.get_or_insert(crate::model::Usage {
+                                prompt_tokens: 0,
+                                completion_tokens: 0,
+                                cached_tokens: None,
+                            });
+                            sum.prompt_tokens += u.prompt_tokens;
+                            sum.completion_tokens += u.completion_tokens;
                         }
-                        Err(e) => {
-                            out.error = Some(format!("the summary was refused: {e}"));
-                            out.reply = Some(content);
+                        let content = reply.content.unwrap_or_default();
+                        let content = meta.config.policy.redact(&content).into_owned();
+                        match summary::parse(&content) {
+                            Ok((s, reader)) => {
+                                reader.log("summary");
+                                previous = Some((0, s.clone()));
+                                last = Some(s);
+                                out.error = None;
+                                out.reply = Some(content);
+                                answered = true;
+                                break;
+                            }
+                            Err(e) => {
+                                let cause = summary::refusal_cause(
+                                    &content,
+                                    reply.finish_reason.as_deref(),
+                                    &e,
+                                );
+                                out.error = Some(format!("the summary was refused: {cause}"));
+                                out.reply = Some(content);
+                                note = Some(summary::retry_note(&cause));
+                                take = take.div_ceil(2);
+                            }
                         }
                     }
-                }
-                Err(f) => {
-                    out.attempts += f.attempts;
-                    out.error = Some(if f.last == ModelError::Cancelled {
-                        "the summary call was interrupted".to_string()
-                    } else {
-                        format!("the summary call failed: {f}")
-                    });
-                    break;
+                    Err(f) if matches!(f.last, ModelError::ContextTooLong { .. }) && take > 1 => {
+                        out.attempts += f.attempts;
+                        out.error = Some(format!("the summary call failed: {f}"));
+                        take = take.div_ceil(2);
+                    }
+                    Err(f) => {
+                        out.attempts += f.attempts;
+                        out.error = Some(if f.last == ModelError::Cancelled {
+                            "the summary call was interrupted".to_string()
+                        } else {
+                            format!("the summary call failed: {f}")
+                        });
+                        break 'range;
+                    }
                 }
             }
+            if !answered {
+                break;
+            }
+            rest = &rest[take..];
+        }
+        if out.error.is_none()
+            && let Some(mut s) = last
+        {
+            if s.active_user_request.is_empty()
+                && let Some(r) = &frozen.active_request
+            {
+                s.active_user_request = r.clone();
+            }
+            s.artifacts = frozen.artifacts.clone();
+            s.failed_calls = frozen.failed_calls.clone();
+            s.turn_calls = frozen.turn_calls.clone();
+            out.summary = Some(s);
+        }
+        if calls > 1 {
+            tracing::debug!(
+                calls,
+                messages = frozen.messages.len(),
+                "summary made over several calls"
+            );
         }
         out.duration_ms = started.elapsed().as_secs_f64() * 1e3;
         if let Some(e) = &out.error {

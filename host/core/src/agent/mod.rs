@@ -314,12 +314,19 @@ impl AgentService {
                     .await;
                 if !overflowed
                     && let Err(f) = &result
-                    && matches!(f.last, ModelError::ContextTooLong { .. })
+                    && let ModelError::ContextTooLong { body, .. } = &f.last
                 {
                     overflowed = true;
                     let bytes = assembled.body.len() as i64;
+                    // The window the refusal names, else less than the refused request.
+                    let per_token = self.engine.bytes_per_token(id).await?;
+                    let window = crate::model::window_in_refusal(body)
+                        .unwrap_or_else(|| (bytes as f64 / per_token * 0.75) as u64);
                     let request = compact::CompactRequest {
                         trigger: compact::Trigger::Overflow,
+                        window: Some(
+                            meta.config.model.context_window.map_or(window, |w| w.min(window)),
+                        ),
                         aim: compact::Aim {
                             keep_bytes: Some(bytes / 4),
                             input_bytes: Some(bytes / 2),
@@ -495,6 +502,7 @@ impl AgentService {
                 rounds += 1;
                 let request = compact::CompactRequest {
                     trigger: compact::Trigger::Threshold,
+                    window: Some(window),
                     aim: compact::aim(window, meta.config.model.compact_at, per_token, &assembled),
                     before: Some((bytes, tokens)),
                     state_after: RuntimeState::Running,

@@ -35,12 +35,22 @@ with only a JSON object with exactly these fields: {\"active_user_request\": \"\
 /// The list fields of an answer, in order.
 pub const LISTS: [&str; 5] =
     ["decisions", "constraints", "open_questions", "next_actions", "notes"];
-/// Entries of one list an answer may hold, at most.
-pub const MAX_ENTRIES: usize = 64;
-/// Characters of one entry (or of the active request) an answer may hold, at most.
-pub const MAX_ENTRY_CHARS: usize = 8000;
-/// The call's reply cap (whatever the session's own cap on business replies).
+/// Entries of one list an answer may hold, at most (said in the schema as `maxItems`, so a
+/// server that constrains its output to the schema stops a model that repeats an entry).
+pub const MAX_ENTRIES: usize = 16;
+/// Characters of one list entry an answer may hold, at most (`maxLength` in the schema).
+pub const MAX_ENTRY_CHARS: usize = 600;
+/// Characters of the restated active request, at most.
+pub const MAX_REQUEST_CHARS: usize = 8000;
+/// The call's reply cap (whatever the session's own cap on business replies); a small
+/// window lowers it ([`reply_reserve`]).
 pub const MAX_TOKENS: u32 = 2048;
+
+/// The tokens kept for the summary's reply in a window of `window` tokens: [`MAX_TOKENS`], at
+/// most a quarter of the window.
+pub fn reply_reserve(window: u64) -> u32 {
+    u32::try_from(window / 4).unwrap_or(u32::MAX).clamp(64, MAX_TOKENS)
+}
 
 /// The call's settings: the session's model, not streamed, [`MAX_TOKENS`] of reply at most,
 /// the session's wait, and the JSON mode of its task-understanding settings (a JSON Schema
@@ -55,9 +65,13 @@ pub fn config(business: &ModelConfig, preprocess: Option<&PreprocessConfig>) -> 
 }
 
 fn answer_schema() -> Value {
-    let list = json!({"type": "array", "items": {"type": "string"}});
+    let list = json!({"type": "array", "maxItems": MAX_ENTRIES,
+        "items": {"type": "string", "maxLength": MAX_ENTRY_CHARS}});
     let mut properties = serde_json::Map::new();
-    properties.insert("active_user_request".into(), json!({"type": "string"}));
+    properties.insert(
+        "active_user_request".into(),
+        json!({"type": "string", "maxLength": MAX_REQUEST_CHARS}),
+    );
     for l in LISTS {
         properties.insert(l.into(), list.clone());
     }
@@ -115,6 +129,16 @@ fn sent(seq: i64, body: &str) -> Value {
 
 /// The exact request body of the call over `frozen`.
 pub fn request_body(config: &PreprocessConfig, frozen: &Frozen) -> Vec<u8> {
+    request_body_noted(config, frozen, None)
+}
+
+/// [`request_body`], with `note` — why the last answer was refused, and what to do instead —
+/// in the user message (a retry is never the same bytes as the call it follows).
+pub fn request_body_noted(
+    config: &PreprocessConfig,
+    frozen: &Frozen,
+    note: Option<&str>,
+) -> Vec<u8> {
     let previous = frozen.previous.as_ref().map(|(_, s)| {
         let mut v = serde_json::to_value(s).unwrap_or(Value::Null);
         if let Some(o) = v.as_object_mut() {
@@ -124,7 +148,7 @@ pub fn request_body(config: &PreprocessConfig, frozen: &Frozen) -> Vec<u8> {
         }
         v
     });
-    let user = json!({
+    let mut user = json!({
         "previous_summary": previous,
         "active_user_request": frozen.active_request,
         "files_changed": frozen.artifacts,
@@ -132,6 +156,9 @@ pub fn request_body(config: &PreprocessConfig, frozen: &Frozen) -> Vec<u8> {
         "calls_this_turn": frozen.turn_calls,
         "messages": frozen.messages.iter().map(|m| sent(m.seq, &m.body)).collect::<Vec<_>>(),
     });
+    if let Some(n) = note {
+        user["note_on_your_last_answer"] = json!(n);
+    }
     crate::understand::supporting_request(
         config,
         INSTRUCTIONS,
@@ -139,6 +166,50 @@ pub fn request_body(config: &PreprocessConfig, frozen: &Frozen) -> Vec<u8> {
         "continuity_summary",
         answer_schema(),
     )
+}
+
+/// Why an answer was refused, in words a person and the retry's note can use: cut by the
+/// token limit (`finish_reason` `length`), repeating itself (one entry or line many times),
+/// or not the JSON asked for (`error`, the reader's).
+pub fn refusal_cause(content: &str, finish_reason: Option<&str>, error: &str) -> String {
+    let repeated = repeated_line(content);
+    match (finish_reason == Some("length"), repeated) {
+        (true, Some(r)) => format!(
+            "the answer was cut by the token limit after repeating one entry {} times (\"{}\")",
+            r.1,
+            cut(&r.0, 80)
+        ),
+        (true, None) => "the answer was cut by the token limit before its JSON ended".to_string(),
+        (false, Some(r)) => {
+            format!("the answer repeated one entry {} times (\"{}\"): {error}", r.1, cut(&r.0, 80))
+        }
+        (false, None) => format!("the answer is not the JSON object asked for: {error}"),
+    }
+}
+
+/// The note a retry carries after `cause`.
+pub fn retry_note(cause: &str) -> String {
+    format!(
+        "Your last answer was refused: {cause}. Answer again with one complete JSON object: at \
+         most {MAX_ENTRIES} short entries per list (under {MAX_ENTRY_CHARS} characters each), \
+         each fact once, no entry repeated; fewer messages are given this time."
+    )
+}
+
+/// The entry (a line or a quoted string) `content` repeats most, when it repeats one at least
+/// four times.
+fn repeated_line(content: &str) -> Option<(String, usize)> {
+    let mut counts: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for piece in content.split(['\n', ',']).map(|p| p.trim().trim_matches(['"', '[', ']'])) {
+        if piece.len() >= 8 {
+            *counts.entry(piece).or_default() += 1;
+        }
+    }
+    counts
+        .into_iter()
+        .filter(|(_, n)| *n >= 4)
+        .max_by_key(|(_, n)| *n)
+        .map(|(p, n)| (p.to_string(), n))
 }
 
 /// Fields an answer may hold.
@@ -152,7 +223,7 @@ const FIELDS: [&str; 6] =
 /// refused. The summary's journal fields are left empty.
 pub fn parse(content: &str) -> Result<(Summary, Reader), String> {
     let mut r = Reader::new(content, &FIELDS)?;
-    let request = r.text("active_user_request", MAX_ENTRY_CHARS)?.unwrap_or_default();
+    let request = r.text("active_user_request", MAX_REQUEST_CHARS)?.unwrap_or_default();
     let mut list = |key: &str| r.list(key, MAX_ENTRIES, MAX_ENTRY_CHARS);
     let summary = Summary {
         active_user_request: request,

@@ -433,6 +433,7 @@ impl Brain {
             estimate.as_ref().map_or(crate::session::BYTES_PER_TOKEN, |e| e.bytes_per_token);
         let request = CompactRequest {
             trigger: Trigger::Manual,
+            window: None,
             aim: Aim {
                 keep_bytes: None,
                 input_bytes: meta

@@ -110,6 +110,13 @@ impl Brain {
                     ModelError::Unreachable { url, .. } => {
                         format!("nothing answers at {url}")
                     }
+                    // The call's own limit, with its own setting (not the turn's).
+                    ModelError::Timeout { waiting, limit_ms } => format!(
+                        "the model server sent nothing for {} while keel waited for {waiting}; that is the \
+                         task-understanding call's longest wait ([model.preprocess] timeout_ms in keel.toml, \
+                         now {limit_ms} ms; at most the session's --model-timeout)",
+                        crate::units::format_duration(std::time::Duration::from_millis(*limit_ms))
+                    ),
                     _ => f.to_string(),
                 };
                 (understand::Understanding::uncertain(), Some(why), None, f.attempts)

@@ -91,6 +91,18 @@ pub(super) fn says_too_long(status: u16, body: &str) -> bool {
     .any(|p| lower.contains(p))
 }
 
+/// The context window a refusal names, in tokens: llama.cpp's `n_ctx` (its JSON error, or
+/// "available context size (N tokens)"), OpenAI's and vLLM's "maximum context length is N
+/// tokens". `None` when the body says no number.
+pub fn window_in_refusal(body: &str) -> Option<u64> {
+    let re = regex::Regex::new(
+        r#"(?i)"n_ctx"\s*:\s*(\d+)|context size \((\d+) tokens\)|maximum context length is (\d+)"#,
+    )
+    .ok()?;
+    let caps = re.captures(body)?;
+    (1..=3).find_map(|i| caps.get(i)).and_then(|m| m.as_str().parse().ok()).filter(|n| *n > 0)
+}
+
 impl ModelError {
     /// The error's kind, as a name (the metrics' label and the trace's `error.type`).
     pub fn kind(&self) -> &'static str {

@@ -249,13 +249,17 @@ pub struct CheckpointRecord {
     pub tokens_before: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens_after: Option<i64>,
+    /// The summary call's last answer, as the model wrote it (redacted): kept when it was
+    /// refused too, to show why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply: Option<String>,
 }
 
 /// The checkpoints of session `id`, oldest first.
 pub fn checkpoints_in(c: &Connection, id: &str) -> Result<Vec<CheckpointRecord>, StoreError> {
     let mut stmt = c.prepare_cached(
         "SELECT seq, status, trigger, turn, created_at, range_from, range_to, anchor, summary,
-                error, body_bytes, attempts, duration_ms, tokens_before, tokens_after
+                error, body_bytes, attempts, duration_ms, tokens_before, tokens_after, reply
          FROM checkpoints WHERE session_id=?1 ORDER BY seq",
     )?;
     let rows = stmt.query_map([id], |r| {
@@ -278,6 +282,7 @@ pub fn checkpoints_in(c: &Connection, id: &str) -> Result<Vec<CheckpointRecord>,
                 r.get::<_, Option<f64>>(12)?,
             ),
             (r.get::<_, Option<i64>>(13)?, r.get::<_, Option<i64>>(14)?),
+            r.get::<_, Option<String>>(15)?,
         ))
     })?;
     let mut out = Vec::new();
@@ -288,6 +293,7 @@ pub fn checkpoints_in(c: &Connection, id: &str) -> Result<Vec<CheckpointRecord>,
             (anchor, summary, error),
             call,
             tokens,
+            reply,
         ) = row?;
         out.push(CheckpointRecord {
             seq,
@@ -305,6 +311,7 @@ pub fn checkpoints_in(c: &Connection, id: &str) -> Result<Vec<CheckpointRecord>,
             duration_ms: call.2.unwrap_or(0.0),
             tokens_before: tokens.0,
             tokens_after: tokens.1,
+            reply,
         });
     }
     Ok(out)
