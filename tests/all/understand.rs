@@ -309,3 +309,34 @@ async fn an_interrupt_during_the_call_cancels_it_and_the_turn_stops_with_its_inp
     assert_eq!(t.messages[0].body["content"], ASK, "the input is kept");
     assert!(model.requests().is_empty(), "no business request after the interrupt");
 }
+
+/// The understanding call's own wait is reported with its own setting, not the turn's
+/// `--model-timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_understanding_call_past_its_wait_names_its_own_setting() {
+    let model = MockModel::start(vec![Reply::text("answered anyway")]).await;
+    let slow = || Box::new(Reply::understanding("new_task", &[], &[], &[]));
+    model.push_understanding(vec![
+        Reply::Delay(std::time::Duration::from_secs(2), slow()),
+        Reply::Delay(std::time::Duration::from_secs(2), slow()),
+    ]);
+    let home = tempfile::tempdir().unwrap();
+    let h = harness_with_session(
+        home.path(),
+        &model.url(),
+        "unused",
+        &[],
+        vec![],
+        LoopGuards::default(),
+    )
+    .await;
+    let mut config = keel::model::ModelConfig::new(&model.url(), "test-model");
+    config.timeout_ms = 300;
+    keel_tests::session_with_model(&h, "w", &[], config).await;
+    assert_eq!(answered(submit(&h, "w", ASK).await), "answered anyway");
+    let t = h.timeline(&Caller::Operator, "w").await.unwrap();
+    let e = t.transitions[0].error.as_deref().unwrap();
+    assert!(e.contains("[model.preprocess] timeout_ms"), "{e}");
+    assert!(e.contains("task-understanding call"), "{e}");
+    assert!(e.contains("300 ms"), "{e}");
+}

@@ -825,6 +825,23 @@ async fn compaction_through_the_binary_flags_compact_show_and_evidence() {
     .await;
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("has no checkpoint 7"));
+    // The summary call's answer as the model wrote it (kept when refused too).
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&["session", "evidence", "cmp", "--compaction", "1", "--reply"]),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["notes"], json!(["noted"]));
+    assert_eq!(v["checkpoints"][0]["reply"], String::from_utf8_lossy(&out.stdout).trim_end());
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&["session", "evidence", "cmp", "--compaction", "7", "--reply"]),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no checkpoint 7"));
     // Events name each step.
     let out =
         keel_async(home.path().to_path_buf(), args(&["session", "events", "cmp", "--json"])).await;

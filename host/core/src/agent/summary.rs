@@ -150,7 +150,8 @@ pub fn request_body_noted(
     });
     let mut user = json!({
         "previous_summary": previous,
-        "active_user_request": frozen.active_request,
+        // (cut as a message is: the turn's message is kept verbatim as its anchor anyway)
+        "active_user_request": frozen.active_request.as_deref().map(|r| cut(r, SENT_CAP as usize)),
         "files_changed": frozen.artifacts,
         "failed_calls": frozen.failed_calls,
         "calls_this_turn": frozen.turn_calls,
@@ -240,6 +241,38 @@ pub fn parse(content: &str) -> Result<(Summary, Reader), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_schema_carries_keel_s_limits_and_the_reply_reserve_fits_the_window() {
+        let schema = answer_schema();
+        assert_eq!(schema["properties"]["notes"]["maxItems"], MAX_ENTRIES);
+        assert_eq!(schema["properties"]["notes"]["items"]["maxLength"], MAX_ENTRY_CHARS);
+        assert_eq!(schema["properties"]["active_user_request"]["maxLength"], MAX_REQUEST_CHARS);
+        assert_eq!(reply_reserve(3072), 768);
+        assert_eq!(reply_reserve(32_768), MAX_TOKENS);
+        assert_eq!(reply_reserve(100), 64);
+    }
+
+    #[test]
+    fn a_refusal_names_its_cause() {
+        let looping = format!(
+            "{{\"decisions\": [{}",
+            std::iter::repeat_n("\"check the file\"", 12).collect::<Vec<_>>().join(", ")
+        );
+        let cut = refusal_cause(&looping, Some("length"), "the JSON ends early");
+        assert!(
+            cut.starts_with("the answer was cut by the token limit after repeating one entry"),
+            "{cut}"
+        );
+        assert!(cut.contains("check the file"), "{cut}");
+        let cut = refusal_cause("{\"a\": \"short", Some("length"), "x");
+        assert_eq!(cut, "the answer was cut by the token limit before its JSON ended");
+        let repeated = refusal_cause(&looping, Some("stop"), "no object");
+        assert!(repeated.starts_with("the answer repeated one entry"), "{repeated}");
+        let prose = refusal_cause("I cannot help with that.", Some("stop"), "no JSON object");
+        assert_eq!(prose, "the answer is not the JSON object asked for: no JSON object");
+        assert!(retry_note(&prose).contains(&prose));
+    }
 
     #[test]
     fn answers_are_read_liberally_and_refused_only_when_unreadable() {

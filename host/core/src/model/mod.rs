@@ -572,6 +572,18 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn a_refusal_s_window_is_read_from_the_shapes_servers_send() {
+        let llama = r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":4973,"n_ctx":3072}}"#;
+        assert_eq!(window_in_refusal(llama), Some(3072));
+        let older = "request (4973 tokens) exceeds the available context size (3072 tokens)";
+        assert_eq!(window_in_refusal(older), Some(3072));
+        let openai = "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.";
+        assert_eq!(window_in_refusal(openai), Some(8192));
+        assert_eq!(window_in_refusal("context_length_exceeded"), None);
+        assert_eq!(window_in_refusal(r#"{"n_ctx":0}"#), None);
+    }
+
     fn with_calls(n: usize) -> Vec<u8> {
         let calls: Vec<serde_json::Value> = (0..n)
             .map(|i| {

@@ -139,6 +139,10 @@ pub struct EvidenceArgs {
     /// show`; without a number, the last one.
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "0")]
     refused: Option<i64>,
+    /// With --compaction: the summary call's last answer as the model wrote it (redacted),
+    /// instead of its request — a refused answer too, to see why it was refused.
+    #[arg(long, requires = "compaction")]
+    reply: bool,
 }
 
 /// Characters of a direct call's result `session show` prints (`--json` has all of it).
@@ -361,6 +365,37 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             Err(e) => super::api_fail(a.json, &e),
         },
         SessionCommand::Evidence(a) => match match (a.refused, a.understanding, a.orchestration) {
+            _ if a.reply => {
+                let n = a.compaction.filter(|n| *n > 0);
+                match h.checkpoints(&Caller::Operator, &a.id).await {
+                    Ok(cps) => {
+                        let cp = match n {
+                            Some(n) => cps.iter().find(|c| c.seq == n),
+                            None => cps.last(),
+                        };
+                        match cp {
+                            Some(c) => match &c.reply {
+                                Some(r) => Ok((c.seq, format!("{r}\n").into_bytes())),
+                                None => Err(keel::api::ApiError::Store(
+                                    keel::store::StoreError::NotFound(format!(
+                                        "checkpoint {} of session {} has no answer: its summary call got none ({})",
+                                        c.seq,
+                                        a.id,
+                                        c.error.as_deref().unwrap_or("no error recorded")
+                                    )),
+                                )),
+                            },
+                            None => Err(keel::api::ApiError::Store(
+                                keel::store::StoreError::NotFound(match n {
+                                    Some(n) => format!("session {} has no checkpoint {n}", a.id),
+                                    None => format!("session {} has no checkpoint yet", a.id),
+                                }),
+                            )),
+                        }
+                    }
+                    Err(e) => Err(e),
+                }
+            }
             _ if a.compaction.is_some() => {
                 let n = a.compaction.unwrap_or(0);
                 h.compaction_evidence(&Caller::Operator, &a.id, (n > 0).then_some(n)).await
