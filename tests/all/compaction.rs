@@ -971,6 +971,8 @@ async fn a_session_that_outgrew_the_server_s_context_recovers_in_summary_calls_t
         assert!(r.len() <= context, "a summary request of {} bytes was sent", r.len());
         let v: serde_json::Value = serde_json::from_slice(r).unwrap();
         assert_eq!(v["max_tokens"], 750, "{}", v["max_tokens"]);
+        // The request and its whole reply fit the window (the server counts 4 bytes a token).
+        assert!(r.len() / 4 + 750 <= context / 4, "{} bytes leave no room to answer", r.len());
     }
     // The range did not fit one call: it was summarized over several, each given the summary
     // so far.
