@@ -923,6 +923,23 @@ fn cut_reply(content: &str) -> Reply {
         "message": {"role": "assistant", "content": content}}]}))
 }
 
+/// A session of two answered turns whose summary calls will get `summaries`.
+async fn two_turns_then(
+    summaries: Vec<Reply>,
+) -> (MockModel, tempfile::TempDir, keel::harness::Harness, SessionId) {
+    let model = MockModel::start(vec![Reply::text(&filler("one", 20)), Reply::text("two")]).await;
+    model.push_summary(summaries);
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness(dir.path(), &model.url()).await;
+    session(&h, "s", &model.url(), None, &[], Vec::new(), Policy::default()).await;
+    let cancel = CancelToken::new();
+    let id = SessionId::from("s");
+    for q in ["check orders", "again"] {
+        answered(h.internals().brain.submit(&id, q, &cancel, &no_events()).await.unwrap());
+    }
+    (model, dir, h, id)
+}
+
 /// What a small model answers when it loops: one entry, again and again, until cut.
 fn looping_summary() -> String {
     let entry = "\"the user asked to check the orders file\"";
@@ -983,17 +1000,12 @@ async fn a_session_that_outgrew_the_server_s_context_recovers_in_summary_calls_t
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_summary_that_repeats_an_entry_until_cut_is_asked_again_with_a_note() {
-    let model = MockModel::start(vec![Reply::text(&filler("one", 20)), Reply::text("two")]).await;
-    model
-        .push_summary(vec![cut_reply(&looping_summary()), Reply::summary("check orders", &["ok"])]);
-    let dir = tempfile::tempdir().unwrap();
-    let h = harness(dir.path(), &model.url()).await;
-    session(&h, "loop", &model.url(), None, &[], Vec::new(), Policy::default()).await;
+    let (model, _dir, h, id) = two_turns_then(vec![
+        cut_reply(&looping_summary()),
+        Reply::summary("check orders", &["ok"]),
+    ])
+    .await;
     let cancel = CancelToken::new();
-    let id = SessionId::from("loop");
-    for q in ["check orders", "again"] {
-        answered(h.internals().brain.submit(&id, q, &cancel, &no_events()).await.unwrap());
-    }
     let out = h.internals().brain.compact(&id, &cancel, &no_events()).await.unwrap();
     assert!(matches!(out, Compaction::Compacted { .. }), "{out:?}");
     // The refused call, its retry with half the messages, and a call for the other half.
@@ -1012,16 +1024,9 @@ async fn a_summary_that_repeats_an_entry_until_cut_is_asked_again_with_a_note() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_summary_refused_twice_names_the_cause_and_keeps_the_refused_answer() {
-    let model = MockModel::start(vec![Reply::text(&filler("one", 20)), Reply::text("two")]).await;
-    model.push_summary(vec![cut_reply(&looping_summary()), cut_reply(&looping_summary())]);
-    let dir = tempfile::tempdir().unwrap();
-    let h = harness(dir.path(), &model.url()).await;
-    session(&h, "twice", &model.url(), None, &[], Vec::new(), Policy::default()).await;
+    let (model, _dir, h, id) =
+        two_turns_then(vec![cut_reply(&looping_summary()), cut_reply(&looping_summary())]).await;
     let cancel = CancelToken::new();
-    let id = SessionId::from("twice");
-    for q in ["check orders", "again"] {
-        answered(h.internals().brain.submit(&id, q, &cancel, &no_events()).await.unwrap());
-    }
     let out = h.internals().brain.compact(&id, &cancel, &no_events()).await.unwrap();
     let Compaction::Failed(why) = out else { panic!("{out:?}") };
     assert!(why.contains("cut by the token limit after repeating one entry 39 times"), "{why}");
