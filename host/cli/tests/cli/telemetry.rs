@@ -274,6 +274,16 @@ async fn telemetry_traces_of_a_turn_with_a_tool_call_an_approval_and_a_delegatio
         .await
         .unwrap();
     assert_eq!(res.status(), 202);
+    // A caller that did not sample its trace: nothing of its request is exported.
+    let unsampled = "1bf7651916cd43dd8448eb211c80319d";
+    let res = c
+        .get(s.api("/sessions"))
+        .bearer_auth(&s.admin)
+        .header("traceparent", format!("00-{unsampled}-b7ad6b7169203331-00"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
     wait_for(&c, &s, "t1", "waiting", |m| m["state"] == "waiting_approval").await;
     let (_, v) = get(&c, &s.api("/approvals?session=t1"), &s.admin).await;
     let unit = v["approvals"][0]["id"].as_str().unwrap().to_string();
@@ -363,6 +373,7 @@ async fn telemetry_traces_of_a_turn_with_a_tool_call_an_approval_and_a_delegatio
     assert_eq!(decided["name"], "POST /api/v1/approvals/{id}/approve");
     assert!(decided["attributes"]["http.route"].as_str().unwrap().contains("{id}"));
 
+    assert!(spans.iter().all(|s| s["trace_id"] != unsampled), "an unsampled trace was exported");
     // Nothing of the content by default, and the model's key never.
     let text = serde_json::to_string(&spans).unwrap();
     for canary in ["PROMPT-CANARY", "TOOL-INPUT-CANARY", "REPLY-CANARY", "model-key-canary"] {
