@@ -423,8 +423,21 @@ pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
         let bounds = app.options.bounds;
         tokio::spawn(keel_server::listen::serve(listener, router, bounds, std::future::pending()));
     }
+    // Ctrl-C, or SIGTERM (what a service manager or a container runtime sends): the server
+    // stops, and the process's last spans are exported as it exits.
     let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+        let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+        match term {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
         eprintln!("keel: stopping");
     };
     match keel_server::http::serve(app, listener, shutdown).await {

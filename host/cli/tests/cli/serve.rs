@@ -56,7 +56,7 @@ impl Server {
         )
     }
 
-    fn start_env(
+    pub fn start_env(
         home: &Path,
         model_url: &str,
         grant_roots: &[&Path],
@@ -93,6 +93,20 @@ impl Server {
 
     pub fn api(&self, path: &str) -> String {
         format!("{}/api/v1{path}", self.base)
+    }
+
+    /// Sends SIGTERM and waits for the process to end (at most 30 s): its exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = rustix::process::Pid::from_child(&self.child);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "keel serve did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 

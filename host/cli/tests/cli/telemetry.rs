@@ -549,3 +549,33 @@ fn telemetry_the_sample_alerts_of_the_operations_guide_pass_promtool() {
         assert!(rules.contains(m) && table.contains(&format!("| `{m}` |")), "{m}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_stopped_by_sigterm_exports_its_last_spans() {
+    // The batch would wait a minute: only the flush at the end can send the spans.
+    let sink = keel_tests::telemetry_peers::Sink::start();
+    let home = tempfile::tempdir().unwrap();
+    let mut s = Server::start_env(
+        home.path(),
+        "",
+        &[],
+        "",
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &sink.base), ("OTEL_BSP_SCHEDULE_DELAY", "60000")],
+    );
+    let c = client();
+    let (status, _) = get(&c, &s.api("/whoami"), &s.admin).await;
+    assert_eq!(status, 200);
+    assert_eq!(sink.requests.load(std::sync::atomic::Ordering::Relaxed), 0, "sent before the end");
+    let status = s.terminate();
+    assert!(status.success(), "{status:?}: {}", s.stderr.lock().unwrap());
+    let start = Instant::now();
+    while !s.stderr.lock().unwrap().contains("keel: stopping") {
+        assert!(start.elapsed() < Duration::from_secs(5), "{}", s.stderr.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        sink.requests.load(std::sync::atomic::Ordering::Relaxed) >= 1,
+        "the last spans were lost"
+    );
+    assert!(sink.bytes.load(std::sync::atomic::Ordering::Relaxed) > 0);
+}
