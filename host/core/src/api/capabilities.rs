@@ -229,6 +229,19 @@ impl Harness {
         Ok(self.engine.compaction_evidence(id, n).await?)
     }
 
+    /// The last answer of checkpoint `n`'s summary call (the last checkpoint's if `None`), as
+    /// the model wrote it: a refused one too.
+    pub async fn compaction_reply(
+        &self,
+        caller: &Caller,
+        id: &str,
+        n: Option<i64>,
+    ) -> Result<(i64, String), ApiError> {
+        let id = &SessionId::from(id);
+        self.check_sees(caller, id).await?;
+        Ok(self.engine.compaction_reply(id, n).await?)
+    }
+
     /// The exact request of turn `turn`'s orchestration call (the last one made if `None`).
     pub async fn orchestration_evidence(
         &self,

@@ -545,6 +545,16 @@ impl SessionEngine {
         let id = id.clone();
         self.db.read(move |c| compaction::evidence_in(c, &id, seq)).await
     }
+
+    /// The last answer of checkpoint `seq`'s summary call (the last checkpoint's if `None`).
+    pub async fn compaction_reply(
+        &self,
+        id: &SessionId,
+        seq: Option<i64>,
+    ) -> Result<(i64, String), StoreError> {
+        let id = id.clone();
+        self.db.read(move |c| compaction::reply_in(c, &id, seq)).await
+    }
 }
 
 pub(crate) use crate::store::json;

@@ -367,34 +367,9 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::Evidence(a) => match match (a.refused, a.understanding, a.orchestration) {
             _ if a.reply => {
                 let n = a.compaction.filter(|n| *n > 0);
-                match h.checkpoints(&Caller::Operator, &a.id).await {
-                    Ok(cps) => {
-                        let cp = match n {
-                            Some(n) => cps.iter().find(|c| c.seq == n),
-                            None => cps.last(),
-                        };
-                        match cp {
-                            Some(c) => match &c.reply {
-                                Some(r) => Ok((c.seq, format!("{r}\n").into_bytes())),
-                                None => Err(keel::api::ApiError::Store(
-                                    keel::store::StoreError::NotFound(format!(
-                                        "checkpoint {} of session {} has no answer: its summary call got none ({})",
-                                        c.seq,
-                                        a.id,
-                                        c.error.as_deref().unwrap_or("no error recorded")
-                                    )),
-                                )),
-                            },
-                            None => Err(keel::api::ApiError::Store(
-                                keel::store::StoreError::NotFound(match n {
-                                    Some(n) => format!("session {} has no checkpoint {n}", a.id),
-                                    None => format!("session {} has no checkpoint yet", a.id),
-                                }),
-                            )),
-                        }
-                    }
-                    Err(e) => Err(e),
-                }
+                h.compaction_reply(&Caller::Operator, &a.id, n)
+                    .await
+                    .map(|(seq, r)| (seq, format!("{r}\n").into_bytes()))
             }
             _ if a.compaction.is_some() => {
                 let n = a.compaction.unwrap_or(0);

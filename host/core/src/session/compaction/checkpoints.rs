@@ -317,6 +317,30 @@ pub fn checkpoints_in(c: &Connection, id: &str) -> Result<Vec<CheckpointRecord>,
     Ok(out)
 }
 
+/// The last answer of checkpoint `seq`'s summary call (the last checkpoint's if `None`), as
+/// the model wrote it (redacted): kept when it was refused too.
+pub fn reply_in(c: &Connection, id: &str, seq: Option<i64>) -> Result<(i64, String), StoreError> {
+    facts::load_counters(c, id)?;
+    let row: Option<(i64, Option<String>, Option<String>)> = c
+        .prepare_cached(
+            "SELECT seq, reply, error FROM checkpoints WHERE session_id=?1 AND (CAST(?2 AS BIGINT) IS NULL OR seq=?2)
+             ORDER BY seq DESC LIMIT 1",
+        )?
+        .query_row(params![id, seq], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    match row {
+        Some((seq, Some(reply), _)) => Ok((seq, reply)),
+        Some((seq, None, error)) => Err(StoreError::NotFound(format!(
+            "checkpoint {seq} of session `{id}` has no answer: its summary call got none ({})",
+            error.as_deref().unwrap_or("no error recorded")
+        ))),
+        None => Err(StoreError::NotFound(match seq {
+            Some(s) => format!("session `{id}` has no checkpoint {s}"),
+            None => format!("session `{id}` has not been compacted"),
+        })),
+    }
+}
+
 /// The exact request of checkpoint `seq`'s summary call (the last checkpoint's if `None`),
 /// byte for byte.
 pub fn evidence_in(
