@@ -100,26 +100,18 @@ pub struct Prometheus {
 }
 
 impl Prometheus {
-    /// Starts `prometheus` scraping `target` (`HOST:PORT`, path `/metrics`) every second with
-    /// `token` as its bearer credential (`None`: no credential).
-    pub fn start(target: &str, token: Option<&str>) -> Self {
+    /// Starts `prometheus` with `scrape_configs` (the `scrape_configs:` section of its YAML,
+    /// as a user writes it) scraping every second; `TOKEN_FILE` in it names a file holding
+    /// `token`.
+    pub fn start(scrape_configs: &str, token: Option<&str>) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let auth = match token {
-            Some(t) => {
-                let file = dir.path().join("token");
-                std::fs::write(&file, t).unwrap();
-                format!("    authorization:\n      credentials_file: {}\n", file.display())
-            }
-            None => String::new(),
-        };
+        let file = dir.path().join("token");
+        if let Some(t) = token {
+            std::fs::write(&file, t).unwrap();
+        }
+        let scrape = scrape_configs.replace("TOKEN_FILE", &file.display().to_string());
         let config = dir.path().join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: keel\n{auth}    static_configs:\n      - targets: ['{target}']\n"
-            ),
-        )
-        .unwrap();
+        std::fs::write(&config, format!("global:\n  scrape_interval: 1s\n{scrape}")).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let child = Command::new("prometheus")
             .arg(format!("--config.file={}", config.display()))

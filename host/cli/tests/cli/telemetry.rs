@@ -487,8 +487,20 @@ async fn telemetry_prometheus_scrapes_keel_serve_with_an_admin_token() {
         assert_eq!(status, 202, "{v}");
         wait_for(&c, &s, id, "idle", |m| m["state"] == "idle" && m["turns"] == 1).await;
     }
+    // The scrape job of the operations guide, as an operator copies it: only the address and
+    // the token file are this test's.
     let target = s.base.trim_start_matches("http://").to_string();
-    let prom = Prometheus::start(&target, Some(&s.admin));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let guide = std::fs::read_to_string(root.join("docs/operations.md")).unwrap();
+    let job = guide
+        .split("```yaml\n")
+        .map(|b| b.split("```").next().unwrap())
+        .find(|b| b.starts_with("scrape_configs:"))
+        .expect("the guide's scrape job")
+        .replace("/etc/prometheus/keel-token", "TOKEN_FILE")
+        .replace("127.0.0.1:7420", &target);
+    assert!(job.contains("TOKEN_FILE") && job.contains(&target), "{job}");
+    let prom = Prometheus::start(&job, Some(&s.admin));
     let answered =
         prom.value("keel_turns_total{outcome=\"answer\",job=\"keel\"}", Duration::from_secs(60));
     assert_eq!(answered, Some(2.0), "target: {:?}", prom.target());
@@ -502,7 +514,12 @@ async fn telemetry_prometheus_scrapes_keel_serve_with_an_admin_token() {
     );
     assert!(median.is_some_and(|m| m > 0.0 && m < 60.0), "{median:?}");
     // Without the token the scrape is refused, and Prometheus says so.
-    let refused = Prometheus::start(&target, None);
+    let without: String = job
+        .lines()
+        .filter(|l| !l.contains("authorization") && !l.contains("credentials_file"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let refused = Prometheus::start(&without, None);
     let start = Instant::now();
     loop {
         let (health, error) = refused.target();
