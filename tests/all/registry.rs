@@ -157,7 +157,7 @@ async fn registry_a_moved_tag_is_listed_as_outdated_and_needs_an_upgrade_that_sh
     let first = first.unwrap();
     let named = RegistryInstall { name: Some("tool"), ..opts() };
     h.install_tool_from(OP, &reference, &named).await.unwrap();
-    let rows = h.tools_outdated(OP, None).await.unwrap();
+    let rows = h.tools_outdated(OP, &[]).await.unwrap();
     assert_eq!(rows.len(), 1);
     assert!(!rows[0].outdated && rows[0].current.as_deref() == Some(first.digest.as_str()));
 
@@ -168,7 +168,7 @@ async fn registry_a_moved_tag_is_listed_as_outdated_and_needs_an_upgrade_that_sh
     let next = next.clone();
     let second = h.publish_tool(OP, moved, &reference, None).await.unwrap();
     assert_ne!(second.digest, first.digest);
-    let rows = h.tools_outdated(OP, None).await.unwrap();
+    let rows = h.tools_outdated(OP, &[]).await.unwrap();
     assert!(rows[0].outdated, "{rows:?}");
     assert_eq!(rows[0].installed, first.digest);
     assert_eq!(rows[0].current.as_deref(), Some(second.digest.as_str()));
@@ -182,13 +182,13 @@ async fn registry_a_moved_tag_is_listed_as_outdated_and_needs_an_upgrade_that_sh
     assert_ne!(diff.old_digest, diff.new_digest);
     assert!(diff.changed.is_empty() && diff.added.is_empty() && diff.removed.is_empty());
     assert_eq!(r.component.manifest_digest.as_deref(), Some(second.digest.as_str()));
-    assert!(!h.tools_outdated(OP, None).await.unwrap()[0].outdated);
+    assert!(!h.tools_outdated(OP, &[]).await.unwrap()[0].outdated);
 
     // An unsigned copy pushed under the same tag: seen as moved, refused as an upgrade before
     // compiling, and the installed record is unchanged.
     let before = compiles(&h);
     let unsigned = h.publish_tool(OP, next, &reference, None).await.unwrap();
-    assert!(h.tools_outdated(OP, None).await.unwrap()[0].outdated);
+    assert!(h.tools_outdated(OP, &[]).await.unwrap()[0].outdated);
     let e = refused(h.install_tool_from(OP, &reference, &up).await.unwrap_err());
     assert!(e.contains("it is not signed"), "{e}");
     assert_eq!(compiles(&h), before);
@@ -198,7 +198,7 @@ async fn registry_a_moved_tag_is_listed_as_outdated_and_needs_an_upgrade_that_sh
 
     // A registry that is gone is reported on the row, not as a failure of the whole list.
     drop(registry);
-    let rows = h.tools_outdated(OP, None).await.unwrap();
+    let rows = h.tools_outdated(OP, &[]).await.unwrap();
     assert!(rows[0].error.as_deref().is_some_and(|e| e.contains("cannot reach")), "{rows:?}");
     let e = h.install_tool_from(OP, &reference, &up).await.unwrap_err();
     assert_eq!(e.kind(), "registry_unreachable", "{e}");

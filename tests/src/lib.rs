@@ -10,6 +10,7 @@ use keel::home::Home;
 use keel::sandbox::{Budget, Grant, SandboxLimits};
 use keel::tools::{CallOutcome, CallRequest, ToolService};
 
+pub mod hostile_registry;
 pub mod mcp_peers;
 pub mod mock_model;
 pub mod oci_registry;

@@ -222,6 +222,47 @@ impl ServeTable {
     }
 }
 
+/// The `[registry]` table: the bounds of every pull, push and tag lookup.
+#[derive(serde::Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryTable {
+    /// Seconds one registry operation (a whole pull: manifest and every blob) may take
+    /// (default 600).
+    pub pull_timeout_secs: Option<u64>,
+    /// The slowest transfer accepted, in bytes per second over each window (default 1024).
+    pub min_rate_bytes_per_sec: Option<u64>,
+    /// Seconds the rate is measured over; also the longest wait for an answer to begin
+    /// (default 30).
+    pub rate_window_secs: Option<u64>,
+}
+
+impl RegistryTable {
+    /// The limits these settings give, each unset one at its default.
+    pub fn limits(&self) -> Result<crate::oci::Limits, String> {
+        let d = crate::oci::Limits::default();
+        let secs = |v: Option<u64>, d: std::time::Duration, key: &str| match v {
+            Some(0) => Err(format!("[registry] {key} must be at least 1")),
+            Some(v) => Ok(std::time::Duration::from_secs(v)),
+            None => Ok(d),
+        };
+        Ok(crate::oci::Limits {
+            timeout: secs(self.pull_timeout_secs, d.timeout, "pull_timeout_secs")?,
+            min_rate: self.min_rate_bytes_per_sec.unwrap_or(d.min_rate),
+            rate_window: secs(self.rate_window_secs, d.rate_window, "rate_window_secs")?,
+        })
+    }
+}
+
+/// The bounds of registry operations: `[registry]` in `keel.toml`, each unset one at its
+/// default.
+pub fn registry_limits(home: &Home) -> Result<crate::oci::Limits, ConfigError> {
+    read(home)?
+        .registry
+        .unwrap_or_default()
+        .limits()
+        .map_err(|e| ConfigError(format!("{}: {e}", path(home).display())))
+}
+
 /// The whole file. Tables keel does not know are left alone (a newer keel's settings must not
 /// stop an older one); unknown keys inside known tables are refused (a typo must not pass
 /// silently).
@@ -239,6 +280,8 @@ pub struct File {
     pub serve: Option<ServeTable>,
     #[serde(default)]
     pub telemetry: Option<TelemetryTable>,
+    #[serde(default)]
+    pub registry: Option<RegistryTable>,
 }
 
 /// The settings file of `home`.

@@ -28,6 +28,10 @@ pub enum SigningError {
     BadPublicKey { text: String },
     #[error("the stored signing key is unreadable: {0}")]
     BadSecretKey(String),
+    #[error(
+        "the signature is in several parts (it would also verify copies of the file cut short); keel accepts only a signature over the whole file, as `keel tool sign` writes one"
+    )]
+    MultiPart,
 }
 
 /// An ed25519 public key, shown as `ed25519:` and its 32 bytes in hex.
@@ -115,11 +119,39 @@ pub fn is_signed(bytes: &[u8]) -> bool {
     matches!(sections.next(), Some(Ok(wasmsign2::Section::Custom(c))) if c.is_signature_header())
 }
 
-/// Checks that `key` signed `bytes` as they are.
+/// Whether the embedded signature covers the whole file as one part: one set of signed
+/// hashes holding one hash, and no part delimiter anywhere. A multi-part signature signs the
+/// hash of each part's prefix too, so it also verifies copies of the file cut at a delimiter:
+/// keel accepts none.
+pub fn single_part(bytes: &[u8]) -> Result<(), SigningError> {
+    let mut reader = std::io::Cursor::new(bytes);
+    let stream = wasmsign2::Module::init_from_reader(&mut reader).map_err(parse_error)?;
+    let mut header = None;
+    for (i, section) in wasmsign2::Module::iterate(stream).map_err(parse_error)?.enumerate() {
+        let section = section.map_err(parse_error)?;
+        if section.is_signature_delimiter() || (i > 0 && section.is_signature_header()) {
+            return Err(SigningError::MultiPart);
+        }
+        if let wasmsign2::Section::Custom(c) = section
+            && i == 0
+            && c.is_signature_header()
+        {
+            header = Some(c);
+        }
+    }
+    let data = header.ok_or(SigningError::Unsigned)?.signature_data().map_err(parse_error)?;
+    match data.signed_hashes_set.as_slice() {
+        [one] if one.hashes.len() == 1 => Ok(()),
+        _ => Err(SigningError::MultiPart),
+    }
+}
+
+/// Checks that `key` signed `bytes` as they are, whole, in one part.
 pub fn verify(bytes: &[u8], key: &PublicKey) -> Result<(), SigningError> {
     if !is_signed(bytes) {
         return Err(SigningError::Unsigned);
     }
+    single_part(bytes)?;
     key.0.verify(&mut std::io::Cursor::new(bytes), None).map_err(|e| match e {
         wasmsign2::WSError::VerificationFailed | wasmsign2::WSError::NoSignatures => {
             SigningError::Mismatch { key: key.to_string() }
@@ -173,6 +205,26 @@ mod tests {
         let again = sign(&signed, &secret).unwrap();
         assert_eq!(again.len(), signed.len());
         verify(&again, &public).unwrap();
+    }
+
+    #[test]
+    fn a_multi_part_signature_is_refused_though_its_key_made_it() {
+        let (public, secret) = generate();
+        let mut component = EMPTY_COMPONENT.to_vec();
+        component.extend_from_slice(&[0, 6, 1, b'x', b'd', b'a', b't', b'a']);
+        component.extend_from_slice(&[0, 6, 1, b'y', b'm', b'o', b'r', b'e']);
+        let module = wasmsign2::Module::deserialize(&mut std::io::Cursor::new(&component)).unwrap();
+        let sk = secret_key(&secret).unwrap();
+        let (signed, _) = sk.sign_multi(module, None, false, true).unwrap();
+        let mut bytes = Vec::new();
+        signed.serialize(&mut bytes).unwrap();
+        assert!(is_signed(&bytes));
+        // wasmsign2's own check takes it (and copies of it cut at a delimiter); keel does not.
+        assert!(public.0.verify(&mut std::io::Cursor::new(&bytes), None).is_ok());
+        assert!(matches!(verify(&bytes, &public), Err(SigningError::MultiPart)), "multi-part");
+        // A signature with two hashes in its one set is refused the same way.
+        let single = sign(&component, &secret).unwrap();
+        verify(&single, &public).unwrap();
     }
 
     #[test]

@@ -190,13 +190,27 @@ pub fn sign(home: &Path, a: SignArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Writes `bytes` to `path` through a file beside it, renamed over it: a reader sees the old
-/// file or the new one, never half of one.
+/// Writes `bytes` to `path` through a new file beside it, renamed over it: a reader sees the
+/// old file or the new one, never half of one. The temporary file is created new (`O_EXCL`,
+/// which also refuses a symlink planted at its name), so nothing someone else placed there is
+/// written through; a name already taken is refused, not reused.
 fn write_replacing(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
     let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.signing"));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
+    let mut file =
+        std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot create {} (a file or link of that name is in the way): {e}",
+                    tmp.display()
+                ),
+            )
+        })?;
+    let written = file.write_all(bytes).and_then(|()| file.sync_all());
+    drop(file);
+    written.and_then(|()| std::fs::rename(&tmp, path)).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
 }
@@ -301,10 +315,13 @@ pub struct TrustAddArgs {
     name: String,
     /// Its public key, as `keel key new` prints it (`ed25519:` and 64 hex digits).
     public_key: String,
-    /// The packages it may sign for: component names or registry repositories, `*` matching
-    /// any run of characters.
-    #[arg(long, default_value = "*", value_name = "GLOB")]
-    packages: String,
+    /// The packages it may sign for (required): component names or registry packages
+    /// (REGISTRY/REPOSITORY), matched a `/`-separated segment at a time: `*` matches any run
+    /// of characters within one segment, and a last segment `*` matches everything below
+    /// (`ghcr.io/acme/*` covers ghcr.io/acme/x and ghcr.io/acme/x/y, not ghcr.io/acme-evil/x).
+    /// Say `--packages '*'` to trust the key for every package.
+    #[arg(long, value_name = "GLOB")]
+    packages: Option<String>,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -322,7 +339,13 @@ pub async fn trust(home: &PathBuf, cmd: TrustCommand) -> ExitCode {
     };
     match cmd {
         TrustCommand::Add(a) => {
-            match harness.trust_add(&Caller::Operator, &a.name, &a.public_key, &a.packages) {
+            let Some(packages) = a.packages.as_deref() else {
+                let msg = "name the packages this key may sign for with --packages GLOB \
+                           (e.g. --packages 'ghcr.io/acme/*'); say --packages '*' to trust it \
+                           for every package";
+                return fail(json, "input", msg, EXIT_REFUSED);
+            };
+            match harness.trust_add(&Caller::Operator, &a.name, &a.public_key, packages) {
                 Ok(t) => {
                     if a.json {
                         println!("{}", json!({"ok": true, "trusted": t}));

@@ -112,9 +112,11 @@ pub struct FromRegistry {
 
 #[derive(Args)]
 pub struct OutdatedArgs {
-    /// The secret holding the registries' credentials (USER:PASSWORD).
-    #[arg(long, value_name = "SECRET")]
-    auth: Option<String>,
+    /// A registry's credentials: REGISTRY=SECRET, the secret (`keel secret set NAME`)
+    /// holding USER:PASSWORD. Repeat it for each registry; a credential goes only to the
+    /// registry it names, and the others are asked anonymously.
+    #[arg(long, value_name = "REGISTRY=SECRET", value_parser = parse_registry_auth)]
+    auth: Vec<keel::api::RegistryAuth>,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -300,6 +302,7 @@ fn list(service: &Harness, json_out: bool) -> ExitCode {
         let c = components.iter().find(|c| c.name == component);
         match c {
             Some(c) if c.unsigned_allowed => "unsigned!".to_string(),
+            Some(c) if c.signer_trusted == Some(false) => "untrusted!".to_string(),
             Some(c) => c.signer.clone().unwrap_or_else(|| "-".into()),
             None => "-".into(),
         }
@@ -312,6 +315,7 @@ fn list(service: &Harness, json_out: bool) -> ExitCode {
                 json!({"name": t.name, "component": t.component, "effect": t.effect,
                        "idempotent": t.idempotent, "description": t.description,
                        "signer": c.and_then(|c| c.signer.clone()),
+                       "signer_trusted": c.and_then(|c| c.signer_trusted),
                        "unsigned_allowed": c.is_some_and(|c| c.unsigned_allowed)})
             })
             .collect();
@@ -334,6 +338,11 @@ fn list(service: &Harness, json_out: bool) -> ExitCode {
         if components.iter().any(|c| c.unsigned_allowed) {
             println!(
                 "(unsigned!: installed from a registry without a trusted signature, by --allow-unsigned)"
+            );
+        }
+        if components.iter().any(|c| c.signer_trusted == Some(false)) {
+            println!(
+                "(untrusted!: its signer's trust was removed or changed since it was installed; see `keel tool inspect`)"
             );
         }
     }
@@ -382,8 +391,12 @@ pub(super) fn published(
     }
 }
 
+fn parse_registry_auth(s: &str) -> Result<keel::api::RegistryAuth, String> {
+    s.parse()
+}
+
 async fn outdated(service: &Harness, a: OutdatedArgs) -> ExitCode {
-    let rows = match service.tools_outdated(&Caller::Operator, a.auth.as_deref()).await {
+    let rows = match service.tools_outdated(&Caller::Operator, &a.auth).await {
         Ok(r) => r,
         Err(e) => return super::api_fail(a.json, &e),
     };
@@ -410,9 +423,9 @@ async fn outdated(service: &Harness, a: OutdatedArgs) -> ExitCode {
             println!("  {}", inert(e));
         }
     }
-    let moved: Vec<&str> =
-        rows.iter().filter(|r| r.outdated).map(|r| r.reference.as_str()).collect();
-    for m in &moved {
+    // The upgrade names the digest shown: it installs what was seen, or refuses if the tag
+    // moves again first.
+    for m in rows.iter().filter_map(|r| r.upgrade.as_deref()) {
         println!("upgrade with: keel tool install --upgrade {}", inert(m));
     }
     ExitCode::SUCCESS
@@ -524,6 +537,9 @@ async fn inspect(service: &Harness, a: InspectArgs) -> ExitCode {
     }
     println!("installed  {}", component.installed_at);
     match (&component.signer, &component.signer_key) {
+        (Some(name), Some(key)) if component.signer_trusted == Some(false) => println!(
+            "signer     {name} ({key}): NO LONGER TRUSTED (its trust was removed, given to another key, or no longer covers this package)"
+        ),
         (Some(name), Some(key)) => println!("signer     {name} ({key})"),
         _ if component.unsigned_allowed => {
             println!("signer     none: installed unsigned (--allow-unsigned)")

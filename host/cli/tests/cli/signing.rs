@@ -129,8 +129,15 @@ fn trust_refuses_bad_keys_duplicates_and_unknown_names() {
     assert_eq!(out.status.code(), Some(2));
     let out = keel(h, &["trust", "add", "acme", &public, "--packages", "Bad Glob"]);
     assert_eq!(out.status.code(), Some(2));
-    ok(&keel(h, &["trust", "add", "acme", &public]));
-    let out = keel(h, &["trust", "add", "acme2", &public, "--json"]);
+    // Without --packages: refused, saying how to mean everything; nothing trusted.
+    let out = keel(h, &["trust", "add", "acme", &public, "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let v = json_of(&out);
+    assert_eq!(v["error"]["kind"], json!("input"));
+    assert!(v["error"]["message"].as_str().unwrap().contains("--packages '*'"), "{v}");
+    assert_eq!(json_of(&keel(h, &["trust", "list", "--json"]))["trusted"], json!([]));
+    ok(&keel(h, &["trust", "add", "acme", &public, "--packages", "*"]));
+    let out = keel(h, &["trust", "add", "acme2", &public, "--packages", "*", "--json"]);
     assert_eq!(json_of(&out)["error"]["kind"], json!("conflict"), "the same key twice");
     let v = json_of(&keel(h, &["trust", "list", "--json"]));
     assert_eq!(v["trusted"][0]["packages"], json!("*"));

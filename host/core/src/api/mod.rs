@@ -24,7 +24,7 @@ pub use callers::{
 pub use capabilities::{SessionCapabilities, SkillInstallReport};
 pub use change::{FileChange, cut_lines};
 pub use mcp::McpRefresh;
-pub use registry::{Outdated, RegistryInstall};
+pub use registry::{Outdated, RegistryAuth, RegistryInstall};
 
 use crate::agent::{AgentError, Events, LoopGuards};
 use crate::brain::Submitted;

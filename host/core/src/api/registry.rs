@@ -19,6 +19,10 @@ pub struct Outdated {
     pub current: Option<String>,
     /// Whether the tag now names another digest.
     pub outdated: bool,
+    /// The reference that installs exactly what `current` names, refusing if the tag moves
+    /// again before it runs (`REFERENCE:TAG@DIGEST`); only when outdated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<String>,
     /// Why the registry could not be asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -33,12 +37,55 @@ pub struct RegistryInstall<'a> {
     pub upgrade: bool,
     /// Install even without a trusted signature covering the package (recorded).
     pub allow_unsigned: bool,
-    /// The secret holding the registry's credentials (`USER:PASSWORD`).
+    /// The secret holding the registry's credentials (`USER:PASSWORD`): bound to the
+    /// reference's registry, sent nowhere else.
     pub auth: Option<&'a str>,
+}
+
+/// A credential bound to one registry: `REGISTRY=SECRET` (`ghcr.io=ghcr-login`,
+/// `127.0.0.1:5000=ci`), as `keel tool outdated --auth` takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistryAuth {
+    /// Host, and port if any, as references name it.
+    pub registry: String,
+    /// The secret holding `USER:PASSWORD`.
+    pub secret: String,
+}
+
+impl std::str::FromStr for RegistryAuth {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let Some((registry, secret)) = s.split_once('=') else {
+            return Err(format!(
+                "`{}` names no registry: a credential is bound to one registry, so write \
+                 REGISTRY=SECRET (e.g. ghcr.io=ghcr-login)",
+                s.chars().take(80).collect::<String>()
+            ));
+        };
+        let probe = format!("oci://{registry}/x:1");
+        let r = probe.parse::<OciRef>().map_err(|_| {
+            format!(
+                "`{registry:.80}` is not a registry: write a host with a `.`, a port, or localhost"
+            )
+        })?;
+        if secret.is_empty() {
+            return Err(format!("no secret is named for {registry}"));
+        }
+        Ok(Self { registry: r.registry.to_ascii_lowercase(), secret: secret.to_string() })
+    }
 }
 
 fn parse(reference: &str) -> Result<OciRef, ApiError> {
     Ok(reference.parse::<OciRef>().map_err(OciError::from)?)
+}
+
+/// The source an install from `r` records: the tag it follows (without the digest an upgrade
+/// pinned it to), else the digest.
+fn recorded(r: &OciRef) -> String {
+    match (&r.tag, &r.digest) {
+        (Some(_), Some(_)) => r.by_tag().map(|t| t.to_string()).unwrap_or_else(|| r.to_string()),
+        _ => r.to_string(),
+    }
 }
 
 /// The component name a repository suggests: its last part, as a component name.
@@ -48,7 +95,8 @@ fn name_of(r: &OciRef) -> String {
 }
 
 impl Harness {
-    /// A client of `r`'s registry, with the credentials in the secret `auth`.
+    /// A client of `r`'s registry, with the credentials in the secret `auth` (bound to that
+    /// registry: the client sends them nowhere else), under the home's `[registry]` limits.
     fn registry(&self, r: &OciRef, auth: Option<&str>) -> Result<Registry, ApiError> {
         let credentials = match auth {
             None => None,
@@ -64,7 +112,8 @@ impl Harness {
                 )
             }
         };
-        Ok(Registry::new(r, credentials.as_ref()))
+        let limits = crate::config::registry_limits(self.tools.home())?;
+        Ok(Registry::new(r, credentials, limits)?)
     }
 
     /// Publishes a component file to `reference` (which names a tag) as a wasm OCI artifact,
@@ -107,7 +156,7 @@ impl Harness {
         let bytes = pulled.files.into_iter().next().map(|f| f.1).unwrap_or_default();
         let name = opts.name.map(str::to_string).unwrap_or_else(|| name_of(&r));
         let origin = Origin::Registry {
-            reference: r.to_string(),
+            reference: recorded(&r),
             manifest_digest: pulled.digest,
             package: r.package(),
             allow_unsigned: opts.allow_unsigned,
@@ -118,10 +167,12 @@ impl Harness {
 
     /// The installed components from a registry by tag, each against what its tag names now.
     /// A registry that cannot be asked is reported on its rows, not as a failure of all.
+    /// Each registry is asked with the credential bound to it in `auth`, if any; no credential
+    /// goes to another registry.
     pub async fn tools_outdated(
         &self,
         caller: &Caller,
-        auth: Option<&str>,
+        auth: &[RegistryAuth],
     ) -> Result<Vec<Outdated>, ApiError> {
         caller.require_admin("checking installed tools against their registries")?;
         let mut out = Vec::new();
@@ -134,12 +185,20 @@ impl Harness {
                 installed,
                 current: None,
                 outdated: false,
+                upgrade: None,
                 error: None,
             };
             if let Some(by_tag) = r.by_tag() {
-                match self.registry(&by_tag, auth)?.resolve(&by_tag).await {
+                let registry = by_tag.registry.to_ascii_lowercase();
+                let secret = auth.iter().find(|a| a.registry == registry).map(|a| &*a.secret);
+                match self.registry(&by_tag, secret)?.resolve(&by_tag).await {
                     Ok(now) => {
                         row.outdated = now != row.installed;
+                        if row.outdated {
+                            let mut pinned = by_tag.clone();
+                            pinned.digest = Some(now.clone());
+                            row.upgrade = Some(pinned.to_string());
+                        }
                         row.current = Some(now);
                     }
                     Err(e) => row.error = Some(e.to_string()),
@@ -179,8 +238,14 @@ impl Harness {
         caller.require_admin("installing a skill")?;
         let r = parse(reference)?;
         let limit = crate::skills::MAX_SKILL_BUNDLE_BYTES;
-        let pulled = self.registry(&r, opts.auth)?.pull(&r, ArtifactKind::Skill, limit).await?;
-        let source = r.to_string();
+        let registry = self.registry(&r, opts.auth)?;
+        let manifest = registry.manifest(&r, ArtifactKind::Skill).await?;
+        let source = recorded(&r);
+        // Names, counts and sizes as the manifest gives them, before any blob is fetched.
+        let listed: Vec<(String, u64)> =
+            manifest.layers.iter().map(|l| (l.title.clone().unwrap_or_default(), l.size)).collect();
+        crate::skills::check_listing(&source, &listed)?;
+        let pulled = registry.fetch(&r, &manifest, limit).await?;
         let files = crate::skills::files_from_registry(&source, pulled.files)?;
         let pkg = crate::skills::package_of(&source, files, Vec::new())?;
         let registry = SkillRegistry {

@@ -136,15 +136,13 @@ pub fn read_files(path: &Path) -> Result<(Vec<(String, Vec<u8>)>, Vec<String>), 
     Ok((all, problems))
 }
 
-/// A skill's files as a registry sent them (each named by its path): the paths checked as a
-/// directory's would be (relative, no hidden part, not too deep), then the counts and sizes.
-pub fn files_from_registry(
-    reference: &str,
-    files: Vec<(String, Vec<u8>)>,
-) -> Result<Vec<(String, Vec<u8>)>, SkillError> {
+/// A skill's files as a registry's manifest lists them (each named by its path, with the size
+/// its descriptor gives), checked before any is fetched: the paths as a directory's would be
+/// (relative, no hidden part, not too deep, none twice), then the counts and sizes.
+pub fn check_listing(reference: &str, listed: &[(String, u64)]) -> Result<(), SkillError> {
     let mut problems = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
-    for (rel, _) in &files {
+    for (rel, _) in listed {
         let shown: String = rel.chars().take(120).collect();
         let parts: Vec<&str> = rel.split('/').collect();
         if rel.is_empty()
@@ -161,11 +159,23 @@ pub fn files_from_registry(
         }
     }
     let found: Vec<(String, std::path::PathBuf, u64)> =
-        files.iter().map(|(r, b)| (r.clone(), std::path::PathBuf::new(), b.len() as u64)).collect();
+        listed.iter().map(|(r, n)| (r.clone(), std::path::PathBuf::new(), *n)).collect();
     check_sizes(&found, &mut problems);
     if !problems.is_empty() {
         return Err(SkillError::Invalid { path: reference.to_string(), problems });
     }
+    Ok(())
+}
+
+/// A skill's files as a registry sent them, checked as [`check_listing`] checks a listing
+/// (their sizes now the bytes' own), sorted by path.
+pub fn files_from_registry(
+    reference: &str,
+    files: Vec<(String, Vec<u8>)>,
+) -> Result<Vec<(String, Vec<u8>)>, SkillError> {
+    let listed: Vec<(String, u64)> =
+        files.iter().map(|(r, b)| (r.clone(), b.len() as u64)).collect();
+    check_listing(reference, &listed)?;
     let mut files = files;
     files.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(files)

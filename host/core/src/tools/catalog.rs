@@ -25,6 +25,11 @@ pub struct ComponentRecord {
     pub signer: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub signer_key: Option<String>,
+    /// Whether that signer is trusted still: `Some(false)` once its trust was removed, given
+    /// to another key, or narrowed so it no longer covers this component's package. Not
+    /// stored: worked out from the trusted keys whenever the component is read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signer_trusted: Option<bool>,
     /// Installed without the signature its source requires, on purpose (`--allow-unsigned`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub unsigned_allowed: bool,
@@ -77,6 +82,7 @@ fn component_from_row(r: &crate::sql::Row<'_>) -> crate::sql::Result<ComponentRe
         kind: r.get(6)?,
         signer: r.get(7)?,
         signer_key: r.get(8)?,
+        signer_trusted: None,
         unsigned_allowed: r.get(9)?,
         manifest_digest: r.get(10)?,
     })

@@ -428,6 +428,7 @@ impl ToolService {
             installed_at: now(),
             kind: super::SourceKind::Component,
             signer_key: signer.as_ref().map(|t| t.public_key.clone()),
+            signer_trusted: signer.as_ref().map(|_| true),
             signer: signer.map(|t| t.name),
             unsigned_allowed,
             manifest_digest,

@@ -13,8 +13,8 @@ pub struct TrustedKey {
     pub name: String,
     /// `ed25519:` and 64 hex digits.
     pub public_key: String,
-    /// The packages it may sign for: a glob where `*` matches any run of characters (`*`:
-    /// every package).
+    /// The packages it may sign for: a glob matched a segment at a time ([`glob_matches`];
+    /// `*`: every package).
     pub packages: String,
     pub added_at: String,
 }
@@ -33,8 +33,23 @@ impl TrustedKey {
     }
 }
 
-/// `*` matches any run of characters (`/` included); everything else matches itself.
+/// Whether `pattern` covers the package `name`, a `/`-separated segment at a time: within a
+/// segment `*` matches any run of characters (never a `/`), and a last segment that is `*`
+/// alone matches one or more whole segments (everything below). So `acme/*` covers `acme/x`
+/// and `acme/x/y` but not `acme-evil/x`, and `*` covers every package.
 pub fn glob_matches(pattern: &str, name: &str) -> bool {
+    let pat: Vec<&str> = pattern.split('/').collect();
+    let parts: Vec<&str> = name.split('/').collect();
+    match pat.split_last() {
+        Some((&"*", head)) => {
+            parts.len() > head.len() && head.iter().zip(&parts).all(|(p, n)| segment_matches(p, n))
+        }
+        _ => pat.len() == parts.len() && pat.iter().zip(&parts).all(|(p, n)| segment_matches(p, n)),
+    }
+}
+
+/// `*` matches any run of characters; everything else matches itself.
+fn segment_matches(pattern: &str, name: &str) -> bool {
     let parts: Vec<&str> = pattern.split('*').collect();
     let [first, middle @ .., last] = parts.as_slice() else { return pattern == name };
     if parts.len() == 1 {
@@ -157,11 +172,25 @@ pub fn signer_in(
     Ok(None)
 }
 
+/// Whether the key that signed `c` when it was installed is trusted still, for `c`'s package
+/// (its registry package, else its name): a trusted key of the same name and the same public
+/// key whose scope covers it. `None` when no trusted key signed it.
+pub fn still_trusted(keys: &[TrustedKey], c: &super::ComponentRecord) -> Option<bool> {
+    let (name, key) = (c.signer.as_ref()?, c.signer_key.as_ref()?);
+    let package = match c.source.parse::<crate::oci::OciRef>() {
+        Ok(r) => r.package(),
+        Err(_) => c.name.clone(),
+    };
+    Some(keys.iter().any(|t| t.name == *name && t.public_key == *key && t.covers(&package)))
+}
+
 /// Why a registry artifact's signature does not let it in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Unverified {
     /// It carries no signature.
     Unsigned,
+    /// Its signature is in several parts (it would verify copies cut short too).
+    MultiPart,
     /// No trusted key made any of its signatures.
     Untrusted,
     /// A trusted key signed it, but its scope does not cover the package.
@@ -172,6 +201,10 @@ impl std::fmt::Display for Unverified {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Unsigned => f.write_str("it is not signed"),
+            Self::MultiPart => f.write_str(
+                "its signature is in several parts, which also verify copies cut short; keel \
+                 accepts only a signature over the whole file",
+            ),
             Self::Untrusted => f.write_str("it is signed, but by no key keel trusts"),
             Self::OutOfScope { key, packages } => write!(
                 f,
@@ -191,6 +224,9 @@ pub fn verdict_in(
 ) -> Result<Result<TrustedKey, Unverified>, StoreError> {
     if !crate::signing::is_signed(bytes) {
         return Ok(Err(Unverified::Unsigned));
+    }
+    if crate::signing::single_part(bytes).is_err() {
+        return Ok(Err(Unverified::MultiPart));
     }
     let mut outside = None;
     for t in list_in(c)? {
@@ -216,12 +252,26 @@ mod tests {
             ("ghcr.io/acme/*", "ghcr.io/acme/a/b"),
             ("a*c*e", "abcde"),
             ("csv", "csv"),
+            ("*", "ghcr.io/acme/x"),
+            ("acme/*", "acme/x"),
+            ("127.0.0.1:5000/acme/*", "127.0.0.1:5000/acme/skills/audit"),
+            ("ghcr.io/*/csv", "ghcr.io/acme/csv"),
+            ("ghcr.io/acme*", "ghcr.io/acme-evil"),
         ] {
             assert!(glob_matches(p, n), "{p} ~ {n}");
         }
-        for (p, n) in
-            [("acme-*", "other"), ("csv", "csv2"), ("a*c", "ab"), ("*x", "y"), ("ab*ba", "aba")]
-        {
+        for (p, n) in [
+            ("acme-*", "other"),
+            ("csv", "csv2"),
+            ("a*c", "ab"),
+            ("*x", "y"),
+            ("ab*ba", "aba"),
+            ("acme/*", "acme-evil/x"),
+            ("acme/*", "acme"),
+            ("ghcr.io/acme*", "ghcr.io/acme/x"),
+            ("*/acme/*", "evil.io/x/acme/y"),
+            ("ghcr.io/*/csv", "ghcr.io/a/b/csv"),
+        ] {
             assert!(!glob_matches(p, n), "{p} !~ {n}");
         }
     }

@@ -139,7 +139,13 @@ pub(super) struct CatalogCache {
 impl ToolService {
     /// Every installed component.
     pub fn components(&self) -> Result<Vec<ComponentRecord>, ToolServiceError> {
-        Ok(catalog::components(&self.db())?)
+        let db = self.db();
+        let keys = super::trust::list_in(&db)?;
+        let mut all = catalog::components(&db)?;
+        for c in &mut all {
+            c.signer_trusted = super::trust::still_trusted(&keys, c);
+        }
+        Ok(all)
     }
 
     /// Every installed tool, and the host tools of this process.
@@ -210,6 +216,9 @@ impl ToolService {
             return Err(self.not_installed(name));
         };
         let tools = catalog::tools_of(&db, &component.name)?;
+        let mut component = component;
+        component.signer_trusted =
+            super::trust::still_trusted(&super::trust::list_in(&db)?, &component);
         Ok((component, tools))
     }
 

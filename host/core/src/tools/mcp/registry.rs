@@ -72,6 +72,7 @@ pub fn put_in(c: &Connection, spec: &ServerSpec, offer: &Offer) -> Result<(), St
         kind: SourceKind::Mcp,
         signer: None,
         signer_key: None,
+        signer_trusted: None,
         unsigned_allowed: false,
         manifest_digest: None,
     };

@@ -1,0 +1,576 @@
+//! The registry path against registries that lie, steer and flood: a small hostile registry
+//! on loopback (`keel_tests::hostile_registry`, plain or TLS under a test authority) answers
+//! as each scenario says and records what it received, so every refusal is checked on both
+//! sides — what keel said, and that no credential or request reached where it must not.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use keel_tests::hostile_registry::{Artifact, Hostile, Reply, Seen, TestAuthority};
+use serde_json::{Value, json};
+
+use super::{json_of, keel};
+
+const USER_PASSWORD: &str = "ci:pw-hostile-1";
+/// `Basic` and base64 of [`USER_PASSWORD`].
+const BASIC: &str = "Basic Y2k6cHctaG9zdGlsZS0x";
+
+fn effects() -> Vec<u8> {
+    std::fs::read(keel_tests::guests::EFFECTS_COMPONENT).unwrap()
+}
+
+fn login(home: &Path, name: &str) {
+    let store = keel::secrets::SecretStore::new(home);
+    store.set(name, keel::secrets::Secret::new(USER_PASSWORD.to_string())).unwrap();
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+fn ok(out: &Output) {
+    assert!(out.status.success(), "{}", text(out));
+}
+
+/// A refusal of `kind` (exit 2, `--json`): its message.
+fn refused(out: &Output, kind: &str) -> String {
+    assert_eq!(out.status.code(), Some(2), "{}", text(out));
+    let v = json_of(out);
+    assert_eq!(v["error"]["kind"], json!(kind), "{v}");
+    v["error"]["message"].as_str().unwrap().to_string()
+}
+
+/// Components installed in `home`, by name.
+fn installed(home: &Path) -> Vec<String> {
+    let out = keel(home, &["tool", "list", "--json"]);
+    let rows = json_of(&out);
+    let mut names: Vec<String> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["component"].as_str().unwrap().to_string())
+        .filter(|c| !["fs", "csv", "http", "control"].contains(&c.as_str()))
+        .collect();
+    names.dedup();
+    names
+}
+
+/// Installs `reference` as `name` (unsigned, with `args`), then removes it: the next install
+/// of the same component's tools under another name is not a clash.
+fn install_and_remove(home: &Path, reference: &str, name: &str, args: &[&str]) {
+    let mut all = vec!["tool", "install", reference, "--allow-unsigned", "--name", name];
+    all.extend_from_slice(args);
+    ok(&keel(home, &all));
+    ok(&keel(home, &["tool", "remove", name]));
+}
+
+fn requests_to(h: &Hostile, part: &str) -> Vec<Seen> {
+    h.seen().into_iter().filter(|s| s.target.contains(part)).collect()
+}
+
+#[test]
+fn hostile_a_credential_goes_only_to_the_registry_it_was_given_for() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    login(h, "a-login");
+    let artifact = Artifact::component(&effects());
+
+    // A asks for the credential on everything; B serves anyone until it starts asking too.
+    let a_art = artifact.clone();
+    let a = Hostile::start(move |s| match s.header("authorization") {
+        Some(BASIC) => a_art.answer(s),
+        _ => Reply::challenge(r#"Basic realm="a""#),
+    });
+    let b_asks = Arc::new(AtomicBool::new(false));
+    let other = std::fs::read(keel_tests::guests::HOSTILE_COMPONENT).unwrap();
+    let (b_art, asks) = (Artifact::component(&other), b_asks.clone());
+    let b = Hostile::start(move |s| {
+        if asks.load(Ordering::SeqCst) {
+            Reply::challenge(r#"Basic realm="b""#)
+        } else {
+            b_art.answer(s)
+        }
+    });
+    let a_ref = a.reference("acme/x:1");
+    let b_ref = b.reference("other/y:1");
+    let out = keel(h, &["tool", "install", &a_ref, "--allow-unsigned", "--name", "ax", "--json"]);
+    refused(&out, "registry_unauthorized");
+    ok(&keel(
+        h,
+        &["tool", "install", &a_ref, "--allow-unsigned", "--name", "ax", "--auth", "a-login"],
+    ));
+    ok(&keel(h, &["tool", "install", &b_ref, "--allow-unsigned", "--name", "by"]));
+    assert!(a.seen().iter().any(|s| s.header("authorization") == Some(BASIC)));
+
+    // outdated: a credential names its registry; a bare secret is refused, naming the form.
+    b_asks.store(true, Ordering::SeqCst);
+    let out = keel(h, &["tool", "outdated", "--auth", "a-login", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("REGISTRY=SECRET"), "{}", text(&out));
+    let bound = format!("{}=a-login", a.addr);
+    let out = keel(h, &["tool", "outdated", "--auth", &bound, "--json"]);
+    ok(&out);
+    let rows = json_of(&out)["components"].clone();
+    let row = |n: &str| rows.as_array().unwrap().iter().find(|r| r["name"] == json!(n)).cloned();
+    assert_eq!(row("ax").unwrap()["outdated"], json!(false), "{rows}");
+    assert!(row("by").unwrap()["error"].as_str().unwrap().contains("refused access"), "{rows}");
+    // B asked for a credential and got none: not on the install, not on outdated.
+    assert!(requests_to(&b, "/manifests/").len() >= 2);
+    assert!(!b.saw_credentials(), "B received a credential: {:?}", b.seen());
+}
+
+#[test]
+fn hostile_a_token_realm_or_redirect_elsewhere_gets_no_credential() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    login(h, "login");
+    let artifact = Artifact::component(&effects());
+
+    // The token realm is another host: asked anonymously; its token is what the registry gets.
+    let tokens = Hostile::start(|_| Reply::ok("application/json", r#"{"token":"t-anon"}"#));
+    let realm = format!("{}/token", tokens.url());
+    let art = artifact.clone();
+    let reg = Hostile::start(move |s| match s.header("authorization") {
+        Some("Bearer t-anon") => art.answer(s),
+        _ => Reply::challenge(&format!(
+            r#"Bearer realm="{realm}",service="reg",scope="repository:acme/x:pull""#
+        )),
+    });
+    let r = reg.reference("acme/x:1");
+    install_and_remove(h, &r, "tx", &["--auth", "login"]);
+    assert!(!tokens.seen().is_empty());
+    assert!(!tokens.saw_credentials(), "the foreign realm got the credential");
+    let asked = &tokens.seen()[0].target;
+    assert!(
+        asked.contains("service=reg") && asked.contains("scope=repository%3Aacme%2Fx%3Apull"),
+        "{asked}"
+    );
+    assert!(!reg.seen().iter().any(|s| s.header("authorization") == Some(BASIC)));
+
+    // The realm on the registry itself gets the credential (the binding works, not a blanket ban).
+    let own_art = artifact.clone();
+    let own_token = Arc::new(std::sync::Mutex::new(String::new()));
+    let slot = own_token.clone();
+    let own = Hostile::start(move |s| {
+        if s.path() == "/token" {
+            return if s.header("authorization") == Some(BASIC) {
+                Reply::ok("application/json", r#"{"access_token":"t-own"}"#)
+            } else {
+                Reply::status(401, "no")
+            };
+        }
+        match s.header("authorization") {
+            Some("Bearer t-own") => own_art.answer(s),
+            _ => Reply::challenge(&format!(r#"Bearer realm="{}/token""#, slot.lock().unwrap())),
+        }
+    });
+    *own_token.lock().unwrap() = own.url();
+    let r = own.reference("acme/x:1");
+    install_and_remove(h, &r, "ox", &["--auth", "login"]);
+
+    // A blob redirected to another host: fetched there, without the credential.
+    let elsewhere_art = artifact.clone();
+    let elsewhere = Hostile::start(move |s| {
+        let d = s.path().trim_start_matches("/blob/");
+        match elsewhere_art.blobs.get(d) {
+            Some(b) => Reply::ok("application/octet-stream", b.clone()),
+            None => Reply::status(404, "no"),
+        }
+    });
+    let to = elsewhere.url();
+    let art = artifact.clone();
+    let redirecting = Hostile::start(move |s| {
+        if s.header("authorization") != Some(BASIC) {
+            return Reply::challenge(r#"Basic realm="r""#);
+        }
+        match s.path().split_once("/blobs/") {
+            Some((_, d)) => Reply::redirect(307, &format!("{to}/blob/{d}")),
+            None => art.answer(s),
+        }
+    });
+    let r = redirecting.reference("acme/x:1");
+    install_and_remove(h, &r, "rx", &["--auth", "login"]);
+    assert_eq!(requests_to(&elsewhere, "/blob/").len(), 2, "config and layer fetched there");
+    assert!(!elsewhere.saw_credentials(), "the redirect target got the credential");
+
+    // An upload Location on another host: the bytes go there, the credential does not.
+    let uploads = Hostile::start(|s| match s.method.as_str() {
+        "PUT" => Reply::status(201, ""),
+        _ => Reply::status(404, ""),
+    });
+    let upload_at = format!("{}/upload/1?state=x", uploads.url());
+    let publish_to = Hostile::start(move |s| {
+        if s.header("authorization") != Some(BASIC) {
+            return Reply::challenge(r#"Basic realm="p""#);
+        }
+        match (s.method.as_str(), s.path()) {
+            ("HEAD", _) => Reply::status(404, ""),
+            ("POST", p) if p.ends_with("/blobs/uploads/") => Reply::Full {
+                status: 202,
+                headers: vec![("Location".into(), upload_at.clone())],
+                body: Vec::new(),
+            },
+            ("PUT", p) if p.contains("/manifests/") => Reply::status(201, ""),
+            _ => Reply::status(404, ""),
+        }
+    });
+    let file = keel_tests::guests::EFFECTS_COMPONENT;
+    let r = publish_to.reference("acme/x:2");
+    ok(&keel(h, &["tool", "publish", file, &r, "--auth", "login"]));
+    let puts = requests_to(&uploads, "/upload/1");
+    assert_eq!(puts.len(), 2, "the layer and the config were uploaded there");
+    assert!(puts.iter().all(|p| p.target.contains("digest=sha256%3A")), "{puts:?}");
+    assert!(!uploads.saw_credentials(), "the upload location got the credential");
+}
+
+#[test]
+fn hostile_an_https_registry_never_downgrades_to_plain_http() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let authority = TestAuthority::new();
+    let ca = authority.write_ca(h);
+    let artifact = Artifact::component(&effects());
+    let plain = Hostile::start(|_| Reply::ok("application/json", r#"{"token":"t"}"#));
+    let (to, art) = (plain.url(), artifact.clone());
+    let mode = Arc::new(AtomicUsize::new(0));
+    let m = mode.clone();
+    let tls = Hostile::start_tls(&authority, move |s| match m.load(Ordering::SeqCst) {
+        0 => art.answer(s),
+        1 if s.path().contains("/manifests/") => Reply::redirect(307, &format!("{to}/m")),
+        2 => Reply::challenge(&format!(r#"Bearer realm="{to}/token""#)),
+        _ => art.answer(s),
+    });
+    let reference = format!("oci://{}/acme/x:1", tls.tls_registry());
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_keel"))
+            .arg("--home")
+            .arg(h)
+            .args(args)
+            .env("SSL_CERT_FILE", &ca)
+            .output()
+            .unwrap()
+    };
+    // Served over TLS: it installs (so the refusals below are the rules, not the TLS setup).
+    ok(&run(&["tool", "install", &reference, "--allow-unsigned", "--name", "ok1"]));
+    mode.store(1, Ordering::SeqCst);
+    let out = run(&["tool", "install", &reference, "--allow-unsigned", "--name", "r1", "--json"]);
+    assert!(refused(&out, "registry_refused").contains("plain HTTP"));
+    mode.store(2, Ordering::SeqCst);
+    let out = run(&["tool", "install", &reference, "--allow-unsigned", "--name", "r2", "--json"]);
+    assert!(refused(&out, "registry_refused").contains("token realm"));
+    assert!(plain.seen().is_empty(), "plain HTTP was spoken to: {:?}", plain.seen());
+    assert_eq!(installed(h), vec!["ok1".to_string()]);
+}
+
+#[test]
+fn hostile_blob_urls_in_a_manifest_are_never_followed() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let foreign = Hostile::start(|_| Reply::status(200, "evil"));
+    let urls = json!([format!("{}/evil", foreign.url()), "http://10.0.0.1/evil"]);
+    let bytes = effects();
+    let with_urls = Artifact::build(
+        "application/vnd.wasm.config.v0+json",
+        vec![("application/wasm".into(), None, bytes)],
+        |m| m["layers"][0]["urls"] = urls,
+    );
+    let served = with_urls.clone();
+    let missing_blob = Arc::new(AtomicBool::new(false));
+    let missing = missing_blob.clone();
+    let reg = Hostile::start(move |s| {
+        if missing.load(Ordering::SeqCst) && s.path().contains("/blobs/") {
+            return Reply::status(404, r#"{"errors":[{"code":"BLOB_UNKNOWN","message":"gone"}]}"#);
+        }
+        served.answer(s)
+    });
+    let r = reg.reference("acme/x:1");
+    ok(&keel(h, &["tool", "install", &r, "--allow-unsigned", "--name", "u1"]));
+    missing_blob.store(true, Ordering::SeqCst);
+    let out = keel(h, &["tool", "install", &r, "--allow-unsigned", "--name", "u2", "--json"]);
+    refused(&out, "not_found");
+    assert!(foreign.seen().is_empty(), "a descriptor's url was fetched: {:?}", foreign.seen());
+    assert_eq!(installed(h), vec!["u1".to_string()]);
+}
+
+/// Installs `reference` in a fresh home, measuring keel's peak memory (KiB).
+fn install_measured(reference: &str) -> (Output, u64) {
+    let home = tempfile::tempdir().unwrap();
+    // The first-party tools are installed on first use: done first, so only the pull is measured.
+    ok(&keel(home.path(), &["tool", "list"]));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_keel"));
+    cmd.arg("--home").arg(home.path()).args([
+        "tool",
+        "install",
+        reference,
+        "--allow-unsigned",
+        "--json",
+    ]);
+    keel_tests::hostile_registry::output_and_peak_rss(&mut cmd)
+}
+
+#[test]
+fn hostile_bodies_are_cut_at_their_caps_and_memory_stays_flat() {
+    let artifact = Artifact::component(&effects());
+    let mib = |n: u64| n << 20;
+    let chunk = vec![b' '; 64 * 1024];
+    let scenario = Arc::new(AtomicUsize::new(0));
+    let sc = scenario.clone();
+    let token_realm = Arc::new(std::sync::Mutex::new(String::new()));
+    let realm = token_realm.clone();
+    let reg = Hostile::start(move |s| {
+        let stream = |claimed: Option<u64>, status: u16| Reply::Stream {
+            status,
+            headers: vec![(
+                "Content-Type".into(),
+                "application/vnd.oci.image.manifest.v1+json".into(),
+            )],
+            chunk: chunk.clone(),
+            every: Duration::from_millis(1),
+            total: claimed.or(Some(mib(64))),
+            claimed,
+        };
+        match sc.load(Ordering::SeqCst) {
+            // A manifest that says it is 512 MiB.
+            1 if s.path().contains("/manifests/") => stream(Some(mib(512)), 200),
+            // A manifest without end (chunked; 64 MiB before the peer gives up).
+            2 if s.path().contains("/manifests/") => stream(None, 200),
+            // An error answer without end.
+            3 if s.path().contains("/manifests/") => stream(None, 404),
+            // A token answer without end.
+            4 if s.path() == "/token" => stream(None, 200),
+            4 => Reply::challenge(&format!(r#"Bearer realm="{}/token""#, realm.lock().unwrap())),
+            _ => artifact.answer(s),
+        }
+    });
+    *token_realm.lock().unwrap() = reg.url();
+    let r = reg.reference("acme/x:1");
+    let (out, normal) = install_measured(&r);
+    ok(&out);
+    let mut figures = vec![("normal install", normal)];
+    for (n, what, kind) in [
+        (1, "a 512 MiB manifest", "too_large"),
+        (2, "an endless manifest", "too_large"),
+        (3, "an endless error answer", "not_found"),
+        (4, "an endless token answer", "too_large"),
+    ] {
+        scenario.store(n, Ordering::SeqCst);
+        let started = Instant::now();
+        let (out, peak) = install_measured(&r);
+        let message = refused(&out, kind);
+        if n == 3 {
+            assert!(message.contains("limit"), "{message}");
+        }
+        figures.push((what, peak));
+        assert!(
+            peak <= normal + 64 * 1024,
+            "{what}: peak {peak} KiB against {normal} KiB for a normal install"
+        );
+        // Cut at the cap, not read to the end (the peer would send 64 MiB or more).
+        assert!(started.elapsed() < Duration::from_secs(60), "{what} took {:?}", started.elapsed());
+    }
+    for (what, kib) in figures {
+        eprintln!("peak RSS of keel tool install, {what}: {:.1} MiB", kib as f64 / 1024.0);
+    }
+}
+
+/// A home whose `[registry]` bounds are short: a 2 s rate window at 1 KiB/s, 5 s in all.
+fn short_bounds() -> tempfile::TempDir {
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(
+        home.path().join("keel.toml"),
+        "[registry]\npull_timeout_secs = 5\nmin_rate_bytes_per_sec = 1024\nrate_window_secs = 2\n",
+    )
+    .unwrap();
+    home
+}
+
+#[test]
+fn hostile_slow_pulls_end_at_their_minimum_rate_or_their_deadline() {
+    let artifact = Artifact::component(&effects());
+    let scenario = Arc::new(AtomicUsize::new(0));
+    let sc = scenario.clone();
+    let layer = artifact.blobs.values().map(Vec::len).max().unwrap() as u64;
+    let reg = Hostile::start(move |s| {
+        let is_layer = s.path().contains("/blobs/")
+            && artifact
+                .blobs
+                .get(s.path().rsplit('/').next().unwrap())
+                .is_some_and(|b| b.len() as u64 == layer);
+        match sc.load(Ordering::SeqCst) {
+            // 1 byte a second: under the minimum rate.
+            1 if is_layer => Reply::Stream {
+                status: 200,
+                headers: Vec::new(),
+                chunk: vec![0],
+                every: Duration::from_secs(1),
+                total: Some(layer),
+                claimed: Some(layer),
+            },
+            // 4 KiB every half second: over the rate, but the whole layer would take minutes.
+            2 if is_layer => Reply::Stream {
+                status: 200,
+                headers: Vec::new(),
+                chunk: vec![0; 4096],
+                every: Duration::from_millis(500),
+                total: Some(layer),
+                claimed: Some(layer),
+            },
+            // No answer at all to a manifest request.
+            3 if s.path().contains("/manifests/") => {
+                std::thread::sleep(Duration::from_secs(20));
+                Reply::status(500, "")
+            }
+            _ => artifact.answer(s),
+        }
+    });
+    let r = reg.reference("acme/x:1");
+    for (n, kind, names) in [
+        (1, "registry_too_slow", "min_rate_bytes_per_sec"),
+        (2, "registry_timeout", "pull_timeout_secs"),
+        (3, "registry_too_slow", "rate_window_secs"),
+    ] {
+        scenario.store(n, Ordering::SeqCst);
+        let home = short_bounds();
+        let started = Instant::now();
+        let out = keel(home.path(), &["tool", "install", &r, "--allow-unsigned", "--json"]);
+        let took = started.elapsed();
+        let message = refused(&out, kind);
+        assert!(message.contains(names), "{message}");
+        eprintln!("scenario {n}: {kind} after {took:?}");
+        // A guard against hanging (the layer alone would take minutes), not a timing claim.
+        assert!(took < Duration::from_secs(18), "scenario {n} took {took:?}");
+        assert!(installed(home.path()).is_empty());
+    }
+}
+
+#[test]
+fn hostile_a_skill_bundle_over_its_limits_is_refused_before_any_blob() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let body = b"hello".to_vec();
+    let layers: Vec<(String, Option<String>, Vec<u8>)> = std::iter::once((
+        "application/vnd.keel.skill.file.v1".to_string(),
+        Some("SKILL.md".to_string()),
+        b"---\nname: many\ndescription: d\n---\nx\n".to_vec(),
+    ))
+    .chain((0..4001).map(|i| {
+        ("application/vnd.keel.skill.file.v1".to_string(), Some(format!("f{i}.md")), body.clone())
+    }))
+    .collect();
+    let many = Artifact::build("application/vnd.keel.skill.config.v1+json", layers, |_| {});
+    let huge = Artifact::build(
+        "application/vnd.keel.skill.config.v1+json",
+        vec![("application/vnd.keel.skill.file.v1".into(), Some("SKILL.md".into()), body.clone())],
+        |m| m["layers"][0]["size"] = json!(1u64 << 31),
+    );
+    let (m, hg) = (many.clone(), huge.clone());
+    let reg = Hostile::start(
+        move |s| if s.target.contains("/huge/") { hg.answer(s) } else { m.answer(s) },
+    );
+    let out = keel(h, &["skill", "install", &reg.reference("acme/many:1"), "--json"]);
+    let v = json_of(&out);
+    assert_eq!(out.status.code(), Some(2), "{v}");
+    assert!(v.to_string().contains("4001 reference files, over 64"), "{v}");
+    let out = keel(h, &["skill", "install", &reg.reference("acme/huge:1"), "--json"]);
+    let v = json_of(&out);
+    assert_eq!(out.status.code(), Some(2), "{v}");
+    assert!(v.to_string().contains("`SKILL.md` is 2147483648 bytes"), "{v}");
+    assert!(requests_to(&reg, "/blobs/").is_empty(), "blobs were fetched: {}", reg.seen().len());
+    let skills = json_of(&keel(h, &["skill", "list", "--json"]));
+    assert_eq!(skills, json!([]), "{skills}");
+}
+
+#[test]
+fn hostile_an_index_or_a_manifest_that_lies_about_its_digest_is_named() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let artifact = Artifact::component(&effects());
+    let index = br#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[]}"#;
+    let art = artifact.clone();
+    let reg = Hostile::start(move |s| {
+        let path = s.path();
+        if path.contains("/index/manifests/") {
+            return Reply::ok("application/vnd.oci.image.index.v1+json", index.to_vec());
+        }
+        if path.contains("/lying/manifests/") {
+            // The manifest served, under a header naming other bytes.
+            return Reply::Full {
+                status: 200,
+                headers: vec![(
+                    "Docker-Content-Digest".into(),
+                    format!("sha256:{}", "1".repeat(64)),
+                )],
+                body: art.manifest.clone(),
+            };
+        }
+        if path.contains("/other/manifests/sha256:") {
+            // Asked by digest, it sends some other manifest.
+            return Reply::ok("application/vnd.oci.image.manifest.v1+json", art.manifest.clone());
+        }
+        art.answer(s)
+    });
+    let out = keel(h, &["tool", "install", &reg.reference("acme/index:1"), "--json"]);
+    assert!(refused(&out, "wrong_artifact").contains("index"));
+    let out = keel(h, &["tool", "install", &reg.reference("acme/lying:1"), "--json"]);
+    assert!(refused(&out, "digest_mismatch").contains("the manifest"));
+    let pinned = reg.reference(&format!("acme/other@sha256:{}", "2".repeat(64)));
+    let out = keel(h, &["tool", "install", &pinned, "--json"]);
+    assert!(refused(&out, "digest_mismatch").contains("the manifest should hash to"));
+    assert!(requests_to(&reg, "/blobs/").is_empty());
+    assert!(installed(h).is_empty());
+}
+
+#[test]
+fn hostile_outdated_shows_a_digest_and_the_upgrade_installs_that_digest_or_refuses() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let v = |n: &str| {
+        let b = keel_tests::oci_registry::with_custom_section(&effects(), "version", n.as_bytes());
+        Artifact::component(&b)
+    };
+    let versions = Arc::new([v("1"), v("2"), v("3")]);
+    let tag = Arc::new(AtomicUsize::new(0));
+    let (all, t) = (versions.clone(), tag.clone());
+    let reg = Hostile::start(move |s| {
+        // The tag names one version; every version is there by digest.
+        if let Some((_, name)) = s.path().split_once("/manifests/")
+            && let Some(a) = all.iter().find(|a| a.digest == name)
+        {
+            return a.answer(s);
+        }
+        if let Some((_, d)) = s.path().split_once("/blobs/")
+            && let Some(b) = all.iter().find_map(|a| a.blobs.get(d))
+        {
+            return Reply::ok("application/octet-stream", b.clone());
+        }
+        all[t.load(Ordering::SeqCst)].answer(s)
+    });
+    let r = reg.reference("acme/effects:1");
+    ok(&keel(h, &["tool", "install", &r, "--allow-unsigned"]));
+    tag.store(1, Ordering::SeqCst);
+    let out = keel(h, &["tool", "outdated", "--json"]);
+    ok(&out);
+    let row: Value = json_of(&out)["components"][0].clone();
+    assert_eq!(row["current"], json!(versions[1].digest), "{row}");
+    let upgrade = row["upgrade"].as_str().unwrap().to_string();
+    assert_eq!(upgrade, format!("{r}@{}", versions[1].digest));
+    let shown = String::from_utf8_lossy(&keel(h, &["tool", "outdated"]).stdout).to_string();
+    assert!(shown.contains(&format!("keel tool install --upgrade {upgrade}")), "{shown}");
+
+    // The tag moves again before the upgrade runs: refused, nothing changed.
+    tag.store(2, Ordering::SeqCst);
+    let out = keel(h, &["tool", "install", "--upgrade", &upgrade, "--allow-unsigned", "--json"]);
+    let message = refused(&out, "tag_moved");
+    assert!(message.contains(&versions[2].digest), "{message}");
+    let inspect = |h: &Path| json_of(&keel(h, &["tool", "inspect", "effects", "--json"]));
+    assert_eq!(inspect(h)["component"]["manifest_digest"], json!(versions[0].digest));
+    // Back where outdated saw it: the upgrade installs exactly that, and keeps following the tag.
+    tag.store(1, Ordering::SeqCst);
+    ok(&keel(h, &["tool", "install", "--upgrade", &upgrade, "--allow-unsigned"]));
+    let c = inspect(h)["component"].clone();
+    assert_eq!(c["manifest_digest"], json!(versions[1].digest), "{c}");
+    assert_eq!(c["source"], json!(r), "{c}");
+}

@@ -1,0 +1,176 @@
+//! OCI image manifests as keel reads and writes them: only the fields keel uses are read (a
+//! descriptor's `urls` are not among them: every blob comes from the registry the reference
+//! names).
+
+use std::collections::BTreeMap;
+
+use super::{CREATED_ANNOTATION, OCI_MANIFEST_MEDIA_TYPE, TITLE_ANNOTATION, VERSION_ANNOTATION};
+
+/// What a manifest request accepts: one artifact's manifest.
+pub(super) const ACCEPT: &str = OCI_MANIFEST_MEDIA_TYPE;
+
+/// The media types of an index (an OCI image index or a Docker manifest list): several
+/// artifacts under one name, never installed as one.
+const INDEX_MEDIA_TYPES: [&str; 2] = [
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+];
+
+pub(super) fn is_index(media_type: &str) -> bool {
+    let base = media_type.split(';').next().unwrap_or("").trim();
+    INDEX_MEDIA_TYPES.contains(&base)
+}
+
+/// Now, as a manifest's times are written.
+pub(super) fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// One blob a manifest names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Descriptor {
+    pub media_type: String,
+    /// `sha256:` and 64 hex digits (checked).
+    pub digest: String,
+    pub size: u64,
+    /// The title annotation: a skill file's path.
+    pub title: Option<String>,
+}
+
+/// A manifest, checked as far as the protocol goes (the kind of artifact is the caller's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    /// The digest of its bytes.
+    pub digest: String,
+    pub config: Descriptor,
+    pub layers: Vec<Descriptor>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawManifest {
+    schema_version: Option<u32>,
+    media_type: Option<String>,
+    config: Option<RawDescriptor>,
+    #[serde(default)]
+    layers: Vec<RawDescriptor>,
+    #[serde(default)]
+    manifests: Option<serde_json::Value>,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawDescriptor {
+    media_type: String,
+    digest: String,
+    size: i64,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
+}
+
+impl RawDescriptor {
+    fn checked(self, what: &str) -> Result<Descriptor, String> {
+        if !super::valid_digest(&self.digest) {
+            return Err(format!("{what}'s digest is not sha256: {:.80}", self.digest));
+        }
+        let size = u64::try_from(self.size)
+            .map_err(|_| format!("{what}'s size is negative ({})", self.size))?;
+        Ok(Descriptor {
+            media_type: self.media_type,
+            digest: self.digest,
+            size,
+            title: self.annotations.get(TITLE_ANNOTATION).cloned(),
+        })
+    }
+}
+
+impl Manifest {
+    /// Parses a manifest's bytes (whose digest is `digest`): an OCI image manifest, not an
+    /// index. The error says what it is instead.
+    pub(super) fn parse(raw: &[u8], digest: String) -> Result<Self, String> {
+        let m: RawManifest = serde_json::from_slice(raw)
+            .map_err(|e| format!("its manifest is not an OCI image manifest: {e}"))?;
+        if m.media_type.as_deref().is_some_and(is_index) || m.manifests.is_some() {
+            return Err("it is an image index (several artifacts), not one artifact".into());
+        }
+        if let Some(t) = m.media_type.as_deref()
+            && t != OCI_MANIFEST_MEDIA_TYPE
+        {
+            return Err(format!("its manifest is {t:.100}"));
+        }
+        if m.schema_version != Some(2) {
+            return Err("its manifest is not schema version 2".into());
+        }
+        let config = m.config.ok_or("its manifest has no config")?.checked("the config")?;
+        let layers =
+            m.layers.into_iter().map(|l| l.checked("a layer")).collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { digest, config, layers, annotations: m.annotations })
+    }
+
+    /// The bytes of a manifest of `config` (its bytes and media type) and `layers` (media type,
+    /// title, bytes), annotated with the version `tag` and the time it was made.
+    pub(super) fn encode(
+        config_media_type: &str,
+        config: &[u8],
+        layers: &[(&str, Option<String>, Vec<u8>)],
+        tag: &str,
+    ) -> Vec<u8> {
+        let descriptor = |media_type: &str, bytes: &[u8], title: Option<&String>| {
+            let mut d = serde_json::json!({
+                "mediaType": media_type,
+                "digest": super::sha256_digest(bytes),
+                "size": bytes.len(),
+            });
+            if let Some(t) = title {
+                d["annotations"] = serde_json::json!({ TITLE_ANNOTATION: t });
+            }
+            d
+        };
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST_MEDIA_TYPE,
+            "config": descriptor(config_media_type, config, None),
+            "layers": layers.iter().map(|(t, title, b)| descriptor(t, b, title.as_ref()))
+                .collect::<Vec<_>>(),
+            "annotations": { VERSION_ANNOTATION: tag, CREATED_ANNOTATION: now() },
+        });
+        serde_json::to_vec(&manifest).unwrap_or_default()
+    }
+
+    /// The version annotation `publish` wrote (the tag it was published under), if any.
+    pub fn version(&self) -> Option<&str> {
+        self.annotations.get(VERSION_ANNOTATION).map(String::as_str)
+    }
+
+    /// When it was made, by its annotation, if any.
+    pub fn created(&self) -> Option<&str> {
+        self.annotations.get(CREATED_ANNOTATION).map(String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_encoded_manifest_parses_back_and_an_index_or_bad_digest_is_refused() {
+        let layers = vec![("application/wasm", None, b"\0asm".to_vec())];
+        let raw = Manifest::encode("application/vnd.wasm.config.v0+json", b"{}", &layers, "1.0");
+        let m = Manifest::parse(&raw, "sha256:x".into()).unwrap();
+        assert_eq!(m.layers.len(), 1);
+        assert_eq!(m.layers[0].size, 4);
+        assert_eq!(m.version(), Some("1.0"));
+        assert!(m.created().is_some());
+
+        let index = br#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[]}"#;
+        assert!(Manifest::parse(index, String::new()).unwrap_err().contains("image index"));
+        let untyped_index = br#"{"schemaVersion":2,"manifests":[]}"#;
+        assert!(Manifest::parse(untyped_index, String::new()).unwrap_err().contains("index"));
+        let bad = br#"{"schemaVersion":2,"config":{"mediaType":"x","digest":"md5:1","size":1},"layers":[]}"#;
+        assert!(Manifest::parse(bad, String::new()).unwrap_err().contains("not sha256"));
+        assert!(is_index("application/vnd.oci.image.index.v1+json; charset=utf-8"));
+    }
+}
