@@ -365,7 +365,9 @@ pub async fn trust(home: &PathBuf, cmd: TrustCommand) -> ExitCode {
                 if a.json {
                     println!("{}", json!({"ok": true, "trusted": keys}));
                 } else if keys.is_empty() {
-                    eprintln!("no trusted keys (add one with `keel trust add NAME PUBLIC_KEY`)");
+                    eprintln!(
+                        "no trusted keys (add one with `keel trust add NAME PUBLIC_KEY --packages GLOB`)"
+                    );
                 } else {
                     println!("{:<16} {:<72} PACKAGES", "NAME", "PUBLIC KEY");
                     for t in keys {

@@ -119,13 +119,13 @@ fn a_signed_component_verifies_installs_with_its_signer_and_fails_when_changed()
 fn trust_refuses_bad_keys_duplicates_and_unknown_names() {
     let home = tempfile::tempdir().unwrap();
     let h = home.path();
-    let out = keel(h, &["trust", "add", "acme", "ed25519:nothex", "--json"]);
+    let out = keel(h, &["trust", "add", "acme", "ed25519:nothex", "--packages", "*", "--json"]);
     assert_eq!(out.status.code(), Some(2));
     let v = json_of(&out);
     assert_eq!(v["error"]["kind"], json!("input"));
     assert!(v["error"]["message"].as_str().unwrap().contains("64 hex digits"));
     let public = new_key(h, "k");
-    let out = keel(h, &["trust", "add", "Acme Corp", &public]);
+    let out = keel(h, &["trust", "add", "Acme Corp", &public, "--packages", "*"]);
     assert_eq!(out.status.code(), Some(2));
     let out = keel(h, &["trust", "add", "acme", &public, "--packages", "Bad Glob"]);
     assert_eq!(out.status.code(), Some(2));
@@ -145,4 +145,74 @@ fn trust_refuses_bad_keys_duplicates_and_unknown_names() {
     let out = keel(h, &["trust", "remove", "acme", "--json"]);
     assert_eq!(json_of(&out)["error"]["kind"], json!("not_found"));
     assert_eq!(json_of(&keel(h, &["trust", "list", "--json"]))["trusted"], json!([]));
+}
+
+#[test]
+fn a_component_whose_signer_lost_its_trust_is_shown_so() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let dir = tempfile::tempdir().unwrap();
+    let signed = dir.path().join("effects.wasm");
+    let signed_s = signed.to_str().unwrap();
+    let public = new_key(h, "acme-release");
+    let sign = ["tool", "sign", keel_tests::guests::EFFECTS_COMPONENT, "--key", "acme-release"];
+    ok(&keel(h, &[&sign[..], &["--out", signed_s]].concat()));
+    ok(&keel(h, &["trust", "add", "acme", &public, "--packages", "effects"]));
+    ok(&keel(h, &["tool", "install", signed_s]));
+    let shown = |h: &Path| {
+        let list = String::from_utf8_lossy(&keel(h, &["tool", "list"]).stdout).to_string();
+        let row = list.lines().find(|l| l.starts_with("effect_peek")).unwrap().to_string();
+        let inspect = json_of(&keel(h, &["tool", "inspect", "effects", "--json"]));
+        (row, list, inspect["component"]["signer_trusted"].clone())
+    };
+    let (row, _, trusted) = shown(h);
+    assert!(row.contains(" acme "), "{row}");
+    assert_eq!(trusted, json!(true));
+
+    // Removed: shown untrusted in the list, the inspect text and JSON.
+    ok(&keel(h, &["trust", "remove", "acme"]));
+    let (row, list, trusted) = shown(h);
+    assert!(row.contains("untrusted!"), "{row}");
+    assert!(list.contains("(untrusted!: its signer's trust was removed"), "{list}");
+    assert_eq!(trusted, json!(false));
+    let text =
+        String::from_utf8_lossy(&keel(h, &["tool", "inspect", "effects"]).stdout).to_string();
+    assert!(text.contains("NO LONGER TRUSTED"), "{text}");
+
+    // The name given to another key is not the same trust.
+    let other = new_key(h, "someone-else");
+    ok(&keel(h, &["trust", "add", "acme", &other, "--packages", "*"]));
+    assert_eq!(shown(h).2, json!(false));
+    // The same key again, but for other packages only: still not covered.
+    ok(&keel(h, &["trust", "remove", "acme"]));
+    ok(&keel(h, &["trust", "add", "acme", &public, "--packages", "billing-*"]));
+    assert_eq!(shown(h).2, json!(false));
+    // Trusted again for it: shown trusted.
+    ok(&keel(h, &["trust", "remove", "acme"]));
+    ok(&keel(h, &["trust", "add", "acme", &public, "--packages", "effects"]));
+    assert_eq!(shown(h).2, json!(true));
+}
+
+#[test]
+fn signing_never_writes_through_a_file_or_link_planted_at_its_temporary_name() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let dir = tempfile::tempdir().unwrap();
+    new_key(h, "k");
+    let file = dir.path().join("tool.wasm");
+    std::fs::copy(keel_tests::guests::EFFECTS_COMPONENT, &file).unwrap();
+    let victim = dir.path().join("victim.txt");
+    std::fs::write(&victim, "keep me").unwrap();
+    let planted = dir.path().join(".tool.wasm.signing");
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    let before = std::fs::read(&file).unwrap();
+    let out = keel(h, &["tool", "sign", file.to_str().unwrap(), "--key", "k"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in the way"), "{out:?}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+    assert_eq!(std::fs::read(&file).unwrap(), before, "the file is unchanged");
+    // Without the planted link, signing in place works.
+    std::fs::remove_file(&planted).unwrap();
+    ok(&keel(h, &["tool", "sign", file.to_str().unwrap(), "--key", "k"]));
+    assert!(!planted.exists());
 }
