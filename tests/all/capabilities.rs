@@ -56,7 +56,7 @@ async fn install(h: &Harness, dir: &Path, name: &str, skill_md: &str) {
     let d = dir.join(name);
     std::fs::create_dir_all(&d).unwrap();
     std::fs::write(d.join("SKILL.md"), skill_md).unwrap();
-    h.install_skill(&Caller::Operator, &d, false).await.unwrap();
+    h.install_skill(&Caller::Operator, &d, keel::tools::InstallMode::New).await.unwrap();
 }
 
 /// A harness on a fresh home and a session `id` of user `user` with understanding on and only
@@ -452,11 +452,21 @@ async fn h4_a_session_keeps_the_skill_version_it_loaded() {
     let v2 = CSV_AUDIT.replace("MARKER-CSV-AUDIT", "MARKER-V2");
     std::fs::write(skills.path().join("csv-audit/SKILL.md"), &v2).unwrap();
     let e = h
-        .install_skill(&Caller::Operator, &skills.path().join("csv-audit"), false)
+        .install_skill(
+            &Caller::Operator,
+            &skills.path().join("csv-audit"),
+            keel::tools::InstallMode::New,
+        )
         .await
         .unwrap_err();
     assert_eq!(e.kind(), "conflict", "other content needs --upgrade: {e}");
-    h.install_skill(&Caller::Operator, &skills.path().join("csv-audit"), true).await.unwrap();
+    h.install_skill(
+        &Caller::Operator,
+        &skills.path().join("csv-audit"),
+        keel::tools::InstallMode::Upgrade,
+    )
+    .await
+    .unwrap();
     h.internals().engine.add_capabilities(&SessionId::from("new"), load, Via::Admin).await.unwrap();
     assert_eq!(submit(&h, "old", "go").await, "a");
     assert_eq!(submit(&h, "new", "go").await, "b");

@@ -266,7 +266,7 @@ async fn registry_a_skill_bundle_round_trips_with_its_signed_component() {
     // The same content as installing the directory.
     let local = tempfile::tempdir().unwrap();
     let h2 = harness(local.path()).await;
-    let l = h2.install_skill(OP, s, false).await.unwrap();
+    let l = h2.install_skill(OP, s, keel::tools::InstallMode::New).await.unwrap();
     assert_eq!(l.installed.skill.digest, skill.digest);
 }
 

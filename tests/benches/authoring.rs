@@ -101,7 +101,8 @@ fn registry(iters: usize, fs: &[u8], public: &keel::signing::PublicKey, secret: 
             let mut before_compile = Vec::new();
             for _ in 0..iters {
                 let t = Instant::now();
-                let client = keel::oci::Registry::new(&pinned, None);
+                let limits = keel::oci::Limits::default();
+                let client = keel::oci::Registry::new(&pinned, None, limits).unwrap();
                 let pulled = client.pull(&pinned, keel::oci::ArtifactKind::Component, limit).await;
                 let bytes = &pulled.unwrap().files[0].1;
                 tools.registry_verdict(bytes, &pinned.package(), false).unwrap();

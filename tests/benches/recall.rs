@@ -357,7 +357,7 @@ fn main() {
         rt.block_on(h.install_skill(
             &Caller::Operator,
             &source.path().join(format!("inst-{i}")),
-            false,
+            keel::tools::InstallMode::New,
         ))
         .unwrap();
         each.push(one.elapsed());

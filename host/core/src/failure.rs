@@ -36,6 +36,10 @@ crate::stored_enum! {
         InvalidName = "invalid_name",
         /// A component from a registry lacks the signature of a trusted key covering it.
         Unverified = "unverified",
+        /// An upgrade that widens what a component can do, not accepted (`--accept-wider`).
+        Wider = "wider",
+        /// A registry artifact older than the installed one, not allowed (`--allow-downgrade`).
+        Downgrade = "downgrade",
         NotInstalled = "not_installed",
         Builtin = "builtin",
         HostTool = "host_tool",

@@ -49,6 +49,10 @@ pub struct SkillInstallArgs {
     /// Replace an installed skill of the same name (and upgrade the components it bundles).
     #[arg(long)]
     upgrade: bool,
+    /// With --upgrade: accept bundled components that widen what they can do (see `keel tool
+    /// install --help`).
+    #[arg(long, requires = "upgrade")]
+    accept_wider: bool,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -180,17 +184,20 @@ async fn install(h: &Harness, a: SkillInstallArgs) -> ExitCode {
         let opts = keel::api::RegistryInstall {
             name: None,
             upgrade: a.upgrade,
+            accept_wider: a.accept_wider,
+            allow_downgrade: a.registry.allow_downgrade,
             allow_unsigned: a.registry.allow_unsigned,
             auth: a.registry.auth.as_deref(),
         };
         h.install_skill_from(&Caller::Operator, &a.path, &opts).await
-    } else if a.registry.allow_unsigned || a.registry.auth.is_some() {
-        let msg = "--allow-unsigned and --auth are for oci:// references";
+    } else if a.registry.allow_unsigned || a.registry.auth.is_some() || a.registry.allow_downgrade {
+        let msg = "--allow-unsigned, --allow-downgrade and --auth are for oci:// references";
         return super::fail(a.json, "input", msg, super::EXIT_REFUSED);
     } else {
         let path = PathBuf::from(&a.path);
         eprintln!("keel: checking the skill at {}…", path.display());
-        h.install_skill(&Caller::Operator, &path, a.upgrade).await
+        let mode = keel::tools::InstallMode::of(a.upgrade, a.accept_wider);
+        h.install_skill(&Caller::Operator, &path, mode).await
     };
     let r = match installed {
         Ok(r) => r,

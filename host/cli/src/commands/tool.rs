@@ -68,6 +68,11 @@ pub struct InstallArgs {
     /// approvals.
     #[arg(long)]
     upgrade: bool,
+    /// With --upgrade: accept a version that widens what the component can do — a tool's
+    /// effect class rising, a new import of wasi:http, wasi:sockets, wasi:filesystem or
+    /// keel:control, a new tool. Without it such an upgrade is refused, listing old → new.
+    #[arg(long, requires = "upgrade")]
+    accept_wider: bool,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -108,6 +113,10 @@ pub struct FromRegistry {
     /// USER:PASSWORD or USER:TOKEN. Without it, the registry is asked anonymously.
     #[arg(long, value_name = "SECRET")]
     pub auth: Option<String>,
+    /// From a registry, with --upgrade: install a version older than the installed one (a
+    /// tag moved back, by its version annotation or build time). Refused without it.
+    #[arg(long)]
+    pub allow_downgrade: bool,
 }
 
 #[derive(Args)]
@@ -211,20 +220,22 @@ pub async fn execute(home: PathBuf, cmd: ToolCommand) -> ExitCode {
 }
 
 async fn install(service: &Harness, a: InstallArgs) -> ExitCode {
-    let mode = if a.upgrade { InstallMode::Upgrade } else { InstallMode::New };
+    let mode = InstallMode::of(a.upgrade, a.accept_wider);
     let result = if a.file.starts_with("oci://") {
         eprintln!("keel: pulling {} …", inert(&a.file));
         let opts = keel::api::RegistryInstall {
             name: a.name.as_deref(),
             upgrade: a.upgrade,
+            accept_wider: a.accept_wider,
+            allow_downgrade: a.registry.allow_downgrade,
             allow_unsigned: a.registry.allow_unsigned,
             auth: a.registry.auth.as_deref(),
         };
         service.install_tool_from(&Caller::Operator, &a.file, &opts).await
     } else {
-        if a.registry.allow_unsigned || a.registry.auth.is_some() {
-            let msg = "--allow-unsigned and --auth are for oci:// references; a local file is \
-                       installed as it is (signed or not)";
+        if a.registry.allow_unsigned || a.registry.auth.is_some() || a.registry.allow_downgrade {
+            let msg = "--allow-unsigned, --allow-downgrade and --auth are for oci:// references; \
+                       a local file is installed as it is (signed or not)";
             return super::fail(a.json, "input", msg, EXIT_REFUSED);
         }
         let file = PathBuf::from(&a.file);

@@ -574,3 +574,111 @@ fn hostile_outdated_shows_a_digest_and_the_upgrade_installs_that_digest_or_refus
     assert_eq!(c["manifest_digest"], json!(versions[1].digest), "{c}");
     assert_eq!(c["source"], json!(r), "{c}");
 }
+
+#[test]
+fn an_upgrade_that_widens_needs_the_admins_word_and_shows_old_to_new() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    ok(&keel(h, &["tool", "install", keel_tests::guests::EFFECTS_COMPONENT, "--name", "x"]));
+    let before =
+        json_of(&keel(h, &["tool", "inspect", "x", "--json"]))["component"]["digest"].clone();
+    let wider = keel_tests::guests::NET_PROBE_COMPONENT;
+    let out = keel(h, &["tool", "install", wider, "--name", "x", "--upgrade", "--json"]);
+    let message = refused(&out, "wider");
+    assert!(message.contains("imports wasi:http/outgoing-handler (not before)"), "{message}");
+    assert!(message.contains("new tool `"), "{message}");
+    assert!(message.contains("--accept-wider"), "{message}");
+    let now = json_of(&keel(h, &["tool", "inspect", "x", "--json"]))["component"]["digest"].clone();
+    assert_eq!(now, before, "nothing was installed");
+    // The admin's word: installed, and the report carries what it widened.
+    let out = keel(
+        h,
+        &["tool", "install", wider, "--name", "x", "--upgrade", "--accept-wider", "--json"],
+    );
+    ok(&out);
+    let widened = json_of(&out)["install"]["upgrade"]["widened"].clone();
+    let imports = widened["imports"].as_array().unwrap();
+    assert!(imports.contains(&json!("wasi:http/outgoing-handler")), "{widened}");
+    assert!(!widened["tools"].as_array().unwrap().is_empty(), "{widened}");
+    // Back to the narrower version: nothing widens, no word needed.
+    ok(&keel(
+        h,
+        &["tool", "install", keel_tests::guests::EFFECTS_COMPONENT, "--name", "x", "--upgrade"],
+    ));
+    // --accept-wider means nothing without --upgrade.
+    let out = keel(h, &["tool", "install", wider, "--name", "y", "--accept-wider"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+#[test]
+fn hostile_a_tag_moved_back_to_an_older_build_is_a_downgrade() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let build = |n: &str, version: &str, created: &str| {
+        let b = keel_tests::oci_registry::with_custom_section(&effects(), "version", n.as_bytes());
+        let (v, c) = (version.to_string(), created.to_string());
+        Artifact::build(
+            "application/vnd.wasm.config.v0+json",
+            vec![("application/wasm".into(), None, b)],
+            move |m| {
+                m["annotations"] = json!({
+                    "org.opencontainers.image.version": v,
+                    "org.opencontainers.image.created": c,
+                })
+            },
+        )
+    };
+    let versions = Arc::new([
+        build("a", "1.1.0", "2026-06-01T00:00:00Z"),
+        build("b", "1.0.0", "2026-01-01T00:00:00Z"),
+        build("c", "1.2.0", "2026-09-01T00:00:00Z"),
+    ]);
+    let tag = Arc::new(AtomicUsize::new(0));
+    let hide_installed = Arc::new(AtomicBool::new(false));
+    let (all, t, hide) = (versions.clone(), tag.clone(), hide_installed.clone());
+    let reg = Hostile::start(move |s| {
+        if let Some((_, name)) = s.path().split_once("/manifests/")
+            && let Some(a) = all.iter().find(|a| a.digest == name)
+        {
+            if hide.load(Ordering::SeqCst) && a.digest == all[0].digest {
+                return Reply::status(
+                    404,
+                    r#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"gone"}]}"#,
+                );
+            }
+            return a.answer(s);
+        }
+        if let Some((_, d)) = s.path().split_once("/blobs/")
+            && let Some(b) = all.iter().find_map(|a| a.blobs.get(d))
+        {
+            return Reply::ok("application/octet-stream", b.clone());
+        }
+        all[t.load(Ordering::SeqCst)].answer(s)
+    });
+    let r = reg.reference("acme/effects:stable");
+    ok(&keel(h, &["tool", "install", &r, "--allow-unsigned"]));
+    let installed_digest = |h: &Path| {
+        json_of(&keel(h, &["tool", "inspect", "effects", "--json"]))["component"]["manifest_digest"]
+            .clone()
+    };
+    // The tag moved back to 1.0.0: refused before any of its blobs is fetched.
+    tag.store(1, Ordering::SeqCst);
+    let blobs_before = requests_to(&reg, "/blobs/").len();
+    let out = keel(h, &["tool", "install", &r, "--upgrade", "--allow-unsigned", "--json"]);
+    let message = refused(&out, "downgrade");
+    assert!(message.contains("version 1.1.0 → 1.0.0"), "{message}");
+    assert_eq!(requests_to(&reg, "/blobs/").len(), blobs_before, "nothing was fetched");
+    assert_eq!(installed_digest(h), json!(versions[0].digest));
+    // The installed version's manifest gone from the registry: no comparison, no install.
+    hide_installed.store(true, Ordering::SeqCst);
+    let out = keel(h, &["tool", "install", &r, "--upgrade", "--allow-unsigned", "--json"]);
+    assert!(refused(&out, "downgrade").contains("cannot be read to compare"));
+    hide_installed.store(false, Ordering::SeqCst);
+    // Forward to 1.2.0: an upgrade; back to 1.0.0 with the admin's word: installed.
+    tag.store(2, Ordering::SeqCst);
+    ok(&keel(h, &["tool", "install", &r, "--upgrade", "--allow-unsigned"]));
+    assert_eq!(installed_digest(h), json!(versions[2].digest));
+    tag.store(1, Ordering::SeqCst);
+    ok(&keel(h, &["tool", "install", &r, "--upgrade", "--allow-unsigned", "--allow-downgrade"]));
+    assert_eq!(installed_digest(h), json!(versions[1].digest));
+}

@@ -30,11 +30,11 @@ impl Harness {
         &self,
         caller: &Caller,
         path: &std::path::Path,
-        upgrade: bool,
+        mode: InstallMode,
     ) -> Result<SkillInstallReport, ApiError> {
         caller.require_admin("installing a skill")?;
         let pkg = crate::skills::read_package(path)?;
-        self.install_skill_package(pkg, &path.display().to_string(), None, upgrade).await
+        self.install_skill_package(pkg, &path.display().to_string(), None, mode).await
     }
 
     /// Installs a checked skill package from `source` (a directory, or a registry reference
@@ -44,8 +44,9 @@ impl Harness {
         pkg: crate::skills::SkillPackage,
         source: &str,
         registry: Option<super::registry::SkillRegistry>,
-        upgrade: bool,
+        mode: InstallMode,
     ) -> Result<SkillInstallReport, ApiError> {
+        let upgrade = mode != InstallMode::New;
         // Refused before its components are installed: other content under an installed
         // name needs `upgrade`.
         if !upgrade {
@@ -69,7 +70,6 @@ impl Harness {
                 })?;
             }
         }
-        let mode = if upgrade { InstallMode::Upgrade } else { InstallMode::New };
         let mut components = Vec::new();
         for (name, bytes) in &pkg.components {
             let from = format!("{source} (skill {})", pkg.name);

@@ -35,6 +35,10 @@ pub struct RegistryInstall<'a> {
     pub name: Option<&'a str>,
     /// Replace an installed component (or skill) of that name.
     pub upgrade: bool,
+    /// With `upgrade`: accept a version that widens what a component can do.
+    pub accept_wider: bool,
+    /// With `upgrade`: install an artifact older than the one installed (a tag moved back).
+    pub allow_downgrade: bool,
     /// Install even without a trusted signature covering the package (recorded).
     pub allow_unsigned: bool,
     /// The secret holding the registry's credentials (`USER:PASSWORD`): bound to the
@@ -152,17 +156,72 @@ impl Harness {
         caller.require_admin("installing a tool")?;
         let r = parse(reference)?;
         let limit = self.tools.sandbox().limits().max_component_bytes;
-        let pulled = self.registry(&r, opts.auth)?.pull(&r, ArtifactKind::Component, limit).await?;
-        let bytes = pulled.files.into_iter().next().map(|f| f.1).unwrap_or_default();
+        let registry = self.registry(&r, opts.auth)?;
+        let manifest = registry.manifest(&r, ArtifactKind::Component).await?;
         let name = opts.name.map(str::to_string).unwrap_or_else(|| name_of(&r));
+        if opts.upgrade && !opts.allow_downgrade {
+            self.refuse_downgrade(&name, &r, &manifest, opts.auth).await?;
+        }
+        let pulled = registry.fetch(&r, &manifest, limit).await?;
+        let bytes = pulled.files.into_iter().next().map(|f| f.1).unwrap_or_default();
         let origin = Origin::Registry {
             reference: recorded(&r),
             manifest_digest: pulled.digest,
             package: r.package(),
             allow_unsigned: opts.allow_unsigned,
         };
-        let mode = if opts.upgrade { InstallMode::Upgrade } else { InstallMode::New };
+        let mode = InstallMode::of(opts.upgrade, opts.accept_wider);
         Ok(self.tools.install_from(&bytes, &name, &origin, mode).await?)
+    }
+
+    /// Refuses `manifest` (what `r` names now) as an upgrade of the installed component
+    /// `name` when it is older than the installed one: by the version annotations `publish`
+    /// writes when both are versions, else by their build times. The installed one's manifest
+    /// is read again by its digest; when it cannot be read the comparison cannot be made, and
+    /// that is a refusal too (`--allow-downgrade` installs anyway).
+    async fn refuse_downgrade(
+        &self,
+        name: &str,
+        r: &OciRef,
+        manifest: &crate::oci::Manifest,
+        auth: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let installed = self.db.read({
+            let name = name.to_string();
+            move |c| Ok(crate::tools::catalog::component(c, &name)?)
+        });
+        let Some(old) = installed.await? else { return Ok(()) };
+        let (Some(old_digest), Ok(old_ref)) = (&old.manifest_digest, old.source.parse::<OciRef>())
+        else {
+            return Ok(());
+        };
+        if *old_digest == manifest.digest {
+            return Ok(());
+        }
+        let old_ref = old_ref.by_digest(old_digest);
+        // The credential goes only to its own registry.
+        let auth = auth.filter(|_| old_ref.registry.eq_ignore_ascii_case(&r.registry));
+        let refused = |why: String| crate::tools::ToolServiceError::Downgrade {
+            name: name.to_string(),
+            reference: r.to_string(),
+            why,
+        };
+        let old_manifest = match self
+            .registry(&old_ref, auth)?
+            .manifest(&old_ref, ArtifactKind::Component)
+            .await
+        {
+            Ok(m) => m,
+            Err(e) => {
+                let why =
+                    format!("the installed version's manifest cannot be read to compare: {e}");
+                return Err(refused(why).into());
+            }
+        };
+        match crate::oci::older(&old_manifest, manifest) {
+            Some(why) => Err(refused(why).into()),
+            None => Ok(()),
+        }
     }
 
     /// The installed components from a registry by tag, each against what its tag names now.
@@ -253,7 +312,8 @@ impl Harness {
             package: r.package(),
             allow_unsigned: opts.allow_unsigned,
         };
-        self.install_skill_package(pkg, &source, Some(registry), opts.upgrade).await
+        let mode = InstallMode::of(opts.upgrade, opts.accept_wider);
+        self.install_skill_package(pkg, &source, Some(registry), mode).await
     }
 }
 

@@ -151,6 +151,28 @@ impl Manifest {
     }
 }
 
+/// Why `new` is older than `old`, if it is: by their version annotations when both are
+/// versions (`1.2.0`, `v1.2.0`), else by their build times; `None` when it is not older or
+/// neither tells.
+pub fn older(old: &Manifest, new: &Manifest) -> Option<String> {
+    let version = |m: &Manifest| {
+        m.version().and_then(|v| semver::Version::parse(v.strip_prefix('v').unwrap_or(v)).ok())
+    };
+    if let (Some(o), Some(n)) = (version(old), version(new)) {
+        if n != o {
+            return (n < o).then(|| format!("version {o} → {n}"));
+        }
+    }
+    let created =
+        |m: &Manifest| m.created().and_then(|c| chrono::DateTime::parse_from_rfc3339(c).ok());
+    match (created(old), created(new)) {
+        (Some(o), Some(n)) if n < o => {
+            Some(format!("built {} → {}", o.to_rfc3339(), n.to_rfc3339()))
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,5 +194,43 @@ mod tests {
         let bad = br#"{"schemaVersion":2,"config":{"mediaType":"x","digest":"md5:1","size":1},"layers":[]}"#;
         assert!(Manifest::parse(bad, String::new()).unwrap_err().contains("not sha256"));
         assert!(is_index("application/vnd.oci.image.index.v1+json; charset=utf-8"));
+    }
+
+    #[test]
+    fn older_goes_by_versions_then_by_build_times() {
+        let m = |version: Option<&str>, created: Option<&str>| Manifest {
+            digest: String::new(),
+            config: Descriptor {
+                media_type: String::new(),
+                digest: String::new(),
+                size: 0,
+                title: None,
+            },
+            layers: Vec::new(),
+            annotations: version
+                .map(|v| (VERSION_ANNOTATION.to_string(), v.to_string()))
+                .into_iter()
+                .chain(created.map(|c| (CREATED_ANNOTATION.to_string(), c.to_string())))
+                .collect(),
+        };
+        let (t1, t2) = (Some("2026-01-01T00:00:00Z"), Some("2026-06-01T00:00:00Z"));
+        assert_eq!(
+            older(&m(Some("1.2.0"), t1), &m(Some("v1.1.9"), t2)).unwrap(),
+            "version 1.2.0 → 1.1.9"
+        );
+        assert_eq!(
+            older(&m(Some("1.1.0"), t2), &m(Some("1.2.0"), t1)),
+            None,
+            "a newer version wins"
+        );
+        assert!(
+            older(&m(Some("latest"), t2), &m(Some("latest"), t1)).unwrap().starts_with("built")
+        );
+        assert!(
+            older(&m(Some("1.0.0"), t2), &m(Some("1.0.0"), t1)).is_some(),
+            "same version, older build"
+        );
+        assert_eq!(older(&m(None, t1), &m(None, t2)), None);
+        assert_eq!(older(&m(None, None), &m(None, t1)), None, "nothing to tell by");
     }
 }

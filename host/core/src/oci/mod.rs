@@ -25,7 +25,7 @@ use std::fmt;
 use reqwest::header::HeaderValue;
 use reqwest::{Method, StatusCode};
 
-pub use manifest::{Descriptor, Manifest};
+pub use manifest::{Descriptor, Manifest, older};
 pub use reference::{BadReference, OciRef, valid_digest};
 pub use transport::Limits;
 use transport::Transport;

@@ -88,6 +88,17 @@ pub enum ToolServiceError {
     /// A grant would let a tool reach keel's own home.
     #[error("grant `{grant}`: {reason}")]
     HomeGrant { grant: String, reason: String },
+    /// An upgrade that widens what the component can do, without the admin's word.
+    #[error(
+        "upgrading `{name}` widens what it can do: {}; nothing was installed. Accept it with --accept-wider after reading it",
+        changes.join("; ")
+    )]
+    Wider { name: String, changes: Vec<String> },
+    /// A registry artifact older than the one installed, without the admin's word.
+    #[error(
+        "{reference} is older than the installed `{name}` ({why}): a tag moved back is a downgrade; nothing was fetched or installed. Install it anyway with --allow-downgrade"
+    )]
+    Downgrade { name: String, reference: String, why: String },
     /// A registry component's signature does not let it in; refused before it is compiled.
     #[error(
         "refused before compiling: {reason} (trust the publisher with `keel trust add NAME KEY \
@@ -128,6 +139,8 @@ impl ToolServiceError {
             Self::GrantMoved(_) => FailureKind::GrantMoved,
             Self::HomeGrant { .. } => FailureKind::Grant,
             Self::Unverified { .. } => FailureKind::Unverified,
+            Self::Wider { .. } => FailureKind::Wider,
+            Self::Downgrade { .. } => FailureKind::Downgrade,
         }
     }
 

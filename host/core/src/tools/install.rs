@@ -204,10 +204,24 @@ pub fn describe_budget() -> Budget {
 pub enum InstallMode {
     /// A new component: a name already installed is refused (the same file again is fine).
     New,
-    /// Replaces the installed component of that name (`keel tool install --upgrade`).
+    /// Replaces the installed component of that name (`keel tool install --upgrade`), unless
+    /// the new version widens what it can do ([`super::widening`]).
     Upgrade,
+    /// [`Self::Upgrade`], accepting a wider version (`--upgrade --accept-wider`).
+    UpgradeWider,
     /// A first-party component, installed or updated by keel itself.
     Builtin,
+}
+
+impl InstallMode {
+    /// `New`, or an upgrade that accepts a wider version only when `accept_wider`.
+    pub fn of(upgrade: bool, accept_wider: bool) -> Self {
+        match (upgrade, accept_wider) {
+            (false, _) => Self::New,
+            (true, false) => Self::Upgrade,
+            (true, true) => Self::UpgradeWider,
+        }
+    }
 }
 
 /// Where a component being installed comes from.
@@ -294,6 +308,9 @@ pub struct UpgradeDiff {
     pub changed: Vec<String>,
     pub added: Vec<String>,
     pub removed: Vec<String>,
+    /// What it widens (accepted with `--accept-wider`); empty when nothing.
+    #[serde(skip_serializing_if = "super::widening::Widening::is_empty")]
+    pub widened: super::widening::Widening,
 }
 
 /// Compares the tools of two versions of a component.
@@ -390,8 +407,25 @@ impl ToolService {
                 Some(self.registry_verdict(bytes, package, *allow_unsigned)?)
             }
         };
-        let Checked { component, prepared, tools, compile_ms, signer, .. } =
+        let Checked { component, prepared, tools, compile_ms, signer, imports, .. } =
             self.check_component(bytes, name).await?;
+        let widened = match existing.as_ref().filter(|o| o.digest != digest && !builtin) {
+            Some(old) => {
+                let old_imports = self
+                    .installed_bytes(&old.digest)
+                    .and_then(|b| self.sandbox.imports(&b).ok())
+                    .unwrap_or_default();
+                let old_tools = catalog::tools_of(&self.db(), name)?;
+                super::widening::Widening::between(&old_tools, &tools, &old_imports, &imports)
+            }
+            None => super::widening::Widening::default(),
+        };
+        if !widened.is_empty() && mode != InstallMode::UpgradeWider {
+            return Err(ToolServiceError::Wider {
+                name: name.to_string(),
+                changes: widened.lines(),
+            });
+        }
         let (signer, unsigned_allowed) = match verified {
             None => (signer, false),
             Some(key) => {
@@ -438,7 +472,10 @@ impl ToolService {
             let old = catalog::component(&db, name)?.filter(|c| c.digest != digest);
             let upgrade = match &old {
                 Some(o) => {
-                    Some(upgrade_diff(&o.digest, &digest, &catalog::tools_of(&db, name)?, &tools))
+                    let mut d =
+                        upgrade_diff(&o.digest, &digest, &catalog::tools_of(&db, name)?, &tools);
+                    d.widened = widened;
+                    Some(d)
                 }
                 None => None,
             };
@@ -450,6 +487,14 @@ impl ToolService {
         self.invalidate_catalog();
         self.prepared.lock().unwrap_or_else(PoisonError::into_inner).insert(digest, prepared);
         Ok(InstallReport { component: record, tools, replaced, upgrade, compile_ms })
+    }
+
+    /// The bytes of the installed component file `digest` (the home's copy, else the store's
+    /// shared one), if either is there.
+    fn installed_bytes(&self, digest: &str) -> Option<Vec<u8>> {
+        std::fs::read(self.home.component_path(digest))
+            .ok()
+            .or_else(|| catalog::shared_file(&self.db(), digest).ok().flatten())
     }
 
     /// The trusted key whose signature on a registry component covers `package`; without one,

@@ -19,6 +19,7 @@ pub mod result;
 mod source;
 pub mod trust;
 mod view;
+pub mod widening;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

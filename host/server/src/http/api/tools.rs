@@ -50,6 +50,11 @@ pub struct UploadQuery {
     /// Replace an installed component of that name.
     #[serde(default)]
     pub upgrade: bool,
+    /// With `upgrade`: accept a version that widens what the component can do (a higher
+    /// effect class, a new authority-bearing import, a new tool); without it such an upgrade
+    /// is refused (409, `wider`), naming each change.
+    #[serde(default)]
+    pub accept_wider: bool,
 }
 
 /// Installs a component (admins only): the body is the `.wasm` file. It is validated,
@@ -64,7 +69,7 @@ pub(super) async fn upload_tool(
     // Who may upload is settled before a byte of the body is read.
     caller.require_admin("installing a tool")?;
     let bytes = spool(upload, app.options.max_upload).await?;
-    let mode = if q.upgrade { InstallMode::Upgrade } else { InstallMode::New };
+    let mode = InstallMode::of(q.upgrade, q.accept_wider);
     let source = format!("uploaded by {}", caller.principal.decider());
     let report = app.harness.install_tool(&caller.who(), &bytes, &q.name, &source, mode).await?;
     Ok((StatusCode::CREATED, Json(json!({"ok": true, "installed": report}))))
