@@ -86,7 +86,7 @@ async fn registry_publish_then_install_by_tag_and_by_digest_recording_source_dig
     )
     .unwrap();
     let skill_ref = registry.reference("acme/audit:1");
-    h.publish_skill(OP, skill_dir.path(), &skill_ref, None).await.unwrap();
+    h.publish_skill(OP, skill_dir.path(), &skill_ref, None, None).await.unwrap();
     let e = h2.install_tool_from(OP, &skill_ref, &opts()).await.unwrap_err();
     assert_eq!(e.kind(), "wrong_artifact", "{e}");
     assert!(e.to_string().contains("is not a wasm component"), "{e}");
@@ -235,7 +235,14 @@ async fn registry_a_skill_bundle_round_trips_with_its_signed_component() {
     let registry = OciRegistry::start();
     let dir = tempfile::tempdir().unwrap();
     let h = harness(dir.path()).await;
-    let (public, signed) = signed_effects();
+    // One publisher key: in the home's signing keys (for the bundle), and signing the component.
+    let (public, secret) = keel::signing::generate();
+    let public = public.to_string();
+    keel::secrets::SecretStore::signing_keys(dir.path())
+        .set("acme", keel::secrets::Secret::new(secret.to_string()))
+        .unwrap();
+    let bytes = std::fs::read(guests::EFFECTS_COMPONENT).unwrap();
+    let signed = keel::signing::sign(&bytes, &secret).unwrap();
     let skill = tempfile::tempdir().unwrap();
     let s = skill.path();
     std::fs::write(
@@ -247,11 +254,16 @@ async fn registry_a_skill_bundle_round_trips_with_its_signed_component() {
     std::fs::write(s.join("notes/checklist.md"), "- columns\n- rows\n").unwrap();
     std::fs::write(s.join("effects.wasm"), &signed).unwrap();
     let reference = registry.reference("acme/skills/audit:1");
-    let pushed = h.publish_skill(OP, s, &reference, None).await.unwrap();
+    let published = h.publish_skill(OP, s, &reference, None, Some("acme")).await.unwrap();
+    let pushed = published.publish;
+    let sig = published.signature.unwrap();
+    assert_eq!(sig.public_key, public);
+    assert!(sig.signature.ends_with(".keel-sig"), "{sig:?}");
 
-    // Its component needs a trusted signature too, before anything is installed.
+    // The bundle's signature is checked first, before any of its files is fetched.
     let e = h.install_skill_from(OP, &reference, &opts()).await.unwrap_err();
-    assert!(e.to_string().contains("the skill's component `effects`"), "{e}");
+    assert_eq!(e.kind(), "unverified", "{e}");
+    assert!(e.to_string().contains("by no key keel trusts"), "{e}");
     assert!(h.skills(OP).await.unwrap().is_empty());
     h.trust_add(OP, "acme", &public, &format!("{}/acme/*", registry.addr)).unwrap();
     let r = h.install_skill_from(OP, &reference, &opts()).await.unwrap();
@@ -259,6 +271,9 @@ async fn registry_a_skill_bundle_round_trips_with_its_signed_component() {
     assert_eq!(skill.name, "audit");
     assert_eq!(skill.source, reference);
     assert_eq!(skill.manifest_digest.as_deref(), Some(pushed.digest.as_str()));
+    assert_eq!(skill.signer.as_deref(), Some("acme"));
+    assert_eq!(skill.signer_key.as_deref(), Some(public.as_str()));
+    assert!(!skill.unsigned_allowed);
     assert_eq!(skill.files.len(), 1);
     assert_eq!(skill.files[0].path, "notes/checklist.md");
     assert_eq!(r.components.len(), 1);
@@ -268,6 +283,23 @@ async fn registry_a_skill_bundle_round_trips_with_its_signed_component() {
     let h2 = harness(local.path()).await;
     let l = h2.install_skill(OP, s, keel::tools::InstallMode::New).await.unwrap();
     assert_eq!(l.installed.skill.digest, skill.digest);
+
+    // Published unsigned, then signed where it is with `sign_skill`.
+    let later = registry.reference("acme/skills/later:1");
+    let unsigned = h.publish_skill(OP, s, &later, None, None).await.unwrap();
+    assert!(unsigned.signature.is_none());
+    let other = tempfile::tempdir().unwrap();
+    let h3 = harness(other.path()).await;
+    h3.trust_add(OP, "acme", &public, &format!("{}/acme/*", registry.addr)).unwrap();
+    let e = h3.install_skill_from(OP, &later, &opts()).await.unwrap_err();
+    assert!(e.to_string().contains("it is not signed"), "{e}");
+    let signed = h.sign_skill(OP, &later, "acme", None).await.unwrap();
+    assert_eq!(
+        signed.signs,
+        format!("oci://{}/acme/skills/later@{}", registry.addr, unsigned.publish.digest)
+    );
+    let r = h3.install_skill_from(OP, &later, &opts()).await.unwrap();
+    assert_eq!(r.installed.skill.signer.as_deref(), Some("acme"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

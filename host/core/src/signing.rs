@@ -146,6 +146,36 @@ pub fn single_part(bytes: &[u8]) -> Result<(), SigningError> {
     }
 }
 
+/// What a skill bundle's detached signature signs: a fixed context, then the digest of the
+/// bundle's manifest (which names every file by its digest).
+fn skill_message(manifest_digest: &str) -> Vec<u8> {
+    format!("keel skill signature v1\n{manifest_digest}").into_bytes()
+}
+
+/// A detached signature (hex) by `secret` over the skill bundle whose manifest is
+/// `manifest_digest`, and the signer's public key.
+pub fn sign_skill(
+    manifest_digest: &str,
+    secret: &str,
+) -> Result<(String, PublicKey), SigningError> {
+    let sk = secret_key(secret)?;
+    let signature = sk.sk.sign(skill_message(manifest_digest), None);
+    Ok((hex::encode(signature.as_ref()), public_of(secret)?))
+}
+
+/// Checks that `key` made `signature` (hex) over the skill bundle whose manifest is
+/// `manifest_digest`.
+pub fn verify_skill(
+    manifest_digest: &str,
+    signature: &str,
+    key: &PublicKey,
+) -> Result<(), SigningError> {
+    let mismatch = || SigningError::Mismatch { key: key.to_string() };
+    let bytes = hex::decode(signature.trim()).map_err(|_| mismatch())?;
+    let sig = ed25519_compact::Signature::from_slice(&bytes).map_err(|_| mismatch())?;
+    key.0.pk.verify(skill_message(manifest_digest), &sig).map_err(|_| mismatch())
+}
+
 /// Checks that `key` signed `bytes` as they are, whole, in one part.
 pub fn verify(bytes: &[u8], key: &PublicKey) -> Result<(), SigningError> {
     if !is_signed(bytes) {
@@ -225,6 +255,20 @@ mod tests {
         // A signature with two hashes in its one set is refused the same way.
         let single = sign(&component, &secret).unwrap();
         verify(&single, &public).unwrap();
+    }
+
+    #[test]
+    fn a_skill_signature_covers_its_manifest_digest_only() {
+        let (public, secret) = generate();
+        let digest = format!("sha256:{}", "a".repeat(64));
+        let (sig, signer) = sign_skill(&digest, &secret).unwrap();
+        assert_eq!(signer, public);
+        verify_skill(&digest, &sig, &public).unwrap();
+        let other = format!("sha256:{}", "b".repeat(64));
+        assert!(matches!(verify_skill(&other, &sig, &public), Err(SigningError::Mismatch { .. })));
+        let (someone, _) = generate();
+        assert!(verify_skill(&digest, &sig, &someone).is_err());
+        assert!(verify_skill(&digest, "zz", &public).is_err());
     }
 
     #[test]

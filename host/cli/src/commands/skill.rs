@@ -17,12 +17,17 @@ pub enum SkillCommand {
     /// and `description`, then the method), with optional reference files and tool components
     /// (*.wasm, installed as tools). A skill grants nothing: its text is shown to the model,
     /// its tools follow each session's grants and policy. From a registry
-    /// (oci://REGISTRY/REPOSITORY:TAG or …@sha256:DIGEST), its components need a signature by
-    /// a trusted key covering the repository.
+    /// (oci://REGISTRY/REPOSITORY:TAG or …@sha256:DIGEST), the bundle needs a signature by a
+    /// trusted key covering the repository (`keel skill publish --key`, `keel skill sign`),
+    /// checked before any file is fetched, and so does each component it bundles.
     Install(SkillInstallArgs),
     /// Publish a skill directory to a registry (oci://REGISTRY/REPOSITORY:TAG), one layer per
-    /// file; prints the digest reference.
+    /// file, signed with --key; prints the digest reference.
     Publish(SkillPublishArgs),
+    /// Sign a skill bundle already in a registry (by tag or digest) with a signing key: a
+    /// detached signature over its manifest digest, kept beside it in its repository (tag
+    /// sha256-HEX.keel-sig).
+    Sign(SkillSignArgs),
     /// List the installed skills.
     List(SkillJson),
     /// Show a skill: description, digest, files, bundled tools and its method (--body).
@@ -64,6 +69,26 @@ pub struct SkillPublishArgs {
     dir: PathBuf,
     #[command(flatten)]
     to: super::tool::PublishTo,
+    /// Sign the published bundle with this signing key (`keel key new`); admins who trust
+    /// its public key for the repository can then install it without --allow-unsigned.
+    #[arg(long, value_name = "NAME")]
+    key: Option<String>,
+}
+
+#[derive(Args)]
+pub struct SkillSignArgs {
+    /// The bundle: oci://REGISTRY/REPOSITORY:TAG or …@sha256:DIGEST.
+    #[arg(value_name = "oci://REF")]
+    reference: String,
+    /// The signing key (`keel key list`).
+    #[arg(long, value_name = "NAME")]
+    key: String,
+    /// The secret holding the registry's credentials (USER:PASSWORD), sent only to it.
+    #[arg(long, value_name = "SECRET")]
+    auth: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -154,6 +179,7 @@ pub async fn execute(home: PathBuf, cmd: SkillCommand) -> ExitCode {
     let json = match &cmd {
         SkillCommand::Install(a) => a.json,
         SkillCommand::Publish(a) => a.to.json,
+        SkillCommand::Sign(a) => a.json,
         SkillCommand::List(a) => a.json,
         SkillCommand::Inspect(a) => a.json,
         SkillCommand::Remove(a) => a.json,
@@ -165,6 +191,7 @@ pub async fn execute(home: PathBuf, cmd: SkillCommand) -> ExitCode {
     match cmd {
         SkillCommand::Install(a) => install(&h, a).await,
         SkillCommand::Publish(a) => publish(&h, a).await,
+        SkillCommand::Sign(a) => sign(&h, a).await,
         SkillCommand::List(a) => list(&h, a.json).await,
         SkillCommand::Inspect(a) => inspect(&h, a).await,
         SkillCommand::Remove(a) => remove(&h, a).await,
@@ -174,8 +201,54 @@ pub async fn execute(home: PathBuf, cmd: SkillCommand) -> ExitCode {
 async fn publish(h: &Harness, a: SkillPublishArgs) -> ExitCode {
     let to = &a.to;
     eprintln!("keel: publishing the skill at {} to {} …", a.dir.display(), inert(&to.reference));
-    let result = h.publish_skill(&Caller::Operator, &a.dir, &to.reference, to.auth.as_deref());
-    super::tool::published(to.json, result.await)
+    let (auth, key) = (to.auth.as_deref(), a.key.as_deref());
+    let result = h.publish_skill(&Caller::Operator, &a.dir, &to.reference, auth, key).await;
+    match result {
+        Ok(p) if to.json => {
+            println!("{}", json!({"ok": true, "publish": p.publish, "signature": p.signature}));
+            ExitCode::SUCCESS
+        }
+        Ok(p) => {
+            println!("published {} ({} bytes)", inert(&p.publish.reference), p.publish.size);
+            match &p.signature {
+                Some(s) => println!(
+                    "signed with `{}` ({}); the signature is kept at {}",
+                    inert(&s.key),
+                    s.public_key,
+                    inert(&s.signature)
+                ),
+                None => println!(
+                    "not signed: installs will need --allow-unsigned (sign it with --key, or \
+                     `keel skill sign`)"
+                ),
+            }
+            // The digest reference last, alone on its line, for scripts.
+            println!("{}", inert(&p.publish.pinned));
+            ExitCode::SUCCESS
+        }
+        Err(e) => super::api_fail(to.json, &e),
+    }
+}
+
+async fn sign(h: &Harness, a: SkillSignArgs) -> ExitCode {
+    let result = h.sign_skill(&Caller::Operator, &a.reference, &a.key, a.auth.as_deref()).await;
+    match result {
+        Ok(s) if a.json => {
+            println!("{}", json!({"ok": true, "signed": s}));
+            ExitCode::SUCCESS
+        }
+        Ok(s) => {
+            println!(
+                "signed {} with `{}` ({}); the signature is kept at {}",
+                inert(&s.signs),
+                inert(&s.key),
+                s.public_key,
+                inert(&s.signature)
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => super::api_fail(a.json, &e),
+    }
 }
 
 async fn install(h: &Harness, a: SkillInstallArgs) -> ExitCode {
@@ -219,6 +292,11 @@ async fn install(h: &Harness, a: SkillInstallArgs) -> ExitCode {
     println!("  {}", inert(&s.description));
     if let Some(m) = &s.manifest_digest {
         println!("  from {} ({m})", inert(&s.source));
+        match &s.signer {
+            Some(signer) => println!("  signed by {}", inert(signer)),
+            None if s.unsigned_allowed => println!("  unsigned! (installed with --allow-unsigned)"),
+            None => {}
+        }
     }
     if let Some(old) = &r.installed.replaced {
         println!("  replaced sha256 {}", &old[..12.min(old.len())]);
@@ -255,8 +333,14 @@ async fn list(h: &Harness, json: bool) -> ExitCode {
     if skills.is_empty() {
         println!("no skills installed; add one with `keel skill install DIR`");
     }
-    for s in skills {
-        println!("{:<24} {}", inert(&s.name), inert(&one_line(&s.description, 100)));
+    for s in &skills {
+        let mark = if s.unsigned_allowed { " unsigned!" } else { "" };
+        println!("{:<24} {}{mark}", inert(&s.name), inert(&one_line(&s.description, 100)));
+    }
+    if skills.iter().any(|s| s.unsigned_allowed) {
+        println!(
+            "(unsigned!: installed from a registry without a trusted signature, by --allow-unsigned)"
+        );
     }
     ExitCode::SUCCESS
 }
@@ -282,6 +366,16 @@ async fn inspect(h: &Harness, a: SkillInspectArgs) -> ExitCode {
     println!("description  {}", inert_block(&record.description));
     println!("sha256       {}", record.digest);
     println!("source       {}", inert(&record.source));
+    if let Some(m) = &record.manifest_digest {
+        println!("manifest     {m}");
+        match (&record.signer, &record.signer_key) {
+            (Some(name), Some(key)) => println!("signer       {} ({key})", inert(name)),
+            _ if record.unsigned_allowed => {
+                println!("signer       none: installed unsigned (--allow-unsigned)")
+            }
+            _ => println!("signer       none"),
+        }
+    }
     println!("method       {} bytes", record.body_bytes);
     for f in &record.files {
         println!("file         {} ({} bytes)", inert(&f.path), f.bytes);

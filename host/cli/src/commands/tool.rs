@@ -21,8 +21,10 @@ pub enum ToolCommand {
     /// Publish a component file to a registry as a wasm OCI artifact (the layout other wasm
     /// tools read); prints the digest reference, which always names these bytes.
     Publish(PublishArgs),
-    /// List the installed components from a registry whose tag now names another digest
-    /// (a tag that moved is never followed silently: `keel tool install --upgrade REF`).
+    /// Check the components and skills installed from a registry by tag against what each tag
+    /// names now (read from the manifest, as an install reads it). A tag that moved is never
+    /// followed silently: the upgrade command printed names the digest shown
+    /// (`keel tool install --upgrade REF:TAG@DIGEST`), and refuses if the tag moves again.
     Outdated(OutdatedArgs),
     /// List installed tools.
     List(JsonArg),
@@ -416,12 +418,12 @@ async fn outdated(service: &Harness, a: OutdatedArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if rows.is_empty() {
-        println!("no component is installed from a registry");
+        println!("no component or skill is installed from a registry by tag");
         return ExitCode::SUCCESS;
     }
     let short =
         |d: &str| d.strip_prefix("sha256:").unwrap_or(d).chars().take(12).collect::<String>();
-    println!("{:<16} {:<13} {:<13} REFERENCE", "COMPONENT", "INSTALLED", "TAG NOW");
+    println!("{:<16} {:<15} {:<13} {:<13} REFERENCE", "NAME", "KIND", "INSTALLED", "TAG NOW");
     for r in &rows {
         let now = match (&r.current, &r.error) {
             (Some(c), _) if r.outdated => format!("{} (moved)", short(c)),
@@ -429,15 +431,35 @@ async fn outdated(service: &Harness, a: OutdatedArgs) -> ExitCode {
             (None, Some(_)) => "unknown".to_string(),
             (None, None) => "pinned".to_string(),
         };
-        println!("{:<16} {:<13} {:<13} {}", r.name, short(&r.installed), now, inert(&r.reference));
+        let kind = match r.kind {
+            keel::api::OutdatedKind::Component => "component",
+            keel::api::OutdatedKind::Skill => "skill",
+            keel::api::OutdatedKind::SkillComponent => "skill component",
+        };
+        println!(
+            "{:<16} {:<15} {:<13} {:<13} {}",
+            inert(&r.name),
+            kind,
+            short(&r.installed),
+            now,
+            inert(&r.reference)
+        );
         if let Some(e) = &r.error {
             println!("  {}", inert(e));
         }
     }
     // The upgrade names the digest shown: it installs what was seen, or refuses if the tag
-    // moves again first.
-    for m in rows.iter().filter_map(|r| r.upgrade.as_deref()) {
-        println!("upgrade with: keel tool install --upgrade {}", inert(m));
+    // moves again first. A skill's components follow their skill.
+    let mut shown = std::collections::BTreeSet::new();
+    for r in &rows {
+        let Some(m) = r.upgrade.as_deref() else { continue };
+        let what = match r.kind {
+            keel::api::OutdatedKind::Component => "tool",
+            keel::api::OutdatedKind::Skill | keel::api::OutdatedKind::SkillComponent => "skill",
+        };
+        if shown.insert((what, m)) {
+            println!("upgrade with: keel {what} install --upgrade {}", inert(m));
+        }
     }
     ExitCode::SUCCESS
 }

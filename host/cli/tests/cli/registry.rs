@@ -137,12 +137,29 @@ fn registry_publish_install_list_inspect_outdated_and_a_skill_from_the_command_l
     )
     .unwrap();
     let skill_ref = registry.reference("acme/skills/audit:1");
-    let out = keel(h, &["skill", "publish", skill.to_str().unwrap(), &skill_ref, "--json"]);
+    let dir = skill.to_str().unwrap();
+    let out = keel(h, &["skill", "publish", dir, &skill_ref, "--json"]);
     ok(&out);
     assert!(json_of(&out)["publish"]["pinned"].as_str().unwrap().contains("@sha256:"));
+    // Unsigned: refused before any file is fetched, saying so.
+    let out = keel(h, &["skill", "install", &skill_ref, "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(json_of(&out)["error"]["message"].as_str().unwrap().contains("it is not signed"));
+    // Signed where it is, by the trusted key: installed, and its record names the signer.
+    let out = keel(h, &["skill", "sign", &skill_ref, "--key", "acme", "--json"]);
+    ok(&out);
+    assert!(json_of(&out)["signed"]["signature"].as_str().unwrap().ends_with(".keel-sig"));
     let out = keel(h, &["skill", "install", &skill_ref, "--json"]);
     ok(&out);
-    assert_eq!(json_of(&out)["install"]["skill"]["source"], json!(skill_ref));
+    let installed = json_of(&out)["install"]["skill"].clone();
+    assert_eq!(installed["source"], json!(skill_ref));
+    assert_eq!(installed["signer"], json!("acme"), "{installed}");
+    // Published signed in one step, with --key.
+    let next = registry.reference("acme/skills/audit:2");
+    let out = keel(h, &["skill", "publish", dir, &next, "--key", "acme"]);
+    ok(&out);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("signed with `acme`"), "{}", text(&out));
+    ok(&keel(h, &["skill", "install", &next, "--upgrade"]));
 
     // The registry gone: a clear error, nothing changed.
     drop(registry);

@@ -56,6 +56,26 @@ impl Harness {
                 return Err(crate::skills::installed_already(&old.name, &old.digest).into());
             }
         }
+        // A skill installs or upgrades only the components its own source installed (the same
+        // repository or directory, the same skill): never one another publisher installed.
+        let own = skill_owner(&format!("{source} (skill {})", pkg.name));
+        for (name, bytes) in &pkg.components {
+            let n = name.clone();
+            let installed = self.db.read(move |c| Ok(crate::tools::catalog::component(c, &n)?));
+            // A first-party name is refused as reserved when the component is installed.
+            let Some(old) = installed.await?.filter(|c| !c.builtin) else { continue };
+            if old.digest != crate::sandbox::sha256_hex(bytes) && skill_owner(&old.source) != own {
+                let by =
+                    old.signer.as_deref().map(|s| format!(", signed by `{s}`")).unwrap_or_default();
+                return Err(crate::store::StoreError::Conflict(format!(
+                    "the skill's component `{name}` would replace the component `{name}` installed \
+                     from {}{by}: a skill may install or upgrade only the components its own \
+                     source installed (remove that component first if this skill should own it)",
+                    old.source
+                ))
+                .into());
+            }
+        }
         // Every bundled component's signature before any is installed.
         if let Some(r) = &registry {
             for (name, bytes) in &pkg.components {
@@ -80,11 +100,11 @@ impl Harness {
             components.push(self.tools.install_from(bytes, name, &origin, mode).await?);
         }
         let source = source.to_string();
-        let manifest = registry.map(|r| r.manifest_digest);
+        let provenance = registry.map(|r| r.provenance());
         let installed = self
             .db
             .run(move |c| {
-                crate::skills::install_from_in(c, &pkg, &source, manifest.as_deref(), upgrade)
+                crate::skills::install_from_in(c, &pkg, &source, provenance.as_ref(), upgrade)
             })
             .await?;
         Ok(SkillInstallReport { installed, components })
@@ -253,4 +273,17 @@ impl Harness {
         self.check_sees(caller, id).await?;
         Ok(self.engine.orchestration_evidence(id, turn).await?)
     }
+}
+
+/// Who installed a component a skill bundles: its skill's package (a registry's
+/// `REGISTRY/REPOSITORY`, whatever the tag; or the directory) and the skill's name, from the
+/// component's recorded source `SOURCE (skill NAME)`. `None` for a component no skill
+/// installed.
+fn skill_owner(source: &str) -> Option<(String, String)> {
+    let (from, skill) = source.strip_suffix(')')?.rsplit_once(" (skill ")?;
+    let package = match from.parse::<crate::oci::OciRef>() {
+        Ok(r) => r.package(),
+        Err(_) => from.to_string(),
+    };
+    Some((package, skill.to_string()))
 }

@@ -24,7 +24,9 @@ pub use callers::{
 pub use capabilities::{SessionCapabilities, SkillInstallReport};
 pub use change::{FileChange, cut_lines};
 pub use mcp::McpRefresh;
-pub use registry::{Outdated, RegistryAuth, RegistryInstall};
+pub use registry::{
+    Outdated, OutdatedKind, PublishedSkill, RegistryAuth, RegistryInstall, SkillSigned,
+};
 
 use crate::agent::{AgentError, Events, LoopGuards};
 use crate::brain::Submitted;

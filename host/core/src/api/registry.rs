@@ -10,6 +10,9 @@ use crate::tools::Origin;
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Outdated {
     pub name: String,
+    /// What it is: `component`, `skill`, or `skill-component` (a component a skill bundled,
+    /// which follows its skill's tag: upgrade the skill).
+    pub kind: OutdatedKind,
     /// The reference it was installed from.
     pub reference: String,
     /// The manifest digest it was installed at.
@@ -26,6 +29,15 @@ pub struct Outdated {
     /// Why the registry could not be asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// What an [`Outdated`] row is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutdatedKind {
+    Component,
+    Skill,
+    SkillComponent,
 }
 
 /// Options of an install from a registry.
@@ -224,23 +236,39 @@ impl Harness {
         }
     }
 
-    /// The installed components from a registry by tag, each against what its tag names now.
-    /// A registry that cannot be asked is reported on its rows, not as a failure of all.
-    /// Each registry is asked with the credential bound to it in `auth`, if any; no credential
-    /// goes to another registry.
+    /// The installed components and skills from a registry by tag, each against what its tag
+    /// names now (a skill's bundled components against their skill's tag). Each tag is asked
+    /// once, by reading its manifest as an install would. A registry that cannot be asked is
+    /// reported on its rows, not as a failure of all. Each registry is asked with the
+    /// credential bound to it in `auth`, if any; no credential goes to another registry.
     pub async fn tools_outdated(
         &self,
         caller: &Caller,
         auth: &[RegistryAuth],
     ) -> Result<Vec<Outdated>, ApiError> {
         caller.require_admin("checking installed tools against their registries")?;
-        let mut out = Vec::new();
+        let mut rows = Vec::new();
         for c in self.tools.components()? {
             let Some(installed) = c.manifest_digest.clone() else { continue };
-            let Ok(r) = c.source.parse::<OciRef>() else { continue };
+            let (kind, from) = match c.source.rsplit_once(" (skill ") {
+                Some((from, _)) => (OutdatedKind::SkillComponent, from.to_string()),
+                None => (OutdatedKind::Component, c.source.clone()),
+            };
+            rows.push((c.name, kind, from, installed));
+        }
+        for s in self.db.read(crate::skills::list_in).await? {
+            let Some(installed) = s.manifest_digest else { continue };
+            rows.push((s.name, OutdatedKind::Skill, s.source, installed));
+        }
+        let mut asked: std::collections::BTreeMap<String, Result<String, String>> =
+            Default::default();
+        let mut out = Vec::new();
+        for (name, kind, reference, installed) in rows {
+            let Ok(r) = reference.parse::<OciRef>() else { continue };
             let mut row = Outdated {
-                name: c.name.clone(),
-                reference: c.source.clone(),
+                name,
+                kind,
+                reference,
                 installed,
                 current: None,
                 outdated: false,
@@ -248,19 +276,23 @@ impl Harness {
                 error: None,
             };
             if let Some(by_tag) = r.by_tag() {
-                let registry = by_tag.registry.to_ascii_lowercase();
-                let secret = auth.iter().find(|a| a.registry == registry).map(|a| &*a.secret);
-                match self.registry(&by_tag, secret)?.resolve(&by_tag).await {
-                    Ok(now) => {
-                        row.outdated = now != row.installed;
+                let key = by_tag.to_string();
+                if !asked.contains_key(&key) {
+                    let registry = by_tag.registry.to_ascii_lowercase();
+                    let secret = auth.iter().find(|a| a.registry == registry).map(|a| &*a.secret);
+                    let now = self.registry(&by_tag, secret)?.resolve(&by_tag).await;
+                    asked.insert(key.clone(), now.map_err(|e| e.to_string()));
+                }
+                match asked.get(&key) {
+                    Some(Ok(now)) => {
+                        row.outdated = *now != row.installed;
                         if row.outdated {
-                            let mut pinned = by_tag.clone();
-                            pinned.digest = Some(now.clone());
-                            row.upgrade = Some(pinned.to_string());
+                            row.upgrade = Some(by_tag.by_tag_and_digest(now).to_string());
                         }
-                        row.current = Some(now);
+                        row.current = Some(now.clone());
                     }
-                    Err(e) => row.error = Some(e.to_string()),
+                    Some(Err(e)) => row.error = Some(e.clone()),
+                    None => {}
                 }
             }
             out.push(row);
@@ -276,13 +308,75 @@ impl Harness {
         path: &std::path::Path,
         reference: &str,
         auth: Option<&str>,
-    ) -> Result<Pushed, ApiError> {
+        key: Option<&str>,
+    ) -> Result<PublishedSkill, ApiError> {
         caller.require_admin("publishing a skill")?;
         let r = parse(reference)?;
+        // The key is found before anything is pushed.
+        let secret = key.map(|k| self.signing_secret(k)).transpose()?;
         let (files, problems) = crate::skills::read_files(path)?;
         let shown = path.display().to_string();
         let pkg = crate::skills::package_of(&shown, files.clone(), problems)?;
-        Ok(self.registry(&r, auth)?.push_skill(&r, &pkg.name, files).await?)
+        let registry = self.registry(&r, auth)?;
+        let pushed = registry.push_skill(&r, &pkg.name, files).await?;
+        let signature = match (key, secret) {
+            (Some(k), Some(secret)) => {
+                Some(self.push_skill_signature(&registry, &r, &pushed.digest, k, &secret).await?)
+            }
+            _ => None,
+        };
+        Ok(PublishedSkill { publish: pushed, signature })
+    }
+
+    /// Signs the skill bundle `reference` names (by tag or digest) with the signing key `key`,
+    /// and keeps the signature beside it in its repository.
+    pub async fn sign_skill(
+        &self,
+        caller: &Caller,
+        reference: &str,
+        key: &str,
+        auth: Option<&str>,
+    ) -> Result<SkillSigned, ApiError> {
+        caller.require_admin("signing a skill")?;
+        let r = parse(reference)?;
+        let secret = self.signing_secret(key)?;
+        let registry = self.registry(&r, auth)?;
+        let manifest = registry.manifest(&r, ArtifactKind::Skill).await?;
+        self.push_skill_signature(&registry, &r, &manifest.digest, key, &secret).await
+    }
+
+    async fn push_skill_signature(
+        &self,
+        registry: &Registry,
+        r: &OciRef,
+        manifest_digest: &str,
+        key: &str,
+        secret: &crate::secrets::Secret,
+    ) -> Result<SkillSigned, ApiError> {
+        let sig = crate::tools::trust::SkillSignature::make(manifest_digest, secret.expose())
+            .map_err(|e| ApiError::Input(format!("signing key `{key}`: {e}")))?;
+        let doc = serde_json::to_vec(&sig).unwrap_or_default();
+        let pushed = registry.push_signature(r, manifest_digest, doc).await?;
+        Ok(SkillSigned {
+            signs: r.by_digest(manifest_digest).to_string(),
+            key: key.to_string(),
+            public_key: sig.public_key,
+            signature: pushed.reference,
+        })
+    }
+
+    /// The secret of the signing key `name` (`keel key new`).
+    fn signing_secret(&self, name: &str) -> Result<crate::secrets::Secret, ApiError> {
+        let store = crate::secrets::SecretStore::signing_keys(self.tools.home().root());
+        match store.get(&[name.to_string()]) {
+            Ok(mut found) if !found.is_empty() => Ok(found.remove(0).1),
+            Ok(_) | Err(crate::secrets::SecretError::Missing { .. }) => {
+                Err(ApiError::Input(format!(
+                    "no signing key `{name}`; see `keel key list`, or make one with `keel key new {name}`"
+                )))
+            }
+            Err(e) => Err(crate::tools::ToolServiceError::from(e).into()),
+        }
     }
 
     /// Installs the skill `reference` names: pulled with every digest checked, its files
@@ -304,6 +398,14 @@ impl Harness {
         let listed: Vec<(String, u64)> =
             manifest.layers.iter().map(|l| (l.title.clone().unwrap_or_default(), l.size)).collect();
         crate::skills::check_listing(&source, &listed)?;
+        // Its signature, before any of its files is fetched: the text goes into prompts.
+        let document = registry.signature(&r, &manifest.digest).await?;
+        let signer = self.tools.skill_verdict(
+            document.as_deref(),
+            &manifest.digest,
+            &r.package(),
+            opts.allow_unsigned,
+        )?;
         let pulled = registry.fetch(&r, &manifest, limit).await?;
         let files = crate::skills::files_from_registry(&source, pulled.files)?;
         let pkg = crate::skills::package_of(&source, files, Vec::new())?;
@@ -311,6 +413,7 @@ impl Harness {
             manifest_digest: pulled.digest,
             package: r.package(),
             allow_unsigned: opts.allow_unsigned,
+            signer,
         };
         let mode = InstallMode::of(opts.upgrade, opts.accept_wider);
         self.install_skill_package(pkg, &source, Some(registry), mode).await
@@ -322,9 +425,41 @@ pub(super) struct SkillRegistry {
     pub manifest_digest: String,
     pub package: String,
     pub allow_unsigned: bool,
+    /// The trusted key whose signature covered the bundle (`None`: installed unsigned, on
+    /// purpose).
+    pub signer: Option<crate::tools::trust::TrustedKey>,
+}
+
+/// What `publish_skill` did: the bundle, and its signature when a key was given.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PublishedSkill {
+    pub publish: Pushed,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signature: Option<SkillSigned>,
+}
+
+/// A skill bundle's signature, kept beside it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SkillSigned {
+    /// The bundle it signs, by digest.
+    pub signs: String,
+    /// The signing key's name and public key.
+    pub key: String,
+    pub public_key: String,
+    /// Where the signature is kept (`…:sha256-HEX.keel-sig`).
+    pub signature: String,
 }
 
 impl SkillRegistry {
+    /// What the skill's record keeps of where it came from and who vouched for it.
+    pub(super) fn provenance(&self) -> crate::skills::Provenance {
+        crate::skills::Provenance {
+            manifest_digest: self.manifest_digest.clone(),
+            signer: self.signer.as_ref().map(|t| (t.name.clone(), t.public_key.clone())),
+            unsigned_allowed: self.signer.is_none(),
+        }
+    }
+
     pub(super) fn origin(&self, source: String) -> Origin {
         Origin::Registry {
             reference: source,

@@ -38,6 +38,10 @@ pub const WASM_LAYER_MEDIA_TYPE: &str = "application/wasm";
 pub const SKILL_CONFIG_MEDIA_TYPE: &str = "application/vnd.keel.skill.config.v1+json";
 /// The media type of one file of a skill bundle.
 pub const SKILL_FILE_MEDIA_TYPE: &str = "application/vnd.keel.skill.file.v1";
+/// The media type of a skill bundle's detached signature (its config and its one layer).
+pub const SKILL_SIGNATURE_MEDIA_TYPE: &str = "application/vnd.keel.skill.signature.v1+json";
+/// Largest signature artifact layer accepted.
+pub const MAX_SIGNATURE_BYTES: u64 = 16 * 1024;
 /// The media type of an OCI image manifest.
 pub const OCI_MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
 /// The annotation naming a layer's file.
@@ -58,6 +62,15 @@ pub enum ArtifactKind {
     Component,
     /// A skill bundle (one layer per file).
     Skill,
+    /// A skill bundle's detached signature (one small JSON layer), kept beside the bundle
+    /// under the tag [`signature_tag`].
+    SkillSignature,
+}
+
+/// The tag a skill bundle's signature is kept under, in the bundle's repository:
+/// `sha256-HEX.keel-sig` for the manifest `sha256:HEX`.
+pub fn signature_tag(manifest_digest: &str) -> String {
+    format!("{}.keel-sig", manifest_digest.replacen(':', "-", 1))
 }
 
 impl ArtifactKind {
@@ -65,18 +78,21 @@ impl ArtifactKind {
         match self {
             Self::Component => WASM_CONFIG_MEDIA_TYPE,
             Self::Skill => SKILL_CONFIG_MEDIA_TYPE,
+            Self::SkillSignature => SKILL_SIGNATURE_MEDIA_TYPE,
         }
     }
     fn layer_media_type(self) -> &'static str {
         match self {
             Self::Component => WASM_LAYER_MEDIA_TYPE,
             Self::Skill => SKILL_FILE_MEDIA_TYPE,
+            Self::SkillSignature => SKILL_SIGNATURE_MEDIA_TYPE,
         }
     }
     fn what(self) -> &'static str {
         match self {
             Self::Component => "wasm component",
             Self::Skill => "keel skill bundle",
+            Self::SkillSignature => "keel skill signature",
         }
     }
 }
@@ -282,6 +298,40 @@ impl Registry {
         self.push(reference, ArtifactKind::Skill, layers.collect(), config).await
     }
 
+    /// Pushes `signature` (the signature document's bytes) for the skill bundle `manifest_digest`
+    /// in `reference`'s repository, under [`signature_tag`].
+    pub async fn push_signature(
+        &self,
+        reference: &OciRef,
+        manifest_digest: &str,
+        signature: Vec<u8>,
+    ) -> Result<Pushed, OciError> {
+        let tagged =
+            OciRef { tag: Some(signature_tag(manifest_digest)), digest: None, ..reference.clone() };
+        let config = serde_json::json!({"created": manifest::now(), "signs": manifest_digest});
+        let layers = vec![(SKILL_SIGNATURE_MEDIA_TYPE, None, signature)];
+        self.push(&tagged, ArtifactKind::SkillSignature, layers, config).await
+    }
+
+    /// The signature document kept for the skill bundle `manifest_digest` in `reference`'s
+    /// repository (read through [`MAX_SIGNATURE_BYTES`], its digests checked), or `None`
+    /// when there is none.
+    pub async fn signature(
+        &self,
+        reference: &OciRef,
+        manifest_digest: &str,
+    ) -> Result<Option<Vec<u8>>, OciError> {
+        let tagged =
+            OciRef { tag: Some(signature_tag(manifest_digest)), digest: None, ..reference.clone() };
+        let m = match self.manifest(&tagged, ArtifactKind::SkillSignature).await {
+            Ok(m) => m,
+            Err(OciError::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let pulled = self.fetch(&tagged, &m, MAX_SIGNATURE_BYTES).await?;
+        Ok(pulled.files.into_iter().next().map(|f| f.1))
+    }
+
     async fn push(
         &self,
         reference: &OciRef,
@@ -382,7 +432,7 @@ impl Registry {
         if m.config.media_type != kind.config_media_type() {
             return Err(wrong(format!("its config is {:.100}", m.config.media_type)));
         }
-        if m.layers.is_empty() || (kind == ArtifactKind::Component && m.layers.len() != 1) {
+        if m.layers.is_empty() || (kind != ArtifactKind::Skill && m.layers.len() != 1) {
             return Err(wrong(format!("it has {} layers", m.layers.len())));
         }
         for l in &m.layers {

@@ -146,6 +146,12 @@ impl OciRef {
         Self { tag: None, digest: Some(digest.to_string()), ..self.clone() }
     }
 
+    /// The same repository and tag, pinned to `digest`: names that digest, and only while
+    /// the tag still names it.
+    pub fn by_tag_and_digest(&self, digest: &str) -> Self {
+        Self { digest: Some(digest.to_string()), ..self.clone() }
+    }
+
     /// The same repository and tag, with no digest.
     pub fn by_tag(&self) -> Option<Self> {
         self.tag.as_ref().map(|_| Self { digest: None, ..self.clone() })

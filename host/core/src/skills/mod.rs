@@ -117,6 +117,26 @@ pub struct SkillRecord {
     /// manifest it named then.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub manifest_digest: Option<String>,
+    /// From a registry: the trusted key (by its trust name, and the key) whose signature
+    /// covered the bundle when it was installed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signer: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signer_key: Option<String>,
+    /// Installed from a registry without a trusted signature, on purpose (`--allow-unsigned`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub unsigned_allowed: bool,
+}
+
+/// What a skill from a registry was installed at, and who vouched for it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Provenance {
+    /// The digest of the bundle's manifest.
+    pub manifest_digest: String,
+    /// The trusted key whose signature covered it (name and key).
+    pub signer: Option<(String, String)>,
+    /// Installed without one, on purpose.
+    pub unsigned_allowed: bool,
 }
 
 /// One stored version of a skill, with its body.
@@ -175,9 +195,13 @@ pub fn install_from_in(
     c: &Connection,
     pkg: &SkillPackage,
     source: &str,
-    manifest_digest: Option<&str>,
+    provenance: Option<&Provenance>,
     upgrade: bool,
 ) -> Result<SkillInstalled, StoreError> {
+    let manifest_digest = provenance.map(|p| p.manifest_digest.as_str());
+    let signer = provenance.and_then(|p| p.signer.as_ref().map(|s| s.0.as_str()));
+    let signer_key = provenance.and_then(|p| p.signer.as_ref().map(|s| s.1.as_str()));
+    let unsigned_allowed = provenance.is_some_and(|p| p.unsigned_allowed);
     let current: Option<String> = c
         .query_row("SELECT digest FROM skills WHERE name=?1", [&pkg.name], |r| r.get(0))
         .optional()?;
@@ -209,15 +233,35 @@ pub fn install_from_in(
     let at = crate::names::now();
     if current.is_some() {
         c.execute(
-            "UPDATE skills SET digest=?2, source=?3, installed_at=?4, manifest_digest=?5
+            "UPDATE skills SET digest=?2, source=?3, installed_at=?4, manifest_digest=?5,
+                    signer=?6, signer_key=?7, unsigned_allowed=?8
              WHERE name=?1",
-            params![pkg.name, pkg.digest, source, at, manifest_digest],
+            params![
+                pkg.name,
+                pkg.digest,
+                source,
+                at,
+                manifest_digest,
+                signer,
+                signer_key,
+                unsigned_allowed
+            ],
         )?;
     } else {
         c.execute(
-            "INSERT INTO skills (name, digest, source, installed_at, manifest_digest)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![pkg.name, pkg.digest, source, at, manifest_digest],
+            "INSERT INTO skills (name, digest, source, installed_at, manifest_digest, signer,
+                                 signer_key, unsigned_allowed)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                pkg.name,
+                pkg.digest,
+                source,
+                at,
+                manifest_digest,
+                signer,
+                signer_key,
+                unsigned_allowed
+            ],
         )?;
     }
     let skill = get_in(c, &pkg.name)?
@@ -239,7 +283,8 @@ fn parse_list<T: serde::de::DeserializeOwned>(text: &str) -> crate::sql::Result<
 }
 
 const RECORD: &str = "SELECT s.name, v.description, s.digest, s.source, s.installed_at,
-    octet_length(v.body), v.files, v.tools, s.manifest_digest
+    octet_length(v.body), v.files, v.tools, s.manifest_digest, s.signer, s.signer_key,
+    s.unsigned_allowed
     FROM skills s JOIN skill_versions v ON v.digest = s.digest";
 
 fn record(r: &crate::sql::Row<'_>) -> crate::sql::Result<SkillRecord> {
@@ -253,6 +298,9 @@ fn record(r: &crate::sql::Row<'_>) -> crate::sql::Result<SkillRecord> {
         files: parse_list(&r.get::<_, String>(6)?)?,
         tools: parse_list(&r.get::<_, String>(7)?)?,
         manifest_digest: r.get(8)?,
+        signer: r.get(9)?,
+        signer_key: r.get(10)?,
+        unsigned_allowed: r.get(11)?,
     })
 }
 

@@ -662,4 +662,12 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[
         24,
         "CREATE TABLE component_files (digest TEXT PRIMARY KEY, bytes BLOB NOT NULL);",
     ),
+    // Skills from a registry are signed like components: the trusted key whose detached
+    // signature covered the bundle's manifest, or that it was installed unsigned on purpose.
+    (
+        25,
+        "ALTER TABLE skills ADD COLUMN signer TEXT;
+    ALTER TABLE skills ADD COLUMN signer_key TEXT;
+    ALTER TABLE skills ADD COLUMN unsigned_allowed INTEGER NOT NULL DEFAULT 0;",
+    ),
 ];

@@ -450,6 +450,12 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[
     // Installed components' bytes, so that every host can compile them (on SQLite the
     // home's `components/` directory keeps them and this table stays empty).
     (24, "CREATE TABLE component_files (digest TEXT PRIMARY KEY, bytes BYTEA NOT NULL);"),
+    (
+        25,
+        "ALTER TABLE skills ADD COLUMN signer TEXT;
+    ALTER TABLE skills ADD COLUMN signer_key TEXT;
+    ALTER TABLE skills ADD COLUMN unsigned_allowed BIGINT NOT NULL DEFAULT 0;",
+    ),
 ];
 
 #[cfg(test)]

@@ -506,7 +506,31 @@ impl ToolService {
         package: &str,
         allow_unsigned: bool,
     ) -> Result<Option<super::trust::TrustedKey>, ToolServiceError> {
-        match super::trust::verdict_in(&self.db(), bytes, package)? {
+        Self::admit(super::trust::verdict_in(&self.db(), bytes, package)?, package, allow_unsigned)
+    }
+
+    /// The trusted key whose detached signature (`document`, as the registry kept it) covers
+    /// the skill bundle `manifest_digest` of `package`; without one, the refusal naming what
+    /// failed — or, with `allow_unsigned`, `None`. Asked before any of the bundle's files is
+    /// fetched.
+    pub fn skill_verdict(
+        &self,
+        document: Option<&[u8]>,
+        manifest_digest: &str,
+        package: &str,
+        allow_unsigned: bool,
+    ) -> Result<Option<super::trust::TrustedKey>, ToolServiceError> {
+        let verdict =
+            super::trust::skill_verdict_in(&self.db(), document, manifest_digest, package)?;
+        Self::admit(verdict, package, allow_unsigned)
+    }
+
+    fn admit(
+        verdict: Result<super::trust::TrustedKey, super::trust::Unverified>,
+        package: &str,
+        allow_unsigned: bool,
+    ) -> Result<Option<super::trust::TrustedKey>, ToolServiceError> {
+        match verdict {
             Ok(key) => Ok(Some(key)),
             Err(_) if allow_unsigned => Ok(None),
             Err(why) => Err(ToolServiceError::Unverified {

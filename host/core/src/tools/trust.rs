@@ -240,6 +240,56 @@ pub fn verdict_in(
     Ok(Err(outside.unwrap_or(Unverified::Untrusted)))
 }
 
+/// A skill bundle's detached signature, as it is kept beside the bundle.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SkillSignature {
+    /// The digest of the bundle's manifest it signs.
+    pub manifest: String,
+    /// The signer's public key (`ed25519:…`), a hint: verification tries the trusted keys.
+    pub public_key: String,
+    /// The ed25519 signature, hex.
+    pub signature: String,
+}
+
+impl SkillSignature {
+    /// Signs the bundle `manifest_digest` with `secret`.
+    pub fn make(manifest_digest: &str, secret: &str) -> Result<Self, crate::signing::SigningError> {
+        let (signature, public) = crate::signing::sign_skill(manifest_digest, secret)?;
+        Ok(Self {
+            manifest: manifest_digest.to_string(),
+            public_key: public.to_string(),
+            signature,
+        })
+    }
+}
+
+/// The trusted key whose signature `document` (as the registry kept it; `None`: there is
+/// none) covers the skill bundle `manifest_digest` of `package`, or why there is none.
+pub fn skill_verdict_in(
+    c: &Connection,
+    document: Option<&[u8]>,
+    manifest_digest: &str,
+    package: &str,
+) -> Result<Result<TrustedKey, Unverified>, StoreError> {
+    let Some(doc) = document else { return Ok(Err(Unverified::Unsigned)) };
+    let Ok(sig) = serde_json::from_slice::<SkillSignature>(doc) else {
+        return Ok(Err(Unverified::Untrusted));
+    };
+    if sig.manifest != manifest_digest {
+        return Ok(Err(Unverified::Untrusted));
+    }
+    let mut outside = None;
+    for t in list_in(c)? {
+        if crate::signing::verify_skill(manifest_digest, &sig.signature, &t.key()?).is_ok() {
+            if t.covers(package) {
+                return Ok(Ok(t));
+            }
+            outside.get_or_insert(Unverified::OutOfScope { key: t.name, packages: t.packages });
+        }
+    }
+    Ok(Err(outside.unwrap_or(Unverified::Untrusted)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::glob_matches;
