@@ -411,7 +411,7 @@ impl Artifact {
 
 /// Runs `cmd` to its end and returns its output and its peak resident set, in KiB (the kernel's
 /// `ru_maxrss` of that process alone, which only `wait4` gives: hence the one unsafe call).
-#[allow(unsafe_code)]
+#[allow(unsafe_code, clippy::zombie_processes)] // reaped by the wait4 below
 pub fn output_and_peak_rss(cmd: &mut std::process::Command) -> (std::process::Output, u64) {
     use std::process::Stdio;
     let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();

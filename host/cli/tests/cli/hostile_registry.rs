@@ -775,10 +775,16 @@ fn hostile_a_skill_from_a_registry_needs_a_trusted_signature_before_any_file_is_
     assert_eq!(shown["skill"]["signer"], json!("acme"), "{shown}");
     let text = String::from_utf8_lossy(&keel(h, &["skill", "inspect", "audit"]).stdout).to_string();
     assert!(text.contains(&format!("signer       acme ({public})")), "{text}");
-    // A trust scope that does not cover the repository names the key and its scope.
     assert!(
         !json_of(&keel(h, &["skill", "list", "--json"])).to_string().contains("unsigned_allowed")
     );
+    // outdated covers skills: its tag read once, the same digest.
+    let out = keel(h, &["tool", "outdated", "--json"]);
+    ok(&out);
+    let rows = json_of(&out)["components"].clone();
+    let skill = rows.as_array().unwrap().iter().find(|r| r["name"] == json!("audit")).unwrap();
+    assert_eq!(skill["kind"], json!("skill"), "{rows}");
+    assert_eq!(skill["outdated"], json!(false), "{rows}");
 }
 
 #[test]

@@ -61,7 +61,7 @@ impl Harness {
         let own = skill_owner(&format!("{source} (skill {})", pkg.name));
         for (name, bytes) in &pkg.components {
             let n = name.clone();
-            let installed = self.db.read(move |c| Ok(crate::tools::catalog::component(c, &n)?));
+            let installed = self.db.read(move |c| crate::tools::catalog::component(c, &n));
             // A first-party name is refused as reserved when the component is installed.
             let Some(old) = installed.await?.filter(|c| !c.builtin) else { continue };
             if old.digest != crate::sandbox::sha256_hex(bytes) && skill_owner(&old.source) != own {

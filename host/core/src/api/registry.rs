@@ -200,7 +200,7 @@ impl Harness {
     ) -> Result<(), ApiError> {
         let installed = self.db.read({
             let name = name.to_string();
-            move |c| Ok(crate::tools::catalog::component(c, &name)?)
+            move |c| crate::tools::catalog::component(c, &name)
         });
         let Some(old) = installed.await? else { return Ok(()) };
         let (Some(old_digest), Ok(old_ref)) = (&old.manifest_digest, old.source.parse::<OciRef>())

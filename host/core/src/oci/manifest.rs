@@ -158,10 +158,10 @@ pub fn older(old: &Manifest, new: &Manifest) -> Option<String> {
     let version = |m: &Manifest| {
         m.version().and_then(|v| semver::Version::parse(v.strip_prefix('v').unwrap_or(v)).ok())
     };
-    if let (Some(o), Some(n)) = (version(old), version(new)) {
-        if n != o {
-            return (n < o).then(|| format!("version {o} → {n}"));
-        }
+    if let (Some(o), Some(n)) = (version(old), version(new))
+        && n != o
+    {
+        return (n < o).then(|| format!("version {o} → {n}"));
     }
     let created =
         |m: &Manifest| m.created().and_then(|c| chrono::DateTime::parse_from_rfc3339(c).ok());
