@@ -328,9 +328,17 @@ async fn h5_first_party_names_are_reserved_and_replacing_needs_an_upgrade() {
     let hostile = std::fs::read(guests::HOSTILE_COMPONENT).unwrap();
     let again = s.install_as(&hostile, "hostile", "test", InstallMode::New).await.unwrap();
     assert_eq!((again.replaced, again.upgrade), (None, None));
-    // With --upgrade: the old and new digests and what changed, tool by tool.
-    let r = s.install_as(&effects, "hostile", "download", InstallMode::Upgrade).await.unwrap();
+    // With --upgrade alone: refused, since the new version offers tools the old did not.
+    let e = s.install_as(&effects, "hostile", "download", InstallMode::Upgrade).await.unwrap_err();
+    assert!(
+        matches!(&e, ToolServiceError::Wider { changes, .. } if changes.contains(&"new tool `effect_peek`".to_string())),
+        "{e}"
+    );
+    assert_eq!(s.component_for("echo").unwrap().0.digest, hostile_digest);
+    // With --upgrade --accept-wider: the old and new digests and what changed, tool by tool.
+    let r = s.install_as(&effects, "hostile", "download", InstallMode::UpgradeWider).await.unwrap();
     let u = r.upgrade.unwrap();
+    assert!(u.widened.tools.contains(&"effect_peek".to_string()), "{u:?}");
     assert_eq!(
         (u.old_digest.as_str(), u.new_digest.as_str()),
         (hostile_digest.as_str(), r.component.digest.as_str())

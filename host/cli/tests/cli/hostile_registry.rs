@@ -823,3 +823,67 @@ fn hostile_a_skill_never_replaces_a_component_another_source_installed() {
     assert_eq!(after, before, "the other publisher's component is untouched");
     assert_eq!(json_of(&keel(h, &["skill", "list", "--json"])), json!([]));
 }
+
+#[test]
+fn hostile_a_withheld_credential_is_named_and_a_skill_tag_moved_back_is_a_downgrade() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    login(h, "login");
+    // The token realm on another host is asked anonymously; when the registry then refuses,
+    // the error says the credential was withheld, and why.
+    let tokens = Hostile::start(|_| Reply::ok("application/json", r#"{"token":"t-anon"}"#));
+    let realm = format!("{}/token", tokens.url());
+    let strict = Hostile::start(move |_| Reply::challenge(&format!(r#"Bearer realm="{realm}""#)));
+    let out =
+        keel(h, &["tool", "install", &strict.reference("acme/x:1"), "--auth", "login", "--json"]);
+    let message = refused(&out, "registry_unauthorized");
+    assert!(message.contains("was not sent to the token realm on 127.0.0.1"), "{message}");
+    assert!(!tokens.saw_credentials(), "the foreign realm got the credential");
+    // The registry got the anonymous token, never the credential itself.
+    assert!(strict.seen().iter().all(|s| s.header("authorization") != Some(BASIC)));
+    assert!(strict.seen().iter().any(|s| s.header("authorization") == Some("Bearer t-anon")));
+
+    // A skill whose tag moves back to an older version: refused before any file is fetched.
+    let version = |v: &str, body: &str| {
+        let md = format!("---\nname: audit\ndescription: Audits.\n---\n{body}\n").into_bytes();
+        let kind = "application/vnd.keel.skill.file.v1".to_string();
+        let v = v.to_string();
+        Artifact::build(
+            "application/vnd.keel.skill.config.v1+json",
+            vec![(kind, Some("SKILL.md".into()), md)],
+            move |m| m["annotations"] = json!({"org.opencontainers.image.version": v}),
+        )
+    };
+    let versions = Arc::new([version("2.0.0", "new"), version("1.0.0", "old")]);
+    let tag = Arc::new(AtomicUsize::new(0));
+    let (all, t) = (versions.clone(), tag.clone());
+    let reg = Hostile::start(move |s| {
+        if let Some((_, name)) = s.path().split_once("/manifests/")
+            && let Some(a) = all.iter().find(|a| a.digest == name)
+        {
+            return a.answer(s);
+        }
+        all[t.load(Ordering::SeqCst)].answer(s)
+    });
+    let r = reg.reference("acme/skills/audit:stable");
+    ok(&keel(h, &["skill", "install", &r, "--allow-unsigned"]));
+    tag.store(1, Ordering::SeqCst);
+    // The older version's own file (the config blob is the same in both).
+    let old_layer: Vec<String> =
+        versions[1].blobs.keys().filter(|d| !versions[0].blobs.contains_key(*d)).cloned().collect();
+    assert_eq!(old_layer.len(), 1);
+    let out = keel(h, &["skill", "install", &r, "--upgrade", "--allow-unsigned", "--json"]);
+    let message = refused(&out, "downgrade");
+    assert!(message.contains("version 2.0.0 → 1.0.0"), "{message}");
+    let fetched = reg
+        .seen()
+        .iter()
+        .filter(|s| old_layer.iter().any(|d| s.path().ends_with(d.as_str())))
+        .count();
+    assert_eq!(fetched, 0, "a file of the older version was fetched");
+    let installed = json_of(&keel(h, &["skill", "inspect", "audit", "--json"]));
+    assert_eq!(installed["skill"]["manifest_digest"], json!(versions[0].digest));
+    ok(&keel(h, &["skill", "install", &r, "--upgrade", "--allow-unsigned", "--allow-downgrade"]));
+    let installed = json_of(&keel(h, &["skill", "inspect", "audit", "--json"]));
+    assert_eq!(installed["skill"]["manifest_digest"], json!(versions[1].digest));
+}

@@ -172,7 +172,7 @@ impl Harness {
         let manifest = registry.manifest(&r, ArtifactKind::Component).await?;
         let name = opts.name.map(str::to_string).unwrap_or_else(|| name_of(&r));
         if opts.upgrade && !opts.allow_downgrade {
-            self.refuse_downgrade(&name, &r, &manifest, opts.auth).await?;
+            self.refuse_downgrade(&name, &r, &manifest, ArtifactKind::Component, opts.auth).await?;
         }
         let pulled = registry.fetch(&r, &manifest, limit).await?;
         let bytes = pulled.files.into_iter().next().map(|f| f.1).unwrap_or_default();
@@ -196,20 +196,27 @@ impl Harness {
         name: &str,
         r: &OciRef,
         manifest: &crate::oci::Manifest,
+        kind: ArtifactKind,
         auth: Option<&str>,
     ) -> Result<(), ApiError> {
-        let installed = self.db.read({
-            let name = name.to_string();
-            move |c| crate::tools::catalog::component(c, &name)
-        });
-        let Some(old) = installed.await? else { return Ok(()) };
-        let (Some(old_digest), Ok(old_ref)) = (&old.manifest_digest, old.source.parse::<OciRef>())
-        else {
-            return Ok(());
-        };
-        if *old_digest == manifest.digest {
+        let n = name.to_string();
+        let installed = self
+            .db
+            .read(move |c| {
+                Ok(match kind {
+                    ArtifactKind::Skill => crate::skills::get_in(c, &n)?
+                        .and_then(|s| Some((s.source, s.manifest_digest?))),
+                    _ => crate::tools::catalog::component(c, &n)?
+                        .and_then(|c| Some((c.source, c.manifest_digest?))),
+                })
+            })
+            .await?;
+        let Some((source, old_digest)) = installed else { return Ok(()) };
+        let Ok(old_ref) = source.parse::<OciRef>() else { return Ok(()) };
+        if old_digest == manifest.digest {
             return Ok(());
         }
+        let old_digest = &old_digest;
         let old_ref = old_ref.by_digest(old_digest);
         // The credential goes only to its own registry.
         let auth = auth.filter(|_| old_ref.registry.eq_ignore_ascii_case(&r.registry));
@@ -218,11 +225,7 @@ impl Harness {
             reference: r.to_string(),
             why,
         };
-        let old_manifest = match self
-            .registry(&old_ref, auth)?
-            .manifest(&old_ref, ArtifactKind::Component)
-            .await
-        {
+        let old_manifest = match self.registry(&old_ref, auth)?.manifest(&old_ref, kind).await {
             Ok(m) => m,
             Err(e) => {
                 let why =
@@ -398,6 +401,21 @@ impl Harness {
         let listed: Vec<(String, u64)> =
             manifest.layers.iter().map(|l| (l.title.clone().unwrap_or_default(), l.size)).collect();
         crate::skills::check_listing(&source, &listed)?;
+        if opts.upgrade && !opts.allow_downgrade {
+            // The skill's name is in its SKILL.md, not fetched yet: an installed skill from
+            // the same repository is the one this would replace.
+            let package = r.package();
+            let same = self
+                .db
+                .read(crate::skills::list_in)
+                .await?
+                .into_iter()
+                .find(|s| s.source.parse::<OciRef>().is_ok_and(|o| o.package() == package));
+            if let Some(old) = same {
+                self.refuse_downgrade(&old.name, &r, &manifest, ArtifactKind::Skill, opts.auth)
+                    .await?;
+            }
+        }
         // Its signature, before any of its files is fetched: the text goes into prompts.
         let document = registry.signature(&r, &manifest.digest).await?;
         let signer = self.tools.skill_verdict(

@@ -246,7 +246,10 @@ impl Registry {
     async fn failed(&self, reference: &OciRef, resp: reqwest::Response) -> OciError {
         let status = resp.status();
         let text = self.t.error_text(resp).await;
-        let message = format!("{status}: {text}");
+        let mut message = format!("{status}: {text}");
+        if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+            message.push_str(&self.t.withheld_note());
+        }
         let registry = self.t.registry.clone();
         match status {
             StatusCode::NOT_FOUND => {
@@ -326,6 +329,9 @@ impl Registry {
         let m = match self.manifest(&tagged, ArtifactKind::SkillSignature).await {
             Ok(m) => m,
             Err(OciError::NotFound { .. }) => return Ok(None),
+            // Something else under the signature's tag is no signature: an empty document,
+            // which verifies with no key.
+            Err(OciError::WrongKind { .. }) => return Ok(Some(Vec::new())),
             Err(e) => return Err(e),
         };
         let pulled = self.fetch(&tagged, &m, MAX_SIGNATURE_BYTES).await?;

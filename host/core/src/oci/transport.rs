@@ -79,6 +79,8 @@ pub(super) struct Transport {
     auth: std::sync::Mutex<Option<HeaderValue>>,
     limits: Limits,
     deadline: Instant,
+    /// The host of a token realm the credentials were withheld from, if any (for messages).
+    withheld: std::sync::Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for Transport {
@@ -118,6 +120,7 @@ impl Transport {
             auth: std::sync::Mutex::new(None),
             limits,
             deadline: Instant::now() + limits.timeout,
+            withheld: std::sync::Mutex::new(None),
         })
     }
 
@@ -152,6 +155,18 @@ impl Transport {
                 shown_url(to)
             ))),
             other => Err(self.refused(format!("{what} names a `{other}:` URL"))),
+        }
+    }
+
+    /// Why a refusal may have come: the credentials were withheld from a token realm on
+    /// another host.
+    pub fn withheld_note(&self) -> String {
+        match self.withheld.lock().ok().and_then(|w| w.clone()) {
+            Some(host) => format!(
+                " (the credential was not sent to the token realm on {host}: a credential goes \
+                 only to the registry it was given for)"
+            ),
+            None => String::new(),
         }
     }
 
@@ -199,7 +214,10 @@ impl Transport {
             {
                 req = req.header(header::AUTHORIZATION, a);
             }
-            let resp = self.answer(req.send()).await?;
+            // Headers come after the whole body: an upload gets the time its size takes at the
+            // minimum rate, on top of the window.
+            let sending = body.as_ref().map_or(0, |(b, _)| b.len() as u64);
+            let resp = self.answer(req.send(), sending).await?;
             let status = resp.status();
             if status.is_redirection() && status != StatusCode::NOT_MODIFIED {
                 hops += 1;
@@ -245,8 +263,10 @@ impl Transport {
     async fn answer(
         &self,
         sent: impl std::future::Future<Output = reqwest::Result<Response>>,
+        sending: u64,
     ) -> Result<Response, OciError> {
-        let until = self.deadline.min(Instant::now() + self.limits.rate_window);
+        let upload = Duration::from_secs(sending / self.limits.min_rate.max(1));
+        let until = self.deadline.min(Instant::now() + self.limits.rate_window + upload);
         match tokio::time::timeout_at(until.into(), sent).await {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(e)) => Err(self.transport(e)),
@@ -311,12 +331,14 @@ impl Transport {
         }
         let mut req = self.http.get(token_url);
         // The credentials go to the realm only when it is the registry itself.
-        if self.at_home(&realm)
-            && let Some(c) = &self.credentials
-        {
-            req = req.header(header::AUTHORIZATION, c.basic_header());
+        if let Some(c) = &self.credentials {
+            if self.at_home(&realm) {
+                req = req.header(header::AUTHORIZATION, c.basic_header());
+            } else if let Ok(mut w) = self.withheld.lock() {
+                *w = realm.host_str().map(str::to_string);
+            }
         }
-        let resp = self.answer(req.send()).await?;
+        let resp = self.answer(req.send(), 0).await?;
         if !resp.status().is_success() {
             let status = resp.status();
             let text = self.error_text(resp).await;
