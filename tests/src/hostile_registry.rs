@@ -409,6 +409,24 @@ impl Artifact {
     }
 }
 
+/// How a registry holding several versions of one artifact answers `seen`: every version's
+/// manifest by its digest and every blob of any, while the tag (any other manifest request)
+/// names `versions[tag]`.
+pub fn answer_versions(versions: &[Artifact], tag: usize, seen: &Seen) -> Reply {
+    let path = seen.path();
+    if let Some((_, name)) = path.split_once("/manifests/")
+        && let Some(a) = versions.iter().find(|a| a.digest == name)
+    {
+        return a.answer(seen);
+    }
+    if let Some((_, d)) = path.split_once("/blobs/")
+        && let Some(b) = versions.iter().find_map(|a| a.blobs.get(d))
+    {
+        return Reply::ok("application/octet-stream", b.clone());
+    }
+    versions[tag].answer(seen)
+}
+
 /// Runs `cmd` to its end and returns its output and its peak resident set, in KiB (the kernel's
 /// `ru_maxrss` of that process alone, which only `wait4` gives: hence the one unsafe call).
 #[allow(unsafe_code, clippy::zombie_processes)] // reaped by the wait4 below

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use keel_tests::hostile_registry::{Artifact, Hostile, Reply, Seen, TestAuthority};
+use keel_tests::hostile_registry::{
+    Artifact, Hostile, Reply, Seen, TestAuthority, answer_versions,
+};
 use serde_json::{Value, json};
 
 use super::{json_of, keel};
@@ -534,20 +536,8 @@ fn hostile_outdated_shows_a_digest_and_the_upgrade_installs_that_digest_or_refus
     let versions = Arc::new([v("1"), v("2"), v("3")]);
     let tag = Arc::new(AtomicUsize::new(0));
     let (all, t) = (versions.clone(), tag.clone());
-    let reg = Hostile::start(move |s| {
-        // The tag names one version; every version is there by digest.
-        if let Some((_, name)) = s.path().split_once("/manifests/")
-            && let Some(a) = all.iter().find(|a| a.digest == name)
-        {
-            return a.answer(s);
-        }
-        if let Some((_, d)) = s.path().split_once("/blobs/")
-            && let Some(b) = all.iter().find_map(|a| a.blobs.get(d))
-        {
-            return Reply::ok("application/octet-stream", b.clone());
-        }
-        all[t.load(Ordering::SeqCst)].answer(s)
-    });
+    // The tag names one version; every version is there by digest.
+    let reg = Hostile::start(move |s| answer_versions(&*all, t.load(Ordering::SeqCst), s));
     let r = reg.reference("acme/effects:1");
     ok(&keel(h, &["tool", "install", &r, "--allow-unsigned"]));
     tag.store(1, Ordering::SeqCst);
@@ -638,23 +628,15 @@ fn hostile_a_tag_moved_back_to_an_older_build_is_a_downgrade() {
     let hide_installed = Arc::new(AtomicBool::new(false));
     let (all, t, hide) = (versions.clone(), tag.clone(), hide_installed.clone());
     let reg = Hostile::start(move |s| {
-        if let Some((_, name)) = s.path().split_once("/manifests/")
-            && let Some(a) = all.iter().find(|a| a.digest == name)
+        if hide.load(Ordering::SeqCst)
+            && s.path().ends_with(&format!("/manifests/{}", all[0].digest))
         {
-            if hide.load(Ordering::SeqCst) && a.digest == all[0].digest {
-                return Reply::status(
-                    404,
-                    r#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"gone"}]}"#,
-                );
-            }
-            return a.answer(s);
+            return Reply::status(
+                404,
+                r#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"gone"}]}"#,
+            );
         }
-        if let Some((_, d)) = s.path().split_once("/blobs/")
-            && let Some(b) = all.iter().find_map(|a| a.blobs.get(d))
-        {
-            return Reply::ok("application/octet-stream", b.clone());
-        }
-        all[t.load(Ordering::SeqCst)].answer(s)
+        answer_versions(&*all, t.load(Ordering::SeqCst), s)
     });
     let r = reg.reference("acme/effects:stable");
     ok(&keel(h, &["tool", "install", &r, "--allow-unsigned"]));
