@@ -203,6 +203,9 @@ fn log_format() -> Result<LogFormat, String> {
 }
 
 fn main() -> ExitCode {
+    // Credentials in the environment are read into memory and taken out of it, before any
+    // thread starts: no child process inherits them and /proc/PID/environ does not show them.
+    keel::config::take_secret_env();
     quiet_broken_pipe();
     // Colours only for a person at a terminal: stderr piped to a file or a script gets plain
     // text, and `NO_COLOR` turns them off anywhere.

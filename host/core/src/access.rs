@@ -91,15 +91,15 @@ pub fn token_hash(token: &str) -> String {
     crate::digest::sha256_hex(token.trim().as_bytes())
 }
 
-/// Token and preset names: what a user name may be (letters, digits, `-`, `_`, `.`, `@`; at
-/// most 64 characters).
+/// Token and preset names: what a user name may be ([`crate::memory::USER_NAME_RULE`]).
 pub fn check_name(what: &str, name: &str) -> Result<(), AccessError> {
     if crate::memory::valid_user(name) {
         Ok(())
     } else {
         Err(AccessError::Input(format!(
-            "{what} name `{}` is not valid: use letters, digits, `-`, `_`, `.` and `@` (at most 64)",
-            name.escape_debug()
+            "{what} name `{}` is not valid: use {}",
+            name.escape_debug(),
+            crate::memory::USER_NAME_RULE
         )))
     }
 }

@@ -301,10 +301,79 @@ pub fn read(home: &Home) -> Result<File, ConfigError> {
     }
 }
 
-/// A non-empty environment variable.
+/// A non-empty environment variable (a credential among them, [`SECRET_ENV`], from what
+/// [`take_secret_env`] kept when it was called).
 pub fn env(key: &str) -> Option<String> {
+    if let Some(taken) = TAKEN.get()
+        && SECRET_ENV.contains(&key)
+    {
+        return taken.iter().find(|(k, _)| *k == key).map(|(_, v)| v.to_string());
+    }
     std::env::var(key).ok().filter(|v| !v.is_empty())
 }
+
+/// Environment variables whose values are credentials: the model's API key, the API's and
+/// the MCP server's admin tokens, the PostgreSQL URL (which may hold a password).
+pub const SECRET_ENV: &[&str] =
+    &["KEEL_API_KEY", "OPENAI_API_KEY", "KEEL_API_TOKEN", "KEEL_MCP_TOKEN", "KEEL_DATABASE_URL"];
+
+static TAKEN: std::sync::OnceLock<Vec<(&'static str, zeroize::Zeroizing<String>)>> =
+    std::sync::OnceLock::new();
+
+/// Reads the credentials of [`SECRET_ENV`] into keel's memory and takes them out of the
+/// process's environment: removed from the variables a child process inherits, and their
+/// bytes overwritten in the block the kernel shows as `/proc/PID/environ`. After it, [`env`]
+/// answers for them from memory. Called once, first thing in `main`, while the process has one
+/// thread (changing the environment is only sound then).
+#[allow(unsafe_code)]
+pub fn take_secret_env() {
+    let mut taken = Vec::new();
+    for &key in SECRET_ENV {
+        let Some(value) = std::env::var_os(key) else { continue };
+        if let Some(v) = value.to_str().filter(|v| !v.is_empty()) {
+            taken.push((key, zeroize::Zeroizing::new(v.to_string())));
+        }
+        scrub_environ(key);
+        // SAFETY: called at the start of `main`, before any thread is started (see above), so
+        // no other thread reads the environment while it changes.
+        unsafe { std::env::remove_var(key) };
+    }
+    let _ = TAKEN.set(taken);
+}
+
+/// Overwrites the value of `key` in place in the process's environment block, where
+/// `/proc/self/environ` reads it (removing the variable only unlinks its entry).
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn scrub_environ(key: &str) {
+    use std::ffi::c_char;
+    unsafe extern "C" {
+        static mut environ: *mut *mut c_char;
+    }
+    let prefix = format!("{key}=");
+    // SAFETY: single-threaded (see `take_secret_env`); `environ` is the C library's
+    // NUL-terminated array of NUL-terminated strings, each writable memory of this process
+    // (the initial block on the stack, or strings `setenv` allocated). Only bytes before each
+    // string's terminating NUL are written, so every string stays terminated.
+    unsafe {
+        let mut at = environ;
+        if at.is_null() {
+            return;
+        }
+        while !(*at).is_null() {
+            let entry = *at;
+            let text = std::ffi::CStr::from_ptr(entry).to_bytes();
+            if text.starts_with(prefix.as_bytes()) {
+                let value = entry.add(prefix.len());
+                std::ptr::write_bytes(value, b'x', text.len() - prefix.len());
+            }
+            at = at.add(1);
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn scrub_environ(_key: &str) {}
 
 /// A non-empty environment variable parsed by `parse`; an error names the variable.
 pub fn env_parsed<T>(

@@ -80,6 +80,78 @@ pub struct GrantMoved {
     pub why: String,
 }
 
+/// A grant that cannot be used for a call: its directory moved, it lies on a filesystem no
+/// tool may see, or it could not be opened (the process is out of descriptors, say — said as
+/// what it is, never as a move).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GrantUnusable {
+    #[error(transparent)]
+    Moved(#[from] GrantMoved),
+    #[error(
+        "grant: the grant `{grant}` is on a `{fs}` filesystem, which shows processes (keel's own memory and environment among them), the kernel or devices; no tool may be granted it"
+    )]
+    Pseudo { grant: String, fs: &'static str },
+    #[error("the grant `{grant}` could not be opened: {error}; nothing was run")]
+    Unopened { grant: String, error: String, exhausted: bool },
+}
+
+impl GrantUnusable {
+    /// The failure kind a call refused for it has.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Moved(_) => "grant_moved",
+            Self::Pseudo { .. } => "grant",
+            Self::Unopened { exhausted: true, .. } => "busy",
+            Self::Unopened { .. } => "io",
+        }
+    }
+}
+
+/// Whether an error is the process (or the system) running out of file descriptors.
+pub fn out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(EMFILE | ENFILE))
+}
+
+/// `EMFILE` and `ENFILE`: too many open files in the process, in the system.
+const EMFILE: i32 = 24;
+const ENFILE: i32 = 23;
+
+/// The kind of pseudo-filesystem the open directory `dir` is on, when it is one that exposes
+/// processes (`/proc`: every process's memory, environment, open files), the kernel or
+/// devices — told by the filesystem's type, not by its path, so a bind mount of `/proc`
+/// elsewhere is known too. (`devtmpfs` reports the type of `tmpfs` and cannot be told apart;
+/// its device nodes are refused one by one when a tool opens them.)
+#[cfg(target_os = "linux")]
+pub fn pseudo_fs(dir: impl std::os::fd::AsFd) -> Option<&'static str> {
+    let st = rustix::fs::fstatfs(dir).ok()?;
+    Some(match (st.f_type as u64) & 0xffff_ffff {
+        0x9fa0 => "proc",
+        0x6265_6572 => "sysfs",
+        0x6462_6720 => "debugfs",
+        0x7472_6163 => "tracefs",
+        0x7363_6673 => "securityfs",
+        0x0027_e0eb => "cgroup",
+        0x6367_7270 => "cgroup2",
+        0xcafe_4a11 => "bpf",
+        0x6265_6570 => "configfs",
+        0x6165_676c => "pstore",
+        0xde5e_81e4 => "efivarfs",
+        0x1cd1 => "devpts",
+        0x1980_0202 => "mqueue",
+        0x6573_5543 => "fusectl",
+        0x4249_4e4d => "binfmt_misc",
+        0xf97c_ff8c => "selinuxfs",
+        0x4341_5d53 => "smackfs",
+        0x6e73_6673 => "nsfs",
+        _ => return None,
+    })
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn pseudo_fs<T>(_dir: T) -> Option<&'static str> {
+    None
+}
+
 /// Opens `path` — absolute, or below `base` — in one `openat2` that follows no link
 /// (`RESOLVE_NO_SYMLINKS`, and `RESOLVE_BENEATH` below a base). `None` where the kernel has no
 /// `openat2`: the caller walks the path a component at a time instead.
@@ -160,6 +232,8 @@ fn open_below(dir: &cap_std::fs::Dir, rel: &str) -> std::io::Result<cap_std::fs:
 const ELOOP: i32 = 40;
 /// The error number of a file where a directory was expected (`ENOTDIR`).
 const ENOTDIR: i32 = 20;
+/// The error number of a missing component (`ENOENT`).
+const ENOENT: i32 = 2;
 
 /// The identity of an open directory.
 pub fn dir_id(dir: &cap_std::fs::Dir) -> std::io::Result<DirId> {
@@ -173,7 +247,7 @@ fn open_failure(e: &std::io::Error) -> String {
     match e.raw_os_error() {
         Some(ELOOP) => "a component of its path is now a symbolic link".into(),
         Some(ENOTDIR) => "a component of its path is no longer a directory".into(),
-        Some(2) => "it no longer exists at its path".into(), // ENOENT
+        Some(ENOENT) => "it no longer exists at its path".into(),
         _ => e.to_string(),
     }
 }
@@ -197,50 +271,73 @@ impl std::ops::Deref for Opened {
 
 impl Grant {
     /// [`Grant::open`], kept with the grant.
-    pub fn opened(&self) -> Result<Opened, GrantMoved> {
+    pub fn opened(&self) -> Result<Opened, GrantUnusable> {
         Ok(Opened { grant: self.clone(), dir: std::sync::Arc::new(self.open()?) })
     }
 
     /// Opens the granted directory for one use: its path walked without following any link
     /// (through the top-level grant's handle for a narrowed grant), then its identity compared
-    /// with the one recorded when it was given.
-    pub fn open(&self) -> Result<cap_std::fs::Dir, GrantMoved> {
+    /// with the one recorded when it was given, and its filesystem checked (no pseudo-
+    /// filesystem: [`pseudo_fs`]).
+    pub fn open(&self) -> Result<cap_std::fs::Dir, GrantUnusable> {
         let moved = |why: String| GrantMoved { grant: self.to_string(), why };
+        // A missing component or a link is a move; anything else (out of descriptors, no
+        // permission) is said as it is.
+        let failed = |e: std::io::Error, context: &str| -> GrantUnusable {
+            match e.raw_os_error() {
+                Some(ELOOP | ENOTDIR | ENOENT) => {
+                    moved(format!("{context}{}", open_failure(&e))).into()
+                }
+                _ => GrantUnusable::Unopened {
+                    grant: self.to_string(),
+                    exhausted: out_of_descriptors(&e),
+                    error: if out_of_descriptors(&e) {
+                        format!("{context}{e} — keel's process has no file descriptor left")
+                    } else {
+                        format!("{context}{e}")
+                    },
+                },
+            }
+        };
         let check = |dir: &cap_std::fs::Dir, want: Option<DirId>, what: &str| match want {
             None => Ok(()),
             Some(want) => match dir_id(dir) {
                 Ok(found) if found == want => Ok(()),
-                Ok(_) => Err(moved(format!("{what} is another directory now"))),
-                Err(e) => Err(moved(e.to_string())),
+                Ok(_) => Err(GrantUnusable::from(moved(format!("{what} is another directory now")))),
+                Err(e) => Err(failed(e, "")),
             },
         };
-        match &self.within {
+        let dir = match &self.within {
             None => {
-                let dir = open_no_links(&self.host).map_err(|e| moved(open_failure(&e)))?;
+                let dir = open_no_links(&self.host).map_err(|e| failed(e, ""))?;
                 check(&dir, self.id, "its path")?;
-                Ok(dir)
+                dir
             }
             Some(w) => {
-                let top = open_no_links(&w.host).map_err(|e| {
-                    moved(format!("the directory it was narrowed from: {}", open_failure(&e)))
-                })?;
+                let top = open_no_links(&w.host)
+                    .map_err(|e| failed(e, "the directory it was narrowed from: "))?;
                 check(&top, w.id, "the directory it was narrowed from")?;
-                let dir = open_below(&top, &w.rel).map_err(|e| moved(open_failure(&e)))?;
+                let dir = open_below(&top, &w.rel).map_err(|e| failed(e, ""))?;
                 check(&dir, self.id, "its path")?;
-                Ok(dir)
+                dir
             }
+        };
+        if let Some(fs) = pseudo_fs(&dir) {
+            return Err(GrantUnusable::Pseudo { grant: self.to_string(), fs });
         }
+        Ok(dir)
     }
 
     /// This grant with the identity of the directory it names now (for a grant stored without
     /// one, or made from a preset stored without one).
-    pub fn bound(mut self) -> Result<Self, GrantMoved> {
+    pub fn bound(mut self) -> Result<Self, GrantUnusable> {
         if self.id.is_none() {
             let dir = self.open()?;
-            self.id = Some(
-                dir_id(&dir)
-                    .map_err(|e| GrantMoved { grant: self.to_string(), why: e.to_string() })?,
-            );
+            self.id = Some(dir_id(&dir).map_err(|e| GrantUnusable::Unopened {
+                grant: self.to_string(),
+                exhausted: out_of_descriptors(&e),
+                error: e.to_string(),
+            })?);
         }
         Ok(self)
     }
@@ -286,6 +383,11 @@ impl Grant {
         let guest = normalise_guest(guest)
             .ok_or_else(|| GrantError::GuestPath { spec: spec.to_string(), guest: guest.into() })?;
         let dir = open_no_links(&canonical).map_err(|e| host_err(e.to_string()))?;
+        if let Some(fs) = pseudo_fs(&dir) {
+            return Err(host_err(format!(
+                "it is on a `{fs}` filesystem, which shows processes (keel's own memory and environment among them), the kernel or devices; no tool may be granted it"
+            )));
+        }
         let id = Some(dir_id(&dir).map_err(|e| host_err(e.to_string()))?);
         Ok(Self { host: canonical, guest, access, id, within: None })
     }
@@ -358,6 +460,11 @@ impl Grant {
             Some(ENOTDIR) => format!("grant `{spec}`: `{guest}` is not a directory"),
             _ => format!("grant `{spec}`: `{guest}` cannot be used: {e}"),
         })?;
+        if let Some(fs) = pseudo_fs(&dir) {
+            return Err(format!(
+                "grant `{spec}`: `{guest}` is on a `{fs}` filesystem, which shows processes, the kernel or devices; no tool may be granted it"
+            ));
+        }
         let id = Some(dir_id(&dir).map_err(|e| format!("grant `{spec}`: {e}"))?);
         let host = if rel.is_empty() { parent.host.clone() } else { parent.host.join(rel) };
         let within = match &parent.within {

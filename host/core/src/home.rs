@@ -15,6 +15,7 @@
 //! secrets key is refused ([`Home::check_grant`]) wherever a grant is made and again at each
 //! call.
 
+use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -90,19 +91,142 @@ impl Home {
     /// inside it, or contains its secrets key: a tool given such a grant could read every
     /// secret, replace compiled code or rewrite `keel.toml`. The error names the home and how
     /// to move it.
+    ///
+    /// Paths are compared first, then **identities**: the directory `dir` opens to (no link
+    /// followed) must be neither the home nor a directory inside it, nor one of the
+    /// directories the home lies below — a second path to the same directory (a bind mount of
+    /// the user's home, an NFS or autofs path, systemd's `BindPaths=`) is the same directory.
+    /// A mount made *inside* the granted tree that leads into the home is not seen here; the
+    /// filesystem guard refuses every object opened inside the home at its use
+    /// ([`Boundary`]).
     pub fn check_grant(&self, dir: &Path) -> Result<(), String> {
         let why = if dir.starts_with(&self.root) {
             "lies inside"
         } else if self.root.starts_with(dir) || self.secrets_key().starts_with(dir) {
             "contains"
         } else {
-            return Ok(());
+            match (self.boundary(), open_dir_id(dir)) {
+                (Ok(b), Ok(id)) if b.dirs.contains(&id) => "is (another path to) a directory inside",
+                (Ok(b), Ok(id)) if b.above.contains(&id) => "is another path to a directory that contains",
+                _ => return Ok(()),
+            }
         };
         Err(format!(
             "{} {why} keel's home {} (its database, secrets and compiled tools); no tool may reach it: grant another directory, or keep the home elsewhere with --home DIR or KEEL_HOME",
             dir.display(),
             self.root.display()
         ))
+    }
+
+    /// The identities of this home's directories and files, and of the directories it lies
+    /// below, read now (see [`Boundary`]).
+    pub fn boundary(&self) -> std::io::Result<Boundary> {
+        let mut b = Boundary {
+            root: self.root.clone(),
+            dirs: HashSet::new(),
+            files: HashSet::new(),
+            above: HashSet::new(),
+        };
+        // The home's tree: a few directories (components, cache/<engine>, live) and the files
+        // in them; bounded, so a home someone filled by hand cannot stall a call.
+        let mut stack = vec![self.root.clone()];
+        let mut seen = 0usize;
+        while let Some(dir) = stack.pop() {
+            let meta = std::fs::symlink_metadata(&dir)?;
+            b.dirs.insert(FileId::of(&meta));
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            for entry in entries.flatten() {
+                seen += 1;
+                if seen > MAX_HOME_ENTRIES {
+                    break;
+                }
+                let Ok(meta) = entry.metadata() else { continue };
+                if meta.is_dir() {
+                    stack.push(entry.path());
+                } else if meta.is_file() {
+                    b.files.insert(FileId::of(&meta));
+                }
+            }
+        }
+        let mut up = self.root.parent();
+        while let Some(dir) = up {
+            if let Ok(meta) = std::fs::metadata(dir) {
+                b.above.insert(FileId::of(&meta));
+            }
+            up = dir.parent();
+        }
+        Ok(b)
+    }
+}
+
+/// Entries of a home read for its [`Boundary`] at most.
+const MAX_HOME_ENTRIES: usize = 100_000;
+
+/// The identity of a file or directory: device and inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl FileId {
+    #[cfg(unix)]
+    pub fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self { dev: meta.dev(), ino: meta.ino() }
+    }
+
+    #[cfg(not(unix))]
+    pub fn of(_meta: &std::fs::Metadata) -> Self {
+        Self { dev: 0, ino: 0 }
+    }
+}
+
+/// The identity of the directory at `path`.
+fn open_dir_id(path: &Path) -> std::io::Result<FileId> {
+    Ok(FileId::of(&std::fs::metadata(path)?))
+}
+
+/// What no grant may reach, by identity rather than by path: the home and every directory in
+/// it, every file in it (the secrets key and store, the database, the configuration, the API
+/// token, components and compiled code — a hard link to one is the same file), and the
+/// directories the home lies below. Read afresh for each call (a home holds a few directories
+/// and one file per component: tens of microseconds), so a file keel replaced since — the
+/// secrets store is rewritten through a rename — is known by its new identity.
+///
+/// Why identities, checked at each object a tool opens, rather than a walk of the granted
+/// tree: a walk is only as good as the moment it ran and is bounded by the tree's size; a
+/// second path into the home (a bind mount made inside the tree, a hard link placed there)
+/// can appear at any time. Every path a tool names is resolved to the directory that holds
+/// its last component, and that directory's identity is compared here before the operation
+/// runs; a directory or file the tool opens is compared once it is open.
+#[derive(Debug, Clone)]
+pub struct Boundary {
+    root: PathBuf,
+    dirs: HashSet<FileId>,
+    files: HashSet<FileId>,
+    above: HashSet<FileId>,
+}
+
+impl Boundary {
+    /// Why a directory with identity `id` may not be used by a tool, if it may not.
+    pub fn refuse_dir(&self, id: FileId) -> Option<String> {
+        self.dirs.contains(&id).then(|| {
+            format!(
+                "it is keel's home {}, or a directory inside it, reached by another path",
+                self.root.display()
+            )
+        })
+    }
+
+    /// Why a file with identity `id` may not be opened by a tool, if it may not.
+    pub fn refuse_file(&self, id: FileId) -> Option<String> {
+        self.files.contains(&id).then(|| {
+            format!(
+                "it is one of the files of keel's home {} (the secrets key, the secrets store, the database…), reached by another path or a hard link",
+                self.root.display()
+            )
+        })
     }
 }
 
@@ -155,10 +279,10 @@ fn tighten(root: &Path) -> std::io::Result<usize> {
     use std::os::unix::fs::PermissionsExt;
     let loose = |m: &std::fs::Metadata| m.permissions().mode() & 0o077 != 0;
     let meta = std::fs::symlink_metadata(root)?;
-    let top_level_loose = std::fs::read_dir(root)?
-        .filter_map(Result::ok)
-        .filter_map(|e| e.metadata().ok())
-        .any(|m| !m.file_type().is_symlink() && loose(&m));
+    let top_level_loose = std::fs::read_dir(root)?.filter_map(Result::ok).any(|e| {
+        !is_secrets_key(root, &e.path())
+            && e.metadata().is_ok_and(|m| !m.file_type().is_symlink() && loose(&m))
+    });
     if !loose(&meta) && !top_level_loose {
         return Ok(0);
     }
@@ -175,7 +299,7 @@ fn tighten(root: &Path) -> std::io::Result<usize> {
             let meta = entry.metadata()?;
             if meta.is_dir() {
                 stack.push(entry.path());
-            } else if meta.is_file() && loose(&meta) {
+            } else if meta.is_file() && loose(&meta) && !is_secrets_key(root, &entry.path()) {
                 std::fs::set_permissions(
                     entry.path(),
                     std::fs::Permissions::from_mode(PRIVATE_FILE),
@@ -185,6 +309,13 @@ fn tighten(root: &Path) -> std::io::Result<usize> {
         }
     }
     Ok(changed)
+}
+
+/// The secrets key is never tightened: a key others could read may have been read, and the
+/// secrets broker refuses it until it is rotated (`keel secret rotate-key`).
+#[cfg(unix)]
+fn is_secrets_key(root: &Path, path: &Path) -> bool {
+    path.parent() == Some(root) && path.file_name().is_some_and(|n| n == "secrets.key")
 }
 
 #[cfg(not(unix))]

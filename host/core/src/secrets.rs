@@ -85,6 +85,10 @@ pub enum SecretError {
     },
     #[error("secrets store: {0}")]
     Corrupt(String),
+    #[error(
+        "the secrets key {path} is readable by other users (mode {mode:o}): it may already have been read, and with it every stored secret, so keel will not use it. Retire it with `keel secret rotate-key` (a new key; the stores re-encrypted to it), then change each secret's value at its service and store it again with `keel secret set NAME`"
+    )]
+    LooseKey { path: String, mode: u32 },
 }
 
 fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> SecretError {
@@ -139,12 +143,22 @@ impl SecretStore {
         out
     }
 
-    /// The key, created (0600) on first use when `create`.
+    /// The key, created (0600) on first use when `create`. A key others can read is refused.
     fn identity(&self, create: bool) -> Result<Option<age::x25519::Identity>, SecretError> {
+        self.identity_checked(create, true)
+    }
+
+    fn identity_checked(
+        &self,
+        create: bool,
+        private: bool,
+    ) -> Result<Option<age::x25519::Identity>, SecretError> {
         let path = self.key_file();
         match std::fs::read_to_string(&path) {
             Ok(text) => {
-                check_private(&path)?;
+                if private {
+                    check_private(&path)?;
+                }
                 let line = text.lines().find(|l| !l.starts_with('#') && !l.trim().is_empty());
                 let id = line
                     .and_then(|l| age::x25519::Identity::from_str(l.trim()).ok())
@@ -158,11 +172,7 @@ impl SecretStore {
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
                 let id = age::x25519::Identity::generate();
-                let text = Zeroizing::new(format!(
-                    "# keel secrets key: decrypts secrets.age and signing-keys.age. Keep it private.\n{}\n",
-                    id.to_string().expose_secret()
-                ));
-                write_private(&path, text.as_bytes())?;
+                write_private(&path, key_text(&id).as_bytes())?;
                 Ok(Some(id))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -171,11 +181,7 @@ impl SecretStore {
     }
 
     fn read(&self) -> Result<Plain, SecretError> {
-        let bytes = match std::fs::read(self.file()) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Plain::new()),
-            Err(e) => return Err(io(format!("reading {}", self.file))(e)),
-        };
+        let Some(bytes) = self.sealed()? else { return Ok(Plain::new()) };
         let id = self.identity(false)?.ok_or_else(|| {
             SecretError::Corrupt(format!(
                 "{} exists but its key {} is missing; it cannot be read (remove {} to start over)",
@@ -184,7 +190,20 @@ impl SecretStore {
                 self.file
             ))
         })?;
-        let plain = Zeroizing::new(age::decrypt(&id, &bytes).map_err(|e| {
+        self.open(&id, &bytes)
+    }
+
+    /// The encrypted file's bytes (`None`: there is none yet).
+    fn sealed(&self) -> Result<Option<Vec<u8>>, SecretError> {
+        match std::fs::read(self.file()) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(format!("reading {}", self.file))(e)),
+        }
+    }
+
+    fn open(&self, id: &age::x25519::Identity, bytes: &[u8]) -> Result<Plain, SecretError> {
+        let plain = Zeroizing::new(age::decrypt(id, bytes).map_err(|e| {
             SecretError::Corrupt(format!("{} cannot be decrypted: {e}", self.file))
         })?);
         let map: BTreeMap<String, String> = serde_json::from_slice(&plain).map_err(|e| {
@@ -195,13 +214,17 @@ impl SecretStore {
 
     fn write(&self, plain: &Plain) -> Result<(), SecretError> {
         let id = self.identity(true)?.ok_or_else(|| SecretError::Corrupt("no key".into()))?;
+        self.seal(plain, &[id.to_public()])
+    }
+
+    /// Writes `plain` encrypted to `recipients`.
+    fn seal(&self, plain: &Plain, recipients: &[age::x25519::Recipient]) -> Result<(), SecretError> {
         let map: BTreeMap<&str, &str> =
             plain.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let text = Zeroizing::new(
             serde_json::to_vec(&map).map_err(|e| SecretError::Corrupt(e.to_string()))?,
         );
-        let sealed = age::encrypt(&id.to_public(), &text)
-            .map_err(|e| SecretError::Corrupt(format!("encrypting: {e}")))?;
+        let sealed = encrypt_to(recipients, &text)?;
         write_private(&self.file(), &sealed)
     }
 
@@ -242,23 +265,96 @@ impl SecretStore {
         Ok(self.read()?.into_keys().collect())
     }
 
+    /// Every stored secret, name and value: what keel redacts from every call's output and
+    /// looks for in every request, bound to the call or not.
+    pub fn all(&self) -> Result<Vec<(String, Secret)>, SecretError> {
+        Ok(self.read()?.into_iter().map(|(n, v)| (n, Secret(v))).collect())
+    }
+
     /// The values of `names` (each once), or the first one missing.
     pub fn get(&self, names: &[String]) -> Result<Vec<(String, Secret)>, SecretError> {
         if names.is_empty() {
             return Ok(Vec::new());
         }
-        let plain = self.read()?;
-        names
-            .iter()
-            .map(|n| match plain.get(n) {
-                Some(v) => Ok((n.clone(), Secret(v.clone()))),
-                None => Err(SecretError::Missing { name: n.clone() }),
-            })
-            .collect()
+        pick(&self.all()?, names)
     }
 }
 
-/// Refuses a key file that others can read.
+/// The key file's text.
+fn key_text(id: &age::x25519::Identity) -> Zeroizing<String> {
+    Zeroizing::new(format!(
+        "# keel secrets key: decrypts secrets.age and signing-keys.age. Keep it private.\n{}\n",
+        id.to_string().expose_secret()
+    ))
+}
+
+/// `text` encrypted to every one of `recipients`.
+fn encrypt_to(recipients: &[age::x25519::Recipient], text: &[u8]) -> Result<Vec<u8>, SecretError> {
+    use std::io::Write as _;
+    let failed = |e: &dyn fmt::Display| SecretError::Corrupt(format!("encrypting: {e}"));
+    let encryptor =
+        age::Encryptor::with_recipients(recipients.iter().map(|r| r as &dyn age::Recipient))
+            .map_err(|e| failed(&e))?;
+    let mut out = Vec::with_capacity(text.len() + 256);
+    let mut writer = encryptor.wrap_output(&mut out).map_err(|e| failed(&e))?;
+    writer.write_all(text).map_err(|e| failed(&e))?;
+    writer.finish().map_err(|e| failed(&e))?;
+    Ok(out)
+}
+
+/// What [`rotate_key`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rotated {
+    /// The stores re-encrypted to the new key (`secrets.age`, `signing-keys.age`), those that
+    /// exist.
+    pub stores: Vec<&'static str>,
+    /// Secrets in them (their values were unchanged; change them at their services if the
+    /// old key may have been read).
+    pub secrets: usize,
+}
+
+/// Replaces the secrets key of the home `dir` with a new one and re-encrypts the secrets and
+/// signing-key stores to it. This is how a key that others could read is retired: it works
+/// whatever the old key's mode (the one command that reads a loose key), and every step leaves
+/// a home that decrypts — the stores are first sealed to both keys, then the new key replaces
+/// the old, then the stores are sealed to the new key alone.
+pub fn rotate_key(dir: &Path) -> Result<Rotated, SecretError> {
+    let secrets = SecretStore::new(dir);
+    secrets.locked(|| {
+        let stores = [SecretStore::new(dir), SecretStore::signing_keys(dir)];
+        let old = secrets.identity_checked(false, false)?;
+        let mut opened: Vec<(&SecretStore, Plain)> = Vec::new();
+        for store in &stores {
+            if let Some(bytes) = store.sealed()? {
+                let id = old.as_ref().ok_or_else(|| {
+                    SecretError::Corrupt(format!(
+                        "{} exists but the key {} is missing; it cannot be re-encrypted",
+                        store.file,
+                        store.key_file().display()
+                    ))
+                })?;
+                opened.push((store, store.open(id, &bytes)?));
+            }
+        }
+        let new = age::x25519::Identity::generate();
+        if let Some(old) = &old {
+            for (store, plain) in &opened {
+                store.seal(plain, &[old.to_public(), new.to_public()])?;
+            }
+        }
+        write_private(&secrets.key_file(), key_text(&new).as_bytes())?;
+        for (store, plain) in &opened {
+            store.seal(plain, &[new.to_public()])?;
+        }
+        Ok(Rotated {
+            stores: opened.iter().map(|(s, _)| s.file).collect(),
+            secrets: opened.iter().filter(|(s, _)| s.file == "secrets.age").map(|(_, p)| p.len()).sum(),
+        })
+    })
+}
+
+/// Refuses a key file that others can read: it may already have been read, and with it every
+/// secret it decrypts. (keel never loosens it; nothing tightens it behind the admin's back.)
 fn check_private(path: &Path) -> Result<(), SecretError> {
     #[cfg(unix)]
     {
@@ -268,12 +364,10 @@ fn check_private(path: &Path) -> Result<(), SecretError> {
             .permissions()
             .mode();
         if mode & 0o077 != 0 {
-            return Err(SecretError::Corrupt(format!(
-                "{} is readable by others (mode {:o}); run `chmod 600 {}`",
-                path.display(),
-                mode & 0o777,
-                path.display()
-            )));
+            return Err(SecretError::LooseKey {
+                path: path.display().to_string(),
+                mode: mode & 0o777,
+            });
         }
     }
     Ok(())
@@ -285,10 +379,37 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), SecretError> {
     crate::home::write_private(path, bytes).map_err(io(format!("writing {what}")))
 }
 
+/// The values of `names` among `all` (each once), or the first one missing.
+pub fn pick(all: &[(String, Secret)], names: &[String]) -> Result<Vec<(String, Secret)>, SecretError> {
+    names
+        .iter()
+        .map(|n| match all.iter().find(|(k, _)| k == n) {
+            Some((_, v)) => Ok((n.clone(), v.clone())),
+            None => Err(SecretError::Missing { name: n.clone() }),
+        })
+        .collect()
+}
+
+/// `value` percent-encoded as keel writes a secret into a URL's query (`:in=query`): every
+/// byte but ASCII letters, digits and `-._~` as `%XX`, upper-case hex.
+pub fn url_encoded(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// Replaces every exact occurrence of a secret's value by `[secret:NAME]`, and every cut-off
 /// start of one — at least [`MIN_PARTIAL`] bytes of its beginning where the text ends or
 /// where a character follows that is neither a letter nor a digit (a cut and the marker after
-/// it) — by `[secret:NAME…]`.
+/// it) — by `[secret:NAME…]`. The forms keel itself encodes a value in on the wire (its
+/// percent-encoded form, in either case of hex) are replaced the same way, so a server that
+/// echoes a query keel filled does not bring the value back.
 #[derive(Clone, Default)]
 pub struct Redactor {
     matcher: Option<std::sync::Arc<Matcher>>,
@@ -323,9 +444,23 @@ impl Redactor {
         if secrets.is_empty() {
             return Self::default();
         }
+        // Each value, and the encoded forms keel writes it in, each with its name's mark.
+        let mut patterns: Vec<String> = Vec::new();
+        let mut marks: Vec<String> = Vec::new();
+        for (n, s) in &secrets {
+            let encoded = url_encoded(s.expose());
+            let lower = encoded.to_ascii_lowercase();
+            for form in [s.expose().to_string(), encoded, lower] {
+                if !patterns.contains(&form) {
+                    patterns.push(form);
+                    marks.push(format!("[secret:{n}]"));
+                }
+            }
+        }
         let built = aho_corasick::AhoCorasick::builder()
             .match_kind(aho_corasick::MatchKind::LeftmostLongest)
-            .build(secrets.iter().map(|(_, s)| s.expose()));
+            .build(&patterns);
+        drop(Zeroizing::new(patterns));
         let partial: Vec<(Zeroizing<String>, String)> = secrets
             .iter()
             .filter(|(_, s)| s.expose().len() > MIN_PARTIAL)
@@ -336,7 +471,6 @@ impl Redactor {
         );
         match (built, starts) {
             (Ok(full), Ok(starts)) => {
-                let marks = secrets.iter().map(|(n, _)| format!("[secret:{n}]")).collect();
                 let starts = (!partial.is_empty()).then_some(starts);
                 Self {
                     matcher: Some(std::sync::Arc::new(Matcher { full, marks, starts, partial })),
@@ -508,8 +642,23 @@ mod tests {
             use std::os::unix::fs::PermissionsExt;
             let key = dir.path().join("secrets.key");
             std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-            assert!(store.names().unwrap_err().to_string().contains("chmod 600"));
+            let e = store.names().unwrap_err().to_string();
+            assert!(e.contains("mode 644") && e.contains("keel secret rotate-key"), "{e}");
+            // Rotating retires it: a new private key, the same secrets readable.
+            let rotated = rotate_key(dir.path()).unwrap();
+            assert_eq!((rotated.stores, rotated.secrets), (vec!["secrets.age"], 1));
+            let mode = std::fs::metadata(&key).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+            assert_eq!(store.get(&["k".into()]).unwrap()[0].1.expose(), "12345678");
         }
+    }
+
+    #[test]
+    fn the_forms_keel_encodes_a_value_in_are_redacted_too() {
+        let r = Redactor::new(&[("T".into(), Secret::new("tok/Abc+def=".into()))]);
+        assert_eq!(r.redact("q=tok%2FAbc%2Bdef%3D&x"), "q=[secret:T]&x");
+        assert_eq!(r.redact("q=tok%2fAbc%2bdef%3d"), "q=[secret:T]");
+        assert_eq!(r.redact("tok/Abc+def="), "[secret:T]");
     }
 
     #[test]

@@ -20,6 +20,11 @@ pub enum SecretCommand {
     List(ListArgs),
     /// Remove a stored secret.
     Rm(RmArgs),
+    /// Replace the secrets key (secrets.key) with a new one and re-encrypt the secrets and
+    /// signing keys to it. Run it when the key may have been read (keel refuses a key other
+    /// users can read); then change each secret's value at its service and `keel secret set`
+    /// it again, since the old key decrypts any copy of the old store.
+    RotateKey(ListArgs),
 }
 
 #[derive(Args)]
@@ -75,6 +80,29 @@ pub fn execute(home: PathBuf, cmd: SecretCommand) -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => fail(a.json, "secrets", &e.to_string(), EXIT_REFUSED),
+        },
+        SecretCommand::RotateKey(a) => match keel::secrets::rotate_key(&home) {
+            Ok(r) => {
+                if a.json {
+                    println!(
+                        "{}",
+                        json!({"ok": true, "reencrypted": r.stores, "secrets": r.secrets})
+                    );
+                } else {
+                    println!(
+                        "new secrets key written (mode 0600); re-encrypted: {}",
+                        if r.stores.is_empty() { "nothing yet".into() } else { r.stores.join(", ") }
+                    );
+                    if r.secrets > 0 {
+                        println!(
+                            "if the old key may have been read, change the {} secret value(s) at their services and store them again with `keel secret set NAME`",
+                            r.secrets
+                        );
+                    }
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(a.json, "secrets", &e.to_string(), EXIT_SETUP),
         },
     }
 }

@@ -57,7 +57,7 @@ pub enum TokenCommand {
 
 #[derive(Args)]
 pub struct TokenAddArgs {
-    /// The token's name: who it is (letters, digits, `-`, `_`, `.`, `@`).
+    /// The token's name: who it is (ASCII letters, digits, `-`, `_`, `.`).
     name: String,
     /// admin: everything; user: own sessions, with no grants or a preset.
     #[arg(long, default_value = "user")]

@@ -36,11 +36,15 @@ pub struct Memory {
     pub session_id: Option<String>,
 }
 
-/// Checks a user name: letters, digits, `-`, `_`, `.` and `@`, at most 64 characters.
+/// What a user (and token) name may be, for error messages.
+pub const USER_NAME_RULE: &str = "ASCII letters, digits, `-`, `_` and `.` (at most 64)";
+
+/// Checks a user name: [`USER_NAME_RULE`]. ASCII only, so no two names look alike (a Cyrillic
+/// `а` beside a Latin `a`, a fullwidth letter) and a person reading a record knows who it is.
 pub fn valid_user(user: &str) -> bool {
     !user.is_empty()
-        && user.chars().count() <= MAX_USER
-        && user.chars().all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
+        && user.len() <= MAX_USER
+        && user.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
 /// The user a session belongs to when none is named: the operating-system user (`USER`, else
@@ -128,7 +132,7 @@ pub fn add_in(
     let user = &typed(user, Kind::Local);
     if !valid_principal(user) {
         return Err(StoreError::Input(format!(
-            "the user `{user}` is not valid: local:NAME or token:NAME, the name of letters, digits, `-`, `_`, `.`, `@`"
+            "the user `{user}` is not valid: local:NAME or token:NAME, the name of {USER_NAME_RULE}"
         )));
     }
     let (text, tags) = check(text, tags).map_err(StoreError::Input)?;
@@ -249,9 +253,14 @@ mod tests {
 
     #[test]
     fn memories_and_users_are_checked() {
-        assert!(valid_user("alice") && valid_user("a.b@c-d_e") && valid_user("Ünï"));
+        assert!(valid_user("alice") && valid_user("a.b-c_d9"));
         assert!(
-            !valid_user("")
+            // A Cyrillic `а`, accents, fullwidth letters, `@`.
+            !valid_user("\u{430}lice")
+                && !valid_user("Ünï")
+                && !valid_user("\u{ff41}lice")
+                && !valid_user("a@b")
+                && !valid_user("")
                 && !valid_user("a b")
                 && !valid_user("a\u{1b}")
                 && !valid_user(&"a".repeat(65))

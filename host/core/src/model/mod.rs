@@ -145,7 +145,7 @@ impl ModelClient {
 
     /// The key from `KEEL_API_KEY`, else `OPENAI_API_KEY`.
     pub fn key_from_env() -> Option<String> {
-        std::env::var("KEEL_API_KEY").ok().or_else(|| std::env::var("OPENAI_API_KEY").ok())
+        crate::config::env("KEEL_API_KEY").or_else(|| crate::config::env("OPENAI_API_KEY"))
     }
 
     /// Sends `body` (the exact request bytes) and parses the reply, retrying retryable

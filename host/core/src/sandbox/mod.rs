@@ -8,6 +8,7 @@
 
 mod cache;
 pub mod control;
+pub mod descriptors;
 mod engine;
 mod error;
 mod fs;
@@ -29,7 +30,7 @@ use wasmtime::component::{Component, ComponentExportIndex, InstancePre, Linker};
 
 pub use crate::cancel::CancelToken;
 pub use crate::digest::sha256_hex;
-pub use crate::grant::{Access, DirId, Grant, GrantError, GrantMoved, Opened};
+pub use crate::grant::{Access, DirId, Grant, GrantError, GrantMoved, GrantUnusable, Opened};
 pub use cache::{LoadSource, check_header};
 pub use control::ControlCtx;
 pub use engine::EPOCH_TICK;
@@ -68,6 +69,10 @@ pub struct SandboxLimits {
     pub max_wasm_stack: usize,
     /// Calls that may run at once (sizes the pooling allocator).
     pub max_concurrent_calls: u32,
+    /// File descriptors all tools of the process may hold at once (grants, open files,
+    /// connections); `None`: the process's limit of open files less a reserve for the store
+    /// and the front-ends ([`descriptors`]).
+    pub tool_descriptors: Option<usize>,
 }
 
 impl Default for SandboxLimits {
@@ -78,6 +83,7 @@ impl Default for SandboxLimits {
             max_memory: 4 * 1024 * 1024 * 1024,
             max_wasm_stack: 1024 * 1024,
             max_concurrent_calls: 128,
+            tool_descriptors: None,
         }
     }
 }
@@ -196,6 +202,8 @@ pub struct Sandbox {
     slots: Arc<tokio::sync::Semaphore>,
     /// Compiles started (from bytes or from a file), for checks that nothing was compiled.
     compiles: std::sync::atomic::AtomicU64,
+    /// The descriptors all of this sandbox's calls share.
+    descriptors: Arc<descriptors::Descriptors>,
 }
 
 /// What the sandbox builds on first use.
@@ -236,12 +244,14 @@ impl Sandbox {
     /// when it is first needed; [`Sandbox::ready`] builds it now.
     pub fn new(cache_root: &Path, limits: SandboxLimits) -> Result<Self, LoadError> {
         let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_concurrent_calls as usize));
+        let descriptors = Arc::new(descriptors::Descriptors::new(limits.tool_descriptors));
         Ok(Self {
             cache_root: cache_root.to_path_buf(),
             limits,
             core: Default::default(),
             slots,
             compiles: Default::default(),
+            descriptors,
         })
     }
 
@@ -378,7 +388,7 @@ impl Sandbox {
     /// Calls `describe` on a fresh instance, with `budget` and no filesystem.
     pub async fn describe(&self, prepared: &Prepared, budget: &Budget) -> CallReport<Vec<RawSpec>> {
         let _slot = self.slots.acquire().await;
-        run::describe(prepared.pre.engine(), prepared, budget).await
+        run::describe(prepared.pre.engine(), prepared, budget, &self.descriptors).await
     }
 
     /// Runs `call` on a fresh instance of `prepared`: under its budget, seeing only its
@@ -387,6 +397,6 @@ impl Sandbox {
     /// [`CallError`].
     pub async fn invoke(&self, prepared: &Prepared, call: Invocation<'_>) -> CallReport<String> {
         let _slot = self.slots.acquire().await;
-        run::invoke(prepared.pre.engine(), prepared, call).await
+        run::invoke(prepared.pre.engine(), prepared, call, &self.descriptors).await
     }
 }

@@ -1,5 +1,6 @@
 //! One call: a fresh store, the budget, the guest call, and the classification of failures.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wasmtime::component::Instance;
@@ -9,7 +10,8 @@ use crate::policy::Effect;
 
 use super::control::ControlCtx;
 use super::error::{CallError, ToolErrorKind};
-use super::fs::{FsPolicy, FsReport};
+use super::descriptors::Descriptors;
+use super::fs::{FsPolicy, FsReach, FsReport};
 use super::host_api::{LogRecord, Progress, ToolSpec, WitEffect, WitToolError};
 use super::limits::{CallLimits, LimitExceeded};
 use super::net::{Egress, EgressPlan};
@@ -85,6 +87,9 @@ pub struct Invocation<'a> {
     pub control: Option<ControlCtx>,
     /// The plan its HTTP requests are checked against (`None`: every request refused).
     pub egress: Option<EgressPlan>,
+    /// The keel home no object the guest opens may lie in (`None`: no home to keep out, as
+    /// for a call outside any home).
+    pub boundary: Option<std::sync::Arc<crate::home::Boundary>>,
 }
 
 impl<'a> Invocation<'a> {
@@ -99,6 +104,7 @@ impl<'a> Invocation<'a> {
             cancel: None,
             control: None,
             egress: None,
+            boundary: None,
         }
     }
 }
@@ -117,8 +123,11 @@ pub async fn describe(
     engine: &Engine,
     prepared: &Prepared,
     budget: &Budget,
+    descriptors: &Arc<Descriptors>,
 ) -> CallReport<Vec<RawSpec>> {
-    let report = execute(engine, prepared, Action::Describe, Invocation::new("", "", budget)).await;
+    let report =
+        execute(engine, prepared, Action::Describe, Invocation::new("", "", budget), descriptors)
+            .await;
     map_report(report, |o| match o {
         Output::Specs(s) => Ok(s),
         Output::Text(_) => {
@@ -131,10 +140,11 @@ pub async fn invoke(
     engine: &Engine,
     prepared: &Prepared,
     call: Invocation<'_>,
+    descriptors: &Arc<Descriptors>,
 ) -> CallReport<String> {
     let action =
         Action::Invoke { tool: call.tool, input: call.input, max_output: call.budget.max_output };
-    let report = execute(engine, prepared, action, call).await;
+    let report = execute(engine, prepared, action, call, descriptors).await;
     map_report(report, |o| match o {
         Output::Text(t) => Ok(t),
         Output::Specs(_) => {
@@ -189,8 +199,9 @@ async fn execute(
     prepared: &Prepared,
     action: Action<'_>,
     call: Invocation<'_>,
+    descriptors: &Arc<Descriptors>,
 ) -> CallReport<Output> {
-    let Invocation { grants, fs, budget, cancel, control, egress: net, .. } = call;
+    let Invocation { grants, fs, budget, cancel, control, egress: net, boundary, .. } = call;
     let started = Instant::now();
     let net = net.unwrap_or_else(|| EgressPlan::none(started + budget.timeout));
     let stdout = CappedPipe::new(budget.max_stdio);
@@ -237,11 +248,23 @@ async fn execute(
             net,
         }
     };
+    // Each grant holds two of the process's descriptors for tools (its handle and the
+    // guest's preopen): the call waits for them, until its deadline.
+    let _grant_fds = match descriptors.take(2 * grants.len(), started + budget.timeout).await {
+        Ok(p) => p,
+        Err(e) => return report(Err(CallError::Setup { detail: e.to_string() }), None),
+    };
     let ctx = match wasi::build_ctx(grants, fs.read_only, &stdout, &stderr) {
         Ok(c) => c,
         Err(e) => return report(Err(CallError::Setup { detail: format!("{e:#}") }), None),
     };
-    let mut state = CallState::new(ctx, CallLimits::new(budget.memory), fs, Egress::new(net));
+    let reach = FsReach {
+        grants: grants.iter().map(|g| (g.guest.clone(), g.dir.clone())).collect(),
+        boundary,
+        descriptors: descriptors.clone(),
+    };
+    let egress = Egress::new(net, descriptors.clone());
+    let mut state = CallState::new(ctx, CallLimits::new(budget.memory), (fs, reach), egress);
     state.control = control;
     let mut store = Store::new(engine, state);
     store.limiter(|s| &mut s.limits);

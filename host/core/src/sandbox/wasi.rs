@@ -24,7 +24,7 @@ use wasmtime_wasi::filesystem::WasiFilesystemCtxView;
 use wasmtime_wasi::p2::bindings as wasi;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-use super::fs::{FsGuard, FsPolicy, GuardedFs};
+use super::fs::{FsGuard, FsPolicy, FsReach, GuardedFs};
 
 use super::host_api::{self, HostApi, HostApiCtx};
 use super::limits::CallLimits;
@@ -112,7 +112,7 @@ impl CallState {
     pub(super) fn new(
         wasi: WasiCtx,
         limits: CallLimits,
-        fs: FsPolicy,
+        fs: (FsPolicy, FsReach),
         egress: super::net::Egress,
     ) -> Self {
         Self {
@@ -120,7 +120,7 @@ impl CallState {
             table: ResourceTable::new(),
             limits,
             host: HostApiCtx::default(),
-            fs: FsGuard::new(fs),
+            fs: FsGuard::new(fs.0, fs.1),
             control: None,
             http: wasmtime_wasi_http::WasiHttpCtx::new(),
             egress,

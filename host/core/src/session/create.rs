@@ -52,7 +52,8 @@ fn checked_id(new: &NewSession) -> Result<String, StoreError> {
         && !crate::memory::valid_principal(&crate::memory::typed(u, crate::memory::Kind::Local))
     {
         return Err(StoreError::Input(format!(
-            "the user name `{u}` is not valid: use letters, digits, `-`, `_`, `.` and `@` (at most 64)"
+            "the user name `{u}` is not valid: use {}",
+            crate::memory::USER_NAME_RULE
         )));
     }
     new.policy.check_patterns().map_err(StoreError::Input)?;

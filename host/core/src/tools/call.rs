@@ -272,11 +272,22 @@ impl ToolService {
         // that handle by the guest and the change set alike.
         self.check_grants(req.grants)?;
         let opened = req.grants.iter().map(Grant::opened).collect::<Result<Vec<_>, _>>()?;
+        // The home's identities, read for this call: no object the tool opens below its grants
+        // may be one of them (a bind mount or a hard link into the home).
+        let boundary = match opened.is_empty() {
+            true => None,
+            false => Some(Arc::new(self.home.boundary().map_err(|source| {
+                ToolServiceError::Io { context: "reading keel's home".into(), source }
+            })?)),
+        };
         req.net.check()?;
-        // The values of the secrets the call may send, read once per call; every output of the
-        // call is redacted of them before anyone sees it.
-        let values = SecretStore::new(self.home.root()).get(&req.net.secret_names())?;
-        let redactor = Redactor::new(&values);
+        // The values of the secrets the call may send, read once per call. Every output of the
+        // call is redacted of every secret of the home — not only the call's: an earlier call
+        // may have left one in a file this call reads — and none leaves towards a destination
+        // this call does not bind it to.
+        let known = SecretStore::new(self.home.root()).all()?;
+        let values = crate::secrets::pick(&known, &req.net.secret_names())?;
+        let redactor = Redactor::new(&known);
         let deadline = std::time::Instant::now() + req.budget.timeout;
         let egress = EgressPlan {
             grants: req.net.clone(),
@@ -288,6 +299,7 @@ impl ToolService {
                     values.iter().find(|(n, _)| *n == b.name).map(|(_, v)| (b.clone(), v.clone()))
                 })
                 .collect(),
+            known,
             deadline,
         };
         let writes = tool.effect != Effect::ReadOnly;
@@ -364,6 +376,7 @@ impl ToolService {
                             cancel: req.cancel.as_ref(),
                             control,
                             egress: Some(egress),
+                            boundary: boundary.clone(),
                             ..Invocation::new(&tool.name, req.input, &req.budget)
                         },
                     )

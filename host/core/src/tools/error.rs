@@ -49,6 +49,11 @@ pub enum ToolServiceError {
     )]
     Reserved { name: String },
     #[error(
+        "`{name}` (the component file's name) is the name of a first-party component; keel \
+         does not run another component under it: rename the file"
+    )]
+    ReservedFile { name: String },
+    #[error(
         "a component named `{name}` is already installed (sha256:{digest}); replacing it needs \
          `keel tool install --upgrade`, which shows what changes"
     )]
@@ -84,7 +89,7 @@ pub enum ToolServiceError {
     Mcp(#[from] crate::tools::mcp::McpError),
     /// A grant's directory is not the one it was given for any more.
     #[error(transparent)]
-    GrantMoved(#[from] crate::sandbox::GrantMoved),
+    GrantUnusable(#[from] crate::sandbox::GrantUnusable),
     /// A grant would let a tool reach keel's own home.
     #[error("grant `{grant}`: {reason}")]
     HomeGrant { grant: String, reason: String },
@@ -123,7 +128,7 @@ impl ToolServiceError {
             Self::NotInstalled { .. } | Self::NotInComponent { .. } => FailureKind::NotInstalled,
             Self::Builtin { .. } => FailureKind::Builtin,
             Self::HostTool { .. } => FailureKind::HostTool,
-            Self::Reserved { .. } => FailureKind::ReservedName,
+            Self::Reserved { .. } | Self::ReservedFile { .. } => FailureKind::ReservedName,
             Self::AlreadyInstalled { .. } => FailureKind::AlreadyInstalled,
             Self::Describe { .. } => FailureKind::DescribeFailed,
             Self::InvalidSpecs { .. } => FailureKind::InvalidSpecs,
@@ -136,7 +141,12 @@ impl ToolServiceError {
             Self::ApprovalNotBound { .. } => FailureKind::ApprovalNotBound,
             Self::McpServer { .. } => FailureKind::McpServer,
             Self::Mcp(e) => e.failure(),
-            Self::GrantMoved(_) => FailureKind::GrantMoved,
+            Self::GrantUnusable(e) => match e {
+                crate::sandbox::GrantUnusable::Moved(_) => FailureKind::GrantMoved,
+                crate::sandbox::GrantUnusable::Pseudo { .. } => FailureKind::Grant,
+                crate::sandbox::GrantUnusable::Unopened { exhausted: true, .. } => FailureKind::Busy,
+                crate::sandbox::GrantUnusable::Unopened { .. } => FailureKind::Io,
+            },
             Self::HomeGrant { .. } => FailureKind::Grant,
             Self::Unverified { .. } => FailureKind::Unverified,
             Self::Wider { .. } => FailureKind::Wider,

@@ -656,6 +656,11 @@ impl ToolService {
         name: &str,
         req: super::CallRequest<'_>,
     ) -> Result<super::CallOutcome, ToolServiceError> {
+        // A first-party name is reserved here as at install: a file called `fs` is not keel's
+        // `fs` (its trust, its name in records), unless it is those very bytes.
+        if crate::builtin::BUILTIN_COMPONENTS.iter().any(|(n, b)| *n == name && *b != bytes) {
+            return Err(ToolServiceError::ReservedFile { name: name.to_string() });
+        }
         let checked = self.check_component(bytes, name).await?;
         let Some(record) = checked.tools.iter().find(|t| t.name == req.tool).cloned() else {
             let names: Vec<&str> = checked.tools.iter().map(|t| t.name.as_str()).collect();

@@ -22,7 +22,7 @@
 //! `descriptor` resource, some thirty methods, each a check and a hand-off — which Rust keeps in
 //! one `impl` block; the write meter and its metered stream are `meter.rs`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -36,8 +36,12 @@ use wasmtime_wasi::p2::bindings::filesystem::types::{
 use wasmtime_wasi::p2::{DynOutputStream, FsError, FsResult};
 
 mod meter;
+mod reach;
 
 use meter::{Meter, MeteredStream};
+
+use super::descriptors::Descriptors;
+use crate::home::Boundary;
 
 /// Refusals listed one by one in a report; past it they are only counted.
 pub const MAX_DENIALS_LISTED: usize = 32;
@@ -86,6 +90,17 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+/// What the guard needs of the world outside the call: the call's grants, the home no tool
+/// may reach, and the process's share of descriptors.
+#[derive(Debug, Clone)]
+pub struct FsReach {
+    /// The call's grants, by guest path, as opened for it.
+    pub grants: Vec<(String, Arc<cap_std::fs::Dir>)>,
+    /// The keel home's identities (`None`: a call outside any home, as in some tests).
+    pub boundary: Option<Arc<Boundary>>,
+    pub descriptors: Arc<Descriptors>,
+}
+
 /// The per-call state of the guard.
 #[derive(Debug)]
 pub struct FsGuard {
@@ -95,10 +110,17 @@ pub struct FsGuard {
     created_count: u64,
     meter: Arc<Meter>,
     report: FsReport,
+    boundary: Option<Arc<Boundary>>,
+    grants: Vec<Arc<cap_std::fs::Dir>>,
+    guests: Vec<String>,
+    descriptors: Arc<Descriptors>,
+    /// Per open guest descriptor (its resource's index): the grant it lies in, and the
+    /// descriptor it holds of the process's share (a preopen's is the call's).
+    held: HashMap<u32, (Option<usize>, Option<tokio::sync::OwnedSemaphorePermit>)>,
 }
 
 impl FsGuard {
-    pub fn new(policy: FsPolicy) -> Self {
+    pub fn new(policy: FsPolicy, reach: FsReach) -> Self {
         Self {
             policy,
             created: HashSet::new(),
@@ -109,7 +131,17 @@ impl FsGuard {
                 exceeded: AtomicBool::new(false),
             }),
             report: FsReport::default(),
+            boundary: reach.boundary,
+            guests: reach.grants.iter().map(|(g, _)| g.clone()).collect(),
+            grants: reach.grants.into_iter().map(|(_, d)| d).collect(),
+            descriptors: reach.descriptors,
+            held: HashMap::new(),
         }
+    }
+
+    /// The grant a guest descriptor lies in.
+    fn grant_of<T: 'static>(&self, fd: &Resource<T>) -> Option<usize> {
+        self.held.get(&fd.rep()).and_then(|(g, _)| *g)
     }
 
     /// The report of the call so far.
@@ -232,6 +264,59 @@ impl GuardedFs<'_> {
         }
     }
 
+    /// `open_at` once the checks before it passed: the creation cap, and whether this call
+    /// created the file (recorded for the removal rule).
+    async fn open_unchecked(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: PathFlags,
+        path: String,
+        oflags: OpenFlags,
+        flags: DescriptorFlags,
+    ) -> FsResult<Resource<Descriptor>> {
+        if !oflags.contains(OpenFlags::CREATE) {
+            return HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, oflags, flags)
+                .await;
+        }
+        // Creating: find out whether this call creates the file, atomically, by asking for
+        // exclusive creation first.
+        let exclusive = (oflags | OpenFlags::EXCLUSIVE) & !OpenFlags::TRUNCATE;
+        if self.guard.created_count >= self.guard.policy.max_created {
+            // No room for a new object: opening an existing one is still fine.
+            if oflags.contains(OpenFlags::EXCLUSIVE) || self.identity_at(&fd, &path).await.is_none()
+            {
+                self.guard.reserve_creation()?;
+            }
+            let existing = oflags & !OpenFlags::CREATE;
+            return HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, existing, flags)
+                .await;
+        }
+        match HostDescriptor::open_at(
+            &mut self.fs,
+            borrow(&fd),
+            path_flags,
+            path.clone(),
+            exclusive,
+            flags,
+        )
+        .await
+        {
+            Ok(new) => {
+                let id = HostDescriptor::metadata_hash(&mut self.fs, borrow(&new)).await.ok();
+                self.guard.record_created(id.map(self::id));
+                Ok(new)
+            }
+            Err(e)
+                if !oflags.contains(OpenFlags::EXCLUSIVE)
+                    && error_code(&e) == Some(ErrorCode::Exist) =>
+            {
+                let existing = oflags & !OpenFlags::CREATE;
+                HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, existing, flags).await
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Wraps the output stream `res` so that what it writes is charged to the quota.
     fn meter_stream(
         &mut self,
@@ -249,7 +334,12 @@ impl GuardedFs<'_> {
 
 impl preopens::Host for GuardedFs<'_> {
     fn get_directories(&mut self) -> wasmtime::Result<Vec<(Resource<Descriptor>, String)>> {
-        preopens::Host::get_directories(&mut self.fs)
+        let dirs = preopens::Host::get_directories(&mut self.fs)?;
+        for (fd, guest) in &dirs {
+            let grant = self.guard.guests.iter().position(|g| g == guest);
+            self.guard.held.insert(fd.rep(), (grant, None));
+        }
+        Ok(dirs)
     }
 }
 
@@ -354,6 +444,7 @@ impl HostDescriptor for GuardedFs<'_> {
         if self.guard.policy.read_only {
             return Err(self.guard.deny_read_only("create-directory", &path));
         }
+        self.check_path("create-directory", &fd, &path, false, None).await?;
         self.guard.reserve_creation()?;
         HostDescriptor::create_directory_at(&mut self.fs, borrow(&fd), path.clone()).await?;
         let id = self.identity_at(&fd, &path).await;
@@ -371,6 +462,8 @@ impl HostDescriptor for GuardedFs<'_> {
         path_flags: PathFlags,
         path: String,
     ) -> FsResult<types::DescriptorStat> {
+        let follow = path_flags.contains(PathFlags::SYMLINK_FOLLOW);
+        self.check_path("stat", &fd, &path, follow, None).await?;
         HostDescriptor::stat_at(&mut self.fs, fd, path_flags, path).await
     }
 
@@ -385,6 +478,8 @@ impl HostDescriptor for GuardedFs<'_> {
         if self.guard.policy.read_only {
             return Err(self.guard.deny_read_only("set-times", &path));
         }
+        let follow = path_flags.contains(PathFlags::SYMLINK_FOLLOW);
+        self.check_path("set-times", &fd, &path, follow, None).await?;
         HostDescriptor::set_times_at(&mut self.fs, fd, path_flags, path, atim, mtim).await
     }
 
@@ -399,6 +494,19 @@ impl HostDescriptor for GuardedFs<'_> {
         if self.guard.policy.read_only {
             return Err(self.guard.deny_read_only("link", &new_path));
         }
+        // A link from one grant into another would let a later call granted only the second
+        // change the file in the first.
+        let (from, to) = (self.guard.grant_of(&fd), self.guard.grant_of(&new_descriptor));
+        if from != to || from.is_none() {
+            return Err(self.guard.deny(
+                "link",
+                &new_path,
+                "a hard link may not join two grants (a call granted one could then change the file in the other)",
+            ));
+        }
+        let follow = old_path_flags.contains(PathFlags::SYMLINK_FOLLOW);
+        self.check_path("link", &fd, &old_path, follow, Some(false)).await?;
+        self.check_path("link", &new_descriptor, &new_path, false, None).await?;
         self.guard.reserve_creation()?;
         HostDescriptor::link_at(
             &mut self.fs,
@@ -428,54 +536,31 @@ impl HostDescriptor for GuardedFs<'_> {
         if self.guard.policy.read_only && changes {
             return Err(self.guard.deny_read_only("open for writing", &path));
         }
-        if !oflags.contains(OpenFlags::CREATE) {
-            return HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, oflags, flags)
-                .await;
-        }
-        // Creating: find out whether this call creates the file, atomically, by asking for
-        // exclusive creation first.
-        let exclusive = (oflags | OpenFlags::EXCLUSIVE) & !OpenFlags::TRUNCATE;
-        if self.guard.created_count >= self.guard.policy.max_created {
-            // No room for a new object: opening an existing one is still fine.
-            if oflags.contains(OpenFlags::EXCLUSIVE) || self.identity_at(&fd, &path).await.is_none()
-            {
-                self.guard.reserve_creation()?;
+        let follow = path_flags.contains(PathFlags::SYMLINK_FOLLOW);
+        let write = flags.contains(DescriptorFlags::WRITE) || oflags.contains(OpenFlags::TRUNCATE);
+        self.check_path("open", &fd, &path, follow, Some(write)).await?;
+        // One of the process's descriptors for tools, held while the guest keeps it open.
+        let permit = match self.guard.descriptors.try_take(1) {
+            Ok(p) => p,
+            Err(e) => {
+                self.guard.deny("open", &path, &e.to_string());
+                return Err(ErrorCode::Busy.into());
             }
-            let existing = oflags & !OpenFlags::CREATE;
-            return HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, existing, flags)
-                .await;
-        }
-        match HostDescriptor::open_at(
-            &mut self.fs,
-            borrow(&fd),
-            path_flags,
-            path.clone(),
-            exclusive,
-            flags,
-        )
-        .await
-        {
-            Ok(new) => {
-                let id = HostDescriptor::metadata_hash(&mut self.fs, borrow(&new)).await.ok();
-                self.guard.record_created(id.map(self::id));
-                Ok(new)
-            }
-            Err(e)
-                if !oflags.contains(OpenFlags::EXCLUSIVE)
-                    && error_code(&e) == Some(ErrorCode::Exist) =>
-            {
-                let existing = oflags & !OpenFlags::CREATE;
-                HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, existing, flags).await
-            }
-            Err(e) => Err(e),
-        }
+        };
+        let grant = self.guard.grant_of(&fd);
+        let opened = self.open_unchecked(fd, path_flags, path.clone(), oflags, flags).await?;
+        let opened = self.check_opened(&path, opened)?;
+        self.guard.held.insert(opened.rep(), (grant, Some(permit)));
+        Ok(opened)
     }
 
     fn drop(&mut self, fd: Resource<Descriptor>) -> wasmtime::Result<()> {
+        self.guard.held.remove(&fd.rep());
         HostDescriptor::drop(&mut self.fs, fd)
     }
 
     async fn readlink_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<String> {
+        self.check_path("readlink", &fd, &path, false, None).await?;
         HostDescriptor::readlink_at(&mut self.fs, fd, path).await
     }
 
@@ -484,9 +569,11 @@ impl HostDescriptor for GuardedFs<'_> {
         fd: Resource<Descriptor>,
         path: String,
     ) -> FsResult<()> {
+        self.check_path("remove-directory", &fd, &path, false, None).await?;
         self.check_removal("remove-directory", &fd, &path).await?;
         HostDescriptor::remove_directory_at(&mut self.fs, fd, path).await
     }
+
 
     async fn rename_at(
         &mut self,
@@ -495,6 +582,8 @@ impl HostDescriptor for GuardedFs<'_> {
         new_fd: Resource<Descriptor>,
         new_path: String,
     ) -> FsResult<()> {
+        self.check_path("rename", &fd, &old_path, false, None).await?;
+        self.check_path("rename", &new_fd, &new_path, false, None).await?;
         self.check_removal("rename", &fd, &old_path).await?;
         if !self.guard.policy.remove_existing
             && let Some(target) = self.identity_at(&new_fd, &new_path).await
@@ -529,6 +618,7 @@ impl HostDescriptor for GuardedFs<'_> {
         if self.guard.policy.read_only {
             return Err(self.guard.deny_read_only("symlink", &dest_path));
         }
+        self.check_path("symlink", &fd, &dest_path, false, None).await?;
         self.guard.reserve_creation()?;
         HostDescriptor::symlink_at(&mut self.fs, borrow(&fd), src_path, dest_path.clone()).await?;
         let id = self.identity_at(&fd, &dest_path).await;
@@ -537,6 +627,7 @@ impl HostDescriptor for GuardedFs<'_> {
     }
 
     async fn unlink_file_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<()> {
+        self.check_path("unlink", &fd, &path, false, None).await?;
         self.check_removal("unlink", &fd, &path).await?;
         HostDescriptor::unlink_file_at(&mut self.fs, fd, path).await
     }
@@ -595,6 +686,8 @@ impl HostDescriptor for GuardedFs<'_> {
         path_flags: PathFlags,
         path: String,
     ) -> FsResult<types::MetadataHashValue> {
+        let follow = path_flags.contains(PathFlags::SYMLINK_FOLLOW);
+        self.check_path("stat", &fd, &path, follow, None).await?;
         HostDescriptor::metadata_hash_at(&mut self.fs, fd, path_flags, path).await
     }
 }

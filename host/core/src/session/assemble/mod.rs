@@ -269,8 +269,32 @@ const MARKER_TAGS: &[&str] = &["skill"];
 
 /// `text` with the `<` of every `<TAG` or `</TAG` of a keel marker (any case, spaces allowed
 /// after `<` and `/`) written `&lt;`: content keel wraps — a skill's body, a memory, a
-/// summary entry — can neither close its marker nor open a forged one.
+/// summary entry — can neither close its marker nor open a forged one. Looked for after
+/// format characters (zero-width spaces and joiners, direction marks: Unicode's `Cf`) are
+/// removed and compatibility forms folded (NFKC: a fullwidth `＜ｓｋｉｌｌ` is `<skill`), as a
+/// reader — a model among them — would read it; text that holds neither is kept as it was.
 pub(crate) fn inert_markers(text: &str) -> std::borrow::Cow<'_, str> {
+    use unicode_normalization::UnicodeNormalization;
+    let plain = |c: char| {
+        c.is_ascii()
+            || unicode_general_category::get_general_category(c)
+                != unicode_general_category::GeneralCategory::Format
+    };
+    let folded = text.chars().all(|c| c.is_ascii())
+        || (text.chars().all(plain) && unicode_normalization::is_nfkc_quick(text.chars())
+            == unicode_normalization::IsNormalized::Yes);
+    if folded {
+        return escape_markers(text);
+    }
+    let normal: String = text.chars().filter(|c| plain(*c)).nfkc().collect();
+    match escape_markers(&normal) {
+        // No marker once folded: the text as it was.
+        std::borrow::Cow::Borrowed(_) => text.into(),
+        std::borrow::Cow::Owned(escaped) => escaped.into(),
+    }
+}
+
+fn escape_markers(text: &str) -> std::borrow::Cow<'_, str> {
     let opens_marker = |rest: &str| {
         let rest = rest.trim_start();
         let rest = rest.strip_prefix('/').unwrap_or(rest).trim_start();
@@ -538,5 +562,12 @@ mod tests {
         );
         assert_eq!(inert_markers("Vec<u8> and <skills-list>"), "Vec<u8> and &lt;skills-list>");
         assert!(matches!(inert_markers("if a < b"), std::borrow::Cow::Borrowed(_)));
+        // A zero-width character inside, fullwidth brackets and letters: read as the marker.
+        assert_eq!(inert_markers("x<\u{200b}/skill>"), "x&lt;/skill>");
+        assert_eq!(inert_markers("\u{ff1c}/\u{ff53}kill\u{ff1e}"), "&lt;/skill>");
+        assert_eq!(inert_markers("<\u{2060}sk\u{200d}ill name=\"x\">"), "&lt;skill name=\"x\">");
+        // Other text outside ASCII is kept as it was, format characters and all.
+        assert!(matches!(inert_markers("naïve café — ok"), std::borrow::Cow::Borrowed(_)));
+        assert!(matches!(inert_markers("a\u{200b}b \u{ff41}"), std::borrow::Cow::Borrowed(_)));
     }
 }

@@ -34,7 +34,7 @@ impl Place {
     /// How the value is written there.
     fn encode(self, s: &str) -> String {
         match self {
-            Self::Query => url_encoded(s),
+            Self::Query => crate::secrets::url_encoded(s),
             Self::Header | Self::Body => s.to_string(),
         }
     }
@@ -89,19 +89,6 @@ fn substitute(
     }
     out.push_str(rest);
     Ok(Some(out))
-}
-
-/// Percent-encodes what a URL's path or query cannot hold as it is.
-fn url_encoded(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// Builds the request that goes on the wire: the origin-form URI, the guest's headers with

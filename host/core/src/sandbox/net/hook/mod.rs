@@ -34,6 +34,7 @@ use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 use super::addr;
 use super::grant::{MAX_CONCURRENT_REQUESTS, NetGrants, Scheme, SecretBinding, normalise_host};
 use super::reflect::Reflections;
+use crate::sandbox::descriptors::Descriptors;
 use crate::secrets::Secret;
 
 mod fill;
@@ -77,13 +78,16 @@ pub struct EgressPlan {
     pub grants: NetGrants,
     /// The value of each bound secret, by binding.
     pub secrets: Vec<(SecretBinding, Secret)>,
+    /// Every secret of the home, bound to this call or not: none may leave towards a
+    /// destination the call does not bind it to ([`super::reflect`]).
+    pub known: Vec<(String, Secret)>,
     pub deadline: Instant,
 }
 
 impl EgressPlan {
     /// A plan that refuses every request (no grants).
     pub fn none(deadline: Instant) -> Self {
-        Self { grants: NetGrants::default(), secrets: Vec::new(), deadline }
+        Self { grants: NetGrants::default(), secrets: Vec::new(), known: Vec::new(), deadline }
     }
 }
 
@@ -154,6 +158,8 @@ pub struct Egress {
     plan: Arc<EgressPlan>,
     ledger: Arc<Ledger>,
     reflections: Arc<Reflections>,
+    /// The process's descriptors for tools: each connection holds one.
+    descriptors: Arc<Descriptors>,
 }
 
 /// The records of a call's requests, and how many more were not kept.
@@ -164,9 +170,25 @@ pub struct NetReport {
 }
 
 impl Egress {
-    pub fn new(plan: EgressPlan) -> Self {
-        let reflections = Arc::new(Reflections::new(&plan.secrets));
-        Self { plan: Arc::new(plan), ledger: Arc::default(), reflections }
+    pub fn new(plan: EgressPlan, descriptors: Arc<Descriptors>) -> Self {
+        // The bound values are looked for too, whatever `known` holds.
+        let mut known = plan.known.clone();
+        for (b, v) in &plan.secrets {
+            if !known.iter().any(|(n, _)| *n == b.name) {
+                known.push((b.name.clone(), v.clone()));
+            }
+        }
+        let reflections = Arc::new(Reflections::new(&known));
+        Self { plan: Arc::new(plan), ledger: Arc::default(), reflections, descriptors }
+    }
+
+    fn sender(&self) -> Sender {
+        Sender {
+            plan: self.plan.clone(),
+            ledger: self.ledger.clone(),
+            reflections: self.reflections.clone(),
+            descriptors: self.descriptors.clone(),
+        }
     }
 
     /// What the call's requests did so far.
@@ -194,7 +216,7 @@ impl Egress {
         &self,
         request: http::Request<WasiBody>,
     ) -> Result<(http::Response<WasiBody>, IoFuture), Error> {
-        send(self.plan.clone(), self.ledger.clone(), self.reflections.clone(), request).await
+        send(self.sender(), request).await
     }
 
     /// A GET of `url` from the host through the same checks, its body read to the end:
@@ -223,7 +245,7 @@ impl WasiHttpHooks for Egress {
         _options: Option<RequestOptions>,
         _fut: Box<dyn Future<Output = Result<(), Error>> + Send>,
     ) -> Box<dyn Future<Output = Result<(http::Response<WasiBody>, IoFuture), Error>> + Send> {
-        Box::new(send(self.plan.clone(), self.ledger.clone(), self.reflections.clone(), request))
+        Box::new(send(self.sender(), request))
     }
 }
 
@@ -254,12 +276,19 @@ fn cancelled_reason(sent: u64) -> &'static str {
     }
 }
 
-async fn send(
+/// What one request needs of its call's hook.
+struct Sender {
     plan: Arc<EgressPlan>,
     ledger: Arc<Ledger>,
     reflections: Arc<Reflections>,
+    descriptors: Arc<Descriptors>,
+}
+
+async fn send(
+    sender: Sender,
     request: http::Request<WasiBody>,
 ) -> Result<(http::Response<WasiBody>, IoFuture), Error> {
+    let Sender { plan, ledger, reflections, descriptors } = sender;
     let started = Instant::now();
     let (parts, body) = request.into_parts();
     let uri = &parts.uri;
@@ -350,11 +379,14 @@ async fn send(
             });
         }
         let sent = head + request.body().size_hint().exact().unwrap_or(0);
+        // One of the process's descriptors for tools, held as long as the connection: a
+        // request queues for it until the call's deadline.
+        let fd = descriptors.take(1, plan.deadline).await.map_err(|e| deny(e.to_string()))?;
         let addrs = resolve(&plan, &host, port).await?;
         let stream = connect(&addrs, plan.deadline).await?;
         ledger.update(at, |r| r.sent = sent);
         let (response, io) = exchange(stream, scheme, &host, request, plan.deadline).await?;
-        Ok((response, io, sent))
+        Ok((response, io, sent, fd))
     };
     let outcome = tokio::select! {
         biased;
@@ -372,7 +404,7 @@ async fn send(
         return Err(Error::ConnectionTerminated);
     };
     match outcome {
-        Ok((response, io, sent)) => {
+        Ok((response, io, sent, fd)) => {
             let status = response.status().as_u16();
             ledger.update(at, |r| {
                 r.status = Some(status);
@@ -386,6 +418,7 @@ async fn send(
             // in flight until then.
             let io: IoFuture = Box::new(async move {
                 let _in_flight = in_flight;
+                let _fd = fd;
                 let ledger = _in_flight.0.clone();
                 tokio::select! {
                     biased;
@@ -420,13 +453,18 @@ fn check_reflections(
         .chain(std::iter::once(("the body", body)));
     for (place, bytes) in places {
         if let Some(found) = reflections.elsewhere(secrets, bytes, scheme, host, port) {
+            let bound = match found.binding {
+                Some(b) => format!(
+                    "which is bound to {}://{}:{}, not to this destination",
+                    b.scheme.as_str(),
+                    super::grant::HostPattern::Exact(b.host.clone()),
+                    b.port
+                ),
+                None => "which this call binds to no destination".to_string(),
+            };
             return Err(deny(format!(
-                "{place} carries the value of secret `{}` ({}), which is bound to {}://{}:{}, not to this destination; nothing was sent",
-                found.binding.name,
-                found.form,
-                found.binding.scheme.as_str(),
-                super::grant::HostPattern::Exact(found.binding.host.clone()),
-                found.binding.port
+                "{place} carries the value of secret `{}` ({}), {bound}; nothing was sent",
+                found.name, found.form
             )));
         }
     }
