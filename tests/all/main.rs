@@ -21,6 +21,7 @@ mod peers;
 mod plans;
 mod plugins;
 mod postgres;
+mod reach;
 mod registry;
 mod sandbox;
 mod sources;

@@ -61,12 +61,15 @@ fn grants(port: u16) -> NetGrants {
 }
 
 fn egress(port: u16) -> Egress {
-    Egress::new(EgressPlan {
-        grants: grants(port),
-        secrets: Vec::new(),
-        known: Vec::new(),
-        deadline: Instant::now() + Duration::from_secs(3600),
-    }, std::sync::Arc::new(keel::sandbox::descriptors::Descriptors::new(None)))
+    Egress::new(
+        EgressPlan {
+            grants: grants(port),
+            secrets: Vec::new(),
+            known: Vec::new(),
+            deadline: Instant::now() + Duration::from_secs(3600),
+        },
+        std::sync::Arc::new(keel::sandbox::descriptors::Descriptors::new(None)),
+    )
 }
 
 fn main() {

@@ -303,7 +303,9 @@ impl Grant {
             None => Ok(()),
             Some(want) => match dir_id(dir) {
                 Ok(found) if found == want => Ok(()),
-                Ok(_) => Err(GrantUnusable::from(moved(format!("{what} is another directory now")))),
+                Ok(_) => {
+                    Err(GrantUnusable::from(moved(format!("{what} is another directory now"))))
+                }
                 Err(e) => Err(failed(e, "")),
             },
         };

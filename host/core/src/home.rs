@@ -106,8 +106,12 @@ impl Home {
             "contains"
         } else {
             match (self.boundary(), open_dir_id(dir)) {
-                (Ok(b), Ok(id)) if b.dirs.contains(&id) => "is (another path to) a directory inside",
-                (Ok(b), Ok(id)) if b.above.contains(&id) => "is another path to a directory that contains",
+                (Ok(b), Ok(id)) if b.dirs.contains(&id) => {
+                    "is (another path to) a directory inside"
+                }
+                (Ok(b), Ok(id)) if b.above.contains(&id) => {
+                    "is another path to a directory that contains"
+                }
                 _ => return Ok(()),
             }
         };

@@ -218,7 +218,11 @@ impl SecretStore {
     }
 
     /// Writes `plain` encrypted to `recipients`.
-    fn seal(&self, plain: &Plain, recipients: &[age::x25519::Recipient]) -> Result<(), SecretError> {
+    fn seal(
+        &self,
+        plain: &Plain,
+        recipients: &[age::x25519::Recipient],
+    ) -> Result<(), SecretError> {
         let map: BTreeMap<&str, &str> =
             plain.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let text = Zeroizing::new(
@@ -348,7 +352,11 @@ pub fn rotate_key(dir: &Path) -> Result<Rotated, SecretError> {
         }
         Ok(Rotated {
             stores: opened.iter().map(|(s, _)| s.file).collect(),
-            secrets: opened.iter().filter(|(s, _)| s.file == "secrets.age").map(|(_, p)| p.len()).sum(),
+            secrets: opened
+                .iter()
+                .filter(|(s, _)| s.file == "secrets.age")
+                .map(|(_, p)| p.len())
+                .sum(),
         })
     })
 }
@@ -380,7 +388,10 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), SecretError> {
 }
 
 /// The values of `names` among `all` (each once), or the first one missing.
-pub fn pick(all: &[(String, Secret)], names: &[String]) -> Result<Vec<(String, Secret)>, SecretError> {
+pub fn pick(
+    all: &[(String, Secret)],
+    names: &[String],
+) -> Result<Vec<(String, Secret)>, SecretError> {
     names
         .iter()
         .map(|n| match all.iter().find(|(k, _)| k == n) {
@@ -393,12 +404,19 @@ pub fn pick(all: &[(String, Secret)], names: &[String]) -> Result<Vec<(String, S
 /// `value` percent-encoded as keel writes a secret into a URL's query (`:in=query`): every
 /// byte but ASCII letters, digits and `-._~` as `%XX`, upper-case hex.
 pub fn url_encoded(value: &str) -> String {
+    percent_encoded(value, true)
+}
+
+/// `value` percent-encoded as [`url_encoded`], with upper- or lower-case hex.
+fn percent_encoded(value: &str, upper: bool) -> String {
     let mut out = String::with_capacity(value.len());
     for b in value.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
             out.push(b as char);
-        } else {
+        } else if upper {
             out.push_str(&format!("%{b:02X}"));
+        } else {
+            out.push_str(&format!("%{b:02x}"));
         }
     }
     out
@@ -449,7 +467,7 @@ impl Redactor {
         let mut marks: Vec<String> = Vec::new();
         for (n, s) in &secrets {
             let encoded = url_encoded(s.expose());
-            let lower = encoded.to_ascii_lowercase();
+            let lower = percent_encoded(s.expose(), false);
             for form in [s.expose().to_string(), encoded, lower] {
                 if !patterns.contains(&form) {
                     patterns.push(form);

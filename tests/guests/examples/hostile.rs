@@ -223,6 +223,33 @@ fn hard_link(i: TwoPaths) -> Result<Out, ToolError> {
     Ok(Out(json!("linked")))
 }
 
+#[derive(Deserialize, JsonSchema)]
+struct HoldIn {
+    path: String,
+    count: u64,
+    /// Milliseconds to keep them open once opened.
+    #[serde(default)]
+    ms: u64,
+}
+
+/// Opens `path` `count` times and keeps every file open for `ms` milliseconds: how many
+/// opened, and the first error.
+fn hold_open(i: HoldIn) -> Result<Out, ToolError> {
+    let mut held = Vec::new();
+    let mut error = None;
+    for _ in 0..i.count {
+        match std::fs::File::open(&i.path) {
+            Ok(f) => held.push(f),
+            Err(e) => {
+                error = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_millis(i.ms));
+    Ok(Out(json!({ "opened": held.len(), "error": error })))
+}
+
 fn tools() -> Vec<Tool> {
     use Effect::*;
     vec![
@@ -248,6 +275,7 @@ fn tools() -> Vec<Tool> {
         Tool::new("mkdir", "Creates a directory.", WorkspaceWrite, mkdir),
         Tool::new("rename", "Renames a file.", Destructive, rename),
         Tool::new("hard_link", "Hard-links a file.", WorkspaceWrite, hard_link),
+        Tool::new("hold_open", "Opens a file many times and holds it.", ReadOnly, hold_open),
     ]
 }
 

@@ -91,7 +91,11 @@ pub fn execute(home: PathBuf, cmd: SecretCommand) -> ExitCode {
                 } else {
                     println!(
                         "new secrets key written (mode 0600); re-encrypted: {}",
-                        if r.stores.is_empty() { "nothing yet".into() } else { r.stores.join(", ") }
+                        if r.stores.is_empty() {
+                            "nothing yet".into()
+                        } else {
+                            r.stores.join(", ")
+                        }
                     );
                     if r.secrets > 0 {
                         println!(

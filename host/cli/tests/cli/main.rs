@@ -15,6 +15,7 @@ mod hostile_registry;
 mod hosts;
 mod mcp;
 mod net;
+mod reach;
 mod registry;
 mod run;
 mod serve;

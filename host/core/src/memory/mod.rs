@@ -279,7 +279,7 @@ mod tests {
         assert_eq!(typed("alice", Kind::Local), "local:alice");
         assert_eq!(typed("alice", Kind::Token), "token:alice");
         assert_eq!(typed("token:alice", Kind::Local), "token:alice");
-        assert!(valid_principal("local:alice") && valid_principal("token:a.b@c"));
+        assert!(valid_principal("local:alice") && valid_principal("token:a.b-c"));
         assert!(!valid_principal("alice") && !valid_principal("other:alice"));
         assert!(!valid_principal("local:a b") && !valid_principal("local:"));
         let dir = tempfile::tempdir().unwrap();

@@ -65,10 +65,10 @@ impl Descriptors {
 
     /// `n` descriptors now, or why not.
     pub fn try_take(&self, n: usize) -> Result<OwnedSemaphorePermit, Exhausted> {
-        self.sem.clone().try_acquire_many_owned(n as u32).map_err(|_| Exhausted {
-            total: self.total,
-            waited: "; nothing was opened",
-        })
+        self.sem
+            .clone()
+            .try_acquire_many_owned(n as u32)
+            .map_err(|_| Exhausted { total: self.total, waited: "; nothing was opened" })
     }
 
     /// `n` descriptors, waiting for them until `deadline`.

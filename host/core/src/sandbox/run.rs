@@ -9,8 +9,8 @@ use wasmtime::{Engine, Store, Trap};
 use crate::policy::Effect;
 
 use super::control::ControlCtx;
-use super::error::{CallError, ToolErrorKind};
 use super::descriptors::Descriptors;
+use super::error::{CallError, ToolErrorKind};
 use super::fs::{FsPolicy, FsReach, FsReport};
 use super::host_api::{LogRecord, Progress, ToolSpec, WitEffect, WitToolError};
 use super::limits::{CallLimits, LimitExceeded};

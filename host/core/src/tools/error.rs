@@ -144,7 +144,9 @@ impl ToolServiceError {
             Self::GrantUnusable(e) => match e {
                 crate::sandbox::GrantUnusable::Moved(_) => FailureKind::GrantMoved,
                 crate::sandbox::GrantUnusable::Pseudo { .. } => FailureKind::Grant,
-                crate::sandbox::GrantUnusable::Unopened { exhausted: true, .. } => FailureKind::Busy,
+                crate::sandbox::GrantUnusable::Unopened { exhausted: true, .. } => {
+                    FailureKind::Busy
+                }
                 crate::sandbox::GrantUnusable::Unopened { .. } => FailureKind::Io,
             },
             Self::HomeGrant { .. } => FailureKind::Grant,

@@ -574,7 +574,6 @@ impl HostDescriptor for GuardedFs<'_> {
         HostDescriptor::remove_directory_at(&mut self.fs, fd, path).await
     }
 
-
     async fn rename_at(
         &mut self,
         fd: Resource<Descriptor>,

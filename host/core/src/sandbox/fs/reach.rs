@@ -215,7 +215,10 @@ fn resolve(base: &Dir, path: &str, follow: bool) -> Option<(Dir, String)> {
         };
         if name.is_empty() || name == "." || name == ".." {
             // The object is a directory: it is its own holder.
-            return Some((base.open_dir(if path.is_empty() { "." } else { &path }).ok()?, ".".into()));
+            return Some((
+                base.open_dir(if path.is_empty() { "." } else { &path }).ok()?,
+                ".".into(),
+            ));
         }
         if follow && let Ok(target) = holder.read_link(name) {
             if target.is_absolute() {

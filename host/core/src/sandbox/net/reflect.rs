@@ -146,8 +146,7 @@ fn json_strings(v: &serde_json::Value, out: &mut Vec<u8>) {
 fn forms(value: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
     let mut out = vec![("as is", value.to_vec())];
     let encoded = crate::secrets::url_encoded(&String::from_utf8_lossy(value));
-    out.push(("URL-encoded", encoded.clone().into_bytes()));
-    out.push(("URL-encoded", encoded.to_ascii_lowercase().into_bytes()));
+    out.push(("URL-encoded", encoded.into_bytes()));
     out.push(("hex", hex::encode(value).into_bytes()));
     out.push(("hex", hex::encode_upper(value).into_bytes()));
     let engines: [(&'static str, &base64::engine::GeneralPurpose); 2] = [

@@ -281,8 +281,9 @@ pub(crate) fn inert_markers(text: &str) -> std::borrow::Cow<'_, str> {
                 != unicode_general_category::GeneralCategory::Format
     };
     let folded = text.chars().all(|c| c.is_ascii())
-        || (text.chars().all(plain) && unicode_normalization::is_nfkc_quick(text.chars())
-            == unicode_normalization::IsNormalized::Yes);
+        || (text.chars().all(plain)
+            && unicode_normalization::is_nfkc_quick(text.chars())
+                == unicode_normalization::IsNormalized::Yes);
     if folded {
         return escape_markers(text);
     }
