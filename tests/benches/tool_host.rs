@@ -186,6 +186,31 @@ fn main() {
         .collect();
     let identity = stats(samples);
     row("grant identity check (open without links + compare)", &identity);
+    // The home's identities, read for each call with a grant (its directories, every file,
+    // the directories above it), and every secret of the home, read for each call's redactor
+    // (five secrets here; a home without secrets reads nothing).
+    let timed = |f: &dyn Fn()| {
+        let samples: Vec<Duration> = (0..iters)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed()
+            })
+            .collect();
+        stats(samples)
+    };
+    let boundary = timed(&|| drop(home.boundary().unwrap()));
+    row("home identities for one call (Home::boundary)", &boundary);
+    let store = keel::secrets::SecretStore::new(home.root());
+    for i in 0..5 {
+        store
+            .set(&format!("S{i}"), keel::secrets::Secret::new(format!("bench-secret-value-{i:04}")))
+            .unwrap();
+    }
+    let all = timed(&|| drop(store.all().unwrap()));
+    row("every secret of the home for one call (5 secrets)", &all);
+    let governed_secrets = governed_call("fs_read_file", r#"{"path":"/w/small.txt"}"#, &grants);
+    row("ToolService call: fs_read_file, home with 5 secrets", &governed_secrets);
     // The guest's preopen is made from the checked handle (its /proc/self/fd entry) instead
     // of the path: what opening each costs.
     let open_by = |path: &std::path::Path| {
