@@ -280,7 +280,7 @@ pub(crate) fn inert_markers(text: &str) -> std::borrow::Cow<'_, str> {
             || unicode_general_category::get_general_category(c)
                 != unicode_general_category::GeneralCategory::Format
     };
-    let folded = text.chars().all(|c| c.is_ascii())
+    let folded = text.is_ascii()
         || (text.chars().all(plain)
             && unicode_normalization::is_nfkc_quick(text.chars())
                 == unicode_normalization::IsNormalized::Yes);
