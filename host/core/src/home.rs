@@ -100,16 +100,22 @@ impl Home {
     /// filesystem guard refuses every object opened inside the home at its use
     /// ([`Boundary`]).
     pub fn check_grant(&self, dir: &Path) -> Result<(), String> {
+        match self.boundary() {
+            Ok(b) => self.check_grant_in(dir, &b),
+            Err(_) => self.check_grant_in(dir, &Boundary::empty(self.root.clone())),
+        }
+    }
+
+    /// [`Home::check_grant`] against identities already read.
+    pub fn check_grant_in(&self, dir: &Path, boundary: &Boundary) -> Result<(), String> {
         let why = if dir.starts_with(&self.root) {
             "lies inside"
         } else if self.root.starts_with(dir) || self.secrets_key().starts_with(dir) {
             "contains"
         } else {
-            match (self.boundary(), open_dir_id(dir)) {
-                (Ok(b), Ok(id)) if b.dirs.contains(&id) => {
-                    "is (another path to) a directory inside"
-                }
-                (Ok(b), Ok(id)) if b.above.contains(&id) => {
+            match open_dir_id(dir) {
+                Ok(id) if boundary.dirs.contains(&id) => "is (another path to) a directory inside",
+                Ok(id) if boundary.above.contains(&id) => {
                     "is another path to a directory that contains"
                 }
                 _ => return Ok(()),
@@ -213,6 +219,10 @@ pub struct Boundary {
 }
 
 impl Boundary {
+    fn empty(root: PathBuf) -> Self {
+        Self { root, dirs: HashSet::new(), files: HashSet::new(), above: HashSet::new() }
+    }
+
     /// Why a directory with identity `id` may not be used by a tool, if it may not.
     pub fn refuse_dir(&self, id: FileId) -> Option<String> {
         self.dirs.contains(&id).then(|| {

@@ -103,9 +103,28 @@ impl ToolService {
     /// [`Home::check_grant`](crate::home::Home::check_grant)); every front-end calls it when
     /// grants are made, and every call again.
     pub fn check_grants(&self, grants: &[Grant]) -> Result<(), ToolServiceError> {
+        if grants.is_empty() {
+            return Ok(());
+        }
+        self.check_grants_in(grants, &self.boundary()?)
+    }
+
+    /// The home's identities, read now (see [`crate::home::Boundary`]).
+    fn boundary(&self) -> Result<crate::home::Boundary, ToolServiceError> {
+        self.home.boundary().map_err(|source| ToolServiceError::Io {
+            context: "reading keel's home".into(),
+            source,
+        })
+    }
+
+    fn check_grants_in(
+        &self,
+        grants: &[Grant],
+        boundary: &crate::home::Boundary,
+    ) -> Result<(), ToolServiceError> {
         for g in grants {
             self.home
-                .check_grant(&g.host)
+                .check_grant_in(&g.host, boundary)
                 .map_err(|reason| ToolServiceError::HomeGrant { grant: g.to_string(), reason })?;
         }
         Ok(())
@@ -270,16 +289,17 @@ impl ToolService {
         // Each grant is checked again at its use: never keel's home, and still the directory
         // it was given for — opened once here, without following links, and used through
         // that handle by the guest and the change set alike.
-        self.check_grants(req.grants)?;
-        let opened = req.grants.iter().map(Grant::opened).collect::<Result<Vec<_>, _>>()?;
-        // The home's identities, read for this call: no object the tool opens below its grants
-        // may be one of them (a bind mount or a hard link into the home).
-        let boundary = match opened.is_empty() {
+        // The home's identities, read once for this call: no grant is the home, and no object
+        // the tool opens below its grants may be one of them (a bind mount or a hard link into
+        // the home).
+        let boundary = match req.grants.is_empty() {
             true => None,
-            false => Some(Arc::new(self.home.boundary().map_err(|source| {
-                ToolServiceError::Io { context: "reading keel's home".into(), source }
-            })?)),
+            false => Some(Arc::new(self.boundary()?)),
         };
+        if let Some(b) = &boundary {
+            self.check_grants_in(req.grants, b)?;
+        }
+        let opened = req.grants.iter().map(Grant::opened).collect::<Result<Vec<_>, _>>()?;
         req.net.check()?;
         // The values of the secrets the call may send, read once per call. Every output of the
         // call is redacted of every secret of the home — not only the call's: an earlier call

@@ -157,7 +157,7 @@ impl Ledger {
 pub struct Egress {
     plan: Arc<EgressPlan>,
     ledger: Arc<Ledger>,
-    reflections: Arc<Reflections>,
+    reflections: Arc<std::sync::OnceLock<Arc<Reflections>>>,
     /// The process's descriptors for tools: each connection holds one.
     descriptors: Arc<Descriptors>,
 }
@@ -171,22 +171,36 @@ pub struct NetReport {
 
 impl Egress {
     pub fn new(plan: EgressPlan, descriptors: Arc<Descriptors>) -> Self {
-        // The bound values are looked for too, whatever `known` holds.
-        let mut known = plan.known.clone();
-        for (b, v) in &plan.secrets {
-            if !known.iter().any(|(n, _)| *n == b.name) {
-                known.push((b.name.clone(), v.clone()));
-            }
+        Self {
+            plan: Arc::new(plan),
+            ledger: Arc::default(),
+            reflections: Arc::default(),
+            descriptors,
         }
-        let reflections = Arc::new(Reflections::new(&known));
-        Self { plan: Arc::new(plan), ledger: Arc::default(), reflections, descriptors }
+    }
+
+    /// The forms of every known secret, built at the call's first request (most calls send
+    /// none).
+    fn reflections(&self) -> Arc<Reflections> {
+        self.reflections
+            .get_or_init(|| {
+                // The bound values are looked for too, whatever `known` holds.
+                let mut known = self.plan.known.clone();
+                for (b, v) in &self.plan.secrets {
+                    if !known.iter().any(|(n, _)| *n == b.name) {
+                        known.push((b.name.clone(), v.clone()));
+                    }
+                }
+                Arc::new(Reflections::new(&known))
+            })
+            .clone()
     }
 
     fn sender(&self) -> Sender {
         Sender {
             plan: self.plan.clone(),
             ledger: self.ledger.clone(),
-            reflections: self.reflections.clone(),
+            reflections: self.reflections(),
             descriptors: self.descriptors.clone(),
         }
     }
