@@ -13,7 +13,7 @@ use super::run::{args, keel_async};
 
 const CANARY: &str = "cli-canary-7f3e9a-secret";
 
-fn secret_set(home: &Path, name: &str, value: &str) -> Output {
+pub(super) fn secret_set(home: &Path, name: &str, value: &str) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
         .arg("--home")
         .arg(home)

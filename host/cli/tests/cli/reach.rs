@@ -8,7 +8,6 @@
 //! The mount tests make their bind mounts in a mount namespace of their own (`unshare -m`, as
 //! root; `unshare -rm` otherwise), so nothing outside the test sees them.
 
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -16,6 +15,7 @@ use std::process::{Command, Output, Stdio};
 use keel_tests::web_peer::WebPeer;
 use serde_json::{Value, json};
 
+use super::net::secret_set;
 use super::{json_of, keel};
 
 const CANARY: &str = "reach-canary-5d2e8f-secret";
@@ -38,20 +38,6 @@ fn user_home() -> UserHome {
     let out = secret_set(&home, "TOKEN", CANARY);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     UserHome { _dir: dir, root, user, home }
-}
-
-fn secret_set(home: &Path, name: &str, value: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .arg("--home")
-        .arg(home)
-        .args(["secret", "set", name, "--json"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(format!("{value}\n").as_bytes()).unwrap();
-    child.wait_with_output().unwrap()
 }
 
 /// `keel --home HOME ARGS` run after `binds` (source, target) are bind-mounted, in a mount
