@@ -87,23 +87,27 @@ pub struct GrantMoved {
 pub enum GrantUnusable {
     #[error(transparent)]
     Moved(#[from] GrantMoved),
-    #[error(
-        "grant: the grant `{grant}` is on a `{fs}` filesystem, which shows processes (keel's own memory and environment among them), the kernel or devices; no tool may be granted it"
-    )]
+    #[error("the grant `{grant}` {}", pseudo_reason(fs))]
     Pseudo { grant: String, fs: &'static str },
     #[error("the grant `{grant}` could not be opened: {error}; nothing was run")]
     Unopened { grant: String, error: String, exhausted: bool },
 }
 
-impl GrantUnusable {
-    /// The failure kind a call refused for it has.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Moved(_) => "grant_moved",
-            Self::Pseudo { .. } => "grant",
-            Self::Unopened { exhausted: true, .. } => "busy",
-            Self::Unopened { .. } => "io",
-        }
+/// Why a directory on the pseudo-filesystem `fs` is never granted.
+fn pseudo_reason(fs: &str) -> String {
+    format!(
+        "is on a `{fs}` filesystem, which shows processes (keel's own memory and environment among them), the kernel or devices; no tool may be granted it"
+    )
+}
+
+/// A grant `grant` that could not be opened for `e` (after `context`), said as it is.
+fn unopened(grant: &Grant, context: &str, e: &std::io::Error) -> GrantUnusable {
+    let exhausted = out_of_descriptors(e);
+    let left = if exhausted { " — keel's process has no file descriptor left" } else { "" };
+    GrantUnusable::Unopened {
+        grant: grant.to_string(),
+        exhausted,
+        error: format!("{context}{e}{left}"),
     }
 }
 
@@ -288,15 +292,7 @@ impl Grant {
                 Some(ELOOP | ENOTDIR | ENOENT) => {
                     moved(format!("{context}{}", open_failure(&e))).into()
                 }
-                _ => GrantUnusable::Unopened {
-                    grant: self.to_string(),
-                    exhausted: out_of_descriptors(&e),
-                    error: if out_of_descriptors(&e) {
-                        format!("{context}{e} — keel's process has no file descriptor left")
-                    } else {
-                        format!("{context}{e}")
-                    },
-                },
+                _ => unopened(self, context, &e),
             }
         };
         let check = |dir: &cap_std::fs::Dir, want: Option<DirId>, what: &str| match want {
@@ -335,11 +331,7 @@ impl Grant {
     pub fn bound(mut self) -> Result<Self, GrantUnusable> {
         if self.id.is_none() {
             let dir = self.open()?;
-            self.id = Some(dir_id(&dir).map_err(|e| GrantUnusable::Unopened {
-                grant: self.to_string(),
-                exhausted: out_of_descriptors(&e),
-                error: e.to_string(),
-            })?);
+            self.id = Some(dir_id(&dir).map_err(|e| unopened(&self, "", &e))?);
         }
         Ok(self)
     }
@@ -386,9 +378,7 @@ impl Grant {
             .ok_or_else(|| GrantError::GuestPath { spec: spec.to_string(), guest: guest.into() })?;
         let dir = open_no_links(&canonical).map_err(|e| host_err(e.to_string()))?;
         if let Some(fs) = pseudo_fs(&dir) {
-            return Err(host_err(format!(
-                "it is on a `{fs}` filesystem, which shows processes (keel's own memory and environment among them), the kernel or devices; no tool may be granted it"
-            )));
+            return Err(host_err(format!("it {}", pseudo_reason(fs))));
         }
         let id = Some(dir_id(&dir).map_err(|e| host_err(e.to_string()))?);
         Ok(Self { host: canonical, guest, access, id, within: None })
@@ -463,9 +453,7 @@ impl Grant {
             _ => format!("grant `{spec}`: `{guest}` cannot be used: {e}"),
         })?;
         if let Some(fs) = pseudo_fs(&dir) {
-            return Err(format!(
-                "grant `{spec}`: `{guest}` is on a `{fs}` filesystem, which shows processes, the kernel or devices; no tool may be granted it"
-            ));
+            return Err(format!("grant `{spec}`: `{guest}` {}", pseudo_reason(fs)));
         }
         let id = Some(dir_id(&dir).map_err(|e| format!("grant `{spec}`: {e}"))?);
         let host = if rel.is_empty() { parent.host.clone() } else { parent.host.join(rel) };

@@ -71,6 +71,11 @@ fn rustix_is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// `tool call TOOL --grant GRANT --input INPUT --json`.
+fn call<'a>(tool: &'a str, grant: &'a str, input: &'a str) -> [&'a str; 8] {
+    ["tool", "call", tool, "--grant", grant, "--input", input, "--json"]
+}
+
 fn read_input(path: &str) -> String {
     json!({ "path": path }).to_string()
 }
@@ -107,11 +112,7 @@ fn a_bind_mount_of_the_users_home_is_refused_as_a_grant_and_leads_nowhere_inside
     std::fs::create_dir(&bind).unwrap();
     let grant = format!("{}=/b:rw", bind.display());
     let input = read_input("/b/.local/share/keel/secrets.key");
-    let out = keel_with_binds(
-        &[(&u.user, &bind)],
-        &u.home,
-        &["tool", "call", "fs_read_file", "--grant", &grant, "--input", &input, "--json"],
-    );
+    let out = keel_with_binds(&[(&u.user, &bind)], &u.home, &call("fs_read_file", &grant, &input));
     let (kind, message) = refused(&out);
     assert_eq!(kind, "grant", "{message}");
     assert!(message.contains("keel's home") && message.contains("another path"), "{message}");
@@ -131,16 +132,7 @@ fn a_bind_mount_of_the_users_home_is_refused_as_a_grant_and_leads_nowhere_inside
         let out = keel_with_binds(
             &[(&u.user, &inner)],
             &u.home,
-            &[
-                "tool",
-                "call",
-                "fs_read_file",
-                "--grant",
-                &grant,
-                "--input",
-                &read_input(path),
-                "--json",
-            ],
+            &call("fs_read_file", &grant, &read_input(path)),
         );
         let v = ran_and_failed(&out);
         assert!(v["fs"]["denied"].to_string().contains("keel's home"), "{path}: {v}");
@@ -148,11 +140,8 @@ fn a_bind_mount_of_the_users_home_is_refused_as_a_grant_and_leads_nowhere_inside
     }
     // Nor can it write keel.toml (a foreign model URL) there.
     let write = json!({"path": "/w/inner/.local/share/keel/keel.toml", "content": "[model]\nurl = \"http://evil.example\"\n"}).to_string();
-    let out = keel_with_binds(
-        &[(&u.user, &inner)],
-        &u.home,
-        &["tool", "call", "fs_write_file", "--grant", &grant, "--input", &write, "--json"],
-    );
+    let out =
+        keel_with_binds(&[(&u.user, &inner)], &u.home, &call("fs_write_file", &grant, &write));
     let v = ran_and_failed(&out);
     assert!(v["fs"]["denied"].to_string().contains("keel's home"), "{v}");
     assert!(!u.home.join("keel.toml").exists(), "keel.toml was written");
@@ -161,16 +150,7 @@ fn a_bind_mount_of_the_users_home_is_refused_as_a_grant_and_leads_nowhere_inside
     let out = keel_with_binds(
         &[(&u.user, &inner)],
         &u.home,
-        &[
-            "tool",
-            "call",
-            "fs_read_file",
-            "--grant",
-            &grant,
-            "--input",
-            &read_input("/w/h/secrets.key"),
-            "--json",
-        ],
+        &call("fs_read_file", &grant, &read_input("/w/h/secrets.key")),
     );
     ran_and_failed(&out);
     assert!(!String::from_utf8_lossy(&out.stdout).contains(&key_line));
@@ -178,16 +158,7 @@ fn a_bind_mount_of_the_users_home_is_refused_as_a_grant_and_leads_nowhere_inside
     let out = keel_with_binds(
         &[(&u.user, &inner)],
         &u.home,
-        &[
-            "tool",
-            "call",
-            "fs_read_file",
-            "--grant",
-            &grant,
-            "--input",
-            &read_input("/w/notes.txt"),
-            "--json",
-        ],
+        &call("fs_read_file", &grant, &read_input("/w/notes.txt")),
     );
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
 }
@@ -202,19 +173,7 @@ fn a_hard_link_to_the_secrets_key_in_a_grant_is_the_key() {
     std::fs::hard_link(u.home.join("secrets.age"), ws.join("data.bin")).unwrap();
     let grant = format!("{}=/w:ro", ws.display());
     for path in ["/w/innocent.txt", "/w/data.bin"] {
-        let out = keel(
-            &u.home,
-            &[
-                "tool",
-                "call",
-                "fs_read_file",
-                "--grant",
-                &grant,
-                "--input",
-                &read_input(path),
-                "--json",
-            ],
-        );
+        let out = keel(&u.home, &call("fs_read_file", &grant, &read_input(path)));
         let v = ran_and_failed(&out);
         assert!(v["fs"]["denied"].to_string().contains("hard link"), "{path}: {v}");
         assert!(!String::from_utf8_lossy(&out.stdout).contains(&key_line));
@@ -224,36 +183,12 @@ fn a_hard_link_to_the_secrets_key_in_a_grant_is_the_key() {
 #[test]
 fn no_grant_reaches_a_process_filesystem_by_its_path_or_by_a_mount_elsewhere() {
     let u = user_home();
-    let out = keel(
-        &u.home,
-        &[
-            "tool",
-            "call",
-            "fs_read_file",
-            "--grant",
-            "/proc=/p:ro",
-            "--input",
-            &read_input("/p/self/environ"),
-            "--json",
-        ],
-    );
+    let out = keel(&u.home, &call("fs_read_file", "/proc=/p:ro", &read_input("/p/self/environ")));
     // Refused where the grant is read, before anything runs.
     assert_eq!(out.status.code(), Some(2));
     let message = String::from_utf8_lossy(&out.stderr);
     assert!(message.contains("`proc` filesystem"), "{message}");
-    let out = keel(
-        &u.home,
-        &[
-            "tool",
-            "call",
-            "fs_list_dir",
-            "--grant",
-            "/sys/kernel=/s:ro",
-            "--input",
-            &read_input("/s"),
-            "--json",
-        ],
-    );
+    let out = keel(&u.home, &call("fs_list_dir", "/sys/kernel=/s:ro", &read_input("/s")));
     assert_eq!(out.status.code(), Some(2));
     let message = String::from_utf8_lossy(&out.stderr);
     assert!(message.contains("`sysfs` filesystem"), "{message}");
@@ -265,16 +200,7 @@ fn no_grant_reaches_a_process_filesystem_by_its_path_or_by_a_mount_elsewhere() {
     let out = keel_with_binds(
         &[(proc_dir, &ws.join("p"))],
         &u.home,
-        &[
-            "tool",
-            "call",
-            "fs_read_file",
-            "--grant",
-            &grant,
-            "--input",
-            &read_input("/w/p/self/environ"),
-            "--json",
-        ],
+        &call("fs_read_file", &grant, &read_input("/w/p/self/environ")),
     );
     let v = ran_and_failed(&out);
     assert!(v["fs"]["denied"].to_string().contains("`proc` filesystem"), "{v}");

@@ -111,8 +111,8 @@ pub struct FsGuard {
     meter: Arc<Meter>,
     report: FsReport,
     boundary: Option<Arc<Boundary>>,
-    grants: Vec<Arc<cap_std::fs::Dir>>,
-    guests: Vec<String>,
+    /// The call's grants, by guest path.
+    grants: Vec<(String, Arc<cap_std::fs::Dir>)>,
     descriptors: Arc<Descriptors>,
     /// Per open guest descriptor (its resource's index): the grant it lies in, and the
     /// descriptor it holds of the process's share (a preopen's is the call's).
@@ -132,8 +132,7 @@ impl FsGuard {
             }),
             report: FsReport::default(),
             boundary: reach.boundary,
-            guests: reach.grants.iter().map(|(g, _)| g.clone()).collect(),
-            grants: reach.grants.into_iter().map(|(_, d)| d).collect(),
+            grants: reach.grants,
             descriptors: reach.descriptors,
             held: HashMap::new(),
         }
@@ -336,7 +335,7 @@ impl preopens::Host for GuardedFs<'_> {
     fn get_directories(&mut self) -> wasmtime::Result<Vec<(Resource<Descriptor>, String)>> {
         let dirs = preopens::Host::get_directories(&mut self.fs)?;
         for (fd, guest) in &dirs {
-            let grant = self.guard.guests.iter().position(|g| g == guest);
+            let grant = self.guard.grants.iter().position(|(g, _)| g == guest);
             self.guard.held.insert(fd.rep(), (grant, None));
         }
         Ok(dirs)

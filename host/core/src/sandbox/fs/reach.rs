@@ -166,7 +166,7 @@ impl GuardedFs<'_> {
     /// `grant`: unless every one of its links is inside that grant, a write through it changes
     /// a file elsewhere — a place this call was not granted.
     fn links_outside(&self, id: FileId, links: u64, grant: Option<usize>) -> Option<String> {
-        let dir = grant.and_then(|g| self.guard.grants.get(g))?;
+        let (_, dir) = grant.and_then(|g| self.guard.grants.get(g))?;
         let mut found = 0u64;
         let mut seen = 0usize;
         let mut stack: Vec<Arc<Dir>> = vec![dir.clone()];
