@@ -93,6 +93,18 @@ pub enum GrantUnusable {
     Unopened { grant: String, error: String, exhausted: bool },
 }
 
+impl GrantUnusable {
+    /// The failure kind of a call refused for it (one of `FailureKind`'s names).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Moved(_) => "grant_moved",
+            Self::Pseudo { .. } => "grant",
+            Self::Unopened { exhausted: true, .. } => "busy",
+            Self::Unopened { .. } => "io",
+        }
+    }
+}
+
 /// Why a directory on the pseudo-filesystem `fs` is never granted.
 fn pseudo_reason(fs: &str) -> String {
     format!(

@@ -141,14 +141,9 @@ impl ToolServiceError {
             Self::ApprovalNotBound { .. } => FailureKind::ApprovalNotBound,
             Self::McpServer { .. } => FailureKind::McpServer,
             Self::Mcp(e) => e.failure(),
-            Self::GrantUnusable(e) => match e {
-                crate::sandbox::GrantUnusable::Moved(_) => FailureKind::GrantMoved,
-                crate::sandbox::GrantUnusable::Pseudo { .. } => FailureKind::Grant,
-                crate::sandbox::GrantUnusable::Unopened { exhausted: true, .. } => {
-                    FailureKind::Busy
-                }
-                crate::sandbox::GrantUnusable::Unopened { .. } => FailureKind::Io,
-            },
+            // The grant names its own kind (a leaf cannot name `FailureKind`); every name it
+            // gives is one of them.
+            Self::GrantUnusable(e) => e.kind().parse().unwrap_or(FailureKind::Grant),
             Self::HomeGrant { .. } => FailureKind::Grant,
             Self::Unverified { .. } => FailureKind::Unverified,
             Self::Wider { .. } => FailureKind::Wider,
@@ -159,5 +154,29 @@ impl ToolServiceError {
     /// A stable, machine-readable name of the error's kind.
     pub fn kind(&self) -> &'static str {
         self.failure().as_str()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::{GrantMoved, GrantUnusable};
+
+    #[test]
+    fn every_kind_a_grant_names_is_a_failure_kind() {
+        let grant = String::from("/x=/x:ro");
+        for e in [
+            GrantUnusable::Moved(GrantMoved { grant: grant.clone(), why: "gone".into() }),
+            GrantUnusable::Pseudo { grant: grant.clone(), fs: "proc" },
+            GrantUnusable::Unopened {
+                grant: grant.clone(),
+                error: "EMFILE".into(),
+                exhausted: true,
+            },
+            GrantUnusable::Unopened { grant, error: "EACCES".into(), exhausted: false },
+        ] {
+            assert_eq!(e.kind().parse::<FailureKind>().ok().map(|k| k.as_str()), Some(e.kind()));
+            assert_eq!(ToolServiceError::from(e.clone()).kind(), e.kind());
+        }
     }
 }

@@ -55,10 +55,7 @@ pub fn list(grants: &[Grant], guest: &str, path: &str) -> Result<Listing, Failur
     };
     // Through the grant's identity-checked handle, never its path: a directory swapped for a
     // link after the grant was given is refused, not followed.
-    let root = grant.open().map_err(|e| {
-        let e = keel::tools::ToolServiceError::from(e);
-        Failure::new(e.kind(), e.to_string())
-    })?;
+    let root = grant.open().map_err(|e| Failure::new(e.kind(), e.to_string()))?;
     let dir = if rel.is_empty() { root } else { root.open_dir(rel).map_err(io)? };
     let mut entries = Vec::new();
     let mut truncated = false;
