@@ -322,7 +322,7 @@ static TAKEN: std::sync::OnceLock<Vec<(&'static str, zeroize::Zeroizing<String>)
 
 /// Reads the credentials of [`SECRET_ENV`] into keel's memory and takes them out of the
 /// process's environment: removed from the variables a child process inherits, and their
-/// bytes overwritten in the block the kernel shows as `/proc/PID/environ`. After it, [`env`]
+/// bytes overwritten in the block the kernel shows as `/proc/PID/environ`. After it, [`env()`]
 /// answers for them from memory. Called once, first thing in `main`, while the process has one
 /// thread (changing the environment is only sound then).
 #[allow(unsafe_code)]

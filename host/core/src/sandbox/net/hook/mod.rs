@@ -79,7 +79,7 @@ pub struct EgressPlan {
     /// The value of each bound secret, by binding.
     pub secrets: Vec<(SecretBinding, Secret)>,
     /// Every secret of the home, bound to this call or not: none may leave towards a
-    /// destination the call does not bind it to ([`super::reflect`]).
+    /// destination the call does not bind it to (the `reflect` module).
     pub known: Vec<(String, Secret)>,
     pub deadline: Instant,
 }
