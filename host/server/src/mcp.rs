@@ -43,9 +43,10 @@ pub struct KeelServer {
     transport: &'static str,
     /// What the client said in `initialize`.
     client: Arc<std::sync::OnceLock<InitializeRequestParams>>,
-    /// The connection's session, with its policy: created at its first `tools/call`, so a
-    /// connection that never calls a tool leaves nothing behind.
-    session: Arc<tokio::sync::OnceCell<(String, Policy)>>,
+    /// The connection's session, with its policy and the tools it offers (fixed when it was
+    /// created): created at its first `tools/call`, so a connection that never calls a tool
+    /// leaves nothing behind.
+    session: Arc<tokio::sync::OnceCell<Opened>>,
     /// One call of the session at a time (a session has one runner).
     calls: Arc<tokio::sync::Mutex<()>>,
 }
@@ -74,12 +75,23 @@ impl KeelServer {
 
     /// The connection's session id, once its first `tools/call` created it.
     pub fn session_id(&self) -> Option<&str> {
-        self.session.get().map(|(id, _)| id.as_str())
+        self.session.get().map(|o| o.id.as_str())
     }
 
-    /// The tools a session of this server loads: those the admin named, else every installed
-    /// tool but keel's control and delegation tools.
+    /// The tools the connection may call: those of its session, once it exists (fixed then),
+    /// else those it would be offered now.
     fn offered(&self) -> Result<Vec<String>, ErrorData> {
+        match self.session.get() {
+            Some(o) => Ok(o.offered.clone()),
+            None => self.to_offer(),
+        }
+    }
+
+    /// The tools a session of this server offers: those the admin named, else every installed
+    /// tool but keel's control and delegation tools. The session loads keel's control tools
+    /// too (every session does), but a client calls only what it was offered: a control tool
+    /// runs only when the admin named it.
+    fn to_offer(&self) -> Result<Vec<String>, ErrorData> {
         Ok(match &self.config.tools {
             Some(t) => t.clone(),
             None => self
@@ -96,15 +108,15 @@ impl KeelServer {
     }
 
     /// The connection's session and its policy, created on first use.
-    async fn session(&self) -> Result<&(String, Policy), ErrorData> {
+    async fn session(&self) -> Result<&Opened, ErrorData> {
         self.session.get_or_try_init(|| self.open_session()).await
     }
 
-    async fn open_session(&self) -> Result<(String, Policy), ErrorData> {
+    async fn open_session(&self) -> Result<Opened, ErrorData> {
         let Some(client) = self.client.get() else { return Err(not_initialized()) };
         let c = &self.config;
-        let tools = Some(self.offered()?);
-        let spec = SessionSpec { id: None, tools, ..(**c).clone() };
+        let offered = self.to_offer()?;
+        let spec = SessionSpec { id: None, tools: Some(offered.clone()), ..(**c).clone() };
         let id = self
             .harness
             .create_session(&keel::api::Caller::Operator, spec)
@@ -124,7 +136,7 @@ impl KeelServer {
             )
             .await
             .map_err(internal)?;
-        Ok((id.to_string(), meta.config.policy))
+        Ok(Opened { id: id.to_string(), policy: meta.config.policy, offered })
     }
 
     /// The tools the session offers (before it exists: those it would load, as installed
@@ -133,19 +145,18 @@ impl KeelServer {
         if self.client.get().is_none() {
             return Err(not_initialized());
         }
-        let (loaded, pins) = match self.session_id() {
+        let pins = match self.session_id() {
             Some(id) => {
                 let meta = self
                     .harness
                     .session(&keel::api::Caller::Operator, id)
                     .await
                     .map_err(internal)?;
-                (meta.capabilities.loaded_tools, meta.capabilities.tool_pins)
+                meta.capabilities.tool_pins
             }
-            None => (self.offered()?, Default::default()),
+            None => Default::default(),
         };
-        let offered: Vec<String> =
-            loaded.into_iter().filter(|n| !CONTROL_TOOLS.contains(&n.as_str())).collect();
+        let offered = self.offered()?;
         let records = self
             .harness
             .tools_pinned(&keel::api::Caller::Operator, &offered, &pins)
@@ -165,6 +176,14 @@ impl KeelServer {
         }
         Ok(out)
     }
+}
+
+/// A connection's session once created.
+struct Opened {
+    id: String,
+    policy: Policy,
+    /// The tools it offers, fixed at creation: nothing else is called through it.
+    offered: Vec<String>,
 }
 
 fn internal(e: impl std::fmt::Display) -> ErrorData {
@@ -278,8 +297,19 @@ impl ServerHandler for KeelServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let (id, policy) = self.session().await?;
         let tool = request.name.to_string();
+        // Only what the server offers runs: a name outside it (keel's control tools included)
+        // is refused before a session exists for it.
+        if !self.offered()?.contains(&tool) {
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "unknown tool `{}`: this server offers only the tools of `tools/list`",
+                    tool.chars().take(80).collect::<String>().escape_debug()
+                ),
+                None,
+            ));
+        }
+        let Opened { id, policy, .. } = self.session().await?;
         let input = serde_json::Value::Object(request.arguments.unwrap_or_default()).to_string();
         let _one = self.calls.lock().await;
         let cancel = CancelToken::new();

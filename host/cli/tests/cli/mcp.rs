@@ -863,3 +863,162 @@ fn keel_adds_keel_over_http_with_a_header() {
         "header values are not shown"
     );
 }
+
+/// A raw MCP client over a `keel mcp serve` child's stdin and stdout: one JSON-RPC line out,
+/// the response with the same id back.
+struct Stdio1 {
+    child: Child,
+    out: std::io::Lines<BufReader<std::process::ChildStdout>>,
+    next: i64,
+}
+
+impl Stdio1 {
+    fn start(home: &Path, extra: &[&str]) -> Self {
+        let mut child = Command::new(bin())
+            .arg("--home")
+            .arg(home)
+            .args(["mcp", "serve"])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut c = Self { child, out, next: 0 };
+        let init = c.request(
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "raw", "version": "1"}}),
+        );
+        assert!(init["result"]["serverInfo"]["name"] == "keel", "{init}");
+        c.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        c
+    }
+
+    fn send(&mut self, v: Value) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{v}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        self.next += 1;
+        let id = self.next;
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        loop {
+            let line = self.out.next().expect("keel mcp serve closed its output").unwrap();
+            let v: Value = serde_json::from_str(&line).unwrap();
+            if v["id"] == json!(id) {
+                return v;
+            }
+        }
+    }
+
+    fn call(&mut self, tool: &str, args: Value) -> Value {
+        self.request("tools/call", json!({"name": tool, "arguments": args}))
+    }
+}
+
+impl Drop for Stdio1 {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `keel mcp serve` runs only what it offers: under `--tools fs_read_file`, keel's control
+/// tools called by name (memory, tool selection) and an installed tool it does not offer are
+/// refused as unknown — before a session exists for them, and after — over stdio and over
+/// token-less loopback HTTP; nothing they would have written is there afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_serve_runs_only_the_tools_it_offers() {
+    let (home, work) = home_and_workspace();
+    let grant = format!("{}=/work:rw", work.path().display());
+    let serve_args =
+        ["--grant", grant.as_str(), "--tools", "fs_read_file", "--allow", "fs_write_file"];
+    let refused = |v: &Value, tool: &str| {
+        assert_eq!(v["error"]["code"], json!(-32602), "{tool}: {v}");
+        let m = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(m.contains("unknown tool") && m.contains(tool), "{tool}: {v}");
+    };
+    let outside = [
+        ("memory_write", json!({"content": "the launch code is 0000"})),
+        ("memory_find", json!({"query": "launch"})),
+        ("tools_select", json!({"names": ["fs_write_file"]})),
+        ("fs_write_file", json!({"path": "/work/planted.txt", "content": "x"})),
+        ("skills_load", json!({"name": "x"})),
+        ("plan_create", json!({"steps": ["x"]})),
+    ];
+    {
+        let mut c = Stdio1::start(home.path(), &serve_args);
+        // Before any session: refused, and no session is made for them.
+        for (tool, args) in &outside {
+            refused(&c.call(tool, args.clone()), tool);
+        }
+        assert_eq!(json_of(&keel(home.path(), &["session", "list", "--json"])), json!([]));
+        // The offered tool runs (and makes the session); the others stay refused.
+        let read = c.call("fs_read_file", json!({"path": "/work/notes.txt"}));
+        assert_eq!(read["result"]["structuredContent"]["content"], json!("hello notes"), "{read}");
+        for (tool, args) in &outside {
+            refused(&c.call(tool, args.clone()), tool);
+        }
+        let list = c.request("tools/list", json!({}));
+        let names: Vec<&str> = list["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|t| t["name"].as_str())
+            .collect();
+        assert_eq!(names, ["fs_read_file"], "{list}");
+    }
+    // Over token-less loopback HTTP, the same.
+    let (child, url) = serve_http(home.path(), &serve_args, None);
+    let _server = Killed(child);
+    let http = super::serve::client();
+    let post = |session: Option<String>, body: Value| {
+        let mut req = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body.to_string());
+        if let Some(s) = session {
+            req = req.header("mcp-session-id", s);
+        }
+        req.send()
+    };
+    let init = post(
+        None,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}}),
+    )
+    .await
+    .unwrap();
+    let sid = init.headers()["mcp-session-id"].to_str().unwrap().to_string();
+    let _ = init.text().await;
+    post(Some(sid.clone()), json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        .await
+        .unwrap();
+    for (i, (tool, args)) in outside.iter().enumerate() {
+        let res = post(
+            Some(sid.clone()),
+            json!({"jsonrpc": "2.0", "id": 10 + i, "method": "tools/call",
+                   "params": {"name": tool, "arguments": args}}),
+        )
+        .await
+        .unwrap();
+        let text = res.text().await.unwrap();
+        let data = text.lines().filter_map(|l| l.strip_prefix("data:")).last().unwrap_or(&text);
+        refused(&serde_json::from_str(data.trim()).unwrap_or(json!({"raw": text})), tool);
+    }
+    assert!(!work.path().join("planted.txt").exists());
+    drop(_server);
+    // What memory_write would have stored is not there: a server that offers memory_find
+    // finds nothing.
+    let mut c = Stdio1::start(home.path(), &["--tools", "memory_find"]);
+    let found = c.call("memory_find", json!({"query": "launch code"}));
+    assert!(!found.to_string().contains("0000"), "{found}");
+    assert!(found["result"].is_object(), "{found}");
+}
