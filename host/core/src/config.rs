@@ -16,7 +16,8 @@
 //! header_timeout_secs = 10   # these four bound every HTTP front-end's connections
 //! body_timeout_secs = 60
 //! idle_timeout_secs = 60
-//! max_connections = 1024
+//! max_connections = 1024    # for every listener of the process together
+//! max_connections_per_user = 256  # requests in progress of one user's token (default: a quarter)
 //! metrics_listen = "127.0.0.1:9464"  # GET /metrics without a token, for the scraper only
 //!
 //! [telemetry]                # traces over OTLP/HTTP; OTEL_EXPORTER_OTLP_ENDPOINT overrides
@@ -27,7 +28,8 @@
 //! [mcp]                      # keel mcp serve
 //! token = "…"                # KEEL_MCP_TOKEN; at least 16 characters
 //! max_sessions = 64          # --http: MCP sessions open at once
-//! session_idle_secs = 300    # --http: an idle MCP session is closed
+//! session_idle_secs = 300    # --http: an idle MCP session is closed (a call in flight is activity)
+//! max_sessions_per_client = 16  # --http: MCP sessions of one client address
 //! ```
 //!
 //! A missing file is an empty one; a file that does not parse, an unknown key inside a table or
@@ -125,8 +127,12 @@ pub struct McpTable {
     pub token: Option<String>,
     /// MCP sessions `keel mcp serve --http` keeps open at once (default 64).
     pub max_sessions: Option<usize>,
-    /// Seconds after which an MCP session with no request is closed (default 300).
+    /// Seconds after which an MCP session with no request and no call in flight is closed
+    /// (default 300).
     pub session_idle_secs: Option<u64>,
+    /// MCP sessions one client address keeps open at once (default 16; clients on loopback
+    /// share one address).
+    pub max_sessions_per_client: Option<usize>,
 }
 
 impl McpTable {
@@ -139,9 +145,16 @@ impl McpTable {
                 .session_idle_secs
                 .map(std::time::Duration::from_secs)
                 .unwrap_or(d.session_idle),
+            max_per_client: self
+                .max_sessions_per_client
+                .unwrap_or(d.max_per_client)
+                .min(self.max_sessions.unwrap_or(d.max_sessions)),
         };
         if !(1..=65_536).contains(&l.max_sessions) {
             return Err("[mcp] max_sessions must be 1 to 65536".into());
+        }
+        if l.max_per_client == 0 {
+            return Err("[mcp] max_sessions_per_client must be 1 to max_sessions".into());
         }
         if !(1..=86_400).contains(&l.session_idle.as_secs()) {
             return Err("[mcp] session_idle_secs must be 1 to 86400".into());
@@ -155,13 +168,22 @@ impl McpTable {
 pub struct HttpLimits {
     /// MCP sessions open at once, at most; an `initialize` past it is refused (503).
     pub max_sessions: usize,
-    /// An MCP session with no request for this long is closed.
+    /// An MCP session with no request in progress, no call in flight and no request for this
+    /// long is closed. A call waiting for its elicitation answer is in flight: it is never
+    /// cut by this.
     pub session_idle: std::time::Duration,
+    /// MCP sessions one client address keeps open at once; an `initialize` past it is
+    /// refused (429).
+    pub max_per_client: usize,
 }
 
 impl Default for HttpLimits {
     fn default() -> Self {
-        Self { max_sessions: 64, session_idle: std::time::Duration::from_secs(300) }
+        Self {
+            max_sessions: 64,
+            session_idle: std::time::Duration::from_secs(300),
+            max_per_client: 16,
+        }
     }
 }
 
@@ -197,8 +219,13 @@ pub struct ServeTable {
     pub body_timeout_secs: Option<u64>,
     /// Seconds a connection may stay open with no request in progress (default 60).
     pub idle_timeout_secs: Option<u64>,
-    /// Open connections at most (default 1024); past it the longest-idle one is closed.
+    /// Open connections at most (default 1024), for every listener of the process together;
+    /// past it the longest-idle one is closed, then the oldest without a token.
     pub max_connections: Option<usize>,
+    /// Requests in progress (event streams included) one user's token may hold at once
+    /// (default: a quarter of `max_connections`). Admins have no share of their own: an
+    /// eighth of the connections is always kept from users and requests without a token.
+    pub max_connections_per_user: Option<usize>,
     /// A second address serving only `GET /metrics`, without a token (`--metrics-listen`
     /// overrides it): for a scraper on a network the API is not on.
     pub metrics_listen: Option<String>,
@@ -216,6 +243,7 @@ impl ServeTable {
             body_timeout: secs(self.body_timeout_secs, d.body_timeout),
             idle_timeout: secs(self.idle_timeout_secs, d.idle_timeout),
             max_connections: self.max_connections.unwrap_or(d.max_connections),
+            max_per_user: self.max_connections_per_user,
         };
         b.check()?;
         Ok(b)
@@ -437,9 +465,13 @@ pub fn store_location(home: &Home) -> Result<crate::store::Location, ConfigError
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bounds {
     pub header_timeout: std::time::Duration,
+    /// The body deadline of a request that proved who it is; one without a credential has
+    /// [`Bounds::anonymous_body_timeout`].
     pub body_timeout: std::time::Duration,
     pub idle_timeout: std::time::Duration,
     pub max_connections: usize,
+    /// Requests in progress one user may hold; `None`: [`Bounds::per_user`]'s default.
+    pub max_per_user: Option<usize>,
 }
 
 impl Default for Bounds {
@@ -449,6 +481,7 @@ impl Default for Bounds {
             body_timeout: std::time::Duration::from_secs(60),
             idle_timeout: std::time::Duration::from_secs(60),
             max_connections: 1024,
+            max_per_user: None,
         }
     }
 }
@@ -469,7 +502,34 @@ impl Bounds {
         if !(1..=65_536).contains(&self.max_connections) {
             return Err("[serve] max_connections must be 1 to 65536".into());
         }
+        if self.max_per_user.is_some_and(|n| n == 0 || n > self.max_connections) {
+            return Err("[serve] max_connections_per_user must be 1 to max_connections".into());
+        }
         Ok(())
+    }
+
+    /// The body deadline of a request that carries no credential yet (a login form, say):
+    /// the header timeout, or the body timeout when that is shorter.
+    pub fn anonymous_body_timeout(&self) -> std::time::Duration {
+        self.header_timeout.min(self.body_timeout)
+    }
+
+    /// Requests in progress that carry no credential, at most, all together: an eighth of
+    /// the connections (at least one). Past it, the oldest of them gives way.
+    pub fn anonymous_share(&self) -> usize {
+        (self.max_connections / 8).max(1)
+    }
+
+    /// Requests in progress of one user's token, at most: `max_connections_per_user`, else
+    /// a quarter of the connections (at least one), never more than users may hold together.
+    pub fn per_user(&self) -> usize {
+        self.max_per_user.unwrap_or(self.max_connections / 4).clamp(1, self.users_share())
+    }
+
+    /// Requests in progress of every user's token together, at most: all connections but the
+    /// admins' room (an eighth, at least one, unless there is a single connection).
+    pub fn users_share(&self) -> usize {
+        (self.max_connections - (self.max_connections / 8).max(1)).max(1)
     }
 
     /// The cap this process can keep: `max_connections`, lowered (with a warning) to leave

@@ -433,7 +433,9 @@ pub async fn serve_http(
     }
     let mut manager = LocalSessionManager::default();
     let mut sessions = SessionConfig::default();
-    sessions.keep_alive = Some(limits.session_idle);
+    // The gate owns idle expiry (it knows which sessions have a call in flight): the
+    // transport's own keep-alive would cut a call waiting for its elicitation answer.
+    sessions.keep_alive = None;
     manager.session_config = sessions;
     let manager = Arc::new(manager);
     let service = StreamableHttpService::new(
@@ -441,22 +443,25 @@ pub async fn serve_http(
         manager.clone(),
         http,
     );
-    let loopback = listener.local_addr().map(|a| a.ip().is_loopback()).unwrap_or(false);
-    let gate = Arc::new(Gate { token: token.map(Into::into), manager, limits, loopback });
+    let gate = Arc::new(Gate {
+        token: token.map(Into::into),
+        manager,
+        limits,
+        loopback: addr.ip().is_loopback(),
+        sessions: Default::default(),
+    });
+    let sweeper = tokio::spawn(gate.clone().expire_idle());
     let router =
         axum::Router::new().nest_service("/mcp", service).layer(axum::middleware::from_fn(
             move |req: axum::extract::Request, next: axum::middleware::Next| {
                 let gate = gate.clone();
-                async move {
-                    let starts = req.method() == axum::http::Method::POST;
-                    match gate.check(req.headers(), starts).await {
-                        Ok(()) => next.run(req).await,
-                        Err(refused) => refused,
-                    }
-                }
+                async move { gate.pass(req, next).await }
             },
         ));
-    crate::listen::serve(listener, router, bounds.fitted(), shutdown).await
+    let budget = crate::listen::Budget::new(bounds);
+    let served = crate::listen::serve(listener, router, budget, shutdown).await;
+    sweeper.abort();
+    served
 }
 
 /// What every request of the HTTP endpoint passes before the MCP service sees it.
@@ -466,9 +471,150 @@ struct Gate {
     limits: HttpLimits,
     /// Whether the server listens on a loopback address.
     loopback: bool,
+    /// The open MCP sessions as the gate sees them, by session id.
+    sessions: std::sync::Mutex<std::collections::HashMap<String, Activity>>,
+}
+
+/// An MCP session's client and activity.
+struct Activity {
+    /// The address of the client that opened it.
+    client: std::net::IpAddr,
+    /// Requests of the session in progress (a `tools/call` is one until its answer is sent,
+    /// elicitation included).
+    in_flight: usize,
+    /// When its last request ended.
+    last: std::time::Instant,
+}
+
+/// A request of a session in progress: ends when its response body does.
+struct InFlight {
+    gate: Arc<Gate>,
+    session: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut sessions = self.gate.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(a) = sessions.get_mut(&self.session) {
+            a.in_flight = a.in_flight.saturating_sub(1);
+            a.last = std::time::Instant::now();
+        }
+    }
+}
+
+/// A response body that keeps its session's request in flight until it ends.
+struct Holding {
+    inner: axum::body::Body,
+    _in_flight: InFlight,
+}
+
+impl http_body::Body for Holding {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 impl Gate {
+    /// Checks a request, claims its connection for its client, and passes it on; notes the
+    /// session it opens, or the activity of the one it belongs to.
+    async fn pass(
+        self: Arc<Self>,
+        req: axum::extract::Request,
+        next: axum::middleware::Next,
+    ) -> axum::response::Response {
+        use axum::http::StatusCode;
+        let post = req.method() == axum::http::Method::POST;
+        if let Err(refused) = self.check(req.headers(), post).await {
+            return refused;
+        }
+        let seat = req.extensions().get::<crate::listen::Seat>().cloned();
+        let client = seat.as_ref().map_or(std::net::Ipv4Addr::LOCALHOST.into(), |s| s.peer().ip());
+        if let Some(seat) = &seat
+            && let Err(e) = seat.claim(&format!("mcp client {client}"), false)
+        {
+            return rpc_refusal(StatusCode::TOO_MANY_REQUESTS, &e.to_string());
+        }
+        let session =
+            req.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_string);
+        let Some(session) = session else {
+            if post {
+                let mine = {
+                    let sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+                    sessions.values().filter(|a| a.client == client).count()
+                };
+                if mine >= self.limits.max_per_client {
+                    return rpc_refusal(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        &format!(
+                            "{mine} MCP sessions of {client} are open, the most one client \
+                             keeps ([mcp] max_sessions_per_client): close one first"
+                        ),
+                    );
+                }
+            }
+            let res = next.run(req).await;
+            if let Some(id) = res.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()) {
+                let activity = Activity { client, in_flight: 0, last: std::time::Instant::now() };
+                self.sessions
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id.to_string(), activity);
+            }
+            return res;
+        };
+        if let Some(a) = self.sessions.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&session) {
+            a.in_flight += 1;
+        }
+        let in_flight = InFlight { gate: self.clone(), session };
+        let res = next.run(req).await;
+        res.map(|b| axum::body::Body::new(Holding { inner: b, _in_flight: in_flight }))
+    }
+
+    /// Closes the sessions with no request in flight whose last request ended `session_idle`
+    /// ago, and forgets those the transport closed; looks every quarter of `session_idle`
+    /// (between 250 ms and 5 s).
+    async fn expire_idle(self: Arc<Self>) {
+        use rmcp::transport::streamable_http_server::session::SessionManager;
+        let every = (self.limits.session_idle / 4)
+            .clamp(std::time::Duration::from_millis(250), std::time::Duration::from_secs(5));
+        loop {
+            tokio::time::sleep(every).await;
+            let open: std::collections::HashSet<String> =
+                self.manager.sessions.read().await.keys().map(|k| k.to_string()).collect();
+            let idle: Vec<String> = {
+                let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+                sessions.retain(|id, _| open.contains(id));
+                let expired =
+                    |a: &Activity| a.in_flight == 0 && a.last.elapsed() >= self.limits.session_idle;
+                let idle: Vec<String> =
+                    sessions.iter().filter(|(_, a)| expired(a)).map(|(id, _)| id.clone()).collect();
+                for id in &idle {
+                    sessions.remove(id);
+                }
+                idle
+            };
+            for id in idle {
+                if let Err(e) = self.manager.close_session(&id.as_str().into()).await {
+                    tracing::debug!("closing the idle MCP session {id}: {e}");
+                }
+            }
+        }
+    }
+
     /// Checks a request's token, origin and (for a `post`) the session cap.
     async fn check(
         &self,
@@ -532,17 +678,7 @@ fn origin_allowed(origin: &str, host: &str, loopback: bool) -> bool {
     if !host.is_empty() && authority.eq_ignore_ascii_case(host) {
         return true;
     }
-    let name = match authority.rsplit_once(':') {
-        Some((n, port)) if port.chars().all(|c| c.is_ascii_digit()) => n,
-        _ => authority,
-    };
-    loopback
-        && (name.eq_ignore_ascii_case("localhost")
-            || name
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .parse::<std::net::IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback()))
+    loopback && crate::listen::loopback_host(authority)
 }
 
 /// A refusal as a JSON-RPC error an MCP client can show.

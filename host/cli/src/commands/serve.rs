@@ -419,9 +419,16 @@ pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
         };
         let bound = listener.local_addr().unwrap_or(at);
         eprintln!("keel: serving the metrics at http://{bound}/metrics (no token)");
+        if !bound.ip().is_loopback() {
+            eprintln!(
+                "keel: warning: {bound} is not a loopback address: anyone who can reach it reads \
+                 the metrics without a token (session counts, tool and model call rates)"
+            );
+        }
         let router = keel_server::http::metrics_router(Arc::clone(&app));
-        let bounds = app.options.bounds;
-        tokio::spawn(keel_server::listen::serve(listener, router, bounds, std::future::pending()));
+        // One budget for both listeners: the metrics' connections count against the API's cap.
+        let budget = app.budget();
+        tokio::spawn(keel_server::listen::serve(listener, router, budget, std::future::pending()));
     }
     // Ctrl-C, or SIGTERM (what a service manager or a container runtime sends): the server
     // stops, and the process's last spans are exported as it exits.

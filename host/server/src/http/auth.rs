@@ -129,13 +129,34 @@ impl App {
         Ok(id)
     }
 
+    /// Ends a console login; the event streams it opened end with it (each re-checks its
+    /// caller now).
     pub(crate) fn end_login(&self, id: &str) {
         self.logins.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        self.access.send_modify(|_| {});
     }
 
     /// Who made a request. Bearer tokens work for every request; the login cookie only for
     /// reading the API (`GET`) and for the console, whose forms carry the CSRF token.
+    ///
+    /// The request's seat in the listener's budget is claimed for the principal found: its
+    /// body gets the full deadline, and a user past their share of connections is refused
+    /// (429) here.
     pub async fn caller(&self, parts: &Parts, cookie_allowed: bool) -> Result<Caller, Failure> {
+        let caller = self.identify(parts, cookie_allowed).await?;
+        if let Some(seat) = parts.extensions.get::<crate::listen::Seat>() {
+            seat.claim(&caller.principal.id(), caller.is_admin())
+                .map_err(|e| Failure::new("too_many_requests", e.to_string()))?;
+        }
+        Ok(caller)
+    }
+
+    /// Who made a request, without claiming its seat.
+    pub(crate) async fn identify(
+        &self,
+        parts: &Parts,
+        cookie_allowed: bool,
+    ) -> Result<Caller, Failure> {
         if let Some(token) = bearer(&parts.headers) {
             let token_hash = keel::access::token_hash(token);
             let principal = self.principal_of_hash(&token_hash).await?;

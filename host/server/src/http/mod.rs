@@ -63,19 +63,28 @@ pub struct App {
     pub(crate) logins: Mutex<HashMap<String, auth::Login>>,
     pub(crate) templates: minijinja::Environment<'static>,
     /// The tokens' version as last seen (see [`App::watch_access`]): event streams re-check
-    /// their caller when it moves.
+    /// their caller when it moves (and when a login ends).
     pub(crate) access: tokio::sync::watch::Sender<i64>,
+    /// The connections of every listener serving this app (the API's, the metrics').
+    budget: crate::listen::Budget,
 }
 
 impl App {
     pub fn new(harness: Arc<Harness>, options: ServeOptions) -> Result<Arc<Self>, String> {
         Ok(Arc::new(Self {
             harness,
-            options,
             logins: Mutex::new(HashMap::new()),
             templates: console::templates()?,
             access: tokio::sync::watch::Sender::new(0),
+            budget: crate::listen::Budget::new(options.bounds),
+            options,
         }))
+    }
+
+    /// The connection budget every listener serving this app shares: the API's and the
+    /// metrics listener's connections count against one cap.
+    pub fn budget(&self) -> crate::listen::Budget {
+        self.budget.clone()
     }
 
     /// Runs session `id`'s queued inputs (or its open turn) in the background; a session
@@ -128,9 +137,9 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .nest("/api/v1", api::routes(Arc::clone(&app)))
         .merge(console::routes(Arc::clone(&app)))
-        .merge(Router::new().route("/metrics", axum::routing::get(metrics)).with_state(app))
+        .merge(Router::new().route("/metrics", axum::routing::get(metrics)).with_state(app.clone()))
         .layer(axum::middleware::from_fn(security_headers))
-        .layer(axum::middleware::from_fn(traced))
+        .layer(axum::middleware::from_fn_with_state(app, traced))
 }
 
 /// `GET /metrics`: the Prometheus text page, for an admin token.
@@ -157,25 +166,56 @@ pub fn metrics_router(app: Arc<App>) -> Router {
             }
         }
     };
-    Router::new().route("/metrics", axum::routing::get(page))
+    Router::new().route("/metrics", axum::routing::get(page)).layer(axum::middleware::from_fn(
+        |req: axum::extract::Request, next: axum::middleware::Next| async move {
+            let host = req.headers().get(axum::http::header::HOST).and_then(|h| h.to_str().ok());
+            let local = req
+                .extensions()
+                .get::<crate::listen::Seat>()
+                .is_some_and(|s| s.local().ip().is_loopback());
+            if local && !host.is_some_and(crate::listen::loopback_host) {
+                return Failure::new(
+                    "forbidden",
+                    "the metrics listener on loopback answers only a loopback `Host`",
+                )
+                .into_response();
+            }
+            next.run(req).await
+        },
+    ))
 }
 
 /// Every request is an `http_request` span — its method, its route (the pattern, never the
 /// ids in the path), its status — whose parent is the caller's trace when the request carries
-/// a W3C `traceparent` header: a turn the request starts is part of that trace. Counted in
-/// the HTTP metrics by status class.
-async fn traced(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+/// a W3C `traceparent` header and proves who it is: a turn the request starts is part of that
+/// trace. A request without a valid credential starts a trace of its own (its `traceparent`,
+/// sampling flags included, is ignored). Counted in the HTTP metrics by status class.
+async fn traced(
+    axum::extract::State(app): axum::extract::State<Arc<App>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
     use tracing::Instrument;
     let route = req
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
-    let parent = req
+    let mut parent = req
         .headers()
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
         .filter(|v| v.len() <= 128)
         .map(str::to_string);
+    let req = match parent {
+        Some(_) => {
+            let (parts, body) = req.into_parts();
+            if app.identify(&parts, true).await.is_err() {
+                parent = None;
+            }
+            axum::extract::Request::from_parts(parts, body)
+        }
+        None => req,
+    };
     let span = tracing::info_span!(
         "http_request",
         otel.name = %format_args!("{} {route}", req.method()),
@@ -268,6 +308,7 @@ pub fn status_of(kind: &str) -> StatusCode {
         "conflict" | "not_pending" | "already_installed" | "exists" | "name_clash" | "busy"
         | "grant_moved" => StatusCode::CONFLICT,
         "too_large" => StatusCode::PAYLOAD_TOO_LARGE,
+        "too_many_requests" => StatusCode::TOO_MANY_REQUESTS,
         "no_model" => StatusCode::SERVICE_UNAVAILABLE,
         "body_timeout" => StatusCode::REQUEST_TIMEOUT,
         "method_not_allowed" => StatusCode::METHOD_NOT_ALLOWED,
@@ -292,8 +333,8 @@ pub async fn serve(
     }
     let watcher = app.watch_access();
     let takeover = app.harness.shared_store().then(|| app.take_over_abandoned());
-    let bounds = app.options.bounds.fitted();
-    let served = crate::listen::serve(listener, router(app), bounds, shutdown).await;
+    let budget = app.budget();
+    let served = crate::listen::serve(listener, router(app), budget, shutdown).await;
     watcher.abort();
     if let Some(t) = takeover {
         t.abort();
