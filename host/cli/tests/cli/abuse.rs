@@ -452,3 +452,156 @@ async fn mcp_http_sessions_are_capped_expire_and_check_their_origin() {
     let (status, _, text) = initialize(&c, &url, Some("http://localhost:9999")).await;
     assert_eq!(status, 200, "{text}");
 }
+
+/// The address after `marker` in a server's stderr, once it is there.
+async fn printed(stderr: &std::sync::Mutex<String>, marker: &str) -> String {
+    let start = Instant::now();
+    loop {
+        if let Some(rest) = stderr.lock().unwrap().split(marker).nth(1) {
+            return rest.split('/').next().unwrap().to_string();
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "never printed {marker:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An admin request on a fresh connection: its status.
+async fn admin_whoami(s: &Server) -> u16 {
+    keel::tls::init();
+    let fresh = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    match fresh.get(s.api("/whoami")).bearer_auth(&s.admin).send().await {
+        Ok(res) => res.status().as_u16(),
+        Err(e) => panic!("the admin's request failed: {e}"),
+    }
+}
+
+/// K5: nothing is held before a token. Login forms whose bodies trickle, renewed as fast as
+/// they give way, hold at most the share of requests without a credential and lose their
+/// connection at the short body deadline; one user's event streams stop at the user's share
+/// (429); the token-less metrics listener draws on the same budget, answers only a loopback
+/// `Host` over loopback, and warns when it listens on every address. The admin is served
+/// throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k5_nothing_is_held_before_a_token_and_no_user_holds_the_whole_cap() {
+    let model = MockModel::start(vec![Reply::text("done")]).await;
+    let home = tempfile::tempdir().unwrap();
+    let alice = token(home.path(), "alice", "user");
+    let s = Server::start_with(
+        home.path(),
+        &model.url(),
+        &[],
+        "header_timeout_secs = 2\nbody_timeout_secs = 60\nmax_connections = 64\n\
+         metrics_listen = \"0.0.0.0:0\"",
+    );
+    let at = addr(&s.base);
+    let metrics = printed(&s.stderr, "serving the metrics at http://").await;
+    let metrics = format!("127.0.0.1:{}", metrics.rsplit(':').next().unwrap());
+    assert!(
+        s.stderr
+            .lock()
+            .unwrap()
+            .contains("is not a loopback address: anyone who can reach it reads the metrics"),
+        "{}",
+        s.stderr.lock().unwrap()
+    );
+
+    // One trickling login form: its body deadline is the header timeout (2 s), not 60 s.
+    let started = Instant::now();
+    let mut one = TcpStream::connect(&at).await.unwrap();
+    let login = format!(
+        "POST /login HTTP/1.1\r\nHost: {at}\r\nContent-Type: application/x-www-form-urlencoded\r\n\
+         Content-Length: 1000\r\n\r\ntoken="
+    );
+    one.write_all(login.as_bytes()).await.unwrap();
+    let (closed, text) = read_until_closed(&mut one, Duration::from_secs(10)).await;
+    assert!(closed && !text.contains("200 OK"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(6), "held {:?}", started.elapsed());
+
+    // An attacker renews trickling login forms (and idle metrics connections) as fast as they
+    // give way, for 4 s; the admin is served on fresh connections meanwhile.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attacker = {
+        let (stop, at, metrics, login) = (stop.clone(), at.clone(), metrics.clone(), login.clone());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            let mut opened = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(mut c) = TcpStream::connect(&at).await {
+                    let _ = c.write_all(login.as_bytes()).await;
+                    held.push(c);
+                    opened += 1;
+                }
+                if let Ok(c) = TcpStream::connect(&metrics).await {
+                    held.push(c);
+                }
+                if held.len() > 400 {
+                    held.drain(..100);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            opened
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut served = 0;
+    let deadline = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < deadline {
+        assert_eq!(admin_whoami(&s).await, 200, "{}", s.stderr.lock().unwrap());
+        served += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let opened = attacker.await.unwrap();
+    assert!(opened > 200 && served >= 20, "{opened} attacker connections, {served} served");
+
+    // The metrics listener: a foreign Host over loopback is refused, a loopback one served.
+    let c = client();
+    let res = c
+        .get(format!("http://{metrics}/metrics"))
+        .header("host", "evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 403);
+    let res = c.get(format!("http://{metrics}/metrics")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+
+    // One user's event streams: 16 (a quarter of 64) at once; the 17th is refused with 429,
+    // and the admin is still served.
+    let (status, v) =
+        post(&c, &s.api("/sessions"), &alice, json!({"input": "hi", "id": "k5"})).await;
+    assert_eq!(status, 202, "{v}");
+    let mut streams = Vec::new();
+    for i in 0..17 {
+        let mut conn = TcpStream::connect(&at).await.unwrap();
+        let req = format!(
+            "GET /api/v1/sessions/k5/events HTTP/1.1\r\nHost: {at}\r\nAuthorization: Bearer \
+             {alice}\r\nAccept: text/event-stream\r\n\r\n"
+        );
+        conn.write_all(req.as_bytes()).await.unwrap();
+        let mut first = [0u8; 512];
+        let n = conn.read(&mut first).await.unwrap();
+        let head = String::from_utf8_lossy(&first[..n]).to_string();
+        if i < 16 {
+            assert!(head.starts_with("HTTP/1.1 200"), "stream {i}: {head}");
+            streams.push(conn);
+        } else {
+            assert!(head.starts_with("HTTP/1.1 429"), "stream {i}: {head}");
+            let (_, rest) = read_until_closed(&mut conn, Duration::from_millis(500)).await;
+            let all = format!("{head}{rest}");
+            assert!(all.contains("too_many_requests") && all.contains("max_connections_per_user"));
+        }
+    }
+    for _ in 0..5 {
+        assert_eq!(admin_whoami(&s).await, 200);
+    }
+    // A stream closed gives its place back.
+    streams.pop();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, _) = get(&c, &s.api("/sessions/k5"), &alice).await;
+    assert_eq!(status, 200);
+}
