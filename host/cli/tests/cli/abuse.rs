@@ -605,3 +605,158 @@ async fn k5_nothing_is_held_before_a_token_and_no_user_holds_the_whole_cap() {
     let (status, _) = get(&c, &s.api("/sessions/k5"), &alice).await;
     assert_eq!(status, 200);
 }
+
+/// A POST of JSON-RPC `body` to an MCP endpoint, in session `session` when given.
+fn mcp_post(
+    c: &reqwest::Client,
+    url: &str,
+    session: Option<&str>,
+    body: Value,
+) -> reqwest::RequestBuilder {
+    let mut req = c
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(body.to_string());
+    if let Some(s) = session {
+        req = req.header("mcp-session-id", s);
+    }
+    req
+}
+
+/// `keel mcp serve --http`: one client address keeps at most `max_sessions_per_client`
+/// sessions (429 past it), and a session whose `tools/call` waits for its elicitation answer
+/// longer than `session_idle_secs` is not expired under it — the answer arrives, the call
+/// runs. A session idle with nothing in flight still expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_http_sessions_are_bounded_per_client_and_a_call_in_flight_keeps_its_session() {
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    std::fs::write(
+        home.path().join("keel.toml"),
+        "[mcp]\nmax_sessions = 8\nmax_sessions_per_client = 2\nsession_idle_secs = 2\n",
+    )
+    .unwrap();
+    let grant = format!("{}=/work:rw", work.path().display());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["mcp", "serve", "--http", "127.0.0.1:0", "--grant", &grant])
+        .args(["--tools", "fs_write_file", "--ask", "fs_write_file"])
+        .env_remove("KEEL_MCP_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next().expect("keel mcp serve stopped").unwrap();
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    let _server = Kill(child);
+    let c = client();
+    let open = |elicit: bool| {
+        let caps = if elicit { json!({"elicitation": {}}) } else { json!({}) };
+        mcp_post(
+            &c,
+            &url,
+            None,
+            json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": caps,
+                "clientInfo": {"name": "abuse", "version": "1"}}}),
+        )
+        .send()
+    };
+    let first = open(true).await.unwrap();
+    assert_eq!(first.status(), 200);
+    let sid = first.headers()["mcp-session-id"].to_str().unwrap().to_string();
+    let _ = first.text().await;
+    let second = open(false).await.unwrap();
+    assert_eq!(second.status(), 200);
+    let idle = second.headers()["mcp-session-id"].to_str().unwrap().to_string();
+    let third = open(false).await.unwrap();
+    assert_eq!(third.status(), 429);
+    assert!(third.text().await.unwrap().contains("max_sessions_per_client"));
+    mcp_post(
+        &c,
+        &url,
+        Some(&sid),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .send()
+    .await
+    .unwrap();
+
+    // A write the policy asks about: the server asks through elicitation on the call's stream.
+    let call = mcp_post(
+        &c,
+        &url,
+        Some(&sid),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "fs_write_file", "arguments": {"path": "/work/kept.txt", "content": "kept"}}}),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(call.status(), 200);
+    let mut stream = call;
+    let mut seen = String::new();
+    let ask_id = loop {
+        let chunk = tokio::time::timeout(Duration::from_secs(20), stream.chunk())
+            .await
+            .expect("no elicitation came")
+            .unwrap()
+            .unwrap_or_else(|| panic!("the call's stream ended: {seen}"));
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+        let ask = seen
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|v| v["method"] == "elicitation/create");
+        if let Some(ask) = ask {
+            break ask["id"].clone();
+        }
+    };
+    // The person takes three idle timeouts to answer; the session is still there.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let answer = mcp_post(
+        &c,
+        &url,
+        Some(&sid),
+        json!({"jsonrpc": "2.0", "id": ask_id, "result": {
+            "action": "accept", "content": {"approve": true}}}),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert!(answer.status().is_success(), "{}", answer.text().await.unwrap());
+    let result = loop {
+        let chunk = tokio::time::timeout(Duration::from_secs(20), stream.chunk())
+            .await
+            .expect("no result came")
+            .unwrap()
+            .expect("the call's stream ended");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+        let done = seen
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|v| v["id"] == json!(2));
+        if let Some(done) = done {
+            break done;
+        }
+    };
+    assert_eq!(result["result"]["isError"], json!(false), "{result}");
+    assert_eq!(std::fs::read_to_string(work.path().join("kept.txt")).unwrap(), "kept");
+    // The other session, idle all along with nothing in flight, expired: its id is unknown.
+    let gone =
+        mcp_post(&c, &url, Some(&idle), json!({"jsonrpc": "2.0", "id": 3, "method": "ping"}))
+            .send()
+            .await
+            .unwrap();
+    assert_eq!(gone.status(), 404, "{}", gone.text().await.unwrap());
+}
