@@ -32,6 +32,8 @@ pub struct Harness {
     pub(crate) recovered: Vec<crate::session::RecoveredSession>,
     /// The text models are writing in this home's sessions, shared with other processes.
     pub(crate) live: crate::live::Live,
+    /// The file changes of pending approvals, each computed once per state of its file.
+    pub(crate) changes: Arc<crate::api::Changes>,
 }
 
 /// The owners behind the use cases, for the tests and benchmarks that check an owner's own
@@ -95,7 +97,7 @@ impl Harness {
                 changed.len()
             ));
         }
-        Ok(Self { tools, engine, brain, db, recovered, live })
+        Ok(Self { tools, engine, brain, db, recovered, live, changes: Arc::default() })
     }
 }
 

@@ -760,3 +760,91 @@ async fn mcp_http_sessions_are_bounded_per_client_and_a_call_in_flight_keeps_its
             .unwrap();
     assert_eq!(gone.status(), 404, "{}", gone.text().await.unwrap());
 }
+
+/// An approval view is bounded: a pending write of 100,000 changed lines is shown as "diff
+/// too large: N lines changed" (computed once, off the async workers), and a pending write
+/// whose path is a FIFO is not opened for reading — `GET /approvals` and `keel approvals`
+/// answer, saying it is not a regular file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k6_an_approval_view_is_bounded_and_never_opens_a_fifo() {
+    let before: String = (0..100_000).map(|i| format!("a{i}\n")).collect();
+    let after: String = (0..100_000).map(|i| format!("b{i}\n")).collect();
+    let model = MockModel::start(vec![
+        Reply::calls(&[(
+            "c1",
+            "fs_write_file",
+            &json!({"path": "/work/big.txt", "content": after}).to_string(),
+        )]),
+        Reply::calls(&[(
+            "c2",
+            "fs_write_file",
+            &json!({"path": "/work/pipe", "content": "x"}).to_string(),
+        )]),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let roots = tempfile::tempdir().unwrap();
+    let project = roots.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("big.txt"), &before).unwrap();
+    let made = Command::new("mkfifo").arg(project.join("pipe")).status().unwrap();
+    assert!(made.success());
+    let s = Server::start(home.path(), &model.url(), &[roots.path()]);
+    let c = client();
+    let grant = json!([{"host": project.display().to_string(), "guest": "/work", "access": "rw"}]);
+    for id in ["big", "fifo"] {
+        let (status, v) = post(
+            &c,
+            &s.api("/sessions"),
+            &s.admin,
+            json!({"input": "write", "grants": grant, "id": id,
+                   "tools": ["fs_write_file"], "policy": {"ask": ["fs_write_file"]}}),
+        )
+        .await;
+        assert_eq!(status, 202, "{v}");
+        super::serve::wait_for(&c, &s, id, "waiting", |m| m["state"] == "waiting_approval").await;
+    }
+    for _ in 0..2 {
+        let (status, v) = get(&c, &s.api("/approvals"), &s.admin).await;
+        assert_eq!(status, 200, "{v}");
+        let units = v["approvals"].as_array().unwrap();
+        let of = |session: &str| {
+            units.iter().find(|u| u["session_id"] == session).unwrap()["change"].clone()
+        };
+        let big = of("big");
+        assert_eq!(big["diff"], "", "{}", big["summary"]);
+        assert_eq!(big["diff_too_large"], 200_000, "{}", big["summary"]);
+        assert!(
+            big["summary"].as_str().unwrap().contains("diff too large: 200000 lines changed"),
+            "{}",
+            big["summary"]
+        );
+        let fifo = of("fifo");
+        assert!(fifo["note"].as_str().unwrap().contains("not a regular file"), "{fifo}");
+    }
+    // The CLI's view of the same queue answers too.
+    let mut cli = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["approvals", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = cli.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut out).unwrap();
+        out
+    });
+    let start = Instant::now();
+    while cli.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = cli.kill();
+            panic!("keel approvals hung");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = reader.join().unwrap();
+    assert!(out.contains("not a regular file") && out.contains("\"diff_too_large\":200000"));
+}

@@ -152,12 +152,29 @@ impl Harness {
             if !caller.may_see(owner.as_ref()) {
                 continue;
             }
-            let change = (unit.status == crate::session::ApprovalStatus::Pending)
-                .then(|| super::FileChange::of(&unit))
-                .flatten();
-            out.push(ApprovalView { may_decide: caller.may_decide(owner.as_ref()), unit, change });
+            out.push(ApprovalView {
+                may_decide: caller.may_decide(owner.as_ref()),
+                unit,
+                change: None,
+            });
         }
-        Ok(out)
+        // A pending write's change reads and diffs a file: off the async workers, once per
+        // state of the file.
+        let changes = self.changes.clone();
+        tokio::task::spawn_blocking(move || {
+            for view in &mut out {
+                if view.unit.status == crate::session::ApprovalStatus::Pending {
+                    view.change = changes.of(&view.unit);
+                }
+            }
+            out
+        })
+        .await
+        .map_err(|e| {
+            ApiError::Store(crate::store::StoreError::Task(format!(
+                "computing the approvals' changes failed: {e}"
+            )))
+        })
     }
 
     /// Approval unit `unit`, if `caller` may see its session.

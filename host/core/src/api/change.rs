@@ -4,8 +4,19 @@
 //! session's grants the way the tool would reach it (the same directory handles, no link
 //! followed out of a grant), never by a host path taken from the input.
 
+//!
+//! A change is bounded: only a regular file is read (opened without blocking, its type checked
+//! on the handle, so a FIFO or a device put there cannot hold the reader), at most 1 MiB of
+//! it, and the diff is given [`DIFF_TIME`] and at most [`MAX_CHANGED_LINES`] changed lines —
+//! past them the change says "diff too large: N lines changed" instead. [`Changes`] computes
+//! each pending unit's change once for the file as it is, and again only when that file
+//! changes.
+
+use std::collections::{HashMap, VecDeque};
 use std::io::Read;
 use std::path::{Component, Path};
+use std::sync::Mutex;
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -14,6 +25,13 @@ use crate::session::ApprovalUnit;
 
 /// Largest current file read for a diff; a larger one is named with its size instead.
 const MAX_READ: u64 = 1 << 20;
+
+/// The time a diff may take; past it, the diff is approximated (coarser, never wrong).
+pub const DIFF_TIME: Duration = Duration::from_millis(250);
+
+/// The most changed lines (removed and added) a diff shows; past them the change says how
+/// many there are instead.
+pub const MAX_CHANGED_LINES: usize = 5_000;
 
 /// A file write an approval would allow.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -28,9 +46,13 @@ pub struct FileChange {
     /// when the current file could not be compared: see `note`).
     pub diff: String,
     /// Why there is no diff against the current file (outside the grants, not text, too
-    /// large, unreadable).
+    /// large, not a regular file, unreadable).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Lines changed (removed and added), when there are too many to show a diff of
+    /// (`diff` is empty then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diff_too_large: Option<usize>,
 }
 
 impl FileChange {
@@ -44,15 +66,11 @@ impl FileChange {
             Err(why) => (None, Some(why)),
         };
         let current_bytes = current.as_ref().map(|c| c.len() as u64);
-        let diff = match &current {
-            Some(before) if before != &content => similar::TextDiff::from_lines(before, &content)
-                .unified_diff()
-                .context_radius(3)
-                .header(&format!("{path} (now)"), &format!("{path} (after the call)"))
-                .to_string(),
-            _ => String::new(),
+        let (diff, diff_too_large) = match &current {
+            Some(before) if before != &content => bounded_diff(&path, before, &content),
+            _ => (String::new(), None),
         };
-        Some(Self { path, content, current_bytes, diff, note })
+        Some(Self { path, content, current_bytes, diff, note, diff_too_large })
     }
 
     /// One line saying what the call does to the file: `writes 133 bytes to /out/report.md,
@@ -62,6 +80,11 @@ impl FileChange {
         let what = match (self.current_bytes, &self.note) {
             (_, Some(note)) => format!("not compared with the file there now: {note}"),
             (None, None) => "a new file".to_string(),
+            (Some(n), None) if self.diff_too_large.is_some() => format!(
+                "replacing {} (diff too large: {} lines changed)",
+                crate::units::format_size(n),
+                self.diff_too_large.unwrap_or_default()
+            ),
             (Some(_), None) if self.diff.is_empty() => "the same content as now".to_string(),
             (Some(n), None) => format!("replacing {}", crate::units::format_size(n)),
         };
@@ -91,7 +114,12 @@ fn read_current(grants: &[Grant], path: &str) -> Result<Option<String>, String> 
         return Err("the path names a granted directory itself".to_string());
     }
     let dir = grant.open().map_err(|e| e.to_string())?;
-    let mut file = match dir.open(&rel) {
+    // Without blocking: a FIFO opened for reading would wait for a writer. The type is
+    // checked on the handle, so a file swapped for a FIFO after a look is caught too.
+    let mut options = cap_std::fs::OpenOptions::new();
+    options.read(true);
+    cap_std::fs::OpenOptionsExt::custom_flags(&mut options, libc_nonblock());
+    let mut file = match dir.open_with(&rel, &options) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("the current file cannot be read ({e})")),
@@ -99,6 +127,9 @@ fn read_current(grants: &[Grant], path: &str) -> Result<Option<String>, String> 
     let meta = file.metadata().map_err(|e| format!("the current file cannot be read ({e})"))?;
     if meta.is_dir() {
         return Err("a directory is there now".to_string());
+    }
+    if !meta.is_file() {
+        return Err("what is there now is not a regular file (a FIFO, socket or device)".into());
     }
     if meta.len() > MAX_READ {
         return Err(format!(
@@ -113,6 +144,115 @@ fn read_current(grants: &[Grant], path: &str) -> Result<Option<String>, String> 
         .read_to_end(&mut bytes)
         .map_err(|e| format!("the current file cannot be read ({e})"))?;
     String::from_utf8(bytes).map(Some).map_err(|_| "the current file is not UTF-8 text".to_string())
+}
+
+/// `O_NONBLOCK`, as the open flags take it.
+fn libc_nonblock() -> i32 {
+    rustix::fs::OFlags::NONBLOCK.bits() as i32
+}
+
+/// A unified diff from `before` to `after`, bounded: [`DIFF_TIME`] (then approximated) and
+/// [`MAX_CHANGED_LINES`] (then no diff, and the count of changed lines).
+fn bounded_diff(path: &str, before: &str, after: &str) -> (String, Option<usize>) {
+    let diff = similar::TextDiff::configure().timeout(DIFF_TIME).diff_lines(before, after);
+    let changed: usize = diff
+        .ops()
+        .iter()
+        .filter(|op| op.tag() != similar::DiffTag::Equal)
+        .map(|op| op.old_range().len() + op.new_range().len())
+        .sum();
+    if changed > MAX_CHANGED_LINES {
+        return (String::new(), Some(changed));
+    }
+    let text = diff
+        .unified_diff()
+        .context_radius(3)
+        .header(&format!("{path} (now)"), &format!("{path} (after the call)"))
+        .to_string();
+    (text, None)
+}
+
+/// The changes of pending approval units, each computed once for the file as it is: a view
+/// looks at the file's size and time (a `stat` through the grant) and reads and diffs it
+/// again only when they moved. Bounded to the last [`Changes::KEPT`] units looked at.
+#[derive(Default)]
+pub struct Changes {
+    seen: Mutex<Seen>,
+}
+
+/// The changes kept, by unit id, and the order they were first looked at.
+#[derive(Default)]
+struct Seen {
+    by_unit: HashMap<String, Kept>,
+    order: VecDeque<String>,
+}
+
+/// A unit's change as last computed: the path its input writes (`None`: not a write), the
+/// file's stamp then, and the change.
+struct Kept {
+    path: Option<String>,
+    stamp: String,
+    change: Option<FileChange>,
+}
+
+impl Changes {
+    /// Units whose change is kept at once.
+    pub const KEPT: usize = 512;
+
+    /// The change `unit`'s call would make, if its input writes a file. Blocking (it may
+    /// read and diff a file): run it off the async workers.
+    pub fn of(&self, unit: &ApprovalUnit) -> Option<FileChange> {
+        let id = unit.id.to_string();
+        let known = {
+            let seen = self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            seen.by_unit.get(&id).map(|k| (k.path.clone(), k.stamp.clone(), k.change.clone()))
+        };
+        let path = match known {
+            Some((path, was, change)) => {
+                if stamp(&unit.grants, path.as_deref()) == was {
+                    return change;
+                }
+                path
+            }
+            None => serde_json::from_str::<serde_json::Value>(&unit.input)
+                .ok()
+                .and_then(|v| v.get("path").and_then(|p| p.as_str()).map(str::to_string)),
+        };
+        let stamp = stamp(&unit.grants, path.as_deref());
+        let change = FileChange::of(unit);
+        let mut seen = self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let kept = Kept { path, stamp, change: change.clone() };
+        if seen.by_unit.insert(id.clone(), kept).is_none() {
+            seen.order.push_back(id);
+            while seen.order.len() > Self::KEPT {
+                if let Some(old) = seen.order.pop_front() {
+                    seen.by_unit.remove(&old);
+                }
+            }
+        }
+        change
+    }
+}
+
+/// What the file at guest `path` looks like now without reading it: its size, time and type,
+/// or why it cannot be looked at.
+fn stamp(grants: &[Grant], path: Option<&str>) -> String {
+    let Some(path) = path else { return "not a write".into() };
+    let Some((grant, rel)) = grants
+        .iter()
+        .filter_map(|g| below(&g.guest, path).map(|rel| (g, rel)))
+        .max_by_key(|(g, _)| g.guest.len())
+    else {
+        return "outside".into();
+    };
+    let dir = match grant.open() {
+        Ok(d) => d,
+        Err(e) => return format!("grant: {e}"),
+    };
+    match dir.metadata(&rel) {
+        Ok(m) => format!("{} {:?} {:?}", m.len(), m.modified().ok(), m.file_type()),
+        Err(e) => format!("{:?}", e.kind()),
+    }
 }
 
 /// `path` relative to guest directory `guest`, when it is below it: compared component by

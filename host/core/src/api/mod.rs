@@ -22,7 +22,7 @@ pub use callers::{
     ApprovalView, BudgetRequest, GrantRequest, PolicyRequest, SessionRequest, WorkgroupRequest,
 };
 pub use capabilities::{SessionCapabilities, SkillInstallReport};
-pub use change::{FileChange, cut_lines};
+pub use change::{Changes, FileChange, cut_lines};
 pub use mcp::McpRefresh;
 pub use registry::{
     Outdated, OutdatedKind, PublishedSkill, RegistryAuth, RegistryInstall, SkillSigned,
