@@ -387,13 +387,8 @@ async fn files_page(
         let meta = app.harness.session(&v.who(), &id).await?;
         let listing = match q.grant {
             Some(grant) => {
-                let grants = meta.config.grants.clone();
                 let path = q.path.unwrap_or_default();
-                let l =
-                    tokio::task::spawn_blocking(move || super::files::list(&grants, &grant, &path))
-                        .await
-                        .map_err(|e| Failure::new("internal", e.to_string()))??;
-                Some(l)
+                Some(super::files::listing(&v.who(), &meta, grant, path).await?)
             }
             None => None,
         };

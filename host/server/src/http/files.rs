@@ -32,6 +32,24 @@ pub struct Listing {
     pub truncated: bool,
 }
 
+/// [`list`] for `who` looking at session `meta`, off the async workers: a failure that names a
+/// grant's host directory (one that moved, say) names its guest path for a user.
+pub async fn listing(
+    who: &keel::api::Caller,
+    meta: &keel::session::SessionMeta,
+    guest: String,
+    path: String,
+) -> Result<Listing, Failure> {
+    let grants = meta.config.grants.clone();
+    let listed = tokio::task::spawn_blocking(move || list(&grants, &guest, &path))
+        .await
+        .map_err(|e| Failure::new("internal", e.to_string()))?;
+    listed.map_err(|mut f| {
+        f.message = keel::api::shown::Hidden::of_session(who, meta).text(&f.message).into_owned();
+        f
+    })
+}
+
 /// Lists `path` (relative, `/`-separated) inside the grant mounted at `guest`.
 pub fn list(grants: &[Grant], guest: &str, path: &str) -> Result<Listing, Failure> {
     let Some(grant) = grants.iter().find(|g| g.guest == guest) else {

@@ -38,6 +38,15 @@ pub(super) async fn events(
         })
         .transpose()?;
     let after = last_id.or(q.after).unwrap_or(0).max(0);
+    // What a user is not shown of the host (the model server, grants' host directories),
+    // replaced in every event they get: an error may quote it.
+    let hidden = Arc::new(match caller.is_admin() {
+        true => keel::api::shown::Hidden::new(&caller.who(), &[], &[]),
+        false => {
+            let meta = app.harness.session(&caller.who(), &id).await?;
+            keel::api::shown::Hidden::of_session(&caller.who(), &meta)
+        }
+    });
     let stream = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -45,13 +54,23 @@ pub(super) async fn events(
     if !stream {
         let limit = q.limit.unwrap_or(MAX_EVENTS).clamp(1, MAX_EVENTS);
         let rows = app.harness.events(&caller.who(), &id, after, limit).await?;
+        let mut rows = json!(rows);
+        hidden.value(&mut rows);
         return Ok(Json(json!({"ok": true, "events": rows})).into_response());
     }
     let rx = app.harness.follow(&caller.who(), &id, after, Duration::from_millis(100)).await?;
     let text = app.harness.follow_text(&caller.who(), &id).await?;
     let tick = tokio::time::interval(Duration::from_millis(100));
-    let follow =
-        Follow { rx, text, tick, access: Some(app.access.subscribe()), app, caller, ended: false };
+    let follow = Follow {
+        rx,
+        text,
+        tick,
+        access: Some(app.access.subscribe()),
+        app,
+        caller,
+        hidden,
+        ended: false,
+    };
     let events = futures_util::stream::unfold(follow, |mut f| async move {
         if f.ended {
             return None;
@@ -62,7 +81,9 @@ pub(super) async fn events(
                     let event = match row? {
                         // Unnamed events (an EventSource's `message`): the kind is in the data.
                         Ok(row) => {
-                            let data = serde_json::to_string(&row).unwrap_or_else(|_| "{}".into());
+                            let mut data = json!(row);
+                            f.hidden.value(&mut data);
+                            let data = data.to_string();
                             Event::default().id(row.seq.to_string()).data(data)
                         }
                         Err(e) => failure_event(e.kind(), &e.to_string()),
@@ -80,6 +101,7 @@ pub(super) async fn events(
                     let step = deltas.last().map_or(0, |d| d.step);
                     let text: String =
                         deltas[restart.unwrap_or(0)..].iter().map(|d| d.text.as_str()).collect();
+                    let text = f.hidden.text(&text).into_owned();
                     let mut data = json!({"step": step, "text": text});
                     if restart.is_some() {
                         data["restart"] = json!(true);
@@ -115,6 +137,7 @@ struct Follow {
     access: Option<tokio::sync::watch::Receiver<i64>>,
     app: Arc<App>,
     caller: Caller,
+    hidden: Arc<keel::api::shown::Hidden>,
     ended: bool,
 }
 
@@ -142,10 +165,5 @@ pub(super) async fn files(
 ) -> Result<Json<crate::http::files::Listing>, Failure> {
     let meta = app.harness.session(&caller.who(), &id).await?;
     let path = q.path.unwrap_or_default();
-    let grants = meta.config.grants.clone();
-    let listing =
-        tokio::task::spawn_blocking(move || crate::http::files::list(&grants, &q.grant, &path))
-            .await
-            .map_err(|e| Failure::new("internal", e.to_string()))??;
-    Ok(Json(listing))
+    crate::http::files::listing(&caller.who(), &meta, q.grant, path).await.map(Json)
 }
