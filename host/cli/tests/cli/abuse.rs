@@ -848,3 +848,56 @@ async fn k6_an_approval_view_is_bounded_and_never_opens_a_fifo() {
     let out = reader.join().unwrap();
     assert!(out.contains("not a regular file") && out.contains("\"diff_too_large\":200000"));
 }
+
+/// A user is not shown host details in error texts: an unreachable model's address is not in
+/// their session's state detail, timeline or events (an admin's view keeps it), and a moved
+/// preset's host directory is not in `GET /files`' refusal (its guest path is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k7_users_see_no_host_details_in_error_texts() {
+    let home = tempfile::tempdir().unwrap();
+    let roots = tempfile::tempdir().unwrap();
+    let work = roots.path().join("secret-project-dir");
+    std::fs::create_dir_all(&work).unwrap();
+    let preset = format!("{}=/work:rw", work.display());
+    let out = super::keel(home.path(), &["grant", "preset", "add", "shared", &preset, "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let alice = token(home.path(), "alice", "user");
+    // A model server nobody listens on.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_url = format!("http://127.0.0.1:{}/v1", dead.local_addr().unwrap().port());
+    drop(dead);
+    let s = Server::start(home.path(), &dead_url, &[roots.path()]);
+    let c = client();
+    let (status, v) = post(
+        &c,
+        &s.api("/sessions"),
+        &alice,
+        json!({"input": "hi", "preset": "shared", "id": "k7", "tools": ["fs_read_file"]}),
+    )
+    .await;
+    assert_eq!(status, 202, "{v}");
+    let port = dead_url.rsplit(':').next().unwrap().trim_end_matches("/v1").to_string();
+    let admin_view = super::serve::wait_for(&c, &s, "k7", "failed", |m| {
+        m["state_detail"].as_str().is_some_and(|d| !d.is_empty())
+    })
+    .await;
+    assert!(admin_view.to_string().contains(&port), "the admin sees the address: {admin_view}");
+    let host = work.display().to_string();
+    for path in ["/sessions/k7", "/sessions/k7/timeline", "/sessions/k7/events"] {
+        let (status, v) = get(&c, &s.api(path), &alice).await;
+        assert_eq!(status, 200, "{path}: {v}");
+        let text = v.to_string();
+        assert!(!text.contains(&format!("127.0.0.1:{port}")), "{path}: {text}");
+        assert!(!text.contains(&host), "{path}: {text}");
+    }
+    let (_, v) = get(&c, &s.api("/sessions/k7"), &alice).await;
+    assert!(v["session"]["state_detail"].as_str().unwrap().contains("[model server]"), "{v}");
+    // The preset's directory moves: the file listing's refusal names the guest path only.
+    std::fs::rename(&work, roots.path().join("moved")).unwrap();
+    let (status, v) = get(&c, &s.api("/sessions/k7/files?grant=/work"), &alice).await;
+    assert_ne!(status, 200, "{v}");
+    let text = v.to_string();
+    assert!(!text.contains(&host) && !text.contains("secret-project-dir"), "{text}");
+    let (_, admin) = get(&c, &s.api("/sessions/k7/files?grant=/work"), &s.admin).await;
+    assert!(admin.to_string().contains("secret-project-dir"), "the admin sees where: {admin}");
+}

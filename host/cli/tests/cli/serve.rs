@@ -678,7 +678,17 @@ async fn console_forms_need_the_origin_and_the_csrf_token() {
     assert!(page.contains("Model: m at http:") && page.contains(&port), "{page}");
     assert!(page.contains("Policy: ask destructive, external"), "{page}");
     assert!(page.contains("Budget per call: fuel "), "{page}");
-    // Logging out ends the login.
+    // An event stream the login opened.
+    let sid = to.trim_start_matches("/sessions/");
+    let mut stream = c
+        .get(s.api(&format!("/sessions/{sid}/events")))
+        .header("cookie", &cookie)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    // Logging out ends the login, and the stream it opened.
     let res = c
         .post(format!("{}/logout", s.base))
         .header("cookie", &cookie)
@@ -689,6 +699,15 @@ async fn console_forms_need_the_origin_and_the_csrf_token() {
         .await
         .unwrap();
     assert_eq!(res.status(), 303);
+    let mut seen = String::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), stream.chunk()).await {
+            Ok(Ok(Some(chunk))) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+            Ok(_) => break,
+            Err(_) => panic!("the stream outlived its login: {seen}"),
+        }
+    }
+    assert!(seen.contains("unauthorized"), "{seen}");
     let res = c.get(format!("{}/", s.base)).header("cookie", &cookie).send().await.unwrap();
     assert_eq!(res.status(), 303, "back to the login page");
     assert_eq!(res.headers()["location"], "/login");

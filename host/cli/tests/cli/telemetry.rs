@@ -284,6 +284,19 @@ async fn telemetry_traces_of_a_turn_with_a_tool_call_an_approval_and_a_delegatio
         .await
         .unwrap();
     assert_eq!(res.status(), 200);
+    // A request that does not prove who it is does not join (nor silence) a caller's trace:
+    // its 401 is a trace of its own, exported.
+    let stranger = "2cf7651916cd43dd8448eb211c80319e";
+    for flags in ["01", "00"] {
+        let res = c
+            .get(s.api("/sessions"))
+            .bearer_auth("keel_not_a_token_at_all_0123456789")
+            .header("traceparent", format!("00-{stranger}-c7ad6b7169203332-{flags}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 401);
+    }
     wait_for(&c, &s, "t1", "waiting", |m| m["state"] == "waiting_approval").await;
     let (_, v) = get(&c, &s.api("/approvals?session=t1"), &s.admin).await;
     let unit = v["approvals"][0]["id"].as_str().unwrap().to_string();
@@ -374,6 +387,12 @@ async fn telemetry_traces_of_a_turn_with_a_tool_call_an_approval_and_a_delegatio
     assert!(decided["attributes"]["http.route"].as_str().unwrap().contains("{id}"));
 
     assert!(spans.iter().all(|s| s["trace_id"] != unsampled), "an unsampled trace was exported");
+    assert!(spans.iter().all(|s| s["trace_id"] != stranger), "an unauthenticated caller's trace");
+    let refused = spans
+        .iter()
+        .filter(|s| s["attributes"]["http.response.status_code"] == 401)
+        .collect::<Vec<_>>();
+    assert_eq!(refused.len(), 2, "both refusals are traced, in traces of their own: {refused:#?}");
     // Nothing of the content by default, and the model's key never.
     let text = serde_json::to_string(&spans).unwrap();
     for canary in ["PROMPT-CANARY", "TOOL-INPUT-CANARY", "REPLY-CANARY", "model-key-canary"] {
