@@ -6,7 +6,9 @@
 //!    scripted OpenAI-compatible server on loopback; task understanding is off on both sides.
 //! 2. Requests per second of `GET /sessions/{id}` from 64 concurrent clients, with p50/p99.
 //! 3. The same GET from 8 clients, alone and beside 1,000 slow connections without a token
-//!    (half a request line each, then nothing): requests/s and p99 of each, and the ratio.
+//!    (half a request line each, then nothing), beside login forms whose bodies trickle
+//!    (renewed without pause), and beside one user's token opening 1,000 event streams:
+//!    requests/s and p99 of each, and each p99's ratio to the baseline's.
 //! 4. Turns through the API and the CLI with traces exported over OTLP/HTTP to a collector on
 //!    loopback, beside the same turns with export off (p50 of each, and the ratio).
 //!
@@ -281,7 +283,7 @@ async fn main() {
     }
 
     // The API: one server, the turn runs in it.
-    let (http, base, token, mut server, _home) = api_turns(&keel, &url, &data, turns, &[]).await;
+    let (http, base, token, mut server, api_home) = api_turns(&keel, &url, &data, turns, &[]).await;
     let api = |p: &str| format!("{base}/api/v1{p}");
     let (cli50, cli90) = summary(cli);
     let (api50, api90) = summary(http);
@@ -325,6 +327,91 @@ async fn main() {
     );
     println!("p99 with slow connections / alone: {:.2}", slow_p99 / base_p99);
     drop(slow);
+
+    // Login forms whose bodies trickle (headers whole, then a byte of 1,000), renewed without
+    // pause for the whole measurement: at most an eighth of the connections hold them, and
+    // each loses its connection at the short body deadline.
+    let stop = Arc::new(AtomicBool::new(false));
+    let trickler = {
+        let (stop, addr) = (stop.clone(), addr.clone());
+        tokio::spawn(async move {
+            let form = format!(
+                "POST /login HTTP/1.1\r\nHost: {addr}\r\nContent-Type: \
+                 application/x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\nt"
+            );
+            let mut held = std::collections::VecDeque::new();
+            let mut opened = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(mut s) = tokio::net::TcpStream::connect(&addr).await {
+                    let _ = tokio::io::AsyncWriteExt::write_all(&mut s, form.as_bytes()).await;
+                    held.push_back(s);
+                    opened += 1;
+                }
+                if held.len() > 1000 {
+                    held.pop_front();
+                }
+                tokio::task::yield_now().await;
+            }
+            opened
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (login_rps, _, login_p99, _) = load(&client, &url, &token, 8, seconds).await;
+    stop.store(true, Ordering::Relaxed);
+    let trickled = trickler.await.unwrap();
+    println!(
+        "| beside login forms trickling, renewed ({trickled} opened) | {login_rps:.0} | {login_p99:.2} ms |"
+    );
+    println!("p99 with trickling logins / alone: {:.2}", login_p99 / base_p99);
+
+    // One user's token opening 1,000 event streams: a quarter of the connections are theirs
+    // (the rest answered 429), and the admin's requests are measured beside them.
+    let user = {
+        let out = Command::new(&keel)
+            .arg("--home")
+            .arg(api_home.path())
+            .args(["token", "add", "bench-user", "--role", "user", "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["token"].as_str().unwrap().to_string()
+    };
+    let session = {
+        let res = client
+            .post(api("/sessions"))
+            .bearer_auth(&user)
+            .header("content-type", "application/json")
+            .body(json!({"input": "hello", "id": "u1"}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 202, "{}", res.text().await.unwrap());
+        "u1"
+    };
+    let mut streams = Vec::new();
+    let (mut open, mut refused) = (0, 0);
+    for _ in 0..1000 {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let req = format!(
+            "GET /api/v1/sessions/{session}/events HTTP/1.1\r\nHost: {addr}\r\nAuthorization: \
+             Bearer {user}\r\nAccept: text/event-stream\r\n\r\n"
+        );
+        tokio::io::AsyncWriteExt::write_all(&mut s, req.as_bytes()).await.unwrap();
+        let mut head = [0u8; 16];
+        let n = tokio::io::AsyncReadExt::read(&mut s, &mut head).await.unwrap_or(0);
+        match String::from_utf8_lossy(&head[..n]).contains(" 200") {
+            true => open += 1,
+            false => refused += 1,
+        }
+        streams.push(s);
+    }
+    let (streams_rps, _, streams_p99, _) = load(&client, &url, &token, 8, seconds).await;
+    println!(
+        "| beside one user's 1,000 event streams ({open} open, {refused} refused) | {streams_rps:.0} | {streams_p99:.2} ms |"
+    );
+    println!("p99 beside one user's streams / alone: {:.2}", streams_p99 / base_p99);
+    drop(streams);
     let _ = server.kill();
     let _ = server.wait();
 

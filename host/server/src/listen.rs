@@ -118,6 +118,9 @@ struct Conn {
     claimed: AtomicUsize,
     /// Milliseconds since the budget began when its current request started.
     busy_since: AtomicU64,
+    /// Whether a request on it ever proved who it is: an idle connection that never did gives
+    /// way before one that did.
+    trusted: AtomicBool,
     /// Told when the connection must close now (it was displaced).
     close: Notify,
 }
@@ -216,6 +219,7 @@ impl Seat {
         }
         state.anonymous = state.anonymous.saturating_sub(1);
         self.0.conn.claimed.fetch_add(1, Ordering::AcqRel);
+        self.0.conn.trusted.store(true, Ordering::Release);
         *claim = Some(Claim { who: who.to_string(), admin });
         Ok(())
     }
@@ -352,20 +356,29 @@ impl Budget {
             busy: AtomicUsize::new(0),
             claimed: AtomicUsize::new(0),
             busy_since: AtomicU64::new(0),
+            trusted: AtomicBool::new(false),
             close: Notify::new(),
         });
         state.conns.insert(id, conn.clone());
         Some((id, conn))
     }
 
-    /// Tells the connection idle the longest to close, else the oldest serving only a
-    /// request without a credential; false if none is either.
+    /// Tells a connection to close, in this order: the one idle the longest of those on which
+    /// no request ever proved who it is (a flood of new connections, accepted faster than
+    /// their requests start, is that); else the oldest serving only a request without a
+    /// credential; else the one idle the longest (an authenticated client's kept-alive
+    /// connection). False if none is any of these.
     fn displace(conns: &mut HashMap<u64, Arc<Conn>>) -> bool {
-        let idle = conns
-            .iter()
-            .filter(|(_, c)| c.busy.load(Ordering::Acquire) == 0)
-            .min_by_key(|(_, c)| c.active_at.load(Ordering::Acquire))
-            .map(|(id, _)| *id);
+        let idle = |trusted: bool| {
+            conns
+                .iter()
+                .filter(|(_, c)| {
+                    c.busy.load(Ordering::Acquire) == 0
+                        && c.trusted.load(Ordering::Acquire) == trusted
+                })
+                .min_by_key(|(_, c)| c.active_at.load(Ordering::Acquire))
+                .map(|(id, _)| *id)
+        };
         let anonymous = || {
             conns
                 .iter()
@@ -373,7 +386,8 @@ impl Budget {
                 .min_by_key(|(_, c)| c.busy_since.load(Ordering::Acquire))
                 .map(|(id, _)| *id)
         };
-        match idle.or_else(anonymous).and_then(|id| conns.remove(&id)) {
+        let chosen = idle(false).or_else(anonymous).or_else(|| idle(true));
+        match chosen.and_then(|id| conns.remove(&id)) {
             Some(c) => {
                 c.close.notify_one();
                 true
@@ -727,6 +741,28 @@ mod tests {
         let s = seat(&b, &c);
         let _busy = Busy::new(s.clone());
         s.claim("alice", false).unwrap();
+    }
+
+    #[test]
+    fn an_authenticated_clients_idle_connection_gives_way_last() {
+        let b = budget(3);
+        let (_, admin) = b.admit().unwrap();
+        let s = seat(&b, &admin);
+        drop({
+            let busy = Busy::new(s.clone());
+            s.claim("admin", true).unwrap();
+            busy
+        });
+        admin.active_at.store(0, Ordering::Release);
+        // Two new connections, accepted after the admin's went idle: they give way first.
+        let (x, cx) = b.admit().unwrap();
+        let (_, cy) = b.admit().unwrap();
+        cx.active_at.store(10, Ordering::Release);
+        cy.active_at.store(20, Ordering::Release);
+        let _ = b.admit().unwrap();
+        assert!(!b.0.state.lock().unwrap().conns.contains_key(&x));
+        assert_eq!(b.open(), 3);
+        assert!(b.0.state.lock().unwrap().conns.values().any(|c| Arc::ptr_eq(c, &admin)));
     }
 
     #[test]

@@ -131,8 +131,10 @@ pub struct ServeArgs {
     /// Serve streamable HTTP at http://ADDR/mcp instead of stdio (default address
     /// 127.0.0.1:7430). Any address other than loopback needs a bearer token (KEEL_MCP_TOKEN
     /// or `[mcp] token` in keel.toml, at least 16 characters); with a token set, every request
-    /// must carry it. At most `[mcp] max_sessions` (64) MCP sessions are open; one idle for
-    /// `[mcp] session_idle_secs` (300) is closed; a foreign `Origin` is refused.
+    /// must carry it. At most `[mcp] max_sessions` (64) MCP sessions are open, and
+    /// `[mcp] max_sessions_per_client` (16) of one client address; one with no request in
+    /// progress for `[mcp] session_idle_secs` (300) is closed (a call waiting for its
+    /// elicitation answer is in progress); a foreign `Origin` is refused.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = DEFAULT_HTTP)]
     http: Option<SocketAddr>,
     /// The user the sessions work for (default: the operating-system user).
