@@ -114,8 +114,12 @@ struct Conn {
     active_at: AtomicU64,
     /// Requests in progress.
     busy: AtomicUsize,
-    /// Requests in progress that proved who they are.
-    claimed: AtomicUsize,
+    /// Requests in progress that have not proved who they are (changed under the budget's
+    /// lock only, so a look under it never sees a request half counted).
+    unclaimed: AtomicUsize,
+    /// Requests whose credential is being checked (a store read): they do not give way as
+    /// requests without a credential meanwhile.
+    verifying: AtomicUsize,
     /// Milliseconds since the budget began when its current request started.
     busy_since: AtomicU64,
     /// Whether a request on it ever proved who it is: an idle connection that never did gives
@@ -126,9 +130,9 @@ struct Conn {
 }
 
 impl Conn {
-    /// Serving a request none of which proved who it is.
+    /// Serving a request that has not proved who it is (read under the budget's lock).
     fn anonymous(&self) -> bool {
-        self.busy.load(Ordering::Acquire) > 0 && self.claimed.load(Ordering::Acquire) == 0
+        self.unclaimed.load(Ordering::Acquire) > 0 && self.verifying.load(Ordering::Acquire) == 0
     }
 }
 
@@ -183,6 +187,14 @@ pub enum Refused {
 }
 
 impl Seat {
+    /// Marks the request as having its credential checked until the guard is dropped:
+    /// meanwhile it does not give way as a request without one (a flood of those would
+    /// otherwise outrun a store read).
+    pub fn verifying(&self) -> Verifying {
+        self.0.conn.verifying.fetch_add(1, Ordering::AcqRel);
+        Verifying(self.0.conn.clone())
+    }
+
     /// The address the request came from.
     pub fn peer(&self) -> std::net::SocketAddr {
         self.0.peer
@@ -218,10 +230,19 @@ impl Seat {
             *state.held.entry(who.to_string()).or_default() += 1;
         }
         state.anonymous = state.anonymous.saturating_sub(1);
-        self.0.conn.claimed.fetch_add(1, Ordering::AcqRel);
+        self.0.conn.unclaimed.fetch_sub(1, Ordering::AcqRel);
         self.0.conn.trusted.store(true, Ordering::Release);
         *claim = Some(Claim { who: who.to_string(), admin });
         Ok(())
+    }
+}
+
+/// A credential being checked (see [`Seat::verifying`]).
+pub struct Verifying(Arc<Conn>);
+
+impl Drop for Verifying {
+    fn drop(&mut self) {
+        self.0.verifying.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -237,6 +258,7 @@ impl Busy {
         let b = &s.budget.0;
         let mut state = b.state.lock().unwrap_or_else(PoisonError::into_inner);
         state.anonymous += 1;
+        s.conn.unclaimed.fetch_add(1, Ordering::AcqRel);
         // Past the share of requests without a credential, the oldest of them gives way.
         if state.anonymous > b.bounds.anonymous_share() {
             let oldest = state
@@ -260,11 +282,13 @@ impl Drop for Busy {
         let s = &self.0.0;
         let b = &s.budget.0;
         let claim = s.claim.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        let claimed = claim.is_some();
         {
             let mut state = b.state.lock().unwrap_or_else(PoisonError::into_inner);
             match claim {
-                None => state.anonymous = state.anonymous.saturating_sub(1),
+                None => {
+                    state.anonymous = state.anonymous.saturating_sub(1);
+                    s.conn.unclaimed.fetch_sub(1, Ordering::AcqRel);
+                }
                 Some(Claim { admin: true, .. }) => {}
                 Some(Claim { who, admin: false }) => {
                     state.users = state.users.saturating_sub(1);
@@ -276,9 +300,6 @@ impl Drop for Busy {
                     }
                 }
             }
-        }
-        if claimed {
-            s.conn.claimed.fetch_sub(1, Ordering::AcqRel);
         }
         s.conn.active_at.store(millis(&b.epoch), Ordering::Release);
         s.conn.busy.fetch_sub(1, Ordering::AcqRel);
@@ -354,7 +375,8 @@ impl Budget {
         let conn = Arc::new(Conn {
             active_at: AtomicU64::new(millis(&t.epoch)),
             busy: AtomicUsize::new(0),
-            claimed: AtomicUsize::new(0),
+            unclaimed: AtomicUsize::new(0),
+            verifying: AtomicUsize::new(0),
             busy_since: AtomicU64::new(0),
             trusted: AtomicBool::new(false),
             close: Notify::new(),

@@ -143,11 +143,14 @@ impl App {
     /// body gets the full deadline, and a user past their share of connections is refused
     /// (429) here.
     pub async fn caller(&self, parts: &Parts, cookie_allowed: bool) -> Result<Caller, Failure> {
+        let seat = parts.extensions.get::<crate::listen::Seat>();
+        let checking = seat.map(crate::listen::Seat::verifying);
         let caller = self.identify(parts, cookie_allowed).await?;
-        if let Some(seat) = parts.extensions.get::<crate::listen::Seat>() {
+        if let Some(seat) = seat {
             seat.claim(&caller.principal.id(), caller.is_admin())
                 .map_err(|e| Failure::new("too_many_requests", e.to_string()))?;
         }
+        drop(checking);
         Ok(caller)
     }
 
