@@ -364,6 +364,31 @@ async fn main() {
     );
     println!("p99 with trickling logins / alone: {:.2}", login_p99 / base_p99);
 
+    // The same flood of connections with no request at all (connect, then close): what the
+    // connection rate alone costs on these CPUs, beside which the row above is read.
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooder = {
+        let (stop, addr) = (stop.clone(), addr.clone());
+        tokio::spawn(async move {
+            let mut opened = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                if tokio::net::TcpStream::connect(&addr).await.is_ok() {
+                    opened += 1;
+                }
+                tokio::task::yield_now().await;
+            }
+            opened
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (bare_rps, _, bare_p99, _) = load(&client, &url, &token, 8, seconds).await;
+    stop.store(true, Ordering::Relaxed);
+    let bare = flooder.await.unwrap();
+    println!(
+        "| beside bare connections opened and closed without pause ({bare} opened) | {bare_rps:.0} | {bare_p99:.2} ms |"
+    );
+    println!("p99 with bare connections / alone: {:.2}", bare_p99 / base_p99);
+
     // One user's token opening 1,000 event streams: a quarter of the connections are theirs
     // (the rest answered 429), and the admin's requests are measured beside them.
     let user = {
