@@ -36,6 +36,8 @@ const CORE: &[&[&str]] = &[
     &["agent"],
     &["brain"],
     &["access"],
+    // What a pending approval would change on disk (the harness keeps each unit's once).
+    &["change"],
     &["harness"],
     &["api"],
 ];

@@ -33,7 +33,7 @@ pub struct Harness {
     /// The text models are writing in this home's sessions, shared with other processes.
     pub(crate) live: crate::live::Live,
     /// The file changes of pending approvals, each computed once per state of its file.
-    pub(crate) changes: Arc<crate::api::Changes>,
+    pub(crate) changes: Arc<crate::change::Changes>,
 }
 
 /// The owners behind the use cases, for the tests and benchmarks that check an owner's own

@@ -53,6 +53,7 @@ pub mod brain;
 pub mod builtin;
 pub mod caller;
 pub mod cancel;
+pub mod change;
 pub mod config;
 pub mod control;
 pub mod crash;

@@ -11,18 +11,17 @@ use std::time::Duration;
 mod access;
 mod callers;
 mod capabilities;
-mod change;
 mod mcp;
 mod registry;
 pub mod shown;
 mod tools;
 mod workgroups;
 pub use crate::caller::Caller;
+pub use crate::change::{Changes, FileChange, cut_lines};
 pub use callers::{
     ApprovalView, BudgetRequest, GrantRequest, PolicyRequest, SessionRequest, WorkgroupRequest,
 };
 pub use capabilities::{SessionCapabilities, SkillInstallReport};
-pub use change::{Changes, FileChange, cut_lines};
 pub use mcp::McpRefresh;
 pub use registry::{
     Outdated, OutdatedKind, PublishedSkill, RegistryAuth, RegistryInstall, SkillSigned,
