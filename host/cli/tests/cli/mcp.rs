@@ -1010,7 +1010,8 @@ async fn mcp_serve_runs_only_the_tools_it_offers() {
         .await
         .unwrap();
         let text = res.text().await.unwrap();
-        let data = text.lines().filter_map(|l| l.strip_prefix("data:")).last().unwrap_or(&text);
+        let data =
+            text.lines().filter_map(|l| l.strip_prefix("data:")).next_back().unwrap_or(&text);
         refused(&serde_json::from_str(data.trim()).unwrap_or(json!({"raw": text})), tool);
     }
     assert!(!work.path().join("planted.txt").exists());
