@@ -379,11 +379,17 @@ impl Drop for Kill {
 
 /// `keel mcp serve --http` on `home` with `[mcp]` settings; its base URL.
 fn mcp_http(home: &Path, mcp: &str) -> (Kill, String) {
+    mcp_http_with(home, mcp, &[])
+}
+
+/// [`mcp_http`] with more arguments to `keel mcp serve`.
+fn mcp_http_with(home: &Path, mcp: &str, args: &[&str]) -> (Kill, String) {
     std::fs::write(home.join("keel.toml"), format!("[mcp]\n{mcp}\n")).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
         .arg("--home")
         .arg(home)
         .args(["mcp", "serve", "--http", "127.0.0.1:0"])
+        .args(args)
         .env_remove("KEEL_MCP_TOKEN")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -632,32 +638,12 @@ fn mcp_post(
 async fn mcp_http_sessions_are_bounded_per_client_and_a_call_in_flight_keeps_its_session() {
     let home = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
-    std::fs::write(
-        home.path().join("keel.toml"),
-        "[mcp]\nmax_sessions = 8\nmax_sessions_per_client = 2\nsession_idle_secs = 2\n",
-    )
-    .unwrap();
     let grant = format!("{}=/work:rw", work.path().display());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .arg("--home")
-        .arg(home.path())
-        .args(["mcp", "serve", "--http", "127.0.0.1:0", "--grant", &grant])
-        .args(["--tools", "fs_write_file", "--ask", "fs_write_file"])
-        .env_remove("KEEL_MCP_TOKEN")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::BufRead;
-    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = loop {
-        let line = lines.next().expect("keel mcp serve stopped").unwrap();
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    let _server = Kill(child);
+    let (_server, url) = mcp_http_with(
+        home.path(),
+        "max_sessions = 8\nmax_sessions_per_client = 2\nsession_idle_secs = 2",
+        &["--grant", &grant, "--tools", "fs_write_file", "--ask", "fs_write_file"],
+    );
     let c = client();
     let open = |elicit: bool| {
         let caps = if elicit { json!({"elicitation": {}}) } else { json!({}) };
