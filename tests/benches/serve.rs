@@ -111,6 +111,33 @@ async fn until_idle(res: &mut reqwest::Response, buf: &mut String) -> i64 {
     }
 }
 
+/// Opens connections to `addr` without pause until the flag it returns is set, sending
+/// `request` on each (and keeping the last 1,000 open) or closing each at once: the task
+/// answers how many it opened.
+fn flood(addr: &str, request: Option<String>) -> (Arc<AtomicBool>, tokio::task::JoinHandle<usize>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (flag, addr) = (stop.clone(), addr.to_string());
+    let task = tokio::spawn(async move {
+        let mut held = std::collections::VecDeque::new();
+        let mut opened = 0usize;
+        while !flag.load(Ordering::Relaxed) {
+            if let Ok(mut s) = tokio::net::TcpStream::connect(&addr).await {
+                opened += 1;
+                if let Some(r) = &request {
+                    let _ = tokio::io::AsyncWriteExt::write_all(&mut s, r.as_bytes()).await;
+                    held.push_back(s);
+                    if held.len() > 1000 {
+                        held.pop_front();
+                    }
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+        opened
+    });
+    (stop, task)
+}
+
 /// `clients` tasks GET `url` as fast as they can for `seconds`: requests/s, p50, p99 (ms),
 /// and how many requests.
 async fn load(
@@ -331,30 +358,11 @@ async fn main() {
     // Login forms whose bodies trickle (headers whole, then a byte of 1,000), renewed without
     // pause for the whole measurement: at most an eighth of the connections hold them, and
     // each loses its connection at the short body deadline.
-    let stop = Arc::new(AtomicBool::new(false));
-    let trickler = {
-        let (stop, addr) = (stop.clone(), addr.clone());
-        tokio::spawn(async move {
-            let form = format!(
-                "POST /login HTTP/1.1\r\nHost: {addr}\r\nContent-Type: \
-                 application/x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\nt"
-            );
-            let mut held = std::collections::VecDeque::new();
-            let mut opened = 0usize;
-            while !stop.load(Ordering::Relaxed) {
-                if let Ok(mut s) = tokio::net::TcpStream::connect(&addr).await {
-                    let _ = tokio::io::AsyncWriteExt::write_all(&mut s, form.as_bytes()).await;
-                    held.push_back(s);
-                    opened += 1;
-                }
-                if held.len() > 1000 {
-                    held.pop_front();
-                }
-                tokio::task::yield_now().await;
-            }
-            opened
-        })
-    };
+    let form = format!(
+        "POST /login HTTP/1.1\r\nHost: {addr}\r\nContent-Type: \
+         application/x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\nt"
+    );
+    let (stop, trickler) = flood(&addr, Some(form));
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (login_rps, _, login_p99, _) = load(&client, &url, &token, 8, seconds).await;
     stop.store(true, Ordering::Relaxed);
@@ -366,20 +374,7 @@ async fn main() {
 
     // The same flood of connections with no request at all (connect, then close): what the
     // connection rate alone costs on these CPUs, beside which the row above is read.
-    let stop = Arc::new(AtomicBool::new(false));
-    let flooder = {
-        let (stop, addr) = (stop.clone(), addr.clone());
-        tokio::spawn(async move {
-            let mut opened = 0usize;
-            while !stop.load(Ordering::Relaxed) {
-                if tokio::net::TcpStream::connect(&addr).await.is_ok() {
-                    opened += 1;
-                }
-                tokio::task::yield_now().await;
-            }
-            opened
-        })
-    };
+    let (stop, flooder) = flood(&addr, None);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (bare_rps, _, bare_p99, _) = load(&client, &url, &token, 8, seconds).await;
     stop.store(true, Ordering::Relaxed);
