@@ -761,8 +761,12 @@ fn peers_tools_without_annotations_are_destructive_when_annotations_are_trusted(
 
 /// The conformance suite's client scenarios against keel's client (`initialize`,
 /// `tools_call`), and its server scenarios against `keel mcp serve --http`: the handshake,
-/// ping, tools/list, a tool error and the DNS-rebinding check pass (keel serves tools only:
-/// the prompt, resource, sampling and logging scenarios need what keel does not offer).
+/// ping, tools/list and the DNS-rebinding check pass (keel serves tools only: the prompt,
+/// resource, sampling and logging scenarios need what keel does not offer, and the
+/// `tools-call-*` scenarios call the suite's own test tools, which keel answers as unknown).
+/// What the suite would see from a tool of keel's that fails: `is_error` in
+/// `peers_python_client_over_stdio_lists_calls_asks_and_refuses`, and the unknown-tool answer
+/// is asserted below.
 #[test]
 #[ignore = "slow tier: installs the MCP conformance suite and Node 22 from npm"]
 fn peers_conformance_suite() {
@@ -794,9 +798,7 @@ fn peers_conformance_suite() {
     }
     let (child, url) = serve_http(home.path(), &[], None);
     let _server = Killed(child);
-    for scenario in
-        ["server-initialize", "ping", "tools-list", "tools-call-error", "dns-rebinding-protection"]
-    {
+    for scenario in ["server-initialize", "ping", "tools-list", "dns-rebinding-protection"] {
         let out = Command::new(peers.node())
             .arg(&suite)
             .args(["server", "--url", &url, "--scenario", scenario])
@@ -809,6 +811,19 @@ fn peers_conformance_suite() {
         );
         assert!(text.contains("Passed:") && text.contains(", 0 failed"), "{scenario}: {text}");
     }
+    // A tool keel does not offer is a protocol error (-32602), as the specification's tools
+    // page lists "unknown tools" among them — not a tool result the suite could count.
+    let out = Command::new(peers.node())
+        .arg(&suite)
+        .args(["server", "--url", &url, "--scenario", "tools-call-error"])
+        .output()
+        .unwrap();
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains("-32602") && text.contains("unknown tool `test_error_handling`"),
+        "{text}"
+    );
 }
 
 /// keel's HTTP client against keel's HTTP server: a bearer token given with `--header`
