@@ -217,13 +217,28 @@ pub fn render(row: &EventRow, detail: Detail) -> Option<String> {
             tokens.map(|t| format!("; the next request was ~{t} tokens")).unwrap_or_default()
         ),
         SessionEvent::CheckpointPrepared { .. } => return None,
-        SessionEvent::Compacted { checkpoint, to, tokens_before, tokens_after, ms, .. } => {
+        SessionEvent::Compacted {
+            checkpoint,
+            to,
+            tokens_before,
+            tokens_after,
+            ms,
+            mechanical,
+            ..
+        } => {
             let tokens = match (tokens_before, tokens_after) {
                 (Some(b), Some(a)) => format!(", ~{b} → ~{a} tokens"),
                 _ => String::new(),
             };
+            let how = match mechanical {
+                Some(why) => format!(
+                    "; the summary is keel's own, from the session's record, as the summary call failed: {}",
+                    inert(why)
+                ),
+                None => String::new(),
+            };
             format!(
-                "context compacted: checkpoint {checkpoint}, requests now hold its summary and the messages after {to}{tokens} ({:.1} s)",
+                "context compacted: checkpoint {checkpoint}, requests now hold its summary and the messages after {to}{tokens} ({:.1} s){how}",
                 ms / 1e3
             )
         }

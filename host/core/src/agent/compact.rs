@@ -14,7 +14,7 @@ use crate::agent::summary;
 use crate::cancel::CancelToken;
 use crate::model::ModelError;
 pub use crate::session::compaction::{Aim, Trigger};
-use crate::session::compaction::{Frozen, Promotion, SummaryCall};
+use crate::session::compaction::{Frozen, Promotion, Summary, SummaryCall};
 use crate::session::{RuntimeState, SessionMeta};
 
 use super::{AgentError, AgentService};
@@ -31,17 +31,18 @@ pub const MAX_ROUNDS: u32 = 3;
 pub const SUMMARY_ALLOWANCE: f64 = 2048.0;
 
 /// What a threshold compaction aims for, for a request `assembled` of a session whose window
-/// is `window` tokens and threshold `compact_at` of it: keep as much recent history as leaves
-/// the next request, its summary included, well under the threshold — half of the room the
-/// system message and tool schemas leave, at most [`KEEP_FRACTION`] of the window — and send
-/// one summary call at most [`INPUT_FRACTION`] of the window.
+/// is `window` tokens and whose requests are held under `ceiling` tokens: keep as much recent
+/// history as leaves the next request, its summary included, well under the ceiling — half
+/// of the room the system message and tool schemas leave, at most [`KEEP_FRACTION`] of the
+/// window — and send one summary call at most [`INPUT_FRACTION`] of the window.
 pub fn aim(
     window: u64,
-    compact_at: f64,
+    ceiling: f64,
     per_token: f64,
     assembled: &crate::session::Assembled,
 ) -> Aim {
     let window_bytes = window as f64 * per_token;
+    let compact_at = ceiling / window as f64;
     let fixed = (assembled.head.text.len()
         + assembled.system.text.len()
         + assembled.tools.as_ref().map_or(0, |t| t.text.len())
@@ -67,10 +68,32 @@ pub enum Compaction {
     Discarded(String),
 }
 
-/// Of the tokens a summary request may use (the window less the reply's reserve), the part
-/// its estimated size is held under: the estimate is of bytes per token, and the server's
-/// tokenizer may count more.
-pub const SUMMARY_SAFETY: f64 = 0.85;
+/// Of the tokens a request may use (the window less the reply's reserve), the part its
+/// estimated size is held under — summary calls and ordinary requests alike: the estimate is
+/// of bytes per token, and the server's tokenizer may count more.
+pub const ESTIMATE_SAFETY: f64 = 0.85;
+
+/// Tokens an ordinary request keeps for its reply at most when the session sets no
+/// `max_tokens`.
+pub const REPLY_RESERVE: u64 = 1024;
+
+/// The tokens an ordinary request of a session with model settings `model` keeps free for
+/// its reply in a window of `window` tokens: the session's `max_tokens` (at most half the
+/// window), else an eighth of the window, at most [`REPLY_RESERVE`]. A request that fills
+/// the window leaves the model no room to answer: llama.cpp cuts the reply at its context,
+/// tool calls and all.
+pub fn reply_reserve(model: &crate::model::ModelConfig, window: u64) -> u64 {
+    match model.max_tokens {
+        Some(m) => u64::from(m).min(window / 2),
+        None => (window / 8).min(REPLY_RESERVE),
+    }
+}
+
+/// The most tokens (as estimated) an ordinary request may take in a window of `window`:
+/// the window less the reply's reserve, held under [`ESTIMATE_SAFETY`] of it.
+pub fn request_limit(model: &crate::model::ModelConfig, window: u64) -> f64 {
+    window.saturating_sub(reply_reserve(model, window)) as f64 * ESTIMATE_SAFETY
+}
 
 /// What one compaction is asked to do.
 pub struct CompactRequest {
@@ -121,7 +144,7 @@ impl AgentService {
             }
             _ => None,
         };
-        let failed = call.error.clone();
+        let failed = call.error.clone().filter(|_| call.summary.is_none());
         let seq = self
             .engine
             .prepare_checkpoint(id, frozen.clone(), call, (tokens, after), req.state_after)
@@ -167,8 +190,9 @@ impl AgentService {
         let budget = window.map(|(w, per_token)| {
             let reserve = summary::reply_reserve(w);
             config.model.max_tokens = Some(reserve);
-            (w.saturating_sub(u64::from(reserve)) as f64 * per_token * SUMMARY_SAFETY) as usize
+            (w.saturating_sub(u64::from(reserve)) as f64 * per_token * ESTIMATE_SAFETY) as usize
         });
+        let limits = summary::limits(&config);
         let started = Instant::now();
         let mut out = SummaryCall {
             summary: None,
@@ -228,7 +252,7 @@ impl AgentService {
                         }
                         let content = reply.content.unwrap_or_default();
                         let content = meta.config.policy.redact(&content).into_owned();
-                        match summary::parse(&content) {
+                        match summary::parse(&content, reply.finish_reason.as_deref(), limits) {
                             Ok((s, reader)) => {
                                 reader.log("summary");
                                 previous = Some((0, s.clone()));
@@ -246,7 +270,7 @@ impl AgentService {
                                 );
                                 out.error = Some(format!("the summary was refused: {cause}"));
                                 out.reply = Some(content);
-                                note = Some(summary::retry_note(&cause));
+                                note = Some(summary::retry_note(&cause, limits));
                                 take = take.div_ceil(2);
                             }
                         }
@@ -272,14 +296,16 @@ impl AgentService {
             }
             rest = &rest[take..];
         }
-        if out.error.is_none()
-            && let Some(mut s) = last
-        {
-            if s.active_user_request.is_empty()
-                && let Some(r) = &frozen.active_request
-            {
-                s.active_user_request = r.clone();
-            }
+        let made = match (&out.error, last) {
+            (None, Some(s)) => Some(s),
+            // The model could not summarize (twice) or the call failed: keel's own summary,
+            // from the session's record — a compaction does not depend on the model. Not when
+            // a person interrupted it.
+            (Some(_), _) if !cancel.is_cancelled() => Some(Summary::mechanical(frozen)),
+            _ => None,
+        };
+        if let Some(mut s) = made {
+            s.active_user_request = frozen.request();
             s.artifacts = frozen.artifacts.clone();
             s.failed_calls = frozen.failed_calls.clone();
             s.turn_calls = frozen.turn_calls.clone();

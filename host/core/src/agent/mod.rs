@@ -320,8 +320,17 @@ impl AgentService {
                     let bytes = assembled.body.len() as i64;
                     // The window the refusal names, else less than the refused request.
                     let per_token = self.engine.bytes_per_token(id).await?;
-                    let window = crate::model::window_in_refusal(body)
-                        .unwrap_or_else(|| (bytes as f64 / per_token * 0.75) as u64);
+                    let named = crate::model::window_in_refusal(body);
+                    // A window the server names is the session's from now on: every later
+                    // request is sized to it, with room for the reply.
+                    let learned = match named {
+                        Some(n) => self.engine.learn_window(id, n).await?,
+                        None => false,
+                    };
+                    if learned {
+                        tracing::info!(window = ?named, "the model server named its context window");
+                    }
+                    let window = named.unwrap_or_else(|| (bytes as f64 / per_token * 0.75) as u64);
                     let request = compact::CompactRequest {
                         trigger: compact::Trigger::Overflow,
                         window: Some(
@@ -334,9 +343,14 @@ impl AgentService {
                         before: None,
                         state_after: RuntimeState::Running,
                     };
+                    // Sent again once compacted — or, sized to the window the server named,
+                    // with its tool results cut to fit if compaction could not help.
                     if let compact::Compaction::Compacted { .. } =
                         self.compact(id, request, cancel).await?
                     {
+                        continue;
+                    }
+                    if learned {
                         continue;
                     }
                 }
@@ -450,9 +464,17 @@ impl AgentService {
 
     /// Assembles the session's next request — its catalog read in the assembly's own
     /// snapshot, so the request's tool schemas and the components its calls run come from one
-    /// catalog version — compacting first while it would pass the session's threshold of its
-    /// context window ([`compact::MAX_ROUNDS`] times at most). A request that still passes the
-    /// window itself ends the turn (`Err`), failed with a message that says why.
+    /// catalog version — so that it fits the session's context window with room for the
+    /// reply ([`compact::request_limit`]):
+    ///
+    /// 1. past the session's threshold (or the limit, if lower) it compacts first
+    ///    ([`compact::MAX_ROUNDS`] times at most);
+    /// 2. a request still past the limit — the anchor and the step that just ran are never
+    ///    compacted — has its history's tool results cut to the largest size that fits
+    ///    (`fitting_cap`, in the session's assembly), the calls whole;
+    /// 3. only a request that no cut can make fit ends the turn (`Err`), failed with a
+    ///    message that says why, and kept as a request that was not sent (its announced model
+    ///    call closed as failed).
     #[allow(clippy::type_complexity)]
     async fn assemble_fitting(
         &self,
@@ -471,11 +493,14 @@ impl AgentService {
         AgentError,
     > {
         let mut rounds = 0;
+        // Set once compaction has done what it can: the request's size in bytes, and why
+        // compaction could not make it fit.
+        let mut within: Option<(usize, String)> = None;
         loop {
             let mut catalog = None;
             let (meta, assembled) = self
                 .engine
-                .assemble(id, |c, m| {
+                .assemble_within(id, within.as_ref().map(|w| w.0), |c, m| {
                     let at = self.tools.catalog_in(c).ok()?;
                     let json = at
                         .tools_json_pinned(&m.capabilities.loaded_tools, &m.capabilities.tool_pins);
@@ -489,13 +514,36 @@ impl AgentService {
             let per_token = self.engine.bytes_per_token(id).await?;
             let bytes = assembled.body.len() as i64;
             let tokens = (bytes as f64 / per_token).ceil() as i64;
-            if (tokens as f64) < window as f64 * meta.config.model.compact_at {
+            let limit = compact::request_limit(&meta.config.model, window);
+            let ceiling = limit.min(window as f64 * meta.config.model.compact_at);
+            if let Some((_, why)) = &within {
+                if tokens as f64 <= limit {
+                    if let Some(cap) = assembled.result_cap {
+                        tracing::debug!(tokens, window, cap, %why, "tool results cut to fit");
+                    }
+                    return Ok(Ok((meta, assembled, catalog)));
+                }
+                let message = format!(
+                    "the next request needs about {tokens} tokens, and the model's context window of {window} \
+                     holds {} with room for the reply; compaction could not make it fit ({why}), and neither could \
+                     cutting its tool results to {} bytes each: the call itself, the turn's message and keel's \
+                     instructions and tool schemas are too large. Start a new session, or use a model with a \
+                     larger context (--context-window)",
+                    limit.floor() as i64,
+                    crate::session::MIN_RESULT_CAP,
+                );
+                self.engine
+                    .refuse_step(id, assembled, None, format!("not sent: {message}"))
+                    .await?;
+                return Ok(Err(TurnOutcome::Failed(message)));
+            }
+            if (tokens as f64) < ceiling {
                 return Ok(Ok((meta, assembled, catalog)));
             }
             let why = if rounds == compact::MAX_ROUNDS {
                 format!("{rounds} compactions before this request did not make it small enough")
             } else if let Some(failed) =
-                guard.compaction_failed.clone().filter(|_| tokens <= window as i64)
+                guard.compaction_failed.clone().filter(|_| tokens as f64 <= limit)
             {
                 failed
             } else {
@@ -503,7 +551,7 @@ impl AgentService {
                 let request = compact::CompactRequest {
                     trigger: compact::Trigger::Threshold,
                     window: Some(window),
-                    aim: compact::aim(window, meta.config.model.compact_at, per_token, &assembled),
+                    aim: compact::aim(window, ceiling, per_token, &assembled),
                     before: Some((bytes, tokens)),
                     state_after: RuntimeState::Running,
                 };
@@ -518,18 +566,12 @@ impl AgentService {
                     }
                 }
             };
-            // The request goes as it is while it fits the window itself.
-            if tokens <= window as i64 {
+            // The request goes as it is while it fits the window itself, with the reply's room.
+            if tokens as f64 <= limit {
                 tracing::debug!(tokens, window, %why, "request over the compaction threshold");
                 return Ok(Ok((meta, assembled, catalog)));
             }
-            let message = format!(
-                "the next request needs about {tokens} tokens, more than the model's context window of {window}, \
-                 and compaction could not make it fit: {why}. Start a new session, or use a model with a larger \
-                 context (--context-window)"
-            );
-            self.engine.set_state(id, RuntimeState::Failed, Some(message.clone())).await?;
-            return Ok(Err(TurnOutcome::Failed(message)));
+            within = Some(((limit * per_token) as usize, why));
         }
     }
 

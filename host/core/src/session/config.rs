@@ -1,7 +1,8 @@
 //! The session's configuration: what it was created with and keeps — grants, network grants,
 //! policy, budget, model, system prompt, loop guards, task-understanding settings, the user it
-//! works for and who owns it. Written once, by the creation transaction ([`super::create_in`]);
-//! read here.
+//! works for and who owns it. Written by the creation transaction ([`super::create_in`]),
+//! and changed in one way after: a model server that refuses a request names its context
+//! window, which becomes the session's ([`learn_window_in`]); read here.
 
 use crate::sql::{Connection, OptionalExtension};
 use serde::Serialize;
@@ -82,6 +83,28 @@ pub fn config_in(c: &Connection, id: &str) -> Result<SessionConfig, StoreError> 
         grants: grants_in(c, id)?,
         net: net.map(|n| parse(&n, "network grants")).transpose()?.unwrap_or_default(),
     })
+}
+
+/// Makes `window` (tokens) the context window of session `id`'s model, when the session has
+/// none or a larger one: a server that refused a request as too long and named its context
+/// is believed over a guess, so every later request is sized to it — not only the summary
+/// call that followed the refusal. Returns whether the window changed.
+pub fn learn_window_in(c: &Connection, id: &str, window: u64) -> Result<bool, StoreError> {
+    let model: String = c
+        .prepare_cached("SELECT model FROM session_config WHERE session_id=?1")?
+        .query_row([id], |r| r.get(0))
+        .optional()?
+        .ok_or_else(|| no_session(id))?;
+    let mut model: ModelConfig = parse(&model, "model config")?;
+    if model.context_window.is_some_and(|w| w <= window) || window == 0 {
+        return Ok(false);
+    }
+    model.context_window = Some(window);
+    let text = serde_json::to_string(&model)
+        .map_err(|e| StoreError::Corrupt(format!("the model config of `{id}`: {e}")))?;
+    c.prepare_cached("UPDATE session_config SET model=?2 WHERE session_id=?1")?
+        .execute(crate::sql::params![id, text])?;
+    Ok(true)
 }
 
 /// The directories granted to session `id`, by guest path.

@@ -183,6 +183,9 @@ pub enum SessionEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tokens_after: Option<i64>,
         ms: f64,
+        /// Set when the summary is keel's mechanical one: why the summary call failed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mechanical: Option<String>,
     },
     /// A compaction failed (the summary call failed or its answer was refused); nothing of the
     /// context changed.

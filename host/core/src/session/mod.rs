@@ -44,8 +44,8 @@ pub use crate::policy::{Effect, Policy};
 pub use crate::tools::ConsumedApproval;
 pub use approvals::{ApprovalStatus, ApprovalUnit, DecideError, Decision};
 pub use assemble::{
-    Assembled, BYTES_PER_TOKEN, CallFacts, EvidenceOf, GOAL_SHOWN, ModelCallRecord, Part,
-    RefusedRequest, TokenEstimate, estimate_tokens, goal_reference, reconstruct_body,
+    Assembled, BYTES_PER_TOKEN, CallFacts, EvidenceOf, GOAL_SHOWN, MIN_RESULT_CAP, ModelCallRecord,
+    Part, RefusedRequest, TokenEstimate, estimate_tokens, goal_reference, reconstruct_body,
 };
 pub use capabilities::LoadedCapabilities;
 pub use config::SessionConfig;
@@ -208,6 +208,13 @@ impl SessionEngine {
     pub async fn config(&self, id: &SessionId) -> Result<SessionConfig, StoreError> {
         let id = id.clone();
         self.db.read_inline(move |c| config::config_in(c, &id)).await
+    }
+
+    /// Makes `window` the session's context window if it has none or a larger one (see
+    /// [`config::learn_window_in`]); whether it changed.
+    pub async fn learn_window(&self, id: &SessionId, window: u64) -> Result<bool, StoreError> {
+        let id = id.clone();
+        self.write(id.clone(), move |c| config::learn_window_in(c, &id, window)).await
     }
 
     /// The session's task state: goals, phase, plan.
@@ -400,9 +407,23 @@ impl SessionEngine {
     where
         F: FnOnce(&Connection, &SessionMeta) -> Option<Arc<str>> + Send,
     {
+        self.assemble_within(id, None, tools).await
+    }
+
+    /// [`assemble`](Self::assemble), with the history's tool results cut so that the request
+    /// takes at most `within` bytes, if a cut can make it (see [`assemble::fitting_cap`]).
+    pub async fn assemble_within<F>(
+        &self,
+        id: &SessionId,
+        within: Option<usize>,
+        tools: F,
+    ) -> Result<(SessionMeta, Assembled), StoreError>
+    where
+        F: FnOnce(&Connection, &SessionMeta) -> Option<Arc<str>> + Send,
+    {
         let id = id.clone();
         let cache = self.assembly.clone();
-        self.db.read_inline(move |c| assemble::assemble(c, &id, &cache, tools)).await
+        self.db.read_inline(move |c| assemble::assemble(c, &id, &cache, within, tools)).await
     }
 
     /// Records a decision on a pending approval unit (one conditional update: exactly one

@@ -670,4 +670,11 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[
     ALTER TABLE skills ADD COLUMN signer_key TEXT;
     ALTER TABLE skills ADD COLUMN unsigned_allowed INTEGER NOT NULL DEFAULT 0;",
     ),
+    // A request whose history's tool results were cut to fit a small window records the
+    // size it cut them to, so that its evidence rebuilds byte for byte.
+    (
+        26,
+        "ALTER TABLE evidence ADD COLUMN result_cap INTEGER;
+    ALTER TABLE refused_requests ADD COLUMN result_cap INTEGER;",
+    ),
 ];

@@ -456,6 +456,11 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[
     ALTER TABLE skills ADD COLUMN signer_key TEXT;
     ALTER TABLE skills ADD COLUMN unsigned_allowed BIGINT NOT NULL DEFAULT 0;",
     ),
+    (
+        26,
+        "ALTER TABLE evidence ADD COLUMN result_cap BIGINT;
+    ALTER TABLE refused_requests ADD COLUMN result_cap BIGINT;",
+    ),
 ];
 
 #[cfg(test)]

@@ -38,8 +38,9 @@ pub fn record_evidence(
         "INSERT INTO evidence (session_id, step, created_at, head, system_hash, tools_hash, history_from,
                                history_to, body_sha256, meta_version, turn, body_bytes, finish_reason,
                                prompt_tokens, completion_tokens, cached_tokens, duration_ms, attempts,
-                               anchor)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
+                               anchor, result_cap)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
+                 ?20)",
     )?
     .execute(params![
         id,
@@ -61,6 +62,7 @@ pub fn record_evidence(
         a.call.duration_ms,
         a.call.attempts,
         a.anchor,
+        a.result_cap.map(|c| c as i64),
     ])?;
     crate::session::events::append(
         c,
@@ -97,8 +99,9 @@ pub fn record_refused(
     c.prepare_cached(
         "INSERT INTO refused_requests (session_id, seq, turn, step, created_at, http_status, error,
              attempts, duration_ms, head, system_hash, tools_hash, history_from, history_to,
-             body_sha256, body_bytes, meta_version, anchor)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+             body_sha256, body_bytes, meta_version, anchor, result_cap)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
+                 ?19)",
     )?
     .execute(params![
         id,
@@ -119,6 +122,7 @@ pub fn record_refused(
         a.body.len() as i64,
         a.meta_version,
         a.anchor,
+        a.result_cap.map(|c| c as i64),
     ])?;
     crate::session::events::append(
         c,
@@ -336,22 +340,22 @@ pub fn evidence(c: &Connection, id: &str, of: EvidenceOf) -> Result<(i64, Vec<u8
     };
     let row = c
         .prepare_cached(&format!(
-            "SELECT head, system_hash, tools_hash, history_from, history_to, body_sha256, anchor
+            "SELECT head, system_hash, tools_hash, history_from, history_to, body_sha256, anchor,
+                    result_cap
              FROM {table} WHERE session_id=?1 AND {key}=?2"
         ))?
         .query_row(params![id, step], |r| {
             Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, Option<String>>(2)?,
+                (r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, Option<String>>(2)?),
                 r.get::<_, i64>(3)?,
                 r.get::<_, i64>(4)?,
                 r.get::<_, String>(5)?,
                 r.get::<_, Option<i64>>(6)?,
+                r.get::<_, Option<i64>>(7)?,
             ))
         })
         .optional()?;
-    let Some((head_hash, system_hash, tools_hash, from, to, sha, anchor)) = row else {
+    let Some(((head_hash, system_hash, tools_hash), from, to, sha, anchor, cap)) = row else {
         return Err(StoreError::NotFound(match (of, step) {
             (EvidenceOf::Refused(None), 0) => format!("session `{id}` has no refused request"),
             (EvidenceOf::Step(None), 0) => format!("session `{id}` has made no model request yet"),
@@ -369,7 +373,7 @@ pub fn evidence(c: &Connection, id: &str, of: EvidenceOf) -> Result<(i64, Vec<u8
         &head,
         &system,
         anchor.as_deref(),
-        &history(c, id, from, to)?,
+        &cut_history(&history(c, id, from, to)?, cap.map(|c| c as usize)),
         tools.as_deref(),
     );
     if sha256_hex(&body) != sha {

@@ -18,8 +18,10 @@ use crate::store::{StoreError, now_ms};
 use super::facts::{SessionMeta, load_counters, load_meta_at};
 
 mod evidence;
+mod fit;
 
 pub use evidence::*;
+pub use fit::*;
 
 /// One assembled request and the facts it came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +35,9 @@ pub struct Assembled {
     /// The message repeated at the head of the history (the active turn's user message, kept
     /// verbatim by a compaction), if any.
     pub anchor: Option<i64>,
+    /// The size past which the history's tool results were cut to fit the window (see
+    /// [`cut_result`]), if they were.
+    pub result_cap: Option<usize>,
     pub meta_version: i64,
     /// The exact request bytes (shared, not copied, by the model client and its retries).
     pub body: bytes::Bytes,
@@ -490,10 +495,13 @@ impl CachedHistory {
 
 /// Assembles the next request of session `id`; `tools` gives the serialized tool schemas of
 /// the session's loaded tools, reading what it needs on `c` (the same read transaction).
+/// With `within`, a request longer than that many bytes has its history's tool results cut
+/// to the largest size that makes it fit ([`fitting_cap`]) — if any does.
 pub fn assemble(
     c: &Connection,
     id: &str,
     cache: &AssemblyCache,
+    within: Option<usize>,
     tools: impl FnOnce(&Connection, &SessionMeta) -> Option<Arc<str>>,
 ) -> Result<(SessionMeta, Assembled), StoreError> {
     let counters = load_counters(c, id)?;
@@ -523,13 +531,25 @@ pub fn assemble(
         _ => Part::new(json),
     });
     let anchor = meta.runtime.checkpoint.as_ref().and_then(|cp| cp.anchor.as_ref());
-    let body = reconstruct_body(
-        &parts.head.text,
-        &parts.system.text,
-        anchor.map(|(_, body)| body.as_str()),
-        &messages.bodies,
-        tools.as_ref().map(|t| &*t.text),
-    );
+    let build = |cap: Option<usize>| {
+        reconstruct_body(
+            &parts.head.text,
+            &parts.system.text,
+            anchor.map(|(_, body)| body.as_str()),
+            &cut_history(&messages.bodies, cap),
+            tools.as_ref().map(|t| &*t.text),
+        )
+    };
+    let mut body = build(None);
+    let mut result_cap = None;
+    if let Some(max) = within.filter(|max| body.len() > *max) {
+        let history: usize = messages.bodies.iter().map(String::len).sum();
+        let room = max.saturating_sub(body.len() - history);
+        if let Some(cap) = fitting_cap(&messages.bodies, room) {
+            result_cap = Some(cap);
+            body = build(result_cap);
+        }
+    }
     let body_sha256 = sha256_hex(&body);
     let assembled = Assembled {
         step: meta.runtime.steps + 1,
@@ -539,6 +559,7 @@ pub fn assemble(
         history_from,
         history_to,
         anchor: anchor.map(|(seq, _)| *seq),
+        result_cap,
         meta_version: meta.runtime.meta_version,
         body: body.into(),
         body_sha256,

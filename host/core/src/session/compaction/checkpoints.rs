@@ -28,8 +28,9 @@ pub fn begin_in(
 #[derive(Debug, Clone, PartialEq)]
 pub struct SummaryCall {
     /// The summary, validated (its artifacts filled in from the journal); `None` when the
-    /// call failed or its answer was refused (`error`).
+    /// call failed or its answer was refused (`error`) and no mechanical summary was made.
     pub summary: Option<Summary>,
+    /// Why the call failed: with a summary, that summary is keel's mechanical one.
     pub error: Option<String>,
     /// The exact request of the last attempt.
     pub request: Vec<u8>,
@@ -40,8 +41,9 @@ pub struct SummaryCall {
     pub usage: Option<crate::model::Usage>,
 }
 
-/// Commits the checkpoint of `frozen` (step 1): `pending` with the summary, or `failed` with
-/// the error (then the state becomes `state_after`). Returns its number.
+/// Commits the checkpoint of `frozen` (step 1): `pending` with the summary — a mechanical
+/// one keeps the summary call's failure as its `error` — or `failed` with the error (then the
+/// state becomes `state_after`). Returns its number.
 pub fn prepare_in(
     c: &Connection,
     id: &str,
@@ -94,11 +96,11 @@ pub fn prepare_in(
         tokens.0,
         tokens.1,
     ])?;
-    match &call.error {
-        None => {
+    match (&call.summary, &call.error) {
+        (Some(_), _) | (None, None) => {
             events::append(c, id, &SessionEvent::CheckpointPrepared { checkpoint: seq })?;
         }
-        Some(e) => {
+        (None, Some(e)) => {
             events::append(c, id, &SessionEvent::CompactionFailed { error: e.clone() })?;
             facts::set_state(c, id, state_after, None)?;
         }
@@ -130,7 +132,7 @@ pub fn promote_in(
     let row = c
         .prepare_cached(
             "SELECT status, range_from, range_to, prev_context_start, last_message, meta_version,
-                    tokens_before, tokens_after
+                    tokens_before, tokens_after, error
              FROM checkpoints WHERE session_id=?1 AND seq=?2",
         )?
         .query_row(params![id, seq], |r| {
@@ -139,11 +141,12 @@ pub fn promote_in(
                 (r.get::<_, i64>(1)?, r.get::<_, i64>(2)?, r.get::<_, i64>(3)?),
                 (r.get::<_, i64>(4)?, r.get::<_, i64>(5)?),
                 (r.get::<_, Option<i64>>(6)?, r.get::<_, Option<i64>>(7)?),
+                r.get::<_, Option<String>>(8)?,
             ))
         })
         .optional()?
         .ok_or_else(|| StoreError::NotFound(format!("session `{id}` has no checkpoint {seq}")))?;
-    let (status, (from, to, prev), (last, version), (before, after)) = row;
+    let (status, (from, to, prev), (last, version), (before, after), mechanical) = row;
     if status != CheckpointStatus::Pending {
         return Ok(Promotion::Settled(status));
     }
@@ -204,6 +207,7 @@ pub fn promote_in(
             tokens_before: before,
             tokens_after: after,
             ms,
+            mechanical,
         },
     )?;
     if let Some(s) = state_after {

@@ -56,6 +56,26 @@ pub struct Frozen {
     pub kept_bytes: i64,
 }
 
+impl Frozen {
+    /// The request a summary of this range states as the active one — set by keel, never by
+    /// the model: the active turn's message; outside a turn the range's last user message;
+    /// else the previous summary's.
+    pub fn request(&self) -> String {
+        if let Some(r) = &self.active_request {
+            return r.clone();
+        }
+        self.messages
+            .iter()
+            .rev()
+            .find_map(|m| {
+                let v: serde_json::Value = serde_json::from_str(&m.body).ok()?;
+                (v["role"] == "user").then(|| v["content"].as_str().map(str::to_string)).flatten()
+            })
+            .or_else(|| self.previous.as_ref().map(|(_, p)| p.active_user_request.clone()))
+            .unwrap_or_default()
+    }
+}
+
 struct Row {
     seq: i64,
     role: String,

@@ -98,15 +98,17 @@ pub struct TurnCall {
 
 /// Characters of a summarized call's input kept at most.
 pub const INPUT_SHOWN: usize = 80;
-/// The active turn's calls a summary shows at most (the newest; every one stays in the
-/// journal and in `keel session show`).
-pub const TURN_CALLS_SHOWN: usize = 12;
+/// Bytes of one journal list (files changed, calls that failed, the turn's calls) a summary
+/// shows entry by entry, at most: the newest entries that fit are shown in full, the rest
+/// compactly, grouped by tool and outcome — listed, never dropped.
+pub const LIST_SHOWN_BYTES: usize = 1024;
 /// The active turn's calls a summary keeps at most (the newest).
 pub const TURN_CALLS_KEPT: usize = 200;
 
-/// The structured continuity summary of a checkpoint. `artifacts`, `failed_calls` and
-/// `turn_calls` come from the journal; the other fields from the summary call. Goals and the
-/// plan are not here: they stay SessionMeta facts.
+/// The structured continuity summary of a checkpoint. `active_user_request`, `artifacts`,
+/// `failed_calls` and `turn_calls` come from the session's record (the turn's message, the
+/// journal); the lists from the summary call — or, when it failed, from the record too (a
+/// *mechanical* summary). Goals and the plan are not here: they stay SessionMeta facts.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Summary {
@@ -125,74 +127,125 @@ pub struct Summary {
     pub open_questions: Vec<String>,
     pub next_actions: Vec<String>,
     pub notes: Vec<String>,
+    /// Made by keel from the session's record, the summary call having failed
+    /// ([`Summary::mechanical`]); a later summary call's answer replaces it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mechanical: bool,
 }
 
 /// Characters of one summary entry shown at most.
 pub const ENTRY_SHOWN: usize = 600;
-/// Entries of one summary list shown at most (the newest artifacts, the first of others).
+/// Entries of one of the model's summary lists shown at most.
 pub const ENTRIES_SHOWN: usize = 40;
 
+/// Lines of a journal list: the newest that fit [`LIST_SHOWN_BYTES`] in full (in order), the
+/// earlier ones as `compact` groups them.
+fn journal_lines<T>(
+    items: &[T],
+    full: impl Fn(&T) -> String,
+    compact: impl Fn(&[T]) -> Vec<String>,
+) -> Vec<String> {
+    let mut used = 0;
+    let mut first_full = items.len();
+    for (i, item) in items.iter().enumerate().rev() {
+        used += full(item).len() + 3;
+        if used > LIST_SHOWN_BYTES {
+            break;
+        }
+        first_full = i;
+    }
+    let mut lines = compact(&items[..first_full]);
+    lines.extend(items[first_full..].iter().map(full));
+    lines
+}
+
+/// `items` grouped by `key` (in order of first appearance), with their count and steps:
+/// `KEY ×N (steps A–B)`.
+fn grouped<T>(items: &[T], key: impl Fn(&T) -> String, step: impl Fn(&T) -> i64) -> Vec<String> {
+    let mut groups: Vec<(String, usize, i64, i64)> = Vec::new();
+    for item in items {
+        let k = key(item);
+        let s = step(item);
+        match groups.iter_mut().find(|g| g.0 == k) {
+            Some(g) => {
+                g.1 += 1;
+                g.2 = g.2.min(s);
+                g.3 = g.3.max(s);
+            }
+            None => groups.push((k, 1, s, s)),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(k, n, a, b)| {
+            let steps = if a == b { format!("step {a}") } else { format!("steps {a}–{b}") };
+            format!("{k} ×{n} ({steps}; details in the journal)")
+        })
+        .collect()
+}
+
 impl Summary {
-    /// The summary of the messages up to `to` as the system message shows it, bounded ([`ENTRY_SHOWN`],
-    /// [`ENTRIES_SHOWN`]).
+    /// The summary of the messages up to `to` as the system message shows it, bounded: the
+    /// model's lists by [`ENTRY_SHOWN`] and [`ENTRIES_SHOWN`], the journal's by
+    /// [`LIST_SHOWN_BYTES`] (the rest grouped, never dropped).
     pub fn render(&self, to: i64) -> String {
+        let how = if self.mechanical {
+            "summarized by keel from the session's record (the summary call failed)"
+        } else {
+            "summarized"
+        };
         let mut text = format!(
-            "\n\nEarlier conversation, summarized (messages 1–{to} are compacted: they are kept \
+            "\n\nEarlier conversation, {how} (messages 1–{to} are compacted: they are kept \
              in the session's record and no longer shown). The summary is a record of earlier \
              work, not a new instruction.\nActive user request: {}",
             shown(&self.active_user_request)
         );
-        if !self.artifacts.is_empty() {
-            text.push_str("\nFiles changed (from the tool journal):");
-            let skip = self.artifacts.len().saturating_sub(ENTRIES_SHOWN);
-            if skip > 0 {
-                text.push_str(&format!("\n- … {skip} earlier changes not listed"));
+        let mut list = |title: &str, lines: Vec<String>| {
+            if !lines.is_empty() {
+                text.push_str(&format!("\n{title}"));
+                for l in lines {
+                    text.push_str(&format!("\n- {l}"));
+                }
             }
-            for a in &self.artifacts[skip..] {
-                text.push_str(&format!(
-                    "\n- {} ({} by {}, step {})",
-                    shown(&a.path),
-                    a.change,
-                    a.tool,
-                    a.step
-                ));
-            }
-        }
-        if !self.failed_calls.is_empty() {
-            text.push_str("\nCalls that failed (from the tool journal):");
-            let skip = self.failed_calls.len().saturating_sub(ENTRIES_SHOWN);
-            if skip > 0 {
-                text.push_str(&format!("\n- … {skip} earlier failures not listed"));
-            }
-            for f in &self.failed_calls[skip..] {
-                text.push_str(&format!(
-                    "\n- {} failed: {} (step {})",
-                    f.tool, f.error_kind, f.step
-                ));
-            }
-        }
-        if !self.turn_calls.is_empty() {
-            text.push_str(
-                "\nCalls already run in the current turn (from the tool journal; their effects \
-                 happened — do not run one again unless the user asks):",
-            );
-            let skip = self.turn_calls.len().saturating_sub(TURN_CALLS_SHOWN);
-            if skip > 0 {
-                text.push_str(&format!(
-                    "\n- … {skip} earlier calls of this turn not listed (up to step {})",
-                    self.turn_calls[skip - 1].step
-                ));
-            }
-            for t in &self.turn_calls[skip..] {
-                text.push_str(&format!(
-                    "\n- step {}: {} {} → {}",
-                    t.step,
-                    t.tool,
-                    shown(&t.input),
-                    t.outcome
-                ));
-            }
-        }
+        };
+        list(
+            "Files changed (from the tool journal):",
+            journal_lines(
+                &self.artifacts,
+                |a| format!("{} ({} by {}, step {})", shown(&a.path), a.change, a.tool, a.step),
+                |earlier| {
+                    if earlier.is_empty() {
+                        return Vec::new();
+                    }
+                    vec![format!("{} earlier changes by {}", earlier.len(), {
+                        let mut tools: Vec<&str> =
+                            earlier.iter().map(|a| a.tool.as_str()).collect();
+                        tools.dedup();
+                        tools.truncate(8);
+                        tools.join(", ")
+                    })]
+                },
+            ),
+        );
+        list(
+            "Calls that failed (from the tool journal):",
+            journal_lines(
+                &self.failed_calls,
+                |f| format!("{} failed: {} (step {})", f.tool, f.error_kind, f.step),
+                |earlier| {
+                    grouped(earlier, |f| format!("{} failed: {}", f.tool, f.error_kind), |f| f.step)
+                },
+            ),
+        );
+        list(
+            "Calls already run in the current turn (from the tool journal; their effects \
+             happened — do not run one again unless the user asks):",
+            journal_lines(
+                &self.turn_calls,
+                |t| format!("step {}: {} {} → {}", t.step, t.tool, shown(&t.input), t.outcome),
+                |earlier| grouped(earlier, |t| format!("{} → {}", t.tool, t.outcome), |t| t.step),
+            ),
+        );
         for (title, items) in [
             ("Decisions", &self.decisions),
             ("Constraints", &self.constraints),
@@ -213,7 +266,56 @@ impl Summary {
         }
         text
     }
+
+    /// The summary keel makes of `frozen` without a model, when the summary call failed:
+    /// the previous summary's lists carried over, and as notes what the session's record
+    /// says of the range — the user's requests (newest first) and the calls made, grouped by
+    /// tool. The journal's lists and the active request are filled in as for any summary.
+    pub fn mechanical(frozen: &Frozen) -> Self {
+        let mut s = frozen.previous.as_ref().map(|(_, p)| p.clone()).unwrap_or_default();
+        s.mechanical = true;
+        let mut requests = Vec::new();
+        let mut calls: Vec<(String, usize)> = Vec::new();
+        for m in &frozen.messages {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&m.body) else { continue };
+            if v["role"] == "user"
+                && let Some(c) = v["content"].as_str()
+            {
+                requests.push(clip(c.split_whitespace().collect::<Vec<_>>().join(" "), 160));
+            }
+            for call in v["tool_calls"].as_array().into_iter().flatten() {
+                let name = call["function"]["name"].as_str().unwrap_or("?").to_string();
+                match calls.iter_mut().find(|c| c.0 == name) {
+                    Some(c) => c.1 += 1,
+                    None => calls.push((name, 1)),
+                }
+            }
+        }
+        let mut notes: Vec<String> = requests
+            .iter()
+            .rev()
+            .take(MECHANICAL_REQUESTS)
+            .map(|r| format!("the user asked: {r}"))
+            .collect();
+        if requests.len() > MECHANICAL_REQUESTS {
+            notes.push(format!("… and {} earlier requests", requests.len() - MECHANICAL_REQUESTS));
+        }
+        if !calls.is_empty() {
+            let listed: Vec<String> = calls.iter().map(|(n, k)| format!("{n} ×{k}")).collect();
+            notes.push(clip(format!("calls made: {}", listed.join(", ")), ENTRY_SHOWN));
+        }
+        // The previous notes after these, the whole list bounded.
+        notes.extend(std::mem::take(&mut s.notes));
+        notes.truncate(MECHANICAL_NOTES);
+        s.notes = notes;
+        s
+    }
 }
+
+/// User requests a mechanical summary names, at most (the newest).
+const MECHANICAL_REQUESTS: usize = 6;
+/// Notes a mechanical summary keeps, at most.
+const MECHANICAL_NOTES: usize = 12;
 
 fn shown(text: &str) -> String {
     let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
