@@ -156,7 +156,6 @@ async fn the_threshold_compacts_and_the_next_request_holds_the_summary_not_the_r
             .contains("Session goal (also the current phase goal): task-one lorem")
     );
     assert!(third.contains("task-three"));
-    assert!(third.len() < requests[1].len());
     // The record keeps everything, and the evidence of the third request is exact.
     let t = h.internals().engine.timeline(&SessionId::from("t")).await.unwrap();
     assert_eq!(t.messages.len(), 6);
@@ -171,7 +170,8 @@ async fn the_threshold_compacts_and_the_next_request_holds_the_summary_not_the_r
     );
     assert_eq!(t.context_start, 4);
     let cp = &t.checkpoints[1];
-    assert_eq!(cp.summary.as_ref().unwrap().active_user_request, "the third task");
+    // The active request is keel's — the turn's own message — never the model's.
+    assert!(cp.summary.as_ref().unwrap().active_user_request.starts_with("task-three lorem"));
     assert!(cp.tokens_after.unwrap() < cp.tokens_before.unwrap());
     let (_, body) = h.internals().engine.evidence(&SessionId::from("t"), Some(3)).await.unwrap();
     assert_eq!(body, requests[2]);
@@ -452,7 +452,7 @@ async fn a_redacted_canary_reaches_no_summary_request_and_no_summary() {
     let stored = serde_json::to_string(&t).unwrap();
     assert!(!stored.contains(CANARY), "the timeline (messages, journal, summary) holds it");
     let s = t.checkpoints[0].summary.as_ref().unwrap();
-    assert_eq!(s.active_user_request, "use [redacted]");
+    assert_eq!(s.active_user_request, "and then?", "keel's: the last request summarized");
     assert_eq!(s.notes, vec!["[redacted]"]);
     // A pattern that is not a regular expression is refused when the session is created.
     let bad = Policy { redact: vec!["(".into()], ..Policy::default() };
@@ -480,73 +480,63 @@ async fn a_redacted_canary_reaches_no_summary_request_and_no_summary() {
     assert!(e.to_string().contains("not a regular expression"), "{e}");
 }
 
+/// A summary answer that cannot be read is asked for once more; refused twice, keel makes
+/// the summary itself from the session's record and the turn goes on with a compacted
+/// context; a later compaction whose retry succeeds replaces it with the model's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bad_summary_is_asked_for_once_more_then_the_compaction_fails_cleanly() {
+async fn a_bad_summary_is_asked_for_once_more_then_keel_compacts_mechanically() {
     let model = MockModel::start(vec![
-        Reply::text(&filler("a1", 12)),
-        Reply::text(&filler("a2", 12)),
-        Reply::text("third answered without compaction"),
-        Reply::text("fourth answered after a retried summary"),
+        Reply::text(&filler("a1", 40)),
+        Reply::text(&filler("a2", 40)),
+        Reply::text("third answered after a mechanical compaction"),
     ])
     .await;
     model.push_summary(vec![
         Reply::completion("not json at all"),
-        Reply::completion(r#"{"active_user_request":"x","notes":{"n":1}}"#),
+        Reply::completion(r#"{"notes":{"n":1}}"#),
         Reply::completion("```json\n[\"a list\"]\n```"),
-        Reply::summary("the fourth task", &[]),
+        Reply::summary("the fourth task", &["a model's note"]),
     ]);
     let dir = tempfile::tempdir().unwrap();
     let h = harness(dir.path(), &model.url()).await;
-    session(&h, "bad", &model.url(), Some(512), &[], Vec::new(), Policy::default()).await;
+    session(&h, "bad", &model.url(), Some(1536), &[], Vec::new(), Policy::default()).await;
     let cancel = CancelToken::new();
-    answered(
-        h.internals()
-            .brain
-            .submit(&SessionId::from("bad"), &filler("t1", 12), &cancel, &no_events())
-            .await
-            .unwrap(),
-    );
-    answered(
-        h.internals()
-            .brain
-            .submit(&SessionId::from("bad"), &filler("t2", 12), &cancel, &no_events())
-            .await
-            .unwrap(),
-    );
-    // Over the threshold, under the window: two refused answers fail the compaction and the
-    // turn goes on with the whole history.
-    let third = h
-        .internals()
-        .brain
-        .submit(&SessionId::from("bad"), "t3", &cancel, &no_events())
-        .await
-        .unwrap();
-    assert_eq!(answered(third), "third answered without compaction");
-    let t = h.internals().engine.timeline(&SessionId::from("bad")).await.unwrap();
-    assert_eq!(t.context_start, 0);
-    assert_eq!(t.checkpoints[0].status, CheckpointStatus::Failed);
-    assert_eq!(t.checkpoints[0].attempts, 2);
-    let error = t.checkpoints[0].error.as_deref().unwrap();
-    assert!(error.contains("`notes` is an object, not a list of strings"), "{error}");
-    assert!(String::from_utf8_lossy(&model.requests()[2]).contains("t1"));
-    // The next one: a refused answer, then a good one — compacted.
-    let fourth = h
-        .internals()
-        .brain
-        .submit(&SessionId::from("bad"), "t4", &cancel, &no_events())
-        .await
-        .unwrap();
-    assert_eq!(answered(fourth), "fourth answered after a retried summary");
-    let t = h.internals().engine.timeline(&SessionId::from("bad")).await.unwrap();
-    assert_eq!(t.checkpoints[1].status, CheckpointStatus::Promoted);
-    // (the retry is given half the range; the rest is a call of its own)
-    assert!(t.checkpoints[1].attempts >= 2, "{}", t.checkpoints[1].attempts);
+    let id = SessionId::from("bad");
+    for t in ["t1", "t2"] {
+        answered(
+            h.internals().brain.submit(&id, &filler(t, 40), &cancel, &no_events()).await.unwrap(),
+        );
+    }
+    // Past the threshold: two refused answers, then keel's own summary.
+    let third = h.internals().brain.submit(&id, "t3", &cancel, &no_events()).await.unwrap();
+    assert_eq!(answered(third), "third answered after a mechanical compaction");
+    let t = h.internals().engine.timeline(&id).await.unwrap();
     assert!(t.context_start > 0);
-    // (A second round may follow: one summary call is sent at most 0.6 of the window.)
+    let cp = &t.checkpoints[0];
+    assert_eq!((cp.status, cp.attempts), (CheckpointStatus::Promoted, 2));
+    let error = cp.error.as_deref().unwrap();
+    assert!(error.contains("`notes` is an object, not a list of strings"), "{error}");
+    let s = cp.summary.as_ref().unwrap();
+    assert!(s.mechanical && s.active_user_request == "t3", "{s:?}");
+    assert!(s.notes.iter().any(|n| n.starts_with("the user asked: t1 lorem")), "{s:?}");
+    let last = model.requests().last().unwrap().clone();
+    let history = serde_json::to_string(&messages(&last)[1..]).unwrap();
+    assert!(!history.contains("t1 lorem ipsum dolor sit amet lorem"), "{history}");
+    let system = system_of(&last);
+    assert!(system.contains("summarized by keel from the session's record"), "{system}");
+    // On demand: a refused answer, then a good one — the model's summary replaces keel's.
+    assert!(matches!(
+        h.internals().brain.compact(&id, &cancel, &no_events()).await.unwrap(),
+        Compaction::Compacted { .. }
+    ));
+    let t = h.internals().engine.timeline(&id).await.unwrap();
+    let cp = t.checkpoints.last().unwrap();
+    assert_eq!(cp.status, CheckpointStatus::Promoted);
+    assert!(cp.attempts >= 2, "{}", cp.attempts);
+    // (the retry is given half the range; the rest is a call of its own)
+    let s = cp.summary.as_ref().unwrap();
+    assert!(!s.mechanical && !s.notes.is_empty(), "{s:?}");
     assert!(model.summary_requests().len() >= 4);
-    let events = h.internals().engine.events_after(&SessionId::from("bad"), 0, 1000).await.unwrap();
-    assert!(events.iter().any(|e| matches!(&e.event, SessionEvent::CompactionFailed { error }
-        if error.contains("the summary was refused: the answer is not the JSON object asked for: `notes` is an object"))));
 }
 
 /// Real servers answer in JSON mode only or ignore the schema, and real models take
@@ -599,7 +589,8 @@ async fn summaries_in_the_shapes_real_models_answer_are_read() {
         assert_eq!(cp.status, CheckpointStatus::Promoted, "{what}");
         assert_eq!(cp.attempts, 1, "{what}: read at the first answer");
         let summary = cp.summary.as_ref().unwrap();
-        assert_eq!(summary.active_user_request, format!("r{}", i + 1), "{what}");
+        // The model's `active_user_request` is ignored: keel's is the request it summarized.
+        assert_eq!(summary.active_user_request, format!("task {i}"), "{what}");
         let want = if i == 0 { "one note" } else { "kept" };
         assert_eq!(summary.notes, vec![want.to_string()], "{what}");
         assert!(summary.decisions.is_empty() && summary.next_actions.is_empty(), "{what}");
@@ -702,11 +693,31 @@ async fn a_request_that_cannot_fit_fails_the_turn_with_a_clear_message() {
         .await
         .unwrap();
     let Submitted::Ran(TurnOutcome::Failed(msg)) = out else { panic!("{out:?}") };
-    assert!(msg.contains("more than the model's context window of 512"), "{msg}");
+    assert!(msg.contains("the model's context window of 512 holds 380"), "{msg}");
     assert!(msg.contains("--context-window"), "{msg}");
     assert!(model.requests().is_empty());
-    let meta = h.internals().engine.meta(&SessionId::from("big")).await.unwrap();
+    let id = SessionId::from("big");
+    let meta = h.internals().engine.meta(&id).await.unwrap();
     assert_eq!(meta.runtime.state, RuntimeState::Failed);
+    // The model call the turn announced is closed, and the request that was not sent is kept
+    // for a person to read (`keel session evidence --refused`).
+    let events = h.internals().engine.events_after(&id, 0, 1000).await.unwrap();
+    let calls: Vec<String> = events
+        .iter()
+        .filter_map(|e| match &e.event {
+            SessionEvent::ModelCallStarted { step, .. } => Some(format!("started {step}")),
+            SessionEvent::ModelCallFailed { step, error, http_status: None, .. }
+                if error.starts_with("not sent: the next request needs about") =>
+            {
+                Some(format!("failed {step}"))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(calls, ["started 1", "failed 1"]);
+    let refused = h.internals().engine.timeline(&id).await.unwrap().refused_requests;
+    assert_eq!(refused.len(), 1);
+    assert!(refused[0].request_bytes > 3000);
     // The input is kept.
     assert_eq!(
         h.internals().engine.timeline(&SessionId::from("big")).await.unwrap().messages.len(),
@@ -877,43 +888,38 @@ async fn inputs_that_arrive_during_a_compaction_wait_in_the_inbox_and_run_after_
     assert!(system_of(&model.requests()[1]).contains(SUMMARY_MARK));
 }
 
+/// A summary call that fails does not stop a turn past its threshold: keel compacts
+/// mechanically, and the turn's later steps fit without another summary call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_compaction_is_not_tried_again_at_every_step_of_the_turn() {
+async fn a_failed_summary_call_does_not_stop_the_turn() {
     let model = MockModel::start(vec![
         Reply::text("ok"),
         Reply::calls(&[("e1", "echo", r#"{"text":"hi"}"#)]),
-        Reply::text("finished without compaction"),
+        Reply::text("finished after a mechanical compaction"),
     ])
     .await;
     model.push_summary(vec![Reply::completion("no"), Reply::completion("still no")]);
     let dir = tempfile::tempdir().unwrap();
     let h = harness(dir.path(), &model.url()).await;
-    session(&h, "once", &model.url(), Some(1024), &[], Vec::new(), Policy::default()).await;
+    session(&h, "once", &model.url(), Some(1536), &[], Vec::new(), Policy::default()).await;
     let cancel = CancelToken::new();
+    let id = SessionId::from("once");
     answered(
-        h.internals()
-            .brain
-            .submit(&SessionId::from("once"), &filler("u1", 70), &cancel, &no_events())
-            .await
-            .unwrap(),
+        h.internals().brain.submit(&id, &filler("u1", 70), &cancel, &no_events()).await.unwrap(),
     );
-    // Both steps of this turn pass the threshold (0.8 × 1,024 tokens) and fit the window: the
-    // first tries to compact and fails; the second does not try again.
-    let out = h
-        .internals()
-        .brain
-        .submit(&SessionId::from("once"), &filler("u2", 44), &cancel, &no_events())
-        .await
-        .unwrap();
-    assert_eq!(answered(out), "finished without compaction");
+    let out =
+        h.internals().brain.submit(&id, &filler("u2", 80), &cancel, &no_events()).await.unwrap();
+    assert_eq!(answered(out), "finished after a mechanical compaction");
     let sizes: Vec<usize> = model.requests().iter().map(Vec::len).collect();
-    let t = h.internals().engine.timeline(&SessionId::from("once")).await.unwrap();
-    assert_eq!(model.summary_requests().len(), 2, "{sizes:?} {:?}", t.checkpoints);
-    let t = h.internals().engine.timeline(&SessionId::from("once")).await.unwrap();
-    assert_eq!(t.checkpoints.len(), 1);
-    assert_eq!(t.checkpoints[0].status, CheckpointStatus::Failed);
-    let sizes: Vec<usize> = model.requests().iter().map(Vec::len).collect();
-    assert!(sizes[1] > 3277 && sizes[2] > 3277 && sizes[2] <= 4096, "{sizes:?}");
+    assert_eq!(model.summary_requests().len(), 2, "{sizes:?}");
+    let t = h.internals().engine.timeline(&id).await.unwrap();
+    assert_eq!(t.checkpoints.len(), 1, "{:?}", t.checkpoints);
+    assert_eq!(t.checkpoints[0].status, CheckpointStatus::Promoted);
+    assert!(t.checkpoints[0].summary.as_ref().unwrap().mechanical);
+    // Every request kept room for the reply: under 0.85 × (1,536 − 192) tokens of 4 bytes.
+    for r in &model.requests() {
+        assert!(r.len() <= 4570, "{}", r.len());
+    }
 }
 
 /// A completion cut by the token limit (`finish_reason: length`) with `content`.
@@ -1013,8 +1019,9 @@ async fn a_summary_that_repeats_an_entry_until_cut_is_asked_again_with_a_note() 
     assert_eq!(requests.len(), 3);
     let (first, retry) =
         (String::from_utf8_lossy(&requests[0]), String::from_utf8_lossy(&requests[1]));
-    // keel's limits are in the schema: a server that follows it cannot loop past them.
-    assert!(first.contains(r#""maxItems":16"#) && first.contains(r#""maxLength":600"#), "{first}");
+    // keel's limits are in the schema, sized so that full lists fit the reply (2,048 tokens
+    // here): a server that follows it cannot loop past them, nor be cut by the token limit.
+    assert!(first.contains(r#""maxItems":8"#) && first.contains(r#""maxLength":92"#), "{first}");
     // The retry is not the same bytes: it says why the last answer was refused.
     assert_ne!(first, retry);
     assert!(!first.contains("note_on_your_last_answer"));
@@ -1022,23 +1029,56 @@ async fn a_summary_that_repeats_an_entry_until_cut_is_asked_again_with_a_note() 
     assert!(retry.contains("cut by the token limit after repeating one entry"), "{retry}");
 }
 
+/// A summary the model cannot make — refused twice — does not stop the compaction: keel
+/// makes one from the session's record (marked mechanical in the checkpoint, the event and
+/// the system message), keeping the refused answer and its cause; a later summary replaces it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_summary_refused_twice_names_the_cause_and_keeps_the_refused_answer() {
+async fn a_summary_refused_twice_names_the_cause_and_keel_compacts_mechanically() {
     let (model, _dir, h, id) =
         two_turns_then(vec![cut_reply(&looping_summary()), cut_reply(&looping_summary())]).await;
     let cancel = CancelToken::new();
     let out = h.internals().brain.compact(&id, &cancel, &no_events()).await.unwrap();
-    let Compaction::Failed(why) = out else { panic!("{out:?}") };
+    assert!(matches!(out, Compaction::Compacted { .. }), "{out:?}");
+    // The refused answer is kept with the checkpoint, as the model wrote it, and its cause.
+    let t = h.internals().engine.timeline(&id).await.unwrap();
+    let cp = t.checkpoints.last().unwrap();
+    assert_eq!(cp.status, CheckpointStatus::Promoted);
+    let why = cp.error.as_deref().unwrap();
     assert!(why.contains("cut by the token limit after repeating one entry 39 times"), "{why}");
     assert!(!why.contains("not JSON"), "{why}");
-    // The refused answer is kept with the failed checkpoint, as the model wrote it.
-    let t = h.internals().engine.timeline(&id).await.unwrap();
-    let failed = t.checkpoints.last().unwrap();
-    assert_eq!(failed.error.as_deref().map(|e| e.contains("repeating")), Some(true));
-    assert_eq!(failed.reply.as_deref(), Some(looping_summary().as_str()));
-    // Not JSON at all is named as such.
+    assert_eq!(cp.reply.as_deref(), Some(looping_summary().as_str()));
+    let s = cp.summary.as_ref().unwrap();
+    assert!(s.mechanical);
+    assert_eq!(s.active_user_request, "again");
+    assert!(s.notes.iter().any(|n| n == "the user asked: check orders"), "{:?}", s.notes);
+    assert!(s.decisions.is_empty(), "nothing of the refused answer is kept: {s:?}");
+    let events = h.internals().engine.events_after(&id, 0, 1000).await.unwrap();
+    assert!(events.iter().any(|e| matches!(&e.event,
+        SessionEvent::Compacted { mechanical: Some(m), .. } if m.contains("repeating one entry"))));
+    assert!(!events.iter().any(|e| matches!(&e.event, SessionEvent::CompactionFailed { .. })));
+    // The next request says the summary is keel's.
+    model.push(vec![Reply::text("three")]);
+    answered(h.internals().brain.submit(&id, "third", &cancel, &no_events()).await.unwrap());
+    let system = system_of(model.requests().last().unwrap());
+    assert!(system.contains("summarized by keel from the session's record"), "{system}");
+    // Not JSON at all is named as such; a later good answer replaces the mechanical summary.
     model.push_summary(vec![Reply::completion("I cannot"), Reply::completion("Sorry.")]);
-    let out = h.internals().brain.compact(&id, &cancel, &no_events()).await.unwrap();
-    let Compaction::Failed(why) = out else { panic!("{out:?}") };
-    assert!(why.contains("not the JSON object asked for"), "{why}");
+    assert!(matches!(
+        h.internals().brain.compact(&id, &cancel, &no_events()).await.unwrap(),
+        Compaction::Compacted { .. }
+    ));
+    let t = h.internals().engine.timeline(&id).await.unwrap();
+    let cp = t.checkpoints.last().unwrap();
+    assert!(cp.error.as_deref().unwrap().contains("not the JSON object asked for"));
+    assert!(cp.summary.as_ref().unwrap().mechanical);
+    model.push(vec![Reply::text("four")]);
+    answered(h.internals().brain.submit(&id, "fourth", &cancel, &no_events()).await.unwrap());
+    model.push_summary(vec![Reply::summary("x", &["a model's note"])]);
+    assert!(matches!(
+        h.internals().brain.compact(&id, &cancel, &no_events()).await.unwrap(),
+        Compaction::Compacted { .. }
+    ));
+    let t = h.internals().engine.timeline(&id).await.unwrap();
+    let s = t.checkpoints.last().unwrap().summary.clone().unwrap();
+    assert!(!s.mechanical && s.notes == vec!["a model's note"], "{s:?}");
 }

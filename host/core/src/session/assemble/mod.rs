@@ -172,20 +172,32 @@ pub fn goal_reference(goal: &str) -> String {
 pub const GOAL_SHOWN_COMPACTED: usize = 4000;
 
 /// A goal as the system message gives it once the session was compacted: the user message
-/// it names may be summarized away, so the goal itself is shown (bounded).
-fn goal_text(goal: &str) -> String {
+/// it names may be summarized away, so the goal itself is shown, bounded by `max` characters.
+fn goal_text(goal: &str, max: usize) -> String {
     let goal = goal.trim();
-    if goal.chars().count() <= GOAL_SHOWN_COMPACTED {
+    if goal.chars().count() <= max {
         return goal.to_string();
     }
-    let mut short: String = goal.chars().take(GOAL_SHOWN_COMPACTED).collect();
+    let mut short: String = goal.chars().take(max).collect();
     short.push('…');
     short
 }
 
-/// The goals part of the system message: each goal once, from SessionMeta.
+/// The goals part of the system message: each goal once, from SessionMeta. Once compacted,
+/// each goal is shown itself, up to [`GOAL_SHOWN_COMPACTED`] characters — in a small window
+/// up to half as many characters as the window has tokens (a compaction that moved a long
+/// goal out of the history into the system message would free nothing).
 fn goals(meta: &SessionMeta) -> String {
-    let goal_reference = if meta.runtime.context_start > 0 { goal_text } else { goal_reference };
+    let max = meta
+        .config
+        .model
+        .context_window
+        .map_or(GOAL_SHOWN_COMPACTED, |w| usize::try_from(w / 2).unwrap_or(usize::MAX))
+        .clamp(GOAL_SHOWN, GOAL_SHOWN_COMPACTED);
+    let shown = |goal: &str| {
+        if meta.runtime.context_start > 0 { goal_text(goal, max) } else { goal_reference(goal) }
+    };
+    let goal_reference = shown;
     match (&meta.task.session_goal, &meta.task.phase_goal) {
         (Some(s), Some(p)) if s == p => {
             format!("\n\nSession goal (also the current phase goal): {}", goal_reference(s))

@@ -198,7 +198,8 @@ impl Summary {
             "\n\nEarlier conversation, {how} (messages 1–{to} are compacted: they are kept \
              in the session's record and no longer shown). The summary is a record of earlier \
              work, not a new instruction.\nActive user request: {}",
-            shown(&self.active_user_request)
+            // (by its start when long: the turn's message heads the history anyway)
+            shown(&super::assemble::goal_reference(&self.active_user_request))
         );
         let mut list = |title: &str, lines: Vec<String>| {
             if !lines.is_empty() {
