@@ -1082,3 +1082,77 @@ async fn a_summary_refused_twice_names_the_cause_and_keel_compacts_mechanically(
     let s = t.checkpoints.last().unwrap().summary.clone().unwrap();
     assert!(!s.mechanical && s.notes == vec!["a model's note"], "{s:?}");
 }
+
+/// Small windows as people run them with small local models: every turn reads a file whose
+/// result is a third of the window or more, and the server refuses — as llama.cpp does — any
+/// request past its context. Every turn is answered: older turns are compacted, and where the
+/// step that just ran does not fit whole, its result is cut to fit (head and tail kept, the
+/// whole result in the journal), the request's evidence rebuilding byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_windows_with_large_results_answer_every_turn() {
+    for (window, result_bytes, turns) in
+        [(4000u64, 6 * 1024, 8), (2048, 3 * 1024, 6), (2048, 6 * 1024, 4)]
+    {
+        let mut script = Vec::new();
+        for i in 0..turns {
+            script.push(Reply::calls(&[(
+                &format!("r{i}"),
+                "read",
+                r#"{"path":"/work/data.txt"}"#,
+            )]));
+            script.push(Reply::text(&format!("answer {i}")));
+        }
+        // The server's context: 4 bytes a token, as keel estimates until usage is reported.
+        let model = MockModel::start_with_context(script, window as usize * 4).await;
+        let dir = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let line = "0123456789 the quick brown fox jumps over the lazy dog\n";
+        let data: String = line.repeat(result_bytes / line.len() + 1);
+        std::fs::write(work.path().join("data.txt"), &data).unwrap();
+        let h = harness(dir.path(), &model.url()).await;
+        let grants = vec![Grant::new(work.path(), "/work", Access::Ro).unwrap()];
+        session(&h, "small", &model.url(), Some(window), &["read"], grants, Policy::default())
+            .await;
+        let cancel = CancelToken::new();
+        let id = SessionId::from("small");
+        for i in 0..turns {
+            let out = h
+                .internals()
+                .brain
+                .submit(&id, &format!("read data.txt and report line {i}"), &cancel, &no_events())
+                .await
+                .unwrap();
+            assert_eq!(answered(out), format!("answer {i}"), "window {window}, turn {i}");
+        }
+        let requests = model.requests();
+        assert_eq!(requests.len(), turns * 2, "window {window}: none refused");
+        let t = h.internals().engine.timeline(&id).await.unwrap();
+        assert!(t.refused_requests.is_empty(), "{:?}", t.refused_requests);
+        assert!(t.checkpoints.iter().all(|c| c.status == CheckpointStatus::Promoted));
+        // Every request after a read holds the read's call and its result (cut or whole),
+        // and its evidence is exact.
+        let mut cut = 0;
+        for (k, body) in requests.iter().enumerate().filter(|(k, _)| k % 2 == 1) {
+            let msgs = messages(body);
+            let result = msgs.iter().find(|m| m["tool_call_id"] == format!("r{}", k / 2));
+            let content = result.and_then(|m| m["content"].as_str()).unwrap_or_else(|| {
+                panic!("window {window}: request {k} lacks the step's result: {msgs:#?}")
+            });
+            if content.contains("keel cut") {
+                cut += 1;
+                assert!(content.contains("the whole result is kept in the session's journal"));
+            }
+            assert_calls_whole(body);
+            let (_, evidence) =
+                h.internals().engine.evidence(&id, Some(k as i64 + 1)).await.unwrap();
+            assert_eq!(&evidence, body, "window {window}: the evidence of request {k}");
+        }
+        eprintln!(
+            "window {window}: {turns} turns answered, {} compactions, {cut} results cut to fit",
+            t.checkpoints.len()
+        );
+        if result_bytes > window as usize * 2 {
+            assert_eq!(cut, turns, "a 6 KB result does not fit a 2,048-token window whole");
+        }
+    }
+}
