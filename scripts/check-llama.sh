@@ -12,7 +12,11 @@
 #      raised from 8 until a reply is cut inside its tool call (a limit of 8 usually stops
 #      before any call starts), then the next message in the same session still gets an
 #      answer (llama.cpp refuses a history with a cut tool call in it, unless keel repairs it);
-#   4. the tokens the server reported, per step and per turn (keel session show).
+#   4. the tokens the server reported, per step and per turn (keel session show);
+#   5. a small window: turns that each read a 2-3 KB file in one session, with the server's
+#      own context (`n_ctx` of /props) given to keel as --context-window — the share of turns
+#      answered is printed (run the server with -c 2048 and with -c 4096 to see both).
+#      COMPACTION_TURNS sets how many turns (default 6).
 # Uses a fresh keel home in a temporary directory; the binary is built with cargo unless
 # KEEL_BIN names one. Exit 0 when every check passed.
 set -euo pipefail
@@ -34,6 +38,18 @@ field() { python3 -c 'import json,sys; v=json.load(sys.stdin); print(v.get(sys.a
 echo "== 1. the server at $URL"
 curl -fsS --max-time 10 "$URL/models" >/dev/null || fail "no answer from $URL/models; is the server running, and is $URL the base URL (the part before /chat/completions)?"
 
+# llama-server's /props is at the root, beside /v1: what its chat template can do.
+ROOT="${URL%/}"; ROOT="${ROOT%/v1}"
+PROPS="$(curl -fsS --max-time 10 "$ROOT/props" 2>/dev/null || true)"
+prop() { python3 -c 'import json,sys
+try: v=json.loads(sys.stdin.read() or "{}")
+except Exception: v={}
+for k in sys.argv[1].split("."): v=v.get(k) if isinstance(v, dict) else None
+print("" if v is None else json.dumps(v))' "$1"; }
+TOOL_CAPS="$(prop chat_template_caps.supports_tool_calls <<<"$PROPS")"
+N_CTX="$(prop default_generation_settings.n_ctx <<<"$PROPS")"
+echo "chat template supports tool calls: ${TOOL_CAPS:-unknown (no /props)}; context: ${N_CTX:-unknown}"
+
 echo "== 2. a tool turn"
 out="$(keel run "Use the csv_inspect tool on /data/orders.csv (7 columns are expected) and tell me which lines are ragged." \
   --session tool --tools csv_inspect --grant tests/data=/data:ro --model-url "$URL" --model "$MODEL" \
@@ -45,7 +61,11 @@ if [[ "$calls" -lt 1 ]]; then
   # A call written as text that the server did not parse is the template's fault; an answer
   # without any attempt is the model's choice.
   if grep -qiE '<tool_call>|"name" *: *"csv_inspect"|csv_inspect\(' <<<"$out"; then
-    fail "the model wrote a tool call as text that the server did not parse: the chat template is not tool-capable (llama-server needs --jinja, and a model whose template has tools)"
+    # The template is to blame only when the server says it cannot do tool calls.
+    if [[ "$TOOL_CAPS" == "true" ]]; then
+      fail "the model wrote a tool call as prose although the server's chat template supports tool calls (/props): the model did not use the template's format; try a larger model"
+    fi
+    fail "the model wrote a tool call as text that the server did not parse: the chat template is not tool-capable (${TOOL_CAPS:+/props says supports_tool_calls=$TOOL_CAPS; }llama-server needs --jinja, and a model whose template has tools)"
   fi
   fail "the model answered without calling a tool: it chose not to (not a template problem); run again, or try a larger model"
 fi
@@ -80,4 +100,33 @@ echo "$out"
 
 echo "== 4. tokens"
 keel session show tool | sed -n '/^model calls:/,$p'
+echo "== 5. a small window: turns that read 2-3 KB files"
+TURNS="${COMPACTION_TURNS:-6}"
+WINDOW="${N_CTX:-4096}"
+mkdir -p "$HOME_DIR/files"
+for i in $(seq 1 "$TURNS"); do
+  python3 -c 'import sys; n=int(sys.argv[1]); print("\n".join(f"line {k}: order {1000+k*n} shipped to warehouse {k%7}" for k in range(60+n*6)))' "$i" \
+    >"$HOME_DIR/files/part$i.txt"
+done
+answered=0
+for i in $(seq 1 "$TURNS"); do
+  args=(--session small)
+  [[ "$i" == 1 ]] && args+=(--tools fs_read_file --grant "$HOME_DIR/files=/files:ro" --model-url "$URL" --model "$MODEL" --context-window "$WINDOW" --model-timeout 5m)
+  if [[ "$i" == 1 ]]; then
+    out="$(keel run "Read /files/part$i.txt with fs_read_file and tell me its last line." "${args[@]}" --json)" || true
+  else
+    out="$(keel session send small "Read /files/part$i.txt with fs_read_file and tell me its last line." --json)" || true
+  fi
+  outcome="$(field outcome <<<"$out")"
+  echo "turn $i: $outcome"
+  [[ "$outcome" == "answer" ]] && answered=$((answered + 1))
+done
+compactions="$(keel session show small --json | python3 -c '
+import json, sys
+c = json.load(sys.stdin).get("checkpoints", [])
+m = sum(1 for x in c if (x.get("summary") or {}).get("mechanical"))
+print("%d compactions (%d mechanical)" % (len(c), m))')"
+echo "small window ($WINDOW tokens): $answered of $TURNS turns answered; $compactions"
+[[ "$answered" == "$TURNS" ]] || fail "$((TURNS - answered)) of $TURNS turns in a $WINDOW-token window were not answered"
+
 echo "OK: every check passed against $URL"
