@@ -224,22 +224,25 @@ async fn the_task_is_sent_once_and_a_request_too_long_for_the_context_says_so() 
     // A short goal is simply repeated.
     assert_eq!(keel::session::goal_reference("Fix the tests"), "Fix the tests");
 
-    // An input larger than the window: the refusal compacts the session once (the first
-    // turn is summarized) and the request is sent again — and refused again, as the input
-    // alone does not fit.
+    // An input larger than the window: the refusal names the server's context (3,500
+    // tokens), which becomes the session's window, and compacts the session once (the first
+    // turn is summarized); the input alone still does not fit, so the request is not sent
+    // again — the turn fails saying so, and the request is kept, unsent.
     let e = failed(submit(&h, "long", &report(3200)).await);
-    assert!(e.contains("after 1 attempt(s)"), "not retried: {e}");
-    assert!(e.contains("too long for the model's context window"), "{e}");
-    assert!(e.contains("start a new session"), "says what to do: {e}");
+    assert!(e.contains("the model's context window of 3500"), "{e}");
+    assert!(e.contains("Start a new session"), "says what to do: {e}");
     let t = h.internals().engine.timeline(&SessionId::from("long")).await.unwrap();
     assert_eq!(t.refused_requests.len(), 1);
-    assert_eq!(t.refused_requests[0].http_status, Some(400));
+    assert_eq!(t.refused_requests[0].http_status, None);
+    assert!(t.refused_requests[0].error.starts_with("not sent: "), "{:?}", t.refused_requests);
     assert_eq!(t.checkpoints.len(), 1);
     assert_eq!(t.checkpoints[0].trigger, keel::session::compaction::Trigger::Overflow);
-    assert_eq!(model.requests().len(), 3);
-    assert_eq!(
-        t.refused_requests[0].request_bytes as usize,
-        model.requests().last().unwrap().len()
+    assert_eq!(model.requests().len(), 2);
+    let meta = h.internals().engine.meta(&SessionId::from("long")).await.unwrap();
+    assert_eq!(meta.config.model.context_window, Some(3500), "learned from the refusal");
+    assert!(
+        (t.refused_requests[0].request_bytes as usize) < model.requests().last().unwrap().len(),
+        "compacted, though not enough"
     );
 }
 
