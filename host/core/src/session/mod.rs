@@ -211,7 +211,7 @@ impl SessionEngine {
     }
 
     /// Makes `window` the session's context window if it has none or a larger one (see
-    /// [`config::learn_window_in`]); whether it changed.
+    /// `config::learn_window_in`); whether it changed.
     pub async fn learn_window(&self, id: &SessionId, window: u64) -> Result<bool, StoreError> {
         let id = id.clone();
         self.write(id.clone(), move |c| config::learn_window_in(c, &id, window)).await
@@ -411,7 +411,7 @@ impl SessionEngine {
     }
 
     /// [`assemble`](Self::assemble), with the history's tool results cut so that the request
-    /// takes at most `within` bytes, if a cut can make it (see [`assemble::fitting_cap`]).
+    /// takes at most `within` bytes, if a cut can make it (see `assemble::fitting_cap`).
     pub async fn assemble_within<F>(
         &self,
         id: &SessionId,

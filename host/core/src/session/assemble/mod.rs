@@ -36,7 +36,7 @@ pub struct Assembled {
     /// verbatim by a compaction), if any.
     pub anchor: Option<i64>,
     /// The size past which the history's tool results were cut to fit the window (see
-    /// [`cut_result`]), if they were.
+    /// `cut_result`), if they were.
     pub result_cap: Option<usize>,
     pub meta_version: i64,
     /// The exact request bytes (shared, not copied, by the model client and its retries).
