@@ -471,6 +471,8 @@ async fn telemetry_content_is_exported_only_when_captured_and_secrets_never() {
     let spans = receiver.wait_for(Duration::from_secs(30), |spans| {
         spans.iter().filter(|s| s["name"] == "chat m").count() >= 2
             && spans.iter().any(|s| s["name"] == "execute_tool effect_put")
+            // (the span holding the reply may be exported after the others)
+            && serde_json::to_string(spans).is_ok_and(|t| t.contains("REPLY-CANARY"))
     });
     let chat = spans
         .iter()
