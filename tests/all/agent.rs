@@ -581,7 +581,8 @@ async fn assemble_twice(
     static SCHEMAS: std::sync::Mutex<Vec<(Vec<String>, std::sync::Arc<str>)>> =
         std::sync::Mutex::new(Vec::new());
     let tools = |_: &keel::sql::Connection,
-                 m: &keel::session::SessionMeta|
+                 m: &keel::session::SessionMeta,
+                 _: keel::session::Schemas|
      -> Option<std::sync::Arc<str>> {
         if m.capabilities.loaded_tools.is_empty() {
             return None;
@@ -640,7 +641,8 @@ async fn evidence_parts_are_stored_once_and_again_when_they_change() {
             keel::session::SessionEngine::new(keel_tests::db_of(&home.path().join("keel.db")));
         assert_eq!(&fresh.evidence(&SessionId::from("s"), Some(step)).await.unwrap().1, body);
     }
-    // One head, one system message, two sets of tool schemas: each stored once.
+    // One head, one system message, one notes message (the goals), two sets of tool
+    // schemas: each stored once.
     let c = keel_tests::store_of(&home.path().join("keel.db"));
     let blobs: i64 = c
         .query_row(
@@ -650,7 +652,7 @@ async fn evidence_parts_are_stored_once_and_again_when_they_change() {
             |r| r.get(0),
         )
         .unwrap();
-    assert_eq!(blobs, 4);
+    assert_eq!(blobs, 5);
     let steps: i64 =
         c.query_row("SELECT steps FROM sessions WHERE id='s'", [], |r| r.get(0)).unwrap();
     assert_eq!(steps, 4, "the session's step counter follows its requests");

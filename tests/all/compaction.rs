@@ -73,8 +73,7 @@ async fn effects_session(
 }
 
 fn messages(body: &[u8]) -> Vec<Value> {
-    let v: Value = serde_json::from_slice(body).unwrap();
-    v["messages"].as_array().unwrap().clone()
+    keel_tests::request_messages(body)
 }
 
 /// Every tool message of a request answers a call of an assistant message before it in the

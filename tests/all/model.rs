@@ -211,8 +211,7 @@ async fn the_task_is_sent_once_and_a_request_too_long_for_the_context_says_so() 
     );
     let first = String::from_utf8(model.requests()[0].clone()).unwrap();
     assert_eq!(first.matches("w1699 ").count(), 1, "the task is in the request once");
-    let v: Value = serde_json::from_str(&first).unwrap();
-    let system = v["messages"][0]["content"].as_str().unwrap();
+    let system = &keel_tests::system_of(first.as_bytes());
     assert!(
         system.contains(
             "Session goal (also the current phase goal): the task of the user message that \

@@ -320,10 +320,25 @@ pub fn session_spec(
     }
 }
 
-/// The system message of a request body the scripted server received.
+/// The system text of a request body the scripted server received: its system message and
+/// the notes message after it (goals, plan, summary, memories), if any, joined.
 pub fn system_of(body: &[u8]) -> String {
+    request_messages(body)[0]["content"].as_str().unwrap().to_string()
+}
+
+/// The messages of a request body with its leading system messages (the instructions, then
+/// the notes) joined into one, as a server that accepts one system message gets them.
+pub fn request_messages(body: &[u8]) -> Vec<serde_json::Value> {
     let v: serde_json::Value = serde_json::from_slice(body).unwrap();
-    v["messages"][0]["content"].as_str().unwrap().to_string()
+    let mut msgs = v["messages"].as_array().unwrap().clone();
+    let leading = msgs.iter().take_while(|m| m["role"] == "system").count();
+    if leading > 1 {
+        let text: Vec<&str> =
+            msgs[..leading].iter().map(|m| m["content"].as_str().unwrap()).collect();
+        let joined = text.join("\n\n");
+        msgs.splice(..leading, [serde_json::json!({"role": "system", "content": joined})]);
+    }
+    msgs
 }
 
 /// The answer a turn ended with (panics on any other outcome).

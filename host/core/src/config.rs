@@ -78,6 +78,9 @@ pub struct ModelTable {
     pub context_window: Option<u64>,
     /// The fraction of `context_window` a request may fill (default 0.8).
     pub compact_at: Option<f64>,
+    /// Goals, plan, summary and memories in a second system message after the stable
+    /// instructions (default true); false for a server whose chat template refuses one.
+    pub notes_message: Option<bool>,
     /// `[model.preprocess]`: the task-understanding call.
     pub preprocess: Option<PreprocessTable>,
 }

@@ -122,7 +122,8 @@ pub struct ModelFlags {
 }
 
 /// Model settings from `HOME/keel.toml` (`[model]` table: base_url, model, temperature,
-/// max_tokens, timeout_ms, stream, stream_usage, max_retries, context_window, compact_at),
+/// max_tokens, timeout_ms, stream, stream_usage, max_retries, context_window, compact_at,
+/// notes_message),
 /// overridden by the environment (`KEEL_MODEL_URL`, `KEEL_MODEL`, `KEEL_TEMPERATURE`,
 /// `KEEL_MAX_TOKENS`, `KEEL_MODEL_TIMEOUT`, `KEEL_CONTEXT_WINDOW`, `KEEL_COMPACT_AT`),
 /// overridden by `flags`. `None` when no base URL or model name is
@@ -161,6 +162,9 @@ pub fn model_config(home: &Home, flags: &ModelFlags) -> Result<Option<ModelConfi
     }
     if let Some(r) = p.max_retries {
         cfg.max_retries = r;
+    }
+    if let Some(n) = p.notes_message {
+        cfg.notes_message = n;
     }
     let window =
         |v: &str| v.parse::<u64>().map_err(|_| format!("`{v}` is not a whole number of tokens"));

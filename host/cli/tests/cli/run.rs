@@ -680,9 +680,11 @@ async fn capabilities_progress_show_evidence_and_unload_through_the_binary() {
     assert!(at("discovering skills, tools and memory") < at("orchestrating task capabilities"));
     assert!(at("orchestrating task capabilities") < at("loaded skill(s) csv-audit (orchestrator)"));
     assert!(at("loaded skill(s) csv-audit (orchestrator)") < at("applying the task environment"));
+    // The skill is in the notes: the second system message, after the stable instructions.
     let system: Value = serde_json::from_slice(&model.requests()[0]).unwrap();
+    assert_eq!(system["messages"][1]["role"], "system");
     assert!(
-        system["messages"][0]["content"].as_str().unwrap().contains("<skill name=\"csv-audit\">")
+        system["messages"][1]["content"].as_str().unwrap().contains("<skill name=\"csv-audit\">")
     );
 
     let out = keel_async(home.path().to_path_buf(), args(&["session", "show", "cap"])).await;

@@ -43,10 +43,7 @@ pub fn aim(
 ) -> Aim {
     let window_bytes = window as f64 * per_token;
     let compact_at = ceiling / window as f64;
-    let fixed = (assembled.head.text.len()
-        + assembled.system.text.len()
-        + assembled.tools.as_ref().map_or(0, |t| t.text.len())
-        + 64) as f64;
+    let fixed = (assembled.room.fixed + 64) as f64;
     let room = ((window_bytes * compact_at - fixed - SUMMARY_ALLOWANCE) / 2.0).max(0.0);
     Aim {
         keep_bytes: Some(room.min(window_bytes * KEEP_FRACTION) as i64),

@@ -75,6 +75,14 @@ pub enum Event {
     },
 }
 
+/// Whether an error body speaks of system messages or roles, as chat templates that refuse a
+/// second system message do ("System message must be at the beginning", "Conversation roles
+/// must alternate", "System role not supported").
+fn refuses_roles(body: &str) -> bool {
+    let body = body.to_ascii_lowercase();
+    body.contains("system") || body.contains("role")
+}
+
 /// A sink for [`Event`]s.
 pub type Events = Arc<dyn Fn(&Event) + Send + Sync>;
 
@@ -287,8 +295,10 @@ impl AgentService {
             if cancel.is_cancelled() {
                 return self.interrupted(id, events).await;
             }
-            // A request the server refuses as too long is compacted and sent again, once.
+            // A request the server refuses as too long is compacted and sent again, once; one
+            // refused while it held a second system message is sent again with one.
             let mut overflowed = false;
+            let mut relaid = false;
             let (meta, mut assembled, catalog, result, called) = loop {
                 let (meta, assembled, catalog) =
                     match self.assemble_fitting(id, &mut guard, cancel).await? {
@@ -351,6 +361,23 @@ impl AgentService {
                         continue;
                     }
                     if learned {
+                        continue;
+                    }
+                }
+                if !relaid
+                    && assembled.notes.is_some()
+                    && let Err(f) = &result
+                    && let ModelError::Status { status: 400 | 422 | 500, body, .. } = &f.last
+                    && refuses_roles(body)
+                {
+                    relaid = true;
+                    // Some chat templates accept one system message only, first: the session
+                    // sends its notes inside it from now on.
+                    if self.engine.learn_one_system_message(id).await? {
+                        tracing::info!(
+                            error = %f.last,
+                            "the model server refused a second system message; the session sends one from now on"
+                        );
                         continue;
                     }
                 }
@@ -500,10 +527,13 @@ impl AgentService {
             let mut catalog = None;
             let (meta, assembled) = self
                 .engine
-                .assemble_within(id, within.as_ref().map(|w| w.0), |c, m| {
+                .assemble_within(id, within.as_ref().map(|w| w.0), |c, m, form| {
                     let at = self.tools.catalog_in(c).ok()?;
-                    let json = at
-                        .tools_json_pinned(&m.capabilities.loaded_tools, &m.capabilities.tool_pins);
+                    let (loaded, pins) = (&m.capabilities.loaded_tools, &m.capabilities.tool_pins);
+                    let json = match form {
+                        crate::session::Schemas::Full => at.tools_json_pinned(loaded, pins),
+                        crate::session::Schemas::Compact => at.tools_json_compact(loaded, pins),
+                    };
                     catalog = Some(at);
                     json
                 })

@@ -185,6 +185,15 @@ impl Harness {
         let named_tools = spec.tools.is_some();
         let delegation = |t: &str| DELEGATION_TOOLS.contains(&t);
         let mut tools: Vec<String> = match spec.tools {
+            None if self.schemas_past_share(&spec.model, &spec.system_prompt)? => {
+                // A small context window: the discovery tools only, the rest loaded when a
+                // task needs them (the Orchestrator's selection, tools_select).
+                tracing::info!(
+                    window = ?spec.model.context_window,
+                    "every installed tool's schemas would pass keel's share of the window: tools are loaded on demand"
+                );
+                Vec::new()
+            }
             None => {
                 // Every installed tool, but an MCP server's only when it was added with
                 // `--load always`: the others are found when needed (tools_find,
@@ -267,6 +276,19 @@ impl Harness {
             None => self.engine.create(new).await?,
         };
         Ok(id.into())
+    }
+
+    /// Whether a session with `model`'s context window and `prompt` would pass
+    /// [`FIXED_SHARE`](crate::session::FIXED_SHARE) of its window with every installed tool's
+    /// schemas (as they are sent, compact, in a small window): such a session loads its tools
+    /// on demand. `false` without a known window.
+    fn schemas_past_share(&self, model: &ModelConfig, prompt: &str) -> Result<bool, ApiError> {
+        let Some(window) = model.context_window else { return Ok(false) };
+        let catalog = self.tools.catalog()?;
+        let all: Vec<String> = self.tools.tools()?.into_iter().map(|t| t.name).collect();
+        let schemas = catalog.tools_json_compact(&all, &ToolPins::new()).map_or(0, |j| j.len());
+        let tokens = (prompt.len() + schemas) as f64 / crate::session::BYTES_PER_TOKEN;
+        Ok(tokens > crate::session::FIXED_SHARE * window as f64)
     }
 
     /// Adds `tools` to an existing session (add-only), pinned at the versions installed now.

@@ -35,6 +35,13 @@ pub struct ModelConfig {
     /// (`--compact-at`, `[model] compact_at`; default [`DEFAULT_COMPACT_AT`]).
     #[serde(default = "default_compact_at")]
     pub compact_at: f64,
+    /// Send what changes from turn to turn (the goals, the plan, the summary, skills and
+    /// memories) as a second system message after the stable instructions, so that a local
+    /// server's prompt cache keeps the instructions and tool schemas from request to request
+    /// (`[model] notes_message`; default on). Off: one system message, for a server whose chat
+    /// template refuses a second — which keel also learns from such a refusal.
+    #[serde(default = "yes")]
+    pub notes_message: bool,
 }
 
 /// The smallest context window keel accepts, in tokens.
@@ -84,6 +91,7 @@ impl ModelConfig {
             max_retries: 3,
             context_window: None,
             compact_at: DEFAULT_COMPACT_AT,
+            notes_message: true,
         }
     }
 }

@@ -90,16 +90,36 @@ pub fn config_in(c: &Connection, id: &str) -> Result<SessionConfig, StoreError> 
 /// is believed over a guess, so every later request is sized to it — not only the summary
 /// call that followed the refusal. Returns whether the window changed.
 pub fn learn_window_in(c: &Connection, id: &str, window: u64) -> Result<bool, StoreError> {
+    learn_in(c, id, |model| {
+        if model.context_window.is_some_and(|w| w <= window) || window == 0 {
+            return false;
+        }
+        model.context_window = Some(window);
+        true
+    })
+}
+
+/// Makes session `id` send one system message from now on (its server refused a request
+/// that held a second one). Returns whether the setting changed.
+pub fn learn_one_system_message_in(c: &Connection, id: &str) -> Result<bool, StoreError> {
+    learn_in(c, id, |model| std::mem::replace(&mut model.notes_message, false))
+}
+
+/// Changes session `id`'s model settings with `learn`, which says whether it changed them.
+fn learn_in(
+    c: &Connection,
+    id: &str,
+    learn: impl FnOnce(&mut ModelConfig) -> bool,
+) -> Result<bool, StoreError> {
     let model: String = c
         .prepare_cached("SELECT model FROM session_config WHERE session_id=?1")?
         .query_row([id], |r| r.get(0))
         .optional()?
         .ok_or_else(|| no_session(id))?;
     let mut model: ModelConfig = parse(&model, "model config")?;
-    if model.context_window.is_some_and(|w| w <= window) || window == 0 {
+    if !learn(&mut model) {
         return Ok(false);
     }
-    model.context_window = Some(window);
     let text = serde_json::to_string(&model)
         .map_err(|e| StoreError::Corrupt(format!("the model config of `{id}`: {e}")))?;
     c.prepare_cached("UPDATE session_config SET model=?2 WHERE session_id=?1")?

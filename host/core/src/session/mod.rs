@@ -44,8 +44,9 @@ pub use crate::policy::{Effect, Policy};
 pub use crate::tools::ConsumedApproval;
 pub use approvals::{ApprovalStatus, ApprovalUnit, DecideError, Decision};
 pub use assemble::{
-    Assembled, BYTES_PER_TOKEN, CallFacts, EvidenceOf, GOAL_SHOWN, MIN_RESULT_CAP, ModelCallRecord,
-    Part, RefusedRequest, TokenEstimate, estimate_tokens, goal_reference, reconstruct_body,
+    Assembled, BYTES_PER_TOKEN, CallFacts, EvidenceOf, FIXED_SHARE, GOAL_SHOWN, MIN_RESULT_CAP,
+    ModelCallRecord, Part, RefusedRequest, Room, Schemas, TokenEstimate, estimate_tokens,
+    goal_reference, reconstruct_body,
 };
 pub use capabilities::LoadedCapabilities;
 pub use config::SessionConfig;
@@ -215,6 +216,13 @@ impl SessionEngine {
     pub async fn learn_window(&self, id: &SessionId, window: u64) -> Result<bool, StoreError> {
         let id = id.clone();
         self.write(id.clone(), move |c| config::learn_window_in(c, &id, window)).await
+    }
+
+    /// Makes the session send one system message from now on (see
+    /// `config::learn_one_system_message_in`); whether it changed.
+    pub async fn learn_one_system_message(&self, id: &SessionId) -> Result<bool, StoreError> {
+        let id = id.clone();
+        self.write(id.clone(), move |c| config::learn_one_system_message_in(c, &id)).await
     }
 
     /// The session's task state: goals, phase, plan.
@@ -397,15 +405,15 @@ impl SessionEngine {
     }
 
     /// Assembles the next model request from the current facts, in one read; `tools` turns
-    /// the session's facts into the serialized schemas of its loaded tools, inside the same
-    /// read transaction (the connection is passed to it).
+    /// the session's facts into the serialized schemas of its loaded tools in the form asked
+    /// for, inside the same read transaction (the connection is passed to it).
     pub async fn assemble<F>(
         &self,
         id: &SessionId,
         tools: F,
     ) -> Result<(SessionMeta, Assembled), StoreError>
     where
-        F: FnOnce(&Connection, &SessionMeta) -> Option<Arc<str>> + Send,
+        F: FnMut(&Connection, &SessionMeta, Schemas) -> Option<Arc<str>> + Send,
     {
         self.assemble_within(id, None, tools).await
     }
@@ -419,7 +427,7 @@ impl SessionEngine {
         tools: F,
     ) -> Result<(SessionMeta, Assembled), StoreError>
     where
-        F: FnOnce(&Connection, &SessionMeta) -> Option<Arc<str>> + Send,
+        F: FnMut(&Connection, &SessionMeta, Schemas) -> Option<Arc<str>> + Send,
     {
         let id = id.clone();
         let cache = self.assembly.clone();

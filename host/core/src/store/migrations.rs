@@ -677,4 +677,11 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[
         "ALTER TABLE evidence ADD COLUMN result_cap INTEGER;
     ALTER TABLE refused_requests ADD COLUMN result_cap INTEGER;",
     ),
+    // What changes from turn to turn (goals, plan, summary, memories) is sent as a second
+    // system message, stored by content hash like the first.
+    (
+        27,
+        "ALTER TABLE evidence ADD COLUMN notes_hash TEXT;
+    ALTER TABLE refused_requests ADD COLUMN notes_hash TEXT;",
+    ),
 ];

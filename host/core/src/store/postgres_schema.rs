@@ -461,6 +461,11 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[
         "ALTER TABLE evidence ADD COLUMN result_cap BIGINT;
     ALTER TABLE refused_requests ADD COLUMN result_cap BIGINT;",
     ),
+    (
+        27,
+        "ALTER TABLE evidence ADD COLUMN notes_hash TEXT;
+    ALTER TABLE refused_requests ADD COLUMN notes_hash TEXT;",
+    ),
 ];
 
 #[cfg(test)]

@@ -44,7 +44,7 @@ pub use install::{
 };
 pub use lease::{LeaseBusy, LeaseRequest, Leases};
 pub use source::{HostCall, HostFuture, HostTool, SourceKind, ToolSource};
-pub use view::{Catalog, Resolved, ToolPins};
+pub use view::{Catalog, Resolved, ToolPins, compact_schema, first_sentence};
 
 /// The ToolService of one keel home.
 pub struct ToolService {

@@ -46,8 +46,9 @@ pub struct Catalog {
     tools: HashMap<String, Arc<Resolved>>,
     /// Every kept version of every tool, by (name, component digest).
     versions: HashMap<(String, String), Arc<Resolved>>,
-    /// Serialized `tools` arrays by loaded-tool list (each with the digest it resolves to).
-    tools_json: Mutex<HashMap<ResolvedList, Option<Arc<str>>>>,
+    /// Serialized `tools` arrays by loaded-tool list (each with the digest it resolves to)
+    /// and form (compact or not).
+    tools_json: Mutex<HashMap<(ResolvedList, bool), Option<Arc<str>>>>,
 }
 
 /// Tool names with the component digest each resolves to.
@@ -89,10 +90,21 @@ impl Catalog {
     /// [`tools_json`](Self::tools_json) for a session with `pins`: each tool as the version
     /// the session runs.
     pub fn tools_json_pinned(&self, loaded: &[String], pins: &ToolPins) -> Option<Arc<str>> {
+        self.schemas(loaded, pins, false)
+    }
+
+    /// The loaded tools as a small context window gets them ([`compact_schema`]), for a
+    /// session with `pins`.
+    pub fn tools_json_compact(&self, loaded: &[String], pins: &ToolPins) -> Option<Arc<str>> {
+        self.schemas(loaded, pins, true)
+    }
+
+    fn schemas(&self, loaded: &[String], pins: &ToolPins, compact: bool) -> Option<Arc<str>> {
         let resolved: Vec<Arc<Resolved>> =
             loaded.iter().filter_map(|name| self.get_pinned(name, pins)).collect();
         let key: Vec<(String, String)> =
             resolved.iter().map(|r| (r.record.name.clone(), r.digest.clone())).collect();
+        let key = (key, compact);
         let mut memo = self.tools_json.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(hit) = memo.get(&key) {
             return hit.clone();
@@ -100,9 +112,15 @@ impl Catalog {
         let items: Vec<serde_json::Value> = resolved
             .iter()
             .map(|r| {
+                let (mut description, mut parameters) =
+                    (r.record.description.clone(), r.record.input_schema.clone());
+                if compact {
+                    description = first_sentence(&description, COMPACT_DESCRIPTION);
+                    compact_schema(&mut parameters);
+                }
                 serde_json::json!({"type": "function", "function": {
-                    "name": r.record.name, "description": r.record.description,
-                    "parameters": r.record.input_schema}})
+                    "name": r.record.name, "description": description,
+                    "parameters": parameters}})
             })
             .collect();
         let json: Option<Arc<str>> =
@@ -118,6 +136,56 @@ impl Catalog {
             .iter()
             .filter_map(|n| self.tools.get(n).map(|r| (n.clone(), r.digest.clone())))
             .collect()
+    }
+}
+
+/// Characters of a tool's description its compact schema keeps, at most.
+pub const COMPACT_DESCRIPTION: usize = 160;
+
+/// Characters of a parameter's description a compact schema keeps, at most.
+pub const COMPACT_PARAMETER: usize = 80;
+
+/// `text`'s first sentence (up to the first `. ` or line break), at most `max` characters
+/// (cut with `…`).
+pub fn first_sentence(text: &str, max: usize) -> String {
+    let text = text.trim();
+    let end = [text.find(". ").map(|i| i + 1), text.find('\n')].into_iter().flatten().min();
+    let sentence = end.map_or(text, |e| &text[..e]).trim_end();
+    if sentence.chars().count() <= max {
+        return sentence.to_string();
+    }
+    let mut cut: String = sentence.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+/// A JSON Schema as a small context window gets it: every description cut to its first
+/// sentence ([`COMPACT_PARAMETER`] characters at most); examples, titles and comments dropped.
+/// Names, types, enums, required lists and bounds — what a call must satisfy — are kept.
+pub fn compact_schema(schema: &mut serde_json::Value) {
+    use serde_json::Value;
+    let Value::Object(map) = schema else { return };
+    for k in ["examples", "example", "title", "$comment"] {
+        map.remove(k);
+    }
+    if let Some(Value::String(d)) = map.get_mut("description") {
+        *d = first_sentence(d, COMPACT_PARAMETER);
+    }
+    for (key, value) in map.iter_mut() {
+        match (key.as_str(), value) {
+            // Maps of names to schemas: a property may be called `title` or `description`.
+            ("properties" | "patternProperties" | "$defs" | "definitions", Value::Object(m)) => {
+                m.values_mut().for_each(compact_schema);
+            }
+            ("anyOf" | "oneOf" | "allOf" | "prefixItems" | "items", Value::Array(a)) => {
+                a.iter_mut().for_each(compact_schema);
+            }
+            (
+                "items" | "additionalProperties" | "not" | "if" | "then" | "else" | "contains",
+                v @ Value::Object(_),
+            ) => compact_schema(v),
+            _ => {}
+        }
     }
 }
 

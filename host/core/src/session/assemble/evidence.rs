@@ -38,9 +38,9 @@ pub fn record_evidence(
         "INSERT INTO evidence (session_id, step, created_at, head, system_hash, tools_hash, history_from,
                                history_to, body_sha256, meta_version, turn, body_bytes, finish_reason,
                                prompt_tokens, completion_tokens, cached_tokens, duration_ms, attempts,
-                               anchor, result_cap)
+                               anchor, result_cap, notes_hash)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
-                 ?20)",
+                 ?20, ?21)",
     )?
     .execute(params![
         id,
@@ -63,6 +63,7 @@ pub fn record_evidence(
         a.call.attempts,
         a.anchor,
         a.result_cap.map(|c| c as i64),
+        a.notes.as_ref().map(|n| &*n.sha256),
     ])?;
     crate::session::events::append(
         c,
@@ -99,9 +100,9 @@ pub fn record_refused(
     c.prepare_cached(
         "INSERT INTO refused_requests (session_id, seq, turn, step, created_at, http_status, error,
              attempts, duration_ms, head, system_hash, tools_hash, history_from, history_to,
-             body_sha256, body_bytes, meta_version, anchor, result_cap)
+             body_sha256, body_bytes, meta_version, anchor, result_cap, notes_hash)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
-                 ?19)",
+                 ?19, ?20)",
     )?
     .execute(params![
         id,
@@ -123,6 +124,7 @@ pub fn record_refused(
         a.meta_version,
         a.anchor,
         a.result_cap.map(|c| c as i64),
+        a.notes.as_ref().map(|n| &*n.sha256),
     ])?;
     crate::session::events::append(
         c,
@@ -297,7 +299,7 @@ impl StoredParts {
     /// evidence has committed.
     pub fn committed(&self, a: &Assembled) {
         let mut hashes = self.hashes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if hashes.len() + 3 > STORED_PARTS {
+        if hashes.len() + 4 > STORED_PARTS {
             hashes.clear();
         }
         for part in a.parts() {
@@ -309,9 +311,11 @@ impl StoredParts {
 }
 
 impl Assembled {
-    /// The parts stored by content hash: head, system message, tool schemas.
+    /// The parts stored by content hash: head, system message, notes, tool schemas.
     fn parts(&self) -> impl Iterator<Item = &Part> {
-        [Some(&self.head), Some(&self.system), self.tools.as_ref()].into_iter().flatten()
+        [Some(&self.head), Some(&self.system), self.notes.as_ref(), self.tools.as_ref()]
+            .into_iter()
+            .flatten()
     }
 }
 
@@ -341,7 +345,7 @@ pub fn evidence(c: &Connection, id: &str, of: EvidenceOf) -> Result<(i64, Vec<u8
     let row = c
         .prepare_cached(&format!(
             "SELECT head, system_hash, tools_hash, history_from, history_to, body_sha256, anchor,
-                    result_cap
+                    result_cap, notes_hash
              FROM {table} WHERE session_id=?1 AND {key}=?2"
         ))?
         .query_row(params![id, step], |r| {
@@ -352,10 +356,12 @@ pub fn evidence(c: &Connection, id: &str, of: EvidenceOf) -> Result<(i64, Vec<u8
                 r.get::<_, String>(5)?,
                 r.get::<_, Option<i64>>(6)?,
                 r.get::<_, Option<i64>>(7)?,
+                r.get::<_, Option<String>>(8)?,
             ))
         })
         .optional()?;
-    let Some(((head_hash, system_hash, tools_hash), from, to, sha, anchor, cap)) = row else {
+    let Some(((head_hash, system_hash, tools_hash), from, to, sha, anchor, cap, notes_hash)) = row
+    else {
         return Err(StoreError::NotFound(match (of, step) {
             (EvidenceOf::Refused(None), 0) => format!("session `{id}` has no refused request"),
             (EvidenceOf::Step(None), 0) => format!("session `{id}` has made no model request yet"),
@@ -365,6 +371,7 @@ pub fn evidence(c: &Connection, id: &str, of: EvidenceOf) -> Result<(i64, Vec<u8
     let head = blob(c, &head_hash)?;
     let system = blob(c, &system_hash)?;
     let tools = tools_hash.map(|h| blob(c, &h)).transpose()?;
+    let notes = notes_hash.map(|h| blob(c, &h)).transpose()?;
     let anchor = match anchor {
         Some(a) => history(c, id, a, a)?.pop(),
         None => None,
@@ -372,6 +379,7 @@ pub fn evidence(c: &Connection, id: &str, of: EvidenceOf) -> Result<(i64, Vec<u8
     let body = reconstruct_body(
         &head,
         &system,
+        notes.as_deref(),
         anchor.as_deref(),
         &cut_history(&history(c, id, from, to)?, cap.map(|c| c as usize)),
         tools.as_deref(),

@@ -29,6 +29,9 @@ pub struct Assembled {
     pub step: i64,
     pub head: Part,
     pub system: Part,
+    /// The second system message: what changes from turn to turn (see [`system_parts`]), when
+    /// the session sends it apart.
+    pub notes: Option<Part>,
     pub tools: Option<Part>,
     pub history_from: i64,
     pub history_to: i64,
@@ -38,6 +41,8 @@ pub struct Assembled {
     /// The size past which the history's tool results were cut to fit the window (see
     /// `cut_result`), if they were.
     pub result_cap: Option<usize>,
+    /// Where the request's bytes go.
+    pub room: Room,
     pub meta_version: i64,
     /// The exact request bytes (shared, not copied, by the model client and its retries).
     pub body: bytes::Bytes,
@@ -110,12 +115,13 @@ impl Part {
     }
 }
 
-/// Builds the body from its parts: the head, the system message, the anchor (a message
-/// repeated at the head of the history after a compaction), the history and the tool schemas.
-/// The only place a request body is built.
+/// Builds the body from its parts: the head, the system message, the notes (a second system
+/// message), the anchor (a message repeated at the head of the history after a compaction),
+/// the history and the tool schemas. The only place a request body is built.
 pub fn reconstruct_body(
     head: &str,
     system: &str,
+    notes: Option<&str>,
     anchor: Option<&str>,
     history: &[String],
     tools: Option<&str>,
@@ -123,6 +129,7 @@ pub fn reconstruct_body(
     let mut body = String::with_capacity(
         head.len()
             + system.len()
+            + notes.map_or(0, str::len)
             + anchor.map_or(0, str::len)
             + history.iter().map(String::len).sum::<usize>()
             + 64,
@@ -131,9 +138,9 @@ pub fn reconstruct_body(
     body.push_str(head.strip_suffix('}').unwrap_or(head));
     body.push_str(",\"messages\":[");
     body.push_str(system);
-    if let Some(a) = anchor {
+    for m in notes.into_iter().chain(anchor) {
         body.push(',');
-        body.push_str(a);
+        body.push_str(m);
     }
     for m in history {
         body.push(',');
@@ -336,27 +343,54 @@ fn escape_markers(text: &str) -> std::borrow::Cow<'_, str> {
     out.into()
 }
 
-fn system_message(meta: &SessionMeta) -> String {
-    let mut text = meta.config.system_prompt.clone();
-    text.push_str(&goals(meta));
-    if let Some(steps) = meta.task.plan.as_deref().filter(|_| meta.task.phase_goal.is_some()) {
-        text.push_str("\n\n");
-        text.push_str(&crate::plan::render(steps));
-    }
-    if let Some(cp) = &meta.runtime.checkpoint {
-        text.push_str(&cp.summary.render(cp.to));
-    }
-    text.push_str(&capabilities(meta));
+/// The system text of a session's requests, in two halves: what stays the same from turn to
+/// turn (the prompt and the directories granted) and what changes (the goals, the plan, the
+/// summary, skills and memories: the notes), with the bytes of the summary in the notes.
+struct SystemText {
+    stable: String,
+    notes: String,
+    summary: usize,
+}
+
+fn system_text(meta: &SessionMeta) -> SystemText {
+    let mut stable = meta.config.system_prompt.clone();
     if meta.config.grants.is_empty() {
-        text.push_str("\n\nNo directories are granted to this session.");
+        stable.push_str("\n\nNo directories are granted to this session.");
     } else {
-        text.push_str("\n\nDirectories your tools can reach (nothing else exists for them):");
+        stable.push_str("\n\nDirectories your tools can reach (nothing else exists for them):");
         for g in &meta.config.grants {
             let access = if g.access == Access::Rw { "read-write" } else { "read-only" };
-            text.push_str(&format!("\n- {} ({access})", g.guest));
+            stable.push_str(&format!("\n- {} ({access})", g.guest));
         }
     }
-    serde_json::json!({"role": "system", "content": text}).to_string()
+    let mut notes = goals(meta);
+    if let Some(steps) = meta.task.plan.as_deref().filter(|_| meta.task.phase_goal.is_some()) {
+        notes.push_str("\n\n");
+        notes.push_str(&crate::plan::render(steps));
+    }
+    let mut summary = 0;
+    if let Some(cp) = &meta.runtime.checkpoint {
+        let rendered = cp.summary.render(cp.to);
+        summary = rendered.len();
+        notes.push_str(&rendered);
+    }
+    notes.push_str(&capabilities(meta));
+    SystemText { stable, notes, summary }
+}
+
+/// The system message and the notes message of a session's requests, as JSON messages.
+/// Chat templates render the tool schemas after the first system message, so what changes
+/// from turn to turn goes in a second one: a server's prompt cache then keeps the
+/// instructions and the schemas, and re-reads only what follows them. A session whose server
+/// refuses a second system message (`notes_message` off) sends one, the stable text first.
+fn system_parts(meta: &SessionMeta) -> (String, Option<String>, usize) {
+    let SystemText { stable, notes, summary } = system_text(meta);
+    let message = |text: &str| serde_json::json!({"role": "system", "content": text}).to_string();
+    if !meta.config.model.notes_message {
+        return (message(&format!("{stable}{notes}")), None, summary);
+    }
+    let notes = notes.trim_start();
+    (message(&stable), (!notes.is_empty()).then(|| message(notes)), summary)
 }
 
 fn head(meta: &SessionMeta) -> String {
@@ -448,6 +482,72 @@ struct Cached {
     tools: Option<Part>,
 }
 
+/// Which form of the tool schemas a request carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schemas {
+    /// As the tools describe themselves.
+    Full,
+    /// Descriptions cut to their first sentence, examples dropped: for a request whose fixed
+    /// part would otherwise pass [`FIXED_SHARE`] of the window.
+    Compact,
+}
+
+/// The share of the context window keel's own part of a request — its head, instructions,
+/// goals, plan, skills, memories and tool schemas — is kept within: past it, the tool schemas
+/// are sent compact.
+pub const FIXED_SHARE: f64 = 0.4;
+
+/// Where the bytes of a request go: keel's fixed part (the head, the instructions, goals,
+/// plan, skills, memories and tool schemas), the summary of what was compacted, the messages
+/// kept before the current step (the anchor among them), and the step: the newest model reply
+/// with what followed it (or the message that starts a turn).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Room {
+    pub fixed: usize,
+    /// Of `fixed`, the tool schemas.
+    pub tool_schemas: usize,
+    pub summary: usize,
+    pub kept: usize,
+    pub step: usize,
+    /// Whether the tool schemas were sent compact to keep the fixed part within its share.
+    pub compact_schemas: bool,
+}
+
+impl Room {
+    /// Splits a request of `body` bytes: its history `history` (as sent), anchor, summary and
+    /// tool schemas; the rest is keel's fixed part.
+    fn of(
+        body: usize,
+        history: &[String],
+        anchor: usize,
+        summary: usize,
+        tools: usize,
+        compact: bool,
+    ) -> Self {
+        // The step: from the newest assistant message on, or the last message alone.
+        let role = |m: &str| {
+            serde_json::from_str::<RoleOnly>(m).map(|r| r.role == "assistant").unwrap_or(false)
+        };
+        let from = history.iter().rposition(|m| role(m)).unwrap_or(history.len().saturating_sub(1));
+        let bytes = |ms: &[String]| ms.iter().map(|m| m.len() + 1).sum::<usize>();
+        let step = bytes(&history[from.min(history.len())..]);
+        let kept = bytes(&history[..from.min(history.len())]) + anchor;
+        Room {
+            fixed: body.saturating_sub(step + kept + summary),
+            tool_schemas: tools,
+            summary,
+            kept,
+            step,
+            compact_schemas: compact,
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct RoleOnly {
+    role: String,
+}
+
 struct CachedHistory {
     /// First and last sequence numbers read.
     from: i64,
@@ -460,6 +560,9 @@ struct CachedMeta {
     meta: SessionMeta,
     head: Part,
     system: Part,
+    notes: Option<Part>,
+    /// Bytes of the rendered summary in the system text.
+    summary: usize,
 }
 
 impl AssemblyCache {
@@ -506,15 +609,17 @@ impl CachedHistory {
 }
 
 /// Assembles the next request of session `id`; `tools` gives the serialized tool schemas of
-/// the session's loaded tools, reading what it needs on `c` (the same read transaction).
-/// With `within`, a request longer than that many bytes has its history's tool results cut
-/// to the largest size that makes it fit ([`fitting_cap`]) — if any does.
+/// the session's loaded tools in the form asked for, reading what it needs on `c` (the same
+/// read transaction). The schemas are asked for compact when, full, keel's fixed part of the
+/// request would pass [`FIXED_SHARE`] of a known context window. With `within`, a request
+/// longer than that many bytes has its history's tool results cut to the largest size that
+/// makes it fit ([`fitting_cap`]) — if any does.
 pub fn assemble(
     c: &Connection,
     id: &str,
     cache: &AssemblyCache,
     within: Option<usize>,
-    tools: impl FnOnce(&Connection, &SessionMeta) -> Option<Arc<str>>,
+    mut tools: impl FnMut(&Connection, &SessionMeta, Schemas) -> Option<Arc<str>>,
 ) -> Result<(SessionMeta, Assembled), StoreError> {
     let counters = load_counters(c, id)?;
     let mut cached = cache.take(id);
@@ -526,8 +631,10 @@ pub fn assemble(
         _ => {
             let meta = load_meta_at(c, id, counters.clone())?;
             let head = Part::new(head(&meta).into());
-            let system = Part::new(system_message(&meta).into());
-            Arc::new(CachedMeta { meta, head, system })
+            let (system, notes, summary) = system_parts(&meta);
+            let system = Part::new(system.into());
+            let notes = notes.map(|n| Part::new(n.into()));
+            Arc::new(CachedMeta { meta, head, system, notes, summary })
         }
     };
     let mut meta = parts.meta.clone();
@@ -537,41 +644,70 @@ pub fn assemble(
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id=?1")?
         .query_row([id], |r| r.get(0))?;
     let messages = CachedHistory::read(cached.history.take(), c, id, history_from, history_to)?;
-    let tools = tools(c, &meta).map(|json| match cached.tools.take() {
+    let own = parts.head.text.len()
+        + parts.system.text.len()
+        + parts.notes.as_ref().map_or(0, |n| n.text.len())
+        - parts.summary;
+    let mut schemas = tools(c, &meta, Schemas::Full);
+    let over_share = |json: &Option<Arc<str>>| {
+        meta.config.model.context_window.is_some_and(|w| {
+            let fixed = own + json.as_deref().map_or(0, str::len);
+            fixed as f64 / BYTES_PER_TOKEN > FIXED_SHARE * w as f64
+        })
+    };
+    let compact = over_share(&schemas);
+    if compact {
+        schemas = tools(c, &meta, Schemas::Compact);
+    }
+    let tools = schemas.map(|json| match cached.tools.take() {
         // The catalog hands out the same schemas while it is unchanged: hash them once.
         Some(part) if Arc::ptr_eq(&part.text, &json) => part,
         _ => Part::new(json),
     });
     let anchor = meta.runtime.checkpoint.as_ref().and_then(|cp| cp.anchor.as_ref());
-    let build = |cap: Option<usize>| {
+    let build = |history: &[String]| {
         reconstruct_body(
             &parts.head.text,
             &parts.system.text,
+            parts.notes.as_ref().map(|n| &*n.text),
             anchor.map(|(_, body)| body.as_str()),
-            &cut_history(&messages.bodies, cap),
+            history,
             tools.as_ref().map(|t| &*t.text),
         )
     };
-    let mut body = build(None);
+    let mut body = build(&messages.bodies);
     let mut result_cap = None;
+    let mut cut = None;
     if let Some(max) = within.filter(|max| body.len() > *max) {
         let history: usize = messages.bodies.iter().map(String::len).sum();
         let room = max.saturating_sub(body.len() - history);
         if let Some(cap) = fitting_cap(&messages.bodies, room) {
             result_cap = Some(cap);
-            body = build(result_cap);
+            let history = cut_history(&messages.bodies, result_cap);
+            body = build(&history);
+            cut = Some(history);
         }
     }
+    let room = Room::of(
+        body.len(),
+        cut.as_deref().unwrap_or(&messages.bodies),
+        anchor.map_or(0, |(_, a)| a.len() + 1),
+        parts.summary,
+        tools.as_ref().map_or(0, |t| t.text.len()),
+        compact,
+    );
     let body_sha256 = sha256_hex(&body);
     let assembled = Assembled {
         step: meta.runtime.steps + 1,
         head: parts.head.clone(),
         system: parts.system.clone(),
+        notes: parts.notes.clone(),
         tools: tools.clone(),
         history_from,
         history_to,
         anchor: anchor.map(|(seq, _)| *seq),
         result_cap,
+        room,
         meta_version: meta.runtime.meta_version,
         body: body.into(),
         body_sha256,
