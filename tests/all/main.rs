@@ -28,4 +28,5 @@ mod sources;
 mod spans;
 mod store;
 mod understand;
+mod windows;
 mod workgroup;

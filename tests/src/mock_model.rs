@@ -217,6 +217,14 @@ impl MockModel {
         Self::start_with(Vec::new(), Some(responder), false, false, None).await
     }
 
+    /// A server that computes each reply with `responder` from the request alone, records
+    /// the requests, and refuses every request of more than `bytes` bytes as longer than its
+    /// context (as [`start_with_context`](Self::start_with_context)): a model that acts only
+    /// on what a small window shows it.
+    pub async fn start_fn_with_context(responder: Responder, bytes: usize) -> Self {
+        Self::start_with(Vec::new(), Some(responder), true, false, Some(bytes)).await
+    }
+
     async fn start_with(
         script: Vec<Reply>,
         responder: Option<Responder>,

@@ -204,11 +204,28 @@ pub struct Inputs<'a> {
     pub session_goal: Option<&'a str>,
 }
 
+/// Characters of each goal the call is sent, at most: enough to classify a message against,
+/// not the whole of a long task (it is in the session's history).
+pub const GOAL_CHARS: usize = 2000;
+
+/// `current_task_goal` when the work under way is the session goal itself.
+pub const SAME_AS_SESSION_GOAL: &str = "(the session goal)";
+
+fn bounded(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut cut: String = text.chars().take(max).collect();
+    cut.push('…');
+    cut
+}
+
 /// The system message of the call (the whole of it: the call carries no other instructions).
 pub const INSTRUCTIONS: &str = "You classify one message sent to an agent session against the \
 session's task. You get a JSON object: `message` (the new message), `resources` (references of \
-attached files), `current_task_goal` (the work under way, or null) and `session_goal` (what the \
-session is responsible for, or null). Answer with one JSON object with exactly these four \
+attached files), `current_task_goal` (the work under way, `(the session goal)` when it is the \
+session goal, or null) and `session_goal` (what the session is responsible for, or null; a \
+long goal is cut, ending in `…`). Answer with one JSON object with exactly these four \
 fields and nothing else:\n\
 - `task_relation`: `establish_task` (the message sets up a task), `continue_current` (it \
 continues the current work), `change_within_session` (it changes the work but stays within the \
@@ -237,11 +254,16 @@ pub fn answer_schema() -> Value {
 
 /// The exact request body of the call.
 pub fn request_body(config: &PreprocessConfig, inputs: Inputs<'_>) -> Vec<u8> {
+    // The session goal once: a phase goal that is the session goal is named, not repeated.
+    let current = match (inputs.current_task_goal, inputs.session_goal) {
+        (Some(c), Some(s)) if c == s => Some(SAME_AS_SESSION_GOAL.to_string()),
+        (c, _) => c.map(|c| bounded(c, GOAL_CHARS)),
+    };
     let user = json!({
         "message": inputs.message,
         "resources": inputs.resources,
-        "current_task_goal": inputs.current_task_goal,
-        "session_goal": inputs.session_goal,
+        "current_task_goal": current,
+        "session_goal": inputs.session_goal.map(|s| bounded(s, GOAL_CHARS)),
     });
     supporting_request(config, INSTRUCTIONS, &user, "task_understanding", answer_schema())
 }
@@ -352,5 +374,28 @@ mod tests {
         keys.sort_unstable();
         assert_eq!(keys, ["current_task_goal", "message", "resources", "session_goal"]);
         assert_eq!(v["response_format"]["type"], "json_schema");
+    }
+
+    #[test]
+    fn the_session_goal_is_sent_once_and_bounded() {
+        let config = PreprocessConfig::from_business(&ModelConfig::new("http://x/v1", "m"));
+        let task = "summarise this report: ".to_string() + &"word ".repeat(4000);
+        let body = request_body(
+            &config,
+            Inputs {
+                message: "just say hi",
+                resources: &[],
+                current_task_goal: Some(&task),
+                session_goal: Some(&task),
+            },
+        );
+        let text = String::from_utf8(body).unwrap();
+        assert_eq!(text.matches("summarise this report").count(), 1, "the goal once");
+        assert!(text.len() < GOAL_CHARS + 4000, "{} bytes", text.len());
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let user: Value =
+            serde_json::from_str(v["messages"][1]["content"].as_str().unwrap()).unwrap();
+        assert_eq!(user["current_task_goal"], SAME_AS_SESSION_GOAL);
+        assert!(user["session_goal"].as_str().unwrap().ends_with('…'));
     }
 }

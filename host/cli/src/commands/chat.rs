@@ -35,6 +35,7 @@ const COMMANDS: &[(&str, &str)] = &[
     ("/grants", "the directories and network destinations the session may reach"),
     ("/approvals", "the calls of this session waiting for a decision, decided in place"),
     ("/compact", "summarize the session's history now, to free its context"),
+    ("/room", "where the next request's tokens go: keel's part, summary, kept messages, step"),
     ("/events [N]", "the session's last N events (default 20)"),
     ("/session", "the session's id, state, model, policy and budget"),
     ("/quit", "leave (as Ctrl-D); the session stays"),
@@ -289,6 +290,12 @@ impl Chat {
         let turn = meta.map(|m| m.runtime.turns).unwrap_or(0);
         let tokens = self.h.turn_usage(&Caller::Operator, &self.id, turn).await.unwrap_or_default();
         eprintln!("keel: {state}{}", super::run::this_turn(&tokens));
+        // A window past half full: say where its room goes.
+        if let Ok(room) = self.h.room(&Caller::Operator, &self.id).await
+            && room.used().is_some_and(|u| u > ROOM_SHOWN_PAST)
+        {
+            eprintln!("keel: {} (/room)", room.describe());
+        }
     }
 
     /// Runs slash command `line`; `false` to leave.
@@ -370,6 +377,10 @@ impl Chat {
                     Err(e) => eprintln!("{} {}", paint(Tone::Bad, "error:"), inert(&e.to_string())),
                 }
             }
+            "/room" => match self.h.room(&Caller::Operator, &self.id).await {
+                Ok(room) => eprintln!("  {}", room.describe()),
+                Err(e) => eprintln!("{} {}", paint(Tone::Bad, "error:"), inert(&e.to_string())),
+            },
             "/events" => {
                 let n: i64 = arg.and_then(|a| a.parse().ok()).unwrap_or(20).clamp(1, 1000);
                 let last = self.h.last_event(&Caller::Operator, &self.id).await.unwrap_or(0);
@@ -402,6 +413,10 @@ impl Chat {
         true
     }
 }
+
+/// The share of the context window past which the line after a turn says where the next
+/// request's room goes.
+const ROOM_SHOWN_PAST: f64 = 0.5;
 
 /// Events that write the model's text to stdout as it arrives (the chat's answer), keeping
 /// what was shown in `streamed`.

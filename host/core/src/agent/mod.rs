@@ -524,20 +524,8 @@ impl AgentService {
         // compaction could not make it fit.
         let mut within: Option<(usize, String)> = None;
         loop {
-            let mut catalog = None;
-            let (meta, assembled) = self
-                .engine
-                .assemble_within(id, within.as_ref().map(|w| w.0), |c, m, form| {
-                    let at = self.tools.catalog_in(c).ok()?;
-                    let (loaded, pins) = (&m.capabilities.loaded_tools, &m.capabilities.tool_pins);
-                    let json = match form {
-                        crate::session::Schemas::Full => at.tools_json_pinned(loaded, pins),
-                        crate::session::Schemas::Compact => at.tools_json_compact(loaded, pins),
-                    };
-                    catalog = Some(at);
-                    json
-                })
-                .await?;
+            let (meta, assembled, catalog) =
+                self.assemble_with_catalog(id, within.as_ref().map(|w| w.0)).await?;
             let Some(window) = meta.config.model.context_window else {
                 return Ok(Ok((meta, assembled, catalog)));
             };
@@ -603,6 +591,55 @@ impl AgentService {
             }
             within = Some(((limit * per_token) as usize, why));
         }
+    }
+
+    /// The session's next request, assembled with the tool schemas of the catalog read in
+    /// the assembly's own snapshot (returned: a step's calls resolve against it); its tool
+    /// results cut to `within` bytes if given and needed.
+    #[allow(clippy::type_complexity)]
+    async fn assemble_with_catalog(
+        &self,
+        id: &SessionId,
+        within: Option<usize>,
+    ) -> Result<
+        (
+            crate::session::SessionMeta,
+            crate::session::Assembled,
+            Option<Arc<crate::tools::Catalog>>,
+        ),
+        AgentError,
+    > {
+        let mut catalog = None;
+        let (meta, assembled) = self
+            .engine
+            .assemble_within(id, within, |c, m, form| {
+                let at = self.tools.catalog_in(c).ok()?;
+                let (loaded, pins) = (&m.capabilities.loaded_tools, &m.capabilities.tool_pins);
+                let json = match form {
+                    crate::session::Schemas::Full => at.tools_json_pinned(loaded, pins),
+                    crate::session::Schemas::Compact => at.tools_json_compact(loaded, pins),
+                };
+                catalog = Some(at);
+                json
+            })
+            .await?;
+        Ok((meta, assembled, catalog))
+    }
+
+    /// Where the room of session `id`'s next request goes: the request assembled as it would
+    /// be sent now (before any compaction or cut), against the session's window.
+    pub async fn room(&self, id: &SessionId) -> Result<crate::session::RoomView, AgentError> {
+        let (meta, assembled, _) = self.assemble_with_catalog(id, None).await?;
+        let bytes_per_token = self.engine.bytes_per_token(id).await?;
+        let window = meta.config.model.context_window;
+        Ok(crate::session::RoomView {
+            window,
+            limit: window.map(|w| compact::request_limit(&meta.config.model, w) as u64),
+            bytes_per_token,
+            bytes: assembled.body.len(),
+            tokens: (assembled.body.len() as f64 / bytes_per_token).ceil() as u64,
+            parts: assembled.room,
+        })
     }
 
     fn waiting(&self, units: Vec<UnitId>, events: &Events) -> TurnOutcome {

@@ -35,7 +35,7 @@ use crate::model::ModelConfig;
 use crate::sandbox::{Budget, CancelToken, Grant};
 use crate::session::{
     ApprovalUnit, DecideError, EventRow, ModelCallRecord, NewSession, Policy, RecoveredSession,
-    RuntimeState, Timeline,
+    RoomView, RuntimeState, Timeline,
 };
 use crate::store::StoreError;
 use crate::tools::{
@@ -508,7 +508,17 @@ impl Harness {
     pub async fn timeline(&self, caller: &Caller, id: &str) -> Result<Timeline, ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(self.engine.timeline(id).await?)
+        let mut timeline = self.engine.timeline(id).await?;
+        timeline.room = Some(self.brain.room(id).await?);
+        Ok(timeline)
+    }
+
+    /// Where the room of session `id`'s next request goes: keel's fixed part (tool schemas
+    /// among it), the summary, the kept messages and the step, against the session's window.
+    pub async fn room(&self, caller: &Caller, id: &str) -> Result<RoomView, ApiError> {
+        let id = &SessionId::from(id);
+        self.check_sees(caller, id).await?;
+        Ok(self.brain.room(id).await?)
     }
 
     /// Session `id`'s model calls, one per step.

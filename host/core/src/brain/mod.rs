@@ -70,6 +70,11 @@ impl Drop for LocalRun {
 }
 
 impl Brain {
+    /// Where the room of session `id`'s next request goes (see [`AgentService::room`]).
+    pub async fn room(&self, id: &SessionId) -> Result<crate::session::RoomView, AgentError> {
+        self.agent.room(id).await
+    }
+
     pub fn new(db: Db, agent: AgentService) -> Self {
         let nonce = format!("{}-{:?}", now_ms(), std::time::Instant::now());
         let owner = RunnerId::current(&blake3::hash(nonce.as_bytes()).to_hex()[..8]).to_string();

@@ -45,7 +45,7 @@ pub use crate::tools::ConsumedApproval;
 pub use approvals::{ApprovalStatus, ApprovalUnit, DecideError, Decision};
 pub use assemble::{
     Assembled, BYTES_PER_TOKEN, CallFacts, EvidenceOf, FIXED_SHARE, GOAL_SHOWN, MIN_RESULT_CAP,
-    ModelCallRecord, Part, RefusedRequest, Room, Schemas, TokenEstimate, estimate_tokens,
+    ModelCallRecord, Part, RefusedRequest, Room, RoomView, Schemas, TokenEstimate, estimate_tokens,
     goal_reference, reconstruct_body,
 };
 pub use capabilities::LoadedCapabilities;

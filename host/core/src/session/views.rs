@@ -241,6 +241,10 @@ pub struct Timeline {
     pub refused_requests: Vec<super::assemble::RefusedRequest>,
     /// The estimated tokens of the next request.
     pub next_request: super::assemble::TokenEstimate,
+    /// Where the room of the next request goes (filled in by the front door, which assembles
+    /// it with the session's tool schemas).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub room: Option<super::assemble::RoomView>,
 }
 
 pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
@@ -299,6 +303,7 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         model_calls: super::assemble::model_calls(c, id)?,
         refused_requests: super::assemble::refused_requests(c, id)?,
         next_request: super::assemble::token_estimate(c, id)?,
+        room: None,
     })
 }
 

@@ -44,7 +44,10 @@ pub use install::{
 };
 pub use lease::{LeaseBusy, LeaseRequest, Leases};
 pub use source::{HostCall, HostFuture, HostTool, SourceKind, ToolSource};
-pub use view::{Catalog, Resolved, ToolPins, compact_schema, first_sentence};
+pub use view::{
+    COMPACT_DESCRIPTION, COMPACT_PARAMETER, Catalog, Resolved, ToolPins, compact_schema,
+    first_sentence,
+};
 
 /// The ToolService of one keel home.
 pub struct ToolService {

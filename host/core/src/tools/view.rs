@@ -160,13 +160,26 @@ pub fn first_sentence(text: &str, max: usize) -> String {
 }
 
 /// A JSON Schema as a small context window gets it: every description cut to its first
-/// sentence ([`COMPACT_PARAMETER`] characters at most); examples, titles and comments dropped.
-/// Names, types, enums, required lists and bounds — what a call must satisfy — are kept.
+/// sentence ([`COMPACT_PARAMETER`] characters at most); examples, titles, comments, the
+/// `$schema` URI, formats and null defaults dropped; an optional field's `["T", "null"]` type
+/// written `"T"` (it is optional by not being required). Names, types, enums, required lists
+/// and bounds — what a call must satisfy — are kept.
 pub fn compact_schema(schema: &mut serde_json::Value) {
     use serde_json::Value;
     let Value::Object(map) = schema else { return };
-    for k in ["examples", "example", "title", "$comment"] {
+    for k in ["examples", "example", "title", "$comment", "$schema", "format"] {
         map.remove(k);
+    }
+    if map.get("default").is_some_and(Value::is_null) {
+        map.remove("default");
+    }
+    if let Some(Value::Array(types)) = map.get("type")
+        && types.len() == 2
+        && let Some(other) = types.iter().find(|t| *t != "null")
+        && types.iter().any(|t| t == "null")
+    {
+        let other = other.clone();
+        map.insert("type".into(), other);
     }
     if let Some(Value::String(d)) = map.get_mut("description") {
         *d = first_sentence(d, COMPACT_PARAMETER);
@@ -451,5 +464,46 @@ impl ToolService {
     /// The component digests `tools` resolve to now (installed tools only).
     pub fn current_pins(&self, tools: &[String]) -> Result<ToolPins, ToolServiceError> {
         Ok(self.catalog()?.current_pins(tools))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_compact_schema_keeps_what_a_call_must_satisfy() {
+        let mut schema = serde_json::json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": "ReadInput",
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["path"],
+            "properties": {
+                "path": {"type": "string", "description": "Path of the file. Relative paths start at the grant.", "examples": ["/w/a.txt"]},
+                "limit": {"type": ["integer", "null"], "format": "uint", "minimum": 0, "default": null},
+                "title": {"type": "string", "description": "A property named title stays.", "default": "x"},
+                "mode": {"anyOf": [{"type": "string", "enum": ["a", "b"], "title": "Mode"}]}
+            }
+        });
+        compact_schema(&mut schema);
+        assert_eq!(
+            schema,
+            serde_json::json!({
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["path"],
+                "properties": {
+                    "path": {"type": "string", "description": "Path of the file."},
+                    "limit": {"type": "integer", "minimum": 0},
+                    "title": {"type": "string", "description": "A property named title stays.", "default": "x"},
+                    "mode": {"anyOf": [{"type": "string", "enum": ["a", "b"]}]}
+                }
+            })
+        );
+        assert_eq!(first_sentence("One. Two.", 80), "One.");
+        assert_eq!(first_sentence("line one\nline two", 80), "line one");
+        assert_eq!(first_sentence(&"x".repeat(200), 10), format!("{}…", "x".repeat(9)));
+        assert_eq!(first_sentence("v1.2 is out", 80), "v1.2 is out");
     }
 }

@@ -234,6 +234,9 @@ pub(super) fn print_model_calls(t: &keel::session::Timeline) {
         e.bytes_per_token,
         if e.calibrated { "calibrated by the last reported usage" } else { "not yet calibrated" }
     );
+    if let Some(room) = &t.room {
+        println!("room: {}", room.describe());
+    }
 }
 
 /// What a session runs under, in `keel session show`: its model, policy, budget and guards.

@@ -543,6 +543,57 @@ impl Room {
     }
 }
 
+/// Where the room of a session's next request goes, as `keel session show` and `keel chat`
+/// tell a person why a window is tight.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RoomView {
+    /// The model's context window, in tokens, if known.
+    pub window: Option<u64>,
+    /// Of it, the tokens a request may take (the reply's reserve and the estimate's margin
+    /// left out).
+    pub limit: Option<u64>,
+    pub bytes_per_token: f64,
+    /// The request's size.
+    pub bytes: usize,
+    pub tokens: u64,
+    /// Its parts, in bytes.
+    pub parts: Room,
+}
+
+impl RoomView {
+    fn tokens(&self, bytes: usize) -> u64 {
+        (bytes as f64 / self.bytes_per_token).ceil() as u64
+    }
+
+    /// One line: the request's estimated tokens against the window, and its parts.
+    pub fn describe(&self) -> String {
+        let p = &self.parts;
+        let of = match (self.window, self.limit) {
+            (Some(w), Some(l)) => format!(
+                " of a {}-token window ({}%; a request may take {l} with room for the reply)",
+                w,
+                self.tokens * 100 / w.max(1)
+            ),
+            _ => " (no context window known)".to_string(),
+        };
+        format!(
+            "next request ≈ {} tokens{of}: keel {} (tool schemas {}{}), summary {}, kept messages {}, step {}",
+            self.tokens,
+            self.tokens(p.fixed),
+            self.tokens(p.tool_schemas),
+            if p.compact_schemas { ", compact" } else { "" },
+            self.tokens(p.summary),
+            self.tokens(p.kept),
+            self.tokens(p.step),
+        )
+    }
+
+    /// The share of the window the request takes, if the window is known.
+    pub fn used(&self) -> Option<f64> {
+        self.window.map(|w| self.tokens as f64 / w.max(1) as f64)
+    }
+}
+
 #[derive(serde::Deserialize)]
 struct RoleOnly {
     role: String,

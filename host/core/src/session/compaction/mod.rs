@@ -184,6 +184,74 @@ fn grouped<T>(items: &[T], key: impl Fn(&T) -> String, step: impl Fn(&T) -> i64)
         .collect()
 }
 
+/// Bytes of the subjects one group of earlier calls lists, at most.
+pub const SUBJECTS_SHOWN: usize = 480;
+
+/// Earlier calls of the turn, grouped by tool and outcome, each group naming what its calls
+/// were about (their subjects, [`subject`]), bounded by [`SUBJECTS_SHOWN`]:
+/// `fs_write_file → ok ×9 (steps 2–10): /w/a.txt, /w/b.txt, …`.
+fn grouped_subjects(calls: &[TurnCall]) -> Vec<String> {
+    let mut groups: Vec<(String, Vec<&TurnCall>)> = Vec::new();
+    for c in calls {
+        let k = format!("{} → {}", c.tool, c.outcome);
+        match groups.iter_mut().find(|g| g.0 == k) {
+            Some(g) => g.1.push(c),
+            None => groups.push((k, vec![c])),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(k, cs)| {
+            let (a, b) =
+                cs.iter().fold((i64::MAX, i64::MIN), |(a, b), c| (a.min(c.step), b.max(c.step)));
+            let steps = if a == b { format!("step {a}") } else { format!("steps {a}–{b}") };
+            let mut subjects = String::new();
+            let mut listed = 0;
+            for c in &cs {
+                let s = shown(&subject(&c.input));
+                if subjects.len() + s.len() + 2 > SUBJECTS_SHOWN {
+                    break;
+                }
+                if !subjects.is_empty() {
+                    subjects.push_str(", ");
+                }
+                subjects.push_str(&s);
+                listed += 1;
+            }
+            let more = match cs.len() - listed {
+                0 => String::new(),
+                n => format!(", and {n} more (details in the journal)"),
+            };
+            format!("{k} ×{} ({steps}): {subjects}{more}", cs.len())
+        })
+        .collect()
+}
+
+/// Characters of a call's subject shown at most.
+pub const SUBJECT_SHOWN: usize = 48;
+
+/// What a call was about, from its input (cut to [`INPUT_SHOWN`] characters, so perhaps not
+/// whole JSON): the value of its first `path`, `url`, `file`, `name`, `query` or `command`
+/// field, else its first string value, else its start.
+pub fn subject(input: &str) -> String {
+    const KEYS: &[&str] = &["path", "url", "file", "name", "query", "command"];
+    let value = match serde_json::from_str::<serde_json::Value>(input) {
+        Ok(serde_json::Value::Object(m)) => KEYS
+            .iter()
+            .find_map(|k| m.get(*k).and_then(|v| v.as_str()))
+            .or_else(|| m.values().find_map(|v| v.as_str()))
+            .map(str::to_string),
+        _ => {
+            // Cut JSON: the first string after a colon.
+            input.split_once(':').and_then(|(_, rest)| {
+                let rest = rest.trim_start().strip_prefix('"')?;
+                Some(rest.split('"').next().unwrap_or(rest).to_string())
+            })
+        }
+    };
+    clip(value.unwrap_or_else(|| input.to_string()), SUBJECT_SHOWN)
+}
+
 impl Summary {
     /// The summary of the messages up to `to` as the system message shows it, bounded: the
     /// model's lists by [`ENTRY_SHOWN`] and [`ENTRIES_SHOWN`], the journal's by
@@ -244,7 +312,7 @@ impl Summary {
             journal_lines(
                 &self.turn_calls,
                 |t| format!("step {}: {} {} → {}", t.step, t.tool, shown(&t.input), t.outcome),
-                |earlier| grouped(earlier, |t| format!("{} → {}", t.tool, t.outcome), |t| t.step),
+                |earlier| grouped_subjects(earlier),
             ),
         );
         for (title, items) in [
