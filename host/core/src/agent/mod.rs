@@ -615,10 +615,7 @@ impl AgentService {
             .assemble_within(id, within, |c, m, form| {
                 let at = self.tools.catalog_in(c).ok()?;
                 let (loaded, pins) = (&m.capabilities.loaded_tools, &m.capabilities.tool_pins);
-                let json = match form {
-                    crate::session::Schemas::Full => at.tools_json_pinned(loaded, pins),
-                    crate::session::Schemas::Compact => at.tools_json_compact(loaded, pins),
-                };
+                let json = at.tools_json_as(loaded, pins, form);
                 catalog = Some(at);
                 json
             })

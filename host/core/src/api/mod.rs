@@ -280,13 +280,15 @@ impl Harness {
 
     /// Whether a session with `model`'s context window and `prompt` would pass
     /// [`FIXED_SHARE`](crate::session::FIXED_SHARE) of its window with every installed tool's
-    /// schemas (as they are sent, compact, in a small window): such a session loads its tools
-    /// on demand. `false` without a known window.
+    /// schemas (compact, as a small window gets them): such a session loads its tools on
+    /// demand. `false` without a known window.
     fn schemas_past_share(&self, model: &ModelConfig, prompt: &str) -> Result<bool, ApiError> {
         let Some(window) = model.context_window else { return Ok(false) };
         let catalog = self.tools.catalog()?;
         let all: Vec<String> = self.tools.tools()?.into_iter().map(|t| t.name).collect();
-        let schemas = catalog.tools_json_compact(&all, &ToolPins::new()).map_or(0, |j| j.len());
+        let schemas = catalog
+            .tools_json_as(&all, &ToolPins::new(), crate::tools::SchemaForm::Compact)
+            .map_or(0, |j| j.len());
         let tokens = (prompt.len() + schemas) as f64 / crate::session::BYTES_PER_TOKEN;
         Ok(tokens > crate::session::FIXED_SHARE * window as f64)
     }

@@ -45,8 +45,8 @@ pub use install::{
 pub use lease::{LeaseBusy, LeaseRequest, Leases};
 pub use source::{HostCall, HostFuture, HostTool, SourceKind, ToolSource};
 pub use view::{
-    COMPACT_DESCRIPTION, COMPACT_PARAMETER, Catalog, Resolved, ToolPins, compact_schema,
-    first_sentence,
+    COMPACT_DESCRIPTION, COMPACT_PARAMETER, Catalog, MINIMAL_DESCRIPTION, Resolved, SchemaForm,
+    ToolPins, compact_schema, first_sentence,
 };
 
 /// The ToolService of one keel home.

@@ -48,7 +48,7 @@ pub struct Catalog {
     versions: HashMap<(String, String), Arc<Resolved>>,
     /// Serialized `tools` arrays by loaded-tool list (each with the digest it resolves to)
     /// and form (compact or not).
-    tools_json: Mutex<HashMap<(ResolvedList, bool), Option<Arc<str>>>>,
+    tools_json: Mutex<HashMap<(ResolvedList, SchemaForm), Option<Arc<str>>>>,
 }
 
 /// Tool names with the component digest each resolves to.
@@ -90,21 +90,21 @@ impl Catalog {
     /// [`tools_json`](Self::tools_json) for a session with `pins`: each tool as the version
     /// the session runs.
     pub fn tools_json_pinned(&self, loaded: &[String], pins: &ToolPins) -> Option<Arc<str>> {
-        self.schemas(loaded, pins, false)
+        self.tools_json_as(loaded, pins, SchemaForm::Full)
     }
 
-    /// The loaded tools as a small context window gets them ([`compact_schema`]), for a
-    /// session with `pins`.
-    pub fn tools_json_compact(&self, loaded: &[String], pins: &ToolPins) -> Option<Arc<str>> {
-        self.schemas(loaded, pins, true)
-    }
-
-    fn schemas(&self, loaded: &[String], pins: &ToolPins, compact: bool) -> Option<Arc<str>> {
+    /// The loaded tools in schema form `form` ([`SchemaForm`]), for a session with `pins`.
+    pub fn tools_json_as(
+        &self,
+        loaded: &[String],
+        pins: &ToolPins,
+        form: SchemaForm,
+    ) -> Option<Arc<str>> {
         let resolved: Vec<Arc<Resolved>> =
             loaded.iter().filter_map(|name| self.get_pinned(name, pins)).collect();
         let key: Vec<(String, String)> =
             resolved.iter().map(|r| (r.record.name.clone(), r.digest.clone())).collect();
-        let key = (key, compact);
+        let key = (key, form);
         let mut memo = self.tools_json.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(hit) = memo.get(&key) {
             return hit.clone();
@@ -114,9 +114,16 @@ impl Catalog {
             .map(|r| {
                 let (mut description, mut parameters) =
                     (r.record.description.clone(), r.record.input_schema.clone());
-                if compact {
-                    description = first_sentence(&description, COMPACT_DESCRIPTION);
-                    compact_schema(&mut parameters);
+                match form {
+                    SchemaForm::Full => {}
+                    SchemaForm::Compact => {
+                        description = first_sentence(&description, COMPACT_DESCRIPTION);
+                        compact_schema(&mut parameters, false);
+                    }
+                    SchemaForm::Minimal => {
+                        description = first_sentence(&description, MINIMAL_DESCRIPTION);
+                        compact_schema(&mut parameters, true);
+                    }
                 }
                 serde_json::json!({"type": "function", "function": {
                     "name": r.record.name, "description": description,
@@ -139,8 +146,28 @@ impl Catalog {
     }
 }
 
+/// How much of the tools' own descriptions a request carries: keel's fixed part of a request
+/// is kept within a share of the context window, and the schemas give way first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchemaForm {
+    /// As the tools describe themselves.
+    Full,
+    /// Descriptions cut to their first sentence; examples, titles and schema noise dropped
+    /// ([`compact_schema`]).
+    Compact,
+    /// As compact, the tool's description cut shorter ([`MINIMAL_DESCRIPTION`]), and its
+    /// parameters' descriptions and length and count bounds dropped: names, types, enums
+    /// and required lists — what a call must have — are what is left (keel checks the rest
+    /// when the call is made, and says what was wrong).
+    Minimal,
+}
+
 /// Characters of a tool's description its compact schema keeps, at most.
 pub const COMPACT_DESCRIPTION: usize = 160;
+
+/// Characters of a tool's description its minimal schema keeps, at most.
+pub const MINIMAL_DESCRIPTION: usize = 90;
 
 /// Characters of a parameter's description a compact schema keeps, at most.
 pub const COMPACT_PARAMETER: usize = 80;
@@ -164,11 +191,19 @@ pub fn first_sentence(text: &str, max: usize) -> String {
 /// `$schema` URI, formats and null defaults dropped; an optional field's `["T", "null"]` type
 /// written `"T"` (it is optional by not being required). Names, types, enums, required lists
 /// and bounds — what a call must satisfy — are kept.
-pub fn compact_schema(schema: &mut serde_json::Value) {
+///
+/// `minimal` also drops every description and the length and count bounds (the
+/// [`SchemaForm::Minimal`] form).
+pub fn compact_schema(schema: &mut serde_json::Value, minimal: bool) {
     use serde_json::Value;
     let Value::Object(map) = schema else { return };
     for k in ["examples", "example", "title", "$comment", "$schema", "format"] {
         map.remove(k);
+    }
+    if minimal {
+        for k in ["description", "minLength", "maxLength", "minItems", "maxItems"] {
+            map.remove(k);
+        }
     }
     if map.get("default").is_some_and(Value::is_null) {
         map.remove("default");
@@ -188,15 +223,15 @@ pub fn compact_schema(schema: &mut serde_json::Value) {
         match (key.as_str(), value) {
             // Maps of names to schemas: a property may be called `title` or `description`.
             ("properties" | "patternProperties" | "$defs" | "definitions", Value::Object(m)) => {
-                m.values_mut().for_each(compact_schema);
+                m.values_mut().for_each(|v| compact_schema(v, minimal));
             }
             ("anyOf" | "oneOf" | "allOf" | "prefixItems" | "items", Value::Array(a)) => {
-                a.iter_mut().for_each(compact_schema);
+                a.iter_mut().for_each(|v| compact_schema(v, minimal));
             }
             (
                 "items" | "additionalProperties" | "not" | "if" | "then" | "else" | "contains",
                 v @ Value::Object(_),
-            ) => compact_schema(v),
+            ) => compact_schema(v, minimal),
             _ => {}
         }
     }
@@ -486,7 +521,8 @@ mod tests {
                 "mode": {"anyOf": [{"type": "string", "enum": ["a", "b"], "title": "Mode"}]}
             }
         });
-        compact_schema(&mut schema);
+        let mut minimal = schema.clone();
+        compact_schema(&mut schema, false);
         assert_eq!(
             schema,
             serde_json::json!({
@@ -497,6 +533,21 @@ mod tests {
                     "path": {"type": "string", "description": "Path of the file."},
                     "limit": {"type": "integer", "minimum": 0},
                     "title": {"type": "string", "description": "A property named title stays.", "default": "x"},
+                    "mode": {"anyOf": [{"type": "string", "enum": ["a", "b"]}]}
+                }
+            })
+        );
+        compact_schema(&mut minimal, true);
+        assert_eq!(
+            minimal,
+            serde_json::json!({
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["path"],
+                "properties": {
+                    "path": {"type": "string"},
+                    "limit": {"type": "integer", "minimum": 0},
+                    "title": {"type": "string", "default": "x"},
                     "mode": {"anyOf": [{"type": "string", "enum": ["a", "b"]}]}
                 }
             })

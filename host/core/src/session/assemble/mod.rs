@@ -482,26 +482,18 @@ struct Cached {
     tools: Option<Part>,
 }
 
-/// Which form of the tool schemas a request carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Schemas {
-    /// As the tools describe themselves.
-    Full,
-    /// Descriptions cut to their first sentence, examples dropped: for a request whose fixed
-    /// part would otherwise pass [`FIXED_SHARE`] of the window.
-    Compact,
-}
+pub use crate::tools::SchemaForm as Schemas;
 
 /// The share of the context window keel's own part of a request — its head, instructions,
 /// goals, plan, skills, memories and tool schemas — is kept within: past it, the tool schemas
-/// are sent compact.
+/// are sent compact, and past it still, minimal ([`Schemas`]).
 pub const FIXED_SHARE: f64 = 0.4;
 
 /// Where the bytes of a request go: keel's fixed part (the head, the instructions, goals,
 /// plan, skills, memories and tool schemas), the summary of what was compacted, the messages
 /// kept before the current step (the anchor among them), and the step: the newest model reply
 /// with what followed it (or the message that starts a turn).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Room {
     pub fixed: usize,
     /// Of `fixed`, the tool schemas.
@@ -509,8 +501,8 @@ pub struct Room {
     pub summary: usize,
     pub kept: usize,
     pub step: usize,
-    /// Whether the tool schemas were sent compact to keep the fixed part within its share.
-    pub compact_schemas: bool,
+    /// The form the tool schemas were sent in, to keep the fixed part within its share.
+    pub schemas: Schemas,
 }
 
 impl Room {
@@ -522,7 +514,7 @@ impl Room {
         anchor: usize,
         summary: usize,
         tools: usize,
-        compact: bool,
+        schemas: Schemas,
     ) -> Self {
         // The step: from the newest assistant message on, or the last message alone.
         let role = |m: &str| {
@@ -538,7 +530,7 @@ impl Room {
             summary,
             kept,
             step,
-            compact_schemas: compact,
+            schemas,
         }
     }
 }
@@ -581,7 +573,11 @@ impl RoomView {
             self.tokens,
             self.tokens(p.fixed),
             self.tokens(p.tool_schemas),
-            if p.compact_schemas { ", compact" } else { "" },
+            match p.schemas {
+                Schemas::Full => "",
+                Schemas::Compact => ", compact",
+                Schemas::Minimal => ", minimal",
+            },
             self.tokens(p.summary),
             self.tokens(p.kept),
             self.tokens(p.step),
@@ -699,16 +695,20 @@ pub fn assemble(
         + parts.system.text.len()
         + parts.notes.as_ref().map_or(0, |n| n.text.len())
         - parts.summary;
-    let mut schemas = tools(c, &meta, Schemas::Full);
     let over_share = |json: &Option<Arc<str>>| {
         meta.config.model.context_window.is_some_and(|w| {
             let fixed = own + json.as_deref().map_or(0, str::len);
             fixed as f64 / BYTES_PER_TOKEN > FIXED_SHARE * w as f64
         })
     };
-    let compact = over_share(&schemas);
-    if compact {
-        schemas = tools(c, &meta, Schemas::Compact);
+    let mut form = Schemas::Full;
+    let mut schemas = tools(c, &meta, form);
+    for smaller in [Schemas::Compact, Schemas::Minimal] {
+        if !over_share(&schemas) {
+            break;
+        }
+        form = smaller;
+        schemas = tools(c, &meta, form);
     }
     let tools = schemas.map(|json| match cached.tools.take() {
         // The catalog hands out the same schemas while it is unchanged: hash them once.
@@ -745,7 +745,7 @@ pub fn assemble(
         anchor.map_or(0, |(_, a)| a.len() + 1),
         parts.summary,
         tools.as_ref().map_or(0, |t| t.text.len()),
-        compact,
+        form,
     );
     let body_sha256 = sha256_hex(&body);
     let assembled = Assembled {
