@@ -16,7 +16,10 @@
 #   5. a small window: turns that each read a 2-3 KB file in one session, with the server's
 #      own context (`n_ctx` of /props) given to keel as --context-window — the share of turns
 #      answered is printed (run the server with -c 2048 and with -c 4096 to see both).
-#      COMPACTION_TURNS sets how many turns (default 6).
+#      COMPACTION_TURNS sets how many turns (default 6);
+#   6. the prompt cache: the same turns again with the goals, plan and summary in the first
+#      system message (`[model] notes_message = false`) — the prompt tokens of each session's
+#      calls, and how many of them the server evaluated again (those its cache did not hold).
 # Uses a fresh keel home in a temporary directory; the binary is built with cargo unless
 # KEEL_BIN names one. Exit 0 when every check passed.
 set -euo pipefail
@@ -31,7 +34,7 @@ if [[ -z "${KEEL_BIN:-}" ]]; then
   cargo build --release --quiet
   KEEL_BIN="target/release/keel"
 fi
-keel() { "$KEEL_BIN" --home "$HOME_DIR" "$@"; }
+keel() { "$KEEL_BIN" --home "${KH:-$HOME_DIR}" "$@"; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
 field() { python3 -c 'import json,sys; v=json.load(sys.stdin); print(v.get(sys.argv[1]) if isinstance(v.get(sys.argv[1]), str) else json.dumps(v.get(sys.argv[1])))' "$1"; }
 
@@ -108,25 +111,53 @@ for i in $(seq 1 "$TURNS"); do
   python3 -c 'import sys; n=int(sys.argv[1]); print("\n".join(f"line {k}: order {1000+k*n} shipped to warehouse {k%7}" for k in range(60+n*6)))' "$i" \
     >"$HOME_DIR/files/part$i.txt"
 done
-answered=0
-for i in $(seq 1 "$TURNS"); do
-  args=(--session small)
-  [[ "$i" == 1 ]] && args+=(--tools fs_read_file --grant "$HOME_DIR/files=/files:ro" --model-url "$URL" --model "$MODEL" --context-window "$WINDOW" --model-timeout 5m)
-  if [[ "$i" == 1 ]]; then
-    out="$(keel run "Read /files/part$i.txt with fs_read_file and tell me its last line." "${args[@]}" --json)" || true
-  else
-    out="$(keel session send small "Read /files/part$i.txt with fs_read_file and tell me its last line." --json)" || true
-  fi
-  outcome="$(field outcome <<<"$out")"
-  echo "turn $i: $outcome"
-  [[ "$outcome" == "answer" ]] && answered=$((answered + 1))
-done
+# Runs the small-window turns in session $1 of keel home $KH; prints each turn's outcome and
+# sets ANSWERED.
+small_window() {
+  ANSWERED=0
+  for i in $(seq 1 "$TURNS"); do
+    if [[ "$i" == 1 ]]; then
+      out="$(keel run "Read /files/part$i.txt with fs_read_file and tell me its last line." --session "$1" \
+        --tools fs_read_file --grant "$HOME_DIR/files=/files:ro" --model-url "$URL" --model "$MODEL" \
+        --context-window "$WINDOW" --model-timeout 5m --json)" || true
+    else
+      out="$(keel session send "$1" "Read /files/part$i.txt with fs_read_file and tell me its last line." --json)" || true
+    fi
+    outcome="$(field outcome <<<"$out")"
+    echo "turn $i: $outcome"
+    [[ "$outcome" == "answer" ]] && ANSWERED=$((ANSWERED + 1))
+  done
+}
+# The prompt tokens of session $1's model calls, and of them the ones the server's prompt
+# cache held (prompt_tokens_details.cached_tokens, where the server reports it).
+prompt_tokens() {
+  keel session show "$1" --json | python3 -c '
+import json, sys
+calls = json.load(sys.stdin).get("model_calls", [])
+used = [c["usage"] for c in calls if c.get("usage")]
+p = sum(u.get("prompt_tokens", 0) for u in used)
+cached = [u["cached_tokens"] for u in used if u.get("cached_tokens") is not None]
+if cached:
+    print("%d calls: %d prompt tokens, %d evaluated again (%.0f a call)" % (len(used), p, p - sum(cached), (p - sum(cached)) / max(len(used), 1)))
+else:
+    print("%d calls: %d prompt tokens (the server reports no cached tokens)" % (len(used), p))'
+}
+small_window small
 compactions="$(keel session show small --json | python3 -c '
 import json, sys
 c = json.load(sys.stdin).get("checkpoints", [])
 m = sum(1 for x in c if (x.get("summary") or {}).get("mechanical"))
 print("%d compactions (%d mechanical)" % (len(c), m))')"
-echo "small window ($WINDOW tokens): $answered of $TURNS turns answered; $compactions"
-[[ "$answered" == "$TURNS" ]] || fail "$((TURNS - answered)) of $TURNS turns in a $WINDOW-token window were not answered"
+echo "small window ($WINDOW tokens): $ANSWERED of $TURNS turns answered; $compactions"
+keel session show small | grep '^room:' || true
+[[ "$ANSWERED" == "$TURNS" ]] || fail "$((TURNS - ANSWERED)) of $TURNS turns in a $WINDOW-token window were not answered"
+
+echo "== 6. the prompt cache: the notes in a second system message, and in the first"
+echo "notes apart (the default): $(prompt_tokens small)"
+ONE_HOME="$(mktemp -d)"
+trap 'rm -rf "$HOME_DIR" "$ONE_HOME"' EXIT
+printf '[model]\nnotes_message = false\n' >"$ONE_HOME/keel.toml"
+KH="$ONE_HOME" small_window one >/dev/null
+echo "one system message:         $(KH="$ONE_HOME" prompt_tokens one)"
 
 echo "OK: every check passed against $URL"

@@ -323,7 +323,7 @@ async fn a_long_turn_in_a_small_window_runs_each_call_once() {
 /// decision, half are rejected; the summary's journal lists stay bounded, and no turn fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approvals_session_of_150_turns_in_a_small_window_never_fails() {
-    let turns = 150;
+    let turns: usize = 150;
     let window = 2000u64;
     // A call on a user message, an answer on a tool result.
     let responder: Responder = Arc::new(|body: &[u8]| {
@@ -367,7 +367,7 @@ async fn an_approvals_session_of_150_turns_in_a_small_window_never_fails() {
         let Submitted::Ran(keel::agent::TurnOutcome::WaitingApproval(units)) = out else {
             panic!("turn {turn}: {out:?}")
         };
-        let decision = if turn % 2 == 0 { Decision::Approve } else { Decision::Reject };
+        let decision = if turn.is_multiple_of(2) { Decision::Approve } else { Decision::Reject };
         h.internals().brain.decide(&units[0], decision, None, None).await.unwrap().unwrap();
         let out = h.internals().brain.drain(&id, &cancel, &no_events()).await.unwrap().unwrap();
         assert_eq!(answered(out), format!("done t{turn}"), "turn {turn}");

@@ -70,7 +70,7 @@ fn responder() -> Responder {
         let results = msgs[user..].iter().filter(|m| m["role"] == "tool").count();
         let id = format!("c{k}-{results}");
         match results {
-            0 if k % 4 == 0 => Reply::calls(&[(
+            0 if k.is_multiple_of(4) => Reply::calls(&[(
                 &id,
                 "plan_create",
                 r#"{"steps":["read the part","compare it","note the changes"]}"#,

@@ -48,11 +48,14 @@ pub struct Catalog {
     versions: HashMap<(String, String), Arc<Resolved>>,
     /// Serialized `tools` arrays by loaded-tool list (each with the digest it resolves to)
     /// and form (compact or not).
-    tools_json: Mutex<HashMap<(ResolvedList, SchemaForm), Option<Arc<str>>>>,
+    tools_json: Mutex<HashMap<SchemasKey, Option<Arc<str>>>>,
 }
 
 /// Tool names with the component digest each resolves to.
 type ResolvedList = Vec<(String, String)>;
+
+/// A serialized `tools` array's key: the tools it lists and their form.
+type SchemasKey = (ResolvedList, SchemaForm);
 
 /// A session's pins: the component digest it loaded, by tool name.
 pub type ToolPins = std::collections::BTreeMap<String, String>;
@@ -167,7 +170,7 @@ pub enum SchemaForm {
 pub const COMPACT_DESCRIPTION: usize = 160;
 
 /// Characters of a tool's description its minimal schema keeps, at most.
-pub const MINIMAL_DESCRIPTION: usize = 90;
+pub const MINIMAL_DESCRIPTION: usize = 72;
 
 /// Characters of a parameter's description a compact schema keeps, at most.
 pub const COMPACT_PARAMETER: usize = 80;

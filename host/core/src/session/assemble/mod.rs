@@ -29,8 +29,8 @@ pub struct Assembled {
     pub step: i64,
     pub head: Part,
     pub system: Part,
-    /// The second system message: what changes from turn to turn (see [`system_parts`]), when
-    /// the session sends it apart.
+    /// The second system message: what changes from turn to turn (goals, plan, summary, skills,
+    /// memories), when the session sends it apart.
     pub notes: Option<Part>,
     pub tools: Option<Part>,
     pub history_from: i64,

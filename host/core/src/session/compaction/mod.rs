@@ -312,7 +312,7 @@ impl Summary {
             journal_lines(
                 &self.turn_calls,
                 |t| format!("step {}: {} {} → {}", t.step, t.tool, shown(&t.input), t.outcome),
-                |earlier| grouped_subjects(earlier),
+                grouped_subjects,
             ),
         );
         for (title, items) in [
