@@ -690,6 +690,8 @@ async fn capabilities_progress_show_evidence_and_unload_through_the_binary() {
     let out = keel_async(home.path().to_path_buf(), args(&["session", "show", "cap"])).await;
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("user    local:alice"), "{text}");
+    // Where the next request's room goes: the skill is keel's part, with the instructions.
+    assert!(text.contains("room: next request ≈"), "{text}");
     assert!(text.contains("skills  csv-audit"), "{text}");
     assert!(text.contains("skill csv-audit via orchestrator in turn 1"), "{text}");
     assert!(text.contains("the Orchestrator chose skill csv-audit"), "{text}");
@@ -697,6 +699,8 @@ async fn capabilities_progress_show_evidence_and_unload_through_the_binary() {
         keel_async(home.path().to_path_buf(), args(&["session", "show", "cap", "--json"])).await;
     let v = super::json_of(&out);
     assert_eq!(v["user"], "local:alice");
+    assert!(v["room"]["parts"]["fixed"].as_u64().unwrap() > 0, "{}", v["room"]);
+    assert_eq!(v["room"]["parts"]["schemas"], "full");
     assert_eq!(v["orchestrations"][0]["selected"]["skills"][0], "csv-audit");
     let out = keel_async(
         home.path().to_path_buf(),

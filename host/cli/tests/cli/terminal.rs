@@ -218,6 +218,9 @@ async fn terminal_chat_streams_asks_in_place_interrupts_and_leaves() {
     pane.shows("did you mean `/tools`?", 1);
     pane.line("/session");
     pane.shows("policy ", 1);
+    pane.line("/room");
+    let room = pane.shows("next request ≈", 1);
+    assert!(room.contains("(no context window known): keel "), "{room}");
 
     // Ctrl-C interrupts the turn and keeps the session.
     pane.line("Wait for it");

@@ -511,7 +511,15 @@ impl Harness {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
         let mut timeline = self.engine.timeline(id).await?;
-        timeline.room = Some(self.brain.room(id).await?);
+        // Where the next request's room goes: left out (and logged) if it cannot be
+        // assembled now, rather than failing the whole timeline.
+        timeline.room = match self.brain.room(id).await {
+            Ok(room) => Some(room),
+            Err(e) => {
+                tracing::warn!(session = %id, "the next request could not be assembled: {e}");
+                None
+            }
+        };
         Ok(timeline)
     }
 
