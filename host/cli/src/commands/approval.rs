@@ -10,7 +10,8 @@ use keel::sandbox::CancelToken;
 use keel::session::{ApprovalUnit, Decision};
 use serde_json::json;
 
-use super::run::{cancel_on_ctrl_c, fail, open_harness, quiet, report};
+use super::fail;
+use super::turn::{cancel_on_ctrl_c, open_harness, quiet, report};
 use super::{EXIT_SETUP, inert};
 
 #[derive(Args)]

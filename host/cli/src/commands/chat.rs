@@ -289,7 +289,7 @@ impl Chat {
         let state = meta.as_ref().map(|m| m.runtime.state.to_string()).unwrap_or_default();
         let turn = meta.map(|m| m.runtime.turns).unwrap_or(0);
         let tokens = self.h.turn_usage(&Caller::Operator, &self.id, turn).await.unwrap_or_default();
-        eprintln!("keel: {state}{}", super::run::this_turn(&tokens));
+        eprintln!("keel: {state}{}", super::turn::this_turn(&tokens));
         // A window past half full: say where its room goes.
         if let Ok(room) = self.h.room(&Caller::Operator, &self.id).await
             && room.used().is_some_and(|u| u > ROOM_SHOWN_PAST)
@@ -366,7 +366,7 @@ impl Chat {
                 let progress = super::events::Progress::start(&self.h, &self.id).await;
                 let r = self
                     .h
-                    .compact(&Caller::Operator, &self.id, &cancel, &super::run::quiet())
+                    .compact(&Caller::Operator, &self.id, &cancel, &super::turn::quiet())
                     .await;
                 progress.finish().await;
                 match r {

@@ -152,7 +152,7 @@ pub async fn execute(home: PathBuf, cmd: McpCommand) -> ExitCode {
         McpCommand::Inspect(a) | McpCommand::Remove(a) => a.json,
         McpCommand::Refresh(a) => a.json,
     };
-    let (home, harness) = match super::run::open_harness(&home).await {
+    let (home, harness) = match super::turn::open_harness(&home).await {
         Ok(x) => x,
         Err(e) => return super::fail(json, "setup", &e, EXIT_SETUP),
     };

@@ -14,6 +14,7 @@ pub mod skill;
 pub mod store;
 pub mod style;
 pub mod tool;
+pub mod turn;
 pub mod workgroup;
 
 use std::time::Duration;
@@ -223,6 +224,19 @@ impl BudgetArgs {
             ..d
         }
     }
+}
+
+/// The bytes of a component file and its file name's stem, or the error to print (exit
+/// code [`EXIT_REFUSED`]).
+pub(crate) fn read_component(
+    file: &std::path::Path,
+    json: bool,
+) -> Result<(Vec<u8>, String), std::process::ExitCode> {
+    let bytes = std::fs::read(file).map_err(|e| {
+        fail(json, "io", &format!("cannot read {}: {e}", file.display()), EXIT_REFUSED)
+    })?;
+    let stem = file.file_stem().and_then(|s| s.to_str()).unwrap_or("component").to_string();
+    Ok((bytes, stem))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use keel::api::Caller;
 use keel::sandbox::Grant;
 use serde_json::json;
 
-use super::run::open_harness;
+use super::turn::open_harness;
 use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, fail, inert};
 
 #[derive(Args)]

@@ -161,7 +161,7 @@ pub fn sign(home: &Path, a: SignArgs) -> ExitCode {
         }
         Err(e) => return fail(a.json, "keys", &e.to_string(), EXIT_SETUP),
     };
-    let bytes = match super::tool::read_component(&a.file, a.json) {
+    let bytes = match super::read_component(&a.file, a.json) {
         Ok((bytes, _)) => bytes,
         Err(code) => return code,
     };
@@ -234,7 +234,7 @@ pub struct VerifyArgs {
 /// `keel tool verify`: exit 0 when the component is signed by the key given, or by a trusted
 /// key whose scope covers it; 2 otherwise, naming what failed.
 pub async fn verify(home: &PathBuf, a: VerifyArgs) -> ExitCode {
-    let bytes = match super::tool::read_component(&a.file, a.json) {
+    let bytes = match super::read_component(&a.file, a.json) {
         Ok((bytes, _)) => bytes,
         Err(code) => return code,
     };
@@ -262,7 +262,7 @@ pub async fn verify(home: &PathBuf, a: VerifyArgs) -> ExitCode {
     let package = a.package.clone().unwrap_or_else(|| {
         a.file.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string()
     });
-    let harness = match super::run::open_harness(home).await {
+    let harness = match super::turn::open_harness(home).await {
         Ok((_, h)) => h,
         Err(e) => return fail(a.json, "setup", &e, EXIT_SETUP),
     };
@@ -333,7 +333,7 @@ pub async fn trust(home: &PathBuf, cmd: TrustCommand) -> ExitCode {
         TrustCommand::List(a) => a.json,
         TrustCommand::Remove(a) => a.json,
     };
-    let harness = match super::run::open_harness(home).await {
+    let harness = match super::turn::open_harness(home).await {
         Ok((_, h)) => h,
         Err(e) => return fail(json, "setup", &e, EXIT_SETUP),
     };

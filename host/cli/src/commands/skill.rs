@@ -184,7 +184,7 @@ pub async fn execute(home: PathBuf, cmd: SkillCommand) -> ExitCode {
         SkillCommand::Inspect(a) => a.json,
         SkillCommand::Remove(a) => a.json,
     };
-    let h = match super::run::open_harness(&home).await {
+    let h = match super::turn::open_harness(&home).await {
         Ok((_, h)) => h,
         Err(e) => return super::fail(json, "setup", &e, EXIT_SETUP),
     };
@@ -416,7 +416,7 @@ pub async fn memory(home: PathBuf, cmd: MemoryCommand) -> ExitCode {
         MemoryCommand::Add(a) => a.json,
         MemoryCommand::Remove(a) => a.json,
     };
-    let h = match super::run::open_harness(&home).await {
+    let h = match super::turn::open_harness(&home).await {
         Ok((_, h)) => h,
         Err(e) => return super::fail(json, "setup", &e, EXIT_SETUP),
     };

@@ -203,7 +203,7 @@ pub async fn execute(home: PathBuf, cmd: ToolCommand) -> ExitCode {
         ToolCommand::Call(a) => a.json,
         ToolCommand::New(_) | ToolCommand::Sign(_) | ToolCommand::Verify(_) => false,
     };
-    let service = match super::run::open_harness(&home).await {
+    let service = match super::turn::open_harness(&home).await {
         Ok((_, h)) => h,
         Err(e) => return super::fail(json, "setup", &e, EXIT_SETUP),
     };
@@ -363,7 +363,7 @@ fn list(service: &Harness, json_out: bool) -> ExitCode {
 }
 
 async fn publish(service: &Harness, a: PublishArgs) -> ExitCode {
-    let (bytes, _) = match read_component(&a.file, a.to.json) {
+    let (bytes, _) = match super::read_component(&a.file, a.to.json) {
         Ok(x) => x,
         Err(code) => return code,
     };
@@ -464,22 +464,13 @@ async fn outdated(service: &Harness, a: OutdatedArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// The bytes of a component file, or the error to print.
-pub(super) fn read_component(file: &Path, json: bool) -> Result<(Vec<u8>, String), ExitCode> {
-    let bytes = std::fs::read(file).map_err(|e| {
-        super::fail(json, "io", &format!("cannot read {}: {e}", file.display()), EXIT_REFUSED)
-    })?;
-    let stem = file.file_stem().and_then(|s| s.to_str()).unwrap_or("component").to_string();
-    Ok((bytes, stem))
-}
-
 async fn inspect_file(
     service: &Harness,
     file: &Path,
     name: Option<String>,
     json: bool,
 ) -> ExitCode {
-    let (bytes, stem) = match read_component(file, json) {
+    let (bytes, stem) = match super::read_component(file, json) {
         Ok(x) => x,
         Err(code) => return code,
     };
@@ -658,7 +649,7 @@ async fn call(service: &Harness, a: CallArgs) -> ExitCode {
     let called = match &a.wasm {
         None => service.call_tool(&Caller::Operator, req).await,
         Some(file) => {
-            let (bytes, stem) = match read_component(file, a.json) {
+            let (bytes, stem) = match super::read_component(file, a.json) {
                 Ok(x) => x,
                 Err(code) => return code,
             };

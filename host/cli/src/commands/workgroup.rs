@@ -9,7 +9,8 @@ use keel::harness::Harness;
 use keel::session::workgroup::{Member, Workgroup};
 use serde_json::json;
 
-use super::run::{EXIT_WAITING, fail, open_harness};
+use super::fail;
+use super::turn::{EXIT_WAITING, open_harness};
 use super::{EXIT_SETUP, inert};
 
 #[derive(Subcommand)]

@@ -11,7 +11,7 @@ use serde_json::json;
 
 mod show;
 
-use super::run::{cancel_on_ctrl_c, open_harness, quiet, report, streaming};
+use super::turn::{cancel_on_ctrl_c, open_harness, quiet, report, streaming};
 use super::{EXIT_REFUSED, EXIT_SETUP, inert, inert_block};
 use show::{
     print_capabilities, print_checkpoint, print_model_calls, print_plan, print_settings,
