@@ -15,41 +15,9 @@ use serde_json::Value;
 
 const SUMMARY_MARK: &str = "Earlier conversation, summarized";
 
-/// Session `id` with the model at `url`, a context window of `window` tokens, `tools`, and
-/// the policy `policy` (task understanding off).
-async fn session(
-    h: &keel::harness::Harness,
-    id: &str,
-    url: &str,
-    window: Option<u64>,
-    tools: &[&str],
-    grants: Vec<Grant>,
-    policy: Policy,
-) {
-    let mut model = keel::model::ModelConfig::new(url, "test-model");
-    model.context_window = window;
-    model.max_retries = 0;
-    h.internals()
-        .engine
-        .create(NewSession {
-            pins: Default::default(),
-            id: Some(id.into()),
-            grants,
-            net: Default::default(),
-            tools: tools.iter().map(|t| t.to_string()).collect(),
-            policy,
-            budget: Budget { timeout: std::time::Duration::from_secs(20), ..Budget::default() },
-            model,
-            system_prompt: "You are a test agent.".into(),
-            guards: Some(LoopGuards { max_steps: 40, ..LoopGuards::default() }),
-            preprocess: None,
-            user: None,
-            named_tools: true,
-            owner: None,
-        })
-        .await
-        .unwrap();
-}
+/// Session `id` with the model at `url`, a context window of `window` tokens, `tools`,
+/// grants and a policy (task understanding off).
+use keel_tests::windowed_session as session;
 
 async fn harness(dir: &std::path::Path, url: &str) -> keel::harness::Harness {
     harness_with_session(dir, url, "unused", &[], Vec::new(), LoopGuards::default()).await

@@ -8,8 +8,8 @@ use keel::agent::LoopGuards;
 use keel::brain::Submitted;
 use keel::caller::Caller;
 use keel::ids::SessionId;
-use keel::sandbox::{Access, Budget, CancelToken, Grant};
-use keel::session::{Decision, NewSession, Policy};
+use keel::sandbox::{Access, CancelToken, Grant};
+use keel::session::{Decision, Policy};
 use keel_tests::mock_model::{MockModel, Reply, Responder};
 use keel_tests::{answered, harness_with_session, install_effects, no_events, system_of};
 use serde_json::Value;
@@ -30,29 +30,8 @@ async fn session(
     work: &std::path::Path,
     policy: Policy,
 ) {
-    let mut model = keel::model::ModelConfig::new(url, "test-model");
-    model.context_window = window;
-    model.max_retries = 0;
-    h.internals()
-        .engine
-        .create(NewSession {
-            pins: Default::default(),
-            id: Some(id.into()),
-            grants: vec![Grant::new(work, "/work", Access::Rw).unwrap()],
-            net: Default::default(),
-            tools: tools.iter().map(|t| t.to_string()).collect(),
-            policy,
-            budget: Budget { timeout: std::time::Duration::from_secs(20), ..Budget::default() },
-            model,
-            system_prompt: "You are a test agent.".into(),
-            guards: Some(LoopGuards { max_steps: 40, ..LoopGuards::default() }),
-            preprocess: None,
-            user: None,
-            named_tools: true,
-            owner: None,
-        })
-        .await
-        .unwrap();
+    let grants = vec![Grant::new(work, "/work", Access::Rw).unwrap()];
+    keel_tests::windowed_session(h, id, url, window, tools, grants, policy).await;
 }
 
 fn json(body: &[u8]) -> Value {

@@ -86,6 +86,12 @@ fn responder() -> Responder {
     })
 }
 
+/// A harness on a fresh home in `dir`, its sessions' model at `url`.
+async fn harness(dir: &std::path::Path, url: &str) -> keel::harness::Harness {
+    let guards = keel::agent::LoopGuards::default();
+    keel_tests::harness_with_session(dir, url, "unused", &[], Vec::new(), guards).await
+}
+
 async fn fixed_parts(h: &keel::harness::Harness, url: &str) {
     println!("keel's fixed part of a new session with every installed tool, default instructions:");
     println!(
@@ -121,15 +127,7 @@ async fn reevaluated(notes_message: bool, turns: usize) -> (usize, usize, usize,
     let dir = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
     std::fs::write(work.path().join("part.txt"), "a part of the report\n".repeat(20)).unwrap();
-    let h = keel_tests::harness_with_session(
-        dir.path(),
-        &model.url(),
-        "unused",
-        &[],
-        Vec::new(),
-        keel::agent::LoopGuards::default(),
-    )
-    .await;
+    let h = harness(dir.path(), &model.url()).await;
     let mut spec = keel_tests::session_spec(
         &model.url(),
         "s",
@@ -177,15 +175,7 @@ fn main() {
     rt.block_on(async move {
         let model = MockModel::start(Vec::new()).await;
         let dir = tempfile::tempdir().unwrap();
-        let h = keel_tests::harness_with_session(
-            dir.path(),
-            &model.url(),
-            "unused",
-            &[],
-            Vec::new(),
-            keel::agent::LoopGuards::default(),
-        )
-        .await;
+        let h = harness(dir.path(), &model.url()).await;
         fixed_parts(&h, &model.url()).await;
         println!(
             "\nprompt re-evaluated by a server with a prompt cache, ChatML rendering, {turns} turns, 4,096-token window:"

@@ -290,6 +290,46 @@ pub fn log_lines(dir: &Path, name: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Creates session `id` on `h` directly on the engine: the model at `url` with context window
+/// `window` and no retries, `tools` (named), `grants`, `policy`, a 20 s deadline per call, 40
+/// steps a turn, task understanding off.
+pub async fn windowed_session(
+    h: &keel::harness::Harness,
+    id: &str,
+    url: &str,
+    window: Option<u64>,
+    tools: &[&str],
+    grants: Vec<Grant>,
+    policy: keel::session::Policy,
+) {
+    let mut model = keel::model::ModelConfig::new(url, "test-model");
+    model.context_window = window;
+    model.max_retries = 0;
+    h.internals()
+        .engine
+        .create(keel::session::NewSession {
+            pins: Default::default(),
+            id: Some(id.into()),
+            grants,
+            net: Default::default(),
+            tools: tools.iter().map(|t| t.to_string()).collect(),
+            policy,
+            budget: keel::sandbox::Budget {
+                timeout: std::time::Duration::from_secs(20),
+                ..keel::sandbox::Budget::default()
+            },
+            model,
+            system_prompt: "You are a test agent.".into(),
+            guards: Some(keel::agent::LoopGuards { max_steps: 40, ..Default::default() }),
+            preprocess: None,
+            user: None,
+            named_tools: true,
+            owner: None,
+        })
+        .await
+        .unwrap();
+}
+
 /// A session's settings for the use-case API: id `id`, these grants and tools, the default
 /// policy and budget, the model at `url`, at most five steps a turn.
 pub fn session_spec(
