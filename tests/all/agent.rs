@@ -24,7 +24,7 @@ fn ws() -> (tempfile::TempDir, Vec<Grant>) {
 fn bodies(h: &keel::harness::Harness, id: &str) -> Vec<Value> {
     let rt = tokio::runtime::Handle::current();
     let t = tokio::task::block_in_place(|| {
-        rt.block_on(h.internals().engine.timeline(&SessionId::from(id)))
+        rt.block_on(keel::views::Views::of(&h.internals().engine).timeline(&SessionId::from(id)))
     })
     .unwrap();
     t.messages.into_iter().map(|m| m.body).collect()
@@ -65,15 +65,14 @@ async fn one_tool_turn_and_byte_identical_evidence() {
     let result: Value = serde_json::from_str(msgs[2]["content"].as_str().unwrap()).unwrap();
     assert_eq!(result["content"], "alpha");
     assert_eq!(msgs[3], json!({"role": "assistant", "content": "The file says alpha."}));
-    let meta = h.internals().engine.meta(&SessionId::from("s1")).await.unwrap();
+    let meta =
+        keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("s1")).await.unwrap();
     assert_eq!(meta.runtime.state, RuntimeState::Idle);
     // Evidence: what the server received, byte for byte.
     let received = model.requests();
     assert_eq!(received.len(), 2);
     for (i, body) in received.iter().enumerate() {
-        let (step, evidence) = h
-            .internals()
-            .engine
+        let (step, evidence) = keel::assembly::Assembly::of(&h.internals().engine)
             .evidence(&SessionId::from("s1"), Some(i as i64 + 1))
             .await
             .unwrap();
@@ -147,7 +146,10 @@ async fn side_effects_run_in_order_with_intent_then_result() {
     assert_eq!(read["content"], "bravo", "the read ran after the write");
     let write: Value = serde_json::from_str(msgs[2]["content"].as_str().unwrap()).unwrap();
     assert_eq!(write["changes"]["created"][0]["path"], "/w/b.txt");
-    let tl = h.internals().engine.timeline(&SessionId::from("w")).await.unwrap();
+    let tl = keel::views::Views::of(&h.internals().engine)
+        .timeline(&SessionId::from("w"))
+        .await
+        .unwrap();
     let statuses: Vec<(String, String)> =
         tl.tool_calls.iter().map(|c| (c.entry.tool.clone(), c.entry.status.to_string())).collect();
     assert_eq!(
@@ -226,7 +228,11 @@ async fn g2_retryable_failures_are_retried_then_fail_clearly_without_partial_com
     }
     assert_eq!(bodies(&h, "r"), [json!({"role": "user", "content": "hello"})], "no partial commit");
     assert_eq!(
-        h.internals().engine.meta(&SessionId::from("r")).await.unwrap().runtime.state,
+        keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("r"))
+            .await
+            .unwrap()
+            .runtime
+            .state,
         RuntimeState::Failed
     );
     // The next input runs normally (the scripted answer is next).
@@ -298,7 +304,11 @@ async fn loop_guards_end_the_turn_with_a_notice() {
     let last = bodies(&h, "steps").pop().unwrap();
     assert!(last["content"].as_str().unwrap().starts_with("[keel] Turn stopped"));
     assert_eq!(
-        h.internals().engine.meta(&SessionId::from("steps")).await.unwrap().runtime.state,
+        keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("steps"))
+            .await
+            .unwrap()
+            .runtime
+            .state,
         RuntimeState::Idle
     );
 }
@@ -332,7 +342,11 @@ async fn a7_interrupt_during_a_model_call_and_during_a_running_tool() {
         assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
         interrupter.await.unwrap();
         assert_eq!(
-            h.internals().engine.meta(&SessionId::from("int")).await.unwrap().runtime.state,
+            keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("int"))
+                .await
+                .unwrap()
+                .runtime
+                .state,
             RuntimeState::Interrupted
         );
     }
@@ -440,8 +454,10 @@ async fn the_api_key_never_reaches_the_database_or_the_evidence() {
     .await
     .unwrap();
     assert_eq!(submit(&keyed, "k", "hi").await, Submitted::Ran(TurnOutcome::Answer("ok".into())));
-    let (_, evidence) =
-        keyed.internals().engine.evidence(&SessionId::from("k"), None).await.unwrap();
+    let (_, evidence) = keel::assembly::Assembly::of(&keyed.internals().engine)
+        .evidence(&SessionId::from("k"), None)
+        .await
+        .unwrap();
     assert!(!String::from_utf8_lossy(&evidence).contains(KEY));
     // The session's events (in the files scanned below) were written too.
     assert!(keyed.internals().engine.last_event(&SessionId::from("k")).await.unwrap() >= 6);
@@ -459,7 +475,7 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
     use keel::session::{NewSession, Policy, SessionEngine};
     let home = tempfile::tempdir().unwrap();
     let path = home.path().join("keel.db");
-    let a = SessionEngine::new(keel_tests::db_of(&path));
+    let a = SessionEngine::new(keel_tests::db_of(&path), keel::meta::REACTIONS);
     // Session `s`, no tools or grants, with `prompt`.
     let session = |prompt: &str| NewSession {
         pins: Default::default(),
@@ -478,7 +494,7 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
         preprocess: None,
     };
     a.create(session("p")).await.unwrap();
-    let b = SessionEngine::new(keel_tests::db_of(&path));
+    let b = SessionEngine::new(keel_tests::db_of(&path), keel::meta::REACTIONS);
     for i in 0..6 {
         // Alternate the writer: this engine, then "another process".
         let writer = if i % 2 == 0 { &a } else { &b };
@@ -502,7 +518,10 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
     assert_eq!(mine.0.runtime.state, keel::session::RuntimeState::Failed);
     assert_eq!(mine, full);
     let version = mine.1.meta_version;
-    b.add_tools(&SessionId::from("s"), vec!["fs_read_file".into()]).await.unwrap();
+    keel::preparation::Preparation::of(&b)
+        .add_tools(&SessionId::from("s"), vec!["fs_read_file".into()])
+        .await
+        .unwrap();
     let (mine, full) = assemble_twice(&a, &path).await;
     assert_eq!(mine.0.capabilities.loaded_tools, ["fs_read_file"]);
     assert_eq!(mine.1.tools.as_ref().unwrap().text.as_ref(), "[\"fs_read_file\"]");
@@ -569,7 +588,7 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
     assert_eq!(mine, full);
 }
 
-type Assembly = (keel::session::SessionMeta, keel::session::Assembled);
+type Assembly = (keel::meta::SessionMeta, keel::assembly::Assembled);
 
 /// The next request of session `s`, assembled by `engine` (with whatever it has cached) and by
 /// a fresh engine reading everything.
@@ -581,8 +600,8 @@ async fn assemble_twice(
     static SCHEMAS: std::sync::Mutex<Vec<(Vec<String>, std::sync::Arc<str>)>> =
         std::sync::Mutex::new(Vec::new());
     let tools = |_: &keel::sql::Connection,
-                 m: &keel::session::SessionMeta,
-                 _: keel::session::Schemas|
+                 m: &keel::meta::SessionMeta,
+                 _: keel::assembly::Schemas|
      -> Option<std::sync::Arc<str>> {
         if m.capabilities.loaded_tools.is_empty() {
             return None;
@@ -596,9 +615,11 @@ async fn assemble_twice(
         known.push((m.capabilities.loaded_tools.clone(), json.clone()));
         Some(json)
     };
-    let mine = engine.assemble(&SessionId::from("s"), tools).await.unwrap();
-    let fresh = keel::session::SessionEngine::new(keel_tests::db_of(path));
-    let full = fresh.assemble(&SessionId::from("s"), tools).await.unwrap();
+    let mine =
+        keel::assembly::Assembly::of(&engine).assemble(&SessionId::from("s"), tools).await.unwrap();
+    let fresh = keel::session::SessionEngine::new(keel_tests::db_of(path), keel::meta::REACTIONS);
+    let full =
+        keel::assembly::Assembly::of(&fresh).assemble(&SessionId::from("s"), tools).await.unwrap();
     (mine, full)
 }
 
@@ -624,8 +645,7 @@ async fn evidence_parts_are_stored_once_and_again_when_they_change() {
     .await;
     assert!(matches!(submit(&h, "s", "Read a.txt").await, Submitted::Ran(TurnOutcome::Answer(_))));
     // The session's tool schemas change: the new ones must be stored with the next request.
-    h.internals()
-        .engine
+    keel::preparation::Preparation::of(&h.internals().engine)
         .add_tools(&SessionId::from("s"), vec!["fs_list_dir".into()])
         .await
         .unwrap();
@@ -633,13 +653,24 @@ async fn evidence_parts_are_stored_once_and_again_when_they_change() {
     let received = model.requests();
     assert_eq!(received.len(), 4);
     for (i, body) in received.iter().enumerate() {
-        let (step, evidence) =
-            h.internals().engine.evidence(&SessionId::from("s"), Some(i as i64 + 1)).await.unwrap();
+        let (step, evidence) = keel::assembly::Assembly::of(&h.internals().engine)
+            .evidence(&SessionId::from("s"), Some(i as i64 + 1))
+            .await
+            .unwrap();
         assert_eq!(&evidence, body, "evidence of step {step} differs from the request");
         // A fresh engine, which knows of no stored part, rebuilds it the same way.
-        let fresh =
-            keel::session::SessionEngine::new(keel_tests::db_of(&home.path().join("keel.db")));
-        assert_eq!(&fresh.evidence(&SessionId::from("s"), Some(step)).await.unwrap().1, body);
+        let fresh = keel::session::SessionEngine::new(
+            keel_tests::db_of(&home.path().join("keel.db")),
+            keel::meta::REACTIONS,
+        );
+        assert_eq!(
+            &keel::assembly::Assembly::of(&fresh)
+                .evidence(&SessionId::from("s"), Some(step))
+                .await
+                .unwrap()
+                .1,
+            body
+        );
     }
     // One head, one system message, one notes message (the goals), two sets of tool
     // schemas: each stored once.
@@ -703,7 +734,11 @@ async fn g2_oversized_and_absurd_replies_fail_clearly_and_the_session_goes_on() 
         ["one", "two", "three"].iter().map(|t| json!({"role": "user", "content": t})).collect();
     assert_eq!(bodies(&h, "big"), users);
     assert_eq!(
-        h.internals().engine.meta(&SessionId::from("big")).await.unwrap().runtime.state,
+        keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("big"))
+            .await
+            .unwrap()
+            .runtime
+            .state,
         RuntimeState::Failed
     );
     assert_eq!(
@@ -735,7 +770,11 @@ async fn guards_of_zero_are_raised_and_never_leave_a_turn_running() {
         Submitted::Ran(TurnOutcome::Answer("one call is allowed".into()))
     );
     assert_eq!(
-        h.internals().engine.meta(&SessionId::from("z")).await.unwrap().runtime.state,
+        keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("z"))
+            .await
+            .unwrap()
+            .runtime
+            .state,
         RuntimeState::Idle
     );
     // The step limit (1) ends the next turn after its one call, with the notice, idle.
@@ -744,7 +783,8 @@ async fn guards_of_zero_are_raised_and_never_leave_a_turn_running() {
         matches!(&out, Submitted::Ran(TurnOutcome::Stopped(n)) if n.contains("limit of 1 model calls")),
         "{out:?}"
     );
-    let meta = h.internals().engine.meta(&SessionId::from("z")).await.unwrap();
+    let meta =
+        keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("z")).await.unwrap();
     assert_eq!(meta.runtime.state, RuntimeState::Idle);
     assert_eq!(meta.runtime.active_turn, None);
 }
@@ -772,7 +812,11 @@ async fn a_model_url_that_cannot_work_fails_at_once_without_retries() {
         other => panic!("expected a failed turn, got {other:?}"),
     }
     assert_eq!(
-        h.internals().engine.meta(&SessionId::from("u")).await.unwrap().runtime.state,
+        keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("u"))
+            .await
+            .unwrap()
+            .runtime
+            .state,
         RuntimeState::Failed
     );
 }
@@ -813,7 +857,11 @@ async fn a_redirecting_model_server_fails_the_call_at_once_naming_the_new_addres
         // Only the user's input is in the history: nothing of the call was committed.
         assert_eq!(bodies(&h, "r").len(), 1);
         assert_eq!(
-            h.internals().engine.meta(&SessionId::from("r")).await.unwrap().runtime.state,
+            keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("r"))
+                .await
+                .unwrap()
+                .runtime
+                .state,
             RuntimeState::Failed
         );
     }
@@ -964,7 +1012,10 @@ async fn h4_a_session_keeps_the_component_version_it_loaded_until_told_to_upgrad
     .await;
     let old = h.internals().tools.resolve("echo").unwrap().digest.clone();
     let pins = h.internals().tools.current_pins(&["echo".to_string()]).unwrap();
-    h.internals().engine.pin_tools(&SessionId::from("s"), pins, false).await.unwrap();
+    keel::preparation::Preparation::of(&h.internals().engine)
+        .pin_tools(&SessionId::from("s"), pins, false)
+        .await
+        .unwrap();
     assert_eq!(submit(&h, "s", "one").await, Submitted::Ran(TurnOutcome::Answer("first".into())));
     // The admin upgrades the component (a custom section: a new digest, the same tools).
     let mut bytes = std::fs::read(keel_tests::guests::HOSTILE_COMPONENT).unwrap();
@@ -983,17 +1034,22 @@ async fn h4_a_session_keeps_the_component_version_it_loaded_until_told_to_upgrad
     // Pinning again without an upgrade keeps what the session loaded.
     let pins = h.internals().tools.current_pins(&["echo".to_string()]).unwrap();
     assert!(
-        h.internals()
-            .engine
+        keel::preparation::Preparation::of(&h.internals().engine)
             .pin_tools(&SessionId::from("s"), pins.clone(), false)
             .await
             .unwrap()
             .is_empty()
     );
-    let changed = h.internals().engine.pin_tools(&SessionId::from("s"), pins, true).await.unwrap();
+    let changed = keel::preparation::Preparation::of(&h.internals().engine)
+        .pin_tools(&SessionId::from("s"), pins, true)
+        .await
+        .unwrap();
     assert_eq!(changed, vec![("echo".to_string(), Some(old.clone()), new.clone())]);
     assert_eq!(submit(&h, "s", "three").await, Submitted::Ran(TurnOutcome::Answer("third".into())));
-    let t = h.internals().engine.timeline(&SessionId::from("s")).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine)
+        .timeline(&SessionId::from("s"))
+        .await
+        .unwrap();
     let ran: Vec<(String, Option<String>)> = t
         .tool_calls
         .iter()
@@ -1062,7 +1118,10 @@ async fn g5_a_tool_call_cut_by_the_token_limit_never_poisons_the_history() {
         assert!(text.contains("cut off by the token limit"), "{text}");
     }
     // The raw text is kept: in the journal and in the stored message.
-    let t = h.internals().engine.timeline(&SessionId::from("s")).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine)
+        .timeline(&SessionId::from("s"))
+        .await
+        .unwrap();
     assert_eq!(t.tool_calls[0].entry.input, "{\"text\": \"abc");
     let stored = t.messages.iter().find(|m| m.body["tool_calls"].is_array()).unwrap();
     assert_eq!(stored.body["tool_calls"][0]["function"]["arguments"], "{\"text\": \"abc");
@@ -1140,9 +1199,7 @@ async fn a_sessions_loop_guards_are_stored_and_used_by_every_turn() {
         .await
         .unwrap();
     assert_eq!(
-        h.internals()
-            .engine
-            .meta(&SessionId::from("g"))
+        keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("g"))
             .await
             .unwrap()
             .config
@@ -1159,7 +1216,10 @@ async fn a_sessions_loop_guards_are_stored_and_used_by_every_turn() {
         }
     }
     assert_eq!(model.requests().len(), 4, "two model calls per turn, not 24");
-    let t = h.internals().engine.timeline(&SessionId::from("g")).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine)
+        .timeline(&SessionId::from("g"))
+        .await
+        .unwrap();
     let notices = t
         .messages
         .iter()
@@ -1248,7 +1308,10 @@ async fn two_tasks_of_one_process_never_run_one_session_at_once() {
     assert!(matches!(second, Submitted::Queued { .. }), "{second:?}");
     // The first task ran both turns, one after the other.
     assert_eq!(first.await.unwrap(), Submitted::Ran(TurnOutcome::Answer("two".into())));
-    let t = h.internals().engine.timeline(&SessionId::from("par")).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine)
+        .timeline(&SessionId::from("par"))
+        .await
+        .unwrap();
     let order: Vec<String> = t
         .messages
         .iter()

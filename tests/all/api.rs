@@ -69,7 +69,7 @@ async fn an_approval_flow_through_the_api_and_its_typed_refusals() {
 
     let tools = Some(vec!["effect_send".to_string()]);
     let id = h.create_session(&Caller::Operator, spec(&model.url(), grants, tools)).await.unwrap();
-    let meta = h.internals().engine.meta(&id).await.unwrap();
+    let meta = keel::meta::SessionMeta::read(&h.internals().engine, &id).await.unwrap();
     assert_eq!(meta.config.guards.map(|g| g.max_steps), Some(5), "the loop guards are stored");
     assert!(meta.capabilities.tool_pins.contains_key("effect_send"), "the loaded tool is pinned");
     let e =
@@ -97,7 +97,10 @@ async fn an_approval_flow_through_the_api_and_its_typed_refusals() {
         Some(Submitted::Ran(TurnOutcome::Answer("sent".into())))
     );
     assert_eq!(log_lines(work.path(), "sent.log"), ["hello"]);
-    assert_eq!(h.internals().engine.meta(&id).await.unwrap().runtime.state, RuntimeState::Idle);
+    assert_eq!(
+        keel::meta::SessionMeta::read(&h.internals().engine, &id).await.unwrap().runtime.state,
+        RuntimeState::Idle
+    );
 }
 
 /// Who may see and do what is decided by the core's use cases, for any front-end: a user
@@ -167,7 +170,7 @@ async fn a_callers_rights_are_decided_by_the_core() {
         Err(e) => assert_eq!(e.kind(), "not_found", "{e}"),
         Ok(_) => panic!("bob sees alice's session"),
     }
-    let ids = |v: Vec<keel::session::SessionSummary>| -> Vec<String> {
+    let ids = |v: Vec<keel::views::SessionSummary>| -> Vec<String> {
         v.into_iter().map(|s| s.id.to_string()).collect()
     };
     assert_eq!(ids(h.sessions(&alice).await.unwrap()), [id.to_string()]);
@@ -223,10 +226,11 @@ async fn the_session_facts_are_four_sub_owners_read_alone_and_shown_flat() {
     assert!(matches!(sent, Submitted::Ran(TurnOutcome::WaitingApproval(_))), "{sent:?}");
 
     let engine = &h.internals().engine;
-    let meta = engine.meta(&id).await.unwrap();
+    let meta = keel::meta::SessionMeta::read(engine, &id).await.unwrap();
+    let preparation = keel::preparation::Preparation::of(engine);
     assert_eq!(engine.config(&id).await.unwrap(), meta.config);
-    assert_eq!(engine.task(&id).await.unwrap(), meta.task);
-    assert_eq!(engine.loaded(&id).await.unwrap(), meta.capabilities);
+    assert_eq!(preparation.task(&id).await.unwrap(), meta.task);
+    assert_eq!(preparation.loaded(&id).await.unwrap(), meta.capabilities);
     assert_eq!(engine.runtime(&id).await.unwrap(), meta.runtime);
     assert_eq!(meta.runtime.state, RuntimeState::WaitingApproval);
     assert_eq!(meta.runtime.active_turn, Some(1));

@@ -10,9 +10,9 @@ use keel::agent::{LoopGuards, TurnOutcome};
 use keel::api::Caller;
 use keel::brain::Submitted;
 use keel::harness::Harness;
+use keel::preparation::capabilities::{Kind, Via};
 use keel::sandbox::CancelToken;
 use keel::session::SessionEvent;
-use keel::session::capabilities::{Kind, Via};
 use keel_tests::mock_model::{MockModel, Reply};
 use keel_tests::{answered, harness_with_session, no_events, system_of};
 use serde_json::Value;
@@ -440,12 +440,11 @@ async fn h4_a_session_keeps_the_skill_version_it_loaded() {
     install(&h, skills.path(), "csv-audit", CSV_AUDIT).await;
     session(&h, &model.url(), "old", "alice", &[]).await;
     session(&h, &model.url(), "new", "alice", &[]).await;
-    let load = keel::session::capabilities::Selection {
+    let load = keel::preparation::capabilities::Selection {
         skills: vec!["csv-audit".into()],
         ..Default::default()
     };
-    h.internals()
-        .engine
+    keel::preparation::Preparation::of(&h.internals().engine)
         .add_capabilities(&SessionId::from("old"), load.clone(), Via::Admin)
         .await
         .unwrap();
@@ -467,7 +466,10 @@ async fn h4_a_session_keeps_the_skill_version_it_loaded() {
     )
     .await
     .unwrap();
-    h.internals().engine.add_capabilities(&SessionId::from("new"), load, Via::Admin).await.unwrap();
+    keel::preparation::Preparation::of(&h.internals().engine)
+        .add_capabilities(&SessionId::from("new"), load, Via::Admin)
+        .await
+        .unwrap();
     assert_eq!(submit(&h, "old", "go").await, "a");
     assert_eq!(submit(&h, "new", "go").await, "b");
     let requests = model.requests();

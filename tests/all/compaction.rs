@@ -5,9 +5,9 @@
 use keel::agent::compact::Compaction;
 use keel::agent::{LoopGuards, TurnOutcome};
 use keel::brain::Submitted;
+use keel::compaction::CheckpointStatus;
 use keel::ids::SessionId;
 use keel::sandbox::{Access, Budget, CancelToken, Grant};
-use keel::session::compaction::CheckpointStatus;
 use keel::session::{Decision, NewSession, Policy, RuntimeState, SessionEvent};
 use keel_tests::mock_model::{MockModel, Reply};
 use keel_tests::{answered, harness_with_session, install_effects, no_events, system_of};
@@ -124,7 +124,10 @@ async fn the_threshold_compacts_and_the_next_request_holds_the_summary_not_the_r
     );
     assert!(third.contains("task-three"));
     // The record keeps everything, and the evidence of the third request is exact.
-    let t = h.internals().engine.timeline(&SessionId::from("t")).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine)
+        .timeline(&SessionId::from("t"))
+        .await
+        .unwrap();
     assert_eq!(t.messages.len(), 6);
     let spans: Vec<_> =
         t.checkpoints.iter().map(|c| (c.status, c.from, c.to, c.anchor, c.turn)).collect();
@@ -140,10 +143,15 @@ async fn the_threshold_compacts_and_the_next_request_holds_the_summary_not_the_r
     // The active request is keel's — the turn's own message — never the model's.
     assert!(cp.summary.as_ref().unwrap().active_user_request.starts_with("task-three lorem"));
     assert!(cp.tokens_after.unwrap() < cp.tokens_before.unwrap());
-    let (_, body) = h.internals().engine.evidence(&SessionId::from("t"), Some(3)).await.unwrap();
+    let (_, body) = keel::assembly::Assembly::of(&h.internals().engine)
+        .evidence(&SessionId::from("t"), Some(3))
+        .await
+        .unwrap();
     assert_eq!(body, requests[2]);
-    let (n, sbody) =
-        h.internals().engine.compaction_evidence(&SessionId::from("t"), None).await.unwrap();
+    let (n, sbody) = keel::compaction::Compaction::of(&h.internals().engine)
+        .compaction_evidence(&SessionId::from("t"), None)
+        .await
+        .unwrap();
     // (the evidence of a compaction made over several calls is its last call's request)
     assert_eq!((n, sbody), (2, summaries[3].clone()));
     // State and events: compressing while it ran, then running again.
@@ -204,7 +212,10 @@ async fn an_active_turn_with_a_long_tool_loop_compacts_mid_turn_and_finishes_wit
         .await
         .unwrap();
     assert_eq!(answered(out), "all twelve done");
-    let t = h.internals().engine.timeline(&SessionId::from("loop")).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine)
+        .timeline(&SessionId::from("loop"))
+        .await
+        .unwrap();
     let promoted: Vec<_> =
         t.checkpoints.iter().filter(|c| c.status == CheckpointStatus::Promoted).collect();
     assert!(promoted.len() >= 2, "{:?}", t.checkpoints);
@@ -232,9 +243,7 @@ async fn an_active_turn_with_a_long_tool_loop_compacts_mid_turn_and_finishes_wit
     }
     // Every request's evidence rebuilds byte for byte.
     for (i, r) in requests.iter().enumerate() {
-        let (_, body) = h
-            .internals()
-            .engine
+        let (_, body) = keel::assembly::Assembly::of(&h.internals().engine)
             .evidence(&SessionId::from("loop"), Some(i as i64 + 1))
             .await
             .unwrap();
@@ -280,7 +289,7 @@ async fn a_naive_boundary_inside_a_call_group_moves_to_a_legal_one() {
     // 11. Keeping ~2,000 bytes would cut between the results (after 8); it takes 11.
     let freeze = |keep: i64| {
         h.internals().db.read(move |c| {
-            use keel::session::compaction::{Aim, Trigger, freeze_in};
+            use keel::compaction::{Aim, Trigger, freeze_in};
             freeze_in(c, "g", Trigger::Threshold, Aim { keep_bytes: Some(keep), input_bytes: None })
         })
     };
@@ -303,7 +312,11 @@ async fn a_naive_boundary_inside_a_call_group_moves_to_a_legal_one() {
         Compaction::Nothing
     );
     assert_eq!(
-        h.internals().engine.meta(&SessionId::from("g")).await.unwrap().runtime.state,
+        keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("g"))
+            .await
+            .unwrap()
+            .runtime
+            .state,
         RuntimeState::Idle
     );
 }
@@ -335,7 +348,11 @@ async fn a_pending_approval_and_its_open_step_survive_a_compaction() {
         panic!("{waiting:?}")
     };
     assert_eq!(
-        h.internals().engine.meta(&SessionId::from("ap")).await.unwrap().runtime.state,
+        keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("ap"))
+            .await
+            .unwrap()
+            .runtime
+            .state,
         RuntimeState::WaitingApproval
     );
     match h.internals().brain.compact(&SessionId::from("ap"), &cancel, &no_events()).await.unwrap()
@@ -344,7 +361,8 @@ async fn a_pending_approval_and_its_open_step_survive_a_compaction() {
         Compaction::Compacted { context_start, .. } => assert_eq!(context_start, 2),
         other => panic!("{other:?}"),
     }
-    let meta = h.internals().engine.meta(&SessionId::from("ap")).await.unwrap();
+    let meta =
+        keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("ap")).await.unwrap();
     assert_eq!(meta.runtime.state, RuntimeState::WaitingApproval);
     assert!(h.internals().engine.load_open_step(&SessionId::from("ap")).await.unwrap().is_some());
     let pending = h.internals().engine.approvals(Some("ap"), true).await.unwrap();
@@ -415,7 +433,10 @@ async fn a_redacted_canary_reaches_no_summary_request_and_no_summary() {
     for r in model.requests().iter().chain(summary_req.iter()) {
         assert!(!String::from_utf8_lossy(r).contains(CANARY));
     }
-    let t = h.internals().engine.timeline(&SessionId::from("red")).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine)
+        .timeline(&SessionId::from("red"))
+        .await
+        .unwrap();
     let stored = serde_json::to_string(&t).unwrap();
     assert!(!stored.contains(CANARY), "the timeline (messages, journal, summary) holds it");
     let s = t.checkpoints[0].summary.as_ref().unwrap();
@@ -477,7 +498,7 @@ async fn a_bad_summary_is_asked_for_once_more_then_keel_compacts_mechanically() 
     // Past the threshold: two refused answers, then keel's own summary.
     let third = h.internals().brain.submit(&id, "t3", &cancel, &no_events()).await.unwrap();
     assert_eq!(answered(third), "third answered after a mechanical compaction");
-    let t = h.internals().engine.timeline(&id).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine).timeline(&id).await.unwrap();
     assert!(t.context_start > 0);
     let cp = &t.checkpoints[0];
     assert_eq!((cp.status, cp.attempts), (CheckpointStatus::Promoted, 2));
@@ -496,7 +517,7 @@ async fn a_bad_summary_is_asked_for_once_more_then_keel_compacts_mechanically() 
         h.internals().brain.compact(&id, &cancel, &no_events()).await.unwrap(),
         Compaction::Compacted { .. }
     ));
-    let t = h.internals().engine.timeline(&id).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine).timeline(&id).await.unwrap();
     let cp = t.checkpoints.last().unwrap();
     assert_eq!(cp.status, CheckpointStatus::Promoted);
     assert!(cp.attempts >= 2, "{}", cp.attempts);
@@ -551,7 +572,10 @@ async fn summaries_in_the_shapes_real_models_answer_are_read() {
             .await
             .unwrap();
         assert!(matches!(done, Compaction::Compacted { .. }), "{what}: {done:?}");
-        let t = h.internals().engine.timeline(&SessionId::from("loose")).await.unwrap();
+        let t = keel::views::Views::of(&h.internals().engine)
+            .timeline(&SessionId::from("loose"))
+            .await
+            .unwrap();
         let cp = t.checkpoints.last().unwrap();
         assert_eq!(cp.status, CheckpointStatus::Promoted, "{what}");
         assert_eq!(cp.attempts, 1, "{what}: read at the first answer");
@@ -609,7 +633,10 @@ async fn a_compaction_inside_a_turn_keeps_the_step_that_just_ran() {
         .unwrap();
     assert_eq!(answered(out), "appended three lines");
     assert_eq!(keel_tests::log_lines(work.path(), "effects.log").len(), 3);
-    let t = h.internals().engine.timeline(&SessionId::from("keep")).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine)
+        .timeline(&SessionId::from("keep"))
+        .await
+        .unwrap();
     let in_turn: Vec<_> = t
         .checkpoints
         .iter()
@@ -664,7 +691,7 @@ async fn a_request_that_cannot_fit_fails_the_turn_with_a_clear_message() {
     assert!(msg.contains("--context-window"), "{msg}");
     assert!(model.requests().is_empty());
     let id = SessionId::from("big");
-    let meta = h.internals().engine.meta(&id).await.unwrap();
+    let meta = keel::meta::SessionMeta::read(&h.internals().engine, &id).await.unwrap();
     assert_eq!(meta.runtime.state, RuntimeState::Failed);
     // The model call the turn announced is closed, and the request that was not sent is kept
     // for a person to read (`keel session evidence --refused`).
@@ -682,12 +709,18 @@ async fn a_request_that_cannot_fit_fails_the_turn_with_a_clear_message() {
         })
         .collect();
     assert_eq!(calls, ["started 1", "failed 1"]);
-    let refused = h.internals().engine.timeline(&id).await.unwrap().refused_requests;
+    let refused =
+        keel::views::Views::of(&h.internals().engine).timeline(&id).await.unwrap().refused_requests;
     assert_eq!(refused.len(), 1);
     assert!(refused[0].request_bytes > 3000);
     // The input is kept.
     assert_eq!(
-        h.internals().engine.timeline(&SessionId::from("big")).await.unwrap().messages.len(),
+        keel::views::Views::of(&h.internals().engine)
+            .timeline(&SessionId::from("big"))
+            .await
+            .unwrap()
+            .messages
+            .len(),
         1
     );
 }
@@ -730,9 +763,12 @@ async fn a_request_the_server_refuses_as_too_long_is_compacted_and_sent_again() 
         .await
         .unwrap();
     assert_eq!(answered(out), "three after an overflow compaction");
-    let t = h.internals().engine.timeline(&SessionId::from("of")).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine)
+        .timeline(&SessionId::from("of"))
+        .await
+        .unwrap();
     assert_eq!(t.checkpoints.len(), 1);
-    assert_eq!(t.checkpoints[0].trigger, keel::session::compaction::Trigger::Overflow);
+    assert_eq!(t.checkpoints[0].trigger, keel::compaction::Trigger::Overflow);
     let requests = model.requests();
     assert!(requests[requests.len() - 2].len() > 12_000, "the refused request");
     assert!(requests.last().unwrap().len() <= 12_000);
@@ -768,7 +804,10 @@ async fn failed_calls_in_the_compacted_range_stay_failed_in_the_summary() {
     ));
     let summary_req = String::from_utf8_lossy(&model.summary_requests()[0]).to_string();
     assert!(summary_req.contains(r#"\"failed_calls\":[{\"error_kind\""#), "{summary_req}");
-    let t = h.internals().engine.timeline(&SessionId::from("fail")).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine)
+        .timeline(&SessionId::from("fail"))
+        .await
+        .unwrap();
     let failed = &t.checkpoints[0].summary.as_ref().unwrap().failed_calls;
     assert_eq!(failed.len(), 1);
     assert_eq!((failed[0].tool.as_str(), failed[0].step), ("read", 1));
@@ -820,7 +859,11 @@ async fn inputs_that_arrive_during_a_compaction_wait_in_the_inbox_and_run_after_
     };
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert_eq!(
-        h.internals().engine.meta(&SessionId::from("in")).await.unwrap().runtime.state,
+        keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("in"))
+            .await
+            .unwrap()
+            .runtime
+            .state,
         RuntimeState::Compressing
     );
     // Another host process on the same home (its own runner identity).
@@ -836,12 +879,19 @@ async fn inputs_that_arrive_during_a_compaction_wait_in_the_inbox_and_run_after_
     }
     // Still compressing: an input does not change the state of a compaction.
     assert_eq!(
-        h.internals().engine.meta(&SessionId::from("in")).await.unwrap().runtime.state,
+        keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("in"))
+            .await
+            .unwrap()
+            .runtime
+            .state,
         RuntimeState::Compressing
     );
     let done = compactor.await.unwrap().unwrap();
     assert!(matches!(done, Compaction::Compacted { .. }), "{done:?}");
-    let t = h.internals().engine.timeline(&SessionId::from("in")).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine)
+        .timeline(&SessionId::from("in"))
+        .await
+        .unwrap();
     let users: Vec<String> = t
         .messages
         .iter()
@@ -879,7 +929,7 @@ async fn a_failed_summary_call_does_not_stop_the_turn() {
     assert_eq!(answered(out), "finished after a mechanical compaction");
     let sizes: Vec<usize> = model.requests().iter().map(Vec::len).collect();
     assert_eq!(model.summary_requests().len(), 2, "{sizes:?}");
-    let t = h.internals().engine.timeline(&id).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine).timeline(&id).await.unwrap();
     assert_eq!(t.checkpoints.len(), 1, "{:?}", t.checkpoints);
     assert_eq!(t.checkpoints[0].status, CheckpointStatus::Promoted);
     assert!(t.checkpoints[0].summary.as_ref().unwrap().mechanical);
@@ -949,10 +999,10 @@ async fn a_session_that_outgrew_the_server_s_context_recovers_in_summary_calls_t
     // The turn after it still fits: the session is not stuck.
     let out = h.internals().brain.submit(&id, "and now?", &cancel, &no_events()).await.unwrap();
     assert_eq!(answered(out), "eighth");
-    let t = h.internals().engine.timeline(&id).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine).timeline(&id).await.unwrap();
     let done: Vec<_> = t.checkpoints.iter().filter(|c| c.summary.is_some()).collect();
     assert!(!done.is_empty(), "{:#?}", t.checkpoints);
-    assert_eq!(done[0].trigger, keel::session::compaction::Trigger::Overflow);
+    assert_eq!(done[0].trigger, keel::compaction::Trigger::Overflow);
     // Every summary request fit the server's context with room for its reply, and asked for
     // a reply that fits the window (a quarter of it: 750 tokens).
     let summaries = model.summary_requests();
@@ -1007,7 +1057,7 @@ async fn a_summary_refused_twice_names_the_cause_and_keel_compacts_mechanically(
     let out = h.internals().brain.compact(&id, &cancel, &no_events()).await.unwrap();
     assert!(matches!(out, Compaction::Compacted { .. }), "{out:?}");
     // The refused answer is kept with the checkpoint, as the model wrote it, and its cause.
-    let t = h.internals().engine.timeline(&id).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine).timeline(&id).await.unwrap();
     let cp = t.checkpoints.last().unwrap();
     assert_eq!(cp.status, CheckpointStatus::Promoted);
     let why = cp.error.as_deref().unwrap();
@@ -1034,7 +1084,7 @@ async fn a_summary_refused_twice_names_the_cause_and_keel_compacts_mechanically(
         h.internals().brain.compact(&id, &cancel, &no_events()).await.unwrap(),
         Compaction::Compacted { .. }
     ));
-    let t = h.internals().engine.timeline(&id).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine).timeline(&id).await.unwrap();
     let cp = t.checkpoints.last().unwrap();
     assert!(cp.error.as_deref().unwrap().contains("not the JSON object asked for"));
     assert!(cp.summary.as_ref().unwrap().mechanical);
@@ -1045,7 +1095,7 @@ async fn a_summary_refused_twice_names_the_cause_and_keel_compacts_mechanically(
         h.internals().brain.compact(&id, &cancel, &no_events()).await.unwrap(),
         Compaction::Compacted { .. }
     ));
-    let t = h.internals().engine.timeline(&id).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine).timeline(&id).await.unwrap();
     let s = t.checkpoints.last().unwrap().summary.clone().unwrap();
     assert!(!s.mechanical && s.notes == vec!["a model's note"], "{s:?}");
 }
@@ -1093,7 +1143,7 @@ async fn small_windows_with_large_results_answer_every_turn() {
         }
         let requests = model.requests();
         assert_eq!(requests.len(), turns * 2, "window {window}: none refused");
-        let t = h.internals().engine.timeline(&id).await.unwrap();
+        let t = keel::views::Views::of(&h.internals().engine).timeline(&id).await.unwrap();
         assert!(t.refused_requests.is_empty(), "{:?}", t.refused_requests);
         assert!(t.checkpoints.iter().all(|c| c.status == CheckpointStatus::Promoted));
         // Every request after a read holds the read's call and its result (cut or whole),
@@ -1110,8 +1160,10 @@ async fn small_windows_with_large_results_answer_every_turn() {
                 assert!(content.contains("the whole result is kept in the session's journal"));
             }
             assert_calls_whole(body);
-            let (_, evidence) =
-                h.internals().engine.evidence(&id, Some(k as i64 + 1)).await.unwrap();
+            let (_, evidence) = keel::assembly::Assembly::of(&h.internals().engine)
+                .evidence(&id, Some(k as i64 + 1))
+                .await
+                .unwrap();
             assert_eq!(&evidence, body, "window {window}: the evidence of request {k}");
         }
         eprintln!(

@@ -18,7 +18,7 @@ const CORE: &[&[&str]] = &[
     // Leaves: no import of another module of the library but `tls` and `sql`.
     &[
         "builtin", "caller", "cancel", "crash", "digest", "failure", "grant", "home", "ids",
-        "metrics", "names", "plan", "policy", "signing", "stored", "units",
+        "metrics", "names", "plan", "policy", "shown", "signing", "stored", "units",
     ],
     &["oci", "live"],
     &["store"],
@@ -32,7 +32,16 @@ const CORE: &[&[&str]] = &[
     &["sandbox"],
     &["skills"],
     &["tools"],
+    // The session kernel, then the feature owners beside it (each imports the kernel, never
+    // the other way: the kernel runs the reactions they register), `SessionMeta` composed
+    // above them, request assembly on the meta, and the read views of it all.
     &["session"],
+    &["preparation"],
+    &["workgroup"],
+    &["compaction"],
+    &["meta"],
+    &["assembly"],
+    &["views"],
     &["agent"],
     &["brain"],
     &["access"],
@@ -183,4 +192,225 @@ fn the_import_reader_sees_paths_and_groups() {
     );
     let got: Vec<String> = used(&code).into_iter().collect();
     assert_eq!(got, ["a", "c", "d", "f", "j"]);
+}
+
+/// The module path (from the crate root) of a source file: `session/steps.rs` is
+/// `[session, steps]`, `session/mod.rs` is `[session]`.
+fn module_of(rel: &Path) -> Vec<String> {
+    let mut path: Vec<String> =
+        rel.iter().map(|s| s.to_string_lossy().trim_end_matches(".rs").to_string()).collect();
+    if path.last().is_some_and(|l| l == "mod" || l == "lib") {
+        path.pop();
+    }
+    path
+}
+
+/// Every module path a piece of code names from `module`: `crate::a::b`, `super::x`,
+/// `super::super::y`, `self::z`, each `use` group expanded (`crate::a::{b, c::{d}}` names
+/// `a::b`, `a::c::d`), as absolute paths from the crate root. A glob (`super::*`) names its
+/// module only.
+fn named_paths(code: &str, module: &[String]) -> Vec<Vec<String>> {
+    let ident = |s: &str| -> String {
+        s.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect()
+    };
+    // The paths of a path body (`a::b::{c, d}`, `e`, `*`) after `base`.
+    fn expand(body: &str, base: Vec<String>, out: &mut Vec<Vec<String>>) {
+        let mut path = base;
+        let mut rest = body.trim_start();
+        loop {
+            if let Some(group) = rest.strip_prefix('{') {
+                let (mut depth, mut start) = (0usize, 0usize);
+                for (i, c) in group.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => {
+                            expand(&group[start..i], path.clone(), out);
+                            return;
+                        }
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => {
+                            expand(&group[start..i], path.clone(), out);
+                            start = i + 1;
+                        }
+                        _ => {}
+                    }
+                }
+                return;
+            }
+            let name: String =
+                rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            if name.is_empty() || name == "self" {
+                break;
+            }
+            rest = rest[name.len()..].trim_start();
+            path.push(name);
+            match rest.strip_prefix("::") {
+                Some(r) => rest = r.trim_start(),
+                None => break,
+            }
+        }
+        if !path.is_empty() {
+            out.push(path);
+        }
+    }
+    let mut out = Vec::new();
+    for (at, _) in code.match_indices("::") {
+        // The first segment of a path: `crate`, `super` or `self`, not preceded by `::` or an
+        // identifier's character.
+        let head_start = code[..at]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map_or(0, |i| i + 1);
+        let head = &code[head_start..at];
+        if head_start >= 2 && &code[head_start - 2..head_start] == "::" {
+            continue;
+        }
+        let mut base: Vec<String> = match head {
+            "crate" => Vec::new(),
+            "self" => module.to_vec(),
+            "super" => module[..module.len().saturating_sub(1)].to_vec(),
+            _ => continue,
+        };
+        let mut rest = &code[at + 2..];
+        while let Some(r) = rest.strip_prefix("super::") {
+            base.pop();
+            rest = r;
+        }
+        // `crate::m!` is a root macro, not a module.
+        let name = ident(rest);
+        if !name.is_empty() && rest[name.len()..].starts_with('!') {
+            continue;
+        }
+        expand(rest, base, &mut out);
+    }
+    out
+}
+
+/// Imports between the files of one folder that form a cycle: for every folder of `krate`
+/// below its top level, the children (files and sub-folders) and the edges "a file of child A
+/// names child B", with the cycles among them.
+fn folder_cycles(krate: &str) -> Vec<(String, Vec<String>)> {
+    let root = src(krate);
+    let mut all = Vec::new();
+    files(&root, &mut all);
+    let modules: BTreeMap<Vec<String>, String> = all
+        .iter()
+        .map(|p| {
+            let rel = p.strip_prefix(&root).unwrap();
+            (module_of(rel), std::fs::read_to_string(p).unwrap())
+        })
+        .collect();
+    let exists = |m: &[String]| modules.contains_key(m);
+    // folder → child → the children it names.
+    let mut edges: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for (module, text) in &modules {
+        for named in named_paths(&code(text), module) {
+            // Every folder both paths pass through, at the first segment where they part.
+            let common = module.iter().zip(&named).take_while(|(a, b)| a == b).count();
+            if common == 0 || common >= module.len() || common >= named.len() {
+                continue;
+            }
+            let folder = module[..common].to_vec();
+            let (from, to) = (module[common].clone(), named[common].clone());
+            let mut target = folder.clone();
+            target.push(to.clone());
+            if exists(&target) {
+                edges.entry(folder).or_default().entry(from).or_default().insert(to);
+            }
+        }
+    }
+    let mut cycles = Vec::new();
+    for (folder, graph) in &edges {
+        // Strongly connected components with more than one child (Tarjan's, recursive: the
+        // folders are small).
+        struct Walk<'a> {
+            graph: &'a BTreeMap<String, BTreeSet<String>>,
+            index: BTreeMap<&'a str, usize>,
+            low: BTreeMap<&'a str, usize>,
+            stack: Vec<&'a str>,
+            found: Vec<Vec<String>>,
+        }
+        fn visit<'a>(w: &mut Walk<'a>, v: &'a str) {
+            let n = w.index.len();
+            w.index.insert(v, n);
+            w.low.insert(v, n);
+            w.stack.push(v);
+            for t in w.graph.get(v).into_iter().flatten() {
+                let t = t.as_str();
+                if !w.index.contains_key(t) {
+                    visit(w, t);
+                    let low = w.low[v].min(w.low[t]);
+                    w.low.insert(v, low);
+                } else if w.stack.contains(&t) {
+                    let low = w.low[v].min(w.index[t]);
+                    w.low.insert(v, low);
+                }
+            }
+            if w.low[v] == w.index[v] {
+                let mut component = Vec::new();
+                while let Some(t) = w.stack.pop() {
+                    component.push(t.to_string());
+                    if t == v {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    component.sort();
+                    w.found.push(component);
+                }
+            }
+        }
+        let mut walk = Walk {
+            graph,
+            index: BTreeMap::new(),
+            low: BTreeMap::new(),
+            stack: Vec::new(),
+            found: Vec::new(),
+        };
+        for v in graph.keys() {
+            if !walk.index.contains_key(v.as_str()) {
+                visit(&mut walk, v);
+            }
+        }
+        for component in walk.found {
+            cycles.push((folder.join("/"), component));
+        }
+    }
+    cycles
+}
+
+/// One level down: inside every folder (the session kernel's, each feature owner's, and every
+/// other), the files import one another without a cycle.
+#[test]
+fn no_folder_has_an_import_cycle() {
+    for krate in ["core", "server", "cli"] {
+        let cycles = folder_cycles(krate);
+        assert!(
+            cycles.is_empty(),
+            "{krate}: files of one folder that import each other: {cycles:#?}"
+        );
+    }
+}
+
+#[test]
+fn the_path_reader_resolves_super_self_and_groups() {
+    let module: Vec<String> = ["session", "steps"].iter().map(|s| s.to_string()).collect();
+    let code = code(
+        "use super::{facts::{self, X}, calls};\nuse crate::store::{a, b::C};\n\
+         fn f() { super::super::tools::t(); self::inner::g(); }\nuse super::*;\n\
+         crate::stored_enum! {}",
+    );
+    let got: Vec<String> = named_paths(&code, &module).iter().map(|p| p.join("::")).collect();
+    assert_eq!(
+        got,
+        [
+            "session::facts",
+            "session::facts::X",
+            "session::calls",
+            "store::a",
+            "store::b::C",
+            "tools::t",
+            "session::steps::inner::g",
+            "session"
+        ]
+    );
 }

@@ -73,7 +73,11 @@ async fn g6_a_slow_live_stream_succeeds_and_a_silent_server_fails_naming_the_set
     }
     assert!(e.contains("the reply to begin"), "{e}");
     assert_eq!(
-        h.internals().engine.meta(&SessionId::from("slow")).await.unwrap().runtime.state,
+        keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("slow"))
+            .await
+            .unwrap()
+            .runtime
+            .state,
         RuntimeState::Failed
     );
 }
@@ -97,7 +101,10 @@ async fn g6_a_stream_that_stops_mid_way_fails_naming_the_setting() {
     assert!(e.contains("after 1 attempt(s)") && e.contains("300ms"), "{e}");
     assert!(e.contains("the reply to begin") || e.contains("the next part of the reply"), "{e}");
     // Nothing of the cut stream was committed.
-    let t = h.internals().engine.timeline(&SessionId::from("stall")).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine)
+        .timeline(&SessionId::from("stall"))
+        .await
+        .unwrap();
     assert_eq!(t.messages.len(), 1);
 }
 
@@ -152,7 +159,10 @@ async fn g2_deterministic_failures_are_not_retried_and_a_garbled_reply_is_retrie
     );
     assert_eq!(model.requests().len(), 12);
 
-    let t = h.internals().engine.timeline(&SessionId::from("d")).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine)
+        .timeline(&SessionId::from("d"))
+        .await
+        .unwrap();
     let refused: Vec<(i64, Option<u16>, u32)> =
         t.refused_requests.iter().map(|r| (r.turn, r.http_status, r.attempts)).collect();
     assert_eq!(
@@ -167,15 +177,17 @@ async fn g2_deterministic_failures_are_not_retried_and_a_garbled_reply_is_retrie
     );
     // A refused request's evidence is the request the server got, byte for byte.
     let requests = model.requests();
-    let (seq, body) =
-        h.internals().engine.refused_evidence(&SessionId::from("d"), Some(2)).await.unwrap();
+    let (seq, body) = keel::assembly::Assembly::of(&h.internals().engine)
+        .refused_evidence(&SessionId::from("d"), Some(2))
+        .await
+        .unwrap();
     assert_eq!((seq, &body), (2, &requests[1]));
-    let (seq, body) =
-        h.internals().engine.refused_evidence(&SessionId::from("d"), None).await.unwrap();
+    let (seq, body) = keel::assembly::Assembly::of(&h.internals().engine)
+        .refused_evidence(&SessionId::from("d"), None)
+        .await
+        .unwrap();
     assert_eq!((seq, &body), (5, &requests[9]));
-    let e = h
-        .internals()
-        .engine
+    let e = keel::assembly::Assembly::of(&h.internals().engine)
         .refused_evidence(&SessionId::from("d"), Some(9))
         .await
         .unwrap_err()
@@ -221,7 +233,7 @@ async fn the_task_is_sent_once_and_a_request_too_long_for_the_context_says_so() 
     );
     assert!(!system.contains("w0 w1"), "{system}");
     // A short goal is simply repeated.
-    assert_eq!(keel::session::goal_reference("Fix the tests"), "Fix the tests");
+    assert_eq!(keel::assembly::goal_reference("Fix the tests"), "Fix the tests");
 
     // An input larger than the window: the refusal names the server's context (3,500
     // tokens), which becomes the session's window, and compacts the session once (the first
@@ -230,14 +242,19 @@ async fn the_task_is_sent_once_and_a_request_too_long_for_the_context_says_so() 
     let e = failed(submit(&h, "long", &report(3200)).await);
     assert!(e.contains("the model's context window of 3500"), "{e}");
     assert!(e.contains("Start a new session"), "says what to do: {e}");
-    let t = h.internals().engine.timeline(&SessionId::from("long")).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine)
+        .timeline(&SessionId::from("long"))
+        .await
+        .unwrap();
     assert_eq!(t.refused_requests.len(), 1);
     assert_eq!(t.refused_requests[0].http_status, None);
     assert!(t.refused_requests[0].error.starts_with("not sent: "), "{:?}", t.refused_requests);
     assert_eq!(t.checkpoints.len(), 1);
-    assert_eq!(t.checkpoints[0].trigger, keel::session::compaction::Trigger::Overflow);
+    assert_eq!(t.checkpoints[0].trigger, keel::compaction::Trigger::Overflow);
     assert_eq!(model.requests().len(), 2);
-    let meta = h.internals().engine.meta(&SessionId::from("long")).await.unwrap();
+    let meta = keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("long"))
+        .await
+        .unwrap();
     assert_eq!(meta.config.model.context_window, Some(3500), "learned from the refusal");
     assert!(
         (t.refused_requests[0].request_bytes as usize) < model.requests().last().unwrap().len(),
@@ -259,15 +276,21 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     let home = tempfile::tempdir().unwrap();
     let h = harness(home.path(), &model.url()).await;
     session_with_model(&h, "u", &["echo"], config(&model.url(), 10_000, 0)).await;
-    let before = h.internals().engine.token_estimate(&SessionId::from("u")).await.unwrap();
+    let before = keel::assembly::Assembly::of(&h.internals().engine)
+        .token_estimate(&SessionId::from("u"))
+        .await
+        .unwrap();
     assert!(!before.calibrated);
-    assert_eq!(before.bytes_per_token, keel::session::BYTES_PER_TOKEN);
+    assert_eq!(before.bytes_per_token, keel::assembly::BYTES_PER_TOKEN);
     assert_eq!(submit(&h, "u", "say hi").await, Submitted::Ran(TurnOutcome::Answer("done".into())));
     let requests = model.requests();
     let first: Value = serde_json::from_slice(&requests[0]).unwrap();
     assert_eq!(first["stream_options"], json!({"include_usage": true}));
 
-    let calls = h.internals().engine.model_calls(&SessionId::from("u")).await.unwrap();
+    let calls = keel::assembly::Assembly::of(&h.internals().engine)
+        .model_calls(&SessionId::from("u"))
+        .await
+        .unwrap();
     type Row<'a> = (i64, Option<i64>, Option<&'a str>, Option<Usage>);
     let got: Vec<Row<'_>> = calls
         .iter()
@@ -288,7 +311,10 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     }
 
     // Calibrated by the last request: its bytes over its prompt tokens.
-    let e = h.internals().engine.token_estimate(&SessionId::from("u")).await.unwrap();
+    let e = keel::assembly::Assembly::of(&h.internals().engine)
+        .token_estimate(&SessionId::from("u"))
+        .await
+        .unwrap();
     assert!(e.calibrated);
     assert_eq!(e.bytes_per_token, requests[1].len() as f64 / 1100.0);
     assert_eq!(e.tokens, (e.bytes as f64 / e.bytes_per_token).ceil() as i64);
@@ -296,7 +322,10 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     assert_eq!(submit(&h, "u", "more").await, Submitted::Ran(TurnOutcome::Answer("second".into())));
     let user = json!({"role": "user", "content": "more"}).to_string();
     assert_eq!(model.requests()[2].len() as i64, e.bytes + 1 + user.len() as i64);
-    let t = h.internals().engine.timeline(&SessionId::from("u")).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine)
+        .timeline(&SessionId::from("u"))
+        .await
+        .unwrap();
     assert_eq!(t.model_calls.len(), 3);
     assert_eq!(t.model_calls[2].turn, Some(2));
 
@@ -312,10 +341,17 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     let body: Value = serde_json::from_slice(&plain.requests()[0]).unwrap();
     assert_eq!(body["stream"], json!(true));
     assert_eq!(body.get("stream_options"), None);
-    let calls = h.internals().engine.model_calls(&SessionId::from("plain")).await.unwrap();
+    let calls = keel::assembly::Assembly::of(&h.internals().engine)
+        .model_calls(&SessionId::from("plain"))
+        .await
+        .unwrap();
     assert_eq!(calls[0].call.usage, None);
     assert!(
-        !h.internals().engine.token_estimate(&SessionId::from("plain")).await.unwrap().calibrated
+        !keel::assembly::Assembly::of(&h.internals().engine)
+            .token_estimate(&SessionId::from("plain"))
+            .await
+            .unwrap()
+            .calibrated
     );
 }
 
@@ -358,9 +394,7 @@ async fn an_empty_or_cut_answer_is_flagged() {
         *seen.lock().unwrap(),
         [(Some("length".to_string()), false), (Some("stop".to_string()), true)]
     );
-    let reasons: Vec<Option<String>> = h
-        .internals()
-        .engine
+    let reasons: Vec<Option<String>> = keel::assembly::Assembly::of(&h.internals().engine)
         .model_calls(&SessionId::from("f"))
         .await
         .unwrap()

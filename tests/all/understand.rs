@@ -21,7 +21,7 @@ async fn submit(h: &keel::harness::Harness, id: &str, text: &str) -> Submitted {
 }
 
 /// Each transition's relation and mode, in order.
-fn relations(t: &keel::session::Timeline) -> Vec<(Option<TaskRelation>, TransitionMode)> {
+fn relations(t: &keel::views::Timeline) -> Vec<(Option<TaskRelation>, TransitionMode)> {
     t.transitions.iter().map(|t| (t.relation, t.mode)).collect()
 }
 

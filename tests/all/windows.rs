@@ -77,7 +77,10 @@ async fn the_notes_follow_the_stable_prefix_and_the_evidence_rebuilds() {
         assert_eq!(msgs[1]["role"], "system", "request {k}: the notes come second");
         assert!(msgs[1]["content"].as_str().unwrap().contains("Session goal"), "{k}");
         assert_eq!(msgs[2]["role"], "user");
-        let (_, evidence) = h.internals().engine.evidence(&id, Some(k as i64 + 1)).await.unwrap();
+        let (_, evidence) = keel::assembly::Assembly::of(&h.internals().engine)
+            .evidence(&id, Some(k as i64 + 1))
+            .await
+            .unwrap();
         assert_eq!(&evidence, body, "the evidence of request {k}");
     }
     // The plan came between the first two requests: only the notes changed.
@@ -121,7 +124,10 @@ async fn a_template_that_refuses_a_second_system_message_gets_one() {
     assert!(system.contains("Session goal (also the current phase goal): hello"), "{system}");
     assert!(!h.internals().engine.config(&id).await.unwrap().model.notes_message);
     for step in [1, 2] {
-        let (_, evidence) = h.internals().engine.evidence(&id, Some(step)).await.unwrap();
+        let (_, evidence) = keel::assembly::Assembly::of(&h.internals().engine)
+            .evidence(&id, Some(step))
+            .await
+            .unwrap();
         assert_eq!(evidence, requests[step as usize]);
     }
     // A refusal that does not speak of roles is not taken for one: the turn fails as before.
@@ -166,7 +172,7 @@ async fn small_windows_get_compact_schemas_and_tools_on_demand() {
         assert_eq!(room.parts.schemas, form, "{id}: {room:?}");
         if window.is_some() {
             let share = p_share(&room);
-            assert!(share <= keel::session::FIXED_SHARE, "keel's part {share:.2} of the window");
+            assert!(share <= keel::assembly::FIXED_SHARE, "keel's part {share:.2} of the window");
         }
         let p = room.parts;
         println!("{id}: {}", room.describe());
@@ -221,7 +227,13 @@ async fn small_windows_get_compact_schemas_and_tools_on_demand() {
     let loaded = |id: &str| {
         let h = &h;
         let id = SessionId::from(id);
-        async move { h.internals().engine.meta(&id).await.unwrap().capabilities.loaded_tools }
+        async move {
+            keel::meta::SessionMeta::read(&h.internals().engine, &id)
+                .await
+                .unwrap()
+                .capabilities
+                .loaded_tools
+        }
     };
     let mut tiny = loaded("tiny").await;
     tiny.sort();
@@ -233,8 +245,8 @@ async fn small_windows_get_compact_schemas_and_tools_on_demand() {
 }
 
 /// keel's fixed part of `room`'s request as a share of its window.
-fn p_share(room: &keel::session::RoomView) -> f64 {
-    room.parts.fixed as f64 / keel::session::BYTES_PER_TOKEN / room.window.unwrap() as f64
+fn p_share(room: &keel::assembly::RoomView) -> f64 {
+    room.parts.fixed as f64 / keel::assembly::BYTES_PER_TOKEN / room.window.unwrap() as f64
 }
 
 /// A model that acts only on what its window shows it: in a turn of `calls` non-idempotent
@@ -288,7 +300,7 @@ async fn a_long_turn_in_a_small_window_runs_each_call_once() {
     for i in 1..=14 {
         assert_eq!(lines.iter().filter(|l| l.contains(&format!("item-{i:02}"))).count(), 1);
     }
-    let t = h.internals().engine.timeline(&id).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine).timeline(&id).await.unwrap();
     assert!(t.refused_requests.is_empty(), "{:?}", t.refused_requests);
     let compactions = t.checkpoints.len();
     assert!(compactions >= 1, "the turn compacted while it ran");
@@ -354,7 +366,7 @@ async fn an_approvals_session_of_150_turns_in_a_small_window_never_fails() {
             largest_system = largest_system.max(system_of(last).len());
         }
     }
-    let t = h.internals().engine.timeline(&id).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine).timeline(&id).await.unwrap();
     assert!(t.refused_requests.is_empty(), "{:?}", t.refused_requests);
     assert_eq!(keel_tests::log_lines(work.path(), "sent.log").len(), turns / 2);
     println!(

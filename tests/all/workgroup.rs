@@ -9,8 +9,8 @@ use keel::api::SessionSpec;
 use keel::brain::Submitted;
 use keel::harness::Harness;
 use keel::sandbox::{Access, CancelToken, Grant};
-use keel::session::workgroup::{Delegation, Kind, Limits};
 use keel::session::{Decision, RuntimeState};
+use keel::workgroup::{Delegation, Kind, Limits};
 use keel_tests::mock_model::{MockModel, spawn_task, workgroup_responder};
 use keel_tests::{install_effects, log_lines, no_events};
 
@@ -99,8 +99,10 @@ async fn spawned_children_run_concurrently_and_their_results_wake_the_parent() {
         assert_eq!(child.terminal, Some(Kind::Result));
         assert_eq!(child.state, RuntimeState::Idle);
         // Each child understood its own task: the understanding call saw its request only.
-        let t =
-            h.internals().engine.transitions(&SessionId::from(&child.session_id)).await.unwrap();
+        let t = keel::preparation::Preparation::of(&h.internals().engine)
+            .transitions(&SessionId::from(&child.session_id))
+            .await
+            .unwrap();
         assert_eq!(t.len(), 1);
         // A child of depth 1 with depth limit 2 may delegate further.
         let m = h.session(&Caller::Operator, &child.session_id).await.unwrap();
@@ -419,8 +421,12 @@ async fn a_spent_workgroup_step_budget_stops_live_children_and_refuses_new_ones(
             let ev = h.workgroup_events(&Caller::Operator, &id).await.unwrap();
             let mut states = Vec::new();
             for m in &w.members {
-                let meta =
-                    h.internals().engine.meta(&SessionId::from(&m.session_id)).await.unwrap();
+                let meta = keel::meta::SessionMeta::read(
+                    &h.internals().engine,
+                    &SessionId::from(&m.session_id),
+                )
+                .await
+                .unwrap();
                 states.push((
                     m.session_id.clone(),
                     meta.runtime.state,
@@ -440,7 +446,7 @@ async fn a_spent_workgroup_step_budget_stops_live_children_and_refuses_new_ones(
     // Spent: a further spawn is refused with the reason, as the model would read it.
     use keel::control::Delegation as _;
     let checks =
-        keel::session::SessionDelegation::new(h.internals().db.clone(), id.clone(), vec![]);
+        keel::workgroup::SessionDelegation::new(h.internals().db.clone(), id.clone(), vec![]);
     let e = checks.check_spawn("more", "CHILD MORE", &[], &[]).unwrap_err();
     assert!(matches!(e, keel::control::ControlError::Denied(_)), "{e:?}");
     assert!(e.to_string().starts_with("budget: the workgroup used its 2 model steps"), "{e}");

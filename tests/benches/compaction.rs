@@ -105,7 +105,7 @@ fn main() {
             assert!(matches!(out, keel::brain::Submitted::Ran(keel::agent::TurnOutcome::Answer(_))), "{out:?}");
             let ms = t0.elapsed().as_secs_f64() * 1e3;
             let commits = stats.commits.load(Ordering::Relaxed) - commits0;
-            let calls = h.internals().engine.model_calls(&SessionId::from("long")).await.unwrap();
+            let calls = keel::assembly::Assembly::of(&h.internals().engine).model_calls(&SessionId::from("long")).await.unwrap();
             let request_bytes = calls
                 .iter()
                 .filter(|c| c.step > last_step)
@@ -116,7 +116,7 @@ fn main() {
             per_turn.push(Turn { ms, commits, request_bytes });
         }
         let total = started.elapsed();
-        let t = h.internals().engine.timeline(&SessionId::from("long")).await.unwrap();
+        let t = keel::views::Views::of(&h.internals().engine).timeline(&SessionId::from("long")).await.unwrap();
         let events = h.internals().engine.events_after(&SessionId::from("long"), 0, usize::MAX).await.unwrap();
         let mut without_call: Vec<f64> = Vec::new();
         for e in &events {
@@ -129,7 +129,7 @@ fn main() {
         without_call.sort_by(f64::total_cmp);
         let compactions = without_call.len();
         let max_request = per_turn.iter().map(|t| t.request_bytes).max().unwrap_or(0);
-        let per_token = keel::session::BYTES_PER_TOKEN;
+        let per_token = keel::assembly::BYTES_PER_TOKEN;
         println!(
             "compaction: {turns} turns, context window {window} tokens (~{} bytes at {per_token} bytes/token), \
              compact at {}; {:.1} s in all",

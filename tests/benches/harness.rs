@@ -413,7 +413,8 @@ async fn recovery(n: usize) {
         LoopGuards::default(),
     )
     .await;
-    let meta = h.internals().engine.meta(&SessionId::from("r0")).await.unwrap();
+    let meta =
+        keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("r0")).await.unwrap();
     let mut creates = Vec::new();
     for i in 1..n {
         let engine = h.internals().engine.clone();
@@ -489,7 +490,7 @@ async fn recovery(n: usize) {
         .unwrap();
     let db = keel::store::Db::open(&home.path().join("keel.db")).unwrap();
     let agent = keel::agent::AgentService::new(
-        keel::session::SessionEngine::new(db.clone()),
+        keel::session::SessionEngine::new(db.clone(), keel::meta::REACTIONS),
         h.internals().tools.clone(),
         keel::model::ModelClient::new(None).unwrap(),
         LoopGuards::default(),

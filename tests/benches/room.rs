@@ -109,7 +109,7 @@ async fn fixed_parts(h: &keel::harness::Harness, url: &str) {
             h.session(&Caller::Operator, &id).await.unwrap().capabilities.loaded_tools.len();
         let p = room.parts;
         let share = window.map_or("-".to_string(), |w| {
-            format!("{:.0} %", p.fixed as f64 / keel::session::BYTES_PER_TOKEN / w as f64 * 100.0)
+            format!("{:.0} %", p.fixed as f64 / keel::assembly::BYTES_PER_TOKEN / w as f64 * 100.0)
         });
         println!(
             "{:>8} {tools:>6} {:>14} {:>8} {:>12} {share:>10}",
@@ -154,7 +154,10 @@ async fn reevaluated(notes_message: bool, turns: usize) -> (usize, usize, usize,
             "{out:?}"
         );
     }
-    let t = h.internals().engine.timeline(&SessionId::from("s")).await.unwrap();
+    let t = keel::views::Views::of(&h.internals().engine)
+        .timeline(&SessionId::from("s"))
+        .await
+        .unwrap();
     let mut previous = String::new();
     let (mut rendered, mut again) = (0, 0);
     let requests = model.requests();
@@ -180,7 +183,7 @@ fn main() {
         println!(
             "\nprompt re-evaluated by a server with a prompt cache, ChatML rendering, {turns} turns, 4,096-token window:"
         );
-        let per_token = keel::session::BYTES_PER_TOKEN;
+        let per_token = keel::assembly::BYTES_PER_TOKEN;
         let mut results = Vec::new();
         for (name, notes) in [("notes in a second system message", true), ("one system message", false)]
         {

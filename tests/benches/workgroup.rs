@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use keel::api::Caller;
 use keel::harness::Harness;
 use keel::sandbox::CancelToken;
-use keel::session::workgroup::Limits;
+use keel::workgroup::Limits;
 use keel_tests::mock_model::{MockModel, spawn_task, workgroup_responder};
 use keel_tests::no_events;
 

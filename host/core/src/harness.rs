@@ -81,7 +81,7 @@ impl Harness {
         let location = crate::config::store_location(&home)?;
         let tools = Arc::new(ToolService::open(home, limits, progress).await?);
         let db = Db::open_at(&location)?;
-        let engine = SessionEngine::new(db.clone());
+        let engine = SessionEngine::new(db.clone(), crate::meta::REACTIONS);
         let agent =
             AgentService::new(engine.clone(), tools.clone(), ModelClient::new(api_key)?, guards);
         let brain = Brain::new(db.clone(), agent);

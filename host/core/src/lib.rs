@@ -49,11 +49,13 @@
 pub mod access;
 pub mod agent;
 pub mod api;
+pub mod assembly;
 pub mod brain;
 pub mod builtin;
 pub mod caller;
 pub mod cancel;
 pub mod change;
+pub mod compaction;
 pub mod config;
 pub mod control;
 pub mod crash;
@@ -65,16 +67,19 @@ pub mod home;
 pub mod ids;
 pub mod live;
 pub mod memory;
+pub mod meta;
 pub mod metrics;
 pub mod model;
 pub mod names;
 pub mod oci;
 pub mod plan;
 pub mod policy;
+pub mod preparation;
 pub mod sandbox;
 pub mod search;
 pub mod secrets;
 pub mod session;
+pub mod shown;
 pub mod signing;
 pub mod skills;
 pub mod sql;
@@ -84,6 +89,8 @@ pub mod tls;
 pub mod tools;
 pub mod understand;
 pub mod units;
+pub mod views;
+pub mod workgroup;
 
 /// The memory allocator of the `keel` binary, and of anything that embeds keel and wants the
 /// same figures: a step allocates and frees many small strings and JSON values on several

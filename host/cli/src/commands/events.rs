@@ -71,7 +71,7 @@ pub fn render(row: &EventRow, detail: Detail) -> Option<String> {
         match &row.event {
             SessionEvent::EnvironmentApplied { session_goal, phase_goal } => {
                 let goal = phase_goal.as_deref().or(session_goal.as_deref()).unwrap_or("");
-                return Some(format!("goal: {}", inert(&keel::session::goal_reference(goal))));
+                return Some(format!("goal: {}", inert(&keel::assembly::goal_reference(goal))));
             }
             SessionEvent::ModelCallFinished { .. } => {
                 // Only its warnings (a reply cut or empty), never the timing line.
@@ -104,7 +104,7 @@ pub fn render(row: &EventRow, detail: Detail) -> Option<String> {
         }
         SessionEvent::EnvironmentApplied { phase_goal, .. } => format!(
             "applying the task environment (phase goal: {})",
-            inert(&keel::session::goal_reference(phase_goal.as_deref().unwrap_or("")))
+            inert(&keel::assembly::goal_reference(phase_goal.as_deref().unwrap_or("")))
         ),
         SessionEvent::CapabilitiesDiscovering { .. } => {
             "discovering skills, tools and memory".to_string()

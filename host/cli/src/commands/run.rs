@@ -137,12 +137,12 @@ pub struct WorkgroupArgs {
 
 impl WorkgroupArgs {
     /// The limits of a new main session (`None`: not a main session).
-    pub fn limits(&self) -> Option<keel::session::workgroup::Limits> {
+    pub fn limits(&self) -> Option<keel::workgroup::Limits> {
         if !self.main {
             return None;
         }
-        let d = keel::session::workgroup::Limits::default();
-        Some(keel::session::workgroup::Limits {
+        let d = keel::workgroup::Limits::default();
+        Some(keel::workgroup::Limits {
             max_live_children: self.max_children.unwrap_or(d.max_live_children),
             max_depth: self.max_depth.unwrap_or(d.max_depth),
             child_deadline_secs: self

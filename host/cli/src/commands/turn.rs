@@ -12,7 +12,7 @@ use keel::harness::Harness;
 use keel::home::Home;
 use keel::model::ModelClient;
 use keel::sandbox::{CancelToken, SandboxLimits};
-use keel::session::TurnUsage;
+use keel::views::TurnUsage;
 use serde_json::json;
 
 use super::{EXIT_TOOL_ERROR, inert_block};

@@ -826,9 +826,9 @@ impl Rig {
             })
             .unwrap();
         let db = keel::store::Db::open(&self.db()).unwrap();
-        let engine = keel::session::SessionEngine::new(db);
+        let engine = keel::session::SessionEngine::new(db, keel::meta::REACTIONS);
         for step in 1..=steps {
-            engine
+            keel::assembly::Assembly::of(&engine)
                 .evidence(&SessionId::from(session), Some(step))
                 .await
                 .unwrap_or_else(|e| panic!("the evidence of step {step} does not rebuild: {e}"));

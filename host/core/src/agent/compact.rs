@@ -12,10 +12,11 @@ use std::time::Instant;
 
 use crate::agent::summary;
 use crate::cancel::CancelToken;
+pub use crate::compaction::{Aim, Trigger};
+use crate::compaction::{Frozen, Promotion, Summary, SummaryCall};
+use crate::meta::SessionMeta;
 use crate::model::ModelError;
-pub use crate::session::compaction::{Aim, Trigger};
-use crate::session::compaction::{Frozen, Promotion, Summary, SummaryCall};
-use crate::session::{RuntimeState, SessionMeta};
+use crate::session::RuntimeState;
 
 use super::{AgentError, AgentService};
 
@@ -39,7 +40,7 @@ pub fn aim(
     window: u64,
     ceiling: f64,
     per_token: f64,
-    assembled: &crate::session::Assembled,
+    assembled: &crate::assembly::Assembled,
 ) -> Aim {
     let window_bytes = window as f64 * per_token;
     let compact_at = ceiling / window as f64;
@@ -117,33 +118,31 @@ impl AgentService {
     ) -> Result<Compaction, AgentError> {
         let started = Instant::now();
         let tokens = req.before.map(|(_, t)| t);
-        let Some(frozen) = self.engine.begin_compaction(id, req.trigger, req.aim, tokens).await?
+        let Some(frozen) = crate::compaction::Compaction::of(&self.engine)
+            .begin_compaction(id, req.trigger, req.aim, tokens)
+            .await?
         else {
             return Ok(Compaction::Nothing);
         };
         let frozen = Arc::new(frozen);
-        let meta = self.engine.meta(id).await?;
+        let meta = crate::meta::SessionMeta::read(&self.engine, id).await?;
         let window = req.window.or(meta.config.model.context_window);
-        let per_token = self.engine.bytes_per_token(id).await?;
+        let per_token = crate::assembly::Assembly::of(&self.engine).bytes_per_token(id).await?;
         let call = self.summary_call(&meta, &frozen, window.map(|w| (w, per_token)), cancel).await;
         crate::crash::point("after_summary_call");
         let after = match (&call.summary, req.before) {
             (Some(s), Some((bytes, tokens))) if bytes > 0 => {
                 let removed = frozen.history_bytes - frozen.kept_bytes;
                 let added = s.render(frozen.to).len() as i64;
-                let old = meta
-                    .runtime
-                    .checkpoint
-                    .as_ref()
-                    .map_or(0, |cp| cp.summary.render(cp.to).len() as i64);
+                let old =
+                    meta.checkpoint.as_ref().map_or(0, |cp| cp.summary.render(cp.to).len() as i64);
                 let bytes_after = (bytes - removed + added - old).max(0);
                 Some((tokens as f64 * bytes_after as f64 / bytes as f64).ceil() as i64)
             }
             _ => None,
         };
         let failed = call.error.clone().filter(|_| call.summary.is_none());
-        let seq = self
-            .engine
+        let seq = crate::compaction::Compaction::of(&self.engine)
             .prepare_checkpoint(id, frozen.clone(), call, (tokens, after), req.state_after)
             .await?;
         if let Some(e) = failed {
@@ -151,7 +150,9 @@ impl AgentService {
         }
         crate::crash::point("after_checkpoint");
         let ms = started.elapsed().as_secs_f64() * 1e3;
-        let promoted = self.engine.promote_checkpoint(id, seq, req.state_after, ms).await?;
+        let promoted = crate::compaction::Compaction::of(&self.engine)
+            .promote_checkpoint(id, seq, req.state_after, ms)
+            .await?;
         crate::crash::point("after_promotion");
         Ok(match promoted {
             Promotion::Promoted { checkpoint, context_start } => Compaction::Compacted {
@@ -200,19 +201,16 @@ impl AgentService {
             duration_ms: 0.0,
             usage: None,
         };
-        let mut rest: &[crate::session::compaction::FrozenMessage] = &frozen.messages;
+        let mut rest: &[crate::compaction::FrozenMessage] = &frozen.messages;
         let mut previous = frozen.previous.clone();
         let mut last = None;
         let mut calls = 0u32;
         'range: while last.is_none() || !rest.is_empty() {
-            let part =
-                |take: usize, previous: &Option<(i64, crate::session::compaction::Summary)>| {
-                    Frozen {
-                        messages: rest[..take].to_vec(),
-                        previous: previous.clone(),
-                        ..frozen.clone()
-                    }
-                };
+            let part = |take: usize, previous: &Option<(i64, crate::compaction::Summary)>| Frozen {
+                messages: rest[..take].to_vec(),
+                previous: previous.clone(),
+                ..frozen.clone()
+            };
             // The most messages whose request fits the budget (one at least).
             let mut take = match budget {
                 None => rest.len(),

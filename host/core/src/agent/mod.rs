@@ -17,10 +17,11 @@ use std::time::Instant;
 
 use tracing::Instrument;
 
+use crate::assembly::CallFacts;
 use crate::cancel::CancelToken;
 use crate::model::{ModelClient, ModelError, Usage};
 pub use crate::session::LoopGuards;
-use crate::session::{CallFacts, RuntimeState, SessionEngine, StepCommit, TurnStart};
+use crate::session::{RuntimeState, SessionEngine, StepCommit, TurnStart};
 use crate::store::StoreError;
 use crate::tools::ToolService;
 
@@ -89,7 +90,7 @@ pub type Events = Arc<dyn Fn(&Event) + Send + Sync>;
 /// A step whose calls have all ended, to be checked against the loop guards and committed.
 struct StepDone {
     /// The request of a fresh step (its evidence commits with it); `None` for an open step.
-    assembled: Option<crate::session::Assembled>,
+    assembled: Option<crate::assembly::Assembled>,
     step_no: i64,
     result: calls::StepResult,
     /// The step's number within this turn (0 for a step finished from the journal).
@@ -247,7 +248,7 @@ impl AgentService {
     ) -> Result<TurnOutcome, AgentError> {
         let mut guard = GuardState { lease: turn.lease.clone(), ..GuardState::default() };
         if let Some(open) = self.engine.load_open_step(id).await? {
-            let meta = self.engine.meta(id).await?;
+            let meta = crate::meta::SessionMeta::read(&self.engine, id).await?;
             if !calls::can_progress(&meta, &open) {
                 let pending = open
                     .units
@@ -329,7 +330,8 @@ impl AgentService {
                     overflowed = true;
                     let bytes = assembled.body.len() as i64;
                     // The window the refusal names, else less than the refused request.
-                    let per_token = self.engine.bytes_per_token(id).await?;
+                    let per_token =
+                        crate::assembly::Assembly::of(&self.engine).bytes_per_token(id).await?;
                     let named = crate::model::window_in_refusal(body);
                     // A window the server names is the session's from now on: every later
                     // request is sized to it, with room for the reply.
@@ -398,8 +400,7 @@ impl AgentService {
                     // can be looked at (`keel session evidence --refused`).
                     let detail = f.to_string();
                     assembled.call.attempts = f.attempts;
-                    let seq = self
-                        .engine
+                    let seq = crate::assembly::Assembly::of(&self.engine)
                         .refuse_step(id, assembled, f.last.http_status(), detail.clone())
                         .await?;
                     tracing::debug!(refused = seq, "model request failed; its evidence is kept");
@@ -423,12 +424,12 @@ impl AgentService {
                 let answer = reply.content.clone().unwrap_or_default();
                 let assistant =
                     serde_json::json!({"role": "assistant", "content": answer}).to_string();
-                self.engine
+                crate::assembly::Assembly::of(&self.engine)
                     .commit_step(
                         id,
+                        Some(assembled.clone()),
                         StepCommit {
                             turn: turn.turn,
-                            evidence: Some(assembled.clone()),
                             step: assembled.step,
                             assistant,
                             results: Vec::new(),
@@ -511,8 +512,8 @@ impl AgentService {
     ) -> Result<
         Result<
             (
-                crate::session::SessionMeta,
-                crate::session::Assembled,
+                crate::meta::SessionMeta,
+                crate::assembly::Assembled,
                 Option<Arc<crate::tools::Catalog>>,
             ),
             TurnOutcome,
@@ -529,7 +530,7 @@ impl AgentService {
             let Some(window) = meta.config.model.context_window else {
                 return Ok(Ok((meta, assembled, catalog)));
             };
-            let per_token = self.engine.bytes_per_token(id).await?;
+            let per_token = crate::assembly::Assembly::of(&self.engine).bytes_per_token(id).await?;
             let bytes = assembled.body.len() as i64;
             let tokens = (bytes as f64 / per_token).ceil() as i64;
             let limit = compact::request_limit(&meta.config.model, window);
@@ -548,9 +549,9 @@ impl AgentService {
                      instructions and tool schemas are too large. Start a new session, or use a model with a \
                      larger context (--context-window)",
                     limit.floor() as i64,
-                    crate::session::MIN_RESULT_CAP,
+                    crate::assembly::MIN_RESULT_CAP,
                 );
-                self.engine
+                crate::assembly::Assembly::of(&self.engine)
                     .refuse_step(id, assembled, None, format!("not sent: {message}"))
                     .await?;
                 return Ok(Err(TurnOutcome::Failed(message)));
@@ -602,16 +603,11 @@ impl AgentService {
         id: &SessionId,
         within: Option<usize>,
     ) -> Result<
-        (
-            crate::session::SessionMeta,
-            crate::session::Assembled,
-            Option<Arc<crate::tools::Catalog>>,
-        ),
+        (crate::meta::SessionMeta, crate::assembly::Assembled, Option<Arc<crate::tools::Catalog>>),
         AgentError,
     > {
         let mut catalog = None;
-        let (meta, assembled) = self
-            .engine
+        let (meta, assembled) = crate::assembly::Assembly::of(&self.engine)
             .assemble_within(id, within, |c, m, form| {
                 let at = self.tools.catalog_in(c).ok()?;
                 let (loaded, pins) = (&m.capabilities.loaded_tools, &m.capabilities.tool_pins);
@@ -625,11 +621,12 @@ impl AgentService {
 
     /// Where the room of session `id`'s next request goes: the request assembled as it would
     /// be sent now (before any compaction or cut), against the session's window.
-    pub async fn room(&self, id: &SessionId) -> Result<crate::session::RoomView, AgentError> {
+    pub async fn room(&self, id: &SessionId) -> Result<crate::assembly::RoomView, AgentError> {
         let (meta, assembled, _) = self.assemble_with_catalog(id, None).await?;
-        let bytes_per_token = self.engine.bytes_per_token(id).await?;
+        let bytes_per_token =
+            crate::assembly::Assembly::of(&self.engine).bytes_per_token(id).await?;
         let window = meta.config.model.context_window;
-        Ok(crate::session::RoomView {
+        Ok(crate::assembly::RoomView {
             window,
             limit: window.map(|w| compact::request_limit(&meta.config.model, w) as u64),
             bytes_per_token,
@@ -692,12 +689,12 @@ impl AgentService {
         } else {
             RuntimeState::Running
         };
-        self.engine
+        crate::assembly::Assembly::of(&self.engine)
             .commit_step(
                 id,
+                if step.opened { None } else { assembled },
                 StepCommit {
                     turn,
-                    evidence: if step.opened { None } else { assembled },
                     step: step_no,
                     assistant: step.assistant,
                     results: step.results,

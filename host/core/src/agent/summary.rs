@@ -13,9 +13,9 @@
 
 use serde_json::{Value, json};
 
+use crate::compaction::{Frozen, SENT_CAP, Summary};
 use crate::model::ModelConfig;
 use crate::model::answer::Reader;
-use crate::session::compaction::{Frozen, SENT_CAP, Summary};
 use crate::understand::{PreprocessConfig, ResponseFormat};
 
 /// The summary call's instructions (its system message).

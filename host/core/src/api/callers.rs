@@ -12,7 +12,9 @@ use super::{ApiError, Harness, SessionSpec};
 use crate::access::{AccessError, GrantRoots};
 use crate::caller::{Caller, Owner};
 use crate::grant::{Access, Grant};
-use crate::session::{ApprovalUnit, DecideError, Decision, SessionMeta, SessionSummary};
+use crate::meta::SessionMeta;
+use crate::session::{ApprovalUnit, DecideError, Decision};
+use crate::views::SessionSummary;
 
 /// What a caller asks of a new session; each absent part takes the front-end's template.
 #[derive(Debug, Clone, Default)]
@@ -108,7 +110,7 @@ impl Harness {
     /// "not found", as one that does not exist.
     pub async fn session(&self, caller: &Caller, id: &str) -> Result<SessionMeta, ApiError> {
         let id = &SessionId::from(id);
-        let meta = self.engine.meta(id).await?;
+        let meta = crate::meta::SessionMeta::read(&self.engine, id).await?;
         if caller.may_see(meta.config.owner.as_ref()) {
             Ok(meta)
         } else {
@@ -119,7 +121,7 @@ impl Harness {
 
     /// Every session `caller` may see, newest first.
     pub async fn sessions(&self, caller: &Caller) -> Result<Vec<SessionSummary>, ApiError> {
-        let mut sessions = self.engine.list().await?;
+        let mut sessions = crate::views::Views::of(&self.engine).list().await?;
         if let Caller::Api(p) = caller
             && !caller.is_admin()
         {
@@ -353,9 +355,9 @@ impl Harness {
 fn workgroup_limits(
     m: WorkgroupRequest,
     admin: bool,
-) -> Result<crate::session::workgroup::Limits, ApiError> {
-    let d = crate::session::workgroup::Limits::default();
-    let limits = crate::session::workgroup::Limits {
+) -> Result<crate::workgroup::Limits, ApiError> {
+    let d = crate::workgroup::Limits::default();
+    let limits = crate::workgroup::Limits {
         max_live_children: m.max_children.unwrap_or(d.max_live_children),
         max_depth: m.max_depth.unwrap_or(d.max_depth),
         child_deadline_secs: m.child_deadline_secs.unwrap_or(d.child_deadline_secs),

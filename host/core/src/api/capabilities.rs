@@ -16,8 +16,8 @@ pub struct SkillInstallReport {
 /// orchestration of each turn that prepared capabilities.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SessionCapabilities {
-    pub capabilities: Vec<crate::session::capabilities::Capability>,
-    pub orchestrations: Vec<crate::session::orchestration::Orchestration>,
+    pub capabilities: Vec<crate::preparation::capabilities::Capability>,
+    pub orchestrations: Vec<crate::preparation::orchestration::Orchestration>,
 }
 
 /// Skills, long-term memory and a session's capabilities.
@@ -193,7 +193,8 @@ impl Harness {
     ) -> Result<SessionCapabilities, ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        let (capabilities, orchestrations) = self.engine.capabilities(id).await?;
+        let (capabilities, orchestrations) =
+            crate::preparation::Preparation::of(&self.engine).capabilities(id).await?;
         Ok(SessionCapabilities { capabilities, orchestrations })
     }
 
@@ -203,12 +204,12 @@ impl Harness {
         &self,
         caller: &Caller,
         id: &str,
-        kind: crate::session::capabilities::Kind,
+        kind: crate::preparation::capabilities::Kind,
         name: &str,
     ) -> Result<(), ApiError> {
         let id = &SessionId::from(id);
         caller.require_admin("unloading a capability")?;
-        Ok(self.engine.unload(id, kind, name).await?)
+        Ok(crate::preparation::Preparation::of(&self.engine).unload(id, kind, name).await?)
     }
 
     /// Compacts session `id` now (see [`Brain::compact`](crate::brain::Brain::compact)); inputs
@@ -231,10 +232,10 @@ impl Harness {
         &self,
         caller: &Caller,
         id: &str,
-    ) -> Result<Vec<crate::session::compaction::CheckpointRecord>, ApiError> {
+    ) -> Result<Vec<crate::compaction::CheckpointRecord>, ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(self.engine.checkpoints(id).await?)
+        Ok(crate::compaction::Compaction::of(&self.engine).checkpoints(id).await?)
     }
 
     /// The exact request of checkpoint `n`'s summary call (the last checkpoint's if `None`).
@@ -246,7 +247,7 @@ impl Harness {
     ) -> Result<(i64, Vec<u8>), ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(self.engine.compaction_evidence(id, n).await?)
+        Ok(crate::compaction::Compaction::of(&self.engine).compaction_evidence(id, n).await?)
     }
 
     /// The last answer of checkpoint `n`'s summary call (the last checkpoint's if `None`), as
@@ -259,7 +260,7 @@ impl Harness {
     ) -> Result<(i64, String), ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(self.engine.compaction_reply(id, n).await?)
+        Ok(crate::compaction::Compaction::of(&self.engine).compaction_reply(id, n).await?)
     }
 
     /// The exact request of turn `turn`'s orchestration call (the last one made if `None`).
@@ -271,7 +272,9 @@ impl Harness {
     ) -> Result<(i64, Vec<u8>), ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(self.engine.orchestration_evidence(id, turn).await?)
+        Ok(crate::preparation::Preparation::of(&self.engine)
+            .orchestration_evidence(id, turn)
+            .await?)
     }
 }
 

@@ -28,20 +28,22 @@ pub use registry::{
 };
 
 use crate::agent::{AgentError, Events, LoopGuards};
+use crate::assembly::ModelCallRecord;
+use crate::assembly::RoomView;
 use crate::brain::Submitted;
 use crate::harness::Harness;
 use crate::ids::SessionId;
 use crate::model::ModelConfig;
 use crate::sandbox::{Budget, CancelToken, Grant};
 use crate::session::{
-    ApprovalUnit, DecideError, EventRow, ModelCallRecord, NewSession, Policy, RecoveredSession,
-    RoomView, RuntimeState, Timeline,
+    ApprovalUnit, DecideError, EventRow, NewSession, Policy, RecoveredSession, RuntimeState,
 };
 use crate::store::StoreError;
 use crate::tools::{
     CallOutcome, CallRequest, ComponentRecord, HostTool, InstallMode, InstallReport, ToolPins,
     ToolRecord,
 };
+use crate::views::Timeline;
 
 /// A tool version change of [`Harness::upgrade_session_tools`]: the tool, the digest it ran
 /// before (if pinned) and the digest it runs now.
@@ -49,7 +51,7 @@ pub type PinChange = (String, Option<String>, String);
 
 /// The first-party control and discovery tools every new session is given.
 pub const CONTROL_TOOLS: &[&str] = crate::builtin::ALWAYS_LOADED;
-pub use crate::session::workgroup::DELEGATION_TOOLS;
+pub use crate::workgroup::DELEGATION_TOOLS;
 
 /// What a new session is made of.
 #[derive(Debug, Clone)]
@@ -85,7 +87,7 @@ pub struct SessionSpec {
     /// `Some`: a main session, with its workgroup's limits — it routes (no task understanding
     /// of its own; its sub-sessions get `preprocess`) and has the delegation tools. `None`: a
     /// standalone sub-session, as `keel run` makes.
-    pub main: Option<crate::session::workgroup::Limits>,
+    pub main: Option<crate::workgroup::Limits>,
 }
 
 /// Why a use case was refused or failed.
@@ -272,14 +274,18 @@ impl Harness {
             owner: spec.owner,
         };
         let id = match spec.main {
-            Some(limits) => self.engine.create_main(new, limits, spec.preprocess).await?,
+            Some(limits) => {
+                crate::workgroup::Workgroups::of(&self.engine)
+                    .create_main(new, limits, spec.preprocess)
+                    .await?
+            }
             None => self.engine.create(new).await?,
         };
         Ok(id.into())
     }
 
     /// Whether a session with `model`'s context window and `prompt` would pass
-    /// [`FIXED_SHARE`](crate::session::FIXED_SHARE) of its window with every installed tool's
+    /// [`FIXED_SHARE`](crate::assembly::FIXED_SHARE) of its window with every installed tool's
     /// schemas (compact, as a small window gets them): such a session loads its tools on
     /// demand. `false` without a known window.
     fn schemas_past_share(&self, model: &ModelConfig, prompt: &str) -> Result<bool, ApiError> {
@@ -289,8 +295,8 @@ impl Harness {
         let schemas = catalog
             .tools_json_as(&all, &ToolPins::new(), crate::tools::SchemaForm::Compact)
             .map_or(0, |j| j.len());
-        let tokens = (prompt.len() + schemas) as f64 / crate::session::BYTES_PER_TOKEN;
-        Ok(tokens > crate::session::FIXED_SHARE * window as f64)
+        let tokens = (prompt.len() + schemas) as f64 / crate::assembly::BYTES_PER_TOKEN;
+        Ok(tokens > crate::assembly::FIXED_SHARE * window as f64)
     }
 
     /// Adds `tools` to an existing session (add-only), pinned at the versions installed now.
@@ -305,10 +311,12 @@ impl Harness {
         for t in tools {
             self.tools.resolve(t).map_err(|e| ApiError::NotInstalled(e.to_string()))?;
         }
-        let selection =
-            crate::session::capabilities::Selection { tools: tools.to_vec(), ..Default::default() };
-        self.engine
-            .add_capabilities(id, selection, crate::session::capabilities::Via::Admin)
+        let selection = crate::preparation::capabilities::Selection {
+            tools: tools.to_vec(),
+            ..Default::default()
+        };
+        crate::preparation::Preparation::of(&self.engine)
+            .add_capabilities(id, selection, crate::preparation::capabilities::Via::Admin)
             .await?;
         Ok(())
     }
@@ -492,9 +500,9 @@ impl Harness {
     ) -> Result<Vec<PinChange>, ApiError> {
         let id = &SessionId::from(id);
         caller.require_admin("upgrading a session's tools")?;
-        let loaded = self.engine.loaded(id).await?;
+        let loaded = crate::preparation::Preparation::of(&self.engine).loaded(id).await?;
         let pins: ToolPins = self.tools.current_pins(&loaded.loaded_tools)?;
-        Ok(self.engine.pin_tools(id, pins, true).await?)
+        Ok(crate::preparation::Preparation::of(&self.engine).pin_tools(id, pins, true).await?)
     }
 
     /// Whether session `id` exists and `caller` may see it.
@@ -510,7 +518,7 @@ impl Harness {
     pub async fn timeline(&self, caller: &Caller, id: &str) -> Result<Timeline, ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        let mut timeline = self.engine.timeline(id).await?;
+        let mut timeline = crate::views::Views::of(&self.engine).timeline(id).await?;
         // Where the next request's room goes: left out (and logged) if it cannot be
         // assembled now, rather than failing the whole timeline.
         timeline.room = match self.brain.room(id).await {
@@ -539,7 +547,7 @@ impl Harness {
     ) -> Result<Vec<ModelCallRecord>, ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(self.engine.model_calls(id).await?)
+        Ok(crate::assembly::Assembly::of(&self.engine).model_calls(id).await?)
     }
 
     /// What the model calls of turn `turn` of session `id` came to: calls, reported tokens,
@@ -549,10 +557,13 @@ impl Harness {
         caller: &Caller,
         id: &str,
         turn: i64,
-    ) -> Result<crate::session::TurnUsage, ApiError> {
+    ) -> Result<crate::views::TurnUsage, ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(crate::session::TurnUsage::of(&self.engine.model_calls(id).await?, turn))
+        Ok(crate::views::TurnUsage::of(
+            &crate::assembly::Assembly::of(&self.engine).model_calls(id).await?,
+            turn,
+        ))
     }
 
     /// The exact request body of `step` of session `id` (the last one if `None`), checked
@@ -565,7 +576,7 @@ impl Harness {
     ) -> Result<(i64, Vec<u8>), ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(self.engine.evidence(id, step).await?)
+        Ok(crate::assembly::Assembly::of(&self.engine).evidence(id, step).await?)
     }
 
     /// The body of refused request `n` of session `id` (the last one if `None`).
@@ -577,7 +588,7 @@ impl Harness {
     ) -> Result<(i64, Vec<u8>), ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(self.engine.refused_evidence(id, n).await?)
+        Ok(crate::assembly::Assembly::of(&self.engine).refused_evidence(id, n).await?)
     }
 
     /// The body of the understanding call of turn `turn` of session `id` (the last one if
@@ -590,7 +601,9 @@ impl Harness {
     ) -> Result<(i64, Vec<u8>), ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(self.engine.understanding_evidence(id, turn).await?)
+        Ok(crate::preparation::Preparation::of(&self.engine)
+            .understanding_evidence(id, turn)
+            .await?)
     }
 
     /// Session `id`'s events after sequence number `after`, oldest first, at most `limit`.

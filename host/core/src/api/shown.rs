@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::caller::Caller;
 use crate::grant::Grant;
-use crate::session::SessionMeta;
+use crate::meta::SessionMeta;
 use crate::tools::ComponentRecord;
 
 /// Grants: whole for an admin, `{guest, access}` for a user.
@@ -127,7 +127,7 @@ pub fn session(caller: &Caller, meta: &SessionMeta) -> Value {
 
 /// A session's timeline: its grants and its approvals' grants without host directories for a
 /// user.
-pub fn timeline(caller: &Caller, t: &crate::session::Timeline) -> Value {
+pub fn timeline(caller: &Caller, t: &crate::views::Timeline) -> Value {
     let mut v = json!(t);
     if !caller.is_admin() {
         // Its state detail, messages, tool results and events may quote a host detail.

@@ -23,12 +23,11 @@ impl Harness {
         &self,
         caller: &Caller,
         main: &str,
-    ) -> Result<crate::session::workgroup::Workgroup, ApiError> {
+    ) -> Result<crate::workgroup::Workgroup, ApiError> {
         let main = &SessionId::from(main);
         self.check_sees(caller, main).await?;
         let m = main.to_string();
-        let found =
-            self.engine.db().read(move |c| crate::session::workgroup::workgroup_in(c, &m)).await?;
+        let found = self.engine.db().read(move |c| crate::workgroup::workgroup_in(c, &m)).await?;
         match found {
             Some(w) => Ok(w),
             None => {
@@ -44,13 +43,13 @@ impl Harness {
     pub async fn workgroups(
         &self,
         caller: &Caller,
-    ) -> Result<Vec<crate::session::workgroup::Workgroup>, ApiError> {
+    ) -> Result<Vec<crate::workgroup::Workgroup>, ApiError> {
         let db = self.engine.db().clone();
         let all = db
             .read(|c| {
                 let mut out = Vec::new();
-                for m in crate::session::workgroup::mains_in(c)? {
-                    out.extend(crate::session::workgroup::workgroup_in(c, &m)?);
+                for m in crate::workgroup::mains_in(c)? {
+                    out.extend(crate::workgroup::workgroup_in(c, &m)?);
                 }
                 Ok(out)
             })
@@ -69,11 +68,11 @@ impl Harness {
         &self,
         caller: &Caller,
         main: &str,
-    ) -> Result<Vec<crate::session::workgroup::EventRecord>, ApiError> {
+    ) -> Result<Vec<crate::workgroup::EventRecord>, ApiError> {
         self.check_sees(caller, main).await?;
         self.workgroup(caller, main).await?;
         let m = main.to_string();
-        Ok(self.engine.db().read(move |c| crate::session::workgroup::events_in(c, &m)).await?)
+        Ok(self.engine.db().read(move |c| crate::workgroup::events_in(c, &m)).await?)
     }
 
     /// Approval units of session `session` and of every session below it in its workgroup
@@ -88,11 +87,7 @@ impl Harness {
         self.check_sees(caller, session).await?;
         self.engine.runtime(session).await?;
         let s = session.to_string();
-        let below = self
-            .engine
-            .db()
-            .read(move |c| crate::session::workgroup::descendants_in(c, &s))
-            .await?;
+        let below = self.engine.db().read(move |c| crate::workgroup::descendants_in(c, &s)).await?;
         let mut out = self.engine.approvals(Some(session), pending_only).await?;
         for d in below {
             out.extend(self.engine.approvals(Some(&d), pending_only).await?);

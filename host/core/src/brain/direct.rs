@@ -46,7 +46,7 @@ impl Brain {
             return Err(busy());
         }
         let guard = RunnerTasks::start(self, id, cancel);
-        let result = match self.engine().meta(id).await {
+        let result = match crate::meta::SessionMeta::read(&self.engine(), id).await {
             Ok(meta) => self.agent.call_direct(&meta, tool, input, cancel, ask).await,
             Err(e) => Err(e),
         };

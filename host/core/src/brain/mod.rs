@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crate::agent::{AgentError, AgentService, Events, TurnOutcome};
 use crate::cancel::CancelToken;
 use crate::model::ModelError;
-use crate::session::transition::{PendingUnderstanding, Transition, Understood};
+use crate::preparation::transition::{PendingUnderstanding, Transition, Understood};
 use crate::session::{
     Again, ApprovalUnit, DecideError, Decision, RecoveredSession, RuntimeState, SessionEngine,
     TurnStart,
@@ -71,7 +71,7 @@ impl Drop for LocalRun {
 
 impl Brain {
     /// Where the room of session `id`'s next request goes (see [`AgentService::room`]).
-    pub async fn room(&self, id: &SessionId) -> Result<crate::session::RoomView, AgentError> {
+    pub async fn room(&self, id: &SessionId) -> Result<crate::assembly::RoomView, AgentError> {
         self.agent.room(id).await
     }
 
@@ -205,7 +205,7 @@ impl Brain {
                 .read_inline({
                     let id = id.clone();
                     move |c| {
-                        let meta = SessionEngine::load_meta_in(c, &id)?;
+                        let meta = crate::meta::load_in(c, &id)?;
                         let runs = meta.runtime.active_turn.is_none()
                             && !matches!(meta.runtime.state, RuntimeState::Interrupted);
                         Ok(runs && crate::session::pending_inputs(c, &id)? > 0)
@@ -258,10 +258,7 @@ impl Brain {
                 let Some(token) = lease::acquire_in(c, &sid, &owner)? else {
                     return Ok((seq, None, None));
                 };
-                let under_way = crate::session::SessionEngine::load_meta_in(c, &sid)?
-                    .runtime
-                    .active_turn
-                    .is_some();
+                let under_way = crate::meta::load_in(c, &sid)?.runtime.active_turn.is_some();
                 let begun = if under_way { None } else { crate::session::begin_turn_in(c, &sid)? };
                 Ok((seq, Some(token), begun))
             })
@@ -410,7 +407,7 @@ impl Brain {
         events: &Events,
     ) -> Result<crate::agent::compact::Compaction, AgentError> {
         use crate::agent::compact::{self, Aim, CompactRequest, Trigger};
-        let meta = self.engine().meta(id).await?;
+        let meta = crate::meta::SessionMeta::read(&self.engine(), id).await?;
         let busy = || {
             StoreError::Conflict(format!(
                 "session `{id}` is held by a runner that is working on it; a running session compacts itself \
@@ -433,9 +430,9 @@ impl Brain {
             }
             s => s,
         };
-        let estimate = self.engine().token_estimate(id).await;
+        let estimate = crate::assembly::Assembly::of(&self.engine()).token_estimate(id).await;
         let per_token =
-            estimate.as_ref().map_or(crate::session::BYTES_PER_TOKEN, |e| e.bytes_per_token);
+            estimate.as_ref().map_or(crate::assembly::BYTES_PER_TOKEN, |e| e.bytes_per_token);
         let request = CompactRequest {
             trigger: Trigger::Manual,
             window: None,
@@ -502,7 +499,7 @@ impl Brain {
                 // they wait for a person's next message, which takes the session again.
                 if !force
                     && crate::session::pending_inputs(c, &sid)? > 0
-                    && crate::session::SessionEngine::load_meta_in(c, &sid)?.runtime.state
+                    && crate::meta::load_in(c, &sid)?.runtime.state
                         != crate::session::RuntimeState::Interrupted
                 {
                     return Ok(false);

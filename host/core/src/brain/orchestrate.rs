@@ -11,9 +11,9 @@
 
 use serde_json::{Value, json};
 
-use crate::session::capabilities::Selection;
-use crate::session::orchestration::Candidates;
-use crate::session::transition::RecallTerms;
+use crate::preparation::capabilities::Selection;
+use crate::preparation::orchestration::Candidates;
+use crate::preparation::transition::RecallTerms;
 use crate::understand::PreprocessConfig;
 
 /// The Orchestrator's instructions (its system message).

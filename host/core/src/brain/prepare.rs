@@ -20,10 +20,13 @@ impl Brain {
         cancel: &CancelToken,
         resumed: bool,
     ) -> Result<bool, AgentError> {
-        let Some(pending) = self.engine().pending_understanding(id).await? else {
+        let Some(pending) =
+            crate::preparation::Preparation::of(&self.engine()).pending_understanding(id).await?
+        else {
             // Committed already: its capability preparation may not have finished (the
             // process died in between).
-            if let Some(t) = self.engine().unprepared(id).await?
+            if let Some(t) =
+                crate::preparation::Preparation::of(&self.engine()).unprepared(id).await?
                 && let Some(config) = self.engine().config(id).await?.preprocess
             {
                 self.prepare_capabilities(id, &t, &config, cancel).await?;
@@ -47,14 +50,15 @@ impl Brain {
         // with nothing to choose from, the whole preparation does).
         let mode = understood.mode(pending.phase_goal.as_deref());
         let recalled = match &pending.preprocess {
-            Some(_) if crate::session::transition::prepares_capabilities(mode, true) => {
-                let meta = self.engine().meta(id).await?;
+            Some(_) if crate::preparation::transition::prepares_capabilities(mode, true) => {
+                let meta = crate::meta::SessionMeta::read(&self.engine(), id).await?;
                 Some(self.recall(&meta, pending.turn, mode, &understood.terms()).await)
             }
             _ => None,
         };
-        let committed =
-            self.engine().commit_transition(id, pending.turn, understood, recalled.clone()).await?;
+        let committed = crate::preparation::Preparation::of(&self.engine())
+            .commit_transition(id, pending.turn, understood, recalled.clone())
+            .await?;
         let announced = committed.is_some();
         if let (Some(t), Some(r), Some(config)) = (committed, recalled, &pending.preprocess)
             && !r.candidates.is_empty()
@@ -148,16 +152,18 @@ impl Brain {
         config: &understand::PreprocessConfig,
         cancel: &CancelToken,
     ) -> Result<(), AgentError> {
-        let meta = self.engine().meta(id).await?;
+        let meta = crate::meta::SessionMeta::read(&self.engine(), id).await?;
         let record = self.recall(&meta, transition.turn, transition.mode, &transition.terms).await;
         if record.candidates.is_empty() {
             // Nothing to choose from: no call; the recall and the environment in one commit.
-            let call = crate::session::orchestration::OrchestratorCall::default();
-            self.engine().record_recall(id, record, Some(call)).await?;
+            let call = crate::preparation::orchestration::OrchestratorCall::default();
+            crate::preparation::Preparation::of(&self.engine())
+                .record_recall(id, record, Some(call))
+                .await?;
             return Ok(());
         }
         let candidates = record.candidates.clone();
-        self.engine().record_recall(id, record, None).await?;
+        crate::preparation::Preparation::of(&self.engine()).record_recall(id, record, None).await?;
         crate::crash::point("after_recall");
         self.orchestrate(id, transition, config, &candidates, cancel).await
     }
@@ -165,14 +171,14 @@ impl Brain {
     /// The recall of one transition, timed, as it is recorded.
     async fn recall(
         &self,
-        meta: &crate::session::SessionMeta,
+        meta: &crate::meta::SessionMeta,
         turn: i64,
         mode: crate::understand::TransitionMode,
-        terms: &crate::session::transition::RecallTerms,
-    ) -> crate::session::orchestration::RecallRecord {
+        terms: &crate::preparation::transition::RecallTerms,
+    ) -> crate::preparation::orchestration::RecallRecord {
         let started = Instant::now();
         let recalled = recall(&self.db, meta, terms).await;
-        crate::session::orchestration::RecallRecord {
+        crate::preparation::orchestration::RecallRecord {
             turn,
             mode: mode.as_str().to_string(),
             candidates: recalled.candidates,
@@ -190,13 +196,15 @@ impl Brain {
         id: &SessionId,
         transition: &Transition,
         config: &understand::PreprocessConfig,
-        candidates: &crate::session::orchestration::Candidates,
+        candidates: &crate::preparation::orchestration::Candidates,
         cancel: &CancelToken,
     ) -> Result<(), AgentError> {
-        let meta = self.engine().meta(id).await?;
+        let meta = crate::meta::SessionMeta::read(&self.engine(), id).await?;
         let call = self.orchestrator_call(config, &meta, transition, candidates, cancel).await;
         crate::crash::point("after_orchestration_call");
-        self.engine().finish_orchestration(id, transition.turn, call).await?;
+        crate::preparation::Preparation::of(&self.engine())
+            .finish_orchestration(id, transition.turn, call)
+            .await?;
         Ok(())
     }
 
@@ -205,11 +213,11 @@ impl Brain {
     async fn orchestrator_call(
         &self,
         config: &understand::PreprocessConfig,
-        meta: &crate::session::SessionMeta,
+        meta: &crate::meta::SessionMeta,
         transition: &Transition,
-        candidates: &crate::session::orchestration::Candidates,
+        candidates: &crate::preparation::orchestration::Candidates,
         cancel: &CancelToken,
-    ) -> crate::session::orchestration::OrchestratorCall {
+    ) -> crate::preparation::orchestration::OrchestratorCall {
         let skills: Vec<String> = meta.capabilities.skills.iter().map(|s| s.name.clone()).collect();
         let body = orchestrate::request_body(
             config,
@@ -227,7 +235,7 @@ impl Brain {
         let started = Instant::now();
         let result = self.agent.model().complete(&config.model, &body, cancel).await;
         let duration_ms = started.elapsed().as_secs_f64() * 1e3;
-        let mut call = crate::session::orchestration::OrchestratorCall {
+        let mut call = crate::preparation::orchestration::OrchestratorCall {
             request: Some(body.to_vec()),
             duration_ms,
             ..Default::default()
@@ -265,7 +273,7 @@ impl Brain {
 
 /// What recall found for one transition.
 struct Recalled {
-    candidates: crate::session::orchestration::Candidates,
+    candidates: crate::preparation::orchestration::Candidates,
     memories: Vec<crate::memory::Memory>,
     /// What failed, group by group.
     error: Option<String>,
@@ -277,8 +285,8 @@ struct Recalled {
 /// by stable reference, so neither scores nor completion order reach a request.
 async fn recall(
     db: &Db,
-    meta: &crate::session::SessionMeta,
-    terms: &crate::session::transition::RecallTerms,
+    meta: &crate::meta::SessionMeta,
+    terms: &crate::preparation::transition::RecallTerms,
 ) -> Recalled {
     use crate::search::MAX_CANDIDATES;
     let (skill_terms, tool_terms, memory_terms) =

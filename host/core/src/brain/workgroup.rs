@@ -21,8 +21,8 @@ use crate::agent::{AgentError, Events};
 use crate::cancel::CancelToken;
 use crate::session::RuntimeState;
 use crate::session::lease::{self, lease_live};
-use crate::session::workgroup::{self, Runnable};
 use crate::store::StoreError;
+use crate::workgroup::{self, Runnable};
 
 /// How often the supervisor looks again when no commit of this process woke it (commits of
 /// other processes, deadlines).
@@ -64,7 +64,7 @@ impl Brain {
         let (sid, owner) = (id.clone(), self.owner.clone());
         self.db
             .run(move |c| {
-                let before = crate::session::SessionEngine::load_meta_in(c, &sid)?.runtime.state;
+                let before = crate::meta::load_in(c, &sid)?.runtime.state;
                 let why = match &reason {
                     Some(r) => format!("stopped: {r}"),
                     None => "interrupted by the user".to_string(),

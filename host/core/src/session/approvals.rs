@@ -85,12 +85,13 @@ impl ApprovalUnit {
         }
     }
 
-    /// A new pending unit for the call `entry` of step `step` of the session `meta`: what it
-    /// would run (tool, component, exact input), the grants in force and why the policy asks.
-    /// An unresolved call is never asked about, so its effect is known; the strictest class
-    /// otherwise.
+    /// A new pending unit for the call `entry` of step `step` of session `session`, configured
+    /// as `config`: what it would run (tool, component, exact input), the grants in force and
+    /// why the policy asks. An unresolved call is never asked about, so its effect is known;
+    /// the strictest class otherwise.
     pub fn pending(
-        meta: &super::SessionMeta,
+        session: &crate::ids::SessionId,
+        config: &super::SessionConfig,
         step: i64,
         entry: &super::JournalEntry,
         why: String,
@@ -98,14 +99,14 @@ impl ApprovalUnit {
         let now = now_ms();
         let seed = format!(
             "{}\u{1f}{step}\u{1f}{}\u{1f}{now}\u{1f}{:?}",
-            meta.id,
+            session,
             entry.call_id,
             std::time::Instant::now()
         );
         let hash = blake3::hash(seed.as_bytes()).to_hex();
         Self {
             id: format!("ap-{}", &hash[..12]).into(),
-            session_id: meta.id.clone(),
+            session_id: session.clone(),
             step,
             call_id: entry.call_id.clone(),
             result_id: format!("res-{}", &hash[12..24]),
@@ -114,8 +115,8 @@ impl ApprovalUnit {
             component_digest: entry.component_digest.clone().unwrap_or_default(),
             input: entry.input.clone(),
             input_digest: crate::digest::sha256_hex(entry.input.as_bytes()),
-            grants: meta.config.grants.clone(),
-            net: meta.config.net.lines(),
+            grants: config.grants.clone(),
+            net: config.net.lines(),
             why,
             status: ApprovalStatus::Pending,
             created_at: now,

@@ -47,7 +47,7 @@ fn valid_id(id: &str) -> bool {
 /// Checks what `new` names (its user, policy patterns, chosen id) and returns its id: the
 /// chosen one, or a new random one — so that sessions created at once (by concurrent API
 /// requests on one worker thread, or parallel spawns) never collide.
-fn checked_id(new: &NewSession) -> Result<String, StoreError> {
+pub(crate) fn checked_id(new: &NewSession) -> Result<String, StoreError> {
     if let Some(u) = &new.user
         && !crate::memory::valid_principal(&crate::memory::typed(u, crate::memory::Kind::Local))
     {
@@ -62,7 +62,7 @@ fn checked_id(new: &NewSession) -> Result<String, StoreError> {
             "session id `{id}` is not valid: use letters, digits, `-` and `_` (at most 64)"
         ))),
         Some(id) => Ok(id.clone()),
-        None => Ok(workgroup::new_id()),
+        None => Ok(new_id()),
     }
 }
 
@@ -106,19 +106,6 @@ pub fn create_in(c: &Connection, id: &str, new: &NewSession) -> Result<(), Store
             json(&pins)?
         ],
     )?;
-    let origins: Vec<(String, capabilities::Via)> = new
-        .tools
-        .iter()
-        .map(|t| {
-            let via = if new.named_tools && !crate::builtin::ALWAYS_LOADED.contains(&t.as_str()) {
-                capabilities::Via::Flag
-            } else {
-                capabilities::Via::Default
-            };
-            (t.clone(), via)
-        })
-        .collect();
-    capabilities::created_in(c, id, &origins)?;
     for g in &new.grants {
         let within = g
             .within
@@ -140,7 +127,17 @@ pub fn create_in(c: &Connection, id: &str, new: &NewSession) -> Result<(), Store
             ],
         )?;
     }
-    Ok(())
+    (super::reactions::get().on_create)(c, id, new)
+}
+
+/// A new session id: `s-` and 12 random hex digits.
+pub fn new_id() -> String {
+    let mut seed = [0u8; 16];
+    if getrandom::fill(&mut seed).is_err() {
+        let fallback = format!("{}-{:?}", now_ms(), std::thread::current().id());
+        seed.copy_from_slice(&blake3::hash(fallback.as_bytes()).as_bytes()[..16]);
+    }
+    format!("s-{}", &hex::encode(seed)[..12])
 }
 
 impl SessionEngine {
@@ -150,29 +147,6 @@ impl SessionEngine {
         let new = Arc::new(new);
         let id2 = id.clone();
         self.db.run(move |c| create_in(c, &id2, &new)).await?;
-        Ok(id)
-    }
-
-    /// Creates a main session: `new` (without task understanding of its own: a main session
-    /// routes) and its workgroup, with `limits` and the settings its sub-sessions get —
-    /// `child_preprocess` and `new.tools` (the delegation tools among them) — in one
-    /// transaction.
-    pub async fn create_main(
-        &self,
-        new: NewSession,
-        limits: workgroup::Limits,
-        child_preprocess: Option<crate::understand::PreprocessConfig>,
-    ) -> Result<String, StoreError> {
-        limits.check().map_err(StoreError::Input)?;
-        let id = checked_id(&new)?;
-        let new = NewSession { id: Some(id.clone()), preprocess: None, ..new };
-        let id2 = id.clone();
-        self.db
-            .run(move |c| {
-                create_in(c, &id2, &new)?;
-                workgroup::create_main_in(c, &id2, &limits, child_preprocess.as_ref(), &new.tools)
-            })
-            .await?;
         Ok(id)
     }
 

@@ -14,7 +14,47 @@ use serde::{Deserialize, Serialize};
 use crate::model::Usage;
 use crate::store::{StoreError, now_ms};
 
-use super::facts::RuntimeState;
+use super::state::RuntimeState;
+
+crate::stored_enum! {
+    /// How a capability arrived in a session.
+    pub enum Via: "capability origin" {
+        /// Named when the session was created (`keel run --tools`).
+        Flag = "flag",
+        /// Loaded with every session (no `--tools`: every installed tool; the control and
+        /// discovery tools always).
+        Default = "default",
+        /// Selected by the Orchestrator when a turn set the goals.
+        Orchestrator = "orchestrator",
+        /// Loaded by the model with `skills_load`.
+        SkillsLoad = "skills_load",
+        /// Selected by the model with `tools_select`.
+        ToolsSelect = "tools_select",
+        /// Added by an admin to an existing session (`keel run --session ID --tools`).
+        Admin = "admin",
+    }
+}
+
+crate::stored_enum! {
+    /// What kind of capability.
+    pub enum CapabilityKind: "capability kind" {
+        Tool = "tool",
+        Skill = "skill",
+    }
+}
+
+crate::stored_enum! {
+    /// What started a compaction.
+    pub enum Trigger: "compaction trigger" {
+        /// The next request's estimated size passed the session's threshold of the context
+        /// window.
+        Threshold = "threshold",
+        /// The model server refused a request as longer than its context window.
+        Overflow = "overflow",
+        /// A person asked for it (`keel session compact`).
+        Manual = "manual",
+    }
+}
 
 /// One event of a session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -74,9 +114,9 @@ pub enum SessionEvent {
         error: Option<String>,
     },
     /// Capabilities were added to the session.
-    CapabilitiesAdded { via: super::capabilities::Via, tools: Vec<String>, skills: Vec<String> },
+    CapabilitiesAdded { via: Via, tools: Vec<String>, skills: Vec<String> },
     /// A capability was unloaded by an admin.
-    CapabilityUnloaded { capability: super::capabilities::Kind, name: String },
+    CapabilityUnloaded { capability: CapabilityKind, name: String },
     /// The runtime state changed.
     State {
         state: RuntimeState,
@@ -163,7 +203,7 @@ pub enum SessionEvent {
     /// A compaction began: messages `from..=to` are to be summarized (`tokens`: the estimated
     /// size of the next request that led to it).
     CompactionStarted {
-        trigger: super::compaction::Trigger,
+        trigger: Trigger,
         from: i64,
         to: i64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -312,7 +352,7 @@ fn one_line(text: &str, max: usize) -> String {
 /// (`NOTIFY keel_events`, delivered when the transaction commits; only a hint — they read the
 /// table by sequence number).
 pub fn append(c: &Connection, id: &str, event: &SessionEvent) -> Result<i64, StoreError> {
-    super::facts::lock_in(c, id)?;
+    super::row::lock_in(c, id)?;
     let body = serde_json::to_string(event)
         .map_err(|e| StoreError::Corrupt(format!("an event cannot be encoded: {e}")))?;
     // Numbered after the last one, in the same statement (the session's row lock orders

@@ -1,85 +1,13 @@
 //! The session facts and the SQL that reads and writes them.
 
-use std::fmt;
-use std::str::FromStr;
-
 use crate::sql::{Connection, OptionalExtension, params};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::store::{StoreError, now_ms};
 
 use super::JournalEntry;
-use super::capabilities::LoadedCapabilities;
-use super::config::SessionConfig;
-use super::task::TaskState;
-
-/// The runtime state a user sees.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RuntimeState {
-    Idle,
-    PreparingContext,
-    Running,
-    WaitingApproval,
-    Compressing,
-    Interrupted,
-    Failed,
-}
-
-impl RuntimeState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Idle => "idle",
-            Self::PreparingContext => "preparing_context",
-            Self::Running => "running",
-            Self::WaitingApproval => "waiting_approval",
-            Self::Compressing => "compressing",
-            Self::Interrupted => "interrupted",
-            Self::Failed => "failed",
-        }
-    }
-}
-
-impl fmt::Display for RuntimeState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for RuntimeState {
-    type Err = StoreError;
-    fn from_str(s: &str) -> Result<Self, StoreError> {
-        Ok(match s {
-            "idle" => Self::Idle,
-            "preparing_context" => Self::PreparingContext,
-            "running" => Self::Running,
-            "waiting_approval" => Self::WaitingApproval,
-            "compressing" => Self::Compressing,
-            "interrupted" => Self::Interrupted,
-            "failed" => Self::Failed,
-            other => return Err(StoreError::Corrupt(format!("unknown session state `{other}`"))),
-        })
-    }
-}
-
-/// SessionMeta: the session's facts besides its history, as four sub-owners that each own
-/// their columns and are read on their own: its configuration ([`SessionConfig`], fixed at
-/// creation), its task state ([`TaskState`]: goals, phase, plan), what it has loaded
-/// ([`LoadedCapabilities`]: tools, pins, skills, recalled memories) and its runtime
-/// ([`Runtime`]: state, counters, active turn, checkpoint). Its JSON is the four flattened
-/// into one object.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SessionMeta {
-    pub id: crate::ids::SessionId,
-    #[serde(flatten)]
-    pub config: SessionConfig,
-    #[serde(flatten)]
-    pub task: TaskState,
-    #[serde(flatten)]
-    pub capabilities: LoadedCapabilities,
-    #[serde(flatten)]
-    pub runtime: Runtime,
-}
+pub(crate) use super::row::{lock_in, no_session, parse};
+pub use super::state::RuntimeState;
 
 /// The session's runtime: its state, its counters, the turn in progress and the checkpoint its
 /// context starts after.
@@ -87,9 +15,6 @@ pub struct SessionMeta {
 pub struct Runtime {
     pub state: RuntimeState,
     pub state_detail: Option<String>,
-    /// The checkpoint the session's context starts after (its summary is in every request),
-    /// if the session was compacted.
-    pub checkpoint: Option<super::compaction::CurrentCheckpoint>,
     pub meta_version: i64,
     pub context_start: i64,
     pub steps: i64,
@@ -99,57 +24,9 @@ pub struct Runtime {
     pub active_turn: Option<i64>,
 }
 
-pub(super) fn parse<T: serde::de::DeserializeOwned>(
-    text: &str,
-    what: &str,
-) -> Result<T, StoreError> {
-    serde_json::from_str(text)
-        .map_err(|e| StoreError::Corrupt(format!("stored {what} is unreadable: {e}")))
-}
-
-/// Locks session `id`'s row for the rest of the caller's transaction (PostgreSQL's
-/// `FOR UPDATE`): writes of one session from several hosts take their turn, so each numbers
-/// its rows (events, messages, inputs …) after the last committed one. SQLite's store has one
-/// writer, which already orders them; there this does nothing. Taken before any lease row;
-/// taken once per transaction (the lock is held until it ends).
-pub fn lock_in(c: &Connection, id: &str) -> Result<(), StoreError> {
-    if c.backend() == crate::sql::Backend::Postgres && c.first_in_transaction(&format!("lock {id}"))
-    {
-        c.prepare_cached("SELECT 1 FROM sessions WHERE id=?1 FOR UPDATE")?
-            .query_row([id], |_| Ok(()))
-            .optional()?;
-    }
-    Ok(())
-}
-
-pub fn load_meta(c: &Connection, id: &str) -> Result<SessionMeta, StoreError> {
-    let counters = load_counters(c, id)?;
-    load_meta_at(c, id, counters)
-}
-
-/// The meta of `id` whose state and counters (read in the same transaction) are `counters`:
-/// reads what `meta_version` covers and fills in the rest.
-pub fn load_meta_at(
-    c: &Connection,
-    id: &str,
-    counters: MetaCounters,
-) -> Result<SessionMeta, StoreError> {
-    Ok(SessionMeta {
-        id: id.into(),
-        config: super::config::config_in(c, id)?,
-        task: super::task::task_in(c, id)?,
-        capabilities: super::capabilities::capabilities_in(c, id)?,
-        runtime: counters.runtime(super::compaction::current_in(c, id)?),
-    })
-}
-
 /// The runtime of session `id`.
 pub fn runtime_in(c: &Connection, id: &str) -> Result<Runtime, StoreError> {
-    Ok(load_counters(c, id)?.runtime(super::compaction::current_in(c, id)?))
-}
-
-pub(super) fn no_session(id: &str) -> StoreError {
-    StoreError::NotFound(format!("no session `{id}`; see `keel session list`"))
+    Ok(load_counters(c, id)?.runtime())
 }
 
 /// The meta fields that change without `meta_version` changing: the runtime state and the
@@ -181,18 +58,11 @@ impl MetaCounters {
         self.active_turn
     }
 
-    /// `meta` (read at this `meta_version`) brought up to these counters.
-    pub fn apply(self, meta: &mut SessionMeta) {
-        let checkpoint = meta.runtime.checkpoint.take();
-        meta.runtime = self.runtime(checkpoint);
-    }
-
-    /// The runtime these counters and `checkpoint` (read at this `meta_version`) make.
-    fn runtime(self, checkpoint: Option<super::compaction::CurrentCheckpoint>) -> Runtime {
+    /// The runtime these counters make.
+    pub fn runtime(self) -> Runtime {
         Runtime {
             state: self.state,
             state_detail: self.state_detail,
-            checkpoint,
             meta_version: self.meta_version,
             context_start: self.context_start,
             steps: self.steps,
@@ -311,14 +181,11 @@ pub fn set_state_after(
          WHERE id=?1",
     )?
     .execute(params![id, state.as_str(), detail, ends_turn, step])?;
-    // The end of a sub-session's turn may end its request: its terminal event is written
-    // here, the one place turns end; a wait for approval tells its parent.
-    if ends_turn && before.2.is_some() {
-        super::workgroup::turn_ended_in(c, id, state, detail)?;
-    } else if state == RuntimeState::WaitingApproval {
-        super::workgroup::waiting_in(c, id)?;
-    }
-    Ok(())
+    // This is the one place turns end and waits begin: the features that react to either
+    // (a sub-session's workgroup) do so here, in the same transaction.
+    let change =
+        super::reactions::StateChange { state, detail, ends_turn: ends_turn && before.2.is_some() };
+    (super::reactions::get().on_state)(c, id, change)
 }
 
 /// Sessions with work in flight: a turn open, a running state, or inputs not yet consumed —

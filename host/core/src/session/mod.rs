@@ -1,34 +1,34 @@
-//! SessionEngine: the session aggregate.
+//! SessionEngine: the session kernel.
 //!
-//! Owns every session fact: SessionMeta (goals, loaded tools, policy, budget, model config,
-//! runtime state, version counters), the append-only history, the durable inbox, the tool-call
-//! journal, request evidence, and per-session grants. Each business operation below is one
-//! transaction on the store's single writer; no other module writes these tables. It assembles
-//! each model request from the current facts. It does not call the model or run tools.
+//! Owns the facts every session has: its row and runtime state (state, counters, active turn),
+//! its configuration, the append-only history, the durable inbox and its turns, the tool-call
+//! journal and its one door ([`calls`]), events, approvals, the fenced write, and the runner
+//! leases. Each business operation is one transaction on the store's single writer; no other
+//! module writes these tables.
+//!
+//! The feature owners stand beside it, each with its own handle and SQL: turn preparation
+//! ([`crate::preparation`]: task, plan, transition, orchestration, capabilities), the
+//! workgroup ([`crate::workgroup`]), compaction ([`crate::compaction`]) and request assembly
+//! with its evidence ([`crate::assembly`]); [`crate::meta`] composes `SessionMeta` above them.
+//! The kernel imports none of them: where its commits must change their facts, it runs the
+//! [`reactions`] they registered. It does not call the model or run tools.
 
 mod approvals;
-mod assemble;
-mod blobs;
 mod calls;
-pub mod capabilities;
-pub mod compaction;
 mod config;
 mod create;
-pub mod delegation;
 mod direct;
-mod discovery;
 pub mod events;
+mod extensions;
 mod facts;
 pub mod lease;
-pub mod orchestration;
-pub mod plan;
+pub mod reactions;
 mod reads;
+mod recover;
+mod row;
+mod state;
 mod steps;
-mod task;
-pub mod transition;
 mod turns;
-mod views;
-pub mod workgroup;
 
 use std::sync::Arc;
 
@@ -42,28 +42,29 @@ use crate::store::{Db, StoreError, now_ms};
 
 pub use crate::policy::{Effect, Policy};
 pub use crate::tools::ConsumedApproval;
+pub use approvals::approvals_of;
 pub use approvals::{ApprovalStatus, ApprovalUnit, DecideError, Decision};
-pub use assemble::{
-    Assembled, BYTES_PER_TOKEN, CallFacts, EvidenceOf, FIXED_SHARE, GOAL_SHOWN, MIN_RESULT_CAP,
-    ModelCallRecord, Part, RefusedRequest, Room, RoomView, Schemas, TokenEstimate, estimate_tokens,
-    goal_reference, reconstruct_body,
-};
-pub use capabilities::LoadedCapabilities;
 pub use config::SessionConfig;
-pub use create::{NewSession, create_in};
-pub use delegation::SessionDelegation;
+pub(crate) use config::config_in;
+pub use create::{NewSession, new_id};
+pub(crate) use create::{checked_id, create_in};
 pub use direct::DIRECT_CALL_PREFIX;
-pub use discovery::SessionDiscovery;
 pub use events::{EventRow, SessionEvent};
-pub use facts::{Runtime, RuntimeState, SessionMeta, pending_inputs, unsettled_in};
-pub use reads::StoreGauges;
-pub use steps::{
-    AfterCrash, JournalStatus, OUTCOME_UNKNOWN, OpenStep, RecoveredSession, WaitCommit,
-    after_crash, close_turn_in, recover_in,
+pub use facts::{MetaCounters, Runtime, RuntimeState};
+pub(crate) use facts::{
+    journal_row, load_counters, lock_in, no_session, parse, pending_inputs, runtime_in, set_state,
+    set_state_after, unsettled_in,
 };
-pub use task::TaskState;
-pub use turns::{Again, StepCommit, TurnStart, begin_turn_in, submit_in};
-pub use views::{MessageCall, SessionSummary, Timeline, TimelineCall, TimelineMessage, TurnUsage};
+pub use reactions::{Reactions, StateChange};
+pub use reads::StoreGauges;
+pub use recover::RecoveredSession;
+pub(crate) use recover::recover_in;
+pub use steps::{AfterCrash, JournalStatus, OUTCOME_UNKNOWN, OpenStep, WaitCommit, after_crash};
+pub(crate) use steps::{close_turn_in, open_step_in};
+#[cfg(test)]
+pub(crate) use turns::REQUEST_KIND;
+pub use turns::{Again, StepCommit, TurnStart};
+pub(crate) use turns::{begin_turn_in, commit_step_in, submit_event_in, submit_in};
 
 /// How a decision made on this machine (the CLI, or a library caller) names its decider: the
 /// operating-system user.
@@ -153,17 +154,25 @@ pub struct JournalEntry {
 pub struct SessionEngine {
     db: Db,
     fences: Arc<lease::Fences>,
-    assembly: Arc<assemble::AssemblyCache>,
-    stored: Arc<assemble::StoredParts>,
+    extensions: Arc<extensions::Extensions>,
 }
 
 impl SessionEngine {
-    pub fn new(db: Db) -> Self {
-        Self { db, fences: Arc::default(), assembly: Arc::default(), stored: Arc::default() }
+    /// The engine of `db`, with the reactions of the feature owners beside the kernel (see
+    /// [`reactions`]; `keel::meta::REACTIONS` is the set keel's owners register).
+    pub fn new(db: Db, reactions: Reactions) -> Self {
+        reactions::install(reactions);
+        Self { db, fences: Arc::default(), extensions: Arc::default() }
     }
 
     pub fn db(&self) -> &Db {
         &self.db
+    }
+
+    /// The per-engine state of the owner of `T` (its caches): made on first use, shared by
+    /// every clone of this engine.
+    pub(crate) fn extension<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        self.extensions.get()
     }
 
     /// The fencing tokens of the leases this process's runners hold.
@@ -192,19 +201,6 @@ impl SessionEngine {
             .await
     }
 
-    /// The session's meta facts, read inside a caller's transaction.
-    pub fn load_meta_in(c: &Connection, id: &str) -> Result<SessionMeta, StoreError> {
-        facts::load_meta(c, id)
-    }
-
-    /// The session's meta facts (its four sub-owners'; a reader that needs one reads that one
-    /// alone: [`config`](Self::config), [`task`](Self::task),
-    /// [`loaded`](Self::loaded), [`runtime`](Self::runtime)).
-    pub async fn meta(&self, id: &SessionId) -> Result<SessionMeta, StoreError> {
-        let id = id.clone();
-        self.db.read_inline(move |c| facts::load_meta(c, &id)).await
-    }
-
     /// The session's configuration.
     pub async fn config(&self, id: &SessionId) -> Result<SessionConfig, StoreError> {
         let id = id.clone();
@@ -225,213 +221,11 @@ impl SessionEngine {
         self.write(id.clone(), move |c| config::learn_one_system_message_in(c, &id)).await
     }
 
-    /// The session's task state: goals, phase, plan.
-    pub async fn task(&self, id: &SessionId) -> Result<TaskState, StoreError> {
-        let id = id.clone();
-        self.db.read_inline(move |c| task::task_in(c, &id)).await
-    }
-
-    /// What the session has loaded.
-    pub async fn loaded(&self, id: &SessionId) -> Result<LoadedCapabilities, StoreError> {
-        let id = id.clone();
-        self.db.read_inline(move |c| capabilities::capabilities_in(c, &id)).await
-    }
-
     /// The session's runtime: state, counters, active turn, checkpoint. Also what tells
     /// whether a session exists (`NotFound` if not).
     pub async fn runtime(&self, id: &SessionId) -> Result<Runtime, StoreError> {
         let id = id.clone();
         self.db.read_inline(move |c| facts::runtime_in(c, &id)).await
-    }
-
-    /// Pins loaded tools to component digests: `pins` holds the digest each tool resolves to
-    /// now. Without `upgrade` only tools not pinned yet are pinned (what a session loaded it
-    /// keeps); with it every given pin replaces the old one. Returns the pins that changed,
-    /// as (tool, old digest, new digest).
-    pub async fn pin_tools(
-        &self,
-        id: &SessionId,
-        pins: std::collections::BTreeMap<String, String>,
-        upgrade: bool,
-    ) -> Result<Vec<(String, Option<String>, String)>, StoreError> {
-        let id = id.clone();
-        self.write(id.clone(), move |c| capabilities::pin_in(c, &id, pins, upgrade)).await
-    }
-
-    /// Adds tools to the session's loaded set (add-only, pinned): an admin's addition through
-    /// AddSelectedCapabilities.
-    pub async fn add_tools(&self, id: &SessionId, tools: Vec<String>) -> Result<(), StoreError> {
-        let selection = capabilities::Selection { tools, ..Default::default() };
-        self.add_capabilities(id, selection, capabilities::Via::Admin).await.map(|_| ())
-    }
-
-    /// The session's active turn when its transition is not committed yet (the runner makes
-    /// the understanding call, then [`commit_transition`](Self::commit_transition)).
-    pub async fn pending_understanding(
-        &self,
-        id: &SessionId,
-    ) -> Result<Option<transition::PendingUnderstanding>, StoreError> {
-        let id = id.clone();
-        self.db.read_inline(move |c| transition::pending_in(c, &id)).await
-    }
-
-    /// Commits turn `turn`'s transition (see [`transition::commit_in`]), with the recall of its
-    /// capability preparation when it has one: `None` when it was committed already.
-    pub async fn commit_transition(
-        &self,
-        id: &SessionId,
-        turn: i64,
-        understood: transition::Understood,
-        recalled: Option<orchestration::RecallRecord>,
-    ) -> Result<Option<transition::Transition>, StoreError> {
-        let id = id.clone();
-        self.write(id.clone(), move |c| {
-            transition::commit_in(c, &id, turn, &understood, recalled.as_ref())
-        })
-        .await
-    }
-
-    /// The active turn's transition when its capability preparation has not finished (see
-    /// [`transition::unprepared_in`]).
-    pub async fn unprepared(
-        &self,
-        id: &SessionId,
-    ) -> Result<Option<transition::Transition>, StoreError> {
-        let id = id.clone();
-        self.db.read_inline(move |c| transition::unprepared_in(c, &id)).await
-    }
-
-    /// Records what recall found (see [`orchestration::record_recall_in`]) and, with `finish`,
-    /// finishes the orchestration in the same commit (no call was needed).
-    pub async fn record_recall(
-        &self,
-        id: &SessionId,
-        record: orchestration::RecallRecord,
-        finish: Option<orchestration::OrchestratorCall>,
-    ) -> Result<(), StoreError> {
-        let id = id.clone();
-        self.write(id.clone(), move |c| {
-            orchestration::record_recall_in(c, &id, &record)?;
-            if let Some(call) = &finish {
-                orchestration::finish_in(c, &id, record.turn, call)?;
-            }
-            Ok(())
-        })
-        .await
-    }
-
-    /// Finishes turn `turn`'s orchestration: adds what was selected and applies the
-    /// environment (see [`orchestration::finish_in`]).
-    pub async fn finish_orchestration(
-        &self,
-        id: &SessionId,
-        turn: i64,
-        call: orchestration::OrchestratorCall,
-    ) -> Result<capabilities::Added, StoreError> {
-        let id = id.clone();
-        self.write(id.clone(), move |c| orchestration::finish_in(c, &id, turn, &call)).await
-    }
-
-    /// AddSelectedCapabilities outside a turn (an admin's addition): add-only, pinned.
-    pub async fn add_capabilities(
-        &self,
-        id: &SessionId,
-        selection: capabilities::Selection,
-        via: capabilities::Via,
-    ) -> Result<capabilities::Added, StoreError> {
-        let id = id.clone();
-        self.write(id.clone(), move |c| capabilities::add_in(c, &id, &selection, via, None, None))
-            .await
-    }
-
-    /// Unloads a tool or skill from session `id` (the explicit removal path).
-    pub async fn unload(
-        &self,
-        id: &SessionId,
-        kind: capabilities::Kind,
-        name: &str,
-    ) -> Result<(), StoreError> {
-        let (id, name) = (id.clone(), name.to_string());
-        self.write(id.clone(), move |c| capabilities::unload_in(c, &id, kind, &name)).await
-    }
-
-    /// The session's capabilities and how each arrived, and its orchestrations.
-    pub async fn capabilities(
-        &self,
-        id: &SessionId,
-    ) -> Result<(Vec<capabilities::Capability>, Vec<orchestration::Orchestration>), StoreError>
-    {
-        let id = id.clone();
-        self.db
-            .read(move |c| {
-                facts::load_counters(c, &id)?;
-                Ok((capabilities::of_session(c, &id)?, orchestration::orchestrations_in(c, &id)?))
-            })
-            .await
-    }
-
-    /// The exact request of turn `turn`'s orchestration call (the last one if `None`).
-    pub async fn orchestration_evidence(
-        &self,
-        id: &SessionId,
-        turn: Option<i64>,
-    ) -> Result<(i64, Vec<u8>), StoreError> {
-        let id = id.clone();
-        self.db.read(move |c| orchestration::evidence_in(c, &id, turn)).await
-    }
-
-    /// The session's task transitions, oldest first.
-    pub async fn transitions(
-        &self,
-        id: &SessionId,
-    ) -> Result<Vec<transition::Transition>, StoreError> {
-        let id = id.clone();
-        self.db
-            .read(move |c| {
-                facts::load_counters(c, &id)?;
-                transition::of_session(c, &id)
-            })
-            .await
-    }
-
-    /// The exact request body of turn `turn`'s understanding call (the last one if `None`).
-    pub async fn understanding_evidence(
-        &self,
-        id: &SessionId,
-        turn: Option<i64>,
-    ) -> Result<(i64, Vec<u8>), StoreError> {
-        let id = id.clone();
-        self.db.read(move |c| transition::evidence_in(c, &id, turn)).await
-    }
-
-    /// Assembles the next model request from the current facts, in one read; `tools` turns
-    /// the session's facts into the serialized schemas of its loaded tools in the form asked
-    /// for, inside the same read transaction (the connection is passed to it).
-    pub async fn assemble<F>(
-        &self,
-        id: &SessionId,
-        tools: F,
-    ) -> Result<(SessionMeta, Assembled), StoreError>
-    where
-        F: FnMut(&Connection, &SessionMeta, Schemas) -> Option<Arc<str>> + Send,
-    {
-        self.assemble_within(id, None, tools).await
-    }
-
-    /// [`assemble`](Self::assemble), with the history's tool results cut so that the request
-    /// takes at most `within` bytes, if a cut can make it (see `assemble::fitting_cap`).
-    pub async fn assemble_within<F>(
-        &self,
-        id: &SessionId,
-        within: Option<usize>,
-        tools: F,
-    ) -> Result<(SessionMeta, Assembled), StoreError>
-    where
-        F: FnMut(&Connection, &SessionMeta, Schemas) -> Option<Arc<str>> + Send,
-    {
-        let id = id.clone();
-        let cache = self.assembly.clone();
-        self.db.read_inline(move |c| assemble::assemble(c, &id, &cache, within, tools)).await
     }
 
     /// Records a decision on a pending approval unit (one conditional update: exactly one
@@ -497,92 +291,6 @@ impl SessionEngine {
     pub async fn approval(&self, unit: &str) -> Result<Option<ApprovalUnit>, StoreError> {
         let unit = unit.to_string();
         self.db.read(move |c| approvals::approval(c, &unit)).await
-    }
-
-    /// Starts a compaction of session `id`: finishes any pending checkpoint first (see
-    /// [`compaction::settle_in`]), freezes the history to summarize at the boundary `aim` asks
-    /// for and marks the session `compressing` — one transaction. `None` when nothing can be
-    /// compacted (the session is left as it was).
-    pub async fn begin_compaction(
-        &self,
-        id: &SessionId,
-        trigger: compaction::Trigger,
-        aim: compaction::Aim,
-        tokens: Option<i64>,
-    ) -> Result<Option<compaction::Frozen>, StoreError> {
-        let id = id.clone();
-        self.write(id.clone(), move |c| {
-            compaction::settle_in(c, &id)?;
-            let frozen = compaction::freeze_in(c, &id, trigger, aim)?;
-            if let Some(f) = &frozen {
-                compaction::begin_in(c, &id, f, tokens)?;
-            }
-            Ok(frozen)
-        })
-        .await
-    }
-
-    /// Commits the checkpoint of a compaction (step 1, see [`compaction::prepare_in`]).
-    pub async fn prepare_checkpoint(
-        &self,
-        id: &SessionId,
-        frozen: Arc<compaction::Frozen>,
-        call: compaction::SummaryCall,
-        tokens: (Option<i64>, Option<i64>),
-        state_after: RuntimeState,
-    ) -> Result<i64, StoreError> {
-        let id = id.clone();
-        self.write(id.clone(), move |c| {
-            compaction::prepare_in(c, &id, &frozen, &call, tokens, state_after)
-        })
-        .await
-    }
-
-    /// Promotes checkpoint `seq` (step 2, see [`compaction::promote_in`]).
-    pub async fn promote_checkpoint(
-        &self,
-        id: &SessionId,
-        seq: i64,
-        state_after: RuntimeState,
-        ms: f64,
-    ) -> Result<compaction::Promotion, StoreError> {
-        let id = id.clone();
-        self.write(id.clone(), move |c| compaction::promote_in(c, &id, seq, Some(state_after), ms))
-            .await
-    }
-
-    /// The session's checkpoints, oldest first.
-    pub async fn checkpoints(
-        &self,
-        id: &SessionId,
-    ) -> Result<Vec<compaction::CheckpointRecord>, StoreError> {
-        let id = id.clone();
-        self.db
-            .read(move |c| {
-                facts::load_counters(c, &id)?;
-                compaction::checkpoints_in(c, &id)
-            })
-            .await
-    }
-
-    /// The exact request of checkpoint `seq`'s summary call (the last one's if `None`).
-    pub async fn compaction_evidence(
-        &self,
-        id: &SessionId,
-        seq: Option<i64>,
-    ) -> Result<(i64, Vec<u8>), StoreError> {
-        let id = id.clone();
-        self.db.read(move |c| compaction::evidence_in(c, &id, seq)).await
-    }
-
-    /// The last answer of checkpoint `seq`'s summary call (the last checkpoint's if `None`).
-    pub async fn compaction_reply(
-        &self,
-        id: &SessionId,
-        seq: Option<i64>,
-    ) -> Result<(i64, String), StoreError> {
-        let id = id.clone();
-        self.db.read(move |c| compaction::reply_in(c, &id, seq)).await
     }
 }
 

@@ -49,27 +49,6 @@ impl SessionEngine {
             .await
     }
 
-    /// Every session, newest first.
-    pub async fn list(&self) -> Result<Vec<SessionSummary>, StoreError> {
-        self.db.read(views::list).await
-    }
-
-    /// The session's timeline: messages, tool calls, state.
-    pub async fn timeline(&self, id: &SessionId) -> Result<Timeline, StoreError> {
-        let id = id.clone();
-        self.db.read(move |c| views::timeline(c, &id)).await
-    }
-
-    /// The exact request body of `step` (the last step if `None`), byte for byte.
-    pub async fn evidence(
-        &self,
-        id: &SessionId,
-        step: Option<i64>,
-    ) -> Result<(i64, Vec<u8>), StoreError> {
-        let id = id.clone();
-        self.db.read(move |c| assemble::evidence(c, &id, EvidenceOf::Step(step))).await
-    }
-
     /// Events of session `id` after sequence number `after`, oldest first, at most `limit`.
     /// An unknown session is an error (a session without events yet has none).
     pub async fn events_after(
@@ -143,46 +122,5 @@ impl SessionEngine {
     pub async fn last_event(&self, id: &SessionId) -> Result<i64, StoreError> {
         let id = id.clone();
         self.db.read_inline(move |c| events::last_seq(c, &id)).await
-    }
-
-    /// The exact body of refused request `seq` (the last one if `None`), byte for byte.
-    pub async fn refused_evidence(
-        &self,
-        id: &SessionId,
-        seq: Option<i64>,
-    ) -> Result<(i64, Vec<u8>), StoreError> {
-        let id = id.clone();
-        self.db.read(move |c| assemble::evidence(c, &id, EvidenceOf::Refused(seq))).await
-    }
-
-    /// The session's model calls (what each came to: finish reason, tokens, time), by step.
-    pub async fn model_calls(&self, id: &SessionId) -> Result<Vec<ModelCallRecord>, StoreError> {
-        let id = id.clone();
-        self.db.read(move |c| assemble::model_calls(c, &id)).await
-    }
-
-    /// An estimate of the tokens of the session's next request.
-    pub async fn token_estimate(&self, id: &SessionId) -> Result<TokenEstimate, StoreError> {
-        let id = id.clone();
-        self.db.read(move |c| assemble::token_estimate(c, &id)).await
-    }
-
-    /// Bytes of request per token for session `id`: from the newest of its last eight
-    /// requests whose usage the server reported, else [`BYTES_PER_TOKEN`].
-    pub async fn bytes_per_token(&self, id: &SessionId) -> Result<f64, StoreError> {
-        let id = id.clone();
-        self.db
-            .read_inline(move |c| {
-                let rows: Vec<(Option<i64>, Option<i64>)> = c
-                    .prepare_cached(
-                        "SELECT body_bytes, prompt_tokens FROM evidence WHERE session_id=?1
-                         ORDER BY step DESC LIMIT 8",
-                    )?
-                    .query_map([&id], |r| Ok((r.get(0)?, r.get(1)?)))?
-                    .collect::<Result<_, _>>()?;
-                let known = rows.into_iter().find_map(|(b, t)| Some((b?, t?)));
-                Ok(estimate_tokens(0, known).bytes_per_token)
-            })
-            .await
     }
 }

@@ -8,13 +8,12 @@
 //! facts alone.
 
 use crate::sql::{Connection, OptionalExtension, params};
-use serde::Serialize;
 use serde_json::json;
 
 use super::approvals::{ApprovalStatus, ApprovalUnit, UNIT_COLUMNS, units_where};
 use super::facts::{self, RuntimeState};
 use super::{JournalEntry, calls, json as to_json};
-use crate::ids::{CallId, SessionId, UnitId};
+use crate::ids::UnitId;
 use crate::policy::Effect;
 use crate::store::{StoreError, now_ms};
 use crate::tools::ConsumedApproval;
@@ -65,20 +64,6 @@ pub struct WaitCommit {
     pub new_units: Vec<ApprovalUnit>,
     /// Units that no longer match their call (the tool was upgraded): `(unit, why)`.
     pub invalidate: Vec<UnitId>,
-}
-
-/// What recovery found and did for one session.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RecoveredSession {
-    pub id: SessionId,
-    pub state_before: RuntimeState,
-    pub state_after: RuntimeState,
-    /// Calls whose outcome became "unknown" (side-effecting, not idempotent, started).
-    pub outcome_unknown: Vec<CallId>,
-    /// Calls that will run again (read-only or idempotent, started).
-    pub rerun: Vec<CallId>,
-    /// Whether a runner has work to do (a turn to resume or inputs to take).
-    pub resumable: bool,
 }
 
 /// The session's open step, if any.
@@ -315,96 +300,6 @@ pub fn close_turn_in(c: &Connection, id: &str, why: &str) -> Result<usize, Store
     }
     facts::set_state(c, id, RuntimeState::Interrupted, Some(why))?;
     Ok(closed)
-}
-
-/// The detail shown for a session recovered after an unclean stop.
-pub const RECOVERED_DETAIL: &str =
-    "recovered after an unclean stop; the turn resumes when a runner takes the session";
-
-/// Recovers one session whose runner is gone (the caller holds or has cleared its lease):
-/// committed pairs stay; a started call of an open step that is read-only or idempotent will
-/// run again; any other started call gets the "outcome unknown" result; a running session shows
-/// `preparing_context` until a runner resumes it; waiting and interrupted sessions stay as they
-/// are. Applying it twice changes nothing the second time.
-pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreError> {
-    // A checkpoint committed but not promoted is promoted now, or discarded.
-    let settled = super::compaction::settle_in(c, id)?;
-    let runtime = crate::session::facts::runtime_in(c, id)?;
-    // A compaction that committed no checkpoint (its process stopped during the summary call)
-    // is closed here, once: the state it left is changed below.
-    if runtime.state == RuntimeState::Compressing && settled.is_empty() {
-        super::events::append(
-            c,
-            id,
-            &super::events::SessionEvent::CompactionAbandoned {
-                reason: "the process stopped before the summary was committed".into(),
-            },
-        )?;
-    }
-    let mut outcome_unknown = Vec::new();
-    let mut rerun = Vec::new();
-    let open = load_open_step(c, id)?;
-    if let Some(open) = &open {
-        for e in &open.calls {
-            let mut e = e.clone();
-            match e.after_crash() {
-                AfterCrash::Keep => continue,
-                AfterCrash::OutcomeUnknown => {
-                    mark_unknown(&mut e);
-                    outcome_unknown.push(e.call_id.clone());
-                }
-                AfterCrash::Rerun => {
-                    e.status = JournalStatus::Planned;
-                    rerun.push(e.call_id.clone());
-                }
-            }
-            calls::record_in(c, id, open.step, &e)?;
-        }
-    }
-    // Direct calls (a front-end's, without a model step) the stopped process left open.
-    let direct = super::direct::recover_in(c, id, open.as_ref().map(|o| o.step))?;
-    let had_direct = !direct.is_empty()
-        || runtime.state_detail.as_deref().is_some_and(|d| d.starts_with("direct call"));
-    outcome_unknown.extend(direct.into_iter().filter(|(_, unknown)| *unknown).map(|(id, _)| id));
-    let state_after = match runtime.state {
-        RuntimeState::Running | RuntimeState::WaitingApproval
-            if had_direct && open.is_none() && runtime.active_turn.is_none() =>
-        {
-            facts::set_state(c, id, RuntimeState::Idle, Some(RECOVERED_DETAIL))?;
-            RuntimeState::Idle
-        }
-        // A compaction outside a turn, or while a step waited for a decision, returns to
-        // where it started.
-        RuntimeState::Compressing if open.is_some() => {
-            facts::set_state(c, id, RuntimeState::WaitingApproval, None)?;
-            RuntimeState::WaitingApproval
-        }
-        RuntimeState::Compressing if runtime.active_turn.is_none() => {
-            facts::set_state(c, id, RuntimeState::Idle, None)?;
-            RuntimeState::Idle
-        }
-        RuntimeState::Running | RuntimeState::Compressing => {
-            facts::set_state(c, id, RuntimeState::PreparingContext, Some(RECOVERED_DETAIL))?;
-            RuntimeState::PreparingContext
-        }
-        s => s,
-    };
-    let inputs = facts::pending_inputs(c, id)?;
-    let undecided =
-        open.as_ref().is_some_and(|o| o.units.iter().any(|u| u.status == ApprovalStatus::Pending));
-    let resumable = match state_after {
-        RuntimeState::WaitingApproval => !undecided,
-        RuntimeState::Interrupted | RuntimeState::Idle | RuntimeState::Failed => inputs > 0,
-        _ => runtime.active_turn.is_some() || inputs > 0,
-    };
-    Ok(RecoveredSession {
-        id: id.into(),
-        state_before: runtime.state,
-        state_after,
-        outcome_unknown,
-        rerun,
-        resumable,
-    })
 }
 
 #[cfg(test)]

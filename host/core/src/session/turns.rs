@@ -29,6 +29,10 @@ pub enum Again {
     ModelCall,
 }
 
+/// The kind of a workgroup event that is work for its receiver (a request): any other event in
+/// a session's inbox is a notification.
+pub(crate) const REQUEST_KIND: &str = "request";
+
 /// The turn start of [`SessionEngine::begin_turn`], for callers that compose it into a larger
 /// transaction (the Brain takes the input, the runner lease and the turn in one).
 pub fn begin_turn_in(c: &Connection, id: &str) -> Result<Option<TurnStart>, StoreError> {
@@ -51,7 +55,7 @@ pub fn begin_turn_in(c: &Connection, id: &str) -> Result<Option<TurnStart>, Stor
     let Some((seq, text, event_kind)) = next else { return Ok(None) };
     // A notification from another session of the workgroup is not a task: it bypasses task
     // understanding, as a main session's every input does (the main has none configured).
-    let notification = event_kind.is_some_and(|k| k != workgroup::Kind::Request.as_str());
+    let notification = event_kind.is_some_and(|k| k != REQUEST_KIND);
     c.execute(
         "UPDATE inbox SET consumed_at=?3 WHERE session_id=?1 AND seq=?2",
         params![id, seq, now_ms()],
@@ -76,9 +80,8 @@ pub fn begin_turn_in(c: &Connection, id: &str) -> Result<Option<TurnStart>, Stor
     let understand = !notification && super::config::preprocess_on(c, id)?;
     if understand {
         events::append(c, id, &SessionEvent::UnderstandingStarted { turn, resumed: false })?;
-    } else {
-        transition::commit_in(c, id, turn, &transition::Understood::default(), None)?;
     }
+    (super::reactions::get().on_turn_begun)(c, id, turn, understand)?;
     Ok(Some(TurnStart { turn, text, lease: None, understand, resumed: false }))
 }
 
@@ -136,8 +139,6 @@ fn inbox_in(
 #[derive(Debug, Clone)]
 pub struct StepCommit {
     pub turn: i64,
-    /// Evidence to record (None when [`SessionEngine::open_step`] already did).
-    pub evidence: Option<Assembled>,
     pub step: i64,
     /// The assistant message, as sent back to the model in later requests.
     pub assistant: String,
@@ -155,16 +156,15 @@ pub struct StepCommit {
     pub release_lease: Option<Arc<str>>,
 }
 
-/// Commits a step; whether it released the runner's lease.
-fn commit_step(
+/// Commits a step (its request's evidence, when it has any to record, is written by request
+/// assembly in the same transaction, which names the request's step as `request`); whether it
+/// released the runner's lease.
+pub(crate) fn commit_step_in(
     c: &Connection,
     id: &str,
     s: &StepCommit,
-    stored: &assemble::StoredParts,
+    request: Option<i64>,
 ) -> Result<bool, StoreError> {
-    if let Some(e) = &s.evidence {
-        assemble::record_evidence(c, id, e, stored)?;
-    }
     let notice = s
         .notice
         .as_ref()
@@ -189,8 +189,7 @@ fn commit_step(
     if s.closes_open_step {
         c.prepare_cached("DELETE FROM open_steps WHERE session_id=?1")?.execute([id])?;
     }
-    let step = s.evidence.as_ref().map(|e| e.step);
-    facts::set_state_after(c, id, s.state, s.detail.as_deref(), step)?;
+    facts::set_state_after(c, id, s.state, s.detail.as_deref(), request)?;
     let mut released = false;
     if let Some(owner) = &s.release_lease
         && s.state == RuntimeState::Idle
@@ -294,47 +293,9 @@ impl SessionEngine {
             .await
     }
 
-    /// Commits a step whose tools were all safe to re-run: the request evidence, the assistant
-    /// message and every tool result (as pairs, in the model's order), the journal rows and
-    /// the new state — one transaction.
-    pub async fn commit_step(&self, id: &SessionId, step: StepCommit) -> Result<(), StoreError> {
-        let id = id.clone();
-        let stored = self.stored.clone();
-        let evidence = step.evidence.clone();
-        let owner = step.release_lease.clone();
-        let sid = id.clone();
-        let released = self.write(id.clone(), move |c| commit_step(c, &id, &step, &stored)).await?;
-        if released && let Some(owner) = owner {
-            self.fences.drop_held(sid.as_str(), &owner);
-        }
-        if let Some(e) = &evidence {
-            self.stored.committed(e);
-        }
-        Ok(())
-    }
-
-    /// Opens a step whose calls may change the world: its evidence, the assistant message and
-    /// every call's journal row (`planned`, or `intent` for a call about to run, or `done` for
-    /// a refused one) — one transaction, before any of them runs.
-    pub async fn open_step(
-        &self,
-        id: &SessionId,
-        turn: i64,
-        evidence: Assembled,
-        assistant: String,
-        entries: Vec<JournalEntry>,
-    ) -> Result<(), StoreError> {
-        let id = id.clone();
-        let stored = self.stored.clone();
-        let recorded = evidence.clone();
-        self.write(id.clone(), move |c| {
-            assemble::record_evidence(c, &id, &evidence, &stored)?;
-            steps::open_step_in(c, &id, turn, evidence.step, &assistant, &entries)?;
-            facts::set_state_after(c, &id, RuntimeState::Running, None, Some(evidence.step))
-        })
-        .await?;
-        self.stored.committed(&recorded);
-        Ok(())
+    /// Drops this process's fence of session `id`'s lease, which a commit released for `owner`.
+    pub(crate) fn released(&self, id: &SessionId, owner: &str) {
+        self.fences.drop_held(id.as_str(), owner);
     }
 
     /// The session's open step (committed, not finished), if any.
@@ -382,30 +343,5 @@ impl SessionEngine {
     pub async fn close_turn(&self, id: &SessionId, why: &str) -> Result<usize, StoreError> {
         let (id, why) = (id.clone(), why.to_string());
         self.write(id.clone(), move |c| close_turn_in(c, &id, &why)).await
-    }
-
-    /// Ends the turn of a request that did not come back as a reply: records the request as
-    /// refused (its evidence, `error` and the status the server gave) and sets the session
-    /// `failed` with `error` — one transaction. Returns the refused request's number.
-    pub async fn refuse_step(
-        &self,
-        id: &SessionId,
-        request: Assembled,
-        http_status: Option<u16>,
-        error: String,
-    ) -> Result<i64, StoreError> {
-        let id = id.clone();
-        let stored = self.stored.clone();
-        let recorded = request.clone();
-        let seq = self
-            .db
-            .run(move |c| {
-                let seq = assemble::record_refused(c, &id, &request, http_status, &error, &stored)?;
-                facts::set_state(c, &id, RuntimeState::Failed, Some(&error))?;
-                Ok(seq)
-            })
-            .await?;
-        self.stored.committed(&recorded);
-        Ok(seq)
     }
 }

@@ -100,6 +100,7 @@ impl StoreError {
     }
 }
 
+pub mod blobs;
 pub mod copy;
 mod listen;
 mod postgres;

@@ -36,7 +36,7 @@ pub struct Listing {
 /// grant's host directory (one that moved, say) names its guest path for a user.
 pub async fn listing(
     who: &keel::api::Caller,
-    meta: &keel::session::SessionMeta,
+    meta: &keel::meta::SessionMeta,
     guest: String,
     path: String,
 ) -> Result<Listing, Failure> {

@@ -172,7 +172,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::UpgradeTools(a) => upgrade_tools(&h, &a).await,
         SessionCommand::Compact(a) => compact(&h, &a).await,
         SessionCommand::Unload(a) => {
-            use keel::session::capabilities::Kind;
+            use keel::preparation::capabilities::Kind;
             let (kind, name) = match (&a.what.tool, &a.what.skill) {
                 (Some(t), _) => (Kind::Tool, t.clone()),
                 (None, Some(s)) => (Kind::Skill, s.clone()),

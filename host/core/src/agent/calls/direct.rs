@@ -14,9 +14,10 @@ use tracing::Instrument;
 
 use crate::cancel::CancelToken;
 use crate::ids::CallId;
+use crate::meta::SessionMeta;
 use crate::model::ToolCallRequest;
 use crate::policy::{Effect, PolicyDecision};
-use crate::session::{ApprovalUnit, Decision, JournalStatus, SessionMeta};
+use crate::session::{ApprovalUnit, Decision, JournalStatus};
 use crate::store::{StoreError, now_ms};
 use crate::tools::result::{FailureKind, ToolResult};
 
@@ -157,7 +158,7 @@ impl AgentService {
             resolved: slot.resolved.clone().filter(|_| slot.approval_id.is_none()),
             approval,
             cancel: cancel.clone(),
-            delegation: Arc::new(crate::session::SessionDelegation::new(
+            delegation: Arc::new(crate::workgroup::SessionDelegation::new(
                 self.engine.db().clone(),
                 id.to_string(),
                 meta.config.grants.clone(),

@@ -7,8 +7,9 @@ use tokio::sync::Semaphore;
 use tracing::Instrument;
 
 use crate::cancel::CancelToken;
+use crate::meta::SessionMeta;
 use crate::model::ToolCallRequest;
-use crate::session::{ApprovalUnit, ConsumedApproval, JournalStatus, SessionMeta};
+use crate::session::{ApprovalUnit, ConsumedApproval, JournalStatus};
 use crate::tools::result::{FailureKind, ToolResult};
 use crate::tools::{CallOutcome, CallRequest, Resolved, ToolService, ToolServiceError};
 
@@ -30,7 +31,7 @@ pub(super) async fn drive(
     let id = meta.id.clone();
     let shared_meta = Arc::new(meta.clone());
     let delegation: Arc<dyn crate::control::Delegation> =
-        Arc::new(crate::session::SessionDelegation::new(
+        Arc::new(crate::workgroup::SessionDelegation::new(
             agent.engine().db().clone(),
             id.to_string(),
             meta.config.grants.clone(),
@@ -225,7 +226,7 @@ async fn execute(job: CallJob) -> Result<CallOutcome, ToolServiceError> {
         approval: approval.as_ref(),
         control: Some(crate::control::ControlSession {
             plan: meta.task.plan_state(),
-            discovery: Some(Arc::new(crate::session::SessionDiscovery::new(
+            discovery: Some(Arc::new(crate::preparation::SessionDiscovery::new(
                 db,
                 meta.config.user(),
             ))),

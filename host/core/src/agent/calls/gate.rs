@@ -3,8 +3,9 @@
 
 use crate::digest::sha256_hex;
 use crate::ids::UnitId;
+use crate::meta::SessionMeta;
 use crate::policy::Effect;
-use crate::session::{ApprovalStatus, ApprovalUnit, JournalStatus, SessionMeta, WaitCommit};
+use crate::session::{ApprovalStatus, ApprovalUnit, JournalStatus, WaitCommit};
 use crate::tools::PolicyDecision;
 
 use super::super::{AgentError, AgentService, Event};
@@ -17,7 +18,7 @@ pub(super) fn unit_for<'a>(units: &'a [ApprovalUnit], call_id: &str) -> Option<&
 }
 
 pub(super) fn new_unit(meta: &SessionMeta, step: i64, s: &Slot, why: String) -> ApprovalUnit {
-    ApprovalUnit::pending(meta, step, &s.entry(0), why)
+    ApprovalUnit::pending(&meta.id, &meta.config, step, &s.entry(0), why)
 }
 
 /// What to do about an asked call.

@@ -15,10 +15,9 @@ mod slots;
 use serde_json::json;
 
 use crate::cancel::CancelToken;
+use crate::meta::SessionMeta;
 use crate::model::ToolCallRequest;
-use crate::session::{
-    AfterCrash, ApprovalStatus, JournalEntry, JournalStatus, OpenStep, SessionMeta,
-};
+use crate::session::{AfterCrash, ApprovalStatus, JournalEntry, JournalStatus, OpenStep};
 use crate::tools::result::{FailureKind, ToolResult};
 use crate::tools::{Catalog, PolicyDecision};
 
@@ -67,7 +66,7 @@ pub(in crate::agent) async fn run_fresh(
     at: Step<'_>,
     catalog: Option<&Catalog>,
     turn: i64,
-    assembled: &crate::session::Assembled,
+    assembled: &crate::assembly::Assembled,
     reply: crate::model::ModelReply,
 ) -> Result<StepEnd, AgentError> {
     let Step { agent, meta, events, .. } = at;
@@ -99,8 +98,7 @@ pub(in crate::agent) async fn run_fresh(
         }
         let entries: Vec<JournalEntry> =
             slots.iter().enumerate().map(|(i, s)| s.entry(i)).collect();
-        agent
-            .engine
+        crate::assembly::Assembly::of(&agent.engine)
             .open_step(&meta.id, turn, assembled.clone(), assistant.clone(), entries)
             .await?;
         for s in &mut slots {

@@ -4,9 +4,10 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use crate::meta::SessionMeta;
 use crate::model::ToolCallRequest;
 use crate::policy::Effect;
-use crate::session::{JournalEntry, JournalStatus, SessionMeta};
+use crate::session::{JournalEntry, JournalStatus};
 use crate::tools::result::{FailureKind, ToolResult};
 use crate::tools::{Catalog, PolicyDecision, Resolved, ToolService};
 

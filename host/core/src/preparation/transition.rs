@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use crate::store::{StoreError, now_ms};
 use crate::understand::{PreprocessConfig, TaskRelation, TransitionMode, Understanding};
 
-use super::events::{self, SessionEvent};
-use super::facts;
+use crate::session as facts;
+use crate::session::events::{self, SessionEvent};
 
 /// What the understanding call of a turn came to, for [`commit_in`].
 #[derive(Debug, Clone, Default)]
@@ -135,17 +135,17 @@ fn turn_input(c: &Connection, id: &str, turn: i64) -> Result<String, StoreError>
 
 /// The session's active turn, when its transition is not committed yet.
 pub fn pending_in(c: &Connection, id: &str) -> Result<Option<PendingUnderstanding>, StoreError> {
-    let meta = facts::load_meta(c, id)?;
-    let Some(turn) = meta.runtime.active_turn else { return Ok(None) };
+    let Some(turn) = facts::runtime_in(c, id)?.active_turn else { return Ok(None) };
     if recorded(c, id, turn)? {
         return Ok(None);
     }
+    let task = super::task::task_in(c, id)?;
     Ok(Some(PendingUnderstanding {
         turn,
         text: turn_input(c, id, turn)?,
-        preprocess: meta.config.preprocess,
-        session_goal: meta.task.session_goal,
-        phase_goal: meta.task.phase_goal,
+        preprocess: facts::config_in(c, id)?.preprocess,
+        session_goal: task.session_goal,
+        phase_goal: task.phase_goal,
     }))
 }
 
@@ -159,8 +159,8 @@ pub fn prepares_capabilities(mode: TransitionMode, understanding_on: bool) -> bo
 /// The active turn's committed transition, when it prepares capabilities and its
 /// orchestration has not finished (its process died in between): what to prepare again.
 pub fn unprepared_in(c: &Connection, id: &str) -> Result<Option<Transition>, StoreError> {
-    let config = crate::session::config::config_in(c, id)?;
-    let runtime = crate::session::facts::runtime_in(c, id)?;
+    let config = crate::session::config_in(c, id)?;
+    let runtime = crate::session::runtime_in(c, id)?;
     let Some(turn) = runtime.active_turn else { return Ok(None) };
     let Some(t) = select(c, id, Some(turn))?.pop() else {
         return Ok(None);
@@ -168,7 +168,7 @@ pub fn unprepared_in(c: &Connection, id: &str) -> Result<Option<Transition>, Sto
     if !prepares_capabilities(t.mode, config.preprocess.is_some()) {
         return Ok(None);
     }
-    let done = super::orchestration::of_turn_in(c, id, turn)?.is_some_and(|o| o.done);
+    let done = crate::preparation::orchestration::of_turn_in(c, id, turn)?.is_some_and(|o| o.done);
     Ok((!done).then_some(t))
 }
 
@@ -181,13 +181,13 @@ pub fn commit_in(
     id: &str,
     turn: i64,
     understood: &Understood,
-    recalled: Option<&super::orchestration::RecallRecord>,
+    recalled: Option<&crate::preparation::orchestration::RecallRecord>,
 ) -> Result<Option<Transition>, StoreError> {
     if recorded(c, id, turn)? {
         return Ok(None);
     }
-    let config = crate::session::config::config_in(c, id)?;
-    let task = crate::session::task::task_in(c, id)?;
+    let config = crate::session::config_in(c, id)?;
+    let task = crate::preparation::task::task_in(c, id)?;
     let text = turn_input(c, id, turn)?;
     let relation = understood.understanding.as_ref().map(|u| u.task_relation);
     let mode = understood.mode(task.phase_goal.as_deref());
@@ -208,7 +208,7 @@ pub fn commit_in(
     let terms = understood.terms();
     let (sha, bytes) = match &understood.request {
         Some(body) => {
-            let (sha, bytes) = super::blobs::put_request_in(c, body, "an understanding")?;
+            let (sha, bytes) = crate::store::blobs::put_request_in(c, body, "an understanding")?;
             (Some(sha), Some(bytes))
         }
         None => (None, None),
@@ -228,7 +228,7 @@ pub fn commit_in(
         mode.as_str(),
         session_goal,
         phase_goal,
-        super::json(&terms)?,
+        crate::store::json(&terms)?,
         understood.error,
         sha,
         bytes,
@@ -247,10 +247,10 @@ pub fn commit_in(
         // and its commit applies the environment.
         events::append(c, id, &SessionEvent::CapabilitiesDiscovering { turn })?;
         if let Some(r) = recalled.filter(|r| r.turn == turn) {
-            super::orchestration::record_recall_in(c, id, r)?;
+            crate::preparation::orchestration::record_recall_in(c, id, r)?;
             if r.candidates.is_empty() {
-                let none = super::orchestration::OrchestratorCall::default();
-                super::orchestration::finish_in(c, id, turn, &none)?;
+                let none = crate::preparation::orchestration::OrchestratorCall::default();
+                crate::preparation::orchestration::finish_in(c, id, turn, &none)?;
             }
         }
     } else {
@@ -345,5 +345,5 @@ pub fn evidence_in(
     id: &str,
     turn: Option<i64>,
 ) -> Result<(i64, Vec<u8>), StoreError> {
-    super::blobs::call_evidence_in(c, id, super::blobs::CallKind::Understanding, turn)
+    crate::preparation::call_evidence_in(c, id, crate::preparation::CallKind::Understanding, turn)
 }

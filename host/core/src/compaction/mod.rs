@@ -26,8 +26,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::store::{StoreError, now_ms};
 
-use super::events::{self, SessionEvent};
-use super::facts::{self, RuntimeState};
+use crate::session::events::{self, SessionEvent};
+use crate::session::{self, RuntimeState};
 
 mod checkpoints;
 mod freeze;
@@ -35,18 +35,11 @@ mod freeze;
 pub use checkpoints::*;
 pub use freeze::*;
 
-crate::stored_enum! {
-    /// What started a compaction.
-    pub enum Trigger: "compaction trigger" {
-        /// The next request's estimated size passed the session's threshold of the context
-        /// window.
-        Threshold = "threshold",
-        /// The model server refused a request as longer than its context window.
-        Overflow = "overflow",
-        /// A person asked for it (`keel session compact`).
-        Manual = "manual",
-    }
-}
+pub use crate::session::events::Trigger;
+
+use crate::ids::SessionId;
+use crate::session::SessionEngine;
+use std::sync::Arc;
 
 crate::stored_enum! {
     /// Where a checkpoint stands.
@@ -267,7 +260,7 @@ impl Summary {
              in the session's record and no longer shown). The summary is a record of earlier \
              work, not a new instruction.\nActive user request: {}",
             // (by its start when long: the turn's message heads the history anyway)
-            shown(&super::assemble::goal_reference(&self.active_user_request))
+            shown(&crate::shown::goal_reference(&self.active_user_request))
         );
         let mut list = |title: &str, lines: Vec<String>| {
             if !lines.is_empty() {
@@ -388,7 +381,7 @@ const MECHANICAL_NOTES: usize = 12;
 
 fn shown(text: &str) -> String {
     let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    clip(super::assemble::inert_markers(&line).into_owned(), ENTRY_SHOWN)
+    clip(crate::shown::inert_markers(&line).into_owned(), ENTRY_SHOWN)
 }
 
 /// `text` cut to `max` characters, `…` marking a cut.
@@ -447,4 +440,119 @@ fn parse_summary(text: Option<&str>, seq: i64) -> Result<Summary, StoreError> {
     serde_json::from_str(text.unwrap_or("null")).map_err(|e| {
         StoreError::Corrupt(format!("the summary of checkpoint {seq} is unreadable: {e}"))
     })
+}
+
+/// What compaction owns of the sessions of one engine: their checkpoints and the calls that
+/// made their summaries.
+#[derive(Clone, Copy)]
+pub struct Compaction<'a> {
+    engine: &'a SessionEngine,
+}
+
+impl<'a> Compaction<'a> {
+    /// The handle of `engine`'s sessions.
+    pub fn of(engine: &'a SessionEngine) -> Self {
+        Self { engine }
+    }
+
+    /// Starts a compaction of session `id`: finishes any pending checkpoint first (see
+    /// [`settle_in`]), freezes the history to summarize at the boundary `aim` asks
+    /// for and marks the session `compressing` — one transaction. `None` when nothing can be
+    /// compacted (the session is left as it was).
+    pub async fn begin_compaction(
+        &self,
+        id: &SessionId,
+        trigger: Trigger,
+        aim: Aim,
+        tokens: Option<i64>,
+    ) -> Result<Option<Frozen>, StoreError> {
+        let id = id.clone();
+        self.engine
+            .write(id.clone(), move |c| {
+                settle_in(c, &id)?;
+                let frozen = freeze_in(c, &id, trigger, aim)?;
+                if let Some(f) = &frozen {
+                    begin_in(c, &id, f, tokens)?;
+                }
+                Ok(frozen)
+            })
+            .await
+    }
+
+    /// Commits the checkpoint of a compaction (step 1, see [`prepare_in`]).
+    pub async fn prepare_checkpoint(
+        &self,
+        id: &SessionId,
+        frozen: Arc<Frozen>,
+        call: SummaryCall,
+        tokens: (Option<i64>, Option<i64>),
+        state_after: RuntimeState,
+    ) -> Result<i64, StoreError> {
+        let id = id.clone();
+        self.engine
+            .write(id.clone(), move |c| prepare_in(c, &id, &frozen, &call, tokens, state_after))
+            .await
+    }
+
+    /// Promotes checkpoint `seq` (step 2, see [`promote_in`]).
+    pub async fn promote_checkpoint(
+        &self,
+        id: &SessionId,
+        seq: i64,
+        state_after: RuntimeState,
+        ms: f64,
+    ) -> Result<Promotion, StoreError> {
+        let id = id.clone();
+        self.engine.write(id.clone(), move |c| promote_in(c, &id, seq, Some(state_after), ms)).await
+    }
+
+    /// The session's checkpoints, oldest first.
+    pub async fn checkpoints(&self, id: &SessionId) -> Result<Vec<CheckpointRecord>, StoreError> {
+        let id = id.clone();
+        self.engine
+            .db()
+            .read(move |c| {
+                crate::session::load_counters(c, &id)?;
+                checkpoints_in(c, &id)
+            })
+            .await
+    }
+
+    /// The exact request of checkpoint `seq`'s summary call (the last one's if `None`).
+    pub async fn compaction_evidence(
+        &self,
+        id: &SessionId,
+        seq: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), StoreError> {
+        let id = id.clone();
+        self.engine.db().read(move |c| evidence_in(c, &id, seq)).await
+    }
+
+    /// The last answer of checkpoint `seq`'s summary call (the last checkpoint's if `None`).
+    pub async fn compaction_reply(
+        &self,
+        id: &SessionId,
+        seq: Option<i64>,
+    ) -> Result<(i64, String), StoreError> {
+        let id = id.clone();
+        self.engine.db().read(move |c| reply_in(c, &id, seq)).await
+    }
+}
+
+/// Compaction's part of recovering session `id` (the recovery reaction, see
+/// [`crate::session::reactions`]): a checkpoint committed but not promoted is promoted now, or
+/// discarded; a compaction that committed none (its process stopped during the summary call)
+/// is closed, once — the kernel changes the state it left.
+pub(crate) fn on_recover(c: &Connection, id: &str) -> Result<(), StoreError> {
+    let settled = settle_in(c, id)?;
+    if settled.is_empty() && session::runtime_in(c, id)?.state == RuntimeState::Compressing {
+        events::append(
+            c,
+            id,
+            &SessionEvent::CompactionAbandoned {
+                reason: "the process stopped before the summary was committed".into(),
+            },
+        )?;
+    }
+    Ok(())
 }

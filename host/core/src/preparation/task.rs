@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::store::StoreError;
 
-use super::facts::no_session;
+use crate::session::no_session;
 
 /// A session's task state (see the module's documentation).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -41,7 +41,7 @@ pub fn task_in(c: &Connection, id: &str) -> Result<TaskState, StoreError> {
         phase_goal,
         phase_turn,
         plan: match phase_turn {
-            Some(t) => super::plan::current_in(c, id, t)?,
+            Some(t) => crate::preparation::plan::current_in(c, id, t)?,
             None => None,
         },
     })

@@ -7,14 +7,15 @@
 //! reports, delivered into the receiver's inbox in the sender's transaction (the inbox row names
 //! the event, unique): it exists exactly when its fact does, and writing the fact again writes
 //! nothing. A child's request ends in exactly one terminal event (`result`, `failure`,
-//! `interrupted`, `budget_exhausted`), written where its turn ends — [`turn_ended_in`], called
-//! by the one function that ends turns — or where it is stopped while it waits ([`stop_in`]).
+//! `interrupted`, `budget_exhausted`), written where its turn ends — [`turn_ended_in`], the
+//! state reaction the kernel runs in the one function that ends turns — or where it is stopped
+//! while it waits ([`stop_in`]).
 
 use crate::sql::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
-use super::events::{self, SessionEvent};
-use super::facts::{self, RuntimeState};
+use crate::session::events::{self, SessionEvent};
+use crate::session::{self, RuntimeState};
 use crate::store::{StoreError, now_ms};
 
 /// The delegation tools (the first-party control component's): loaded in main sessions and in
@@ -136,28 +137,21 @@ pub struct Position {
 
 pub use crate::control::Spawn;
 
+pub mod delegation;
 mod deliver;
 mod supervise;
 mod views;
+
+pub use delegation::SessionDelegation;
 
 pub use deliver::*;
 pub use supervise::*;
 pub use views::*;
 
-/// A new session id: random, so that sessions created at once (by concurrent API requests,
-/// or by parallel spawns) never collide; from the time and thread only when the operating
-/// system gives no random bytes.
-pub fn new_id() -> String {
-    let mut seed = [0u8; 16];
-    if getrandom::fill(&mut seed).is_err() {
-        let fallback = format!("{}-{:?}", now_ms(), std::thread::current().id());
-        seed.copy_from_slice(&blake3::hash(fallback.as_bytes()).as_bytes()[..16]);
-    }
-    format!("s-{}", &hex::encode(seed)[..12])
-}
+pub use crate::session::new_id;
 
 fn store_json<T: Serialize>(v: &T) -> Result<String, StoreError> {
-    super::json(v)
+    crate::store::json(v)
 }
 
 fn parse_limits(text: &str) -> Result<Limits, StoreError> {
@@ -268,4 +262,69 @@ pub fn over_budget_in(
         return Ok(Some(format!("the workgroup used {tokens} of its {max} tokens")));
     }
     Ok(None)
+}
+
+/// The workgroup's reaction to a session's state change (see [`crate::session::reactions`]):
+/// the end of a sub-session's turn may end its request; a wait for approval tells its parent.
+pub(crate) fn on_state(
+    c: &Connection,
+    id: &str,
+    change: session::StateChange<'_>,
+) -> Result<(), StoreError> {
+    if change.ends_turn {
+        turn_ended_in(c, id, change.state, change.detail)
+    } else if change.state == RuntimeState::WaitingApproval {
+        waiting_in(c, id)
+    } else {
+        Ok(())
+    }
+}
+
+/// What the workgroup owns of the sessions of one engine.
+#[derive(Clone, Copy)]
+pub struct Workgroups<'a> {
+    engine: &'a session::SessionEngine,
+}
+
+impl<'a> Workgroups<'a> {
+    /// The handle of `engine`'s sessions.
+    pub fn of(engine: &'a session::SessionEngine) -> Self {
+        Self { engine }
+    }
+
+    /// Creates a main session: `new` (without task understanding of its own: a main session
+    /// routes) and its workgroup, with `limits` and the settings its sub-sessions get —
+    /// `child_preprocess` and `new.tools` (the delegation tools among them) — in one
+    /// transaction.
+    pub async fn create_main(
+        &self,
+        new: session::NewSession,
+        limits: Limits,
+        child_preprocess: Option<crate::understand::PreprocessConfig>,
+    ) -> Result<String, StoreError> {
+        limits.check().map_err(StoreError::Input)?;
+        let id = session::checked_id(&new)?;
+        let new = session::NewSession { id: Some(id.clone()), preprocess: None, ..new };
+        let id2 = id.clone();
+        self.engine
+            .db()
+            .run(move |c| {
+                session::create_in(c, &id2, &new)?;
+                create_main_in(c, &id2, &limits, child_preprocess.as_ref(), &new.tools)
+            })
+            .await?;
+        Ok(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel tells a request in a session's inbox from a notification by the kind's
+    /// stored name, without importing the workgroup: the two spellings are one.
+    #[test]
+    fn the_kernel_names_a_request_as_the_workgroup_stores_it() {
+        assert_eq!(Kind::Request.as_str(), session::REQUEST_KIND);
+    }
 }

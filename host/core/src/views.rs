@@ -7,8 +7,10 @@ use serde::Serialize;
 use crate::sandbox::Grant;
 use crate::store::StoreError;
 
-use super::JournalEntry;
-use super::facts::{RuntimeState, journal_row, load_meta, pending_inputs};
+use crate::ids::SessionId;
+use crate::meta::load_in as load_meta;
+use crate::session::JournalEntry;
+use crate::session::{RuntimeState, SessionEngine, journal_row, pending_inputs};
 
 /// One line of `keel session list`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -139,7 +141,7 @@ pub struct TurnUsage {
 
 impl TurnUsage {
     /// Sums the calls of `turn`.
-    pub fn of(calls: &[super::assemble::ModelCallRecord], turn: i64) -> Self {
+    pub fn of(calls: &[crate::assembly::ModelCallRecord], turn: i64) -> Self {
         let mut t = Self::default();
         for c in calls.iter().filter(|c| c.turn == Some(turn)) {
             t.model_calls += 1;
@@ -198,21 +200,21 @@ pub struct Timeline {
     pub phase_goal: Option<String>,
     /// Every task transition, oldest first: what each turn's understanding call answered and
     /// what it did to the goals.
-    pub transitions: Vec<super::transition::Transition>,
+    pub transitions: Vec<crate::preparation::transition::Transition>,
     /// The plan of the current phase (`None`: no phase, or no plan yet).
     pub plan: Option<Vec<crate::plan::PlanStep>>,
     /// Every version of every plan of the session, oldest first.
-    pub plan_history: Vec<super::plan::PlanVersion>,
+    pub plan_history: Vec<crate::preparation::plan::PlanVersion>,
     pub loaded_tools: Vec<String>,
     pub tool_pins: std::collections::BTreeMap<String, String>,
     /// The user the session works for (whose long-term memory it recalls and writes).
     pub user: String,
     /// Every loaded tool and skill and how it arrived (flag, default, orchestrator,
     /// skills_load, tools_select, admin), in the order they arrived.
-    pub capabilities: Vec<super::capabilities::Capability>,
+    pub capabilities: Vec<crate::preparation::capabilities::Capability>,
     /// The orchestration of each turn that prepared capabilities: what recall found, what the
     /// Orchestrator answered, what was added.
-    pub orchestrations: Vec<super::orchestration::Orchestration>,
+    pub orchestrations: Vec<crate::preparation::orchestration::Orchestration>,
     pub grants: Vec<Grant>,
     /// Where the session's tools may send HTTP requests and the secrets bound there (names
     /// only), one line each.
@@ -223,28 +225,28 @@ pub struct Timeline {
     pub policy: crate::policy::Policy,
     pub budget: crate::sandbox::Budget,
     pub model: crate::model::ModelConfig,
-    pub guards: Option<super::LoopGuards>,
+    pub guards: Option<crate::session::LoopGuards>,
     /// The last message requests no longer hold (0: none; see `checkpoints`).
     pub context_start: i64,
     /// Every compaction of the session, oldest first: the messages each summarizes, its
     /// summary, and whether it is promoted, pending, discarded or failed.
-    pub checkpoints: Vec<super::compaction::CheckpointRecord>,
+    pub checkpoints: Vec<crate::compaction::CheckpointRecord>,
     /// Every message, the compacted ones included (nothing is deleted).
     pub messages: Vec<TimelineMessage>,
     pub tool_calls: Vec<TimelineCall>,
     /// Every approval unit of the session, oldest first.
-    pub approvals: Vec<super::approvals::ApprovalUnit>,
+    pub approvals: Vec<crate::session::ApprovalUnit>,
     pub pending_inputs: i64,
     /// Every model call: its step, turn, finish reason, tokens and time.
-    pub model_calls: Vec<super::assemble::ModelCallRecord>,
+    pub model_calls: Vec<crate::assembly::ModelCallRecord>,
     /// Requests that did not come back as replies (refused by the server, or failed).
-    pub refused_requests: Vec<super::assemble::RefusedRequest>,
+    pub refused_requests: Vec<crate::assembly::RefusedRequest>,
     /// The estimated tokens of the next request.
-    pub next_request: super::assemble::TokenEstimate,
+    pub next_request: crate::assembly::TokenEstimate,
     /// Where the room of the next request goes (filled in by the front door, which assembles
     /// it with the session's tool schemas).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub room: Option<super::assemble::RoomView>,
+    pub room: Option<crate::assembly::RoomView>,
 }
 
 pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
@@ -272,7 +274,7 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
     let tool_calls = stmt
         .query_map([id], |r| Ok(TimelineCall { step: r.get(0)?, entry: journal_row(r, 1)? }))?
         .collect::<Result<Vec<_>, _>>()?;
-    let approvals = super::approvals::approvals_of(c, Some(id), false)?;
+    let approvals = crate::session::approvals_of(c, Some(id), false)?;
     let user = meta.config.user();
     Ok(Timeline {
         id: id.to_string(),
@@ -280,16 +282,16 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         state_detail: meta.runtime.state_detail,
         session_goal: meta.task.session_goal,
         phase_goal: meta.task.phase_goal,
-        transitions: super::transition::of_session(c, id)?,
+        transitions: crate::preparation::transition::of_session(c, id)?,
         plan: meta.task.plan,
-        plan_history: super::plan::history_in(c, id)?,
+        plan_history: crate::preparation::plan::history_in(c, id)?,
         user,
         loaded_tools: meta.capabilities.loaded_tools,
         tool_pins: meta.capabilities.tool_pins,
-        capabilities: super::capabilities::of_session(c, id)?,
-        orchestrations: super::orchestration::orchestrations_in(c, id)?,
+        capabilities: crate::preparation::capabilities::of_session(c, id)?,
+        orchestrations: crate::preparation::orchestration::orchestrations_in(c, id)?,
         context_start: meta.runtime.context_start,
-        checkpoints: super::compaction::checkpoints_in(c, id)?,
+        checkpoints: crate::compaction::checkpoints_in(c, id)?,
         grants: meta.config.grants,
         net: meta.config.net.lines(),
         policy: meta.config.policy,
@@ -300,11 +302,35 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         tool_calls,
         approvals,
         pending_inputs: pending_inputs(c, id)?,
-        model_calls: super::assemble::model_calls(c, id)?,
-        refused_requests: super::assemble::refused_requests(c, id)?,
-        next_request: super::assemble::token_estimate(c, id)?,
+        model_calls: crate::assembly::model_calls(c, id)?,
+        refused_requests: crate::assembly::refused_requests(c, id)?,
+        next_request: crate::assembly::token_estimate(c, id)?,
         room: None,
     })
+}
+
+/// The views of the sessions of one engine.
+#[derive(Clone, Copy)]
+pub struct Views<'a> {
+    engine: &'a SessionEngine,
+}
+
+impl<'a> Views<'a> {
+    /// The handle of `engine`'s sessions.
+    pub fn of(engine: &'a SessionEngine) -> Self {
+        Self { engine }
+    }
+
+    /// Every session, newest first.
+    pub async fn list(&self) -> Result<Vec<SessionSummary>, StoreError> {
+        self.engine.db().read(list).await
+    }
+
+    /// The session's timeline: messages, tool calls, state.
+    pub async fn timeline(&self, id: &SessionId) -> Result<Timeline, StoreError> {
+        let id = id.clone();
+        self.engine.db().read(move |c| timeline(c, &id)).await
+    }
 }
 
 #[cfg(test)]

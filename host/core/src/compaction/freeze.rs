@@ -90,7 +90,7 @@ pub fn freeze_in(
     trigger: Trigger,
     aim: Aim,
 ) -> Result<Option<Frozen>, StoreError> {
-    let counters = facts::load_counters(c, id)?;
+    let counters = session::load_counters(c, id)?;
     let (start, meta_version) = (counters.context_start(), counters.meta_version);
     let rows: Vec<Row> = c
         .prepare_cached(

@@ -1,13 +1,13 @@
 //! [`SessionDelegation`]: the checks a session's delegation calls make when they ask, through
 //! the store's read pool. What they ask for is committed with the call's result
-//! ([`super::workgroup`]).
+//! ([`crate::workgroup`]).
 
 use std::sync::Mutex;
 
-use super::workgroup::{self, Delegation as Status, Spawn};
 use crate::control::{Checked, ChildStatus, ControlError, Delegation};
 use crate::sandbox::Grant;
 use crate::store::Db;
+use crate::workgroup::{self, Delegation as Status, Spawn};
 
 pub use crate::control::MAX_INPUT;
 /// Resource references one spawn may carry, and bytes of each.

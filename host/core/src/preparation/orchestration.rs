@@ -1,6 +1,6 @@
 //! The orchestration record of each turn that prepared capabilities: what recall found, what
 //! the Orchestrator was asked and answered, what was added (through
-//! [`super::capabilities::add_in`]), and the exact request of its call.
+//! [`crate::preparation::capabilities::add_in`]), and the exact request of its call.
 
 use crate::sql::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
@@ -10,8 +10,8 @@ use crate::skills::SkillRef;
 use crate::store::{StoreError, now_ms};
 use crate::tools::{ToolRef, ToolSetRef};
 
-use super::capabilities::{Added, Selection, Via, add_in};
-use super::events::{self, SessionEvent};
+use crate::preparation::capabilities::{Added, Selection, Via, add_in};
+use crate::session::events::{self, SessionEvent};
 
 /// What recall found for one turn: candidates of the three groups, each sorted by stable
 /// reference.
@@ -92,8 +92,8 @@ pub fn record_recall_in(c: &Connection, id: &str, r: &RecallRecord) -> Result<()
         turn,
         now_ms(),
         r.mode,
-        super::json(candidates)?,
-        super::json(memories)?,
+        crate::store::json(candidates)?,
+        crate::store::json(memories)?,
         recall_error,
         r.recall_ms
     ])?;
@@ -138,7 +138,7 @@ pub fn finish_in(
 ) -> Result<Added, StoreError> {
     let (sha, bytes) = match &call.request {
         Some(body) => {
-            let (sha, bytes) = super::blobs::put_request_in(c, body, "an orchestration")?;
+            let (sha, bytes) = crate::store::blobs::put_request_in(c, body, "an orchestration")?;
             (Some(sha), Some(bytes))
         }
         None => (None, None),
@@ -155,8 +155,8 @@ pub fn finish_in(
         sha,
         bytes,
         call.reply,
-        made.then(|| super::json(&call.selection)).transpose()?,
-        super::json(&call.dropped)?,
+        made.then(|| crate::store::json(&call.selection)).transpose()?,
+        crate::store::json(&call.dropped)?,
         call.error,
         made.then_some(call.duration_ms),
         made.then_some(i64::from(call.attempts)),
@@ -173,8 +173,8 @@ pub fn finish_in(
         )?;
     }
     let added = add_in(c, id, &call.selection, Via::Orchestrator, Some(turn), None)?;
-    let runtime = crate::session::facts::runtime_in(c, id)?;
-    let task = crate::session::task::task_in(c, id)?;
+    let runtime = crate::session::runtime_in(c, id)?;
+    let task = crate::preparation::task::task_in(c, id)?;
     events::append(
         c,
         id,
@@ -257,5 +257,5 @@ pub fn evidence_in(
     id: &str,
     turn: Option<i64>,
 ) -> Result<(i64, Vec<u8>), StoreError> {
-    super::blobs::call_evidence_in(c, id, super::blobs::CallKind::Orchestration, turn)
+    crate::preparation::call_evidence_in(c, id, crate::preparation::CallKind::Orchestration, turn)
 }

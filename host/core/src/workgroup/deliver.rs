@@ -36,7 +36,7 @@ pub(super) fn deliver_in(
     if done {
         return Ok(false);
     }
-    let seq = crate::session::turns::submit_event_in(c, to, text, event, kind == Kind::Request)?;
+    let seq = crate::session::submit_event_in(c, to, text, event, kind == Kind::Request)?;
     c.prepare_cached(
         "INSERT INTO workgroup_events (id, main_id, from_session, to_session, kind, body, created_at, inbox_seq)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -71,8 +71,8 @@ pub fn spawn_in(
     }
     let pos = position_in(c, parent)?
         .ok_or_else(|| StoreError::Input(format!("session `{parent}` is not in a workgroup")))?;
-    let capabilities = crate::session::capabilities::capabilities_in(c, parent)?;
-    let config = crate::session::config::config_in(c, parent)?;
+    let capabilities = crate::preparation::loaded_in(c, parent)?;
+    let config = crate::session::config_in(c, parent)?;
     let (preprocess, tools): (Option<String>, String) = c
         .prepare_cached("SELECT preprocess, tools FROM workgroups WHERE main_id=?1")?
         .query_row([&pos.main_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
@@ -302,7 +302,7 @@ pub fn turn_ended_in(
     let (kind, text) = match state {
         RuntimeState::Idle => {
             if question.is_some()
-                || facts::pending_inputs(c, id)? > 0
+                || session::pending_inputs(c, id)? > 0
                 || live_children_in(c, id)? > 0
             {
                 return Ok(());

@@ -10,7 +10,7 @@ pub fn begin_in(
     frozen: &Frozen,
     tokens: Option<i64>,
 ) -> Result<(), StoreError> {
-    facts::set_state(c, id, RuntimeState::Compressing, None)?;
+    session::set_state(c, id, RuntimeState::Compressing, None)?;
     events::append(
         c,
         id,
@@ -52,14 +52,14 @@ pub fn prepare_in(
     tokens: (Option<i64>, Option<i64>),
     state_after: RuntimeState,
 ) -> Result<i64, StoreError> {
-    crate::session::facts::lock_in(c, id)?;
+    crate::session::lock_in(c, id)?;
     let seq: i64 = c
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM checkpoints WHERE session_id=?1")?
         .query_row([id], |r| r.get(0))?;
-    let (sha, bytes) = crate::session::blobs::put_request_in(c, &call.request, "the summary")?;
+    let (sha, bytes) = crate::store::blobs::put_request_in(c, &call.request, "the summary")?;
     let status =
         if call.summary.is_some() { CheckpointStatus::Pending } else { CheckpointStatus::Failed };
-    let summary = call.summary.as_ref().map(crate::session::json).transpose()?;
+    let summary = call.summary.as_ref().map(crate::store::json).transpose()?;
     c.prepare_cached(
         "INSERT INTO checkpoints (session_id, seq, status, trigger, turn, created_at, decided_at,
              range_from, range_to, prev_context_start, last_message, meta_version, anchor, previous,
@@ -84,7 +84,7 @@ pub fn prepare_in(
         frozen.anchor,
         frozen.previous.as_ref().map(|p| p.0),
         summary,
-        crate::session::json(&frozen.artifacts)?,
+        crate::store::json(&frozen.artifacts)?,
         sha,
         bytes,
         call.reply,
@@ -102,7 +102,7 @@ pub fn prepare_in(
         }
         (None, Some(e)) => {
             events::append(c, id, &SessionEvent::CompactionFailed { error: e.clone() })?;
-            facts::set_state(c, id, state_after, None)?;
+            session::set_state(c, id, state_after, None)?;
         }
     }
     Ok(seq)
@@ -150,7 +150,7 @@ pub fn promote_in(
     if status != CheckpointStatus::Pending {
         return Ok(Promotion::Settled(status));
     }
-    let counters = facts::load_counters(c, id)?;
+    let counters = session::load_counters(c, id)?;
     let last_now: i64 = c
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id=?1")?
         .query_row([id], |r| r.get(0))?;
@@ -184,7 +184,7 @@ pub fn promote_in(
             &SessionEvent::CheckpointDiscarded { checkpoint: seq, reason: reason.clone() },
         )?;
         if let Some(s) = state_after {
-            facts::set_state(c, id, s, None)?;
+            session::set_state(c, id, s, None)?;
         }
         return Ok(Promotion::Discarded { checkpoint: seq, reason });
     }
@@ -211,7 +211,7 @@ pub fn promote_in(
         },
     )?;
     if let Some(s) = state_after {
-        facts::set_state(c, id, s, None)?;
+        session::set_state(c, id, s, None)?;
     }
     Ok(Promotion::Promoted { checkpoint: seq, context_start: to })
 }
@@ -324,7 +324,7 @@ pub fn checkpoints_in(c: &Connection, id: &str) -> Result<Vec<CheckpointRecord>,
 /// The last answer of checkpoint `seq`'s summary call (the last checkpoint's if `None`), as
 /// the model wrote it (redacted): kept when it was refused too.
 pub fn reply_in(c: &Connection, id: &str, seq: Option<i64>) -> Result<(i64, String), StoreError> {
-    facts::load_counters(c, id)?;
+    session::load_counters(c, id)?;
     let row: Option<(i64, Option<String>, Option<String>)> = c
         .prepare_cached(
             "SELECT seq, reply, error FROM checkpoints WHERE session_id=?1 AND (CAST(?2 AS BIGINT) IS NULL OR seq=?2)
@@ -352,7 +352,7 @@ pub fn evidence_in(
     id: &str,
     seq: Option<i64>,
 ) -> Result<(i64, Vec<u8>), StoreError> {
-    facts::load_counters(c, id)?;
+    session::load_counters(c, id)?;
     let row: Option<(i64, Option<String>)> = c
         .prepare_cached(
             "SELECT seq, body_sha256 FROM checkpoints WHERE session_id=?1 AND (CAST(?2 AS BIGINT) IS NULL OR seq=?2)
@@ -361,7 +361,7 @@ pub fn evidence_in(
         .query_row(params![id, seq], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     match row {
-        Some((seq, Some(sha))) => Ok((seq, crate::session::blobs::get_in(c, &sha)?.into_bytes())),
+        Some((seq, Some(sha))) => Ok((seq, crate::store::blobs::get_in(c, &sha)?.into_bytes())),
         _ => Err(StoreError::NotFound(match seq {
             Some(s) => format!("session `{id}` has no checkpoint {s}"),
             None => format!("session `{id}` has not been compacted"),

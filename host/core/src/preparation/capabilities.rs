@@ -14,34 +14,9 @@ use crate::memory::Memory;
 use crate::skills::SkillRef;
 use crate::store::{StoreError, now_ms};
 
-use super::events::{self, SessionEvent};
+use crate::session::events::{self, SessionEvent};
 
-crate::stored_enum! {
-    /// How a capability arrived in a session.
-    pub enum Via: "capability origin" {
-        /// Named when the session was created (`keel run --tools`).
-        Flag = "flag",
-        /// Loaded with every session (no `--tools`: every installed tool; the control and
-        /// discovery tools always).
-        Default = "default",
-        /// Selected by the Orchestrator when a turn set the goals.
-        Orchestrator = "orchestrator",
-        /// Loaded by the model with `skills_load`.
-        SkillsLoad = "skills_load",
-        /// Selected by the model with `tools_select`.
-        ToolsSelect = "tools_select",
-        /// Added by an admin to an existing session (`keel run --session ID --tools`).
-        Admin = "admin",
-    }
-}
-
-crate::stored_enum! {
-    /// What kind of capability.
-    pub enum Kind: "capability kind" {
-        Tool = "tool",
-        Skill = "skill",
-    }
-}
+pub use crate::session::events::{CapabilityKind as Kind, Via};
 
 /// One loaded capability and how it arrived.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -75,7 +50,7 @@ pub struct LoadedSkill {
 
 /// What a session has loaded: its tools (with the digest each is pinned to), its skills, and
 /// what the last orchestration found and recalled. Changed only by [`add_in`] and
-/// [`unload_in`] (and an upgrade of pins); read by [`capabilities_in`].
+/// [`unload_in`] (and an upgrade of pins); read by [`loaded_in`](super::loaded_in).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LoadedCapabilities {
     pub loaded_tools: Vec<String>,
@@ -93,13 +68,16 @@ pub struct LoadedCapabilities {
 }
 
 /// The tools and their pins session `id` has loaded.
-fn tools_in(c: &Connection, id: &str) -> Result<(Vec<String>, crate::tools::ToolPins), StoreError> {
+pub(super) fn tools_in(
+    c: &Connection,
+    id: &str,
+) -> Result<(Vec<String>, crate::tools::ToolPins), StoreError> {
     let (tools, pins): (String, String) = c
         .prepare_cached("SELECT loaded_tools, tool_pins FROM session_config WHERE session_id=?1")?
         .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?
-        .ok_or_else(|| super::facts::no_session(id))?;
-    Ok((super::facts::parse(&tools, "tool list")?, super::facts::parse(&pins, "tool pins")?))
+        .ok_or_else(|| crate::session::no_session(id))?;
+    Ok((crate::session::parse(&tools, "tool list")?, crate::session::parse(&pins, "tool pins")?))
 }
 
 /// The one writer of session `id`'s loaded tools and their pins.
@@ -112,7 +90,7 @@ fn set_tools_in(
     c.prepare_cached(
         "UPDATE session_config SET loaded_tools=?2, tool_pins=?3 WHERE session_id=?1",
     )?
-    .execute(params![id, super::json(&loaded)?, super::json(pins)?])?;
+    .execute(params![id, crate::store::json(&loaded)?, crate::store::json(pins)?])?;
     Ok(())
 }
 
@@ -143,24 +121,6 @@ pub fn pin_in(
         set_tools_in(c, id, &loaded, &current)?;
     }
     Ok(changed)
-}
-
-/// What session `id` has loaded.
-pub fn capabilities_in(c: &Connection, id: &str) -> Result<LoadedCapabilities, StoreError> {
-    let (loaded_tools, tool_pins) = tools_in(c, id)?;
-    let skills = skills_in(c, id)?;
-    let (found_skills, memories) = match super::orchestration::latest_in(c, id)? {
-        Some(o) => (
-            o.candidates
-                .skills
-                .into_iter()
-                .filter(|s| !skills.iter().any(|l| l.name == s.name))
-                .collect(),
-            o.memories,
-        ),
-        None => (Vec::new(), Vec::new()),
-    };
-    Ok(LoadedCapabilities { loaded_tools, skills, found_skills, memories, tool_pins })
 }
 
 /// What to add: tool sets (components, every tool of each), single tools, skills — by name.
@@ -275,6 +235,28 @@ pub fn add_in(
         )?;
     }
     Ok(added)
+}
+
+/// The creation reaction (see [`crate::session::reactions`]): records how each tool session
+/// `id` was created with arrived.
+pub(crate) fn on_create(
+    c: &Connection,
+    id: &str,
+    new: &crate::session::NewSession,
+) -> Result<(), StoreError> {
+    let origins: Vec<(String, Via)> = new
+        .tools
+        .iter()
+        .map(|t| {
+            let via = if new.named_tools && !crate::builtin::ALWAYS_LOADED.contains(&t.as_str()) {
+                Via::Flag
+            } else {
+                Via::Default
+            };
+            (t.clone(), via)
+        })
+        .collect();
+    created_in(c, id, &origins)
 }
 
 /// Records how the tools a session was created with arrived.

@@ -51,7 +51,7 @@ pub fn stop_in(c: &Connection, id: &str, reason: Option<&str>) -> Result<Vec<Str
         {
             c.execute("UPDATE subsessions SET stop_reason=?2 WHERE session_id=?1", params![s, r])?;
         }
-        let runtime = crate::session::facts::runtime_in(c, s)?;
+        let runtime = crate::session::runtime_in(c, s)?;
         let under_way = runtime.active_turn.is_some() || runtime.state == RuntimeState::Running;
         if under_way {
             turns.push(s.clone());
@@ -67,13 +67,13 @@ pub fn stop_in(c: &Connection, id: &str, reason: Option<&str>) -> Result<Vec<Str
         // Inputs that wait (a child's request not begun yet, events for a main session) stay
         // in the inbox: an interrupted session takes no input until a person sends one.
         if runtime.state != RuntimeState::Interrupted
-            && (live || (s == id && all.len() > 1) || facts::pending_inputs(c, s)? > 0)
+            && (live || (s == id && all.len() > 1) || session::pending_inputs(c, s)? > 0)
         {
             let why = match reason {
                 Some(r) => format!("stopped: {r}"),
                 None => "interrupted by the user".to_string(),
             };
-            facts::set_state(c, s, RuntimeState::Interrupted, Some(&why))?;
+            session::set_state(c, s, RuntimeState::Interrupted, Some(&why))?;
         }
     }
     Ok(turns)

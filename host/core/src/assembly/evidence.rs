@@ -5,11 +5,11 @@
 use super::*;
 
 fn put_blob(c: &Connection, part: &Part) -> Result<(), StoreError> {
-    crate::session::blobs::put_in(c, &part.sha256, &part.text)
+    crate::store::blobs::put_in(c, &part.sha256, &part.text)
 }
 
 fn blob(c: &Connection, hash: &str) -> Result<String, StoreError> {
-    crate::session::blobs::get_in(c, hash)
+    crate::store::blobs::get_in(c, hash)
 }
 
 /// Stores the parts of `a` (head, system message, tool schemas) that `stored` does not know
@@ -91,7 +91,7 @@ pub fn record_refused(
     stored: &StoredParts,
 ) -> Result<i64, StoreError> {
     put_parts(c, a, stored)?;
-    crate::session::facts::lock_in(c, id)?;
+    crate::session::lock_in(c, id)?;
     let seq: i64 = c
         .prepare_cached(
             "SELECT COALESCE(MAX(seq), 0) + 1 FROM refused_requests WHERE session_id=?1",
@@ -231,8 +231,9 @@ pub fn estimate_tokens(bytes: i64, calibration: Option<(i64, i64)>) -> TokenEsti
 /// request), calibrated by the last reported usage. Without any request yet, the history and
 /// the session's system prompt.
 pub fn token_estimate(c: &Connection, id: &str) -> Result<TokenEstimate, StoreError> {
-    let config = crate::session::config::config_in(c, id)?;
-    let runtime = crate::session::facts::runtime_in(c, id)?;
+    let config = crate::session::config_in(c, id)?;
+    let runtime = crate::session::runtime_in(c, id)?;
+    let checkpoint = crate::compaction::current_in(c, id)?;
     let last: Option<(Option<i64>, i64, i64)> = c
         .prepare_cached(
             "SELECT body_bytes, history_from, history_to FROM evidence WHERE session_id=?1
@@ -240,7 +241,7 @@ pub fn token_estimate(c: &Connection, id: &str) -> Result<TokenEstimate, StoreEr
         )?
         .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
-    let summary = runtime.checkpoint.as_ref().map_or(0, |cp| {
+    let summary = checkpoint.as_ref().map_or(0, |cp| {
         (cp.summary.render(cp.to).len() + cp.anchor.as_ref().map_or(0, |a| a.1.len())) as i64
     });
     let (base, after) = match last {

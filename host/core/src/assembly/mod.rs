@@ -15,7 +15,11 @@ use crate::model::Usage;
 use crate::sandbox::Access;
 use crate::store::{StoreError, now_ms};
 
-use super::facts::{SessionMeta, load_counters, load_meta_at};
+use crate::ids::SessionId;
+use crate::meta::{SessionMeta, load_at as load_meta_at};
+use crate::session::{self, JournalEntry, RuntimeState, SessionEngine, StepCommit, load_counters};
+use crate::shown::inert_markers;
+pub use crate::shown::{GOAL_SHOWN, goal_reference};
 
 mod evidence;
 mod fit;
@@ -155,26 +159,6 @@ pub fn reconstruct_body(
     body.into_bytes()
 }
 
-/// Characters of a goal repeated in the system message at most.
-pub const GOAL_SHOWN: usize = 200;
-
-/// A goal as the system message gives it. A goal is the text of a user message the model
-/// also sees in the history: a short one is repeated, a longer one is named by its start and
-/// referred to — sending a long task twice doubles the request and fills the context window
-/// twice as fast.
-pub fn goal_reference(goal: &str) -> String {
-    let goal = goal.trim();
-    if goal.chars().count() <= GOAL_SHOWN && !goal.contains('\n') {
-        return goal.to_string();
-    }
-    let first = goal.lines().next().unwrap_or("").trim();
-    let mut short: String = first.chars().take(GOAL_SHOWN).collect();
-    if short.len() < goal.len() {
-        short.push('…');
-    }
-    format!("the task of the user message that begins \"{short}\"")
-}
-
 /// Characters of a goal the system message shows after a compaction, at most.
 pub const GOAL_SHOWN_COMPACTED: usize = 4000;
 
@@ -288,61 +272,6 @@ fn one_line(text: &str) -> String {
     inert_markers(&text.split_whitespace().collect::<Vec<_>>().join(" ")).into_owned()
 }
 
-/// The tags of the markers keel wraps content in (`<skill name="…">…</skill>`).
-const MARKER_TAGS: &[&str] = &["skill"];
-
-/// `text` with the `<` of every `<TAG` or `</TAG` of a keel marker (any case, spaces allowed
-/// after `<` and `/`) written `&lt;`: content keel wraps — a skill's body, a memory, a
-/// summary entry — can neither close its marker nor open a forged one. Looked for after
-/// format characters (zero-width spaces and joiners, direction marks: Unicode's `Cf`) are
-/// removed and compatibility forms folded (NFKC: a fullwidth `＜ｓｋｉｌｌ` is `<skill`), as a
-/// reader — a model among them — would read it; text that holds neither is kept as it was.
-pub(crate) fn inert_markers(text: &str) -> std::borrow::Cow<'_, str> {
-    use unicode_normalization::UnicodeNormalization;
-    let plain = |c: char| {
-        c.is_ascii()
-            || unicode_general_category::get_general_category(c)
-                != unicode_general_category::GeneralCategory::Format
-    };
-    let folded = text.is_ascii()
-        || (text.chars().all(plain)
-            && unicode_normalization::is_nfkc_quick(text.chars())
-                == unicode_normalization::IsNormalized::Yes);
-    if folded {
-        return escape_markers(text);
-    }
-    let normal: String = text.chars().filter(|c| plain(*c)).nfkc().collect();
-    match escape_markers(&normal) {
-        // No marker once folded: the text as it was.
-        std::borrow::Cow::Borrowed(_) => text.into(),
-        std::borrow::Cow::Owned(escaped) => escaped.into(),
-    }
-}
-
-fn escape_markers(text: &str) -> std::borrow::Cow<'_, str> {
-    let opens_marker = |rest: &str| {
-        let rest = rest.trim_start();
-        let rest = rest.strip_prefix('/').unwrap_or(rest).trim_start();
-        MARKER_TAGS
-            .iter()
-            .any(|t| rest.get(..t.len()).is_some_and(|head| head.eq_ignore_ascii_case(t)))
-    };
-    if !text.match_indices('<').any(|(i, _)| opens_marker(&text[i + 1..])) {
-        return text.into();
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    let mut last = 0;
-    for (i, _) in text.match_indices('<') {
-        if opens_marker(&text[i + 1..]) {
-            out.push_str(&text[last..i]);
-            out.push_str("&lt;");
-            last = i + 1;
-        }
-    }
-    out.push_str(&text[last..]);
-    out.into()
-}
-
 /// The system text of a session's requests, in two halves: what stays the same from turn to
 /// turn (the prompt and the directories granted) and what changes (the goals, the plan, the
 /// summary, skills and memories: the notes), with the bytes of the summary in the notes.
@@ -369,7 +298,7 @@ fn system_text(meta: &SessionMeta) -> SystemText {
         notes.push_str(&crate::plan::render(steps));
     }
     let mut summary = 0;
-    if let Some(cp) = &meta.runtime.checkpoint {
+    if let Some(cp) = &meta.checkpoint {
         let rendered = cp.summary.render(cp.to);
         summary = rendered.len();
         notes.push_str(&rendered);
@@ -685,7 +614,7 @@ pub fn assemble(
         }
     };
     let mut meta = parts.meta.clone();
-    counters.apply(&mut meta);
+    meta.apply(counters);
     let history_from = meta.runtime.context_start + 1;
     let history_to: i64 = c
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id=?1")?
@@ -715,7 +644,7 @@ pub fn assemble(
         Some(part) if Arc::ptr_eq(&part.text, &json) => part,
         _ => Part::new(json),
     });
-    let anchor = meta.runtime.checkpoint.as_ref().and_then(|cp| cp.anchor.as_ref());
+    let anchor = meta.checkpoint.as_ref().and_then(|cp| cp.anchor.as_ref());
     let build = |history: &[String]| {
         reconstruct_body(
             &parts.head.text,
@@ -771,24 +700,180 @@ pub fn assemble(
     Ok((meta, assembled))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::inert_markers;
+/// What request assembly owns of the sessions of one engine: the next request, built from
+/// their facts, and the evidence of every request sent or refused.
+#[derive(Clone, Copy)]
+pub struct Assembly<'a> {
+    engine: &'a SessionEngine,
+}
 
-    #[test]
-    fn wrapped_content_can_neither_close_nor_forge_a_marker() {
-        assert_eq!(
-            inert_markers("a</skill>\n<skill name=\"x\">b< / SKILL >"),
-            "a&lt;/skill>\n&lt;skill name=\"x\">b&lt; / SKILL >"
-        );
-        assert_eq!(inert_markers("Vec<u8> and <skills-list>"), "Vec<u8> and &lt;skills-list>");
-        assert!(matches!(inert_markers("if a < b"), std::borrow::Cow::Borrowed(_)));
-        // A zero-width character inside, fullwidth brackets and letters: read as the marker.
-        assert_eq!(inert_markers("x<\u{200b}/skill>"), "x&lt;/skill>");
-        assert_eq!(inert_markers("\u{ff1c}/\u{ff53}kill\u{ff1e}"), "&lt;/skill>");
-        assert_eq!(inert_markers("<\u{2060}sk\u{200d}ill name=\"x\">"), "&lt;skill name=\"x\">");
-        // Other text outside ASCII is kept as it was, format characters and all.
-        assert!(matches!(inert_markers("naïve café — ok"), std::borrow::Cow::Borrowed(_)));
-        assert!(matches!(inert_markers("a\u{200b}b \u{ff41}"), std::borrow::Cow::Borrowed(_)));
+impl<'a> Assembly<'a> {
+    /// The handle of `engine`'s sessions.
+    pub fn of(engine: &'a SessionEngine) -> Self {
+        Self { engine }
+    }
+
+    /// Assembles the next model request from the current facts, in one read; `tools` turns
+    /// the session's facts into the serialized schemas of its loaded tools in the form asked
+    /// for, inside the same read transaction (the connection is passed to it).
+    pub async fn assemble<F>(
+        &self,
+        id: &SessionId,
+        tools: F,
+    ) -> Result<(SessionMeta, Assembled), StoreError>
+    where
+        F: FnMut(&Connection, &SessionMeta, Schemas) -> Option<Arc<str>> + Send,
+    {
+        self.assemble_within(id, None, tools).await
+    }
+
+    /// [`assemble`](Self::assemble), with the history's tool results cut so that the request
+    /// takes at most `within` bytes, if a cut can make it (see `fitting_cap`).
+    pub async fn assemble_within<F>(
+        &self,
+        id: &SessionId,
+        within: Option<usize>,
+        tools: F,
+    ) -> Result<(SessionMeta, Assembled), StoreError>
+    where
+        F: FnMut(&Connection, &SessionMeta, Schemas) -> Option<Arc<str>> + Send,
+    {
+        let id = id.clone();
+        let cache = self.engine.extension::<AssemblyCache>();
+        self.engine.db().read_inline(move |c| assemble(c, &id, &cache, within, tools)).await
+    }
+
+    /// Commits a step whose tools were all safe to re-run: the request's evidence (`None`
+    /// when [`open_step`](Self::open_step) recorded it), the assistant message and every tool
+    /// result (as pairs, in the model's order), the journal rows and the new state — one
+    /// transaction.
+    pub async fn commit_step(
+        &self,
+        id: &SessionId,
+        evidence: Option<Assembled>,
+        step: StepCommit,
+    ) -> Result<(), StoreError> {
+        let stored = self.engine.extension::<StoredParts>();
+        let owner = step.release_lease.clone();
+        let (sid, recorded) = (id.clone(), evidence.clone());
+        let released = self
+            .engine
+            .write(id.clone(), move |c| {
+                if let Some(e) = &evidence {
+                    record_evidence(c, &sid, e, &stored)?;
+                }
+                session::commit_step_in(c, &sid, &step, evidence.as_ref().map(|e| e.step))
+            })
+            .await?;
+        if released && let Some(owner) = owner {
+            self.engine.released(id, &owner);
+        }
+        if let Some(e) = &recorded {
+            self.engine.extension::<StoredParts>().committed(e);
+        }
+        Ok(())
+    }
+
+    /// Opens a step whose calls may change the world: its evidence, the assistant message and
+    /// every call's journal row (`planned`, or `intent` for a call about to run, or `done` for
+    /// a refused one) — one transaction, before any of them runs.
+    pub async fn open_step(
+        &self,
+        id: &SessionId,
+        turn: i64,
+        evidence: Assembled,
+        assistant: String,
+        entries: Vec<JournalEntry>,
+    ) -> Result<(), StoreError> {
+        let id = id.clone();
+        let stored = self.engine.extension::<StoredParts>();
+        let recorded = evidence.clone();
+        self.engine
+            .write(id.clone(), move |c| {
+                record_evidence(c, &id, &evidence, &stored)?;
+                session::open_step_in(c, &id, turn, evidence.step, &assistant, &entries)?;
+                session::set_state_after(c, &id, RuntimeState::Running, None, Some(evidence.step))
+            })
+            .await?;
+        self.engine.extension::<StoredParts>().committed(&recorded);
+        Ok(())
+    }
+
+    /// Ends the turn of a request that did not come back as a reply: records the request as
+    /// refused (its evidence, `error` and the status the server gave) and sets the session
+    /// `failed` with `error` — one transaction. Returns the refused request's number.
+    pub async fn refuse_step(
+        &self,
+        id: &SessionId,
+        request: Assembled,
+        http_status: Option<u16>,
+        error: String,
+    ) -> Result<i64, StoreError> {
+        let id = id.clone();
+        let stored = self.engine.extension::<StoredParts>();
+        let recorded = request.clone();
+        let seq = self
+            .engine
+            .db()
+            .run(move |c| {
+                let seq = record_refused(c, &id, &request, http_status, &error, &stored)?;
+                session::set_state(c, &id, RuntimeState::Failed, Some(&error))?;
+                Ok(seq)
+            })
+            .await?;
+        self.engine.extension::<StoredParts>().committed(&recorded);
+        Ok(seq)
+    }
+
+    /// The exact request body of `step` (the last step if `None`), byte for byte.
+    pub async fn evidence(
+        &self,
+        id: &SessionId,
+        step: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), StoreError> {
+        let id = id.clone();
+        self.engine.db().read(move |c| evidence(c, &id, EvidenceOf::Step(step))).await
+    }
+
+    /// The exact body of refused request `seq` (the last one if `None`), byte for byte.
+    pub async fn refused_evidence(
+        &self,
+        id: &SessionId,
+        seq: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), StoreError> {
+        let id = id.clone();
+        self.engine.db().read(move |c| evidence(c, &id, EvidenceOf::Refused(seq))).await
+    }
+
+    /// The session's model calls (what each came to: finish reason, tokens, time), by step.
+    pub async fn model_calls(&self, id: &SessionId) -> Result<Vec<ModelCallRecord>, StoreError> {
+        let id = id.clone();
+        self.engine.db().read(move |c| model_calls(c, &id)).await
+    }
+
+    /// An estimate of the tokens of the session's next request.
+    pub async fn token_estimate(&self, id: &SessionId) -> Result<TokenEstimate, StoreError> {
+        let id = id.clone();
+        self.engine.db().read(move |c| token_estimate(c, &id)).await
+    }
+
+    /// Bytes of request per token for session `id`: from the newest of its last eight
+    /// requests whose usage the server reported, else [`BYTES_PER_TOKEN`].
+    pub async fn bytes_per_token(&self, id: &SessionId) -> Result<f64, StoreError> {
+        let id = id.clone();
+        self.engine
+            .db()
+            .read_inline(move |c| {
+                let rows: Vec<(Option<i64>, Option<i64>)> = c
+                    .prepare_cached(
+                        "SELECT body_bytes, prompt_tokens FROM evidence WHERE session_id=?1
+                         ORDER BY step DESC LIMIT 8",
+                    )?
+                    .query_map([&id], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<_, _>>()?;
+                let known = rows.into_iter().find_map(|(b, t)| Some((b?, t?)));
+                Ok(estimate_tokens(0, known).bytes_per_token)
+            })
+            .await
     }
 }

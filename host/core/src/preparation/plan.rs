@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::plan::{self, PlanRequest, PlanState, PlanStep};
 use crate::store::{StoreError, now_ms};
 
-use super::events::{self, SessionEvent};
+use crate::session::events::{self, SessionEvent};
 
 /// One version of a plan.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -52,13 +52,15 @@ pub fn current_in(
 }
 
 /// Applies the plan changes call `call_id` asked for, in order, unless that call's changes
-/// are applied already. A change the plan no longer allows (another call of the same step
-/// changed it first) is skipped.
+/// are applied already. `phase` is the session's current phase (the task state's): the turn
+/// that opened it and whether it has a goal; without one there is no plan to change. A change
+/// the plan no longer allows (another call of the same step changed it first) is skipped.
 pub fn apply_in(
     c: &Connection,
     id: &str,
     call_id: &str,
     requests: &[PlanRequest],
+    phase: Option<(i64, bool)>,
 ) -> Result<(), StoreError> {
     let applied: bool = c
         .prepare_cached(
@@ -68,16 +70,14 @@ pub fn apply_in(
     if applied || requests.is_empty() {
         return Ok(());
     }
-    let task = crate::session::task::task_in(c, id)?;
-    let Some(phase_turn) = task.phase_turn else { return Ok(()) };
-    let mut state =
-        PlanState { steps: current_in(c, id, phase_turn)?, phase_open: task.phase_goal.is_some() };
+    let Some((phase_turn, phase_open)) = phase else { return Ok(()) };
+    let mut state = PlanState { steps: current_in(c, id, phase_turn)?, phase_open };
     for request in requests {
         if let Err(why) = plan::apply(&mut state, request) {
             tracing::debug!(call = call_id, %why, "a plan change was skipped");
             continue;
         }
-        crate::session::facts::lock_in(c, id)?;
+        crate::session::lock_in(c, id)?;
         let version: i64 = c
             .prepare_cached(
                 "SELECT COALESCE(MAX(version), 0) + 1 FROM plan_versions WHERE session_id=?1",
@@ -94,8 +94,8 @@ pub fn apply_in(
             version,
             phase_turn,
             now_ms(),
-            super::json(request)?,
-            super::json(&steps)?,
+            crate::store::json(request)?,
+            crate::store::json(&steps)?,
             !state.phase_open,
             call_id
         ])?;

@@ -1,0 +1,298 @@
+//! Turn preparation: what a turn is for and what it may use, decided before its first model
+//! request. The task state (goals, phase, plan versions: [`task`], [`plan`]), the transition a
+//! turn's input makes of it ([`transition`]), the Orchestrator's capability preparation
+//! ([`orchestration`]), what the session has loaded ([`capabilities`]) and the discovery
+//! tools' view ([`discovery`]). Each file owns its tables; [`Preparation`] is their handle.
+
+pub mod capabilities;
+pub mod discovery;
+pub mod orchestration;
+pub mod plan;
+pub mod task;
+pub mod transition;
+
+use crate::sql::{Connection, OptionalExtension, params};
+
+use crate::ids::SessionId;
+use crate::session::SessionEngine;
+use crate::store::StoreError;
+
+pub use capabilities::LoadedCapabilities;
+pub(crate) use capabilities::on_create;
+pub use discovery::SessionDiscovery;
+pub use task::TaskState;
+
+/// What turn preparation owns of the sessions of one engine: their task state (goals, phase,
+/// plan), what they have loaded, their transitions and orchestrations.
+#[derive(Clone, Copy)]
+pub struct Preparation<'a> {
+    engine: &'a SessionEngine,
+}
+
+impl<'a> Preparation<'a> {
+    /// The handle of `engine`'s sessions.
+    pub fn of(engine: &'a SessionEngine) -> Self {
+        Self { engine }
+    }
+
+    /// The session's task state: goals, phase, plan.
+    pub async fn task(&self, id: &SessionId) -> Result<TaskState, StoreError> {
+        let id = id.clone();
+        self.engine.db().read_inline(move |c| task::task_in(c, &id)).await
+    }
+
+    /// What the session has loaded.
+    pub async fn loaded(&self, id: &SessionId) -> Result<LoadedCapabilities, StoreError> {
+        let id = id.clone();
+        self.engine.db().read_inline(move |c| loaded_in(c, &id)).await
+    }
+
+    /// Pins loaded tools to component digests: `pins` holds the digest each tool resolves to
+    /// now. Without `upgrade` only tools not pinned yet are pinned (what a session loaded it
+    /// keeps); with it every given pin replaces the old one. Returns the pins that changed,
+    /// as (tool, old digest, new digest).
+    pub async fn pin_tools(
+        &self,
+        id: &SessionId,
+        pins: std::collections::BTreeMap<String, String>,
+        upgrade: bool,
+    ) -> Result<Vec<(String, Option<String>, String)>, StoreError> {
+        let id = id.clone();
+        self.engine.write(id.clone(), move |c| capabilities::pin_in(c, &id, pins, upgrade)).await
+    }
+
+    /// Adds tools to the session's loaded set (add-only, pinned): an admin's addition through
+    /// AddSelectedCapabilities.
+    pub async fn add_tools(&self, id: &SessionId, tools: Vec<String>) -> Result<(), StoreError> {
+        let selection = capabilities::Selection { tools, ..Default::default() };
+        self.add_capabilities(id, selection, capabilities::Via::Admin).await.map(|_| ())
+    }
+
+    /// The session's active turn when its transition is not committed yet (the runner makes
+    /// the understanding call, then [`commit_transition`](Self::commit_transition)).
+    pub async fn pending_understanding(
+        &self,
+        id: &SessionId,
+    ) -> Result<Option<transition::PendingUnderstanding>, StoreError> {
+        let id = id.clone();
+        self.engine.db().read_inline(move |c| transition::pending_in(c, &id)).await
+    }
+
+    /// Commits turn `turn`'s transition (see [`transition::commit_in`]), with the recall of its
+    /// capability preparation when it has one: `None` when it was committed already.
+    pub async fn commit_transition(
+        &self,
+        id: &SessionId,
+        turn: i64,
+        understood: transition::Understood,
+        recalled: Option<orchestration::RecallRecord>,
+    ) -> Result<Option<transition::Transition>, StoreError> {
+        let id = id.clone();
+        self.engine
+            .write(id.clone(), move |c| {
+                transition::commit_in(c, &id, turn, &understood, recalled.as_ref())
+            })
+            .await
+    }
+
+    /// The active turn's transition when its capability preparation has not finished (see
+    /// [`transition::unprepared_in`]).
+    pub async fn unprepared(
+        &self,
+        id: &SessionId,
+    ) -> Result<Option<transition::Transition>, StoreError> {
+        let id = id.clone();
+        self.engine.db().read_inline(move |c| transition::unprepared_in(c, &id)).await
+    }
+
+    /// Records what recall found (see [`orchestration::record_recall_in`]) and, with `finish`,
+    /// finishes the orchestration in the same commit (no call was needed).
+    pub async fn record_recall(
+        &self,
+        id: &SessionId,
+        record: orchestration::RecallRecord,
+        finish: Option<orchestration::OrchestratorCall>,
+    ) -> Result<(), StoreError> {
+        let id = id.clone();
+        self.engine
+            .write(id.clone(), move |c| {
+                orchestration::record_recall_in(c, &id, &record)?;
+                if let Some(call) = &finish {
+                    orchestration::finish_in(c, &id, record.turn, call)?;
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    /// Finishes turn `turn`'s orchestration: adds what was selected and applies the
+    /// environment (see [`orchestration::finish_in`]).
+    pub async fn finish_orchestration(
+        &self,
+        id: &SessionId,
+        turn: i64,
+        call: orchestration::OrchestratorCall,
+    ) -> Result<capabilities::Added, StoreError> {
+        let id = id.clone();
+        self.engine.write(id.clone(), move |c| orchestration::finish_in(c, &id, turn, &call)).await
+    }
+
+    /// AddSelectedCapabilities outside a turn (an admin's addition): add-only, pinned.
+    pub async fn add_capabilities(
+        &self,
+        id: &SessionId,
+        selection: capabilities::Selection,
+        via: capabilities::Via,
+    ) -> Result<capabilities::Added, StoreError> {
+        let id = id.clone();
+        self.engine
+            .write(id.clone(), move |c| capabilities::add_in(c, &id, &selection, via, None, None))
+            .await
+    }
+
+    /// Unloads a tool or skill from session `id` (the explicit removal path).
+    pub async fn unload(
+        &self,
+        id: &SessionId,
+        kind: capabilities::Kind,
+        name: &str,
+    ) -> Result<(), StoreError> {
+        let (id, name) = (id.clone(), name.to_string());
+        self.engine.write(id.clone(), move |c| capabilities::unload_in(c, &id, kind, &name)).await
+    }
+
+    /// The session's capabilities and how each arrived, and its orchestrations.
+    pub async fn capabilities(
+        &self,
+        id: &SessionId,
+    ) -> Result<(Vec<capabilities::Capability>, Vec<orchestration::Orchestration>), StoreError>
+    {
+        let id = id.clone();
+        self.engine
+            .db()
+            .read(move |c| {
+                crate::session::load_counters(c, &id)?;
+                Ok((capabilities::of_session(c, &id)?, orchestration::orchestrations_in(c, &id)?))
+            })
+            .await
+    }
+
+    /// The exact request of turn `turn`'s orchestration call (the last one if `None`).
+    pub async fn orchestration_evidence(
+        &self,
+        id: &SessionId,
+        turn: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), StoreError> {
+        let id = id.clone();
+        self.engine.db().read(move |c| orchestration::evidence_in(c, &id, turn)).await
+    }
+
+    /// The session's task transitions, oldest first.
+    pub async fn transitions(
+        &self,
+        id: &SessionId,
+    ) -> Result<Vec<transition::Transition>, StoreError> {
+        let id = id.clone();
+        self.engine
+            .db()
+            .read(move |c| {
+                crate::session::load_counters(c, &id)?;
+                transition::of_session(c, &id)
+            })
+            .await
+    }
+
+    /// The exact request body of turn `turn`'s understanding call (the last one if `None`).
+    pub async fn understanding_evidence(
+        &self,
+        id: &SessionId,
+        turn: Option<i64>,
+    ) -> Result<(i64, Vec<u8>), StoreError> {
+        let id = id.clone();
+        self.engine.db().read(move |c| transition::evidence_in(c, &id, turn)).await
+    }
+}
+
+/// Supporting calls whose exact requests are kept, by the table that records them.
+#[derive(Debug, Clone, Copy)]
+pub enum CallKind {
+    Understanding,
+    Orchestration,
+}
+
+impl CallKind {
+    fn table(self) -> &'static str {
+        match self {
+            Self::Understanding => "task_transitions",
+            Self::Orchestration => "orchestrations",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Understanding => "understanding",
+            Self::Orchestration => "orchestration",
+        }
+    }
+}
+
+/// The exact request body of session `id`'s `kind` call of turn `turn` (the last turn that
+/// made one if `None`), byte for byte.
+pub fn call_evidence_in(
+    c: &Connection,
+    id: &str,
+    kind: CallKind,
+    turn: Option<i64>,
+) -> Result<(i64, Vec<u8>), StoreError> {
+    crate::session::load_counters(c, id)?;
+    let sql = format!(
+        "SELECT turn, body_sha256 FROM {} WHERE session_id=?1 AND (CAST(?2 AS BIGINT) IS NULL OR turn=?2)
+         AND body_sha256 IS NOT NULL ORDER BY turn DESC LIMIT 1",
+        kind.table()
+    );
+    let row: Option<(i64, String)> = c
+        .prepare_cached(&sql)?
+        .query_row(params![id, turn], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let Some((turn, sha)) = row else {
+        let what = kind.name();
+        return Err(StoreError::NotFound(match turn {
+            Some(t) => format!("turn {t} of session `{id}` made no {what} call"),
+            None => format!("session `{id}` has made no {what} call"),
+        }));
+    };
+    Ok((turn, crate::store::blobs::get_in(c, &sha)?.into_bytes()))
+}
+
+/// What session `id` has loaded: its tools and skills, with what the latest orchestration's
+/// recall found.
+pub fn loaded_in(c: &Connection, id: &str) -> Result<LoadedCapabilities, StoreError> {
+    let (loaded_tools, tool_pins) = capabilities::tools_in(c, id)?;
+    let skills = capabilities::skills_in(c, id)?;
+    let (found_skills, memories) = match orchestration::latest_in(c, id)? {
+        Some(o) => (
+            o.candidates
+                .skills
+                .into_iter()
+                .filter(|s| !skills.iter().any(|l| l.name == s.name))
+                .collect(),
+            o.memories,
+        ),
+        None => (Vec::new(), Vec::new()),
+    };
+    Ok(LoadedCapabilities { loaded_tools, skills, found_skills, memories, tool_pins })
+}
+
+/// The turn reaction (see [`crate::session::reactions`]): a turn whose runner makes no
+/// understanding call has its transition (the fixed table on no answer) committed as it begins.
+pub(crate) fn on_turn_begun(
+    c: &Connection,
+    id: &str,
+    turn: i64,
+    understand: bool,
+) -> Result<(), StoreError> {
+    if understand {
+        return Ok(());
+    }
+    transition::commit_in(c, id, turn, &transition::Understood::default(), None).map(|_| ())
+}
