@@ -5,6 +5,8 @@ use keel::agent::{LoopGuards, TurnOutcome};
 use keel::api::{ApiError, Caller};
 use keel::brain::Submitted;
 use keel::ids::SessionId;
+use keel::meta::SessionMeta;
+use keel::preparation::Preparation;
 use keel::sandbox::{Access, CancelToken, Grant};
 use keel::session::{Decision, RuntimeState};
 use keel_tests::mock_model::{MockModel, Reply};
@@ -69,7 +71,7 @@ async fn an_approval_flow_through_the_api_and_its_typed_refusals() {
 
     let tools = Some(vec!["effect_send".to_string()]);
     let id = h.create_session(&Caller::Operator, spec(&model.url(), grants, tools)).await.unwrap();
-    let meta = keel::meta::SessionMeta::read(&h.internals().engine, &id).await.unwrap();
+    let meta = SessionMeta::read(&h.internals().engine, &id).await.unwrap();
     assert_eq!(meta.config.guards.map(|g| g.max_steps), Some(5), "the loop guards are stored");
     assert!(meta.capabilities.tool_pins.contains_key("effect_send"), "the loaded tool is pinned");
     let e =
@@ -98,7 +100,7 @@ async fn an_approval_flow_through_the_api_and_its_typed_refusals() {
     );
     assert_eq!(log_lines(work.path(), "sent.log"), ["hello"]);
     assert_eq!(
-        keel::meta::SessionMeta::read(&h.internals().engine, &id).await.unwrap().runtime.state,
+        SessionMeta::read(&h.internals().engine, &id).await.unwrap().runtime.state,
         RuntimeState::Idle
     );
 }
@@ -226,8 +228,8 @@ async fn the_session_facts_are_four_sub_owners_read_alone_and_shown_flat() {
     assert!(matches!(sent, Submitted::Ran(TurnOutcome::WaitingApproval(_))), "{sent:?}");
 
     let engine = &h.internals().engine;
-    let meta = keel::meta::SessionMeta::read(engine, &id).await.unwrap();
-    let preparation = keel::preparation::Preparation::of(engine);
+    let meta = SessionMeta::read(engine, &id).await.unwrap();
+    let preparation = Preparation::of(engine);
     assert_eq!(engine.config(&id).await.unwrap(), meta.config);
     assert_eq!(preparation.task(&id).await.unwrap(), meta.task);
     assert_eq!(preparation.loaded(&id).await.unwrap(), meta.capabilities);

@@ -4,6 +4,7 @@
 //! component, a real SQLite file; asserting on the bytes the server got.
 
 use keel::ids::SessionId;
+use keel::preparation::Preparation;
 use std::path::Path;
 
 use keel::agent::{LoopGuards, TurnOutcome};
@@ -444,7 +445,7 @@ async fn h4_a_session_keeps_the_skill_version_it_loaded() {
         skills: vec!["csv-audit".into()],
         ..Default::default()
     };
-    keel::preparation::Preparation::of(&h.internals().engine)
+    Preparation::of(&h.internals().engine)
         .add_capabilities(&SessionId::from("old"), load.clone(), Via::Admin)
         .await
         .unwrap();
@@ -466,7 +467,7 @@ async fn h4_a_session_keeps_the_skill_version_it_loaded() {
     )
     .await
     .unwrap();
-    keel::preparation::Preparation::of(&h.internals().engine)
+    Preparation::of(&h.internals().engine)
         .add_capabilities(&SessionId::from("new"), load, Via::Admin)
         .await
         .unwrap();

@@ -6,8 +6,10 @@ use keel::agent::LoopGuards;
 use keel::failure::FailureKind;
 use keel::ids::CallId;
 use keel::ids::SessionId;
+use keel::meta::SessionMeta;
 use keel::sandbox::{Access, CancelToken, Grant};
 use keel::session::{Decision, JournalEntry, JournalStatus, RuntimeState};
+use keel::views::Views;
 use keel_tests::{harness_with_session, install_effects, log_lines};
 use serde_json::json;
 
@@ -91,10 +93,7 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
     assert_eq!(statuses.iter().filter(|s| **s == "rejected").count(), 2, "{statuses:?}");
 
     // Each call is a step with one journal row, all done; the session is idle again.
-    let t = keel::views::Views::of(&h.internals().engine)
-        .timeline(&SessionId::from("d"))
-        .await
-        .unwrap();
+    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("d")).await.unwrap();
     let rows: Vec<(i64, &str, Option<&str>)> = t
         .tool_calls
         .iter()
@@ -111,7 +110,7 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
     );
     assert!(t.tool_calls.iter().all(|c| c.entry.status == JournalStatus::Done));
     assert_eq!(
-        keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("d"))
+        SessionMeta::read(&h.internals().engine, &SessionId::from("d"))
             .await
             .unwrap()
             .runtime
@@ -178,10 +177,7 @@ async fn a_crash_during_a_direct_call_leaves_an_unknown_outcome() {
         .expect("the session is recovered");
     assert_eq!(r.outcome_unknown, vec![CallId::new("direct-b")]);
     assert_eq!(r.state_after, RuntimeState::Idle);
-    let t = keel::views::Views::of(&h.internals().engine)
-        .timeline(&SessionId::from("d"))
-        .await
-        .unwrap();
+    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("d")).await.unwrap();
     let rows: Vec<(&str, &str, Option<&str>)> = t
         .tool_calls
         .iter()

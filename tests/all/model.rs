@@ -2,7 +2,10 @@
 //! silent servers (G6), failures that repeat whatever is sent and garbled replies (G2), a
 //! context window the history outgrows, token usage, and replies cut or empty.
 
+use keel::assembly::Assembly;
 use keel::ids::SessionId;
+use keel::meta::SessionMeta;
+use keel::views::Views;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -73,7 +76,7 @@ async fn g6_a_slow_live_stream_succeeds_and_a_silent_server_fails_naming_the_set
     }
     assert!(e.contains("the reply to begin"), "{e}");
     assert_eq!(
-        keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("slow"))
+        SessionMeta::read(&h.internals().engine, &SessionId::from("slow"))
             .await
             .unwrap()
             .runtime
@@ -101,10 +104,7 @@ async fn g6_a_stream_that_stops_mid_way_fails_naming_the_setting() {
     assert!(e.contains("after 1 attempt(s)") && e.contains("300ms"), "{e}");
     assert!(e.contains("the reply to begin") || e.contains("the next part of the reply"), "{e}");
     // Nothing of the cut stream was committed.
-    let t = keel::views::Views::of(&h.internals().engine)
-        .timeline(&SessionId::from("stall"))
-        .await
-        .unwrap();
+    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("stall")).await.unwrap();
     assert_eq!(t.messages.len(), 1);
 }
 
@@ -159,10 +159,7 @@ async fn g2_deterministic_failures_are_not_retried_and_a_garbled_reply_is_retrie
     );
     assert_eq!(model.requests().len(), 12);
 
-    let t = keel::views::Views::of(&h.internals().engine)
-        .timeline(&SessionId::from("d"))
-        .await
-        .unwrap();
+    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("d")).await.unwrap();
     let refused: Vec<(i64, Option<u16>, u32)> =
         t.refused_requests.iter().map(|r| (r.turn, r.http_status, r.attempts)).collect();
     assert_eq!(
@@ -177,17 +174,17 @@ async fn g2_deterministic_failures_are_not_retried_and_a_garbled_reply_is_retrie
     );
     // A refused request's evidence is the request the server got, byte for byte.
     let requests = model.requests();
-    let (seq, body) = keel::assembly::Assembly::of(&h.internals().engine)
+    let (seq, body) = Assembly::of(&h.internals().engine)
         .refused_evidence(&SessionId::from("d"), Some(2))
         .await
         .unwrap();
     assert_eq!((seq, &body), (2, &requests[1]));
-    let (seq, body) = keel::assembly::Assembly::of(&h.internals().engine)
+    let (seq, body) = Assembly::of(&h.internals().engine)
         .refused_evidence(&SessionId::from("d"), None)
         .await
         .unwrap();
     assert_eq!((seq, &body), (5, &requests[9]));
-    let e = keel::assembly::Assembly::of(&h.internals().engine)
+    let e = Assembly::of(&h.internals().engine)
         .refused_evidence(&SessionId::from("d"), Some(9))
         .await
         .unwrap_err()
@@ -242,19 +239,14 @@ async fn the_task_is_sent_once_and_a_request_too_long_for_the_context_says_so() 
     let e = failed(submit(&h, "long", &report(3200)).await);
     assert!(e.contains("the model's context window of 3500"), "{e}");
     assert!(e.contains("Start a new session"), "says what to do: {e}");
-    let t = keel::views::Views::of(&h.internals().engine)
-        .timeline(&SessionId::from("long"))
-        .await
-        .unwrap();
+    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("long")).await.unwrap();
     assert_eq!(t.refused_requests.len(), 1);
     assert_eq!(t.refused_requests[0].http_status, None);
     assert!(t.refused_requests[0].error.starts_with("not sent: "), "{:?}", t.refused_requests);
     assert_eq!(t.checkpoints.len(), 1);
     assert_eq!(t.checkpoints[0].trigger, keel::compaction::Trigger::Overflow);
     assert_eq!(model.requests().len(), 2);
-    let meta = keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("long"))
-        .await
-        .unwrap();
+    let meta = SessionMeta::read(&h.internals().engine, &SessionId::from("long")).await.unwrap();
     assert_eq!(meta.config.model.context_window, Some(3500), "learned from the refusal");
     assert!(
         (t.refused_requests[0].request_bytes as usize) < model.requests().last().unwrap().len(),
@@ -276,10 +268,8 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     let home = tempfile::tempdir().unwrap();
     let h = harness(home.path(), &model.url()).await;
     session_with_model(&h, "u", &["echo"], config(&model.url(), 10_000, 0)).await;
-    let before = keel::assembly::Assembly::of(&h.internals().engine)
-        .token_estimate(&SessionId::from("u"))
-        .await
-        .unwrap();
+    let before =
+        Assembly::of(&h.internals().engine).token_estimate(&SessionId::from("u")).await.unwrap();
     assert!(!before.calibrated);
     assert_eq!(before.bytes_per_token, keel::assembly::BYTES_PER_TOKEN);
     assert_eq!(submit(&h, "u", "say hi").await, Submitted::Ran(TurnOutcome::Answer("done".into())));
@@ -287,10 +277,8 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     let first: Value = serde_json::from_slice(&requests[0]).unwrap();
     assert_eq!(first["stream_options"], json!({"include_usage": true}));
 
-    let calls = keel::assembly::Assembly::of(&h.internals().engine)
-        .model_calls(&SessionId::from("u"))
-        .await
-        .unwrap();
+    let calls =
+        Assembly::of(&h.internals().engine).model_calls(&SessionId::from("u")).await.unwrap();
     type Row<'a> = (i64, Option<i64>, Option<&'a str>, Option<Usage>);
     let got: Vec<Row<'_>> = calls
         .iter()
@@ -311,10 +299,8 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     }
 
     // Calibrated by the last request: its bytes over its prompt tokens.
-    let e = keel::assembly::Assembly::of(&h.internals().engine)
-        .token_estimate(&SessionId::from("u"))
-        .await
-        .unwrap();
+    let e =
+        Assembly::of(&h.internals().engine).token_estimate(&SessionId::from("u")).await.unwrap();
     assert!(e.calibrated);
     assert_eq!(e.bytes_per_token, requests[1].len() as f64 / 1100.0);
     assert_eq!(e.tokens, (e.bytes as f64 / e.bytes_per_token).ceil() as i64);
@@ -322,10 +308,7 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     assert_eq!(submit(&h, "u", "more").await, Submitted::Ran(TurnOutcome::Answer("second".into())));
     let user = json!({"role": "user", "content": "more"}).to_string();
     assert_eq!(model.requests()[2].len() as i64, e.bytes + 1 + user.len() as i64);
-    let t = keel::views::Views::of(&h.internals().engine)
-        .timeline(&SessionId::from("u"))
-        .await
-        .unwrap();
+    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("u")).await.unwrap();
     assert_eq!(t.model_calls.len(), 3);
     assert_eq!(t.model_calls[2].turn, Some(2));
 
@@ -341,13 +324,11 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     let body: Value = serde_json::from_slice(&plain.requests()[0]).unwrap();
     assert_eq!(body["stream"], json!(true));
     assert_eq!(body.get("stream_options"), None);
-    let calls = keel::assembly::Assembly::of(&h.internals().engine)
-        .model_calls(&SessionId::from("plain"))
-        .await
-        .unwrap();
+    let calls =
+        Assembly::of(&h.internals().engine).model_calls(&SessionId::from("plain")).await.unwrap();
     assert_eq!(calls[0].call.usage, None);
     assert!(
-        !keel::assembly::Assembly::of(&h.internals().engine)
+        !Assembly::of(&h.internals().engine)
             .token_estimate(&SessionId::from("plain"))
             .await
             .unwrap()
@@ -394,7 +375,7 @@ async fn an_empty_or_cut_answer_is_flagged() {
         *seen.lock().unwrap(),
         [(Some("length".to_string()), false), (Some("stop".to_string()), true)]
     );
-    let reasons: Vec<Option<String>> = keel::assembly::Assembly::of(&h.internals().engine)
+    let reasons: Vec<Option<String>> = Assembly::of(&h.internals().engine)
         .model_calls(&SessionId::from("f"))
         .await
         .unwrap()

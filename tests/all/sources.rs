@@ -2,6 +2,7 @@
 //! component's — loaded, input schema, policy, the approval gate bound to its implementation
 //! digest, the journal — and its own deadline and output cap.
 
+use keel::meta::SessionMeta;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -125,7 +126,7 @@ async fn a_host_tool_is_asked_approved_run_and_journaled_like_a_component() {
         )
         .await
         .unwrap();
-    let meta = keel::meta::SessionMeta::read(&h.internals().engine, &id).await.unwrap();
+    let meta = SessionMeta::read(&h.internals().engine, &id).await.unwrap();
     assert_eq!(
         meta.capabilities.tool_pins.get("note_add"),
         Some(&notes.digest),

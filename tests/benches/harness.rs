@@ -14,6 +14,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use keel::ids::SessionId;
+use keel::meta::SessionMeta;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -413,8 +414,7 @@ async fn recovery(n: usize) {
         LoopGuards::default(),
     )
     .await;
-    let meta =
-        keel::meta::SessionMeta::read(&h.internals().engine, &SessionId::from("r0")).await.unwrap();
+    let meta = SessionMeta::read(&h.internals().engine, &SessionId::from("r0")).await.unwrap();
     let mut creates = Vec::new();
     for i in 1..n {
         let engine = h.internals().engine.clone();

@@ -15,6 +15,7 @@
 //! (default 24). Asserts nothing about time.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+use keel::views::Views;
 use std::sync::Arc;
 
 use keel::caller::Caller;
@@ -154,10 +155,7 @@ async fn reevaluated(notes_message: bool, turns: usize) -> (usize, usize, usize,
             "{out:?}"
         );
     }
-    let t = keel::views::Views::of(&h.internals().engine)
-        .timeline(&SessionId::from("s"))
-        .await
-        .unwrap();
+    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("s")).await.unwrap();
     let mut previous = String::new();
     let (mut rendered, mut again) = (0, 0);
     let requests = model.requests();

@@ -9,6 +9,7 @@
 //! `KEEL_CRASH_ITERATIONS=200 cargo test --release --test crash -- --nocapture`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+use keel::assembly::Assembly;
 use keel::ids::SessionId;
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::process::ExitStatusExt;
@@ -828,7 +829,7 @@ impl Rig {
         let db = keel::store::Db::open(&self.db()).unwrap();
         let engine = keel::session::SessionEngine::new(db, keel::meta::REACTIONS);
         for step in 1..=steps {
-            keel::assembly::Assembly::of(&engine)
+            Assembly::of(&engine)
                 .evidence(&SessionId::from(session), Some(step))
                 .await
                 .unwrap_or_else(|e| panic!("the evidence of step {step} does not rebuild: {e}"));

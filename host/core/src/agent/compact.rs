@@ -6,6 +6,7 @@
 //! SessionEngine commits the checkpoint `pending`, then promotes it. A failure leaves the
 //! context as it was and says why.
 
+use crate::assembly::Assembly;
 use crate::ids::SessionId;
 use std::sync::Arc;
 use std::time::Instant;
@@ -119,15 +120,15 @@ impl AgentService {
         let started = Instant::now();
         let tokens = req.before.map(|(_, t)| t);
         let Some(frozen) = crate::compaction::Compaction::of(&self.engine)
-            .begin_compaction(id, req.trigger, req.aim, tokens)
+            .begin(id, req.trigger, req.aim, tokens)
             .await?
         else {
             return Ok(Compaction::Nothing);
         };
         let frozen = Arc::new(frozen);
-        let meta = crate::meta::SessionMeta::read(&self.engine, id).await?;
+        let meta = SessionMeta::read(&self.engine, id).await?;
         let window = req.window.or(meta.config.model.context_window);
-        let per_token = crate::assembly::Assembly::of(&self.engine).bytes_per_token(id).await?;
+        let per_token = Assembly::of(&self.engine).bytes_per_token(id).await?;
         let call = self.summary_call(&meta, &frozen, window.map(|w| (w, per_token)), cancel).await;
         crate::crash::point("after_summary_call");
         let after = match (&call.summary, req.before) {

@@ -11,6 +11,8 @@ mod calls;
 pub mod compact;
 pub mod summary;
 
+use crate::assembly::Assembly;
+use crate::meta::SessionMeta;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -248,7 +250,7 @@ impl AgentService {
     ) -> Result<TurnOutcome, AgentError> {
         let mut guard = GuardState { lease: turn.lease.clone(), ..GuardState::default() };
         if let Some(open) = self.engine.load_open_step(id).await? {
-            let meta = crate::meta::SessionMeta::read(&self.engine, id).await?;
+            let meta = SessionMeta::read(&self.engine, id).await?;
             if !calls::can_progress(&meta, &open) {
                 let pending = open
                     .units
@@ -330,8 +332,7 @@ impl AgentService {
                     overflowed = true;
                     let bytes = assembled.body.len() as i64;
                     // The window the refusal names, else less than the refused request.
-                    let per_token =
-                        crate::assembly::Assembly::of(&self.engine).bytes_per_token(id).await?;
+                    let per_token = Assembly::of(&self.engine).bytes_per_token(id).await?;
                     let named = crate::model::window_in_refusal(body);
                     // A window the server names is the session's from now on: every later
                     // request is sized to it, with room for the reply.
@@ -400,7 +401,7 @@ impl AgentService {
                     // can be looked at (`keel session evidence --refused`).
                     let detail = f.to_string();
                     assembled.call.attempts = f.attempts;
-                    let seq = crate::assembly::Assembly::of(&self.engine)
+                    let seq = Assembly::of(&self.engine)
                         .refuse_step(id, assembled, f.last.http_status(), detail.clone())
                         .await?;
                     tracing::debug!(refused = seq, "model request failed; its evidence is kept");
@@ -424,7 +425,7 @@ impl AgentService {
                 let answer = reply.content.clone().unwrap_or_default();
                 let assistant =
                     serde_json::json!({"role": "assistant", "content": answer}).to_string();
-                crate::assembly::Assembly::of(&self.engine)
+                Assembly::of(&self.engine)
                     .commit_step(
                         id,
                         Some(assembled.clone()),
@@ -530,7 +531,7 @@ impl AgentService {
             let Some(window) = meta.config.model.context_window else {
                 return Ok(Ok((meta, assembled, catalog)));
             };
-            let per_token = crate::assembly::Assembly::of(&self.engine).bytes_per_token(id).await?;
+            let per_token = Assembly::of(&self.engine).bytes_per_token(id).await?;
             let bytes = assembled.body.len() as i64;
             let tokens = (bytes as f64 / per_token).ceil() as i64;
             let limit = compact::request_limit(&meta.config.model, window);
@@ -551,7 +552,7 @@ impl AgentService {
                     limit.floor() as i64,
                     crate::assembly::MIN_RESULT_CAP,
                 );
-                crate::assembly::Assembly::of(&self.engine)
+                Assembly::of(&self.engine)
                     .refuse_step(id, assembled, None, format!("not sent: {message}"))
                     .await?;
                 return Ok(Err(TurnOutcome::Failed(message)));
@@ -607,7 +608,7 @@ impl AgentService {
         AgentError,
     > {
         let mut catalog = None;
-        let (meta, assembled) = crate::assembly::Assembly::of(&self.engine)
+        let (meta, assembled) = Assembly::of(&self.engine)
             .assemble_within(id, within, |c, m, form| {
                 let at = self.tools.catalog_in(c).ok()?;
                 let (loaded, pins) = (&m.capabilities.loaded_tools, &m.capabilities.tool_pins);
@@ -623,8 +624,7 @@ impl AgentService {
     /// be sent now (before any compaction or cut), against the session's window.
     pub async fn room(&self, id: &SessionId) -> Result<crate::assembly::RoomView, AgentError> {
         let (meta, assembled, _) = self.assemble_with_catalog(id, None).await?;
-        let bytes_per_token =
-            crate::assembly::Assembly::of(&self.engine).bytes_per_token(id).await?;
+        let bytes_per_token = Assembly::of(&self.engine).bytes_per_token(id).await?;
         let window = meta.config.model.context_window;
         Ok(crate::assembly::RoomView {
             window,
@@ -689,7 +689,7 @@ impl AgentService {
         } else {
             RuntimeState::Running
         };
-        crate::assembly::Assembly::of(&self.engine)
+        Assembly::of(&self.engine)
             .commit_step(
                 id,
                 if step.opened { None } else { assembled },

@@ -5,6 +5,7 @@
 //! budget and a workgroup's limits. The operator ([`Caller::Operator`]) may do everything.
 
 use crate::ids::SessionId;
+use crate::views::Views;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -110,7 +111,7 @@ impl Harness {
     /// "not found", as one that does not exist.
     pub async fn session(&self, caller: &Caller, id: &str) -> Result<SessionMeta, ApiError> {
         let id = &SessionId::from(id);
-        let meta = crate::meta::SessionMeta::read(&self.engine, id).await?;
+        let meta = SessionMeta::read(&self.engine, id).await?;
         if caller.may_see(meta.config.owner.as_ref()) {
             Ok(meta)
         } else {
@@ -121,7 +122,7 @@ impl Harness {
 
     /// Every session `caller` may see, newest first.
     pub async fn sessions(&self, caller: &Caller) -> Result<Vec<SessionSummary>, ApiError> {
-        let mut sessions = crate::views::Views::of(&self.engine).list().await?;
+        let mut sessions = Views::of(&self.engine).list().await?;
         if let Caller::Api(p) = caller
             && !caller.is_admin()
         {

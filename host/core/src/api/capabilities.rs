@@ -2,7 +2,9 @@
 //! capabilities, and its compaction.
 
 use super::*;
+use crate::compaction::Compaction;
 use crate::ids::SessionId;
+use crate::preparation::Preparation;
 
 /// What installing a skill did: the skill, and the install of each component it bundles.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -193,8 +195,7 @@ impl Harness {
     ) -> Result<SessionCapabilities, ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        let (capabilities, orchestrations) =
-            crate::preparation::Preparation::of(&self.engine).capabilities(id).await?;
+        let (capabilities, orchestrations) = Preparation::of(&self.engine).capabilities(id).await?;
         Ok(SessionCapabilities { capabilities, orchestrations })
     }
 
@@ -209,7 +210,7 @@ impl Harness {
     ) -> Result<(), ApiError> {
         let id = &SessionId::from(id);
         caller.require_admin("unloading a capability")?;
-        Ok(crate::preparation::Preparation::of(&self.engine).unload(id, kind, name).await?)
+        Ok(Preparation::of(&self.engine).unload(id, kind, name).await?)
     }
 
     /// Compacts session `id` now (see [`Brain::compact`](crate::brain::Brain::compact)); inputs
@@ -235,7 +236,7 @@ impl Harness {
     ) -> Result<Vec<crate::compaction::CheckpointRecord>, ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(crate::compaction::Compaction::of(&self.engine).checkpoints(id).await?)
+        Ok(Compaction::of(&self.engine).checkpoints(id).await?)
     }
 
     /// The exact request of checkpoint `n`'s summary call (the last checkpoint's if `None`).
@@ -247,7 +248,7 @@ impl Harness {
     ) -> Result<(i64, Vec<u8>), ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(crate::compaction::Compaction::of(&self.engine).compaction_evidence(id, n).await?)
+        Ok(Compaction::of(&self.engine).evidence(id, n).await?)
     }
 
     /// The last answer of checkpoint `n`'s summary call (the last checkpoint's if `None`), as
@@ -260,7 +261,7 @@ impl Harness {
     ) -> Result<(i64, String), ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(crate::compaction::Compaction::of(&self.engine).compaction_reply(id, n).await?)
+        Ok(Compaction::of(&self.engine).reply(id, n).await?)
     }
 
     /// The exact request of turn `turn`'s orchestration call (the last one made if `None`).
@@ -272,9 +273,7 @@ impl Harness {
     ) -> Result<(i64, Vec<u8>), ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(crate::preparation::Preparation::of(&self.engine)
-            .orchestration_evidence(id, turn)
-            .await?)
+        Ok(Preparation::of(&self.engine).orchestration_evidence(id, turn).await?)
     }
 }
 

@@ -5,6 +5,10 @@
 //! [`kind`](ApiError::kind) is stable, so a front-end maps errors to exit codes or HTTP
 //! statuses without reading their text.
 
+use crate::assembly::Assembly;
+use crate::preparation::Preparation;
+use crate::views::Views;
+use crate::workgroup::Workgroups;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -275,9 +279,7 @@ impl Harness {
         };
         let id = match spec.main {
             Some(limits) => {
-                crate::workgroup::Workgroups::of(&self.engine)
-                    .create_main(new, limits, spec.preprocess)
-                    .await?
+                Workgroups::of(&self.engine).create_main(new, limits, spec.preprocess).await?
             }
             None => self.engine.create(new).await?,
         };
@@ -315,7 +317,7 @@ impl Harness {
             tools: tools.to_vec(),
             ..Default::default()
         };
-        crate::preparation::Preparation::of(&self.engine)
+        Preparation::of(&self.engine)
             .add_capabilities(id, selection, crate::preparation::capabilities::Via::Admin)
             .await?;
         Ok(())
@@ -500,9 +502,9 @@ impl Harness {
     ) -> Result<Vec<PinChange>, ApiError> {
         let id = &SessionId::from(id);
         caller.require_admin("upgrading a session's tools")?;
-        let loaded = crate::preparation::Preparation::of(&self.engine).loaded(id).await?;
+        let loaded = Preparation::of(&self.engine).loaded(id).await?;
         let pins: ToolPins = self.tools.current_pins(&loaded.loaded_tools)?;
-        Ok(crate::preparation::Preparation::of(&self.engine).pin_tools(id, pins, true).await?)
+        Ok(Preparation::of(&self.engine).pin_tools(id, pins, true).await?)
     }
 
     /// Whether session `id` exists and `caller` may see it.
@@ -518,7 +520,7 @@ impl Harness {
     pub async fn timeline(&self, caller: &Caller, id: &str) -> Result<Timeline, ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        let mut timeline = crate::views::Views::of(&self.engine).timeline(id).await?;
+        let mut timeline = Views::of(&self.engine).timeline(id).await?;
         // Where the next request's room goes: left out (and logged) if it cannot be
         // assembled now, rather than failing the whole timeline.
         timeline.room = match self.brain.room(id).await {
@@ -547,7 +549,7 @@ impl Harness {
     ) -> Result<Vec<ModelCallRecord>, ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(crate::assembly::Assembly::of(&self.engine).model_calls(id).await?)
+        Ok(Assembly::of(&self.engine).model_calls(id).await?)
     }
 
     /// What the model calls of turn `turn` of session `id` came to: calls, reported tokens,
@@ -560,10 +562,7 @@ impl Harness {
     ) -> Result<crate::views::TurnUsage, ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(crate::views::TurnUsage::of(
-            &crate::assembly::Assembly::of(&self.engine).model_calls(id).await?,
-            turn,
-        ))
+        Ok(crate::views::TurnUsage::of(&Assembly::of(&self.engine).model_calls(id).await?, turn))
     }
 
     /// The exact request body of `step` of session `id` (the last one if `None`), checked
@@ -576,7 +575,7 @@ impl Harness {
     ) -> Result<(i64, Vec<u8>), ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(crate::assembly::Assembly::of(&self.engine).evidence(id, step).await?)
+        Ok(Assembly::of(&self.engine).evidence(id, step).await?)
     }
 
     /// The body of refused request `n` of session `id` (the last one if `None`).
@@ -588,7 +587,7 @@ impl Harness {
     ) -> Result<(i64, Vec<u8>), ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(crate::assembly::Assembly::of(&self.engine).refused_evidence(id, n).await?)
+        Ok(Assembly::of(&self.engine).refused_evidence(id, n).await?)
     }
 
     /// The body of the understanding call of turn `turn` of session `id` (the last one if
@@ -601,9 +600,7 @@ impl Harness {
     ) -> Result<(i64, Vec<u8>), ApiError> {
         let id = &SessionId::from(id);
         self.check_sees(caller, id).await?;
-        Ok(crate::preparation::Preparation::of(&self.engine)
-            .understanding_evidence(id, turn)
-            .await?)
+        Ok(Preparation::of(&self.engine).understanding_evidence(id, turn).await?)
     }
 
     /// Session `id`'s events after sequence number `after`, oldest first, at most `limit`.

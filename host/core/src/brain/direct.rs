@@ -9,6 +9,7 @@
 //! is refused without running.
 
 use crate::ids::SessionId;
+use crate::meta::SessionMeta;
 use std::future::Future;
 
 use crate::cancel::CancelToken;
@@ -46,7 +47,7 @@ impl Brain {
             return Err(busy());
         }
         let guard = RunnerTasks::start(self, id, cancel);
-        let result = match crate::meta::SessionMeta::read(&self.engine(), id).await {
+        let result = match SessionMeta::read(&self.engine(), id).await {
             Ok(meta) => self.agent.call_direct(&meta, tool, input, cancel, ask).await,
             Err(e) => Err(e),
         };

@@ -8,7 +8,9 @@
 //! and watches the session's durable interrupt flag, turning it into cancellation of the
 //! in-flight model call or running component. It does not assemble requests or own tool facts.
 
+use crate::assembly::Assembly;
 use crate::ids::SessionId;
+use crate::meta::SessionMeta;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -407,7 +409,7 @@ impl Brain {
         events: &Events,
     ) -> Result<crate::agent::compact::Compaction, AgentError> {
         use crate::agent::compact::{self, Aim, CompactRequest, Trigger};
-        let meta = crate::meta::SessionMeta::read(&self.engine(), id).await?;
+        let meta = SessionMeta::read(&self.engine(), id).await?;
         let busy = || {
             StoreError::Conflict(format!(
                 "session `{id}` is held by a runner that is working on it; a running session compacts itself \
@@ -430,7 +432,7 @@ impl Brain {
             }
             s => s,
         };
-        let estimate = crate::assembly::Assembly::of(&self.engine()).token_estimate(id).await;
+        let estimate = Assembly::of(&self.engine()).token_estimate(id).await;
         let per_token =
             estimate.as_ref().map_or(crate::assembly::BYTES_PER_TOKEN, |e| e.bytes_per_token);
         let request = CompactRequest {

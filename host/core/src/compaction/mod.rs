@@ -459,7 +459,7 @@ impl<'a> Compaction<'a> {
     /// [`settle_in`]), freezes the history to summarize at the boundary `aim` asks
     /// for and marks the session `compressing` — one transaction. `None` when nothing can be
     /// compacted (the session is left as it was).
-    pub async fn begin_compaction(
+    pub async fn begin(
         &self,
         id: &SessionId,
         trigger: Trigger,
@@ -519,7 +519,7 @@ impl<'a> Compaction<'a> {
     }
 
     /// The exact request of checkpoint `seq`'s summary call (the last one's if `None`).
-    pub async fn compaction_evidence(
+    pub async fn evidence(
         &self,
         id: &SessionId,
         seq: Option<i64>,
@@ -529,7 +529,7 @@ impl<'a> Compaction<'a> {
     }
 
     /// The last answer of checkpoint `seq`'s summary call (the last checkpoint's if `None`).
-    pub async fn compaction_reply(
+    pub async fn reply(
         &self,
         id: &SessionId,
         seq: Option<i64>,

@@ -12,6 +12,7 @@ mod drive;
 mod gate;
 mod slots;
 
+use crate::assembly::Assembly;
 use serde_json::json;
 
 use crate::cancel::CancelToken;
@@ -98,7 +99,7 @@ pub(in crate::agent) async fn run_fresh(
         }
         let entries: Vec<JournalEntry> =
             slots.iter().enumerate().map(|(i, s)| s.entry(i)).collect();
-        crate::assembly::Assembly::of(&agent.engine)
+        Assembly::of(&agent.engine)
             .open_step(&meta.id, turn, assembled.clone(), assistant.clone(), entries)
             .await?;
         for s in &mut slots {
