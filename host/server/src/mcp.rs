@@ -438,6 +438,10 @@ pub async fn serve_http(
     sessions.keep_alive = None;
     manager.session_config = sessions;
     let manager = Arc::new(manager);
+    // A long-lived front-end keeps the store's sessions running: on a shared store, the
+    // sessions of a host that stopped are taken over.
+    let running =
+        harness.keep_sessions_running(&keel::api::Caller::Operator).map_err(|e| e.to_string())?;
     let service = StreamableHttpService::new(
         move || Ok(KeelServer::new(harness.clone(), config.clone(), "http")),
         manager.clone(),
@@ -461,6 +465,7 @@ pub async fn serve_http(
     let budget = crate::listen::Budget::new(bounds);
     let served = crate::listen::serve(listener, router, budget, shutdown).await;
     sweeper.abort();
+    drop(running);
     served
 }
 

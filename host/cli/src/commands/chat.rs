@@ -73,6 +73,9 @@ pub async fn execute(home: PathBuf, a: ChatArgs) -> ExitCode {
     eprintln!(
         "keel: chat in session {id} — type a task; /help lists commands; Ctrl-C interrupts a turn, Ctrl-D leaves"
     );
+    // On a shared store, a chat also takes over the sessions of a host that stopped, as a
+    // server does, for as long as it is open.
+    let _running = h.keep_sessions_running(&keel::api::Caller::Operator);
     let mut chat = Chat { h, id, editor };
     loop {
         match chat.read_line("› ") {

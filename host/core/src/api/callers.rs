@@ -85,6 +85,24 @@ pub struct ApprovalView {
     pub change: Option<super::FileChange>,
 }
 
+/// A session its caller may see, as [`Harness::checked`] found it: the use cases take one
+/// after their one check and forward it to the owners (it is the session's id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRef(SessionId);
+
+impl std::fmt::Display for SessionRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::ops::Deref for SessionRef {
+    type Target = SessionId;
+    fn deref(&self) -> &SessionId {
+        &self.0
+    }
+}
+
 fn forbidden(caller: &Caller, what: &str) -> ApiError {
     let name = caller.name().unwrap_or("operator");
     AccessError::Forbidden(format!("{what}; `{name}` is a user token")).into()
@@ -97,13 +115,17 @@ impl Harness {
         Ok(caller.is_admin() || caller.may_see(self.engine.config(id).await?.owner.as_ref()))
     }
 
-    /// Refuses `caller` a session it may not see — as "not found", like one that does not
-    /// exist — and a session that does not exist.
-    pub(super) async fn check_sees(&self, caller: &Caller, id: &str) -> Result<(), ApiError> {
-        match caller {
-            // Whether it exists is the use case's own check.
-            Caller::Operator => Ok(()),
-            Caller::Api(_) => self.session(caller, id).await.map(|_| ()),
+    /// The one check every use case on one session opens with: session `id` exists and
+    /// `caller` may see it — one indexed read of its owner. A session the caller may not see
+    /// is "not found", like one that does not exist.
+    pub(super) async fn checked(&self, caller: &Caller, id: &str) -> Result<SessionRef, ApiError> {
+        let id = SessionId::from(id);
+        let owner = self.engine.owner(&id).await?;
+        if caller.may_see(owner.as_ref()) {
+            Ok(SessionRef(id))
+        } else {
+            Err(AccessError::NotFound(format!("session `{}` does not exist", id.escape_debug()))
+                .into())
         }
     }
 
@@ -201,26 +223,27 @@ impl Harness {
         let Caller::Api(principal) = caller else {
             return Ok(self.brain.decide(unit, decision, reason, session).await??);
         };
-        let found = self.engine.approval(unit).await?;
-        let owner = match &found {
-            Some(u) => self.engine.config(&u.session_id).await?.owner,
-            None => None,
-        };
-        if found.is_none() || !caller.may_see(owner.as_ref()) {
-            return Err(AccessError::NotFound(format!("there is no approval `{unit}`")).into());
-        }
-        if !caller.may_decide(owner.as_ref()) {
-            return Err(AccessError::Forbidden(format!(
+        // Whether the caller sees and may decide the unit is checked in the transaction that
+        // records the decision: one trip to the store.
+        let (who, name) = (caller.clone(), unit.to_string());
+        let check = move |owner: Option<Option<Owner>>| -> Result<(), AccessError> {
+            let Some(owner) = owner.filter(|o| who.may_see(o.as_ref())) else {
+                return Err(AccessError::NotFound(format!("there is no approval `{name}`")));
+            };
+            if who.may_decide(owner.as_ref()) {
+                return Ok(());
+            }
+            Err(AccessError::Forbidden(format!(
                 "an admin decides this session's approvals: its preset does not let its user decide{}",
                 owner
                     .as_ref()
                     .and_then(|o| o.preset.as_deref())
                     .map(|p| format!(" (preset `{p}`)"))
                     .unwrap_or_default()
-            ))
-            .into());
-        }
-        Ok(self.brain.decide_by(unit, decision, reason, session, principal.decider()).await??)
+            )))
+        };
+        let by = principal.decider();
+        Ok(self.brain.decide_checked(unit, decision, reason, session, by, check).await???)
     }
 
     /// Creates the session `req` asks for, from `template`, checked against what `caller`

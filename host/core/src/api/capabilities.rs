@@ -193,8 +193,7 @@ impl Harness {
         caller: &Caller,
         id: &str,
     ) -> Result<SessionCapabilities, ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         let (capabilities, orchestrations) = Preparation::of(&self.engine).capabilities(id).await?;
         Ok(SessionCapabilities { capabilities, orchestrations })
     }
@@ -222,9 +221,7 @@ impl Harness {
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<crate::agent::compact::Compaction, ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
-        self.engine.runtime(id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(self.brain.compact(id, cancel, events).await?)
     }
 
@@ -234,8 +231,7 @@ impl Harness {
         caller: &Caller,
         id: &str,
     ) -> Result<Vec<crate::compaction::CheckpointRecord>, ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(Compaction::of(&self.engine).checkpoints(id).await?)
     }
 
@@ -246,8 +242,7 @@ impl Harness {
         id: &str,
         n: Option<i64>,
     ) -> Result<(i64, Vec<u8>), ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(Compaction::of(&self.engine).evidence(id, n).await?)
     }
 
@@ -259,8 +254,7 @@ impl Harness {
         id: &str,
         n: Option<i64>,
     ) -> Result<(i64, String), ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(Compaction::of(&self.engine).reply(id, n).await?)
     }
 
@@ -271,8 +265,7 @@ impl Harness {
         id: &str,
         turn: Option<i64>,
     ) -> Result<(i64, Vec<u8>), ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(Preparation::of(&self.engine).orchestration_evidence(id, turn).await?)
     }
 }

@@ -17,6 +17,7 @@ mod callers;
 mod capabilities;
 mod mcp;
 mod registry;
+mod running;
 pub mod shown;
 mod tools;
 mod workgroups;
@@ -30,6 +31,7 @@ pub use mcp::McpRefresh;
 pub use registry::{
     Outdated, OutdatedKind, PublishedSkill, RegistryAuth, RegistryInstall, SkillSigned,
 };
+pub use running::KeepRunning;
 
 use crate::agent::{AgentError, Events, LoopGuards};
 use crate::assembly::ModelCallRecord;
@@ -333,8 +335,7 @@ impl Harness {
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<Submitted, ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         if text.trim().is_empty() {
             return Err(ApiError::Input("the message is empty: say what to do".into()));
         }
@@ -379,18 +380,15 @@ impl Harness {
         caller: &Caller,
         id: &str,
     ) -> Result<crate::live::LiveReader, ApiError> {
-        let sid = &SessionId::from(id);
-        self.check_sees(caller, sid).await?;
-        self.engine.runtime(sid).await?;
-        Ok(self.live.reader(id))
+        let id = self.checked(caller, id).await?;
+        Ok(self.live.reader(id.as_str()))
     }
 
     /// Commits `text` to session `id`'s inbox without running it (a front-end that runs turns
     /// in the background: [`resume`](Self::resume) then takes it). Returns its inbox sequence
     /// number; an empty input is refused before anything is stored.
     pub async fn queue(&self, caller: &Caller, id: &str, text: &str) -> Result<i64, ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         if text.trim().is_empty() {
             return Err(ApiError::Input("the message is empty: say what to do".into()));
         }
@@ -407,8 +405,7 @@ impl Harness {
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<Option<Submitted>, ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         if let Some(main) = self.brain.workgroup_of(id).await? {
             // The whole workgroup: a decision on a child's call ends with its parent (and the
             // main session) having taken the child's answer.
@@ -422,8 +419,7 @@ impl Harness {
     /// Interrupts session `id`: a running turn stops at its next check, a waiting one is
     /// closed now. Returns the state the session was in.
     pub async fn interrupt(&self, caller: &Caller, id: &str) -> Result<RuntimeState, ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(self.brain.interrupt(id).await?)
     }
 
@@ -518,8 +514,7 @@ impl Harness {
 
     /// Everything session `id` did: turns, messages, tool calls, model calls, approvals.
     pub async fn timeline(&self, caller: &Caller, id: &str) -> Result<Timeline, ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         let mut timeline = Views::of(&self.engine).timeline(id).await?;
         // Where the next request's room goes: left out (and logged) if it cannot be
         // assembled now, rather than failing the whole timeline.
@@ -536,8 +531,7 @@ impl Harness {
     /// Where the room of session `id`'s next request goes: keel's fixed part (tool schemas
     /// among it), the summary, the kept messages and the step, against the session's window.
     pub async fn room(&self, caller: &Caller, id: &str) -> Result<RoomView, ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(self.brain.room(id).await?)
     }
 
@@ -547,8 +541,7 @@ impl Harness {
         caller: &Caller,
         id: &str,
     ) -> Result<Vec<ModelCallRecord>, ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(Assembly::of(&self.engine).model_calls(id).await?)
     }
 
@@ -560,8 +553,7 @@ impl Harness {
         id: &str,
         turn: i64,
     ) -> Result<crate::views::TurnUsage, ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(crate::views::TurnUsage::of(&Assembly::of(&self.engine).model_calls(id).await?, turn))
     }
 
@@ -573,8 +565,7 @@ impl Harness {
         id: &str,
         step: Option<i64>,
     ) -> Result<(i64, Vec<u8>), ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(Assembly::of(&self.engine).evidence(id, step).await?)
     }
 
@@ -585,8 +576,7 @@ impl Harness {
         id: &str,
         n: Option<i64>,
     ) -> Result<(i64, Vec<u8>), ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(Assembly::of(&self.engine).refused_evidence(id, n).await?)
     }
 
@@ -598,8 +588,7 @@ impl Harness {
         id: &str,
         turn: Option<i64>,
     ) -> Result<(i64, Vec<u8>), ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(Preparation::of(&self.engine).understanding_evidence(id, turn).await?)
     }
 
@@ -611,15 +600,13 @@ impl Harness {
         after: i64,
         limit: usize,
     ) -> Result<Vec<EventRow>, ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(self.engine.events_after(id, after, limit).await?)
     }
 
     /// The sequence number of session `id`'s last event (0 without events).
     pub async fn last_event(&self, caller: &Caller, id: &str) -> Result<i64, ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(self.engine.last_event(id).await?)
     }
 
@@ -632,9 +619,7 @@ impl Harness {
         after: i64,
         every: Duration,
     ) -> Result<tokio::sync::mpsc::Receiver<Result<EventRow, StoreError>>, ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
-        self.engine.runtime(id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(self.engine.follow(id, after, every))
     }
 
@@ -649,8 +634,7 @@ impl Harness {
         protocol: String,
         transport: String,
     ) -> Result<(), ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(self.engine.client_connected(id, client, version, protocol, transport).await?)
     }
 
@@ -672,8 +656,7 @@ impl Harness {
         F: FnOnce(ApprovalUnit) -> Fut,
         Fut: std::future::Future<Output = Option<(crate::session::Decision, Option<String>)>>,
     {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(self.brain.call_direct(id, tool, input, cancel, ask).await?)
     }
 }

@@ -12,9 +12,7 @@ impl Harness {
         caller: &Caller,
         id: &str,
     ) -> Result<Option<String>, ApiError> {
-        let id = &SessionId::from(id);
-        self.check_sees(caller, id).await?;
-        self.engine.runtime(id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(self.brain.workgroup_of(id).await?.map(SessionId::into_string))
     }
 
@@ -24,8 +22,7 @@ impl Harness {
         caller: &Caller,
         main: &str,
     ) -> Result<crate::workgroup::Workgroup, ApiError> {
-        let main = &SessionId::from(main);
-        self.check_sees(caller, main).await?;
+        let main = &self.checked(caller, main).await?;
         let m = main.to_string();
         let found = self.engine.db().read(move |c| crate::workgroup::workgroup_in(c, &m)).await?;
         match found {
@@ -69,7 +66,6 @@ impl Harness {
         caller: &Caller,
         main: &str,
     ) -> Result<Vec<crate::workgroup::EventRecord>, ApiError> {
-        self.check_sees(caller, main).await?;
         self.workgroup(caller, main).await?;
         let m = main.to_string();
         Ok(self.engine.db().read(move |c| crate::workgroup::events_in(c, &m)).await?)
@@ -83,9 +79,7 @@ impl Harness {
         session: &str,
         pending_only: bool,
     ) -> Result<Vec<ApprovalUnit>, ApiError> {
-        let session = &SessionId::from(session);
-        self.check_sees(caller, session).await?;
-        self.engine.runtime(session).await?;
+        let session = &self.checked(caller, session).await?;
         let s = session.to_string();
         let below = self.engine.db().read(move |c| crate::workgroup::descendants_in(c, &s)).await?;
         let mut out = self.engine.approvals(Some(session), pending_only).await?;

@@ -164,6 +164,29 @@ impl Brain {
         Ok(decided)
     }
 
+    /// Like [`decide_by`](Self::decide_by), once `check` passed in the deciding transaction
+    /// (see [`SessionEngine::decide_checked`]).
+    pub async fn decide_checked<E, F>(
+        &self,
+        unit: &str,
+        decision: Decision,
+        reason: Option<String>,
+        session: Option<String>,
+        by: String,
+        check: F,
+    ) -> Result<Result<Result<ApprovalUnit, DecideError>, E>, StoreError>
+    where
+        E: Send + 'static,
+        F: FnOnce(Option<Option<crate::caller::Owner>>) -> Result<(), E> + Send + 'static,
+    {
+        let decided =
+            self.engine().decide_checked(unit, decision, reason, session, by, check).await?;
+        if let Ok(Ok(_)) = &decided {
+            crate::crash::point("after_decision");
+        }
+        Ok(decided)
+    }
+
     /// Interrupts session `id` and, in a workgroup, every live session below it: records the
     /// request (a live runner stops at its next check and closes its open calls); a turn that
     /// no live runner holds is closed here — every open call gets an interrupted result and

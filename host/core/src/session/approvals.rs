@@ -3,7 +3,7 @@
 //! recorded (exactly one wins). How a unit is consumed by the call it binds is the open
 //! step's business (`steps.rs`).
 
-use crate::sql::{Connection, params};
+use crate::sql::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
 use crate::ids::{CallId, SessionId, UnitId};
@@ -227,6 +227,22 @@ pub fn approvals_of(
 /// One approval unit.
 pub fn approval(c: &Connection, unit: &str) -> Result<Option<ApprovalUnit>, StoreError> {
     Ok(units_where(c, "id=?1", &[&unit])?.into_iter().next())
+}
+
+/// The owner of the session of approval unit `unit` (`None`: there is no such unit; `Some(None)`:
+/// a session created on this machine).
+pub fn owner_of_in(
+    c: &Connection,
+    unit: &str,
+) -> Result<Option<Option<crate::caller::Owner>>, StoreError> {
+    let row: Option<Option<String>> = c
+        .prepare_cached(
+            "SELECT s.owner FROM approvals a JOIN session_config s ON s.session_id = a.session_id
+             WHERE a.id=?1",
+        )?
+        .query_row([unit], |r| r.get(0))
+        .optional()?;
+    row.map(|owner| owner.map(|o| super::row::parse(&o, "session owner")).transpose()).transpose()
 }
 
 /// Records a decision on a pending unit: exactly one decision wins — the update is conditional

@@ -85,6 +85,17 @@ pub fn config_in(c: &Connection, id: &str) -> Result<SessionConfig, StoreError> 
     })
 }
 
+/// Who owns session `id` (`None`: a session created on this machine); a session that does not
+/// exist is an error. One indexed read: what a use case checks its caller against.
+pub fn owner_in(c: &Connection, id: &str) -> Result<Option<crate::caller::Owner>, StoreError> {
+    let owner: Option<String> = c
+        .prepare_cached("SELECT owner FROM session_config WHERE session_id=?1")?
+        .query_row([id], |r| r.get(0))
+        .optional()?
+        .ok_or_else(|| no_session(id))?;
+    owner.map(|o| parse(&o, "session owner")).transpose()
+}
+
 /// Makes `window` (tokens) the context window of session `id`'s model, when the session has
 /// none or a larger one: a server that refused a request as too long and named its context
 /// is believed over a guess, so every later request is sized to it — not only the summary

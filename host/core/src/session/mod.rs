@@ -207,6 +207,12 @@ impl SessionEngine {
         self.db.read_inline(move |c| config::config_in(c, &id)).await
     }
 
+    /// Who owns the session (`None`: created on this machine); `NotFound` if it does not exist.
+    pub async fn owner(&self, id: &SessionId) -> Result<Option<crate::caller::Owner>, StoreError> {
+        let id = id.clone();
+        self.db.read_inline(move |c| config::owner_in(c, &id)).await
+    }
+
     /// Makes `window` the session's context window if it has none or a larger one (see
     /// `config::learn_window_in`); whether it changed.
     pub async fn learn_window(&self, id: &SessionId, window: u64) -> Result<bool, StoreError> {
@@ -249,14 +255,43 @@ impl SessionEngine {
         session: Option<String>,
         by: String,
     ) -> Result<Result<ApprovalUnit, DecideError>, StoreError> {
+        let allowed =
+            |_: Option<Option<crate::caller::Owner>>| Ok::<(), std::convert::Infallible>(());
+        match self.decide_checked(unit, decision, reason, session, by, allowed).await? {
+            Ok(decided) => Ok(decided),
+            Err(never) => match never {},
+        }
+    }
+
+    /// Like [`decide_by`](Self::decide_by), once `check` passed, in the same transaction:
+    /// `check` is given the owner of the unit's session (`None`: there is no unit `unit`), and
+    /// what it refuses is returned without anything written — a decision made over the network
+    /// is checked and recorded in one trip to the store.
+    pub async fn decide_checked<E, F>(
+        &self,
+        unit: &str,
+        decision: Decision,
+        reason: Option<String>,
+        session: Option<String>,
+        by: String,
+        check: F,
+    ) -> Result<Result<Result<ApprovalUnit, DecideError>, E>, StoreError>
+    where
+        E: Send + 'static,
+        F: FnOnce(Option<Option<crate::caller::Owner>>) -> Result<(), E> + Send + 'static,
+    {
         let unit = unit.to_string();
         let decided = self
             .db
             .run(move |c| {
+                if let Err(refused) = check(approvals::owner_of_in(c, &unit)?) {
+                    return Ok(Err(refused));
+                }
                 approvals::decide_in(c, &unit, decision, reason.as_deref(), session.as_deref(), &by)
+                    .map(Ok)
             })
             .await?;
-        if let Ok(u) = &decided {
+        if let Ok(Ok(u)) = &decided {
             let name = match decision {
                 Decision::Approve => "approve",
                 Decision::Reject => "reject",

@@ -20,10 +20,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use keel::access::{AccessError, GrantRoots};
-use keel::agent::Events;
 use keel::api::{ApiError, SessionSpec};
 use keel::harness::Harness;
-use keel::sandbox::CancelToken;
 
 /// The default address of `keel serve`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
@@ -88,46 +86,10 @@ impl App {
     }
 
     /// Runs session `id`'s queued inputs (or its open turn) in the background; a session
-    /// another runner holds is left to it.
-    /// On a shared store (several hosts on one PostgreSQL): every heartbeat, recovers and
-    /// resumes the sessions whose runner stopped renewing its lease — a host that died is
-    /// replaced within the lease's TTL and one heartbeat. Recovery claims the leases it finds
-    /// expired under row locks that skip those another host is taking, and only one host's
-    /// acquisition of a session wins.
-    fn take_over_abandoned(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        let app = Arc::clone(self);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(keel::brain::heartbeat_every()).await;
-                match app.harness.take_over(&keel::api::Caller::Operator).await {
-                    Ok(found) => {
-                        for r in found.into_iter().filter(|r| r.resumable) {
-                            tracing::info!(session = %r.id, "taking over a session whose runner is gone");
-                            app.run_in_background(r.id.to_string());
-                        }
-                    }
-                    Err(e) => tracing::warn!("looking for sessions to take over failed: {e}"),
-                }
-            }
-        })
-    }
-
-    /// The runner runs in the span current here (a request's: the turns it runs are part of
-    /// the request's trace).
+    /// another runner holds is left to it. The runner runs in the span current here (a
+    /// request's: the turns it runs are part of the request's trace).
     pub fn run_in_background(self: &Arc<Self>, id: String) {
-        use tracing::Instrument;
-        let h = Arc::clone(&self.harness);
-        tokio::spawn(
-            async move {
-                let cancel = CancelToken::new();
-                let events: Events = Arc::new(|_| {});
-                if let Err(e) = h.resume(&keel::api::Caller::Operator, &id, &cancel, &events).await
-                {
-                    tracing::warn!(session = %id, "the turn could not run: {e}");
-                }
-            }
-            .instrument(tracing::Span::current()),
-        );
+        self.harness.resume_in_background(&keel::api::Caller::Operator, &id);
     }
 }
 
@@ -327,17 +289,14 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
-    let recovered = app.harness.recovered(&keel::api::Caller::Operator).unwrap_or_default();
-    for r in recovered.iter().filter(|r| r.resumable) {
-        app.run_in_background(r.id.to_string());
-    }
+    // What recovery found is resumed; on a shared store, a host that stopped is taken over.
+    let operator = keel::api::Caller::Operator;
+    app.harness.resume_recovered(&operator).map_err(|e| e.to_string())?;
+    let running = app.harness.keep_sessions_running(&operator).map_err(|e| e.to_string())?;
     let watcher = app.watch_access();
-    let takeover = app.harness.shared_store().then(|| app.take_over_abandoned());
     let budget = app.budget();
     let served = crate::listen::serve(listener, router(app), budget, shutdown).await;
     watcher.abort();
-    if let Some(t) = takeover {
-        t.abort();
-    }
+    drop(running);
     served
 }
