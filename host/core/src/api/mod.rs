@@ -335,11 +335,10 @@ impl Harness {
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<Submitted, ApiError> {
-        let id = &self.checked(caller, id).await?;
         if text.trim().is_empty() {
             return Err(ApiError::Input("the message is empty: say what to do".into()));
         }
-        self.engine.runtime(id).await?;
+        let id = &self.checked(caller, id).await?;
         if let Some(main) = self.brain.workgroup_of(id).await? {
             // A session of a workgroup: the input is committed, then every session of the
             // workgroup with work runs until none has any left.
@@ -388,11 +387,10 @@ impl Harness {
     /// in the background: [`resume`](Self::resume) then takes it). Returns its inbox sequence
     /// number; an empty input is refused before anything is stored.
     pub async fn queue(&self, caller: &Caller, id: &str, text: &str) -> Result<i64, ApiError> {
-        let id = &self.checked(caller, id).await?;
         if text.trim().is_empty() {
             return Err(ApiError::Input("the message is empty: say what to do".into()));
         }
-        self.engine.runtime(id).await?;
+        let id = &self.checked(caller, id).await?;
         Ok(self.engine.submit(id, text).await?)
     }
 

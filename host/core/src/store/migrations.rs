@@ -3,8 +3,9 @@
 //! Over 600 lines, on purpose: it is one list of SQL in the order it is applied, and reads
 //! best whole (each migration is applied in its own transaction by [`super`]).
 
-/// (version, SQL) of each migration.
-pub(super) const MIGRATIONS: &[(i64, &str)] = &[
+/// (version, SQL) of each migration SQLite alone has: those before PostgreSQL's baseline
+/// (`postgres_schema::BASELINE`), whose schema a PostgreSQL store starts from.
+const SQLITE_ONLY: &[(i64, &str)] = &[
     (
         1,
         "CREATE TABLE components (
@@ -653,35 +654,110 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[
         "ALTER TABLE components ADD COLUMN manifest_digest TEXT;
     ALTER TABLE skills ADD COLUMN manifest_digest TEXT;",
     ),
-    (
-        23,
-        "ALTER TABLE runner_leases ADD COLUMN fence INTEGER NOT NULL DEFAULT 0;
+];
+
+/// A migration after PostgreSQL's baseline, written once for both databases: its SQL in
+/// SQLite's spelling, which [`postgres_text`] turns into PostgreSQL's (the column types), and
+/// PostgreSQL's own text only where a translation would not do (`postgres`).
+pub(super) struct Shared {
+    pub version: i64,
+    pub sql: &'static str,
+    pub postgres: Option<&'static str>,
+}
+
+/// Every migration after PostgreSQL's baseline, oldest first.
+pub(super) const SHARED: &[Shared] = &[
+    Shared {
+        version: 23,
+        sql: "ALTER TABLE runner_leases ADD COLUMN fence INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE session_events ADD COLUMN fence INTEGER;",
-    ),
-    (
-        24,
-        "CREATE TABLE component_files (digest TEXT PRIMARY KEY, bytes BLOB NOT NULL);",
-    ),
+        postgres: None,
+    },
+    // Installed components' bytes, so that every host of a shared store can compile them (on
+    // SQLite the home's `components/` directory keeps them and this table stays empty).
+    Shared {
+        version: 24,
+        sql: "CREATE TABLE component_files (digest TEXT PRIMARY KEY, bytes BLOB NOT NULL);",
+        postgres: None,
+    },
     // Skills from a registry are signed like components: the trusted key whose detached
     // signature covered the bundle's manifest, or that it was installed unsigned on purpose.
-    (
-        25,
-        "ALTER TABLE skills ADD COLUMN signer TEXT;
+    Shared {
+        version: 25,
+        sql: "ALTER TABLE skills ADD COLUMN signer TEXT;
     ALTER TABLE skills ADD COLUMN signer_key TEXT;
     ALTER TABLE skills ADD COLUMN unsigned_allowed INTEGER NOT NULL DEFAULT 0;",
-    ),
+        postgres: None,
+    },
     // A request whose history's tool results were cut to fit a small window records the
     // size it cut them to, so that its evidence rebuilds byte for byte.
-    (
-        26,
-        "ALTER TABLE evidence ADD COLUMN result_cap INTEGER;
+    Shared {
+        version: 26,
+        sql: "ALTER TABLE evidence ADD COLUMN result_cap INTEGER;
     ALTER TABLE refused_requests ADD COLUMN result_cap INTEGER;",
-    ),
+        postgres: None,
+    },
     // What changes from turn to turn (goals, plan, summary, memories) is sent as a second
     // system message, stored by content hash like the first.
-    (
-        27,
-        "ALTER TABLE evidence ADD COLUMN notes_hash TEXT;
+    Shared {
+        version: 27,
+        sql: "ALTER TABLE evidence ADD COLUMN notes_hash TEXT;
     ALTER TABLE refused_requests ADD COLUMN notes_hash TEXT;",
-    ),
+        postgres: None,
+    },
 ];
+
+/// SQLite's migrations, oldest first: (version, SQL).
+pub(super) fn sqlite() -> impl Iterator<Item = (i64, std::borrow::Cow<'static, str>)> {
+    let own = SQLITE_ONLY.iter().map(|&(v, sql)| (v, sql.into()));
+    own.chain(SHARED.iter().map(|m| (m.version, m.sql.into())))
+}
+
+/// PostgreSQL's migrations, oldest first: its baseline, then the shared ones in its spelling.
+pub(super) fn postgres() -> impl Iterator<Item = (i64, std::borrow::Cow<'static, str>)> {
+    let baseline = std::iter::once((
+        super::postgres_schema::BASELINE,
+        super::postgres_schema::BASELINE_SQL.into(),
+    ));
+    baseline.chain(SHARED.iter().map(|m| match m.postgres {
+        Some(own) => (m.version, own.into()),
+        None => (m.version, postgres_text(m.sql).into()),
+    }))
+}
+
+/// The schema version this build migrates a database to.
+pub(super) fn latest() -> i64 {
+    SHARED.last().map_or(SQLITE_ONLY.last().map_or(0, |m| m.0), |m| m.version)
+}
+
+/// SQLite's spelling of a migration made PostgreSQL's: the column types `INTEGER`, `REAL` and
+/// `BLOB` (whole words, any case, outside quoted text) become `BIGINT`, `DOUBLE PRECISION` and
+/// `BYTEA`; the rest is the same in both.
+pub(super) fn postgres_text(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 16);
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        let replaced = match word.to_ascii_uppercase().as_str() {
+            "INTEGER" => "BIGINT",
+            "REAL" => "DOUBLE PRECISION",
+            "BLOB" => "BYTEA",
+            _ => word.as_str(),
+        };
+        out.push_str(replaced);
+        word.clear();
+    };
+    let mut quoted = false;
+    for c in sql.chars() {
+        if c == '\'' {
+            quoted = !quoted;
+        }
+        if !quoted && (c.is_ascii_alphanumeric() || c == '_') {
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
+}

@@ -14,7 +14,6 @@ use rusqlite::{Connection, TransactionBehavior};
 use crate::sql;
 
 mod migrations;
-use migrations::MIGRATIONS;
 
 /// Prepared statements kept per connection.
 pub const STATEMENT_CACHE: usize = 128;
@@ -24,7 +23,7 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The schema version this build migrates a database to.
 pub fn schema_version() -> i64 {
-    MIGRATIONS.last().map(|m| m.0).unwrap_or(0)
+    migrations::latest()
 }
 
 /// Errors of the store.
@@ -323,8 +322,8 @@ fn migrate_to(conn: &mut Connection, up_to: i64) -> Result<(), StoreError> {
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)",
     )?;
-    let known = MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
-    for &(version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= up_to) {
+    let known = migrations::latest();
+    for (version, sql) in migrations::sqlite().filter(|m| m.0 <= up_to) {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let done: bool = tx.query_row(
             "SELECT EXISTS(SELECT 1 FROM schema_migrations WHERE version = ?1)",
@@ -332,7 +331,7 @@ fn migrate_to(conn: &mut Connection, up_to: i64) -> Result<(), StoreError> {
             |r| r.get(0),
         )?;
         if !done {
-            tx.execute_batch(sql)?;
+            tx.execute_batch(&sql)?;
             tx.execute(
                 "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, datetime('now'))",
                 [version],

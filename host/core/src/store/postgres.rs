@@ -2,7 +2,6 @@
 //! (several hosts starting at once migrate one after another, never twice).
 
 use super::StoreError;
-use super::postgres_schema::MIGRATIONS;
 use crate::sql::pg::{PgConn, redact};
 use crate::sql::{Connection, OptionalExtension};
 
@@ -34,8 +33,8 @@ fn apply(conn: &Connection, up_to: i64) -> Result<(), StoreError> {
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, applied_at TEXT NOT NULL)",
     )?;
-    let known = MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
-    for &(version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= up_to) {
+    let known = super::migrations::latest();
+    for (version, sql) in super::migrations::postgres().filter(|m| m.0 <= up_to) {
         let done = conn
             .prepare("SELECT version FROM schema_migrations WHERE version = ?1")?
             .query_row([version], |r| r.get::<_, i64>(0))
@@ -45,7 +44,7 @@ fn apply(conn: &Connection, up_to: i64) -> Result<(), StoreError> {
             continue;
         }
         conn.control("BEGIN")?;
-        let applied = conn.execute_batch(sql).and_then(|()| {
+        let applied = conn.execute_batch(&sql).and_then(|()| {
             conn.execute(
                 "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'))",
                 [version],

@@ -2,17 +2,14 @@
 //! (`BIGINT` for integers, `DOUBLE PRECISION` for reals, `BYTEA` for bytes), with triggers as
 //! functions and full-text search as weighted `tsvector` columns with GIN indexes in place of
 //! FTS5 tables. Versioned with SQLite's migrations: a PostgreSQL database starts at the
-//! baseline (the schema of SQLite migration [`BASELINE`]), and every later migration gives
-//! both texts (checked by a test).
+//! baseline (the schema of SQLite migration [`BASELINE`]), and every later migration is written
+//! once for both (`migrations::SHARED`).
 
 /// The SQLite migration whose schema a new PostgreSQL database starts from.
 pub(super) const BASELINE: i64 = 22;
 
-/// (version, SQL) of each PostgreSQL migration, the baseline first.
-pub(super) const MIGRATIONS: &[(i64, &str)] = &[
-    (
-        BASELINE,
-        r#"
+/// The schema a new PostgreSQL database starts from: SQLite's at migration [`BASELINE`].
+pub(super) const BASELINE_SQL: &str = r#"
     CREATE TABLE components (
             name         TEXT PRIMARY KEY,
             digest       TEXT NOT NULL,
@@ -440,42 +437,43 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[
         FOR EACH ROW WHEN (OLD.kind = 'skill') EXECUTE FUNCTION keel_meta_changed();
     CREATE TRIGGER orchestration_changed AFTER INSERT OR UPDATE ON orchestrations
         FOR EACH ROW EXECUTE FUNCTION keel_meta_changed();
-"#,
-    ),
-    (
-        23,
-        "ALTER TABLE runner_leases ADD COLUMN fence BIGINT NOT NULL DEFAULT 0;
-    ALTER TABLE session_events ADD COLUMN fence BIGINT;",
-    ),
-    // Installed components' bytes, so that every host can compile them (on SQLite the
-    // home's `components/` directory keeps them and this table stays empty).
-    (24, "CREATE TABLE component_files (digest TEXT PRIMARY KEY, bytes BYTEA NOT NULL);"),
-    (
-        25,
-        "ALTER TABLE skills ADD COLUMN signer TEXT;
-    ALTER TABLE skills ADD COLUMN signer_key TEXT;
-    ALTER TABLE skills ADD COLUMN unsigned_allowed BIGINT NOT NULL DEFAULT 0;",
-    ),
-    (
-        26,
-        "ALTER TABLE evidence ADD COLUMN result_cap BIGINT;
-    ALTER TABLE refused_requests ADD COLUMN result_cap BIGINT;",
-    ),
-    (
-        27,
-        "ALTER TABLE evidence ADD COLUMN notes_hash TEXT;
-    ALTER TABLE refused_requests ADD COLUMN notes_hash TEXT;",
-    ),
-];
+"#;
 
 #[cfg(test)]
 mod tests {
+    use super::super::migrations::{self, SHARED};
+
     #[test]
     fn both_databases_migrate_to_the_same_version() {
-        let sqlite = super::super::migrations::MIGRATIONS.last().map(|m| m.0);
-        let postgres = super::MIGRATIONS.last().map(|m| m.0);
-        assert_eq!(sqlite, postgres, "every SQLite migration needs its PostgreSQL text");
-        assert_eq!(super::MIGRATIONS.first().map(|m| m.0), Some(super::BASELINE));
-        assert!(super::MIGRATIONS.windows(2).all(|w| w[0].0 + 1 == w[1].0));
+        let sqlite: Vec<i64> = migrations::sqlite().map(|m| m.0).collect();
+        let postgres: Vec<i64> = migrations::postgres().map(|m| m.0).collect();
+        assert_eq!(sqlite.last(), postgres.last(), "both end at the same migration");
+        assert_eq!(sqlite.last(), Some(&migrations::latest()));
+        assert_eq!(postgres.first(), Some(&super::BASELINE));
+        assert_eq!(SHARED.first().map(|m| m.version), Some(super::BASELINE + 1));
+        for list in [&sqlite, &postgres] {
+            assert!(list.windows(2).all(|w| w[0] + 1 == w[1]), "{list:?}");
+        }
+    }
+
+    #[test]
+    fn a_shared_migration_reads_as_postgresql_in_its_types() {
+        assert_eq!(
+            migrations::postgres_text(
+                "ALTER TABLE t ADD COLUMN n INTEGER NOT NULL DEFAULT 0; CREATE TABLE b (x BLOB, \
+                 r real, integer_count INTEGER, note TEXT DEFAULT 'an INTEGER');"
+            ),
+            "ALTER TABLE t ADD COLUMN n BIGINT NOT NULL DEFAULT 0; CREATE TABLE b (x BYTEA, \
+             r DOUBLE PRECISION, integer_count BIGINT, note TEXT DEFAULT 'an INTEGER');"
+        );
+        // What PostgreSQL gets of each shared migration names none of SQLite's types.
+        for (version, sql) in migrations::postgres().skip(1) {
+            for word in sql.split(|c: char| !c.is_ascii_alphanumeric() && c != '_') {
+                assert!(
+                    !["INTEGER", "BLOB", "REAL"].contains(&word.to_ascii_uppercase().as_str()),
+                    "migration {version}: {sql}"
+                );
+            }
+        }
     }
 }
