@@ -49,6 +49,8 @@ const CORE: &[&[&str]] = &[
     &["change"],
     &["harness"],
     &["api"],
+    // The front-ends' vocabulary: re-exports of the owners' types, beside the use cases.
+    &["protocol"],
 ];
 
 /// The server library's modules, bottom first: the two front-ends share the listener and
@@ -413,4 +415,122 @@ fn the_path_reader_resolves_super_self_and_groups() {
             "session"
         ]
     );
+}
+
+/// `code` with the contents of its string literals (`"…"`, `r"…"`, `r#"…"#`) and character
+/// literals left out: a path in a message or a help text is not a use.
+fn without_strings(code: &str) -> String {
+    let mut out = String::with_capacity(code.len());
+    let mut rest = code;
+    while let Some(at) = rest.find(['"', '\'']) {
+        out.push_str(&rest[..at]);
+        let quote = rest.as_bytes()[at];
+        if quote == b'\'' {
+            // A character literal ('x', '\n', '"'), not a lifetime ('a).
+            let after = &rest[at + 1..];
+            let end = if after.starts_with('\\') {
+                after[2..].find('\'').map(|e| e + 3)
+            } else {
+                after
+                    .chars()
+                    .next()
+                    .filter(|_| after[1..].starts_with('\''))
+                    .map(|c| c.len_utf8() + 1)
+            };
+            match end {
+                Some(e) => rest = &after[e..],
+                None => {
+                    out.push('\'');
+                    rest = after;
+                }
+            }
+            continue;
+        }
+        // A raw string: `r`, then hashes, then the quote.
+        let hashes = rest[..at].chars().rev().take_while(|&c| c == '#').count();
+        let raw = rest[..at - hashes].ends_with('r');
+        let body = &rest[at + 1..];
+        let end = if raw {
+            let close = format!("\"{}", "#".repeat(hashes));
+            body.find(&close).map(|e| e + close.len())
+        } else {
+            let mut escaped = false;
+            body.char_indices()
+                .find(|&(_, c)| {
+                    let end = c == '"' && !escaped;
+                    escaped = c == '\\' && !escaped;
+                    end
+                })
+                .map(|(e, _)| e + 1)
+        };
+        out.push_str("\"\"");
+        rest = end.map_or("", |e| &body[e..]);
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The first segments of the `keel::` paths a front-end's code names (`keel::x::…` and each
+/// first segment of a `keel::{x, y::z}` group).
+fn core_paths_of(code: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (at, _) in code.match_indices("keel::") {
+        if code[..at].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+            continue;
+        }
+        // The path (or group) alone, read by the path reader with `crate::` for `keel::`.
+        let rest = &code[at + "keel::".len()..];
+        let mut depth = 0usize;
+        let end = rest
+            .char_indices()
+            .find(|&(_, c)| match c {
+                '{' => {
+                    depth += 1;
+                    false
+                }
+                '}' if depth > 0 => {
+                    depth -= 1;
+                    false
+                }
+                _ if depth > 0 => c == ';',
+                c => !(c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            })
+            .map_or(rest.len(), |(e, _)| e);
+        let text = format!("crate::{}", &rest[..end]);
+        out.extend(named_paths(&text, &[]).into_iter().filter_map(|p| p.into_iter().next()));
+    }
+    out
+}
+
+/// The front-ends — the server library and the `keel` binary — name the core only through
+/// its use cases (`keel::api`) and its vocabulary (`keel::protocol`); the root's allocator is
+/// the one other name. A path into an owner's module fails here, with the file that names it.
+#[test]
+fn front_ends_speak_only_the_use_cases_and_the_protocol() {
+    for krate in ["server", "cli"] {
+        let root = src(krate);
+        let mut all = Vec::new();
+        files(&root, &mut all);
+        let mut reached: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for path in &all {
+            let text = without_strings(&code(&std::fs::read_to_string(path).unwrap()));
+            for first in core_paths_of(&text) {
+                if !["api", "protocol", "Allocator"].contains(&first.as_str()) {
+                    let rel = path.strip_prefix(&root).unwrap().to_string_lossy().to_string();
+                    reached.entry(first).or_default().insert(rel);
+                }
+            }
+        }
+        assert!(reached.is_empty(), "{krate} reaches the core's owners directly: {reached:#?}");
+    }
+}
+
+#[test]
+fn the_front_end_reader_skips_strings_and_sees_groups() {
+    let code = without_strings(
+        "use keel::{api::Caller, protocol::ids};\nlet s = \"keel::model=debug\";\n\
+         let r = r#\"keel::session\"#; let c = '\"'; fn f<'a>() { keel::store::x(); }",
+    );
+    let got: Vec<String> = core_paths_of(&code).into_iter().collect();
+    assert_eq!(got, ["api", "protocol", "store"]);
 }

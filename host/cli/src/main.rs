@@ -205,7 +205,7 @@ fn log_format() -> Result<LogFormat, String> {
 fn main() -> ExitCode {
     // Credentials in the environment are read into memory and taken out of it, before any
     // thread starts: no child process inherits them and /proc/PID/environ does not show them.
-    keel::config::take_secret_env();
+    keel::protocol::setup::config::take_secret_env();
     quiet_broken_pipe();
     // Colours only for a person at a terminal: stderr piped to a file or a script gets plain
     // text, and `NO_COLOR` turns them off anywhere.
@@ -219,13 +219,13 @@ fn main() -> ExitCode {
     };
     let cli = Cli::parse();
     commands::style::init(cli.verbose, colour);
-    let home = cli.home.unwrap_or_else(keel::home::Home::default_root);
+    let home = cli.home.unwrap_or_else(keel::protocol::setup::Home::default_root);
     // Traces, when a collector is configured: the environment, else `[telemetry]` in the
     // home's keel.toml (a file that does not read is reported by the command that reads it).
-    let table = keel::home::Home::at(&home)
+    let table = keel::protocol::setup::Home::at(&home)
         .ok()
-        .filter(|h| keel::config::path(h).exists())
-        .and_then(|h| keel::config::read(&h).ok())
+        .filter(|h| keel::protocol::setup::config::path(h).exists())
+        .and_then(|h| keel::protocol::setup::config::read(&h).ok())
         .and_then(|f| f.telemetry);
     let traces = match keel_server::telemetry::settings(|k| std::env::var(k).ok(), table.as_ref())
         .and_then(|s| s.map(|s| keel_server::telemetry::start(&s)).transpose())
@@ -288,10 +288,12 @@ fn main() -> ExitCode {
             Command::Workgroup(cmd) => commands::workgroup::execute(home, cmd).await,
             Command::Approvals(args) => commands::approval::list(home, args).await,
             Command::Approve(args) => {
-                commands::approval::decide(home, args, keel::session::Decision::Approve).await
+                commands::approval::decide(home, args, keel::protocol::sessions::Decision::Approve)
+                    .await
             }
             Command::Reject(args) => {
-                commands::approval::decide(home, args, keel::session::Decision::Reject).await
+                commands::approval::decide(home, args, keel::protocol::sessions::Decision::Reject)
+                    .await
             }
             Command::Recover(args) => commands::approval::recover(home, args).await,
         }

@@ -75,6 +75,7 @@ pub mod oci;
 pub mod plan;
 pub mod policy;
 pub mod preparation;
+pub mod protocol;
 pub mod sandbox;
 pub mod search;
 pub mod secrets;

@@ -38,7 +38,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 
-pub use keel::config::Bounds;
+pub use keel::protocol::setup::config::Bounds;
 
 /// A request body that took longer than its deadline.
 #[derive(Debug, thiserror::Error)]

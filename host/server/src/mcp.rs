@@ -22,9 +22,9 @@ use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData, ServerHandler};
 
 use keel::api::{CONTROL_TOOLS, DELEGATION_TOOLS, SessionSpec};
-use keel::cancel::CancelToken;
-use keel::harness::Harness;
-use keel::session::{ApprovalUnit, Decision, Policy};
+use keel::protocol::sessions::CancelToken;
+use keel::protocol::sessions::{ApprovalUnit, Decision, Policy};
+use keel::protocol::setup::Harness;
 
 /// How long a person has to answer an elicitation.
 pub const ELICITATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
@@ -168,7 +168,7 @@ impl KeelServer {
                 _ => continue,
             };
             let mut tool = Tool::new(t.name.clone(), t.description.clone(), Arc::new(input))
-                .annotate(keel::tools::mcp::annotations(t.effect, t.idempotent));
+                .annotate(keel::protocol::tools::mcp::annotations(t.effect, t.idempotent));
             if let Some(serde_json::Value::Object(o)) = &t.output_schema {
                 tool = tool.with_raw_output_schema(Arc::new(o.clone()));
             }
@@ -262,7 +262,7 @@ impl ServerHandler for KeelServer {
     fn get_info(&self) -> ServerConfig {
         InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("keel", env!("CARGO_PKG_VERSION")))
-            .with_protocol_version(keel::tools::mcp::PROTOCOL_VERSIONS[0].clone())
+            .with_protocol_version(keel::protocol::tools::mcp::PROTOCOL_VERSIONS[0].clone())
             .with_instructions(
                 "keel's governed tools. Each call runs under the grants, policy and budget the \
                  admin fixed; a call the policy asks about needs the person's approval.",
@@ -270,7 +270,7 @@ impl ServerHandler for KeelServer {
     }
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
-        Cow::Borrowed(keel::tools::mcp::PROTOCOL_VERSIONS)
+        Cow::Borrowed(keel::protocol::tools::mcp::PROTOCOL_VERSIONS)
     }
 
     async fn initialize(
@@ -389,7 +389,7 @@ pub async fn serve_stdio(harness: Harness, config: Arc<ServeConfig>) -> Result<(
 }
 
 /// The bounds of `keel mcp serve --http` beyond its connections' (`[mcp]` in keel.toml).
-pub use keel::config::HttpLimits;
+pub use keel::protocol::setup::config::HttpLimits;
 
 /// Serves MCP over streamable HTTP at `http://LISTENER/mcp` until `shutdown` completes. With
 /// `token`, every request must carry `Authorization: Bearer TOKEN` (401 otherwise); requests

@@ -50,7 +50,7 @@ pub struct Settings {
 /// `/v1/traces` is added.
 pub fn settings(
     env: impl Fn(&str) -> Option<String>,
-    table: Option<&keel::config::TelemetryTable>,
+    table: Option<&keel::protocol::setup::config::TelemetryTable>,
 ) -> Result<Option<Settings>, String> {
     let env = |k: &str| env(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
     if env("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
@@ -109,7 +109,7 @@ impl Exporter {
 
 /// The layer that exports spans, and the exporter to shut down at the end.
 pub fn start(settings: &Settings) -> Result<(Bridge, Exporter), String> {
-    keel::tls::init();
+    keel::protocol::setup::init_tls();
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_endpoint(settings.endpoint.clone())
@@ -123,7 +123,7 @@ pub fn start(settings: &Settings) -> Result<(Bridge, Exporter), String> {
         .build();
     processor.set_resource(&resource);
     let processor = Arc::new(processor);
-    keel::metrics::set_capture_content(settings.capture_content);
+    keel::protocol::setup::metrics::set_capture_content(settings.capture_content);
     let scope =
         InstrumentationScope::builder("keel").with_version(env!("CARGO_PKG_VERSION")).build();
     let bridge = Bridge {
@@ -463,7 +463,7 @@ mod tests {
 
     #[test]
     fn the_endpoint_comes_from_the_environment_then_the_file() {
-        let table = keel::config::TelemetryTable {
+        let table = keel::protocol::setup::config::TelemetryTable {
             otlp_endpoint: Some("http://collector:4318/".into()),
             capture_content: true,
             service_name: Some("agents".into()),

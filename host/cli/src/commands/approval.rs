@@ -5,9 +5,9 @@ use std::process::ExitCode;
 
 use clap::Args;
 use keel::api::Caller;
-use keel::brain::Submitted;
-use keel::sandbox::CancelToken;
-use keel::session::{ApprovalUnit, Decision};
+use keel::protocol::sessions::CancelToken;
+use keel::protocol::sessions::Submitted;
+use keel::protocol::sessions::{ApprovalUnit, Decision};
 use serde_json::json;
 
 use super::fail;
@@ -77,7 +77,7 @@ pub fn unit_lines(u: &ApprovalUnit, full: bool) -> Vec<String> {
         format!("  tool      {}  ({})", inert(&u.tool), u.effect),
         format!("  component sha256:{}", u.component_digest),
     ];
-    let change = (u.status == keel::session::ApprovalStatus::Pending)
+    let change = (u.status == keel::protocol::sessions::ApprovalStatus::Pending)
         .then(|| keel::api::FileChange::of(u))
         .flatten();
     if change.is_none() || full {
@@ -96,7 +96,7 @@ pub fn unit_lines(u: &ApprovalUnit, full: bool) -> Vec<String> {
     for n in &u.net {
         out.push(format!("  may reach {}", inert(n)));
     }
-    if u.net.is_empty() && matches!(u.effect, keel::policy::Effect::External) {
+    if u.net.is_empty() && matches!(u.effect, keel::protocol::sessions::Effect::External) {
         out.push("  may reach nothing on the network (no network grants)".to_string());
     }
     out.push(format!("  why       {}", inert(&u.why)));
@@ -144,7 +144,7 @@ pub async fn list(home: PathBuf, a: ApprovalsArgs) -> ExitCode {
                 .iter()
                 .map(|u| {
                     let mut v = json!(u);
-                    if u.status == keel::session::ApprovalStatus::Pending
+                    if u.status == keel::protocol::sessions::ApprovalStatus::Pending
                         && let Some(c) = keel::api::FileChange::of(u)
                     {
                         v["change"] = json!(c);

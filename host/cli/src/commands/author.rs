@@ -186,7 +186,7 @@ pub struct NewArgs {
 
 /// `keel tool new`.
 pub fn new(a: NewArgs) -> ExitCode {
-    if !keel::names::valid_component_name(&a.name) {
+    if !keel::protocol::text::valid_component_name(&a.name) {
         return fail(
             a.json,
             "invalid_input",

@@ -9,12 +9,12 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use clap::Args;
-use keel::agent::{Event, Events, TurnOutcome};
 use keel::api::Caller;
-use keel::brain::Submitted;
-use keel::harness::Harness;
-use keel::sandbox::CancelToken;
-use keel::session::{ApprovalStatus, Decision};
+use keel::protocol::sessions::CancelToken;
+use keel::protocol::sessions::Submitted;
+use keel::protocol::sessions::{ApprovalStatus, Decision};
+use keel::protocol::sessions::{Event, Events, TurnOutcome};
+use keel::protocol::setup::Harness;
 use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
 
@@ -215,7 +215,7 @@ impl Chat {
     }
 
     /// Asks about each waiting unit in turn; `false` when one was left undecided.
-    async fn decide_all(&mut self, units: &[keel::ids::UnitId]) -> bool {
+    async fn decide_all(&mut self, units: &[keel::protocol::ids::UnitId]) -> bool {
         for unit in units {
             let Ok(u) = self.h.approval(&Caller::Operator, unit).await else {
                 continue;
@@ -233,7 +233,7 @@ impl Chat {
     }
 
     /// Shows unit `u` and asks until it is decided (`true`) or skipped (`false`).
-    async fn ask(&mut self, u: &keel::session::ApprovalUnit) -> bool {
+    async fn ask(&mut self, u: &keel::protocol::sessions::ApprovalUnit) -> bool {
         let mut full = false;
         loop {
             for line in super::approval::unit_lines(u, full) {
@@ -351,7 +351,8 @@ impl Chat {
                     eprintln!("keel: nothing waits for a decision");
                     return true;
                 }
-                let ids: Vec<keel::ids::UnitId> = units.into_iter().map(|v| v.unit.id).collect();
+                let ids: Vec<keel::protocol::ids::UnitId> =
+                    units.into_iter().map(|v| v.unit.id).collect();
                 if self.decide_all(&ids).await {
                     let streamed = Arc::new(Mutex::new(Streamed::default()));
                     let events = stream_to_stdout(streamed.clone());
@@ -373,7 +374,7 @@ impl Chat {
                     .await;
                 progress.finish().await;
                 match r {
-                    Ok(keel::agent::compact::Compaction::Nothing) => {
+                    Ok(keel::protocol::sessions::Compaction::Nothing) => {
                         eprintln!("keel: nothing to compact yet");
                     }
                     Ok(_) => {}
@@ -396,7 +397,7 @@ impl Chat {
                     eprintln!(
                         "#{} {} {}",
                         row.seq,
-                        keel::units::format_time(row.at_ms),
+                        keel::protocol::text::format_time(row.at_ms),
                         super::events::line(&row)
                     );
                 }
@@ -409,7 +410,9 @@ impl Chat {
             }
             other => {
                 let names = COMMANDS.iter().map(|(c, _)| c.split(' ').next().unwrap_or(c));
-                let hint = keel::names::did_you_mean(&keel::names::closest(other, names));
+                let hint = keel::protocol::text::did_you_mean(&keel::protocol::text::closest(
+                    other, names,
+                ));
                 eprintln!("keel: no command {}{hint}; /help lists them", inert(other));
             }
         }

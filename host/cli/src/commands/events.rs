@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use keel::api::Caller;
-use keel::harness::Harness;
-use keel::session::{EventRow, JournalStatus, SessionEvent};
+use keel::protocol::events::{EventRow, SessionEvent};
+use keel::protocol::sessions::JournalStatus;
+use keel::protocol::setup::Harness;
 
 use super::{EXIT_REFUSED, inert};
 
@@ -71,7 +72,10 @@ pub fn render(row: &EventRow, detail: Detail) -> Option<String> {
         match &row.event {
             SessionEvent::EnvironmentApplied { session_goal, phase_goal } => {
                 let goal = phase_goal.as_deref().or(session_goal.as_deref()).unwrap_or("");
-                return Some(format!("goal: {}", inert(&keel::assembly::goal_reference(goal))));
+                return Some(format!(
+                    "goal: {}",
+                    inert(&keel::protocol::sessions::goal_reference(goal))
+                ));
             }
             SessionEvent::ModelCallFinished { .. } => {
                 // Only its warnings (a reply cut or empty), never the timing line.
@@ -104,7 +108,7 @@ pub fn render(row: &EventRow, detail: Detail) -> Option<String> {
         }
         SessionEvent::EnvironmentApplied { phase_goal, .. } => format!(
             "applying the task environment (phase goal: {})",
-            inert(&keel::assembly::goal_reference(phase_goal.as_deref().unwrap_or("")))
+            inert(&keel::protocol::sessions::goal_reference(phase_goal.as_deref().unwrap_or("")))
         ),
         SessionEvent::CapabilitiesDiscovering { .. } => {
             "discovering skills, tools and memory".to_string()
@@ -185,7 +189,7 @@ pub fn render(row: &EventRow, detail: Detail) -> Option<String> {
             call_id, tool, status, error_kind, ms, subject, reason, ..
         } => {
             // A call the policy refused never ran: it has no duration to show.
-            let ran = *error_kind != Some(keel::failure::FailureKind::PolicyDenied);
+            let ran = *error_kind != Some(keel::protocol::sessions::FailureKind::PolicyDenied);
             let ms =
                 ms.filter(|m| ran && *m > 0.0).map(|m| format!(" ({m:.1} ms)")).unwrap_or_default();
             let what = call(tool, subject);
@@ -269,10 +273,10 @@ pub fn render(row: &EventRow, detail: Detail) -> Option<String> {
 /// or a tool's says `denied:` and why, anything else its kind and first line.
 fn failure(
     status: &JournalStatus,
-    kind: Option<keel::failure::FailureKind>,
+    kind: Option<keel::protocol::sessions::FailureKind>,
     reason: &Option<String>,
 ) -> String {
-    use keel::failure::FailureKind;
+    use keel::protocol::sessions::FailureKind;
     let reason = reason.as_deref().map(inert);
     match (kind, reason) {
         (Some(FailureKind::PolicyDenied), Some(r)) => r,
@@ -287,7 +291,7 @@ fn failure(
 /// which the command prints once, as its error, when it ends.
 fn brief(row: &EventRow, detail: Detail) -> Option<String> {
     match &row.event {
-        SessionEvent::State { state: keel::session::RuntimeState::Failed, .. } => {
+        SessionEvent::State { state: keel::protocol::sessions::RuntimeState::Failed, .. } => {
             (detail == Detail::Verbose).then(|| "state failed".to_string())
         }
         _ => render(row, detail),
@@ -387,7 +391,7 @@ pub async fn execute(h: &Harness, id: &str, after: i64, follow: bool, json: bool
             }
         } else {
             let line = line(row);
-            println!("#{} {} {line}", row.seq, keel::units::format_time(row.at_ms));
+            println!("#{} {} {line}", row.seq, keel::protocol::text::format_time(row.at_ms));
         }
     };
     if !follow {

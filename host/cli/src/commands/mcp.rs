@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use clap::{Args, Subcommand};
 use keel::api::Caller;
-use keel::harness::Harness;
-use keel::policy::Effect;
-use keel::sandbox::Grant;
-use keel::tools::mcp::{ServerSpec, Transport};
+use keel::protocol::sessions::Effect;
+use keel::protocol::sessions::Grant;
+use keel::protocol::setup::Harness;
+use keel::protocol::tools::mcp::{ServerSpec, Transport};
 use keel_server::mcp::ServeConfig;
 use serde_json::json;
 
@@ -84,7 +84,7 @@ pub struct AddArgs {
     /// tools_select, or named with --tools) or `always` (loaded into every new session that
     /// does not name its tools).
     #[arg(long, value_name = "on-demand|always", default_value = "on-demand")]
-    load: keel::tools::mcp::McpLoad,
+    load: keel::protocol::tools::mcp::McpLoad,
     /// An environment variable for a stdio server, KEY=VALUE. Repeatable. The server gets
     /// these plus PATH and HOME, nothing else.
     #[arg(long = "env", value_name = "KEY=VALUE")]
@@ -440,11 +440,16 @@ async fn refresh(harness: &Harness, a: RefreshArgs) -> ExitCode {
     if r.accepted { ExitCode::SUCCESS } else { ExitCode::from(EXIT_REFUSED) }
 }
 
-async fn serve(home: &keel::home::Home, harness: Harness, a: ServeArgs) -> ExitCode {
-    let model = keel::harness::model_config(home, &Default::default())
+async fn serve(home: &keel::protocol::setup::Home, harness: Harness, a: ServeArgs) -> ExitCode {
+    let model = keel::protocol::setup::model_config(home, &Default::default())
         .ok()
         .flatten()
-        .unwrap_or_else(|| keel::model::ModelConfig::new(keel::model::DEFAULT_BASE_URL, "default"));
+        .unwrap_or_else(|| {
+            keel::protocol::sessions::ModelConfig::new(
+                keel::protocol::sessions::DEFAULT_BASE_URL,
+                "default",
+            )
+        });
     let config = Arc::new(ServeConfig {
         id: None,
         grants: a.grants,
@@ -457,7 +462,7 @@ async fn serve(home: &keel::home::Home, harness: Harness, a: ServeArgs) -> ExitC
         budget: a.budget.budget(),
         model,
         system_prompt: String::new(),
-        guards: keel::agent::LoopGuards::default(),
+        guards: keel::protocol::sessions::LoopGuards::default(),
         preprocess: None,
         user: a.user,
         owner: None,
@@ -472,7 +477,7 @@ async fn serve(home: &keel::home::Home, harness: Harness, a: ServeArgs) -> ExitC
             Err(e) => super::fail(false, "mcp", &e, EXIT_SETUP),
         };
     };
-    let file = match keel::config::read(home) {
+    let file = match keel::protocol::setup::config::read(home) {
         Ok(f) => f,
         Err(e) => return super::fail(false, "config", &e.to_string(), EXIT_REFUSED),
     };
@@ -485,12 +490,12 @@ async fn serve(home: &keel::home::Home, harness: Harness, a: ServeArgs) -> ExitC
         Ok(l) => l,
         Err(e) => return super::fail(false, "config", &e, EXIT_REFUSED),
     };
-    let token = match keel::config::env("KEEL_MCP_TOKEN") {
+    let token = match keel::protocol::setup::config::env("KEEL_MCP_TOKEN") {
         Some(t) => Some(("KEEL_MCP_TOKEN", t)),
         None => file.mcp.as_ref().and_then(|m| m.token.clone()).map(|t| ("[mcp] token", t)),
     };
     let token = match token {
-        Some((source, t)) => match keel::access::check_supplied_token(source, &t) {
+        Some((source, t)) => match keel::protocol::access::check_supplied_token(source, &t) {
             Ok(()) => Some(t.trim().to_string()),
             Err(e) => return super::fail(false, "config", &e.to_string(), EXIT_REFUSED),
         },

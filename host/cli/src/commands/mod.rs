@@ -20,7 +20,7 @@ pub mod workgroup;
 use std::time::Duration;
 
 use clap::Args;
-use keel::sandbox::Budget;
+use keel::protocol::sessions::Budget;
 
 /// The tool ran and returned an error (or was stopped by its budget).
 pub const EXIT_TOOL_ERROR: u8 = 1;
@@ -121,12 +121,12 @@ pub struct NetArgs {
     /// Addresses that are loopback, private, link-local or otherwise not public are refused
     /// whatever the name.
     #[arg(long = "net", value_name = "[http://]HOST[:PORT]")]
-    pub net: Vec<keel::sandbox::net::NetRule>,
+    pub net: Vec<keel::protocol::net::NetRule>,
     /// For testing against a local server only: let requests to HOST:PORT (granted with
     /// --net) reach a loopback address. Keyed on the name and the port: other names that
     /// resolve to loopback stay refused. Repeatable.
     #[arg(long = "net-allow-loopback", value_name = "HOST:PORT")]
-    pub loopback: Vec<keel::sandbox::net::LoopbackException>,
+    pub loopback: Vec<keel::protocol::net::LoopbackException>,
     /// Bind a stored secret (`keel secret set NAME`) to one destination granted with --net.
     /// keel writes it into requests to exactly that scheme, host and port — as header
     /// `authorization: Bearer VALUE` unless :header= and :format= say otherwise — and fills in
@@ -139,7 +139,7 @@ pub struct NetArgs {
         long = "secret",
         value_name = "NAME@HOST[:PORT][:header=H][:in=header,query,body][:format=F]"
     )]
-    pub secrets: Vec<keel::sandbox::net::SecretBinding>,
+    pub secrets: Vec<keel::protocol::net::SecretBinding>,
     /// Bytes one call may send (request lines, headers and bodies) and receive (response
     /// bodies) over the network in all. Default: 16777216 (16 MiB).
     #[arg(long = "net-max-bytes", value_name = "BYTES")]
@@ -161,20 +161,22 @@ impl NetArgs {
     }
 
     /// The grants the flags describe (checked where they are used).
-    pub fn grants(&self) -> keel::sandbox::net::NetGrants {
-        keel::sandbox::net::NetGrants {
+    pub fn grants(&self) -> keel::protocol::net::NetGrants {
+        keel::protocol::net::NetGrants {
             allow: self.net.clone(),
             loopback: self.loopback.clone(),
             secrets: self.secrets.clone(),
-            max_bytes: self.max_bytes.unwrap_or(keel::sandbox::net::DEFAULT_NET_MAX_BYTES),
-            max_requests: self.max_requests.unwrap_or(keel::sandbox::net::DEFAULT_NET_MAX_REQUESTS),
+            max_bytes: self.max_bytes.unwrap_or(keel::protocol::net::DEFAULT_NET_MAX_BYTES),
+            max_requests: self
+                .max_requests
+                .unwrap_or(keel::protocol::net::DEFAULT_NET_MAX_REQUESTS),
         }
     }
 }
 
 /// One request of a call, on one line: `GET https://host:443/path → 200, 1234 bytes in 12 ms`
 /// or `denied GET … : why`.
-pub fn net_line(n: &keel::sandbox::net::NetRecord) -> String {
+pub fn net_line(n: &keel::protocol::net::NetRecord) -> String {
     let target = format!("{} {}://{}:{}{}", n.method, n.scheme, n.host, n.port, n.path);
     match (n.outcome.as_str(), n.status) {
         ("ok", Some(status)) => format!(
@@ -195,15 +197,15 @@ pub struct BudgetArgs {
     #[arg(long)]
     fuel: Option<u64>,
     /// Wall-clock deadline per tool call, e.g. 500ms, 30s, 2m. Default 30s.
-    #[arg(long, value_parser = keel::units::parse_duration)]
+    #[arg(long, value_parser = keel::protocol::text::parse_duration)]
     timeout: Option<Duration>,
     /// Memory per tool call, e.g. 64MiB, 1G. Default 256MiB.
-    #[arg(long, value_parser = keel::units::parse_size)]
+    #[arg(long, value_parser = keel::protocol::text::parse_size)]
     memory: Option<u64>,
     /// Bytes one tool call may write to its grants, growth of files included (a sparse file
     /// counts its logical size), e.g. 100MiB. Past it writes fail with `insufficient-space`.
     /// Default 1GiB.
-    #[arg(long, value_parser = keel::units::parse_size)]
+    #[arg(long, value_parser = keel::protocol::text::parse_size)]
     write_quota: Option<u64>,
     /// Files, directories and links one tool call may create. Past it creation fails with
     /// `quota`. Default 10000.

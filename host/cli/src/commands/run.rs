@@ -4,10 +4,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use keel::agent::LoopGuards;
 use keel::api::{Caller, SessionSpec};
-use keel::harness::{DEFAULT_SYSTEM_PROMPT, Harness, ModelFlags, model_config};
-use keel::sandbox::{CancelToken, Grant};
+use keel::protocol::sessions::LoopGuards;
+use keel::protocol::sessions::{CancelToken, Grant};
+use keel::protocol::setup::{DEFAULT_SYSTEM_PROMPT, Harness, ModelFlags, model_config};
 
 use super::turn::{cancel_on_ctrl_c, open_harness, report, streaming};
 use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, fail};
@@ -65,7 +65,7 @@ pub struct SessionArgs {
     /// Longest wait without progress in a model call of a new session — until the reply
     /// begins, then between its parts (a slow reply that keeps coming is never cut), e.g. 120s
     /// or 5m (env KEEL_MODEL_TIMEOUT; default 120s).
-    #[arg(long, value_name = "DURATION", value_parser = keel::units::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = keel::protocol::text::parse_duration)]
     model_timeout: Option<std::time::Duration>,
     /// The model's context window in tokens, stored with a new session: a request estimated
     /// past --compact-at of it is preceded by a compaction (env KEEL_CONTEXT_WINDOW; default:
@@ -121,11 +121,11 @@ pub struct WorkgroupArgs {
     max_depth: Option<u32>,
     /// How long one request of a sub-session may take before it is stopped, e.g. 10m
     /// (default 30m).
-    #[arg(long, value_name = "DURATION", requires = "main", value_parser = keel::units::parse_duration)]
+    #[arg(long, value_name = "DURATION", requires = "main", value_parser = keel::protocol::text::parse_duration)]
     child_deadline: Option<std::time::Duration>,
     /// After how long a parent is told that a sub-session is still working (and again after
     /// each such period), e.g. 5m; 0s: never (default 10m).
-    #[arg(long, value_name = "DURATION", requires = "main", value_parser = keel::units::parse_duration)]
+    #[arg(long, value_name = "DURATION", requires = "main", value_parser = keel::protocol::text::parse_duration)]
     wait_notice: Option<std::time::Duration>,
     /// Model steps of the whole workgroup, at most (default: no limit).
     #[arg(long, value_name = "N", requires = "main", value_parser = clap::value_parser!(i64).range(1..))]
@@ -137,12 +137,12 @@ pub struct WorkgroupArgs {
 
 impl WorkgroupArgs {
     /// The limits of a new main session (`None`: not a main session).
-    pub fn limits(&self) -> Option<keel::workgroup::Limits> {
+    pub fn limits(&self) -> Option<keel::protocol::sessions::Limits> {
         if !self.main {
             return None;
         }
-        let d = keel::workgroup::Limits::default();
-        Some(keel::workgroup::Limits {
+        let d = keel::protocol::sessions::Limits::default();
+        Some(keel::protocol::sessions::Limits {
             max_live_children: self.max_children.unwrap_or(d.max_live_children),
             max_depth: self.max_depth.unwrap_or(d.max_depth),
             child_deadline_secs: self
@@ -262,7 +262,7 @@ pub async fn open_session(
             }
             Err(e) => return Err(fail(json, e.kind(), &e.to_string(), EXIT_REFUSED)),
         };
-        let preprocess = match keel::harness::preprocess_config(
+        let preprocess = match keel::protocol::setup::preprocess_config(
             &home_dir,
             &model,
             a.preprocess_model.as_deref(),

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use keel::secrets::{Secret, SecretStore};
+use keel::protocol::setup::secrets::{Secret, SecretStore};
 use serde_json::json;
 
 use super::{EXIT_REFUSED, EXIT_SETUP, fail};
@@ -81,7 +81,7 @@ pub fn execute(home: PathBuf, cmd: SecretCommand) -> ExitCode {
             }
             Err(e) => fail(a.json, "secrets", &e.to_string(), EXIT_REFUSED),
         },
-        SecretCommand::RotateKey(a) => match keel::secrets::rotate_key(&home) {
+        SecretCommand::RotateKey(a) => match keel::protocol::setup::secrets::rotate_key(&home) {
             Ok(r) => {
                 if a.json {
                     println!(
@@ -112,8 +112,8 @@ pub fn execute(home: PathBuf, cmd: SecretCommand) -> ExitCode {
 }
 
 fn set(store: &SecretStore, a: SetArgs) -> ExitCode {
-    if !keel::secrets::valid_secret_name(&a.name) {
-        let e = keel::secrets::SecretError::BadName { name: a.name.clone() };
+    if !keel::protocol::setup::secrets::valid_secret_name(&a.name) {
+        let e = keel::protocol::setup::secrets::SecretError::BadName { name: a.name.clone() };
         return fail(a.json, "secrets", &e.to_string(), EXIT_REFUSED);
     }
     let value = if std::io::stdin().is_terminal() {
@@ -126,7 +126,7 @@ fn set(store: &SecretStore, a: SetArgs) -> ExitCode {
     } else {
         let mut text = String::new();
         if let Err(e) = std::io::stdin()
-            .take(keel::secrets::MAX_SECRET_BYTES as u64 + 2)
+            .take(keel::protocol::setup::secrets::MAX_SECRET_BYTES as u64 + 2)
             .read_to_string(&mut text)
         {
             return fail(

@@ -7,9 +7,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Args, Subcommand};
-use keel::access::Role;
 use keel::api::Caller;
-use keel::sandbox::Grant;
+use keel::protocol::access::Role;
+use keel::protocol::sessions::Grant;
 use serde_json::json;
 
 use super::turn::open_harness;
@@ -198,7 +198,7 @@ pub async fn grants(home: PathBuf, cmd: GrantCommand) -> ExitCode {
         Ok(x) => x,
         Err(e) => return fail(json, "setup", &e, EXIT_SETUP),
     };
-    let print = |p: &keel::access::Preset| {
+    let print = |p: &keel::protocol::access::Preset| {
         println!(
             "{}{}",
             p.name,
@@ -257,11 +257,11 @@ pub async fn grants(home: PathBuf, cmd: GrantCommand) -> ExitCode {
 /// `HOME/api-token` (written 0600 the first time, stored hashed as `keel-serve`; on a store
 /// several hosts share, as `keel-serve@HOST`, so that hosts do not replace each other's).
 async fn admin_token(
-    home: &keel::home::Home,
-    h: &keel::harness::Harness,
+    home: &keel::protocol::setup::Home,
+    h: &keel::protocol::setup::Harness,
 ) -> Result<(Option<String>, String), String> {
-    if let Some(t) = keel::config::env("KEEL_API_TOKEN") {
-        return Ok((Some(keel::access::token_hash(&t)), "KEEL_API_TOKEN".into()));
+    if let Some(t) = keel::protocol::setup::config::env("KEEL_API_TOKEN") {
+        return Ok((Some(keel::protocol::access::token_hash(&t)), "KEEL_API_TOKEN".into()));
     }
     let path = home.root().join("api-token");
     if let Ok(text) = std::fs::read_to_string(&path)
@@ -269,22 +269,27 @@ async fn admin_token(
     {
         return Ok((None, path.display().to_string()));
     }
-    let token = keel::access::new_token().map_err(|e| e.to_string())?;
+    let token = keel::protocol::access::new_token().map_err(|e| e.to_string())?;
     write_private(&path, &token).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     let name = if h.shared_store() {
-        format!("{}@{}", keel_server::http::HOME_TOKEN_NAME, keel::brain::host_id())
+        format!("{}@{}", keel_server::http::HOME_TOKEN_NAME, keel::protocol::setup::host_id())
     } else {
         keel_server::http::HOME_TOKEN_NAME.to_string()
     };
-    h.token_put_hashed(&Caller::Operator, &name, Role::Admin, keel::access::token_hash(&token))
-        .await
-        .map_err(|e| e.to_string())?;
+    h.token_put_hashed(
+        &Caller::Operator,
+        &name,
+        Role::Admin,
+        keel::protocol::access::token_hash(&token),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     Ok((None, path.display().to_string()))
 }
 
 /// Writes `text` (and a line break) to a new file readable by its owner only.
 fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    keel::home::write_private(path, format!("{text}\n").as_bytes())
+    keel::protocol::setup::write_private(path, format!("{text}\n").as_bytes())
 }
 
 pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
@@ -292,7 +297,7 @@ pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
         Ok(x) => x,
         Err(e) => return fail(false, "setup", &e, EXIT_SETUP),
     };
-    let file = match keel::config::read(&home) {
+    let file = match keel::protocol::setup::config::read(&home) {
         Ok(f) => f,
         Err(e) => return fail(false, "config", &e.to_string(), EXIT_REFUSED),
     };
@@ -325,16 +330,16 @@ pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
         Ok(b) => b,
         Err(e) => return fail(false, "config", &e, EXIT_REFUSED),
     };
-    let roots = match keel::access::GrantRoots::new(&table.grant_roots) {
+    let roots = match keel::protocol::access::GrantRoots::new(&table.grant_roots) {
         Ok(r) => r,
         Err(e) => return fail(false, "config", &e.to_string(), EXIT_REFUSED),
     };
-    let flags = keel::harness::ModelFlags {
+    let flags = keel::protocol::setup::ModelFlags {
         url: a.model_url.clone(),
         model: a.model.clone(),
         ..Default::default()
     };
-    let (model, no_model) = match keel::harness::model_config(&home, &flags) {
+    let (model, no_model) = match keel::protocol::setup::model_config(&home, &flags) {
         Ok(Some(m)) => (m, None),
         // Without a model the server still serves the console, approvals, sessions and
         // tools; creating a session says what to configure.
@@ -343,17 +348,21 @@ pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
                        --model-url URL --model NAME, KEEL_MODEL_URL and KEEL_MODEL, or a [model] \
                        table in keel.toml";
             eprintln!("keel: {why}; serving the console, approvals, sessions and tools meanwhile");
-            let placeholder = keel::model::ModelConfig::new(keel::model::DEFAULT_BASE_URL, "-");
+            let placeholder = keel::protocol::sessions::ModelConfig::new(
+                keel::protocol::sessions::DEFAULT_BASE_URL,
+                "-",
+            );
             (placeholder, Some(why.to_string()))
         }
         Err(e) => return fail(false, e.kind(), &e.to_string(), EXIT_REFUSED),
     };
-    let preprocess = match keel::harness::preprocess_config(&home, &model, None, a.no_preprocess) {
-        Ok(p) => p,
-        Err(e) => return fail(false, e.kind(), &e.to_string(), EXIT_REFUSED),
-    };
-    if let Some(t) = keel::config::env("KEEL_API_TOKEN")
-        && let Err(e) = keel::access::check_supplied_token("KEEL_API_TOKEN", &t)
+    let preprocess =
+        match keel::protocol::setup::preprocess_config(&home, &model, None, a.no_preprocess) {
+            Ok(p) => p,
+            Err(e) => return fail(false, e.kind(), &e.to_string(), EXIT_REFUSED),
+        };
+    if let Some(t) = keel::protocol::setup::config::env("KEEL_API_TOKEN")
+        && let Err(e) = keel::protocol::access::check_supplied_token("KEEL_API_TOKEN", &t)
     {
         return fail(false, "config", &e.to_string(), EXIT_REFUSED);
     }
@@ -372,9 +381,11 @@ pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
         redact: Vec::new(),
         budget: a.budget.budget(),
         model,
-        system_prompt: keel::harness::DEFAULT_SYSTEM_PROMPT.to_string(),
-        guards: keel::agent::LoopGuards {
-            max_steps: a.max_steps.unwrap_or(keel::agent::LoopGuards::default().max_steps),
+        system_prompt: keel::protocol::setup::DEFAULT_SYSTEM_PROMPT.to_string(),
+        guards: keel::protocol::sessions::LoopGuards {
+            max_steps: a
+                .max_steps
+                .unwrap_or(keel::protocol::sessions::LoopGuards::default().max_steps),
             ..Default::default()
         },
         preprocess,
@@ -386,8 +397,10 @@ pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
         template,
         roots,
         env_admin,
-        max_upload: usize::try_from(keel::sandbox::SandboxLimits::default().max_component_bytes)
-            .unwrap_or(usize::MAX),
+        max_upload: usize::try_from(
+            keel::protocol::sessions::SandboxLimits::default().max_component_bytes,
+        )
+        .unwrap_or(usize::MAX),
         bounds,
         no_model,
     };

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use keel::api::Caller;
-use keel::secrets::{Secret, SecretStore};
-use keel::signing::{self, PublicKey};
+use keel::protocol::setup::secrets::{Secret, SecretStore};
+use keel::protocol::setup::signing::{self, PublicKey};
 use serde_json::json;
 
 use super::{EXIT_REFUSED, EXIT_SETUP, fail};
@@ -50,8 +50,9 @@ pub fn keys(home: &Path, cmd: KeyCommand) -> ExitCode {
     let store = SecretStore::signing_keys(home);
     match cmd {
         KeyCommand::New(a) => {
-            if !keel::secrets::valid_secret_name(&a.name) {
-                let e = keel::secrets::SecretError::BadName { name: a.name.clone() };
+            if !keel::protocol::setup::secrets::valid_secret_name(&a.name) {
+                let e =
+                    keel::protocol::setup::secrets::SecretError::BadName { name: a.name.clone() };
                 return fail(a.json, "invalid_input", &e.to_string(), EXIT_REFUSED);
             }
             match store.names() {
@@ -148,7 +149,7 @@ pub fn sign(home: &Path, a: SignArgs) -> ExitCode {
     let store = SecretStore::signing_keys(home);
     let secret = match store.get(std::slice::from_ref(&a.key)) {
         Ok(mut found) if !found.is_empty() => found.remove(0).1,
-        Ok(_) | Err(keel::secrets::SecretError::Missing { .. }) => {
+        Ok(_) | Err(keel::protocol::setup::secrets::SecretError::Missing { .. }) => {
             return fail(
                 a.json,
                 "not_found",
@@ -165,7 +166,7 @@ pub fn sign(home: &Path, a: SignArgs) -> ExitCode {
         Ok((bytes, _)) => bytes,
         Err(code) => return code,
     };
-    if let Err(e) = keel::sandbox::check_header(&bytes) {
+    if let Err(e) = keel::protocol::net::check_header(&bytes) {
         return fail(a.json, "load", &format!("{}: {e}", a.file.display()), EXIT_REFUSED);
     }
     let (signed, public) = match signing::sign(&bytes, secret.expose())
@@ -178,7 +179,7 @@ pub fn sign(home: &Path, a: SignArgs) -> ExitCode {
     if let Err(e) = write_replacing(&out, &signed) {
         return fail(a.json, "io", &format!("cannot write {}: {e}", out.display()), EXIT_SETUP);
     }
-    let digest = keel::digest::sha256_hex(&signed);
+    let digest = keel::protocol::text::sha256_hex(&signed);
     if a.json {
         println!(
             "{}",

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use keel::api::Caller;
-use keel::harness::Harness;
+use keel::protocol::setup::Harness;
 use serde_json::json;
 
 use super::{EXIT_SETUP, inert, inert_block};
@@ -133,8 +133,8 @@ pub struct UserArg {
 impl UserArg {
     /// The principal: `local:NAME` (a name typed `token:NAME` names an API token's).
     fn user(&self) -> String {
-        let name = self.user.clone().unwrap_or_else(keel::memory::default_user);
-        keel::memory::typed(&name, keel::memory::Kind::Local)
+        let name = self.user.clone().unwrap_or_else(keel::protocol::setup::default_user);
+        keel::protocol::setup::typed_user(&name, keel::protocol::setup::UserKind::Local)
     }
 }
 
@@ -269,7 +269,7 @@ async fn install(h: &Harness, a: SkillInstallArgs) -> ExitCode {
     } else {
         let path = PathBuf::from(&a.path);
         eprintln!("keel: checking the skill at {}…", path.display());
-        let mode = keel::tools::InstallMode::of(a.upgrade, a.accept_wider);
+        let mode = keel::protocol::tools::InstallMode::of(a.upgrade, a.accept_wider);
         h.install_skill(&Caller::Operator, &path, mode).await
     };
     let r = match installed {

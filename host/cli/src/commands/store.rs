@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use keel::store::Location;
+use keel::protocol::setup::Location;
 use serde_json::json;
 
 use super::{EXIT_REFUSED, EXIT_SETUP, fail};
@@ -46,7 +46,7 @@ pub struct MigrateArgs {
 }
 
 pub async fn execute(root: PathBuf, cmd: StoreCommand) -> ExitCode {
-    let home = match keel::home::Home::at(&root) {
+    let home = match keel::protocol::setup::Home::at(&root) {
         Ok(h) => h,
         Err(e) => {
             let json = matches!(&cmd, StoreCommand::Info(a) if a.json)
@@ -60,8 +60,8 @@ pub async fn execute(root: PathBuf, cmd: StoreCommand) -> ExitCode {
     }
 }
 
-fn info(home: &keel::home::Home, json: bool) -> ExitCode {
-    let location = match keel::config::store_location(home) {
+fn info(home: &keel::protocol::setup::Home, json: bool) -> ExitCode {
+    let location = match keel::protocol::setup::config::store_location(home) {
         Ok(l) => l,
         Err(e) => return fail(json, "config", &e.to_string(), EXIT_SETUP),
     };
@@ -69,7 +69,7 @@ fn info(home: &keel::home::Home, json: bool) -> ExitCode {
         Location::Sqlite { .. } => ("sqlite", false),
         Location::Postgres { .. } => ("postgres", true),
     };
-    let version = keel::store::schema_version();
+    let version = keel::protocol::setup::schema_version();
     if json {
         println!(
             "{}",
@@ -88,7 +88,7 @@ fn info(home: &keel::home::Home, json: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn migrate(home: keel::home::Home, a: MigrateArgs) -> ExitCode {
+async fn migrate(home: keel::protocol::setup::Home, a: MigrateArgs) -> ExitCode {
     let to = Location::Postgres { url: a.to.trim().to_string() };
     if !(a.to.starts_with("postgres://") || a.to.starts_with("postgresql://")) {
         return fail(
@@ -110,7 +110,7 @@ async fn migrate(home: keel::home::Home, a: MigrateArgs) -> ExitCode {
             EXIT_REFUSED,
         );
     }
-    let sync = match keel::config::synchronous(&home) {
+    let sync = match keel::protocol::setup::config::synchronous(&home) {
         Ok(s) => s,
         Err(e) => return fail(a.json, "config", &e.to_string(), EXIT_SETUP),
     };
@@ -119,12 +119,12 @@ async fn migrate(home: keel::home::Home, a: MigrateArgs) -> ExitCode {
     let target = to.clone();
     let copied = tokio::task::spawn_blocking(move || {
         let files = |digest: &str| std::fs::read(home.component_path(digest)).ok();
-        let progress = |c: &keel::store::copy::Copied| {
+        let progress = |c: &keel::protocol::setup::copy::Copied| {
             if !json {
                 eprintln!("  {:<22} {:>8} row(s)  sha256:{}", c.table, c.rows, &c.digest[..16]);
             }
         };
-        keel::store::copy::sqlite_to_postgres(&from, &target, &files, &progress)
+        keel::protocol::setup::copy::sqlite_to_postgres(&from, &target, &files, &progress)
     })
     .await;
     let report = match copied {

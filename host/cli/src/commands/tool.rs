@@ -5,9 +5,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use keel::api::Caller;
-use keel::harness::Harness;
-use keel::sandbox::{CancelToken, Grant};
-use keel::tools::{CallRequest, InstallMode};
+use keel::protocol::sessions::{CancelToken, Grant};
+use keel::protocol::setup::Harness;
+use keel::protocol::tools::{CallRequest, InstallMode};
 use serde_json::json;
 
 use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert, inert_block, prefixed};
@@ -367,7 +367,7 @@ async fn publish(service: &Harness, a: PublishArgs) -> ExitCode {
         Ok(x) => x,
         Err(code) => return code,
     };
-    if !keel::signing::is_signed(&bytes) {
+    if !keel::protocol::setup::signing::is_signed(&bytes) {
         eprintln!(
             "keel: note: {} is not signed; installing it from the registry will need \
              --allow-unsigned (sign it with `keel tool sign FILE --key NAME`)",
@@ -388,7 +388,7 @@ async fn publish(service: &Harness, a: PublishArgs) -> ExitCode {
 /// Prints what a publish did (the digest reference last, alone on its line).
 pub(super) fn published(
     json_out: bool,
-    result: Result<keel::oci::Pushed, keel::api::ApiError>,
+    result: Result<keel::protocol::tools::Pushed, keel::api::ApiError>,
 ) -> ExitCode {
     match result {
         Ok(p) => {
@@ -517,7 +517,7 @@ async fn inspect_file(
     if r.accepted { ExitCode::SUCCESS } else { ExitCode::from(EXIT_REFUSED) }
 }
 
-fn print_tool(t: &keel::tools::ToolRecord) {
+fn print_tool(t: &keel::protocol::tools::ToolRecord) {
     println!();
     println!("tool        {}", t.name);
     println!("effect      {}{}", t.effect, if t.idempotent { ", idempotent" } else { "" });

@@ -5,14 +5,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use keel::agent::{Event, Events, LoopGuards, TurnOutcome};
 use keel::api::Caller;
-use keel::brain::Submitted;
-use keel::harness::Harness;
-use keel::home::Home;
-use keel::model::ModelClient;
-use keel::sandbox::{CancelToken, SandboxLimits};
-use keel::views::TurnUsage;
+use keel::protocol::sessions::ModelClient;
+use keel::protocol::sessions::Submitted;
+use keel::protocol::sessions::TurnUsage;
+use keel::protocol::sessions::{CancelToken, SandboxLimits};
+use keel::protocol::sessions::{Event, Events, LoopGuards, TurnOutcome};
+use keel::protocol::setup::Harness;
+use keel::protocol::setup::Home;
 use serde_json::json;
 
 use super::{EXIT_TOOL_ERROR, inert_block};

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use keel::api::Caller;
-use keel::harness::Harness;
-use keel::workgroup::{Member, Workgroup};
+use keel::protocol::sessions::{Member, Workgroup};
+use keel::protocol::setup::Harness;
 use serde_json::json;
 
 use super::fail;
@@ -110,7 +110,7 @@ pub async fn execute(home: PathBuf, cmd: WorkgroupCommand) -> ExitCode {
                 for e in events {
                     println!(
                         "{}  {:<16} {} → {}{}",
-                        keel::units::format_time(e.at),
+                        keel::protocol::text::format_time(e.at),
                         e.kind.to_string(),
                         e.from,
                         e.to,
@@ -124,13 +124,13 @@ pub async fn execute(home: PathBuf, cmd: WorkgroupCommand) -> ExitCode {
 }
 
 fn live(m: &Member) -> bool {
-    m.delegation == Some(keel::workgroup::Delegation::Live)
+    m.delegation == Some(keel::protocol::sessions::Delegation::Live)
 }
 
 fn line(m: &Member) -> String {
     let mut s = format!("{}  [{}]", m.session_id, m.state);
     match (m.delegation, m.terminal) {
-        (Some(keel::workgroup::Delegation::Live), _) => s.push_str(" live"),
+        (Some(keel::protocol::sessions::Delegation::Live), _) => s.push_str(" live"),
         (Some(_), Some(t)) => s.push_str(&format!(" done: {t}")),
         _ => {}
     }
@@ -161,7 +161,7 @@ pub fn print_tree(w: &Workgroup) {
         println!("{}{}", "  ".repeat(indent), line(m));
         let pad = "  ".repeat(indent + 2);
         if let Some(g) = &m.goal {
-            println!("{pad}goal: {}", inert(&keel::assembly::goal_reference(g)));
+            println!("{pad}goal: {}", inert(&keel::protocol::sessions::goal_reference(g)));
         }
         if let Some(q) = &m.question {
             println!("{pad}asks: {}", inert(q));

@@ -10,7 +10,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, header};
 
 use super::{App, Failure};
-use keel::access::{AccessError, Principal};
+use keel::protocol::access::{AccessError, Principal};
 
 /// The console's login cookie.
 pub const LOGIN_COOKIE: &str = "keel_login";
@@ -98,7 +98,7 @@ pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 /// A new random secret (a login id or a CSRF token).
 pub fn secret() -> Result<String, Failure> {
-    keel::access::new_token().map_err(Failure::from)
+    keel::protocol::access::new_token().map_err(Failure::from)
 }
 
 impl App {
@@ -161,7 +161,7 @@ impl App {
         cookie_allowed: bool,
     ) -> Result<Caller, Failure> {
         if let Some(token) = bearer(&parts.headers) {
-            let token_hash = keel::access::token_hash(token);
+            let token_hash = keel::protocol::access::token_hash(token);
             let principal = self.principal_of_hash(&token_hash).await?;
             return Ok(Caller { principal, via: Via::Bearer, token_hash });
         }

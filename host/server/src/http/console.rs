@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use super::api::{self, DecideBody};
 use super::auth::{self, Caller, LOGIN_COOKIE};
 use super::{App, Failure};
-use keel::session::Decision;
+use keel::protocol::sessions::Decision;
 
 type Shared = State<Arc<App>>;
 
@@ -56,7 +56,7 @@ pub fn templates() -> Result<Environment<'static>, String> {
 
 /// `ms` since the Unix epoch as `YYYY-MM-DD HH:MM:SS` UTC.
 pub fn when(ms: i64) -> String {
-    let full = keel::units::format_time(ms);
+    let full = keel::protocol::text::format_time(ms);
     full.get(..19).map_or(full.clone(), |t| t.replacen('T', " ", 1))
 }
 
@@ -146,7 +146,7 @@ async fn login(State(app): Shared, headers: HeaderMap, Form(f): Form<LoginForm>)
     if let Err(e) = auth::check_origin(&headers) {
         return page_error(&app, &e);
     }
-    let hash = keel::access::token_hash(&f.token);
+    let hash = keel::protocol::access::token_hash(&f.token);
     if let Err(e) = app.principal_of_hash(&hash).await {
         let mut res = render(&app, "login.html", json!({"error": e.message}));
         *res.status_mut() = StatusCode::UNAUTHORIZED;
@@ -338,7 +338,7 @@ async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure>
         "user": meta.config.user(),
         "owner": meta.config.owner,
         "last_event": last_event,
-        "live": !matches!(meta.runtime.state, keel::session::RuntimeState::Idle | keel::session::RuntimeState::Failed),
+        "live": !matches!(meta.runtime.state, keel::protocol::sessions::RuntimeState::Idle | keel::protocol::sessions::RuntimeState::Failed),
     }))
 }
 

@@ -4,7 +4,7 @@
 //! the grant; nothing outside a session's grants is ever read.
 
 use super::Failure;
-use keel::sandbox::Grant;
+use keel::protocol::sessions::Grant;
 
 /// Most entries listed of one directory.
 pub const MAX_ENTRIES: usize = 1000;
@@ -36,7 +36,7 @@ pub struct Listing {
 /// grant's host directory (one that moved, say) names its guest path for a user.
 pub async fn listing(
     who: &keel::api::Caller,
-    meta: &keel::meta::SessionMeta,
+    meta: &keel::protocol::sessions::SessionMeta,
     guest: String,
     path: String,
 ) -> Result<Listing, Failure> {
@@ -109,7 +109,7 @@ pub fn list(grants: &[Grant], guest: &str, path: &str) -> Result<Listing, Failur
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keel::sandbox::Access;
+    use keel::protocol::sessions::Access;
 
     #[test]
     fn a_listing_never_leaves_its_grant() {

@@ -4,7 +4,7 @@
 //! [`Harness`]; the only state of its own is the console's logins, in memory.
 //!
 //! Who may do what is decided here, per request, from the token the request carries (see
-//! [`keel::access`]): a bearer token for the API, or the console's login cookie (which names
+//! [`keel::protocol::access`]): a bearer token for the API, or the console's login cookie (which names
 //! a token by its hash, so revoking the token ends its logins too).
 
 pub mod api;
@@ -19,9 +19,9 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use keel::access::{AccessError, GrantRoots};
 use keel::api::{ApiError, SessionSpec};
-use keel::harness::Harness;
+use keel::protocol::access::{AccessError, GrantRoots};
+use keel::protocol::setup::Harness;
 
 /// The default address of `keel serve`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
@@ -33,7 +33,7 @@ pub const MAX_JSON_BODY: usize = 1024 * 1024;
 pub const HOME_TOKEN_NAME: &str = "keel-serve";
 
 /// The name of the admin principal of `KEEL_API_TOKEN`.
-pub use keel::access::ENV_TOKEN_NAME;
+pub use keel::protocol::access::ENV_TOKEN_NAME;
 
 /// What the server is started with.
 pub struct ServeOptions {
@@ -110,7 +110,8 @@ async fn metrics(
     caller: auth::Caller,
 ) -> Result<Response, Failure> {
     let page = app.harness.metrics(&caller.who()).await?;
-    Ok(([(axum::http::header::CONTENT_TYPE, keel::metrics::CONTENT_TYPE)], page).into_response())
+    Ok(([(axum::http::header::CONTENT_TYPE, keel::protocol::setup::metrics::CONTENT_TYPE)], page)
+        .into_response())
 }
 
 /// The metrics page alone, without a token: for a listener of its own (`--metrics-listen`),
@@ -120,10 +121,14 @@ pub fn metrics_router(app: Arc<App>) -> Router {
         let app = Arc::clone(&app);
         async move {
             match app.harness.metrics(&keel::api::Caller::Operator).await {
-                Ok(page) => {
-                    ([(axum::http::header::CONTENT_TYPE, keel::metrics::CONTENT_TYPE)], page)
-                        .into_response()
-                }
+                Ok(page) => (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        keel::protocol::setup::metrics::CONTENT_TYPE,
+                    )],
+                    page,
+                )
+                    .into_response(),
                 Err(e) => Failure::from(e).into_response(),
             }
         }
@@ -197,7 +202,7 @@ async fn traced(
         400..=499 => "4xx",
         _ => "5xx",
     };
-    keel::metrics::HTTP_REQUESTS.inc(&[class]);
+    keel::protocol::setup::metrics::HTTP_REQUESTS.inc(&[class]);
     res
 }
 

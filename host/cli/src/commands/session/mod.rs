@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use keel::api::Caller;
-use keel::sandbox::CancelToken;
+use keel::protocol::sessions::CancelToken;
 use serde_json::json;
 
 mod show;
@@ -172,7 +172,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::UpgradeTools(a) => upgrade_tools(&h, &a).await,
         SessionCommand::Compact(a) => compact(&h, &a).await,
         SessionCommand::Unload(a) => {
-            use keel::preparation::capabilities::Kind;
+            use keel::protocol::sessions::CapabilityKind as Kind;
             let (kind, name) = match (&a.what.tool, &a.what.skill) {
                 (Some(t), _) => (Kind::Tool, t.clone()),
                 (None, Some(s)) => (Kind::Skill, s.clone()),
@@ -291,7 +291,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                                     .unwrap_or_default()
                             );
                             // The call's HTTP requests (method, destination, status, bytes, time).
-                            let records: Vec<keel::sandbox::net::NetRecord> = e
+                            let records: Vec<keel::protocol::net::NetRecord> = e
                                 .net
                                 .as_deref()
                                 .and_then(|n| serde_json::from_str(n).ok())
@@ -302,7 +302,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                             // A direct call (an MCP client's) has no history message holding its
                             // result: show it here.
                             if let Some(r) = e.result.as_deref().filter(|_| {
-                                e.call_id.starts_with(keel::session::DIRECT_CALL_PREFIX)
+                                e.call_id.starts_with(keel::protocol::sessions::DIRECT_CALL_PREFIX)
                             }) {
                                 let shown: String = r.chars().take(DIRECT_RESULT_SHOWN).collect();
                                 let more = if shown.len() < r.len() { " …" } else { "" };
@@ -313,7 +313,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                     for u in t
                         .approvals
                         .iter()
-                        .filter(|u| u.status == keel::session::ApprovalStatus::Pending)
+                        .filter(|u| u.status == keel::protocol::sessions::ApprovalStatus::Pending)
                     {
                         println!(
                             "\nwaiting for approval {}: {} {} ({}) — keel approve {} / keel reject {}",
@@ -398,8 +398,8 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
 }
 
 /// `keel session compact`.
-async fn compact(h: &keel::harness::Harness, a: &IdArgs) -> ExitCode {
-    use keel::agent::compact::Compaction;
+async fn compact(h: &keel::protocol::setup::Harness, a: &IdArgs) -> ExitCode {
+    use keel::protocol::sessions::Compaction;
     let cancel = CancelToken::new();
     cancel_on_ctrl_c(&cancel);
     let progress = super::events::Progress::start(h, &a.id).await;
@@ -447,7 +447,7 @@ async fn compact(h: &keel::harness::Harness, a: &IdArgs) -> ExitCode {
 }
 
 /// `keel session upgrade-tools ID`: pins every loaded tool to the version installed now.
-async fn upgrade_tools(h: &keel::harness::Harness, a: &IdArgs) -> ExitCode {
+async fn upgrade_tools(h: &keel::protocol::setup::Harness, a: &IdArgs) -> ExitCode {
     let changed = match h.upgrade_session_tools(&Caller::Operator, &a.id).await {
         Ok(c) => c,
         Err(e) => return super::api_fail(a.json, &e),

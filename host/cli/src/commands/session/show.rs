@@ -4,8 +4,11 @@
 use super::*;
 
 /// A checkpoint's mark in `keel session show`, before the first message it summarizes.
-pub(super) fn print_checkpoint(cp: &keel::compaction::CheckpointRecord, context_start: i64) {
-    use keel::compaction::CheckpointStatus;
+pub(super) fn print_checkpoint(
+    cp: &keel::protocol::sessions::CheckpointRecord,
+    context_start: i64,
+) {
+    use keel::protocol::sessions::CheckpointStatus;
     let current = cp.status == CheckpointStatus::Promoted && cp.to == context_start;
     println!(
         "\n── checkpoint {} ({}{}, {}): messages {}–{} {} ──",
@@ -39,8 +42,8 @@ pub(super) fn print_checkpoint(cp: &keel::compaction::CheckpointRecord, context_
 }
 
 /// How each capability arrived, and each turn's orchestration, in `keel session show`.
-pub(super) fn print_capabilities(t: &keel::views::Timeline) {
-    use keel::preparation::capabilities::{Kind, Via};
+pub(super) fn print_capabilities(t: &keel::protocol::sessions::Timeline) {
+    use keel::protocol::sessions::{CapabilityKind as Kind, Via};
     let skills: Vec<_> = t.capabilities.iter().filter(|c| c.kind == Kind::Skill).collect();
     let arrived: Vec<_> = t
         .capabilities
@@ -114,7 +117,7 @@ capability preparation (the Orchestrator's request: keel session evidence {} --o
 }
 
 /// The plan of the current phase in `keel session show`, and how many versions plans had.
-pub(super) fn print_plan(t: &keel::views::Timeline) {
+pub(super) fn print_plan(t: &keel::protocol::sessions::Timeline) {
     if let Some(steps) = &t.plan {
         println!("\nplan of the current phase:");
         for (i, s) in steps.iter().enumerate() {
@@ -135,7 +138,7 @@ pub(super) fn print_plan(t: &keel::views::Timeline) {
 
 /// The task transitions of `keel session show`: per turn, what the understanding call
 /// answered and what the fixed table did.
-pub(super) fn print_transitions(t: &keel::views::Timeline) {
+pub(super) fn print_transitions(t: &keel::protocol::sessions::Timeline) {
     if t.transitions.is_empty() {
         return;
     }
@@ -149,7 +152,7 @@ pub(super) fn print_transitions(t: &keel::views::Timeline) {
         println!(
             "  turn {} {} {relation} → {}{call}{}",
             tr.turn,
-            keel::units::format_time(tr.at_ms),
+            keel::protocol::text::format_time(tr.at_ms),
             tr.mode,
             tr.error
                 .as_deref()
@@ -169,7 +172,7 @@ pub(super) fn print_transitions(t: &keel::views::Timeline) {
 
 /// The model calls of `keel session show`: tokens per step and per turn, the requests that
 /// were refused, and the estimate of the next request.
-pub(super) fn print_model_calls(t: &keel::views::Timeline) {
+pub(super) fn print_model_calls(t: &keel::protocol::sessions::Timeline) {
     if !t.model_calls.is_empty() {
         println!("\nmodel calls:");
         let mut turns: Vec<i64> = t.model_calls.iter().filter_map(|c| c.turn).collect();
@@ -204,7 +207,7 @@ pub(super) fn print_model_calls(t: &keel::views::Timeline) {
             );
         }
         for turn in turns {
-            let sum = keel::views::TurnUsage::of(&t.model_calls, turn);
+            let sum = keel::protocol::sessions::TurnUsage::of(&t.model_calls, turn);
             println!("  turn {turn}: {}", sum.describe());
         }
     }
@@ -237,7 +240,7 @@ pub(super) fn print_model_calls(t: &keel::views::Timeline) {
 }
 
 /// What a session runs under, in `keel session show`: its model, policy, budget and guards.
-pub(super) fn print_settings(t: &keel::views::Timeline) {
+pub(super) fn print_settings(t: &keel::protocol::sessions::Timeline) {
     println!("model   {}", inert(&t.model.summary(true)));
     println!("policy  {}", inert(&t.policy.summary()));
     println!("budget  per call: {}", t.budget.summary());

@@ -130,9 +130,11 @@ pub(super) async fn events(
 /// An open event stream: the session's events, and the tokens' version to re-check its caller
 /// against.
 struct Follow {
-    rx: tokio::sync::mpsc::Receiver<Result<keel::session::EventRow, keel::store::StoreError>>,
+    rx: tokio::sync::mpsc::Receiver<
+        Result<keel::protocol::events::EventRow, keel::protocol::setup::StoreError>,
+    >,
     /// The text a model is writing, read every tick.
-    text: keel::live::LiveReader,
+    text: keel::protocol::sessions::LiveReader,
     tick: tokio::time::Interval,
     access: Option<tokio::sync::watch::Receiver<i64>>,
     app: Arc<App>,

@@ -19,9 +19,9 @@ use utoipa::{IntoParams, OpenApi, ToSchema};
 
 use super::auth::Caller;
 use super::{App, Failure, MAX_JSON_BODY};
-use keel::sandbox::Access;
-use keel::session::Decision;
-use keel::tools::InstallMode;
+use keel::protocol::sessions::Access;
+use keel::protocol::sessions::Decision;
+use keel::protocol::tools::InstallMode;
 
 mod approvals;
 mod events;
@@ -400,7 +400,7 @@ pub(crate) async fn create_for(
     app: &App,
     caller: &Caller,
     request: keel::api::SessionRequest,
-) -> Result<keel::ids::SessionId, Failure> {
+) -> Result<keel::protocol::ids::SessionId, Failure> {
     let o = &app.options;
     if let Some(why) = &o.no_model {
         return Err(Failure::new("no_model", why.clone()));
