@@ -27,7 +27,7 @@ fn ws() -> (tempfile::TempDir, Vec<Grant>) {
 fn bodies(h: &keel::harness::Harness, id: &str) -> Vec<Value> {
     let rt = tokio::runtime::Handle::current();
     let t = tokio::task::block_in_place(|| {
-        rt.block_on(Views::of(&h.internals().engine).timeline(&SessionId::from(id)))
+        rt.block_on(Views::of(h.internals().engine).timeline(&SessionId::from(id)))
     })
     .unwrap();
     t.messages.into_iter().map(|m| m.body).collect()
@@ -68,13 +68,13 @@ async fn one_tool_turn_and_byte_identical_evidence() {
     let result: Value = serde_json::from_str(msgs[2]["content"].as_str().unwrap()).unwrap();
     assert_eq!(result["content"], "alpha");
     assert_eq!(msgs[3], json!({"role": "assistant", "content": "The file says alpha."}));
-    let meta = SessionMeta::read(&h.internals().engine, &SessionId::from("s1")).await.unwrap();
+    let meta = SessionMeta::read(h.internals().engine, &SessionId::from("s1")).await.unwrap();
     assert_eq!(meta.runtime.state, RuntimeState::Idle);
     // Evidence: what the server received, byte for byte.
     let received = model.requests();
     assert_eq!(received.len(), 2);
     for (i, body) in received.iter().enumerate() {
-        let (step, evidence) = keel::assembly::Assembly::of(&h.internals().engine)
+        let (step, evidence) = keel::assembly::Assembly::of(h.internals().engine)
             .evidence(&SessionId::from("s1"), Some(i as i64 + 1))
             .await
             .unwrap();
@@ -148,7 +148,7 @@ async fn side_effects_run_in_order_with_intent_then_result() {
     assert_eq!(read["content"], "bravo", "the read ran after the write");
     let write: Value = serde_json::from_str(msgs[2]["content"].as_str().unwrap()).unwrap();
     assert_eq!(write["changes"]["created"][0]["path"], "/w/b.txt");
-    let tl = Views::of(&h.internals().engine).timeline(&SessionId::from("w")).await.unwrap();
+    let tl = Views::of(h.internals().engine).timeline(&SessionId::from("w")).await.unwrap();
     let statuses: Vec<(String, String)> =
         tl.tool_calls.iter().map(|c| (c.entry.tool.clone(), c.entry.status.to_string())).collect();
     assert_eq!(
@@ -227,11 +227,7 @@ async fn g2_retryable_failures_are_retried_then_fail_clearly_without_partial_com
     }
     assert_eq!(bodies(&h, "r"), [json!({"role": "user", "content": "hello"})], "no partial commit");
     assert_eq!(
-        SessionMeta::read(&h.internals().engine, &SessionId::from("r"))
-            .await
-            .unwrap()
-            .runtime
-            .state,
+        SessionMeta::read(h.internals().engine, &SessionId::from("r")).await.unwrap().runtime.state,
         RuntimeState::Failed
     );
     // The next input runs normally (the scripted answer is next).
@@ -303,7 +299,7 @@ async fn loop_guards_end_the_turn_with_a_notice() {
     let last = bodies(&h, "steps").pop().unwrap();
     assert!(last["content"].as_str().unwrap().starts_with("[keel] Turn stopped"));
     assert_eq!(
-        SessionMeta::read(&h.internals().engine, &SessionId::from("steps"))
+        SessionMeta::read(h.internals().engine, &SessionId::from("steps"))
             .await
             .unwrap()
             .runtime
@@ -341,7 +337,7 @@ async fn a7_interrupt_during_a_model_call_and_during_a_running_tool() {
         assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
         interrupter.await.unwrap();
         assert_eq!(
-            SessionMeta::read(&h.internals().engine, &SessionId::from("int"))
+            SessionMeta::read(h.internals().engine, &SessionId::from("int"))
                 .await
                 .unwrap()
                 .runtime
@@ -453,7 +449,7 @@ async fn the_api_key_never_reaches_the_database_or_the_evidence() {
     .await
     .unwrap();
     assert_eq!(submit(&keyed, "k", "hi").await, Submitted::Ran(TurnOutcome::Answer("ok".into())));
-    let (_, evidence) = keel::assembly::Assembly::of(&keyed.internals().engine)
+    let (_, evidence) = keel::assembly::Assembly::of(keyed.internals().engine)
         .evidence(&SessionId::from("k"), None)
         .await
         .unwrap();
@@ -615,7 +611,7 @@ async fn assemble_twice(
         Some(json)
     };
     let mine =
-        keel::assembly::Assembly::of(&engine).assemble(&SessionId::from("s"), tools).await.unwrap();
+        keel::assembly::Assembly::of(engine).assemble(&SessionId::from("s"), tools).await.unwrap();
     let fresh = keel::session::SessionEngine::new(keel_tests::db_of(path), keel::meta::REACTIONS);
     let full =
         keel::assembly::Assembly::of(&fresh).assemble(&SessionId::from("s"), tools).await.unwrap();
@@ -644,7 +640,7 @@ async fn evidence_parts_are_stored_once_and_again_when_they_change() {
     .await;
     assert!(matches!(submit(&h, "s", "Read a.txt").await, Submitted::Ran(TurnOutcome::Answer(_))));
     // The session's tool schemas change: the new ones must be stored with the next request.
-    Preparation::of(&h.internals().engine)
+    Preparation::of(h.internals().engine)
         .add_tools(&SessionId::from("s"), vec!["fs_list_dir".into()])
         .await
         .unwrap();
@@ -652,7 +648,7 @@ async fn evidence_parts_are_stored_once_and_again_when_they_change() {
     let received = model.requests();
     assert_eq!(received.len(), 4);
     for (i, body) in received.iter().enumerate() {
-        let (step, evidence) = keel::assembly::Assembly::of(&h.internals().engine)
+        let (step, evidence) = keel::assembly::Assembly::of(h.internals().engine)
             .evidence(&SessionId::from("s"), Some(i as i64 + 1))
             .await
             .unwrap();
@@ -733,7 +729,7 @@ async fn g2_oversized_and_absurd_replies_fail_clearly_and_the_session_goes_on() 
         ["one", "two", "three"].iter().map(|t| json!({"role": "user", "content": t})).collect();
     assert_eq!(bodies(&h, "big"), users);
     assert_eq!(
-        SessionMeta::read(&h.internals().engine, &SessionId::from("big"))
+        SessionMeta::read(h.internals().engine, &SessionId::from("big"))
             .await
             .unwrap()
             .runtime
@@ -769,11 +765,7 @@ async fn guards_of_zero_are_raised_and_never_leave_a_turn_running() {
         Submitted::Ran(TurnOutcome::Answer("one call is allowed".into()))
     );
     assert_eq!(
-        SessionMeta::read(&h.internals().engine, &SessionId::from("z"))
-            .await
-            .unwrap()
-            .runtime
-            .state,
+        SessionMeta::read(h.internals().engine, &SessionId::from("z")).await.unwrap().runtime.state,
         RuntimeState::Idle
     );
     // The step limit (1) ends the next turn after its one call, with the notice, idle.
@@ -782,7 +774,7 @@ async fn guards_of_zero_are_raised_and_never_leave_a_turn_running() {
         matches!(&out, Submitted::Ran(TurnOutcome::Stopped(n)) if n.contains("limit of 1 model calls")),
         "{out:?}"
     );
-    let meta = SessionMeta::read(&h.internals().engine, &SessionId::from("z")).await.unwrap();
+    let meta = SessionMeta::read(h.internals().engine, &SessionId::from("z")).await.unwrap();
     assert_eq!(meta.runtime.state, RuntimeState::Idle);
     assert_eq!(meta.runtime.active_turn, None);
 }
@@ -810,11 +802,7 @@ async fn a_model_url_that_cannot_work_fails_at_once_without_retries() {
         other => panic!("expected a failed turn, got {other:?}"),
     }
     assert_eq!(
-        SessionMeta::read(&h.internals().engine, &SessionId::from("u"))
-            .await
-            .unwrap()
-            .runtime
-            .state,
+        SessionMeta::read(h.internals().engine, &SessionId::from("u")).await.unwrap().runtime.state,
         RuntimeState::Failed
     );
 }
@@ -855,7 +843,7 @@ async fn a_redirecting_model_server_fails_the_call_at_once_naming_the_new_addres
         // Only the user's input is in the history: nothing of the call was committed.
         assert_eq!(bodies(&h, "r").len(), 1);
         assert_eq!(
-            SessionMeta::read(&h.internals().engine, &SessionId::from("r"))
+            SessionMeta::read(h.internals().engine, &SessionId::from("r"))
                 .await
                 .unwrap()
                 .runtime
@@ -1010,7 +998,7 @@ async fn h4_a_session_keeps_the_component_version_it_loaded_until_told_to_upgrad
     .await;
     let old = h.internals().tools.resolve("echo").unwrap().digest.clone();
     let pins = h.internals().tools.current_pins(&["echo".to_string()]).unwrap();
-    Preparation::of(&h.internals().engine)
+    Preparation::of(h.internals().engine)
         .pin_tools(&SessionId::from("s"), pins, false)
         .await
         .unwrap();
@@ -1032,19 +1020,19 @@ async fn h4_a_session_keeps_the_component_version_it_loaded_until_told_to_upgrad
     // Pinning again without an upgrade keeps what the session loaded.
     let pins = h.internals().tools.current_pins(&["echo".to_string()]).unwrap();
     assert!(
-        Preparation::of(&h.internals().engine)
+        Preparation::of(h.internals().engine)
             .pin_tools(&SessionId::from("s"), pins.clone(), false)
             .await
             .unwrap()
             .is_empty()
     );
-    let changed = Preparation::of(&h.internals().engine)
+    let changed = Preparation::of(h.internals().engine)
         .pin_tools(&SessionId::from("s"), pins, true)
         .await
         .unwrap();
     assert_eq!(changed, vec![("echo".to_string(), Some(old.clone()), new.clone())]);
     assert_eq!(submit(&h, "s", "three").await, Submitted::Ran(TurnOutcome::Answer("third".into())));
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("s")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("s")).await.unwrap();
     let ran: Vec<(String, Option<String>)> = t
         .tool_calls
         .iter()
@@ -1113,7 +1101,7 @@ async fn g5_a_tool_call_cut_by_the_token_limit_never_poisons_the_history() {
         assert!(text.contains("cut off by the token limit"), "{text}");
     }
     // The raw text is kept: in the journal and in the stored message.
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("s")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("s")).await.unwrap();
     assert_eq!(t.tool_calls[0].entry.input, "{\"text\": \"abc");
     let stored = t.messages.iter().find(|m| m.body["tool_calls"].is_array()).unwrap();
     assert_eq!(stored.body["tool_calls"][0]["function"]["arguments"], "{\"text\": \"abc");
@@ -1191,7 +1179,7 @@ async fn a_sessions_loop_guards_are_stored_and_used_by_every_turn() {
         .await
         .unwrap();
     assert_eq!(
-        SessionMeta::read(&h.internals().engine, &SessionId::from("g"))
+        SessionMeta::read(h.internals().engine, &SessionId::from("g"))
             .await
             .unwrap()
             .config
@@ -1208,7 +1196,7 @@ async fn a_sessions_loop_guards_are_stored_and_used_by_every_turn() {
         }
     }
     assert_eq!(model.requests().len(), 4, "two model calls per turn, not 24");
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("g")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("g")).await.unwrap();
     let notices = t
         .messages
         .iter()
@@ -1297,7 +1285,7 @@ async fn two_tasks_of_one_process_never_run_one_session_at_once() {
     assert!(matches!(second, Submitted::Queued { .. }), "{second:?}");
     // The first task ran both turns, one after the other.
     assert_eq!(first.await.unwrap(), Submitted::Ran(TurnOutcome::Answer("two".into())));
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("par")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("par")).await.unwrap();
     let order: Vec<String> = t
         .messages
         .iter()

@@ -71,7 +71,7 @@ async fn an_approval_flow_through_the_api_and_its_typed_refusals() {
 
     let tools = Some(vec!["effect_send".to_string()]);
     let id = h.create_session(&Caller::Operator, spec(&model.url(), grants, tools)).await.unwrap();
-    let meta = SessionMeta::read(&h.internals().engine, &id).await.unwrap();
+    let meta = SessionMeta::read(h.internals().engine, &id).await.unwrap();
     assert_eq!(meta.config.guards.map(|g| g.max_steps), Some(5), "the loop guards are stored");
     assert!(meta.capabilities.tool_pins.contains_key("effect_send"), "the loaded tool is pinned");
     let e =
@@ -100,7 +100,7 @@ async fn an_approval_flow_through_the_api_and_its_typed_refusals() {
     );
     assert_eq!(log_lines(work.path(), "sent.log"), ["hello"]);
     assert_eq!(
-        SessionMeta::read(&h.internals().engine, &id).await.unwrap().runtime.state,
+        SessionMeta::read(h.internals().engine, &id).await.unwrap().runtime.state,
         RuntimeState::Idle
     );
 }

@@ -82,7 +82,7 @@ fn waiting_units(s: &Submitted) -> Vec<keel::ids::UnitId> {
 fn assert_paired(h: &keel::harness::Harness, id: &str) {
     let rt = tokio::runtime::Handle::current();
     let t = tokio::task::block_in_place(|| {
-        rt.block_on(Views::of(&h.internals().engine).timeline(&SessionId::from(id)))
+        rt.block_on(Views::of(h.internals().engine).timeline(&SessionId::from(id)))
     })
     .unwrap();
     let msgs: Vec<Value> = t.messages.into_iter().map(|m| m.body).collect();
@@ -105,7 +105,7 @@ async fn approve_runs_the_stored_call_exactly_once_and_the_turn_continues() {
     let out = submit(&f.h, "ap1", "send the report t1").await;
     let units = waiting_units(&out);
     assert_eq!(units.len(), 1);
-    let meta = SessionMeta::read(&f.h.internals().engine, &SessionId::from("ap1")).await.unwrap();
+    let meta = SessionMeta::read(f.h.internals().engine, &SessionId::from("ap1")).await.unwrap();
     assert_eq!(meta.runtime.state, RuntimeState::WaitingApproval);
     assert!(meta.runtime.state_detail.unwrap().contains(units[0].as_str()));
     assert!(f.lines("sent.log").is_empty(), "nothing runs before the decision");
@@ -132,7 +132,7 @@ async fn approve_runs_the_stored_call_exactly_once_and_the_turn_continues() {
     assert_eq!(f.lines("sent.log"), vec!["t1-0"]);
     let unit = f.h.internals().engine.approval(&units[0]).await.unwrap().unwrap();
     assert_eq!(unit.status, keel::session::ApprovalStatus::Consumed);
-    let t = Views::of(&f.h.internals().engine).timeline(&SessionId::from("ap1")).await.unwrap();
+    let t = Views::of(f.h.internals().engine).timeline(&SessionId::from("ap1")).await.unwrap();
     assert_eq!(t.state, RuntimeState::Idle);
     assert_eq!(t.tool_calls[0].entry.approval_id.as_deref(), Some(units[0].as_str()));
     assert_eq!(t.tool_calls[0].entry.status.as_str(), "done");
@@ -182,7 +182,7 @@ async fn the_gate_takes_only_a_consumed_approval_bound_to_the_call() {
             .unwrap();
     assert_eq!((proof.unit(), proof.call_id()), (units[0].as_str(), call_id.as_str()));
 
-    let meta = SessionMeta::read(&f.h.internals().engine, &SessionId::from("gate")).await.unwrap();
+    let meta = SessionMeta::read(f.h.internals().engine, &SessionId::from("gate")).await.unwrap();
     let call = |input: &'static str, approval| CallRequest {
         tool: "effect_send",
         input,
@@ -222,7 +222,7 @@ async fn reject_commits_a_result_the_model_sees() {
     let out = drain(&f.h, "ap2").await.unwrap();
     assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done t2".into())));
     assert!(f.lines("wiped.log").is_empty());
-    let t = Views::of(&f.h.internals().engine).timeline(&SessionId::from("ap2")).await.unwrap();
+    let t = Views::of(f.h.internals().engine).timeline(&SessionId::from("ap2")).await.unwrap();
     let result: Value =
         serde_json::from_str(t.messages[2].body["content"].as_str().unwrap()).unwrap();
     assert_eq!(result["error"]["kind"], "rejected");
@@ -241,7 +241,7 @@ async fn d1_d2_pending_and_approved_survive_a_restart() {
     let pending = f.h.internals().engine.approvals(Some("ap3"), true).await.unwrap();
     assert_eq!(pending.iter().map(|u| u.id.clone()).collect::<Vec<_>>(), units, "same id");
     assert_eq!(
-        SessionMeta::read(&f.h.internals().engine, &SessionId::from("ap3"))
+        SessionMeta::read(f.h.internals().engine, &SessionId::from("ap3"))
             .await
             .unwrap()
             .runtime
@@ -431,7 +431,7 @@ async fn interrupt_while_waiting_closes_every_open_call() {
         f.h.internals().brain.interrupt(&SessionId::from("ap6")).await.unwrap(),
         RuntimeState::WaitingApproval
     );
-    let t = Views::of(&f.h.internals().engine).timeline(&SessionId::from("ap6")).await.unwrap();
+    let t = Views::of(f.h.internals().engine).timeline(&SessionId::from("ap6")).await.unwrap();
     assert_eq!(t.state, RuntimeState::Interrupted);
     assert_paired(&f.h, "ap6");
     let kinds: Vec<_> = t.tool_calls.iter().map(|c| c.entry.error_kind).collect();
@@ -505,7 +505,7 @@ async fn policy_ask_allow_and_deny_per_session() {
     let out = drain(&f.h, "pol").await.unwrap();
     assert_eq!(out, Submitted::Ran(TurnOutcome::Answer("done t7".into())));
     assert_eq!(f.lines("effects.log"), vec!["t7-1"]);
-    let t = Views::of(&f.h.internals().engine).timeline(&SessionId::from("pol")).await.unwrap();
+    let t = Views::of(f.h.internals().engine).timeline(&SessionId::from("pol")).await.unwrap();
     assert_eq!(t.tool_calls[2].entry.error_kind.map(|k| k.as_str()), Some("policy_denied"));
     assert!(f.lines("sent.log").is_empty());
 }
@@ -541,7 +541,7 @@ async fn c3_disk_full_rolls_back_pauses_and_resumes() {
     let message = err.unwrap_err().to_string();
     assert!(message.contains("full"), "a typed, clear error: {message}");
     // Rolled back: no half step, the input is kept, the database is sound.
-    let t = Views::of(&f.h.internals().engine).timeline(&SessionId::from("full")).await.unwrap();
+    let t = Views::of(f.h.internals().engine).timeline(&SessionId::from("full")).await.unwrap();
     assert_eq!(t.messages.len(), 1, "only the input: {:?}", t.messages);
     let ok: String =
         f.h.internals()
@@ -562,7 +562,7 @@ async fn c3_disk_full_rolls_back_pauses_and_resumes() {
     let out = drain(&f.h, "full").await.unwrap();
     assert_eq!(out, Submitted::Ran(TurnOutcome::Answer(big)));
     assert_eq!(
-        SessionMeta::read(&f.h.internals().engine, &SessionId::from("full"))
+        SessionMeta::read(f.h.internals().engine, &SessionId::from("full"))
             .await
             .unwrap()
             .runtime

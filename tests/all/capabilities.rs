@@ -445,7 +445,7 @@ async fn h4_a_session_keeps_the_skill_version_it_loaded() {
         skills: vec!["csv-audit".into()],
         ..Default::default()
     };
-    Preparation::of(&h.internals().engine)
+    Preparation::of(h.internals().engine)
         .add_capabilities(&SessionId::from("old"), load.clone(), Via::Admin)
         .await
         .unwrap();
@@ -467,7 +467,7 @@ async fn h4_a_session_keeps_the_skill_version_it_loaded() {
     )
     .await
     .unwrap();
-    Preparation::of(&h.internals().engine)
+    Preparation::of(h.internals().engine)
         .add_capabilities(&SessionId::from("new"), load, Via::Admin)
         .await
         .unwrap();

@@ -127,7 +127,7 @@ async fn the_threshold_compacts_and_the_next_request_holds_the_summary_not_the_r
     );
     assert!(third.contains("task-three"));
     // The record keeps everything, and the evidence of the third request is exact.
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("t")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("t")).await.unwrap();
     assert_eq!(t.messages.len(), 6);
     let spans: Vec<_> =
         t.checkpoints.iter().map(|c| (c.status, c.from, c.to, c.anchor, c.turn)).collect();
@@ -144,9 +144,9 @@ async fn the_threshold_compacts_and_the_next_request_holds_the_summary_not_the_r
     assert!(cp.summary.as_ref().unwrap().active_user_request.starts_with("task-three lorem"));
     assert!(cp.tokens_after.unwrap() < cp.tokens_before.unwrap());
     let (_, body) =
-        Assembly::of(&h.internals().engine).evidence(&SessionId::from("t"), Some(3)).await.unwrap();
+        Assembly::of(h.internals().engine).evidence(&SessionId::from("t"), Some(3)).await.unwrap();
     assert_eq!(body, requests[2]);
-    let (n, sbody) = keel::compaction::Compaction::of(&h.internals().engine)
+    let (n, sbody) = keel::compaction::Compaction::of(h.internals().engine)
         .evidence(&SessionId::from("t"), None)
         .await
         .unwrap();
@@ -210,7 +210,7 @@ async fn an_active_turn_with_a_long_tool_loop_compacts_mid_turn_and_finishes_wit
         .await
         .unwrap();
     assert_eq!(answered(out), "all twelve done");
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("loop")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("loop")).await.unwrap();
     let promoted: Vec<_> =
         t.checkpoints.iter().filter(|c| c.status == CheckpointStatus::Promoted).collect();
     assert!(promoted.len() >= 2, "{:?}", t.checkpoints);
@@ -238,7 +238,7 @@ async fn an_active_turn_with_a_long_tool_loop_compacts_mid_turn_and_finishes_wit
     }
     // Every request's evidence rebuilds byte for byte.
     for (i, r) in requests.iter().enumerate() {
-        let (_, body) = Assembly::of(&h.internals().engine)
+        let (_, body) = Assembly::of(h.internals().engine)
             .evidence(&SessionId::from("loop"), Some(i as i64 + 1))
             .await
             .unwrap();
@@ -307,11 +307,7 @@ async fn a_naive_boundary_inside_a_call_group_moves_to_a_legal_one() {
         Compaction::Nothing
     );
     assert_eq!(
-        SessionMeta::read(&h.internals().engine, &SessionId::from("g"))
-            .await
-            .unwrap()
-            .runtime
-            .state,
+        SessionMeta::read(h.internals().engine, &SessionId::from("g")).await.unwrap().runtime.state,
         RuntimeState::Idle
     );
 }
@@ -343,7 +339,7 @@ async fn a_pending_approval_and_its_open_step_survive_a_compaction() {
         panic!("{waiting:?}")
     };
     assert_eq!(
-        SessionMeta::read(&h.internals().engine, &SessionId::from("ap"))
+        SessionMeta::read(h.internals().engine, &SessionId::from("ap"))
             .await
             .unwrap()
             .runtime
@@ -356,7 +352,7 @@ async fn a_pending_approval_and_its_open_step_survive_a_compaction() {
         Compaction::Compacted { context_start, .. } => assert_eq!(context_start, 2),
         other => panic!("{other:?}"),
     }
-    let meta = SessionMeta::read(&h.internals().engine, &SessionId::from("ap")).await.unwrap();
+    let meta = SessionMeta::read(h.internals().engine, &SessionId::from("ap")).await.unwrap();
     assert_eq!(meta.runtime.state, RuntimeState::WaitingApproval);
     assert!(h.internals().engine.load_open_step(&SessionId::from("ap")).await.unwrap().is_some());
     let pending = h.internals().engine.approvals(Some("ap"), true).await.unwrap();
@@ -427,7 +423,7 @@ async fn a_redacted_canary_reaches_no_summary_request_and_no_summary() {
     for r in model.requests().iter().chain(summary_req.iter()) {
         assert!(!String::from_utf8_lossy(r).contains(CANARY));
     }
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("red")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("red")).await.unwrap();
     let stored = serde_json::to_string(&t).unwrap();
     assert!(!stored.contains(CANARY), "the timeline (messages, journal, summary) holds it");
     let s = t.checkpoints[0].summary.as_ref().unwrap();
@@ -489,7 +485,7 @@ async fn a_bad_summary_is_asked_for_once_more_then_keel_compacts_mechanically() 
     // Past the threshold: two refused answers, then keel's own summary.
     let third = h.internals().brain.submit(&id, "t3", &cancel, &no_events()).await.unwrap();
     assert_eq!(answered(third), "third answered after a mechanical compaction");
-    let t = Views::of(&h.internals().engine).timeline(&id).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&id).await.unwrap();
     assert!(t.context_start > 0);
     let cp = &t.checkpoints[0];
     assert_eq!((cp.status, cp.attempts), (CheckpointStatus::Promoted, 2));
@@ -508,7 +504,7 @@ async fn a_bad_summary_is_asked_for_once_more_then_keel_compacts_mechanically() 
         h.internals().brain.compact(&id, &cancel, &no_events()).await.unwrap(),
         Compaction::Compacted { .. }
     ));
-    let t = Views::of(&h.internals().engine).timeline(&id).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&id).await.unwrap();
     let cp = t.checkpoints.last().unwrap();
     assert_eq!(cp.status, CheckpointStatus::Promoted);
     assert!(cp.attempts >= 2, "{}", cp.attempts);
@@ -563,7 +559,7 @@ async fn summaries_in_the_shapes_real_models_answer_are_read() {
             .await
             .unwrap();
         assert!(matches!(done, Compaction::Compacted { .. }), "{what}: {done:?}");
-        let t = Views::of(&h.internals().engine).timeline(&SessionId::from("loose")).await.unwrap();
+        let t = Views::of(h.internals().engine).timeline(&SessionId::from("loose")).await.unwrap();
         let cp = t.checkpoints.last().unwrap();
         assert_eq!(cp.status, CheckpointStatus::Promoted, "{what}");
         assert_eq!(cp.attempts, 1, "{what}: read at the first answer");
@@ -621,7 +617,7 @@ async fn a_compaction_inside_a_turn_keeps_the_step_that_just_ran() {
         .unwrap();
     assert_eq!(answered(out), "appended three lines");
     assert_eq!(keel_tests::log_lines(work.path(), "effects.log").len(), 3);
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("keep")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("keep")).await.unwrap();
     let in_turn: Vec<_> = t
         .checkpoints
         .iter()
@@ -676,7 +672,7 @@ async fn a_request_that_cannot_fit_fails_the_turn_with_a_clear_message() {
     assert!(msg.contains("--context-window"), "{msg}");
     assert!(model.requests().is_empty());
     let id = SessionId::from("big");
-    let meta = SessionMeta::read(&h.internals().engine, &id).await.unwrap();
+    let meta = SessionMeta::read(h.internals().engine, &id).await.unwrap();
     assert_eq!(meta.runtime.state, RuntimeState::Failed);
     // The model call the turn announced is closed, and the request that was not sent is kept
     // for a person to read (`keel session evidence --refused`).
@@ -694,12 +690,12 @@ async fn a_request_that_cannot_fit_fails_the_turn_with_a_clear_message() {
         })
         .collect();
     assert_eq!(calls, ["started 1", "failed 1"]);
-    let refused = Views::of(&h.internals().engine).timeline(&id).await.unwrap().refused_requests;
+    let refused = Views::of(h.internals().engine).timeline(&id).await.unwrap().refused_requests;
     assert_eq!(refused.len(), 1);
     assert!(refused[0].request_bytes > 3000);
     // The input is kept.
     assert_eq!(
-        Views::of(&h.internals().engine)
+        Views::of(h.internals().engine)
             .timeline(&SessionId::from("big"))
             .await
             .unwrap()
@@ -747,7 +743,7 @@ async fn a_request_the_server_refuses_as_too_long_is_compacted_and_sent_again() 
         .await
         .unwrap();
     assert_eq!(answered(out), "three after an overflow compaction");
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("of")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("of")).await.unwrap();
     assert_eq!(t.checkpoints.len(), 1);
     assert_eq!(t.checkpoints[0].trigger, keel::compaction::Trigger::Overflow);
     let requests = model.requests();
@@ -785,7 +781,7 @@ async fn failed_calls_in_the_compacted_range_stay_failed_in_the_summary() {
     ));
     let summary_req = String::from_utf8_lossy(&model.summary_requests()[0]).to_string();
     assert!(summary_req.contains(r#"\"failed_calls\":[{\"error_kind\""#), "{summary_req}");
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("fail")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("fail")).await.unwrap();
     let failed = &t.checkpoints[0].summary.as_ref().unwrap().failed_calls;
     assert_eq!(failed.len(), 1);
     assert_eq!((failed[0].tool.as_str(), failed[0].step), ("read", 1));
@@ -837,7 +833,7 @@ async fn inputs_that_arrive_during_a_compaction_wait_in_the_inbox_and_run_after_
     };
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert_eq!(
-        SessionMeta::read(&h.internals().engine, &SessionId::from("in"))
+        SessionMeta::read(h.internals().engine, &SessionId::from("in"))
             .await
             .unwrap()
             .runtime
@@ -857,7 +853,7 @@ async fn inputs_that_arrive_during_a_compaction_wait_in_the_inbox_and_run_after_
     }
     // Still compressing: an input does not change the state of a compaction.
     assert_eq!(
-        SessionMeta::read(&h.internals().engine, &SessionId::from("in"))
+        SessionMeta::read(h.internals().engine, &SessionId::from("in"))
             .await
             .unwrap()
             .runtime
@@ -866,7 +862,7 @@ async fn inputs_that_arrive_during_a_compaction_wait_in_the_inbox_and_run_after_
     );
     let done = compactor.await.unwrap().unwrap();
     assert!(matches!(done, Compaction::Compacted { .. }), "{done:?}");
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("in")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("in")).await.unwrap();
     let users: Vec<String> = t
         .messages
         .iter()
@@ -904,7 +900,7 @@ async fn a_failed_summary_call_does_not_stop_the_turn() {
     assert_eq!(answered(out), "finished after a mechanical compaction");
     let sizes: Vec<usize> = model.requests().iter().map(Vec::len).collect();
     assert_eq!(model.summary_requests().len(), 2, "{sizes:?}");
-    let t = Views::of(&h.internals().engine).timeline(&id).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&id).await.unwrap();
     assert_eq!(t.checkpoints.len(), 1, "{:?}", t.checkpoints);
     assert_eq!(t.checkpoints[0].status, CheckpointStatus::Promoted);
     assert!(t.checkpoints[0].summary.as_ref().unwrap().mechanical);
@@ -974,7 +970,7 @@ async fn a_session_that_outgrew_the_server_s_context_recovers_in_summary_calls_t
     // The turn after it still fits: the session is not stuck.
     let out = h.internals().brain.submit(&id, "and now?", &cancel, &no_events()).await.unwrap();
     assert_eq!(answered(out), "eighth");
-    let t = Views::of(&h.internals().engine).timeline(&id).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&id).await.unwrap();
     let done: Vec<_> = t.checkpoints.iter().filter(|c| c.summary.is_some()).collect();
     assert!(!done.is_empty(), "{:#?}", t.checkpoints);
     assert_eq!(done[0].trigger, keel::compaction::Trigger::Overflow);
@@ -1032,7 +1028,7 @@ async fn a_summary_refused_twice_names_the_cause_and_keel_compacts_mechanically(
     let out = h.internals().brain.compact(&id, &cancel, &no_events()).await.unwrap();
     assert!(matches!(out, Compaction::Compacted { .. }), "{out:?}");
     // The refused answer is kept with the checkpoint, as the model wrote it, and its cause.
-    let t = Views::of(&h.internals().engine).timeline(&id).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&id).await.unwrap();
     let cp = t.checkpoints.last().unwrap();
     assert_eq!(cp.status, CheckpointStatus::Promoted);
     let why = cp.error.as_deref().unwrap();
@@ -1059,7 +1055,7 @@ async fn a_summary_refused_twice_names_the_cause_and_keel_compacts_mechanically(
         h.internals().brain.compact(&id, &cancel, &no_events()).await.unwrap(),
         Compaction::Compacted { .. }
     ));
-    let t = Views::of(&h.internals().engine).timeline(&id).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&id).await.unwrap();
     let cp = t.checkpoints.last().unwrap();
     assert!(cp.error.as_deref().unwrap().contains("not the JSON object asked for"));
     assert!(cp.summary.as_ref().unwrap().mechanical);
@@ -1070,7 +1066,7 @@ async fn a_summary_refused_twice_names_the_cause_and_keel_compacts_mechanically(
         h.internals().brain.compact(&id, &cancel, &no_events()).await.unwrap(),
         Compaction::Compacted { .. }
     ));
-    let t = Views::of(&h.internals().engine).timeline(&id).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&id).await.unwrap();
     let s = t.checkpoints.last().unwrap().summary.clone().unwrap();
     assert!(!s.mechanical && s.notes == vec!["a model's note"], "{s:?}");
 }
@@ -1118,7 +1114,7 @@ async fn small_windows_with_large_results_answer_every_turn() {
         }
         let requests = model.requests();
         assert_eq!(requests.len(), turns * 2, "window {window}: none refused");
-        let t = Views::of(&h.internals().engine).timeline(&id).await.unwrap();
+        let t = Views::of(h.internals().engine).timeline(&id).await.unwrap();
         assert!(t.refused_requests.is_empty(), "{:?}", t.refused_requests);
         assert!(t.checkpoints.iter().all(|c| c.status == CheckpointStatus::Promoted));
         // Every request after a read holds the read's call and its result (cut or whole),
@@ -1135,10 +1131,8 @@ async fn small_windows_with_large_results_answer_every_turn() {
                 assert!(content.contains("the whole result is kept in the session's journal"));
             }
             assert_calls_whole(body);
-            let (_, evidence) = Assembly::of(&h.internals().engine)
-                .evidence(&id, Some(k as i64 + 1))
-                .await
-                .unwrap();
+            let (_, evidence) =
+                Assembly::of(h.internals().engine).evidence(&id, Some(k as i64 + 1)).await.unwrap();
             assert_eq!(&evidence, body, "window {window}: the evidence of request {k}");
         }
         eprintln!(

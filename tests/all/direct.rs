@@ -93,7 +93,7 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
     assert_eq!(statuses.iter().filter(|s| **s == "rejected").count(), 2, "{statuses:?}");
 
     // Each call is a step with one journal row, all done; the session is idle again.
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("d")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("d")).await.unwrap();
     let rows: Vec<(i64, &str, Option<&str>)> = t
         .tool_calls
         .iter()
@@ -110,11 +110,7 @@ async fn direct_calls_are_journaled_asked_about_and_never_run_unapproved() {
     );
     assert!(t.tool_calls.iter().all(|c| c.entry.status == JournalStatus::Done));
     assert_eq!(
-        SessionMeta::read(&h.internals().engine, &SessionId::from("d"))
-            .await
-            .unwrap()
-            .runtime
-            .state,
+        SessionMeta::read(h.internals().engine, &SessionId::from("d")).await.unwrap().runtime.state,
         RuntimeState::Idle
     );
 
@@ -177,7 +173,7 @@ async fn a_crash_during_a_direct_call_leaves_an_unknown_outcome() {
         .expect("the session is recovered");
     assert_eq!(r.outcome_unknown, vec![CallId::new("direct-b")]);
     assert_eq!(r.state_after, RuntimeState::Idle);
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("d")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("d")).await.unwrap();
     let rows: Vec<(&str, &str, Option<&str>)> = t
         .tool_calls
         .iter()

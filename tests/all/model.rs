@@ -76,7 +76,7 @@ async fn g6_a_slow_live_stream_succeeds_and_a_silent_server_fails_naming_the_set
     }
     assert!(e.contains("the reply to begin"), "{e}");
     assert_eq!(
-        SessionMeta::read(&h.internals().engine, &SessionId::from("slow"))
+        SessionMeta::read(h.internals().engine, &SessionId::from("slow"))
             .await
             .unwrap()
             .runtime
@@ -104,7 +104,7 @@ async fn g6_a_stream_that_stops_mid_way_fails_naming_the_setting() {
     assert!(e.contains("after 1 attempt(s)") && e.contains("300ms"), "{e}");
     assert!(e.contains("the reply to begin") || e.contains("the next part of the reply"), "{e}");
     // Nothing of the cut stream was committed.
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("stall")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("stall")).await.unwrap();
     assert_eq!(t.messages.len(), 1);
 }
 
@@ -159,7 +159,7 @@ async fn g2_deterministic_failures_are_not_retried_and_a_garbled_reply_is_retrie
     );
     assert_eq!(model.requests().len(), 12);
 
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("d")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("d")).await.unwrap();
     let refused: Vec<(i64, Option<u16>, u32)> =
         t.refused_requests.iter().map(|r| (r.turn, r.http_status, r.attempts)).collect();
     assert_eq!(
@@ -174,17 +174,17 @@ async fn g2_deterministic_failures_are_not_retried_and_a_garbled_reply_is_retrie
     );
     // A refused request's evidence is the request the server got, byte for byte.
     let requests = model.requests();
-    let (seq, body) = Assembly::of(&h.internals().engine)
+    let (seq, body) = Assembly::of(h.internals().engine)
         .refused_evidence(&SessionId::from("d"), Some(2))
         .await
         .unwrap();
     assert_eq!((seq, &body), (2, &requests[1]));
-    let (seq, body) = Assembly::of(&h.internals().engine)
+    let (seq, body) = Assembly::of(h.internals().engine)
         .refused_evidence(&SessionId::from("d"), None)
         .await
         .unwrap();
     assert_eq!((seq, &body), (5, &requests[9]));
-    let e = Assembly::of(&h.internals().engine)
+    let e = Assembly::of(h.internals().engine)
         .refused_evidence(&SessionId::from("d"), Some(9))
         .await
         .unwrap_err()
@@ -239,14 +239,14 @@ async fn the_task_is_sent_once_and_a_request_too_long_for_the_context_says_so() 
     let e = failed(submit(&h, "long", &report(3200)).await);
     assert!(e.contains("the model's context window of 3500"), "{e}");
     assert!(e.contains("Start a new session"), "says what to do: {e}");
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("long")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("long")).await.unwrap();
     assert_eq!(t.refused_requests.len(), 1);
     assert_eq!(t.refused_requests[0].http_status, None);
     assert!(t.refused_requests[0].error.starts_with("not sent: "), "{:?}", t.refused_requests);
     assert_eq!(t.checkpoints.len(), 1);
     assert_eq!(t.checkpoints[0].trigger, keel::compaction::Trigger::Overflow);
     assert_eq!(model.requests().len(), 2);
-    let meta = SessionMeta::read(&h.internals().engine, &SessionId::from("long")).await.unwrap();
+    let meta = SessionMeta::read(h.internals().engine, &SessionId::from("long")).await.unwrap();
     assert_eq!(meta.config.model.context_window, Some(3500), "learned from the refusal");
     assert!(
         (t.refused_requests[0].request_bytes as usize) < model.requests().last().unwrap().len(),
@@ -269,7 +269,7 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     let h = harness(home.path(), &model.url()).await;
     session_with_model(&h, "u", &["echo"], config(&model.url(), 10_000, 0)).await;
     let before =
-        Assembly::of(&h.internals().engine).token_estimate(&SessionId::from("u")).await.unwrap();
+        Assembly::of(h.internals().engine).token_estimate(&SessionId::from("u")).await.unwrap();
     assert!(!before.calibrated);
     assert_eq!(before.bytes_per_token, keel::assembly::BYTES_PER_TOKEN);
     assert_eq!(submit(&h, "u", "say hi").await, Submitted::Ran(TurnOutcome::Answer("done".into())));
@@ -278,7 +278,7 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     assert_eq!(first["stream_options"], json!({"include_usage": true}));
 
     let calls =
-        Assembly::of(&h.internals().engine).model_calls(&SessionId::from("u")).await.unwrap();
+        Assembly::of(h.internals().engine).model_calls(&SessionId::from("u")).await.unwrap();
     type Row<'a> = (i64, Option<i64>, Option<&'a str>, Option<Usage>);
     let got: Vec<Row<'_>> = calls
         .iter()
@@ -299,8 +299,7 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     }
 
     // Calibrated by the last request: its bytes over its prompt tokens.
-    let e =
-        Assembly::of(&h.internals().engine).token_estimate(&SessionId::from("u")).await.unwrap();
+    let e = Assembly::of(h.internals().engine).token_estimate(&SessionId::from("u")).await.unwrap();
     assert!(e.calibrated);
     assert_eq!(e.bytes_per_token, requests[1].len() as f64 / 1100.0);
     assert_eq!(e.tokens, (e.bytes as f64 / e.bytes_per_token).ceil() as i64);
@@ -308,7 +307,7 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     assert_eq!(submit(&h, "u", "more").await, Submitted::Ran(TurnOutcome::Answer("second".into())));
     let user = json!({"role": "user", "content": "more"}).to_string();
     assert_eq!(model.requests()[2].len() as i64, e.bytes + 1 + user.len() as i64);
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("u")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("u")).await.unwrap();
     assert_eq!(t.model_calls.len(), 3);
     assert_eq!(t.model_calls[2].turn, Some(2));
 
@@ -325,10 +324,10 @@ async fn token_usage_is_recorded_per_call_and_calibrates_the_estimate() {
     assert_eq!(body["stream"], json!(true));
     assert_eq!(body.get("stream_options"), None);
     let calls =
-        Assembly::of(&h.internals().engine).model_calls(&SessionId::from("plain")).await.unwrap();
+        Assembly::of(h.internals().engine).model_calls(&SessionId::from("plain")).await.unwrap();
     assert_eq!(calls[0].call.usage, None);
     assert!(
-        !Assembly::of(&h.internals().engine)
+        !Assembly::of(h.internals().engine)
             .token_estimate(&SessionId::from("plain"))
             .await
             .unwrap()
@@ -375,7 +374,7 @@ async fn an_empty_or_cut_answer_is_flagged() {
         *seen.lock().unwrap(),
         [(Some("length".to_string()), false), (Some("stop".to_string()), true)]
     );
-    let reasons: Vec<Option<String>> = Assembly::of(&h.internals().engine)
+    let reasons: Vec<Option<String>> = Assembly::of(h.internals().engine)
         .model_calls(&SessionId::from("f"))
         .await
         .unwrap()

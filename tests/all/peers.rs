@@ -134,7 +134,7 @@ async fn peers_aimock_tool_turn_usage_cut_answers_and_refusals() {
         submit(&h, "p", "Check orders.csv").await,
         Submitted::Ran(TurnOutcome::Answer("Two rows are ragged: lines 4 and 6.".into()))
     );
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("p")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("p")).await.unwrap();
     assert_eq!(t.tool_calls.len(), 1);
     assert_eq!(t.tool_calls[0].entry.status.as_str(), "done");
     assert_eq!(t.model_calls.len(), 2);
@@ -150,7 +150,7 @@ async fn peers_aimock_tool_turn_usage_cut_answers_and_refusals() {
         Submitted::Ran(TurnOutcome::Answer("The answer is".into()))
     );
     let calls =
-        Assembly::of(&h.internals().engine).model_calls(&SessionId::from("p")).await.unwrap();
+        Assembly::of(h.internals().engine).model_calls(&SessionId::from("p")).await.unwrap();
     assert_eq!(calls.last().unwrap().call.finish_reason.as_deref(), Some("length"));
 
     match submit(&h, "p", "something no fixture knows").await {
@@ -159,7 +159,7 @@ async fn peers_aimock_tool_turn_usage_cut_answers_and_refusals() {
         }
         other => panic!("expected a failed turn, got {other:?}"),
     }
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("p")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("p")).await.unwrap();
     assert_eq!(t.refused_requests.len(), 1);
     assert_eq!(t.refused_requests[0].http_status, Some(404));
 }
@@ -201,7 +201,7 @@ async fn peers_aimock_loose_understanding_and_summary_answers_are_read() {
     let done =
         h.internals().brain.compact(&SessionId::from("l"), &cancel, &no_events()).await.unwrap();
     assert!(matches!(done, keel::agent::compact::Compaction::Compacted { .. }), "{done:?}");
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("l")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("l")).await.unwrap();
     let tr = &t.transitions[0];
     assert_eq!(tr.relation, Some(keel::understand::TaskRelation::EstablishTask), "{tr:?}");
     assert!(tr.error.is_none(), "{tr:?}");
@@ -246,7 +246,7 @@ async fn peers_aimock_chaos_malformed_and_dropped() {
             }
             other => panic!("{flag}: expected a failed turn, got {other:?}"),
         }
-        let t = Views::of(&h.internals().engine).timeline(&SessionId::from(id)).await.unwrap();
+        let t = Views::of(h.internals().engine).timeline(&SessionId::from(id)).await.unwrap();
         assert_eq!(t.refused_requests.len(), 1, "{flag}");
     }
 }

@@ -126,7 +126,7 @@ async fn a_host_tool_is_asked_approved_run_and_journaled_like_a_component() {
         )
         .await
         .unwrap();
-    let meta = SessionMeta::read(&h.internals().engine, &id).await.unwrap();
+    let meta = SessionMeta::read(h.internals().engine, &id).await.unwrap();
     assert_eq!(
         meta.capabilities.tool_pins.get("note_add"),
         Some(&notes.digest),

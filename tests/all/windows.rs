@@ -81,7 +81,7 @@ async fn the_notes_follow_the_stable_prefix_and_the_evidence_rebuilds() {
         assert!(msgs[1]["content"].as_str().unwrap().contains("Session goal"), "{k}");
         assert_eq!(msgs[2]["role"], "user");
         let (_, evidence) =
-            Assembly::of(&h.internals().engine).evidence(&id, Some(k as i64 + 1)).await.unwrap();
+            Assembly::of(h.internals().engine).evidence(&id, Some(k as i64 + 1)).await.unwrap();
         assert_eq!(&evidence, body, "the evidence of request {k}");
     }
     // The plan came between the first two requests: only the notes changed.
@@ -126,7 +126,7 @@ async fn a_template_that_refuses_a_second_system_message_gets_one() {
     assert!(!h.internals().engine.config(&id).await.unwrap().model.notes_message);
     for step in [1, 2] {
         let (_, evidence) =
-            Assembly::of(&h.internals().engine).evidence(&id, Some(step)).await.unwrap();
+            Assembly::of(h.internals().engine).evidence(&id, Some(step)).await.unwrap();
         assert_eq!(evidence, requests[step as usize]);
     }
     // A refusal that does not speak of roles is not taken for one: the turn fails as before.
@@ -227,7 +227,7 @@ async fn small_windows_get_compact_schemas_and_tools_on_demand() {
         let h = &h;
         let id = SessionId::from(id);
         async move {
-            SessionMeta::read(&h.internals().engine, &id).await.unwrap().capabilities.loaded_tools
+            SessionMeta::read(h.internals().engine, &id).await.unwrap().capabilities.loaded_tools
         }
     };
     let mut tiny = loaded("tiny").await;
@@ -295,7 +295,7 @@ async fn a_long_turn_in_a_small_window_runs_each_call_once() {
     for i in 1..=14 {
         assert_eq!(lines.iter().filter(|l| l.contains(&format!("item-{i:02}"))).count(), 1);
     }
-    let t = Views::of(&h.internals().engine).timeline(&id).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&id).await.unwrap();
     assert!(t.refused_requests.is_empty(), "{:?}", t.refused_requests);
     let compactions = t.checkpoints.len();
     assert!(compactions >= 1, "the turn compacted while it ran");
@@ -361,7 +361,7 @@ async fn an_approvals_session_of_150_turns_in_a_small_window_never_fails() {
             largest_system = largest_system.max(system_of(last).len());
         }
     }
-    let t = Views::of(&h.internals().engine).timeline(&id).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&id).await.unwrap();
     assert!(t.refused_requests.is_empty(), "{:?}", t.refused_requests);
     assert_eq!(keel_tests::log_lines(work.path(), "sent.log").len(), turns / 2);
     println!(

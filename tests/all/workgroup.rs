@@ -101,7 +101,7 @@ async fn spawned_children_run_concurrently_and_their_results_wake_the_parent() {
         assert_eq!(child.terminal, Some(Kind::Result));
         assert_eq!(child.state, RuntimeState::Idle);
         // Each child understood its own task: the understanding call saw its request only.
-        let t = Preparation::of(&h.internals().engine)
+        let t = Preparation::of(h.internals().engine)
             .transitions(&SessionId::from(&child.session_id))
             .await
             .unwrap();
@@ -423,10 +423,9 @@ async fn a_spent_workgroup_step_budget_stops_live_children_and_refuses_new_ones(
             let ev = h.workgroup_events(&Caller::Operator, &id).await.unwrap();
             let mut states = Vec::new();
             for m in &w.members {
-                let meta =
-                    SessionMeta::read(&h.internals().engine, &SessionId::from(&m.session_id))
-                        .await
-                        .unwrap();
+                let meta = SessionMeta::read(h.internals().engine, &SessionId::from(&m.session_id))
+                    .await
+                    .unwrap();
                 states.push((
                     m.session_id.clone(),
                     meta.runtime.state,

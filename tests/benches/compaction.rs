@@ -107,7 +107,7 @@ fn main() {
             assert!(matches!(out, keel::brain::Submitted::Ran(keel::agent::TurnOutcome::Answer(_))), "{out:?}");
             let ms = t0.elapsed().as_secs_f64() * 1e3;
             let commits = stats.commits.load(Ordering::Relaxed) - commits0;
-            let calls = Assembly::of(&h.internals().engine).model_calls(&SessionId::from("long")).await.unwrap();
+            let calls = Assembly::of(h.internals().engine).model_calls(&SessionId::from("long")).await.unwrap();
             let request_bytes = calls
                 .iter()
                 .filter(|c| c.step > last_step)
@@ -118,7 +118,7 @@ fn main() {
             per_turn.push(Turn { ms, commits, request_bytes });
         }
         let total = started.elapsed();
-        let t = Views::of(&h.internals().engine).timeline(&SessionId::from("long")).await.unwrap();
+        let t = Views::of(h.internals().engine).timeline(&SessionId::from("long")).await.unwrap();
         let events = h.internals().engine.events_after(&SessionId::from("long"), 0, usize::MAX).await.unwrap();
         let mut without_call: Vec<f64> = Vec::new();
         for e in &events {

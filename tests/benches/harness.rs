@@ -414,7 +414,7 @@ async fn recovery(n: usize) {
         LoopGuards::default(),
     )
     .await;
-    let meta = SessionMeta::read(&h.internals().engine, &SessionId::from("r0")).await.unwrap();
+    let meta = SessionMeta::read(h.internals().engine, &SessionId::from("r0")).await.unwrap();
     let mut creates = Vec::new();
     for i in 1..n {
         let engine = h.internals().engine.clone();

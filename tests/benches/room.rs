@@ -155,7 +155,7 @@ async fn reevaluated(notes_message: bool, turns: usize) -> (usize, usize, usize,
             "{out:?}"
         );
     }
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("s")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("s")).await.unwrap();
     let mut previous = String::new();
     let (mut rendered, mut again) = (0, 0);
     let requests = model.requests();

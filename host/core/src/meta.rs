@@ -50,7 +50,7 @@ impl SessionMeta {
 }
 
 /// Session `id`'s meta, read inside the caller's transaction.
-pub fn load_in(c: &Connection, id: &str) -> Result<SessionMeta, StoreError> {
+pub(crate) fn load_in(c: &Connection, id: &str) -> Result<SessionMeta, StoreError> {
     let counters = session::load_counters(c, id)?;
     load_at(c, id, counters)
 }

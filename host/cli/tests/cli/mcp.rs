@@ -503,7 +503,7 @@ async fn peers_reference_servers_in_a_session() {
         submit("read the notes").await,
         Submitted::Ran(TurnOutcome::Answer("read it".into()))
     );
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("m")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("m")).await.unwrap();
     assert!(t.tool_calls[0].entry.result.as_deref().unwrap().contains("hello notes"), "{t:?}");
 
     let units = match submit("add two and three").await {
@@ -526,7 +526,7 @@ async fn peers_reference_servers_in_a_session() {
         .await
         .unwrap();
     assert_eq!(resumed, Some(Submitted::Ran(TurnOutcome::Answer("summed".into()))));
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("m")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("m")).await.unwrap();
     assert!(
         t.tool_calls[1].entry.result.as_deref().unwrap().contains("The sum of 2 and 3 is 5"),
         "{t:?}"
@@ -547,7 +547,7 @@ async fn peers_reference_servers_in_a_session() {
         .drain(&SessionId::from("m"), &CancelToken::new(), &keel_tests::no_events())
         .await
         .unwrap();
-    let t = Views::of(&h.internals().engine).timeline(&SessionId::from("m")).await.unwrap();
+    let t = Views::of(h.internals().engine).timeline(&SessionId::from("m")).await.unwrap();
     let env = t.tool_calls[2].entry.result.clone().unwrap();
     assert!(env.contains("GIVEN") && env.contains("PATH") && env.contains("HOME"), "{env}");
     assert!(!env.contains("CARGO"), "keel's own environment must not reach the server: {env}");

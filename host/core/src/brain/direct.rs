@@ -47,7 +47,7 @@ impl Brain {
             return Err(busy());
         }
         let guard = RunnerTasks::start(self, id, cancel);
-        let result = match SessionMeta::read(&self.engine(), id).await {
+        let result = match SessionMeta::read(self.engine(), id).await {
             Ok(meta) => self.agent.call_direct(&meta, tool, input, cancel, ask).await,
             Err(e) => Err(e),
         };

@@ -86,7 +86,7 @@ impl Brain {
 
     /// Startup recovery: every session whose runner is gone (its lease is free, or its process
     /// is dead, or it expired) gets its facts recovered — see
-    /// [`recover_in`](crate::session::recover_in) — in one transaction. Sessions a live runner
+    /// `recover_in` — in one transaction. Sessions a live runner
     /// holds are left alone. Returns the sessions that changed or have work to resume.
     pub async fn recover(&self) -> Result<Vec<RecoveredSession>, StoreError> {
         let owner = self.owner.clone();
@@ -432,7 +432,7 @@ impl Brain {
         events: &Events,
     ) -> Result<crate::agent::compact::Compaction, AgentError> {
         use crate::agent::compact::{self, Aim, CompactRequest, Trigger};
-        let meta = SessionMeta::read(&self.engine(), id).await?;
+        let meta = SessionMeta::read(self.engine(), id).await?;
         let busy = || {
             StoreError::Conflict(format!(
                 "session `{id}` is held by a runner that is working on it; a running session compacts itself \
@@ -455,7 +455,7 @@ impl Brain {
             }
             s => s,
         };
-        let estimate = Assembly::of(&self.engine()).token_estimate(id).await;
+        let estimate = Assembly::of(self.engine()).token_estimate(id).await;
         let per_token =
             estimate.as_ref().map_or(crate::assembly::BYTES_PER_TOKEN, |e| e.bytes_per_token);
         let request = CompactRequest {

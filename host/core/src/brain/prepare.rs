@@ -22,10 +22,10 @@ impl Brain {
         cancel: &CancelToken,
         resumed: bool,
     ) -> Result<bool, AgentError> {
-        let Some(pending) = Preparation::of(&self.engine()).pending_understanding(id).await? else {
+        let Some(pending) = Preparation::of(self.engine()).pending_understanding(id).await? else {
             // Committed already: its capability preparation may not have finished (the
             // process died in between).
-            if let Some(t) = Preparation::of(&self.engine()).unprepared(id).await?
+            if let Some(t) = Preparation::of(self.engine()).unprepared(id).await?
                 && let Some(config) = self.engine().config(id).await?.preprocess
             {
                 self.prepare_capabilities(id, &t, &config, cancel).await?;
@@ -50,12 +50,12 @@ impl Brain {
         let mode = understood.mode(pending.phase_goal.as_deref());
         let recalled = match &pending.preprocess {
             Some(_) if crate::preparation::transition::prepares_capabilities(mode, true) => {
-                let meta = SessionMeta::read(&self.engine(), id).await?;
+                let meta = SessionMeta::read(self.engine(), id).await?;
                 Some(self.recall(&meta, pending.turn, mode, &understood.terms()).await)
             }
             _ => None,
         };
-        let committed = Preparation::of(&self.engine())
+        let committed = Preparation::of(self.engine())
             .commit_transition(id, pending.turn, understood, recalled.clone())
             .await?;
         let announced = committed.is_some();
@@ -151,16 +151,16 @@ impl Brain {
         config: &understand::PreprocessConfig,
         cancel: &CancelToken,
     ) -> Result<(), AgentError> {
-        let meta = SessionMeta::read(&self.engine(), id).await?;
+        let meta = SessionMeta::read(self.engine(), id).await?;
         let record = self.recall(&meta, transition.turn, transition.mode, &transition.terms).await;
         if record.candidates.is_empty() {
             // Nothing to choose from: no call; the recall and the environment in one commit.
             let call = crate::preparation::orchestration::OrchestratorCall::default();
-            Preparation::of(&self.engine()).record_recall(id, record, Some(call)).await?;
+            Preparation::of(self.engine()).record_recall(id, record, Some(call)).await?;
             return Ok(());
         }
         let candidates = record.candidates.clone();
-        Preparation::of(&self.engine()).record_recall(id, record, None).await?;
+        Preparation::of(self.engine()).record_recall(id, record, None).await?;
         crate::crash::point("after_recall");
         self.orchestrate(id, transition, config, &candidates, cancel).await
     }
@@ -196,10 +196,10 @@ impl Brain {
         candidates: &crate::preparation::orchestration::Candidates,
         cancel: &CancelToken,
     ) -> Result<(), AgentError> {
-        let meta = SessionMeta::read(&self.engine(), id).await?;
+        let meta = SessionMeta::read(self.engine(), id).await?;
         let call = self.orchestrator_call(config, &meta, transition, candidates, cancel).await;
         crate::crash::point("after_orchestration_call");
-        Preparation::of(&self.engine()).finish_orchestration(id, transition.turn, call).await?;
+        Preparation::of(self.engine()).finish_orchestration(id, transition.turn, call).await?;
         Ok(())
     }
 

@@ -4,7 +4,7 @@
 use super::*;
 
 /// Marks the session `compressing` for `frozen`, with the event that says what is summarized.
-pub fn begin_in(
+pub(crate) fn begin_in(
     c: &Connection,
     id: &str,
     frozen: &Frozen,
@@ -44,7 +44,7 @@ pub struct SummaryCall {
 /// Commits the checkpoint of `frozen` (step 1): `pending` with the summary — a mechanical
 /// one keeps the summary call's failure as its `error` — or `failed` with the error (then the
 /// state becomes `state_after`). Returns its number.
-pub fn prepare_in(
+pub(crate) fn prepare_in(
     c: &Connection,
     id: &str,
     frozen: &Frozen,
@@ -108,7 +108,7 @@ pub fn prepare_in(
     Ok(seq)
 }
 
-/// What [`promote_in`] did.
+/// What `promote_in` did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Promotion {
     /// The checkpoint is the session's context now: it starts after message `context_start`.
@@ -122,7 +122,7 @@ pub enum Promotion {
 /// Step 2 of the commit of checkpoint `seq`: when its preconditions hold, advances the
 /// context start and promotes it; otherwise discards it. `state_after` (if any) is set in the
 /// same transaction. Applying it twice changes nothing the second time.
-pub fn promote_in(
+pub(crate) fn promote_in(
     c: &Connection,
     id: &str,
     seq: i64,
@@ -218,7 +218,7 @@ pub fn promote_in(
 
 /// Finishes the commit of every pending checkpoint of session `id` (recovery: promoted when
 /// its preconditions hold, discarded otherwise). Returns what it did.
-pub fn settle_in(c: &Connection, id: &str) -> Result<Vec<Promotion>, StoreError> {
+pub(crate) fn settle_in(c: &Connection, id: &str) -> Result<Vec<Promotion>, StoreError> {
     let pending: Vec<i64> = c
         .prepare_cached(
             "SELECT seq FROM checkpoints WHERE session_id=?1 AND status='pending' ORDER BY seq",
@@ -260,7 +260,10 @@ pub struct CheckpointRecord {
 }
 
 /// The checkpoints of session `id`, oldest first.
-pub fn checkpoints_in(c: &Connection, id: &str) -> Result<Vec<CheckpointRecord>, StoreError> {
+pub(crate) fn checkpoints_in(
+    c: &Connection,
+    id: &str,
+) -> Result<Vec<CheckpointRecord>, StoreError> {
     let mut stmt = c.prepare_cached(
         "SELECT seq, status, trigger, turn, created_at, range_from, range_to, anchor, summary,
                 error, body_bytes, attempts, duration_ms, tokens_before, tokens_after, reply
@@ -323,7 +326,11 @@ pub fn checkpoints_in(c: &Connection, id: &str) -> Result<Vec<CheckpointRecord>,
 
 /// The last answer of checkpoint `seq`'s summary call (the last checkpoint's if `None`), as
 /// the model wrote it (redacted): kept when it was refused too.
-pub fn reply_in(c: &Connection, id: &str, seq: Option<i64>) -> Result<(i64, String), StoreError> {
+pub(crate) fn reply_in(
+    c: &Connection,
+    id: &str,
+    seq: Option<i64>,
+) -> Result<(i64, String), StoreError> {
     session::load_counters(c, id)?;
     let row: Option<(i64, Option<String>, Option<String>)> = c
         .prepare_cached(
@@ -347,7 +354,7 @@ pub fn reply_in(c: &Connection, id: &str, seq: Option<i64>) -> Result<(i64, Stri
 
 /// The exact request of checkpoint `seq`'s summary call (the last checkpoint's if `None`),
 /// byte for byte.
-pub fn evidence_in(
+pub(crate) fn evidence_in(
     c: &Connection,
     id: &str,
     seq: Option<i64>,

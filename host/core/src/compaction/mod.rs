@@ -11,7 +11,7 @@
 //!    checkpoint — or discards it when they no longer hold.
 //!
 //! A process that dies between the two leaves a pending checkpoint; recovery
-//! ([`settle_in`]) finishes step 2 for it. So a request is built either from the old context
+//! (`settle_in`) finishes step 2 for it. So a request is built either from the old context
 //! or from the new one, never from a mix.
 //!
 //! **Boundary rules.** The kept history never starts with a tool result (a call and its
@@ -408,7 +408,10 @@ pub struct CurrentCheckpoint {
 }
 
 /// The promoted checkpoint of session `id` that its context starts after, if any.
-pub fn current_in(c: &Connection, id: &str) -> Result<Option<CurrentCheckpoint>, StoreError> {
+pub(crate) fn current_in(
+    c: &Connection,
+    id: &str,
+) -> Result<Option<CurrentCheckpoint>, StoreError> {
     type Row = ((i64, i64, i64), Option<String>, Option<i64>);
     let row: Option<Row> = c
         .prepare_cached(
@@ -456,7 +459,7 @@ impl<'a> Compaction<'a> {
     }
 
     /// Starts a compaction of session `id`: finishes any pending checkpoint first (see
-    /// [`settle_in`]), freezes the history to summarize at the boundary `aim` asks
+    /// `settle_in`), freezes the history to summarize at the boundary `aim` asks
     /// for and marks the session `compressing` — one transaction. `None` when nothing can be
     /// compacted (the session is left as it was).
     pub async fn begin(
@@ -479,7 +482,7 @@ impl<'a> Compaction<'a> {
             .await
     }
 
-    /// Commits the checkpoint of a compaction (step 1, see [`prepare_in`]).
+    /// Commits the checkpoint of a compaction (step 1, see `prepare_in`).
     pub async fn prepare_checkpoint(
         &self,
         id: &SessionId,
@@ -494,7 +497,7 @@ impl<'a> Compaction<'a> {
             .await
     }
 
-    /// Promotes checkpoint `seq` (step 2, see [`promote_in`]).
+    /// Promotes checkpoint `seq` (step 2, see `promote_in`).
     pub async fn promote_checkpoint(
         &self,
         id: &SessionId,

@@ -1,10 +1,10 @@
 //! The capabilities a session has loaded — tools and skills — and how each arrived (the
 //! orchestration record of each turn that prepared them is `orchestration.rs`).
 //!
-//! [`add_in`] is AddSelectedCapabilities, the only way capabilities are added after a
+//! `add_in` is AddSelectedCapabilities, the only way capabilities are added after a
 //! session's creation (by the Orchestrator, `skills_load`, `tools_select`, or an admin): it
 //! keeps what is loaded, adds only, pins what it adds (a tool to its component's digest, a
-//! skill to its content's), and never touches goals, model or identity. [`unload_in`] is the
+//! skill to its content's), and never touches goals, model or identity. `unload_in` is the
 //! explicit removal path (`keel session unload`).
 
 use crate::sql::{Connection, OptionalExtension, params};
@@ -49,8 +49,8 @@ pub struct LoadedSkill {
 }
 
 /// What a session has loaded: its tools (with the digest each is pinned to), its skills, and
-/// what the last orchestration found and recalled. Changed only by [`add_in`] and
-/// [`unload_in`] (and an upgrade of pins); read by [`loaded_in`](super::loaded_in).
+/// what the last orchestration found and recalled. Changed only by `add_in` and
+/// `unload_in` (and an upgrade of pins); read by `loaded_in`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LoadedCapabilities {
     pub loaded_tools: Vec<String>,
@@ -98,7 +98,7 @@ fn set_tools_in(
 /// resolves to now. Without `upgrade` only tools not pinned yet are pinned (what a session
 /// loaded it keeps); with it every given pin replaces the old one. Returns the pins that
 /// changed, as (tool, old digest, new digest).
-pub fn pin_in(
+pub(crate) fn pin_in(
     c: &Connection,
     id: &str,
     pins: crate::tools::ToolPins,
@@ -137,7 +137,7 @@ impl Selection {
     }
 }
 
-/// What [`add_in`] added (what was loaded already, or is not installed, is not in it).
+/// What `add_in` added (what was loaded already, or is not installed, is not in it).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Added {
     pub tools: Vec<String>,
@@ -155,7 +155,7 @@ impl Added {
 
 /// AddSelectedCapabilities: adds `selection` to session `id`, add-only, pinned, in the
 /// caller's transaction. `turn` and `call_id` say where it came from.
-pub fn add_in(
+pub(crate) fn add_in(
     c: &Connection,
     id: &str,
     selection: &Selection,
@@ -260,7 +260,11 @@ pub(crate) fn on_create(
 }
 
 /// Records how the tools a session was created with arrived.
-pub fn created_in(c: &Connection, id: &str, tools: &[(String, Via)]) -> Result<(), StoreError> {
+pub(crate) fn created_in(
+    c: &Connection,
+    id: &str,
+    tools: &[(String, Via)],
+) -> Result<(), StoreError> {
     let at = now_ms();
     for (tool, via) in tools {
         insert(c, id, Kind::Tool, tool, *via, None, at, None, None)?;
@@ -291,7 +295,12 @@ fn insert(
 
 /// Removes a loaded tool or skill from session `id` (the explicit unload path). The tools
 /// every session keeps (control and discovery) cannot be unloaded.
-pub fn unload_in(c: &Connection, id: &str, kind: Kind, name: &str) -> Result<(), StoreError> {
+pub(crate) fn unload_in(
+    c: &Connection,
+    id: &str,
+    kind: Kind,
+    name: &str,
+) -> Result<(), StoreError> {
     let (loaded, mut pins) = tools_in(c, id)?;
     match kind {
         Kind::Tool => {
@@ -347,7 +356,7 @@ pub fn of_session(c: &Connection, id: &str) -> Result<Vec<Capability>, StoreErro
 }
 
 /// The skills session `id` has loaded, by name, at the versions it loaded.
-pub fn skills_in(c: &Connection, id: &str) -> Result<Vec<LoadedSkill>, StoreError> {
+pub(crate) fn skills_in(c: &Connection, id: &str) -> Result<Vec<LoadedSkill>, StoreError> {
     let mut stmt = c.prepare_cached(
         "SELECT v.name, v.description, v.digest, substr(v.body, 1, ?2),
                 octet_length(v.body)

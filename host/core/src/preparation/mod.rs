@@ -78,7 +78,7 @@ impl<'a> Preparation<'a> {
         self.engine.db().read_inline(move |c| transition::pending_in(c, &id)).await
     }
 
-    /// Commits turn `turn`'s transition (see [`transition::commit_in`]), with the recall of its
+    /// Commits turn `turn`'s transition (see `transition::commit_in`), with the recall of its
     /// capability preparation when it has one: `None` when it was committed already.
     pub async fn commit_transition(
         &self,
@@ -96,7 +96,7 @@ impl<'a> Preparation<'a> {
     }
 
     /// The active turn's transition when its capability preparation has not finished (see
-    /// [`transition::unprepared_in`]).
+    /// `transition::unprepared_in`).
     pub async fn unprepared(
         &self,
         id: &SessionId,
@@ -105,7 +105,7 @@ impl<'a> Preparation<'a> {
         self.engine.db().read_inline(move |c| transition::unprepared_in(c, &id)).await
     }
 
-    /// Records what recall found (see [`orchestration::record_recall_in`]) and, with `finish`,
+    /// Records what recall found (see `orchestration::record_recall_in`) and, with `finish`,
     /// finishes the orchestration in the same commit (no call was needed).
     pub async fn record_recall(
         &self,
@@ -126,7 +126,7 @@ impl<'a> Preparation<'a> {
     }
 
     /// Finishes turn `turn`'s orchestration: adds what was selected and applies the
-    /// environment (see [`orchestration::finish_in`]).
+    /// environment (see `orchestration::finish_in`).
     pub async fn finish_orchestration(
         &self,
         id: &SessionId,
@@ -238,7 +238,7 @@ impl CallKind {
 
 /// The exact request body of session `id`'s `kind` call of turn `turn` (the last turn that
 /// made one if `None`), byte for byte.
-pub fn call_evidence_in(
+pub(crate) fn call_evidence_in(
     c: &Connection,
     id: &str,
     kind: CallKind,
@@ -266,7 +266,7 @@ pub fn call_evidence_in(
 
 /// What session `id` has loaded: its tools and skills, with what the latest orchestration's
 /// recall found.
-pub fn loaded_in(c: &Connection, id: &str) -> Result<LoadedCapabilities, StoreError> {
+pub(crate) fn loaded_in(c: &Connection, id: &str) -> Result<LoadedCapabilities, StoreError> {
     let (loaded_tools, tool_pins) = capabilities::tools_in(c, id)?;
     let skills = capabilities::skills_in(c, id)?;
     let (found_skills, memories) = match orchestration::latest_in(c, id)? {

@@ -1,6 +1,6 @@
 //! The orchestration record of each turn that prepared capabilities: what recall found, what
 //! the Orchestrator was asked and answered, what was added (through
-//! [`crate::preparation::capabilities::add_in`]), and the exact request of its call.
+//! `crate::preparation::capabilities::add_in`), and the exact request of its call.
 
 use crate::sql::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
@@ -76,7 +76,11 @@ pub struct RecallRecord {
 }
 
 /// Records a turn's recall (replacing an unfinished earlier attempt), with its event.
-pub fn record_recall_in(c: &Connection, id: &str, r: &RecallRecord) -> Result<(), StoreError> {
+pub(crate) fn record_recall_in(
+    c: &Connection,
+    id: &str,
+    r: &RecallRecord,
+) -> Result<(), StoreError> {
     let (turn, candidates, memories) = (r.turn, &r.candidates, &r.memories);
     let recall_error = r.error.as_deref();
     c.prepare_cached(
@@ -130,7 +134,7 @@ pub struct OrchestratorCall {
 /// Finishes turn `turn`'s orchestration: keeps the call's request (in `blobs`, by SHA-256) and
 /// answer, adds the accepted selection (AddSelectedCapabilities), and emits the events that
 /// end the preparation — then the turn's first model call starts. Returns what was added.
-pub fn finish_in(
+pub(crate) fn finish_in(
     c: &Connection,
     id: &str,
     turn: i64,
@@ -224,7 +228,7 @@ fn orchestration(r: &crate::sql::Row<'_>) -> crate::sql::Result<Orchestration> {
 }
 
 /// The orchestration of turn `turn`, if it began.
-pub fn of_turn_in(
+pub(crate) fn of_turn_in(
     c: &Connection,
     id: &str,
     turn: i64,
@@ -235,7 +239,7 @@ pub fn of_turn_in(
 }
 
 /// The last orchestration of session `id` whose recall was recorded.
-pub fn latest_in(c: &Connection, id: &str) -> Result<Option<Orchestration>, StoreError> {
+pub(crate) fn latest_in(c: &Connection, id: &str) -> Result<Option<Orchestration>, StoreError> {
     Ok(c.prepare_cached(&format!(
         "{ORCHESTRATION} WHERE session_id=?1 ORDER BY turn DESC LIMIT 1"
     ))?
@@ -244,7 +248,10 @@ pub fn latest_in(c: &Connection, id: &str) -> Result<Option<Orchestration>, Stor
 }
 
 /// Every orchestration of session `id`, oldest first.
-pub fn orchestrations_in(c: &Connection, id: &str) -> Result<Vec<Orchestration>, StoreError> {
+pub(crate) fn orchestrations_in(
+    c: &Connection,
+    id: &str,
+) -> Result<Vec<Orchestration>, StoreError> {
     let mut stmt =
         c.prepare_cached(&format!("{ORCHESTRATION} WHERE session_id=?1 ORDER BY turn"))?;
     let rows = stmt.query_map([id], orchestration)?;
@@ -252,7 +259,7 @@ pub fn orchestrations_in(c: &Connection, id: &str) -> Result<Vec<Orchestration>,
 }
 
 /// The exact request body of turn `turn`'s orchestration call (the last one made if `None`).
-pub fn evidence_in(
+pub(crate) fn evidence_in(
     c: &Connection,
     id: &str,
     turn: Option<i64>,

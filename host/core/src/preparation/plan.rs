@@ -1,7 +1,7 @@
 //! The plan of a session's phase: an append-only list of versions, one per accepted change.
 //!
 //! A control component's changes reach here with its call's result (see
-//! [`crate::sandbox::control`]): [`apply_in`] applies them, with
+//! [`crate::sandbox::control`]): `apply_in` applies them, with
 //! [`plan::apply`], in the transaction that records that result — once
 //! per call, however often the result is written. `task_complete` closes the phase: the phase
 //! goal is cleared (it stays in the transition history) and its plan stops being shown.
@@ -36,7 +36,7 @@ fn corrupt(what: &str, e: serde_json::Error) -> StoreError {
 }
 
 /// The latest plan of the phase opened at turn `phase_turn`.
-pub fn current_in(
+pub(crate) fn current_in(
     c: &Connection,
     id: &str,
     phase_turn: i64,
@@ -55,7 +55,7 @@ pub fn current_in(
 /// are applied already. `phase` is the session's current phase (the task state's): the turn
 /// that opened it and whether it has a goal; without one there is no plan to change. A change
 /// the plan no longer allows (another call of the same step changed it first) is skipped.
-pub fn apply_in(
+pub(crate) fn apply_in(
     c: &Connection,
     id: &str,
     call_id: &str,
@@ -126,7 +126,7 @@ pub fn apply_in(
 }
 
 /// Every plan version of session `id`, oldest first.
-pub fn history_in(c: &Connection, id: &str) -> Result<Vec<PlanVersion>, StoreError> {
+pub(crate) fn history_in(c: &Connection, id: &str) -> Result<Vec<PlanVersion>, StoreError> {
     let mut stmt = c.prepare_cached(
         "SELECT version, phase_turn, at_ms, change, steps, closed, call_id
          FROM plan_versions WHERE session_id=?1 ORDER BY version",

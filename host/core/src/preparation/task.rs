@@ -28,7 +28,7 @@ impl TaskState {
 }
 
 /// The task state of session `id`.
-pub fn task_in(c: &Connection, id: &str) -> Result<TaskState, StoreError> {
+pub(crate) fn task_in(c: &Connection, id: &str) -> Result<TaskState, StoreError> {
     let (session_goal, phase_goal, phase_turn) = c
         .prepare_cached(
             "SELECT session_goal, phase_goal, phase_turn FROM session_config WHERE session_id=?1",

@@ -17,7 +17,7 @@ use crate::understand::{PreprocessConfig, TaskRelation, TransitionMode, Understa
 use crate::session as facts;
 use crate::session::events::{self, SessionEvent};
 
-/// What the understanding call of a turn came to, for [`commit_in`].
+/// What the understanding call of a turn came to, for `commit_in`.
 #[derive(Debug, Clone, Default)]
 pub struct Understood {
     /// The answer (`uncertain` when the call failed); `None` when no call was made (task
@@ -134,7 +134,10 @@ fn turn_input(c: &Connection, id: &str, turn: i64) -> Result<String, StoreError>
 }
 
 /// The session's active turn, when its transition is not committed yet.
-pub fn pending_in(c: &Connection, id: &str) -> Result<Option<PendingUnderstanding>, StoreError> {
+pub(crate) fn pending_in(
+    c: &Connection,
+    id: &str,
+) -> Result<Option<PendingUnderstanding>, StoreError> {
     let Some(turn) = facts::runtime_in(c, id)?.active_turn else { return Ok(None) };
     if recorded(c, id, turn)? {
         return Ok(None);
@@ -158,7 +161,7 @@ pub fn prepares_capabilities(mode: TransitionMode, understanding_on: bool) -> bo
 
 /// The active turn's committed transition, when it prepares capabilities and its
 /// orchestration has not finished (its process died in between): what to prepare again.
-pub fn unprepared_in(c: &Connection, id: &str) -> Result<Option<Transition>, StoreError> {
+pub(crate) fn unprepared_in(c: &Connection, id: &str) -> Result<Option<Transition>, StoreError> {
     let config = crate::session::config_in(c, id)?;
     let runtime = crate::session::runtime_in(c, id)?;
     let Some(turn) = runtime.active_turn else { return Ok(None) };
@@ -176,7 +179,7 @@ pub fn unprepared_in(c: &Connection, id: &str) -> Result<Option<Transition>, Sto
 /// records the row (and the call's request), and appends the events — `task_transition`,
 /// `environment_applied` when the goals changed, then `model_call_started` for the loop that
 /// follows. `None` (and nothing written) when the turn's transition is already committed.
-pub fn commit_in(
+pub(crate) fn commit_in(
     c: &Connection,
     id: &str,
     turn: i64,
@@ -340,7 +343,7 @@ fn select(c: &Connection, id: &str, turn: Option<i64>) -> Result<Vec<Transition>
 
 /// The exact request body of the understanding call of turn `turn` (the last turn that made
 /// one if `None`), byte for byte.
-pub fn evidence_in(
+pub(crate) fn evidence_in(
     c: &Connection,
     id: &str,
     turn: Option<i64>,

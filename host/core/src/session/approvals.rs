@@ -231,7 +231,7 @@ pub fn approval(c: &Connection, unit: &str) -> Result<Option<ApprovalUnit>, Stor
 
 /// The owner of the session of approval unit `unit` (`None`: there is no such unit; `Some(None)`:
 /// a session created on this machine).
-pub fn owner_of_in(
+pub(crate) fn owner_of_in(
     c: &Connection,
     unit: &str,
 ) -> Result<Option<Option<crate::caller::Owner>>, StoreError> {
@@ -247,7 +247,7 @@ pub fn owner_of_in(
 
 /// Records a decision on a pending unit: exactly one decision wins — the update is conditional
 /// on the unit still being pending.
-pub fn decide_in(
+pub(crate) fn decide_in(
     c: &Connection,
     unit: &str,
     decision: Decision,

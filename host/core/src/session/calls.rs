@@ -10,7 +10,12 @@ use crate::store::StoreError;
 
 /// Writes call `e` of step `step` to the journal and, when it finished with control requests,
 /// applies them in the same transaction.
-pub fn record_in(c: &Connection, id: &str, step: i64, e: &JournalEntry) -> Result<(), StoreError> {
+pub(crate) fn record_in(
+    c: &Connection,
+    id: &str,
+    step: i64,
+    e: &JournalEntry,
+) -> Result<(), StoreError> {
     super::facts::put_journal(c, id, step, e)?;
     if e.status == super::JournalStatus::Done && !e.control_requests.is_empty() {
         (super::reactions::get().on_call_done)(c, id, &e.call_id, &e.control_requests)?;

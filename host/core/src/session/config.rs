@@ -46,7 +46,7 @@ impl SessionConfig {
 }
 
 /// The configuration of session `id`.
-pub fn config_in(c: &Connection, id: &str) -> Result<SessionConfig, StoreError> {
+pub(crate) fn config_in(c: &Connection, id: &str) -> Result<SessionConfig, StoreError> {
     let ((policy, budget, model, system), (guards, user, owner, net, preprocess)) = c
         .prepare_cached(
             "SELECT policy, budget, model, system_prompt, guards, \"user\", owner, net, preprocess
@@ -87,7 +87,10 @@ pub fn config_in(c: &Connection, id: &str) -> Result<SessionConfig, StoreError> 
 
 /// Who owns session `id` (`None`: a session created on this machine); a session that does not
 /// exist is an error. One indexed read: what a use case checks its caller against.
-pub fn owner_in(c: &Connection, id: &str) -> Result<Option<crate::caller::Owner>, StoreError> {
+pub(crate) fn owner_in(
+    c: &Connection,
+    id: &str,
+) -> Result<Option<crate::caller::Owner>, StoreError> {
     let owner: Option<String> = c
         .prepare_cached("SELECT owner FROM session_config WHERE session_id=?1")?
         .query_row([id], |r| r.get(0))
@@ -100,7 +103,7 @@ pub fn owner_in(c: &Connection, id: &str) -> Result<Option<crate::caller::Owner>
 /// none or a larger one: a server that refused a request as too long and named its context
 /// is believed over a guess, so every later request is sized to it — not only the summary
 /// call that followed the refusal. Returns whether the window changed.
-pub fn learn_window_in(c: &Connection, id: &str, window: u64) -> Result<bool, StoreError> {
+pub(crate) fn learn_window_in(c: &Connection, id: &str, window: u64) -> Result<bool, StoreError> {
     learn_in(c, id, |model| {
         if model.context_window.is_some_and(|w| w <= window) || window == 0 {
             return false;
@@ -112,7 +115,7 @@ pub fn learn_window_in(c: &Connection, id: &str, window: u64) -> Result<bool, St
 
 /// Makes session `id` send one system message from now on (its server refused a request
 /// that held a second one). Returns whether the setting changed.
-pub fn learn_one_system_message_in(c: &Connection, id: &str) -> Result<bool, StoreError> {
+pub(crate) fn learn_one_system_message_in(c: &Connection, id: &str) -> Result<bool, StoreError> {
     learn_in(c, id, |model| std::mem::replace(&mut model.notes_message, false))
 }
 

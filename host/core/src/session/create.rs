@@ -68,7 +68,7 @@ pub(crate) fn checked_id(new: &NewSession) -> Result<String, StoreError> {
 
 /// Stores session `id` as `new` describes it, inside a caller's transaction (a sub-session is
 /// created in the transaction that records its parent's spawn). Refuses an id in use.
-pub fn create_in(c: &Connection, id: &str, new: &NewSession) -> Result<(), StoreError> {
+pub(crate) fn create_in(c: &Connection, id: &str, new: &NewSession) -> Result<(), StoreError> {
     let pins: crate::tools::ToolPins = new
         .pins
         .iter()

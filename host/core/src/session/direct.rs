@@ -21,7 +21,7 @@ use super::{JournalEntry, SessionEngine, calls};
 
 /// Opens a direct call: the next step number, its journal row and the `running` state — one
 /// transaction. Returns the step.
-pub fn begin_in(c: &Connection, id: &str, entry: &JournalEntry) -> Result<i64, StoreError> {
+pub(crate) fn begin_in(c: &Connection, id: &str, entry: &JournalEntry) -> Result<i64, StoreError> {
     let step: i64 = c
         .prepare_cached("UPDATE sessions SET steps = steps + 1 WHERE id = ?1 RETURNING steps")?
         .query_row([id], |r| r.get(0))?;
@@ -33,7 +33,7 @@ pub fn begin_in(c: &Connection, id: &str, entry: &JournalEntry) -> Result<i64, S
 
 /// Finishes a direct call: its row (`done`, or `intent` → `done` with the error that stopped
 /// it) and the `idle` state.
-pub fn finish_in(
+pub(crate) fn finish_in(
     c: &Connection,
     id: &str,
     step: i64,
@@ -48,7 +48,7 @@ pub fn finish_in(
 /// interrupted (nobody re-issues a client's call); one that waited for a person is closed and
 /// its approval cancelled. Rows of the open step (`open_step`) are the step's own business.
 /// Returns the calls it settled, each with whether its outcome is unknown.
-pub fn recover_in(
+pub(crate) fn recover_in(
     c: &Connection,
     id: &str,
     open_step: Option<i64>,

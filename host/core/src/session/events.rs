@@ -165,10 +165,10 @@ pub enum SessionEvent {
         error_kind: Option<crate::failure::FailureKind>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         ms: Option<f64>,
-        /// What the call touches, in a few words ([`call_subject`]).
+        /// What the call touches, in a few words (`call_subject`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         subject: Option<String>,
-        /// Why it failed: the first line of its error message ([`failure_reason`]).
+        /// Why it failed: the first line of its error message (`failure_reason`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
@@ -177,7 +177,7 @@ pub enum SessionEvent {
         unit: crate::ids::UnitId,
         tool: String,
         call_id: crate::ids::CallId,
-        /// What the call would touch ([`call_subject`]).
+        /// What the call would touch (`call_subject`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         subject: Option<String>,
     },

@@ -1,4 +1,6 @@
-//! The session facts and the SQL that reads and writes them.
+//! The kernel's facts of a session and the SQL that reads and writes them: its runtime and
+//! counters, the history's messages, the state setter (which runs the state reaction) and the
+//! journal's rows.
 
 use crate::sql::{Connection, OptionalExtension, params};
 use serde::Serialize;
@@ -9,8 +11,8 @@ use super::JournalEntry;
 pub(crate) use super::row::{lock_in, no_session, parse};
 pub use super::state::RuntimeState;
 
-/// The session's runtime: its state, its counters, the turn in progress and the checkpoint its
-/// context starts after.
+/// The session's runtime: its state, its counters and the turn in progress (the checkpoint its
+/// context starts after is compaction's, composed with it in `SessionMeta`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Runtime {
     pub state: RuntimeState,
@@ -25,14 +27,14 @@ pub struct Runtime {
 }
 
 /// The runtime of session `id`.
-pub fn runtime_in(c: &Connection, id: &str) -> Result<Runtime, StoreError> {
+pub(crate) fn runtime_in(c: &Connection, id: &str) -> Result<Runtime, StoreError> {
     Ok(load_counters(c, id)?.runtime())
 }
 
 /// The meta fields that change without `meta_version` changing: the runtime state and the
-/// counters. Everything else in [`SessionMeta`] is covered by `meta_version` (migration 5 makes
-/// the database bump it on any change), so a meta read at one version plus these is the
-/// current meta.
+/// counters. Everything else in [`SessionMeta`](crate::meta::SessionMeta) is covered by
+/// `meta_version` (migration 5 makes the database bump it on any change), so a meta read at
+/// one version plus these is the current meta.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MetaCounters {
     /// When the session was created: with the id, what tells this session from a session
@@ -190,7 +192,7 @@ pub fn set_state_after(
 
 /// Sessions with work in flight: a turn open, a running state, or inputs not yet consumed —
 /// those startup recovery looks at (with those a runner holds).
-pub fn unsettled_in(c: &Connection) -> Result<Vec<String>, StoreError> {
+pub(crate) fn unsettled_in(c: &Connection) -> Result<Vec<String>, StoreError> {
     Ok(c.prepare(
         "SELECT s.id FROM sessions s
          WHERE s.active_turn IS NOT NULL

@@ -190,7 +190,7 @@ pub(crate) fn heartbeat_in(c: &Connection, id: &str, owner: &str) -> Result<bool
 
 /// Releases `owner`'s lease of `id`. The caller has checked that no input waits (a runner
 /// keeps its lease while the inbox has work).
-pub fn release_in(c: &Connection, id: &str, owner: &str) -> Result<(), StoreError> {
+pub(crate) fn release_in(c: &Connection, id: &str, owner: &str) -> Result<(), StoreError> {
     c.prepare_cached("UPDATE runner_leases SET owner='' WHERE session_id=?1 AND owner=?2")?
         .execute(params![id, owner])?;
     Ok(())

@@ -2,7 +2,7 @@
 //!
 //! Owns the facts every session has: its row and runtime state (state, counters, active turn),
 //! its configuration, the append-only history, the durable inbox and its turns, the tool-call
-//! journal and its one door ([`calls`]), events, approvals, the fenced write, and the runner
+//! journal and its one door (`calls`), events, approvals, the fenced write, and the runner
 //! leases. Each business operation is one transaction on the store's single writer; no other
 //! module writes these tables.
 //!
@@ -18,10 +18,10 @@ mod calls;
 mod config;
 mod create;
 mod direct;
-pub mod events;
+pub(crate) mod events;
 mod extensions;
 mod facts;
-pub mod lease;
+pub(crate) mod lease;
 pub mod reactions;
 mod reads;
 mod recover;
@@ -42,7 +42,7 @@ use crate::store::{Db, StoreError, now_ms};
 
 pub use crate::policy::{Effect, Policy};
 pub use crate::tools::ConsumedApproval;
-pub use approvals::approvals_of;
+pub(crate) use approvals::approvals_of;
 pub use approvals::{ApprovalStatus, ApprovalUnit, DecideError, Decision};
 pub use config::SessionConfig;
 pub(crate) use config::config_in;

@@ -7,7 +7,7 @@
 //! plan, the loaded capabilities, the memory and the workgroup apply what it asked for), a
 //! stopped session is recovered (a compaction it left is settled) — the kernel calls the
 //! reaction the features registered. They are
-//! code, the same for every database of the process: [`install`] keeps the first set given,
+//! code, the same for every database of the process: `install` keeps the first set given,
 //! and every [`SessionEngine`](super::SessionEngine) is made with them, so no engine runs
 //! without them.
 

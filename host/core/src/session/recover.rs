@@ -36,7 +36,7 @@ pub const RECOVERED_DETAIL: &str =
 /// run again; any other started call gets the "outcome unknown" result; a running session shows
 /// `preparing_context` until a runner resumes it; waiting and interrupted sessions stay as they
 /// are. Applying it twice changes nothing the second time.
-pub fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreError> {
+pub(crate) fn recover_in(c: &Connection, id: &str) -> Result<RecoveredSession, StoreError> {
     // What the features left half done is settled first (a checkpoint committed but not
     // promoted is promoted or discarded; a compaction that committed none is closed).
     (super::reactions::get().on_recover)(c, id)?;

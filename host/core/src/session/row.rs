@@ -9,7 +9,7 @@ use crate::store::StoreError;
 /// its rows (events, messages, inputs …) after the last committed one. SQLite's store has one
 /// writer, which already orders them; there this does nothing. Taken before any lease row;
 /// taken once per transaction (the lock is held until it ends).
-pub fn lock_in(c: &Connection, id: &str) -> Result<(), StoreError> {
+pub(crate) fn lock_in(c: &Connection, id: &str) -> Result<(), StoreError> {
     if c.backend() == crate::sql::Backend::Postgres && c.first_in_transaction(&format!("lock {id}"))
     {
         c.prepare_cached("SELECT 1 FROM sessions WHERE id=?1 FOR UPDATE")?

@@ -87,7 +87,7 @@ pub fn load_open_step(c: &Connection, id: &str) -> Result<Option<OpenStep>, Stor
 
 /// Opens a step: its assistant message and every call's journal row, one transaction with the
 /// caller's other writes (evidence).
-pub fn open_step_in(
+pub(crate) fn open_step_in(
     c: &Connection,
     id: &str,
     turn: i64,
@@ -111,7 +111,7 @@ fn consumed_row(unit: &str, r: &crate::sql::Row<'_>) -> crate::sql::Result<Consu
 
 /// Writes journal rows of an open step; with `consume`, first consumes that approval (it must
 /// still be `approved`: an approval is used once) and returns the proof of it.
-pub fn progress_in(
+pub(crate) fn progress_in(
     c: &Connection,
     id: &str,
     step: i64,
@@ -158,7 +158,7 @@ pub fn consumed_by(
 
 /// Stops an open step to wait for approvals: journal rows, new units, invalidated units, and
 /// the `waiting_approval` state — one transaction.
-pub fn wait_in(c: &Connection, id: &str, w: &WaitCommit) -> Result<(), StoreError> {
+pub(crate) fn wait_in(c: &Connection, id: &str, w: &WaitCommit) -> Result<(), StoreError> {
     for e in &w.entries {
         calls::record_in(c, id, w.step, e)?;
     }
@@ -258,7 +258,7 @@ pub(super) fn mark_unknown(e: &mut JournalEntry) {
 /// gets one (calls that never started: "not run"; calls that started and may have had an
 /// effect: "outcome unknown"), the step commits as complete pairs, its open approvals are
 /// cancelled, and the session becomes `interrupted`. Returns how many calls were closed.
-pub fn close_turn_in(c: &Connection, id: &str, why: &str) -> Result<usize, StoreError> {
+pub(crate) fn close_turn_in(c: &Connection, id: &str, why: &str) -> Result<usize, StoreError> {
     let mut closed = 0;
     if let Some(open) = load_open_step(c, id)? {
         let mut results = Vec::new();

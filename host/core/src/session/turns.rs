@@ -35,7 +35,7 @@ pub(crate) const REQUEST_KIND: &str = "request";
 
 /// The turn start of [`SessionEngine::begin_turn`], for callers that compose it into a larger
 /// transaction (the Brain takes the input, the runner lease and the turn in one).
-pub fn begin_turn_in(c: &Connection, id: &str) -> Result<Option<TurnStart>, StoreError> {
+pub(crate) fn begin_turn_in(c: &Connection, id: &str) -> Result<Option<TurnStart>, StoreError> {
     // An interrupted session takes no input until one is sent to it (which makes it
     // `preparing_context`): a stop that came before the turn began is not undone here.
     let state: String = c
@@ -88,7 +88,7 @@ pub fn begin_turn_in(c: &Connection, id: &str) -> Result<Option<TurnStart>, Stor
 /// The inbox append of [`SessionEngine::submit`], for callers that compose it into a larger
 /// transaction (the Brain takes the runner lease in the same one). A session that is not
 /// running shows `preparing_context` until its runner starts the turn.
-pub fn submit_in(c: &Connection, id: &str, text: &str) -> Result<i64, StoreError> {
+pub(crate) fn submit_in(c: &Connection, id: &str, text: &str) -> Result<i64, StoreError> {
     inbox_in(c, id, text, None, true)
 }
 
@@ -339,7 +339,7 @@ impl SessionEngine {
         self.write(id.clone(), move |c| steps::wait_in(c, &id, &wait)).await
     }
 
-    /// Closes the session's turn as interrupted (see [`close_turn_in`]).
+    /// Closes the session's turn as interrupted (see `close_turn_in`).
     pub async fn close_turn(&self, id: &SessionId, why: &str) -> Result<usize, StoreError> {
         let (id, why) = (id.clone(), why.to_string());
         self.write(id.clone(), move |c| close_turn_in(c, &id, &why)).await

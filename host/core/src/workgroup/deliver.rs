@@ -57,7 +57,7 @@ pub(super) fn deliver_in(
 /// `parent`: its session (the workgroup's tools and settings, the given grants, the
 /// parent's model, policy, budget, guards, user and owner), its row, and its first request.
 /// Writing it again (the same child) changes nothing.
-pub fn spawn_in(
+pub(crate) fn spawn_in(
     c: &Connection,
     parent: &str,
     call_id: &str,
@@ -144,7 +144,7 @@ pub struct ChildRow {
 }
 
 /// The row of sub-session `id`, if it is one.
-pub fn child_in(c: &Connection, id: &str) -> Result<Option<ChildRow>, StoreError> {
+pub(crate) fn child_in(c: &Connection, id: &str) -> Result<Option<ChildRow>, StoreError> {
     Ok(c.prepare_cached(
         "SELECT parent_id, main_id, depth, purpose, status, requests FROM subsessions WHERE session_id=?1",
     )?
@@ -164,7 +164,7 @@ pub fn child_in(c: &Connection, id: &str) -> Result<Option<ChildRow>, StoreError
 /// Sends `input` to `child` of `parent` with call `call_id`'s result: to a live child it is
 /// part of its current request (and answers its question); to a finished one it is a new
 /// request, with a new deadline. Once per call id.
-pub fn send_in(
+pub(crate) fn send_in(
     c: &Connection,
     parent: &str,
     call_id: &str,
@@ -208,7 +208,7 @@ pub fn send_in(
 
 /// Sub-session `child` asks its parent `question` with call `call_id`'s result: its request
 /// stays live until the parent answers (a [`send_in`]).
-pub fn ask_in(
+pub(crate) fn ask_in(
     c: &Connection,
     child: &str,
     call_id: &str,
@@ -286,7 +286,7 @@ fn last_answer(c: &Connection, id: &str) -> Result<String, StoreError> {
 /// `detail`): a live sub-session whose work is over writes its terminal event. An idle child
 /// with inputs waiting, live children of its own or a question open is not over yet: its
 /// request ends when a later turn ends with none of those.
-pub fn turn_ended_in(
+pub(crate) fn turn_ended_in(
     c: &Connection,
     id: &str,
     state: RuntimeState,
@@ -328,7 +328,7 @@ pub fn turn_ended_in(
 
 /// Called where session `id` starts waiting for approvals: a live sub-session tells its
 /// parent about each pending unit, once per unit.
-pub fn waiting_in(c: &Connection, id: &str) -> Result<(), StoreError> {
+pub(crate) fn waiting_in(c: &Connection, id: &str) -> Result<(), StoreError> {
     let Some(row) = child_in(c, id)?.filter(|r| r.status == Delegation::Live) else {
         return Ok(());
     };

@@ -7,9 +7,9 @@
 //! reports, delivered into the receiver's inbox in the sender's transaction (the inbox row names
 //! the event, unique): it exists exactly when its fact does, and writing the fact again writes
 //! nothing. A child's request ends in exactly one terminal event (`result`, `failure`,
-//! `interrupted`, `budget_exhausted`), written where its turn ends — [`turn_ended_in`], the
+//! `interrupted`, `budget_exhausted`), written where its turn ends — `turn_ended_in`, the
 //! state reaction the kernel runs in the one function that ends turns — or where it is stopped
-//! while it waits ([`stop_in`]).
+//! while it waits (`stop_in`).
 
 use crate::sql::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
@@ -173,7 +173,7 @@ fn cut(text: &str) -> String {
 /// Makes session `id` (just created) the main session of a new workgroup: `tools` are what its
 /// sub-sessions load (the delegation tools among them while they may delegate), `preprocess`
 /// their task-understanding settings (a main session routes and has none of its own).
-pub fn create_main_in(
+pub(crate) fn create_main_in(
     c: &Connection,
     id: &str,
     limits: &Limits,
@@ -195,18 +195,8 @@ pub fn create_main_in(
     Ok(())
 }
 
-/// The role session `id` was created with.
-pub fn role_in(c: &Connection, id: &str) -> Result<Role, StoreError> {
-    let role: Option<String> = c
-        .prepare_cached("SELECT role FROM session_config WHERE session_id=?1")?
-        .query_row([id], |r| r.get(0))
-        .optional()?;
-    let role = role.ok_or_else(|| StoreError::NotFound(format!("no session `{id}`")))?;
-    role.parse().map_err(|e: crate::stored::UnknownName| StoreError::Corrupt(e.to_string()))
-}
-
 /// Where session `id` stands in its workgroup; `None` for a standalone session.
-pub fn position_in(c: &Connection, id: &str) -> Result<Option<Position>, StoreError> {
+pub(crate) fn position_in(c: &Connection, id: &str) -> Result<Option<Position>, StoreError> {
     let sub: Option<(String, String, u32)> = c
         .prepare_cached("SELECT main_id, parent_id, depth FROM subsessions WHERE session_id=?1")?
         .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
@@ -224,13 +214,13 @@ pub fn position_in(c: &Connection, id: &str) -> Result<Option<Position>, StoreEr
 }
 
 /// The children of `parent` whose request is live.
-pub fn live_children_in(c: &Connection, parent: &str) -> Result<u32, StoreError> {
+pub(crate) fn live_children_in(c: &Connection, parent: &str) -> Result<u32, StoreError> {
     Ok(c.prepare_cached("SELECT COUNT(*) FROM subsessions WHERE parent_id=?1 AND status='live'")?
         .query_row([parent], |r| r.get(0))?)
 }
 
 /// What the workgroup of `main` has used: model steps and reported tokens.
-pub fn usage_in(c: &Connection, main: &str) -> Result<(i64, i64), StoreError> {
+pub(crate) fn usage_in(c: &Connection, main: &str) -> Result<(i64, i64), StoreError> {
     Ok(c.prepare_cached(
         "SELECT COALESCE(SUM(s.steps), 0),
                 COALESCE(SUM((SELECT COALESCE(SUM(COALESCE(e.prompt_tokens, 0) + COALESCE(e.completion_tokens, 0)), 0)
@@ -242,7 +232,7 @@ pub fn usage_in(c: &Connection, main: &str) -> Result<(i64, i64), StoreError> {
 }
 
 /// Why the workgroup of `main` may not spend more, if it may not.
-pub fn over_budget_in(
+pub(crate) fn over_budget_in(
     c: &Connection,
     main: &str,
     limits: &Limits,

@@ -4,12 +4,12 @@
 use super::*;
 
 /// Every live session below `id` (children first, then theirs).
-pub fn live_descendants_in(c: &Connection, id: &str) -> Result<Vec<String>, StoreError> {
+pub(crate) fn live_descendants_in(c: &Connection, id: &str) -> Result<Vec<String>, StoreError> {
     below_in(c, id, true)
 }
 
 /// Every session below `id`, live or done (children first, then theirs).
-pub fn descendants_in(c: &Connection, id: &str) -> Result<Vec<String>, StoreError> {
+pub(crate) fn descendants_in(c: &Connection, id: &str) -> Result<Vec<String>, StoreError> {
     below_in(c, id, false)
 }
 
@@ -38,7 +38,11 @@ fn below_in(c: &Connection, id: &str, live_only: bool) -> Result<Vec<String>, St
 /// written now, and a main session with live children becomes `interrupted` (the events they
 /// send wait in its inbox for the user). Returns the sessions with a turn under way, whose
 /// runner (or, with none, the caller) closes it.
-pub fn stop_in(c: &Connection, id: &str, reason: Option<&str>) -> Result<Vec<String>, StoreError> {
+pub(crate) fn stop_in(
+    c: &Connection,
+    id: &str,
+    reason: Option<&str>,
+) -> Result<Vec<String>, StoreError> {
     let mut turns = Vec::new();
     let mut all = vec![id.to_string()];
     all.extend(live_descendants_in(c, id)?);
@@ -109,7 +113,7 @@ impl Runnable {
 }
 
 /// Every session of the workgroup of `main`.
-pub fn sessions_in(c: &Connection, main: &str) -> Result<Vec<Runnable>, StoreError> {
+pub(crate) fn sessions_in(c: &Connection, main: &str) -> Result<Vec<Runnable>, StoreError> {
     let rows = c
         .prepare_cached(
             "SELECT s.id, s.state, s.active_turn IS NOT NULL, s.interrupt_requested,
@@ -153,7 +157,7 @@ pub fn sessions_in(c: &Connection, main: &str) -> Result<Vec<Runnable>, StoreErr
 }
 
 /// Live children whose deadline passed at `now`, with the deadline in seconds.
-pub fn overdue_in(c: &Connection, main: &str, now: i64) -> Result<Vec<String>, StoreError> {
+pub(crate) fn overdue_in(c: &Connection, main: &str, now: i64) -> Result<Vec<String>, StoreError> {
     Ok(c.prepare_cached(
         "SELECT session_id FROM subsessions WHERE main_id=?1 AND status='live' AND stop_reason IS NULL AND deadline_at < ?2",
     )?
@@ -171,7 +175,7 @@ pub struct Notice {
 
 /// The wait notices due at `now` in the workgroup of `main` and not yet written (a read: the
 /// supervisor asks for a write only when there is one).
-pub fn notices_due_in(
+pub(crate) fn notices_due_in(
     c: &Connection,
     main: &str,
     limits: &Limits,
@@ -211,7 +215,7 @@ fn notice_id(child: &str, requests: i64, periods: i64) -> String {
 
 /// Tells each parent about its child in `due` that it still works; once per child, request
 /// and period (a notice written already is not written again).
-pub fn write_notices_in(
+pub(crate) fn write_notices_in(
     c: &Connection,
     main: &str,
     limits: &Limits,

@@ -44,7 +44,7 @@ pub struct Workgroup {
 }
 
 /// The workgroup of `main` (`None` when `main` is not a main session).
-pub fn workgroup_in(c: &Connection, main: &str) -> Result<Option<Workgroup>, StoreError> {
+pub(crate) fn workgroup_in(c: &Connection, main: &str) -> Result<Option<Workgroup>, StoreError> {
     let limits: Option<String> = c
         .prepare_cached("SELECT limits FROM workgroups WHERE main_id=?1")?
         .query_row([main], |r| r.get(0))
@@ -113,7 +113,7 @@ pub fn workgroup_in(c: &Connection, main: &str) -> Result<Option<Workgroup>, Sto
 }
 
 /// Every workgroup's main session, newest first.
-pub fn mains_in(c: &Connection) -> Result<Vec<String>, StoreError> {
+pub(crate) fn mains_in(c: &Connection) -> Result<Vec<String>, StoreError> {
     Ok(c.prepare("SELECT main_id FROM workgroups ORDER BY created_at DESC, main_id")?
         .query_map([], |r| r.get(0))?
         .collect::<Result<_, _>>()?)
@@ -133,7 +133,7 @@ pub struct EventRecord {
 }
 
 /// The events of the workgroup of `main`, in the order they were written.
-pub fn events_in(c: &Connection, main: &str) -> Result<Vec<EventRecord>, StoreError> {
+pub(crate) fn events_in(c: &Connection, main: &str) -> Result<Vec<EventRecord>, StoreError> {
     Ok(c.prepare(
         "SELECT e.id, e.kind, e.from_session, e.to_session, e.created_at, e.inbox_seq, i.consumed_at IS NOT NULL
          FROM workgroup_events e LEFT JOIN inbox i ON i.session_id = e.to_session AND i.seq = e.inbox_seq
