@@ -1,7 +1,8 @@
 //! Several `keel serve` hosts on one PostgreSQL (Debian's `postgresql`, a throwaway cluster
 //! run as an unprivileged user): a host paused past its lease's TTL loses its session to
 //! another host, which finishes the turn, and writes nothing when it wakes; every event of the
-//! session is numbered without gaps, with fencing tokens that never go down. Ignored by
+//! session is numbered without gaps, with fencing tokens that never go down; a host that dies
+//! is replaced by any long-lived front-end, `keel mcp serve --http` among them. Ignored by
 //! default: `cargo test --release --test cli -- --ignored postgres`.
 
 use std::path::Path;
@@ -176,6 +177,102 @@ async fn postgres_a_paused_host_loses_its_session_to_another_and_writes_nothing_
         "takeover after a pause: {:.2} s (TTL 1.5 s, heartbeat 0.5 s)",
         takeover.as_secs_f64()
     );
+}
+
+/// `keel mcp serve --http` on `home` (its keel.toml names the shared store) as host `id`: a
+/// long-lived front-end that is not the HTTP API. Its stderr, collected.
+fn mcp_host(home: &Path, id: &str) -> (Child, Arc<Mutex<String>>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--home")
+        .arg(home)
+        .args(["mcp", "serve", "--http", "127.0.0.1:0"])
+        .env("KEEL_HOST_ID", id)
+        .env("KEEL_LEASE_TTL_MS", "1500")
+        .env("KEEL_LOG", "warn,keel=info")
+        .env_remove("KEEL_CRASH_AT")
+        .env_remove("KEEL_MCP_TOKEN")
+        .env_remove("KEEL_TEST_POSTGRES")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = Arc::new(Mutex::new(String::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::io::BufReader::new(child.stderr.take().unwrap());
+    let lines = log.clone();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in reader.lines().map_while(Result::ok) {
+            if line.contains("MCP server listening on") {
+                let _ = tx.send(());
+            }
+            lines.lock().unwrap().push_str(&format!("{line}\n"));
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(120))
+        .unwrap_or_else(|_| panic!("keel mcp serve did not start: {}", log.lock().unwrap()));
+    (child, log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "postgres tier: needs Debian's postgresql"]
+async fn postgres_an_mcp_server_takes_over_the_session_of_a_host_that_died() {
+    let pg = Cluster::start(&[]).expect("a PostgreSQL server (install Debian's postgresql)");
+    pg.create_database("keel").unwrap();
+    // Host A dies in its model call; the call made again by the MCP server is answered.
+    let model = MockModel::start(vec![
+        Reply::drip_text(&["the dead ", "host's ", "answer"], Duration::from_millis(700)),
+        Reply::text("the answer of the MCP server that took over"),
+    ])
+    .await;
+    let (home_a, home_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = Host::start(home_a.path(), &pg.url("keel"), "host-a", &model.url());
+    let c = client();
+    let (status, v) = post(&c, &a.api("/sessions"), TOKEN, json!({"input": "hi"})).await;
+    assert!(status.is_success(), "{v}\n{}", a.log());
+    let id = v["session_id"].as_str().unwrap().to_string();
+    let start = Instant::now();
+    while model.requests().is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(30), "A never called the model\n{}", a.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.signal(rustix::process::Signal::KILL);
+    let died = Instant::now();
+
+    // B is not an HTTP API host: keel as an MCP server, on the same store.
+    std::fs::write(
+        home_b.path().join("keel.toml"),
+        format!("[store]\nurl = \"{}\"\n", pg.url("keel")),
+    )
+    .unwrap();
+    let (mut b, log) = mcp_host(home_b.path(), "host-b");
+    let state = |pg: &Cluster| rows(pg, &format!("SELECT state FROM sessions WHERE id='{id}'"));
+    while state(&pg) != [["idle".to_string()]] {
+        assert!(
+            died.elapsed() < Duration::from_secs(30),
+            "the MCP server never took the session over: {:?}\n{}",
+            state(&pg),
+            log.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let takeover = died.elapsed();
+    let _ = b.kill();
+    let _ = b.wait();
+    assert!(
+        log.lock().unwrap().contains("taking over a session whose runner is gone"),
+        "{}",
+        log.lock().unwrap()
+    );
+    let assistant = rows(
+        &pg,
+        &format!(
+            "SELECT body FROM messages WHERE session_id='{id}' AND role='assistant' ORDER BY seq"
+        ),
+    );
+    let all: String = assistant.iter().flatten().cloned().collect();
+    assert!(all.contains("MCP server that took over") && !all.contains("dead host"), "{all}");
+    eprintln!("takeover by keel mcp serve after a kill: {:.2} s", takeover.as_secs_f64());
 }
 
 /// `keel` on `home` with `env`, never on the suite's own PostgreSQL.
