@@ -90,6 +90,19 @@ fn rows(pg: &Cluster, sql: &str) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// A new session on host `a` whose turn is in its model call (the model got its request):
+/// its id.
+async fn in_its_model_call(a: &Host, model: &MockModel, c: &reqwest::Client) -> String {
+    let (status, v) = post(c, &a.api("/sessions"), TOKEN, json!({"input": "hi"})).await;
+    assert!(status.is_success(), "{v}\n{}", a.log());
+    let start = Instant::now();
+    while model.requests().is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(30), "A never called the model\n{}", a.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    v["session_id"].as_str().unwrap().to_string()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "postgres tier: needs Debian's postgresql"]
 async fn postgres_a_paused_host_loses_its_session_to_another_and_writes_nothing_when_it_wakes() {
@@ -107,15 +120,8 @@ async fn postgres_a_paused_host_loses_its_session_to_another_and_writes_nothing_
     let b = Host::start(home_b.path(), &pg.url("keel"), "host-b", &model.url());
     let c = client();
 
-    let (status, v) = post(&c, &a.api("/sessions"), TOKEN, json!({"input": "hi"})).await;
-    assert!(status.is_success(), "{v}\n{}", a.log());
-    let id = v["session_id"].as_str().unwrap().to_string();
+    let id = in_its_model_call(&a, &model, &c).await;
     // A is in its model call: pause it there.
-    let start = Instant::now();
-    while model.requests().is_empty() {
-        assert!(start.elapsed() < Duration::from_secs(30), "A never called the model\n{}", a.log());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     a.signal(rustix::process::Signal::STOP);
     let paused = Instant::now();
 
@@ -228,14 +234,7 @@ async fn postgres_an_mcp_server_takes_over_the_session_of_a_host_that_died() {
     let (home_a, home_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = Host::start(home_a.path(), &pg.url("keel"), "host-a", &model.url());
     let c = client();
-    let (status, v) = post(&c, &a.api("/sessions"), TOKEN, json!({"input": "hi"})).await;
-    assert!(status.is_success(), "{v}\n{}", a.log());
-    let id = v["session_id"].as_str().unwrap().to_string();
-    let start = Instant::now();
-    while model.requests().is_empty() {
-        assert!(start.elapsed() < Duration::from_secs(30), "A never called the model\n{}", a.log());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let id = in_its_model_call(&a, &model, &c).await;
     a.signal(rustix::process::Signal::KILL);
     let died = Instant::now();
 
