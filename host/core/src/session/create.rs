@@ -4,8 +4,13 @@
 
 use crate::ids::SessionId;
 use crate::sql::{Connection, params};
+use std::sync::Arc;
 
-use super::*;
+use super::{LoopGuards, SessionEngine};
+use crate::model::ModelConfig;
+use crate::policy::Policy;
+use crate::sandbox::{Budget, Grant};
+use crate::store::{StoreError, json, now_ms};
 
 /// What a new session starts with.
 #[derive(Debug, Clone)]

@@ -36,9 +36,7 @@ use crate::sql::Connection;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{CallId, SessionId, UnitId};
-use crate::model::ModelConfig;
-use crate::sandbox::{Budget, Grant};
-use crate::store::{Db, StoreError, now_ms};
+use crate::store::{Db, StoreError};
 
 pub use crate::policy::{Effect, Policy};
 pub use crate::tools::ConsumedApproval;

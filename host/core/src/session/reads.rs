@@ -1,7 +1,10 @@
 //! What a session did and holds, read: the list of sessions, a session's timeline, its
 //! request evidence, events (read after N, or followed), its model calls and token estimate.
 
-use super::*;
+use super::events::{self, EventRow};
+use super::{SessionEngine, facts, lease};
+use crate::ids::SessionId;
+use crate::store::StoreError;
 
 /// What the store holds now, for the metrics page.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

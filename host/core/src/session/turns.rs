@@ -2,8 +2,15 @@
 //! flag, and the commits of a step (its open step, progress, waits, its end).
 
 use crate::sql::{Connection, OptionalExtension, params};
+use std::sync::Arc;
 
-use super::*;
+use super::events::{self, SessionEvent};
+use super::facts::{self, RuntimeState};
+use super::steps::{self, OpenStep, WaitCommit, close_turn_in};
+use super::{JournalEntry, SessionEngine, calls};
+use crate::ids::{SessionId, UnitId};
+use crate::store::{StoreError, now_ms};
+use crate::tools::ConsumedApproval;
 
 /// The start of a turn: the input it answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
