@@ -287,6 +287,73 @@ fn named_paths(code: &str, module: &[String]) -> Vec<Vec<String>> {
     out
 }
 
+/// The identifiers of a piece of code.
+fn words(code: &str) -> BTreeSet<String> {
+    code.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| !w.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The identifiers of a piece of code that head a path (`name::`), not after another `::`.
+fn path_heads(code: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (at, _) in code.match_indices("::") {
+        let start = code[..at]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map_or(0, |i| i + 1);
+        if start >= 2 && &code[start - 2..start] == "::" {
+            continue;
+        }
+        out.insert(code[start..at].to_string());
+    }
+    out
+}
+
+/// What a glob of `module` (whose source is `text`) brings in from below it: each child module
+/// (its name) and each name the module's own `use` declarations take from a child (`use
+/// child::X`, `pub use self::child::{X, y::Z}`), with the path it comes from.
+fn glob_names(
+    text: &str,
+    module: &[String],
+    exists: &dyn Fn(&[String]) -> bool,
+) -> Vec<(String, Vec<String>)> {
+    let code = code(text);
+    let mut out = Vec::new();
+    for statement in code.split(';') {
+        let Some(at) = statement.find("use ") else { continue };
+        let head = statement[..at].trim();
+        if !(head.is_empty() || head.starts_with("pub") || head.ends_with(']')) {
+            continue;
+        }
+        let mut body = statement[at + 4..].trim().to_string();
+        // A path relative to the module (`use child::X`) is `self::child::X`.
+        let first: String =
+            body.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        let mut child = module.to_vec();
+        child.push(first);
+        if exists(&child) {
+            body = format!("self::{body}");
+        }
+        for path in named_paths(&format!("use {body};"), module) {
+            if path.len() > module.len() && path.starts_with(module) {
+                out.push((path.last().unwrap().clone(), path));
+            }
+        }
+    }
+    for line in code.lines() {
+        let line = line.trim();
+        let decl = line.strip_prefix("pub ").or_else(|| line.strip_prefix("pub(crate) "));
+        if let Some(name) = decl.unwrap_or(line).strip_prefix("mod ") {
+            let name = name.trim_end_matches(';').trim().to_string();
+            let mut path = module.to_vec();
+            path.push(name.clone());
+            out.push((name, path));
+        }
+    }
+    out
+}
+
 /// Imports between the files of one folder that form a cycle: for every folder of `krate`
 /// below its top level, the children (files and sub-folders) and the edges "a file of child A
 /// names child B", with the cycles among them.
@@ -305,7 +372,29 @@ fn folder_cycles(krate: &str) -> Vec<(String, Vec<String>)> {
     // folder → child → the children it names.
     let mut edges: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
     for (module, text) in &modules {
-        for named in named_paths(&code(text), module) {
+        let code = code(text);
+        let mut named = named_paths(&code, module);
+        // A glob of an enclosing module (`use super::*`) brings in what that module imports
+        // from its children, and the children themselves: each of those names the file uses
+        // is an edge to the child it comes from.
+        let (words, heads) = (words(&code), path_heads(&code));
+        for ancestor in named.clone() {
+            if ancestor.len() >= module.len() || !module.starts_with(&ancestor) {
+                continue;
+            }
+            if let Some(text) = modules.get(&ancestor) {
+                for (name, path) in glob_names(text, &ancestor, &exists) {
+                    // A child module counts where it heads a path (`child::x`): its name
+                    // alone is as often a variable's.
+                    let is_module = exists(&path);
+                    if (is_module && heads.contains(&name)) || (!is_module && words.contains(&name))
+                    {
+                        named.push(path);
+                    }
+                }
+            }
+        }
+        for named in named {
             // Every folder both paths pass through, at the first segment where they part.
             let common = module.iter().zip(&named).take_while(|(a, b)| a == b).count();
             if common == 0 || common >= module.len() || common >= named.len() {
@@ -413,6 +502,29 @@ fn the_path_reader_resolves_super_self_and_groups() {
             "tools::t",
             "session::steps::inner::g",
             "session"
+        ]
+    );
+}
+
+#[test]
+fn a_glob_brings_in_what_its_module_takes_from_its_children() {
+    let module: Vec<String> = ["compaction"].iter().map(|s| s.to_string()).collect();
+    let text = "mod checkpoints;\npub(crate) mod freeze;\npub use checkpoints::{Checkpoint, \
+                settle};\nuse self::freeze::Frozen;\nuse crate::store::Db;\n\
+                fn f() { freeze::not_an_import(); }";
+    let exists = |m: &[String]| m.len() == 2 && ["checkpoints", "freeze"].contains(&m[1].as_str());
+    let got: Vec<String> = glob_names(text, &module, &exists)
+        .into_iter()
+        .map(|(name, path)| format!("{name}={}", path.join("::")))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "Checkpoint=compaction::checkpoints::Checkpoint",
+            "settle=compaction::checkpoints::settle",
+            "Frozen=compaction::freeze::Frozen",
+            "checkpoints=compaction::checkpoints",
+            "freeze=compaction::freeze",
         ]
     );
 }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use crate::sql::{Connection, OptionalExtension, params};
 
-pub use crate::caller::{AccessError, ENV_TOKEN_NAME, Owner, Principal, Role, Source};
+pub use crate::caller::{AccessError, ENV_TOKEN_NAME, Owner, Principal, Role, };
 use crate::sandbox::{Access, Grant};
 use crate::store::{StoreError, now_ms};
 

@@ -3,7 +3,10 @@
 //! An agent harness whose every tool is a WebAssembly component. This crate is its core: the
 //! owner spine, the tool runtime, the store and the use cases every front-end goes through.
 //! The front-ends are other crates — `keel-server` (the HTTP API and console, keel as an MCP
-//! server) and the `keel` binary — and can reach only what this crate exports.
+//! server) and the `keel` binary — and can reach only what this crate exports: the use cases
+//! ([`api`]) and the vocabulary they speak ([`protocol`]). The owner modules below are public
+//! only with the `internals` feature, which the tests and benchmarks turn on to check an owner
+//! directly; these docs are built with it.
 //!
 //! Owners (one module each, one owner per fact):
 //! - [`sandbox`] — ProcessSandbox: runs one component call under a budget, with only the
@@ -46,52 +49,74 @@
 //! `session`; `agent`; `brain`; `access`; `harness`; `api`.
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 
-pub mod access;
-pub mod agent;
 pub mod api;
-pub mod assembly;
-pub mod brain;
-pub mod builtin;
-pub mod caller;
-pub mod cancel;
-pub mod change;
-pub mod compaction;
-pub mod config;
-pub mod control;
-pub mod crash;
-pub mod digest;
-pub mod failure;
-pub mod grant;
-pub mod harness;
-pub mod home;
-pub mod ids;
-pub mod live;
-pub mod memory;
-pub mod meta;
-pub mod metrics;
-pub mod model;
-pub mod names;
-pub mod oci;
-pub mod plan;
-pub mod policy;
-pub mod preparation;
 pub mod protocol;
-pub mod sandbox;
-pub mod search;
-pub mod secrets;
-pub mod session;
-pub mod shown;
-pub mod signing;
-pub mod skills;
-pub mod sql;
-pub mod store;
+
+/// Declares the owner modules: public with the `internals` feature (tests and benchmarks check
+/// an owner directly), private without it, so a front-end can name only [`api`] and
+/// [`protocol`] — the compiler's rule, not a convention.
+macro_rules! owners {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[cfg(feature = "internals")]
+            pub mod $name;
+            #[cfg(not(feature = "internals"))]
+            mod $name;
+        )*
+    };
+}
+
+// `stored` exports `stored_enum!` at the root, which a module declared by a macro cannot.
+#[cfg(feature = "internals")]
 pub mod stored;
-pub mod tls;
-pub mod tools;
-pub mod understand;
-pub mod units;
-pub mod views;
-pub mod workgroup;
+#[cfg(not(feature = "internals"))]
+mod stored;
+
+owners!(
+    access,
+    agent,
+    assembly,
+    brain,
+    builtin,
+    caller,
+    cancel,
+    change,
+    compaction,
+    config,
+    control,
+    crash,
+    digest,
+    failure,
+    grant,
+    harness,
+    home,
+    ids,
+    live,
+    memory,
+    meta,
+    metrics,
+    model,
+    names,
+    oci,
+    plan,
+    policy,
+    preparation,
+    sandbox,
+    search,
+    secrets,
+    session,
+    shown,
+    signing,
+    skills,
+    sql,
+    store,
+    tls,
+    tools,
+    understand,
+    units,
+    views,
+    workgroup,
+);
 
 /// The memory allocator of the `keel` binary, and of anything that embeds keel and wants the
 /// same figures: a step allocates and frees many small strings and JSON values on several

@@ -191,6 +191,7 @@ pub fn verify(bytes: &[u8], key: &PublicKey) -> Result<(), SigningError> {
 }
 
 /// The keys among `keys` that signed `bytes` as they are (none for an unsigned file).
+#[cfg(any(test, feature = "internals"))]
 pub fn signers<'a, T>(bytes: &[u8], keys: &'a [(T, PublicKey)]) -> Vec<&'a T> {
     if !is_signed(bytes) {
         return Vec::new();

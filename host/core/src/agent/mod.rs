@@ -29,7 +29,7 @@ use crate::tools::ToolService;
 
 use crate::ids::{CallId, SessionId, UnitId};
 use calls::StepEnd;
-pub use calls::{DirectCall, net_records};
+pub use calls::{DirectCall, };
 
 /// Something worth telling the user while a turn runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -185,16 +185,6 @@ impl AgentService {
 
     pub fn engine(&self) -> &SessionEngine {
         &self.engine
-    }
-
-    /// The ToolService the calls go through.
-    pub fn tools(&self) -> &Arc<ToolService> {
-        &self.tools
-    }
-
-    /// The loop guards of sessions that store none.
-    pub fn guards(&self) -> &LoopGuards {
-        &self.guards
     }
 
     /// The model client (Brain's understanding call uses it too).

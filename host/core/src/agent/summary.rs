@@ -41,8 +41,6 @@ pub const LISTS: [&str; 5] =
 pub const MAX_ENTRIES: usize = 16;
 /// Characters of one list entry an answer may hold, at most.
 pub const MAX_ENTRY_CHARS: usize = 600;
-/// Characters of the restated active request, at most.
-pub const MAX_REQUEST_CHARS: usize = 8000;
 /// The call's reply cap (whatever the session's own cap on business replies); a small
 /// window lowers it ([`reply_reserve`]).
 pub const MAX_TOKENS: u32 = 2048;

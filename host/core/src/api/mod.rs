@@ -19,6 +19,7 @@ mod mcp;
 mod registry;
 mod running;
 pub mod shown;
+mod skills;
 mod tools;
 mod workgroups;
 pub use crate::caller::Caller;
@@ -26,12 +27,13 @@ pub use crate::change::{Changes, FileChange, cut_lines};
 pub use callers::{
     ApprovalView, BudgetRequest, GrantRequest, PolicyRequest, SessionRequest, WorkgroupRequest,
 };
-pub use capabilities::{SessionCapabilities, SkillInstallReport};
+pub use capabilities::SessionCapabilities;
 pub use mcp::McpRefresh;
 pub use registry::{
     Outdated, OutdatedKind, PublishedSkill, RegistryAuth, RegistryInstall, SkillSigned,
 };
 pub use running::KeepRunning;
+pub use skills::SkillInstallReport;
 
 use crate::agent::{AgentError, Events, LoopGuards};
 use crate::assembly::ModelCallRecord;
@@ -436,7 +438,7 @@ impl Harness {
     }
 
     /// Recovers the sessions whose runner is gone — on a shared store, a host that died or
-    /// stopped renewing its leases for [`LEASE_TTL`](crate::brain::LEASE_TTL) — as startup
+    /// stopped renewing its leases for the lease TTL — as startup
     /// recovery does (a call whose outcome is unknown is never run again); the sessions with
     /// work to resume, which the caller then resumes as their runner.
     pub async fn take_over(&self, caller: &Caller) -> Result<Vec<RecoveredSession>, ApiError> {

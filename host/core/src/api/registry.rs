@@ -2,6 +2,7 @@
 //! installing them by reference (digests checked, then signatures, then imports, then
 //! compile), and finding installed components whose tag now names other bytes.
 
+use super::skills::SkillRegistry;
 use super::*;
 use crate::oci::{ArtifactKind, Credentials, OciError, OciRef, Pushed, Registry};
 use crate::tools::Origin;
@@ -438,16 +439,6 @@ impl Harness {
     }
 }
 
-/// Where a skill installed from a registry came from, for its record and its components'.
-pub(super) struct SkillRegistry {
-    pub manifest_digest: String,
-    pub package: String,
-    pub allow_unsigned: bool,
-    /// The trusted key whose signature covered the bundle (`None`: installed unsigned, on
-    /// purpose).
-    pub signer: Option<crate::tools::trust::TrustedKey>,
-}
-
 /// What `publish_skill` did: the bundle, and its signature when a key was given.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PublishedSkill {
@@ -466,24 +457,4 @@ pub struct SkillSigned {
     pub public_key: String,
     /// Where the signature is kept (`…:sha256-HEX.keel-sig`).
     pub signature: String,
-}
-
-impl SkillRegistry {
-    /// What the skill's record keeps of where it came from and who vouched for it.
-    pub(super) fn provenance(&self) -> crate::skills::Provenance {
-        crate::skills::Provenance {
-            manifest_digest: self.manifest_digest.clone(),
-            signer: self.signer.as_ref().map(|t| (t.name.clone(), t.public_key.clone())),
-            unsigned_allowed: self.signer.is_none(),
-        }
-    }
-
-    pub(super) fn origin(&self, source: String) -> Origin {
-        Origin::Registry {
-            reference: source,
-            manifest_digest: self.manifest_digest.clone(),
-            package: self.package.clone(),
-            allow_unsigned: self.allow_unsigned,
-        }
-    }
 }

@@ -716,6 +716,7 @@ impl<'a> Assembly<'a> {
     /// Assembles the next model request from the current facts, in one read; `tools` turns
     /// the session's facts into the serialized schemas of its loaded tools in the form asked
     /// for, inside the same read transaction (the connection is passed to it).
+    #[cfg(any(test, feature = "internals"))]
     pub async fn assemble<F>(
         &self,
         id: &SessionId,

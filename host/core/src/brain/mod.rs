@@ -30,11 +30,9 @@ mod prepare;
 pub mod workgroup;
 
 use crate::session::lease::{self, RunnerId, lease_live};
-pub use crate::session::lease::{LEASE_TTL, heartbeat_every, host_id, lease_ttl};
+pub use crate::session::lease::{heartbeat_every, host_id, };
 use crate::understand;
 
-/// How often a runner renews its lease with the default TTL (see [`heartbeat_every`]).
-pub const HEARTBEAT: Duration = Duration::from_secs(5);
 /// How often a runner checks the session's interrupt flag.
 pub const INTERRUPT_POLL: Duration = Duration::from_millis(100);
 
@@ -201,6 +199,7 @@ impl Brain {
     }
 
     /// This process's runner identity.
+    #[cfg(any(test, feature = "internals"))]
     pub fn owner(&self) -> &str {
         &self.owner
     }

@@ -538,6 +538,7 @@ impl Registry {
     }
 
     /// [`manifest`](Self::manifest), then [`fetch`](Self::fetch).
+    #[cfg(any(test, feature = "internals"))]
     pub async fn pull(
         &self,
         reference: &OciRef,

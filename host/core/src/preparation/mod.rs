@@ -36,6 +36,7 @@ impl<'a> Preparation<'a> {
     }
 
     /// The session's task state: goals, phase, plan.
+    #[cfg(any(test, feature = "internals"))]
     pub async fn task(&self, id: &SessionId) -> Result<TaskState, StoreError> {
         let id = id.clone();
         self.engine.db().read_inline(move |c| task::task_in(c, &id)).await
@@ -63,6 +64,7 @@ impl<'a> Preparation<'a> {
 
     /// Adds tools to the session's loaded set (add-only, pinned): an admin's addition through
     /// AddSelectedCapabilities.
+    #[cfg(any(test, feature = "internals"))]
     pub async fn add_tools(&self, id: &SessionId, tools: Vec<String>) -> Result<(), StoreError> {
         let selection = capabilities::Selection { tools, ..Default::default() };
         self.add_capabilities(id, selection, capabilities::Via::Admin).await.map(|_| ())
@@ -188,6 +190,7 @@ impl<'a> Preparation<'a> {
     }
 
     /// The session's task transitions, oldest first.
+    #[cfg(any(test, feature = "internals"))]
     pub async fn transitions(
         &self,
         id: &SessionId,

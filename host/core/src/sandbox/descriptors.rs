@@ -54,11 +54,13 @@ impl Descriptors {
     }
 
     /// The share's size.
+    #[cfg(any(test, feature = "internals"))]
     pub fn total(&self) -> usize {
         self.total
     }
 
     /// Descriptors free now.
+    #[cfg(any(test, feature = "internals"))]
     pub fn available(&self) -> usize {
         self.sem.available_permits()
     }

@@ -30,16 +30,15 @@ use wasmtime::component::{Component, ComponentExportIndex, InstancePre, Linker};
 
 pub use crate::cancel::CancelToken;
 pub use crate::digest::sha256_hex;
-pub use crate::grant::{Access, DirId, Grant, GrantError, GrantMoved, GrantUnusable, Opened};
+pub use crate::grant::{Access, Grant, GrantError, GrantUnusable, Opened};
 pub use cache::{LoadSource, check_header};
 pub use control::ControlCtx;
-pub use engine::EPOCH_TICK;
 pub use error::{CallError, LoadError, ToolErrorKind};
-pub use fs::{FsPolicy, FsReport, MAX_DENIALS_LISTED};
-pub use host_api::{LogRecord, MAX_LOG_RECORDS, Progress};
-pub use pipe::Captured;
-pub use run::{CallReport, Invocation, MAX_ERROR_MESSAGE, RawSpec};
+pub use fs::FsPolicy;
+pub use run::{CallReport, Invocation, RawSpec};
 pub use wasi::GRANTED_INTERFACES;
+#[cfg(any(test, feature = "internals"))]
+pub use {fs::FsReport, host_api::MAX_LOG_RECORDS, run::MAX_ERROR_MESSAGE};
 
 use cache::ArtifactCache;
 use wasi::CallState;
@@ -241,7 +240,7 @@ impl Core {
 
 impl Sandbox {
     /// A sandbox whose compiled artifacts are cached under `cache_root`. The engine is built
-    /// when it is first needed; [`Sandbox::ready`] builds it now.
+    /// when it is first needed.
     pub fn new(cache_root: &Path, limits: SandboxLimits) -> Result<Self, LoadError> {
         let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_concurrent_calls as usize));
         let descriptors = Arc::new(descriptors::Descriptors::new(limits.tool_descriptors));
@@ -265,11 +264,6 @@ impl Sandbox {
         Ok(self.core.get_or_init(|| built))
     }
 
-    /// Builds the engine now (it is otherwise built on first use).
-    pub fn ready(&self) -> Result<(), LoadError> {
-        self.core().map(|_| ())
-    }
-
     /// Digest of the engine settings that artifacts are compiled for.
     pub fn engine_hash(&self) -> Result<&str, LoadError> {
         Ok(&self.core()?.engine_hash)
@@ -280,6 +274,7 @@ impl Sandbox {
     }
 
     /// How many compiles this sandbox has started.
+    #[cfg(any(test, feature = "internals"))]
     pub fn compiles(&self) -> u64 {
         self.compiles.load(std::sync::atomic::Ordering::Relaxed)
     }

@@ -54,7 +54,6 @@ pub(crate) use facts::{
     set_state_after, unsettled_in,
 };
 pub use reactions::{Reactions, StateChange};
-pub use reads::StoreGauges;
 pub use recover::RecoveredSession;
 pub(crate) use recover::recover_in;
 pub use steps::{AfterCrash, JournalStatus, OUTCOME_UNKNOWN, OpenStep, WaitCommit, after_crash};

@@ -181,6 +181,7 @@ pub struct SkillInstalled {
 
 /// Stores `pkg` as the installed version of its name (`source`: where it came from).
 /// Replacing an installed skill of another content needs `upgrade`.
+#[cfg(any(test, feature = "internals"))]
 pub fn install_in(
     c: &Connection,
     pkg: &SkillPackage,

@@ -13,7 +13,9 @@ use std::fmt;
 pub(crate) mod pg;
 mod pg_tls;
 
+#[cfg(any(test, feature = "internals"))]
 pub use pg::round_trips as postgres_round_trips;
+
 
 /// Which database a connection talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

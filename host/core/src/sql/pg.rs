@@ -41,6 +41,7 @@ static ROUND_TRIPS: AtomicU64 = AtomicU64::new(0);
 static WAITED_NS: AtomicU64 = AtomicU64::new(0);
 
 /// How many round trips to PostgreSQL this process has waited for, and for how long in all.
+#[cfg(any(test, feature = "internals"))]
 pub fn round_trips() -> (u64, Duration) {
     (ROUND_TRIPS.load(Ordering::Relaxed), Duration::from_nanos(WAITED_NS.load(Ordering::Relaxed)))
 }

@@ -304,6 +304,7 @@ pub(crate) fn tune(conn: &Connection) -> rusqlite::Result<()> {
 /// Opens the database at `path` with its schema brought only up to migration `version` — how a
 /// database written by an older keel looks (for upgrade tests).
 #[doc(hidden)]
+#[cfg(any(test, feature = "internals"))]
 pub fn open_at_version(path: &Path, version: i64) -> Result<Connection, StoreError> {
     let mut conn = Connection::open(path).map_err(|source| StoreError::Open {
         path: path.display().to_string(),

@@ -186,6 +186,7 @@ impl ToolService {
     /// The loaded tools as the model sees them, from the current catalog
     /// ([`Catalog::tools_json`](super::Catalog::tools_json)). `None` when no loaded tool is installed, or when the catalog
     /// cannot be read (no tools rather than stale ones).
+    #[cfg(any(test, feature = "internals"))]
     pub fn tools_json(&self, loaded: &[String]) -> Option<Arc<str>> {
         self.catalog().ok()?.tools_json(loaded)
     }

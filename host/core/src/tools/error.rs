@@ -160,7 +160,7 @@ impl ToolServiceError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::{GrantMoved, GrantUnusable};
+    use crate::grant::{GrantMoved, GrantUnusable};
 
     #[test]
     fn every_kind_a_grant_names_is_a_failure_kind() {

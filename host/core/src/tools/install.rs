@@ -260,7 +260,6 @@ pub struct InstallReport {
 /// A component that passed install's checks (see [`ToolService::check_component`]).
 pub struct Checked {
     pub digest: String,
-    pub size: u64,
     /// Whether it carries an embedded signature, and the trusted key (covering its name) that
     /// made it, if one did.
     pub signed: bool,
@@ -575,7 +574,6 @@ impl ToolService {
         }
         Ok(Checked {
             digest,
-            size: bytes.len() as u64,
             signed,
             signer,
             imports,

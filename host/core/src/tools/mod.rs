@@ -39,15 +39,14 @@ pub use catalog::{
 pub use changes::ChangeSet;
 pub use error::ToolServiceError;
 pub use install::{
-    Checked, FileInspection, InstallMode, InstallReport, Origin, UpgradeDiff, describe_budget,
-    now as install_time, valid_component_name, valid_tool_name,
-};
+    FileInspection, InstallMode, InstallReport, Origin, now as install_time, };
 pub use lease::{LeaseBusy, LeaseRequest, Leases};
-pub use source::{HostCall, HostFuture, HostTool, SourceKind, ToolSource};
+pub use source::{HostCall, HostFuture, HostTool, SourceKind, };
+#[cfg(any(test, feature = "internals"))]
+pub use view::MINIMAL_DESCRIPTION;
 pub use view::{
-    COMPACT_DESCRIPTION, COMPACT_PARAMETER, Catalog, MINIMAL_DESCRIPTION, Resolved, SchemaForm,
-    ToolPins, compact_schema, first_sentence,
-};
+    Catalog, Resolved, SchemaForm,
+    ToolPins, };
 
 /// The ToolService of one keel home.
 pub struct ToolService {

@@ -67,15 +67,6 @@ pub enum ToolSource {
     Host(Arc<dyn HostTool>),
 }
 
-impl ToolSource {
-    pub fn kind(&self) -> SourceKind {
-        match self {
-            Self::Component => SourceKind::Component,
-            Self::Host(h) => h.kind(),
-        }
-    }
-}
-
 impl fmt::Debug for ToolSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -86,12 +86,14 @@ impl Catalog {
 
     /// The loaded tools as the model sees them — the OpenAI `tools` array (name, description,
     /// input schema), serialized once per tool list. `None` when no loaded tool is installed.
+    #[cfg(any(test, feature = "internals"))]
     pub fn tools_json(&self, loaded: &[String]) -> Option<Arc<str>> {
         self.tools_json_pinned(loaded, &ToolPins::new())
     }
 
     /// [`tools_json`](Self::tools_json) for a session with `pins`: each tool as the version
     /// the session runs.
+    #[cfg(any(test, feature = "internals"))]
     pub fn tools_json_pinned(&self, loaded: &[String], pins: &ToolPins) -> Option<Arc<str>> {
         self.tools_json_as(loaded, pins, SchemaForm::Full)
     }
@@ -157,7 +159,7 @@ pub enum SchemaForm {
     /// As the tools describe themselves.
     Full,
     /// Descriptions cut to their first sentence; examples, titles and schema noise dropped
-    /// ([`compact_schema`]).
+    /// (`compact_schema`).
     Compact,
     /// As compact, the tool's description cut shorter ([`MINIMAL_DESCRIPTION`]), and its
     /// parameters' descriptions and length and count bounds dropped: names, types, enums
@@ -480,6 +482,7 @@ impl ToolService {
 
     /// How many times this service loaded the catalog from the database (for tests).
     #[doc(hidden)]
+    #[cfg(any(test, feature = "internals"))]
     pub fn catalog_loads(&self) -> u64 {
         self.catalog.lock().unwrap_or_else(PoisonError::into_inner).loads
     }

@@ -286,7 +286,7 @@ pub(super) async fn run_raw(
 }
 
 /// The journal's JSON of a call's request records (`None`: it sent none).
-pub fn net_records(net: &crate::sandbox::net::NetReport) -> Option<String> {
+fn net_records(net: &crate::sandbox::net::NetReport) -> Option<String> {
     if net.records.is_empty() {
         return None;
     }

@@ -28,7 +28,6 @@ use gate::unit_for;
 use slots::{Outcome, Slot, asks, error_outcome, journaled, plan};
 
 pub use direct::DirectCall;
-pub use drive::net_records;
 
 /// Where a step's calls run: the agent, the session, the step, its cancel token and events.
 #[derive(Clone, Copy)]

@@ -75,7 +75,7 @@ pub struct FsReport {
     /// Files, directories and links created.
     pub files_created: u64,
     /// Operations refused by the effect class (`unlink /w/a.txt: …`), at most
-    /// [`MAX_DENIALS_LISTED`].
+    /// `MAX_DENIALS_LISTED`.
     pub denied: Vec<String>,
     /// Refusals past the listed ones.
     #[serde(skip_serializing_if = "is_zero")]

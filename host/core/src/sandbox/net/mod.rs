@@ -13,10 +13,10 @@ mod hook;
 mod reflect;
 
 pub use grant::{
-    DEFAULT_NET_MAX_BYTES, DEFAULT_NET_MAX_REQUESTS, Fill, HostPattern, LoopbackException,
-    MAX_CONCURRENT_REQUESTS, NetGrantError, NetGrants, NetRule, Scheme, SecretBinding,
+    DEFAULT_NET_MAX_BYTES, DEFAULT_NET_MAX_REQUESTS, LoopbackException,
+    NetGrantError, NetGrants, NetRule, SecretBinding,
 };
-pub use hook::{Egress, EgressPlan, IoFuture, MAX_NET_RECORDS, NetRecord, NetReport};
+pub use hook::{Egress, EgressPlan, NetRecord, NetReport};
 
 /// Adds outgoing `wasi:http` (`types`, `outgoing-handler`) to `linker`, with the store's
 /// [`Egress`] (reached through its `WasiHttpView`) as the sender of every request.
@@ -26,9 +26,6 @@ pub fn add_to_linker<T: wasmtime_wasi_http::WasiHttpView + 'static>(
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)
 }
 
-/// The `wasi:http` interfaces (without version) a tool may import; importing them makes the
-/// component's tools `external`.
-pub const HTTP_INTERFACES: &[&str] = &["wasi:http/types", "wasi:http/outgoing-handler"];
 
 /// Whether any of `imports` is a `wasi:http` interface.
 pub fn imports_http<'a>(imports: impl IntoIterator<Item = &'a str>) -> bool {

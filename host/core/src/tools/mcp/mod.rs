@@ -446,8 +446,8 @@ mod tests {
             second.starts_with("every__get_sum_") && second.len() == "every__get_sum_".len() + 8
         );
         let long = catalog_name("s", &"x".repeat(200), &[]);
-        assert!(long.len() <= 64 && crate::tools::valid_tool_name(&long), "{long}");
-        assert!(crate::tools::valid_tool_name(&catalog_name("s", "---", &[])));
+        assert!(long.len() <= 64 && crate::tools::install::valid_tool_name(&long), "{long}");
+        assert!(crate::tools::install::valid_tool_name(&catalog_name("s", "---", &[])));
         for bad in ["", "A", "1a", "a__b", "a_", &"a".repeat(25)] {
             assert!(check_server_name(bad).is_err(), "{bad}");
         }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::client::{McpTool, Pool};
+use super::client::McpTool;
 use super::registry::{self, ServerRecord};
 use super::{McpError, Offer, ServerSpec};
 use crate::store::StoreError;
@@ -13,11 +13,6 @@ use crate::tools::view::Resolved;
 use crate::tools::{SourceKind, ToolServiceError, catalog};
 
 impl crate::tools::ToolService {
-    /// The connections to MCP servers of this process.
-    pub fn mcp_pool(&self) -> &Arc<Pool> {
-        &self.mcp
-    }
-
     /// Every added MCP server.
     pub fn mcp_servers(&self) -> Result<Vec<ServerRecord>, ToolServiceError> {
         Ok(registry::list_in(&self.db())?)

@@ -12,7 +12,7 @@ use crate::secrets::valid_secret_name;
 
 mod binding;
 
-pub use binding::{Fill, SecretBinding, placeholder};
+pub use binding::SecretBinding;
 
 /// Bytes a call may send and receive over the network in all, by default (`--net-max-bytes`).
 pub const DEFAULT_NET_MAX_BYTES: u64 = 16 << 20;

@@ -205,12 +205,6 @@ impl Egress {
         }
     }
 
-    /// What the call's requests did so far.
-    pub fn report(&self) -> NetReport {
-        let g = self.ledger.records.lock().unwrap_or_else(PoisonError::into_inner);
-        NetReport { records: g.0.clone(), dropped: g.1 }
-    }
-
     /// Ends the call's network use: requests still in flight are cancelled (their
     /// connections dropped) and recorded as `cancelled`, with what they had sent; no new one
     /// starts. Returns the report.
@@ -226,6 +220,7 @@ impl Egress {
     }
 
     /// Sends `request` as the hook does for a guest.
+    #[cfg(any(test, feature = "internals"))]
     pub async fn send(
         &self,
         request: http::Request<WasiBody>,
@@ -235,6 +230,7 @@ impl Egress {
 
     /// A GET of `url` from the host through the same checks, its body read to the end:
     /// the status and the body's size (used by the benchmarks, and to try grants).
+    #[cfg(any(test, feature = "internals"))]
     pub async fn get(&self, url: &str) -> Result<(u16, u64), String> {
         let body =
             http_body_util::Empty::<Bytes>::new().map_err(|never| match never {}).boxed_unsync();
