@@ -141,7 +141,7 @@ async fn main() {
         let mut args = vec![
             "run",
             "inspect orders.csv",
-            "--session",
+            "--new-session",
             session,
             "--tools",
             "csv_inspect",

@@ -290,7 +290,7 @@ async fn main() {
     run(&[
         "run",
         "warm up",
-        "--session",
+        "--new-session",
         "b",
         "--grant",
         &grant,

@@ -31,20 +31,25 @@ pub fn now() -> String {
     format!("{secs}")
 }
 
-/// The edit distance (insertions, deletions, substitutions) between `a` and `b`.
+/// The edit distance between `a` and `b`: insertions, deletions, substitutions and swaps of
+/// two neighbouring characters (`audti` is one edit from `audit`), each edit counting one.
 fn distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut last = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let here = row[j + 1];
-            row[j + 1] = (last + usize::from(ca != *cb)).min(row[j] + 1).min(here + 1);
-            last = here;
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    // Three rows: two back (for a swap), the last, the current.
+    let mut before: Vec<usize> = vec![0; b.len() + 1];
+    let mut last: Vec<usize> = (0..=b.len()).collect();
+    for i in 1..=a.len() {
+        let mut row = vec![i; b.len() + 1];
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            row[j] = (last[j - 1] + cost).min(row[j - 1] + 1).min(last[j] + 1);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                row[j] = row[j].min(before[j - 2] + 1);
+            }
         }
+        before = std::mem::replace(&mut last, row);
     }
-    row[b.len()]
+    last[b.len()]
 }
 
 /// The names among `candidates` that `word` most likely meant: the closest by edit distance
@@ -91,6 +96,10 @@ mod tests {
         let names = ["fs_write_file", "fs_read_file", "workspace-write", "read-only"];
         assert_eq!(closest("fs_wrte_file", names), ["fs_write_file"]);
         assert_eq!(closest("read-onyl", names), ["read-only"]);
+        assert_eq!(closest("audti", ["audit", "other"]), ["audit"]);
+        assert_eq!(distance("ab", "ba"), 1);
+        assert_eq!(distance("kitten", "sitting"), 3);
+        assert_eq!(distance("", "abc"), 3);
         assert_eq!(closest("write", names), ["fs_write_file", "workspace-write"]);
         assert!(closest("zzz", names).is_empty());
         assert_eq!(did_you_mean(&["a", "b"]), " (did you mean `a` or `b`?)");

@@ -32,7 +32,7 @@ pub mod sessions {
         RuntimeState,
     };
     pub use crate::shown::goal_reference;
-    pub use crate::views::{Timeline, TurnUsage};
+    pub use crate::views::{SessionSummary, Timeline, TimelineMessage, TurnUsage};
     pub use crate::workgroup::{Delegation, Limits, Member, Workgroup};
 }
 

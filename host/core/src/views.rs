@@ -25,6 +25,23 @@ pub struct SessionSummary {
     pub last_activity: i64,
     /// The API token that created it (`None`: a local front-end did).
     pub owner: Option<String>,
+    /// The user it works for, typed (`local:alice`, `token:bob`); `None`: the operating-system
+    /// user of the process that reads it.
+    pub user: Option<String>,
+}
+
+impl SessionSummary {
+    /// Whether the session works for `user` — a typed principal, or a name, which is a local
+    /// user's (`alice` is `local:alice`). A session stored without a user works for the
+    /// operating-system user.
+    pub fn works_for(&self, user: &str) -> bool {
+        use crate::memory::{Kind, default_user, typed};
+        let user = typed(user, Kind::Local);
+        match &self.user {
+            Some(u) => *u == user,
+            None => typed(&default_user(), Kind::Local) == user,
+        }
+    }
 }
 
 pub fn list(c: &Connection) -> Result<Vec<SessionSummary>, StoreError> {
@@ -32,7 +49,7 @@ pub fn list(c: &Connection) -> Result<Vec<SessionSummary>, StoreError> {
         "SELECT s.id, s.state, s.turns, s.steps, c.session_goal, s.created_at,
                 COALESCE((SELECT MAX(e.at_ms) FROM session_events e WHERE e.session_id = s.id),
                          s.created_at),
-                c.owner
+                c.owner, c.\"user\"
          FROM sessions s LEFT JOIN session_config c ON c.session_id = s.id
          ORDER BY s.created_at DESC, s.id",
     )?;
@@ -47,6 +64,7 @@ pub fn list(c: &Connection) -> Result<Vec<SessionSummary>, StoreError> {
                 created_at: r.get(5)?,
                 last_activity: r.get(6)?,
                 owner: None,
+                user: r.get(8)?,
             },
             r.get::<_, Option<String>>(7)?,
         ))
@@ -336,6 +354,28 @@ impl<'a> Views<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_session_works_for_its_typed_user_and_one_without_for_the_os_user() {
+        let of = |user: Option<&str>| SessionSummary {
+            id: "s".into(),
+            state: "idle".into(),
+            turns: 0,
+            steps: 0,
+            session_goal: None,
+            created_at: 0,
+            last_activity: 0,
+            owner: None,
+            user: user.map(str::to_string),
+        };
+        assert!(of(Some("local:carol")).works_for("carol"));
+        assert!(of(Some("local:carol")).works_for("local:carol"));
+        assert!(!of(Some("token:carol")).works_for("carol"));
+        assert!(!of(Some("local:carol")).works_for("bob"));
+        let me = crate::memory::default_user();
+        assert!(of(None).works_for(&me));
+        assert!(!of(None).works_for(&format!("{me}x")));
+    }
 
     #[test]
     fn a_message_is_read_into_its_text_calls_and_answer() {

@@ -18,7 +18,7 @@ use keel::protocol::setup::Harness;
 use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
 
-use super::run::{SessionArgs, open_session};
+use super::run::{SessionArgs, session_in, sessions_of, user_of};
 use super::style::{Tone, paint};
 use super::{inert, inert_block};
 
@@ -26,7 +26,17 @@ use super::{inert, inert_block};
 pub struct ChatArgs {
     #[command(flatten)]
     session: SessionArgs,
+    /// Pick the session to continue from this user's recent ones (time, state, turns, goal).
+    #[arg(long, conflicts_with_all = ["session", "new_session", "continue_last"])]
+    resume: bool,
+    /// Exchanges of a continued session shown when the chat opens: the inputs, the tool
+    /// calls and the answers (0: none).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    replay: usize,
 }
+
+/// Sessions the picker of `--resume` offers, at most.
+const PICKER_SESSIONS: usize = 10;
 
 /// The slash commands, with what each does (`/help`).
 const COMMANDS: &[(&str, &str)] = &[
@@ -46,12 +56,15 @@ const HISTORY_LINES: usize = 1000;
 
 /// `keel chat`.
 pub async fn execute(home: PathBuf, a: ChatArgs) -> ExitCode {
-    let (h, id) = match open_session(&home, &a.session, false).await {
+    let mut a = a;
+    let (home_dir, h) = match super::turn::open_harness(&home).await {
         Ok(x) => x,
-        Err(code) => return code,
+        Err(e) => return super::fail(false, "setup", &e, super::EXIT_SETUP),
     };
+    // Only inputs and commands go into the history, never the answers to a question (an
+    // approval's, a reason, the picker's).
     let config = rustyline::Config::builder()
-        .auto_add_history(true)
+        .auto_add_history(false)
         .max_history_size(HISTORY_LINES)
         .and_then(|b| b.history_ignore_dups(true))
         .map(|b| b.build());
@@ -70,6 +83,21 @@ pub async fn execute(home: PathBuf, a: ChatArgs) -> ExitCode {
     let history = home.join("chat-history");
     // A missing history file is a first chat, not an error.
     let _ = editor.load_history(&history);
+    if a.resume {
+        match pick(&h, &user_of(&a.session), &mut editor).await {
+            Ok(Some(id)) => a.session.session = Some(id),
+            Ok(None) => return ExitCode::SUCCESS,
+            Err(code) => return code,
+        }
+    }
+    let opened = match session_in(&h, &home_dir, &a.session, false).await {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
+    let id = opened.id;
+    if opened.continued && a.replay > 0 {
+        replay(&h, &id, a.replay).await;
+    }
     eprintln!(
         "keel: chat in session {id} — type a task; /help lists commands; Ctrl-C interrupts a turn, Ctrl-D leaves"
     );
@@ -81,11 +109,15 @@ pub async fn execute(home: PathBuf, a: ChatArgs) -> ExitCode {
         match chat.read_line("› ") {
             Ok(line) if line.trim().is_empty() => {}
             Ok(line) if line.trim_start().starts_with('/') => {
+                let _ = chat.editor.add_history_entry(line.as_str());
                 if !chat.command(line.trim()).await {
                     break;
                 }
             }
-            Ok(line) => chat.turn(&line).await,
+            Ok(line) => {
+                let _ = chat.editor.add_history_entry(line.as_str());
+                chat.turn(&line).await
+            }
             Err(ReadlineError::Interrupted) => {
                 eprintln!("keel: (nothing is running; Ctrl-D leaves, the session stays)");
             }
@@ -101,6 +133,112 @@ pub async fn execute(home: PathBuf, a: ChatArgs) -> ExitCode {
     }
     eprintln!("keel: left session {}; go on with `keel chat --session {}`", chat.id, chat.id);
     ExitCode::SUCCESS
+}
+
+/// `--resume`: this user's recent sessions, numbered, and the one picked (`None`: none was).
+async fn pick(
+    h: &Harness,
+    user: &str,
+    editor: &mut DefaultEditor,
+) -> Result<Option<String>, ExitCode> {
+    let list = match sessions_of(h, user).await {
+        Ok(l) => l,
+        Err(e) => return Err(super::api_fail(false, &e)),
+    };
+    if list.is_empty() {
+        return Err(super::fail(
+            false,
+            "not_found",
+            &format!(
+                "no session of user `{user}` in this home to resume: start one with `keel chat`"
+            ),
+            super::EXIT_REFUSED,
+        ));
+    }
+    let now = super::now_ms();
+    eprintln!("keel: recent sessions of {user}:");
+    let shown: Vec<_> = list.into_iter().take(PICKER_SESSIONS).collect();
+    let width = shown.iter().map(|s| s.id.chars().count()).max().unwrap_or(0);
+    for (n, s) in shown.iter().enumerate() {
+        let goal: String = s.session_goal.as_deref().unwrap_or("-").chars().take(70).collect();
+        eprintln!(
+            "  {:>2}  {:<width$}  {:>12}  {:<16} {:>4} turn{}  {}",
+            n + 1,
+            inert(&s.id),
+            super::ago(now - s.last_activity),
+            s.state,
+            s.turns,
+            if s.turns == 1 { " " } else { "s" },
+            inert(&goal)
+        );
+    }
+    loop {
+        let prompt = format!("resume which? [1-{}; Enter: 1; q: none] › ", shown.len());
+        let answer = match tokio::task::block_in_place(|| editor.readline(&prompt)) {
+            Ok(a) => a.trim().to_string(),
+            Err(ReadlineError::Interrupted | ReadlineError::Eof) => return Ok(None),
+            Err(e) => {
+                return Err(super::fail(
+                    false,
+                    "terminal",
+                    &format!("the terminal cannot be read: {e}"),
+                    super::EXIT_SETUP,
+                ));
+            }
+        };
+        if answer == "q" {
+            return Ok(None);
+        }
+        let n = if answer.is_empty() { Some(1) } else { answer.parse::<usize>().ok() };
+        match n.and_then(|n| n.checked_sub(1)).and_then(|i| shown.get(i)) {
+            Some(s) => return Ok(Some(s.id.clone())),
+            None => eprintln!("keel: answer a number from 1 to {}, Enter or q", shown.len()),
+        }
+    }
+}
+
+/// The last `n` exchanges of session `id` — each input, the tool calls it led to and the
+/// answers — as the chat showed them.
+async fn replay(h: &Harness, id: &str, n: usize) {
+    let timeline = match h.timeline(&Caller::Operator, id).await {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("keel: the session's history cannot be shown: {}", inert(&e.to_string()));
+            return;
+        }
+    };
+    let inputs: Vec<usize> = timeline
+        .messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.role == "user")
+        .map(|(i, _)| i)
+        .collect();
+    let Some(&from) = inputs.len().checked_sub(n).map_or(inputs.first(), |i| inputs.get(i)) else {
+        return;
+    };
+    let shown = inputs.len().min(n);
+    eprintln!(
+        "keel: the last {} of session {} ({} in all):",
+        if shown == 1 { "exchange".to_string() } else { format!("{shown} exchanges") },
+        id,
+        inputs.len()
+    );
+    for m in &timeline.messages[from..] {
+        match m.role.as_str() {
+            "user" => eprintln!("{} {}", paint(Tone::Strong, "›"), inert(&m.text)),
+            "assistant" => {
+                for c in &m.calls {
+                    eprintln!("  · {}", inert(&c.tool));
+                }
+                if !m.text.trim().is_empty() {
+                    println!("{}", inert_block(m.text.trim_end()));
+                }
+            }
+            _ => {}
+        }
+    }
+    eprintln!("keel: (end of the replay)");
 }
 
 /// What a turn streamed to the terminal: the text of the reply being written, so an answer

@@ -98,6 +98,26 @@ pub fn inert_block(text: &str) -> String {
     out
 }
 
+/// Milliseconds since the Unix epoch now, as the store records times.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// How long ago something `ms` milliseconds old was, for a person: `just now`, `42 s ago`,
+/// `5 min ago`, `3 h ago`, `12 d ago`.
+pub fn ago(ms: i64) -> String {
+    let s = ms.max(0) / 1000;
+    match s {
+        0..=9 => "just now".to_string(),
+        10..=59 => format!("{s} s ago"),
+        60..=3599 => format!("{} min ago", s / 60),
+        3600..=86_399 => format!("{} h ago", s / 3600),
+        _ => format!("{} d ago", s / 86_400),
+    }
+}
+
 /// Renders what a tool wrote (its stdout, stderr or logs) inert, each line behind `prefix`,
 /// so that no line of it can pass for one of keel's own.
 pub fn prefixed(prefix: &str, text: &str) -> String {

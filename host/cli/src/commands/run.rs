@@ -26,9 +26,17 @@ pub struct RunArgs {
 /// The session a command runs turns in: one to continue, or the settings of a new one.
 #[derive(Args)]
 pub struct SessionArgs {
-    /// Session id to create or continue (default: a new session with a generated id).
-    #[arg(long)]
-    session: Option<String>,
+    /// Continue session ID. An id that does not exist is an error naming the closest ones;
+    /// nothing is created (default: a new session with a generated id).
+    #[arg(long, value_name = "ID", conflicts_with_all = ["new_session", "continue_last"])]
+    pub session: Option<String>,
+    /// Create a new session with this id; an id that exists is an error.
+    #[arg(long, value_name = "ID", conflicts_with = "continue_last")]
+    new_session: Option<String>,
+    /// Continue the most recently active session of this user (--user, KEEL_USER, else the
+    /// operating-system user) in this home.
+    #[arg(long = "continue", id = "continue_last")]
+    continue_last: bool,
     /// Grant a host directory to the session: HOST_DIR[=GUEST_PATH][:ro|:rw]. Repeatable.
     #[arg(long = "grant", value_name = "HOST_DIR[=GUEST][:ro|:rw]")]
     grants: Vec<Grant>,
@@ -160,7 +168,7 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
         return fail(a.json, "input", "the task is empty: say what to do", EXIT_REFUSED);
     }
     let (h, id) = match open_session(&home, &a.session, a.json).await {
-        Ok(x) => x,
+        Ok((h, opened)) => (h, opened.id),
         Err(code) => return code,
     };
     eprintln!("keel: session {id}");
@@ -177,27 +185,121 @@ pub async fn execute(home: PathBuf, a: RunArgs) -> ExitCode {
     super::workgroup::after_run(a.json, &h, &id, code).await
 }
 
-/// Opens the harness and the session `a` names — continued when it exists (its settings kept;
-/// the flags that only a new session takes are named on stderr), else created with `a`'s
-/// settings. An error is printed (as JSON with `json`) and returned as the exit code.
+/// Opens the harness and the session `a` names (see [`session_in`]). An error is printed (as
+/// JSON with `json`) and returned as the exit code.
 pub async fn open_session(
     home: &PathBuf,
     a: &SessionArgs,
     json: bool,
-) -> Result<(Harness, String), ExitCode> {
+) -> Result<(Harness, Opened), ExitCode> {
     let (home_dir, h) = match open_harness(home).await {
         Ok(x) => x,
         Err(e) => return Err(fail(json, "setup", &e, EXIT_SETUP)),
     };
-    let existing = match &a.session {
-        Some(id) => match h.session_exists(&Caller::Operator, id).await {
-            Ok(b) => b,
+    let opened = session_in(&h, &home_dir, a, json).await?;
+    Ok((h, opened))
+}
+
+/// The session a command runs in.
+pub struct Opened {
+    pub id: String,
+    /// Whether it existed (continued) rather than was created now.
+    pub continued: bool,
+}
+
+/// The typed user `a` names (`--user`, `KEEL_USER`), else the operating-system user's.
+pub fn user_of(a: &SessionArgs) -> String {
+    use keel::protocol::setup::{UserKind, default_user, typed_user};
+    typed_user(&a.user.clone().unwrap_or_else(default_user), UserKind::Local)
+}
+
+/// The sessions of `user` in this home, most recently active first.
+pub async fn sessions_of(
+    h: &Harness,
+    user: &str,
+) -> Result<Vec<keel::protocol::sessions::SessionSummary>, keel::api::ApiError> {
+    let mut list = h.sessions(&Caller::Operator).await?;
+    list.retain(|s| s.works_for(user));
+    list.sort_by(|a, b| b.last_activity.cmp(&a.last_activity).then_with(|| a.id.cmp(&b.id)));
+    Ok(list)
+}
+
+/// The session `a` names in `h`: with `--session`, one that exists, continued (its settings
+/// kept; the flags only a new session takes are named on stderr); with `--continue`, the most
+/// recently active one of the user; else a new one with `a`'s settings (`--new-session`: with
+/// that id). Continuing and creating never stand in for each other: an unknown id is an error
+/// with the closest ids, a taken one is an error too.
+pub async fn session_in(
+    h: &Harness,
+    home_dir: &keel::protocol::setup::Home,
+    a: &SessionArgs,
+    json: bool,
+) -> Result<Opened, ExitCode> {
+    let continued = if let Some(id) = &a.session {
+        match h.session_exists(&Caller::Operator, id).await {
+            Ok(true) => Some(id.clone()),
+            Ok(false) => {
+                let known = match h.sessions(&Caller::Operator).await {
+                    Ok(list) => list.into_iter().map(|s| s.id).collect::<Vec<_>>(),
+                    Err(e) => return Err(super::api_fail(json, &e)),
+                };
+                let near = keel::protocol::text::closest(id, known.iter().map(String::as_str));
+                return Err(fail(
+                    json,
+                    "not_found",
+                    &format!(
+                        "session `{}` does not exist{}; nothing was created (to start a session \
+                         with this id: --new-session {})",
+                        id.escape_debug(),
+                        keel::protocol::text::did_you_mean(&near),
+                        id.escape_debug()
+                    ),
+                    EXIT_REFUSED,
+                ));
+            }
             Err(e) => return Err(super::api_fail(json, &e)),
-        },
-        None => false,
+        }
+    } else if a.continue_last {
+        let user = user_of(a);
+        match sessions_of(h, &user).await {
+            Ok(list) => match list.first() {
+                Some(s) => Some(s.id.clone()),
+                None => {
+                    return Err(fail(
+                        json,
+                        "not_found",
+                        &format!(
+                            "no session of user `{user}` in this home to continue: start one \
+                             without --continue"
+                        ),
+                        EXIT_REFUSED,
+                    ));
+                }
+            },
+            Err(e) => return Err(super::api_fail(json, &e)),
+        }
+    } else {
+        None
     };
-    let id = if existing {
-        let id = a.session.clone().unwrap_or_default();
+    if let Some(id) = &a.new_session {
+        match h.session_exists(&Caller::Operator, id).await {
+            Ok(false) => {}
+            Ok(true) => {
+                return Err(fail(
+                    json,
+                    "conflict",
+                    &format!(
+                        "session `{}` exists; continue it with --session {}",
+                        id.escape_debug(),
+                        id.escape_debug()
+                    ),
+                    EXIT_REFUSED,
+                ));
+            }
+            Err(e) => return Err(super::api_fail(json, &e)),
+        }
+    }
+    let id = if let Some(id) = continued {
         if !a.grants.is_empty() || a.net.given() {
             return Err(fail(
                 json,
@@ -249,7 +351,7 @@ pub async fn open_session(
             context_window: a.context_window,
             compact_at: a.compact_at,
         };
-        let model = match model_config(&home_dir, &flags) {
+        let model = match model_config(home_dir, &flags) {
             Ok(Some(m)) => m,
             Ok(None) => {
                 return Err(fail(
@@ -263,7 +365,7 @@ pub async fn open_session(
             Err(e) => return Err(fail(json, e.kind(), &e.to_string(), EXIT_REFUSED)),
         };
         let preprocess = match keel::protocol::setup::preprocess_config(
-            &home_dir,
+            home_dir,
             &model,
             a.preprocess_model.as_deref(),
             a.no_preprocess,
@@ -272,7 +374,7 @@ pub async fn open_session(
             Err(e) => return Err(fail(json, e.kind(), &e.to_string(), EXIT_REFUSED)),
         };
         let spec = SessionSpec {
-            id: a.session.clone(),
+            id: a.new_session.clone(),
             grants: a.grants.clone(),
             net: a.net.grants(),
             tools: (!a.tools.is_empty()).then(|| a.tools.clone()),
@@ -293,9 +395,9 @@ pub async fn open_session(
             main: a.workgroup.limits(),
         };
         match h.create_session(&Caller::Operator, spec).await {
-            Ok(id) => id.into_string(),
+            Ok(id) => return Ok(Opened { id: id.into_string(), continued: false }),
             Err(e) => return Err(fail(json, e.kind(), &e.to_string(), EXIT_REFUSED)),
         }
     };
-    Ok((h, id))
+    Ok(Opened { id, continued: true })
 }

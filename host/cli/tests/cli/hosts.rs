@@ -297,7 +297,16 @@ async fn postgres_keel_store_migrate_copies_a_home_checks_it_and_another_host_ru
     let run = keel_env(
         h,
         &[],
-        &["run", "--session", "m1", "--model-url", &model.url(), "--model", "m", "Say something."],
+        &[
+            "run",
+            "--new-session",
+            "m1",
+            "--model-url",
+            &model.url(),
+            "--model",
+            "m",
+            "Say something.",
+        ],
     );
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let hostile = keel_tests::guests::HOSTILE_COMPONENT;

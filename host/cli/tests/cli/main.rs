@@ -17,6 +17,7 @@ mod mcp;
 mod net;
 mod reach;
 mod registry;
+mod resume;
 mod run;
 mod serve;
 mod signing;

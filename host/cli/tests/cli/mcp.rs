@@ -276,7 +276,8 @@ async fn an_mcp_servers_tools_are_found_on_demand_unless_added_with_load_always(
     let url = model.url();
     let home = outer.path().to_path_buf();
     let run = |session: &str, tools: Option<&str>| {
-        let mut a = args(&["run", "hi", "--session", session, "--model-url", &url, "--model", "m"]);
+        let mut a =
+            args(&["run", "hi", "--new-session", session, "--model-url", &url, "--model", "m"]);
         if let Some(t) = tools {
             a.extend(args(&["--tools", t]));
         }

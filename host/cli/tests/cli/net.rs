@@ -161,7 +161,7 @@ async fn a_session_keeps_its_network_grants_and_shows_them_and_its_requests() {
         args(&[
             "run",
             "Fetch it",
-            "--session",
+            "--new-session",
             "web",
             "--net",
             &net,

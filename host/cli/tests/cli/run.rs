@@ -45,7 +45,7 @@ async fn run_show_evidence_through_the_binary() {
         args(&[
             "run",
             "Check orders.csv",
-            "--session",
+            "--new-session",
             "cli1",
             "--grant",
             &grant,
@@ -156,7 +156,7 @@ async fn f6_control_characters_in_model_tool_names_are_inert_on_the_terminal() {
     let url = model.url();
     let run = keel_async(
         home.path().to_path_buf(),
-        args(&["run", "hello", "--session", "f6", "--model-url", &url, "--model", "m"]),
+        args(&["run", "hello", "--new-session", "f6", "--model-url", &url, "--model", "m"]),
     )
     .await;
     let stderr = String::from_utf8_lossy(&run.stderr);
@@ -191,7 +191,7 @@ async fn c4_two_processes_on_one_session() {
         args(&[
             "run",
             "first",
-            "--session",
+            "--new-session",
             "two",
             "--tools",
             "fs_read_file",
@@ -255,8 +255,8 @@ async fn approvals_through_the_binary() {
     let grant = format!("{}=/w:rw", work.path().display());
     let url = model.url();
     let run = |task: &str, first: bool| {
-        let mut a =
-            vec!["run", task, "--session", "apc", "--model-url", &url, "--model", "m", "--json"];
+        let flag = if first { "--new-session" } else { "--session" };
+        let mut a = vec!["run", task, flag, "apc", "--model-url", &url, "--model", "m", "--json"];
         if first {
             a.extend(["--grant", &grant, "--tools", "fs_delete_files"]);
         }
@@ -394,7 +394,7 @@ async fn tokens_flags_and_refused_requests_through_the_binary() {
     let home = tempfile::tempdir().unwrap();
     let url = model.url();
     let run =
-        args(&["run", "Answer", "--session", "t1", "--model-url", &url, "--model", "m", "-v"]);
+        args(&["run", "Answer", "--new-session", "t1", "--model-url", &url, "--model", "m", "-v"]);
     let mut json_run = run.clone();
     json_run.push("--json".into());
     let out = keel_async(home.path().to_path_buf(), json_run).await;
@@ -472,7 +472,7 @@ async fn session_events_through_the_binary_and_followed_from_another_process() {
     let url = model.url();
     let out = keel_async(
         home.path().to_path_buf(),
-        args(&["run", "hello", "--session", "ev", "--model-url", &url, "--model", "m"]),
+        args(&["run", "hello", "--new-session", "ev", "--model-url", &url, "--model", "m"]),
     )
     .await;
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
@@ -571,7 +571,7 @@ async fn task_understanding_settings_show_and_evidence_through_the_binary() {
     )
     .unwrap();
     let run = |session: &str, extra: &[&str]| {
-        let mut a = args(&["run", "Write a checklist", "--session", session]);
+        let mut a = args(&["run", "Write a checklist", "--new-session", session]);
         a.extend(args(&["--model-url", &url, "--model", "big", "--json"]));
         a.extend(args(extra));
         keel_async(home.path().to_path_buf(), a)
@@ -660,7 +660,7 @@ async fn capabilities_progress_show_evidence_and_unload_through_the_binary() {
         args(&[
             "run",
             "Audit orders.csv",
-            "--session",
+            "--new-session",
             "cap",
             "--tools",
             "csv_inspect",
@@ -742,11 +742,14 @@ async fn compaction_through_the_binary_flags_compact_show_and_evidence() {
     ]);
     let home = tempfile::tempdir().unwrap();
     let url = model.url();
+    // The first turn creates the session (`--new-session`), the later ones continue it.
     let run = |task: String, extra: &[&str]| {
+        let flag = if extra.contains(&"new") { "--new-session" } else { "--session" };
+        let extra: Vec<&str> = extra.iter().copied().filter(|e| *e != "new").collect();
         let mut a = args(&[
             "run",
             &task,
-            "--session",
+            flag,
             "cmp",
             "--model-url",
             &url,
@@ -759,15 +762,15 @@ async fn compaction_through_the_binary_flags_compact_show_and_evidence() {
         keel_async(home.path().to_path_buf(), a)
     };
     // Flags are checked: a fraction out of range and a window too small are refused.
-    let out = run("x".into(), &["--compact-at", "1.5"]).await;
+    let out = run("x".into(), &["new", "--compact-at", "1.5"]).await;
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("compact_at is a fraction"));
-    let out = run("x".into(), &["--context-window", "100"]).await;
+    let out = run("x".into(), &["new", "--context-window", "100"]).await;
     assert_eq!(out.status.code(), Some(2));
-    let out = run("x".into(), &["--redact", "("]).await;
+    let out = run("x".into(), &["new", "--redact", "("]).await;
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stdout).contains("not a regular expression"));
-    let out = run(long("task one"), &[]).await;
+    let out = run(long("task one"), &["new"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let out = run(long("task two"), &[]).await;
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
@@ -946,8 +949,10 @@ async fn progress_is_compact_by_default_and_event_level_with_v() {
     let home = tempfile::tempdir().unwrap();
     let grant = format!("{}=/data:ro", super::data_dir());
     let url = model.url();
+    // The first run creates the session, the second continues it.
     let run = |extra: &[&str]| {
-        let mut a = args(&["run", "Check orders.csv", "--session", "prog", "--model", "m"]);
+        let flag = if extra.contains(&"-v") { "--session" } else { "--new-session" };
+        let mut a = args(&["run", "Check orders.csv", flag, "prog", "--model", "m"]);
         a.extend(["--model-url".to_string(), url.clone()]);
         a.extend(extra.iter().map(|s| s.to_string()));
         keel_async(home.path().to_path_buf(), a)
@@ -1022,7 +1027,7 @@ async fn a_follower_in_another_process_sees_the_text_while_it_is_written() {
     let home = tempfile::tempdir().unwrap();
     let url = model.url();
     let base = ["--model-url", url.as_str(), "--model", "m", "--no-preprocess"];
-    let mut first = args(&["run", "Say hello", "--session", "f"]);
+    let mut first = args(&["run", "Say hello", "--new-session", "f"]);
     first.extend(base.iter().map(|s| s.to_string()));
     let out = keel_async(home.path().to_path_buf(), first).await;
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
@@ -1119,7 +1124,7 @@ async fn json_logs_carry_the_session_turn_and_step_of_each_line() {
     let run = args(&[
         "run",
         "Check orders.csv",
-        "--session",
+        "--new-session",
         "logs1",
         "--grant",
         &grant,

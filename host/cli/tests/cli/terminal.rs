@@ -147,7 +147,7 @@ async fn terminal_chat_streams_asks_in_place_interrupts_and_leaves() {
             "--home",
             &home_arg,
             "chat",
-            "--session",
+            "--new-session",
             "talk",
             "--no-preprocess",
             "--model-url",
@@ -248,7 +248,99 @@ async fn terminal_chat_streams_asks_in_place_interrupts_and_leaves() {
     let show = keel_json(home.path(), &["session", "show", "talk", "--json"]);
     assert_eq!(show["id"], "talk");
     assert_ne!(show["state"], "running");
-    assert!(home.path().join("chat-history").exists());
+    // The history has the inputs and commands, not the answers to approvals.
+    let history = std::fs::read_to_string(home.path().join("chat-history")).unwrap();
+    let lines: Vec<&str> = history.lines().collect();
+    assert!(lines.contains(&"Write the audit report") && lines.contains(&"/tools"), "{history}");
+    for answer in ["y", "n", "s", "not now"] {
+        assert!(!lines.contains(&answer), "`{answer}` is in the history: {history}");
+    }
+}
+
+/// A chat that continues a session replays its last exchanges; `--resume` offers this user's
+/// recent sessions and continues the one picked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "terminal tier: needs tmux"]
+async fn terminal_chat_continues_with_a_replay_and_resumes_from_a_picker() {
+    let model = MockModel::start(vec![
+        Reply::calls(&[("c1", "csv_inspect", r#"{"path":"/data/orders.csv"}"#)]),
+        Reply::text("Two rows are ragged."),
+        Reply::text("Nothing else to check."),
+        Reply::text("Another session's answer."),
+        Reply::text("Picked up again."),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let url = model.url();
+    let grant = format!("{}=/data:ro", super::data_dir());
+    let run = |args: &[&str]| {
+        let mut all = vec!["run"];
+        all.extend(args);
+        all.extend([
+            "--model-url",
+            url.as_str(),
+            "--model",
+            "m",
+            "--no-preprocess",
+            "--user",
+            "dee",
+        ]);
+        let out = super::keel(home.path(), &all);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    run(&[
+        "Check orders.csv",
+        "--new-session",
+        "audit",
+        "--grant",
+        &grant,
+        "--tools",
+        "csv_inspect",
+    ]);
+    run(&["Anything else?", "--session", "audit"]);
+    run(&["Something unrelated", "--new-session", "later-one"]);
+    let home_arg = home.path().display().to_string();
+
+    let pane = Pane::start(
+        &[("KEEL_USER", "dee")],
+        &["--home", &home_arg, "chat", "--continue", "--replay", "1"],
+    );
+    let shown = pane.shows("(end of the replay)", 1);
+    assert!(shown.contains("keel: the last exchange of session later-one (1 in all):"), "{shown}");
+    assert!(shown.contains("› Something unrelated"), "{shown}");
+    assert!(shown.contains("Another session's answer."), "{shown}");
+    pane.shows("chat in session later-one", 1);
+    pane.send(&["C-d"]);
+    pane.until("the pane to end", |_| pane.dead());
+
+    let pane = Pane::start(&[("KEEL_USER", "dee")], &["--home", &home_arg, "chat", "--resume"]);
+    let offered = pane.shows("resume which? [1-2", 1);
+    let later = offered.lines().position(|l| l.contains("later-one")).expect(&offered);
+    let audit = offered.lines().position(|l| l.contains("  audit  ")).expect(&offered);
+    assert!(later < audit, "the most recent first: {offered}");
+    assert!(offered.contains("2 turns  Check orders.csv"), "{offered}");
+    assert!(offered.contains("idle"), "{offered}");
+    pane.line("9");
+    pane.shows("answer a number from 1 to 2", 1);
+    pane.line("2");
+    // The default replay: the last three exchanges, here both of the session's.
+    let shown = pane.shows("(end of the replay)", 1);
+    assert!(shown.contains("the last 2 exchanges of session audit (2 in all):"), "{shown}");
+    assert!(shown.contains("› Check orders.csv") && shown.contains("  · csv_inspect"), "{shown}");
+    assert!(shown.contains("Two rows are ragged.") && shown.contains("Nothing else to check."));
+    pane.shows("chat in session audit", 1);
+    pane.line("Go on");
+    pane.shows("Picked up again.", 1);
+    pane.send(&["C-d"]);
+    pane.until("the pane to end", |_| pane.dead());
+    let history = std::fs::read_to_string(home.path().join("chat-history")).unwrap();
+    assert!(history.lines().any(|l| l == "Go on"), "{history}");
+    assert!(!history.lines().any(|l| l == "2" || l == "9"), "the picker's answers: {history}");
+
+    // A mistyped id in a chat: the same error as run's, and no chat starts.
+    let pane = Pane::start(&[], &["--home", &home_arg, "chat", "--session", "audti"]);
+    pane.shows("did you mean `audit`?", 1);
+    pane.until("the pane to end", |_| pane.dead());
 }
 
 /// Progress marks are coloured on a terminal, and not with `NO_COLOR`.

@@ -37,7 +37,7 @@ async fn a_workgroup_waits_for_a_childs_approval_and_finishes_after_keel_approve
             "run",
             &task,
             "--main",
-            "--session",
+            "--new-session",
             "lead",
             "--grant",
             &grant,

@@ -87,12 +87,14 @@ impl Rig {
         })
     }
 
+    /// `keel run TASK` in `session`: created (`--new-session`) unless it exists.
     fn run_args(&self, session: &str, task: &str) -> Vec<String> {
         let grant = format!("{}=/work:rw", self.work.path().display());
+        let flag = if self.session_exists(session) { "--session" } else { "--new-session" };
         [
             "run",
             task,
-            "--session",
+            flag,
             session,
             "--grant",
             &grant,
@@ -1034,7 +1036,7 @@ async fn a_delegation_killed_at_each_step_delivers_every_event_exactly_once() {
             "run",
             &task,
             "--main",
-            "--session",
+            "--new-session",
             "main",
             "--grant",
             &grant,
