@@ -198,6 +198,50 @@ async fn a_callers_rights_are_decided_by_the_core() {
     assert!(!h.session_exists(&bob, &id).await.unwrap());
     assert!(h.session_exists(&alice, &id).await.unwrap());
     assert!(h.timeline(&alice, &id).await.is_ok());
+
+    // A session's model: its user may change the model and window, not the server (the
+    // host's model credentials go wherever the URL points); an admin may.
+    use keel::session::ModelChange;
+    let named = |m: &str| ModelChange { model: Some(m.into()), ..Default::default() };
+    let moved = |u: &str| ModelChange { base_url: Some(u.into()), ..Default::default() };
+    not_found(h.set_session_model(&bob, &id, named("x")).await.map(|_| ()), "model");
+    match h.set_session_model(&alice, &id, moved("http://127.0.0.1:10/v1")).await {
+        Err(e) => assert_eq!(e.kind(), "forbidden", "{e}"),
+        Ok(_) => panic!("a user moved her session to another model server"),
+    }
+    let (from, to) = h.set_session_model(&alice, &id, named("smaller")).await.unwrap();
+    assert_ne!(from.model, "smaller");
+    assert_eq!((to.model.as_str(), to.base_url.as_str()), ("smaller", from.base_url.as_str()));
+    let (_, to) = h.set_session_model(&admin, &id, moved("http://127.0.0.1:10/v1/")).await.unwrap();
+    assert_eq!(to.base_url, "http://127.0.0.1:10/v1");
+    assert_eq!(h.session(&alice, &id).await.unwrap().config.model.model, "smaller");
+    let changes: Vec<(String, String)> = h
+        .events(&alice, &id, 0, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e.event {
+            keel::session::SessionEvent::ModelChanged { to, by, .. } => Some((to.model, by)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            ("smaller".to_string(), "api token alice".to_string()),
+            ("smaller".into(), "api token root".into())
+        ]
+    );
+    match h.set_session_model(&alice, &id, ModelChange::default()).await {
+        Err(e) => {
+            assert!(e.kind() == "input" && e.to_string().contains("nothing to change"), "{e}")
+        }
+        Ok(_) => panic!("an empty change was taken"),
+    }
+    match h.set_session_model(&admin, &id, moved("ftp://example.org/v1")).await {
+        Err(e) => assert_eq!(e.kind(), "input", "{e}"),
+        Ok(_) => panic!("an ftp URL was taken"),
+    }
     // Admin-only use cases refuse a user whatever the front-end.
     let admin_only = |r: Result<(), keel::api::ApiError>, what: &str| match r {
         Err(e) => assert_eq!(e.kind(), "forbidden", "{what}: {e}"),

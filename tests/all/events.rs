@@ -64,6 +64,7 @@ fn short(e: &SessionEvent) -> String {
         SessionEvent::ClientConnected { client, transport, .. } => {
             format!("client {client} {transport}")
         }
+        SessionEvent::ModelChanged { to, .. } => format!("model changed to {}", to.model),
     }
 }
 

@@ -28,8 +28,8 @@ pub mod sessions {
     pub use crate::preparation::capabilities::{Kind as CapabilityKind, Via};
     pub use crate::sandbox::{Access, Budget, Grant, SandboxLimits};
     pub use crate::session::{
-        ApprovalStatus, ApprovalUnit, DIRECT_CALL_PREFIX, Decision, JournalStatus, Policy,
-        RuntimeState,
+        ApprovalStatus, ApprovalUnit, DIRECT_CALL_PREFIX, Decision, JournalStatus, ModelChange,
+        ModelShown, Policy, RuntimeState,
     };
     pub use crate::shown::goal_reference;
     pub use crate::views::{SessionSummary, Timeline, TimelineMessage, TurnUsage};

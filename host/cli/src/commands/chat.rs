@@ -48,6 +48,7 @@ const COMMANDS: &[(&str, &str)] = &[
     ("/room", "where the next request's tokens go: keel's part, summary, kept messages, step"),
     ("/events [N]", "the session's last N events (default 20)"),
     ("/session", "the session's id, state, model, policy and budget"),
+    ("/model [NAME|URL]", "the session's model; with a name or a server URL, move it there"),
     ("/quit", "leave (as Ctrl-D); the session stays"),
 ];
 
@@ -538,6 +539,33 @@ impl Chat {
                         keel::protocol::text::format_time(row.at_ms),
                         super::events::line(&row)
                     );
+                }
+            }
+            "/model" => {
+                use keel::protocol::sessions::{ModelChange, ModelShown};
+                let Some(to) = arg else {
+                    let now = ModelShown::of(&meta.config.model);
+                    eprintln!("  model    {}", super::session::describe_model(&now));
+                    return true;
+                };
+                let change = if to.starts_with("http://") || to.starts_with("https://") {
+                    ModelChange { base_url: Some(to.to_string()), ..ModelChange::default() }
+                } else {
+                    ModelChange { model: Some(to.to_string()), ..ModelChange::default() }
+                };
+                match self.h.set_session_model(&Caller::Operator, &self.id, change).await {
+                    Ok((from, to)) if from == to => {
+                        eprintln!(
+                            "keel: the session already uses {}",
+                            super::session::describe_model(&to)
+                        );
+                    }
+                    Ok((from, to)) => eprintln!(
+                        "keel: model {} → {}",
+                        super::session::describe_model(&from),
+                        super::session::describe_model(&to)
+                    ),
+                    Err(e) => eprintln!("{} {}", paint(Tone::Bad, "error:"), inert(&e.to_string())),
                 }
             }
             "/session" => {

@@ -266,6 +266,12 @@ pub fn render(row: &EventRow, detail: Detail) -> Option<String> {
             inert(version),
             inert(protocol)
         ),
+        SessionEvent::ModelChanged { from, to, by } => format!(
+            "model {} → {} (by {})",
+            super::session::describe_model(from),
+            super::session::describe_model(to),
+            inert(by)
+        ),
     })
 }
 

@@ -322,7 +322,7 @@ pub async fn session_in(
             || a.preprocess_model.is_some()
         {
             eprintln!(
-                "keel: session {id} keeps the model settings and user it was created with; those flags apply to new sessions"
+                "keel: session {id} keeps the model settings and user it was created with; those flags apply to new sessions (to move it to another model: keel session set {id} --model-url URL --model NAME)"
             );
         }
         if a.workgroup.main {

@@ -1,6 +1,7 @@
 //! Continuing a session and creating one are different words: `--session ID` continues one
 //! that exists (a mistyped id is an error with the closest ids, and nothing is created),
-//! `--new-session ID` creates one, `--continue` continues the user's most recent one.
+//! `--new-session ID` creates one, `--continue` continues the user's most recent one. And a
+//! session continued elsewhere: `keel session set` moves it to another model server.
 
 use keel_tests::mock_model::{MockModel, Reply};
 use serde_json::Value;
@@ -74,4 +75,68 @@ async fn a_mistyped_session_is_an_error_and_continue_finds_the_users_latest() {
     let out = run(&["--continue", "--session", "release"]).await;
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
+}
+
+/// A session whose model server moved goes on at the new one: `keel session set` changes the
+/// server, the model and the window, records who did, and the next turn's request goes there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_moves_to_another_model_server() {
+    let old = MockModel::start(vec![Reply::text("from the old server")]).await;
+    let new = MockModel::start(vec![Reply::text("from the new server")]).await;
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path().to_path_buf();
+    let (old_url, new_url) = (old.url(), new.url());
+    let out = keel_async(
+        h.clone(),
+        args(&["run", "first", "--new-session", "mv", "--model-url", &old_url, "--model", "a"]),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Refusals first: nothing to change, a URL that is not http(s), an unknown session.
+    for (flags, kind) in [
+        (vec!["mv"], "input"),
+        (vec!["mv", "--model-url", "ftp://example.org/v1"], "input"),
+        (vec!["vm", "--model", "b"], "not_found"),
+    ] {
+        let mut a = args(&["session", "set", "--json"]);
+        a.extend(args(&flags));
+        let out = keel_async(h.clone(), a).await;
+        assert_eq!(out.status.code(), Some(2), "{flags:?}");
+        assert_eq!(super::json_of(&out)["error"]["kind"], kind, "{flags:?}");
+    }
+
+    let set = ["session", "set", "mv", "--model-url", &new_url, "--model", "b"];
+    let out =
+        keel_async(h.clone(), args(&[&set[..], &["--context-window", "8192"]].concat())).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        text.trim(),
+        format!("session mv: a at {old_url} → b at {new_url} (window 8192 tokens)")
+    );
+    // The same again changes nothing and says so.
+    let out = keel_async(h.clone(), args(&set)).await;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("already uses b at"), "{out:?}");
+
+    let out = keel_async(h.clone(), args(&["run", "second", "--session", "mv", "--json"])).await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(super::json_of(&out)["answer"], "from the new server");
+    assert_eq!(old.requests().len(), 1, "the old server got only the first turn");
+    let sent: Value = serde_json::from_slice(&new.requests()[0]).unwrap();
+    assert_eq!(sent["model"], "b");
+    let history = sent.to_string();
+    assert!(history.contains("first") && history.contains("from the old server"), "{history}");
+
+    let events = super::keel(home.path(), &["session", "events", "mv", "--json"]);
+    let changed: Vec<Value> = String::from_utf8_lossy(&events.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["kind"] == "model_changed")
+        .collect();
+    assert_eq!(changed.len(), 1, "one change, not two");
+    assert_eq!(changed[0]["from"]["base_url"], old_url.trim_end_matches('/'));
+    assert_eq!(changed[0]["to"]["model"], "b");
+    assert_eq!(changed[0]["to"]["context_window"], 8192);
+    assert!(changed[0]["by"].as_str().unwrap().starts_with("local user "), "{}", changed[0]);
 }

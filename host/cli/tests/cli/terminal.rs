@@ -331,6 +331,11 @@ async fn terminal_chat_continues_with_a_replay_and_resumes_from_a_picker() {
     pane.shows("chat in session audit", 1);
     pane.line("Go on");
     pane.shows("Picked up again.", 1);
+    // /model shows the session's model, and moves it to another.
+    pane.line("/model");
+    pane.shows(&format!("  model    m at {}", url.trim_end_matches('/')), 1);
+    pane.line("/model bigger");
+    pane.shows(&format!("keel: model m at {0} → bigger at {0}", url.trim_end_matches('/')), 1);
     pane.send(&["C-d"]);
     pane.until("the pane to end", |_| pane.dead());
     let history = std::fs::read_to_string(home.path().join("chat-history")).unwrap();

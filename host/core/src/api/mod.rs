@@ -18,6 +18,7 @@ mod capabilities;
 mod mcp;
 mod registry;
 mod running;
+mod settings;
 pub mod shown;
 mod skills;
 mod tools;

@@ -1,8 +1,9 @@
 //! The session's configuration: what it was created with and keeps — grants, network grants,
 //! policy, budget, model, system prompt, loop guards, task-understanding settings, the user it
 //! works for and who owns it. Written by the creation transaction ([`super::create_in`]),
-//! and changed in one way after: a model server that refuses a request names its context
-//! window, which becomes the session's ([`learn_window_in`]); read here.
+//! and changed in two ways after: a model server that refuses a request names its context
+//! window, which becomes the session's ([`learn_window_in`]); and a person moves the session
+//! to another model server, model or window ([`set_model_in`]); read here.
 
 use crate::sql::{Connection, OptionalExtension};
 use serde::Serialize;
@@ -139,6 +140,95 @@ fn learn_in(
     c.prepare_cached("UPDATE session_config SET model=?2 WHERE session_id=?1")?
         .execute(crate::sql::params![id, text])?;
     Ok(true)
+}
+
+/// A session's model as a person names it: the server, the model, the context window.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct ModelShown {
+    pub base_url: String,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
+}
+
+impl ModelShown {
+    pub fn of(m: &ModelConfig) -> Self {
+        Self {
+            base_url: m.base_url.clone(),
+            model: m.model.clone(),
+            context_window: m.context_window,
+        }
+    }
+}
+
+/// A change to a session's model: each part given replaces the session's (`None`: kept).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelChange {
+    pub base_url: Option<String>,
+    pub model: Option<String>,
+    pub context_window: Option<u64>,
+}
+
+impl ModelChange {
+    pub fn is_empty(&self) -> bool {
+        self.base_url.is_none() && self.model.is_none() && self.context_window.is_none()
+    }
+}
+
+/// Moves session `id` to the model `change` names, and records it (a `model_changed` event
+/// naming `by`): the session's next request goes there. Refused while the session runs (a
+/// turn's requests keep one model) and for settings that do not validate. Returns the model
+/// before and after; no event when nothing changed.
+pub(crate) fn set_model_in(
+    c: &Connection,
+    id: &str,
+    change: &ModelChange,
+    by: &str,
+) -> Result<(ModelShown, ModelShown), StoreError> {
+    let (state, model): (String, String) = c
+        .prepare_cached(
+            "SELECT s.state, c.model FROM sessions s JOIN session_config c ON c.session_id = s.id
+             WHERE s.id=?1",
+        )?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?
+        .ok_or_else(|| no_session(id))?;
+    if state == super::RuntimeState::Running.as_str() {
+        return Err(StoreError::Conflict(format!(
+            "session `{}` is running a turn; change its model when the turn ends (or interrupt it)",
+            id.escape_debug()
+        )));
+    }
+    let mut model: ModelConfig = parse(&model, "model config")?;
+    let before = ModelShown::of(&model);
+    if let Some(url) = &change.base_url {
+        model.base_url = url.trim_end_matches('/').to_string();
+    }
+    if let Some(name) = &change.model {
+        if name.trim().is_empty() {
+            return Err(StoreError::Input("the model name is empty".into()));
+        }
+        model.model = name.clone();
+    }
+    if let Some(window) = change.context_window {
+        model.context_window = Some(window);
+    }
+    model.validate().map_err(|e| StoreError::Input(e.to_string()))?;
+    let after = ModelShown::of(&model);
+    if after == before {
+        return Ok((before, after));
+    }
+    let text = serde_json::to_string(&model)
+        .map_err(|e| StoreError::Corrupt(format!("the model config of `{id}`: {e}")))?;
+    c.prepare_cached("UPDATE session_config SET model=?2 WHERE session_id=?1")?
+        .execute(crate::sql::params![id, text])?;
+    let event = super::SessionEvent::ModelChanged {
+        from: before.clone(),
+        to: after.clone(),
+        by: by.to_string(),
+    };
+    super::events::append(c, id, &event)?;
+    Ok((before, after))
 }
 
 /// The directories granted to session `id`, by guest path.

@@ -239,6 +239,9 @@ pub enum SessionEvent {
     /// failure, approval_needed, interrupted, budget_exhausted, wait_timeout), written in the
     /// sender's log and the receiver's, with the receiver's inbox row.
     Workgroup { event: String, event_kind: String, from: String, to: String },
+    /// A person moved the session to another model server, model or context window (`by`:
+    /// who; an API token, or the local user).
+    ModelChanged { from: super::config::ModelShown, to: super::config::ModelShown, by: String },
     /// A client reached the session from outside (an MCP client over `transport`), as it
     /// named itself, speaking `protocol`.
     ClientConnected { client: String, version: String, protocol: String, transport: String },
@@ -287,6 +290,7 @@ impl SessionEvent {
             Self::CheckpointDiscarded { .. } => "checkpoint_discarded",
             Self::Workgroup { .. } => "workgroup",
             Self::ClientConnected { .. } => "client_connected",
+            Self::ModelChanged { .. } => "model_changed",
         }
     }
 }

@@ -42,7 +42,7 @@ pub use crate::policy::{Effect, Policy};
 pub use crate::tools::ConsumedApproval;
 pub(crate) use approvals::approvals_of;
 pub use approvals::{ApprovalStatus, ApprovalUnit, DecideError, Decision};
-pub use config::SessionConfig;
+pub use config::{ModelChange, ModelShown, SessionConfig};
 pub(crate) use config::config_in;
 pub use create::{NewSession, new_id};
 pub(crate) use create::{checked_id, create_in};
@@ -215,6 +215,18 @@ impl SessionEngine {
     pub async fn learn_window(&self, id: &SessionId, window: u64) -> Result<bool, StoreError> {
         let id = id.clone();
         self.write(id.clone(), move |c| config::learn_window_in(c, &id, window)).await
+    }
+
+    /// Moves the session to the model `change` names, recorded as `by`'s (see
+    /// `config::set_model_in`): the model before and after.
+    pub async fn set_model(
+        &self,
+        id: &SessionId,
+        change: ModelChange,
+        by: String,
+    ) -> Result<(ModelShown, ModelShown), StoreError> {
+        let id = id.clone();
+        self.write(id.clone(), move |c| config::set_model_in(c, &id, &change, &by)).await
     }
 
     /// Makes the session send one system message from now on (see

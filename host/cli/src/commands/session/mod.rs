@@ -9,7 +9,10 @@ use keel::api::Caller;
 use keel::protocol::sessions::CancelToken;
 use serde_json::json;
 
+mod set;
 mod show;
+
+pub use set::describe as describe_model;
 
 use super::turn::{cancel_on_ctrl_c, open_harness, quiet, report, streaming};
 use super::{EXIT_REFUSED, EXIT_SETUP, inert, inert_block};
@@ -42,6 +45,10 @@ pub enum SessionCommand {
     /// request. A running session is refused (it compacts itself when its requests near the
     /// context window, --context-window); inputs that arrive meanwhile run afterwards.
     Compact(IdArgs),
+    /// Move a session to another model server, model or context window: its next request
+    /// goes there, and a `model_changed` event records the change (refused while a turn
+    /// runs). The settings it was created with are otherwise kept.
+    Set(set::SetArgs),
     /// Unload a tool or skill from a session — the only way a capability leaves one (the
     /// Orchestrator, skills_load and tools_select only add). The control and discovery tools
     /// stay.
@@ -162,6 +169,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::Send(a) => a.json,
         SessionCommand::Events(a) => a.json,
         SessionCommand::Unload(a) => a.json,
+        SessionCommand::Set(a) => a.json,
         SessionCommand::Evidence(_) => false,
     };
     let (_, h) = match open_harness(&home).await {
@@ -171,6 +179,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
     match cmd {
         SessionCommand::UpgradeTools(a) => upgrade_tools(&h, &a).await,
         SessionCommand::Compact(a) => compact(&h, &a).await,
+        SessionCommand::Set(a) => set::execute(&h, a).await,
         SessionCommand::Unload(a) => {
             use keel::protocol::sessions::CapabilityKind as Kind;
             let (kind, name) = match (&a.what.tool, &a.what.skill) {
