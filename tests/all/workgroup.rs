@@ -133,6 +133,19 @@ async fn spawned_children_run_concurrently_and_their_results_wake_the_parent() {
         .filter(|e| matches!(e.event, keel::session::SessionEvent::Workgroup { .. }))
         .count();
     assert_eq!(shadows, 4);
+
+    // A session of a workgroup is not deleted: its results are in another session's history.
+    for member in [id.as_str(), w.members[1].session_id.as_str()] {
+        match h.delete_session(&Caller::Operator, member).await {
+            Err(e) => {
+                assert_eq!(e.kind(), "conflict", "{e}");
+                assert!(e.to_string().contains(&format!("part of the workgroup of `{id}`")), "{e}");
+            }
+            Ok(()) => panic!("{member}, a session of a workgroup, was deleted"),
+        }
+        assert!(h.session(&Caller::Operator, member).await.is_ok());
+    }
+    assert_delivered_once(home.path(), &id);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

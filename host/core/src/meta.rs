@@ -81,7 +81,17 @@ pub const REACTIONS: Reactions = Reactions {
     on_state: crate::workgroup::on_state,
     on_call_done,
     on_recover: crate::compaction::on_recover,
+    on_delete,
 };
+
+/// The delete reaction: the workgroup first (it refuses a session whose results another
+/// session's history holds), then each feature's rows.
+fn on_delete(c: &Connection, id: &str) -> Result<(), StoreError> {
+    crate::workgroup::on_delete(c, id)?;
+    crate::preparation::on_delete(c, id)?;
+    crate::compaction::on_delete(c, id)?;
+    crate::assembly::on_delete(c, id)
+}
 
 /// The call-done reaction: applies the changes control call `call_id` asked for, in the
 /// transaction that records its result, by the owner of each fact: plan changes (once per call), skills and tools to load (add-only, so writing the

@@ -327,6 +327,24 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
     })
 }
 
+/// The sessions whose goal or messages hold `text` (case aside for ASCII letters), by id.
+pub fn matching(c: &Connection, text: &str) -> Result<std::collections::BTreeSet<String>, StoreError> {
+    let mut pattern = String::from("%");
+    for ch in text.to_lowercase().chars() {
+        if matches!(ch, '%' | '_' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(ch);
+    }
+    pattern.push('%');
+    let mut stmt = c.prepare(
+        "SELECT session_id FROM session_config WHERE LOWER(session_goal) LIKE ?1 ESCAPE '\\'
+         UNION SELECT DISTINCT session_id FROM messages WHERE LOWER(body) LIKE ?1 ESCAPE '\\'",
+    )?;
+    let ids = stmt.query_map([pattern.as_str()], |r| r.get::<_, String>(0))?;
+    Ok(ids.collect::<Result<_, _>>()?)
+}
+
 /// The views of the sessions of one engine.
 #[derive(Clone, Copy)]
 pub struct Views<'a> {
@@ -342,6 +360,15 @@ impl<'a> Views<'a> {
     /// Every session, newest first.
     pub async fn list(&self) -> Result<Vec<SessionSummary>, StoreError> {
         self.engine.db().read(list).await
+    }
+
+    /// The ids of the sessions whose goal or messages hold `text` ([`matching`]).
+    pub async fn matching(
+        &self,
+        text: &str,
+    ) -> Result<std::collections::BTreeSet<String>, StoreError> {
+        let text = text.to_string();
+        self.engine.db().read(move |c| matching(c, &text)).await
     }
 
     /// The session's timeline: messages, tool calls, state.

@@ -140,3 +140,123 @@ async fn a_session_moves_to_another_model_server() {
     assert_eq!(changed[0]["to"]["context_window"], 8192);
     assert!(changed[0]["by"].as_str().unwrap().starts_with("local user "), "{}", changed[0]);
 }
+
+/// Finding sessions (by state, activity, text, count) and tidying them: `delete` removes
+/// every fact of one session and nothing of another, `prune` deletes the idle ones not active
+/// for a while, with a dry run first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_found_by_text_and_state_and_deleted_whole() {
+    let model =
+        MockModel::start((0..6).map(|i| Reply::text(&format!("answer {i}"))).collect()).await;
+    let url = model.url();
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path().to_path_buf();
+    for (id, task) in [
+        ("orders", "Check orders.csv for ragged rows"),
+        ("release", "Write a release checklist"),
+        ("notes", "Summarize the meeting notes"),
+    ] {
+        let a = args(&["run", task, "--new-session", id, "--model-url", &url, "--model", "m"]);
+        let out = keel_async(h.clone(), [a, args(&["--no-preprocess"])].concat()).await;
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let listed = |flags: &[&str]| {
+        let mut a = vec!["session", "list", "--json"];
+        a.extend(flags);
+        let list = super::json_of(&super::keel(home.path(), &a));
+        list.as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    // The most recently active first; a text in a goal or in the history (an answer).
+    assert_eq!(listed(&[]), ["notes", "release", "orders"]);
+    assert_eq!(listed(&["--search", "CHECKLIST"]), ["release"]);
+    assert_eq!(listed(&["--search", "answer 0"]), ["orders"]);
+    assert_eq!(listed(&["--search", "100%"]), Vec::<String>::new());
+    assert_eq!(listed(&["--state", "idle", "--limit", "2"]), ["notes", "release"]);
+    assert_eq!(listed(&["--state", "failed"]), Vec::<String>::new());
+    assert_eq!(listed(&["--since", "1h"]).len(), 3);
+    let out = super::keel(home.path(), &["session", "list", "--state", "sleepy"]);
+    assert_eq!(out.status.code(), Some(2));
+    let text =
+        String::from_utf8_lossy(&super::keel(home.path(), &["session", "list"]).stdout).to_string();
+    let header = text.lines().next().unwrap();
+    assert!(header.contains("ACTIVE") && header.ends_with("TITLE"), "{text}");
+    assert!(text.contains("just now") && text.contains("Write a release checklist"), "{text}");
+
+    // Delete: every row of the session, in every table that names sessions, and nothing of
+    // the others. (On PostgreSQL, which enforces the tables' references to `sessions`, the
+    // delete succeeding says as much; the rows are counted in SQLite's file.)
+    let sqlite = !super::on_postgres();
+    let rows_of = |id: &str| -> Vec<(String, i64)> {
+        if !sqlite {
+            return Vec::new();
+        }
+        let c = rusqlite::Connection::open(home.path().join("keel.db")).unwrap();
+        let tables: Vec<String> = c
+            .prepare(
+                "SELECT m.name FROM sqlite_master m, pragma_table_info(m.name) p
+                 WHERE m.type = 'table' AND p.name = 'session_id'",
+            )
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let mut rows: Vec<(String, i64)> = tables
+            .into_iter()
+            .map(|t| {
+                let n = c
+                    .query_row(
+                        &format!("SELECT COUNT(*) FROM {t} WHERE session_id=?1"),
+                        [id],
+                        |r| r.get(0),
+                    )
+                    .unwrap();
+                (t, n)
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        let n: i64 =
+            c.query_row("SELECT COUNT(*) FROM sessions WHERE id=?1", [id], |r| r.get(0)).unwrap();
+        if n > 0 {
+            rows.push(("sessions".into(), n));
+        }
+        rows
+    };
+    assert!(!sqlite || rows_of("orders").len() > 5, "{:?}", rows_of("orders"));
+    let kept_before = rows_of("release");
+    let out = super::keel(home.path(), &["session", "delete", "orders", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(rows_of("orders"), Vec::<(String, i64)>::new());
+    assert_eq!(rows_of("release"), kept_before);
+    let out = super::keel(home.path(), &["session", "delete", "orders", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(super::json_of(&out)["error"]["kind"], "not_found");
+    let out = super::keel(home.path(), &["session", "show", "release", "--json"]);
+    assert_eq!(super::json_of(&out)["messages"].as_array().map(Vec::len), Some(2));
+    if sqlite {
+        let dangling = rusqlite::Connection::open(home.path().join("keel.db"))
+            .unwrap()
+            .query_row("PRAGMA foreign_key_check", [], |_| Ok(()))
+            .is_ok();
+        assert!(!dangling, "a row points at the deleted session");
+    }
+
+    // Prune: nothing is that old; with a dry run everything idle is listed, nothing deleted.
+    let prune = |flags: &[&str]| {
+        let mut a = vec!["session", "prune", "--json"];
+        a.extend(flags);
+        super::json_of(&super::keel(home.path(), &a))
+    };
+    assert_eq!(prune(&["--older-than", "1h"])["deleted"], serde_json::json!([]));
+    let dry = prune(&["--older-than", "0s", "--dry-run"]);
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(ids(&dry["deleted"]), ["notes", "release"]);
+    assert_eq!(listed(&[]).len(), 2, "a dry run deletes nothing");
+    let done = prune(&["--older-than", "0s", "--state", "idle"]);
+    assert_eq!(ids(&done["deleted"]), ["notes", "release"]);
+    assert_eq!(listed(&[]), Vec::<String>::new());
+}

@@ -34,6 +34,7 @@ pub use registry::{
     Outdated, OutdatedKind, PublishedSkill, RegistryAuth, RegistryInstall, SkillSigned,
 };
 pub use running::KeepRunning;
+pub use settings::{KeptSession, PRUNED_BY_DEFAULT, Pruned, SessionFilter};
 pub use skills::SkillInstallReport;
 
 use crate::agent::{AgentError, Events, LoopGuards};

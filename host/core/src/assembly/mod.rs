@@ -878,3 +878,11 @@ impl<'a> Assembly<'a> {
             .await
     }
 }
+
+/// The delete reaction: the session's request evidence, sent and refused (the blobs it
+/// names stay: another session may share them).
+pub(crate) fn on_delete(c: &Connection, id: &str) -> Result<(), StoreError> {
+    c.execute("DELETE FROM evidence WHERE session_id=?1", [id])?;
+    c.execute("DELETE FROM refused_requests WHERE session_id=?1", [id])?;
+    Ok(())
+}

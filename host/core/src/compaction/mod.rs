@@ -559,3 +559,9 @@ pub(crate) fn on_recover(c: &Connection, id: &str) -> Result<(), StoreError> {
     }
     Ok(())
 }
+
+/// The delete reaction: the session's checkpoints.
+pub(crate) fn on_delete(c: &Connection, id: &str) -> Result<(), StoreError> {
+    c.execute("DELETE FROM checkpoints WHERE session_id=?1", [id])?;
+    Ok(())
+}

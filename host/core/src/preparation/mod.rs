@@ -299,3 +299,12 @@ pub(crate) fn on_turn_begun(
     }
     transition::commit_in(c, id, turn, &transition::Understood::default(), None).map(|_| ())
 }
+
+/// The delete reaction: the session's task transitions, plan versions, capabilities and
+/// orchestrations.
+pub(crate) fn on_delete(c: &Connection, id: &str) -> Result<(), StoreError> {
+    for table in ["task_transitions", "plan_versions", "session_capabilities", "orchestrations"] {
+        c.execute(&format!("DELETE FROM {table} WHERE session_id=?1"), [id])?;
+    }
+    Ok(())
+}

@@ -17,6 +17,7 @@ mod approvals;
 mod calls;
 mod config;
 mod create;
+mod delete;
 mod direct;
 pub(crate) mod events;
 mod extensions;
@@ -215,6 +216,12 @@ impl SessionEngine {
     pub async fn learn_window(&self, id: &SessionId, window: u64) -> Result<bool, StoreError> {
         let id = id.clone();
         self.write(id.clone(), move |c| config::learn_window_in(c, &id, window)).await
+    }
+
+    /// Deletes the session and every fact of it (see `delete::delete_in`).
+    pub async fn delete(&self, id: &SessionId) -> Result<(), StoreError> {
+        let id = id.clone();
+        self.write(id.clone(), move |c| delete::delete_in(c, &id)).await
     }
 
     /// Moves the session to the model `change` names, recorded as `by`'s (see

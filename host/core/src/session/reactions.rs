@@ -44,6 +44,8 @@ pub struct Reactions {
     /// Session `id` is being recovered after its runner stopped, before the kernel looks at
     /// its turn.
     pub on_recover: fn(&Connection, &str) -> Result<(), StoreError>,
+    /// Session `id` is being deleted: each feature deletes its rows of it, or refuses.
+    pub on_delete: fn(&Connection, &str) -> Result<(), StoreError>,
 }
 
 impl Reactions {
@@ -54,6 +56,7 @@ impl Reactions {
         on_state: |_, _, _| Ok(()),
         on_call_done: |_, _, _, _| Ok(()),
         on_recover: |_, _| Ok(()),
+        on_delete: |_, _| Ok(()),
     };
 }
 

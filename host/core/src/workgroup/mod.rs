@@ -307,6 +307,28 @@ impl<'a> Workgroups<'a> {
     }
 }
 
+
+/// The delete reaction: a session of a workgroup is kept — its results are part of another
+/// session's history (the main session's, or its parent's).
+pub(crate) fn on_delete(c: &Connection, id: &str) -> Result<(), StoreError> {
+    let main: Option<String> = c
+        .prepare_cached(
+            "SELECT main_id FROM workgroups WHERE main_id=?1
+             UNION SELECT main_id FROM subsessions WHERE session_id=?1",
+        )?
+        .query_row([id], |r| r.get(0))
+        .optional()?;
+    match main {
+        Some(main) => Err(StoreError::Conflict(format!(
+            "session `{}` is part of the workgroup of `{}`: its results are in another session's \
+             history, so it is kept",
+            id.escape_debug(),
+            main.escape_debug()
+        ))),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@ use serde_json::json;
 
 mod set;
 mod show;
+mod tidy;
 
 pub use set::describe as describe_model;
 
@@ -23,8 +24,15 @@ use show::{
 
 #[derive(Subcommand)]
 pub enum SessionCommand {
-    /// List sessions, newest first.
-    List(JsonFlag),
+    /// List sessions, the most recently active first: when each was last active, its state,
+    /// turns and title (its goal).
+    List(tidy::ListArgs),
+    /// Delete a session and every fact of it, in one transaction (refused while a turn runs,
+    /// and for a session of a workgroup). A user's long-term memories stay.
+    Delete(tidy::DeleteArgs),
+    /// Delete the sessions not active for a while (by default those idle, failed or
+    /// interrupted); --dry-run lists them.
+    Prune(tidy::PruneArgs),
     /// Show a session's timeline: messages, tool calls (inputs, outputs, change sets), state.
     Show(IdArgs),
     /// Send a message to a session and run it (or queue it if another process is running it).
@@ -162,6 +170,8 @@ fn fail(json_out: bool, message: &str, code: u8) -> ExitCode {
 pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
     let json_out = match &cmd {
         SessionCommand::List(a) => a.json,
+        SessionCommand::Delete(a) => a.json,
+        SessionCommand::Prune(a) => a.json,
         SessionCommand::Show(a)
         | SessionCommand::Interrupt(a)
         | SessionCommand::Compact(a)
@@ -207,29 +217,9 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::Events(a) => {
             super::events::execute(&h, &a.id, a.after, a.follow, a.json).await
         }
-        SessionCommand::List(_) => match h.sessions(&Caller::Operator).await {
-            Ok(list) if json_out => {
-                println!("{}", json!(list));
-                ExitCode::SUCCESS
-            }
-            Ok(list) => {
-                println!("{:<20} {:<18} {:>5} {:>5}  GOAL", "SESSION", "STATE", "TURNS", "STEPS");
-                for s in list {
-                    let goal: String =
-                        s.session_goal.unwrap_or_default().chars().take(60).collect();
-                    println!(
-                        "{:<20} {:<18} {:>5} {:>5}  {}",
-                        s.id,
-                        s.state,
-                        s.turns,
-                        s.steps,
-                        inert(&goal)
-                    );
-                }
-                ExitCode::SUCCESS
-            }
-            Err(e) => super::api_fail(json_out, &e),
-        },
+        SessionCommand::List(a) => tidy::list(&h, a).await,
+        SessionCommand::Delete(a) => tidy::delete(&h, a).await,
+        SessionCommand::Prune(a) => tidy::prune(&h, a).await,
         SessionCommand::Show(a) => {
             match h.timeline(&Caller::Operator, &a.id).await {
                 Ok(t) if a.json => {
