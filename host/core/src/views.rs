@@ -28,6 +28,8 @@ pub struct SessionSummary {
     /// The user it works for, typed (`local:alice`, `token:bob`); `None`: the operating-system
     /// user of the process that reads it.
     pub user: Option<String>,
+    /// The title a person gave it (`keel session title`); `None`: lists show its goal.
+    pub title: Option<String>,
 }
 
 impl SessionSummary {
@@ -49,7 +51,7 @@ pub fn list(c: &Connection) -> Result<Vec<SessionSummary>, StoreError> {
         "SELECT s.id, s.state, s.turns, s.steps, c.session_goal, s.created_at,
                 COALESCE((SELECT MAX(e.at_ms) FROM session_events e WHERE e.session_id = s.id),
                          s.created_at),
-                c.owner, c.\"user\"
+                c.owner, c.\"user\", c.title
          FROM sessions s LEFT JOIN session_config c ON c.session_id = s.id
          ORDER BY s.created_at DESC, s.id",
     )?;
@@ -65,6 +67,7 @@ pub fn list(c: &Connection) -> Result<Vec<SessionSummary>, StoreError> {
                 last_activity: r.get(6)?,
                 owner: None,
                 user: r.get(8)?,
+                title: r.get(9)?,
             },
             r.get::<_, Option<String>>(7)?,
         ))
@@ -327,7 +330,7 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
     })
 }
 
-/// The sessions whose goal or messages hold `text` (case aside for ASCII letters), by id.
+/// The sessions whose title, goal or messages hold `text` (case aside for ASCII letters), by id.
 pub fn matching(c: &Connection, text: &str) -> Result<std::collections::BTreeSet<String>, StoreError> {
     let mut pattern = String::from("%");
     for ch in text.to_lowercase().chars() {
@@ -338,7 +341,8 @@ pub fn matching(c: &Connection, text: &str) -> Result<std::collections::BTreeSet
     }
     pattern.push('%');
     let mut stmt = c.prepare(
-        "SELECT session_id FROM session_config WHERE LOWER(session_goal) LIKE ?1 ESCAPE '\\'
+        "SELECT session_id FROM session_config
+         WHERE LOWER(session_goal) LIKE ?1 ESCAPE '\\' OR LOWER(title) LIKE ?1 ESCAPE '\\'
          UNION SELECT DISTINCT session_id FROM messages WHERE LOWER(body) LIKE ?1 ESCAPE '\\'",
     )?;
     let ids = stmt.query_map([pattern.as_str()], |r| r.get::<_, String>(0))?;
@@ -394,6 +398,7 @@ mod tests {
             last_activity: 0,
             owner: None,
             user: user.map(str::to_string),
+            title: None,
         };
         assert!(of(Some("local:carol")).works_for("carol"));
         assert!(of(Some("local:carol")).works_for("local:carol"));

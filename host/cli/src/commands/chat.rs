@@ -161,7 +161,7 @@ async fn pick(
     let shown: Vec<_> = list.into_iter().take(PICKER_SESSIONS).collect();
     let width = shown.iter().map(|s| s.id.chars().count()).max().unwrap_or(0);
     for (n, s) in shown.iter().enumerate() {
-        let goal: String = s.session_goal.as_deref().unwrap_or("-").chars().take(70).collect();
+        let goal = super::session::session_title(s);
         eprintln!(
             "  {:>2}  {:<width$}  {:>12}  {:<16} {:>4} turn{}  {}",
             n + 1,
@@ -170,7 +170,7 @@ async fn pick(
             s.state,
             s.turns,
             if s.turns == 1 { " " } else { "s" },
-            inert(&goal)
+            goal
         );
     }
     loop {

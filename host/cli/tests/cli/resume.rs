@@ -186,6 +186,20 @@ async fn sessions_are_found_by_text_and_state_and_deleted_whole() {
     assert!(header.contains("ACTIVE") && header.ends_with("TITLE"), "{text}");
     assert!(text.contains("just now") && text.contains("Write a release checklist"), "{text}");
 
+    // A title replaces the goal in lists, and is found by --search; --clear removes it.
+    let out = super::keel(home.path(), &["session", "title", "release", "Release 1.2 prep"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(listed(&["--search", "1.2 PREP"]), ["release"]);
+    let text = String::from_utf8_lossy(&super::keel(home.path(), &["session", "list"]).stdout)
+        .to_string();
+    assert!(text.contains("Release 1.2 prep") && !text.contains("Write a release"), "{text}");
+    let out = super::keel(home.path(), &["session", "title", "release", "two\nlines", "--json"]);
+    assert_eq!(super::json_of(&out)["error"]["kind"], "input");
+    let out = super::keel(home.path(), &["session", "title", "nope", "x", "--json"]);
+    assert_eq!(super::json_of(&out)["error"]["kind"], "not_found");
+    super::keel(home.path(), &["session", "title", "release", "--clear"]);
+    assert_eq!(listed(&["--search", "1.2"]), Vec::<String>::new());
+
     // Delete: every row of the session, in every table that names sessions, and nothing of
     // the others. (On PostgreSQL, which enforces the tables' references to `sessions`, the
     // delete succeeding says as much; the rows are counted in SQLite's file.)

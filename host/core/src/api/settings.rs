@@ -42,7 +42,7 @@ pub struct SessionFilter {
     pub active_since_ms: Option<i64>,
     /// Only sessions not active since this time (ms since the Unix epoch).
     pub inactive_since_ms: Option<i64>,
-    /// Only sessions whose goal or messages hold this text (case aside).
+    /// Only sessions whose title, goal or messages hold this text (case aside).
     pub search: Option<String>,
     /// At most this many, the most recently active first.
     pub limit: Option<usize>,
@@ -98,6 +98,18 @@ impl Harness {
             list.truncate(n);
         }
         Ok(list)
+    }
+
+    /// Gives session `id` a title, shown in lists instead of its goal (`None`: none); whoever
+    /// may see the session may.
+    pub async fn set_session_title(
+        &self,
+        caller: &Caller,
+        id: &str,
+        title: Option<String>,
+    ) -> Result<(), ApiError> {
+        let id = self.checked(caller, id).await?;
+        Ok(self.engine.set_title(&id, title).await?)
     }
 
     /// Deletes session `id` and every fact of it, in one transaction (an admin's act):

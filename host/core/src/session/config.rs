@@ -231,6 +231,35 @@ pub(crate) fn set_model_in(
     Ok((before, after))
 }
 
+/// Characters of a session's title, at most.
+pub const MAX_TITLE_CHARS: usize = 200;
+
+/// Gives session `id` the title `title` (`None`: none, so lists show its goal). A title is one
+/// line of at most [`MAX_TITLE_CHARS`] characters, without control characters.
+pub(crate) fn set_title_in(c: &Connection, id: &str, title: Option<&str>) -> Result<(), StoreError> {
+    let title = title.map(str::trim).filter(|t| !t.is_empty());
+    if let Some(t) = title {
+        if t.chars().count() > MAX_TITLE_CHARS {
+            return Err(StoreError::Input(format!(
+                "a title is at most {MAX_TITLE_CHARS} characters, not {}",
+                t.chars().count()
+            )));
+        }
+        if t.chars().any(char::is_control) {
+            return Err(StoreError::Input(
+                "a title is one line without control characters".into(),
+            ));
+        }
+    }
+    let changed = c
+        .prepare_cached("UPDATE session_config SET title=?2 WHERE session_id=?1")?
+        .execute(crate::sql::params![id, title])?;
+    if changed == 0 {
+        return Err(no_session(id));
+    }
+    Ok(())
+}
+
 /// The directories granted to session `id`, by guest path.
 fn grants_in(c: &Connection, id: &str) -> Result<Vec<Grant>, StoreError> {
     let mut stmt = c.prepare_cached(

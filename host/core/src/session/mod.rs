@@ -218,6 +218,12 @@ impl SessionEngine {
         self.write(id.clone(), move |c| config::learn_window_in(c, &id, window)).await
     }
 
+    /// Gives the session a title (`None`: none; see `config::set_title_in`).
+    pub async fn set_title(&self, id: &SessionId, title: Option<String>) -> Result<(), StoreError> {
+        let id = id.clone();
+        self.write(id.clone(), move |c| config::set_title_in(c, &id, title.as_deref())).await
+    }
+
     /// Deletes the session and every fact of it (see `delete::delete_in`).
     pub async fn delete(&self, id: &SessionId) -> Result<(), StoreError> {
         let id = id.clone();

@@ -705,6 +705,13 @@ pub(super) const SHARED: &[Shared] = &[
     ALTER TABLE refused_requests ADD COLUMN notes_hash TEXT;",
         postgres: None,
     },
+    // A title a person gave the session (`keel session title`); without one, lists show its
+    // goal.
+    Shared {
+        version: 28,
+        sql: "ALTER TABLE session_config ADD COLUMN title TEXT;",
+        postgres: None,
+    },
 ];
 
 /// SQLite's migrations, oldest first: (version, SQL).

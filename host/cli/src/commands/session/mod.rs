@@ -13,6 +13,8 @@ mod set;
 mod show;
 mod tidy;
 
+pub use tidy::title as session_title;
+
 pub use set::describe as describe_model;
 
 use super::turn::{cancel_on_ctrl_c, open_harness, quiet, report, streaming};
@@ -27,6 +29,8 @@ pub enum SessionCommand {
     /// List sessions, the most recently active first: when each was last active, its state,
     /// turns and title (its goal).
     List(tidy::ListArgs),
+    /// Give a session a title, shown by `session list` and `chat --resume` instead of its goal.
+    Title(tidy::TitleArgs),
     /// Delete a session and every fact of it, in one transaction (refused while a turn runs,
     /// and for a session of a workgroup). A user's long-term memories stay.
     Delete(tidy::DeleteArgs),
@@ -171,6 +175,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
     let json_out = match &cmd {
         SessionCommand::List(a) => a.json,
         SessionCommand::Delete(a) => a.json,
+        SessionCommand::Title(a) => a.json,
         SessionCommand::Prune(a) => a.json,
         SessionCommand::Show(a)
         | SessionCommand::Interrupt(a)
@@ -219,6 +224,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         }
         SessionCommand::List(a) => tidy::list(&h, a).await,
         SessionCommand::Delete(a) => tidy::delete(&h, a).await,
+        SessionCommand::Title(a) => tidy::title_of(&h, a).await,
         SessionCommand::Prune(a) => tidy::prune(&h, a).await,
         SessionCommand::Show(a) => {
             match h.timeline(&Caller::Operator, &a.id).await {

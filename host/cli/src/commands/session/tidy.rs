@@ -35,6 +35,21 @@ pub struct ListArgs {
 }
 
 #[derive(Args)]
+pub struct TitleArgs {
+    /// Session id.
+    id: String,
+    /// The title: one line, at most 200 characters.
+    #[arg(required_unless_present = "clear")]
+    title: Option<String>,
+    /// Remove the title: lists show the session's goal again.
+    #[arg(long, conflicts_with = "title")]
+    clear: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
 pub struct DeleteArgs {
     /// Session id.
     id: String,
@@ -85,9 +100,9 @@ fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// A session's title: its goal, cut, on one line.
-fn title(goal: Option<&str>) -> String {
-    let goal = goal.unwrap_or("-");
+/// A session's title — the one a person gave it, else its goal — cut, on one line.
+pub fn title(s: &keel::protocol::sessions::SessionSummary) -> String {
+    let goal = s.title.as_deref().or(s.session_goal.as_deref()).unwrap_or("-");
     let cut: String = goal.chars().take(TITLE_CHARS).collect();
     let more = if goal.chars().count() > TITLE_CHARS { "…" } else { "" };
     format!("{}{more}", inert(&cut))
@@ -119,10 +134,27 @@ pub async fn list(h: &Harness, a: ListArgs) -> ExitCode {
             ago(now - s.last_activity),
             s.state,
             s.turns,
-            title(s.session_goal.as_deref())
+            title(&s)
         );
     }
     ExitCode::SUCCESS
+}
+
+pub async fn title_of(h: &Harness, a: TitleArgs) -> ExitCode {
+    match h.set_session_title(&Caller::Operator, &a.id, a.title.clone()).await {
+        Ok(()) if a.json => {
+            println!("{}", json!({"ok": true, "session_id": a.id, "title": a.title}));
+            ExitCode::SUCCESS
+        }
+        Ok(()) => {
+            match &a.title {
+                Some(t) => println!("session {}: {}", inert(&a.id), inert(t.trim())),
+                None => println!("session {}: no title (lists show its goal)", inert(&a.id)),
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => api_fail(a.json, &e),
+    }
 }
 
 pub async fn delete(h: &Harness, a: DeleteArgs) -> ExitCode {
@@ -157,7 +189,7 @@ pub async fn prune(h: &Harness, a: PruneArgs) -> ExitCode {
             inert(&s.id),
             ago(now - s.last_activity),
             s.state,
-            title(s.session_goal.as_deref())
+            title(s)
         );
     }
     for k in &pruned.kept {
