@@ -542,12 +542,24 @@ impl FromStr for Grant {
         let (host, guest) = match rest.split_once('=') {
             Some((h, g)) => (h, g.to_string()),
             None => {
-                let canonical =
-                    Path::new(rest).canonicalize().map_err(|e| GrantError::HostDir {
+                let canonical = Path::new(rest).canonicalize().map_err(|e| {
+                    // `tests/data:/data` is Docker's way of writing a grant: say keel's.
+                    let hint = rest
+                        .rsplit_once(':')
+                        .filter(|(h, g)| !h.is_empty() && g.starts_with('/'))
+                        .map(|(h, g)| {
+                            let access = spec[rest.len()..].to_string();
+                            format!(
+                                " (a grant is HOST_DIR=GUEST_PATH: did you mean `{h}={g}{access}`?)"
+                            )
+                        })
+                        .unwrap_or_default();
+                    GrantError::HostDir {
                         spec: spec.to_string(),
                         host: rest.to_string(),
-                        reason: e.to_string(),
-                    })?;
+                        reason: format!("{e}{hint}"),
+                    }
+                })?;
                 let name = canonical.file_name().and_then(|n| n.to_str()).ok_or_else(syntax)?;
                 (rest, format!("/{name}"))
             }

@@ -190,8 +190,8 @@ async fn sessions_are_found_by_text_and_state_and_deleted_whole() {
     let out = super::keel(home.path(), &["session", "title", "release", "Release 1.2 prep"]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(listed(&["--search", "1.2 PREP"]), ["release"]);
-    let text = String::from_utf8_lossy(&super::keel(home.path(), &["session", "list"]).stdout)
-        .to_string();
+    let text =
+        String::from_utf8_lossy(&super::keel(home.path(), &["session", "list"]).stdout).to_string();
     assert!(text.contains("Release 1.2 prep") && !text.contains("Write a release"), "{text}");
     let out = super::keel(home.path(), &["session", "title", "release", "two\nlines", "--json"]);
     assert_eq!(super::json_of(&out)["error"]["kind"], "input");
@@ -273,4 +273,25 @@ async fn sessions_are_found_by_text_and_state_and_deleted_whole() {
     let done = prune(&["--older-than", "0s", "--state", "idle"]);
     assert_eq!(ids(&done["deleted"]), ["notes", "release"]);
     assert_eq!(listed(&[]), Vec::<String>::new());
+}
+
+/// A grant written as Docker writes a volume (`HOST:GUEST`) is refused with keel's spelling.
+#[test]
+fn a_docker_style_grant_is_answered_with_keels_spelling() {
+    let home = tempfile::tempdir().unwrap();
+    let data = super::data_dir();
+    let out = super::keel(
+        home.path(),
+        &[
+            "run",
+            "x",
+            "--grant",
+            &format!("{data}:/data:rw"),
+            "--model-url",
+            "http://127.0.0.1:9/v1",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("did you mean `{data}=/data:rw`?")), "{err}");
 }
