@@ -470,7 +470,7 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
     use keel::session::{NewSession, Policy, SessionEngine};
     let home = tempfile::tempdir().unwrap();
     let path = home.path().join("keel.db");
-    let a = SessionEngine::new(keel_tests::db_of(&path), keel::meta::REACTIONS);
+    let a = SessionEngine::new(keel_tests::db_of(&path), keel::harness::REACTIONS);
     // Session `s`, no tools or grants, with `prompt`.
     let session = |prompt: &str| NewSession {
         pins: Default::default(),
@@ -489,7 +489,7 @@ async fn assembly_sees_every_new_message_and_meta_change_and_matches_a_full_read
         preprocess: None,
     };
     a.create(session("p")).await.unwrap();
-    let b = SessionEngine::new(keel_tests::db_of(&path), keel::meta::REACTIONS);
+    let b = SessionEngine::new(keel_tests::db_of(&path), keel::harness::REACTIONS);
     for i in 0..6 {
         // Alternate the writer: this engine, then "another process".
         let writer = if i % 2 == 0 { &a } else { &b };
@@ -612,7 +612,8 @@ async fn assemble_twice(
     };
     let mine =
         keel::assembly::Assembly::of(engine).assemble(&SessionId::from("s"), tools).await.unwrap();
-    let fresh = keel::session::SessionEngine::new(keel_tests::db_of(path), keel::meta::REACTIONS);
+    let fresh =
+        keel::session::SessionEngine::new(keel_tests::db_of(path), keel::harness::REACTIONS);
     let full =
         keel::assembly::Assembly::of(&fresh).assemble(&SessionId::from("s"), tools).await.unwrap();
     (mine, full)
@@ -656,7 +657,7 @@ async fn evidence_parts_are_stored_once_and_again_when_they_change() {
         // A fresh engine, which knows of no stored part, rebuilds it the same way.
         let fresh = keel::session::SessionEngine::new(
             keel_tests::db_of(&home.path().join("keel.db")),
-            keel::meta::REACTIONS,
+            keel::harness::REACTIONS,
         );
         assert_eq!(
             &keel::assembly::Assembly::of(&fresh)

@@ -367,7 +367,7 @@ async fn d4_sixteen_concurrent_deciders_one_wins_every_time() {
     let path = f.home.path().join("keel.db");
     // Each decider has its own connection and writer, as separate processes would.
     let deciders: Vec<SessionEngine> = (0..DECIDERS)
-        .map(|_| SessionEngine::new(keel_tests::db_of(&path), keel::meta::REACTIONS))
+        .map(|_| SessionEngine::new(keel_tests::db_of(&path), keel::harness::REACTIONS))
         .collect();
     let mut out = submit(&f.h, "race", "race r").await;
     let mut winners_per_round = Vec::new();

@@ -265,7 +265,7 @@ async fn catalog_cache_follows_the_catalog_not_every_commit() {
     let tools = a.tools_json(&loaded).unwrap();
     // Another connection commits facts that are not the catalog.
     let db = keel_tests::db_of(&dir.path().join("keel.db"));
-    let engine = keel::session::SessionEngine::new(db, keel::meta::REACTIONS);
+    let engine = keel::session::SessionEngine::new(db, keel::harness::REACTIONS);
     for i in 0..5 {
         engine
             .create(keel::session::NewSession {

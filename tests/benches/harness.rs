@@ -490,7 +490,7 @@ async fn recovery(n: usize) {
         .unwrap();
     let db = keel::store::Db::open(&home.path().join("keel.db")).unwrap();
     let agent = keel::agent::AgentService::new(
-        keel::session::SessionEngine::new(db.clone(), keel::meta::REACTIONS),
+        keel::session::SessionEngine::new(db.clone(), keel::harness::REACTIONS),
         h.internals().tools.clone(),
         keel::model::ModelClient::new(None).unwrap(),
         LoopGuards::default(),

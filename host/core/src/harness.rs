@@ -19,6 +19,29 @@ pub const DEFAULT_SYSTEM_PROMPT: &str = "You are keel, an agent that completes t
 Use tools to inspect and change files; never claim a change you did not make. \
 Verify results with a tool before declaring the task done. Answer concisely.";
 
+/// The reactions keel's feature owners register with the kernel: turn preparation's to a
+/// creation and a turn's beginning, the workgroup's to a state change, the call-done one
+/// (`meta`), compaction's to a recovery, and every feature's to a deletion: wiring, so it
+/// lives with the harness, above every owner it names.
+pub const REACTIONS: crate::session::Reactions = crate::session::Reactions {
+    on_create: crate::preparation::on_create,
+    on_turn_begun: crate::preparation::on_turn_begun,
+    on_state: crate::workgroup::on_state,
+    on_call_done: crate::meta::on_call_done,
+    on_recover: crate::compaction::on_recover,
+    on_delete,
+};
+
+/// The delete reaction: the workgroup first (it refuses a session whose results another
+/// session's history holds), then each feature's rows.
+fn on_delete(c: &crate::sql::Connection, id: &str) -> Result<(), crate::store::StoreError> {
+    crate::workgroup::on_delete(c, id)?;
+    crate::preparation::on_delete(c, id)?;
+    crate::compaction::on_delete(c, id)?;
+    crate::assembly::on_delete(c, id)
+}
+
+
 /// The owners of one home, wired together. They are private: a front-end reaches them only
 /// through the use cases ([`crate::api`]), each with its caller.
 #[derive(Clone)]
@@ -81,7 +104,7 @@ impl Harness {
         let location = crate::config::store_location(&home)?;
         let tools = Arc::new(ToolService::open(home, limits, progress).await?);
         let db = Db::open_at(&location)?;
-        let engine = SessionEngine::new(db.clone(), crate::meta::REACTIONS);
+        let engine = SessionEngine::new(db.clone(), REACTIONS);
         let agent =
             AgentService::new(engine.clone(), tools.clone(), ModelClient::new(api_key)?, guards);
         let brain = Brain::new(db.clone(), agent);

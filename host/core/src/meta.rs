@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::compaction::CurrentCheckpoint;
 use crate::ids::SessionId;
 use crate::preparation::{LoadedCapabilities, TaskState};
-use crate::session::{self, MetaCounters, Reactions, Runtime, SessionConfig, SessionEngine};
+use crate::session::{self, MetaCounters, Runtime, SessionConfig, SessionEngine};
 use crate::store::StoreError;
 
 /// SessionMeta: the session's facts besides its history, as four sub-owners that each own
@@ -72,32 +72,11 @@ pub fn load_at(
     })
 }
 
-/// The reactions keel's feature owners register with the kernel: turn preparation's to a
-/// creation and a turn's beginning, the workgroup's to a state change, the call-done one
-/// below, and compaction's to a recovery.
-pub const REACTIONS: Reactions = Reactions {
-    on_create: crate::preparation::on_create,
-    on_turn_begun: crate::preparation::on_turn_begun,
-    on_state: crate::workgroup::on_state,
-    on_call_done,
-    on_recover: crate::compaction::on_recover,
-    on_delete,
-};
-
-/// The delete reaction: the workgroup first (it refuses a session whose results another
-/// session's history holds), then each feature's rows.
-fn on_delete(c: &Connection, id: &str) -> Result<(), StoreError> {
-    crate::workgroup::on_delete(c, id)?;
-    crate::preparation::on_delete(c, id)?;
-    crate::compaction::on_delete(c, id)?;
-    crate::assembly::on_delete(c, id)
-}
-
 /// The call-done reaction: applies the changes control call `call_id` asked for, in the
 /// transaction that records its result, by the owner of each fact: plan changes (once per call), skills and tools to load (add-only, so writing the
 /// result again adds nothing), facts to remember by the user's memory (once per call), spawns,
 /// sends, interrupts and questions by the workgroup.
-fn on_call_done(
+pub(crate) fn on_call_done(
     c: &Connection,
     id: &str,
     call_id: &str,

@@ -545,7 +545,7 @@ impl Chat {
                 use keel::protocol::sessions::{ModelChange, ModelShown};
                 let Some(to) = arg else {
                     let now = ModelShown::of(&meta.config.model);
-                    eprintln!("  model    {}", super::session::describe_model(&now));
+                    eprintln!("  model    {}", super::describe_model(&now));
                     return true;
                 };
                 let change = if to.starts_with("http://") || to.starts_with("https://") {
@@ -555,15 +555,12 @@ impl Chat {
                 };
                 match self.h.set_session_model(&Caller::Operator, &self.id, change).await {
                     Ok((from, to)) if from == to => {
-                        eprintln!(
-                            "keel: the session already uses {}",
-                            super::session::describe_model(&to)
-                        );
+                        eprintln!("keel: the session already uses {}", super::describe_model(&to));
                     }
                     Ok((from, to)) => eprintln!(
                         "keel: model {} → {}",
-                        super::session::describe_model(&from),
-                        super::session::describe_model(&to)
+                        super::describe_model(&from),
+                        super::describe_model(&to)
                     ),
                     Err(e) => eprintln!("{} {}", paint(Tone::Bad, "error:"), inert(&e.to_string())),
                 }

@@ -268,8 +268,8 @@ pub fn render(row: &EventRow, detail: Detail) -> Option<String> {
         ),
         SessionEvent::ModelChanged { from, to, by } => format!(
             "model {} → {} (by {})",
-            super::session::describe_model(from),
-            super::session::describe_model(to),
+            super::describe_model(from),
+            super::describe_model(to),
             inert(by)
         ),
     })

@@ -98,6 +98,12 @@ pub fn inert_block(text: &str) -> String {
     out
 }
 
+/// A session's model in a few words: `NAME at URL (window N tokens)`.
+pub fn describe_model(m: &keel::protocol::sessions::ModelShown) -> String {
+    let window = m.context_window.map(|w| format!(" (window {w} tokens)")).unwrap_or_default();
+    format!("{} at {}{window}", inert(&m.model), inert(&m.base_url))
+}
+
 /// Milliseconds since the Unix epoch now, as the store records times.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

@@ -829,7 +829,7 @@ impl Rig {
             })
             .unwrap();
         let db = keel::store::Db::open(&self.db()).unwrap();
-        let engine = keel::session::SessionEngine::new(db, keel::meta::REACTIONS);
+        let engine = keel::session::SessionEngine::new(db, keel::harness::REACTIONS);
         for step in 1..=steps {
             Assembly::of(&engine)
                 .evidence(&SessionId::from(session), Some(step))

@@ -14,6 +14,7 @@ use crate::policy::Policy;
 use crate::sandbox::{Access, Budget, Grant};
 use crate::store::StoreError;
 
+use super::events::ModelShown;
 use super::facts::{no_session, parse};
 
 /// A session's configuration (see the module's documentation).
@@ -142,25 +143,6 @@ fn learn_in(
     Ok(true)
 }
 
-/// A session's model as a person names it: the server, the model, the context window.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-pub struct ModelShown {
-    pub base_url: String,
-    pub model: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub context_window: Option<u64>,
-}
-
-impl ModelShown {
-    pub fn of(m: &ModelConfig) -> Self {
-        Self {
-            base_url: m.base_url.clone(),
-            model: m.model.clone(),
-            context_window: m.context_window,
-        }
-    }
-}
-
 /// A change to a session's model: each part given replaces the session's (`None`: kept).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ModelChange {
@@ -193,7 +175,7 @@ pub(crate) fn set_model_in(
         .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?
         .ok_or_else(|| no_session(id))?;
-    if state == super::RuntimeState::Running.as_str() {
+    if state == super::state::RuntimeState::Running.as_str() {
         return Err(StoreError::Conflict(format!(
             "session `{}` is running a turn; change its model when the turn ends (or interrupt it)",
             id.escape_debug()
@@ -222,7 +204,7 @@ pub(crate) fn set_model_in(
         .map_err(|e| StoreError::Corrupt(format!("the model config of `{id}`: {e}")))?;
     c.prepare_cached("UPDATE session_config SET model=?2 WHERE session_id=?1")?
         .execute(crate::sql::params![id, text])?;
-    let event = super::SessionEvent::ModelChanged {
+    let event = super::events::SessionEvent::ModelChanged {
         from: before.clone(),
         to: after.clone(),
         by: by.to_string(),

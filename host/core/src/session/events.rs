@@ -241,10 +241,29 @@ pub enum SessionEvent {
     Workgroup { event: String, event_kind: String, from: String, to: String },
     /// A person moved the session to another model server, model or context window (`by`:
     /// who; an API token, or the local user).
-    ModelChanged { from: super::config::ModelShown, to: super::config::ModelShown, by: String },
+    ModelChanged { from: ModelShown, to: ModelShown, by: String },
     /// A client reached the session from outside (an MCP client over `transport`), as it
     /// named itself, speaking `protocol`.
     ClientConnected { client: String, version: String, protocol: String, transport: String },
+}
+
+/// A session's model as a person names it: the server, the model, the context window.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct ModelShown {
+    pub base_url: String,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
+}
+
+impl ModelShown {
+    pub fn of(m: &crate::model::ModelConfig) -> Self {
+        Self {
+            base_url: m.base_url.clone(),
+            model: m.model.clone(),
+            context_window: m.context_window,
+        }
+    }
 }
 
 /// A stored event.

@@ -43,12 +43,12 @@ pub use crate::policy::{Effect, Policy};
 pub use crate::tools::ConsumedApproval;
 pub(crate) use approvals::approvals_of;
 pub use approvals::{ApprovalStatus, ApprovalUnit, DecideError, Decision};
-pub use config::{ModelChange, ModelShown, SessionConfig};
+pub use config::{ModelChange, SessionConfig};
 pub(crate) use config::config_in;
 pub use create::{NewSession, new_id};
 pub(crate) use create::{checked_id, create_in};
 pub use direct::DIRECT_CALL_PREFIX;
-pub use events::{EventRow, SessionEvent};
+pub use events::{EventRow, ModelShown, SessionEvent};
 pub use facts::{MetaCounters, Runtime, RuntimeState};
 pub(crate) use facts::{
     journal_row, load_counters, lock_in, no_session, parse, pending_inputs, runtime_in, set_state,
@@ -157,7 +157,7 @@ pub struct SessionEngine {
 
 impl SessionEngine {
     /// The engine of `db`, with the reactions of the feature owners beside the kernel (see
-    /// [`reactions`]; `keel::meta::REACTIONS` is the set keel's owners register).
+    /// [`reactions`]; `keel::harness::REACTIONS` is the set keel's owners register).
     pub fn new(db: Db, reactions: Reactions) -> Self {
         reactions::install(reactions);
         Self { db, fences: Arc::default(), extensions: Arc::default() }

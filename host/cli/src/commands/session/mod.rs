@@ -15,8 +15,6 @@ mod tidy;
 
 pub use tidy::title as session_title;
 
-pub use set::describe as describe_model;
-
 use super::turn::{cancel_on_ctrl_c, open_harness, quiet, report, streaming};
 use super::{EXIT_REFUSED, EXIT_SETUP, inert, inert_block};
 use show::{

@@ -4,11 +4,11 @@ use std::process::ExitCode;
 
 use clap::Args;
 use keel::api::Caller;
-use keel::protocol::sessions::{ModelChange, ModelShown};
+use keel::protocol::sessions::ModelChange;
 use keel::protocol::setup::Harness;
 use serde_json::json;
 
-use super::super::inert;
+use super::super::describe_model as describe;
 
 #[derive(Args)]
 pub struct SetArgs {
@@ -27,12 +27,6 @@ pub struct SetArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
-}
-
-/// A session's model in a few words: `NAME at URL (window N tokens)`.
-pub fn describe(m: &ModelShown) -> String {
-    let window = m.context_window.map(|w| format!(" (window {w} tokens)")).unwrap_or_default();
-    format!("{} at {}{window}", inert(&m.model), inert(&m.base_url))
 }
 
 /// Moves session `id` to the model `change` names and says what changed, on stderr (as a
