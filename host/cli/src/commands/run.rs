@@ -218,10 +218,8 @@ pub async fn sessions_of(
     h: &Harness,
     user: &str,
 ) -> Result<Vec<keel::protocol::sessions::SessionSummary>, keel::api::ApiError> {
-    let mut list = h.sessions(&Caller::Operator).await?;
-    list.retain(|s| s.works_for(user));
-    list.sort_by(|a, b| b.last_activity.cmp(&a.last_activity).then_with(|| a.id.cmp(&b.id)));
-    Ok(list)
+    let filter = keel::api::SessionFilter { user: Some(user.to_string()), ..Default::default() };
+    h.find_sessions(&Caller::Operator, &filter).await
 }
 
 /// The session `a` names in `h`: with `--session`, one that exists, continued (its settings

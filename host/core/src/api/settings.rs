@@ -42,6 +42,8 @@ pub struct SessionFilter {
     pub active_since_ms: Option<i64>,
     /// Only sessions not active since this time (ms since the Unix epoch).
     pub inactive_since_ms: Option<i64>,
+    /// Only sessions that work for this user (a typed principal, or a local user's name).
+    pub user: Option<String>,
     /// Only sessions whose title, goal or messages hold this text (case aside).
     pub search: Option<String>,
     /// At most this many, the most recently active first.
@@ -89,7 +91,9 @@ impl Harness {
             list.retain(|s| found.contains(&s.id));
         }
         list.retain(|s| {
-            (filter.states.is_empty() || filter.states.iter().any(|st| st.as_str() == s.state))
+            filter.user.as_deref().is_none_or(|u| s.works_for(u))
+                && (filter.states.is_empty()
+                    || filter.states.iter().any(|st| st.as_str() == s.state))
                 && filter.active_since_ms.is_none_or(|t| s.last_activity >= t)
                 && filter.inactive_since_ms.is_none_or(|t| s.last_activity < t)
         });

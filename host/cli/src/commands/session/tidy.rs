@@ -113,6 +113,7 @@ pub async fn list(h: &Harness, a: ListArgs) -> ExitCode {
         states: a.state,
         active_since_ms: a.since.map(|d| now_ms().saturating_sub(ms(d))),
         inactive_since_ms: None,
+        user: None,
         search: a.search,
         limit: a.limit,
     };
