@@ -752,6 +752,48 @@ async fn a_request_the_server_refuses_as_too_long_is_compacted_and_sent_again() 
     assert!(model.summary_requests().iter().all(|r| r.len() <= 12_000));
 }
 
+/// A server whose refusal names no window still teaches one: the session keeps a window
+/// below the request it refused, so the next turns are sized to it and are not refused again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_guessed_from_a_refusal_that_names_none_is_kept_with_the_session() {
+    let model = MockModel::start_with_unnamed_context(
+        vec![
+            Reply::text(&filler("one", 220)),
+            Reply::text(&filler("two", 220)),
+            Reply::text("three after an overflow compaction"),
+            Reply::text(&filler("four", 220)),
+            Reply::text("five"),
+        ],
+        12_000,
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness(dir.path(), &model.url()).await;
+    session(&h, "guess", &model.url(), None, &[], Vec::new(), Policy::default()).await;
+    let cancel = CancelToken::new();
+    let id = SessionId::from("guess");
+    let brain = h.internals().brain;
+    for input in [filler("first", 10), filler("second", 10)] {
+        answered(brain.submit(&id, &input, &cancel, &no_events()).await.unwrap());
+    }
+    let meta = SessionMeta::read(h.internals().engine, &id).await.unwrap();
+    assert_eq!(meta.config.model.context_window, None, "nothing refused yet");
+    let out = brain.submit(&id, "third", &cancel, &no_events()).await.unwrap();
+    assert_eq!(answered(out), "three after an overflow compaction");
+    let meta = SessionMeta::read(h.internals().engine, &id).await.unwrap();
+    let window = meta.config.model.context_window.expect("a window kept from the refusal");
+    assert!(window < 3_000, "below the refused request: {window}");
+    // The next turns are sized to that window: the server refuses nothing more.
+    for input in [filler("fourth", 10), "fifth".to_string()] {
+        answered(brain.submit(&id, &input, &cancel, &no_events()).await.unwrap());
+    }
+    let requests = model.requests();
+    assert_eq!(requests.iter().filter(|r| r.len() > 12_000).count(), 1, "one refusal, the first");
+    assert!(requests.iter().rev().take(2).all(|r| r.len() <= 12_000));
+    let t = Views::of(h.internals().engine).timeline(&id).await.unwrap();
+    assert_eq!(t.checkpoints[0].trigger, keel::compaction::Trigger::Overflow);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_calls_in_the_compacted_range_stay_failed_in_the_summary() {
     let model = MockModel::start(vec![

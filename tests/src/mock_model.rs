@@ -184,6 +184,9 @@ struct Shared {
     /// Refuse a request longer than this many bytes as longer than the context window, with
     /// llama.cpp's HTTP 400 `exceed_context_size_error`.
     context_bytes: Option<usize>,
+    /// Whether that refusal names the window (`n_ctx`), as llama.cpp's does; else it says
+    /// only `context_length_exceeded`, as some servers do.
+    context_named: bool,
 }
 
 impl Drop for MockModel {
@@ -232,6 +235,23 @@ impl MockModel {
         strict: bool,
         context_bytes: Option<usize>,
     ) -> Self {
+        Self::start_full(script, responder, record, strict, context_bytes, true).await
+    }
+
+    /// Like [`start_with_context`](Self::start_with_context), but the refusal names no window:
+    /// HTTP 400 `context_length_exceeded` and nothing more.
+    pub async fn start_with_unnamed_context(script: Vec<Reply>, bytes: usize) -> Self {
+        Self::start_full(script, None, true, false, Some(bytes), false).await
+    }
+
+    async fn start_full(
+        script: Vec<Reply>,
+        responder: Option<Responder>,
+        record: bool,
+        strict: bool,
+        context_bytes: Option<usize>,
+        context_named: bool,
+    ) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
         let requests = Arc::new(Mutex::new(Vec::new()));
@@ -257,6 +277,7 @@ impl MockModel {
             record,
             strict,
             context_bytes,
+            context_named,
         });
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
@@ -421,15 +442,16 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
                 {
                     r.push(body.clone());
                 }
-                Some(Reply::Status {
-                    code: 400,
-                    retry_after: None,
-                    body: json!({"error": {"code": 400, "type": "exceed_context_size_error",
+                let refusal = if shared.context_named {
+                    json!({"error": {"code": 400, "type": "exceed_context_size_error",
                         "message": "the request exceeds the available context size, try increasing it",
                         "n_prompt_tokens": body.len() / 4,
                         "n_ctx": shared.context_bytes.unwrap_or(0) / 4}})
-                    .to_string(),
-                })
+                } else {
+                    json!({"error": {"code": "context_length_exceeded", "type": "invalid_request_error",
+                        "message": "context_length_exceeded"}})
+                };
+                Some(Reply::Status { code: 400, retry_after: None, body: refusal.to_string() })
             }
             _ if is_understanding(&body) => {
                 if let Ok(mut r) = shared.understanding_requests.lock() {

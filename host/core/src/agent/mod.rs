@@ -324,16 +324,18 @@ impl AgentService {
                     // The window the refusal names, else less than the refused request.
                     let per_token = Assembly::of(&self.engine).bytes_per_token(id).await?;
                     let named = crate::model::window_in_refusal(body);
-                    // A window the server names is the session's from now on: every later
-                    // request is sized to it, with room for the reply.
-                    let learned = match named {
-                        Some(n) => self.engine.learn_window(id, n).await?,
-                        None => false,
-                    };
-                    if learned {
-                        tracing::info!(window = ?named, "the model server named its context window");
-                    }
                     let window = named.unwrap_or_else(|| (bytes as f64 / per_token * 0.75) as u64);
+                    // The window the server names — else the guess, below what it refused —
+                    // is the session's from now on: every later request is sized to it, with
+                    // room for the reply, and the next turn does not overflow to learn it again.
+                    let learned = self.engine.learn_window(id, window).await?;
+                    if learned {
+                        tracing::info!(
+                            window,
+                            named = named.is_some(),
+                            "the session keeps the context window the model server's refusal told"
+                        );
+                    }
                     let request = compact::CompactRequest {
                         trigger: compact::Trigger::Overflow,
                         window: Some(
@@ -353,7 +355,7 @@ impl AgentService {
                     {
                         continue;
                     }
-                    if learned {
+                    if learned && named.is_some() {
                         continue;
                     }
                 }
