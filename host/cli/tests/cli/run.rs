@@ -1161,3 +1161,41 @@ async fn json_logs_carry_the_session_turn_and_step_of_each_line() {
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("KEEL_LOG_FORMAT: `yaml` is not a log format"), "{err}");
 }
+
+/// A server that answers 404 is named with the address keel posted to, and the error says
+/// what to change: the base URL's missing `/v1`, or a model name the server does not serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_404_names_the_address_and_what_to_change() {
+    let model = MockModel::start(vec![
+        Reply::Status { code: 404, retry_after: None, body: "Not Found".into() },
+        Reply::Status {
+            code: 404,
+            retry_after: None,
+            body: json!({"error": {"code": "model_not_found",
+                "message": "The model `gpt-x` does not exist"}})
+            .to_string(),
+        },
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let bare = model.url().trim_end_matches("/v1").to_string();
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&["run", "Answer", "--model-url", &bare, "--model", "m"]),
+    )
+    .await;
+    assert_ne!(out.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("HTTP 404 to POST {bare}/chat/completions")), "{stderr}");
+    assert!(stderr.contains(&format!("try the base URL {bare}/v1")), "{stderr}");
+    assert_eq!(model.requests().len(), 1, "a 404 is not tried again");
+
+    let out = keel_async(
+        home.path().to_path_buf(),
+        args(&["run", "Answer", "--model-url", &model.url(), "--model", "gpt-x"]),
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("does not serve the model `gpt-x`"), "{stderr}");
+    assert!(!stderr.contains("try the base URL"), "{stderr}");
+}

@@ -15,6 +15,11 @@ pub enum ModelError {
         "the model server redirected the request (HTTP {status}) to {location}; keel does not follow redirects: point the base URL at the new address"
     )]
     Redirect { status: u16, location: String },
+    /// The server answered 404: nothing is served at that address (a base URL without its
+    /// `/v1`, most often), or it does not serve the model named. The address asked, and what
+    /// to change.
+    #[error("the model server answered HTTP 404 to POST {url}: {body}; {hint}")]
+    NotFound { url: String, body: String, hint: String },
     #[error("cannot reach the model server: {0}")]
     Transport(String),
     /// No connection could be made to the server at all (refused, no route, no such host):
@@ -59,6 +64,32 @@ pub enum ModelError {
     /// The configuration cannot work (an invalid URL, say): trying again would not help.
     #[error("{0}")]
     Config(String),
+}
+
+/// What to change when `url` answered 404 with `body`: the model name, when the body says
+/// the model is not there (OpenAI's `model_not_found`, Ollama's "model … not found"); else
+/// the base URL, which for an OpenAI-compatible server ends in `/v1`.
+pub(super) fn not_found_hint(url: &reqwest::Url, model: &str, body: &str) -> String {
+    let lower = body.to_ascii_lowercase();
+    if lower.contains("model_not_found")
+        || (lower.contains("model") && (lower.contains("not found") || lower.contains("does not exist")))
+    {
+        return format!(
+            "the server does not serve the model `{model}`: set --model (KEEL_MODEL) to one it \
+             lists at GET /v1/models (`keel doctor` shows them)"
+        );
+    }
+    let base = url.as_str().trim_end_matches("/chat/completions");
+    if !base.trim_end_matches('/').ends_with("/v1") {
+        return format!(
+            "an OpenAI-compatible server serves the API under /v1: try the base URL {}/v1 \
+             (--model-url, KEEL_MODEL_URL)",
+            base.trim_end_matches('/')
+        );
+    }
+    "nothing is served at that address: check the base URL (--model-url, KEEL_MODEL_URL); \
+     `keel doctor` checks it"
+        .to_string()
 }
 
 /// Whether an error body says the server could not parse the request (llama.cpp answers 500
@@ -108,6 +139,7 @@ impl ModelError {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Status { .. } => "status",
+            Self::NotFound { .. } => "not_found",
             Self::Redirect { .. } => "redirect",
             Self::Transport(_) => "transport",
             Self::Unreachable { .. } => "unreachable",
@@ -129,6 +161,7 @@ impl ModelError {
             Self::Status { status, .. }
             | Self::Redirect { status, .. }
             | Self::ContextTooLong { status, .. } => Some(*status),
+            Self::NotFound { .. } => Some(404),
             Self::Empty
             | Self::Truncated
             | Self::Malformed(_)
@@ -169,6 +202,7 @@ impl ModelError {
             | Self::Timeout { .. }
             | Self::Garbled(_) => true,
             Self::ContextTooLong { .. }
+            | Self::NotFound { .. }
             | Self::Unreachable { .. }
             | Self::Malformed(_)
             | Self::TooLarge

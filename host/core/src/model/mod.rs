@@ -366,6 +366,11 @@ impl ModelClient {
             if says_too_long(status, &body) {
                 return Err(ModelError::ContextTooLong { status, body });
             }
+            if status == 404 {
+                let url = self.endpoint(config)?;
+                let hint = error::not_found_hint(&url, &config.model, &body);
+                return Err(ModelError::NotFound { url: url.to_string(), body, hint });
+            }
             return Err(ModelError::Status { status, body, retry_after });
         }
         let mut bytes = Vec::new();
