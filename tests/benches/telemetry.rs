@@ -74,6 +74,7 @@ fn main() {
         endpoint: format!("{}/v1/traces", sink.base),
         service: "keel-bench".into(),
         capture_content: false,
+        from: "OTEL_EXPORTER_OTLP_ENDPOINT",
     };
     let (bridge, exporter) = keel_server::telemetry::start(&settings).unwrap();
     let exporting = tracing_subscriber::registry()

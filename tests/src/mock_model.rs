@@ -159,6 +159,7 @@ pub struct MockModel {
     orchestration_requests: Arc<Mutex<Vec<Vec<u8>>>>,
     summary: Arc<Mutex<VecDeque<Reply>>>,
     summary_requests: Arc<Mutex<Vec<Vec<u8>>>>,
+    info: Arc<Mutex<ServerInfo>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -187,6 +188,17 @@ struct Shared {
     /// Whether that refusal names the window (`n_ctx`), as llama.cpp's does; else it says
     /// only `context_length_exceeded`, as some servers do.
     context_named: bool,
+    /// What `GET` requests see: the model list and llama.cpp's `/props`.
+    info: Arc<Mutex<ServerInfo>>,
+}
+
+/// What the server answers to `GET {base}/models` and `GET /props` (404 for one unset), and
+/// the paths of the GET requests it received.
+#[derive(Default)]
+struct ServerInfo {
+    models: Option<Value>,
+    props: Option<Value>,
+    gets: Vec<String>,
 }
 
 impl Drop for MockModel {
@@ -263,6 +275,7 @@ impl MockModel {
         let orchestration_requests = Arc::new(Mutex::new(Vec::new()));
         let summary = Arc::new(Mutex::new(VecDeque::new()));
         let summary_requests = Arc::new(Mutex::new(Vec::new()));
+        let info = Arc::new(Mutex::new(ServerInfo::default()));
         let shared = Arc::new(Shared {
             summary: summary.clone(),
             summary_requests: summary_requests.clone(),
@@ -278,6 +291,7 @@ impl MockModel {
             strict,
             context_bytes,
             context_named,
+            info: info.clone(),
         });
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
@@ -298,8 +312,23 @@ impl MockModel {
             orchestration_requests,
             summary,
             summary_requests,
+            info,
             task,
         }
+    }
+
+    /// Makes `GET /v1/models` answer `models` and `GET /props` answer `props` (llama.cpp's
+    /// server properties); `None` leaves one answering 404.
+    pub fn serve_info(&self, models: Option<Value>, props: Option<Value>) {
+        if let Ok(mut i) = self.info.lock() {
+            i.models = models;
+            i.props = props;
+        }
+    }
+
+    /// The paths of the GET requests received so far, in order.
+    pub fn gets(&self) -> Vec<String> {
+        self.info.lock().map(|i| i.gets.clone()).unwrap_or_default()
     }
 
     /// The base URL (the part before `/chat/completions`).
@@ -433,6 +462,29 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
         let body: Vec<u8> = buf[header_end..header_end + len].to_vec();
         let buf_head: Vec<u8> = buf[..header_end].to_vec();
         buf.drain(..header_end + len);
+        if let Some(path) = head.strip_prefix("get ").and_then(|r| r.split(' ').next()) {
+            let answer = match shared.info.lock() {
+                Ok(mut info) => {
+                    info.gets.push(path.to_string());
+                    match path {
+                        "/v1/models" => info.models.clone(),
+                        "/props" => info.props.clone(),
+                        _ => None,
+                    }
+                }
+                Err(_) => None,
+            };
+            let (status, text) = match answer {
+                Some(v) => ("200 OK", v.to_string()),
+                None => ("404 Not Found", "Not Found".to_string()),
+            };
+            let reply = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{text}",
+                text.len()
+            );
+            stream.write_all(reply.as_bytes()).await?;
+            continue;
+        }
         let scripted = match &shared.responder {
             // A server with a context of its own refuses every request past it, a summary
             // call's too (a summary request it refuses is recorded as one).

@@ -127,6 +127,13 @@ enum Command {
     /// several hosts.
     #[command(subcommand)]
     Store(commands::store::StoreCommand),
+    /// Check this home's setup: the home and its store, the model server (reachable, serving
+    /// the model, a chat template that takes tools, its context), grants, registries and
+    /// telemetry — each line ✓ or ✗ with the fix. Exit 1 when something is to fix.
+    Doctor(commands::doctor::DoctorArgs),
+    /// Print the effective settings and where each came from: a flag, an environment
+    /// variable, keel.toml or the default (credentials only as set or unset).
+    Config(commands::doctor::ConfigArgs),
     /// Print the WIT contract a tool component implements (`keel:tool`), for any toolchain's
     /// bindings generator.
     Wit(commands::author::WitArgs),
@@ -219,6 +226,7 @@ fn main() -> ExitCode {
     };
     let cli = Cli::parse();
     commands::style::init(cli.verbose, colour);
+    let home_flag = cli.home.is_some();
     let home = cli.home.unwrap_or_else(keel::protocol::setup::Home::default_root);
     // Traces, when a collector is configured: the environment, else `[telemetry]` in the
     // home's keel.toml (a file that does not read is reported by the command that reads it).
@@ -277,6 +285,8 @@ fn main() -> ExitCode {
             Command::Grant(cmd) => commands::serve::grants(home, cmd).await,
             Command::Secret(cmd) => commands::secret::execute(home, cmd),
             Command::Wit(args) => commands::author::wit(args),
+            Command::Doctor(args) => commands::doctor::doctor(home, home_flag, args).await,
+            Command::Config(args) => commands::doctor::show_config(home, home_flag, args),
             Command::Store(cmd) => commands::store::execute(home, cmd).await,
             Command::Key(cmd) => commands::signing::keys(&home, cmd),
             Command::Trust(cmd) => commands::signing::trust(&home, cmd).await,

@@ -53,6 +53,17 @@ impl ConfigError {
     }
 }
 
+/// One effective setting: its key (`model.base_url`), its value (`None`: unset) and where
+/// the value came from — a flag (`--model-url`), a variable (`KEEL_MODEL_URL`), the file
+/// (`keel.toml [model] base_url`), `default` or `unset`. A credential's value is never one:
+/// only whether it is set.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Setting {
+    pub key: String,
+    pub value: Option<String>,
+    pub from: String,
+}
+
 impl From<String> for ConfigError {
     fn from(message: String) -> Self {
         Self(message)
@@ -417,16 +428,53 @@ pub fn env_parsed<T>(
 /// How durably the store commits: `KEEL_SYNCHRONOUS`, else `[store] synchronous` in
 /// `keel.toml`, else `full`.
 pub fn synchronous(home: &Home) -> Result<Synchronous, ConfigError> {
+    Ok(synchronous_from(home)?.0)
+}
+
+/// [`synchronous`], and where it came from (`KEEL_SYNCHRONOUS`, the file, `default`).
+fn synchronous_from(home: &Home) -> Result<(Synchronous, String), ConfigError> {
     if let Some(mode) = env_parsed("KEEL_SYNCHRONOUS", str::parse)? {
-        return Ok(mode);
+        return Ok((mode, "KEEL_SYNCHRONOUS".into()));
     }
     let file = read(home)?;
     match file.store.and_then(|s| s.synchronous) {
-        Some(value) => value.parse().map_err(|e| {
-            ConfigError(format!("{}: [store] synchronous: {e}", path(home).display()))
-        }),
-        None => Ok(Synchronous::default()),
+        Some(value) => value
+            .parse()
+            .map(|mode| (mode, "keel.toml [store] synchronous".into()))
+            .map_err(|e| {
+                ConfigError(format!("{}: [store] synchronous: {e}", path(home).display()))
+            }),
+        None => Ok((Synchronous::default(), "default".into())),
     }
+}
+
+/// The store's settings with where each came from, for `keel config`: its location (a
+/// PostgreSQL URL without its password) and how durably it commits.
+pub fn store_settings(home: &Home) -> Result<Vec<Setting>, ConfigError> {
+    let (sync, sync_from) = synchronous_from(home)?;
+    let location = store_location(home)?;
+    let from = match store_url(home)? {
+        Some((from, _)) => from,
+        None => "default".to_string(),
+    };
+    Ok(vec![
+        Setting { key: "store.location".into(), value: Some(location.display()), from },
+        Setting { key: "store.synchronous".into(), value: Some(sync.pragma().to_ascii_lowercase()),
+            from: sync_from,
+         },
+    ])
+}
+
+/// The PostgreSQL URL the store is to use, and where it was set: `KEEL_DATABASE_URL`, else
+/// `[store] url`.
+fn store_url(home: &Home) -> Result<Option<(String, String)>, ConfigError> {
+    if let Some(url) = env("KEEL_DATABASE_URL") {
+        return Ok(Some(("KEEL_DATABASE_URL".to_string(), url)));
+    }
+    Ok(read(home)?
+        .store
+        .and_then(|s| s.url)
+        .map(|url| ("keel.toml [store] url".to_string(), url)))
 }
 
 /// Where the home's store is: the PostgreSQL database of `KEEL_DATABASE_URL`, else of
@@ -435,16 +483,11 @@ pub fn synchronous(home: &Home) -> Result<Synchronous, ConfigError> {
 pub fn store_location(home: &Home) -> Result<crate::store::Location, ConfigError> {
     // A bad durability setting is refused whichever store it would apply to.
     let sync = synchronous(home)?;
-    let file = read(home)?;
-    let url = match env("KEEL_DATABASE_URL") {
-        Some(url) => Some(("KEEL_DATABASE_URL".to_string(), url)),
-        None => file
-            .store
-            .as_ref()
-            .and_then(|s| s.url.clone())
-            .map(|url| (format!("{}: [store] url", path(home).display()), url)),
-    };
-    if let Some((from, url)) = url {
+    if let Some((from, url)) = store_url(home)? {
+        let from = match from.strip_prefix("keel.toml ") {
+            Some(key) => format!("{}: {key}", path(home).display()),
+            None => from,
+        };
         let url = url.trim().to_string();
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             return Err(ConfigError(format!(

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::agent::{AgentService, LoopGuards};
 use crate::brain::Brain;
-use crate::config::{ConfigError, env, env_parsed};
+use crate::config::{ConfigError, Setting, env, env_parsed};
 use crate::home::Home;
 use crate::model::{ModelClient, ModelConfig};
 use crate::sandbox::SandboxLimits;
@@ -152,57 +152,150 @@ pub struct ModelFlags {
 /// overridden by `flags`. `None` when no base URL or model name is
 /// known; an error names the setting that cannot work.
 pub fn model_config(home: &Home, flags: &ModelFlags) -> Result<Option<ModelConfig>, ConfigError> {
+    Ok(model_settings(home, flags)?.0)
+}
+
+/// [`model_config`], with each setting's value and where it came from (a flag, a variable,
+/// `keel.toml`, the default): what `keel config` prints. The one reading of the model's
+/// settings, so what it says is what a session gets.
+pub fn model_settings(
+    home: &Home,
+    flags: &ModelFlags,
+) -> Result<(Option<ModelConfig>, Vec<Setting>), ConfigError> {
     let p = crate::config::read(home)?.model.unwrap_or_default();
-    let url = flags.url.clone().or_else(|| env("KEEL_MODEL_URL")).or(p.base_url);
-    let model = flags.model.clone().or_else(|| env("KEEL_MODEL")).or(p.model);
-    let (Some(url), Some(model)) = (url, model) else { return Ok(None) };
+    let mut out = Vec::new();
+    let file = |key: &str| format!("keel.toml [model] {key}");
+    let url = pick(
+        &mut out,
+        "model.base_url",
+        [
+            ("--model-url".into(), flags.url.clone()),
+            ("KEEL_MODEL_URL".into(), env("KEEL_MODEL_URL")),
+            (file("base_url"), p.base_url),
+        ],
+        None,
+    );
+    let model = pick(
+        &mut out,
+        "model.model",
+        [
+            ("--model".into(), flags.model.clone()),
+            ("KEEL_MODEL".into(), env("KEEL_MODEL")),
+            (file("model"), p.model),
+        ],
+        None,
+    );
+    let (Some(url), Some(model)) = (url, model) else { return Ok((None, out)) };
     let mut cfg = ModelConfig::new(&url, &model);
     let number = |v: &str| v.parse::<f64>().map_err(|_| format!("`{v}` is not a number"));
     let tokens =
         |v: &str| v.parse::<u32>().map_err(|_| format!("`{v}` is not a whole number of tokens"));
-    cfg.temperature = match flags.temperature {
-        Some(t) => Some(t),
-        None => env_parsed("KEEL_TEMPERATURE", number)?.or(p.temperature),
-    };
-    cfg.max_tokens = match flags.max_tokens {
-        Some(m) => Some(m),
-        None => env_parsed("KEEL_MAX_TOKENS", tokens)?.or(p.max_tokens),
-    };
-    let timeout = match flags.timeout {
-        Some(t) => Some(t),
-        None => env_parsed("KEEL_MODEL_TIMEOUT", crate::units::parse_duration)?,
-    };
-    if let Some(t) = timeout {
-        cfg.timeout_ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
-    } else if let Some(t) = p.timeout_ms {
-        cfg.timeout_ms = t;
-    }
-    if let Some(s) = p.stream {
-        cfg.stream = s;
-    }
-    if let Some(s) = p.stream_usage {
-        cfg.stream_usage = s;
-    }
-    if let Some(r) = p.max_retries {
-        cfg.max_retries = r;
-    }
-    if let Some(n) = p.notes_message {
-        cfg.notes_message = n;
-    }
     let window =
         |v: &str| v.parse::<u64>().map_err(|_| format!("`{v}` is not a whole number of tokens"));
-    cfg.context_window = match flags.context_window {
-        Some(w) => Some(w),
-        None => env_parsed("KEEL_CONTEXT_WINDOW", window)?.or(p.context_window),
-    };
-    if let Some(f) = match flags.compact_at {
-        Some(f) => Some(f),
-        None => env_parsed("KEEL_COMPACT_AT", number)?.or(p.compact_at),
-    } {
-        cfg.compact_at = f;
-    }
+    cfg.temperature = pick(
+        &mut out,
+        "model.temperature",
+        [
+            ("--temperature".into(), flags.temperature),
+            ("KEEL_TEMPERATURE".into(), env_parsed("KEEL_TEMPERATURE", number)?),
+            (file("temperature"), p.temperature),
+        ],
+        None,
+    );
+    cfg.max_tokens = pick(
+        &mut out,
+        "model.max_tokens",
+        [
+            ("--max-tokens".into(), flags.max_tokens),
+            ("KEEL_MAX_TOKENS".into(), env_parsed("KEEL_MAX_TOKENS", tokens)?),
+            (file("max_tokens"), p.max_tokens),
+        ],
+        None,
+    );
+    let ms = |t: std::time::Duration| u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+    cfg.timeout_ms = pick(
+        &mut out,
+        "model.timeout_ms",
+        [
+            ("--model-timeout".into(), flags.timeout.map(ms)),
+            (
+                "KEEL_MODEL_TIMEOUT".into(),
+                env_parsed("KEEL_MODEL_TIMEOUT", crate::units::parse_duration)?.map(ms),
+            ),
+            (file("timeout_ms"), p.timeout_ms),
+        ],
+        Some(cfg.timeout_ms),
+    )
+    .unwrap_or(cfg.timeout_ms);
+    cfg.stream =
+        pick(&mut out, "model.stream", [(file("stream"), p.stream)], Some(cfg.stream)).unwrap_or(true);
+    cfg.stream_usage = pick(
+        &mut out,
+        "model.stream_usage",
+        [(file("stream_usage"), p.stream_usage)],
+        Some(cfg.stream_usage),
+    )
+    .unwrap_or(true);
+    cfg.max_retries = pick(
+        &mut out,
+        "model.max_retries",
+        [(file("max_retries"), p.max_retries)],
+        Some(cfg.max_retries),
+    )
+    .unwrap_or(cfg.max_retries);
+    cfg.notes_message = pick(
+        &mut out,
+        "model.notes_message",
+        [(file("notes_message"), p.notes_message)],
+        Some(cfg.notes_message),
+    )
+    .unwrap_or(true);
+    cfg.context_window = pick(
+        &mut out,
+        "model.context_window",
+        [
+            ("--context-window".into(), flags.context_window),
+            ("KEEL_CONTEXT_WINDOW".into(), env_parsed("KEEL_CONTEXT_WINDOW", window)?),
+            (file("context_window"), p.context_window),
+        ],
+        None,
+    );
+    cfg.compact_at = pick(
+        &mut out,
+        "model.compact_at",
+        [
+            ("--compact-at".into(), flags.compact_at),
+            ("KEEL_COMPACT_AT".into(), env_parsed("KEEL_COMPACT_AT", number)?),
+            (file("compact_at"), p.compact_at),
+        ],
+        Some(cfg.compact_at),
+    )
+    .unwrap_or(cfg.compact_at);
     cfg.validate()?;
-    Ok(Some(cfg))
+    Ok((Some(cfg), out))
+}
+
+/// The first of `layers` (highest precedence first, each named by where it comes from) that
+/// has a value, else `default`; recorded in `out` as `key`'s setting (a key with neither is
+/// recorded as unset).
+fn pick<T: ToString, const N: usize>(
+    out: &mut Vec<Setting>,
+    key: &str,
+    layers: [(String, Option<T>); N],
+    default: Option<T>,
+) -> Option<T> {
+    let found = layers.into_iter().find_map(|(from, v)| v.map(|v| (from, v)));
+    let (from, value) = match (found, default) {
+        (Some((from, v)), _) => (from, Some(v)),
+        (None, Some(d)) => ("default".to_string(), Some(d)),
+        (None, None) => ("unset".to_string(), None),
+    };
+    out.push(Setting {
+        key: key.to_string(),
+        value: value.as_ref().map(ToString::to_string),
+        from,
+    });
+    value
 }
 
 /// The task-understanding settings of a new session whose business model is `business`:

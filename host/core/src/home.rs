@@ -53,15 +53,21 @@ impl Home {
 
     /// The default home (see the module docs), ignoring `--home`.
     pub fn default_root() -> PathBuf {
+        Self::default_root_from().0
+    }
+
+    /// The default home and the variable it came from (`KEEL_HOME`, `XDG_DATA_HOME`, `HOME`;
+    /// `default` for `.keel` when none is set).
+    pub fn default_root_from() -> (PathBuf, &'static str) {
         if let Some(dir) = std::env::var_os("KEEL_HOME").filter(|d| !d.is_empty()) {
-            return PathBuf::from(dir);
+            return (PathBuf::from(dir), "KEEL_HOME");
         }
         if let Some(dir) = std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
-            return PathBuf::from(dir).join("keel");
+            return (PathBuf::from(dir).join("keel"), "XDG_DATA_HOME");
         }
         match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
-            Some(home) => PathBuf::from(home).join(".local").join("share").join("keel"),
-            None => PathBuf::from(".keel"),
+            Some(home) => (PathBuf::from(home).join(".local").join("share").join("keel"), "HOME"),
+            None => (PathBuf::from(".keel"), "default"),
         }
     }
 

@@ -78,18 +78,19 @@ pub mod access {
 pub mod setup {
     pub use crate::brain::host_id;
     pub use crate::harness::{
-        DEFAULT_SYSTEM_PROMPT, Harness, ModelFlags, model_config, preprocess_config,
+        DEFAULT_SYSTEM_PROMPT, Harness, ModelFlags, model_config, model_settings, preprocess_config,
     };
     pub use crate::home::{Home, write_private};
     pub use crate::memory::{Kind as UserKind, default_user, typed as typed_user};
+    pub use crate::model::{ServedModel, ServerProbe, ServerProps};
     pub use crate::store::{Location, StoreError, schema_version};
     pub use crate::tls::init as init_tls;
 
     /// `keel.toml`: reading it and the settings front-ends use.
     pub mod config {
         pub use crate::config::{
-            Bounds, HttpLimits, TelemetryTable, env, path, read, store_location, synchronous,
-            take_secret_env,
+            Bounds, HttpLimits, SECRET_ENV, Setting, TelemetryTable, env, path, read,
+            registry_limits, store_location, store_settings, synchronous, take_secret_env,
         };
     }
 

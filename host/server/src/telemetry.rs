@@ -42,6 +42,8 @@ pub struct Settings {
     pub endpoint: String,
     pub service: String,
     pub capture_content: bool,
+    /// Where the endpoint was set: the variable, or `keel.toml [telemetry] otlp_endpoint`.
+    pub from: &'static str,
 }
 
 /// The settings from the environment and `[telemetry]` in keel.toml: `None` when no endpoint
@@ -60,13 +62,13 @@ pub fn settings(
         check_url(&url, from)?;
         Ok(format!("{}/v1/traces", url.trim_end_matches('/')))
     };
-    let endpoint = if let Some(url) = env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
+    let (endpoint, from) = if let Some(url) = env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
         check_url(&url, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")?;
-        url
+        (url, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     } else if let Some(url) = env("OTEL_EXPORTER_OTLP_ENDPOINT") {
-        base(url, "OTEL_EXPORTER_OTLP_ENDPOINT")?
+        (base(url, "OTEL_EXPORTER_OTLP_ENDPOINT")?, "OTEL_EXPORTER_OTLP_ENDPOINT")
     } else if let Some(url) = table.and_then(|t| t.otlp_endpoint.clone()) {
-        base(url, "[telemetry] otlp_endpoint")?
+        (base(url, "[telemetry] otlp_endpoint")?, "keel.toml [telemetry] otlp_endpoint")
     } else {
         return Ok(None);
     };
@@ -74,7 +76,7 @@ pub fn settings(
         .or_else(|| table.and_then(|t| t.service_name.clone()))
         .unwrap_or_else(|| "keel".into());
     let capture_content = table.is_some_and(|t| t.capture_content);
-    Ok(Some(Settings { endpoint, service, capture_content }))
+    Ok(Some(Settings { endpoint, service, capture_content, from }))
 }
 
 fn check_url(url: &str, from: &str) -> Result<(), String> {
@@ -482,6 +484,7 @@ mod tests {
             (s.endpoint.as_str(), s.service.as_str()),
             ("http://other:4318/v1/traces", "svc")
         );
+        assert_eq!(s.from, "OTEL_EXPORTER_OTLP_ENDPOINT");
         let traces = |k: &str| {
             (k == "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").then(|| "http://t:1/custom".to_string())
         };

@@ -3,6 +3,7 @@
 pub mod approval;
 pub mod author;
 pub mod chat;
+pub mod doctor;
 pub mod events;
 pub mod mcp;
 pub mod run;

@@ -20,6 +20,7 @@ mod registry;
 mod resume;
 mod run;
 mod serve;
+mod setup;
 mod signing;
 mod skills;
 mod telemetry;

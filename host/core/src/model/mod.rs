@@ -10,6 +10,7 @@
 pub mod answer;
 mod config;
 mod error;
+mod probe;
 mod sse;
 
 use std::time::Duration;
@@ -24,6 +25,7 @@ use crate::ids::CallId;
 pub use config::*;
 use error::says_too_long;
 pub use error::*;
+pub use probe::{ServedModel, ServerProbe, ServerProps};
 pub use sse::parse_stream;
 
 /// One tool call the model asked for.
