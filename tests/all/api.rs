@@ -242,6 +242,44 @@ async fn a_callers_rights_are_decided_by_the_core() {
         Err(e) => assert_eq!(e.kind(), "input", "{e}"),
         Ok(_) => panic!("an ftp URL was taken"),
     }
+    // A session's policy: widened by an admin only, tightened by whoever may decide the
+    // session's approvals — not alice here (her preset does not let her decide), nor bob.
+    use keel::policy::PolicyChange;
+    let allow = || PolicyChange::Allow { tool: "fs_write_file".into(), under: Some("/w".into()) };
+    let ask = || PolicyChange::Ask { tool: "fs_write_file".into() };
+    not_found(h.change_policy(&bob, &id, ask()).await.map(|_| ()), "policy");
+    for change in [allow(), ask()] {
+        match h.change_policy(&alice, &id, change).await {
+            Err(e) => assert_eq!(e.kind(), "forbidden", "{e}"),
+            Ok(_) => panic!("a user who may not decide changed the policy"),
+        }
+    }
+    let p = h.change_policy(&admin, &id, allow()).await.unwrap();
+    assert!(p.summary().contains("allow fs_write_file under /w"), "{}", p.summary());
+    match h
+        .change_policy(
+            &admin,
+            &id,
+            PolicyChange::Allow { tool: "x".into(), under: Some("w/..".into()) },
+        )
+        .await
+    {
+        Err(e) => assert_eq!(e.kind(), "input", "{e}"),
+        Ok(_) => panic!("a relative prefix was taken"),
+    }
+    // A user who may decide (her preset says so) may tighten, not widen.
+    let grant = Grant::new(ws.path(), "/w", Access::Ro).unwrap();
+    h.preset_add(&Caller::Operator, "decides", vec![grant], true, false).await.unwrap();
+    let req = SessionRequest { preset: Some("decides".into()), ..Default::default() };
+    let hers = h.create_session_for(&alice, &template, &roots, req).await.unwrap();
+    let p = h.change_policy(&alice, &hers, ask()).await.unwrap();
+    assert!(p.ask_tools.contains(&"fs_write_file".to_string()));
+    match h.change_policy(&alice, &hers, allow()).await {
+        Err(e) => {
+            assert!(e.kind() == "forbidden" && e.to_string().contains("needs an admin"), "{e}")
+        }
+        Ok(_) => panic!("a user widened a policy"),
+    }
     // Admin-only use cases refuse a user whatever the front-end.
     let admin_only = |r: Result<(), keel::api::ApiError>, what: &str| match r {
         Err(e) => assert_eq!(e.kind(), "forbidden", "{what}: {e}"),

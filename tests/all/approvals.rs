@@ -570,3 +570,105 @@ async fn c3_disk_full_rolls_back_pauses_and_resumes() {
         RuntimeState::Idle
     );
 }
+
+/// "Always allow" a tool under the directory of a call a person approved: the policy change
+/// is an event with who made it; later calls under that directory run without asking, one
+/// outside it still asks, and asking again undoes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn always_allow_under_a_directory_is_a_recorded_policy_change_and_undone_by_ask() {
+    use keel::api::Caller;
+    use keel::policy::PolicyChange;
+    let write = |id: &str, path: &str| {
+        (
+            id.to_string(),
+            "fs_write_file".to_string(),
+            json!({"path": path, "content": id}).to_string(),
+        )
+    };
+    let calls = [write("c1", "/out/a.md"), write("c2", "/out/sub/b.md"), write("c3", "/work/c.md")];
+    let model = MockModel::start(vec![
+        Reply::calls(&[(&calls[0].0, &calls[0].1, &calls[0].2)]),
+        Reply::calls(&[(&calls[1].0, &calls[1].1, &calls[1].2)]),
+        Reply::calls(&[(&calls[2].0, &calls[2].1, &calls[2].2)]),
+        Reply::text("written"),
+    ])
+    .await;
+    let f = Fixture::new(&model.url(), "unused", LoopGuards::default()).await;
+    let out = tempfile::tempdir().unwrap();
+    std::fs::create_dir(out.path().join("sub")).unwrap();
+    let mut policy = keel::session::Policy::default();
+    policy.adjust(&[], &["fs_write_file".into()], &[]);
+    let grants = vec![
+        Grant::new(f.work.path(), "/work", Access::Rw).unwrap(),
+        Grant::new(out.path(), "/out", Access::Rw).unwrap(),
+    ];
+    let mut model_cfg = keel::model::ModelConfig::new(&f.url, "m");
+    model_cfg.max_retries = 0;
+    f.h.internals()
+        .engine
+        .create(keel::session::NewSession {
+            pins: Default::default(),
+            user: None,
+            named_tools: true,
+            owner: None,
+            id: Some("always".into()),
+            grants,
+            net: Default::default(),
+            tools: vec!["fs_write_file".into()],
+            policy,
+            budget: keel::sandbox::Budget::default(),
+            model: model_cfg,
+            system_prompt: "test".into(),
+            guards: None,
+            preprocess: None,
+        })
+        .await
+        .unwrap();
+    let units = waiting_units(&submit(&f.h, "always", "write three files").await);
+    let u = f.h.internals().engine.approval(&units[0]).await.unwrap().unwrap();
+    let dir = keel::policy::call_directory(&u.input).unwrap();
+    assert_eq!(dir, "/out");
+    let change = PolicyChange::Allow { tool: u.tool.clone(), under: Some(dir) };
+    let policy = f.h.change_policy(&Caller::Operator, "always", change).await.unwrap();
+    assert!(policy.summary().contains("allow fs_write_file under /out"), "{}", policy.summary());
+    f.h.internals().brain.decide(&units[0], Decision::Approve, None, None).await.unwrap().unwrap();
+    // The second write, under /out, runs unasked; the third, under /work, asks.
+    let units = waiting_units(&drain(&f.h, "always").await.unwrap());
+    assert_eq!(std::fs::read_to_string(out.path().join("sub/b.md")).unwrap(), "c2");
+    let u = f.h.internals().engine.approval(&units[0]).await.unwrap().unwrap();
+    assert_eq!(u.input, calls[2].2);
+    f.h.internals().brain.decide(&units[0], Decision::Approve, None, None).await.unwrap().unwrap();
+    let done = drain(&f.h, "always").await.unwrap();
+    assert_eq!(done, Submitted::Ran(TurnOutcome::Answer("written".into())));
+    let t = Views::of(f.h.internals().engine).timeline(&SessionId::from("always")).await.unwrap();
+    let approved: Vec<bool> = t.tool_calls.iter().map(|c| c.entry.approval_id.is_some()).collect();
+    assert_eq!(approved, [true, false, true], "asked, allowed for good, asked");
+    // The change is an event with who made it; asking again undoes it.
+    let policy =
+        f.h.change_policy(
+            &Caller::Operator,
+            "always",
+            PolicyChange::Ask { tool: "fs_write_file".into() },
+        )
+        .await
+        .unwrap();
+    assert!(policy.allow_under.is_empty());
+    let events = f.h.events(&Caller::Operator, "always", 0, 1000).await.unwrap();
+    let changes: Vec<String> = events
+        .into_iter()
+        .filter_map(|e| match e.event {
+            keel::session::SessionEvent::PolicyChanged { change, by, .. } => {
+                Some(format!("{change} by {by}"))
+            }
+            _ => None,
+        })
+        .collect();
+    let by = keel::session::local_decider();
+    assert_eq!(
+        changes,
+        [
+            format!("allow fs_write_file under /out by {by}"),
+            format!("ask before fs_write_file by {by}")
+        ]
+    );
+}

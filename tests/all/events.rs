@@ -65,6 +65,7 @@ fn short(e: &SessionEvent) -> String {
             format!("client {client} {transport}")
         }
         SessionEvent::ModelChanged { to, .. } => format!("model changed to {}", to.model),
+        SessionEvent::PolicyChanged { change, .. } => format!("policy {change}"),
     }
 }
 

@@ -72,7 +72,9 @@ enum Command {
     ///
     /// Each line is the session's next input; answers stream as they are written, with the
     /// tool calls between. A call that needs approval is asked about in place: y approves it
-    /// once, n rejects it with a reason the model is told, d shows the full diff and input, s
+    /// once, a approves it and allows the tool for the rest of the session (under the call's
+    /// directory; `keel session policy ID --ask TOOL` undoes it), n rejects it with a reason
+    /// the model is told, d shows the full diff and input, s
     /// leaves it for `keel approve` or the console. Slash commands: /help. Ctrl-C interrupts
     /// a turn, Ctrl-D leaves; the session stays (`keel chat --session ID` goes on).
     Chat(Box<commands::chat::ChatArgs>),

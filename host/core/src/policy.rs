@@ -29,8 +29,9 @@ fn default_ask_effects() -> Vec<Effect> {
 /// per tool and per effect class. The default asks before `destructive` and `external` calls
 /// and allows the rest (within the session's grants).
 ///
-/// Rules, first match wins: denied tool → allowed tool → asked tool → denied effect → asked
-/// effect → allow.
+/// Rules, first match wins: denied tool → allowed tool → tool allowed under a path prefix
+/// (every path the call names is under it) → asked tool → denied effect → asked effect →
+/// allow.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Policy {
     #[serde(default)]
@@ -51,6 +52,125 @@ pub struct Policy {
     /// (`--redact`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub redact: Vec<String>,
+    /// Tools that run without asking when every path their call names is under a prefix (a
+    /// person's "always allow" of one call's directory).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_under: Vec<AllowUnder>,
+}
+
+/// A tool allowed without asking for calls whose paths are all under `prefix` (a guest path).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllowUnder {
+    pub tool: String,
+    pub prefix: String,
+}
+
+/// One change of a session's policy after its creation (`keel session policy`, chat's `a`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "rule", rename_all = "snake_case")]
+pub enum PolicyChange {
+    /// Allow `tool` without asking — everywhere, or for calls under `under` only.
+    Allow { tool: String, under: Option<String> },
+    /// Ask before every call of `tool` (undoes an allow).
+    Ask { tool: String },
+    /// Refuse every call of `tool`.
+    Deny { tool: String },
+}
+
+impl PolicyChange {
+    /// Whether the change lets more calls run without a person (an allow), rather than fewer.
+    pub fn widens(&self) -> bool {
+        matches!(self, Self::Allow { .. })
+    }
+
+    /// The tool it is about.
+    pub fn tool(&self) -> &str {
+        match self {
+            Self::Allow { tool, .. } | Self::Ask { tool } | Self::Deny { tool } => tool,
+        }
+    }
+
+    /// Checks the change: a tool name, and a prefix that is an absolute guest path without
+    /// `..`; the prefix comes back normalized.
+    pub fn checked(self) -> Result<Self, String> {
+        let tool = self.tool();
+        if tool.is_empty() || tool.len() > 128 || tool.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(format!("`{}` is not a tool name", tool.escape_debug()));
+        }
+        match self {
+            Self::Allow { tool, under: Some(prefix) } => match normalized(&prefix) {
+                Some(p) => Ok(Self::Allow { tool, under: Some(p) }),
+                None => Err(format!(
+                    "`{}` is not a path prefix: give an absolute guest path without `..` (/out)",
+                    prefix.escape_debug()
+                )),
+            },
+            other => Ok(other),
+        }
+    }
+}
+
+impl std::fmt::Display for PolicyChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Allow { tool, under: None } => write!(f, "allow {tool}"),
+            Self::Allow { tool, under: Some(p) } => write!(f, "allow {tool} under {p}"),
+            Self::Ask { tool } => write!(f, "ask before {tool}"),
+            Self::Deny { tool } => write!(f, "deny {tool}"),
+        }
+    }
+}
+
+/// The keys of a call's input that name paths.
+const PATH_KEYS: &[&str] =
+    &["path", "file", "dir", "directory", "from", "to", "source", "destination", "target"];
+
+/// `path` as an absolute guest path with `.` and repeated `/` taken out and no trailing `/`;
+/// `None` for a relative path or one with `..` (which a prefix rule must not be walked out of).
+fn normalized(path: &str) -> Option<String> {
+    if !path.starts_with('/') {
+        return None;
+    }
+    let mut parts = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => return None,
+            p => parts.push(p),
+        }
+    }
+    Some(format!("/{}", parts.join("/")))
+}
+
+/// Whether `arguments` (a call's JSON input) names at least one path, and every one is under
+/// `prefix` (normalized).
+fn all_under(arguments: &str, prefix: &str) -> bool {
+    let Ok(serde_json::Value::Object(input)) = serde_json::from_str::<serde_json::Value>(arguments)
+    else {
+        return false;
+    };
+    let mut any = false;
+    for key in PATH_KEYS {
+        let Some(v) = input.get(*key) else { continue };
+        let Some(path) = v.as_str() else { return false };
+        let Some(path) = normalized(path) else { return false };
+        let inside = prefix == "/" || path == prefix || path.starts_with(&format!("{prefix}/"));
+        if !inside {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+/// The directory of the first path a call names (`/out` for `{"path": "/out/report.md"}`):
+/// the prefix chat's "always allow" offers.
+pub fn call_directory(arguments: &str) -> Option<String> {
+    let input: serde_json::Value = serde_json::from_str(arguments).ok()?;
+    let path = PATH_KEYS.iter().find_map(|k| input.get(*k).and_then(|v| v.as_str()))?;
+    let path = normalized(path)?;
+    let dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+    Some(if dir.is_empty() { "/".to_string() } else { dir.to_string() })
 }
 
 /// What a redacted match becomes.
@@ -68,6 +188,7 @@ impl Default for Policy {
             ask_tools: Vec::new(),
             ask_effects: default_ask_effects(),
             redact: Vec::new(),
+            allow_under: Vec::new(),
         }
     }
 }
@@ -130,8 +251,10 @@ impl Policy {
         if let Some(a) = list(&self.ask_tools, &self.ask_effects) {
             parts.push(format!("ask {a}"));
         }
-        if let Some(a) = list(&self.allow_tools, &[]) {
-            parts.push(format!("allow {a}"));
+        let mut allowed: Vec<String> = self.allow_tools.clone();
+        allowed.extend(self.allow_under.iter().map(|r| format!("{} under {}", r.tool, r.prefix)));
+        if !allowed.is_empty() {
+            parts.push(format!("allow {}", allowed.join(", ")));
         }
         if !self.redact.is_empty() {
             parts.push(format!("redact {} pattern(s)", self.redact.len()));
@@ -167,12 +290,26 @@ impl Policy {
         }
     }
 
-    /// The decision for a call of `tool`, whose effect class is `effect`.
+    /// The decision for a call of `tool`, whose effect class is `effect`, by the tool alone
+    /// (a rule for calls under a path prefix does not apply: see
+    /// [`decide_call`](Self::decide_call)).
     pub fn decide(&self, tool: &str, effect: Effect) -> PolicyDecision {
+        self.decide_call(tool, effect, None)
+    }
+
+    /// The decision for a call of `tool` (effect class `effect`) with input `arguments`: as
+    /// [`decide`](Self::decide), and a tool allowed under a prefix runs without asking when
+    /// every path its input names is under it.
+    pub fn decide_call(&self, tool: &str, effect: Effect, arguments: Option<&str>) -> PolicyDecision {
         let has = |list: &[String], x: &str| list.iter().any(|t| t == x);
+        let under = || {
+            arguments.is_some_and(|a| {
+                self.allow_under.iter().any(|r| r.tool == tool && all_under(a, &r.prefix))
+            })
+        };
         if has(&self.deny_tools, tool) {
             PolicyDecision::Deny(format!("denied by policy (--deny {tool})"))
-        } else if has(&self.allow_tools, tool) {
+        } else if has(&self.allow_tools, tool) || under() {
             PolicyDecision::Allow
         } else if has(&self.ask_tools, tool) {
             PolicyDecision::Ask(format!("the session's policy asks before every call of `{tool}`"))
@@ -187,6 +324,43 @@ impl Policy {
         } else {
             PolicyDecision::Allow
         }
+    }
+
+    /// Applies `change`: an allow takes the tool out of the asked and denied ones (an allow
+    /// under a prefix adds the rule and takes out nothing else); an ask or a deny takes out
+    /// every allow of the tool. Returns whether the policy changed.
+    pub fn apply(&mut self, change: &PolicyChange) -> bool {
+        let before = self.clone();
+        let tool = change.tool().to_string();
+        match change {
+            PolicyChange::Allow { under: None, .. } => {
+                self.ask_tools.retain(|t| *t != tool);
+                self.deny_tools.retain(|t| *t != tool);
+                self.allow_under.retain(|r| r.tool != tool);
+                if !self.allow_tools.contains(&tool) {
+                    self.allow_tools.push(tool);
+                }
+            }
+            PolicyChange::Allow { under: Some(prefix), .. } => {
+                self.deny_tools.retain(|t| *t != tool);
+                let rule = AllowUnder { tool, prefix: prefix.clone() };
+                if !self.allow_under.contains(&rule) {
+                    self.allow_under.push(rule);
+                }
+            }
+            PolicyChange::Ask { .. } | PolicyChange::Deny { .. } => {
+                self.allow_tools.retain(|t| *t != tool);
+                self.allow_under.retain(|r| r.tool != tool);
+                let list = match change {
+                    PolicyChange::Ask { .. } => &mut self.ask_tools,
+                    _ => &mut self.deny_tools,
+                };
+                if !list.contains(&tool) {
+                    list.push(tool);
+                }
+            }
+        }
+        *self != before
     }
 
     /// `None` when allowed outright, else why not (asking counts as "not outright").
@@ -219,5 +393,38 @@ mod tests {
         assert!(matches!(p.decide("y", Effect::External), PolicyDecision::Deny(_)));
         assert!(matches!(p.decide("x", Effect::ReadOnly), PolicyDecision::Ask(_)));
         assert_eq!(p.decide("y", Effect::ReadOnly), PolicyDecision::Allow);
+    }
+
+    #[test]
+    fn an_allow_under_a_prefix_holds_for_calls_whose_every_path_is_under_it() {
+        let mut p = Policy::default();
+        let w = "fs_write_file";
+        let change = PolicyChange::Allow { tool: w.into(), under: Some("/out//./".into()) };
+        let change = change.checked().unwrap();
+        assert_eq!(change.to_string(), "allow fs_write_file under /out");
+        assert!(p.apply(&change));
+        assert!(!p.apply(&change), "applied twice, changed once");
+        let ask = |a: &str| matches!(p.decide_call(w, Effect::Destructive, Some(a)), PolicyDecision::Ask(_));
+        assert!(!ask(r#"{"path":"/out/report.md"}"#));
+        assert!(!ask(r#"{"path":"/out/a/b.md"}"#));
+        assert!(!ask(r#"{"path":"/out"}"#));
+        assert!(ask(r#"{"path":"/outside/x"}"#), "a sibling with the same start");
+        assert!(ask(r#"{"path":"/out/../etc/passwd"}"#), "no walking out");
+        assert!(ask(r#"{"path":"out/x"}"#), "relative");
+        assert!(ask(r#"{"from":"/out/a","to":"/data/b"}"#), "every path, not one");
+        assert!(ask(r#"{"content":"x"}"#), "no path, no rule");
+        assert!(ask(r#"{"path":["/out/a"]}"#));
+        assert!(matches!(p.decide(w, Effect::Destructive), PolicyDecision::Ask(_)));
+        assert!(p.summary().contains("allow fs_write_file under /out"), "{}", p.summary());
+        assert!(PolicyChange::Allow { tool: w.into(), under: Some("/a/../b".into()) }.checked().is_err());
+        // Asking again undoes every allow of the tool; an allow everywhere takes out the ask.
+        assert!(p.apply(&PolicyChange::Ask { tool: w.into() }));
+        assert!(p.allow_under.is_empty() && p.ask_tools == [w]);
+        assert!(ask(r#"{"path":"/out/report.md"}"#));
+        assert!(p.apply(&PolicyChange::Allow { tool: w.into(), under: None }));
+        assert!(p.ask_tools.is_empty() && p.allow_tools == [w]);
+        assert_eq!(call_directory(r#"{"path":"/out/r.md"}"#).as_deref(), Some("/out"));
+        assert_eq!(call_directory(r#"{"path":"/r.md"}"#).as_deref(), Some("/"));
+        assert_eq!(call_directory(r#"{"text":"x"}"#), None);
     }
 }

@@ -24,7 +24,7 @@ pub mod sessions {
     pub use crate::live::LiveReader;
     pub use crate::meta::SessionMeta;
     pub use crate::model::{DEFAULT_BASE_URL, ModelClient, ModelConfig};
-    pub use crate::policy::Effect;
+    pub use crate::policy::{Effect, PolicyChange, call_directory};
     pub use crate::preparation::capabilities::{Kind as CapabilityKind, Via};
     pub use crate::sandbox::{Access, Budget, Grant, SandboxLimits};
     pub use crate::session::{

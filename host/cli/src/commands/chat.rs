@@ -1,7 +1,7 @@
 //! `keel chat`: a session kept open in the terminal. Each line is an input of the session; the
 //! answer streams as it is written, with the tool calls between; a call that needs approval is
-//! asked about in place — approve it once, reject it with a reason, see its diff or its exact
-//! input — deciding the same durable approval unit `keel approve` or the console would. Ctrl-C
+//! asked about in place — approve it once or for good (a policy change, recorded), reject it
+//! with a reason, see its diff or its exact input — deciding the same durable approval unit `keel approve` or the console would. Ctrl-C
 //! interrupts a turn and keeps the session; Ctrl-D leaves it.
 
 use std::path::PathBuf;
@@ -374,13 +374,21 @@ impl Chat {
     /// Shows unit `u` and asks until it is decided (`true`) or skipped (`false`).
     async fn ask(&mut self, u: &keel::protocol::sessions::ApprovalUnit) -> bool {
         let mut full = false;
+        // "Always": the tool under the call's directory, or everywhere for a call naming no
+        // path.
+        let under = keel::protocol::sessions::call_directory(&u.input);
+        let always = match &under {
+            Some(dir) => format!("{} under {dir}", u.tool),
+            None => u.tool.clone(),
+        };
         loop {
             for line in super::approval::unit_lines(u, full) {
                 eprintln!("{line}");
             }
             let prompt = format!(
-                "{} approve once [y] · reject [n] · full diff and input [d] · leave it [s] › ",
-                paint(Tone::Waiting, "⏸")
+                "{} approve once [y] · always allow {} [a] · reject [n] · full diff and input [d] · leave it [s] › ",
+                paint(Tone::Waiting, "⏸"),
+                inert(&always)
             );
             let answer = match self.read_line(&prompt) {
                 Ok(a) => a.trim().to_lowercase(),
@@ -389,6 +397,25 @@ impl Chat {
             };
             let (decision, reason) = match answer.as_str() {
                 "y" | "yes" => (Decision::Approve, None),
+                "a" | "always" => {
+                    let change = keel::protocol::sessions::PolicyChange::Allow {
+                        tool: u.tool.clone(),
+                        under: under.clone(),
+                    };
+                    match self.h.change_policy(&Caller::Operator, &self.id, change).await {
+                        Ok(policy) => eprintln!(
+                            "keel: policy: {} (undo: keel session policy {} --ask {})",
+                            inert(&policy.summary()),
+                            self.id,
+                            inert(&u.tool)
+                        ),
+                        Err(e) => {
+                            eprintln!("{} {}", paint(Tone::Bad, "error:"), inert(&e.to_string()));
+                            continue;
+                        }
+                    }
+                    (Decision::Approve, None)
+                }
                 "n" | "no" => {
                     let reason =
                         match self.read_line("reason (the model is told; Enter for none) › ") {
@@ -403,7 +430,7 @@ impl Chat {
                 }
                 "s" | "skip" => return false,
                 _ => {
-                    eprintln!("keel: answer y, n, d or s");
+                    eprintln!("keel: answer y, a, n, d or s");
                     continue;
                 }
             };

@@ -266,6 +266,9 @@ pub fn render(row: &EventRow, detail: Detail) -> Option<String> {
             inert(version),
             inert(protocol)
         ),
+        SessionEvent::PolicyChanged { change, policy, by } => {
+            format!("policy: {} (by {}); now {}", inert(change), inert(by), inert(policy))
+        }
         SessionEvent::ModelChanged { from, to, by } => format!(
             "model {} → {} (by {})",
             super::describe_model(from),

@@ -389,3 +389,81 @@ async fn terminal_progress_is_coloured_unless_no_color() {
         assert_eq!(text.contains("\u{1b}[32m✓"), !no_color, "NO_COLOR={no_color}: {text:?}");
     }
 }
+
+/// "Always allow" in chat: `a` approves the call and allows the tool under the call's
+/// directory for the rest of the session — the next write there runs unasked — recorded as a
+/// policy change that `session show`, `session events` and `session policy` show, and that
+/// `session policy --ask` undoes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "terminal tier: needs tmux"]
+async fn terminal_chat_always_allows_a_tool_under_a_directory() {
+    let write = |id: &str, path: &str| {
+        Reply::calls(&[(id, "fs_write_file", &json!({"path": path, "content": id}).to_string())])
+    };
+    let model = MockModel::start(vec![
+        write("c1", "/w/a.md"),
+        Reply::text("first written"),
+        write("c2", "/w/b.md"),
+        Reply::text("second written"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let grant = format!("{}=/w:rw", work.path().display());
+    let url = model.url();
+    let home_arg = home.path().display().to_string();
+    let pane = Pane::start(
+        &[],
+        &[
+            "--home",
+            &home_arg,
+            "chat",
+            "--new-session",
+            "always",
+            "--no-preprocess",
+            "--model-url",
+            &url,
+            "--model",
+            "m",
+            "--grant",
+            &grant,
+            "--tools",
+            "fs_write_file",
+            "--ask",
+            "fs_write_file",
+        ],
+    );
+    pane.shows("/help lists commands", 1);
+    pane.line("Write a");
+    let asked = pane.shows("always allow fs_write_file under /w [a]", 1);
+    assert!(asked.contains("approve once [y]"), "{asked}");
+    pane.line("a");
+    let done = pane.shows("keel: idle", 1);
+    assert!(done.contains("keel: policy: ask fs_write_file"), "{done}");
+    assert!(done.contains("allow fs_write_file under /w"), "{done}");
+    assert!(done.contains("(undo: keel session policy always --ask fs_write_file)"), "{done}");
+    assert_eq!(std::fs::read_to_string(work.path().join("a.md")).unwrap(), "c1");
+    // The next write under /w runs without a question.
+    pane.line("Write b");
+    let done = pane.shows("keel: idle", 2);
+    assert!(done.contains("second written"), "{done}");
+    assert_eq!(done.matches("approve once [y]").count(), 1, "asked once: {done}");
+    assert_eq!(std::fs::read_to_string(work.path().join("b.md")).unwrap(), "c2");
+    pane.send(&["C-d"]);
+    pane.until("the pane to end", |_| pane.dead());
+
+    let show = keel_json(home.path(), &["session", "show", "always", "--json"]);
+    let policy = show["policy"].to_string();
+    assert!(policy.contains("/w"), "{show}");
+    let events = super::keel(home.path(), &["session", "events", "always"]);
+    let events = String::from_utf8_lossy(&events.stdout);
+    assert!(events.contains("policy: allow fs_write_file under /w (by "), "{events}");
+    let out = super::keel(home.path(), &["session", "policy", "always", "--ask", "fs_write_file"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.trim(), "session always: ask fs_write_file, destructive, external", "{text}");
+    let v = keel_json(home.path(), &["session", "policy", "always", "--json"]);
+    assert_eq!(v["policy"], "ask fs_write_file, destructive, external");
+    let approvals = keel_json(home.path(), &["approvals", "--session", "always", "--all", "--json"]);
+    assert_eq!(approvals.as_array().unwrap().len(), 1);
+    assert_eq!(approvals[0]["status"], "consumed");
+}

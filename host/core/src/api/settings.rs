@@ -1,4 +1,5 @@
-//! The use case of changing a session after it was created: moving it to another model.
+//! The use cases of changing a session after it was created: moving it to another model,
+//! changing its policy.
 
 use super::*;
 use crate::session::{ModelChange, ModelShown};
@@ -30,6 +31,46 @@ impl Harness {
             Caller::Api(p) => p.decider(),
         };
         Ok(self.engine.set_model(&id, change, by).await?)
+    }
+}
+
+impl Harness {
+    /// Changes session `id`'s policy: allow a tool for good (everywhere, or for calls under a
+    /// path prefix), or ask before it or deny it again. Only a caller who may decide the
+    /// session's approvals may change it, and only the operator and admins may widen it (an
+    /// allow): a user token may only tighten what an admin set. A `policy_changed` event
+    /// records the change and who made it. Returns the policy after.
+    pub async fn change_policy(
+        &self,
+        caller: &Caller,
+        id: &str,
+        change: crate::policy::PolicyChange,
+    ) -> Result<crate::policy::Policy, ApiError> {
+        let change = change.checked().map_err(ApiError::Input)?;
+        let sid = SessionId::from(id);
+        let owner = self.engine.owner(&sid).await?;
+        if !caller.may_see(owner.as_ref()) {
+            return Err(crate::access::AccessError::NotFound(format!(
+                "session `{}` does not exist",
+                id.escape_debug()
+            ))
+            .into());
+        }
+        if !caller.may_decide(owner.as_ref()) {
+            return Err(crate::access::AccessError::Forbidden(format!(
+                "changing the policy of session `{}` needs a caller who may decide its approvals",
+                id.escape_debug()
+            ))
+            .into());
+        }
+        if change.widens() {
+            caller.require_admin(&format!("`{change}` (widening a session's policy)"))?;
+        }
+        let by = match caller {
+            Caller::Operator => crate::session::local_decider(),
+            Caller::Api(p) => p.decider(),
+        };
+        Ok(self.engine.change_policy(&sid, change, by).await?)
     }
 }
 

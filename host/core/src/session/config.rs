@@ -213,6 +213,37 @@ pub(crate) fn set_model_in(
     Ok((before, after))
 }
 
+/// Changes session `id`'s policy by `change`, recorded as `by`'s (a `policy_changed` event),
+/// when it changes anything. Allowed while a turn runs: the policy is read at each call. Returns the
+/// policy after.
+pub(crate) fn change_policy_in(
+    c: &Connection,
+    id: &str,
+    change: &crate::policy::PolicyChange,
+    by: &str,
+) -> Result<Policy, StoreError> {
+    let policy: String = c
+        .prepare_cached("SELECT policy FROM session_config WHERE session_id=?1")?
+        .query_row([id], |r| r.get(0))
+        .optional()?
+        .ok_or_else(|| no_session(id))?;
+    let mut policy: Policy = parse(&policy, "policy")?;
+    if !policy.apply(change) {
+        return Ok(policy);
+    }
+    let text = serde_json::to_string(&policy)
+        .map_err(|e| StoreError::Corrupt(format!("the policy of `{id}`: {e}")))?;
+    c.prepare_cached("UPDATE session_config SET policy=?2 WHERE session_id=?1")?
+        .execute(crate::sql::params![id, text])?;
+    let event = super::events::SessionEvent::PolicyChanged {
+        change: change.to_string(),
+        policy: policy.summary(),
+        by: by.to_string(),
+    };
+    super::events::append(c, id, &event)?;
+    Ok(policy)
+}
+
 /// Characters of a session's title, at most.
 pub const MAX_TITLE_CHARS: usize = 200;
 

@@ -242,6 +242,9 @@ pub enum SessionEvent {
     /// A person moved the session to another model server, model or context window (`by`:
     /// who; an API token, or the local user).
     ModelChanged { from: ModelShown, to: ModelShown, by: String },
+    /// A person changed the session's policy (`change`: `allow fs_write_file under /out`,
+    /// `ask before fs_write_file` …; `by`: who), leaving it as `policy` says (one line).
+    PolicyChanged { change: String, policy: String, by: String },
     /// A client reached the session from outside (an MCP client over `transport`), as it
     /// named itself, speaking `protocol`.
     ClientConnected { client: String, version: String, protocol: String, transport: String },
@@ -310,6 +313,7 @@ impl SessionEvent {
             Self::Workgroup { .. } => "workgroup",
             Self::ClientConnected { .. } => "client_connected",
             Self::ModelChanged { .. } => "model_changed",
+            Self::PolicyChanged { .. } => "policy_changed",
         }
     }
 }

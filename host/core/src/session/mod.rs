@@ -242,6 +242,18 @@ impl SessionEngine {
         self.write(id.clone(), move |c| config::set_model_in(c, &id, &change, &by)).await
     }
 
+    /// Changes the session's policy by `change`, recorded as `by`'s (see
+    /// `config::change_policy_in`); the policy after.
+    pub async fn change_policy(
+        &self,
+        id: &SessionId,
+        change: crate::policy::PolicyChange,
+        by: String,
+    ) -> Result<crate::policy::Policy, StoreError> {
+        let id = id.clone();
+        self.write(id.clone(), move |c| config::change_policy_in(c, &id, &change, &by)).await
+    }
+
     /// Makes the session send one system message from now on (see
     /// `config::learn_one_system_message_in`); whether it changed.
     pub async fn learn_one_system_message(&self, id: &SessionId) -> Result<bool, StoreError> {

@@ -265,7 +265,7 @@ impl ToolService {
         };
         let tool = &resolved.record;
         let input = self.check_input(tool, req.input)?;
-        match req.policy.map(|p| p.decide(&tool.name, tool.effect)) {
+        match req.policy.map(|p| p.decide_call(&tool.name, tool.effect, Some(req.input))) {
             Some(PolicyDecision::Deny(reason)) => {
                 return Err(ToolServiceError::PolicyDenied { reason });
             }

@@ -59,6 +59,10 @@ pub enum SessionCommand {
     /// goes there, and a `model_changed` event records the change (refused while a turn
     /// runs). The settings it was created with are otherwise kept.
     Set(set::SetArgs),
+    /// Show a session's policy, or change it for the rest of the session: --allow a tool for
+    /// good (everywhere, or TOOL=PREFIX for calls under a guest path), --ask before it again
+    /// (the undo), --deny it. Each change is a `policy_changed` event with who made it.
+    Policy(set::PolicyArgs),
     /// Unload a tool or skill from a session — the only way a capability leaves one (the
     /// Orchestrator, skills_load and tools_select only add). The control and discovery tools
     /// stay.
@@ -183,6 +187,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::Events(a) => a.json,
         SessionCommand::Unload(a) => a.json,
         SessionCommand::Set(a) => a.json,
+        SessionCommand::Policy(a) => a.json,
         SessionCommand::Evidence(_) => false,
     };
     let (_, h) = match open_harness(&home).await {
@@ -193,6 +198,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::UpgradeTools(a) => upgrade_tools(&h, &a).await,
         SessionCommand::Compact(a) => compact(&h, &a).await,
         SessionCommand::Set(a) => set::execute(&h, a).await,
+        SessionCommand::Policy(a) => set::policy(&h, a).await,
         SessionCommand::Unload(a) => {
             use keel::protocol::sessions::CapabilityKind as Kind;
             let (kind, name) = match (&a.what.tool, &a.what.skill) {

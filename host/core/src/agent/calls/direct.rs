@@ -89,7 +89,11 @@ impl AgentService {
             let why = match meta
                 .config
                 .policy
-                .decide(&slot.call.name, slot.effect.unwrap_or(Effect::Destructive))
+                .decide_call(
+                    &slot.call.name,
+                    slot.effect.unwrap_or(Effect::Destructive),
+                    Some(&slot.call.arguments),
+                )
             {
                 PolicyDecision::Ask(why) => why,
                 _ => String::new(),

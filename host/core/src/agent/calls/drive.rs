@@ -9,7 +9,7 @@ use tracing::Instrument;
 use crate::cancel::CancelToken;
 use crate::meta::SessionMeta;
 use crate::model::ToolCallRequest;
-use crate::session::{ApprovalUnit, ConsumedApproval, JournalStatus};
+use crate::session::{ApprovalStatus, ApprovalUnit, ConsumedApproval, JournalStatus};
 use crate::tools::result::{FailureKind, ToolResult};
 use crate::tools::{CallOutcome, CallRequest, Resolved, ToolService, ToolServiceError};
 
@@ -111,7 +111,13 @@ pub(super) async fn drive(
         }
         // A side-effecting or asked-about call: alone, through the journal.
         let mut consume = None;
-        if asks(meta, &slots[i]) {
+        let asked = asks(meta, &slots[i]);
+        // A call a person approved before the policy came to allow it ("always allow" with
+        // the approval) still consumes its approval, so the unit says it ran.
+        let approved = !asked
+            && super::unit_for(&units, &slots[i].call.id)
+                .is_some_and(|u| u.status == ApprovalStatus::Approved);
+        if asked || approved {
             match gate(agent, meta, &units, &slots[i]) {
                 Gate::Run(unit) => consume = unit,
                 Gate::Reject(message) => {
@@ -119,6 +125,9 @@ pub(super) async fn drive(
                     i += 1;
                     continue;
                 }
+                // An approval that no longer binds the call the policy now allows: it runs
+                // as allowed.
+                Gate::Wait { .. } if approved => {}
                 Gate::Wait { invalidate } => {
                     return wait(at, &mut slots, i, &units, invalidate).await;
                 }

@@ -100,7 +100,11 @@ pub(super) async fn wait(
                 let why = match meta
                     .config
                     .policy
-                    .decide(&slot.call.name, slot.effect.unwrap_or(Effect::Destructive))
+                    .decide_call(
+                    &slot.call.name,
+                    slot.effect.unwrap_or(Effect::Destructive),
+                    Some(&slot.call.arguments),
+                )
                 {
                     PolicyDecision::Ask(why) => why,
                     _ => String::new(),

@@ -183,7 +183,10 @@ pub(in crate::agent) fn can_progress(meta: &SessionMeta, open: &OpenStep) -> boo
         return true;
     };
     let asked = first.effect.is_some_and(|e| {
-        matches!(meta.config.policy.decide(&first.tool, e), PolicyDecision::Ask(_))
+        matches!(
+            meta.config.policy.decide_call(&first.tool, e, Some(&first.input)),
+            PolicyDecision::Ask(_)
+        )
     });
     !(asked
         && first.approval_id.is_none()

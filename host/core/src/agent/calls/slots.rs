@@ -133,7 +133,7 @@ pub(super) fn plan(
                             effect = Some(r.record.effect);
                             digest = Some(r.digest.clone());
                             idempotent = r.record.idempotent;
-                            match meta.config.policy.decide(&call.name, r.record.effect) {
+                            match meta.config.policy.decide_call(&call.name, r.record.effect, Some(&call.arguments)) {
                                 PolicyDecision::Deny(why) => {
                                     refused = Some(error_outcome(FailureKind::PolicyDenied, &why));
                                 }
@@ -171,7 +171,10 @@ pub(super) fn plan(
 /// Whether the policy asks about this slot's call.
 pub(super) fn asks(meta: &SessionMeta, s: &Slot) -> bool {
     s.effect.is_some_and(|e| {
-        matches!(meta.config.policy.decide(&s.call.name, e), PolicyDecision::Ask(_))
+        matches!(
+            meta.config.policy.decide_call(&s.call.name, e, Some(&s.call.arguments)),
+            PolicyDecision::Ask(_)
+        )
     })
 }
 
