@@ -11,7 +11,7 @@ use keel::protocol::sessions::{ApprovalUnit, Decision};
 use serde_json::json;
 
 use super::fail;
-use super::turn::{cancel_on_ctrl_c, open_harness, quiet, report};
+use super::turn::{cancel_on_ctrl_c, open_harness, report, streaming};
 use super::{EXIT_SETUP, inert};
 
 #[derive(Args)]
@@ -117,7 +117,22 @@ pub fn change_lines(c: &keel::api::FileChange, full: bool) -> Vec<String> {
     };
     let (shown, omitted) = keel::api::cut_lines(text, if full { usize::MAX } else { max });
     for line in shown {
-        out.push(format!("    │ {}", inert(line)));
+        // Added lines green, removed ones red, hunk heads bold (colours only on a terminal).
+        let tone = match line.as_bytes().first() {
+            _ if c.diff.is_empty() => None,
+            Some(b'+') if !line.starts_with("+++") => Some(super::style::Tone::Good),
+            Some(b'-') if !line.starts_with("---") => Some(super::style::Tone::Bad),
+            Some(b'@') => Some(super::style::Tone::Strong),
+            _ => None,
+        };
+        let line = inert(line);
+        out.push(match tone {
+            Some(t) => {
+                let text = line.trim_end_matches('\n');
+                format!("    │ {}{}", super::style::paint(t, text), &line[text.len()..])
+            }
+            None => format!("    │ {line}"),
+        });
     }
     if omitted > 0 {
         out.push(format!("    │ … {omitted} more line(s) {what}; --full shows them all"));
@@ -165,7 +180,7 @@ pub async fn list(home: PathBuf, a: ApprovalsArgs) -> ExitCode {
                     println!();
                 }
                 for line in unit_lines(u, a.full) {
-                    println!("{line}");
+                    println!("{}", for_stdout(&line));
                 }
             }
             println!("\ndecide with `keel approve UNIT` or `keel reject UNIT [--reason TEXT]`");
@@ -208,7 +223,7 @@ pub async fn decide(home: PathBuf, a: DecideArgs, decision: Decision) -> ExitCod
     let cancel = CancelToken::new();
     cancel_on_ctrl_c(&cancel);
     let progress = super::events::Progress::start(&h, &id).await;
-    let resumed = h.resume(&Caller::Operator, &id, &cancel, &quiet()).await;
+    let resumed = h.resume(&Caller::Operator, &id, &cancel, &streaming()).await;
     progress.finish().await;
     let submitted = match resumed {
         Ok(Some(s)) => s,
@@ -247,7 +262,7 @@ pub async fn recover(home: PathBuf, a: RecoverArgs) -> ExitCode {
                 eprintln!("keel: resuming session {}", r.id);
             }
             let progress = super::events::Progress::start(&h, &r.id).await;
-            let drained = h.resume(&Caller::Operator, &r.id, &cancel, &quiet()).await;
+            let drained = h.resume(&Caller::Operator, &r.id, &cancel, &streaming()).await;
             progress.finish().await;
             let outcome = match drained {
                 Ok(Some(Submitted::Ran(o))) => o.describe(),
@@ -293,4 +308,27 @@ pub async fn recover(home: PathBuf, a: RecoverArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// `line` (coloured for stderr) as stdout takes it: its colours only when stdout is a terminal
+/// too.
+fn for_stdout(line: &str) -> String {
+    use std::io::IsTerminal;
+    if std::io::stdout().is_terminal() {
+        return line.to_string();
+    }
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(at) = rest.find("\x1b[") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 2..];
+        match after.find('m') {
+            Some(end) => rest = &after[end + 1..],
+            None => {
+                rest = "";
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }

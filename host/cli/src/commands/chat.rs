@@ -340,8 +340,10 @@ impl Chat {
         let interrupt = {
             let cancel = cancel.clone();
             tokio::spawn(async move {
+                // One line says it, when the turn has stopped (`settle`); this only ends a
+                // streamed line.
                 if tokio::signal::ctrl_c().await.is_ok() {
-                    eprintln!("\nkeel: interrupting…");
+                    eprintln!();
                     cancel.cancel();
                 }
             })

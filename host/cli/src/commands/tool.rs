@@ -282,7 +282,12 @@ async fn install(service: &Harness, a: InstallArgs) -> ExitCode {
                     }
                 }
                 for t in &r.tools {
-                    println!("  {:<20} {:<16} {}", t.name, t.effect, inert(&t.description));
+                    println!(
+                        "  {:<20} {:<16} {}",
+                        t.name,
+                        keel::api::shown_class(t),
+                        inert(&t.description)
+                    );
                 }
                 if let Some(u) = &r.upgrade {
                     println!("upgraded sha256:{} -> sha256:{}", u.old_digest, u.new_digest);
@@ -326,6 +331,7 @@ fn list(service: &Harness, json_out: bool) -> ExitCode {
             .map(|t| {
                 let c = components.iter().find(|c| c.name == t.component);
                 json!({"name": t.name, "component": t.component, "effect": t.effect,
+                       "control": keel::api::is_control_tool(t),
                        "idempotent": t.idempotent, "description": t.description,
                        "signer": c.and_then(|c| c.signer.clone()),
                        "signer_trusted": c.and_then(|c| c.signer_trusted),
@@ -343,7 +349,7 @@ fn list(service: &Harness, json_out: bool) -> ExitCode {
                 "{:<20} {:<10} {:<16} {:<10} {}",
                 t.name,
                 t.component,
-                t.effect,
+                keel::api::shown_class(t),
                 inert(&signed(&t.component)),
                 inert(&t.description)
             );
@@ -520,7 +526,12 @@ async fn inspect_file(
 fn print_tool(t: &keel::protocol::tools::ToolRecord) {
     println!();
     println!("tool        {}", t.name);
-    println!("effect      {}{}", t.effect, if t.idempotent { ", idempotent" } else { "" });
+    let class = if keel::api::is_control_tool(t) {
+        "control (steers the session: runs without a policy question)".to_string()
+    } else {
+        t.effect.to_string()
+    };
+    println!("effect      {class}{}", if t.idempotent { ", idempotent" } else { "" });
     println!("description {}", inert(&t.description));
     println!(
         "input       {}",
@@ -559,7 +570,7 @@ async fn inspect(service: &Harness, a: InspectArgs) -> ExitCode {
     if let Some(m) = &component.manifest_digest {
         println!("manifest   {m}");
     }
-    println!("installed  {}", component.installed_at);
+    println!("installed  {}", super::shown_time(&component.installed_at));
     match (&component.signer, &component.signer_key) {
         (Some(name), Some(key)) if component.signer_trusted == Some(false) => println!(
             "signer     {name} ({key}): NO LONGER TRUSTED (its trust was removed, given to another key, or no longer covers this package)"

@@ -28,6 +28,10 @@ pub fn quiet() -> Events {
     Arc::new(|_: &Event| {})
 }
 
+/// The text of the last reply streamed on stderr, whole: what [`report`] need not print again
+/// on the same terminal.
+static STREAMED: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
 /// The model's text on stderr as it arrives (the durable events carry the rest of the
 /// progress); a newline ends each streamed reply. Stdout stays the answer alone.
 pub fn streaming() -> Events {
@@ -35,17 +39,21 @@ pub fn streaming() -> Events {
     Arc::new(move |e: &Event| {
         use std::io::Write;
         use std::sync::atomic::Ordering;
+        let mut streamed = STREAMED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         match e {
             Event::TextDelta { text, .. } => {
                 let mut err = std::io::stderr().lock();
                 if !open.swap(true, Ordering::SeqCst) {
+                    streamed.clear();
                     let _ = write!(err, "keel: ▸ ");
                 }
+                streamed.push_str(text);
                 let _ = write!(err, "{}", super::inert_block(text));
                 let _ = err.flush();
             }
             Event::TextRestarted { .. } => {
                 // The attempt that showed the text failed; the call is made again.
+                streamed.clear();
                 let was_open = open.swap(true, Ordering::SeqCst);
                 eprint!(
                     "{}keel: ▸ (the reply was cut off; asked again) ",
@@ -158,9 +166,37 @@ fn report_with(
             Submitted::Queued { inbox_seq } => eprintln!(
                 "keel: session {id} is running in another process; your input is queued (#{inbox_seq}) and it will run it next"
             ),
+            // On a terminal that shows stderr and stdout alike, an answer streamed whole is
+            // on the screen already; piped or redirected, stdout gets it.
+            _ if shown_already(&answer) => {}
             _ => println!("{}", inert_block(&answer)),
         }
         eprintln!("keel: session {id} ({harness_state}){this_turn}");
     }
     ExitCode::from(code)
+}
+
+/// Whether `answer` was streamed whole on stderr and stdout is that same terminal.
+fn shown_already(answer: &str) -> bool {
+    let streamed = STREAMED.lock().map(|s| s.trim() == answer.trim()).unwrap_or(false);
+    streamed && !answer.trim().is_empty() && same_terminal()
+}
+
+/// Whether stdout and stderr are one terminal.
+fn same_terminal() -> bool {
+    use std::io::IsTerminal;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    if !(std::io::stdout().is_terminal() && std::io::stderr().is_terminal()) {
+        return false;
+    }
+    let device = |fd: std::os::fd::BorrowedFd<'_>| {
+        fd.try_clone_to_owned()
+            .ok()
+            .map(std::fs::File::from)
+            .and_then(|f| f.metadata().ok())
+            .map(|m| m.rdev())
+    };
+    let (out, err) = (device(std::io::stdout().as_fd()), device(std::io::stderr().as_fd()));
+    out.is_some() && out == err
 }

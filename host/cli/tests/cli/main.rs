@@ -122,6 +122,22 @@ fn list_inspect_remove() {
             "tools_select"
         ]
     );
+    // keel's control tools read as `control`, not as the read-only class they are run under.
+    let out = keel(home.path(), &["tool", "list", "--json"]);
+    let control: Vec<bool> =
+        json_of(&out).as_array().unwrap().iter().map(|t| t["control"] == true).collect();
+    assert_eq!(control.iter().filter(|c| **c).count(), 14, "{control:?}");
+    let out = keel(home.path(), &["tool", "list"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = |name: &str| text.lines().find(|l| l.starts_with(name)).unwrap().to_string();
+    assert!(line("plan_create ").split_whitespace().nth(2) == Some("control"), "{text}");
+    assert!(line("fs_read_file ").split_whitespace().nth(2) == Some("read-only"), "{text}");
+    // Dates, not epoch seconds.
+    let out = keel(home.path(), &["tool", "inspect", "plan_create"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let installed = text.lines().find(|l| l.starts_with("installed ")).unwrap();
+    assert!(installed.contains(" UTC (") && installed.contains("20"), "{installed}");
+    assert!(text.contains("effect      control"), "{text}");
     let out = keel(home.path(), &["tool", "inspect", "fs_delete_files", "--json"]);
     let v = json_of(&out);
     assert_eq!(v["tools"][0]["effect"], json!("destructive"));

@@ -281,6 +281,9 @@ async fn approvals_through_the_binary() {
         keel_async(h.clone(), args(&["reject", &unit, "--reason", "not that one", "--json"])).await;
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(super::json_of(&out)["answer"], "left it alone");
+    // The resumed turn's text streams on stderr, as `run`'s does.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("keel: ▸ left it alone"), "{stderr}");
     // Deciding again, or an unknown unit: a clear refusal, exit 2.
     let again = keel_async(h.clone(), args(&["approve", &unit])).await;
     assert_eq!(again.status.code(), Some(2));

@@ -172,6 +172,9 @@ async fn terminal_chat_streams_asks_in_place_interrupts_and_leaves() {
     assert!(asked.contains("change    writes 22B to /w/report.md, replacing 12B"), "{asked}");
     assert!(asked.contains("│ -old") && asked.contains("│ +row 3: ragged"), "{asked}");
     assert!(!asked.contains(r#"\n"#), "no escaped JSON: {asked}");
+    let coloured = pane.coloured();
+    assert!(coloured.contains("│ \u{1b}[31m-old"), "removed lines red: {coloured:?}");
+    assert!(coloured.contains("\u{1b}[32m+row 3: ragged"), "added lines green: {coloured:?}");
     pane.line("y");
     let done = pane.shows("keel: idle", 1);
     assert!(done.contains("approved by "), "{done}");
@@ -385,6 +388,8 @@ async fn terminal_progress_is_coloured_unless_no_color() {
         pane.until("the command to end", |_| pane.dead());
         let plain = pane.text();
         assert!(plain.contains("✓ csv_inspect /data/orders.csv"), "{plain}");
+        // Streamed on the terminal, the answer is not printed a second time.
+        assert_eq!(plain.matches("Two rows are ragged.").count(), 1, "{plain}");
         let text = pane.coloured();
         assert_eq!(text.contains("\u{1b}[32m✓"), !no_color, "NO_COLOR={no_color}: {text:?}");
     }
@@ -463,7 +468,8 @@ async fn terminal_chat_always_allows_a_tool_under_a_directory() {
     assert_eq!(text.trim(), "session always: ask fs_write_file, destructive, external", "{text}");
     let v = keel_json(home.path(), &["session", "policy", "always", "--json"]);
     assert_eq!(v["policy"], "ask fs_write_file, destructive, external");
-    let approvals = keel_json(home.path(), &["approvals", "--session", "always", "--all", "--json"]);
+    let approvals =
+        keel_json(home.path(), &["approvals", "--session", "always", "--all", "--json"]);
     assert_eq!(approvals.as_array().unwrap().len(), 1);
     assert_eq!(approvals[0]["status"], "consumed");
 }

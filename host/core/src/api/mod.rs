@@ -36,6 +36,7 @@ pub use registry::{
 pub use running::KeepRunning;
 pub use settings::{KeptSession, PRUNED_BY_DEFAULT, Pruned, SessionFilter};
 pub use skills::SkillInstallReport;
+pub use tools::{is_control_tool, shown_class};
 
 use crate::agent::{AgentError, Events, LoopGuards};
 use crate::assembly::ModelCallRecord;

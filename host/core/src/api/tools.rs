@@ -182,3 +182,17 @@ fn store_kind(e: crate::tools::ToolServiceError) -> ApiError {
         other => ApiError::Tools(other),
     }
 }
+
+/// Whether `tool` is one of keel's own control tools (the plan, discovery and delegation
+/// tools of the first-party `control` component): they steer the session rather than touch
+/// the world, and lists show their class as `control` rather than their policy class.
+pub fn is_control_tool(tool: &crate::tools::ToolRecord) -> bool {
+    tool.component == "control"
+        && (CONTROL_TOOLS.contains(&tool.name.as_str())
+            || DELEGATION_TOOLS.contains(&tool.name.as_str()))
+}
+
+/// The class a person reads for `tool`: `control` for keel's control tools, else its effect.
+pub fn shown_class(tool: &crate::tools::ToolRecord) -> String {
+    if is_control_tool(tool) { "control".to_string() } else { tool.effect.to_string() }
+}
