@@ -20,7 +20,8 @@ const CORE: &[&[&str]] = &[
         "builtin", "caller", "cancel", "crash", "digest", "failure", "grant", "home", "ids",
         "metrics", "names", "plan", "policy", "shown", "signing", "stored", "units",
     ],
-    &["oci", "live"],
+    // Project instructions, read through a grant.
+    &["oci", "live", "project"],
     &["store"],
     &["config"],
     &["search"],

@@ -350,6 +350,7 @@ pub fn session_spec(
         budget: keel::sandbox::Budget::default(),
         model: keel::model::ModelConfig::new(url, "m"),
         system_prompt: "You are a test agent.".into(),
+        project_instructions: true,
         guards: keel::agent::LoopGuards { max_steps: 5, ..keel::agent::LoopGuards::default() },
         preprocess: Some(keel::understand::PreprocessConfig::from_business(
             &keel::model::ModelConfig::new(url, "m"),

@@ -101,6 +101,7 @@ owners!(
     plan,
     policy,
     preparation,
+    project,
     sandbox,
     search,
     secrets,

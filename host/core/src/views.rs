@@ -237,6 +237,9 @@ pub struct Timeline {
     /// Orchestrator answered, what was added.
     pub orchestrations: Vec<crate::preparation::orchestration::Orchestration>,
     pub grants: Vec<Grant>,
+    /// The project instructions (`AGENTS.md` of a granted root) the session was given: file,
+    /// digest, size.
+    pub project_instructions: Vec<crate::project::Instructions>,
     /// Where the session's tools may send HTTP requests and the secrets bound there (names
     /// only), one line each.
     pub net: Vec<String>,
@@ -313,6 +316,7 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         orchestrations: crate::preparation::orchestration::orchestrations_in(c, id)?,
         context_start: meta.runtime.context_start,
         checkpoints: crate::compaction::checkpoints_in(c, id)?,
+        project_instructions: crate::project::listed(&meta.config.system_prompt),
         grants: meta.config.grants,
         net: meta.config.net.lines(),
         policy: meta.config.policy,

@@ -45,7 +45,10 @@ const COMMANDS: &[(&str, &str)] = &[
     ("/grants", "the directories and network destinations the session may reach"),
     ("/approvals", "the calls of this session waiting for a decision, decided in place"),
     ("/compact", "summarize the session's history now, to free its context"),
-    ("/room", "where the next request's tokens go: keel's part, summary, kept messages, step"),
+    (
+        "/context",
+        "how full the context is, and what takes the room: keel's instructions, tool schemas, summary, kept messages, step (also /room)",
+    ),
     ("/events [N]", "the session's last N events (default 20)"),
     ("/session", "the session's id, state, model, policy and budget"),
     ("/model [NAME|URL]", "the session's model; with a name or a server URL, move it there"),
@@ -460,12 +463,18 @@ impl Chat {
         let state = meta.as_ref().map(|m| m.runtime.state.to_string()).unwrap_or_default();
         let turn = meta.map(|m| m.runtime.turns).unwrap_or(0);
         let tokens = self.h.turn_usage(&Caller::Operator, &self.id, turn).await.unwrap_or_default();
-        eprintln!("keel: {state}{}", super::turn::this_turn(&tokens));
-        // A window past half full: say where its room goes.
-        if let Ok(room) = self.h.room(&Caller::Operator, &self.id).await
+        // How full the context is, where the window is known; past half full, where its room
+        // goes.
+        let room = self.h.room(&Caller::Operator, &self.id).await.ok();
+        let full = room
+            .as_ref()
+            .and_then(|r| r.used().map(|u| format!(" · context {:.0}% full (/context)", u * 100.0)))
+            .unwrap_or_default();
+        eprintln!("keel: {state}{}{full}", super::turn::this_turn(&tokens));
+        if let Some(room) = room
             && room.used().is_some_and(|u| u > ROOM_SHOWN_PAST)
         {
-            eprintln!("keel: {} (/room)", room.describe());
+            eprintln!("keel: {} (/context)", room.describe());
         }
     }
 
@@ -549,7 +558,7 @@ impl Chat {
                     Err(e) => eprintln!("{} {}", paint(Tone::Bad, "error:"), inert(&e.to_string())),
                 }
             }
-            "/room" => match self.h.room(&Caller::Operator, &self.id).await {
+            "/context" | "/room" => match self.h.room(&Caller::Operator, &self.id).await {
                 Ok(room) => eprintln!("  {}", room.describe()),
                 Err(e) => eprintln!("{} {}", paint(Tone::Bad, "error:"), inert(&e.to_string())),
             },

@@ -462,6 +462,8 @@ async fn serve(home: &keel::protocol::setup::Home, harness: Harness, a: ServeArg
         budget: a.budget.budget(),
         model,
         system_prompt: String::new(),
+        // Its sessions run the clients' calls, not a model's: no instructions are read.
+        project_instructions: false,
         guards: keel::protocol::sessions::LoopGuards::default(),
         preprocess: None,
         user: a.user,

@@ -100,6 +100,11 @@ pub struct SessionArgs {
     /// and no skills, tools or memories are recalled and orchestrated.
     #[arg(long)]
     no_preprocess: bool,
+    /// Do not offer the `AGENTS.md` at the root of each granted directory to a new session
+    /// as the project's instructions (by default it is: marked as file content, at most
+    /// 16 KiB of it, shown with its digest by `session show`).
+    #[arg(long)]
+    pub no_project_instructions: bool,
     /// The user a new session works for, stored with it: their long-term memory is recalled
     /// and written (env KEEL_USER; default: the operating-system user).
     #[arg(long, value_name = "NAME", env = "KEEL_USER")]
@@ -383,6 +388,7 @@ pub async fn session_in(
             budget: a.budget.budget(),
             model,
             system_prompt: DEFAULT_SYSTEM_PROMPT.to_string(),
+            project_instructions: !a.no_project_instructions,
             guards: LoopGuards {
                 max_steps: a.max_steps.unwrap_or(LoopGuards::default().max_steps),
                 ..LoopGuards::default()

@@ -382,6 +382,7 @@ pub async fn serve(home: PathBuf, a: ServeArgs) -> ExitCode {
         budget: a.budget.budget(),
         model,
         system_prompt: keel::protocol::setup::DEFAULT_SYSTEM_PROMPT.to_string(),
+        project_instructions: true,
         guards: keel::protocol::sessions::LoopGuards {
             max_steps: a
                 .max_steps

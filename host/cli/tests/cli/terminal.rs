@@ -221,9 +221,11 @@ async fn terminal_chat_streams_asks_in_place_interrupts_and_leaves() {
     pane.shows("did you mean `/tools`?", 1);
     pane.line("/session");
     pane.shows("policy ", 1);
-    pane.line("/room");
+    pane.line("/context");
     let room = pane.shows("next request ≈", 1);
     assert!(room.contains("(no context window known): keel "), "{room}");
+    pane.line("/room");
+    pane.shows("next request ≈", 2);
 
     // Ctrl-C interrupts the turn and keeps the session.
     pane.line("Wait for it");
@@ -425,6 +427,8 @@ async fn terminal_chat_always_allows_a_tool_under_a_directory() {
             "chat",
             "--new-session",
             "always",
+            "--context-window",
+            "8192",
             "--no-preprocess",
             "--model-url",
             &url,
@@ -447,6 +451,9 @@ async fn terminal_chat_always_allows_a_tool_under_a_directory() {
     assert!(done.contains("keel: policy: ask fs_write_file"), "{done}");
     assert!(done.contains("allow fs_write_file under /w"), "{done}");
     assert!(done.contains("(undo: keel session policy always --ask fs_write_file)"), "{done}");
+    // Each turn's line says how full the context is.
+    let idle = done.lines().find(|l| l.starts_with("keel: idle")).unwrap();
+    assert!(idle.contains(" · context ") && idle.ends_with("% full (/context)"), "{idle}");
     assert_eq!(std::fs::read_to_string(work.path().join("a.md")).unwrap(), "c1");
     // The next write under /w runs without a question.
     pane.line("Write b");

@@ -86,6 +86,9 @@ pub struct SessionSpec {
     pub budget: Budget,
     pub model: ModelConfig,
     pub system_prompt: String,
+    /// Offer each granted root's `AGENTS.md` to the session as the project's instructions
+    /// (see [`crate::project`]).
+    pub project_instructions: bool,
     pub guards: LoopGuards,
     /// Settings of the task-understanding call of each input (see
     /// [`harness::preprocess_config`](crate::harness::preprocess_config)); `None` turns it off.
@@ -268,6 +271,10 @@ impl Harness {
         let user = spec.user.map(|u| crate::memory::typed(&u, kind));
         // Pinned at the versions installed now, in the creation transaction.
         let pins = self.tools.current_pins(&tools)?;
+        let system_prompt = match spec.project_instructions {
+            true => format!("{}{}", spec.system_prompt, crate::project::block(&grants)),
+            false => spec.system_prompt,
+        };
         let new = NewSession {
             pins,
             id: spec.id,
@@ -277,7 +284,7 @@ impl Harness {
             policy,
             budget: spec.budget,
             model: spec.model,
-            system_prompt: spec.system_prompt,
+            system_prompt,
             guards: Some(spec.guards),
             preprocess: spec.preprocess.clone(),
             user,

@@ -243,6 +243,15 @@ pub(super) fn print_model_calls(t: &keel::protocol::sessions::Timeline) {
 pub(super) fn print_settings(t: &keel::protocol::sessions::Timeline) {
     println!("model   {}", inert(&t.model.summary(true)));
     println!("policy  {}", inert(&t.policy.summary()));
+    for p in &t.project_instructions {
+        println!(
+            "project {} (sha256:{}, {} bytes{}): offered as the project's instructions",
+            inert(&p.file),
+            &p.sha256[..p.sha256.len().min(12)],
+            p.bytes,
+            if p.cut { ", cut at 16 KiB" } else { "" }
+        );
+    }
     println!("budget  per call: {}", t.budget.summary());
     if let Some(g) = &t.guards {
         println!("guards  {} model calls a turn at most", g.max_steps);
