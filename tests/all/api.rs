@@ -359,3 +359,46 @@ async fn a_policy_rule_naming_no_tool_and_no_effect_class_is_refused_with_a_sugg
     good.allow = vec!["external".into()];
     h.create_session(&Caller::Operator, good).await.unwrap();
 }
+
+/// A file a person names in a message is read through the session's grants: inside one, it
+/// is its text; outside every grant, with `..`, through a link out of the grant, a directory,
+/// past the bound or not UTF-8, a clear refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_file_is_read_through_the_sessions_grants_only() {
+    let Fixture { model, _home, work, h, grants } = fixture(vec![]).await;
+    std::fs::write(work.path().join("notes.md"), "remember the milk\n").unwrap();
+    std::fs::create_dir(work.path().join("sub")).unwrap();
+    std::fs::write(work.path().join("sub/big.txt"), "x".repeat(keel::api::MAX_ATTACHED_BYTES + 1))
+        .unwrap();
+    std::fs::write(work.path().join("bin.dat"), [0xff, 0xfe, 0x00]).unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), "the secret").unwrap();
+    std::os::unix::fs::symlink(outside.path().join("secret"), work.path().join("link")).unwrap();
+    let id = h.create_session(&Caller::Operator, spec(&model.url(), grants, None)).await.unwrap();
+    let f = h.read_granted(&Caller::Operator, &id, "/work/notes.md").await.unwrap();
+    assert_eq!((f.text.as_str(), f.bytes), ("remember the milk\n", 18));
+    let refused = |path: &'static str, kind: &'static str, says: &'static str| {
+        let h = &h;
+        let id = id.clone();
+        async move {
+            match h.read_granted(&Caller::Operator, &id, path).await {
+                Err(e) => {
+                    assert_eq!(e.kind(), kind, "{path}: {e}");
+                    assert!(e.to_string().contains(says), "{path}: {e}");
+                }
+                Ok(f) => panic!("{path} was read: {f:?}"),
+            }
+        }
+    };
+    refused("/etc/passwd", "grant", "outside every directory granted").await;
+    refused("/workshop/x", "grant", "outside every directory granted").await;
+    refused("/work/../etc/passwd", "input", "does not name a file inside").await;
+    refused("/work/link", "input", "cannot read").await;
+    refused("/work/sub", "input", "is a directory").await;
+    refused("/work/sub/big.txt", "input", "larger than 64 KiB").await;
+    refused("/work/bin.dat", "input", "not UTF-8").await;
+    // Another user's session does not exist for her.
+    let alice = Caller::Api(keel::access::Principal::token("alice", keel::access::Role::User));
+    let e = h.read_granted(&alice, &id, "/work/notes.md").await.unwrap_err();
+    assert_eq!(e.kind(), "not_found", "{e}");
+}

@@ -53,6 +53,10 @@ const COMMANDS: &[(&str, &str)] = &[
     ("/session", "the session's id, state, model, policy and budget"),
     ("/model [NAME|URL]", "the session's model; with a name or a server URL, move it there"),
     ("/quit", "leave (as Ctrl-D); the session stays"),
+    (
+        "@/PATH",
+        "in a message: attach that file's text (through the session's grants, 64 KiB at most)",
+    ),
 ];
 
 /// Lines of history kept in the keel home.
@@ -270,6 +274,8 @@ impl Chat {
     /// Runs `text` as the session's next input, then asks about what waits for approval, until
     /// the turn ends.
     async fn turn(&mut self, text: &str) {
+        let Some(text) = self.with_attachments(text).await else { return };
+        let text = text.as_str();
         let streamed = Arc::new(Mutex::new(Streamed::default()));
         let events = stream_to_stdout(streamed.clone());
         let submitted = self.run(|h, id, cancel| {
@@ -279,6 +285,44 @@ impl Chat {
         });
         let outcome = submitted.await;
         self.settle(outcome, &streamed, &events).await;
+    }
+
+    /// `text` with the content of each file it names as `@/guest/path` attached after it,
+    /// read through the session's grants; `None` (and why, on stderr) when one cannot be.
+    async fn with_attachments(&self, text: &str) -> Option<String> {
+        let mut out = text.to_string();
+        let mut seen = Vec::new();
+        for word in text.split_whitespace() {
+            let Some(path) = word.strip_prefix('@').filter(|p| p.starts_with('/')) else {
+                continue;
+            };
+            // A sentence's punctuation is not part of the path.
+            let path = path.trim_end_matches([',', '.', ';', ':', '!', '?', ')', '"', '\'']);
+            if seen.contains(&path) {
+                continue;
+            }
+            seen.push(path);
+            match self.h.read_granted(&Caller::Operator, &self.id, path).await {
+                Ok(f) => {
+                    eprintln!("keel: attached {} ({} bytes)", inert(&f.path), f.bytes);
+                    out.push_str(&format!(
+                        "\n\n<file path=\"{}\" bytes=\"{}\">\n{}\n</file>",
+                        f.path,
+                        f.bytes,
+                        f.text.replace("</file>", "</file\u{200b}>")
+                    ));
+                }
+                Err(e) => {
+                    eprintln!(
+                        "{} {} (nothing was sent)",
+                        paint(Tone::Bad, "error:"),
+                        inert(&e.to_string())
+                    );
+                    return None;
+                }
+            }
+        }
+        Some(out)
     }
 
     /// Asks about what a drive left waiting for approval and resumes the turn, until it ends;

@@ -412,6 +412,7 @@ async fn terminal_chat_always_allows_a_tool_under_a_directory() {
         Reply::text("first written"),
         write("c2", "/w/b.md"),
         Reply::text("second written"),
+        Reply::text("it says c1"),
     ])
     .await;
     let home = tempfile::tempdir().unwrap();
@@ -461,6 +462,20 @@ async fn terminal_chat_always_allows_a_tool_under_a_directory() {
     assert!(done.contains("second written"), "{done}");
     assert_eq!(done.matches("approve once [y]").count(), 1, "asked once: {done}");
     assert_eq!(std::fs::read_to_string(work.path().join("b.md")).unwrap(), "c2");
+    // `@/path` attaches a file's text through the grants; outside them, nothing is sent.
+    pane.line("What does @/etc/passwd say?");
+    pane.shows("is outside every directory granted to session `always`", 1);
+    pane.shows("(nothing was sent)", 1);
+    pane.line("What does @/w/a.md say?");
+    let done = pane.shows("keel: idle", 3);
+    assert!(done.contains("keel: attached /w/a.md (2 bytes)"), "{done}");
+    let sent = String::from_utf8_lossy(model.requests().last().unwrap()).into_owned();
+    assert!(
+        sent.contains(
+            r#"What does @/w/a.md say?\n\n<file path=\"/w/a.md\" bytes=\"2\">\nc1\n</file>"#
+        ),
+        "{sent}"
+    );
     pane.send(&["C-d"]);
     pane.until("the pane to end", |_| pane.dead());
 

@@ -15,6 +15,7 @@ use std::time::Duration;
 mod access;
 mod callers;
 mod capabilities;
+mod files;
 mod mcp;
 mod registry;
 mod running;
@@ -29,6 +30,7 @@ pub use callers::{
     ApprovalView, BudgetRequest, GrantRequest, PolicyRequest, SessionRequest, WorkgroupRequest,
 };
 pub use capabilities::SessionCapabilities;
+pub use files::{Attached, MAX_ATTACHED_BYTES};
 pub use mcp::McpRefresh;
 pub use registry::{
     Outdated, OutdatedKind, PublishedSkill, RegistryAuth, RegistryInstall, SkillSigned,
