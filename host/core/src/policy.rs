@@ -404,7 +404,10 @@ mod tests {
         assert_eq!(change.to_string(), "allow fs_write_file under /out");
         assert!(p.apply(&change));
         assert!(!p.apply(&change), "applied twice, changed once");
-        let ask = |a: &str| matches!(p.decide_call(w, Effect::Destructive, Some(a)), PolicyDecision::Ask(_));
+        let asks = |p: &Policy, a: &str| {
+            matches!(p.decide_call(w, Effect::Destructive, Some(a)), PolicyDecision::Ask(_))
+        };
+        let ask = |a: &str| asks(&p, a);
         assert!(!ask(r#"{"path":"/out/report.md"}"#));
         assert!(!ask(r#"{"path":"/out/a/b.md"}"#));
         assert!(!ask(r#"{"path":"/out"}"#));
@@ -420,7 +423,7 @@ mod tests {
         // Asking again undoes every allow of the tool; an allow everywhere takes out the ask.
         assert!(p.apply(&PolicyChange::Ask { tool: w.into() }));
         assert!(p.allow_under.is_empty() && p.ask_tools == [w]);
-        assert!(ask(r#"{"path":"/out/report.md"}"#));
+        assert!(asks(&p, r#"{"path":"/out/report.md"}"#));
         assert!(p.apply(&PolicyChange::Allow { tool: w.into(), under: None }));
         assert!(p.ask_tools.is_empty() && p.allow_tools == [w]);
         assert_eq!(call_directory(r#"{"path":"/out/r.md"}"#).as_deref(), Some("/out"));
