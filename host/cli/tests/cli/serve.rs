@@ -854,3 +854,47 @@ async fn the_event_stream_carries_the_text_while_it_is_written() {
     let (_, page) = get(&c, &s.api("/sessions/talk/events"), &s.admin).await;
     assert!(!page.to_string().contains("text_delta"), "{page}");
 }
+
+/// SIGTERM ends `keel serve` at once, open event streams included: each gets a last event
+/// saying the server stops, the process exits well inside the drain's 5 s, and the port is
+/// free for the next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_closes_open_event_streams_at_once() {
+    let model = MockModel::start(vec![Reply::text("hello")]).await;
+    let home = tempfile::tempdir().unwrap();
+    let mut s = Server::start(home.path(), &model.url(), &[]);
+    let c = client();
+    let (status, v) = post(&c, &s.api("/sessions"), &s.admin, json!({"input": "hi"})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let id = v["session_id"].as_str().unwrap().to_string();
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let stream = c
+            .get(s.api(&format!("/sessions/{id}/events")))
+            .bearer_auth(&s.admin)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stream.status(), 200);
+        streams.push(stream);
+    }
+    let port = s.base.rsplit(':').next().unwrap().to_string();
+    let started = Instant::now();
+    let status = tokio::task::block_in_place(|| s.terminate());
+    let took = started.elapsed();
+    assert!(status.success(), "{status:?}");
+    assert!(took < Duration::from_secs(3), "stopping took {took:?}");
+    for mut stream in streams {
+        let mut seen = String::new();
+        while let Ok(Ok(Some(chunk))) =
+            tokio::time::timeout(Duration::from_secs(5), stream.chunk()).await
+        {
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        assert!(seen.contains("the server is stopping"), "{seen}");
+    }
+    // The port is free again.
+    std::net::TcpListener::bind(format!("127.0.0.1:{port}")).unwrap();
+    println!("keel serve stopped in {took:?} with 2 event streams open");
+}

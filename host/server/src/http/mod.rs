@@ -63,6 +63,9 @@ pub struct App {
     /// The tokens' version as last seen (see [`App::watch_access`]): event streams re-check
     /// their caller when it moves (and when a login ends).
     pub(crate) access: tokio::sync::watch::Sender<i64>,
+    /// Set when the server stops: open event streams end at once rather than hold the
+    /// drain of their connections.
+    pub(crate) stopping: tokio::sync::watch::Sender<bool>,
     /// The connections of every listener serving this app (the API's, the metrics').
     budget: crate::listen::Budget,
 }
@@ -74,6 +77,7 @@ impl App {
             logins: Mutex::new(HashMap::new()),
             templates: console::templates()?,
             access: tokio::sync::watch::Sender::new(0),
+            stopping: tokio::sync::watch::Sender::new(false),
             budget: crate::listen::Budget::new(options.bounds),
             options,
         }))
@@ -300,6 +304,11 @@ pub async fn serve(
     let running = app.harness.keep_sessions_running(&operator).map_err(|e| e.to_string())?;
     let watcher = app.watch_access();
     let budget = app.budget();
+    let stopping = app.clone();
+    let shutdown = async move {
+        shutdown.await;
+        stopping.stopping.send_replace(true);
+    };
     let served = crate::listen::serve(listener, router(app), budget, shutdown).await;
     watcher.abort();
     drop(running);

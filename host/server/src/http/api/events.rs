@@ -66,6 +66,7 @@ pub(super) async fn events(
         text,
         tick,
         access: Some(app.access.subscribe()),
+        stopping: app.stopping.subscribe(),
         app,
         caller,
         hidden,
@@ -109,6 +110,13 @@ pub(super) async fn events(
                     let event = Event::default().event("text_delta").data(data.to_string());
                     return Some((Ok(event), f));
                 }
+                // The server stops (SIGTERM, Ctrl-C): the stream ends at once, so that the
+                // connection closes and the port is free for the next start.
+                _ = f.stopping.changed() => {
+                    f.ended = true;
+                    let why = "the server is stopping: this stream ends here (reconnect with Last-Event-ID)";
+                    return Some((Ok(failure_event("unavailable", why)), f));
+                }
                 changed = async { f.access.as_mut()?.changed().await.ok() }, if f.access.is_some() => {
                     if changed.is_none() {
                         f.access = None;
@@ -137,6 +145,8 @@ struct Follow {
     text: keel::protocol::sessions::LiveReader,
     tick: tokio::time::Interval,
     access: Option<tokio::sync::watch::Receiver<i64>>,
+    /// Whether the server is stopping.
+    stopping: tokio::sync::watch::Receiver<bool>,
     app: Arc<App>,
     caller: Caller,
     hidden: Arc<keel::api::shown::Hidden>,
