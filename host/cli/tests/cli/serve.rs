@@ -898,3 +898,37 @@ async fn sigterm_closes_open_event_streams_at_once() {
     std::net::TcpListener::bind(format!("127.0.0.1:{port}")).unwrap();
     println!("keel serve stopped in {took:?} with 2 event streams open");
 }
+
+/// A session's policy and model change over the API: an admin allows a tool under a prefix
+/// and moves the session to another model or window; a user token that may not decide the
+/// session's approvals changes nothing; a rule keel does not know is an input error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_and_model_change_over_the_api() {
+    let model = MockModel::start(vec![Reply::text("hello")]).await;
+    let home = tempfile::tempdir().unwrap();
+    let s = Server::start(home.path(), &model.url(), &[]);
+    let c = client();
+    let (status, v) = post(&c, &s.api("/sessions"), &s.admin, json!({"input": "hi"})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let id = v["session_id"].as_str().unwrap().to_string();
+    wait_for(&c, &s, &id, "the turn to end", |v| v["session"]["state"] != "running").await;
+    let policy = s.api(&format!("/sessions/{id}/policy"));
+    let allow = json!({"rule": "allow", "tool": "fs_write_file", "under": "/w"});
+    let (status, v) = post(&c, &policy, &s.admin, allow.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert!(v["policy"].as_str().unwrap().contains("allow fs_write_file under /w"), "{v}");
+    let (status, v) = post(&c, &policy, &s.admin, json!({"rule": "maybe", "tool": "x"})).await;
+    assert_eq!((status, v["error"]["kind"].as_str()), (StatusCode::BAD_REQUEST, Some("input")));
+    let bob = token(home.path(), "bob", "user");
+    let (status, _) =
+        post(&c, &policy, &bob, json!({"rule": "ask", "tool": "fs_write_file"})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "not his session");
+    let to = s.api(&format!("/sessions/{id}/model"));
+    let (status, v) = post(&c, &to, &s.admin, json!({"context_window": 4096})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["to"]["context_window"], 4096, "{v}");
+    let (_, v) = get(&c, &s.api(&format!("/sessions/{id}/events?limit=1000")), &s.admin).await;
+    let kinds: Vec<&str> =
+        v["events"].as_array().unwrap().iter().filter_map(|e| e["kind"].as_str()).collect();
+    assert!(kinds.contains(&"policy_changed") && kinds.contains(&"model_changed"), "{kinds:?}");
+}

@@ -49,6 +49,8 @@ pub fn routes(app: Arc<App>) -> Router {
         .route("/sessions/{id}/events", get(events))
         .route("/sessions/{id}/files", get(files))
         .route("/sessions/{id}/workgroup", get(workgroup))
+        .route("/sessions/{id}/policy", post(change_policy))
+        .route("/sessions/{id}/model", post(change_model))
         .route("/approvals", get(list_approvals))
         .route("/approvals/{id}/approve", post(approve))
         .route("/approvals/{id}/reject", post(reject))
@@ -196,7 +198,7 @@ pub struct ErrorDetail {
         whoami, list_sessions, create_session, get_session, timeline, send_input, interrupt,
         evidence, events::events, events::files, approvals::list_approvals, approvals::approve,
         approvals::reject, tools::presets, tools::list_tools, tools::upload_tool, tools::get_tool,
-        tools::remove_tool, workgroup
+        tools::remove_tool, workgroup, change_policy, change_model
     ),
     components(schemas(ErrorBody, ErrorDetail)),
     modifiers(&BearerAuth),
@@ -456,6 +458,76 @@ async fn timeline(
 ) -> Result<Json<Value>, Failure> {
     let t = app.harness.timeline(&caller.who(), &id).await?;
     Ok(Json(json!({"ok": true, "timeline": keel::api::shown::timeline(&caller.who(), &t)})))
+}
+
+/// One change of a session's policy: `rule` is `allow` (with `under`, a guest path prefix,
+/// for calls under it only), `ask` or `deny`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyBody {
+    pub rule: String,
+    pub tool: String,
+    pub under: Option<String>,
+}
+
+/// Changes a session's policy for the rest of the session — allow a tool for good
+/// (everywhere, or under a path prefix), ask before it again, deny it — recorded as a
+/// `policy_changed` event. A caller who may decide the session's approvals may tighten; only
+/// an admin widens (`allow`).
+#[utoipa::path(post, path = "/sessions/{id}/policy", params(("id" = String, Path)), request_body = PolicyBody, responses((status = 200, body = Object), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn change_policy(
+    State(app): Shared,
+    caller: Caller,
+    Path(id): Path<String>,
+    req: Result<Json<PolicyBody>, JsonRejection>,
+) -> Result<Json<Value>, Failure> {
+    use keel::protocol::sessions::PolicyChange;
+    let req = body(req)?;
+    let change = match (req.rule.as_str(), req.under) {
+        ("allow", under) => PolicyChange::Allow { tool: req.tool, under },
+        ("ask", None) => PolicyChange::Ask { tool: req.tool },
+        ("deny", None) => PolicyChange::Deny { tool: req.tool },
+        (rule, _) => {
+            return Err(Failure::new(
+                "input",
+                format!(
+                    "`{}` is not a policy change: rule is allow (with under for a prefix), ask or deny",
+                    rule.escape_debug()
+                ),
+            ));
+        }
+    };
+    let policy = app.harness.change_policy(&caller.who(), &id, change).await?;
+    Ok(Json(json!({"ok": true, "session_id": id, "policy": policy.summary()})))
+}
+
+/// A session's next model: another server (admins), model or context window.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelBody {
+    pub model_url: Option<String>,
+    pub model: Option<String>,
+    pub context_window: Option<u64>,
+}
+
+/// Moves a session to another model server (admins only: the host's model credentials go
+/// where it points), model or context window; a `model_changed` event records it. Refused
+/// while a turn runs.
+#[utoipa::path(post, path = "/sessions/{id}/model", params(("id" = String, Path)), request_body = ModelBody, responses((status = 200, body = Object), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn change_model(
+    State(app): Shared,
+    caller: Caller,
+    Path(id): Path<String>,
+    req: Result<Json<ModelBody>, JsonRejection>,
+) -> Result<Json<Value>, Failure> {
+    let req = body(req)?;
+    let change = keel::protocol::sessions::ModelChange {
+        base_url: req.model_url,
+        model: req.model,
+        context_window: req.context_window,
+    };
+    let (from, to) = app.harness.set_session_model(&caller.who(), &id, change).await?;
+    Ok(Json(json!({"ok": true, "session_id": id, "from": from, "to": to})))
 }
 
 #[derive(Deserialize, ToSchema)]
