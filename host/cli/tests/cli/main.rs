@@ -136,7 +136,11 @@ fn list_inspect_remove() {
     let out = keel(home.path(), &["tool", "inspect", "plan_create"]);
     let text = String::from_utf8_lossy(&out.stdout);
     let installed = text.lines().find(|l| l.starts_with("installed ")).unwrap();
-    assert!(installed.contains(" UTC (") && installed.contains("20"), "{installed}");
+    assert!(installed.contains(".000Z (") && installed.ends_with(')'), "{installed}");
+    assert!(
+        installed.split_whitespace().nth(1).is_some_and(|d| d.starts_with("20")),
+        "{installed}"
+    );
     assert!(text.contains("effect      control"), "{text}");
     let out = keel(home.path(), &["tool", "inspect", "fs_delete_files", "--json"]);
     let v = json_of(&out);
