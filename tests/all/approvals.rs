@@ -50,6 +50,39 @@ impl Fixture {
         self.h = h;
     }
 
+    /// Creates session `id` with `tools`, `grants` and `policy`, its model calls not retried.
+    async fn create(
+        &self,
+        id: &str,
+        tools: Vec<String>,
+        grants: Vec<Grant>,
+        policy: keel::session::Policy,
+    ) {
+        let mut model = keel::model::ModelConfig::new(&self.url, "m");
+        model.max_retries = 0;
+        self.h
+            .internals()
+            .engine
+            .create(keel::session::NewSession {
+                pins: Default::default(),
+                user: None,
+                named_tools: true,
+                owner: None,
+                id: Some(id.into()),
+                grants,
+                net: Default::default(),
+                tools,
+                policy,
+                budget: keel::sandbox::Budget::default(),
+                model,
+                system_prompt: "test".into(),
+                guards: None,
+                preprocess: None,
+            })
+            .await
+            .unwrap();
+    }
+
     fn lines(&self, name: &str) -> Vec<String> {
         log_lines(self.work.path(), name)
     }
@@ -474,28 +507,7 @@ async fn policy_ask_allow_and_deny_per_session() {
     // Allow the destructive tool by name, ask before the write, deny external.
     policy.adjust(&["effect_wipe".into()], &["effect_append".into()], &["external".into()]);
     let grants = vec![Grant::new(f.work.path(), "/work", Access::Rw).unwrap()];
-    let mut model_cfg = keel::model::ModelConfig::new(&f.url, "m");
-    model_cfg.max_retries = 0;
-    f.h.internals()
-        .engine
-        .create(keel::session::NewSession {
-            pins: Default::default(),
-            user: None,
-            named_tools: true,
-            owner: None,
-            id: Some("pol".into()),
-            grants,
-            net: Default::default(),
-            tools: TOOLS.iter().map(|t| t.to_string()).collect(),
-            policy,
-            budget: keel::sandbox::Budget::default(),
-            model: model_cfg,
-            system_prompt: "test".into(),
-            guards: None,
-            preprocess: None,
-        })
-        .await
-        .unwrap();
+    f.create("pol", TOOLS.iter().map(|t| t.to_string()).collect(), grants, policy).await;
     let units = waiting_units(&submit(&f.h, "pol", "policy t7").await);
     assert_eq!(f.lines("wiped.log"), vec!["t7-0"], "allowed by name, no question");
     let u = f.h.internals().engine.approval(&units[0]).await.unwrap().unwrap();
@@ -602,28 +614,7 @@ async fn always_allow_under_a_directory_is_a_recorded_policy_change_and_undone_b
         Grant::new(f.work.path(), "/work", Access::Rw).unwrap(),
         Grant::new(out.path(), "/out", Access::Rw).unwrap(),
     ];
-    let mut model_cfg = keel::model::ModelConfig::new(&f.url, "m");
-    model_cfg.max_retries = 0;
-    f.h.internals()
-        .engine
-        .create(keel::session::NewSession {
-            pins: Default::default(),
-            user: None,
-            named_tools: true,
-            owner: None,
-            id: Some("always".into()),
-            grants,
-            net: Default::default(),
-            tools: vec!["fs_write_file".into()],
-            policy,
-            budget: keel::sandbox::Budget::default(),
-            model: model_cfg,
-            system_prompt: "test".into(),
-            guards: None,
-            preprocess: None,
-        })
-        .await
-        .unwrap();
+    f.create("always", vec!["fs_write_file".into()], grants, policy).await;
     let units = waiting_units(&submit(&f.h, "always", "write three files").await);
     let u = f.h.internals().engine.approval(&units[0]).await.unwrap().unwrap();
     let dir = keel::policy::call_directory(&u.input).unwrap();
