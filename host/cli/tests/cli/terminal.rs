@@ -463,9 +463,11 @@ async fn terminal_chat_always_allows_a_tool_under_a_directory() {
     assert_eq!(done.matches("approve once [y]").count(), 1, "asked once: {done}");
     assert_eq!(std::fs::read_to_string(work.path().join("b.md")).unwrap(), "c2");
     // `@/path` attaches a file's text through the grants; outside them, nothing is sent.
+    let before = model.requests().len();
     pane.line("What does @/etc/passwd say?");
     pane.shows("is outside every directory granted to session `always`", 1);
     pane.shows("(nothing was sent)", 1);
+    assert_eq!(model.requests().len(), before, "the model received nothing");
     pane.line("What does @/w/a.md say?");
     let done = pane.shows("keel: idle", 3);
     assert!(done.contains("keel: attached /w/a.md (2 bytes)"), "{done}");
