@@ -122,5 +122,5 @@ pub mod setup {
 pub mod text {
     pub use crate::digest::sha256_hex;
     pub use crate::names::{closest, did_you_mean, valid_component_name};
-    pub use crate::units::{format_time, parse_duration, parse_size};
+    pub use crate::units::{format_time, parse_age, parse_duration, parse_size};
 }

@@ -25,6 +25,27 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// An age: a whole number and a unit — `s`, `m`, `h`, `d` or `w` (`90m`, `30d`, `0s`).
+pub fn parse_age(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 =
+        number.parse().map_err(|_| format!("`{text}` is not an age such as 90m or 30d"))?;
+    let secs = match unit {
+        "s" => 1,
+        "m" | "min" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 7 * 86_400,
+        _ => return Err(format!("`{text}`: the unit is s, m, h, d or w (e.g. 30d)")),
+    };
+    n.checked_mul(secs)
+        .filter(|s| *s <= 100 * 365 * 86_400)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("`{text}` is more than a hundred years"))
+}
+
 /// A duration as people write it, in the units [`parse_duration`] reads: `250ms`, `1.5s`,
 /// `120s`, `5m`.
 pub fn format_duration(d: Duration) -> String {
@@ -95,6 +116,17 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_age_has_a_unit_and_no_week_limit() {
+        assert_eq!(parse_age("30d"), Ok(Duration::from_secs(30 * 86_400)));
+        assert_eq!(parse_age("90m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_age("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_age("2w"), Ok(Duration::from_secs(14 * 86_400)));
+        assert!(parse_age("30").unwrap_err().contains("the unit is"));
+        assert!(parse_age("d").unwrap_err().contains("not an age"));
+        assert!(parse_age("99999999999w").is_err());
+    }
 
     #[test]
     fn durations() {

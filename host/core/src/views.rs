@@ -214,6 +214,8 @@ pub struct TimelineCall {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Timeline {
     pub id: String,
+    /// The title a person gave it (`keel session title`), if any.
+    pub title: Option<String>,
     pub state: RuntimeState,
     pub state_detail: Option<String>,
     pub session_goal: Option<String>,
@@ -247,6 +249,9 @@ pub struct Timeline {
     /// effect classes, redaction patterns), each call's budget, its model settings (the
     /// server's address shown to admins only) and its loop guards.
     pub policy: crate::policy::Policy,
+    /// The changes people made to the policy and the model since the session was created,
+    /// oldest first, with who made each.
+    pub settings_changes: Vec<crate::session::SettingsChange>,
     pub budget: crate::sandbox::Budget,
     pub model: crate::model::ModelConfig,
     pub guards: Option<crate::session::LoopGuards>,
@@ -300,8 +305,12 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         .collect::<Result<Vec<_>, _>>()?;
     let approvals = crate::session::approvals_of(c, Some(id), false)?;
     let user = meta.config.user();
+    let title: Option<String> = c
+        .prepare_cached("SELECT title FROM session_config WHERE session_id=?1")?
+        .query_row([id], |r| r.get(0))?;
     Ok(Timeline {
         id: id.to_string(),
+        title,
         state: meta.runtime.state,
         state_detail: meta.runtime.state_detail,
         session_goal: meta.task.session_goal,
@@ -320,6 +329,7 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         grants: meta.config.grants,
         net: meta.config.net.lines(),
         policy: meta.config.policy,
+        settings_changes: crate::session::settings_changes(c, id)?,
         budget: meta.config.budget,
         model: meta.config.model,
         guards: meta.config.guards,

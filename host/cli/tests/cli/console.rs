@@ -14,7 +14,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use keel_tests::mock_model::{MockModel, Reply};
 use serde_json::{Value, json};
 
-use super::serve::{Server, client, post, upload_effects};
+use super::serve::{Server, client, get, post, upload_effects};
 
 /// A chromedriver on a free port, stopped when dropped.
 struct Driver {
@@ -328,5 +328,192 @@ async fn browser_console_approval_diff_at_the_top_verdict_collapsed_output_and_l
         std::fs::read_to_string(project.join("report.md")).unwrap(),
         "# audit\nrow 3: ragged\n"
     );
+    b.close().await.unwrap();
+}
+
+/// Logs `b` in with `token`.
+async fn log_in(b: &Client, base: &str, token: &str) {
+    b.goto(&format!("{base}/login")).await.unwrap();
+    b.find(Locator::Id("token")).await.unwrap().send_keys(token).await.unwrap();
+    b.find(Locator::Id("login")).await.unwrap().click().await.unwrap();
+    until(b, "the sessions page", "location.pathname === '/'").await;
+}
+
+async fn click(b: &Client, css: &str) {
+    b.find(Locator::Css(css)).await.unwrap().click().await.unwrap();
+}
+
+async fn type_into(b: &Client, css: &str, text: &str) {
+    b.find(Locator::Css(css)).await.unwrap().send_keys(text).await.unwrap();
+}
+
+/// An admin's day in the console: start a session with a grant and a policy of their choosing,
+/// answer its approval with "always allow", tighten the policy again and move the session to
+/// another context window from its page (each change listed with who made it), find sessions
+/// by text and state, delete one, make a user's token and revoke it — and the user's open
+/// pages say at once that their access ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "browser tier: needs Debian's chromium and chromium-driver"]
+async fn browser_console_admin_starts_with_grants_changes_settings_finds_deletes_and_revokes() {
+    let write = |name: &str, text: &str| {
+        json!({"path": format!("/work/out/{name}"), "content": text}).to_string()
+    };
+    let model = MockModel::start(vec![
+        Reply::calls(&[("c1", "fs_write_file", &write("one.txt", "one\n"))]),
+        Reply::calls(&[("c2", "fs_write_file", &write("two.txt", "two\n"))]),
+        Reply::text("Both notes are written."),
+        Reply::text("The ferry leaves at nine."),
+        Reply::text("Hello, Dana."),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let roots = tempfile::tempdir().unwrap();
+    let project = roots.path().join("project");
+    std::fs::create_dir_all(project.join("out")).unwrap();
+    let s = Server::start(home.path(), &model.url(), &[roots.path()]);
+    let c = client();
+    let driver = Driver::start();
+    let b = driver.browser().await;
+    log_in(&b, &s.base, &s.admin).await;
+
+    // Start a session with a read-write grant and a policy that asks before writes.
+    type_into(&b, "#new-input", "Write two notes into out/").await;
+    click(&b, "#new-options summary").await;
+    type_into(&b, "#new-grants", &format!("{}=/work:rw", project.display())).await;
+    type_into(&b, "#new-ask", "fs_write_file").await;
+    shot(&b, "new-session-options").await;
+    click(&b, "#new-session").await;
+    until(&b, "the session page", "location.pathname.startsWith('/sessions/s-')").await;
+    let id = b.current_url().await.unwrap().path().trim_start_matches("/sessions/").to_string();
+    let policy = text_of(&b, "#settings-policy").await;
+    assert!(policy.contains("ask fs_write_file"), "{policy}");
+    // Its first write waits; "always allow" approves it and allows the tool under /work/out.
+    until(&b, "the approval", "document.querySelector('section.approval.top button.always')").await;
+    let always = text_of(&b, "section.approval.top button.always").await;
+    assert_eq!(always, "Always allow fs_write_file under /work/out");
+    click(&b, "section.approval.top button.always").await;
+    until(
+        &b,
+        "the answer",
+        "document.getElementById('timeline').innerText.includes('Both notes are written.')",
+    )
+    .await;
+    // The second write ran without asking: one approval in all.
+    assert_eq!(std::fs::read_to_string(project.join("out/two.txt")).unwrap(), "two\n");
+    let (_, v) = get(&c, &s.api("/approvals?all=true"), &s.admin).await;
+    assert_eq!(v["approvals"].as_array().map(Vec::len), Some(1), "{v}");
+    b.refresh().await.unwrap();
+    let by = format!("policy changed by api token {}", super::serve_token_name());
+    let changes = text_of(&b, "#settings-changes").await;
+    assert!(
+        changes.contains(&by) && changes.contains("allow fs_write_file under /work/out"),
+        "{changes}"
+    );
+
+    // Tighten it again, move it to a smaller window, give it a title: each from its form.
+    click(&b, "#settings-edit summary").await;
+    click(&b, "#policy-rule option[value=ask]").await;
+    click(&b, "#policy-tool option[value=fs_write_file]").await;
+    click(&b, "#policy-change").await;
+    until(
+        &b,
+        "the policy after",
+        "document.getElementById('settings-changes').innerText.split('\\n').length === 2",
+    )
+    .await;
+    let policy = text_of(&b, "#settings-policy").await;
+    assert!(policy.contains("ask fs_write_file") && !policy.contains("allow"), "{policy}");
+    click(&b, "#settings-edit summary").await;
+    type_into(&b, "#model-window", "4096").await;
+    click(&b, "#model-change").await;
+    until(
+        &b,
+        "the model change",
+        "document.getElementById('settings-changes').innerText.includes('(window 4096)')",
+    )
+    .await;
+    click(&b, "#settings-edit summary").await;
+    type_into(&b, "#title-text", "Two notes").await;
+    click(&b, "#title-save").await;
+    until(&b, "the title", "document.getElementById('session-title')").await;
+    shot(&b, "session-settings").await;
+    let (_, v) = get(&c, &s.api(&format!("/sessions/{id}")), &s.admin).await;
+    assert_eq!(v["session"]["model"]["context_window"], 4096, "{v}");
+    // A bad value is a clear page, and changes nothing.
+    click(&b, "#settings-edit summary").await;
+    type_into(&b, "#model-window", "lots").await;
+    click(&b, "#model-change").await;
+    until(
+        &b,
+        "the error page",
+        "document.body.innerText.includes('the context window is a number of tokens')",
+    )
+    .await;
+
+    // Another session through the API; find each by text, and by state.
+    let (status, v) =
+        post(&c, &s.api("/sessions"), &s.admin, json!({"input": "find a ferry to the island"}))
+            .await;
+    assert_eq!(status, 202, "{v}");
+    let ferry = v["session_id"].as_str().unwrap().to_string();
+    super::serve::wait_for(&c, &s, &ferry, "idle", |v| v["state"] == "idle").await;
+    b.goto(&format!("{}/", s.base)).await.unwrap();
+    type_into(&b, "#search", "ferry").await;
+    click(&b, "#filter-go").await;
+    until(&b, "the filtered list", "location.search.includes('search=ferry')").await;
+    let rows = b.find_all(Locator::Css("#session-rows tr[data-session]")).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].attr("data-session").await.unwrap().as_deref(), Some(ferry.as_str()));
+    b.goto(&format!("{}/?search=two+notes", s.base)).await.unwrap();
+    let title = text_of(&b, "#session-rows td.title").await;
+    assert_eq!(title, "Two notes");
+    b.goto(&format!("{}/?state=failed", s.base)).await.unwrap();
+    assert_eq!(text_of(&b, "#session-rows").await, "No session matches.");
+    shot(&b, "sessions-filtered").await;
+
+    // Delete the ferry session from its row (after the confirmation).
+    b.goto(&format!("{}/", s.base)).await.unwrap();
+    click(&b, &format!("tr[data-session='{ferry}'] button.delete")).await;
+    b.accept_alert().await.unwrap();
+    until(&b, "the row gone", &format!("!document.querySelector(\"tr[data-session='{ferry}']\")"))
+        .await;
+    let (status, _) = get(&c, &s.api(&format!("/sessions/{ferry}")), &s.admin).await;
+    assert_eq!(status, 404);
+
+    // Make a user's token: its secret is shown once.
+    b.goto(&format!("{}/tokens", s.base)).await.unwrap();
+    type_into(&b, "#token-name", "dana").await;
+    click(&b, "#token-add").await;
+    until(&b, "the new secret", "document.getElementById('token-secret')").await;
+    let dana = text_of(&b, "#token-secret").await;
+    assert!(dana.starts_with("keel_"), "{dana}");
+    b.goto(&format!("{}/tokens", s.base)).await.unwrap();
+    assert!(!text_of(&b, "main").await.contains(&dana), "the secret is shown once");
+
+    // Dana works in another browser, her session's page open.
+    let (status, v) = post(&c, &s.api("/sessions"), &dana, json!({"input": "say hello"})).await;
+    assert_eq!(status, 202, "{v}");
+    let hers = v["session_id"].as_str().unwrap().to_string();
+    let d = driver.browser().await;
+    log_in(&d, &s.base, &dana).await;
+    assert!(text_of(&d, "header nav").await.find("Tokens").is_none(), "no tokens page for users");
+    d.goto(&format!("{}/sessions/{hers}", s.base)).await.unwrap();
+    until(
+        &d,
+        "her answer",
+        "document.getElementById('timeline').innerText.includes('Hello, Dana.')",
+    )
+    .await;
+    assert!(d.find_all(Locator::Css("#delete, #policy-form")).await.unwrap().is_empty());
+
+    // The admin revokes her token; her open page says so at once.
+    click(&b, "tr[data-token='dana'] button.revoke").await;
+    b.accept_alert().await.unwrap();
+    until(&b, "the token gone", "!document.querySelector(\"tr[data-token='dana']\")").await;
+    until(&d, "the banner", "!document.getElementById('access-ended').hidden").await;
+    shot(&d, "access-ended").await;
+    let (status, _) = get(&c, &s.api("/sessions"), &dana).await;
+    assert_eq!(status, 401);
+    d.close().await.unwrap();
     b.close().await.unwrap();
 }

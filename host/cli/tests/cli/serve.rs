@@ -932,3 +932,114 @@ async fn policy_and_model_change_over_the_api() {
         v["events"].as_array().unwrap().iter().filter_map(|e| e["kind"].as_str()).collect();
     assert!(kinds.contains(&"policy_changed") && kinds.contains(&"model_changed"), "{kinds:?}");
 }
+
+/// DELETE with `token`; returns the status and the JSON body.
+async fn delete(c: &reqwest::Client, url: &str, token: &str) -> (StatusCode, Value) {
+    call(c.delete(url), token).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_found_titled_deleted_and_pruned_and_tokens_managed_over_the_api() {
+    let model =
+        MockModel::start(vec![Reply::text("the invoices are summed"), Reply::text("the ferry")])
+            .await;
+    let home = tempfile::tempdir().unwrap();
+    let s = Server::start(home.path(), &model.url(), &[]);
+    let c = client();
+    let mut ids = Vec::new();
+    for input in ["sum the invoices of march", "find a ferry to the island"] {
+        let (status, v) = post(&c, &s.api("/sessions"), &s.admin, json!({"input": input})).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+        let id = v["session_id"].as_str().unwrap().to_string();
+        wait_for(&c, &s, &id, "idle", |v| v["state"] == "idle").await;
+        ids.push(id);
+    }
+    let listed = |v: &Value| -> Vec<String> {
+        v["sessions"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().into()).collect()
+    };
+    // Search goes through goals and messages; state and since filter; limit cuts.
+    let (status, v) = get(&c, &s.api("/sessions?search=ferry"), &s.admin).await;
+    assert_eq!((status, listed(&v)), (StatusCode::OK, vec![ids[1].clone()]), "{v}");
+    let (_, v) =
+        get(&c, &s.api("/sessions?search=INVOICES&state=idle,failed&since=1h"), &s.admin).await;
+    assert_eq!(listed(&v), vec![ids[0].clone()], "{v}");
+    let (_, v) = get(&c, &s.api("/sessions?state=failed"), &s.admin).await;
+    assert_eq!(listed(&v), Vec::<String>::new(), "{v}");
+    let (_, v) = get(&c, &s.api("/sessions?limit=1"), &s.admin).await;
+    assert_eq!(listed(&v), vec![ids[1].clone()], "the most recently active first: {v}");
+    let (status, v) = get(&c, &s.api("/sessions?state=sleepy"), &s.admin).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("`sleepy` is not a session state"));
+    let (status, v) = get(&c, &s.api("/sessions?since=7"), &s.admin).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("since: "), "{v}");
+    // A title shows in the list and is searched.
+    let title = s.api(&format!("/sessions/{}/title", ids[0]));
+    let (status, v) = post(&c, &title, &s.admin, json!({"title": "Quarterly books"})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (_, v) = get(&c, &s.api("/sessions?search=quarterly"), &s.admin).await;
+    assert_eq!(v["sessions"][0]["title"], "Quarterly books", "{v}");
+    let (status, _) = post(&c, &title, &s.admin, json!({"title": "two\nlines"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // Tokens: made (the secret once), listed without secrets, revoked.
+    let (status, v) = post(&c, &s.api("/tokens"), &s.admin, json!({"name": "carol"})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["role"], "user");
+    let carol = v["token"].as_str().unwrap().to_string();
+    let (status, v) =
+        post(&c, &s.api("/tokens"), &s.admin, json!({"name": "x", "role": "root"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    let (status, _) = get(&c, &s.api("/tokens"), &carol).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "a user does not list tokens");
+    let (_, v) = get(&c, &s.api("/tokens"), &s.admin).await;
+    assert!(v["tokens"].as_array().unwrap().iter().any(|t| t["name"] == "carol"), "{v}");
+    assert!(!v.to_string().contains(&carol), "no secret is listed");
+    // A user sees only their sessions, and deletes none.
+    let (_, v) = get(&c, &s.api("/sessions"), &carol).await;
+    assert_eq!(listed(&v), Vec::<String>::new());
+    let (status, _) = delete(&c, &s.api(&format!("/sessions/{}", ids[0])), &carol).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = delete(&c, &s.api("/sessions?older_than=0s"), &carol).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, v) = delete(&c, &s.api("/tokens/carol"), &s.admin).await;
+    assert_eq!((status, v["revoked"]["name"].as_str()), (StatusCode::OK, Some("carol")), "{v}");
+    let (status, _) = get(&c, &s.api("/sessions"), &carol).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "a revoked token is refused at once");
+    let (status, _) = delete(&c, &s.api("/tokens/carol"), &s.admin).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // Delete one by id: gone from the list, its page, its events.
+    let (status, v) = delete(&c, &s.api(&format!("/sessions/{}", ids[0])), &s.admin).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (status, _) = get(&c, &s.api(&format!("/sessions/{}", ids[0])), &s.admin).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = get(&c, &s.api(&format!("/sessions/{}/events", ids[0])), &s.admin).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // Prune: a dry run deletes nothing; then the idle session older than 0s goes.
+    let (status, v) = delete(&c, &s.api("/sessions?older_than=0s&dry_run=true"), &s.admin).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["pruned"]["dry_run"], true);
+    assert_eq!(v["pruned"]["deleted"][0]["id"], ids[1].as_str(), "{v}");
+    let (_, v) = get(&c, &s.api("/sessions"), &s.admin).await;
+    assert_eq!(listed(&v), vec![ids[1].clone()], "the dry run kept it");
+    let (status, v) = delete(&c, &s.api("/sessions?older_than=1d"), &s.admin).await;
+    assert_eq!(
+        (status, v["pruned"]["deleted"].as_array().map(Vec::len)),
+        (StatusCode::OK, Some(0))
+    );
+    let (status, v) = delete(&c, &s.api("/sessions?older_than=0s&state=idle"), &s.admin).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["pruned"]["deleted"][0]["id"], ids[1].as_str(), "{v}");
+    let (_, v) = get(&c, &s.api("/sessions"), &s.admin).await;
+    assert_eq!(v["sessions"], json!([]));
+    let (status, v) = delete(&c, &s.api("/sessions"), &s.admin).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "older_than is required: {v}");
+    // The OpenAPI document names every new route.
+    let (_, doc) = get(&c, &s.api("/openapi.json"), &s.admin).await;
+    for path in ["/sessions/{id}/title", "/tokens", "/tokens/{name}"] {
+        assert!(doc["paths"][path].is_object(), "{path} is not documented");
+    }
+    assert!(doc["paths"]["/sessions"]["delete"].is_object());
+    assert!(doc["paths"]["/sessions/{id}"]["delete"].is_object());
+}

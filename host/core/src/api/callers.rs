@@ -46,6 +46,31 @@ pub struct GrantRequest {
     pub access: Option<Access>,
 }
 
+impl GrantRequest {
+    /// Reads one grant as people write it, `HOST_DIR[=GUEST_PATH][:ro|:rw]` (the `--grant`
+    /// syntax), without touching the host: the directory is checked where the session is
+    /// made.
+    pub fn parse(spec: &str) -> Result<Self, ApiError> {
+        let spec = spec.trim();
+        let (rest, access) = match (spec.strip_suffix(":ro"), spec.strip_suffix(":rw")) {
+            (Some(r), _) => (r, Some(Access::Ro)),
+            (_, Some(r)) => (r, Some(Access::Rw)),
+            _ => (spec, None),
+        };
+        let (host, guest) = match rest.split_once('=') {
+            Some((h, g)) => (h.trim(), Some(g.trim().to_string())),
+            None => (rest, None),
+        };
+        if host.is_empty() || guest.as_deref().is_some_and(str::is_empty) {
+            return Err(ApiError::Input(format!(
+                "grant `{}`: expected HOST_DIR[=GUEST_PATH][:ro|:rw], e.g. /srv/data=/data:ro",
+                spec.escape_debug()
+            )));
+        }
+        Ok(Self { host: host.to_string(), guest, access })
+    }
+}
+
 /// Policy adjustments by tool name or effect class.
 #[derive(Debug, Clone, Default)]
 pub struct PolicyRequest {
@@ -402,4 +427,26 @@ fn workgroup_limits(
         .into());
     }
     Ok(limits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grant_line_reads_as_the_grant_flag_does() {
+        let g = GrantRequest::parse(" /srv/data=/data:rw ").unwrap();
+        assert_eq!(
+            (g.host.as_str(), g.guest.as_deref(), g.access),
+            ("/srv/data", Some("/data"), Some(Access::Rw))
+        );
+        let g = GrantRequest::parse("/srv/notes").unwrap();
+        assert_eq!((g.host.as_str(), g.guest, g.access), ("/srv/notes", None, None));
+        let g = GrantRequest::parse("/srv/notes:ro").unwrap();
+        assert_eq!(g.access, Some(Access::Ro));
+        for bad in ["", "=/data", "/srv/data=", ":rw"] {
+            let e = GrantRequest::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("HOST_DIR[=GUEST_PATH]"), "{bad}: {e}");
+        }
+    }
 }

@@ -136,6 +136,14 @@ pub fn timeline(caller: &Caller, t: &crate::views::Timeline) -> Value {
         if let Some(o) = v.pointer_mut("/model").and_then(Value::as_object_mut) {
             o.remove("base_url");
         }
+        // An earlier model server is a host detail too.
+        for c in v.get_mut("settings_changes").and_then(Value::as_array_mut).into_iter().flatten() {
+            for side in ["from", "to"] {
+                if let Some(o) = c.get_mut(side).and_then(Value::as_object_mut) {
+                    o.remove("base_url");
+                }
+            }
+        }
         if let Some(units) = v.get_mut("approvals").and_then(Value::as_array_mut) {
             for u in units {
                 *u = approval(caller, u.take());

@@ -416,13 +416,84 @@ pub fn after(
     let rows = stmt.query_map(params![id, after, limit as i64], |r| {
         Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?))
     })?;
+    rows.map(|row| decoded(id, row?)).collect()
+}
+
+/// A stored event of session `id` from its row (`seq`, `at_ms`, `body`).
+fn decoded(id: &str, (seq, at_ms, body): (i64, i64, String)) -> Result<EventRow, StoreError> {
+    let event = serde_json::from_str(&body).map_err(|e| {
+        StoreError::Corrupt(format!("event {seq} of session `{id}` is not readable: {e}"))
+    })?;
+    Ok(EventRow { seq, at_ms, event })
+}
+
+/// A change a person made to a session's settings after it was created (`keel session set`,
+/// `keel session policy`, the approval answer "always", the API).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SettingsChange {
+    pub seq: i64,
+    pub at_ms: i64,
+    /// `policy` or `model`.
+    pub setting: String,
+    /// What changed, in words and without a host detail: `allow fs_write_file under /out`,
+    /// `qwen3 → qwen3-coder (window 32768)`.
+    pub change: String,
+    /// Who made it: an API token, or the local user.
+    pub by: String,
+    /// A model change's model before and after.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from: Option<ModelShown>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to: Option<ModelShown>,
+}
+
+impl ModelShown {
+    /// The model and its window, as a change names it.
+    fn named(&self) -> String {
+        match self.context_window {
+            Some(w) => format!("{} (window {w})", self.model),
+            None => self.model.clone(),
+        }
+    }
+}
+
+/// The changes people made to session `id`'s policy and model, oldest first.
+pub fn settings_changes(c: &Connection, id: &str) -> Result<Vec<SettingsChange>, StoreError> {
+    let mut stmt = c.prepare_cached(
+        "SELECT seq, at_ms, body FROM session_events
+         WHERE session_id=?1 AND kind IN ('policy_changed', 'model_changed') ORDER BY seq",
+    )?;
+    let rows = stmt.query_map([id], |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?))
+    })?;
     let mut out = Vec::new();
     for row in rows {
-        let (seq, at_ms, body) = row?;
-        let event = serde_json::from_str(&body).map_err(|e| {
-            StoreError::Corrupt(format!("event {seq} of session `{id}` is not readable: {e}"))
-        })?;
-        out.push(EventRow { seq, at_ms, event });
+        let EventRow { seq, at_ms, event } = decoded(id, row?)?;
+        let change = match event {
+            SessionEvent::PolicyChanged { change, by, .. } => SettingsChange {
+                seq,
+                at_ms,
+                setting: "policy".into(),
+                change,
+                by,
+                from: None,
+                to: None,
+            },
+            SessionEvent::ModelChanged { from, to, by } => {
+                let server = if from.base_url == to.base_url { "" } else { ", on another server" };
+                SettingsChange {
+                    seq,
+                    at_ms,
+                    setting: "model".into(),
+                    change: format!("{} → {}{server}", from.named(), to.named()),
+                    by,
+                    from: Some(from),
+                    to: Some(to),
+                }
+            }
+            _ => continue,
+        };
+        out.push(change);
     }
     Ok(out)
 }

@@ -48,7 +48,8 @@ pub(crate) use config::config_in;
 pub use create::{NewSession, new_id};
 pub(crate) use create::{checked_id, create_in};
 pub use direct::DIRECT_CALL_PREFIX;
-pub use events::{EventRow, ModelShown, SessionEvent};
+pub use events::{EventRow, ModelShown, SessionEvent, SettingsChange};
+pub(crate) use events::settings_changes;
 pub use facts::{MetaCounters, Runtime, RuntimeState};
 pub(crate) use facts::{
     journal_row, load_counters, lock_in, no_session, parse, pending_inputs, runtime_in, set_state,

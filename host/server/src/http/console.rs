@@ -36,6 +36,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("tools.html", include_str!("templates/tools.html")),
     ("tool.html", include_str!("templates/tool.html")),
     ("files.html", include_str!("templates/files.html")),
+    ("tokens.html", include_str!("templates/tokens.html")),
     ("error.html", include_str!("templates/error.html")),
 ];
 
@@ -74,6 +75,12 @@ pub fn routes(app: Arc<App>) -> Router {
         .route("/sessions/{id}/files", get(files_page))
         .route("/sessions/{id}/input", post(send_input))
         .route("/sessions/{id}/interrupt", post(interrupt))
+        .route("/sessions/{id}/delete", post(delete_session))
+        .route("/sessions/{id}/title", post(set_title))
+        .route("/sessions/{id}/policy", post(change_policy))
+        .route("/sessions/{id}/model", post(change_model))
+        .route("/tokens", get(tokens_page).post(add_token))
+        .route("/tokens/{name}/revoke", post(revoke_token))
         .route("/approvals", get(approvals_page))
         .route("/approvals/list", get(approval_list))
         .route("/approvals/{id}/decide", post(decide))
@@ -190,20 +197,42 @@ async fn logout(
     ([(header::SET_COOKIE, cookie)], Redirect::to("/login")).into_response()
 }
 
-async fn sessions_ctx(app: &App, v: &Caller) -> Result<Value, Failure> {
-    let sessions = app.harness.sessions(&v.who()).await?;
+/// The states the sessions page filters by.
+const LISTED_STATES: &[&str] =
+    &["idle", "running", "waiting_approval", "compressing", "interrupted", "failed"];
+
+async fn sessions_ctx(app: &App, v: &Caller, q: &api::SessionsQuery) -> Result<Value, Failure> {
+    let sessions = app.harness.find_sessions(&v.who(), &q.filter()?).await?;
     let presets: Vec<String> =
         app.harness.presets(&v.who()).await?.into_iter().map(|p| p.name).collect();
-    Ok(json!({"sessions": sessions, "presets": presets}))
+    let roots: Vec<String> = match v.is_admin() {
+        true => app.options.roots.roots().iter().map(|r| r.display().to_string()).collect(),
+        false => Vec::new(),
+    };
+    Ok(json!({
+        "sessions": sessions,
+        "presets": presets,
+        "filter": {"search": q.search, "state": q.state},
+        "states": LISTED_STATES,
+        "roots": roots,
+    }))
 }
 
-async fn sessions_page(State(app): Shared, Viewer(v): Viewer) -> Response {
-    let r = sessions_ctx(&app, &v).await.map(|ctx| page(&app, &v, "sessions.html", ctx));
+async fn sessions_page(
+    State(app): Shared,
+    Viewer(v): Viewer,
+    Query(q): Query<api::SessionsQuery>,
+) -> Response {
+    let r = sessions_ctx(&app, &v, &q).await.map(|ctx| page(&app, &v, "sessions.html", ctx));
     or_error(&app, r)
 }
 
-async fn session_rows(State(app): Shared, Viewer(v): Viewer) -> Response {
-    let r = sessions_ctx(&app, &v).await.map(|ctx| page(&app, &v, "session_rows.html", ctx));
+async fn session_rows(
+    State(app): Shared,
+    Viewer(v): Viewer,
+    Query(q): Query<api::SessionsQuery>,
+) -> Response {
+    let r = sessions_ctx(&app, &v, &q).await.map(|ctx| page(&app, &v, "session_rows.html", ctx));
     or_error(&app, r)
 }
 
@@ -214,6 +243,25 @@ struct NewSessionForm {
     input: String,
     #[serde(default)]
     preset: String,
+    /// Host directories (admins), one per line: `HOST_DIR[=GUEST][:ro|:rw]`.
+    #[serde(default)]
+    grants: String,
+    /// Tools or effect classes, comma-separated.
+    #[serde(default)]
+    allow: String,
+    #[serde(default)]
+    ask: String,
+    #[serde(default)]
+    deny: String,
+}
+
+/// The words of a comma- or space-separated list.
+fn words(text: &str) -> Vec<String> {
+    text.split([',', ' ', '\n'])
+        .map(str::trim)
+        .filter(|w| !w.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 async fn new_session(
@@ -227,11 +275,215 @@ async fn new_session(
         if f.input.trim().is_empty() {
             return Err(Failure::new("input", "the input is empty: say what to do"));
         }
+        let grants = f
+            .grants
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(keel::api::GrantRequest::parse)
+            .collect::<Result<Vec<_>, _>>()?;
+        let policy = keel::api::PolicyRequest {
+            allow: words(&f.allow),
+            ask: words(&f.ask),
+            deny: words(&f.deny),
+        };
+        let policy =
+            (!(policy.allow.is_empty() && policy.ask.is_empty() && policy.deny.is_empty()))
+                .then_some(policy);
         let preset = Some(f.preset).filter(|p| !p.is_empty());
-        let request = keel::api::SessionRequest { preset, ..Default::default() };
+        let request = keel::api::SessionRequest { preset, grants, policy, ..Default::default() };
         let id = api::create_for(&app, &v, request).await?;
         api::queue_and_run(&app, &v.who(), &id, &f.input).await?;
         Ok(Redirect::to(&format!("/sessions/{id}")).into_response())
+    }
+    .await;
+    or_error(&app, r)
+}
+
+/// The session's page after a change made by one of its forms (a session id is letters,
+/// digits, `-` and `_`).
+fn back_to(id: &str) -> Response {
+    Redirect::to(&format!("/sessions/{id}")).into_response()
+}
+
+async fn delete_session(
+    State(app): Shared,
+    Viewer(v): Viewer,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Form(f): Form<CsrfForm>,
+) -> Response {
+    let r = async {
+        auth::check_form(&headers, &v, &f.csrf)?;
+        app.harness.delete_session(&v.who(), &id).await?;
+        Ok(Redirect::to("/").into_response())
+    }
+    .await;
+    or_error(&app, r)
+}
+
+#[derive(Deserialize)]
+struct TitleForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    title: String,
+}
+
+async fn set_title(
+    State(app): Shared,
+    Viewer(v): Viewer,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Form(f): Form<TitleForm>,
+) -> Response {
+    let r = async {
+        auth::check_form(&headers, &v, &f.csrf)?;
+        let title = Some(f.title.trim().to_string()).filter(|t| !t.is_empty());
+        app.harness.set_session_title(&v.who(), &id, title).await?;
+        Ok(back_to(&id))
+    }
+    .await;
+    or_error(&app, r)
+}
+
+#[derive(Deserialize)]
+struct PolicyForm {
+    #[serde(default)]
+    csrf: String,
+    rule: String,
+    tool: String,
+    #[serde(default)]
+    under: String,
+}
+
+async fn change_policy(
+    State(app): Shared,
+    Viewer(v): Viewer,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Form(f): Form<PolicyForm>,
+) -> Response {
+    use keel::protocol::sessions::PolicyChange;
+    let r = async {
+        auth::check_form(&headers, &v, &f.csrf)?;
+        let under = Some(f.under.trim().to_string()).filter(|u| !u.is_empty());
+        let change = match (f.rule.as_str(), under) {
+            ("allow", under) => PolicyChange::Allow { tool: f.tool, under },
+            ("ask", None) => PolicyChange::Ask { tool: f.tool },
+            ("deny", None) => PolicyChange::Deny { tool: f.tool },
+            ("ask" | "deny", Some(_)) => {
+                return Err(Failure::new("input", "a path prefix goes with allow only"));
+            }
+            _ => return Err(Failure::new("input", "the rule is allow, ask or deny")),
+        };
+        app.harness.change_policy(&v.who(), &id, change).await?;
+        Ok(back_to(&id))
+    }
+    .await;
+    or_error(&app, r)
+}
+
+#[derive(Deserialize)]
+struct ModelForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    model_url: String,
+    #[serde(default)]
+    model: String,
+    #[serde(default)]
+    context_window: String,
+}
+
+async fn change_model(
+    State(app): Shared,
+    Viewer(v): Viewer,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Form(f): Form<ModelForm>,
+) -> Response {
+    let r = async {
+        auth::check_form(&headers, &v, &f.csrf)?;
+        let given = |s: String| Some(s.trim().to_string()).filter(|s| !s.is_empty());
+        let context_window = given(f.context_window)
+            .map(|w| {
+                w.parse::<u64>().map_err(|_| {
+                    Failure::new("input", "the context window is a number of tokens, e.g. 8192")
+                })
+            })
+            .transpose()?;
+        let change = keel::protocol::sessions::ModelChange {
+            base_url: given(f.model_url),
+            model: given(f.model),
+            context_window,
+        };
+        app.harness.set_session_model(&v.who(), &id, change).await?;
+        Ok(back_to(&id))
+    }
+    .await;
+    or_error(&app, r)
+}
+
+/// The tokens page: every token, a form to make one and, once, the secret of the one just
+/// made.
+async fn tokens_ctx(app: &App, v: &Caller, made: Option<Value>) -> Result<Value, Failure> {
+    let tokens = app.harness.tokens(&v.who()).await?;
+    let tokens: Vec<Value> = tokens
+        .into_iter()
+        .map(|t| json!({"name": t.name, "role": t.role, "created_at": t.created_at}))
+        .collect();
+    Ok(json!({"tokens": tokens, "made": made}))
+}
+
+async fn tokens_page(State(app): Shared, Viewer(v): Viewer) -> Response {
+    let r = tokens_ctx(&app, &v, None).await.map(|ctx| page(&app, &v, "tokens.html", ctx));
+    or_error(&app, r)
+}
+
+#[derive(Deserialize)]
+struct TokenForm {
+    #[serde(default)]
+    csrf: String,
+    name: String,
+    #[serde(default)]
+    role: String,
+}
+
+async fn add_token(
+    State(app): Shared,
+    Viewer(v): Viewer,
+    headers: HeaderMap,
+    Form(f): Form<TokenForm>,
+) -> Response {
+    let r = async {
+        auth::check_form(&headers, &v, &f.csrf)?;
+        let role: keel::protocol::access::Role =
+            if f.role.is_empty() { "user" } else { f.role.as_str() }.parse()?;
+        let name = f.name.trim().to_string();
+        let token = app.harness.token_add(&v.who(), &name, role).await?;
+        let made = json!({"name": name, "role": role, "token": token});
+        let mut res =
+            tokens_ctx(&app, &v, Some(made)).await.map(|c| page(&app, &v, "tokens.html", c))?;
+        // The secret is on this page only: no cache keeps it.
+        res.headers_mut()
+            .insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
+        Ok(res)
+    }
+    .await;
+    or_error(&app, r)
+}
+
+async fn revoke_token(
+    State(app): Shared,
+    Viewer(v): Viewer,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    Form(f): Form<CsrfForm>,
+) -> Response {
+    let r = async {
+        auth::check_form(&headers, &v, &f.csrf)?;
+        app.harness.token_revoke(&v.who(), &name).await?;
+        Ok(Redirect::to("/tokens").into_response())
     }
     .await;
     or_error(&app, r)
@@ -317,6 +569,9 @@ async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure>
         approvals.iter().filter(|u| u["status"] == "pending").cloned().map(approval_view).collect();
     Ok(json!({
         "id": id,
+        "title": t["title"],
+        "changes": t["settings_changes"],
+        "may_decide": v.who().may_decide(meta.config.owner.as_ref()),
         "pending": pending,
         "state": t["state"],
         "state_detail": t["state_detail"],
@@ -455,6 +710,12 @@ const CONTENT_LINES: usize = 40;
 /// the diff (or a new file's content) as lines with a class each (`add`, `del`, `hunk`).
 fn approval_view(mut u: Value) -> Value {
     u["input_pretty"] = json!(pretty(&u["input"]));
+    // Where "always allow" would allow the tool: the directory of the path the call names.
+    let input = match &u["input"] {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    u["under"] = json!(keel::protocol::sessions::call_directory(&input));
     let diff = u["change"]["diff"].as_str().unwrap_or_default().to_string();
     let content = u["change"]["content"].as_str().unwrap_or_default().to_string();
     if u["change"].is_object() {
@@ -524,7 +785,18 @@ async fn decide(
         let decision = match f.decision.as_str() {
             "approve" => Decision::Approve,
             "reject" => Decision::Reject,
-            _ => return Err(Failure::new("input", "the decision is approve or reject")),
+            // Approve, and allow the tool for the rest of the session under the call's
+            // directory (everywhere for a call naming no path): a policy change first, so that
+            // a refused change decides nothing.
+            "always" => {
+                let unit = app.harness.approval(&v.who(), &id).await?;
+                let under = keel::protocol::sessions::call_directory(&unit.input);
+                let change =
+                    keel::protocol::sessions::PolicyChange::Allow { tool: unit.tool, under };
+                app.harness.change_policy(&v.who(), unit.session_id.as_str(), change).await?;
+                Decision::Approve
+            }
+            _ => return Err(Failure::new("input", "the decision is approve, always or reject")),
         };
         let reason = Some(f.reason).filter(|r| !r.trim().is_empty());
         let Json(done) = api::decide(&app, &v, &id, decision, DecideBody { reason }).await?;

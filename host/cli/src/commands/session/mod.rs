@@ -246,6 +246,9 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                             .map(|d| format!(" ({})", inert(d)))
                             .unwrap_or_default()
                     );
+                    if let Some(title) = &t.title {
+                        println!("title   {}", inert(title));
+                    }
                     println!("goal    {}", inert(t.session_goal.as_deref().unwrap_or("-")));
                     println!(
                         "phase   {}",

@@ -243,6 +243,15 @@ pub(super) fn print_model_calls(t: &keel::protocol::sessions::Timeline) {
 pub(super) fn print_settings(t: &keel::protocol::sessions::Timeline) {
     println!("model   {}", inert(&t.model.summary(true)));
     println!("policy  {}", inert(&t.policy.summary()));
+    for c in &t.settings_changes {
+        println!(
+            "        {} {} changed by {}: {}",
+            keel::protocol::text::format_time(c.at_ms).get(..19).unwrap_or_default(),
+            c.setting,
+            inert(&c.by),
+            inert(&c.change)
+        );
+    }
     for p in &t.project_instructions {
         println!(
             "project {} (sha256:{}, {} bytes{}): offered as the project's instructions",

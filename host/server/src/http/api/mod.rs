@@ -23,10 +23,12 @@ use keel::protocol::sessions::Access;
 use keel::protocol::sessions::Decision;
 use keel::protocol::tools::InstallMode;
 
+mod access;
 mod approvals;
 mod events;
 mod tools;
 
+use access::{add_token, list_tokens, revoke_token};
 pub(crate) use approvals::{DecideBody, decide, visible_approvals};
 use approvals::{approve, list_approvals, reject};
 use events::{events, files};
@@ -40,8 +42,9 @@ pub fn routes(app: Arc<App>) -> Router {
     Router::new()
         .route("/openapi.json", get(openapi))
         .route("/whoami", get(whoami))
-        .route("/sessions", get(list_sessions).post(create_session))
-        .route("/sessions/{id}", get(get_session))
+        .route("/sessions", get(list_sessions).post(create_session).delete(prune_sessions))
+        .route("/sessions/{id}", get(get_session).delete(delete_session))
+        .route("/sessions/{id}/title", post(set_title))
         .route("/sessions/{id}/timeline", get(timeline))
         .route("/sessions/{id}/input", post(send_input))
         .route("/sessions/{id}/interrupt", post(interrupt))
@@ -55,6 +58,8 @@ pub fn routes(app: Arc<App>) -> Router {
         .route("/approvals/{id}/approve", post(approve))
         .route("/approvals/{id}/reject", post(reject))
         .route("/presets", get(presets))
+        .route("/tokens", get(list_tokens).post(add_token))
+        .route("/tokens/{name}", axum::routing::delete(revoke_token))
         .route("/tools", get(list_tools))
         .route("/tools", post(upload_tool).layer(DefaultBodyLimit::max(upload.saturating_add(1))))
         .route("/tools/{name}", get(get_tool).delete(remove_tool))
@@ -198,7 +203,9 @@ pub struct ErrorDetail {
         whoami, list_sessions, create_session, get_session, timeline, send_input, interrupt,
         evidence, events::events, events::files, approvals::list_approvals, approvals::approve,
         approvals::reject, tools::presets, tools::list_tools, tools::upload_tool, tools::get_tool,
-        tools::remove_tool, workgroup, change_policy, change_model
+        tools::remove_tool, workgroup, change_policy, change_model, delete_session,
+        prune_sessions, set_title, access::list_tokens, access::add_token,
+        access::revoke_token
     ),
     components(schemas(ErrorBody, ErrorDetail)),
     modifiers(&BearerAuth),
@@ -410,11 +417,140 @@ pub(crate) async fn create_for(
     Ok(app.harness.create_session_for(&caller.who(), &o.template, &o.roots, request).await?)
 }
 
-/// Every session the caller may see, newest first.
-#[utoipa::path(get, path = "/sessions", responses((status = 200, description = "sessions: id, state, turns, steps, session_goal, created_at, last_activity, owner", body = Object)))]
-async fn list_sessions(State(app): Shared, caller: Caller) -> Result<Json<Value>, Failure> {
-    let sessions = app.harness.sessions(&caller.who()).await?;
+/// Which sessions a listing shows; every filter is optional.
+#[derive(Deserialize, IntoParams, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SessionsQuery {
+    /// Only sessions in these states, comma-separated (`idle`, `running`,
+    /// `waiting_approval`, `failed`, `interrupted` …).
+    pub state: Option<String>,
+    /// Only sessions active within this long: a whole number and `s`, `m`, `h`, `d` or `w`
+    /// (`2h`, `7d`).
+    pub since: Option<String>,
+    /// Only sessions whose title, goal or messages hold this text (case aside).
+    pub search: Option<String>,
+    /// Only sessions that work for this user.
+    pub user: Option<String>,
+    /// At most this many, the most recently active first.
+    pub limit: Option<usize>,
+}
+
+/// The states a comma-separated list names, or the input error naming the one that is not a
+/// state.
+fn states_of(text: Option<&str>) -> Result<Vec<keel::protocol::sessions::RuntimeState>, Failure> {
+    text.unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse().map_err(|_| {
+                Failure::new(
+                    "input",
+                    format!(
+                        "`{}` is not a session state: idle, preparing_context, running, \
+                         waiting_approval, compressing, interrupted or failed",
+                        s.escape_debug()
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
+/// An age (`30d`) as the time that long ago, in ms since the Unix epoch.
+fn ago_ms(what: &str, text: &str) -> Result<i64, Failure> {
+    let age = keel::protocol::text::parse_age(text)
+        .map_err(|e| Failure::new("input", format!("{what}: {e}")))?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    Ok(now.saturating_sub(i64::try_from(age.as_millis()).unwrap_or(i64::MAX)))
+}
+
+impl SessionsQuery {
+    /// The core's filter this query asks for.
+    pub(crate) fn filter(&self) -> Result<keel::api::SessionFilter, Failure> {
+        Ok(keel::api::SessionFilter {
+            states: states_of(self.state.as_deref())?,
+            active_since_ms: self.since.as_deref().map(|t| ago_ms("since", t)).transpose()?,
+            inactive_since_ms: None,
+            user: self.user.clone().filter(|u| !u.trim().is_empty()),
+            search: self.search.clone().filter(|t| !t.trim().is_empty()),
+            limit: self.limit,
+        })
+    }
+}
+
+/// The sessions the caller may see, the most recently active first, filtered by state,
+/// activity, text (title, goal and messages, through the full-text index) and user.
+#[utoipa::path(get, path = "/sessions", params(SessionsQuery), responses((status = 200, description = "sessions: id, title, state, turns, steps, session_goal, created_at, last_activity, owner", body = Object), (status = 400, body = ErrorBody)))]
+async fn list_sessions(
+    State(app): Shared,
+    caller: Caller,
+    Query(q): Query<SessionsQuery>,
+) -> Result<Json<Value>, Failure> {
+    let sessions = app.harness.find_sessions(&caller.who(), &q.filter()?).await?;
     Ok(Json(json!({"ok": true, "sessions": sessions})))
+}
+
+/// Deletes a session and every fact of it in one transaction (admins only). Refused while a
+/// turn runs (409) and for a session of a workgroup, whose results another session holds.
+#[utoipa::path(delete, path = "/sessions/{id}", params(("id" = String, Path)), responses((status = 200, body = Object), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn delete_session(
+    State(app): Shared,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, Failure> {
+    app.harness.delete_session(&caller.who(), &id).await?;
+    Ok(Json(json!({"ok": true, "deleted": id})))
+}
+
+/// Which sessions a prune deletes.
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct PruneQuery {
+    /// Sessions not active for this long (`30d`, `12h`); required.
+    pub older_than: String,
+    /// In these states, comma-separated (default: `idle,failed,interrupted`).
+    pub state: Option<String>,
+    /// Only say which would be deleted.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// Deletes the sessions not active for `older_than` in the given states, each in its own
+/// transaction (admins only); `dry_run=true` only lists them. A session that started running
+/// meanwhile, or belongs to a workgroup, is kept and listed with why.
+#[utoipa::path(delete, path = "/sessions", params(PruneQuery), responses((status = 200, description = "dry_run, deleted (sessions), kept (id, reason)", body = Object), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)))]
+async fn prune_sessions(
+    State(app): Shared,
+    caller: Caller,
+    Query(q): Query<PruneQuery>,
+) -> Result<Json<Value>, Failure> {
+    let before = ago_ms("older_than", &q.older_than)?;
+    let states = states_of(q.state.as_deref())?;
+    let pruned = app.harness.prune_sessions(&caller.who(), before, states, q.dry_run).await?;
+    Ok(Json(json!({"ok": true, "pruned": pruned})))
+}
+
+/// A session's title: shown in lists instead of its goal; `null` or empty takes it away.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TitleBody {
+    pub title: Option<String>,
+}
+
+/// Gives a session a title (whoever may see the session may).
+#[utoipa::path(post, path = "/sessions/{id}/title", params(("id" = String, Path)), request_body = TitleBody, responses((status = 200, body = Object), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn set_title(
+    State(app): Shared,
+    caller: Caller,
+    Path(id): Path<String>,
+    req: Result<Json<TitleBody>, JsonRejection>,
+) -> Result<Json<Value>, Failure> {
+    let title = body(req)?.title.filter(|t| !t.trim().is_empty());
+    app.harness.set_session_title(&caller.who(), &id, title.clone()).await?;
+    Ok(Json(json!({"ok": true, "session_id": id, "title": title})))
 }
 
 /// A session: its settings, goals, plan, loaded capabilities and state.

@@ -2,9 +2,27 @@
 // fragment; this script only fetches fragments and swaps them in.
 "use strict";
 
+// Says on the page that the login no longer stands (its token was revoked, or it ended), and
+// stops keeping the page live.
+let accessEnded = false;
+function endAccess() {
+  accessEnded = true;
+  const banner = document.getElementById("access-ended");
+  if (banner) banner.hidden = false;
+  document.body.dataset.accessEnded = "1";
+}
+
 function refresh(el, url) {
+  if (accessEnded) return Promise.resolve();
   return fetch(url, { credentials: "same-origin", headers: { Accept: "text/html" } })
-    .then((r) => (r.ok ? r.text() : Promise.reject(r.status)))
+    .then((r) => {
+      // A login that no longer stands is sent to the login page.
+      if (r.status === 401 || (r.redirected && new URL(r.url).pathname === "/login")) {
+        endAccess();
+        return Promise.reject(r.status);
+      }
+      return r.ok ? r.text() : Promise.reject(r.status);
+    })
     .then((html) => {
       // Keep what the person is typing in a reason field of the fragment.
       const active = document.activeElement;
@@ -37,6 +55,15 @@ function followSession(el) {
       live.hidden = false;
     } catch (_) {}
   });
+  // The stream ends with a `failure` event when the token is revoked or the login ends.
+  source.addEventListener("failure", (e) => {
+    try {
+      if (JSON.parse(e.data).error.kind === "unauthorized") {
+        source.close();
+        endAccess();
+      }
+    } catch (_) {}
+  });
   source.onmessage = (e) => {
     try {
       const kind = JSON.parse(e.data).kind;
@@ -58,6 +85,14 @@ function poll(el) {
   const url = el.dataset.refresh;
   setInterval(() => refresh(el, url), 2000);
 }
+
+// A form that deletes or revokes asks first.
+document.addEventListener("submit", (e) => {
+  const form = e.target;
+  if (form instanceof HTMLFormElement && form.dataset.confirm && !window.confirm(form.dataset.confirm)) {
+    e.preventDefault();
+  }
+});
 
 document.addEventListener("DOMContentLoaded", () => {
   const timeline = document.getElementById("timeline");
