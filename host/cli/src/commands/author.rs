@@ -7,45 +7,10 @@ use std::process::ExitCode;
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
+use super::sdk::{
+    TOOL_WIT, VENDOR_DIR, VENDORED_DEPENDENCY, WIT_FILES, tool_wit_version, vendored_sdk, write_wit,
+};
 use super::{EXIT_REFUSED, EXIT_SETUP, fail};
-
-/// The `keel:tool` WIT package: what every tool component exports and may import.
-pub const TOOL_WIT: &str = include_str!("../../../../wit/tool.wit");
-
-/// The whole WIT directory a bindings generator parses: `tool.wit` and the package it refers
-/// to (`keel:control`, which only the trusted `control-tool` world imports), by path.
-pub const WIT_FILES: &[(&str, &str)] = &[
-    ("tool.wit", TOOL_WIT),
-    ("deps/control/types.wit", include_str!("../../../../wit/deps/control/types.wit")),
-    ("deps/control/plan.wit", include_str!("../../../../wit/deps/control/plan.wit")),
-    (
-        "deps/control/capabilities.wit",
-        include_str!("../../../../wit/deps/control/capabilities.wit"),
-    ),
-    ("deps/control/sessions.wit", include_str!("../../../../wit/deps/control/sessions.wit")),
-];
-
-/// Writes [`WIT_FILES`] under `dir`; returns the files written.
-fn write_wit(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut written = Vec::new();
-    for (path, text) in WIT_FILES {
-        let file = dir.join(path);
-        if let Some(parent) = file.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(&file, text)?;
-        written.push(file);
-    }
-    Ok(written)
-}
-
-/// The version of the `keel:tool` package keel accepts, read from its `package` line.
-pub fn tool_wit_version() -> &'static str {
-    TOOL_WIT
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("package keel:tool@"))
-        .map_or("", |v| v.trim_end_matches(';'))
-}
 
 #[derive(Args)]
 pub struct WitArgs {
@@ -172,10 +137,14 @@ pub struct NewArgs {
     /// write).
     #[arg(long, value_enum, default_value = "read-only", value_name = "CLASS")]
     effect: EffectClass,
-    /// Depend on the keel-sdk at PATH (a directory holding its Cargo.toml) instead of the
-    /// registry's.
-    #[arg(long, value_name = "PATH")]
+    /// Depend on the keel-sdk at PATH (a directory holding its Cargo.toml, e.g. the `sdk/` of
+    /// a keel checkout) instead of the copy this keel writes into the project's `vendor/`.
+    #[arg(long, value_name = "PATH", conflicts_with = "sdk_version")]
     sdk: Option<PathBuf>,
+    /// Depend on keel-sdk VERSION from the registry (crates.io) instead of the copy this keel
+    /// writes into the project's `vendor/`.
+    #[arg(long, value_name = "VERSION")]
+    sdk_version: Option<String>,
     /// Where to create the project (default: ./NAME). It must not exist, or be empty.
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
@@ -206,27 +175,39 @@ pub fn new(a: NewArgs) -> ExitCode {
             EXIT_REFUSED,
         );
     }
-    if a.sdk.is_some() && a.lang != Lang::Rust {
+    if (a.sdk.is_some() || a.sdk_version.is_some()) && a.lang != Lang::Rust {
         return fail(
             a.json,
             "invalid_input",
-            "--sdk is for Rust projects (--lang rust)",
+            "--sdk and --sdk-version are for Rust projects (--lang rust)",
             EXIT_REFUSED,
         );
     }
-    let files = match a.lang {
+    let vendored = a.lang == Lang::Rust && a.sdk.is_none() && a.sdk_version.is_none();
+    let files: Vec<(String, String)> = match a.lang {
         Lang::Rust => {
-            let sdk = match &a.sdk {
-                None => format!("\"{}\"", sdk_requirement()),
-                Some(p) => match sdk_path(p) {
+            let sdk = match (&a.sdk, &a.sdk_version) {
+                (Some(p), _) => match sdk_path(p) {
                     Ok(p) => format!("{{ path = {} }}", toml_string(&p.display().to_string())),
                     Err(why) => return fail(a.json, "invalid_input", &why, EXIT_REFUSED),
                 },
+                (None, Some(v)) => match sdk_version(v) {
+                    Ok(v) => toml_string(&v),
+                    Err(why) => return fail(a.json, "invalid_input", &why, EXIT_REFUSED),
+                },
+                (None, None) => VENDORED_DEPENDENCY.to_string(),
             };
-            rust_project(&a.name, a.effect, &sdk)
+            let mut files = owned(rust_project(&a.name, a.effect, &sdk));
+            if vendored {
+                match vendored_sdk() {
+                    Ok(sdk) => files.extend(sdk),
+                    Err(why) => return fail(a.json, "internal", &why, EXIT_SETUP),
+                }
+            }
+            files
         }
-        Lang::Python => python_project(&a.name, a.effect),
-        Lang::Js => js_project(&a.name, a.effect),
+        Lang::Python => owned(python_project(&a.name, a.effect)),
+        Lang::Js => owned(js_project(&a.name, a.effect)),
     };
     let lang = a.lang.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
     let mut written = Vec::new();
@@ -264,9 +245,10 @@ pub fn new(a: NewArgs) -> ExitCode {
             written.len(),
             tool_name(&a.name)
         );
-        if a.lang == Lang::Rust && a.sdk.is_none() {
+        if vendored {
             println!(
-                "(its Cargo.toml asks the registry for keel-sdk {}; where the SDK is not published there, make it again with --sdk PATH, the sdk/ directory of a keel checkout)",
+                "(keel-sdk {} is in {VENDOR_DIR}, written from this keel: the project builds anywhere with Rust; `--sdk-version {}` depends on the registry's instead)",
+                env!("CARGO_PKG_VERSION"),
                 sdk_requirement()
             );
         }
@@ -315,6 +297,26 @@ fn sdk_requirement() -> String {
         (Some(major), _) => major.to_string(),
         _ => v.to_string(),
     }
+}
+
+/// A registry version requirement for keel-sdk (`0.1`, `=0.1.0`, `^0.2`), refused when it is
+/// anything but one.
+fn sdk_version(v: &str) -> Result<String, String> {
+    let v = v.trim();
+    let requirement = v.trim_start_matches(['=', '^', '~']);
+    let ok = !requirement.is_empty()
+        && requirement.split('.').count() <= 3
+        && requirement.split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    if ok {
+        Ok(v.to_string())
+    } else {
+        Err(format!("--sdk-version `{v}` is not a version such as 0.1 or =0.1.0"))
+    }
+}
+
+/// Files by path, owned.
+fn owned(files: Vec<(&'static str, String)>) -> Vec<(String, String)> {
+    files.into_iter().map(|(p, t)| (p.to_string(), t)).collect()
 }
 
 /// The SDK directory `p` names, absolute, once checked to hold keel-sdk's manifest.
@@ -426,6 +428,15 @@ mod tests {{
         effect = effect.sdk(),
     );
     let version = tool_wit_version();
+    let vendor = if sdk == VENDORED_DEPENDENCY {
+        format!(
+            "\n`{VENDOR_DIR}` (with `vendor/keel-sdk-macros`) is keel-sdk {}, as the keel that made this\nproject carries it: the project builds on any machine with Rust, nothing fetched from a\nkeel checkout. Once keel-sdk is on crates.io, `keel-sdk = \"{}\"` in `Cargo.toml` can take\nits place (and `vendor/` can go).\n",
+            env!("CARGO_PKG_VERSION"),
+            sdk_requirement()
+        )
+    } else {
+        String::new()
+    };
     let readme = format!(
         r#"# {name}
 
@@ -446,7 +457,7 @@ changed.
 
 `wit/tool.wit` is the contract the component implements (`keel:tool@{version}`), for reference
 and for other toolchains (`keel wit` prints it).
-"#
+{vendor}"#
     );
     vec![
         ("Cargo.toml", cargo),

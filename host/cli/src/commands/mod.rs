@@ -7,6 +7,7 @@ pub mod doctor;
 pub mod events;
 pub mod mcp;
 pub mod run;
+pub mod sdk;
 pub mod secret;
 pub mod serve;
 pub mod session;

@@ -105,40 +105,84 @@ fn keel_tool_new_refuses_a_bad_name_a_taken_directory_and_a_wrong_sdk() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no keel-sdk here"));
     assert!(!dir.path().join("t").exists(), "nothing is written for a refused request");
 
-    // Without --sdk the project asks the registry for this keel's SDK version.
-    let out = keel(home.path(), &["tool", "new", "reg", "--dir", &at("reg")]);
+    let out =
+        keel(home.path(), &["tool", "new", "t", "--dir", &at("t"), "--sdk-version", "latest"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a version such as 0.1"));
+    let out = keel(
+        home.path(),
+        &["tool", "new", "t", "--lang", "python", "--dir", &at("t"), "--sdk-version", "0.1"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("are for Rust projects"));
+    assert!(!dir.path().join("t").exists(), "nothing is written for a refused request");
+
+    // --sdk-version asks the registry for that version, and vendors nothing.
+    let out =
+        keel(home.path(), &["tool", "new", "reg", "--dir", &at("reg"), "--sdk-version", "0.1"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let manifest = std::fs::read_to_string(dir.path().join("reg/Cargo.toml")).unwrap();
     assert!(manifest.contains("keel-sdk = \"0.1\""), "{manifest}");
+    assert!(!dir.path().join("reg/vendor").exists());
 }
 
-/// The scaffold, built and tested with cargo outside the workspace, checked and called as a
-/// file, then installed and called by name; a write-class scaffold declares its effect.
+/// The scaffold, built and tested with cargo outside the workspace from the SDK it vendors
+/// (nothing of the checkout), checked and called as a file, then installed and called by name;
+/// a write-class scaffold (on the checkout's SDK, `--sdk`) declares its effect.
 #[test]
 fn a_new_tool_project_builds_outside_the_workspace_and_is_called_before_and_after_install() {
+    // What this test runs is the README's "Write a tool" block, command for command.
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let block = readme
+        .split("## 3. Write a tool")
+        .nth(1)
+        .and_then(|s| s.split("```sh\n").nth(1))
+        .and_then(|s| s.split("\n```").next())
+        .expect("the README's tool block");
+    assert_eq!(
+        block.lines().collect::<Vec<_>>(),
+        [
+            "keel tool new word-stats",
+            "cd word-stats",
+            "cargo test",
+            "cargo build --release --target wasm32-wasip2",
+            r#"keel tool call --wasm target/wasm32-wasip2/release/word_stats.wasm word_stats --input '{"text":"three little words"}'"#,
+            "keel tool install target/wasm32-wasip2/release/word_stats.wasm",
+        ]
+    );
     let home = tempfile::tempdir().unwrap();
     let projects = tempfile::tempdir().unwrap();
     let dir = projects.path().join("word-stats");
     let sdk = repo().join("sdk");
-    let out = keel(
-        home.path(),
-        &[
-            "tool",
-            "new",
-            "word-stats",
-            "--sdk",
-            sdk.to_str().unwrap(),
-            "--dir",
-            dir.to_str().unwrap(),
-            "--json",
-        ],
-    );
+    let out =
+        keel(home.path(), &["tool", "new", "word-stats", "--dir", dir.to_str().unwrap(), "--json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v = json_of(&out);
     assert_eq!(v["tool"], json!("word_stats"));
-    for f in ["Cargo.toml", "src/lib.rs", "README.md", "wit/tool.wit", ".gitignore"] {
+    for f in [
+        "Cargo.toml",
+        "src/lib.rs",
+        "README.md",
+        "wit/tool.wit",
+        ".gitignore",
+        "vendor/keel-sdk/Cargo.toml",
+        "vendor/keel-sdk/wit/tool.wit",
+        "vendor/keel-sdk-macros/src/lib.rs",
+    ] {
         assert!(dir.join(f).is_file(), "{f} is written");
     }
+    // The project names nothing outside itself: it builds on any machine with Rust.
+    let manifests =
+        ["Cargo.toml", "vendor/keel-sdk/Cargo.toml", "vendor/keel-sdk-macros/Cargo.toml"]
+            .map(|m| std::fs::read_to_string(dir.join(m)).unwrap());
+    for m in &manifests {
+        assert!(!m.contains(repo().to_str().unwrap()) && !m.contains("workspace = true"), "{m}");
+    }
+    assert!(
+        manifests[0].contains(r#"keel-sdk = { path = "vendor/keel-sdk" }"#),
+        "{}",
+        manifests[0]
+    );
     let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
     assert!(readme.contains("keel tool install target/wasm32-wasip2/release/word_stats.wasm"));
 
