@@ -48,6 +48,9 @@ const CORE: &[&[&str]] = &[
     &["access"],
     // What a pending approval would change on disk (the harness keeps each unit's once).
     &["change"],
+    // Putting back what a session's calls changed on disk (the journal's change sets and
+    // pre-images, through the grants).
+    &["undo"],
     &["harness"],
     &["api"],
     // The front-ends' vocabulary: re-exports of the owners' types, beside the use cases.

@@ -154,6 +154,17 @@ fn libc_nonblock() -> i32 {
 /// A unified diff from `before` to `after`, bounded: [`DIFF_TIME`] (then approximated) and
 /// [`MAX_CHANGED_LINES`] (then no diff, and the count of changed lines).
 fn bounded_diff(path: &str, before: &str, after: &str) -> (String, Option<usize>) {
+    labeled_diff(path, before, after, "now", "after the call")
+}
+
+/// [`bounded_diff`] with its two sides named (`a.txt (now)`, `a.txt (at step 3)`).
+pub fn labeled_diff(
+    path: &str,
+    before: &str,
+    after: &str,
+    before_label: &str,
+    after_label: &str,
+) -> (String, Option<usize>) {
     let diff = similar::TextDiff::configure().timeout(DIFF_TIME).diff_lines(before, after);
     let changed: usize = diff
         .ops()
@@ -167,7 +178,7 @@ fn bounded_diff(path: &str, before: &str, after: &str) -> (String, Option<usize>
     let text = diff
         .unified_diff()
         .context_radius(3)
-        .header(&format!("{path} (now)"), &format!("{path} (after the call)"))
+        .header(&format!("{path} ({before_label})"), &format!("{path} ({after_label})"))
         .to_string();
     (text, None)
 }

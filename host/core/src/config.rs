@@ -305,6 +305,59 @@ pub fn registry_limits(home: &Home) -> Result<crate::oci::Limits, ConfigError> {
         .map_err(|e| ConfigError(format!("{}: {e}", path(home).display())))
 }
 
+/// The `[undo]` table: how much of what tools change keel keeps to undo it (sizes such as
+/// `8MiB`; `0` keeps nothing).
+#[derive(serde::Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct UndoTable {
+    /// One file's pre-image, at most (default 8MiB).
+    pub max_file: Option<String>,
+    /// The pre-images of one call, at most (default 64MiB).
+    pub max_call: Option<String>,
+    /// The pre-images of one session, at most (default 512MiB).
+    pub max_session: Option<String>,
+}
+
+/// The bounds of the pre-images keel keeps, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UndoLimits {
+    pub max_file: u64,
+    pub max_call: u64,
+    pub max_session: u64,
+}
+
+impl Default for UndoLimits {
+    fn default() -> Self {
+        Self { max_file: 8 << 20, max_call: 64 << 20, max_session: 512 << 20 }
+    }
+}
+
+impl UndoTable {
+    /// The bounds these settings give, each unset one at its default.
+    pub fn limits(&self) -> Result<UndoLimits, String> {
+        let d = UndoLimits::default();
+        let size = |v: &Option<String>, d: u64, key: &str| match v {
+            Some(t) => crate::units::parse_size(t).map_err(|e| format!("[undo] {key}: {e}")),
+            None => Ok(d),
+        };
+        Ok(UndoLimits {
+            max_file: size(&self.max_file, d.max_file, "max_file")?,
+            max_call: size(&self.max_call, d.max_call, "max_call")?,
+            max_session: size(&self.max_session, d.max_session, "max_session")?,
+        })
+    }
+}
+
+/// The bounds of the pre-images keel keeps: `[undo]` in `keel.toml`, each unset one at its
+/// default.
+pub fn undo_limits(home: &Home) -> Result<UndoLimits, ConfigError> {
+    read(home)?
+        .undo
+        .unwrap_or_default()
+        .limits()
+        .map_err(|e| ConfigError(format!("{}: {e}", path(home).display())))
+}
+
 /// The whole file. Tables keel does not know are left alone (a newer keel's settings must not
 /// stop an older one); unknown keys inside known tables are refused (a typo must not pass
 /// silently).
@@ -324,6 +377,8 @@ pub struct File {
     pub telemetry: Option<TelemetryTable>,
     #[serde(default)]
     pub registry: Option<RegistryTable>,
+    #[serde(default)]
+    pub undo: Option<UndoTable>,
 }
 
 /// The settings file of `home`.

@@ -114,6 +114,7 @@ owners!(
     tls,
     tools,
     understand,
+    undo,
     units,
     views,
     workgroup,

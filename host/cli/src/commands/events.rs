@@ -275,6 +275,16 @@ pub fn render(row: &EventRow, detail: Detail) -> Option<String> {
             super::describe_model(to),
             inert(by)
         ),
+        SessionEvent::RewindStarted { to, files, by } => {
+            format!("rewind to step {to} begins: {files} path(s) (by {})", inert(by))
+        }
+        SessionEvent::Rewound { to, restored, left, not_undone, by, .. } => format!(
+            "rewound to step {to} (by {}): {} put back, {} left as they are, {} call(s) not undone",
+            inert(by),
+            restored.len(),
+            left.len(),
+            not_undone.len()
+        ),
     })
 }
 

@@ -293,6 +293,7 @@ mod front_end {
             ("doctor.rs", include_str!("doctor.rs")),
             ("chat.rs", include_str!("chat.rs")),
             ("session/set.rs", include_str!("session/set.rs")),
+            ("session/undo.rs", include_str!("session/undo.rs")),
             ("serve.rs", include_str!("serve.rs")),
             ("mod.rs", include_str!("mod.rs").split("#[cfg(test)]").next().unwrap()),
             ("main.rs", include_str!("../main.rs")),

@@ -265,7 +265,9 @@ async fn every_api_error_is_the_json_envelope() {
         (reqwest::Method::GET, "/sessions/e/events?limit=-", 400, "input"),
         (reqwest::Method::GET, "/sessions/e/evidence/not-a-step", 400, "input"),
         (reqwest::Method::GET, "/approvals?all=perhaps", 400, "input"),
-        (reqwest::Method::DELETE, "/sessions", 405, "method_not_allowed"),
+        (reqwest::Method::PUT, "/sessions", 405, "method_not_allowed"),
+        // A prune with no age: the missing query parameter is an input error, in the envelope.
+        (reqwest::Method::DELETE, "/sessions", 400, "input"),
         (reqwest::Method::GET, "/no/such/thing", 404, "not_found"),
     ];
     for (method, path, status, kind) in cases {

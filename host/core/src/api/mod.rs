@@ -23,9 +23,11 @@ mod settings;
 pub mod shown;
 mod skills;
 mod tools;
+mod undo;
 mod workgroups;
 pub use crate::caller::Caller;
 pub use crate::change::{Changes, FileChange, cut_lines};
+pub use crate::undo::{Force as RewindForce, NotUndone, PathRewind};
 pub use callers::{
     ApprovalView, BudgetRequest, GrantRequest, PolicyRequest, SessionRequest, WorkgroupRequest,
 };
@@ -39,6 +41,7 @@ pub use running::KeepRunning;
 pub use settings::{KeptSession, PRUNED_BY_DEFAULT, Pruned, SessionFilter};
 pub use skills::SkillInstallReport;
 pub use tools::{is_control_tool, shown_class};
+pub use undo::{RewindOptions, RewindReport};
 
 use crate::agent::{AgentError, Events, LoopGuards};
 use crate::assembly::ModelCallRecord;

@@ -34,7 +34,7 @@ pub use crate::grant::{Access, Grant, GrantError, GrantUnusable, Opened};
 pub use cache::{LoadSource, check_header};
 pub use control::ControlCtx;
 pub use error::{CallError, LoadError, ToolErrorKind};
-pub use fs::FsPolicy;
+pub use fs::{Captured, FsPolicy, PreImages, UndoBounds};
 pub use run::{CallReport, Invocation, RawSpec};
 pub use wasi::GRANTED_INTERFACES;
 #[cfg(any(test, feature = "internals"))]

@@ -36,6 +36,7 @@ pub(crate) fn delete_in(c: &Connection, id: &str) -> Result<(), StoreError> {
         )));
     }
     (super::reactions::get().on_delete)(c, id)?;
+    super::preimages::delete_in(c, id)?;
     for table in KERNEL_TABLES {
         c.execute(&format!("DELETE FROM {table} WHERE session_id=?1"), [id])?;
     }

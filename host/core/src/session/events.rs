@@ -245,6 +245,23 @@ pub enum SessionEvent {
     /// A person changed the session's policy (`change`: `allow fs_write_file under /out`,
     /// `ask before fs_write_file` …; `by`: who), leaving it as `policy` says (one line).
     PolicyChanged { change: String, policy: String, by: String },
+    /// A person began putting back what the session's calls after step `to` changed on disk
+    /// (`files`: how many paths; `by`: who). A rewind cut short (a crash) has no `rewound`
+    /// after it: running it again finishes it.
+    RewindStarted { to: i64, files: usize, by: String },
+    /// The rewind to step `to` ended: the paths put back as they were before the calls after
+    /// it, those left as they are (each with why: changed since, not restorable, refused by
+    /// its grant), and the calls whose effects a rewind cannot undo (outside the grants).
+    Rewound {
+        to: i64,
+        /// The session's last step when it ran: the calls up to it came before it.
+        #[serde(default)]
+        after_step: i64,
+        restored: Vec<String>,
+        left: Vec<String>,
+        not_undone: Vec<String>,
+        by: String,
+    },
     /// A client reached the session from outside (an MCP client over `transport`), as it
     /// named itself, speaking `protocol`.
     ClientConnected { client: String, version: String, protocol: String, transport: String },
@@ -314,6 +331,8 @@ impl SessionEvent {
             Self::ClientConnected { .. } => "client_connected",
             Self::ModelChanged { .. } => "model_changed",
             Self::PolicyChanged { .. } => "policy_changed",
+            Self::RewindStarted { .. } => "rewind_started",
+            Self::Rewound { .. } => "rewound",
         }
     }
 }

@@ -217,6 +217,8 @@ pub fn put_journal(
     e: &JournalEntry,
 ) -> Result<(), StoreError> {
     let digest = crate::sandbox::sha256_hex(e.input.as_bytes());
+    // The pre-images its change set refers to, in the same transaction as the row.
+    let changes = super::preimages::keep_in(c, id, e.changes.as_deref(), &e.kept)?;
     let finished = (e.status != super::JournalStatus::Intent).then(now_ms);
     // A row written again with the status it has (a step's commit writes all of its calls,
     // some already final) changes nothing a person sees: no second event.
@@ -250,7 +252,7 @@ pub fn put_journal(
         e.status,
         e.result,
         e.error_kind,
-        e.changes,
+        changes,
         e.duration_ms,
         now_ms(),
         finished,
@@ -298,5 +300,6 @@ pub fn journal_row(r: &crate::sql::Row<'_>, at: usize) -> crate::sql::Result<Jou
         approval_id: r.get(at + 12)?,
         net: r.get(at + 13)?,
         control_requests: Vec::new(),
+        kept: Default::default(),
     })
 }

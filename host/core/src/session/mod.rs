@@ -23,9 +23,12 @@ pub(crate) mod events;
 mod extensions;
 mod facts;
 pub(crate) mod lease;
+pub(crate) mod preimages;
+pub use rewind::PastRewind;
 pub mod reactions;
 mod reads;
 mod recover;
+mod rewind;
 mod row;
 mod state;
 mod steps;
@@ -146,6 +149,9 @@ pub struct JournalEntry {
     /// versions, the session's capabilities and the memories keep them).
     #[serde(default, skip)]
     pub control_requests: Vec<crate::control::ControlRequest>,
+    /// The pre-images its change set refers to, stored with the row (not a column of it).
+    #[serde(default, skip)]
+    pub kept: crate::tools::Kept,
 }
 
 /// The SessionEngine of one database.
@@ -253,6 +259,57 @@ impl SessionEngine {
     ) -> Result<crate::policy::Policy, StoreError> {
         let id = id.clone();
         self.write(id.clone(), move |c| config::change_policy_in(c, &id, &change, &by)).await
+    }
+
+    /// The journal rows after step `step`, oldest first, with their steps (what a rewind
+    /// undoes).
+    pub async fn calls_after(
+        &self,
+        id: &SessionId,
+        step: i64,
+    ) -> Result<Vec<(i64, JournalEntry)>, StoreError> {
+        let id = id.clone();
+        self.db.read(move |c| rewind::calls_after_in(c, &id, step)).await
+    }
+
+    /// The session's rewinds that ended, oldest first.
+    pub async fn rewinds(&self, id: &SessionId) -> Result<Vec<PastRewind>, StoreError> {
+        let id = id.clone();
+        self.db.read(move |c| rewind::rewinds_in(c, &id)).await
+    }
+
+    /// The bytes of pre-image `sha256` that the session holds.
+    pub async fn preimage(
+        &self,
+        id: &SessionId,
+        sha256: &str,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let (id, sha) = (id.clone(), sha256.to_string());
+        self.db.read(move |c| preimages::bytes_in(c, &id, &sha)).await
+    }
+
+    /// The step of a rewind that started and did not end, if any.
+    pub async fn open_rewind(&self, id: &SessionId) -> Result<Option<i64>, StoreError> {
+        let id = id.clone();
+        self.db.read(move |c| rewind::open_rewind_in(c, &id)).await
+    }
+
+    /// Records that `by` begins rewinding the session to step `to` (see `rewind::begin_in`).
+    pub async fn begin_rewind(
+        &self,
+        id: &SessionId,
+        to: i64,
+        files: usize,
+        by: String,
+    ) -> Result<(), StoreError> {
+        let id = id.clone();
+        self.write(id.clone(), move |c| rewind::begin_in(c, &id, to, files, &by)).await
+    }
+
+    /// Records the end of the session's rewind (a `rewound` event).
+    pub async fn end_rewind(&self, id: &SessionId, event: SessionEvent) -> Result<(), StoreError> {
+        let id = id.clone();
+        self.write(id.clone(), move |c| rewind::end_in(c, &id, &event)).await
     }
 
     /// Makes the session send one system message from now on (see

@@ -712,6 +712,19 @@ pub(super) const SHARED: &[Shared] = &[
         sql: "ALTER TABLE session_config ADD COLUMN title TEXT;",
         postgres: None,
     },
+    // What tools' changes replaced, kept to undo them: the bytes once per content, and which
+    // of them each session holds.
+    Shared {
+        version: 29,
+        sql: "CREATE TABLE file_blobs (sha256 TEXT PRIMARY KEY, bytes BLOB NOT NULL);
+    CREATE TABLE session_preimages (
+        session_id TEXT NOT NULL,
+        sha256     TEXT NOT NULL,
+        size       INTEGER NOT NULL,
+        PRIMARY KEY (session_id, sha256)
+    );",
+        postgres: None,
+    },
 ];
 
 /// SQLite's migrations, oldest first: (version, SQL).

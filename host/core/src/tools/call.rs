@@ -354,8 +354,17 @@ impl ToolService {
             remove_existing: tool.effect == Effect::Destructive,
             write_quota: req.budget.write_quota,
             max_created: req.budget.max_files_created,
+            undo: None,
         };
         let track = writes && req.grants.iter().any(|g| g.access == Access::Rw);
+        // What the call's changes replace is kept, so that a person can undo them.
+        let fs = FsPolicy {
+            undo: track.then_some(crate::sandbox::UndoBounds {
+                max_file: self.undo.max_file,
+                max_call: self.undo.max_call,
+            }),
+            ..fs
+        };
         // The walks and hashing are blocking and bounded: a small workspace is walked here,
         // a large one (or much to hash) off the async threads; both stop when the call is
         // cancelled.
@@ -411,20 +420,32 @@ impl ToolService {
                     changes::snapshot_inline(&grants, req.cancel.as_ref()).filter(|after| {
                         changes::bytes_to_hash(&before, after) <= changes::INLINE_HASH_BYTES
                     });
-                match inline {
+                let done = match inline {
                     Some(after) => {
-                        Some(changes::diff(&before, &after, &grants, req.cancel.as_ref()))
+                        Some((changes::diff(&before, &after, &grants, req.cancel.as_ref()), before))
                     }
                     None => {
                         let (g, c) = (grants.clone(), req.cancel.clone());
-                        let set = tokio::task::spawn_blocking(move || {
+                        tokio::task::spawn_blocking(move || {
                             let after = changes::snapshot(&g, c.as_ref());
-                            changes::diff(&before, &after, &g, c.as_ref())
+                            (changes::diff(&before, &after, &g, c.as_ref()), before)
                         })
-                        .await;
-                        Some(set.unwrap_or_default())
+                        .await
+                        .ok()
                     }
-                }
+                };
+                Some(match done {
+                    Some((mut set, before)) => {
+                        changes::attach_preimages(
+                            &mut set,
+                            &before,
+                            &report.fs.preimages,
+                            self.undo.max_session,
+                        );
+                        set
+                    }
+                    None => ChangeSet::default(),
+                })
             }
             // A snapshot that could not be taken: nothing can be said of the changes.
             None if track => Some(ChangeSet::default()),

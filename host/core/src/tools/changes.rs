@@ -24,6 +24,7 @@ use cap_std::fs::{Dir, OpenOptions};
 use sha2::{Digest, Sha256};
 
 use crate::grant::Opened;
+use crate::sandbox::{Captured, PreImages};
 use crate::sandbox::{Access, CancelToken};
 
 /// Entries walked per grant at most; past it the change set is marked incomplete.
@@ -52,6 +53,7 @@ struct Meta {
     mtime_ns: i128,
     ctime_ns: i64,
     ino: u64,
+    dev: u64,
 }
 
 /// A snapshot of the writable grants' metadata.
@@ -85,6 +87,20 @@ pub struct Change {
     /// Status-change time, in nanoseconds since the epoch.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ctime_ns: Option<i64>,
+    /// A modified or deleted file's content before the call, by sha256 (kept in the store: the
+    /// call can be undone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before_sha256: Option<String>,
+    /// A modified or deleted file's permission bits before the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before_mode: Option<u32>,
+    /// A modified or deleted link's target before the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before_link: Option<String>,
+    /// Why what this change replaced was not kept (over a bound, unreadable, not seen): it
+    /// cannot be undone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_restorable: Option<String>,
 }
 
 fn is_true(b: &bool) -> bool {
@@ -101,8 +117,27 @@ impl Change {
             hashed: true,
             inode: None,
             ctime_ns: None,
+            before_sha256: None,
+            before_mode: None,
+            before_link: None,
+            not_restorable: None,
         }
     }
+}
+
+/// The pre-images a change set refers to, to keep with its journal entry, and the bound of
+/// the session's pre-images they are kept within (`[undo] max_session`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Kept {
+    pub blobs: Vec<KeptBytes>,
+    pub session_bound: u64,
+}
+
+/// The bytes of a pre-image a change set refers to by `sha256`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptBytes {
+    pub sha256: String,
+    pub bytes: std::sync::Arc<Vec<u8>>,
 }
 
 /// What a call changed in its writable grants.
@@ -114,6 +149,9 @@ pub struct ChangeSet {
     /// False when a walk stopped at its bound or was cancelled; the lists may then miss
     /// changes.
     pub complete: bool,
+    /// The pre-images the changes refer to, each once, to keep with the call's journal entry.
+    #[serde(skip)]
+    pub kept: Kept,
 }
 
 impl ChangeSet {
@@ -206,14 +244,16 @@ fn walk(
             .and_then(|t| t.into_std().duration_since(std::time::UNIX_EPOCH).ok())
             .map(|d| d.as_nanos() as i128)
             .unwrap_or(0);
-        let (ino, ctime_ns) = {
+        let (ino, dev, ctime_ns) = {
             use cap_std::fs::MetadataExt;
             (
                 meta.ino(),
+                meta.dev(),
                 meta.ctime().saturating_mul(1_000_000_000).saturating_add(meta.ctime_nsec()),
             )
         };
-        snap.entries.insert(path.clone(), Meta { kind, size: meta.len(), mtime_ns, ctime_ns, ino });
+        let meta = Meta { kind, size: meta.len(), mtime_ns, ctime_ns, ino, dev };
+        snap.entries.insert(path.clone(), meta);
         if kind == Kind::Dir {
             if depth + 1 >= MAX_DEPTH {
                 snap.complete = false;
@@ -283,6 +323,42 @@ pub fn diff(
         }
     }
     set
+}
+
+/// Marks each file and link the call modified or deleted with what it replaced: the
+/// pre-image the sandbox kept of the object that was at its path when the call began
+/// (`before_sha256`, `before_mode`, `before_link`, the bytes in `kept`), or why it cannot be
+/// undone.
+pub fn attach_preimages(
+    set: &mut ChangeSet,
+    before: &Snapshot,
+    images: &PreImages,
+    session_bound: u64,
+) {
+    let mut kept: Vec<KeptBytes> = Vec::new();
+    for c in set.modified.iter_mut().chain(set.deleted.iter_mut()) {
+        if !matches!(c.kind, "file" | "symlink") {
+            continue;
+        }
+        let Some(m) = before.entries.get(&c.path) else { continue };
+        match images.of(m.dev, m.ino) {
+            Some(Captured::File { bytes, mode }) => {
+                let sha = hex::encode(Sha256::digest(bytes.as_slice()));
+                if !kept.iter().any(|k| k.sha256 == sha) {
+                    kept.push(KeptBytes { sha256: sha.clone(), bytes: bytes.clone() });
+                }
+                c.before_sha256 = Some(sha);
+                c.before_mode = Some(*mode);
+            }
+            Some(Captured::Link { target }) => c.before_link = Some(target.clone()),
+            Some(Captured::NotKept { reason }) => c.not_restorable = Some(reason.clone()),
+            None => {
+                c.not_restorable =
+                    Some("nothing was kept of it: the change was not seen as it was made".into())
+            }
+        }
+    }
+    set.kept = Kept { blobs: kept, session_bound };
 }
 
 /// sha256 of the regular file at guest `path`, opened inside its grant without following

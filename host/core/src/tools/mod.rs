@@ -36,7 +36,7 @@ pub use call::{CallOutcome, CallRequest};
 pub use catalog::{
     ComponentRecord, ToolRecord, ToolRef, ToolSetRef, recall_in, tool as tool_in, toolset_in,
 };
-pub use changes::ChangeSet;
+pub use changes::{ChangeSet, Kept};
 pub use error::ToolServiceError;
 pub use install::{
     FileInspection, InstallMode, InstallReport, Origin, now as install_time, };
@@ -65,6 +65,8 @@ pub struct ToolService {
     control_trusted: std::collections::BTreeSet<String>,
     /// This process's connections to external MCP servers.
     mcp: Arc<crate::tools::mcp::client::Pool>,
+    /// How much of what calls change is kept to undo them (`[undo]` in keel.toml).
+    undo: crate::config::UndoLimits,
 }
 
 /// The host tools registered in this process, and a generation that grows with each change
@@ -86,6 +88,7 @@ impl ToolService {
         let location = crate::config::store_location(&home)?;
         let conn = store::connect(&location)?;
         let sandbox = Arc::new(Sandbox::new(&home.cache_dir(), limits)?);
+        let undo = crate::config::undo_limits(&home)?;
         let admin = crate::config::read(&home)?.tools.unwrap_or_default().control_trusted;
         let builtin: Vec<(&str, &[u8], String)> = crate::builtin::BUILTIN_COMPONENTS
             .iter()
@@ -108,6 +111,7 @@ impl ToolService {
             hosts: Mutex::default(),
             control_trusted,
             mcp: Arc::default(),
+            undo,
         };
         for (name, bytes, digest) in builtin {
             let current = catalog::component(&service.db(), name)?;

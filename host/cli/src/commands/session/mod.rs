@@ -12,6 +12,7 @@ use serde_json::json;
 mod set;
 mod show;
 mod tidy;
+mod undo;
 
 pub use tidy::title as session_title;
 
@@ -63,6 +64,11 @@ pub enum SessionCommand {
     /// good (everywhere, or TOOL=PREFIX for calls under a guest path), --ask before it again
     /// (the undo), --deny it. Each change is a `policy_changed` event with who made it.
     Policy(set::PolicyArgs),
+    /// Put back what the session's calls after a step changed inside its grants: each file as
+    /// it was (from the pre-image kept when a tool changed it), what they made removed. A path
+    /// changed since the session's last call is a conflict, left alone unless forced;
+    /// --dry-run shows the diffs. Effects outside the grants are listed as not undone.
+    Rewind(undo::RewindArgs),
     /// Unload a tool or skill from a session — the only way a capability leaves one (the
     /// Orchestrator, skills_load and tools_select only add). The control and discovery tools
     /// stay.
@@ -188,6 +194,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::Unload(a) => a.json,
         SessionCommand::Set(a) => a.json,
         SessionCommand::Policy(a) => a.json,
+        SessionCommand::Rewind(a) => a.json,
         SessionCommand::Evidence(_) => false,
     };
     let (_, h) = match open_harness(&home).await {
@@ -199,6 +206,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::Compact(a) => compact(&h, &a).await,
         SessionCommand::Set(a) => set::execute(&h, a).await,
         SessionCommand::Policy(a) => set::policy(&h, a).await,
+        SessionCommand::Rewind(a) => undo::rewind(&h, a).await,
         SessionCommand::Unload(a) => {
             use keel::protocol::sessions::CapabilityKind as Kind;
             let (kind, name) = match (&a.what.tool, &a.what.skill) {

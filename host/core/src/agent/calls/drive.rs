@@ -291,7 +291,13 @@ pub(super) async fn run_raw(
         span.record("gen_ai.tool.call.result", crate::metrics::captured(result.content.as_bytes()));
     }
     let net = outcome.as_ref().ok().and_then(|o| net_records(&o.report.net));
-    (Outcome { result, changes, ms, control, net }, outcome)
+    let kept = outcome
+        .as_ref()
+        .ok()
+        .and_then(|o| o.changes.as_ref())
+        .map(|c| c.kept.clone())
+        .unwrap_or_default();
+    (Outcome { result, changes, ms, control, net, kept }, outcome)
 }
 
 /// The journal's JSON of a call's request records (`None`: it sent none).

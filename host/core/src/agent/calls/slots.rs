@@ -21,6 +21,8 @@ pub(super) struct Outcome {
     pub(super) control: Vec<crate::control::ControlRequest>,
     /// The call's HTTP request records (JSON), if it sent any.
     pub(super) net: Option<String>,
+    /// The pre-images its changes refer to, kept with its journal entry.
+    pub(super) kept: crate::tools::Kept,
 }
 
 /// One call of a step and how far it got.
@@ -63,6 +65,7 @@ impl Slot {
             approval_id: self.approval_id.clone(),
             net: o.net,
             control_requests: o.control,
+            kept: o.kept,
         }
     }
 

@@ -36,9 +36,11 @@ use wasmtime_wasi::p2::bindings::filesystem::types::{
 use wasmtime_wasi::p2::{DynOutputStream, FsError, FsResult};
 
 mod meter;
+mod preimage;
 mod reach;
 
 use meter::{Meter, MeteredStream};
+pub use preimage::{Captured, PreImages, UndoBounds};
 
 use super::descriptors::Descriptors;
 use crate::home::Boundary;
@@ -58,12 +60,14 @@ pub struct FsPolicy {
     pub write_quota: u64,
     /// Files, directories and links the call may create.
     pub max_created: u64,
+    /// Keep the pre-image of what the call changes, within these bounds (`None`: keep none).
+    pub undo: Option<UndoBounds>,
 }
 
 impl FsPolicy {
     /// Nothing may change (a call with no grants, or `describe`).
     pub fn read_only() -> Self {
-        Self { read_only: true, remove_existing: false, write_quota: 0, max_created: 0 }
+        Self { read_only: true, remove_existing: false, write_quota: 0, max_created: 0, undo: None }
     }
 }
 
@@ -84,6 +88,9 @@ pub struct FsReport {
     pub write_quota_exceeded: bool,
     /// A creation was refused because the call created as many objects as it may.
     pub create_limit_exceeded: bool,
+    /// What the call's changes replaced (kept only where the policy asks for it).
+    #[serde(skip)]
+    pub preimages: PreImages,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -117,6 +124,8 @@ pub struct FsGuard {
     /// Per open guest descriptor (its resource's index): the grant it lies in, and the
     /// descriptor it holds of the process's share (a preopen's is the call's).
     held: HashMap<u32, (Option<usize>, Option<tokio::sync::OwnedSemaphorePermit>)>,
+    /// What the call's changes replaced so far.
+    preimages: PreImages,
 }
 
 impl FsGuard {
@@ -135,6 +144,7 @@ impl FsGuard {
             grants: reach.grants,
             descriptors: reach.descriptors,
             held: HashMap::new(),
+            preimages: PreImages::default(),
         }
     }
 
@@ -149,6 +159,7 @@ impl FsGuard {
             bytes_written: self.meter.charged.load(Ordering::Relaxed),
             files_created: self.created_count,
             write_quota_exceeded: self.meter.exceeded.load(Ordering::Relaxed),
+            preimages: self.preimages.clone(),
             ..self.report.clone()
         }
     }
@@ -538,6 +549,9 @@ impl HostDescriptor for GuardedFs<'_> {
         let follow = path_flags.contains(PathFlags::SYMLINK_FOLLOW);
         let write = flags.contains(DescriptorFlags::WRITE) || oflags.contains(OpenFlags::TRUNCATE);
         self.check_path("open", &fd, &path, follow, Some(write)).await?;
+        if write {
+            self.take_preimage(&fd, &path, follow).await?;
+        }
         // One of the process's descriptors for tools, held while the guest keeps it open.
         let permit = match self.guard.descriptors.try_take(1) {
             Ok(p) => p,
@@ -604,6 +618,9 @@ impl HostDescriptor for GuardedFs<'_> {
                 ));
             }
         }
+        // Both names change: the object renamed away, and the one it replaces.
+        self.take_preimage(&fd, &old_path, false).await?;
+        self.take_preimage(&new_fd, &new_path, false).await?;
         HostDescriptor::rename_at(&mut self.fs, fd, old_path, new_fd, new_path).await
     }
 
@@ -627,6 +644,7 @@ impl HostDescriptor for GuardedFs<'_> {
     async fn unlink_file_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<()> {
         self.check_path("unlink", &fd, &path, false, None).await?;
         self.check_removal("unlink", &fd, &path).await?;
+        self.take_preimage(&fd, &path, false).await?;
         HostDescriptor::unlink_file_at(&mut self.fs, fd, path).await
     }
 

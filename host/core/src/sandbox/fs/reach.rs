@@ -67,7 +67,7 @@ fn split(path: &str) -> (Option<&str>, &str) {
 impl GuardedFs<'_> {
     /// The host directory behind a guest descriptor (`None`: a file; the operation fails on its
     /// own).
-    fn host_dir(&mut self, fd: &Resource<Descriptor>) -> FsResult<Option<Dir>> {
+    pub(super) fn host_dir(&mut self, fd: &Resource<Descriptor>) -> FsResult<Option<Dir>> {
         match self.fs.table.get(fd)? {
             Descriptor::Dir(d) => {
                 let dup = d.dir.try_clone().map_err(|_| ErrorCode::Busy)?;
@@ -205,7 +205,7 @@ impl GuardedFs<'_> {
 /// Resolves `path` below `base` to the directory holding its last component and that
 /// component's name, following links inside as wasmtime-wasi does (a final one only when
 /// `follow`). `None` when it does not resolve.
-fn resolve(base: &Dir, path: &str, follow: bool) -> Option<(Dir, String)> {
+pub(super) fn resolve(base: &Dir, path: &str, follow: bool) -> Option<(Dir, String)> {
     let mut path = path.to_string();
     for _ in 0..MAX_LINKS {
         let (parent, name) = split(&path);

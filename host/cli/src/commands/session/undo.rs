@@ -1,0 +1,102 @@
+//! `keel session rewind ID --to STEP`: put back what a session's calls after a step changed
+//! on disk.
+
+use std::process::ExitCode;
+
+use clap::Args;
+use keel::api::{Caller, RewindForce, RewindOptions, RewindReport};
+use keel::protocol::setup::Harness;
+use serde_json::json;
+
+use super::super::{api_fail, inert, inert_block};
+
+#[derive(Args)]
+pub struct RewindArgs {
+    /// Session id.
+    id: String,
+    /// The step to go back to: files as they were after its calls (0: before the session's
+    /// first call). `keel session show ID` lists the steps.
+    #[arg(long, value_name = "STEP")]
+    to: i64,
+    /// Only say what would change, with a diff of each file to put back; write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Put back the paths changed since the session's last call too (conflicts), all of them
+    /// or, with --force-path, those named.
+    #[arg(long, conflicts_with = "force_path")]
+    force: bool,
+    /// Put back this path although it changed since the session's last call (a guest path,
+    /// as listed; repeatable).
+    #[arg(long, value_name = "PATH")]
+    force_path: Vec<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn rewind(h: &Harness, a: RewindArgs) -> ExitCode {
+    let force = match (a.force, a.force_path.is_empty()) {
+        (true, _) => RewindForce::All,
+        (false, false) => RewindForce::Paths(a.force_path.clone()),
+        (false, true) => RewindForce::None,
+    };
+    let opts = RewindOptions { dry_run: a.dry_run, force };
+    let report = match h.rewind(&Caller::Operator, &a.id, a.to, opts).await {
+        Ok(r) => r,
+        Err(e) => return api_fail(a.json, &e),
+    };
+    let left = report.left().count();
+    if a.json {
+        println!("{}", json!({"ok": left == 0, "rewind": report}));
+    } else {
+        print(&report);
+    }
+    if left == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) }
+}
+
+fn print(r: &RewindReport) {
+    let what = if r.dry_run { " (dry run: nothing was written)" } else { "" };
+    let resumed = if r.resumed { ", finishing the one cut short" } else { "" };
+    println!("session {}: rewind to step {}{resumed}{what}", r.session_id, r.to);
+    if r.paths.is_empty() {
+        println!("  nothing on disk changed after step {}", r.to);
+    }
+    for p in &r.paths {
+        let verb = match (p.outcome, p.action) {
+            ("done", "restore") => "restored",
+            ("done", "remove" | "remove_dir") => "removed",
+            ("done", "recreate") => "recreated",
+            ("would", "restore") => "would restore",
+            ("would", "remove" | "remove_dir") => "would remove",
+            ("would", _) => "would recreate",
+            ("already", _) => "already as it was",
+            ("conflict", _) => "conflict",
+            ("not_restorable", _) => "not restorable",
+            ("refused", _) => "refused",
+            _ => "failed",
+        };
+        let why = p.reason.as_deref().map(|r| format!(": {}", inert(r))).unwrap_or_default();
+        let forced = if p.forced { " (forced)" } else { "" };
+        println!("  {verb:<18} {}{forced}{why}", inert(&p.path));
+        if let Some(d) = &p.diff {
+            for line in inert_block(d).lines() {
+                println!("      {line}");
+            }
+        }
+    }
+    for n in &r.not_undone {
+        println!(
+            "  not undone         step {} {} ({}): {}",
+            n.step,
+            inert(&n.tool),
+            n.call_id,
+            inert(&n.why)
+        );
+    }
+    let left = r.left().count();
+    if left > 0 {
+        println!(
+            "{left} path(s) left as they are; --force-path PATH (or --force) puts back one that changed since"
+        );
+    }
+}
