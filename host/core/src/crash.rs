@@ -13,7 +13,8 @@
 //! Points: `before_intent`, `after_intent`, `after_effect`, `after_result`, `after_decision`,
 //! `after_understanding_call`, `after_recall`, `after_orchestration_call`, `after_summary_call`,
 //! `after_checkpoint`, `after_promotion`, `mid_migration`; in a workgroup, `after_spawn`,
-//! `after_child_answer`, `before_parent_consumes`.
+//! `after_child_answer`, `before_parent_consumes`; `mid_rewind` (after each path a rewind
+//! puts back).
 
 /// Passes the crash point `name`.
 #[cfg(feature = "crash-points")]

@@ -216,6 +216,10 @@ pub struct Timeline {
     pub id: String,
     /// The title a person gave it (`keel session title`), if any.
     pub title: Option<String>,
+    /// The step of a rewind that was cut short (a crash), if any: running it again finishes
+    /// it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unfinished_rewind: Option<i64>,
     pub state: RuntimeState,
     pub state_detail: Option<String>,
     pub session_goal: Option<String>,
@@ -311,6 +315,7 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
     Ok(Timeline {
         id: id.to_string(),
         title,
+        unfinished_rewind: crate::session::open_rewind_in(c, id)?,
         state: meta.runtime.state,
         state_detail: meta.runtime.state_detail,
         session_goal: meta.task.session_goal,

@@ -25,6 +25,7 @@ mod signing;
 mod skills;
 mod telemetry;
 mod terminal;
+mod undo;
 mod workgroup;
 
 fn keel(home: &Path, args: &[&str]) -> Output {

@@ -25,6 +25,7 @@ mod facts;
 pub(crate) mod lease;
 pub(crate) mod preimages;
 pub use rewind::PastRewind;
+pub(crate) use rewind::open_rewind_in;
 pub mod reactions;
 mod reads;
 mod recover;

@@ -53,7 +53,7 @@ pub(super) fn rewinds_in(c: &Connection, id: &str) -> Result<Vec<PastRewind>, St
 }
 
 /// The step of session `id`'s rewind that started and did not end, if any.
-pub(super) fn open_rewind_in(c: &Connection, id: &str) -> Result<Option<i64>, StoreError> {
+pub(crate) fn open_rewind_in(c: &Connection, id: &str) -> Result<Option<i64>, StoreError> {
     let last: Option<(String, String)> = c
         .prepare_cached(
             "SELECT kind, body FROM session_events

@@ -293,6 +293,20 @@ pub fn apply(items: &mut [PathRewind], grants: &[Opened], blobs: &HashMap<String
                 item.reason = Some(e);
             }
         }
+        crate::crash::point("mid_rewind");
+    }
+}
+
+/// Removes what a rewind cut short may have left beside `name`: its half-written copies.
+fn remove_stale(holder: &Dir, name: &str) {
+    let prefix = format!(".{name}.keel-rewind-");
+    let Ok(entries) = holder.entries() else { return };
+    for entry in entries.flatten() {
+        if let Some(n) = entry.file_name().to_str()
+            && n.starts_with(&prefix)
+        {
+            let _ = holder.remove_file(n);
+        }
     }
 }
 
@@ -333,6 +347,7 @@ fn put_back(
             Err(e) => return Err(io("its directory could not be opened", e)),
         }
     };
+    remove_stale(&holder, name);
     match was {
         Was::Absent => match holder.symlink_metadata(name) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

@@ -257,6 +257,12 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                     if let Some(title) = &t.title {
                         println!("title   {}", inert(title));
                     }
+                    if let Some(to) = t.unfinished_rewind {
+                        println!(
+                            "rewind  to step {to} was cut short: `keel session rewind {} --to {to}` finishes it",
+                            t.id
+                        );
+                    }
                     println!("goal    {}", inert(t.session_goal.as_deref().unwrap_or("-")));
                     println!(
                         "phase   {}",

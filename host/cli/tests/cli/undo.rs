@@ -1,0 +1,228 @@
+//! Undo through the binary: a session writes, creates, deletes and edits files in its grant;
+//! `keel session rewind` puts them back as they were at each step (compared by digest), says
+//! what it would do with diffs in a dry run, leaves a file edited outside keel alone unless
+//! forced, and lists what it cannot undo.
+
+use std::path::Path;
+
+use keel_tests::mock_model::{MockModel, Reply};
+use serde_json::{Value, json};
+
+use super::{json_of, keel};
+
+fn sha(path: &Path) -> Option<String> {
+    std::fs::read(path).ok().map(|b| keel::digest::sha256_hex(&b))
+}
+
+fn write(path: &str, content: &str) -> String {
+    json!({"path": path, "content": content}).to_string()
+}
+
+fn rewind(home: &Path, id: &str, to: i64, extra: &[&str]) -> (Option<i32>, Value) {
+    let to = to.to_string();
+    let mut args = vec!["session", "rewind", id, "--to", &to, "--json"];
+    args.extend(extra);
+    let out = keel(home, &args);
+    (out.status.code(), json_of(&out))
+}
+
+fn outcome<'a>(v: &'a Value, path: &str) -> &'a str {
+    v["rewind"]["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["path"] == path)
+        .and_then(|p| p["outcome"].as_str())
+        .unwrap_or_else(|| panic!("{path} is not in {v}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewind_puts_files_back_as_they_were_at_each_step() {
+    let model = MockModel::start(vec![
+        Reply::calls(&[("c1", "fs_write_file", &write("/w/a.txt", "two\n"))]),
+        Reply::calls(&[("c2", "fs_write_file", &write("/w/new/c.txt", "sea\n"))]),
+        Reply::calls(&[("c3", "fs_delete_files", &json!({"paths": ["/w/b.txt"]}).to_string())]),
+        Reply::calls(&[("c4", "fs_write_file", &write("/w/a.txt", "three\n"))]),
+        Reply::text("done"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    std::fs::write(w.join("a.txt"), "one\n").unwrap();
+    std::fs::write(w.join("b.txt"), "bee\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(w.join("b.txt"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let grant = format!("{}=/w:rw", w.display());
+    let url = model.url();
+    let out = keel(
+        home.path(),
+        &[
+            "run",
+            "tidy the notes",
+            "--new-session",
+            "u",
+            "--model-url",
+            &url,
+            "--model",
+            "m",
+            "--grant",
+            &grant,
+            "--allow",
+            "fs_delete_files",
+            "--json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // What each step left, for the digests a rewind must give back.
+    let one = keel::digest::sha256_hex(b"one\n");
+    let two = keel::digest::sha256_hex(b"two\n");
+    let bee = keel::digest::sha256_hex(b"bee\n");
+    assert_eq!(std::fs::read_to_string(w.join("a.txt")).unwrap(), "three\n");
+    assert!(!w.join("b.txt").exists() && w.join("new/c.txt").exists());
+    // The journal says what each change replaced.
+    let calls = json_of(&keel(home.path(), &["session", "show", "u", "--json"]));
+    let changes: Vec<Value> = calls["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["changes"].as_str().map(|t| serde_json::from_str(t).unwrap()))
+        .collect();
+    assert_eq!(changes[0]["modified"][0]["before_sha256"], one.as_str(), "{changes:?}");
+    assert_eq!(changes[2]["deleted"][0]["before_sha256"], bee.as_str(), "{changes:?}");
+    assert_eq!(changes[2]["deleted"][0]["before_mode"], 0o600);
+
+    // A dry run says what would change, with the diff, and writes nothing.
+    let (code, v) = rewind(home.path(), "u", 3, &["--dry-run"]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(outcome(&v, "/w/a.txt"), "would");
+    let diff = v["rewind"]["paths"][0]["diff"].as_str().unwrap();
+    assert!(diff.contains("-three") && diff.contains("+two"), "{diff}");
+    assert_eq!(std::fs::read_to_string(w.join("a.txt")).unwrap(), "three\n");
+
+    // To step 3: the last edit is undone.
+    let (code, v) = rewind(home.path(), "u", 3, &[]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(sha(&w.join("a.txt")), Some(two.clone()));
+    // To step 2: the deleted file is back, with its mode.
+    let (code, v) = rewind(home.path(), "u", 2, &[]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(outcome(&v, "/w/b.txt"), "done");
+    assert_eq!(sha(&w.join("b.txt")), Some(bee.clone()));
+    let mode = std::fs::metadata(w.join("b.txt")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert_eq!(sha(&w.join("a.txt")), Some(two.clone()), "a.txt as it was at step 2");
+
+    // Someone edits c.txt outside keel: rewinding to step 0 leaves it, a conflict (exit 1);
+    // the rest goes back.
+    std::fs::write(w.join("new/c.txt"), "mine\n").unwrap();
+    let (code, v) = rewind(home.path(), "u", 0, &[]);
+    assert_eq!(code, Some(1), "{v}");
+    assert_eq!(outcome(&v, "/w/new/c.txt"), "conflict");
+    assert_eq!(std::fs::read_to_string(w.join("new/c.txt")).unwrap(), "mine\n");
+    assert_eq!(sha(&w.join("a.txt")), Some(one.clone()));
+    assert_eq!(outcome(&v, "/w/b.txt"), "already");
+    // Forced, it is removed too; then everything is as it was before the first call.
+    let (code, v) = rewind(home.path(), "u", 0, &["--force-path", "/w/new/c.txt"]);
+    assert_eq!(code, Some(0), "{v}");
+    assert!(!w.join("new/c.txt").exists());
+    let mut names: Vec<String> = std::fs::read_dir(w)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a.txt", "b.txt"], "the directory the session made is gone too");
+
+    // Each rewind is recorded with who made it.
+    let events = keel(home.path(), &["session", "events", "u"]);
+    let text = String::from_utf8_lossy(&events.stdout);
+    assert_eq!(text.matches("rewind to step").count(), 4, "{text}");
+    assert!(text.contains("rewound to step 0"), "{text}");
+    // A step past the last, or a session that does not exist: clear refusals.
+    let (code, v) = rewind(home.path(), "u", 99, &[]);
+    assert_eq!(code, Some(2), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("past its last"), "{v}");
+    let (code, _) = rewind(home.path(), "nope", 0, &[]);
+    assert_eq!(code, Some(2));
+}
+
+/// A rewind killed after its first file leaves each file as it was or as it is (no
+/// half-written file), `session show` says it was cut short, a rewind to another step is
+/// refused until it is finished, and running it again finishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewind_killed_midway_leaves_whole_files_and_finishes_when_run_again() {
+    let model = MockModel::start(vec![
+        Reply::calls(&[
+            ("c1", "fs_write_file", &write("/w/a.txt", "A2\n")),
+            ("c2", "fs_write_file", &write("/w/b.txt", "B2\n")),
+            ("c3", "fs_write_file", &write("/w/c.txt", "C2\n")),
+        ]),
+        Reply::text("done"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    for n in ["a", "b", "c"] {
+        std::fs::write(w.join(format!("{n}.txt")), format!("{}1\n", n.to_uppercase())).unwrap();
+    }
+    let grant = format!("{}=/w:rw", w.display());
+    let url = model.url();
+    let out = keel(
+        home.path(),
+        &[
+            "run",
+            "edit",
+            "--new-session",
+            "k",
+            "--model-url",
+            &url,
+            "--model",
+            "m",
+            "--grant",
+            &grant,
+            "--json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let killed = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--home")
+        .arg(home.path())
+        .args(["session", "rewind", "k", "--to", "0"])
+        .env("KEEL_CRASH_AT", "mid_rewind:1")
+        .output()
+        .unwrap();
+    assert_eq!(killed.status.code(), None, "killed by the crash point: {killed:?}");
+    let mut restored = 0;
+    for n in ["a", "b", "c"] {
+        let text = std::fs::read_to_string(w.join(format!("{n}.txt"))).unwrap();
+        let up = n.to_uppercase();
+        assert!(text == format!("{up}1\n") || text == format!("{up}2\n"), "{n}: {text:?}");
+        restored += usize::from(text == format!("{up}1\n"));
+    }
+    assert_eq!(restored, 1, "one file was put back before the kill");
+    let show = keel(home.path(), &["session", "show", "k"]);
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(text.contains("rewind  to step 0 was cut short"), "{text}");
+    let (code, v) = rewind(home.path(), "k", 1, &[]);
+    assert_eq!(code, Some(2), "another step waits for the first: {v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("was cut short"), "{v}");
+    let (code, v) = rewind(home.path(), "k", 0, &[]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["rewind"]["resumed"], true);
+    for n in ["a", "b", "c"] {
+        let up = n.to_uppercase();
+        assert_eq!(
+            std::fs::read_to_string(w.join(format!("{n}.txt"))).unwrap(),
+            format!("{up}1\n")
+        );
+    }
+    let stray: Vec<String> = std::fs::read_dir(w)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.contains("keel-rewind"))
+        .collect();
+    assert!(stray.is_empty(), "{stray:?}");
+    let show = keel(home.path(), &["session", "show", "k"]);
+    assert!(!String::from_utf8_lossy(&show.stdout).contains("cut short"));
+}
