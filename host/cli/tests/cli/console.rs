@@ -517,3 +517,58 @@ async fn browser_console_admin_starts_with_grants_changes_settings_finds_deletes
     d.close().await.unwrap();
     b.close().await.unwrap();
 }
+
+/// Undo from the console: a call's "Rewind files to before step N" shows what would change
+/// (the diff), and the button puts the file back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "browser tier: needs Debian's chromium and chromium-driver"]
+async fn browser_console_rewinds_a_sessions_files_from_a_step() {
+    let model = MockModel::start(vec![
+        Reply::calls(&[(
+            "c1",
+            "fs_write_file",
+            &json!({"path": "/work/plan.md", "content": "# plan\nship it\n"}).to_string(),
+        )]),
+        Reply::text("The plan is written."),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let roots = tempfile::tempdir().unwrap();
+    let project = roots.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("plan.md"), "# plan\nwait\n").unwrap();
+    let s = Server::start(home.path(), &model.url(), &[roots.path()]);
+    let c = client();
+    let grant = json!([{"host": project.display().to_string(), "guest": "/work", "access": "rw"}]);
+    let (status, v) = post(
+        &c,
+        &s.api("/sessions"),
+        &s.admin,
+        json!({"input": "Write the plan", "grants": grant, "id": "undo"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{v}");
+    super::serve::wait_for(&c, &s, "undo", "idle", |v| v["state"] == "idle").await;
+    let driver = Driver::start();
+    let b = driver.browser().await;
+    log_in(&b, &s.base, &s.admin).await;
+    b.goto(&format!("{}/sessions/undo", s.base)).await.unwrap();
+    until(&b, "the rewind link", "document.querySelector('a.rewind-link')").await;
+    assert_eq!(text_of(&b, "a.rewind-link").await, "Rewind files to before step 1…");
+    click(&b, "a.rewind-link").await;
+    until(&b, "the preview", "document.getElementById('rewind-form')").await;
+    let row = text_of(&b, "tr[data-path='/work/plan.md']").await;
+    assert!(row.contains("restore") && row.contains("would"), "{row}");
+    assert_eq!(text_of(&b, "tr[data-path='/work/plan.md'] pre.diff .del").await, "-ship it");
+    assert_eq!(text_of(&b, "tr[data-path='/work/plan.md'] pre.diff .add").await, "+wait");
+    shot(&b, "rewind-preview").await;
+    assert_eq!(std::fs::read_to_string(project.join("plan.md")).unwrap(), "# plan\nship it\n");
+    click(&b, "#rewind-go").await;
+    b.accept_alert().await.unwrap();
+    until(&b, "the result", "document.getElementById('rewind-done')").await;
+    let row = text_of(&b, "tr[data-path='/work/plan.md']").await;
+    assert!(row.contains("done"), "{row}");
+    assert_eq!(std::fs::read_to_string(project.join("plan.md")).unwrap(), "# plan\nwait\n");
+    shot(&b, "rewind-done").await;
+    b.close().await.unwrap();
+}

@@ -226,3 +226,57 @@ async fn a_rewind_killed_midway_leaves_whole_files_and_finishes_when_run_again()
     let show = keel(home.path(), &["session", "show", "k"]);
     assert!(!String::from_utf8_lossy(&show.stdout).contains("cut short"));
 }
+
+/// Over the API: an admin previews and rewinds; another user's token is told the session
+/// does not exist, and a user who may not decide its approvals may not rewind their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewind_over_the_api_is_for_those_who_may_decide() {
+    use super::serve::{Server, client, post, token, wait_for};
+    let model = MockModel::start(vec![
+        Reply::calls(&[("c1", "fs_write_file", &write("/w/notes.md", "# new\n"))]),
+        Reply::text("written"),
+        Reply::text("hello"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let roots = tempfile::tempdir().unwrap();
+    let project = roots.path().join("p");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("notes.md"), "# old\n").unwrap();
+    let s = Server::start(home.path(), &model.url(), &[roots.path()]);
+    let c = client();
+    let grant = json!([{"host": project.display().to_string(), "guest": "/w", "access": "rw"}]);
+    let (status, v) = post(
+        &c,
+        &s.api("/sessions"),
+        &s.admin,
+        json!({"input": "rewrite the notes", "grants": grant, "id": "api"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{v}");
+    wait_for(&c, &s, "api", "idle", |v| v["state"] == "idle").await;
+    assert_eq!(std::fs::read_to_string(project.join("notes.md")).unwrap(), "# new\n");
+    let url = s.api("/sessions/api/rewind");
+    // Another user: no such session.
+    let eve = token(home.path(), "eve", "user");
+    let (status, _) = post(&c, &url, &eve, json!({"to": 0})).await;
+    assert_eq!(status, 404);
+    // A user's own session, with no preset letting them decide: refused.
+    let (status, v) =
+        post(&c, &s.api("/sessions"), &eve, json!({"input": "hi", "id": "eves"})).await;
+    assert_eq!(status, 202, "{v}");
+    wait_for(&c, &s, "eves", "idle", |v| v["state"] == "idle").await;
+    let (status, v) = post(&c, &s.api("/sessions/eves/rewind"), &eve, json!({"to": 0})).await;
+    assert_eq!(status, 403, "{v}");
+    // The admin: a preview writes nothing, the rewind puts the file back.
+    let (status, v) = post(&c, &url, &s.admin, json!({"to": 0, "dry_run": true})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["rewind"]["paths"][0]["outcome"], "would", "{v}");
+    assert!(v["rewind"]["paths"][0]["diff"].as_str().unwrap().contains("+# old"), "{v}");
+    assert_eq!(std::fs::read_to_string(project.join("notes.md")).unwrap(), "# new\n");
+    let (status, v) = post(&c, &url, &s.admin, json!({"to": 0})).await;
+    assert_eq!((status, v["ok"].as_bool()), (reqwest::StatusCode::OK, Some(true)), "{v}");
+    assert_eq!(std::fs::read_to_string(project.join("notes.md")).unwrap(), "# old\n");
+    let (status, v) = post(&c, &url, &s.admin, json!({"to": "zero"})).await;
+    assert_eq!(status, 400, "{v}");
+}

@@ -37,6 +37,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("tool.html", include_str!("templates/tool.html")),
     ("files.html", include_str!("templates/files.html")),
     ("tokens.html", include_str!("templates/tokens.html")),
+    ("rewind.html", include_str!("templates/rewind.html")),
     ("error.html", include_str!("templates/error.html")),
 ];
 
@@ -79,6 +80,7 @@ pub fn routes(app: Arc<App>) -> Router {
         .route("/sessions/{id}/title", post(set_title))
         .route("/sessions/{id}/policy", post(change_policy))
         .route("/sessions/{id}/model", post(change_model))
+        .route("/sessions/{id}/rewind", get(rewind_page).post(rewind))
         .route("/tokens", get(tokens_page).post(add_token))
         .route("/tokens/{name}/revoke", post(revoke_token))
         .route("/approvals", get(approvals_page))
@@ -419,6 +421,82 @@ async fn change_model(
         };
         app.harness.set_session_model(&v.who(), &id, change).await?;
         Ok(back_to(&id))
+    }
+    .await;
+    or_error(&app, r)
+}
+
+#[derive(Deserialize)]
+struct RewindQuery {
+    to: i64,
+}
+
+/// A rewind's report as the page shows it: each diff as lines with a class.
+fn rewind_view(report: &keel::api::RewindReport) -> Value {
+    let mut v = json!(report);
+    for p in v["paths"].as_array_mut().into_iter().flatten() {
+        if let Some(diff) = p["diff"].as_str() {
+            let lines: Vec<Value> = diff
+                .lines()
+                .map(|l| {
+                    let class = match l.chars().next() {
+                        Some('+') if !l.starts_with("+++") => "add",
+                        Some('-') if !l.starts_with("---") => "del",
+                        Some('@') => "hunk",
+                        _ => "ctx",
+                    };
+                    json!({"text": l, "class": class})
+                })
+                .collect();
+            p["diff_lines"] = json!(lines);
+        }
+    }
+    v
+}
+
+/// What a rewind to a step would do (a dry run: nothing is written), with the button that
+/// does it.
+async fn rewind_page(
+    State(app): Shared,
+    Viewer(v): Viewer,
+    Path(id): Path<String>,
+    Query(q): Query<RewindQuery>,
+) -> Response {
+    let r = async {
+        let opts = keel::api::RewindOptions { dry_run: true, ..Default::default() };
+        let report = app.harness.rewind(&v.who(), &id, q.to, opts).await?;
+        Ok(page(&app, &v, "rewind.html", json!({"id": id, "r": rewind_view(&report)})))
+    }
+    .await;
+    or_error(&app, r)
+}
+
+#[derive(Deserialize)]
+struct RewindForm {
+    #[serde(default)]
+    csrf: String,
+    to: i64,
+    #[serde(default)]
+    force: String,
+}
+
+async fn rewind(
+    State(app): Shared,
+    Viewer(v): Viewer,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Form(f): Form<RewindForm>,
+) -> Response {
+    let r = async {
+        auth::check_form(&headers, &v, &f.csrf)?;
+        let force = if f.force == "on" {
+            keel::api::RewindForce::All
+        } else {
+            keel::api::RewindForce::None
+        };
+        let opts = keel::api::RewindOptions { dry_run: false, force };
+        let report = app.harness.rewind(&v.who(), &id, f.to, opts).await?;
+        Ok(page(&app, &v, "rewind.html", json!({"id": id, "r": rewind_view(&report)})))
     }
     .await;
     or_error(&app, r)
