@@ -142,6 +142,7 @@ fn intent(id: &str, tool: &str, effect: &str, idempotent: bool) -> JournalEntry 
         approval_id: None,
         net: None,
         control_requests: Vec::new(),
+        kept: Default::default(),
     }
 }
 

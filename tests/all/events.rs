@@ -66,6 +66,8 @@ fn short(e: &SessionEvent) -> String {
         }
         SessionEvent::ModelChanged { to, .. } => format!("model changed to {}", to.model),
         SessionEvent::PolicyChanged { change, .. } => format!("policy {change}"),
+        SessionEvent::RewindStarted { to, .. } => format!("rewind to {to}"),
+        SessionEvent::Rewound { to, .. } => format!("rewound to {to}"),
     }
 }
 

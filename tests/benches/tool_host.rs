@@ -272,6 +272,7 @@ fn main() {
         remove_existing: false,
         write_quota: budget.write_quota,
         max_created: budget.max_files_created,
+        undo: None,
     };
     let rw_opened = [rw_grants[0].opened().unwrap()];
     let write = measure_as(&fs_pre, "fs_write_file", &write_input, &rw_opened, writer);

@@ -157,7 +157,8 @@ fn bounded_diff(path: &str, before: &str, after: &str) -> (String, Option<usize>
     labeled_diff(path, before, after, "now", "after the call")
 }
 
-/// [`bounded_diff`] with its two sides named (`a.txt (now)`, `a.txt (at step 3)`).
+/// A unified diff from `before` to `after` bounded as an approval's is, its two sides named
+/// (`a.txt (now)`, `a.txt (at step 3)`).
 pub fn labeled_diff(
     path: &str,
     before: &str,
