@@ -23,6 +23,8 @@ const GUESTS: &[&str] = &[
     "plan_import_v1",
     "net_readonly",
     "net_probe",
+    "summary_v1",
+    "summary_v2",
 ];
 
 fn main() {

@@ -26,6 +26,27 @@ fn rewind(home: &Path, id: &str, to: i64, extra: &[&str]) -> (Option<i32>, Value
     (out.status.code(), json_of(&out))
 }
 
+/// Runs `task` as the new session `id` on the model at `url`, granted `grant`: it must end
+/// with an answer.
+fn run_session(home: &Path, id: &str, task: &str, url: &str, grant: &str, extra: &[&str]) {
+    let mut args = vec![
+        "run",
+        task,
+        "--new-session",
+        id,
+        "--model-url",
+        url,
+        "--model",
+        "m",
+        "--grant",
+        grant,
+    ];
+    args.extend(extra);
+    args.push("--json");
+    let out = keel(home, &args);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 fn outcome<'a>(v: &'a Value, path: &str) -> &'a str {
     v["rewind"]["paths"]
         .as_array()
@@ -55,25 +76,7 @@ async fn rewind_puts_files_back_as_they_were_at_each_step() {
     std::fs::set_permissions(w.join("b.txt"), std::fs::Permissions::from_mode(0o600)).unwrap();
     let grant = format!("{}=/w:rw", w.display());
     let url = model.url();
-    let out = keel(
-        home.path(),
-        &[
-            "run",
-            "tidy the notes",
-            "--new-session",
-            "u",
-            "--model-url",
-            &url,
-            "--model",
-            "m",
-            "--grant",
-            &grant,
-            "--allow",
-            "fs_delete_files",
-            "--json",
-        ],
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    run_session(home.path(), "u", "tidy the notes", &url, &grant, &["--allow", "fs_delete_files"]);
     // What each step left, for the digests a rewind must give back.
     let one = keel::digest::sha256_hex(b"one\n");
     let two = keel::digest::sha256_hex(b"two\n");
@@ -168,23 +171,7 @@ async fn a_rewind_killed_midway_leaves_whole_files_and_finishes_when_run_again()
     }
     let grant = format!("{}=/w:rw", w.display());
     let url = model.url();
-    let out = keel(
-        home.path(),
-        &[
-            "run",
-            "edit",
-            "--new-session",
-            "k",
-            "--model-url",
-            &url,
-            "--model",
-            "m",
-            "--grant",
-            &grant,
-            "--json",
-        ],
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    run_session(home.path(), "k", "edit", &url, &grant, &[]);
     let killed = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
         .arg("--home")
         .arg(home.path())
@@ -279,4 +266,107 @@ async fn rewind_over_the_api_is_for_those_who_may_decide() {
     assert_eq!(std::fs::read_to_string(project.join("notes.md")).unwrap(), "# old\n");
     let (status, v) = post(&c, &url, &s.admin, json!({"to": "zero"})).await;
     assert_eq!(status, 400, "{v}");
+}
+
+/// Replay: the recorded read-only, idempotent calls run again against a scratch copy of the
+/// grants; an output that differs now is flagged with its diff (exit 1), a write and a
+/// non-idempotent read are never run, and the session's files are not touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_runs_recorded_reads_again_and_flags_what_changed() {
+    let model = MockModel::start(vec![
+        Reply::calls(&[
+            ("r1", "fs_read_file", r#"{"path":"/w/notes.md"}"#),
+            ("l1", "fs_list_dir", r#"{"path":"/w/sub"}"#),
+        ]),
+        Reply::calls(&[("w1", "fs_write_file", &write("/w/out.txt", "out\n"))]),
+        Reply::text("read and wrote"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    std::fs::write(w.join("notes.md"), "# notes\nfirst\n").unwrap();
+    std::fs::create_dir(w.join("sub")).unwrap();
+    std::fs::write(w.join("sub/x.txt"), "x\n").unwrap();
+    let grant = format!("{}=/w:rw", w.display());
+    let url = model.url();
+    run_session(home.path(), "rp", "read", &url, &grant, &[]);
+    let replay = |extra: &[&str]| {
+        let mut args = vec!["session", "replay", "rp", "--tools-only", "--json"];
+        args.extend(extra);
+        let out = keel(home.path(), &args);
+        (out.status.code(), json_of(&out))
+    };
+    let of = |v: &Value, tool: &str| -> Value {
+        v["replay"]["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["tool"] == tool)
+            .cloned()
+            .unwrap()
+    };
+    let (code, v) = replay(&[]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(of(&v, "fs_read_file")["outcome"], "same", "{v}");
+    assert_eq!(of(&v, "fs_list_dir")["outcome"], "same", "{v}");
+    assert_eq!(of(&v, "fs_write_file")["outcome"], "skipped");
+    assert!(of(&v, "fs_write_file")["why"].as_str().unwrap().contains("workspace-write"));
+    // The file read changed since: flagged, with the diff; nothing of the session changes.
+    std::fs::write(w.join("notes.md"), "# notes\nsecond\n").unwrap();
+    let (code, v) = replay(&[]);
+    assert_eq!(code, Some(1), "{v}");
+    let read = of(&v, "fs_read_file");
+    assert_eq!(read["outcome"], "changed", "{v}");
+    let diff = read["diff"].as_str().unwrap();
+    assert!(diff.contains("first") && diff.contains("second"), "{diff}");
+    assert_eq!(of(&v, "fs_list_dir")["outcome"], "same");
+    assert!(
+        !w.join("out.txt").exists()
+            || std::fs::read_to_string(w.join("out.txt")).unwrap() == "out\n"
+    );
+    // After step 1 only the write is left: skipped.
+    let (code, v) = replay(&["--at", "1"]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["replay"]["calls"].as_array().unwrap().len(), 1, "{v}");
+    // Without --tools-only: refused, saying why.
+    let out = keel(home.path(), &["session", "replay", "rp"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tools-only"));
+}
+
+/// A tool author's regression check: a session's recorded calls of `note_summary` (version
+/// 1) replayed after version 2 is installed flag the changed output, with both versions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_flags_the_changed_output_of_a_new_tool_version() {
+    let model = MockModel::start(vec![
+        Reply::calls(&[("s1", "note_summary", r#"{"path":"/w/notes.md"}"#)]),
+        Reply::text("summarized"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    std::fs::write(work.path().join("notes.md"), "one two\nthree\n").unwrap();
+    let v1 = keel_tests::guests::SUMMARY_V1_COMPONENT;
+    let v2 = keel_tests::guests::SUMMARY_V2_COMPONENT;
+    let out = keel(home.path(), &["tool", "install", v1, "--name", "summary", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let grant = format!("{}=/w", work.path().display());
+    let url = model.url();
+    run_session(home.path(), "v", "summarize", &url, &grant, &[]);
+    let replay = || {
+        let out = keel(home.path(), &["session", "replay", "v", "--tools-only", "--json"]);
+        (out.status.code(), json_of(&out))
+    };
+    let (code, v) = replay();
+    assert_eq!((code, &v["replay"]["calls"][0]["outcome"]), (Some(0), &json!("same")), "{v}");
+    let out =
+        keel(home.path(), &["tool", "install", v2, "--name", "summary", "--upgrade", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let (code, v) = replay();
+    assert_eq!(code, Some(1), "{v}");
+    let call = &v["replay"]["calls"][0];
+    assert_eq!(call["outcome"], "changed", "{v}");
+    assert_ne!(call["recorded_digest"], call["digest_now"], "{v}");
+    assert!(call["diff"].as_str().unwrap().contains("+  \"words\": 3"), "{v}");
 }

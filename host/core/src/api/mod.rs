@@ -41,7 +41,7 @@ pub use running::KeepRunning;
 pub use settings::{KeptSession, PRUNED_BY_DEFAULT, Pruned, SessionFilter};
 pub use skills::SkillInstallReport;
 pub use tools::{is_control_tool, shown_class};
-pub use undo::{RewindOptions, RewindReport};
+pub use undo::{ReplayReport, ReplayedCall, RewindOptions, RewindReport};
 
 use crate::agent::{AgentError, Events, LoopGuards};
 use crate::assembly::ModelCallRecord;

@@ -1,5 +1,5 @@
-//! The use cases of undo: rewinding what a session's calls changed on disk to how it was at
-//! a step.
+//! The use cases of time travel: rewinding what a session's calls changed on disk to how it
+//! was at a step, and replaying its recorded read-only calls against the tools installed now.
 
 use std::collections::HashMap;
 
@@ -38,6 +38,30 @@ pub struct RewindOptions {
 }
 
 impl Harness {
+    /// Session `id`, once `caller` may go back in it (`what`: `rewinding`, `replaying`) to
+    /// step `step`: whoever may decide its approvals, to a step 0 or more.
+    async fn travels(
+        &self,
+        caller: &Caller,
+        id: &str,
+        what: &str,
+        step: i64,
+    ) -> Result<super::callers::SessionRef, ApiError> {
+        let sid = self.checked(caller, id).await?;
+        let owner = self.engine.owner(&sid).await?;
+        if !caller.may_decide(owner.as_ref()) {
+            return Err(crate::access::AccessError::Forbidden(format!(
+                "{what} session `{}` needs an admin, or its user where its preset lets them decide its approvals",
+                id.escape_debug()
+            ))
+            .into());
+        }
+        if step < 0 {
+            return Err(ApiError::Input(format!("step {step}: a step is 0 or more")));
+        }
+        Ok(sid)
+    }
+
     /// Puts back every file, link and directory the calls of session `id` after step `to`
     /// changed inside its grants, as they were after step `to` (0: before its first call),
     /// newest change first. A path changed since the session's last call is a conflict and is
@@ -51,18 +75,7 @@ impl Harness {
         to: i64,
         opts: RewindOptions,
     ) -> Result<RewindReport, ApiError> {
-        let sid = self.checked(caller, id).await?;
-        let owner = self.engine.owner(&sid).await?;
-        if !caller.may_decide(owner.as_ref()) {
-            return Err(crate::access::AccessError::Forbidden(format!(
-                "rewinding session `{}` needs an admin, or its user where its preset lets them decide its approvals",
-                id.escape_debug()
-            ))
-            .into());
-        }
-        if to < 0 {
-            return Err(ApiError::Input(format!("--to {to}: a step is 0 or more")));
-        }
+        let sid = self.travels(caller, id, "rewinding", to).await?;
         let steps = self.engine.runtime(&sid).await?.steps;
         if to > steps {
             return Err(ApiError::Input(format!(
@@ -128,5 +141,182 @@ impl Harness {
             self.engine.end_rewind(&sid, event).await?;
         }
         Ok(RewindReport { session_id: sid.to_string(), to, dry_run, resumed, paths, not_undone })
+    }
+}
+
+/// One recorded call of a [`Harness::replay`].
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReplayedCall {
+    pub step: i64,
+    pub call_id: String,
+    pub tool: String,
+    /// `same` (the output is the recorded one), `changed`, or `skipped` (not re-run: `why`).
+    pub outcome: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// The component that ran when the call was recorded, and the one installed now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded_digest: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest_now: Option<String>,
+    /// A changed output: a unified diff from the recorded output to today's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diff: Option<String>,
+}
+
+/// What [`Harness::replay`] found.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReplayReport {
+    pub session_id: String,
+    /// The calls after this step were looked at.
+    pub at: i64,
+    pub calls: Vec<ReplayedCall>,
+}
+
+impl ReplayReport {
+    /// Calls whose output changed.
+    pub fn changed(&self) -> usize {
+        self.calls.iter().filter(|c| c.outcome == "changed").count()
+    }
+}
+
+/// A private directory of the system's temporary directory, removed with everything in it
+/// when dropped.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new() -> std::io::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let path = std::env::temp_dir().join(format!("keel-replay-{}-{nanos}", std::process::id()));
+        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
+        Ok(Self(path))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A tool result as JSON pretty-printed (as it was, if it is not JSON), for a diff.
+fn pretty(text: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(text)
+        .ok()
+        .and_then(|v| serde_json::to_string_pretty(&v).ok())
+        .unwrap_or_else(|| text.to_string())
+}
+
+impl Harness {
+    /// Runs again the recorded calls of session `id` after step `at` that are read-only and
+    /// idempotent — with the tools installed now, against a scratch copy of the session's
+    /// grants (read-only; the session's files are not touched) — and says for each whether
+    /// its output is the recorded one: a regression check of a new tool version against real
+    /// recorded work. Calls of any other effect class, failed ones, host and control tools are
+    /// never run: they are listed as skipped. Whoever may decide the session's approvals may.
+    pub async fn replay(
+        &self,
+        caller: &Caller,
+        id: &str,
+        at: i64,
+    ) -> Result<ReplayReport, ApiError> {
+        let sid = self.travels(caller, id, "replaying", at).await?;
+        let config = self.engine.config(&sid).await?;
+        let cap = config.guards.as_ref().map_or(16 * 1024, |g| g.result_cap);
+        // The scratch copy, each grant read-only at its guest path.
+        let scratch = Scratch::new().map_err(|e| {
+            ApiError::Grant(format!("a scratch directory for the replay cannot be made: {e}"))
+        })?;
+        let grants = config.grants.clone();
+        let root = scratch.0.clone();
+        let copies = tokio::task::spawn_blocking(move || -> Result<Vec<Grant>, String> {
+            let mut copied = crate::undo::scratch::Copied::default();
+            let mut out = Vec::new();
+            for (i, g) in grants.iter().enumerate() {
+                let dir = g.open().map_err(|e| e.to_string())?;
+                let to = root.join(i.to_string());
+                std::fs::create_dir(&to).map_err(|e| e.to_string())?;
+                crate::undo::scratch::copy_tree(&dir, &to, &mut copied)?;
+                out.push(
+                    Grant::new(&to, &g.guest, crate::grant::Access::Ro)
+                        .map_err(|e| e.to_string())?,
+                );
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(|e| StoreError::Corrupt(format!("the replay's copy stopped: {e}")))?
+        .map_err(|e| ApiError::Grant(format!("the session's grants cannot be copied: {e}")))?;
+        let mut calls = Vec::new();
+        for (step, e) in self.engine.calls_after(&sid, at).await? {
+            let mut call = ReplayedCall {
+                step,
+                call_id: e.call_id.to_string(),
+                tool: e.tool.clone(),
+                outcome: "skipped",
+                why: None,
+                recorded_digest: e.component_digest.clone(),
+                digest_now: None,
+                diff: None,
+            };
+            let effect = e.effect.map_or("unknown".to_string(), |x| x.to_string());
+            call.why = if e.effect != Some(crate::policy::Effect::ReadOnly) {
+                Some(format!("its effect is {effect}: only read-only calls are run again"))
+            } else if !e.idempotent {
+                Some("it is not idempotent: running it again could differ by design".into())
+            } else if e.status != crate::session::JournalStatus::Done || e.error_kind.is_some() {
+                Some("it did not finish with a result".into())
+            } else {
+                match self.tools.resolve(&e.tool) {
+                    Ok(r) if super::is_control_tool(&r.record) => {
+                        Some("it is a control tool (it reads the session's own state)".into())
+                    }
+                    Ok(r) if matches!(r.source, crate::tools::ToolSource::Component) => {
+                        call.digest_now = Some(r.digest.clone());
+                        None
+                    }
+                    Ok(_) => Some("it is not a component (a host or MCP tool)".into()),
+                    Err(err) => Some(format!("it cannot be run now: {err}")),
+                }
+            };
+            if call.why.is_none() {
+                let req = CallRequest {
+                    tool: &e.tool,
+                    input: &e.input,
+                    grants: &copies,
+                    net: crate::sandbox::net::NetGrants::none(),
+                    budget: config.budget.clone(),
+                    cancel: None,
+                    loaded: None,
+                    policy: None,
+                    approval: None,
+                    control: None,
+                };
+                let outcome = self.tools.call(req).await;
+                let now = crate::tools::result::ToolResult::of(&outcome, cap, &config.policy);
+                let recorded = e.result.clone().unwrap_or_default();
+                if now.content == recorded {
+                    call.outcome = "same";
+                } else {
+                    call.outcome = "changed";
+                    let (diff, too_large) = crate::change::labeled_diff(
+                        &e.tool,
+                        &pretty(&recorded),
+                        &pretty(&now.content),
+                        "recorded",
+                        "now",
+                    );
+                    call.diff = Some(match too_large {
+                        Some(n) => format!("(diff too large: {n} lines changed)"),
+                        None => diff,
+                    });
+                }
+            }
+            calls.push(call);
+        }
+        Ok(ReplayReport { session_id: sid.to_string(), at, calls })
     }
 }

@@ -41,7 +41,7 @@ pub use error::ToolServiceError;
 pub use install::{
     FileInspection, InstallMode, InstallReport, Origin, now as install_time, };
 pub use lease::{LeaseBusy, LeaseRequest, Leases};
-pub use source::{HostCall, HostFuture, HostTool, SourceKind, };
+pub use source::{HostCall, HostFuture, HostTool, SourceKind, ToolSource};
 #[cfg(any(test, feature = "internals"))]
 pub use view::MINIMAL_DESCRIPTION;
 pub use view::{

@@ -13,6 +13,7 @@
 //! The work on files is blocking; [`check`] and [`apply`] are run off the async threads.
 
 mod plan;
+pub mod scratch;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};

@@ -69,6 +69,10 @@ pub enum SessionCommand {
     /// changed since the session's last call is a conflict, left alone unless forced;
     /// --dry-run shows the diffs. Effects outside the grants are listed as not undone.
     Rewind(undo::RewindArgs),
+    /// Run again the recorded read-only, idempotent calls after a step, with the tools
+    /// installed now, against a scratch copy of the session's grants, and say which outputs
+    /// changed (a regression check of a new tool version). Other calls are never run.
+    Replay(undo::ReplayArgs),
     /// Unload a tool or skill from a session — the only way a capability leaves one (the
     /// Orchestrator, skills_load and tools_select only add). The control and discovery tools
     /// stay.
@@ -195,6 +199,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::Set(a) => a.json,
         SessionCommand::Policy(a) => a.json,
         SessionCommand::Rewind(a) => a.json,
+        SessionCommand::Replay(a) => a.json,
         SessionCommand::Evidence(_) => false,
     };
     let (_, h) = match open_harness(&home).await {
@@ -207,6 +212,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::Set(a) => set::execute(&h, a).await,
         SessionCommand::Policy(a) => set::policy(&h, a).await,
         SessionCommand::Rewind(a) => undo::rewind(&h, a).await,
+        SessionCommand::Replay(a) => undo::replay(&h, a).await,
         SessionCommand::Unload(a) => {
             use keel::protocol::sessions::CapabilityKind as Kind;
             let (kind, name) = match (&a.what.tool, &a.what.skill) {

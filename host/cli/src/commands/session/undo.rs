@@ -100,3 +100,64 @@ fn print(r: &RewindReport) {
         );
     }
 }
+
+#[derive(Args)]
+pub struct ReplayArgs {
+    /// Session id.
+    id: String,
+    /// Run again the calls after this step (0: every call).
+    #[arg(long, value_name = "STEP", default_value_t = 0)]
+    at: i64,
+    /// Required: only tools (the one replay there is): the recorded read-only, idempotent calls, with the
+    /// tools installed now, against a scratch copy of the session's grants. The model is not
+    /// asked anything.
+    #[arg(long)]
+    tools_only: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `keel session replay`: exit 0 when every re-run call gave its recorded output, 1 when one
+/// changed.
+pub async fn replay(h: &Harness, a: ReplayArgs) -> ExitCode {
+    if !a.tools_only {
+        let why = "a replay runs the recorded tool calls only (--tools-only): the model is never asked again";
+        return super::super::fail(a.json, "invalid_input", why, super::super::EXIT_REFUSED);
+    }
+    let report = match h.replay(&Caller::Operator, &a.id, a.at).await {
+        Ok(r) => r,
+        Err(e) => return api_fail(a.json, &e),
+    };
+    let changed = report.changed();
+    if a.json {
+        println!("{}", json!({"ok": changed == 0, "replay": report}));
+    } else {
+        println!(
+            "session {}: the calls after step {}, run again with the tools installed now",
+            report.session_id, report.at
+        );
+        if report.calls.is_empty() {
+            println!("  no call after step {}", report.at);
+        }
+        for c in &report.calls {
+            let version = match (&c.recorded_digest, &c.digest_now) {
+                (Some(a), Some(b)) if a != b => {
+                    format!(" (tool {} → {})", &a[..12.min(a.len())], &b[..12.min(b.len())])
+                }
+                _ => String::new(),
+            };
+            let why = c.why.as_deref().map(|w| format!(": {}", inert(w))).unwrap_or_default();
+            println!("  step {:<4} {:<8} {}{version}{why}", c.step, c.outcome, inert(&c.tool));
+            if let Some(d) = &c.diff {
+                for line in inert_block(d).lines() {
+                    println!("      {line}");
+                }
+            }
+        }
+        let same = report.calls.iter().filter(|c| c.outcome == "same").count();
+        let skipped = report.calls.iter().filter(|c| c.outcome == "skipped").count();
+        println!("{same} same, {changed} changed, {skipped} skipped");
+    }
+    if changed == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) }
+}
