@@ -191,6 +191,20 @@ async fn a_rewind_killed_midway_leaves_whole_files_and_finishes_when_run_again()
     let show = keel(home.path(), &["session", "show", "k"]);
     let text = String::from_utf8_lossy(&show.stdout);
     assert!(text.contains("rewind  to step 0 was cut short"), "{text}");
+    // The console's page of the session says so too, with the way to finish it.
+    {
+        let s = super::serve::Server::start(home.path(), &url, &[]);
+        let page = super::serve::client()
+            .get(format!("{}/sessions/k", s.base))
+            .bearer_auth(&s.admin)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(page.contains("id=\"rewind-cut-short\"") && page.contains("rewind?to=0"), "{page}");
+    }
     let (code, v) = rewind(home.path(), "k", 1, &[]);
     assert_eq!(code, Some(2), "another step waits for the first: {v}");
     assert!(v["error"]["message"].as_str().unwrap().contains("was cut short"), "{v}");

@@ -648,6 +648,7 @@ async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure>
     Ok(json!({
         "id": id,
         "title": t["title"],
+        "unfinished_rewind": t["unfinished_rewind"],
         "changes": t["settings_changes"],
         "may_decide": v.who().may_decide(meta.config.owner.as_ref()),
         "pending": pending,
