@@ -280,6 +280,13 @@ async fn rewind_over_the_api_is_for_those_who_may_decide() {
     assert_eq!(std::fs::read_to_string(project.join("notes.md")).unwrap(), "# old\n");
     let (status, v) = post(&c, &url, &s.admin, json!({"to": "zero"})).await;
     assert_eq!(status, 400, "{v}");
+    // Replay over the API: the write is skipped (nothing is run), and the same rule holds.
+    let replay = s.api("/sessions/api/replay");
+    let (status, v) = post(&c, &replay, &s.admin, json!({})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["replay"]["calls"][0]["outcome"], "skipped", "{v}");
+    let (status, _) = post(&c, &replay, &eve, json!({"at": 0})).await;
+    assert_eq!(status, 404);
 }
 
 /// Replay: the recorded read-only, idempotent calls run again against a scratch copy of the

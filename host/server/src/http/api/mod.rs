@@ -55,6 +55,7 @@ pub fn routes(app: Arc<App>) -> Router {
         .route("/sessions/{id}/policy", post(change_policy))
         .route("/sessions/{id}/model", post(change_model))
         .route("/sessions/{id}/rewind", post(rewind))
+        .route("/sessions/{id}/replay", post(replay))
         .route("/approvals", get(list_approvals))
         .route("/approvals/{id}/approve", post(approve))
         .route("/approvals/{id}/reject", post(reject))
@@ -206,7 +207,7 @@ pub struct ErrorDetail {
         approvals::reject, tools::presets, tools::list_tools, tools::upload_tool, tools::get_tool,
         tools::remove_tool, workgroup, change_policy, change_model, delete_session,
         prune_sessions, set_title, access::list_tokens, access::add_token,
-        access::revoke_token, rewind
+        access::revoke_token, rewind, replay
     ),
     components(schemas(ErrorBody, ErrorDetail)),
     modifiers(&BearerAuth),
@@ -719,6 +720,38 @@ async fn rewind(
         keel::api::shown::Hidden::of_session(&caller.who(), &meta).value(&mut v);
     }
     Ok(Json(json!({"ok": left == 0, "rewind": v})))
+}
+
+/// A replay: the calls after which step to run again.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayBody {
+    /// Run again the calls after this step (default 0: every call).
+    #[serde(default)]
+    pub at: i64,
+}
+
+/// Runs again the session's recorded read-only, idempotent calls after step `at`, with the
+/// tools installed now, against a scratch copy of its grants, and says for each whether its
+/// output is the recorded one (`same`, `changed` with a diff and both component digests, or
+/// `skipped` with why). Nothing of the session changes. Whoever may decide the session's
+/// approvals may.
+#[utoipa::path(post, path = "/sessions/{id}/replay", params(("id" = String, Path)), request_body = ReplayBody, responses((status = 200, description = "ok (false when an output changed), replay", body = Object), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn replay(
+    State(app): Shared,
+    caller: Caller,
+    Path(id): Path<String>,
+    req: Result<Json<ReplayBody>, JsonRejection>,
+) -> Result<Json<Value>, Failure> {
+    let at = body(req)?.at;
+    let report = app.harness.replay(&caller.who(), &id, at).await?;
+    let changed = report.changed();
+    let mut v = json!(report);
+    if !caller.is_admin() {
+        let meta = app.harness.session(&caller.who(), &id).await?;
+        keel::api::shown::Hidden::of_session(&caller.who(), &meta).value(&mut v);
+    }
+    Ok(Json(json!({"ok": changed == 0, "replay": v})))
 }
 
 #[derive(Deserialize, ToSchema)]
