@@ -43,6 +43,16 @@ pub enum Force {
 }
 
 impl Force {
+    /// The force a front-end's flags ask for: every conflict with `all`, else the `paths`
+    /// named (none: no force).
+    pub fn from_flags(all: bool, paths: Vec<String>) -> Self {
+        match (all, paths.is_empty()) {
+            (true, _) => Self::All,
+            (false, false) => Self::Paths(paths),
+            (false, true) => Self::None,
+        }
+    }
+
     fn covers(&self, path: &str) -> bool {
         match self {
             Self::None => false,

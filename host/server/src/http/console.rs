@@ -431,23 +431,23 @@ struct RewindQuery {
     to: i64,
 }
 
+/// The class a page gives a line of a unified diff: `add`, `del`, `hunk` or `ctx`.
+fn diff_class(line: &str) -> &'static str {
+    match line.chars().next() {
+        Some('+') if !line.starts_with("+++") => "add",
+        Some('-') if !line.starts_with("---") => "del",
+        Some('@') => "hunk",
+        _ => "ctx",
+    }
+}
+
 /// A rewind's report as the page shows it: each diff as lines with a class.
 fn rewind_view(report: &keel::api::RewindReport) -> Value {
     let mut v = json!(report);
     for p in v["paths"].as_array_mut().into_iter().flatten() {
         if let Some(diff) = p["diff"].as_str() {
-            let lines: Vec<Value> = diff
-                .lines()
-                .map(|l| {
-                    let class = match l.chars().next() {
-                        Some('+') if !l.starts_with("+++") => "add",
-                        Some('-') if !l.starts_with("---") => "del",
-                        Some('@') => "hunk",
-                        _ => "ctx",
-                    };
-                    json!({"text": l, "class": class})
-                })
-                .collect();
+            let lines: Vec<Value> =
+                diff.lines().map(|l| json!({"text": l, "class": diff_class(l)})).collect();
             p["diff_lines"] = json!(lines);
         }
     }
@@ -489,11 +489,7 @@ async fn rewind(
 ) -> Response {
     let r = async {
         auth::check_form(&headers, &v, &f.csrf)?;
-        let force = if f.force == "on" {
-            keel::api::RewindForce::All
-        } else {
-            keel::api::RewindForce::None
-        };
+        let force = keel::api::RewindForce::from_flags(f.force == "on", Vec::new());
         let opts = keel::api::RewindOptions { dry_run: false, force };
         let report = app.harness.rewind(&v.who(), &id, f.to, opts).await?;
         Ok(page(&app, &v, "rewind.html", json!({"id": id, "r": rewind_view(&report)})))
@@ -807,13 +803,7 @@ fn approval_view(mut u: Value) -> Value {
         let lines: Vec<Value> = shown
             .iter()
             .map(|l| {
-                let class = match l.chars().next() {
-                    _ if diff.is_empty() => "text",
-                    Some('+') if !l.starts_with("+++") => "add",
-                    Some('-') if !l.starts_with("---") => "del",
-                    Some('@') => "hunk",
-                    _ => "ctx",
-                };
+                let class = if diff.is_empty() { "text" } else { diff_class(l) };
                 json!({"text": l, "class": class})
             })
             .collect();

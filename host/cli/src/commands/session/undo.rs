@@ -35,11 +35,7 @@ pub struct RewindArgs {
 }
 
 pub async fn rewind(h: &Harness, a: RewindArgs) -> ExitCode {
-    let force = match (a.force, a.force_path.is_empty()) {
-        (true, _) => RewindForce::All,
-        (false, false) => RewindForce::Paths(a.force_path.clone()),
-        (false, true) => RewindForce::None,
-    };
+    let force = RewindForce::from_flags(a.force, a.force_path.clone());
     let opts = RewindOptions { dry_run: a.dry_run, force };
     let report = match h.rewind(&Caller::Operator, &a.id, a.to, opts).await {
         Ok(r) => r,

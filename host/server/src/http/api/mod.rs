@@ -688,11 +688,7 @@ pub struct RewindBody {
 
 impl RewindBody {
     pub(crate) fn options(self) -> keel::api::RewindOptions {
-        let force = match (self.force, self.force_paths.is_empty()) {
-            (true, _) => keel::api::RewindForce::All,
-            (false, false) => keel::api::RewindForce::Paths(self.force_paths),
-            (false, true) => keel::api::RewindForce::None,
-        };
+        let force = keel::api::RewindForce::from_flags(self.force, self.force_paths);
         keel::api::RewindOptions { dry_run: self.dry_run, force }
     }
 }
