@@ -68,6 +68,8 @@ fn short(e: &SessionEvent) -> String {
         SessionEvent::PolicyChanged { change, .. } => format!("policy {change}"),
         SessionEvent::RewindStarted { to, .. } => format!("rewind to {to}"),
         SessionEvent::Rewound { to, .. } => format!("rewound to {to}"),
+        SessionEvent::Forked { from, at, .. } => format!("forked from {from} at {at}"),
+        SessionEvent::ConversationRewound { to, .. } => format!("conversation rewound to {to}"),
     }
 }
 

@@ -30,6 +30,7 @@ pub const REACTIONS: crate::session::Reactions = crate::session::Reactions {
     on_call_done: crate::meta::on_call_done,
     on_recover: crate::compaction::on_recover,
     on_delete,
+    on_fork,
 };
 
 /// The delete reaction: the workgroup first (it refuses a session whose results another
@@ -41,6 +42,20 @@ fn on_delete(c: &crate::sql::Connection, id: &str) -> Result<(), crate::store::S
     crate::assembly::on_delete(c, id)
 }
 
+
+/// The fork reaction: the workgroup first (it refuses a session of a workgroup), then each
+/// feature copies its rows.
+fn on_fork(
+    c: &crate::sql::Connection,
+    from: &str,
+    to: &str,
+    cut: &crate::session::HistoryCut,
+) -> Result<(), crate::store::StoreError> {
+    crate::workgroup::on_fork(c, from, to, cut)?;
+    crate::preparation::on_fork(c, from, to, cut)?;
+    crate::compaction::on_fork(c, from, to, cut)?;
+    crate::assembly::on_fork(c, from, to, cut)
+}
 
 /// The owners of one home, wired together. They are private: a front-end reaches them only
 /// through the use cases ([`crate::api`]), each with its caller.

@@ -19,7 +19,7 @@ pub mod sessions {
     pub use crate::agent::{Event, Events, LoopGuards, TurnOutcome};
     pub use crate::brain::Submitted;
     pub use crate::cancel::CancelToken;
-    pub use crate::compaction::{CheckpointRecord, CheckpointStatus};
+    pub use crate::compaction::{CheckpointRecord, CheckpointStatus, ConversationRewind};
     pub use crate::failure::FailureKind;
     pub use crate::live::LiveReader;
     pub use crate::meta::SessionMeta;
@@ -29,7 +29,7 @@ pub mod sessions {
     pub use crate::sandbox::{Access, Budget, Grant, SandboxLimits};
     pub use crate::session::{
         ApprovalStatus, ApprovalUnit, DIRECT_CALL_PREFIX, Decision, JournalStatus, ModelChange,
-        ModelShown, Policy, RuntimeState,
+        ModelShown, Origin, Policy, RewoundConversation, RuntimeState,
     };
     pub use crate::shown::goal_reference;
     pub use crate::views::{SessionSummary, Timeline, TimelineMessage, TurnUsage};

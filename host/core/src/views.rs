@@ -220,6 +220,13 @@ pub struct Timeline {
     /// it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unfinished_rewind: Option<i64>,
+    /// The session it was forked from, and at which step, if it is a fork.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<crate::session::Origin>,
+    /// Each time its conversation went back to a step, oldest first: the messages that left
+    /// the context, and those sent again.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub conversation_rewinds: Vec<crate::session::RewoundConversation>,
     pub state: RuntimeState,
     pub state_detail: Option<String>,
     pub session_goal: Option<String>,
@@ -316,6 +323,8 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         id: id.to_string(),
         title,
         unfinished_rewind: crate::session::open_rewind_in(c, id)?,
+        forked_from: crate::session::origin_in(c, id)?,
+        conversation_rewinds: crate::session::conversation_rewinds_in(c, id)?,
         state: meta.runtime.state,
         state_detail: meta.runtime.state_detail,
         session_goal: meta.task.session_goal,

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use clap::Args;
-use keel::api::Caller;
+use keel::api::{Caller, RewindOptions};
 use keel::protocol::sessions::CancelToken;
 use keel::protocol::sessions::Submitted;
 use keel::protocol::sessions::{ApprovalStatus, Decision};
@@ -35,6 +35,9 @@ pub struct ChatArgs {
     replay: usize,
 }
 
+/// Steps `/rewind` lists, at most.
+const REWIND_LISTED: usize = 10;
+
 /// Sessions the picker of `--resume` offers, at most.
 const PICKER_SESSIONS: usize = 10;
 
@@ -52,6 +55,10 @@ const COMMANDS: &[(&str, &str)] = &[
     ("/events [N]", "the session's last N events (default 20)"),
     ("/session", "the session's id, state, model, policy and budget"),
     ("/model [NAME|URL]", "the session's model; with a name or a server URL, move it there"),
+    (
+        "/rewind [STEP]",
+        "the last steps; with a step, put the files and the conversation back to after it (asks first)",
+    ),
     ("/quit", "leave (as Ctrl-D); the session stays"),
     (
         "@/PATH",
@@ -402,6 +409,51 @@ impl Chat {
         out
     }
 
+    /// `/rewind`: the last steps, to pick one; `/rewind STEP`: what going back there would do
+    /// (files and conversation), and, once confirmed, the rewind.
+    async fn rewind(&mut self, arg: Option<&str>) {
+        let fail = |e: &dyn std::fmt::Display| {
+            eprintln!("{} {}", paint(Tone::Bad, "error:"), inert(&e.to_string()));
+        };
+        let Some(step) = arg else {
+            let t = match self.h.timeline(&Caller::Operator, &self.id).await {
+                Ok(t) => t,
+                Err(e) => return fail(&e),
+            };
+            for m in t.model_calls.iter().rev().take(REWIND_LISTED).rev() {
+                let tools: Vec<&str> = t
+                    .tool_calls
+                    .iter()
+                    .filter(|c| c.step == m.step)
+                    .map(|c| c.entry.tool.as_str())
+                    .collect();
+                let what = if tools.is_empty() { "answer".to_string() } else { tools.join(", ") };
+                let turn = m.turn.map(|t| t.to_string()).unwrap_or_else(|| "-".into());
+                eprintln!("  step {:<4} turn {turn:<4} {}", m.step, inert(&what));
+            }
+            eprintln!("  /rewind STEP goes back to after that step (0: the start)");
+            return;
+        };
+        let Ok(to) = step.parse::<i64>() else {
+            return fail(&format!("`{}` is not a step number; /rewind lists them", inert(step)));
+        };
+        let opts = |dry_run| RewindOptions { dry_run, conversation: true, ..Default::default() };
+        let plan = match self.h.rewind(&Caller::Operator, &self.id, to, opts(true)).await {
+            Ok(r) => r,
+            Err(e) => return fail(&e),
+        };
+        super::session::print_rewind(&plan);
+        let answer = self.read_line(&format!("go back to step {to}? [y/N] › "));
+        if !matches!(answer.as_deref().map(str::trim), Ok("y" | "yes")) {
+            eprintln!("keel: nothing was changed");
+            return;
+        }
+        match self.h.rewind(&Caller::Operator, &self.id, to, opts(false)).await {
+            Ok(r) => super::session::print_rewind(&r),
+            Err(e) => fail(&e),
+        }
+    }
+
     /// Asks about each waiting unit in turn; `false` when one was left undecided.
     async fn decide_all(&mut self, units: &[keel::protocol::ids::UnitId]) -> bool {
         for unit in units {
@@ -647,6 +699,7 @@ impl Chat {
                     Err(e) => eprintln!("{} {}", paint(Tone::Bad, "error:"), inert(&e.to_string())),
                 }
             }
+            "/rewind" => self.rewind(arg).await,
             "/session" => {
                 eprintln!("  session  {} ({})", self.id, meta.runtime.state);
                 eprintln!("  model    {}", inert(&meta.config.model.summary(true)));

@@ -285,6 +285,13 @@ pub fn render(row: &EventRow, detail: Detail) -> Option<String> {
             left.len(),
             not_undone.len()
         ),
+        SessionEvent::Forked { from, at, by, .. } => {
+            format!("forked from session {} at step {at} (by {})", inert(from), inert(by))
+        }
+        SessionEvent::ConversationRewound { to, rewound_from, rewound_to, by, .. } => format!(
+            "conversation rewound to step {to} (by {}): messages {rewound_from}–{rewound_to} left the context",
+            inert(by)
+        ),
     })
 }
 

@@ -11,6 +11,7 @@ mod author;
 mod boundaries;
 mod console;
 mod docs;
+mod fork;
 mod hostile_registry;
 mod hosts;
 mod mcp;

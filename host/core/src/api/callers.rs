@@ -429,6 +429,15 @@ fn workgroup_limits(
     Ok(limits)
 }
 
+/// How a person who acts on a session is named in its events: this machine's user, or the
+/// API caller.
+pub(super) fn actor(caller: &Caller) -> String {
+    match caller {
+        Caller::Operator => crate::session::local_decider(),
+        Caller::Api(p) => p.decider(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

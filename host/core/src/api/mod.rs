@@ -16,6 +16,7 @@ mod access;
 mod callers;
 mod capabilities;
 mod files;
+mod fork;
 mod mcp;
 mod registry;
 mod running;
@@ -33,6 +34,7 @@ pub use callers::{
 };
 pub use capabilities::SessionCapabilities;
 pub use files::{Attached, MAX_ATTACHED_BYTES};
+pub use fork::{ForkOptions, ForkReport};
 pub use mcp::McpRefresh;
 pub use registry::{
     Outdated, OutdatedKind, PublishedSkill, RegistryAuth, RegistryInstall, SkillSigned,
@@ -41,7 +43,7 @@ pub use running::KeepRunning;
 pub use settings::{KeptSession, PRUNED_BY_DEFAULT, Pruned, SessionFilter};
 pub use skills::SkillInstallReport;
 pub use tools::{is_control_tool, shown_class};
-pub use undo::{ReplayReport, ReplayedCall, RewindOptions, RewindReport};
+pub use undo::{ConversationReport, ReplayReport, ReplayedCall, RewindOptions, RewindReport};
 
 use crate::agent::{AgentError, Events, LoopGuards};
 use crate::assembly::ModelCallRecord;

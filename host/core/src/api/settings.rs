@@ -26,10 +26,7 @@ impl Harness {
             caller.require_admin("moving a session to another model server")?;
         }
         let id = self.checked(caller, id).await?;
-        let by = match caller {
-            Caller::Operator => crate::session::local_decider(),
-            Caller::Api(p) => p.decider(),
-        };
+        let by = super::callers::actor(caller);
         Ok(self.engine.set_model(&id, change, by).await?)
     }
 }
@@ -66,10 +63,7 @@ impl Harness {
         if change.widens() {
             caller.require_admin(&format!("`{change}` (widening a session's policy)"))?;
         }
-        let by = match caller {
-            Caller::Operator => crate::session::local_decider(),
-            Caller::Api(p) => p.decider(),
-        };
+        let by = super::callers::actor(caller);
         Ok(self.engine.change_policy(&sid, change, by).await?)
     }
 }

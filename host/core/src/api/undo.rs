@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use super::*;
+use crate::compaction::Compaction;
 use crate::undo::{Force, NotUndone, PathRewind, Was};
 
 /// What [`Harness::rewind`] did, or with `dry_run` would do.
@@ -19,6 +20,22 @@ pub struct RewindReport {
     pub paths: Vec<PathRewind>,
     /// The calls after the step whose effects a rewind does not undo.
     pub not_undone: Vec<NotUndone>,
+    /// With the conversation: what became of it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<ConversationReport>,
+}
+
+/// What a rewind did to the conversation.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ConversationReport {
+    /// `done`, `would` (a dry run), `nothing` (no message came after the step), or `not_done`
+    /// (`why`: files were left as they are).
+    pub outcome: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// The messages that left (or would leave) the context, and those sent again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rewind: Option<crate::compaction::ConversationRewind>,
 }
 
 impl RewindReport {
@@ -35,6 +52,9 @@ pub struct RewindOptions {
     pub dry_run: bool,
     /// Which paths changed since the session's last call to put back anyway.
     pub force: Force,
+    /// Take the conversation back too, once every file is back: the messages after the step
+    /// leave the model's context, and the next turn continues from the step.
+    pub conversation: bool,
 }
 
 impl Harness {
@@ -83,6 +103,16 @@ impl Harness {
                 id.escape_debug()
             )));
         }
+        // The conversation's plan first: a conversation that cannot go back stops the rewind
+        // before a file is written.
+        let conversation = match opts.conversation {
+            true => {
+                let cut = Assembly::of(&self.engine).cut_after(&sid, to).await?;
+                let plan = Compaction::of(&self.engine).plan_conversation_rewind(&sid, cut).await?;
+                Some((cut, plan))
+            }
+            false => None,
+        };
         let calls = self.engine.calls_after(&sid, -1).await?;
         let rewinds = self.engine.rewinds(&sid).await?;
         let plan = crate::undo::plan(&calls, &rewinds, to).map_err(StoreError::Corrupt)?;
@@ -102,10 +132,7 @@ impl Harness {
             })?;
         let resumed = self.engine.open_rewind(&sid).await? == Some(to);
         let (force, dry_run) = (opts.force, opts.dry_run);
-        let by = match caller {
-            Caller::Operator => crate::session::local_decider(),
-            Caller::Api(p) => p.decider(),
-        };
+        let by = super::callers::actor(caller);
         let (plan, opened, blobs) = (Arc::new(plan), Arc::new(opened), Arc::new(blobs));
         let mut paths = {
             let (p, g, b) = (plan.clone(), opened.clone(), blobs.clone());
@@ -136,11 +163,45 @@ impl Harness {
                     .iter()
                     .map(|n| format!("step {} {} ({})", n.step, n.tool, n.call_id))
                     .collect(),
-                by,
+                by: by.clone(),
             };
             self.engine.end_rewind(&sid, event).await?;
         }
-        Ok(RewindReport { session_id: sid.to_string(), to, dry_run, resumed, paths, not_undone })
+        let mut report = RewindReport {
+            session_id: sid.to_string(),
+            to,
+            dry_run,
+            resumed,
+            paths,
+            not_undone,
+            conversation: None,
+        };
+        let left = report.left().count();
+        report.conversation = match conversation {
+            None => None,
+            Some((_, None)) => {
+                Some(ConversationReport { outcome: "nothing", why: None, rewind: None })
+            }
+            Some((_, Some(plan))) if dry_run => {
+                Some(ConversationReport { outcome: "would", why: None, rewind: Some(plan) })
+            }
+            Some((_, Some(_))) if left > 0 => Some(ConversationReport {
+                outcome: "not_done",
+                why: Some(format!(
+                    "{left} path(s) were left as they are: put them back (or force them), then run the rewind again"
+                )),
+                rewind: None,
+            }),
+            Some((cut, Some(_))) => {
+                let done = Compaction::of(&self.engine).rewind_conversation(&sid, cut, by).await?;
+                Some(ConversationReport {
+                    outcome: if done.is_some() { "done" } else { "nothing" },
+                    why: None,
+                    rewind: done,
+                })
+            }
+        };
+        Ok(report)
     }
 }
 

@@ -392,3 +392,60 @@ pub fn evidence(c: &Connection, id: &str, of: EvidenceOf) -> Result<(i64, Vec<u8
     }
     Ok((step, body))
 }
+
+/// Where session `id`'s history stood after step `step` (see [`HistoryCut`]): its request's
+/// turn and context start, and the last message its results left — the last message the next
+/// request held when it was of the same turn, else the step's reply and the tool results
+/// that follow it.
+///
+/// [`HistoryCut`]: crate::session::HistoryCut
+pub(crate) fn cut_in(
+    c: &Connection,
+    id: &str,
+    step: i64,
+) -> Result<crate::session::HistoryCut, StoreError> {
+    let steps = crate::session::runtime_in(c, id)?.steps;
+    if step < 0 || step > steps {
+        return Err(StoreError::Input(format!(
+            "session `{id}` has {steps} step(s): step {step} is not one of them (0 is before the first)"
+        )));
+    }
+    if step == 0 {
+        return Ok(crate::session::HistoryCut::default());
+    }
+    let request = |s: i64| -> Result<Option<(Option<i64>, i64, i64)>, StoreError> {
+        Ok(c.prepare_cached(
+            "SELECT turn, history_from, history_to FROM evidence WHERE session_id=?1 AND step=?2",
+        )?
+        .query_row(params![id, s], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?)
+    };
+    let Some((Some(turn), from, to)) = request(step)? else {
+        return Err(StoreError::NotFound(format!(
+            "session `{id}` has no record of the request of step {step} (its turn is unknown)"
+        )));
+    };
+    let seq = match request(step + 1)? {
+        Some((Some(next), _, next_to)) if next == turn => next_to,
+        _ => {
+            let mut stmt = c.prepare_cached(
+                "SELECT seq, role FROM messages WHERE session_id=?1 AND seq>?2 ORDER BY seq",
+            )?;
+            let mut rows =
+                stmt.query_map(params![id, to], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?;
+            match rows.next().transpose()? {
+                Some((mut last, role)) if role == "assistant" => {
+                    for row in rows {
+                        match row? {
+                            (seq, role) if role == "tool" => last = seq,
+                            _ => break,
+                        }
+                    }
+                    last
+                }
+                _ => to,
+            }
+        }
+    };
+    Ok(crate::session::HistoryCut { step, turn, seq, context_start: from - 1 })
+}

@@ -744,6 +744,16 @@ impl<'a> Assembly<'a> {
         self.engine.db().read_inline(move |c| assemble(c, &id, &cache, within, tools)).await
     }
 
+    /// Where the session's history stood after step `step` (see `evidence::cut_in`).
+    pub async fn cut_after(
+        &self,
+        id: &SessionId,
+        step: i64,
+    ) -> Result<crate::session::HistoryCut, StoreError> {
+        let id = id.clone();
+        self.engine.db().read(move |c| cut_in(c, &id, step)).await
+    }
+
     /// Commits a step whose tools were all safe to re-run: the request's evidence (`None`
     /// when [`open_step`](Self::open_step) recorded it), the assistant message and every tool
     /// result (as pairs, in the model's order), the journal rows and the new state — one
@@ -877,6 +887,32 @@ impl<'a> Assembly<'a> {
             })
             .await
     }
+}
+
+/// The fork reaction: fork `to` holds the evidence of `from`'s requests up to the cut's step,
+/// sent and refused (the history they name is the fork's too, by the same numbers).
+pub(crate) fn on_fork(
+    c: &Connection,
+    from: &str,
+    to: &str,
+    cut: &crate::session::HistoryCut,
+) -> Result<(), StoreError> {
+    const EVIDENCE: &str = "step, created_at, head, system_hash, tools_hash, history_from, \
+         history_to, body_sha256, meta_version, turn, body_bytes, finish_reason, prompt_tokens, \
+         completion_tokens, cached_tokens, duration_ms, attempts, anchor, result_cap, notes_hash";
+    const REFUSED: &str = "seq, turn, step, created_at, http_status, error, attempts, \
+         duration_ms, head, system_hash, tools_hash, history_from, history_to, body_sha256, \
+         body_bytes, meta_version, anchor, result_cap, notes_hash";
+    for (table, columns) in [("evidence", EVIDENCE), ("refused_requests", REFUSED)] {
+        c.execute(
+            &format!(
+                "INSERT INTO {table} (session_id, {columns})
+                 SELECT ?2, {columns} FROM {table} WHERE session_id=?1 AND step<=?3"
+            ),
+            params![from, to, cut.step],
+        )?;
+    }
+    Ok(())
 }
 
 /// The delete reaction: the session's request evidence, sent and refused (the blobs it

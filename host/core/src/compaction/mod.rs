@@ -31,9 +31,11 @@ use crate::session::{self, RuntimeState};
 
 mod checkpoints;
 mod freeze;
+mod rewind;
 
 pub use checkpoints::*;
 pub use freeze::*;
+pub use rewind::ConversationRewind;
 
 pub use crate::session::events::Trigger;
 
@@ -509,6 +511,30 @@ impl<'a> Compaction<'a> {
         self.engine.write(id.clone(), move |c| promote_in(c, &id, seq, Some(state_after), ms)).await
     }
 
+    /// Takes the session's conversation back to `cut`, as `by` asked (see
+    /// `rewind::rewind_conversation_in`).
+    pub async fn rewind_conversation(
+        &self,
+        id: &SessionId,
+        cut: crate::session::HistoryCut,
+        by: String,
+    ) -> Result<Option<ConversationRewind>, StoreError> {
+        let id = id.clone();
+        self.engine
+            .write(id.clone(), move |c| rewind::rewind_conversation_in(c, &id, &cut, &by))
+            .await
+    }
+
+    /// What taking the session's conversation back to `cut` would do (see `rewind::plan_in`).
+    pub async fn plan_conversation_rewind(
+        &self,
+        id: &SessionId,
+        cut: crate::session::HistoryCut,
+    ) -> Result<Option<ConversationRewind>, StoreError> {
+        let id = id.clone();
+        self.engine.db().read(move |c| rewind::plan_in(c, &id, &cut)).await
+    }
+
     /// The session's checkpoints, oldest first.
     pub async fn checkpoints(&self, id: &SessionId) -> Result<Vec<CheckpointRecord>, StoreError> {
         let id = id.clone();
@@ -557,6 +583,33 @@ pub(crate) fn on_recover(c: &Connection, id: &str) -> Result<(), StoreError> {
             },
         )?;
     }
+    Ok(())
+}
+
+/// The columns of `checkpoints` a fork copies.
+const CHECKPOINT_COLUMNS: &str = "seq, status, trigger, turn, created_at, decided_at, range_from, \
+     range_to, prev_context_start, last_message, meta_version, anchor, previous, summary, \
+     artifacts, body_sha256, body_bytes, reply, error, attempts, duration_ms, prompt_tokens, \
+     completion_tokens, tokens_before, tokens_after";
+
+/// The fork reaction: fork `to` gets the checkpoints of `from` that were promoted up to the
+/// cut's context start (the one its request held is its current one), and that context start.
+pub(crate) fn on_fork(
+    c: &Connection,
+    from: &str,
+    to: &str,
+    cut: &crate::session::HistoryCut,
+) -> Result<(), StoreError> {
+    c.execute(
+        &format!(
+            "INSERT INTO checkpoints (session_id, {CHECKPOINT_COLUMNS})
+             SELECT ?2, {CHECKPOINT_COLUMNS} FROM checkpoints
+             WHERE session_id=?1 AND status='promoted' AND range_to<=?3"
+        ),
+        params![from, to, cut.context_start],
+    )?;
+    c.prepare_cached("UPDATE sessions SET context_start=?2 WHERE id=?1")?
+        .execute(params![to, cut.context_start])?;
     Ok(())
 }
 

@@ -300,6 +300,83 @@ pub(crate) fn on_turn_begun(
     transition::commit_in(c, id, turn, &transition::Understood::default(), None).map(|_| ())
 }
 
+/// The fork reaction: fork `to` gets `from`'s task transitions and orchestrations of the
+/// turns up to the cut's, the plan versions and loaded capabilities that came before it (by
+/// turn, and by a call the fork's journal holds), and the goals they left.
+pub(crate) fn on_fork(
+    c: &Connection,
+    from: &str,
+    to: &str,
+    cut: &crate::session::HistoryCut,
+) -> Result<(), StoreError> {
+    let copies = [
+        (
+            "task_transitions",
+            "turn, at_ms, relation, mode, session_goal, phase_goal, terms, error, body_sha256, \
+             body_bytes, reply, duration_ms, attempts",
+            "turn<=?3",
+        ),
+        (
+            "orchestrations",
+            "turn, at_ms, mode, candidates, memories, recall_error, recall_ms, body_sha256, \
+             body_bytes, reply, selected, dropped, error, duration_ms, attempts, done",
+            "turn<=?3",
+        ),
+        (
+            "plan_versions",
+            "version, phase_turn, at_ms, change, steps, closed, call_id",
+            "phase_turn<=?3 AND (call_id IS NULL OR call_id IN
+                 (SELECT call_id FROM tool_calls WHERE session_id=?2))",
+        ),
+        (
+            "session_capabilities",
+            "kind, name, via, turn, at_ms, digest, call_id",
+            "(turn IS NULL OR turn<=?3) AND (call_id IS NULL OR call_id IN
+                 (SELECT call_id FROM tool_calls WHERE session_id=?2))",
+        ),
+    ];
+    for (table, columns, which) in copies {
+        c.execute(
+            &format!(
+                "INSERT INTO {table} (session_id, {columns})
+                 SELECT ?2, {columns} FROM {table} WHERE session_id=?1 AND {which}"
+            ),
+            params![from, to, cut.turn],
+        )?;
+    }
+    let goals: Option<(Option<String>, Option<String>)> = c
+        .prepare_cached(
+            "SELECT session_goal, phase_goal FROM task_transitions WHERE session_id=?1
+             ORDER BY turn DESC LIMIT 1",
+        )?
+        .query_row([to], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let (session_goal, mut phase_goal) = goals.unwrap_or_default();
+    let mut phase_turn: Option<i64> = c
+        .prepare_cached(
+            "SELECT MAX(turn) FROM task_transitions WHERE session_id=?1 AND mode<>'keep'",
+        )?
+        .query_row([to], |r| r.get(0))?;
+    if let Some(turn) = phase_turn {
+        let closed: Option<i64> = c
+            .prepare_cached(
+                "SELECT closed FROM plan_versions WHERE session_id=?1 AND phase_turn=?2
+                 ORDER BY version DESC LIMIT 1",
+            )?
+            .query_row(params![to, turn], |r| r.get(0))
+            .optional()?;
+        if closed.is_some_and(|c| c != 0) {
+            (phase_goal, phase_turn) = (None, None);
+        }
+    }
+    c.prepare_cached(
+        "UPDATE session_config SET session_goal=?2, phase_goal=?3, phase_turn=?4
+         WHERE session_id=?1",
+    )?
+    .execute(params![to, session_goal, phase_goal, phase_turn])?;
+    Ok(())
+}
+
 /// The delete reaction: the session's task transitions, plan versions, capabilities and
 /// orchestrations.
 pub(crate) fn on_delete(c: &Connection, id: &str) -> Result<(), StoreError> {

@@ -43,10 +43,18 @@ pub struct NewSession {
     pub pins: crate::tools::ToolPins,
 }
 
-fn valid_id(id: &str) -> bool {
-    !id.is_empty()
+/// `id` if it is a valid session id (letters, digits, `-` and `_`, at most 64).
+pub(super) fn valid_id(id: &str) -> Result<&str, StoreError> {
+    if !id.is_empty()
         && id.len() <= 64
         && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Ok(id);
+    }
+    Err(StoreError::Input(format!(
+        "session id `{}` is not valid: use letters, digits, `-` and `_` (at most 64)",
+        id.escape_debug()
+    )))
 }
 
 /// Checks what `new` names (its user, policy patterns, chosen id) and returns its id: the
@@ -63,10 +71,7 @@ pub(crate) fn checked_id(new: &NewSession) -> Result<String, StoreError> {
     }
     new.policy.check_patterns().map_err(StoreError::Input)?;
     match &new.id {
-        Some(id) if !valid_id(id) => Err(StoreError::Input(format!(
-            "session id `{id}` is not valid: use letters, digits, `-` and `_` (at most 64)"
-        ))),
-        Some(id) => Ok(id.clone()),
+        Some(id) => Ok(valid_id(id)?.to_string()),
         None => Ok(new_id()),
     }
 }

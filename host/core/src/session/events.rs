@@ -262,6 +262,22 @@ pub enum SessionEvent {
         not_undone: Vec<String>,
         by: String,
     },
+    /// The session was made as a fork of session `from` at step `at`: its history is
+    /// `from`'s up to message `messages` (`by`: who forked it).
+    Forked { from: String, at: i64, messages: i64, by: String },
+    /// The conversation went back to step `to`: messages `rewound_from..=rewound_to` left the
+    /// model's context (they stay in the store), the messages the context held at the step
+    /// were appended again as `resent_from..=resent_to` (none when `resent_to` is below
+    /// `resent_from`), and the context now starts after message `context_start`.
+    ConversationRewound {
+        to: i64,
+        rewound_from: i64,
+        rewound_to: i64,
+        resent_from: i64,
+        resent_to: i64,
+        context_start: i64,
+        by: String,
+    },
     /// A client reached the session from outside (an MCP client over `transport`), as it
     /// named itself, speaking `protocol`.
     ClientConnected { client: String, version: String, protocol: String, transport: String },
@@ -333,6 +349,8 @@ impl SessionEvent {
             Self::PolicyChanged { .. } => "policy_changed",
             Self::RewindStarted { .. } => "rewind_started",
             Self::Rewound { .. } => "rewound",
+            Self::Forked { .. } => "forked",
+            Self::ConversationRewound { .. } => "conversation_rewound",
         }
     }
 }

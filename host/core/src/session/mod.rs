@@ -22,10 +22,12 @@ mod direct;
 pub(crate) mod events;
 mod extensions;
 mod facts;
+mod fork;
 pub(crate) mod lease;
 pub(crate) mod preimages;
 pub use rewind::PastRewind;
-pub(crate) use rewind::open_rewind_in;
+pub use rewind::RewoundConversation;
+pub(crate) use rewind::{conversation_rewinds_in, open_rewind_in, reappend_in};
 pub mod reactions;
 mod reads;
 mod recover;
@@ -55,6 +57,8 @@ pub use direct::DIRECT_CALL_PREFIX;
 pub use events::{EventRow, ModelShown, SessionEvent, SettingsChange};
 pub(crate) use events::settings_changes;
 pub use facts::{MetaCounters, Runtime, RuntimeState};
+pub use fork::{ForkSettings, HistoryCut, Origin};
+pub(crate) use fork::origin_in;
 pub(crate) use facts::{
     journal_row, load_counters, lock_in, no_session, parse, pending_inputs, runtime_in, set_state,
     set_state_after, unsettled_in,
@@ -305,6 +309,18 @@ impl SessionEngine {
     ) -> Result<(), StoreError> {
         let id = id.clone();
         self.write(id.clone(), move |c| rewind::begin_in(c, &id, to, files, &by)).await
+    }
+
+    /// Creates a session as the fork of this one at `cut`, as `settings` say (see
+    /// `fork::fork_in`).
+    pub async fn fork(
+        &self,
+        id: &SessionId,
+        cut: HistoryCut,
+        settings: ForkSettings,
+    ) -> Result<(), StoreError> {
+        let from = id.clone();
+        self.write(id.clone(), move |c| fork::fork_in(c, &from, &cut, &settings)).await
     }
 
     /// Records the end of the session's rewind (a `rewound` event).

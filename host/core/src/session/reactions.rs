@@ -5,7 +5,8 @@
 //! begins (its transition, when no understanding call is to be made), a sub-session's turn
 //! ends (its workgroup writes the terminal event), a control call's result is recorded (the
 //! plan, the loaded capabilities, the memory and the workgroup apply what it asked for), a
-//! stopped session is recovered (a compaction it left is settled) — the kernel calls the
+//! stopped session is recovered (a compaction it left is settled), a session is deleted or
+//! forked (each copies or deletes its own rows) — the kernel calls the
 //! reaction the features registered. They are
 //! code, the same for every database of the process: `install` keeps the first set given,
 //! and every [`SessionEngine`](super::SessionEngine) is made with them, so no engine runs
@@ -46,6 +47,9 @@ pub struct Reactions {
     pub on_recover: fn(&Connection, &str) -> Result<(), StoreError>,
     /// Session `id` is being deleted: each feature deletes its rows of it, or refuses.
     pub on_delete: fn(&Connection, &str) -> Result<(), StoreError>,
+    /// Session `to` is being made as the fork of session `from` at the cut (the kernel's rows
+    /// are written): each feature copies its rows of `from` up to the cut, or refuses.
+    pub on_fork: fn(&Connection, &str, &str, &super::HistoryCut) -> Result<(), StoreError>,
 }
 
 impl Reactions {
@@ -57,6 +61,7 @@ impl Reactions {
         on_call_done: |_, _, _, _| Ok(()),
         on_recover: |_, _| Ok(()),
         on_delete: |_, _| Ok(()),
+        on_fork: |_, _, _, _| Ok(()),
     };
 }
 

@@ -115,3 +115,86 @@ pub(super) fn end_in(c: &Connection, id: &str, event: &SessionEvent) -> Result<(
     append(c, id, event)?;
     Ok(())
 }
+
+/// Appends again, after the last message of session `id`, its messages `from..=to` (their turn
+/// and role kept), for a conversation going back to where they ended; returns the last
+/// message before and the new ones' first and last numbers. Refused while a turn is in
+/// progress (running, or waiting for a decision): its next request would mix the two.
+pub(crate) fn reappend_in(
+    c: &Connection,
+    id: &str,
+    from: i64,
+    to: i64,
+) -> Result<(i64, i64, i64), StoreError> {
+    super::lock_in(c, id)?;
+    let runtime = super::runtime_in(c, id)?;
+    if let Some(turn) = runtime.active_turn {
+        return Err(StoreError::Conflict(format!(
+            "session `{}` is in turn {turn} ({}); let it end, or interrupt it, before rewinding its conversation",
+            id.escape_debug(),
+            runtime.state.as_str()
+        )));
+    }
+    let last: i64 = c
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id=?1")?
+        .query_row([id], |r| r.get(0))?;
+    c.prepare_cached(
+        "INSERT INTO messages (session_id, seq, turn, role, body, created_at)
+         SELECT session_id, seq - ?2 + ?3, turn, role, body, ?5 FROM messages
+         WHERE session_id=?1 AND seq>=?2 AND seq<=?4",
+    )?
+    .execute(params![id, from, last + 1, to, crate::store::now_ms()])?;
+    Ok((last, last + 1, last + 1 + (to - from)))
+}
+
+/// A conversation rewind, as a session's timeline shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RewoundConversation {
+    pub at_ms: i64,
+    /// The step it went back to.
+    pub to: i64,
+    /// The messages that left the context.
+    pub rewound_from: i64,
+    pub rewound_to: i64,
+    /// The messages the context held at the step, appended again.
+    pub resent_from: i64,
+    pub resent_to: i64,
+    pub by: String,
+}
+
+/// The conversation rewinds of session `id`, oldest first.
+pub(crate) fn conversation_rewinds_in(
+    c: &Connection,
+    id: &str,
+) -> Result<Vec<RewoundConversation>, StoreError> {
+    let mut stmt = c.prepare_cached(
+        "SELECT at_ms, body FROM session_events WHERE session_id=?1
+         AND kind='conversation_rewound' ORDER BY seq",
+    )?;
+    let rows: Vec<(i64, String)> =
+        stmt.query_map([id], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?;
+    rows.into_iter()
+        .map(|(at_ms, body)| match serde_json::from_str::<SessionEvent>(&body) {
+            Ok(SessionEvent::ConversationRewound {
+                to,
+                rewound_from,
+                rewound_to,
+                resent_from,
+                resent_to,
+                by,
+                ..
+            }) => Ok(RewoundConversation {
+                at_ms,
+                to,
+                rewound_from,
+                rewound_to,
+                resent_from,
+                resent_to,
+                by,
+            }),
+            _ => Err(StoreError::Corrupt(format!(
+                "a conversation rewind of session `{id}` does not read"
+            ))),
+        })
+        .collect()
+}

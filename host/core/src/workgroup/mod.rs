@@ -308,17 +308,39 @@ impl<'a> Workgroups<'a> {
 }
 
 
+/// The main session of the workgroup session `id` is part of, if any.
+fn main_of_in(c: &Connection, id: &str) -> Result<Option<String>, StoreError> {
+    Ok(c.prepare_cached(
+        "SELECT main_id FROM workgroups WHERE main_id=?1
+         UNION SELECT main_id FROM subsessions WHERE session_id=?1",
+    )?
+    .query_row([id], |r| r.get(0))
+    .optional()?)
+}
+
+/// The fork reaction: a session of a workgroup is not forked — its history holds the results
+/// of other sessions, which a fork would not have.
+pub(crate) fn on_fork(
+    c: &Connection,
+    from: &str,
+    _to: &str,
+    _cut: &crate::session::HistoryCut,
+) -> Result<(), StoreError> {
+    match main_of_in(c, from)? {
+        Some(main) => Err(StoreError::Conflict(format!(
+            "session `{}` is part of the workgroup of `{}`: its history holds other sessions' \
+             results, so it cannot be forked",
+            from.escape_debug(),
+            main.escape_debug()
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The delete reaction: a session of a workgroup is kept — its results are part of another
 /// session's history (the main session's, or its parent's).
 pub(crate) fn on_delete(c: &Connection, id: &str) -> Result<(), StoreError> {
-    let main: Option<String> = c
-        .prepare_cached(
-            "SELECT main_id FROM workgroups WHERE main_id=?1
-             UNION SELECT main_id FROM subsessions WHERE session_id=?1",
-        )?
-        .query_row([id], |r| r.get(0))
-        .optional()?;
-    match main {
+    match main_of_in(c, id)? {
         Some(main) => Err(StoreError::Conflict(format!(
             "session `{}` is part of the workgroup of `{}`: its results are in another session's \
              history, so it is kept",

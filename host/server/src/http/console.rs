@@ -20,6 +20,8 @@ use super::auth::{self, Caller, LOGIN_COOKIE};
 use super::{App, Failure};
 use keel::protocol::sessions::Decision;
 
+mod travel;
+
 type Shared = State<Arc<App>>;
 
 const TEMPLATES: &[(&str, &str)] = &[
@@ -38,6 +40,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("files.html", include_str!("templates/files.html")),
     ("tokens.html", include_str!("templates/tokens.html")),
     ("rewind.html", include_str!("templates/rewind.html")),
+    ("fork.html", include_str!("templates/fork.html")),
     ("error.html", include_str!("templates/error.html")),
 ];
 
@@ -80,7 +83,8 @@ pub fn routes(app: Arc<App>) -> Router {
         .route("/sessions/{id}/title", post(set_title))
         .route("/sessions/{id}/policy", post(change_policy))
         .route("/sessions/{id}/model", post(change_model))
-        .route("/sessions/{id}/rewind", get(rewind_page).post(rewind))
+        .route("/sessions/{id}/rewind", get(travel::rewind_page).post(travel::rewind))
+        .route("/sessions/{id}/fork", get(travel::fork_page).post(travel::fork))
         .route("/tokens", get(tokens_page).post(add_token))
         .route("/tokens/{name}/revoke", post(revoke_token))
         .route("/approvals", get(approvals_page))
@@ -426,76 +430,14 @@ async fn change_model(
     or_error(&app, r)
 }
 
-#[derive(Deserialize)]
-struct RewindQuery {
-    to: i64,
-}
-
 /// The class a page gives a line of a unified diff: `add`, `del`, `hunk` or `ctx`.
-fn diff_class(line: &str) -> &'static str {
+pub(super) fn diff_class(line: &str) -> &'static str {
     match line.chars().next() {
         Some('+') if !line.starts_with("+++") => "add",
         Some('-') if !line.starts_with("---") => "del",
         Some('@') => "hunk",
         _ => "ctx",
     }
-}
-
-/// A rewind's report as the page shows it: each diff as lines with a class.
-fn rewind_view(report: &keel::api::RewindReport) -> Value {
-    let mut v = json!(report);
-    for p in v["paths"].as_array_mut().into_iter().flatten() {
-        if let Some(diff) = p["diff"].as_str() {
-            let lines: Vec<Value> =
-                diff.lines().map(|l| json!({"text": l, "class": diff_class(l)})).collect();
-            p["diff_lines"] = json!(lines);
-        }
-    }
-    v
-}
-
-/// What a rewind to a step would do (a dry run: nothing is written), with the button that
-/// does it.
-async fn rewind_page(
-    State(app): Shared,
-    Viewer(v): Viewer,
-    Path(id): Path<String>,
-    Query(q): Query<RewindQuery>,
-) -> Response {
-    let r = async {
-        let opts = keel::api::RewindOptions { dry_run: true, ..Default::default() };
-        let report = app.harness.rewind(&v.who(), &id, q.to, opts).await?;
-        Ok(page(&app, &v, "rewind.html", json!({"id": id, "r": rewind_view(&report)})))
-    }
-    .await;
-    or_error(&app, r)
-}
-
-#[derive(Deserialize)]
-struct RewindForm {
-    #[serde(default)]
-    csrf: String,
-    to: i64,
-    #[serde(default)]
-    force: String,
-}
-
-async fn rewind(
-    State(app): Shared,
-    Viewer(v): Viewer,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    Form(f): Form<RewindForm>,
-) -> Response {
-    let r = async {
-        auth::check_form(&headers, &v, &f.csrf)?;
-        let force = keel::api::RewindForce::from_flags(f.force == "on", Vec::new());
-        let opts = keel::api::RewindOptions { dry_run: false, force };
-        let report = app.harness.rewind(&v.who(), &id, f.to, opts).await?;
-        Ok(page(&app, &v, "rewind.html", json!({"id": id, "r": rewind_view(&report)})))
-    }
-    .await;
-    or_error(&app, r)
 }
 
 /// The tokens page: every token, a form to make one and, once, the secret of the one just
@@ -645,6 +587,8 @@ async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure>
         "id": id,
         "title": t["title"],
         "unfinished_rewind": t["unfinished_rewind"],
+        "forked_from": t["forked_from"],
+        "conversation_rewinds": t["conversation_rewinds"],
         "changes": t["settings_changes"],
         "may_decide": v.who().may_decide(meta.config.owner.as_ref()),
         "pending": pending,

@@ -15,6 +15,7 @@ mod tidy;
 mod undo;
 
 pub use tidy::title as session_title;
+pub use undo::print as print_rewind;
 
 use super::turn::{cancel_on_ctrl_c, open_harness, quiet, report, streaming};
 use super::{EXIT_REFUSED, EXIT_SETUP, inert, inert_block};
@@ -73,6 +74,11 @@ pub enum SessionCommand {
     /// installed now, against a scratch copy of the session's grants, and say which outputs
     /// changed (a regression check of a new tool version). Other calls are never run.
     Replay(undo::ReplayArgs),
+    /// Make a new session whose history is this one's up to a step — the same settings,
+    /// grants (--read-only, --drop-grant narrow them), goals and plan — to try another model
+    /// (--model), instruction or tool version from the same point. The original is untouched;
+    /// the fork's origin is recorded and shown.
+    Fork(undo::ForkArgs),
     /// Unload a tool or skill from a session — the only way a capability leaves one (the
     /// Orchestrator, skills_load and tools_select only add). The control and discovery tools
     /// stay.
@@ -200,6 +206,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::Policy(a) => a.json,
         SessionCommand::Rewind(a) => a.json,
         SessionCommand::Replay(a) => a.json,
+        SessionCommand::Fork(a) => a.json,
         SessionCommand::Evidence(_) => false,
     };
     let (_, h) = match open_harness(&home).await {
@@ -213,6 +220,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::Policy(a) => set::policy(&h, a).await,
         SessionCommand::Rewind(a) => undo::rewind(&h, a).await,
         SessionCommand::Replay(a) => undo::replay(&h, a).await,
+        SessionCommand::Fork(a) => undo::fork(&h, a).await,
         SessionCommand::Unload(a) => {
             use keel::protocol::sessions::CapabilityKind as Kind;
             let (kind, name) = match (&a.what.tool, &a.what.skill) {
@@ -269,6 +277,23 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                             t.id
                         );
                     }
+                    if let Some(o) = &t.forked_from {
+                        println!(
+                            "fork    of session {} at step {} (by {})",
+                            inert(&o.session),
+                            o.step,
+                            inert(&o.by)
+                        );
+                    }
+                    for r in &t.conversation_rewinds {
+                        println!(
+                            "rewound the conversation to step {} (by {}): messages {}–{} left the context",
+                            r.to,
+                            inert(&r.by),
+                            r.rewound_from,
+                            r.rewound_to
+                        );
+                    }
                     println!("goal    {}", inert(t.session_goal.as_deref().unwrap_or("-")));
                     println!(
                         "phase   {}",
@@ -296,7 +321,20 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
                         while let Some(cp) = marks.next_if(|cp| cp.from <= m.seq) {
                             print_checkpoint(cp, t.context_start);
                         }
-                        let compacted = if m.seq <= t.context_start { " (compacted)" } else { "" };
+                        let rewound = t
+                            .conversation_rewinds
+                            .iter()
+                            .any(|r| (r.rewound_from..=r.rewound_to).contains(&m.seq));
+                        let summarized = t.checkpoints.iter().any(|cp| {
+                            cp.status == keel::protocol::sessions::CheckpointStatus::Promoted
+                                && (cp.from..=cp.to).contains(&m.seq)
+                        });
+                        let compacted = match (rewound, m.seq <= t.context_start, summarized) {
+                            (true, _, _) => " (rewound)",
+                            (false, true, true) => " (compacted)",
+                            (false, true, false) => " (sent again after a rewind)",
+                            (false, false, _) => "",
+                        };
                         println!("\n#{} turn {} {}{compacted}", m.seq, m.turn, m.role);
                         if !m.text.is_empty() {
                             println!("  {}", inert_block(&m.text));

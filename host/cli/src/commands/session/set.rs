@@ -15,6 +15,16 @@ use super::super::describe_model as describe;
 pub struct SetArgs {
     /// Session id.
     id: String,
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Another model for a session: each part given replaces the session's.
+#[derive(Args)]
+pub struct ModelArgs {
     /// The model server's base URL, the part before /chat/completions (an admin's change:
     /// the host's model credentials go wherever it points).
     #[arg(long, value_name = "URL")]
@@ -25,9 +35,16 @@ pub struct SetArgs {
     /// The model's context window in tokens.
     #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(512..))]
     context_window: Option<u64>,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
+}
+
+impl ModelArgs {
+    pub fn change(self) -> ModelChange {
+        ModelChange {
+            base_url: self.model_url,
+            model: self.model,
+            context_window: self.context_window,
+        }
+    }
 }
 
 /// Moves session `id` to the model `change` names and says what changed, on stderr (as a
@@ -51,9 +68,7 @@ pub async fn change_model(h: &Harness, id: &str, change: ModelChange, json: bool
 }
 
 pub async fn execute(h: &Harness, a: SetArgs) -> ExitCode {
-    let change =
-        ModelChange { base_url: a.model_url, model: a.model, context_window: a.context_window };
-    change_model(h, &a.id, change, a.json).await
+    change_model(h, &a.id, a.model.change(), a.json).await
 }
 
 #[derive(Args)]

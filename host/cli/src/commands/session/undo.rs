@@ -1,10 +1,12 @@
 //! `keel session rewind ID --to STEP`: put back what a session's calls after a step changed
-//! on disk.
+//! on disk (and with `--conversation`, take its conversation back there too);
+//! `keel session replay`: run its recorded reads again; `keel session fork`: a new session
+//! from a step.
 
 use std::process::ExitCode;
 
 use clap::Args;
-use keel::api::{Caller, RewindForce, RewindOptions, RewindReport};
+use keel::api::{Caller, ForkOptions, RewindForce, RewindOptions, RewindReport};
 use keel::protocol::setup::Harness;
 use serde_json::json;
 
@@ -29,6 +31,11 @@ pub struct RewindArgs {
     /// as listed; repeatable).
     #[arg(long, value_name = "PATH")]
     force_path: Vec<String>,
+    /// Take the conversation back too, once every file is back: the messages after the step
+    /// leave the model's context (they stay in the store, shown as rewound), and the next
+    /// turn continues from the step.
+    #[arg(long)]
+    conversation: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -36,7 +43,7 @@ pub struct RewindArgs {
 
 pub async fn rewind(h: &Harness, a: RewindArgs) -> ExitCode {
     let force = RewindForce::from_flags(a.force, a.force_path.clone());
-    let opts = RewindOptions { dry_run: a.dry_run, force };
+    let opts = RewindOptions { dry_run: a.dry_run, force, conversation: a.conversation };
     let report = match h.rewind(&Caller::Operator, &a.id, a.to, opts).await {
         Ok(r) => r,
         Err(e) => return api_fail(a.json, &e),
@@ -50,7 +57,8 @@ pub async fn rewind(h: &Harness, a: RewindArgs) -> ExitCode {
     if left == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) }
 }
 
-fn print(r: &RewindReport) {
+/// A rewind's report, as `keel session rewind` and the chat's `/rewind` print it.
+pub fn print(r: &RewindReport) {
     let what = if r.dry_run { " (dry run: nothing was written)" } else { "" };
     let resumed = if r.resumed { ", finishing the one cut short" } else { "" };
     println!("session {}: rewind to step {}{resumed}{what}", r.session_id, r.to);
@@ -95,6 +103,84 @@ fn print(r: &RewindReport) {
             "{left} path(s) left as they are; --force-path PATH (or --force) puts back one that changed since"
         );
     }
+    if let Some(c) = &r.conversation {
+        let moved = |w: &keel::protocol::sessions::ConversationRewind| {
+            format!(
+                "messages {}–{} {} the model's context; the {} message(s) it held at step {} {}",
+                w.rewound_from,
+                w.rewound_to,
+                if c.outcome == "would" { "would leave" } else { "left" },
+                w.resent,
+                r.to,
+                if c.outcome == "would" { "would be sent again" } else { "are sent again" },
+            )
+        };
+        match (c.outcome, &c.rewind) {
+            ("done" | "would", Some(w)) => println!("  conversation       {}", moved(w)),
+            ("nothing", _) => println!("  conversation       nothing came after step {}", r.to),
+            (_, _) => println!(
+                "  conversation       not rewound: {}",
+                inert(c.why.as_deref().unwrap_or("-"))
+            ),
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct ForkArgs {
+    /// Session id.
+    id: String,
+    /// The step to fork at: the fork's history is the session's up to the results of this
+    /// step (0: before its first request). `keel session show ID` lists the steps.
+    #[arg(long, value_name = "STEP")]
+    at: i64,
+    /// The fork's id (default: a new one).
+    #[arg(long = "new-id", value_name = "ID")]
+    new_id: Option<String>,
+    /// The fork's model, if another (by default the session's).
+    #[command(flatten)]
+    model: super::set::ModelArgs,
+    /// Give the fork every grant read-only.
+    #[arg(long)]
+    read_only: bool,
+    /// Do not give the fork the grant at this guest path (repeatable).
+    #[arg(long, value_name = "GUEST")]
+    drop_grant: Vec<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `keel session fork`: a new session whose history is the session's up to a step.
+pub async fn fork(h: &Harness, a: ForkArgs) -> ExitCode {
+    let opts = ForkOptions {
+        id: a.new_id,
+        model: a.model.change(),
+        read_only: a.read_only,
+        drop_grants: a.drop_grant,
+    };
+    let report = match h.fork(&Caller::Operator, &a.id, a.at, opts).await {
+        Ok(r) => r,
+        Err(e) => return api_fail(a.json, &e),
+    };
+    if a.json {
+        println!("{}", json!({"ok": true, "fork": report}));
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "session {}: forked from {} at step {} ({} message(s), turn {})",
+        report.session_id, report.from, report.at, report.messages, report.turn
+    );
+    println!("  model   {}", super::super::describe_model(&report.model));
+    for g in &report.grants {
+        println!("  grant   {g}");
+    }
+    if report.grants.is_empty() {
+        println!("  grant   none");
+    }
+    println!("  the files its grants reach are shared with {}, not copied", report.from);
+    println!("continue it: keel run --session {} \"…\"", report.session_id);
+    ExitCode::SUCCESS
 }
 
 #[derive(Args)]

@@ -27,12 +27,14 @@ mod access;
 mod approvals;
 mod events;
 mod tools;
+mod travel;
 
 use access::{add_token, list_tokens, revoke_token};
 pub(crate) use approvals::{DecideBody, decide, visible_approvals};
 use approvals::{approve, list_approvals, reject};
 use events::{events, files};
 use tools::{get_tool, list_tools, presets, remove_tool, too_large, upload_tool};
+use travel::{fork, replay, rewind};
 
 type Shared = State<Arc<App>>;
 
@@ -56,6 +58,7 @@ pub fn routes(app: Arc<App>) -> Router {
         .route("/sessions/{id}/model", post(change_model))
         .route("/sessions/{id}/rewind", post(rewind))
         .route("/sessions/{id}/replay", post(replay))
+        .route("/sessions/{id}/fork", post(fork))
         .route("/approvals", get(list_approvals))
         .route("/approvals/{id}/approve", post(approve))
         .route("/approvals/{id}/reject", post(reject))
@@ -207,7 +210,7 @@ pub struct ErrorDetail {
         approvals::reject, tools::presets, tools::list_tools, tools::upload_tool, tools::get_tool,
         tools::remove_tool, workgroup, change_policy, change_model, delete_session,
         prune_sessions, set_title, access::list_tokens, access::add_token,
-        access::revoke_token, rewind, replay
+        access::revoke_token, travel::rewind, travel::replay, travel::fork
     ),
     components(schemas(ErrorBody, ErrorDetail)),
     modifiers(&BearerAuth),
@@ -666,88 +669,6 @@ async fn change_model(
     };
     let (from, to) = app.harness.set_session_model(&caller.who(), &id, change).await?;
     Ok(Json(json!({"ok": true, "session_id": id, "from": from, "to": to})))
-}
-
-/// A rewind: the step to go back to, and what to do about paths changed since the session's
-/// last call.
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RewindBody {
-    /// Files as they were after this step's calls (0: before the session's first call).
-    pub to: i64,
-    /// Only say what would change (with a diff of each file); write nothing.
-    #[serde(default)]
-    pub dry_run: bool,
-    /// Put back every path changed since the session's last call too.
-    #[serde(default)]
-    pub force: bool,
-    /// Put back these paths although they changed since.
-    #[serde(default)]
-    pub force_paths: Vec<String>,
-}
-
-impl RewindBody {
-    pub(crate) fn options(self) -> keel::api::RewindOptions {
-        let force = keel::api::RewindForce::from_flags(self.force, self.force_paths);
-        keel::api::RewindOptions { dry_run: self.dry_run, force }
-    }
-}
-
-/// Puts back what the session's calls after step `to` changed inside its grants, each file as
-/// it was; a path changed since the session's last call is a conflict, left alone unless
-/// forced. `rewind.paths` says what happened to each (`done`, `would`, `already`, `conflict`,
-/// `not_restorable`, `refused`, `failed`), `rewind.not_undone` the calls whose effects are
-/// outside the grants. Whoever may decide the session's approvals may rewind it; refused
-/// (409) while a turn runs.
-#[utoipa::path(post, path = "/sessions/{id}/rewind", params(("id" = String, Path)), request_body = RewindBody, responses((status = 200, description = "ok (false when paths were left), rewind", body = Object), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
-async fn rewind(
-    State(app): Shared,
-    caller: Caller,
-    Path(id): Path<String>,
-    req: Result<Json<RewindBody>, JsonRejection>,
-) -> Result<Json<Value>, Failure> {
-    let req = body(req)?;
-    let to = req.to;
-    let report = app.harness.rewind(&caller.who(), &id, to, req.options()).await?;
-    let left = report.left().count();
-    let mut v = json!(report);
-    if !caller.is_admin() {
-        let meta = app.harness.session(&caller.who(), &id).await?;
-        keel::api::shown::Hidden::of_session(&caller.who(), &meta).value(&mut v);
-    }
-    Ok(Json(json!({"ok": left == 0, "rewind": v})))
-}
-
-/// A replay: the calls after which step to run again.
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ReplayBody {
-    /// Run again the calls after this step (default 0: every call).
-    #[serde(default)]
-    pub at: i64,
-}
-
-/// Runs again the session's recorded read-only, idempotent calls after step `at`, with the
-/// tools installed now, against a scratch copy of its grants, and says for each whether its
-/// output is the recorded one (`same`, `changed` with a diff and both component digests, or
-/// `skipped` with why). Nothing of the session changes. Whoever may decide the session's
-/// approvals may.
-#[utoipa::path(post, path = "/sessions/{id}/replay", params(("id" = String, Path)), request_body = ReplayBody, responses((status = 200, description = "ok (false when an output changed), replay", body = Object), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn replay(
-    State(app): Shared,
-    caller: Caller,
-    Path(id): Path<String>,
-    req: Result<Json<ReplayBody>, JsonRejection>,
-) -> Result<Json<Value>, Failure> {
-    let at = body(req)?.at;
-    let report = app.harness.replay(&caller.who(), &id, at).await?;
-    let changed = report.changed();
-    let mut v = json!(report);
-    if !caller.is_admin() {
-        let meta = app.harness.session(&caller.who(), &id).await?;
-        keel::api::shown::Hidden::of_session(&caller.who(), &meta).value(&mut v);
-    }
-    Ok(Json(json!({"ok": changed == 0, "replay": v})))
 }
 
 #[derive(Deserialize, ToSchema)]
