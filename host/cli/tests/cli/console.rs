@@ -518,8 +518,9 @@ async fn browser_console_admin_starts_with_grants_changes_settings_finds_deletes
     b.close().await.unwrap();
 }
 
-/// Undo from the console: a call's "Rewind files to before step N" shows what would change
-/// (the diff), and the button puts the file back.
+/// Undo from the console: a call's "Fork from after step N" makes a fork to another model,
+/// whose page says where it came from; "Rewind files to before step N" shows what would
+/// change (the diff), and the button puts the file back, with the conversation when asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "browser tier: needs Debian's chromium and chromium-driver"]
 async fn browser_console_rewinds_a_sessions_files_from_a_step() {
@@ -563,12 +564,33 @@ async fn browser_console_rewinds_a_sessions_files_from_a_step() {
     assert_eq!(text_of(&b, "tr[data-path='/work/plan.md'] pre.diff .add").await, "+wait");
     shot(&b, "rewind-preview").await;
     assert_eq!(std::fs::read_to_string(project.join("plan.md")).unwrap(), "# plan\nship it\n");
+    // Before rewinding: fork the session after its one step, to another model.
+    b.goto(&format!("{}/sessions/undo", s.base)).await.unwrap();
+    until(&b, "the fork link", "document.querySelector('a.fork-link')").await;
+    assert_eq!(text_of(&b, "a.fork-link").await, "Fork from after step 1…");
+    click(&b, "a.fork-link").await;
+    until(&b, "the fork form", "document.getElementById('fork-form')").await;
+    type_into(&b, "#fork-model", "m2").await;
+    click(&b, "#fork-go").await;
+    until(&b, "the fork's page", "document.getElementById('forked-from')").await;
+    let origin = text_of(&b, "#forked-from").await;
+    assert!(origin.starts_with("Forked from undo at step 1"), "{origin}");
+    assert!(text_of(&b, "#settings-model").await.contains("m2"));
+    shot(&b, "forked").await;
+    // Rewind the files and the conversation.
+    b.goto(&format!("{}/sessions/undo/rewind?to=0", s.base)).await.unwrap();
+    until(&b, "the preview", "document.getElementById('rewind-form')").await;
+    click(&b, "#rewind-conversation").await;
     click(&b, "#rewind-go").await;
     b.accept_alert().await.unwrap();
     until(&b, "the result", "document.getElementById('rewind-done')").await;
     let row = text_of(&b, "tr[data-path='/work/plan.md']").await;
     assert!(row.contains("done"), "{row}");
     assert_eq!(std::fs::read_to_string(project.join("plan.md")).unwrap(), "# plan\nwait\n");
+    let said = text_of(&b, "#rewind-conversation-outcome").await;
+    assert!(said.starts_with("Conversation: went back to step 0"), "{said}");
     shot(&b, "rewind-done").await;
+    b.goto(&format!("{}/sessions/undo", s.base)).await.unwrap();
+    until(&b, "the session", "document.querySelector('.conversation-rewound')").await;
     b.close().await.unwrap();
 }

@@ -226,6 +226,19 @@ async fn terminal_chat_streams_asks_in_place_interrupts_and_leaves() {
     assert!(room.contains("(no context window known): keel "), "{room}");
     pane.line("/room");
     pane.shows("next request ≈", 2);
+    // /rewind lists the steps; with one, it shows what going back would do and asks first.
+    pane.line("/rewind");
+    let steps = pane.shows("/rewind STEP goes back", 1);
+    assert!(steps.contains("step 5    turn 3    fs_write_file"), "{steps}");
+    assert!(steps.contains("step 6    turn 3    answer"), "{steps}");
+    pane.line("/rewind 4");
+    let plan = pane.shows("go back to step 4? [y/N]", 1);
+    assert!(plan.contains("would remove       /w/later.md"), "{plan}");
+    assert!(plan.contains("would leave the model's context"), "{plan}");
+    pane.line("y");
+    let done = pane.shows("are sent again", 1);
+    assert!(done.contains("removed            /w/later.md"), "{done}");
+    assert!(!work.path().join("later.md").exists());
 
     // Ctrl-C interrupts the turn and keeps the session.
     pane.line("Wait for it");

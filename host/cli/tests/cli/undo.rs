@@ -232,7 +232,7 @@ async fn a_rewind_killed_midway_leaves_whole_files_and_finishes_when_run_again()
 /// does not exist, and a user who may not decide its approvals may not rewind their own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rewind_over_the_api_is_for_those_who_may_decide() {
-    use super::serve::{Server, client, post, token, wait_for};
+    use super::serve::{Server, client, get, post, token, wait_for};
     let model = MockModel::start(vec![
         Reply::calls(&[("c1", "fs_write_file", &write("/w/notes.md", "# new\n"))]),
         Reply::text("written"),
@@ -287,6 +287,26 @@ async fn rewind_over_the_api_is_for_those_who_may_decide() {
     assert_eq!(v["replay"]["calls"][0]["outcome"], "skipped", "{v}");
     let (status, _) = post(&c, &replay, &eve, json!({"at": 0})).await;
     assert_eq!(status, 404);
+    // The conversation goes back with the files: the messages after step 0 leave the context.
+    let (status, v) = post(&c, &url, &s.admin, json!({"to": 0, "conversation": true})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["rewind"]["conversation"]["outcome"], "done", "{v}");
+    assert_eq!(v["rewind"]["conversation"]["rewind"]["resent"], 0, "{v}");
+    // Fork: another user's session does not exist for them; a user forks their own, and the
+    // fork is theirs; another model server is an admin's to choose.
+    let (status, _) = post(&c, &s.api("/sessions/api/fork"), &eve, json!({"at": 0})).await;
+    assert_eq!(status, 404);
+    let fork = s.api("/sessions/eves/fork");
+    let (status, v) = post(&c, &fork, &eve, json!({"at": 1, "id": "eves-again"})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!((v["fork"]["from"].as_str(), v["fork"]["at"].as_i64()), (Some("eves"), Some(1)));
+    let (status, v) = get(&c, &s.api("/sessions/eves-again"), &eve).await;
+    assert_eq!(status, 200, "{v}");
+    let (status, v) =
+        post(&c, &fork, &eve, json!({"at": 1, "model_url": "http://127.0.0.1:9/v1"})).await;
+    assert_eq!(status, 403, "{v}");
+    let (status, v) = post(&c, &fork, &eve, json!({"at": 1, "colour": "red"})).await;
+    assert_eq!(status, 400, "{v}");
 }
 
 /// Replay: the recorded read-only, idempotent calls run again against a scratch copy of the
