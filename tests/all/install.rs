@@ -358,3 +358,77 @@ async fn a_tool_written_with_plain_wit_bindgen_installs_and_runs() {
     assert_eq!(out.report.result, Ok(json!({"text": "KEEL"})));
     assert_eq!(out.report.logs.len(), 1);
 }
+
+/// The tool author's loop: a component file is compiled once. Its second call, an inspect and
+/// an install of the same bytes load its artifact from the cache; a tampered artifact is
+/// compiled again, never loaded; and of the files that are not installed, only the last
+/// `FILE_ARTIFACTS_KEPT` keep their artifacts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_file_is_compiled_once_then_loaded_from_its_checked_artifact() {
+    use keel::tools::{CallRequest, FILE_ARTIFACTS_KEPT};
+    let dir = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("n.md"), "a\nb\n").unwrap();
+    let grants = [keel::sandbox::Grant::new(ws.path(), "/w", keel::sandbox::Access::Ro).unwrap()];
+    let s = service_in(dir.path(), test_limits()).await;
+    let bytes = std::fs::read(guests::SUMMARY_V1_COMPONENT).unwrap();
+    let call_file = |bytes: Vec<u8>| {
+        let (s, grants) = (&s, &grants);
+        async move {
+            let req = CallRequest {
+                tool: "note_summary",
+                input: r#"{"path":"/w/n.md"}"#,
+                grants,
+                net: keel::sandbox::net::NetGrants::none(),
+                budget: Budget::default(),
+                cancel: None,
+                loaded: None,
+                policy: None,
+                approval: None,
+                control: None,
+            };
+            let out = s.call_file(&bytes, "summary", req).await.unwrap();
+            assert_eq!(out.report.result.as_ref().unwrap()["lines"], 2, "{:?}", out.report.result);
+            out.compiled_ms
+        }
+    };
+    let compiles = || s.sandbox().compiles();
+    let before = compiles();
+    assert!(call_file(bytes.clone()).await.is_some(), "the first call compiles");
+    assert_eq!(compiles(), before + 1);
+    assert!(s.file_compiled(&bytes).unwrap());
+    assert_eq!(call_file(bytes.clone()).await, None, "the second loads the artifact");
+    assert!(s.inspect_file(&bytes, "summary").await.accepted);
+    assert_eq!(compiles(), before + 1, "nor does an inspect compile");
+    // A tampered artifact is not loaded: compiled again.
+    let digest = keel::digest::sha256_hex(&bytes);
+    let cache =
+        std::fs::read_dir(dir.path().join("cache")).unwrap().next().unwrap().unwrap().path();
+    let artifact = cache.join(format!("{digest}.cwasm"));
+    let mut tampered = std::fs::read(&artifact).unwrap();
+    let mid = tampered.len() / 2;
+    tampered[mid] ^= 0xff;
+    std::fs::write(&artifact, &tampered).unwrap();
+    assert!(call_file(bytes.clone()).await.is_some(), "a tampered artifact is compiled again");
+    assert_eq!(compiles(), before + 2);
+    // Installing the same bytes compiles nothing either.
+    s.install(&bytes, "summary", "summary.wasm", false).await.unwrap();
+    assert_eq!(compiles(), before + 2);
+    // Other files (the same component, signed by other keys: other bytes) each compile; only
+    // the last ones keep an artifact, and an installed component always keeps its own.
+    let cached = || {
+        std::fs::read_dir(&cache)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "cwasm"))
+            .count()
+    };
+    let installed = cached();
+    for _ in 0..FILE_ARTIFACTS_KEPT + 2 {
+        let (_, secret) = keel::signing::generate();
+        let signed = keel::signing::sign(&bytes, &secret).unwrap();
+        assert!(call_file(signed).await.is_some());
+    }
+    assert_eq!(cached(), installed + FILE_ARTIFACTS_KEPT);
+    assert!(artifact.exists(), "the installed component's artifact stays");
+    assert_healthy(&s).await;
+}

@@ -664,6 +664,13 @@ async fn call(service: &Harness, a: CallArgs) -> ExitCode {
                 Ok(x) => x,
                 Err(code) => return code,
             };
+            if !a.json && !service.tool_file_compiled(&Caller::Operator, &bytes).unwrap_or(true) {
+                eprintln!(
+                    "keel: compiling {} ({:.1} MB) for its first call; later calls of the same bytes start from the cache",
+                    file.display(),
+                    bytes.len() as f64 / 1e6
+                );
+            }
             service.call_tool_file(&Caller::Operator, &bytes, &stem, req).await
         }
     };
@@ -691,6 +698,7 @@ async fn call(service: &Harness, a: CallArgs) -> ExitCode {
                 "net": r.net.records, "net_dropped": r.net.dropped,
                 "fuel_used": r.fuel_used, "memory_peak": r.memory_peak,
                 "duration_ms": r.duration.as_secs_f64() * 1e3,
+                "compiled_ms": outcome.compiled_ms,
             })
         );
     } else {
@@ -760,6 +768,12 @@ async fn call(service: &Harness, a: CallArgs) -> ExitCode {
             r.fuel_used,
             r.memory_peak / 1024
         );
+        if let Some(ms) = outcome.compiled_ms {
+            eprintln!(
+                "keel: compiling the file took {:.1} s; its compiled form is cached, so the next call of the same bytes starts at once",
+                ms / 1e3
+            );
+        }
     }
     if r.result.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_TOOL_ERROR) }
 }

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::{json_of, keel};
 
@@ -218,7 +218,9 @@ fn a_new_tool_project_builds_outside_the_workspace_and_is_called_before_and_afte
         &["tool", "call", "--wasm", file, "word_stats", "--input", &at_input, "--json"],
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(json_of(&out)["output"], json!({"words": 3, "characters": 13}));
+    let v = json_of(&out);
+    assert_eq!(v["output"], json!({"words": 3, "characters": 13}));
+    assert_eq!(v["compiled_ms"], Value::Null, "the inspect compiled it; the call loads it: {v}");
     let out = keel_with_stdin(
         home.path(),
         &["tool", "call", "--wasm", file, "word_stats", "--input", "-", "--json"],

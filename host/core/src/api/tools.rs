@@ -88,9 +88,18 @@ impl Harness {
         Ok(self.tools.call(req).await?)
     }
 
+    /// Whether the component file `bytes` has its compiled form in the artifact cache (a call
+    /// of it starts without compiling), for a front-end to say that a compile is coming.
+    pub fn tool_file_compiled(&self, caller: &Caller, bytes: &[u8]) -> Result<bool, ApiError> {
+        caller.require_admin("calling a component file")?;
+        Ok(self.tools.file_compiled(bytes)?)
+    }
+
     /// Runs one call of a tool of the component file `bytes` without installing it (a tool
     /// author's loop): install's checks, then the governed call an installed tool gets. `name`
-    /// is the component name it is checked as. Nothing is written to the catalog.
+    /// is the component name it is checked as. Nothing is written to the catalog; the
+    /// compiled form is cached by the bytes' digest, so the next call of the same bytes does
+    /// not compile them.
     pub async fn call_tool_file(
         &self,
         caller: &Caller,

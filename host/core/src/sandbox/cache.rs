@@ -133,6 +133,16 @@ impl ArtifactCache {
         (None, Some(reason))
     }
 
+    /// Whether an artifact of `digest` is there.
+    pub fn has(&self, digest: &str) -> bool {
+        self.path(digest).is_file()
+    }
+
+    /// Removes the artifact of `digest`, if there is one.
+    pub fn remove(&self, digest: &str) {
+        let _ = std::fs::remove_file(self.path(digest));
+    }
+
     /// Writes the artifact of `component` for `digest` (atomically: a private temporary file
     /// renamed into place) and returns the artifact's own digest, for the caller to record.
     pub fn store(&self, component: &Component, digest: &str) -> Result<String, LoadError> {

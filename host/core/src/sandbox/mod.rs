@@ -296,6 +296,29 @@ impl Sandbox {
         self.core()?.cache.store(component, digest)
     }
 
+    /// The compiled component of `digest` from the artifact cache, if an artifact there hashes
+    /// to `recorded` (the digest the caller kept when it was written); an artifact that does
+    /// not is removed. `None`: compile it.
+    pub fn load_cached(
+        &self,
+        digest: &str,
+        recorded: Option<&str>,
+    ) -> Result<Option<Component>, LoadError> {
+        let core = self.core()?;
+        Ok(core.cache.load(&core.engine, digest, recorded).0)
+    }
+
+    /// Whether an artifact of `digest` is in the cache (not checked: see `load_cached`).
+    pub fn has_artifact(&self, digest: &str) -> Result<bool, LoadError> {
+        Ok(self.core()?.cache.has(digest))
+    }
+
+    /// Removes the cached artifact of `digest`, if there is one.
+    pub fn drop_artifact(&self, digest: &str) -> Result<(), LoadError> {
+        self.core()?.cache.remove(digest);
+        Ok(())
+    }
+
     /// Loads the component with `digest` from the artifact cache — only an artifact whose
     /// bytes hash to `recorded`, the digest the caller kept when it was written — or compiles
     /// it from `wasm` (refusing a file that does not hash to `digest`). The third value is the

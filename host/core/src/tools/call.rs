@@ -49,6 +49,9 @@ pub struct CallOutcome {
     pub report: CallReport<serde_json::Value>,
     /// Changes in the read-write grants (calls that may write only).
     pub changes: Option<ChangeSet>,
+    /// A component file's call that compiled it: how long that took (`None`: an installed
+    /// component, or a file whose compiled artifact was in the cache).
+    pub compiled_ms: Option<f64>,
 }
 
 impl ToolService {
@@ -460,7 +463,7 @@ impl ToolService {
                 redactor.redact_string(&mut c.path);
             }
         }
-        Ok(CallOutcome { tool: tool.clone(), report, changes })
+        Ok(CallOutcome { tool: tool.clone(), report, changes, compiled_ms: None })
     }
 }
 

@@ -125,6 +125,33 @@ pub fn record_artifact(
     Ok(())
 }
 
+/// The components under `engine` whose artifacts keel keeps for files that are not installed
+/// (no component and no pinned version has their digest), past the `keep` most recently
+/// written: those to remove.
+pub fn stray_artifacts(
+    conn: &Connection,
+    engine: &str,
+    keep: usize,
+) -> Result<Vec<String>, StoreError> {
+    let mut stmt = conn.prepare(
+        "SELECT component FROM artifacts WHERE engine = ?1
+           AND component NOT IN (SELECT digest FROM components)
+           AND component NOT IN (SELECT digest FROM tool_versions)
+         ORDER BY written_at DESC, component",
+    )?;
+    let rows = stmt.query_map([engine], |r| r.get::<_, String>(0))?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?.into_iter().skip(keep).collect())
+}
+
+/// Forgets the artifact of `component` under `engine`.
+pub fn forget_artifact(conn: &Connection, engine: &str, component: &str) -> Result<(), StoreError> {
+    conn.execute(
+        "DELETE FROM artifacts WHERE engine = ?1 AND component = ?2",
+        [engine, component],
+    )?;
+    Ok(())
+}
+
 pub fn components(conn: &Connection) -> Result<Vec<ComponentRecord>, StoreError> {
     let sql = format!("SELECT {COMPONENT_COLUMNS} FROM components ORDER BY name");
     let mut stmt = conn.prepare(&sql)?;

@@ -257,6 +257,11 @@ pub struct InstallReport {
     pub compile_ms: f64,
 }
 
+/// Compiled artifacts kept for component files that are not installed (`keel tool call
+/// --wasm`, `inspect --wasm`), the most recently used first; an installed component's is
+/// always kept.
+pub const FILE_ARTIFACTS_KEPT: usize = 8;
+
 /// A component that passed install's checks (see [`ToolService::check_component`]).
 pub struct Checked {
     pub digest: String,
@@ -268,10 +273,11 @@ pub struct Checked {
     pub imports: Vec<String>,
     /// Whether it imports `wasi:http`.
     pub networked: bool,
-    pub component: wasmtime::component::Component,
     pub prepared: Arc<crate::sandbox::Prepared>,
     pub tools: Vec<ToolRecord>,
     pub compile_ms: f64,
+    /// Whether its compiled artifact came from the cache (no compile).
+    pub cached: bool,
 }
 
 /// What install would do with a component file (`keel tool inspect --wasm`).
@@ -406,7 +412,7 @@ impl ToolService {
                 Some(self.registry_verdict(bytes, package, *allow_unsigned)?)
             }
         };
-        let Checked { component, prepared, tools, compile_ms, signer, imports, .. } =
+        let Checked { prepared, tools, compile_ms, signer, imports, .. } =
             self.check_component(bytes, name).await?;
         let widened = match existing.as_ref().filter(|o| o.digest != digest && !builtin) {
             Some(old) => {
@@ -449,9 +455,6 @@ impl ToolService {
             crate::home::write_private(&path, bytes).map_err(io("writing the component file"))?;
         }
         catalog::share_file(&self.db(), &digest, bytes)?;
-        let written = self.sandbox.cache_artifact(&component, &digest)?;
-        let engine = self.sandbox.engine_hash()?.to_string();
-        super::catalog::record_artifact(&self.db(), &engine, &digest, &written)?;
         let record = ComponentRecord {
             name: name.to_string(),
             digest: digest.clone(),
@@ -542,6 +545,47 @@ impl ToolService {
     /// What install checks of a component, in its order, before anything is written: size and
     /// header, imports (refused before compiling), compile, the tools it describes and their
     /// schemas. `name` is the component name its tools would be recorded under.
+    /// The compiled component of `bytes` (whose sha256 is `digest`), and whether it came from
+    /// the artifact cache: checking, inspecting, calling or installing the same bytes again
+    /// does not compile them. The artifact is kept as an installed component's is — its own
+    /// digest recorded in the database, checked before it is loaded — and of the files that
+    /// are not installed, only the [`FILE_ARTIFACTS_KEPT`] used last keep theirs.
+    fn compiled(
+        &self,
+        bytes: &[u8],
+        digest: &str,
+    ) -> Result<(wasmtime::component::Component, bool), ToolServiceError> {
+        let engine = self.sandbox.engine_hash()?.to_string();
+        let recorded = catalog::artifact_digest(&self.db(), &engine, digest)?;
+        if let Some(component) = self.sandbox.load_cached(digest, recorded.as_deref())? {
+            // Used now: the last to be dropped.
+            if let Some(r) = &recorded {
+                catalog::record_artifact(&self.db(), &engine, digest, r)?;
+            }
+            return Ok((component, true));
+        }
+        let component = self.sandbox.compile(bytes)?;
+        let written = self.sandbox.cache_artifact(&component, digest)?;
+        catalog::record_artifact(&self.db(), &engine, digest, &written)?;
+        // (The list first: the connection's guard is not held across the loop.)
+        let strays = catalog::stray_artifacts(&self.db(), &engine, FILE_ARTIFACTS_KEPT)?;
+        for stray in strays {
+            if stray != digest {
+                catalog::forget_artifact(&self.db(), &engine, &stray)?;
+                self.sandbox.drop_artifact(&stray)?;
+            }
+        }
+        Ok((component, false))
+    }
+
+    /// Whether the compiled form of `bytes` is in the artifact cache, recorded by keel.
+    pub fn file_compiled(&self, bytes: &[u8]) -> Result<bool, ToolServiceError> {
+        let digest = crate::sandbox::sha256_hex(bytes);
+        let engine = self.sandbox.engine_hash()?.to_string();
+        Ok(catalog::artifact_digest(&self.db(), &engine, &digest)?.is_some()
+            && self.sandbox.has_artifact(&digest)?)
+    }
+
     pub async fn check_component(
         &self,
         bytes: &[u8],
@@ -561,7 +605,7 @@ impl ToolService {
         self.sandbox.check_imports(bytes, trusted)?;
         let imports = self.sandbox.imports(bytes)?;
         let networked = self.sandbox.imports_http(bytes)?;
-        let component = self.sandbox.compile(bytes)?;
+        let (component, cached) = self.compiled(bytes, &digest)?;
         let compile_ms = started.elapsed().as_secs_f64() * 1e3;
         let prepared = Arc::new(self.sandbox.prepare(&component, trusted)?);
         let report = self.sandbox.describe(&prepared, &describe_budget()).await;
@@ -578,10 +622,10 @@ impl ToolService {
             signer,
             imports,
             networked,
-            component,
             prepared,
             tools,
             compile_ms,
+            cached,
         })
     }
 
@@ -668,6 +712,7 @@ impl ToolService {
             });
         };
         let digest = checked.digest.clone();
+        let compiled_ms = (!checked.cached).then_some(checked.compile_ms);
         let resolved = Arc::new(super::Resolved::component(record, digest.clone()));
         // The call finds the component where it finds an installed one, for this call only:
         // an entry it adds is taken out again (an installed component of the same digest
@@ -684,7 +729,7 @@ impl ToolService {
         if added {
             self.prepared.lock().unwrap_or_else(PoisonError::into_inner).remove(&digest);
         }
-        outcome
+        outcome.map(|o| super::CallOutcome { compiled_ms, ..o })
     }
 
     /// Trusts the publisher key `key` as `name` for the packages `packages` matches.

@@ -39,7 +39,7 @@ pub use catalog::{
 pub use changes::{ChangeSet, Kept};
 pub use error::ToolServiceError;
 pub use install::{
-    FileInspection, InstallMode, InstallReport, Origin, now as install_time, };
+    FILE_ARTIFACTS_KEPT, FileInspection, InstallMode, InstallReport, Origin, now as install_time, };
 pub use lease::{LeaseBusy, LeaseRequest, Leases};
 pub use source::{HostCall, HostFuture, HostTool, SourceKind, ToolSource};
 #[cfg(any(test, feature = "internals"))]
