@@ -1,7 +1,7 @@
 //! The tool author's loop: the first and the second `keel tool call --wasm` of the same
 //! component file. Prints figures; asserts nothing about time.
 //!
-//! `cargo bench --bench tool_file`. For each component — the first-party `fs` (always), and
+//! `cargo bench --bench tool_file`. For each component — a Rust test guest (always), and
 //! the Python and JavaScript examples when `examples/build.sh` has built them into
 //! `target/examples` — in a fresh home: the first call of the file (install's checks, the
 //! compile, the artifact written and its digest recorded, the call) and the second call of
@@ -57,14 +57,14 @@ fn main() {
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/examples");
-    let (_, fs) = keel::builtin::BUILTIN_COMPONENTS.iter().find(|(n, _)| *n == "fs").unwrap();
+    let summary = std::fs::read(keel_tests::guests::SUMMARY_V1_COMPONENT).unwrap();
     let ws = tempfile::tempdir().unwrap();
     std::fs::write(ws.path().join("a.txt"), "one two three\n").unwrap();
     let grants = [Grant::new(ws.path(), "/w", Access::Ro).unwrap()];
     let read = r#"{"path":"/w/a.txt"}"#;
     let title = r#"{"text":"The Tool Author's Loop"}"#;
     let cases: Vec<Case<'_>> = vec![
-        ("fs (first-party, Rust)", Some(fs.to_vec()), "fs_read_file", "my-fs", read),
+        ("summary_v1.wasm (Rust, keel-sdk)", Some(summary), "note_summary", "summary", read),
         (
             "python_tool.wasm (componentize-py)",
             std::fs::read(examples.join("python_tool.wasm")).ok(),

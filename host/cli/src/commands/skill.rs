@@ -209,7 +209,16 @@ async fn publish(h: &Harness, a: SkillPublishArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(p) => {
-            println!("published {} ({} bytes)", inert(&p.publish.reference), p.publish.size);
+            match p.publish.unchanged {
+                true => println!(
+                    "{} already holds this skill: nothing was pushed, the tag did not move",
+                    inert(&p.publish.reference)
+                ),
+                false => {
+                    println!("published {} ({} bytes)", inert(&p.publish.reference), p.publish.size)
+                }
+            }
+            println!("manifest {}", inert(&p.publish.digest));
             match &p.signature {
                 Some(s) => println!(
                     "signed with `{}` ({}); the signature is kept at {}",

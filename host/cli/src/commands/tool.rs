@@ -381,9 +381,10 @@ async fn publish(service: &Harness, a: PublishArgs) -> ExitCode {
         );
     }
     eprintln!(
-        "keel: publishing {} ({} bytes) to {} …",
+        "keel: publishing {} ({} bytes, file sha256:{}) to {} …",
         a.file.display(),
         bytes.len(),
+        keel::protocol::text::sha256_hex(&bytes),
         inert(&a.to.reference)
     );
     let to = &a.to;
@@ -401,7 +402,14 @@ pub(super) fn published(
             if json_out {
                 println!("{}", json!({"ok": true, "publish": p}));
             } else {
-                println!("published {} ({} bytes)", inert(&p.reference), p.size);
+                match p.unchanged {
+                    true => println!(
+                        "{} already holds these bytes: nothing was pushed, the tag did not move",
+                        inert(&p.reference)
+                    ),
+                    false => println!("published {} ({} bytes)", inert(&p.reference), p.size),
+                }
+                println!("manifest {}", inert(&p.digest));
                 println!("{}", inert(&p.pinned));
             }
             ExitCode::SUCCESS

@@ -60,6 +60,15 @@ fn registry_publish_install_list_inspect_outdated_and_a_skill_from_the_command_l
         pinned.starts_with(&format!("oci://{}/acme/effects@sha256:", registry.addr)),
         "{stdout}"
     );
+    assert!(stdout.contains(&format!("manifest {}", pinned.rsplit('@').next().unwrap())));
+    // The same bytes again: nothing is pushed, the tag does not move.
+    let out = keel(h, &["tool", "publish", &file, &reference, "--json"]);
+    ok(&out);
+    let again = json_of(&out);
+    assert_eq!(again["publish"]["unchanged"], json!(true), "{again}");
+    assert_eq!(again["publish"]["pinned"], json!(pinned), "{again}");
+    let out = keel(h, &["tool", "publish", &file, &reference]);
+    assert!(text(&out).contains("already holds these bytes"), "{}", text(&out));
     let out = keel(h, &["tool", "publish", &file, "oci://nowhere/x:1", "--json"]);
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(json_of(&out)["error"]["kind"], json!("invalid_reference"));

@@ -209,6 +209,10 @@ pub struct Pushed {
     pub pinned: String,
     /// Bytes of the layers.
     pub size: u64,
+    /// The tag already named these very layers under the same version: nothing was pushed,
+    /// and `digest` is the manifest that was there (publishing the same bytes again is a
+    /// no-op, so the tag does not move).
+    pub unchanged: bool,
 }
 
 /// What a pull fetched, every digest checked.
@@ -353,10 +357,19 @@ impl Registry {
             }
             .into());
         };
+        let size = layers.iter().map(|l| l.2.len() as u64).sum();
+        if let Some(digest) = self.holds(reference, kind, &layers, &tag).await {
+            return Ok(Pushed {
+                reference: reference.to_string(),
+                pinned: reference.by_digest(&digest).to_string(),
+                digest,
+                size,
+                unchanged: true,
+            });
+        }
         let config = serde_json::to_vec(&config).unwrap_or_default();
         let body = Manifest::encode(kind.config_media_type(), &config, &layers, &tag);
         let digest = sha256_digest(&body);
-        let size = layers.iter().map(|l| l.2.len() as u64).sum();
         for (_, _, bytes) in &layers {
             self.push_blob(reference, bytes).await?;
         }
@@ -373,7 +386,31 @@ impl Registry {
             pinned: reference.by_digest(&digest).to_string(),
             digest,
             size,
+            unchanged: false,
         })
+    }
+
+    /// The digest of the manifest `reference`'s tag names now, when it holds exactly `layers`
+    /// (media type, digest, size and title, in order) of `kind`, under version `tag`: a push
+    /// of them would only make a new build time. `None` when the tag is not there, holds
+    /// something else, or cannot be read (the push then goes ahead and says what is wrong).
+    async fn holds(
+        &self,
+        reference: &OciRef,
+        kind: ArtifactKind,
+        layers: &[(&'static str, Option<String>, Vec<u8>)],
+        tag: &str,
+    ) -> Option<String> {
+        let now = self.manifest(reference, kind).await.ok()?;
+        let same = now.version() == Some(tag)
+            && now.layers.len() == layers.len()
+            && now.layers.iter().zip(layers).all(|(d, (media_type, title, bytes))| {
+                d.media_type == *media_type
+                    && d.digest == sha256_digest(bytes)
+                    && d.size == bytes.len() as u64
+                    && d.title == *title
+            });
+        same.then_some(now.digest)
     }
 
     /// One blob, unless the repository holds it already: a upload session, then its bytes in

@@ -38,8 +38,10 @@ pub use catalog::{
 };
 pub use changes::{ChangeSet, Kept};
 pub use error::ToolServiceError;
+#[cfg(any(test, feature = "internals"))]
+pub use install::FILE_ARTIFACTS_KEPT;
 pub use install::{
-    FILE_ARTIFACTS_KEPT, FileInspection, InstallMode, InstallReport, Origin, now as install_time, };
+    FileInspection, InstallMode, InstallReport, Origin, now as install_time, };
 pub use lease::{LeaseBusy, LeaseRequest, Leases};
 pub use source::{HostCall, HostFuture, HostTool, SourceKind, ToolSource};
 #[cfg(any(test, feature = "internals"))]
