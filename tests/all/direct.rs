@@ -141,6 +141,7 @@ fn intent(id: &str, tool: &str, effect: &str, idempotent: bool) -> JournalEntry 
         idempotent,
         approval_id: None,
         net: None,
+        logs: None,
         control_requests: Vec::new(),
         kept: Default::default(),
     }

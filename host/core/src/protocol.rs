@@ -32,7 +32,7 @@ pub mod sessions {
         ModelShown, Origin, Policy, RewoundConversation, RuntimeState,
     };
     pub use crate::shown::goal_reference;
-    pub use crate::views::{SessionSummary, Timeline, TimelineMessage, TurnUsage};
+    pub use crate::views::{SessionSummary, Timeline, TimelineCall, TimelineMessage, TurnUsage};
     pub use crate::workgroup::{Delegation, Limits, Member, Workgroup};
 }
 

@@ -308,7 +308,7 @@ pub fn timeline(c: &Connection, id: &str) -> Result<Timeline, StoreError> {
         .collect();
     let mut stmt = c.prepare(
         "SELECT step, call_id, position, tool, input, component_digest, effect, status, result, error_kind, changes,
-                duration_ms, idempotent, approval_id, net
+                duration_ms, idempotent, approval_id, net, logs
          FROM tool_calls WHERE session_id=?1 ORDER BY step, position",
     )?;
     let tool_calls = stmt

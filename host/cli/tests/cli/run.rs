@@ -1281,3 +1281,68 @@ async fn project_instructions_come_from_a_granted_agents_md() {
     let system = keel_tests::system_of(&model.requests()[2]);
     assert!(!system.contains("the secret") && !system.contains("project-instructions"), "{system}");
 }
+
+/// A tool author reads what their tool logged in a session: `keel session calls` lists the
+/// calls, `--logs` shows each tool's stderr and stdout as kept with the call — redacted like
+/// outputs, bounded, never in what the model read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_calls_show_what_each_tool_wrote_bounded_and_redacted() {
+    let model = MockModel::start(vec![
+        Reply::calls(&[("c1", "boom", "{}")]),
+        Reply::calls(&[("c2", "flood", r#"{"mib": 1}"#)]),
+        Reply::text("done"),
+    ])
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let hostile = keel_tests::guests::HOSTILE_COMPONENT;
+    let out = super::keel(h, &["tool", "install", hostile, "--name", "hostile"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let url = model.url();
+    let out = super::keel(
+        h,
+        &[
+            "run",
+            "try the tools",
+            "--new-session",
+            "logs",
+            "--model-url",
+            &url,
+            "--model",
+            "m",
+            "--tools",
+            "boom,flood",
+            "--redact",
+            "about",
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let listed =
+        String::from_utf8_lossy(&super::keel(h, &["session", "calls", "logs"]).stdout).to_string();
+    let boom = listed.lines().find(|l| l.contains("boom")).unwrap_or_else(|| panic!("{listed}"));
+    assert!(
+        boom.starts_with("step 1") && boom.contains("failed (") && boom.contains("(logs: --logs)"),
+        "{listed}"
+    );
+    let shown = super::keel(h, &["session", "calls", "logs", "--logs"]);
+    let shown = String::from_utf8_lossy(&shown.stdout).to_string();
+    assert!(shown.contains("stderr │ [redacted] to fail"), "{shown}");
+    assert!(shown.contains("stdout │ yyyy"), "{shown}");
+    assert!(shown.contains("more bytes shown by --json"), "{shown}");
+    assert!(shown.contains("more bytes and 0 log records were not kept"), "{shown}");
+    let v = super::json_of(&super::keel(h, &["session", "calls", "logs", "--json"]));
+    let calls = v["calls"].as_array().unwrap();
+    assert!(
+        calls[0]["logs"]["stderr"].as_str().unwrap().starts_with("[redacted] to fail\n"),
+        "{v}"
+    );
+    let stdout = calls[1]["logs"]["stdout"].as_str().unwrap();
+    assert!(stdout.len() <= 16 * 1024 && stdout.starts_with("yyyy"), "{}", stdout.len());
+    assert!(calls[1]["logs"]["cut"]["bytes"].as_u64().unwrap() > 0, "{v}");
+    // The model read the calls' results (a crash's names the end of its stderr, as before),
+    // never the streams themselves.
+    for body in model.requests() {
+        assert!(!String::from_utf8_lossy(&body).contains("yyyyyyyy"));
+    }
+}

@@ -56,7 +56,7 @@ pub(crate) fn recover_in(
     let rows: Vec<(i64, JournalEntry)> = c
         .prepare_cached(
             "SELECT step, call_id, position, tool, input, component_digest, effect, status, result,
-                    error_kind, changes, duration_ms, idempotent, approval_id, net
+                    error_kind, changes, duration_ms, idempotent, approval_id, net, logs
              FROM tool_calls WHERE session_id=?1 AND status IN ('intent', 'waiting')
                AND step IS DISTINCT FROM ?2 ORDER BY step, position",
         )?

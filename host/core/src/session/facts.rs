@@ -231,11 +231,11 @@ pub fn put_journal(
     c.prepare_cached(
         "INSERT INTO tool_calls (session_id, step, call_id, position, tool, input, input_digest, component_digest,
                                  effect, status, result, error_kind, changes, duration_ms, created_at, finished_at,
-                                 idempotent, approval_id, net)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)
+                                 idempotent, approval_id, net, logs)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)
          ON CONFLICT (session_id, step, call_id) DO UPDATE SET status=excluded.status, result=excluded.result,
              error_kind=excluded.error_kind, changes=excluded.changes, duration_ms=excluded.duration_ms,
-             net=COALESCE(excluded.net, tool_calls.net),
+             net=COALESCE(excluded.net, tool_calls.net), logs=COALESCE(excluded.logs, tool_calls.logs),
              finished_at=excluded.finished_at, component_digest=excluded.component_digest,
              approval_id=COALESCE(excluded.approval_id, tool_calls.approval_id)",
     )?
@@ -258,7 +258,8 @@ pub fn put_journal(
         finished,
         e.idempotent,
         e.approval_id,
-        e.net
+        e.net,
+        e.logs
     ])?;
     if before == Some(e.status) {
         return Ok(());
@@ -281,7 +282,7 @@ pub fn put_journal(
 }
 
 /// A journal entry from the columns `call_id, position, tool, input, component_digest, effect,
-/// status, result, error_kind, changes, duration_ms, idempotent, approval_id, net` starting at
+/// status, result, error_kind, changes, duration_ms, idempotent, approval_id, net, logs` starting at
 /// `at`.
 pub fn journal_row(r: &crate::sql::Row<'_>, at: usize) -> crate::sql::Result<JournalEntry> {
     Ok(JournalEntry {
@@ -299,6 +300,7 @@ pub fn journal_row(r: &crate::sql::Row<'_>, at: usize) -> crate::sql::Result<Jou
         idempotent: r.get(at + 11)?,
         approval_id: r.get(at + 12)?,
         net: r.get(at + 13)?,
+        logs: r.get(at + 14)?,
         control_requests: Vec::new(),
         kept: Default::default(),
     })

@@ -45,7 +45,7 @@ const CONFIG_COLUMNS: &str = "session_goal, phase_goal, loaded_tools, policy, bu
 /// the fork's: not copied).
 const CALL_COLUMNS: &str = "step, call_id, position, tool, input, input_digest, \
      component_digest, effect, status, result, error_kind, changes, duration_ms, created_at, \
-     finished_at, idempotent, net";
+     finished_at, idempotent, net, logs";
 
 /// Creates session `s.id` as the fork of session `from` at `cut`: its row (idle, its counters
 /// at the step), configuration and grants (narrowed as `s` asks), the messages up to the cut,

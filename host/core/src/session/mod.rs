@@ -149,6 +149,10 @@ pub struct JournalEntry {
     /// path, status, bytes, time, outcome and reason; never bodies or headers). `None`: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net: Option<String>,
+    /// What the tool wrote to its log, stdout and stderr, as JSON (bounded and redacted as
+    /// outputs are; never sent to the model). `None`: nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs: Option<String>,
     /// The changes a control call asked for (plan changes, skills and tools to load, facts to
     /// remember), applied when its result is committed (not stored with the row: the plan's
     /// versions, the session's capabilities and the memories keep them).

@@ -19,7 +19,7 @@ pub(super) fn calls_after_in(
 ) -> Result<Vec<(i64, JournalEntry)>, StoreError> {
     let mut stmt = c.prepare_cached(
         "SELECT step, call_id, position, tool, input, component_digest, effect, status, result,
-                error_kind, changes, duration_ms, idempotent, approval_id, net
+                error_kind, changes, duration_ms, idempotent, approval_id, net, logs
          FROM tool_calls WHERE session_id=?1 AND step>?2 ORDER BY step, position",
     )?;
     let rows = stmt.query_map(params![id, step], |r| Ok((r.get(0)?, journal_row(r, 1)?)))?;

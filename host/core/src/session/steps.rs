@@ -76,7 +76,7 @@ pub fn load_open_step(c: &Connection, id: &str) -> Result<Option<OpenStep>, Stor
     let calls = c
         .prepare_cached(
             "SELECT call_id, position, tool, input, component_digest, effect, status, result, error_kind,
-                    changes, duration_ms, idempotent, approval_id, net
+                    changes, duration_ms, idempotent, approval_id, net, logs
              FROM tool_calls WHERE session_id=?1 AND step=?2 ORDER BY position",
         )?
         .query_map(params![id, step], |r| facts::journal_row(r, 0))?

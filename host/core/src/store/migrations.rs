@@ -725,6 +725,9 @@ pub(super) const SHARED: &[Shared] = &[
     );",
         postgres: None,
     },
+    // What a call's tool wrote to its log, stdout and stderr, kept with the call for its
+    // author (bounded and redacted; never sent to the model).
+    Shared { version: 30, sql: "ALTER TABLE tool_calls ADD COLUMN logs TEXT;", postgres: None },
 ];
 
 /// SQLite's migrations, oldest first: (version, SQL).

@@ -107,3 +107,46 @@ pub fn cap_text(text: String, cap: usize) -> String {
         text.len()
     )
 }
+
+/// Bytes of what a call's tool wrote to its log, stderr and stdout that its journal entry
+/// keeps, at most.
+pub const LOGS_KEPT: usize = 16 * 1024;
+
+/// What the tool of `outcome` wrote to its log, stderr and stdout, as its journal entry keeps
+/// it: JSON `{"logs": [{"level", "message"}], "stderr", "stdout", "cut"}` — redacted by
+/// `policy` as outputs are, at most [`LOGS_KEPT`] bytes in that order of priority, `cut` the
+/// bytes left out (here, or by the sandbox's own caps). Never part of what the model reads.
+/// `None` when it wrote nothing.
+pub fn kept_logs(
+    outcome: &Result<CallOutcome, ToolServiceError>,
+    policy: &crate::policy::Policy,
+) -> Option<String> {
+    let r = &outcome.as_ref().ok()?.report;
+    if r.logs.is_empty() && r.stdout.text.is_empty() && r.stderr.text.is_empty() {
+        return None;
+    }
+    let mut room = LOGS_KEPT;
+    let mut cut = r.stdout.dropped_bytes + r.stderr.dropped_bytes;
+    let mut take = |text: &str| -> String {
+        let text = policy.redact(text);
+        let mut end = text.len().min(room);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        room -= end;
+        cut += (text.len() - end) as u64;
+        text[..end].to_string()
+    };
+    let logs: Vec<Value> = r
+        .logs
+        .iter()
+        .map(|l| json!({"level": l.level, "message": take(&l.message)}))
+        .collect();
+    let stderr = take(&r.stderr.text);
+    let stdout = take(&r.stdout.text);
+    let mut kept = json!({"logs": logs, "stderr": stderr, "stdout": stdout});
+    if cut > 0 || r.dropped_logs > 0 {
+        kept["cut"] = json!({"bytes": cut, "log_records": r.dropped_logs});
+    }
+    Some(kept.to_string())
+}

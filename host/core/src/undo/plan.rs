@@ -268,6 +268,7 @@ mod tests {
             idempotent: false,
             approval_id: None,
             net: None,
+            logs: None,
             control_requests: Vec::new(),
             kept: Default::default(),
         }

@@ -554,6 +554,7 @@ async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure>
             "error_kind": c["error_kind"],
             "duration_ms": c["duration_ms"],
             "changes": c["changes"].as_str().map(pretty_text),
+            "logs": c["logs"].as_str().map(logs_text),
             "approval": approval,
         })
     };
@@ -614,6 +615,25 @@ async fn timeline_ctx(app: &App, v: &Caller, id: &str) -> Result<Value, Failure>
         "last_event": last_event,
         "live": !matches!(meta.runtime.state, keel::protocol::sessions::RuntimeState::Idle | keel::protocol::sessions::RuntimeState::Failed),
     }))
+}
+
+/// What a call's tool wrote to its log, stderr and stdout (the journal's JSON), as lines.
+fn logs_text(kept: &str) -> String {
+    let Ok(v) = serde_json::from_str::<Value>(kept) else { return kept.to_string() };
+    let mut out = String::new();
+    for r in v["logs"].as_array().into_iter().flatten() {
+        let (level, message) = (r["level"].as_str(), r["message"].as_str());
+        out.push_str(&format!("log [{}] {}\n", level.unwrap_or("?"), message.unwrap_or("")));
+    }
+    for stream in ["stderr", "stdout"] {
+        for line in v[stream].as_str().unwrap_or("").lines() {
+            out.push_str(&format!("{stream} │ {line}\n"));
+        }
+    }
+    if let Some(cut) = v.get("cut") {
+        out.push_str(&format!("({} more bytes were not kept)\n", cut["bytes"]));
+    }
+    out
 }
 
 /// A JSON text pretty-printed (as it was, if it is not JSON).

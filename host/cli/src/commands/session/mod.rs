@@ -39,6 +39,10 @@ pub enum SessionCommand {
     Prune(tidy::PruneArgs),
     /// Show a session's timeline: messages, tool calls (inputs, outputs, change sets), state.
     Show(IdArgs),
+    /// List a session's tool calls: step, tool, effect, outcome, time; with --logs, what each
+    /// tool wrote to its log, stderr and stdout (kept with the call, bounded and redacted;
+    /// never sent to the model).
+    Calls(show::CallsArgs),
     /// Send a message to a session and run it (or queue it if another process is running it).
     Send(SendArgs),
     /// Interrupt a session's running turn (from any process).
@@ -207,6 +211,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::Rewind(a) => a.json,
         SessionCommand::Replay(a) => a.json,
         SessionCommand::Fork(a) => a.json,
+        SessionCommand::Calls(a) => a.json,
         SessionCommand::Evidence(_) => false,
     };
     let (_, h) = match open_harness(&home).await {
@@ -221,6 +226,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
         SessionCommand::Rewind(a) => undo::rewind(&h, a).await,
         SessionCommand::Replay(a) => undo::replay(&h, a).await,
         SessionCommand::Fork(a) => undo::fork(&h, a).await,
+        SessionCommand::Calls(a) => show::calls(&h, a).await,
         SessionCommand::Unload(a) => {
             use keel::protocol::sessions::CapabilityKind as Kind;
             let (kind, name) = match (&a.what.tool, &a.what.skill) {

@@ -1,5 +1,6 @@
 //! How `keel session show` prints a timeline's parts: checkpoints, capabilities, the plan,
-//! task transitions and model calls.
+//! task transitions and model calls; and `keel session calls`, a session's tool calls with
+//! what their tools logged.
 
 use super::*;
 
@@ -265,4 +266,96 @@ pub(super) fn print_settings(t: &keel::protocol::sessions::Timeline) {
     if let Some(g) = &t.guards {
         println!("guards  {} model calls a turn at most", g.max_steps);
     }
+}
+
+/// Bytes of each stream `keel session calls --logs` prints of a call (`--json` gives all that
+/// was kept).
+const LOGS_SHOWN: usize = 2048;
+
+#[derive(Args)]
+pub struct CallsArgs {
+    /// Session id.
+    id: String,
+    /// Also what each tool wrote to its log, stderr and stdout.
+    #[arg(long)]
+    logs: bool,
+    /// Print JSON (each call with its `logs`, when it has any).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `keel session calls`: one line per call, then (with --logs) what its tool wrote.
+pub(super) async fn calls(h: &keel::protocol::setup::Harness, a: CallsArgs) -> ExitCode {
+    let t = match h.timeline(&Caller::Operator, &a.id).await {
+        Ok(t) => t,
+        Err(e) => return super::super::api_fail(a.json, &e),
+    };
+    let logs_of = |c: &keel::protocol::sessions::TimelineCall| -> Option<serde_json::Value> {
+        c.entry.logs.as_deref().and_then(|l| serde_json::from_str(l).ok())
+    };
+    if a.json {
+        let calls: Vec<serde_json::Value> = t
+            .tool_calls
+            .iter()
+            .map(|c| {
+                let mut v = json!(c);
+                if let Some(l) = logs_of(c) {
+                    v["logs"] = l;
+                }
+                v
+            })
+            .collect();
+        println!("{}", json!({"ok": true, "session_id": t.id, "calls": calls}));
+        return ExitCode::SUCCESS;
+    }
+    if t.tool_calls.is_empty() {
+        println!("session {} has made no tool call", t.id);
+    }
+    for c in &t.tool_calls {
+        let e = &c.entry;
+        let effect = e.effect.map_or("-".to_string(), |x| x.to_string());
+        let outcome = match (&e.error_kind, e.status) {
+            (Some(kind), _) => format!("failed ({kind})"),
+            (None, status) => status.to_string(),
+        };
+        let ms = e.duration_ms.map_or("-".to_string(), |m| format!("{m:.1} ms"));
+        let logged = if !a.logs && e.logs.is_some() { "  (logs: --logs)" } else { "" };
+        println!(
+            "step {:<4} {:<22} {:<16} {:<22} {ms}{logged}",
+            c.step,
+            inert(&e.tool),
+            effect,
+            outcome
+        );
+        let Some(l) = logs_of(c).filter(|_| a.logs) else { continue };
+        for r in l["logs"].as_array().into_iter().flatten() {
+            let level = r["level"].as_str().unwrap_or("?");
+            let line = format!("    log [{level}] │ ");
+            println!(
+                "{}",
+                super::super::prefixed(&line, &inert_block(r["message"].as_str().unwrap_or("")))
+            );
+        }
+        for stream in ["stderr", "stdout"] {
+            let text = l[stream].as_str().unwrap_or("");
+            if !text.is_empty() {
+                let mut end = text.len().min(LOGS_SHOWN);
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                let line = format!("    {stream} │ ");
+                println!("{}", super::super::prefixed(&line, inert_block(&text[..end]).trim_end()));
+                if end < text.len() {
+                    println!("    ({} more bytes shown by --json)", text.len() - end);
+                }
+            }
+        }
+        if let Some(cut) = l.get("cut") {
+            println!(
+                "    ({} more bytes and {} log records were not kept)",
+                cut["bytes"], cut["log_records"]
+            );
+        }
+    }
+    ExitCode::SUCCESS
 }

@@ -285,6 +285,7 @@ pub(super) async fn run_raw(
     let control = outcome.as_ref().map(|o| o.report.control_requests.clone()).unwrap_or_default();
     // Redacted before the result is journaled, put in the history or shown to anyone.
     let result = ToolResult::of(&outcome, cap, &meta.config.policy);
+    let logs = crate::tools::result::kept_logs(&outcome, &meta.config.policy);
     if let Some(input) = call_input {
         let span = tracing::Span::current();
         span.record("gen_ai.tool.call.arguments", crate::metrics::captured(input.as_bytes()));
@@ -297,7 +298,7 @@ pub(super) async fn run_raw(
         .and_then(|o| o.changes.as_ref())
         .map(|c| c.kept.clone())
         .unwrap_or_default();
-    (Outcome { result, changes, ms, control, net, kept }, outcome)
+    (Outcome { result, changes, ms, control, net, kept, logs }, outcome)
 }
 
 /// The journal's JSON of a call's request records (`None`: it sent none).

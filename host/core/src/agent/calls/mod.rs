@@ -135,6 +135,7 @@ pub(in crate::agent) async fn run_open(
                     // A finished call's plan changes were applied when it was journaled.
                     control: Vec::new(),
                     net: e.net.clone(),
+                    logs: e.logs.clone(),
                     // Kept when it was journaled.
                     kept: Default::default(),
                 });

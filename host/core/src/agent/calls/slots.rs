@@ -23,6 +23,8 @@ pub(super) struct Outcome {
     pub(super) net: Option<String>,
     /// The pre-images its changes refer to, kept with its journal entry.
     pub(super) kept: crate::tools::Kept,
+    /// What its tool wrote to its log, stderr and stdout (JSON), if anything.
+    pub(super) logs: Option<String>,
 }
 
 /// One call of a step and how far it got.
@@ -64,6 +66,7 @@ impl Slot {
             idempotent: self.idempotent,
             approval_id: self.approval_id.clone(),
             net: o.net,
+            logs: o.logs,
             control_requests: o.control,
             kept: o.kept,
         }
