@@ -198,8 +198,40 @@ pub async fn execute(home: PathBuf, cmd: SkillCommand) -> ExitCode {
     }
 }
 
+/// The component files (`*.wasm`) under `dir` (at most [`BUNDLE_DEPTH`] directories down).
+fn bundled_components(dir: &std::path::Path, depth: usize, out: &mut Vec<std::path::PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let path = e.path();
+        match e.file_type() {
+            Ok(t) if t.is_dir() && depth < BUNDLE_DEPTH => {
+                bundled_components(&path, depth + 1, out)
+            }
+            Ok(t) if t.is_file() && path.extension().is_some_and(|x| x == "wasm") => out.push(path),
+            _ => {}
+        }
+    }
+}
+
+/// How deep `skill publish` looks for bundled components to warn about.
+const BUNDLE_DEPTH: usize = 8;
+
 async fn publish(h: &Harness, a: SkillPublishArgs) -> ExitCode {
     let to = &a.to;
+    let mut bundled = Vec::new();
+    bundled_components(&a.dir, 0, &mut bundled);
+    bundled.sort();
+    for file in bundled {
+        let signed =
+            std::fs::read(&file).is_ok_and(|b| keel::protocol::setup::signing::is_signed(&b));
+        if !signed {
+            eprintln!(
+                "keel: note: the bundled component {} is not signed; installing the skill will \
+                 need --allow-unsigned for it (sign it with `keel tool sign FILE --key NAME`)",
+                file.display()
+            );
+        }
+    }
     eprintln!("keel: publishing the skill at {} to {} …", a.dir.display(), inert(&to.reference));
     let (auth, key) = (to.auth.as_deref(), a.key.as_deref());
     let result = h.publish_skill(&Caller::Operator, &a.dir, &to.reference, auth, key).await;

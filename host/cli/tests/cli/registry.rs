@@ -145,6 +145,19 @@ fn registry_publish_install_list_inspect_outdated_and_a_skill_from_the_command_l
         "---\nname: audit\ndescription: Audits a CSV file.\n---\nRead it, then report.\n",
     )
     .unwrap();
+    // A bundled component that is not signed is named before the push, as a tool's is.
+    let bundle = work.path().join("bundle");
+    std::fs::create_dir(&bundle).unwrap();
+    std::fs::copy(skill.join("SKILL.md"), bundle.join("SKILL.md")).unwrap();
+    std::fs::copy(keel_tests::guests::HOSTILE_COMPONENT, bundle.join("echo.wasm")).unwrap();
+    let bundle_ref = registry.reference("acme/skills/bundle:1");
+    let out = keel(h, &["skill", "publish", bundle.to_str().unwrap(), &bundle_ref, "--json"]);
+    ok(&out);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("echo.wasm is not signed") && said.contains("--allow-unsigned"),
+        "{said}"
+    );
     let skill_ref = registry.reference("acme/skills/audit:1");
     let dir = skill.to_str().unwrap();
     let out = keel(h, &["skill", "publish", dir, &skill_ref, "--json"]);
