@@ -365,7 +365,7 @@ async fn a_tool_written_with_plain_wit_bindgen_installs_and_runs() {
 /// `FILE_ARTIFACTS_KEPT` keep their artifacts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_component_file_is_compiled_once_then_loaded_from_its_checked_artifact() {
-    use keel::tools::{CallRequest, FILE_ARTIFACTS_KEPT};
+    use keel::tools::FILE_ARTIFACTS_KEPT;
     let dir = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
     std::fs::write(ws.path().join("n.md"), "a\nb\n").unwrap();
@@ -375,18 +375,7 @@ async fn a_component_file_is_compiled_once_then_loaded_from_its_checked_artifact
     let call_file = |bytes: Vec<u8>| {
         let (s, grants) = (&s, &grants);
         async move {
-            let req = CallRequest {
-                tool: "note_summary",
-                input: r#"{"path":"/w/n.md"}"#,
-                grants,
-                net: keel::sandbox::net::NetGrants::none(),
-                budget: Budget::default(),
-                cancel: None,
-                loaded: None,
-                policy: None,
-                approval: None,
-                control: None,
-            };
+            let req = keel_tests::request("note_summary", r#"{"path":"/w/n.md"}"#, grants);
             let out = s.call_file(&bytes, "summary", req).await.unwrap();
             assert_eq!(out.report.result.as_ref().unwrap()["lines"], 2, "{:?}", out.report.result);
             out.compiled_ms

@@ -12,8 +12,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use keel::sandbox::{Access, Budget, Grant};
-use keel::tools::{CallRequest, ToolService};
+use keel::sandbox::{Access, Grant};
+use keel::tools::ToolService;
 use keel_tests::test_limits;
 
 /// The allocator the `keel` binary uses.
@@ -29,18 +29,7 @@ fn call(
     input: &str,
     grants: &[Grant],
 ) -> (Duration, Option<f64>) {
-    let req = CallRequest {
-        tool,
-        input,
-        grants,
-        net: keel::sandbox::net::NetGrants::none(),
-        budget: Budget::default(),
-        cancel: None,
-        loaded: None,
-        policy: None,
-        approval: None,
-        control: None,
-    };
+    let req = keel_tests::request(tool, input, grants);
     let t = Instant::now();
     let out = rt.block_on(service.call_file(bytes, name, req)).unwrap();
     let elapsed = t.elapsed();

@@ -78,6 +78,23 @@ pub async fn shared() -> &'static ToolService {
 
 /// Calls `tool` with `input` under `budget` and `grants`; panics if the call is refused
 /// before it runs.
+/// A request for one call of `tool` with `input`, outside any session: `grants`, no network,
+/// the default budget.
+pub fn request<'a>(tool: &'a str, input: &'a str, grants: &'a [Grant]) -> CallRequest<'a> {
+    CallRequest {
+        tool,
+        input,
+        grants,
+        net: keel::sandbox::net::NetGrants::none(),
+        budget: Budget::default(),
+        cancel: None,
+        loaded: None,
+        policy: None,
+        approval: None,
+        control: None,
+    }
+}
+
 pub async fn call(
     service: &ToolService,
     tool: &str,
