@@ -22,7 +22,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use keel::api::Caller;
-use keel::sandbox::{Budget, CancelToken};
+use keel::sandbox::CancelToken;
 use keel::tools::mcp::{ServerSpec, Transport};
 use keel_tests::mcp_peers::{Peers, fixture};
 
@@ -95,21 +95,7 @@ fn main() {
         };
         h.mcp_add(&Caller::Operator, spec).await.unwrap();
         let call = || {
-            h.call_tool(
-                &Caller::Operator,
-                keel::tools::CallRequest {
-                    tool: "py__echo",
-                    input: r#"{"text":"x"}"#,
-                    grants: &[],
-                    net: keel::sandbox::net::NetGrants::none(),
-                    budget: Budget::default(),
-                    cancel: None,
-                    loaded: None,
-                    policy: None,
-                    approval: None,
-                    control: None,
-                },
-            )
+            h.call_tool(&Caller::Operator, keel_tests::request("py__echo", r#"{"text":"x"}"#, &[]))
         };
         call().await.unwrap().report.result.unwrap();
         let mut direct = Vec::with_capacity(n);

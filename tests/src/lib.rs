@@ -103,18 +103,7 @@ pub async fn call(
     budget: Budget,
 ) -> CallOutcome {
     let input = input.to_string();
-    let req = CallRequest {
-        tool,
-        input: &input,
-        grants,
-        net: keel::sandbox::net::NetGrants::none(),
-        budget,
-        cancel: None,
-        loaded: None,
-        policy: None,
-        approval: None,
-        control: None,
-    };
+    let req = CallRequest { budget, ..request(tool, &input, grants) };
     service.call(req).await.unwrap()
 }
 
