@@ -275,6 +275,18 @@ pub mod __private {
             .collect()
     }
 
+    /// The bytes of `text` as an array of its length (for a custom section's contents).
+    pub const fn bytes<const N: usize>(text: &str) -> [u8; N] {
+        let b = text.as_bytes();
+        let mut out = [0u8; N];
+        let mut i = 0;
+        while i < N {
+            out[i] = b[i];
+            i += 1;
+        }
+        out
+    }
+
     /// Runs the tool called `name`.
     pub fn invoke(tools: Vec<Tool>, name: &str, input: &str) -> Result<String, ToolError> {
         let Some(tool) = tools.into_iter().find(|t| t.name == name) else {
@@ -294,10 +306,25 @@ pub mod __private {
 /// Exports the tools returned by a function as a keel tool component.
 ///
 /// `export_tools!(tools)` takes the path of a `fn() -> Vec<Tool>`; call it once, at the crate
-/// root of a `cdylib` built for `wasm32-wasip2`.
+/// root of a `cdylib` built for `wasm32-wasip2`. The component also carries the crate's name
+/// (`_` read as `-`) and its package's version (custom sections `keel:component` and
+/// `version`): keel installs it under that name, and `keel tool list` and `keel tool publish`
+/// show and label that version.
 #[macro_export]
 macro_rules! export_tools {
     ($tools:path) => {
+        #[doc(hidden)]
+        #[cfg_attr(target_family = "wasm", unsafe(link_section = "version"))]
+        #[used]
+        static __KEEL_VERSION: [u8; ::core::env!("CARGO_PKG_VERSION").len()] =
+            $crate::__private::bytes(::core::env!("CARGO_PKG_VERSION"));
+
+        #[doc(hidden)]
+        #[cfg_attr(target_family = "wasm", unsafe(link_section = "keel:component"))]
+        #[used]
+        static __KEEL_COMPONENT: [u8; ::core::env!("CARGO_CRATE_NAME").len()] =
+            $crate::__private::bytes(::core::env!("CARGO_CRATE_NAME"));
+
         #[doc(hidden)]
         struct __KeelToolComponent;
 

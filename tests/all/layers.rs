@@ -29,6 +29,8 @@ const CORE: &[&[&str]] = &[
     &["model"],
     &["understand"],
     &["secrets"],
+    // Signing keys sealed for another home or a CI job, and found in the environment.
+    &["keys"],
     &["control"],
     &["sandbox"],
     &["skills"],

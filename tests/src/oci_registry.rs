@@ -145,25 +145,7 @@ impl OciRegistry {
 /// `bytes` (a component) with a custom section `name` appended: other bytes, the same tools —
 /// a new version of a component for a tag to move to.
 pub fn with_custom_section(bytes: &[u8], name: &str, payload: &[u8]) -> Vec<u8> {
-    let mut body = Vec::new();
-    leb(&mut body, name.len() as u64);
-    body.extend_from_slice(name.as_bytes());
-    body.extend_from_slice(payload);
     let mut out = bytes.to_vec();
-    out.push(0);
-    leb(&mut out, body.len() as u64);
-    out.extend_from_slice(&body);
+    out.extend(keel::protocol::tools::custom_section(name, payload));
     out
-}
-
-fn leb(out: &mut Vec<u8>, mut v: u64) {
-    loop {
-        let byte = (v & 0x7f) as u8;
-        v >>= 7;
-        if v == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
 }

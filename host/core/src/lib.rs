@@ -91,6 +91,7 @@ owners!(
     harness,
     home,
     ids,
+    keys,
     live,
     memory,
     meta,

@@ -24,6 +24,32 @@ fn valid_name(name: &str, extra: &[char]) -> bool {
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || extra.contains(&c))
 }
 
+/// The name a component file installs as when none is given (`tool install FILE`, `tool
+/// inspect --wasm`, `tool call --wasm` alike): the name the component carries, else the file
+/// name's stem lowercased, with `_` as `-`, and a version suffix (`-1.1.0`, `-v2.0.0-rc.1`,
+/// `@1.0.0`) left off.
+pub fn component_name_for(carried: Option<&str>, stem: &str) -> String {
+    if let Some(name) = carried.filter(|n| valid_component_name(n)) {
+        return name.to_string();
+    }
+    let stem = stem.to_ascii_lowercase().replace('_', "-");
+    let is_version = |rest: &str| {
+        let rest = rest.strip_prefix('v').unwrap_or(rest);
+        let core = rest.split(['-', '+']).next().unwrap_or("");
+        core.starts_with(|c: char| c.is_ascii_digit())
+            && core.chars().all(|c| c.is_ascii_digit() || c == '.')
+    };
+    let cut = stem
+        .char_indices()
+        .filter(|&(i, c)| i > 0 && (c == '-' || c == '@'))
+        .find(|&(i, _)| is_version(&stem[i + 1..]))
+        .map(|(i, _)| i);
+    match cut {
+        Some(i) => stem[..i].to_string(),
+        None => stem,
+    }
+}
+
 /// An install time as stored: seconds since the epoch, as text.
 pub fn now() -> String {
     let secs =
@@ -104,5 +130,23 @@ mod tests {
         assert!(closest("zzz", names).is_empty());
         assert_eq!(did_you_mean(&["a", "b"]), " (did you mean `a` or `b`?)");
         assert_eq!(did_you_mean(&[]), "");
+    }
+
+    #[test]
+    fn a_file_installs_as_the_name_it_carries_else_its_stem_without_a_version() {
+        assert_eq!(component_name_for(Some("logq"), "whatever-9"), "logq");
+        for (stem, name) in [
+            ("logq-1.1.0", "logq"),
+            ("logq", "logq"),
+            ("Word_Stats", "word-stats"),
+            ("logq-v2.0.0-rc.1", "logq"),
+            ("logq@1.0.0", "logq"),
+            ("tool-2fa-1.0.0", "tool-2fa"),
+            ("tool-2fa", "tool-2fa"),
+            ("base64", "base64"),
+        ] {
+            assert_eq!(component_name_for(None, stem), name, "{stem}");
+            assert_eq!(component_name_for(Some("Not Valid"), stem), name, "{stem}");
+        }
     }
 }

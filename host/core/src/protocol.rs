@@ -54,7 +54,8 @@ pub mod net {
 /// the MCP vocabulary of external servers and of keel as one.
 pub mod tools {
     pub use crate::oci::Pushed;
-    pub use crate::tools::{CallRequest, InstallMode, ToolRecord};
+    pub use crate::sandbox::{Carried, NAME_SECTION, VERSION_SECTION, carried, custom_section};
+    pub use crate::tools::{CallOutcome, CallRequest, FileInspection, InstallMode, ToolRecord};
 
     /// External MCP servers, and the MCP terms keel serves its tools in.
     pub mod mcp {
@@ -106,6 +107,14 @@ pub mod setup {
         };
     }
 
+    /// Signing keys exported sealed, imported, and found in the environment.
+    pub mod keys {
+        pub use crate::keys::{
+            KEY_VAR, KeyError, MAX_EXPORT_BYTES, PASSPHRASE_VAR, Seal, Unseal, export, find,
+            needs_passphrase, open,
+        };
+    }
+
     /// Signing keys and components' embedded signatures.
     pub mod signing {
         pub use crate::signing::{PublicKey, generate, is_signed, public_of, sign, verify};
@@ -121,6 +130,6 @@ pub mod setup {
 /// digests.
 pub mod text {
     pub use crate::digest::sha256_hex;
-    pub use crate::names::{closest, did_you_mean, valid_component_name};
+    pub use crate::names::{closest, component_name_for, did_you_mean, valid_component_name};
     pub use crate::units::{format_time, parse_age, parse_duration, parse_size};
 }

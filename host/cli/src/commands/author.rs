@@ -97,15 +97,6 @@ pub enum EffectClass {
 }
 
 impl EffectClass {
-    fn python(self) -> &'static str {
-        match self {
-            Self::ReadOnly => "READ_ONLY",
-            Self::WorkspaceWrite => "WORKSPACE_WRITE",
-            Self::External => "EXTERNAL",
-            Self::Destructive => "DESTRUCTIVE",
-        }
-    }
-
     fn wit(self) -> &'static str {
         match self {
             Self::ReadOnly => "read-only",
@@ -271,7 +262,11 @@ pub fn new(a: NewArgs) -> ExitCode {
                 format!("{}.wasm", lib_name(&a.name))
             }
         };
-        println!("  keel tool install {wasm} --name {}", a.name);
+        println!("  keel tool test");
+        println!("  keel tool install {wasm}");
+        println!(
+            "while you work: keel tool dev --input '{{\"text\": \"hello keel\"}}' (rebuilds and calls on every save)"
+        );
     }
     ExitCode::SUCCESS
 }
@@ -343,6 +338,33 @@ fn tool_name(name: &str) -> String {
 
 fn lib_name(name: &str) -> String {
     name.replace('-', "_")
+}
+
+/// The two cases every scaffold comes with (`keel tool test` runs them): an output, and the
+/// input schema's refusal.
+fn test_cases() -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "tests/counts_words.json",
+            r#"{
+  "description": "counts the words and characters of a text",
+  "input": {"text": "two words"},
+  "output": {"words": 2, "characters": 9}
+}
+"#
+            .to_string(),
+        ),
+        (
+            "tests/refuses_a_missing_text.json",
+            r#"{
+  "description": "the input schema requires `text`",
+  "input": {},
+  "error": "invalid_input"
+}
+"#
+            .to_string(),
+        ),
+    ]
 }
 
 /// The files of a new Rust tool project, by path inside it (the WIT is written beside them).
@@ -448,121 +470,62 @@ output type; doc comments become the descriptions in its schemas.
 cargo test                                          # the tool's logic, natively
 rustup target add wasm32-wasip2                     # once
 cargo build --release --target wasm32-wasip2        # the component
-keel tool install target/wasm32-wasip2/release/{lib}.wasm --name {name}
+keel tool test                                      # tests/*.json, in keel's sandbox
+keel tool install target/wasm32-wasip2/release/{lib}.wasm
 keel tool call {tool} --input '{{"text": "hello keel"}}'
 ```
 
-After a change, `keel tool install … --upgrade` replaces the installed component and shows what
-changed.
+While you work, `keel tool dev --input '{{"text": "hello keel"}}'` rebuilds on every save and
+calls the tool again, printing its logs and output (a line of JSON typed on its stdin calls it
+with that input). `tests/*.json` are the cases `keel tool test` runs: an `input`, and the
+`output` expected (objects match on the fields given) or the `error` kind.
+
+The component carries this crate's name and version (`Cargo.toml`): `keel tool install` names
+it `{name}`, `keel tool list` shows the version, and `keel tool publish` labels it. After a
+change, `keel tool install … --upgrade` replaces the installed component and shows what changed.
 
 `wit/tool.wit` is the contract the component implements (`keel:tool@{version}`), for reference
 and for other toolchains (`keel wit` prints it).
 {vendor}"#
     );
-    vec![
+    let mut files = vec![
         ("Cargo.toml", cargo),
         ("src/lib.rs", lib_rs),
         ("README.md", readme),
         (".gitignore", "/target\n".to_string()),
-    ]
+    ];
+    files.extend(test_cases());
+    files
 }
 
-/// The files of a new Python tool project (componentize-py).
+/// Fills a template's placeholders: `{{tool}}`, `{{name}}`, `{{wasm}}`, `{{effect}}` and
+/// `{{idempotent}}` (`true` or `false`, in the language's spelling).
+fn fill(template: &str, name: &str, effect: EffectClass, python: bool) -> String {
+    let idempotent = match (effect == EffectClass::ReadOnly, python) {
+        (true, true) => "True",
+        (false, true) => "False",
+        (true, false) => "true",
+        (false, false) => "false",
+    };
+    template
+        .replace("{{tool}}", &tool_name(name))
+        .replace("{{name}}", name)
+        .replace("{{wasm}}", &format!("{}.wasm", lib_name(name)))
+        .replace("{{effect}}", effect.wit())
+        .replace("{{idempotent}}", idempotent)
+}
+
+/// The files of a new Python tool project (componentize-py): the tools are functions marked
+/// `@tool`, their schemas derived from their type annotations (`keel_tool.py`).
 fn python_project(name: &str, effect: EffectClass) -> Vec<(&'static str, String)> {
     let tool = tool_name(name);
     let wasm = format!("{}.wasm", lib_name(name));
-    let idempotent = if effect == EffectClass::ReadOnly { "True" } else { "False" };
-    let app = format!(
-        r#""""The `{tool}` tool: counts the words and characters of a text.
-
-Built into a WebAssembly component with componentize-py against `wit/tool.wit` (world `tool`);
-the logic is in `logic.py`, tested natively by `test_logic.py`.
-"""
-
-import json
-
-from componentize_py_types import Err
-from wit_world import exports
-from wit_world.imports import types
-
-import logic
-
-
-class Tools(exports.Tools):
-    def describe(self) -> list[types.ToolSpec]:
-        return [
-            types.ToolSpec(
-                name="{tool}",
-                description="Counts the words and characters of a text.",
-                input_schema=json.dumps(logic.INPUT_SCHEMA),
-                output_schema=json.dumps(logic.OUTPUT_SCHEMA),
-                effect=types.Effect.{effect},
-                idempotent={idempotent},
-            )
-        ]
-
-    def invoke(self, name: str, input: str) -> str:
-        if name != "{tool}":
-            raise Err(types.ToolError_UnknownTool(f"no tool named {{name}}"))
-        try:
-            text = json.loads(input)["text"]
-        except (ValueError, KeyError, TypeError) as e:
-            raise Err(types.ToolError_InvalidInput(f"expected an object with `text`: {{e}}"))
-        try:
-            return json.dumps(logic.count(text))
-        except ValueError as e:
-            raise Err(types.ToolError_InvalidInput(str(e)))
-"#,
-        effect = effect.python(),
-    );
-    let logic = r#""""What the tool does, apart from the component plumbing (so it can be tested natively)."""
-
-INPUT_SCHEMA = {
-    "type": "object",
-    "properties": {"text": {"type": "string", "description": "The text to count."}},
-    "required": ["text"],
-    "additionalProperties": False,
-}
-
-OUTPUT_SCHEMA = {
-    "type": "object",
-    "properties": {"words": {"type": "integer"}, "characters": {"type": "integer"}},
-    "required": ["words", "characters"],
-}
-
-MAX_BYTES = 1 << 20
-
-
-def count(text) -> dict:
-    if not isinstance(text, str):
-        raise ValueError("`text` must be a string")
-    if len(text.encode()) > MAX_BYTES:
-        raise ValueError("`text` is over 1 MiB: give a shorter text")
-    return {"words": len(text.split()), "characters": len(text)}
-"#
-    .to_string();
-    let test = r#"import unittest
-
-import logic
-
-
-class CountTest(unittest.TestCase):
-    def test_counts_words_and_characters(self):
-        self.assertEqual(logic.count("two words"), {"words": 2, "characters": 9})
-
-    def test_refuses_a_text_over_the_limit(self):
-        with self.assertRaises(ValueError):
-            logic.count("a" * (logic.MAX_BYTES + 1))
-
-
-if __name__ == "__main__":
-    unittest.main()
-"#
-    .to_string();
+    let t = |template: &str| fill(template, name, effect, true);
     let build = format!(
         r#"#!/usr/bin/env bash
 # Builds {wasm} with componentize-py (pinned in requirements.txt), installed into .venv on
-# first use. COMPONENTIZE_PY may name an installed componentize-py instead.
+# first use, then writes the project's name and version (pyproject.toml) into it.
+# COMPONENTIZE_PY may name an installed componentize-py instead.
 set -euo pipefail
 cd "$(dirname "$0")"
 tool="${{COMPONENTIZE_PY:-}}"
@@ -574,129 +537,61 @@ if [ -z "$tool" ]; then
   tool=.venv/bin/componentize-py
 fi
 "$tool" -d wit -w tool componentize app -o {wasm}
+python3 stamp.py {wasm}
 "#
     );
     let readme = format!(
         r#"# {name}
 
 A keel tool component in Python: the tool `{tool}` counts the words and characters of a text.
-`logic.py` is what it does, `app.py` the component (componentize-py's bindings of
-`wit/tool.wit`, generated into the module `wit_world` at build time).
+`logic.py` is what it does: each tool is a function marked `@tool`, and its input and output
+schemas come from its type annotations (`Annotated[str, "description"]` describes a field, a
+default makes it optional; see `keel_tool.py`), its description from its docstring. `app.py`
+is the component (componentize-py's bindings of `wit/tool.wit`, generated into the module
+`wit_world` at build time); it needs no change when you add a tool.
 
 ```sh
 python3 -m unittest                       # the logic, natively
 ./build.sh                                # {wasm} (installs componentize-py into .venv once)
+keel tool test                            # tests/*.json, in keel's sandbox
 keel tool call --wasm {wasm} {tool} --input '{{"text": "hello keel"}}'
-keel tool install {wasm} --name {name}
+keel tool install {wasm}
 ```
 
-The component carries CPython (about 18 MB); keel compiles it once at install and loads the
-cached artifact afterwards.
+While you work, `keel tool dev --input '{{"text": "hello keel"}}'` rebuilds on every save and
+calls the tool again. The component carries `pyproject.toml`'s name and version (`stamp.py`
+writes them): `keel tool install` names it `{name}`, `keel tool list` shows the version.
+
+The component carries CPython (about 18 MB); keel compiles it once and loads the cached
+artifact afterwards.
 "#
     );
-    vec![
-        ("app.py", app),
-        ("logic.py", logic),
-        ("test_logic.py", test),
+    let mut files = vec![
+        ("app.py", t(include_str!("../../templates/python/app.py"))),
+        ("logic.py", t(include_str!("../../templates/python/logic.py"))),
+        ("keel_tool.py", t(include_str!("../../templates/python/keel_tool.py"))),
+        ("test_logic.py", t(include_str!("../../templates/python/test_logic.py"))),
+        ("stamp.py", t(include_str!("../../templates/python/stamp.py"))),
+        ("pyproject.toml", t(include_str!("../../templates/python/pyproject.toml"))),
         ("requirements.txt", PYTHON_REQUIREMENTS.to_string()),
         ("build.sh", build),
         ("README.md", readme),
         (".gitignore", ".venv/\n__pycache__/\n*.wasm\n".to_string()),
-    ]
+    ];
+    files.extend(test_cases());
+    files
 }
 
-/// The files of a new JavaScript tool project (componentize-js).
+/// The files of a new JavaScript tool project (componentize-js): the tools are documented
+/// functions, their schemas read from their JSDoc at build time (`schema.mjs`).
 fn js_project(name: &str, effect: EffectClass) -> Vec<(&'static str, String)> {
     let tool = tool_name(name);
     let wasm = format!("{}.wasm", lib_name(name));
-    let idempotent = effect == EffectClass::ReadOnly;
-    let tool_js = format!(
-        r#"// The `{tool}` tool: counts the words and characters of a text. Built into a WebAssembly
-// component with componentize-js against wit/tool.wit (world `tool`); `count` is tested
-// natively by test.mjs.
-
-const INPUT_SCHEMA = {{
-  type: 'object',
-  properties: {{ text: {{ type: 'string', description: 'The text to count.' }} }},
-  required: ['text'],
-  additionalProperties: false,
-}};
-
-const MAX_CHARS = 1 << 20;
-
-export function count(text) {{
-  if (typeof text !== 'string') {{
-    throw new TypeError('`text` must be a string');
-  }}
-  if (text.length > MAX_CHARS) {{
-    throw new RangeError('`text` is over 1 MiB: give a shorter text');
-  }}
-  const words = text.split(/\s+/).filter((w) => w.length > 0).length;
-  return {{ words, characters: [...text].length }};
-}}
-
-export const tools = {{
-  describe() {{
-    return [
-      {{
-        name: '{tool}',
-        description: 'Counts the words and characters of a text.',
-        inputSchema: JSON.stringify(INPUT_SCHEMA),
-        outputSchema: undefined,
-        effect: '{effect}',
-        idempotent: {idempotent},
-      }},
-    ];
-  }},
-
-  invoke(name, input) {{
-    if (name !== '{tool}') {{
-      throw {{ tag: 'unknown-tool', val: `no tool named ${{name}}` }};
-    }}
-    try {{
-      return JSON.stringify(count(JSON.parse(input).text));
-    }} catch (e) {{
-      // Anything thrown that is not a tool-error variant would abort the component.
-      throw {{ tag: 'invalid-input', val: String(e) }};
-    }}
-  }},
-}};
-"#,
-        effect = effect.wit(),
-    );
-    let test = r#"import { test } from 'node:test';
-import assert from 'node:assert/strict';
-import { count } from './tool.js';
-
-test('counts words and characters', () => {
-  assert.deepEqual(count('two words'), { words: 2, characters: 9 });
-});
-
-test('refuses what is not a string', () => {
-  assert.throws(() => count(7), TypeError);
-});
-"#
-    .to_string();
-    let build = format!(
-        r#"// Builds tool.js into {wasm}: npm run build (after npm install).
-import {{ componentize }} from '@bytecodealliance/componentize-js';
-import {{ writeFile }} from 'node:fs/promises';
-
-const {{ component }} = await componentize({{
-  sourcePath: 'tool.js',
-  witPath: 'wit',
-  worldName: 'tool',
-  // keel tools get no network unless a session grants it: leave out fetch() support, which
-  // would import wasi:http.
-  disableFeatures: ['http', 'fetch-event'],
-}});
-await writeFile('{wasm}', component);
-console.error(`wrote {wasm} (${{component.length}} bytes)`);
-"#
-    );
+    let t = |template: &str| fill(template, name, effect, false);
     let package = format!(
         r#"{{
   "name": "{name}",
+  "version": "0.1.0",
   "private": true,
   "type": "module",
   "description": "A keel tool component",
@@ -710,25 +605,35 @@ console.error(`wrote {wasm} (${{component.length}} bytes)`);
         r#"# {name}
 
 A keel tool component in JavaScript: the tool `{tool}` counts the words and characters of a
-text. `tool.js` exports `tools` (the `keel:tool` interface, through componentize-js) and
-`count`, which `test.mjs` tests natively.
+text. `tool.js` holds the tools: each is a documented `export function`, listed in `TOOLS`,
+and its input and output schemas come from its JSDoc (`@param {{string}} input.text …`,
+`@returns {{{{words: integer}}}}`; `build.mjs` reads them with `schema.mjs`). `test.mjs` tests
+the functions natively.
 
 ```sh
 npm install && npm test
 npm run build                             # {wasm}
+keel tool test                            # tests/*.json, in keel's sandbox
 keel tool call --wasm {wasm} {tool} --input '{{"text": "hello keel"}}'
-keel tool install {wasm} --name {name}
+keel tool install {wasm}
 ```
+
+While you work, `keel tool dev --input '{{"text": "hello keel"}}'` rebuilds on every save and
+calls the tool again. The component carries `package.json`'s name and version (`build.mjs`
+writes them): `keel tool install` names it `{name}`, `keel tool list` shows the version.
 "#
     );
-    vec![
-        ("tool.js", tool_js),
-        ("test.mjs", test),
-        ("build.mjs", build),
+    let mut files = vec![
+        ("tool.js", t(include_str!("../../templates/js/tool.js"))),
+        ("schema.mjs", t(include_str!("../../templates/js/schema.mjs"))),
+        ("test.mjs", t(include_str!("../../templates/js/test.mjs"))),
+        ("build.mjs", t(include_str!("../../templates/js/build.mjs"))),
         ("package.json", package),
         ("README.md", readme),
-        (".gitignore", "node_modules/\n*.wasm\n".to_string()),
-    ]
+        (".gitignore", "node_modules/\n.build/\n*.wasm\n".to_string()),
+    ];
+    files.extend(test_cases());
+    files
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use keel::protocol::events::{EventRow, SessionEvent};
 use keel::protocol::sessions::JournalStatus;
 use keel::protocol::setup::Harness;
 
-use super::{EXIT_REFUSED, inert};
+use super::{EXIT_REFUSED, inert, inert_block};
 
 /// How often a follower reads the store.
 pub const POLL: Duration = Duration::from_millis(50);
@@ -402,8 +402,86 @@ pub fn line(row: &EventRow) -> String {
 /// `keel session events ID [--after N] [--follow] [--json]`. Following, the text a model is
 /// writing shows as it arrives (`▸ …`; with `--json`, `text_delta` objects without a sequence
 /// number), in whichever process runs the turn; the durable `answer` or message follows it.
-pub async fn execute(h: &Harness, id: &str, after: i64, follow: bool, json: bool) -> ExitCode {
+/// Bytes of each stream `keel session calls --logs` and `session events --logs` print of a call (`--json` gives all that
+/// was kept).
+const LOGS_SHOWN: usize = 2048;
+
+/// What a call's tool wrote (its kept logs, as stored), indented under the call's line: the
+/// log records, then stderr and stdout (each cut at [`LOGS_SHOWN`] bytes), then what was not
+/// kept.
+pub fn print_logs(l: &serde_json::Value) {
+    for r in l["logs"].as_array().into_iter().flatten() {
+        let level = r["level"].as_str().unwrap_or("?");
+        let line = format!("    log [{level}] │ ");
+        println!("{}", super::prefixed(&line, &inert_block(r["message"].as_str().unwrap_or(""))));
+    }
+    for stream in ["stderr", "stdout"] {
+        let text = l[stream].as_str().unwrap_or("");
+        if !text.is_empty() {
+            let mut end = text.len().min(LOGS_SHOWN);
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            let line = format!("    {stream} │ ");
+            println!("{}", super::prefixed(&line, inert_block(&text[..end]).trim_end()));
+            if end < text.len() {
+                println!("    ({} more bytes shown by --json)", text.len() - end);
+            }
+        }
+    }
+    if let Some(cut) = l.get("cut") {
+        println!(
+            "    ({} more bytes and {} log records were not kept)",
+            cut["bytes"], cut["log_records"]
+        );
+    }
+}
+
+/// The kept logs of a session's calls, by call id, read from its timeline when a finished
+/// call's event needs them (`session events --logs`).
+struct KeptLogs<'a> {
+    h: &'a Harness,
+    id: &'a str,
+    by_call: std::collections::HashMap<String, serde_json::Value>,
+}
+
+impl KeptLogs<'_> {
+    /// The logs of `call_id` if its event is a finished call and it kept any.
+    async fn of(&mut self, row: &EventRow) -> Option<(String, serde_json::Value)> {
+        let SessionEvent::ToolCall { call_id, status, .. } = &row.event else { return None };
+        if *status != JournalStatus::Done {
+            return None;
+        }
+        let call = call_id.to_string();
+        if !self.by_call.contains_key(&call) {
+            let t = self.h.timeline(&Caller::Operator, self.id).await.ok()?;
+            for c in &t.tool_calls {
+                let kept = c.entry.logs.as_deref().and_then(|l| serde_json::from_str(l).ok());
+                self.by_call.insert(c.entry.call_id.to_string(), kept.unwrap_or_default());
+            }
+        }
+        let logs = self.by_call.get(&call).filter(|l| !l.is_null())?;
+        Some((call, logs.clone()))
+    }
+}
+
+pub async fn execute(
+    h: &Harness,
+    id: &str,
+    after: i64,
+    follow: bool,
+    json: bool,
+    logs: bool,
+) -> ExitCode {
     use std::io::Write;
+    let mut kept = KeptLogs { h, id, by_call: Default::default() };
+    let print_logs = |call: String, l: serde_json::Value| {
+        if json {
+            println!("{}", serde_json::json!({"kind": "tool_logs", "call_id": call, "logs": l}));
+        } else {
+            print_logs(&l);
+        }
+    };
     // Whether a line of live text is open (the next event starts a new line).
     let mut open = false;
     let print = |row: &EventRow, open: &mut bool| {
@@ -429,6 +507,9 @@ pub async fn execute(h: &Harness, id: &str, after: i64, follow: bool, json: bool
                     for row in &rows {
                         print(row, &mut open);
                         last = row.seq;
+                        if let Some((call, l)) = kept.of(row).await.filter(|_| logs) {
+                            print_logs(call, l);
+                        }
                     }
                 }
                 Err(e) => return super::api_fail(json, &e),
@@ -447,7 +528,12 @@ pub async fn execute(h: &Harness, id: &str, after: i64, follow: bool, json: bool
     loop {
         tokio::select! {
             next = rx.recv() => match next {
-                Some(Ok(row)) => print(&row, &mut open),
+                Some(Ok(row)) => {
+                    print(&row, &mut open);
+                    if let Some((call, l)) = kept.of(&row).await.filter(|_| logs) {
+                        print_logs(call, l);
+                    }
+                }
                 Some(Err(e)) => return super::fail(json, e.kind(), &e.to_string(), EXIT_REFUSED),
                 None => return ExitCode::SUCCESS,
             },

@@ -3,9 +3,11 @@
 pub mod approval;
 pub mod author;
 pub mod chat;
+pub mod devloop;
 pub mod doctor;
 pub mod events;
 pub mod mcp;
+pub mod outcome;
 pub mod run;
 pub mod sdk;
 pub mod secret;
@@ -264,8 +266,8 @@ impl BudgetArgs {
     }
 }
 
-/// The bytes of a component file and its file name's stem, or the error to print (exit
-/// code [`EXIT_REFUSED`]).
+/// The bytes of a component file and the name it is installed, inspected and called as when
+/// none is given ([`component_name`]), or the error to print (exit code [`EXIT_REFUSED`]).
 pub(crate) fn read_component(
     file: &std::path::Path,
     json: bool,
@@ -273,8 +275,17 @@ pub(crate) fn read_component(
     let bytes = std::fs::read(file).map_err(|e| {
         fail(json, "io", &format!("cannot read {}: {e}", file.display()), EXIT_REFUSED)
     })?;
-    let stem = file.file_stem().and_then(|s| s.to_str()).unwrap_or("component").to_string();
-    Ok((bytes, stem))
+    let name = component_name(&bytes, file);
+    Ok((bytes, name))
+}
+
+/// The one rule for the name of a component file (`tool install FILE`, `tool inspect --wasm`,
+/// `tool call --wasm`, `tool dev`, `tool test`): the name the component carries, else the
+/// file name without a version suffix.
+pub(crate) fn component_name(bytes: &[u8], file: &std::path::Path) -> String {
+    let stem = file.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+    let carried = keel::protocol::tools::carried(bytes);
+    keel::protocol::text::component_name_for(carried.name.as_deref(), &stem)
 }
 
 #[cfg(test)]
@@ -290,6 +301,8 @@ mod front_end {
             ("session/mod.rs", include_str!("session/mod.rs")),
             ("session/show.rs", include_str!("session/show.rs")),
             ("tool.rs", include_str!("tool.rs")),
+            ("devloop.rs", include_str!("devloop.rs")),
+            ("outcome.rs", include_str!("outcome.rs")),
             ("doctor.rs", include_str!("doctor.rs")),
             ("chat.rs", include_str!("chat.rs")),
             ("session/set.rs", include_str!("session/set.rs")),

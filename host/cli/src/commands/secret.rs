@@ -164,7 +164,7 @@ fn set(store: &SecretStore, a: SetArgs) -> ExitCode {
 }
 
 /// Reads one line from the terminal with echo off.
-fn prompt(label: &str) -> std::io::Result<String> {
+pub(super) fn prompt(label: &str) -> std::io::Result<String> {
     use rustix::termios::{LocalModes, OptionalActions, tcgetattr, tcsetattr};
     use std::io::Write;
     let tty = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty")?;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use keel::api::Caller;
+use keel::protocol::setup::keys;
 use keel::protocol::setup::secrets::{Secret, SecretStore};
 use keel::protocol::setup::signing::{self, PublicKey};
 use serde_json::json;
@@ -20,6 +21,158 @@ pub enum KeyCommand {
     List(KeyListArgs),
     /// Remove a signing key (what it signed stays signed).
     Remove(KeyNameArgs),
+    /// Write a signing key out sealed — with a passphrase (KEEL_SIGNING_KEY_PASSPHRASE, or asked
+    /// at the terminal), or to age recipients (--to) — as ASCII-armored age text: for another
+    /// home (`keel key import`) or a CI job (KEEL_SIGNING_KEY). The secret never leaves
+    /// unsealed.
+    Export(KeyExportArgs),
+    /// Read a key `keel key export` wrote into this home, under NAME.
+    Import(KeyImportArgs),
+}
+
+#[derive(Args)]
+pub struct KeyExportArgs {
+    /// The key to export (see `keel key list`).
+    name: String,
+    /// Write the export to FILE (made readable by its owner only) instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Seal it to this age recipient (`age1…`) instead of a passphrase; its identity file
+    /// opens it (`keel key import --identity`, or `age --decrypt`). Repeatable.
+    #[arg(long = "to", value_name = "AGE_RECIPIENT")]
+    to: Vec<String>,
+    /// Print JSON instead of text (the export in `export` when not written to a file).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct KeyImportArgs {
+    /// The name to keep it under in this home (default: the name it was exported under).
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+    /// The export: a file, or `-` for stdin.
+    #[arg(value_name = "FILE|-")]
+    file: PathBuf,
+    /// For an export sealed to age recipients: the age identity file that opens it.
+    #[arg(long, value_name = "FILE")]
+    identity: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The passphrase of an export: KEEL_SIGNING_KEY_PASSPHRASE, else asked at the terminal
+/// (twice when it seals a new export).
+fn passphrase(sealing: bool) -> Result<zeroize::Zeroizing<String>, String> {
+    if let Ok(p) = std::env::var(keys::PASSPHRASE_VAR) {
+        return Ok(zeroize::Zeroizing::new(p));
+    }
+    let asked = super::secret::prompt("passphrase (not shown): ").map_err(|e| {
+        format!("no passphrase: set {} or run at a terminal ({e})", keys::PASSPHRASE_VAR)
+    })?;
+    if sealing {
+        let again =
+            super::secret::prompt("the same passphrase again: ").map_err(|e| e.to_string())?;
+        if again != asked {
+            return Err("the passphrases differ; nothing was written".into());
+        }
+    }
+    Ok(zeroize::Zeroizing::new(asked))
+}
+
+fn key_export(home: &Path, a: KeyExportArgs) -> ExitCode {
+    let seal = if a.to.is_empty() {
+        match passphrase(true) {
+            Ok(p) => keys::Seal::Passphrase(p),
+            Err(why) => return fail(a.json, "needs_secret", &why, EXIT_REFUSED),
+        }
+    } else {
+        keys::Seal::Recipients(a.to.clone())
+    };
+    let text = match keys::export(home, &a.name, &seal) {
+        Ok(t) => t,
+        Err(e) => return fail(a.json, e.kind(), &e.to_string(), EXIT_REFUSED),
+    };
+    let how = if a.to.is_empty() { "a passphrase" } else { "age recipients" };
+    if let Some(out) = &a.out {
+        if let Err(e) = keel::protocol::setup::write_private(out, text.as_bytes()) {
+            let msg = format!("cannot write {}: {e}", out.display());
+            return fail(a.json, "io", &msg, EXIT_SETUP);
+        }
+        if a.json {
+            println!("{}", json!({"ok": true, "key": a.name, "file": out, "sealed_with": how}));
+        } else {
+            println!("exported signing key `{}` to {} (sealed with {how})", a.name, out.display());
+        }
+    } else if a.json {
+        println!("{}", json!({"ok": true, "key": a.name, "export": text, "sealed_with": how}));
+    } else {
+        print!("{text}");
+        eprintln!("keel: exported signing key `{}`, sealed with {how}", a.name);
+    }
+    ExitCode::SUCCESS
+}
+
+fn key_import(home: &Path, a: KeyImportArgs) -> ExitCode {
+    use std::io::Read;
+    let mut text = String::new();
+    let limit = keys::MAX_EXPORT_BYTES as u64 + 1;
+    let read = if a.file.as_os_str() == "-" {
+        std::io::stdin().take(limit).read_to_string(&mut text)
+    } else {
+        std::fs::File::open(&a.file).and_then(|f| f.take(limit).read_to_string(&mut text))
+    };
+    if let Err(e) = read {
+        let msg = format!("cannot read {}: {e}", a.file.display());
+        return fail(a.json, "io", &msg, EXIT_REFUSED);
+    }
+    let mut unseal = keys::Unseal::default();
+    match keys::needs_passphrase(&text) {
+        Ok(true) => match passphrase(false) {
+            Ok(p) => unseal.passphrase = Some(p),
+            Err(why) => return fail(a.json, "needs_secret", &why, EXIT_REFUSED),
+        },
+        Ok(false) => {
+            if let Some(id) = &a.identity {
+                match std::fs::read_to_string(id) {
+                    Ok(t) => unseal.identities = Some(zeroize::Zeroizing::new(t)),
+                    Err(e) => {
+                        let msg = format!("cannot read {}: {e}", id.display());
+                        return fail(a.json, "io", &msg, EXIT_REFUSED);
+                    }
+                }
+            }
+        }
+        Err(e) => return fail(a.json, e.kind(), &e.to_string(), EXIT_REFUSED),
+    }
+    let (exported_as, secret) = match keys::open(&text, &unseal) {
+        Ok(k) => k,
+        Err(e) => return fail(a.json, e.kind(), &e.to_string(), EXIT_REFUSED),
+    };
+    let name = a.name.clone().unwrap_or(exported_as);
+    let store = SecretStore::signing_keys(home);
+    match store.names() {
+        Ok(names) if names.contains(&name) => {
+            let msg = format!(
+                "a signing key `{name}` exists; remove it first (`keel key remove {name}`) or import under another name (--name)"
+            );
+            return fail(a.json, "conflict", &msg, EXIT_REFUSED);
+        }
+        Ok(_) => {}
+        Err(e) => return fail(a.json, "keys", &e.to_string(), EXIT_SETUP),
+    }
+    let public = signing::public_of(secret.expose()).map(|p| p.to_string()).unwrap_or_default();
+    if let Err(e) = store.set(&name, secret) {
+        return fail(a.json, "keys", &e.to_string(), EXIT_REFUSED);
+    }
+    if a.json {
+        println!("{}", json!({"ok": true, "key": name, "public_key": public}));
+    } else {
+        println!("{public}");
+        eprintln!("imported signing key `{name}`; sign with `keel tool sign FILE --key {name}`");
+    }
+    ExitCode::SUCCESS
 }
 
 #[derive(Args)]
@@ -115,6 +268,8 @@ pub fn keys(home: &Path, cmd: KeyCommand) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
+        KeyCommand::Export(a) => key_export(home, a),
+        KeyCommand::Import(a) => key_import(home, a),
         KeyCommand::Remove(a) => match store.remove(&a.name) {
             Ok(()) => {
                 if a.json {
@@ -146,21 +301,13 @@ pub struct SignArgs {
 
 /// `keel tool sign`: the signature embedded in the component (wasmsign2's format).
 pub fn sign(home: &Path, a: SignArgs) -> ExitCode {
-    let store = SecretStore::signing_keys(home);
-    let secret = match store.get(std::slice::from_ref(&a.key)) {
-        Ok(mut found) if !found.is_empty() => found.remove(0).1,
-        Ok(_) | Err(keel::protocol::setup::secrets::SecretError::Missing { .. }) => {
-            return fail(
-                a.json,
-                "not_found",
-                &format!(
-                    "no signing key `{}`; see `keel key list`, or make one with `keel key new {}`",
-                    a.key, a.key
-                ),
-                EXIT_REFUSED,
-            );
+    // The home's key, else the one KEEL_SIGNING_KEY holds under that name (a CI job's).
+    let secret = match keys::find(home, &a.key) {
+        Ok(s) => s,
+        Err(e) => {
+            let code = if e.kind() == "keys" { EXIT_SETUP } else { EXIT_REFUSED };
+            return fail(a.json, e.kind(), &e.to_string(), code);
         }
-        Err(e) => return fail(a.json, "keys", &e.to_string(), EXIT_SETUP),
     };
     let bytes = match super::read_component(&a.file, a.json) {
         Ok((bytes, _)) => bytes,

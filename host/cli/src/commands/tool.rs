@@ -10,7 +10,7 @@ use keel::protocol::setup::Harness;
 use keel::protocol::tools::{CallRequest, InstallMode};
 use serde_json::json;
 
-use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert, inert_block, prefixed};
+use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert, inert_block};
 
 #[derive(Subcommand)]
 pub enum ToolCommand {
@@ -35,6 +35,13 @@ pub enum ToolCommand {
     Remove(NameArgs),
     /// Run one governed call of a tool, in the sandbox, with only the granted directories.
     Call(Box<CallArgs>),
+    /// Watch a tool project: rebuild it with its own build command on every change and call
+    /// the tool again, printing its logs and output and the time from edit to output.
+    Dev(Box<super::devloop::DevArgs>),
+    /// Run a component's test cases under the real sandbox: the project's `tests/*.json`
+    /// (input, expected output or error kind, grants) and the examples its input schemas
+    /// declare.
+    Test(super::devloop::TestArgs),
     /// Start a tool: a standalone project (outside any keel checkout) with a working example
     /// tool, its test, the WIT contract and the commands to build, install and call it.
     New(super::author::NewArgs),
@@ -59,7 +66,8 @@ pub struct InstallArgs {
     /// oci://REGISTRY/REPOSITORY@sha256:DIGEST.
     #[arg(value_name = "FILE|oci://REF")]
     file: String,
-    /// Component name (default: the file name without `.wasm`, or the repository's last
+    /// Component name (default: the name the component carries, else the file name without
+    /// `.wasm` and a version suffix such as `-1.1.0`; from a registry, the repository's last
     /// part). The names of first-party components (`fs`, `csv`) are reserved.
     #[arg(long)]
     name: Option<String>,
@@ -150,8 +158,8 @@ pub struct InspectArgs {
     /// A component file to check as install would, without installing it.
     #[arg(long, value_name = "FILE")]
     wasm: Option<PathBuf>,
-    /// With --wasm: the component name to check it as (default: the file name without
-    /// `.wasm`).
+    /// With --wasm: the component name to check it as (default: as install names it — the
+    /// name the component carries, else the file name without `.wasm` and a version suffix).
     #[arg(long = "as", value_name = "NAME", requires = "wasm")]
     as_name: Option<String>,
     /// Print JSON instead of text.
@@ -201,6 +209,8 @@ pub async fn execute(home: PathBuf, cmd: ToolCommand) -> ExitCode {
         ToolCommand::Inspect(a) => a.json,
         ToolCommand::Remove(a) => a.json,
         ToolCommand::Call(a) => a.json,
+        ToolCommand::Dev(a) => a.json,
+        ToolCommand::Test(a) => a.json,
         ToolCommand::New(_) | ToolCommand::Sign(_) | ToolCommand::Verify(_) => false,
     };
     let service = match super::turn::open_harness(&home).await {
@@ -215,6 +225,8 @@ pub async fn execute(home: PathBuf, cmd: ToolCommand) -> ExitCode {
         ToolCommand::Inspect(a) => inspect(&service, a).await,
         ToolCommand::Remove(a) => remove(&service, a),
         ToolCommand::Call(a) => call(&service, *a).await,
+        ToolCommand::Dev(a) => super::devloop::dev(&service, *a).await,
+        ToolCommand::Test(a) => super::devloop::test(&service, a).await,
         ToolCommand::New(a) => super::author::new(a),
         ToolCommand::Sign(a) => super::signing::sign(&home, a),
         ToolCommand::Verify(a) => super::signing::verify(&home, a).await,
@@ -248,11 +260,7 @@ async fn install(service: &Harness, a: InstallArgs) -> ExitCode {
                 return super::fail(a.json, "io", &msg, EXIT_REFUSED);
             }
         };
-        let name = a.name.clone().unwrap_or_else(|| {
-            file.file_stem()
-                .map(|s| s.to_string_lossy().replace('_', "-").to_lowercase())
-                .unwrap_or_default()
-        });
+        let name = a.name.clone().unwrap_or_else(|| super::component_name(&bytes, &file));
         eprintln!("keel: validating and compiling {} ({} bytes)…", file.display(), bytes.len());
         service
             .install_tool(&Caller::Operator, &bytes, &name, &file.display().to_string(), mode)
@@ -331,6 +339,7 @@ fn list(service: &Harness, json_out: bool) -> ExitCode {
             .map(|t| {
                 let c = components.iter().find(|c| c.name == t.component);
                 json!({"name": t.name, "component": t.component, "effect": t.effect,
+                       "version": c.and_then(|c| c.version.clone()),
                        "control": keel::api::is_control_tool(t),
                        "idempotent": t.idempotent, "description": t.description,
                        "signer": c.and_then(|c| c.signer.clone()),
@@ -341,14 +350,20 @@ fn list(service: &Harness, json_out: bool) -> ExitCode {
         println!("{}", serde_json::Value::Array(rows));
     } else {
         println!(
-            "{:<20} {:<10} {:<16} {:<10} DESCRIPTION",
-            "TOOL", "COMPONENT", "EFFECT", "SIGNER"
+            "{:<20} {:<10} {:<9} {:<16} {:<10} DESCRIPTION",
+            "TOOL", "COMPONENT", "VERSION", "EFFECT", "SIGNER"
         );
         for t in &tools {
+            let version = components
+                .iter()
+                .find(|c| c.name == t.component)
+                .and_then(|c| c.version.as_deref())
+                .unwrap_or("-");
             println!(
-                "{:<20} {:<10} {:<16} {:<10} {}",
+                "{:<20} {:<10} {:<9} {:<16} {:<10} {}",
                 t.name,
                 t.component,
+                inert(version),
                 keel::api::shown_class(t),
                 inert(&signed(&t.component)),
                 inert(&t.description)
@@ -387,9 +402,31 @@ async fn publish(service: &Harness, a: PublishArgs) -> ExitCode {
         keel::protocol::text::sha256_hex(&bytes),
         inert(&a.to.reference)
     );
+    let carried = keel::protocol::tools::carried(&bytes);
+    let tag = a.to.reference.rsplit_once(':').map(|(_, t)| t).filter(|t| !t.contains('/'));
+    match (&carried.version, tag) {
+        (Some(v), Some(t)) if t != v && t.strip_prefix('v') != Some(v) && looks_like_version(t) => {
+            eprintln!(
+                "keel: note: the tag `{}` is not the version the component carries ({}); the manifest's version annotation says {}",
+                inert(t),
+                inert(v),
+                inert(v)
+            )
+        }
+        (None, _) => eprintln!(
+            "keel: note: {} carries no version (a `version` section); the manifest takes the tag as its version and the time as its build time",
+            a.file.display()
+        ),
+        _ => {}
+    }
     let to = &a.to;
     let auth = to.auth.as_deref();
     published(to.json, service.publish_tool(&Caller::Operator, bytes, &to.reference, auth).await)
+}
+
+/// Whether a tag reads as a version (`1.2.0`, `v2`), not a name such as `latest`.
+fn looks_like_version(tag: &str) -> bool {
+    tag.strip_prefix('v').unwrap_or(tag).starts_with(|c: char| c.is_ascii_digit())
 }
 
 /// Prints what a publish did (the digest reference last, alone on its line).
@@ -437,7 +474,10 @@ async fn outdated(service: &Harness, a: OutdatedArgs) -> ExitCode {
     }
     let short =
         |d: &str| d.strip_prefix("sha256:").unwrap_or(d).chars().take(12).collect::<String>();
-    println!("{:<16} {:<15} {:<13} {:<13} REFERENCE", "NAME", "KIND", "INSTALLED", "TAG NOW");
+    println!(
+        "{:<16} {:<15} {:<9} {:<13} {:<13} REFERENCE",
+        "NAME", "KIND", "VERSION", "INSTALLED", "TAG NOW"
+    );
     for r in &rows {
         let now = match (&r.current, &r.error) {
             (Some(c), _) if r.outdated => format!("{} (moved)", short(c)),
@@ -451,15 +491,26 @@ async fn outdated(service: &Harness, a: OutdatedArgs) -> ExitCode {
             keel::api::OutdatedKind::SkillComponent => "skill component",
         };
         println!(
-            "{:<16} {:<15} {:<13} {:<13} {}",
+            "{:<16} {:<15} {:<9} {:<13} {:<13} {}",
             inert(&r.name),
             kind,
+            inert(r.version.as_deref().unwrap_or("-")),
             short(&r.installed),
             now,
             inert(&r.reference)
         );
         if let Some(e) = &r.error {
             println!("  {}", inert(e));
+        }
+        if let Some(latest) = r.newer.last() {
+            let shown: Vec<String> = r.newer.iter().map(|t| inert(t)).collect();
+            let repo = r.reference.rsplit_once(':').map_or(r.reference.as_str(), |(p, _)| p);
+            println!(
+                "  newer versions: {} (keel tool install --upgrade {}:{})",
+                shown.join(", "),
+                inert(repo),
+                inert(latest)
+            );
         }
     }
     // The upgrade names the digest shown: it installs what was seen, or refuses if the tag
@@ -484,11 +535,11 @@ async fn inspect_file(
     name: Option<String>,
     json: bool,
 ) -> ExitCode {
-    let (bytes, stem) = match super::read_component(file, json) {
+    let (bytes, carried_or_stem) = match super::read_component(file, json) {
         Ok(x) => x,
         Err(code) => return code,
     };
-    let name = name.unwrap_or(stem);
+    let name = name.unwrap_or(carried_or_stem);
     let r = match service.inspect_tool_file(&Caller::Operator, &bytes, &name).await {
         Ok(r) => r,
         Err(e) => return super::api_fail(json, &e),
@@ -497,6 +548,18 @@ async fn inspect_file(
         println!("{}", json!(r));
     } else {
         println!("file       {}", file.display());
+        let from = if r.carried.name.as_deref() == Some(r.name.as_str()) {
+            " (the name it carries)"
+        } else {
+            ""
+        };
+        println!("name       {}{from}", r.name);
+        match &r.carried.version {
+            Some(v) => println!("version    {}", inert(v)),
+            None => println!(
+                "version    none carried (a `version` section, as `keel tool new` projects write)"
+            ),
+        }
         println!("sha256     {}", r.digest);
         println!("size       {} bytes", r.size);
         match (&r.signer, r.signed) {
@@ -572,6 +635,9 @@ async fn inspect(service: &Harness, a: InspectArgs) -> ExitCode {
         component.name,
         if component.builtin { " (first-party)" } else { "" }
     );
+    if let Some(v) = &component.version {
+        println!("version    {}", inert(v));
+    }
     println!("sha256     {}", component.digest);
     println!("size       {} bytes", component.size);
     println!("source     {}", inert(&component.source));
@@ -609,38 +675,8 @@ fn remove(service: &Harness, a: NameArgs) -> ExitCode {
     }
 }
 
-/// Inputs read from a file or stdin larger than this are refused (a tool's input is a JSON
-/// object a model could write; the sandbox refuses far less).
-const MAX_INPUT_BYTES: u64 = 16 << 20;
-
-/// The input `--input` names: the text itself, `@FILE`'s contents, or stdin's (`-`).
-fn read_input(arg: &str) -> Result<String, String> {
-    use std::io::Read;
-    let (what, reader): (String, Box<dyn Read>) = if arg == "-" {
-        ("stdin".into(), Box::new(std::io::stdin()))
-    } else if let Some(path) = arg.strip_prefix('@') {
-        let file = std::fs::File::open(path)
-            .map_err(|e| format!("--input @{path}: cannot open the file: {e}"))?;
-        (path.to_string(), Box::new(file))
-    } else {
-        return Ok(arg.to_string());
-    };
-    let mut text = String::new();
-    let read = reader
-        .take(MAX_INPUT_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("--input: cannot read {what} as UTF-8 text: {e}"))?;
-    if read as u64 > MAX_INPUT_BYTES {
-        return Err(format!(
-            "--input: {what} holds more than {} MiB; a tool's input is a JSON object, not a file to upload",
-            MAX_INPUT_BYTES >> 20
-        ));
-    }
-    Ok(text)
-}
-
 async fn call(service: &Harness, a: CallArgs) -> ExitCode {
-    let input = match read_input(&a.input) {
+    let input = match super::outcome::read_input(&a.input) {
         Ok(text) => text,
         Err(why) => return super::fail(a.json, "invalid_input", &why, EXIT_REFUSED),
     };
@@ -668,7 +704,7 @@ async fn call(service: &Harness, a: CallArgs) -> ExitCode {
     let called = match &a.wasm {
         None => service.call_tool(&Caller::Operator, req).await,
         Some(file) => {
-            let (bytes, stem) = match super::read_component(file, a.json) {
+            let (bytes, name) = match super::read_component(file, a.json) {
                 Ok(x) => x,
                 Err(code) => return code,
             };
@@ -679,109 +715,17 @@ async fn call(service: &Harness, a: CallArgs) -> ExitCode {
                     bytes.len() as f64 / 1e6
                 );
             }
-            service.call_tool_file(&Caller::Operator, &bytes, &stem, req).await
+            service.call_tool_file(&Caller::Operator, &bytes, &name, req).await
         }
     };
     let outcome = match called {
         Ok(o) => o,
         Err(e) => return super::api_fail(a.json, &e),
     };
-    let r = &outcome.report;
     if a.json {
-        let (ok, output, error) = match &r.result {
-            Ok(v) => (true, v.clone(), serde_json::Value::Null),
-            Err(e) => (
-                false,
-                serde_json::Value::Null,
-                json!({"kind": e.kind(), "message": e.to_string()}),
-            ),
-        };
-        println!(
-            "{}",
-            json!({
-                "ok": ok, "tool": outcome.tool.name, "effect": outcome.tool.effect,
-                "output": output, "error": error, "changes": outcome.changes,
-                "stdout": r.stdout, "stderr": r.stderr, "logs": r.logs,
-                "dropped_logs": r.dropped_logs, "progress": r.progress, "fs": r.fs,
-                "net": r.net.records, "net_dropped": r.net.dropped,
-                "fuel_used": r.fuel_used, "memory_peak": r.memory_peak,
-                "duration_ms": r.duration.as_secs_f64() * 1e3,
-                "compiled_ms": outcome.compiled_ms,
-            })
-        );
+        println!("{}", super::outcome::outcome_json(&outcome));
     } else {
-        for (name, c) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {
-            if !c.text.is_empty() || c.dropped_bytes > 0 {
-                eprintln!("{}", prefixed(&format!("tool {name} │ "), c.display().trim_end()));
-            }
-        }
-        for l in &r.logs {
-            eprintln!("{}", prefixed(&format!("tool log [{}] │ ", l.level), &l.message));
-        }
-        if r.dropped_logs > 0 {
-            eprintln!("keel: {} more log records of the tool were dropped", r.dropped_logs);
-        }
-        if let Some(p) = &r.progress {
-            let total = p.total.map(|t| format!("/{t}")).unwrap_or_default();
-            eprintln!("keel: last progress {}{total}: {}", p.done, inert(&p.message));
-        }
-        for d in &r.fs.denied {
-            eprintln!("keel: denied {}", inert(d));
-        }
-        for n in &r.net.records {
-            eprintln!("keel: {}", inert(&super::net_line(n)));
-        }
-        if r.net.dropped > 0 {
-            eprintln!("keel: {} more requests were not recorded", r.net.dropped);
-        }
-        if r.fs.denied_dropped > 0 {
-            eprintln!("keel: {} more operations denied", r.fs.denied_dropped);
-        }
-        if r.fs.write_quota_exceeded {
-            eprintln!("keel: the call's write quota was used up (write_quota_exceeded)");
-        }
-        if r.fs.create_limit_exceeded {
-            eprintln!("keel: the call created as many files as it may (create_limit_exceeded)");
-        }
-        match &r.result {
-            Ok(v) => {
-                println!("{}", inert_block(&serde_json::to_string_pretty(v).unwrap_or_default()))
-            }
-            Err(e) => eprintln!("error ({}): {}", e.kind(), inert(&e.to_string())),
-        }
-        if let Some(ch) = &outcome.changes {
-            for (what, list) in
-                [("created", &ch.created), ("modified", &ch.modified), ("deleted", &ch.deleted)]
-            {
-                for c in list {
-                    let hash = match (&c.sha256, c.hashed) {
-                        (Some(h), _) => format!(" sha256:{}", &h[..16]),
-                        (None, false) => " (not hashed)".to_string(),
-                        (None, true) => String::new(),
-                    };
-                    eprintln!("{what:<8} {} ({} bytes){hash}", inert(&c.path), c.size);
-                }
-            }
-            if !ch.complete {
-                eprintln!(
-                    "(change set incomplete: a workspace walk hit its bound or was cancelled)"
-                );
-            }
-        }
-        eprintln!(
-            "keel: {} {} in {:.1} ms, fuel {}, memory {} KiB",
-            outcome.tool.name,
-            if r.result.is_ok() { "ok" } else { "failed" },
-            r.duration.as_secs_f64() * 1e3,
-            r.fuel_used,
-            r.memory_peak / 1024
-        );
-        if let Some(ms) = outcome.compiled_ms {
-            eprintln!(
-                "keel: compiling the file took {:.1} s; its compiled form is cached, so the next call of the same bytes starts at once",
-                ms / 1e3
-            );
-        }
+        super::outcome::print_outcome(&outcome);
     }
-    if r.result.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_TOOL_ERROR) }
+    if outcome.report.result.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_TOOL_ERROR) }
 }

@@ -472,14 +472,40 @@ fn scaffolds_in_python_and_javascript_build_install_and_run() {
         (&py, "py_count.wasm", "py-count", "py_count", "read-only"),
         (&js, "js_count.wasm", "js-count", "js_count", "external"),
     ] {
+        // The project's two cases pass in the sandbox, from its directory.
+        let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+            .current_dir(dir)
+            .arg("--home")
+            .arg(home.path())
+            .args(["tool", "test", "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{tool}: {}", String::from_utf8_lossy(&out.stdout));
+        assert_eq!(json_of(&out)["passed"], json!(2), "{tool}");
+        // Installed under the name and version the build wrote into it (no --name).
         let wasm = dir.join(file);
-        let out = keel(
-            home.path(),
-            &["tool", "install", wasm.to_str().unwrap(), "--name", name, "--json"],
-        );
+        let out = keel(home.path(), &["tool", "install", wasm.to_str().unwrap(), "--json"]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let installed = json_of(&out)["install"]["component"].clone();
+        assert_eq!(
+            (installed["name"].clone(), installed["version"].clone()),
+            (json!(name), json!("0.1.0"))
+        );
         let v = json_of(&keel(home.path(), &["tool", "inspect", tool, "--json"]));
         assert_eq!(v["tools"][0]["effect"], json!(effect));
+        // The schemas came from the annotations (Python) and the JSDoc (JavaScript).
+        let text = &v["tools"][0]["input_schema"]["properties"]["text"];
+        assert_eq!(text["description"], json!("The text to count."), "{tool}: {v}");
+        assert_eq!(v["tools"][0]["input_schema"]["required"], json!(["text"]), "{tool}");
+        assert_eq!(
+            v["tools"][0]["output_schema"]["properties"]["words"]["type"],
+            json!("integer"),
+            "{tool}"
+        );
+        assert_eq!(
+            v["tools"][0]["description"],
+            json!("Counts the words and characters of a text.")
+        );
         let out = keel(
             home.path(),
             &["tool", "call", tool, "--input", r#"{"text": "one two three"}"#, "--json"],
@@ -491,4 +517,188 @@ fn scaffolds_in_python_and_javascript_build_install_and_run() {
         let message = json_of(&out)["error"]["message"].as_str().unwrap().to_string();
         assert!(message.contains("text"), "{tool}: {message}");
     }
+}
+
+/// keel in `dir` (a project outside the workspace), its cargo builds sharing this file's
+/// target directory.
+fn keel_in(home: &Path, dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_keel"))
+        .current_dir(dir)
+        .arg("--home")
+        .arg(home)
+        .args(args)
+        .env("CARGO_TARGET_DIR", author_target())
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .output()
+        .unwrap()
+}
+
+/// The author's loop from the project directory: `keel tool test` runs the scaffold's two
+/// cases (green, then red ones), `keel tool dev` rebuilds on a save and calls again (and on an
+/// input typed on its stdin, and says when the build breaks), and the component is installed
+/// under the name and version it carries — one name rule for install and inspect.
+#[test]
+fn tool_test_and_tool_dev_run_a_new_projects_cases_and_rebuild_on_each_save() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let projects = tempfile::tempdir().unwrap();
+    let dir = projects.path().join("t-dev");
+    let out = keel(h, &["tool", "new", "t-dev", "--dir", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("keel tool test"));
+
+    // Not built yet (the shared target directory may hold an earlier run's): the error names
+    // the build command.
+    let _ = std::fs::remove_file(component("t_dev"));
+    let out = keel_in(h, &dir, &["tool", "test", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let message = json_of(&out)["error"]["message"].as_str().unwrap().to_string();
+    assert!(message.contains("cargo build --release --target wasm32-wasip2"), "{message}");
+
+    // Built with the project's own command, then its two cases pass in the sandbox.
+    let out = keel_in(h, &dir, &["tool", "test", "--build", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json_of(&out);
+    assert_eq!((v["passed"].clone(), v["failed"].clone()), (json!(2), json!(0)), "{v}");
+    let names: Vec<&str> =
+        v["cases"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["counts_words", "refuses_a_missing_text"]);
+    assert_eq!(v["cases"][0]["result"]["output"], json!({"words": 2, "characters": 9}));
+    assert_eq!(v["cases"][1]["result"]["error"]["kind"], json!("invalid_input"));
+
+    // Red: a wrong output, an error that did not come, each named with why.
+    let tests = dir.join("tests");
+    std::fs::write(
+        tests.join("wrong_count.json"),
+        r#"{"input": {"text": "two words"}, "output": {"words": 3}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        tests.join("wants_an_error.json"),
+        r#"{"input": {"text": "x"}, "error": "invalid_input"}"#,
+    )
+    .unwrap();
+    let out = keel_in(h, &dir, &["tool", "test", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stdout));
+    let v = json_of(&out);
+    assert_eq!((v["passed"].clone(), v["failed"].clone()), (json!(2), json!(2)), "{v}");
+    let problem = |name: &str| {
+        let c = v["cases"].as_array().unwrap().iter().find(|c| c["name"] == json!(name)).unwrap();
+        c["problem"].as_str().unwrap_or("").to_string()
+    };
+    assert!(problem("wrong_count").contains(r#"expected output {"words":3}"#), "{v}");
+    assert!(problem("wants_an_error").contains("expected error invalid_input, got output"), "{v}");
+    let out = keel_in(h, &dir, &["tool", "test"]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("FAIL  wrong_count") && shown.contains("2 passed, 2 failed"), "{shown}");
+    // A case file with a typo is refused, naming the field.
+    std::fs::remove_file(tests.join("wants_an_error.json")).unwrap();
+    std::fs::write(tests.join("wrong_count.json"), r#"{"inputs": {}}"#).unwrap();
+    let out = keel_in(h, &dir, &["tool", "test", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(json_of(&out)["error"]["message"].as_str().unwrap().contains("unknown field `inputs`"));
+    std::fs::remove_file(tests.join("wrong_count.json")).unwrap();
+
+    // tool dev: a call at start, another after each save and each input typed on stdin.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .current_dir(&dir)
+        .arg("--home")
+        .arg(h)
+        .args(["tool", "dev", "--json", "--input", r#"{"text": "a b c"}"#])
+        .env("CARGO_TARGET_DIR", author_target())
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel::<Value>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(serde_json::from_str(&line).unwrap_or(Value::String(line)));
+        }
+    });
+    let next = |after: &str| {
+        lines
+            .recv_timeout(std::time::Duration::from_secs(300))
+            .unwrap_or_else(|e| panic!("tool dev printed nothing after {after}: {e}"))
+    };
+    let first = next("starting");
+    assert_eq!(
+        (first["event"].clone(), first["trigger"].clone()),
+        (json!("call"), json!("start")),
+        "{first}"
+    );
+    assert_eq!(first["call"]["output"]["words"], json!(3), "{first}");
+    let lib = dir.join("src/lib.rs");
+    let source = std::fs::read_to_string(&lib).unwrap();
+    let tenfold = source.replace(
+        "words: input.text.split_whitespace().count()",
+        "words: input.text.split_whitespace().count() * 10",
+    );
+    assert_ne!(tenfold, source, "the scaffold's count is where this test changes it");
+    std::fs::write(&lib, &tenfold).unwrap();
+    let changed = next("a save");
+    assert_eq!(changed["trigger"], json!("change"), "{changed}");
+    assert_eq!(changed["changed"], json!(["src/lib.rs"]), "{changed}");
+    assert_eq!(changed["call"]["output"]["words"], json!(30), "{changed}");
+    let edit_to_output = changed["edit_to_output_ms"].as_f64().unwrap();
+    let build = changed["build_ms"].as_f64().unwrap();
+    assert!(edit_to_output >= build, "{changed}");
+    eprintln!(
+        "tool dev, Rust scaffold: edit → output {edit_to_output:.0} ms (build {build:.0} ms)"
+    );
+    writeln!(stdin, r#"{{"text": "one"}}"#).unwrap();
+    let typed = next("an input on stdin");
+    assert_eq!(typed["trigger"], json!("input"), "{typed}");
+    assert_eq!(typed["build_ms"], Value::Null, "an input calls the last build: {typed}");
+    assert_eq!(typed["call"]["output"]["words"], json!(10), "{typed}");
+    std::fs::write(&lib, "this is not Rust").unwrap();
+    let broken = next("a broken save");
+    assert_eq!(
+        (broken["event"].clone(), broken["kind"].clone()),
+        (json!("failed"), json!("build_failed")),
+        "{broken}"
+    );
+    // Mended: the last input again (one word, ten times over).
+    std::fs::write(&lib, &tenfold).unwrap();
+    assert_eq!(next("the mended save")["call"]["output"]["words"], json!(10));
+    let _ = child.kill();
+    let _ = child.wait();
+
+    // Installed under the name and version the component carries (no --name).
+    let wasm = component("t_dev");
+    let out = keel(h, &["tool", "install", wasm.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(json_of(&out)["install"]["component"]["name"], json!("t-dev"));
+    let listed = json_of(&keel(h, &["tool", "list", "--json"]));
+    let row = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["component"] == json!("t-dev"))
+        .unwrap()
+        .clone();
+    assert_eq!(row["version"], json!("0.1.0"), "{listed}");
+    // Other bytes of it, in a versioned file name: inspect and install say the same thing.
+    std::fs::write(&lib, &source).unwrap();
+    cargo(&dir, &["build", "--release", "--target", "wasm32-wasip2", "--quiet"]);
+    let versioned = projects.path().join("t_dev-0.2.0.wasm");
+    std::fs::copy(&wasm, &versioned).unwrap();
+    let file = versioned.to_str().unwrap();
+    let inspected = json_of(&keel(h, &["tool", "inspect", "--wasm", file, "--json"]));
+    assert_eq!(inspected["name"], json!("t-dev"), "{inspected}");
+    assert_eq!(inspected["carried"], json!({"name": "t-dev", "version": "0.1.0"}), "{inspected}");
+    assert_eq!(inspected["refusal_kind"], json!("already_installed"), "{inspected}");
+    let out = keel(h, &["tool", "install", file, "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let refused = json_of(&out)["error"].clone();
+    assert_eq!(refused["kind"], inspected["refusal_kind"]);
+    assert_eq!(refused["message"], inspected["refusal"]);
+    assert!(refused["message"].as_str().unwrap().contains("--upgrade"), "{refused}");
 }

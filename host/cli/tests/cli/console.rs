@@ -594,3 +594,42 @@ async fn browser_console_rewinds_a_sessions_files_from_a_step() {
     until(&b, "the session", "document.querySelector('.conversation-rewound')").await;
     b.close().await.unwrap();
 }
+
+/// What a tool wrote to its stderr in a session is under its call on the session's page, in a
+/// closed "tool logs" box, redacted as outputs are.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "browser tier: needs Debian's chromium and chromium-driver"]
+async fn browser_console_shows_a_calls_tool_logs_under_it() {
+    let model =
+        MockModel::start(vec![Reply::calls(&[("c1", "boom", "{}")]), Reply::text("It failed.")])
+            .await;
+    let home = tempfile::tempdir().unwrap();
+    let hostile = keel_tests::guests::HOSTILE_COMPONENT;
+    let out = super::keel(home.path(), &["tool", "install", hostile, "--name", "hostile"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let roots = tempfile::tempdir().unwrap();
+    let s = Server::start(home.path(), &model.url(), &[roots.path()]);
+    let c = client();
+    let (status, v) = post(
+        &c,
+        &s.api("/sessions"),
+        &s.admin,
+        json!({"input": "Try it", "tools": ["boom"], "id": "logs"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{v}");
+    super::serve::wait_for(&c, &s, "logs", "idle", |v| v["state"] == "idle").await;
+    let driver = Driver::start();
+    let b = driver.browser().await;
+    log_in(&b, &s.base, &s.admin).await;
+    b.goto(&format!("{}/sessions/logs", s.base)).await.unwrap();
+    until(&b, "the tool logs", "document.querySelector('details.tool-logs')").await;
+    let open =
+        b.execute("return document.querySelector('details.tool-logs').open", vec![]).await.unwrap();
+    assert_eq!(open, json!(false), "closed until asked for");
+    click(&b, "details.tool-logs summary").await;
+    let logs = text_of(&b, "details.tool-logs pre.logs").await;
+    assert!(logs.contains("to fail"), "{logs}");
+    shot(&b, "tool-logs").await;
+    b.close().await.unwrap();
+}

@@ -132,8 +132,9 @@ fn list_inspect_remove() {
     let out = keel(home.path(), &["tool", "list"]);
     let text = String::from_utf8_lossy(&out.stdout);
     let line = |name: &str| text.lines().find(|l| l.starts_with(name)).unwrap().to_string();
-    assert!(line("plan_create ").split_whitespace().nth(2) == Some("control"), "{text}");
-    assert!(line("fs_read_file ").split_whitespace().nth(2) == Some("read-only"), "{text}");
+    assert!(line("plan_create ").split_whitespace().nth(3) == Some("control"), "{text}");
+    assert!(line("fs_read_file ").split_whitespace().nth(3) == Some("read-only"), "{text}");
+    assert!(line("fs_read_file ").split_whitespace().nth(2) == Some("0.1.0"), "{text}");
     // Dates, not epoch seconds.
     let out = keel(home.path(), &["tool", "inspect", "plan_create"]);
     let text = String::from_utf8_lossy(&out.stdout);

@@ -273,9 +273,15 @@ fn names_are_ascii_and_a_component_file_cannot_take_a_first_party_name() {
     }
     let out = keel(&home, &["token", "add", "alice", "--role", "user", "--json"]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
-    // A component file named like a first-party component is not run under that name.
-    let fs = dir.path().join("fs.wasm");
-    std::fs::copy(keel_tests::guests::HOSTILE_COMPONENT, &fs).unwrap();
+    // A component file that names itself like a first-party component is not run under that
+    // name (the name a file runs under is the one it carries, as install names it).
+    let fs = dir.path().join("anything.wasm");
+    let bytes = std::fs::read(keel_tests::guests::HOSTILE_COMPONENT).unwrap();
+    std::fs::write(
+        &fs,
+        keel_tests::oci_registry::with_custom_section(&bytes, "keel:component", b"fs"),
+    )
+    .unwrap();
     let out = keel(
         &home,
         &[
@@ -291,7 +297,7 @@ fn names_are_ascii_and_a_component_file_cannot_take_a_first_party_name() {
     );
     let (kind, message) = refused(&out);
     assert_eq!(kind, "reserved_name", "{message}");
-    assert!(message.contains("rename the file"), "{message}");
+    assert!(message.contains("give it another name"), "{message}");
     let other = dir.path().join("hostile.wasm");
     std::fs::copy(keel_tests::guests::HOSTILE_COMPONENT, &other).unwrap();
     let out = keel(

@@ -61,12 +61,27 @@ fn registry_publish_install_list_inspect_outdated_and_a_skill_from_the_command_l
         "{stdout}"
     );
     assert!(stdout.contains(&format!("manifest {}", pinned.rsplit('@').next().unwrap())));
+    // The version is the one the component carries (keel-sdk writes its crate's), and the tag
+    // that says otherwise is pointed out.
+    assert!(
+        text(&out).contains("is not the version the component carries (0.1.0)"),
+        "{}",
+        text(&out)
+    );
     // The same bytes again: nothing is pushed, the tag does not move.
     let out = keel(h, &["tool", "publish", &file, &reference, "--json"]);
     ok(&out);
     let again = json_of(&out);
     assert_eq!(again["publish"]["unchanged"], json!(true), "{again}");
     assert_eq!(again["publish"]["pinned"], json!(pinned), "{again}");
+    assert_eq!(again["publish"]["version"], json!("0.1.0"), "{again}");
+    // Under another tag, the same manifest: it depends only on the bytes and their version.
+    let out =
+        keel(h, &["tool", "publish", &file, &registry.reference("acme/effects:latest"), "--json"]);
+    ok(&out);
+    let latest = json_of(&out);
+    assert_eq!(latest["publish"]["unchanged"], json!(false), "{latest}");
+    assert_eq!(latest["publish"]["digest"].as_str(), pinned.rsplit('@').next(), "{latest}");
     let out = keel(h, &["tool", "publish", &file, &reference]);
     assert!(text(&out).contains("already holds these bytes"), "{}", text(&out));
     let out = keel(h, &["tool", "publish", &file, "oci://nowhere/x:1", "--json"]);
@@ -121,15 +136,26 @@ fn registry_publish_install_list_inspect_outdated_and_a_skill_from_the_command_l
     assert!(rows.as_array().unwrap().iter().all(|r| r["outdated"] == json!(false)), "{rows}");
     let next = work.path().join("effects-next.wasm");
     let bytes = std::fs::read(keel_tests::guests::EFFECTS_COMPONENT).unwrap();
-    std::fs::write(&next, keel_tests::oci_registry::with_custom_section(&bytes, "version", b"2"))
-        .unwrap();
+    std::fs::write(
+        &next,
+        keel_tests::oci_registry::with_custom_section(&bytes, "version", b"2.0.0"),
+    )
+    .unwrap();
     let (_, resigned) = signed(h, work.path(), next.to_str().unwrap(), "effects-2");
     ok(&keel(h, &["tool", "publish", &resigned, &reference]));
+    ok(&keel(h, &["tool", "publish", &resigned, &registry.reference("acme/effects:2.0.0")]));
     let out = keel(h, &["tool", "outdated"]);
     ok(&out);
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(shown.contains("(moved)"), "{shown}");
     assert!(shown.contains(&format!("keel tool install --upgrade {reference}")), "{shown}");
+    // The newer versions the repository has, by their tags, above the installed 0.1.0.
+    assert!(shown.contains("newer versions: 1.0.0, 2.0.0"), "{shown}");
+    let rows = json_of(&keel(h, &["tool", "outdated", "--json"]))["components"].clone();
+    let effects =
+        rows.as_array().unwrap().iter().find(|r| r["name"] == json!("effects")).unwrap().clone();
+    assert_eq!(effects["version"], json!("0.1.0"), "{rows}");
+    assert_eq!(effects["newer"], json!(["1.0.0", "2.0.0"]), "{rows}");
     let out = keel(h, &["tool", "install", &reference]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).contains("--upgrade"), "{}", text(&out));

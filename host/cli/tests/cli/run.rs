@@ -1340,6 +1340,24 @@ async fn session_calls_show_what_each_tool_wrote_bounded_and_redacted() {
     let stdout = calls[1]["logs"]["stdout"].as_str().unwrap();
     assert!(stdout.len() <= 16 * 1024 && stdout.starts_with("yyyy"), "{}", stdout.len());
     assert!(calls[1]["logs"]["cut"]["bytes"].as_u64().unwrap() > 0, "{v}");
+    // The events, with each finished call's logs under it.
+    let events = super::keel(h, &["session", "events", "logs", "--logs"]);
+    let events = String::from_utf8_lossy(&events.stdout).to_string();
+    let boom_at = events.find("boom").unwrap_or_else(|| panic!("{events}"));
+    let logged_at =
+        events.find("stderr │ [redacted] to fail").unwrap_or_else(|| panic!("{events}"));
+    assert!(boom_at < logged_at, "{events}");
+    let plain = super::keel(h, &["session", "events", "logs"]);
+    let plain = String::from_utf8_lossy(&plain.stdout).to_string();
+    assert!(!plain.contains("stderr │"), "only with --logs: {plain}");
+    let lines = super::keel(h, &["session", "events", "logs", "--logs", "--json"]);
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&lines.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kept: Vec<&serde_json::Value> = lines.iter().filter(|l| l["kind"] == "tool_logs").collect();
+    assert_eq!(kept.len(), 2, "{lines:?}");
+    assert!(kept[0]["logs"]["stderr"].as_str().unwrap().starts_with("[redacted] to fail"));
     // The model read the calls' results (a crash's names the end of its stderr, as before),
     // never the streams themselves.
     for body in model.requests() {

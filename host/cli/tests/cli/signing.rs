@@ -216,3 +216,112 @@ fn signing_never_writes_through_a_file_or_link_planted_at_its_temporary_name() {
     ok(&keel(h, &["tool", "sign", file.to_str().unwrap(), "--key", "k"]));
     assert!(!planted.exists());
 }
+
+fn keel_env(home: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_keel"));
+    cmd.arg("--home").arg(home).args(args).stdin(std::process::Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+/// A publisher's key leaves its home sealed: exported with a passphrase (or to an age
+/// recipient), imported into another home, or given to a CI job in KEEL_SIGNING_KEY; what
+/// each signs verifies with the one public key. A wrong passphrase, another key's name, a
+/// short passphrase and an export that is not one are refused, and nothing is stored.
+#[test]
+fn a_signing_key_is_exported_sealed_imported_elsewhere_and_used_from_the_environment() {
+    let publisher = tempfile::tempdir().unwrap();
+    let public = new_key(publisher.path(), "acme-release");
+    let pass = [("KEEL_SIGNING_KEY_PASSPHRASE", "a long passphrase for ci")];
+    let out = keel_env(publisher.path(), &["key", "export", "acme-release", "--json"], &pass);
+    ok(&out);
+    let export = json_of(&out)["export"].as_str().unwrap().to_string();
+    assert!(export.starts_with("-----BEGIN AGE ENCRYPTED FILE-----"), "{export}");
+    let secret_text =
+        std::fs::read_to_string(publisher.path().join("signing-keys.age")).unwrap_or_default();
+    assert!(!export.contains(&secret_text) || secret_text.is_empty());
+    let short = [("KEEL_SIGNING_KEY_PASSPHRASE", "short")];
+    let out = keel_env(publisher.path(), &["key", "export", "acme-release", "--json"], &short);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(json_of(&out)["error"]["message"].as_str().unwrap().contains("at least 12"));
+
+    // Into another home, from a file (0600 when written by export).
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("acme.age");
+    let f = file.to_str().unwrap();
+    ok(&keel_env(publisher.path(), &["key", "export", "acme-release", "--out", f], &pass));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+    let other = tempfile::tempdir().unwrap();
+    let wrong = [("KEEL_SIGNING_KEY_PASSPHRASE", "not the passphrase at all")];
+    let out = keel_env(other.path(), &["key", "import", f, "--json"], &wrong);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(json_of(&out)["error"]["kind"], json!("unreadable"));
+    assert_eq!(json_of(&keel(other.path(), &["key", "list", "--json"]))["keys"], json!([]));
+    let out = keel_env(other.path(), &["key", "import", f, "--json"], &pass);
+    ok(&out);
+    assert_eq!(json_of(&out), json!({"ok": true, "key": "acme-release", "public_key": public}));
+    let out = keel_env(other.path(), &["key", "import", f, "--json"], &pass);
+    assert_eq!(json_of(&out)["error"]["kind"], json!("conflict"));
+    let not_an_export = dir.path().join("x.age");
+    std::fs::write(&not_an_export, "hello").unwrap();
+    let out = keel_env(
+        other.path(),
+        &["key", "import", not_an_export.to_str().unwrap(), "--json"],
+        &pass,
+    );
+    assert_eq!(out.status.code(), Some(2));
+
+    // A CI job: a fresh home, the export and its passphrase in the environment.
+    let ci = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("effects.wasm");
+    std::fs::copy(keel_tests::guests::EFFECTS_COMPONENT, &wasm).unwrap();
+    let w = wasm.to_str().unwrap();
+    let env = [("KEEL_SIGNING_KEY", export.as_str()), pass[0]];
+    let out = keel_env(ci.path(), &["tool", "sign", w, "--key", "acme-release", "--json"], &env);
+    ok(&out);
+    assert_eq!(json_of(&out)["public_key"], json!(public));
+    ok(&keel(ci.path(), &["tool", "verify", w, "--key", &public]));
+    let out = keel_env(ci.path(), &["tool", "sign", w, "--key", "other", "--json"], &env);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        json_of(&out)["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("holds the key `acme-release`, not `other`")
+    );
+    let env = [("KEEL_SIGNING_KEY", export.as_str())];
+    let out = keel_env(ci.path(), &["tool", "sign", w, "--key", "acme-release", "--json"], &env);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        json_of(&out)["error"]["message"].as_str().unwrap().contains("KEEL_SIGNING_KEY_PASSPHRASE")
+    );
+    assert!(!ci.path().join("signing-keys.age").exists(), "the CI home keeps no key");
+
+    // Sealed to an age recipient instead: its identity file opens it.
+    let identity = "AGE-SECRET-KEY-1GFPYYSJZGFPYYSJZGFPYYSJZGFPYYSJZGFPYYSJZGFPYYSJZGFPQ4EGAEX";
+    let recipient = "age1zvkyg2lqzraa2lnjvqej32nkuu0ues2s82hzrye869xeexvn73equnujwj";
+    let out =
+        keel(publisher.path(), &["key", "export", "acme-release", "--to", recipient, "--json"]);
+    ok(&out);
+    let sealed = dir.path().join("to.age");
+    std::fs::write(&sealed, json_of(&out)["export"].as_str().unwrap()).unwrap();
+    let third = tempfile::tempdir().unwrap();
+    let s = sealed.to_str().unwrap();
+    let out = keel(third.path(), &["key", "import", s, "--json"]);
+    assert_eq!(json_of(&out)["error"]["kind"], json!("needs_secret"));
+    let id = dir.path().join("id.txt");
+    std::fs::write(&id, format!("# key\n{identity}\n")).unwrap();
+    let out = keel(
+        third.path(),
+        &["key", "import", s, "--name", "ci", "--identity", id.to_str().unwrap(), "--json"],
+    );
+    ok(&out);
+    assert_eq!(json_of(&out)["key"], json!("ci"));
+    assert_eq!(json_of(&out)["public_key"], json!(public));
+}

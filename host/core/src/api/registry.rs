@@ -30,6 +30,13 @@ pub struct Outdated {
     /// Why the registry could not be asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The version installed: the one the component carries, else the tag it was installed
+    /// by when that is a version.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The repository's tags that are versions above the installed one, lowest first (empty
+    /// when the installed version is not known or the tags could not be listed).
+    pub newer: Vec<String>,
 }
 
 /// What an [`Outdated`] row is.
@@ -154,7 +161,10 @@ impl Harness {
         let checked = crate::sandbox::check_header(&bytes)
             .and_then(|()| Ok((sandbox.imports(&bytes)?, sandbox.exports(&bytes)?)));
         let (imports, exports) = checked.map_err(crate::tools::ToolServiceError::from)?;
-        Ok(self.registry(&r, auth)?.push_component(&r, bytes, imports, exports).await?)
+        let carried = crate::sandbox::carried(&bytes);
+        let (version, name) = (carried.version.as_deref(), carried.name.as_deref());
+        let registry = self.registry(&r, auth)?;
+        Ok(registry.push_component(&r, bytes, imports, exports, version, name).await?)
     }
 
     /// Installs the component `reference` names: pulled with every digest checked, then
@@ -258,17 +268,22 @@ impl Harness {
                 Some((from, _)) => (OutdatedKind::SkillComponent, from.to_string()),
                 None => (OutdatedKind::Component, c.source.clone()),
             };
-            rows.push((c.name, kind, from, installed));
+            // A skill's component follows its skill's tag, and has no version tags of its own.
+            let version = c.version.clone().filter(|_| kind == OutdatedKind::Component);
+            rows.push((c.name, kind, from, installed, version));
         }
         for s in self.db.read(crate::skills::list_in).await? {
             let Some(installed) = s.manifest_digest else { continue };
-            rows.push((s.name, OutdatedKind::Skill, s.source, installed));
+            rows.push((s.name, OutdatedKind::Skill, s.source, installed, None));
         }
         let mut asked: std::collections::BTreeMap<String, Result<String, String>> =
             Default::default();
+        let mut listed: std::collections::BTreeMap<String, Vec<String>> = Default::default();
         let mut out = Vec::new();
-        for (name, kind, reference, installed) in rows {
+        for (name, kind, reference, installed, carried) in rows {
             let Ok(r) = reference.parse::<OciRef>() else { continue };
+            let tag_version = r.tag.clone().filter(|t| crate::sandbox::parse_version(t).is_some());
+            let version = carried.or(tag_version);
             let mut row = Outdated {
                 name,
                 kind,
@@ -278,14 +293,29 @@ impl Harness {
                 outdated: false,
                 upgrade: None,
                 error: None,
+                version,
+                newer: Vec::new(),
             };
             if let Some(by_tag) = r.by_tag() {
                 let key = by_tag.to_string();
+                let registry = by_tag.registry.to_ascii_lowercase();
+                let secret = auth.iter().find(|a| a.registry == registry).map(|a| &*a.secret);
                 if !asked.contains_key(&key) {
-                    let registry = by_tag.registry.to_ascii_lowercase();
-                    let secret = auth.iter().find(|a| a.registry == registry).map(|a| &*a.secret);
                     let now = self.registry(&by_tag, secret)?.resolve(&by_tag).await;
                     asked.insert(key.clone(), now.map_err(|e| e.to_string()));
+                }
+                let installed_version =
+                    row.version.as_deref().and_then(crate::sandbox::parse_version);
+                if let (Some(v), Some(Ok(_))) = (installed_version, asked.get(&key)) {
+                    let repo = format!("{registry}/{}", by_tag.repository);
+                    if !listed.contains_key(&repo) {
+                        // A registry that lists no tags lists none here: the row says what
+                        // the tag names, as before.
+                        let tags = self.registry(&by_tag, secret)?.tags(&by_tag).await;
+                        listed.insert(repo.clone(), tags.unwrap_or_default());
+                    }
+                    row.newer =
+                        newer_versions(listed.get(&repo).map_or(&[][..], Vec::as_slice), &v);
                 }
                 match asked.get(&key) {
                     Some(Ok(now)) => {
@@ -371,15 +401,13 @@ impl Harness {
 
     /// The secret of the signing key `name` (`keel key new`).
     fn signing_secret(&self, name: &str) -> Result<crate::secrets::Secret, ApiError> {
-        let store = crate::secrets::SecretStore::signing_keys(self.tools.home().root());
-        match store.get(&[name.to_string()]) {
-            Ok(mut found) if !found.is_empty() => Ok(found.remove(0).1),
-            Ok(_) | Err(crate::secrets::SecretError::Missing { .. }) => {
-                Err(ApiError::Input(format!(
-                    "no signing key `{name}`; see `keel key list`, or make one with `keel key new {name}`"
-                )))
+        // The home's key, else the one KEEL_SIGNING_KEY holds under that name (a CI job's).
+        match crate::keys::find(self.tools.home().root(), name) {
+            Ok(secret) => Ok(secret),
+            Err(crate::keys::KeyError::Store(e)) => {
+                Err(crate::tools::ToolServiceError::from(e).into())
             }
-            Err(e) => Err(crate::tools::ToolServiceError::from(e).into()),
+            Err(e) => Err(ApiError::Input(e.to_string())),
         }
     }
 
@@ -457,4 +485,30 @@ pub struct SkillSigned {
     pub public_key: String,
     /// Where the signature is kept (`…:sha256-HEX.keel-sig`).
     pub signature: String,
+}
+
+/// The tags among `tags` that are versions above `installed`, lowest first (a tag named
+/// `1.2.0` and one named `v1.2.0` both count).
+fn newer_versions(tags: &[String], installed: &semver::Version) -> Vec<String> {
+    let mut newer: Vec<(semver::Version, &String)> = tags
+        .iter()
+        .filter_map(|t| Some((crate::sandbox::parse_version(t)?, t)))
+        .filter(|(v, _)| v > installed)
+        .collect();
+    newer.sort();
+    newer.into_iter().map(|(_, t)| t.clone()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn newer_tags_are_the_versions_above_the_installed_one_lowest_first() {
+        let tags: Vec<String> =
+            ["latest", "1.0.0", "v1.2.0", "1.10.0", "0.9.0", "1.1.0-rc.1", "2.0.0-rc.1", "1.1.0"]
+                .map(String::from)
+                .to_vec();
+        let installed = semver::Version::new(1, 1, 0);
+        assert_eq!(super::newer_versions(&tags, &installed), ["v1.2.0", "1.10.0", "2.0.0-rc.1"]);
+        assert!(super::newer_versions(&tags, &semver::Version::new(3, 0, 0)).is_empty());
+    }
 }

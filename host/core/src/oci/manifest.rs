@@ -111,12 +111,13 @@ impl Manifest {
     }
 
     /// The bytes of a manifest of `config` (its bytes and media type) and `layers` (media type,
-    /// title, bytes), annotated with the version `tag` and the time it was made.
+    /// title, bytes), annotated with `labels`: its version, and the time it was made and its
+    /// title when given.
     pub(super) fn encode(
         config_media_type: &str,
         config: &[u8],
         layers: &[(&str, Option<String>, Vec<u8>)],
-        tag: &str,
+        labels: &super::Labels,
     ) -> Vec<u8> {
         let descriptor = |media_type: &str, bytes: &[u8], title: Option<&String>| {
             let mut d = serde_json::json!({
@@ -135,7 +136,7 @@ impl Manifest {
             "config": descriptor(config_media_type, config, None),
             "layers": layers.iter().map(|(t, title, b)| descriptor(t, b, title.as_ref()))
                 .collect::<Vec<_>>(),
-            "annotations": { VERSION_ANNOTATION: tag, CREATED_ANNOTATION: now() },
+            "annotations": labels.annotations(),
         });
         serde_json::to_vec(&manifest).unwrap_or_default()
     }
@@ -180,7 +181,8 @@ mod tests {
     #[test]
     fn an_encoded_manifest_parses_back_and_an_index_or_bad_digest_is_refused() {
         let layers = vec![("application/wasm", None, b"\0asm".to_vec())];
-        let raw = Manifest::encode("application/vnd.wasm.config.v0+json", b"{}", &layers, "1.0");
+        let labels = super::super::Labels::tagged("1.0");
+        let raw = Manifest::encode("application/vnd.wasm.config.v0+json", b"{}", &layers, &labels);
         let m = Manifest::parse(&raw, "sha256:x".into()).unwrap();
         assert_eq!(m.layers.len(), 1);
         assert_eq!(m.layers[0].size, 4);

@@ -213,7 +213,53 @@ pub struct Pushed {
     /// and `digest` is the manifest that was there (publishing the same bytes again is a
     /// no-op, so the tag does not move).
     pub unchanged: bool,
+    /// The version annotation of the manifest: the version the component carries, else the
+    /// tag.
+    pub version: String,
 }
+
+/// What a manifest says of its artifact besides its blobs: the version (the component's own
+/// when it carries one, else the tag), the title (the component's name, when it carries one)
+/// and, only for an artifact without a version of its own, when it was made. An artifact that
+/// carries its version is published with a manifest that depends on nothing but its bytes and
+/// labels, so publishing it again makes the same digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Labels {
+    pub version: String,
+    pub title: Option<String>,
+    pub created: Option<String>,
+}
+
+impl Labels {
+    /// The labels of an artifact without a version of its own: the tag, and now.
+    pub fn tagged(tag: &str) -> Self {
+        Self { version: tag.to_string(), title: None, created: Some(manifest::now()) }
+    }
+
+    /// The labels of a component that carries `version` (and maybe its name): no time.
+    pub fn carried(version: &str, title: Option<&str>) -> Self {
+        Self { version: version.to_string(), title: title.map(str::to_string), created: None }
+    }
+
+    fn annotations(&self) -> serde_json::Value {
+        let mut a = serde_json::Map::new();
+        a.insert(VERSION_ANNOTATION.into(), self.version.clone().into());
+        if let Some(c) = &self.created {
+            a.insert(CREATED_ANNOTATION.into(), c.clone().into());
+        }
+        if let Some(t) = &self.title {
+            a.insert(TITLE_ANNOTATION.into(), t.clone().into());
+        }
+        a.into()
+    }
+}
+
+/// The config time of an artifact that carries its version (the wasm config requires one).
+pub const REPRODUCIBLE_TIME: &str = "1970-01-01T00:00:00Z";
+
+/// Most tags a repository's list is read for (`tool outdated`); the list is read through
+/// [`MAX_MANIFEST_BYTES`] as well.
+pub const MAX_TAGS: usize = 10_000;
 
 /// What a pull fetched, every digest checked.
 #[derive(Debug)]
@@ -267,24 +313,34 @@ impl Registry {
     }
 
     /// Pushes a component (its bytes unchanged) to `reference`, which must name a tag, with
-    /// the config other wasm tools read: its imports and exports.
+    /// the config other wasm tools read: its imports and exports. `version` and `name` are
+    /// what the component carries, if anything ([`Labels`]).
     pub async fn push_component(
         &self,
         reference: &OciRef,
         bytes: Vec<u8>,
         imports: Vec<String>,
         exports: Vec<String>,
+        version: Option<&str>,
+        name: Option<&str>,
     ) -> Result<Pushed, OciError> {
-        let config = serde_json::json!({
-            "created": manifest::now(),
+        let labels = match version {
+            Some(v) => Labels::carried(v, name),
+            None => Labels::tagged(reference.tag.as_deref().unwrap_or_default()),
+        };
+        let mut config = serde_json::json!({
             "author": null,
             "architecture": "wasm",
             "os": "wasip2",
             "layerDigests": [sha256_digest(&bytes)],
             "component": {"exports": exports, "imports": imports, "target": null},
         });
+        // The wasm config requires a time: a component that carries its version gets the Unix
+        // epoch, so its config, like its manifest, depends only on its bytes and version.
+        let created = labels.created.clone().unwrap_or_else(|| REPRODUCIBLE_TIME.to_string());
+        config["created"] = created.into();
         let layers = vec![(WASM_LAYER_MEDIA_TYPE, None, bytes)];
-        self.push(reference, ArtifactKind::Component, layers, config).await
+        self.push(reference, ArtifactKind::Component, layers, config, labels).await
     }
 
     /// Pushes a skill's files (path and bytes, `SKILL.md` among them) to `reference`, one
@@ -302,7 +358,8 @@ impl Registry {
         });
         let layers =
             files.into_iter().map(|(path, bytes)| (SKILL_FILE_MEDIA_TYPE, Some(path), bytes));
-        self.push(reference, ArtifactKind::Skill, layers.collect(), config).await
+        let labels = Labels::tagged(reference.tag.as_deref().unwrap_or_default());
+        self.push(reference, ArtifactKind::Skill, layers.collect(), config, labels).await
     }
 
     /// Pushes `signature` (the signature document's bytes) for the skill bundle `manifest_digest`
@@ -317,7 +374,8 @@ impl Registry {
             OciRef { tag: Some(signature_tag(manifest_digest)), digest: None, ..reference.clone() };
         let config = serde_json::json!({"created": manifest::now(), "signs": manifest_digest});
         let layers = vec![(SKILL_SIGNATURE_MEDIA_TYPE, None, signature)];
-        self.push(&tagged, ArtifactKind::SkillSignature, layers, config).await
+        let labels = Labels::tagged(tagged.tag.as_deref().unwrap_or_default());
+        self.push(&tagged, ArtifactKind::SkillSignature, layers, config, labels).await
     }
 
     /// The signature document kept for the skill bundle `manifest_digest` in `reference`'s
@@ -348,6 +406,7 @@ impl Registry {
         kind: ArtifactKind,
         layers: Vec<(&'static str, Option<String>, Vec<u8>)>,
         config: serde_json::Value,
+        labels: Labels,
     ) -> Result<Pushed, OciError> {
         let Some(tag) = reference.tag.clone().filter(|_| reference.digest.is_none()) else {
             return Err(BadReference {
@@ -358,17 +417,18 @@ impl Registry {
             .into());
         };
         let size = layers.iter().map(|l| l.2.len() as u64).sum();
-        if let Some(digest) = self.holds(reference, kind, &layers, &tag).await {
+        if let Some(digest) = self.holds(reference, kind, &layers, &labels.version).await {
             return Ok(Pushed {
                 reference: reference.to_string(),
                 pinned: reference.by_digest(&digest).to_string(),
                 digest,
                 size,
                 unchanged: true,
+                version: labels.version,
             });
         }
         let config = serde_json::to_vec(&config).unwrap_or_default();
-        let body = Manifest::encode(kind.config_media_type(), &config, &layers, &tag);
+        let body = Manifest::encode(kind.config_media_type(), &config, &layers, &labels);
         let digest = sha256_digest(&body);
         for (_, _, bytes) in &layers {
             self.push_blob(reference, bytes).await?;
@@ -387,22 +447,23 @@ impl Registry {
             digest,
             size,
             unchanged: false,
+            version: labels.version,
         })
     }
 
     /// The digest of the manifest `reference`'s tag names now, when it holds exactly `layers`
-    /// (media type, digest, size and title, in order) of `kind`, under version `tag`: a push
-    /// of them would only make a new build time. `None` when the tag is not there, holds
+    /// (media type, digest, size and title, in order) of `kind`, under version `version`: a
+    /// push of them would only make a new build time. `None` when the tag is not there, holds
     /// something else, or cannot be read (the push then goes ahead and says what is wrong).
     async fn holds(
         &self,
         reference: &OciRef,
         kind: ArtifactKind,
         layers: &[(&'static str, Option<String>, Vec<u8>)],
-        tag: &str,
+        version: &str,
     ) -> Option<String> {
         let now = self.manifest(reference, kind).await.ok()?;
-        let same = now.version() == Some(tag)
+        let same = now.version() == Some(version)
             && now.layers.len() == layers.len()
             && now.layers.iter().zip(layers).all(|(d, (media_type, title, bytes))| {
                 d.media_type == *media_type
@@ -490,6 +551,27 @@ impl Registry {
     /// would get, not a header).
     pub async fn resolve(&self, reference: &OciRef) -> Result<String, OciError> {
         Ok(self.manifest_bytes(reference, reference.manifest_ref()).await?.1)
+    }
+
+    /// The tags of `reference`'s repository (`GET /v2/NAME/tags/list`), read through
+    /// [`MAX_MANIFEST_BYTES`], at most [`MAX_TAGS`] of them.
+    pub async fn tags(&self, reference: &OciRef) -> Result<Vec<String>, OciError> {
+        let url = self.t.url(&format!("{}/tags/list?n={MAX_TAGS}", reference.repository))?;
+        let resp = self.t.send(Method::GET, url, None, None).await?;
+        if !resp.status().is_success() {
+            return Err(self.failed(reference, resp).await);
+        }
+        let raw = self.t.read(resp, MAX_MANIFEST_BYTES, "the tag list").await?;
+        #[derive(serde::Deserialize)]
+        struct TagList {
+            #[serde(default)]
+            tags: Option<Vec<String>>,
+        }
+        let list: TagList = serde_json::from_slice(&raw).map_err(|e| OciError::Protocol {
+            registry: reference.registry.clone(),
+            message: format!("its tag list is not what the protocol says: {e}"),
+        })?;
+        Ok(list.tags.unwrap_or_default().into_iter().take(MAX_TAGS).collect())
     }
 
     /// A manifest's bytes and their digest, by tag or digest (`name`).

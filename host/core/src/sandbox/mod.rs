@@ -7,6 +7,7 @@
 //! budget, is decided by the caller (the ToolService).
 
 mod cache;
+mod carried;
 pub mod control;
 pub mod descriptors;
 mod engine;
@@ -32,6 +33,7 @@ pub use crate::cancel::CancelToken;
 pub use crate::digest::sha256_hex;
 pub use crate::grant::{Access, Grant, GrantError, GrantUnusable, Opened};
 pub use cache::{LoadSource, check_header};
+pub use carried::{Carried, NAME_SECTION, VERSION_SECTION, carried, custom_section, parse_version};
 pub use control::ControlCtx;
 pub use error::{CallError, LoadError, ToolErrorKind};
 pub use fs::{Captured, FsPolicy, PreImages, UndoBounds};

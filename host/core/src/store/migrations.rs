@@ -728,6 +728,9 @@ pub(super) const SHARED: &[Shared] = &[
     // What a call's tool wrote to its log, stdout and stderr, kept with the call for its
     // author (bounded and redacted; never sent to the model).
     Shared { version: 30, sql: "ALTER TABLE tool_calls ADD COLUMN logs TEXT;", postgres: None },
+    // The version a component carries (its `version` custom section), shown by `tool list`
+    // and compared by `tool outdated`.
+    Shared { version: 31, sql: "ALTER TABLE components ADD COLUMN version TEXT;", postgres: None },
 ];
 
 /// SQLite's migrations, oldest first: (version, SQL).

@@ -37,6 +37,9 @@ pub struct ComponentRecord {
     /// manifest the reference named then.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub manifest_digest: Option<String>,
+    /// The version the component carries (its `version` section), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// One tool, as its component described it at install time.
@@ -85,10 +88,11 @@ fn component_from_row(r: &crate::sql::Row<'_>) -> crate::sql::Result<ComponentRe
         signer_trusted: None,
         unsigned_allowed: r.get(9)?,
         manifest_digest: r.get(10)?,
+        version: r.get(11)?,
     })
 }
 
-const COMPONENT_COLUMNS: &str = "name, digest, size, source, builtin, installed_at, kind, signer, signer_key, unsigned_allowed, manifest_digest";
+const COMPONENT_COLUMNS: &str = "name, digest, size, source, builtin, installed_at, kind, signer, signer_key, unsigned_allowed, manifest_digest, version";
 
 pub fn component(conn: &Connection, name: &str) -> Result<Option<ComponentRecord>, StoreError> {
     let sql = format!("SELECT {COMPONENT_COLUMNS} FROM components WHERE name = ?1");
@@ -218,8 +222,9 @@ pub fn put_in(
     tx.execute("DELETE FROM components WHERE name = ?1", [&component.name])?;
     tx.execute(
         "INSERT INTO components (name, digest, size, source, builtin, installed_at, kind,
-                                 signer, signer_key, unsigned_allowed, manifest_digest)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                                 signer, signer_key, unsigned_allowed, manifest_digest,
+                                 version)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
         params![
             component.name,
             component.digest,
@@ -231,7 +236,8 @@ pub fn put_in(
             component.signer,
             component.signer_key,
             component.unsigned_allowed,
-            component.manifest_digest
+            component.manifest_digest,
+            component.version
         ],
     )?;
     for t in tools {

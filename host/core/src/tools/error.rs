@@ -49,8 +49,9 @@ pub enum ToolServiceError {
     )]
     Reserved { name: String },
     #[error(
-        "`{name}` (the component file's name) is the name of a first-party component; keel \
-         does not run another component under it: rename the file"
+        "`{name}` (the name this component file goes by) is the name of a first-party \
+         component; keel does not run another component under it: give it another name (its \
+         `keel:component` section, or its file name)"
     )]
     ReservedFile { name: String },
     #[error(

@@ -302,6 +302,8 @@ pub struct FileInspection {
     /// refused it).
     pub tools: Vec<ToolRecord>,
     pub compile_ms: Option<f64>,
+    /// The name and version the component carries.
+    pub carried: crate::sandbox::Carried,
 }
 
 /// What an upgrade changes in a component's tools (a changed description, schema, effect
@@ -385,26 +387,8 @@ impl ToolService {
         mode: InstallMode,
     ) -> Result<InstallReport, ToolServiceError> {
         let builtin = mode == InstallMode::Builtin;
-        if !valid_component_name(name) {
-            return Err(ToolServiceError::InvalidComponentName { name: name.to_string() });
-        }
-        if !builtin && crate::builtin::BUILTIN_COMPONENTS.iter().any(|(n, _)| *n == name) {
-            return Err(ToolServiceError::Reserved { name: name.to_string() });
-        }
         let digest = crate::sandbox::sha256_hex(bytes);
-        let existing = catalog::component(&self.db(), name)?;
-        if existing.as_ref().is_some_and(|c| c.kind == super::SourceKind::Mcp) {
-            return Err(ToolServiceError::McpServer { name: name.to_string() });
-        }
-        if mode == InstallMode::New
-            && let Some(old) = &existing
-            && old.digest != digest
-        {
-            return Err(ToolServiceError::AlreadyInstalled {
-                name: name.to_string(),
-                digest: old.digest.clone(),
-            });
-        }
+        let existing = self.admit_name(name, &digest, mode)?;
         // A registry artifact's signature, before anything reads its imports or compiles it.
         let verified = match origin {
             Origin::Local { .. } => None,
@@ -468,6 +452,7 @@ impl ToolService {
             signer: signer.map(|t| t.name),
             unsigned_allowed,
             manifest_digest,
+            version: crate::sandbox::carried(bytes).version,
         };
         let (replaced, upgrade) = {
             let mut db = self.db();
@@ -586,6 +571,38 @@ impl ToolService {
             && self.sandbox.has_artifact(&digest)?)
     }
 
+    /// The first rule of an install (and of `inspect --wasm`, which says what install would
+    /// do): the name is valid, not a first-party component's, not an MCP server's, and, unless
+    /// `mode` replaces, not taken by other bytes. Returns the component installed under it.
+    fn admit_name(
+        &self,
+        name: &str,
+        digest: &str,
+        mode: InstallMode,
+    ) -> Result<Option<ComponentRecord>, ToolServiceError> {
+        if !valid_component_name(name) {
+            return Err(ToolServiceError::InvalidComponentName { name: name.to_string() });
+        }
+        let builtin = mode == InstallMode::Builtin;
+        if !builtin && crate::builtin::BUILTIN_COMPONENTS.iter().any(|(n, _)| *n == name) {
+            return Err(ToolServiceError::Reserved { name: name.to_string() });
+        }
+        let existing = catalog::component(&self.db(), name)?;
+        if existing.as_ref().is_some_and(|c| c.kind == super::SourceKind::Mcp) {
+            return Err(ToolServiceError::McpServer { name: name.to_string() });
+        }
+        if mode == InstallMode::New
+            && let Some(old) = &existing
+            && old.digest != digest
+        {
+            return Err(ToolServiceError::AlreadyInstalled {
+                name: name.to_string(),
+                digest: old.digest.clone(),
+            });
+        }
+        Ok(existing)
+    }
+
     pub async fn check_component(
         &self,
         bytes: &[u8],
@@ -648,7 +665,12 @@ impl ToolService {
         let digest = crate::sandbox::sha256_hex(bytes);
         let size = bytes.len() as u64;
         let imports = self.sandbox.imports(bytes).unwrap_or_default();
-        match self.check_component(bytes, name).await {
+        let carried = crate::sandbox::carried(bytes);
+        let checked = match self.admit_name(name, &digest, InstallMode::New) {
+            Ok(_) => self.check_component(bytes, name).await,
+            Err(e) => Err(e),
+        };
+        match checked {
             Ok(c) => {
                 // What install checks next: the names its tools would take.
                 let refused = match self.clashes(name, &c.tools) {
@@ -669,6 +691,7 @@ impl ToolService {
                     networked: c.networked,
                     tools: c.tools,
                     compile_ms: Some(c.compile_ms),
+                    carried,
                 }
             }
             Err(e) => FileInspection {
@@ -684,6 +707,7 @@ impl ToolService {
                 networked: false,
                 tools: Vec::new(),
                 compile_ms: None,
+                carried,
             },
         }
     }

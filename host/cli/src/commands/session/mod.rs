@@ -149,6 +149,11 @@ pub struct EventsArgs {
     /// interrupted.
     #[arg(long)]
     follow: bool,
+    /// Under each finished tool call, what its tool wrote to its log, stderr and stdout (kept
+    /// with the call, bounded and redacted; never sent to the model). With --json, a
+    /// `{"kind": "tool_logs", "call_id", "logs"}` line after the call's event.
+    #[arg(long)]
+    logs: bool,
     /// One JSON object per line: {seq, at_ms, kind, …}.
     #[arg(long)]
     json: bool,
@@ -252,7 +257,7 @@ pub async fn execute(home: PathBuf, cmd: SessionCommand) -> ExitCode {
             }
         }
         SessionCommand::Events(a) => {
-            super::events::execute(&h, &a.id, a.after, a.follow, a.json).await
+            super::events::execute(&h, &a.id, a.after, a.follow, a.json, a.logs).await
         }
         SessionCommand::List(a) => tidy::list(&h, a).await,
         SessionCommand::Delete(a) => tidy::delete(&h, a).await,

@@ -268,10 +268,6 @@ pub(super) fn print_settings(t: &keel::protocol::sessions::Timeline) {
     }
 }
 
-/// Bytes of each stream `keel session calls --logs` prints of a call (`--json` gives all that
-/// was kept).
-const LOGS_SHOWN: usize = 2048;
-
 #[derive(Args)]
 pub struct CallsArgs {
     /// Session id.
@@ -328,34 +324,7 @@ pub(super) async fn calls(h: &keel::protocol::setup::Harness, a: CallsArgs) -> E
             outcome
         );
         let Some(l) = logs_of(c).filter(|_| a.logs) else { continue };
-        for r in l["logs"].as_array().into_iter().flatten() {
-            let level = r["level"].as_str().unwrap_or("?");
-            let line = format!("    log [{level}] │ ");
-            println!(
-                "{}",
-                super::super::prefixed(&line, &inert_block(r["message"].as_str().unwrap_or("")))
-            );
-        }
-        for stream in ["stderr", "stdout"] {
-            let text = l[stream].as_str().unwrap_or("");
-            if !text.is_empty() {
-                let mut end = text.len().min(LOGS_SHOWN);
-                while !text.is_char_boundary(end) {
-                    end -= 1;
-                }
-                let line = format!("    {stream} │ ");
-                println!("{}", super::super::prefixed(&line, inert_block(&text[..end]).trim_end()));
-                if end < text.len() {
-                    println!("    ({} more bytes shown by --json)", text.len() - end);
-                }
-            }
-        }
-        if let Some(cut) = l.get("cut") {
-            println!(
-                "    ({} more bytes and {} log records were not kept)",
-                cut["bytes"], cut["log_records"]
-            );
-        }
+        super::super::events::print_logs(&l);
     }
     ExitCode::SUCCESS
 }

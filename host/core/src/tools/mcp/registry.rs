@@ -75,6 +75,7 @@ pub fn put_in(c: &Connection, spec: &ServerSpec, offer: &Offer) -> Result<(), St
         signer_trusted: None,
         unsigned_allowed: false,
         manifest_digest: None,
+        version: None,
     };
     let records: Vec<ToolRecord> = offer.tools.iter().map(|t| t.record.clone()).collect();
     // Earlier versions of the server's tools cannot run (the server is what it is now).
