@@ -534,8 +534,9 @@ pub async fn dev(service: &Harness, a: DevArgs) -> ExitCode {
     let json_out = a.json;
     let poll = Duration::from_millis(a.poll_ms);
     let mut dev = Dev { service, project, a, input, wasm: None };
-    let mut seen = snapshot(&dev.project);
     let ok = dev.run(Trigger::Start).await;
+    // What the first build wrote (a lock file, generated code) is not a change.
+    let mut seen = snapshot(&dev.project);
     if once {
         return if ok { ExitCode::SUCCESS } else { ExitCode::from(EXIT_TOOL_ERROR) };
     }
