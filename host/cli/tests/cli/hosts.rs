@@ -35,6 +35,13 @@ impl Host {
     /// `keel serve` on `home` (its keel.toml written), host `id`, with a lease TTL of `ttl_ms`,
     /// killing itself at `crash_at` (`NAME:N`) if given.
     fn start_in(home: &Path, id: &str, model: &str, ttl_ms: u64, crash_at: Option<&str>) -> Self {
+        let mut child = Self::spawn(home, id, model, ttl_ms, crash_at);
+        let (base, stderr) = super::serve::serving(&mut child);
+        Self { child, base, stderr }
+    }
+
+    /// `keel serve` started, not yet waited for.
+    fn spawn(home: &Path, id: &str, model: &str, ttl_ms: u64, crash_at: Option<&str>) -> Child {
         let mut c = Command::new(env!("CARGO_BIN_EXE_keel"));
         c.arg("--home")
             .arg(home)
@@ -47,16 +54,13 @@ impl Host {
         if let Some(point) = crash_at {
             c.env("KEEL_CRASH_AT", point);
         }
-        let mut child = c
-            .env_remove("KEEL_MODEL_URL")
+        c.env_remove("KEEL_MODEL_URL")
             .env_remove("KEEL_MODEL")
             .env_remove("KEEL_TEST_POSTGRES")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap();
-        let (base, stderr) = super::serve::serving(&mut child);
-        Self { child, base, stderr }
+            .unwrap()
     }
 
     fn api(&self, path: &str) -> String {
@@ -767,4 +771,52 @@ async fn postgres_over_tls_when_the_url_requires_it_with_the_certificate_checked
     let plain: Vec<&str> =
         log.lines().skip(seen).filter(|l| l.contains("connection authorized")).collect();
     assert!(!plain.is_empty() && plain.iter().all(|l| !l.contains("SSL enabled")), "{plain:#?}");
+}
+
+/// Replicas start together: three `keel serve` hosts started at the same moment on a fresh
+/// database, twenty times over, all serve — the migrations and the first-party installs run
+/// one host after another (advisory locks), each seeing what the one before did — and the
+/// catalog holds each first-party component once.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "postgres tier: needs Debian's postgresql"]
+async fn postgres_three_hosts_started_at_once_on_a_fresh_database_all_serve() {
+    let pg = Cluster::start(&[]).expect("a PostgreSQL server (install Debian's postgresql)");
+    let model = MockModel::start(vec![]).await;
+    let c = client();
+    let started = Instant::now();
+    for round in 0..20 {
+        let db = format!("fresh{round}");
+        pg.create_database(&db).unwrap();
+        let url = pg.url(&db);
+        let homes: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        for home in &homes {
+            std::fs::write(home.path().join("keel.toml"), format!("[store]\nurl = \"{url}\"\n"))
+                .unwrap();
+        }
+        let mut children: Vec<Child> = homes
+            .iter()
+            .enumerate()
+            .map(|(i, home)| Host::spawn(home.path(), &format!("h{i}"), &model.url(), 1500, None))
+            .collect();
+        let hosts: Vec<Host> = children
+            .drain(..)
+            .map(|mut child| {
+                let (base, stderr) = super::serve::serving(&mut child);
+                Host { child, base, stderr }
+            })
+            .collect();
+        for h in &hosts {
+            let (status, v) = get(&c, &h.api("/tools"), TOKEN).await;
+            assert_eq!(status, 200, "round {round}: {v}\n{}", h.log());
+        }
+        let components =
+            pg.psql(&db, "SELECT name FROM components WHERE builtin <> 0 ORDER BY name").unwrap();
+        let names: Vec<&str> =
+            components.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+        assert_eq!(names, ["control", "csv", "fs", "http"], "round {round}");
+        for h in &hosts {
+            assert!(!h.log().contains("duplicate key"), "round {round}: {}", h.log());
+        }
+    }
+    eprintln!("20 rounds of 3 hosts started at once: {:.1} s", started.elapsed().as_secs_f64());
 }

@@ -103,6 +103,7 @@ pub mod blobs;
 pub mod copy;
 mod listen;
 mod postgres;
+pub(crate) use postgres::{lock_first_start, unlock_first_start};
 mod postgres_schema;
 
 mod writer;

@@ -8,6 +8,29 @@ use crate::sql::{Connection, OptionalExtension};
 /// The advisory lock key migrations hold ("keel" in ASCII).
 const MIGRATION_LOCK: i64 = 0x6b65_656c;
 
+/// The advisory lock key a host's first-start installs hold ("kfst" in ASCII): hosts that
+/// start at once on a fresh database install the first-party tools one after another, each
+/// seeing what the one before it installed.
+const FIRST_START_LOCK: i64 = 0x6b66_7374;
+
+/// Takes the first-start lock on `conn`'s database session (waits for another host's). On
+/// SQLite there is one process's writer at a time already: nothing to take.
+pub(crate) fn lock_first_start(conn: &Connection) -> Result<(), StoreError> {
+    if conn.pg().is_some() {
+        conn.query_row("SELECT pg_advisory_lock(?1)", [FIRST_START_LOCK], |_| Ok(()))?;
+    }
+    Ok(())
+}
+
+/// Releases what [`lock_first_start`] took (a session's advisory locks also go with it when
+/// its connection closes).
+pub(crate) fn unlock_first_start(conn: &Connection) -> Result<(), StoreError> {
+    if conn.pg().is_some() {
+        conn.query_row("SELECT pg_advisory_unlock(?1)", [FIRST_START_LOCK], |_| Ok(()))?;
+    }
+    Ok(())
+}
+
 /// Connects to the database of `config` (`url` names it in errors, without its password) and
 /// migrates it.
 pub(super) fn open(config: &tokio_postgres::Config, url: &str) -> Result<Connection, StoreError> {

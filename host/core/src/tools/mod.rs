@@ -115,15 +115,43 @@ impl ToolService {
             mcp: Arc::default(),
             undo,
         };
+        // Hosts that start at once on one database install one after another: each sees
+        // what the one before installed, and none inserts a row another just inserted.
+        let missing = |service: &Self| -> Result<bool, ToolServiceError> {
+            for (name, _, digest) in &builtin {
+                let current = catalog::component(&service.db(), name)?;
+                if !current.is_some_and(|c| c.digest == *digest) {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        };
+        if missing(&service)? {
+            store::lock_first_start(&service.db())?;
+            let installed = service.install_builtins(&builtin, progress).await;
+            let unlocked = store::unlock_first_start(&service.db());
+            installed?;
+            unlocked?;
+        }
+        Ok(service)
+    }
+
+    /// Installs the first-party components the catalog lacks or holds at other bytes (under
+    /// the first-start lock).
+    async fn install_builtins(
+        &self,
+        builtin: &[(&str, &[u8], String)],
+        progress: &(dyn Fn(&str) + Sync),
+    ) -> Result<(), ToolServiceError> {
         for (name, bytes, digest) in builtin {
-            let current = catalog::component(&service.db(), name)?;
-            if current.is_some_and(|c| c.digest == digest) {
+            let current = catalog::component(&self.db(), name)?;
+            if current.is_some_and(|c| c.digest == *digest) {
                 continue;
             }
             progress(&format!("installing first-party tool component `{name}` (compiling…)"));
-            service.install(bytes, name, "builtin", true).await?;
+            self.install(bytes, name, "builtin", true).await?;
         }
-        Ok(service)
+        Ok(())
     }
 
     /// Whether the component with `digest` is trusted with the control interfaces
