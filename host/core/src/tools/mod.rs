@@ -120,7 +120,7 @@ impl ToolService {
         let missing = |service: &Self| -> Result<bool, ToolServiceError> {
             for (name, _, digest) in &builtin {
                 let current = catalog::component(&service.db(), name)?;
-                if !current.is_some_and(|c| c.digest == *digest) {
+                if current.is_none_or(|c| c.digest != *digest) {
                     return Ok(true);
                 }
             }
