@@ -53,6 +53,12 @@ url = \"postgres://…\"); the environment overrides the file, and flags overrid
                      trust store (SSL_CERT_FILE names another)
   KEEL_HOST_ID       this host's name in runner leases (default: the kernel's host name)
   KEEL_LEASE_TTL_MS  how long a runner's lease lasts unrenewed (default 15000)
+  KEEL_SIGNING_KEY   a signing key as `keel key export` wrote it, used by `tool sign --key NAME`
+                     (and `skill sign`, `skill publish --key`) when the home has no key NAME
+                     and it was exported under that name: for a CI job in a fresh home
+  KEEL_SIGNING_KEY_PASSPHRASE
+                     its passphrase; also what `keel key export` and `import` use instead of
+                     asking at the terminal
   KEEL_LOG           log filter for stderr (info, debug, keel::model=debug, ...); NO_COLOR
   KEEL_LOG_FORMAT    text (default) or json: a JSON object per log line, with the spans it
                      ran in (session, turn, call), for log shippers
