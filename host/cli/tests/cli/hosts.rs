@@ -820,3 +820,64 @@ async fn postgres_three_hosts_started_at_once_on_a_fresh_database_all_serve() {
     }
     eprintln!("20 rounds of 3 hosts started at once: {:.1} s", started.elapsed().as_secs_f64());
 }
+
+/// A host stopped with SIGTERM in the middle of a turn gives its leases up as it stops: another
+/// host takes the session over at its next look and finishes the turn, well within the lease
+/// TTL (20 s here), instead of waiting the TTL out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "postgres tier: needs Debian's postgresql"]
+async fn postgres_a_host_stopped_with_sigterm_hands_its_session_over_before_the_ttl() {
+    let pg = Cluster::start(&[]).expect("a PostgreSQL server (install Debian's postgresql)");
+    pg.create_database("keel").unwrap();
+    let model = MockModel::start(vec![
+        Reply::drip_text(&["the stopped ", "host's ", "answer"], Duration::from_millis(2000)),
+        Reply::text("the answer of the host that took over"),
+    ])
+    .await;
+    let (home_a, home_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let url = pg.url("keel");
+    for home in [&home_a, &home_b] {
+        std::fs::write(home.path().join("keel.toml"), format!("[store]\nurl = \"{url}\"\n"))
+            .unwrap();
+    }
+    let ttl_ms = 20_000;
+    let mut a = Host::start_in(home_a.path(), "host-a", &model.url(), ttl_ms, None);
+    let b = Host::start_in(home_b.path(), "host-b", &model.url(), ttl_ms, None);
+    let c = client();
+
+    let id = in_its_model_call(&a, &model, &c).await;
+    a.signal(rustix::process::Signal::TERM);
+    let stopped = Instant::now();
+    let status = a.child.wait().unwrap();
+    assert!(status.success(), "A stops cleanly: {status}\n{}", a.log());
+    assert!(a.log().contains("gave up 1 session leases"), "{}", a.log());
+    loop {
+        let (status, v) = get(&c, &b.api(&format!("/sessions/{id}")), TOKEN).await;
+        assert_eq!(status, 200, "{v}");
+        if v["session"]["state"] == "idle" {
+            break;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_millis(ttl_ms),
+            "B did not take the session over within the TTL: {v}\n{}",
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let takeover = stopped.elapsed();
+    let assistant = rows(
+        &pg,
+        &format!(
+            "SELECT body FROM messages WHERE session_id='{id}' AND role='assistant' ORDER BY seq"
+        ),
+    );
+    let all: String = assistant.iter().flatten().cloned().collect();
+    assert!(!all.contains("stopped host"), "a write after the stop: {all}");
+    assert!(all.contains("took over"), "{all}");
+    eprintln!(
+        "takeover after SIGTERM: {:.2} s (TTL {:.0} s, a look every {:.1} s)",
+        takeover.as_secs_f64(),
+        ttl_ms as f64 / 1e3,
+        ttl_ms as f64 / 3e3
+    );
+}

@@ -82,6 +82,19 @@ impl Harness {
         Ok(KeepRunning { task: Some(task) })
     }
 
+    /// A clean stop of a host on a shared store: gives up every session lease it holds, so
+    /// other hosts take its sessions over at their next look (a heartbeat) rather than after
+    /// the lease TTL, recovering each as after a crash. What this process still tries to write
+    /// to them is refused (their tokens moved on). Returns how many leases were given up; on
+    /// a store of one host there is nothing to hand over.
+    pub async fn release_leases(&self, caller: &Caller) -> Result<usize, ApiError> {
+        caller.require_admin("giving up this host's sessions")?;
+        if !self.shared_store() {
+            return Ok(0);
+        }
+        Ok(self.brain.release_all().await?)
+    }
+
     fn resume_taken_over(&self, caller: &Caller, found: Vec<RecoveredSession>) {
         for r in found.into_iter().filter(|r| r.resumable) {
             tracing::info!(session = %r.id, "taking over a session whose runner is gone");

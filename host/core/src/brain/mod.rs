@@ -134,6 +134,13 @@ impl Brain {
             .await
     }
 
+    /// Gives up every lease this runner holds (a clean stop): the sessions are taken over by
+    /// other hosts at their next look, and this process's later writes to them are refused.
+    pub async fn release_all(&self) -> Result<usize, StoreError> {
+        let owner = self.owner.clone();
+        self.db.run(move |c| lease::release_all_in(c, &owner)).await
+    }
+
     /// Records a decision on an approval unit (exactly one decision wins under any number of
     /// concurrent deciders). The caller then resumes the session with [`drain`](Self::drain).
     pub async fn decide(

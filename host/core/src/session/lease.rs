@@ -188,6 +188,14 @@ pub(crate) fn heartbeat_in(c: &Connection, id: &str, owner: &str) -> Result<bool
         == 1)
 }
 
+/// Gives up every lease `owner` holds (a host stopping cleanly), moving each token on as
+/// [`drop_in`] does: what the stopping process still tries to write is refused, and other
+/// hosts take the sessions over at their next look instead of after the TTL. Returns how many.
+pub(crate) fn release_all_in(c: &Connection, owner: &str) -> Result<usize, StoreError> {
+    Ok(c.prepare_cached("UPDATE runner_leases SET owner='', fence=fence+1 WHERE owner=?1")?
+        .execute([owner])?)
+}
+
 /// Releases `owner`'s lease of `id`. The caller has checked that no input waits (a runner
 /// keeps its lease while the inbox has work).
 pub(crate) fn release_in(c: &Connection, id: &str, owner: &str) -> Result<(), StoreError> {

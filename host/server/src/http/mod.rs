@@ -309,8 +309,15 @@ pub async fn serve(
         shutdown.await;
         stopping.stopping.send_replace(true);
     };
+    let harness = app.harness.clone();
     let served = crate::listen::serve(listener, router(app), budget, shutdown).await;
     watcher.abort();
     drop(running);
+    // A clean stop hands this host's sessions to the others now, not after the lease TTL.
+    match harness.release_leases(&operator).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!("gave up {n} session leases for other hosts to take over"),
+        Err(e) => tracing::warn!("giving up this host's session leases failed: {e}"),
+    }
     served
 }
