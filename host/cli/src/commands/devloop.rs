@@ -301,13 +301,8 @@ pub struct DevArgs {
     /// line of JSON typed on stdin becomes the input and calls the tool at once.
     #[arg(long, default_value = "{}", value_name = "JSON|@FILE")]
     input: String,
-    /// Grant a host directory: HOST_DIR[=GUEST_PATH][:ro|:rw]. Repeatable.
-    #[arg(long = "grant", value_name = "HOST_DIR[=GUEST][:ro|:rw]")]
-    grants: Vec<Grant>,
     #[command(flatten)]
-    net: super::NetArgs,
-    #[command(flatten)]
-    budget: BudgetArgs,
+    call: super::outcome::CallFlags,
     /// Build and call once, then exit with the call's status (no watching).
     #[arg(long)]
     once: bool,
@@ -409,9 +404,9 @@ impl Dev<'_> {
             &name,
             &tool,
             &self.input,
-            &self.a.grants,
-            &self.a.net,
-            &self.a.budget,
+            &self.a.call.grants,
+            &self.a.call.net,
+            &self.a.call.budget,
         )
         .await;
         let outcome = match call {

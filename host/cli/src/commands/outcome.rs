@@ -1,9 +1,25 @@
 //! One governed call as the author's commands show it (`keel tool call`, `tool dev`): its
 //! input read from the command line, a file or stdin, and its outcome as JSON or as text.
 
+use clap::Args;
+use keel::protocol::sessions::Grant;
 use serde_json::json;
 
-use super::{inert, inert_block, prefixed};
+use super::{BudgetArgs, NetArgs, inert, inert_block, prefixed};
+
+/// The flags of one governed call that `keel tool call` and `keel tool dev` share: the
+/// directories granted, the network and the budget.
+#[derive(Args)]
+pub struct CallFlags {
+    /// Grant a host directory: HOST_DIR[=GUEST_PATH][:ro|:rw]. Repeatable. The guest path
+    /// defaults to /NAME (the directory's name); access defaults to read-only.
+    #[arg(long = "grant", value_name = "HOST_DIR[=GUEST][:ro|:rw]")]
+    pub grants: Vec<Grant>,
+    #[command(flatten)]
+    pub net: NetArgs,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
+}
 
 /// Inputs read from a file or stdin larger than this are refused (a tool's input is a JSON
 /// object a model could write; the sandbox refuses far less).

@@ -5,12 +5,12 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use keel::api::Caller;
-use keel::protocol::sessions::{CancelToken, Grant};
+use keel::protocol::sessions::CancelToken;
 use keel::protocol::setup::Harness;
 use keel::protocol::tools::{CallRequest, InstallMode};
 use serde_json::json;
 
-use super::{BudgetArgs, EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert, inert_block};
+use super::{EXIT_REFUSED, EXIT_SETUP, EXIT_TOOL_ERROR, inert, inert_block};
 
 #[derive(Subcommand)]
 pub enum ToolCommand {
@@ -180,14 +180,8 @@ pub struct CallArgs {
     /// `-` from stdin.
     #[arg(long, default_value = "{}", value_name = "JSON|@FILE|-")]
     input: String,
-    /// Grant a host directory: HOST_DIR[=GUEST_PATH][:ro|:rw]. Repeatable. The guest path
-    /// defaults to /NAME (the directory's name); access defaults to read-only.
-    #[arg(long = "grant", value_name = "HOST_DIR[=GUEST][:ro|:rw]")]
-    grants: Vec<Grant>,
     #[command(flatten)]
-    net: super::NetArgs,
-    #[command(flatten)]
-    budget: BudgetArgs,
+    call: super::outcome::CallFlags,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -680,7 +674,7 @@ async fn call(service: &Harness, a: CallArgs) -> ExitCode {
         Ok(text) => text,
         Err(why) => return super::fail(a.json, "invalid_input", &why, EXIT_REFUSED),
     };
-    let budget = a.budget.budget();
+    let budget = a.call.budget.budget();
     let cancel = CancelToken::new();
     let on_interrupt = cancel.clone();
     tokio::spawn(async move {
@@ -688,11 +682,11 @@ async fn call(service: &Harness, a: CallArgs) -> ExitCode {
             on_interrupt.cancel();
         }
     });
-    let net = a.net.grants();
+    let net = a.call.net.grants();
     let req = CallRequest {
         tool: &a.name,
         input: &input,
-        grants: &a.grants,
+        grants: &a.call.grants,
         net: &net,
         budget,
         cancel: Some(cancel),

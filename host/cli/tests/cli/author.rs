@@ -473,13 +473,7 @@ fn scaffolds_in_python_and_javascript_build_install_and_run() {
         (&js, "js_count.wasm", "js-count", "js_count", "external"),
     ] {
         // The project's two cases pass in the sandbox, from its directory.
-        let out = Command::new(env!("CARGO_BIN_EXE_keel"))
-            .current_dir(dir)
-            .arg("--home")
-            .arg(home.path())
-            .args(["tool", "test", "--json"])
-            .output()
-            .unwrap();
+        let out = keel_in(home.path(), dir, &["tool", "test", "--json"]);
         assert!(out.status.success(), "{tool}: {}", String::from_utf8_lossy(&out.stdout));
         assert_eq!(json_of(&out)["passed"], json!(2), "{tool}");
         // Installed under the name and version the build wrote into it (no --name).
@@ -521,17 +515,30 @@ fn scaffolds_in_python_and_javascript_build_install_and_run() {
 
 /// keel in `dir` (a project outside the workspace), its cargo builds sharing this file's
 /// target directory.
-fn keel_in(home: &Path, dir: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_keel"))
-        .current_dir(dir)
+fn keel_command(home: &Path, dir: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_keel"));
+    c.current_dir(dir)
         .arg("--home")
         .arg(home)
         .args(args)
         .env("CARGO_TARGET_DIR", author_target())
         .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .output()
-        .unwrap()
+        .env_remove("CARGO_ENCODED_RUSTFLAGS");
+    c
+}
+
+/// [`keel_command`], run to its end.
+fn keel_in(home: &Path, dir: &Path, args: &[&str]) -> std::process::Output {
+    keel_command(home, dir, args).output().unwrap()
+}
+
+/// A new Rust project `name` made by `keel tool new` in `projects`: its directory.
+fn new_project(home: &Path, projects: &Path, name: &str) -> PathBuf {
+    let dir = projects.join(name);
+    let out = keel(home, &["tool", "new", name, "--dir", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("keel tool test"));
+    dir
 }
 
 /// The author's loop from the project directory: `keel tool test` runs the scaffold's two
@@ -542,10 +549,7 @@ fn tool_test_runs_a_new_projects_cases_and_install_takes_the_name_it_carries() {
     let home = tempfile::tempdir().unwrap();
     let h = home.path();
     let projects = tempfile::tempdir().unwrap();
-    let dir = projects.path().join("t-dev");
-    let out = keel(h, &["tool", "new", "t-dev", "--dir", dir.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("keel tool test"));
+    let dir = new_project(h, projects.path(), "t-dev");
 
     // Not built yet (the shared target directory may hold an earlier run's): the error names
     // the build command.
@@ -645,23 +649,15 @@ fn scaffolds_tool_dev_rebuilds_on_each_save_and_calls_again() {
     let home = tempfile::tempdir().unwrap();
     let h = home.path();
     let projects = tempfile::tempdir().unwrap();
-    let dir = projects.path().join("t-watch");
-    let out = keel(h, &["tool", "new", "t-watch", "--dir", dir.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let dir = new_project(h, projects.path(), "t-watch");
     // tool dev: a call at start, another after each save and each input typed on stdin.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .current_dir(&dir)
-        .arg("--home")
-        .arg(h)
-        .args(["tool", "dev", "--json", "--input", r#"{"text": "a b c"}"#])
-        .env("CARGO_TARGET_DIR", author_target())
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child =
+        keel_command(h, &dir, &["tool", "dev", "--json", "--input", r#"{"text": "a b c"}"#])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
     let mut stdin = child.stdin.take().unwrap();
     let stdout = child.stdout.take().unwrap();
     let (tx, lines) = std::sync::mpsc::channel::<Value>();

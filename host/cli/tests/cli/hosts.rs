@@ -28,8 +28,13 @@ struct Host {
 
 impl Host {
     fn start(home: &Path, db: &str, id: &str, model: &str) -> Self {
+        Self::start_with_ttl(home, db, id, model, 1500)
+    }
+
+    /// [`start`](Self::start) with a lease TTL of `ttl_ms`.
+    fn start_with_ttl(home: &Path, db: &str, id: &str, model: &str, ttl_ms: u64) -> Self {
         std::fs::write(home.join("keel.toml"), format!("[store]\nurl = \"{db}\"\n")).unwrap();
-        Self::start_in(home, id, model, 1500, None)
+        Self::start_in(home, id, model, ttl_ms, None)
     }
 
     /// `keel serve` on `home` (its keel.toml written), host `id`, with a lease TTL of `ttl_ms`,
@@ -107,6 +112,38 @@ async fn in_its_model_call(a: &Host, model: &MockModel, c: &reqwest::Client) -> 
     v["session_id"].as_str().unwrap().to_string()
 }
 
+/// Waits until host `b` shows session `id` idle (its turn finished there), at most `within`
+/// after `since`; how long after `since` that was.
+async fn idle_on(
+    c: &reqwest::Client,
+    b: &Host,
+    id: &str,
+    since: Instant,
+    within: Duration,
+) -> Duration {
+    loop {
+        let (status, v) = get(c, &b.api(&format!("/sessions/{id}")), TOKEN).await;
+        assert_eq!(status, 200, "{v}");
+        if v["session"]["state"] == "idle" {
+            return since.elapsed();
+        }
+        assert!(
+            since.elapsed() < within,
+            "B did not take the session over within {within:?}: {v}\n{}",
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The text of session `id`'s assistant messages, in order.
+fn assistant_text(pg: &Cluster, id: &str) -> String {
+    let sql = format!(
+        "SELECT body FROM messages WHERE session_id='{id}' AND role='assistant' ORDER BY seq"
+    );
+    rows(pg, &sql).iter().flatten().cloned().collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "postgres tier: needs Debian's postgresql"]
 async fn postgres_a_paused_host_loses_its_session_to_another_and_writes_nothing_when_it_wakes() {
@@ -130,20 +167,7 @@ async fn postgres_a_paused_host_loses_its_session_to_another_and_writes_nothing_
     let paused = Instant::now();
 
     // B takes the session over when A's lease expires, and finishes the turn.
-    loop {
-        let (status, v) = get(&c, &b.api(&format!("/sessions/{id}")), TOKEN).await;
-        assert_eq!(status, 200, "{v}");
-        if v["session"]["state"] == "idle" {
-            break;
-        }
-        assert!(
-            paused.elapsed() < Duration::from_secs(30),
-            "B never took the session over: {v}\n{}",
-            b.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let takeover = paused.elapsed();
+    let takeover = idle_on(&c, &b, &id, paused, Duration::from_secs(30)).await;
     assert!(b.log().contains("taking over a session whose runner is gone"), "{}", b.log());
 
     // A wakes: its stream ends, and every write it tries is refused.
@@ -156,13 +180,7 @@ async fn postgres_a_paused_host_loses_its_session_to_another_and_writes_nothing_
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     // Nothing of A's answer was written; one final answer, B's.
-    let assistant = rows(
-        &pg,
-        &format!(
-            "SELECT body FROM messages WHERE session_id='{id}' AND role='assistant' ORDER BY seq"
-        ),
-    );
-    let all: String = assistant.iter().flatten().cloned().collect();
+    let all = assistant_text(&pg, &id);
     assert!(!all.contains("paused host"), "a stale write: {all}");
     assert!(all.contains("took over"), "{all}");
     // Events: numbered 1..n without gaps, fencing tokens never going down.
@@ -835,14 +853,9 @@ async fn postgres_a_host_stopped_with_sigterm_hands_its_session_over_before_the_
     ])
     .await;
     let (home_a, home_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let url = pg.url("keel");
-    for home in [&home_a, &home_b] {
-        std::fs::write(home.path().join("keel.toml"), format!("[store]\nurl = \"{url}\"\n"))
-            .unwrap();
-    }
-    let ttl_ms = 20_000;
-    let mut a = Host::start_in(home_a.path(), "host-a", &model.url(), ttl_ms, None);
-    let b = Host::start_in(home_b.path(), "host-b", &model.url(), ttl_ms, None);
+    let (url, ttl_ms) = (pg.url("keel"), 20_000);
+    let mut a = Host::start_with_ttl(home_a.path(), &url, "host-a", &model.url(), ttl_ms);
+    let b = Host::start_with_ttl(home_b.path(), &url, "host-b", &model.url(), ttl_ms);
     let c = client();
 
     let id = in_its_model_call(&a, &model, &c).await;
@@ -851,27 +864,8 @@ async fn postgres_a_host_stopped_with_sigterm_hands_its_session_over_before_the_
     let status = a.child.wait().unwrap();
     assert!(status.success(), "A stops cleanly: {status}\n{}", a.log());
     assert!(a.log().contains("gave up 1 session leases"), "{}", a.log());
-    loop {
-        let (status, v) = get(&c, &b.api(&format!("/sessions/{id}")), TOKEN).await;
-        assert_eq!(status, 200, "{v}");
-        if v["session"]["state"] == "idle" {
-            break;
-        }
-        assert!(
-            stopped.elapsed() < Duration::from_millis(ttl_ms),
-            "B did not take the session over within the TTL: {v}\n{}",
-            b.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let takeover = stopped.elapsed();
-    let assistant = rows(
-        &pg,
-        &format!(
-            "SELECT body FROM messages WHERE session_id='{id}' AND role='assistant' ORDER BY seq"
-        ),
-    );
-    let all: String = assistant.iter().flatten().cloned().collect();
+    let takeover = idle_on(&c, &b, &id, stopped, Duration::from_millis(ttl_ms)).await;
+    let all = assistant_text(&pg, &id);
     assert!(!all.contains("stopped host"), "a write after the stop: {all}");
     assert!(all.contains("took over"), "{all}");
     eprintln!(
