@@ -225,9 +225,13 @@ async fn postgres_followers_wake_on_notify_across_hosts_and_catch_up_after_losse
     assert_eq!(e.seq, last + 2);
 
     // The server restarts (as after a crash): both hosts connect again; nothing is missed.
+    // A second follower polls every 100 ms, so it reads while the server is down: it waits
+    // the outage out instead of ending.
+    let mut polling = a.internals().engine.follow(&id, last + 2, Duration::from_millis(100));
     pg.stop_immediate().unwrap();
     let refused = b.internals().engine.submit(&id, "while down").await;
     assert!(refused.is_err(), "the database is down");
+    tokio::time::sleep(Duration::from_millis(500)).await;
     pg.start_again().unwrap();
     let mut third = Err(StoreError::WriterGone);
     for _ in 0..100 {
@@ -241,6 +245,10 @@ async fn postgres_followers_wake_on_notify_across_hosts_and_catch_up_after_losse
     let e =
         next_event(&mut rx, Duration::from_secs(15)).await.expect("caught up after the restart");
     assert_eq!(e.seq, last + 3, "sequence numbers stay contiguous");
+    let e = next_event(&mut polling, Duration::from_secs(15))
+        .await
+        .expect("a follower that read while the server was down catches up after it");
+    assert_eq!(e.seq, last + 3);
     let t = std::time::Instant::now();
     while listens() < 3 && t.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -20,6 +20,12 @@ pub struct StoreGauges {
     pub now_ms: i64,
 }
 
+/// How long a follower waits out a database it cannot reach before it gives its reader the
+/// error, and the waits between its tries.
+const FOLLOW_OUTAGE: std::time::Duration = std::time::Duration::from_secs(60);
+const FOLLOW_BACKOFF_MIN: std::time::Duration = std::time::Duration::from_millis(50);
+const FOLLOW_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl SessionEngine {
     /// What the store holds now: sessions by state, approvals waiting, live leases.
     pub async fn gauges(&self) -> Result<StoreGauges, StoreError> {
@@ -73,7 +79,9 @@ impl SessionEngine {
     /// commits them: the receiver gets each new event once, in order, until it is dropped.
     /// Every commit of this process wakes the follower at once; the store is also polled every
     /// `every` for other processes' commits (one indexed read of the rows after the last one
-    /// seen; no busy loop).
+    /// seen; no busy loop). A database that cannot be reached (a server restarting) is waited
+    /// out for up to a minute, the follower catching up when it answers again; the receiver
+    /// gets an error only after that, or for any other failure.
     pub fn follow(
         &self,
         id: &SessionId,
@@ -86,9 +94,15 @@ impl SessionEngine {
         let mut commits = self.db.commits();
         tokio::spawn(async move {
             let mut last = after;
+            // Since when reads have failed (none while they succeed), and the wait before the
+            // next try.
+            let mut failing: Option<tokio::time::Instant> = None;
+            let mut backoff = FOLLOW_BACKOFF_MIN;
             loop {
                 match engine.events_after(&id, last, 256).await {
                     Ok(rows) => {
+                        failing = None;
+                        backoff = FOLLOW_BACKOFF_MIN;
                         let full = rows.len() == 256;
                         for row in rows {
                             last = row.seq;
@@ -99,6 +113,21 @@ impl SessionEngine {
                         if full {
                             continue;
                         }
+                    }
+                    // A lost connection (the server restarted) is waited out: the next read
+                    // connects again and catches up from the last event sent.
+                    Err(e)
+                        if e.is_unreachable()
+                            && failing.get_or_insert_with(tokio::time::Instant::now).elapsed()
+                                < FOLLOW_OUTAGE =>
+                    {
+                        tracing::debug!(session = %id, "following waits for the database: {e}");
+                        tokio::select! {
+                            () = tokio::time::sleep(backoff) => {}
+                            () = tx.closed() => return,
+                        }
+                        backoff = (backoff * 2).min(FOLLOW_BACKOFF_MAX);
+                        continue;
                     }
                     Err(e) => {
                         let _ = tx.send(Err(e)).await;

@@ -86,6 +86,13 @@ impl StoreError {
         }
     }
 
+    /// Whether the database could not be reached or its connection was lost (a server that
+    /// restarted, a backend that was killed): the next operation connects again, so a
+    /// reader that waits and asks again may succeed.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, Self::Open { .. } | Self::Sql(sql::Error::Postgres(_)))
+    }
+
     /// The error's kind, as the result of a tool call it stopped carries it.
     pub fn failure(&self) -> crate::failure::FailureKind {
         use crate::failure::FailureKind;
