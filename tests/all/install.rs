@@ -421,3 +421,47 @@ async fn a_component_file_is_compiled_once_then_loaded_from_its_checked_artifact
     assert!(artifact.exists(), "the installed component's artifact stays");
     assert_healthy(&s).await;
 }
+
+/// A component compiled for a call (its artifact gone) is compiled with the calling worker's
+/// other tasks handed to another thread first: with a single async worker, a task that ticks
+/// every 10 ms — as a runner's lease heartbeat does, every third of the TTL — keeps ticking
+/// through the compile instead of waiting for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_compile_for_a_call_holds_up_no_other_task() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    drop(service_in(dir.path(), test_limits()).await);
+    std::fs::remove_dir_all(dir.path().join("cache")).unwrap();
+    let s = ToolService::open(keel::home::Home::at(dir.path()).unwrap(), test_limits(), &|_| {})
+        .await
+        .unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("n.md"), "a\nb\n").unwrap();
+    let grants = [keel::sandbox::Grant::new(ws.path(), "/w", keel::sandbox::Access::Ro).unwrap()];
+    let worst = Arc::new(AtomicU64::new(0));
+    let ticker = tokio::spawn({
+        let worst = worst.clone();
+        async move {
+            loop {
+                let t = std::time::Instant::now();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                worst.fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = s.sandbox().compiles();
+    let started = std::time::Instant::now();
+    let out = s
+        .call(keel_tests::request("fs_read_file", r#"{"path":"/w/n.md"}"#, &grants))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    ticker.abort();
+    assert!(out.report.result.is_ok(), "{:?}", out.report.result);
+    assert_eq!(s.sandbox().compiles(), before + 1, "the call compiled its component");
+    let worst = Duration::from_micros(worst.load(Ordering::Relaxed));
+    eprintln!("a call that compiled took {took:?}; the longest tick meanwhile {worst:?} (10 ms)");
+    assert!(worst < took / 2, "a tick waited {worst:?} for a call of {took:?}");
+}

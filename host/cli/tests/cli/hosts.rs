@@ -875,3 +875,139 @@ async fn postgres_a_host_stopped_with_sigterm_hands_its_session_over_before_the_
         ttl_ms as f64 / 3e3
     );
 }
+
+/// `psql` on database `keel` in a transaction of its own, fed from the test: it runs `first`
+/// and holds the transaction open until [`Held::commit`].
+struct Held {
+    child: Child,
+}
+
+impl Held {
+    fn begin(pg: &Cluster, first: &str) -> Self {
+        use std::io::Write;
+        let mut child = Command::new(keel_tests::postgres::bin_dir().unwrap().join("psql"))
+            .arg(pg.url("keel"))
+            .args(["-X", "-q", "-o", "/dev/null", "-v", "ON_ERROR_STOP=1"])
+            .env("PGAPPNAME", "held-by-test")
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.as_mut().unwrap();
+        writeln!(stdin, "BEGIN; {first};").unwrap();
+        stdin.flush().unwrap();
+        // Held once the server shows the transaction idle, its statement done.
+        let t = Instant::now();
+        while rows(
+            pg,
+            "SELECT 1 FROM pg_stat_activity WHERE application_name = 'held-by-test' \
+                        AND state = 'idle in transaction'",
+        )
+        .is_empty()
+        {
+            assert!(t.elapsed() < Duration::from_secs(10), "psql never held its transaction");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Self { child }
+    }
+
+    fn commit(mut self) {
+        use std::io::Write;
+        let mut stdin = self.child.stdin.take().unwrap();
+        writeln!(stdin, "COMMIT;").unwrap();
+        drop(stdin);
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+/// A host paused (SIGSTOP) while its writer is inside a transaction — idle in it, holding the
+/// session's lease row and session row, as `pg_stat_activity` shows — has that transaction
+/// ended by the server by the time its lease expires: another host takes the session over
+/// within the TTL and a heartbeat or so, and that host's writer is never held up for long by
+/// the paused one's locks (its own new session runs meanwhile; an input sent to the paused
+/// host's session waits at most a lock timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "postgres tier: needs Debian's postgresql"]
+async fn postgres_a_host_paused_inside_a_transaction_holds_no_other_host_up() {
+    let pg = Cluster::start(&[]).expect("a PostgreSQL server (install Debian's postgresql)");
+    pg.create_database("keel").unwrap();
+    let model = MockModel::start(vec![
+        Reply::drip_text(&["the paused ", "host's answer"], Duration::from_millis(1500)),
+        Reply::text("an answer"),
+        Reply::text("an answer"),
+        Reply::text("an answer"),
+        Reply::text("an answer"),
+    ])
+    .await;
+    let (home_a, home_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let ttl = Duration::from_millis(1500);
+    let a = Host::start(home_a.path(), &pg.url("keel"), "host-a", &model.url());
+    let b = Host::start(home_b.path(), &pg.url("keel"), "host-b", &model.url());
+    let c = client();
+
+    // A's turn is in its model call; the test holds the session's row, so A's writer, when
+    // the answer comes, waits for it inside its transaction.
+    let id = in_its_model_call(&a, &model, &c).await;
+    let held = Held::begin(&pg, &format!("SELECT 1 FROM sessions WHERE id = '{id}' FOR UPDATE"));
+    let t = Instant::now();
+    while rows(
+        &pg,
+        "SELECT 1 FROM pg_stat_activity WHERE application_name = 'keel-writer' \
+                     AND wait_event_type = 'Lock'",
+    )
+    .is_empty()
+    {
+        assert!(t.elapsed() < Duration::from_secs(30), "A's writer never waited\n{}", a.log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Paused there; the test lets go, and A's statement finishes on the server: A's writer is
+    // idle in its transaction, its locks held.
+    a.signal(rustix::process::Signal::STOP);
+    held.commit();
+    let idle = "SELECT pid FROM pg_stat_activity WHERE application_name = 'keel-writer' \
+                AND state = 'idle in transaction' AND state_change < now() - interval '200 ms'";
+    let t = Instant::now();
+    while rows(&pg, idle).is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(5), "A's writer was not idle in a transaction");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let paused = t;
+
+    // Meanwhile B runs a new session of its own, and is sent an input for A's session (its
+    // writer touches the locked rows: it waits at most a lock timeout).
+    let sent = Instant::now();
+    let (status, v) =
+        post(&c, &b.api(&format!("/sessions/{id}/input")), TOKEN, json!({"text": "more"})).await;
+    let input_wait = sent.elapsed();
+    let (s2, y) = post(&c, &b.api("/sessions"), TOKEN, json!({"input": "hello"})).await;
+    assert!(s2.is_success(), "{y}\n{}", b.log());
+    let own =
+        idle_on(&c, &b, y["session_id"].as_str().unwrap(), sent, Duration::from_secs(10)).await;
+
+    // B takes A's session over, and it goes idle there.
+    let takeover = idle_on(&c, &b, &id, paused, Duration::from_secs(20)).await;
+    assert!(
+        rows(&pg, idle).is_empty(),
+        "the paused host's transaction was ended by the server\n{}",
+        pg.log()
+    );
+    assert!(b.log().contains("taking over a session whose runner is gone"), "{}", b.log());
+    let all = assistant_text(&pg, &id);
+    assert!(!all.contains("paused host"), "a write of the paused host: {all}");
+    a.signal(rustix::process::Signal::CONT);
+    eprintln!(
+        "paused inside a transaction (TTL {:.1} s): taken over after {:.2} s; B's own new \
+         session idle after {:.2} s; an input for the paused session answered in {:.2} s \
+         ({status}: {v})",
+        ttl.as_secs_f64(),
+        takeover.as_secs_f64(),
+        own.as_secs_f64(),
+        input_wait.as_secs_f64()
+    );
+    assert!(
+        status.is_success() || (status == 409 && v["error"]["kind"] == "conflict"),
+        "an input B could not store yet is refused as a conflict: {status} {v}"
+    );
+    assert!(input_wait < ttl * 2, "B's writer waited {input_wait:?} on the paused host");
+    assert!(own < ttl * 2, "B's own session waited {own:?}");
+    assert!(takeover < ttl * 3, "taken over after {takeover:?}, TTL {ttl:?}");
+}

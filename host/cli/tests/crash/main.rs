@@ -791,6 +791,36 @@ impl Rig {
         self.keel(&args, crash_at)
     }
 
+    /// Runs turns `PREFIX1`… of `session` (at most four) with the process set to hold at crash
+    /// point `point` (`KEEL_CRASH_HOLD`, the file `hold` in the home): the first that reaches
+    /// it, alive and held there, and the tag its answer will carry (`done PREFIXn`).
+    fn held_at(&self, session: &str, prefix: &str, point: &str) -> Option<(Child, String)> {
+        let hold = self.home.path().join("hold");
+        let reached = self.home.path().join("hold.reached");
+        for n in 1..5 {
+            let args = self.run_args(session, &long_task(&format!("{prefix}{n}")));
+            let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+            args.drain(4..8);
+            let mut child = keel_cmd(self.home.path(), &args, Some(point))
+                .env("KEEL_CRASH_HOLD", &hold)
+                .spawn()
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                if reached.exists() {
+                    return Some((child, format!("done {prefix}{n}")));
+                }
+                if let Some(status) = child.try_wait().unwrap() {
+                    assert!(status.success(), "turn {prefix}{n} failed");
+                    break;
+                }
+                assert!(Instant::now() < deadline, "turn {prefix}{n} hangs");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        None
+    }
+
     fn spawn_compacting(&self, session: &str, task: &str) -> Child {
         let mut args = self.run_args(session, task);
         args.drain(4..8);
@@ -879,6 +909,59 @@ async fn a_crash_at_each_point_of_a_compaction_leaves_the_old_or_the_new_context
     }
 }
 
+/// A runner that dies after another process's startup recovery looked (its lease was live
+/// then) is recovered by whichever runner takes its lease over: a turn submitted in a process
+/// that opened while the dying runner was alive — as a `keel session send` started then —
+/// closes the dead runner's compaction (`compaction_abandoned`) and records the recovery
+/// before its own turn runs, and the session ends whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_that_dies_after_startup_recovery_is_recovered_by_the_one_taking_its_lease() {
+    let rig = Rig::new(&[]).await;
+    let out = rig.run_compacting("t", &long_task("T0"), None);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (mut child, _) =
+        rig.held_at("t", "T", "after_summary_call").expect("no compaction in four turns");
+    let hold = rig.home.path().join("hold");
+    assert_eq!(rig.state("t"), "compressing");
+    // This process opens keel while the compaction's runner is alive: its startup recovery
+    // leaves the session to that runner.
+    let home = keel::home::Home::at(rig.home.path()).unwrap();
+    let guards = keel::agent::LoopGuards::default();
+    let h = keel::harness::Harness::open(home, keel_tests::test_limits(), None, guards, &|_| {})
+        .await
+        .unwrap();
+    assert_eq!(rig.state("t"), "compressing", "startup recovery left a live runner's session");
+    // Then that runner dies, and a turn is submitted here: it takes the dead runner's lease.
+    std::fs::write(&hold, "go").unwrap();
+    let status = tokio::task::block_in_place(|| child.wait()).unwrap();
+    assert_eq!(status.signal(), Some(9), "killed at the point");
+    let id = SessionId::from("t");
+    let cancel = keel::cancel::CancelToken::new();
+    h.internals()
+        .brain
+        .submit(&id, &long_task("T9"), &cancel, &keel_tests::no_events())
+        .await
+        .unwrap();
+    let events = rig.events("t");
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["kind"].as_str()).collect();
+    // The dead runner's compaction (the first), closed by the recovery before the turn went
+    // on (and compacted again).
+    let started = kinds.iter().position(|k| *k == "compaction_started").unwrap();
+    let closed = kinds[started + 1..]
+        .iter()
+        .find(|k| matches!(**k, "compaction_abandoned" | "compacted" | "compaction_started"));
+    assert_eq!(closed, Some(&"compaction_abandoned"), "the dead runner's compaction: {kinds:?}");
+    let detail = events.iter().any(|e| {
+        e["kind"] == "state" && e["detail"].as_str().is_some_and(|d| d.starts_with("recovered"))
+    });
+    assert!(detail, "the recovery was recorded: {events:?}");
+    rig.finish("t");
+    assert_eq!(rig.state("t"), "idle");
+    rig.check_context("t").await;
+    rig.check_session_events("t", "taken over after startup recovery");
+    assert_eq!(rig.integrity(), "ok");
+}
+
 /// The discard path of recovery: a compaction's process holds at `after_checkpoint` (its
 /// pending checkpoint committed) while another process changes the session (an admin unloads
 /// one of its tools, so its settings version moves), then dies there. Recovery discards the
@@ -890,7 +973,6 @@ async fn a_checkpoint_the_session_outran_is_discarded_at_recovery_and_nothing_is
     let out = rig.run_compacting("d", &long_task("D0"), None);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let hold = rig.home.path().join("hold");
-    let reached = rig.home.path().join("hold.reached");
     let context = |rig: &Rig| -> (i64, String) {
         rig.query(|c| {
             c.query_row(
@@ -902,33 +984,8 @@ async fn a_checkpoint_the_session_outran_is_discarded_at_recovery_and_nothing_is
         })
         .unwrap()
     };
-    let mut held = None;
-    for n in 1..5 {
-        let args = rig.run_args("d", &long_task(&format!("D{n}")));
-        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
-        args.drain(4..8);
-        let mut child = keel_cmd(rig.home.path(), &args, Some("after_checkpoint"))
-            .env("KEEL_CRASH_HOLD", &hold)
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if reached.exists() {
-                held = Some((child, format!("done D{n}")));
-                break;
-            }
-            if let Some(status) = child.try_wait().unwrap() {
-                assert!(status.success(), "turn D{n} failed");
-                break;
-            }
-            assert!(Instant::now() < deadline, "turn D{n} hangs");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        if held.is_some() {
-            break;
-        }
-    }
-    let (mut child, tag) = held.expect("no compaction in four turns");
+    let (mut child, tag) =
+        rig.held_at("d", "D", "after_checkpoint").expect("no compaction in four turns");
     let (start, checkpoints) = context(&rig);
     assert!(checkpoints.ends_with(":pending"), "{checkpoints}");
     // Another process changes the session while the compaction's process is alive (its lease

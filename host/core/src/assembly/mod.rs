@@ -734,14 +734,14 @@ impl<'a> Assembly<'a> {
         &self,
         id: &SessionId,
         within: Option<usize>,
-        tools: F,
+        mut tools: F,
     ) -> Result<(SessionMeta, Assembled), StoreError>
     where
         F: FnMut(&Connection, &SessionMeta, Schemas) -> Option<Arc<str>> + Send,
     {
         let id = id.clone();
         let cache = self.engine.extension::<AssemblyCache>();
-        self.engine.db().read_inline(move |c| assemble(c, &id, &cache, within, tools)).await
+        self.engine.db().read_inline(move |c| assemble(c, &id, &cache, within, &mut tools)).await
     }
 
     /// Where the session's history stood after step `step` (see `evidence::cut_in`).

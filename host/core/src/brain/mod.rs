@@ -287,7 +287,7 @@ impl Brain {
             .db
             .run(move |c| {
                 let seq = crate::session::submit_in(c, &sid, &text)?;
-                let Some(token) = lease::acquire_in(c, &sid, &owner)? else {
+                let Some(token) = crate::session::take_in(c, &sid, &owner)? else {
                     return Ok((seq, None, None));
                 };
                 let under_way = crate::meta::load_in(c, &sid)?.runtime.active_turn.is_some();
@@ -506,7 +506,7 @@ impl Brain {
     /// Takes the runner lease of `id` if it is free, abandoned, or already ours.
     pub async fn try_acquire(&self, id: &SessionId) -> Result<bool, StoreError> {
         let (sid, owner) = (id.clone(), self.owner.clone());
-        let token = self.db.run(move |c| lease::acquire_in(c, &sid, &owner)).await?;
+        let token = self.db.run(move |c| crate::session::take_in(c, &sid, &owner)).await?;
         if let Some(token) = token {
             self.hold(id, token);
         }

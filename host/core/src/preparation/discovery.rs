@@ -115,18 +115,17 @@ impl Discovery for SessionDiscovery {
         if names.len() > 64 {
             return Err(ControlError::Invalid("name at most 64 tools or tool sets at once".into()));
         }
-        let names = names.to_vec();
         self.db
-            .read_blocking(move |c| {
+            .read_blocking(|c| {
                 let mut out = ToolNames::default();
                 let mut unknown = Vec::new();
                 for n in names {
-                    if crate::tools::tool_in(c, &n)?.is_some() {
-                        out.tools.push(n);
-                    } else if crate::tools::toolset_in(c, &n)?.is_some() {
-                        out.toolsets.push(n);
+                    if crate::tools::tool_in(c, n)?.is_some() {
+                        out.tools.push(n.clone());
+                    } else if crate::tools::toolset_in(c, n)?.is_some() {
+                        out.toolsets.push(n.clone());
                     } else {
-                        unknown.push(n);
+                        unknown.push(n.clone());
                     }
                 }
                 Ok(if unknown.is_empty() { Ok(out) } else { Err(unknown) })

@@ -11,24 +11,7 @@ use std::time::Duration;
 use crate::sql::{Backend, Connection, OptionalExtension, params};
 use crate::store::{StoreError, now_ms};
 
-/// A lease not renewed for this long is considered abandoned (its process died), unless
-/// `KEEL_LEASE_TTL_MS` says otherwise ([`lease_ttl`]).
-pub const LEASE_TTL: Duration = Duration::from_secs(15);
-
-/// The lease TTL in force: `KEEL_LEASE_TTL_MS` (at least 300 ms), else [`LEASE_TTL`]. A
-/// shorter TTL lets another host take over a dead one's sessions sooner, at the cost of more
-/// frequent heartbeats (every third of the TTL) and of a paused process losing its sessions
-/// sooner. Read once per process; every host of one store should use the same value.
-pub fn lease_ttl() -> Duration {
-    static TTL: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *TTL.get_or_init(|| {
-        std::env::var("KEEL_LEASE_TTL_MS")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(|ms| Duration::from_millis(ms.max(300)))
-            .unwrap_or(LEASE_TTL)
-    })
-}
+pub(crate) use crate::store::lease_ttl;
 
 /// How often a runner renews its lease: a third of the TTL, so two renewals may be lost
 /// before the lease expires.
@@ -204,11 +187,24 @@ pub(crate) fn release_in(c: &Connection, id: &str, owner: &str) -> Result<(), St
     Ok(())
 }
 
-/// Takes the runner lease of `id` for `owner` if it is free, abandoned, or already theirs;
-/// the fencing token it holds it with. A new holder's token is one more than the last (a
-/// holder taking its own lease again keeps its token). On PostgreSQL the lease row is locked
-/// first, so two hosts deciding at once decide one after the other.
-pub(crate) fn acquire_in(c: &Connection, id: &str, owner: &str) -> Result<Option<i64>, StoreError> {
+/// A lease taken: the fencing token it is held with, and whether it was taken from another
+/// runner that is gone (its process dead, or its lease expired) — whose work on the session
+/// then needs recovering before anything else runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Acquired {
+    pub token: i64,
+    pub from_gone: bool,
+}
+
+/// Takes the runner lease of `id` for `owner` if it is free, abandoned, or already theirs. A
+/// new holder's token is one more than the last (a holder taking its own lease again keeps its
+/// token). On PostgreSQL the lease row is locked first, so two hosts deciding at once decide
+/// one after the other.
+pub(crate) fn acquire_in(
+    c: &Connection,
+    id: &str,
+    owner: &str,
+) -> Result<Option<Acquired>, StoreError> {
     let now = db_now_in(c)?;
     let current: Option<(String, i64)> = match c.backend() {
         Backend::Sqlite => c
@@ -232,6 +228,7 @@ pub(crate) fn acquire_in(c: &Connection, id: &str, owner: &str) -> Result<Option
     if !free {
         return Ok(None);
     }
+    let from_gone = current.as_ref().is_some_and(|(o, _)| !o.is_empty() && o != owner);
     let token = c
         .prepare_cached(
             "INSERT INTO runner_leases (session_id, owner, heartbeat_ms, fence) VALUES (?1, ?2, ?3, 1)
@@ -242,7 +239,7 @@ pub(crate) fn acquire_in(c: &Connection, id: &str, owner: &str) -> Result<Option
              RETURNING fence",
         )?
         .query_row(params![id, owner, now], |r| r.get(0))?;
-    Ok(Some(token))
+    Ok(Some(Acquired { token, from_gone }))
 }
 
 /// Refuses the write it runs in unless `fence` is still the lease of `id`: the lease row is
@@ -273,7 +270,7 @@ pub(crate) fn check_fence_in(c: &Connection, id: &str, fence: &Fence) -> Result<
 
 /// A runner's identity: `host/pid/start/nonce`. On the same host, a lease whose process is gone
 /// (or whose pid now belongs to a process started later) is abandoned at once; elsewhere it is
-/// abandoned when its heartbeat is older than [`LEASE_TTL`].
+/// abandoned when its heartbeat is older than the lease TTL ([`lease_ttl`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RunnerId {
     host: String,
@@ -368,6 +365,6 @@ mod tests {
         // Another host: the heartbeat decides.
         let remote = RunnerId { host: "elsewhere".into(), ..me };
         assert!(lease_live(&remote.to_string(), now_ms(), now_ms()));
-        assert!(!lease_live(&remote.to_string(), 0, LEASE_TTL.as_millis() as i64 + 1));
+        assert!(!lease_live(&remote.to_string(), 0, crate::store::LEASE_TTL.as_millis() as i64 + 1));
     }
 }

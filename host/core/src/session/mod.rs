@@ -65,7 +65,7 @@ pub(crate) use facts::{
 };
 pub use reactions::{Reactions, StateChange};
 pub use recover::RecoveredSession;
-pub(crate) use recover::recover_in;
+pub(crate) use recover::{recover_in, take_in};
 pub use steps::{AfterCrash, JournalStatus, OUTCOME_UNKNOWN, OpenStep, WaitCommit, after_crash};
 pub(crate) use steps::{close_turn_in, open_step_in};
 #[cfg(test)]

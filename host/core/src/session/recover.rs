@@ -31,6 +31,20 @@ pub struct RecoveredSession {
 pub const RECOVERED_DETAIL: &str =
     "recovered after an unclean stop; the turn resumes when a runner takes the session";
 
+/// Takes the runner lease of `id` for `owner` (see `lease::acquire_in`); when it takes it
+/// from a runner that is gone, the session is recovered first, in the same transaction — so
+/// whatever takes a session over (a turn submitted, a drain, a compaction, a direct call)
+/// never resumes on the half-done work of a runner that died, whichever host's startup
+/// recovery ran when. The fencing token it holds the lease with.
+pub(crate) fn take_in(c: &Connection, id: &str, owner: &str) -> Result<Option<i64>, StoreError> {
+    let Some(acquired) = super::lease::acquire_in(c, id, owner)? else { return Ok(None) };
+    if acquired.from_gone {
+        tracing::info!(session = id, "taking over a session whose runner is gone: recovering it first");
+        recover_in(c, id)?;
+    }
+    Ok(Some(acquired.token))
+}
+
 /// Recovers one session whose runner is gone (the caller holds or has cleared its lease):
 /// committed pairs stay; a started call of an open step that is read-only or idempotent will
 /// run again; any other started call gets the "outcome unknown" result; a running session shows

@@ -21,6 +21,27 @@ pub const STATEMENT_CACHE: usize = 128;
 /// How long a writer waits for another process's lock before failing.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A runner lease not renewed for this long is considered abandoned (its process died),
+/// unless `KEEL_LEASE_TTL_MS` says otherwise ([`lease_ttl`]).
+pub const LEASE_TTL: Duration = Duration::from_secs(15);
+
+/// The lease TTL in force: `KEEL_LEASE_TTL_MS` (at least 300 ms), else [`LEASE_TTL`]. A
+/// shorter TTL lets another host take over a dead one's sessions sooner, at the cost of more
+/// frequent heartbeats (every third of the TTL) and of a paused process losing its sessions
+/// sooner. Read once per process; every host of one store should use the same value. The
+/// store bounds what one host may hold on a shared PostgreSQL database by it: an open
+/// transaction, a statement, a lock wait (see `postgres::bounds`).
+pub fn lease_ttl() -> Duration {
+    static TTL: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *TTL.get_or_init(|| {
+        std::env::var("KEEL_LEASE_TTL_MS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|ms| Duration::from_millis(ms.max(300)))
+            .unwrap_or(LEASE_TTL)
+    })
+}
+
 /// The schema version this build migrates a database to.
 pub fn schema_version() -> i64 {
     migrations::latest()
@@ -77,6 +98,9 @@ impl StoreError {
             Self::Input(_) => "input",
             Self::Corrupt(_) => "corrupt",
             Self::Fenced(_) => "fenced",
+            // Another host holds the rows (and did not let go within a heartbeat): the
+            // request conflicts with its work, and may be made again.
+            e if e.is_lock_timeout() => "conflict",
             Self::Open { .. }
             | Self::Sql(_)
             | Self::Commit { .. }
@@ -93,10 +117,17 @@ impl StoreError {
         matches!(self, Self::Open { .. } | Self::Sql(sql::Error::Postgres(_)))
     }
 
+    /// Whether a lock wait outlasted the connection's `lock_timeout` (PostgreSQL's SQLSTATE
+    /// 55P03): another host held the rows the operation needed.
+    pub fn is_lock_timeout(&self) -> bool {
+        matches!(self, Self::Sql(sql::Error::Postgres(m)) if m.contains("SQLSTATE 55P03"))
+    }
+
     /// The error's kind, as the result of a tool call it stopped carries it.
     pub fn failure(&self) -> crate::failure::FailureKind {
         use crate::failure::FailureKind;
         match self {
+            e if e.is_lock_timeout() => FailureKind::Conflict,
             Self::NotFound(_) => FailureKind::NotFound,
             Self::Conflict(_) => FailureKind::Conflict,
             Self::Input(_) => FailureKind::Input,
@@ -140,7 +171,7 @@ impl Location {
 pub fn connect(location: &Location) -> Result<sql::Connection, StoreError> {
     match location {
         Location::Sqlite { path, sync } => open_with(path, *sync),
-        Location::Postgres { url } => postgres::open(&sql::pg::config(url)?, url),
+        Location::Postgres { url } => postgres::open(&postgres::config(url)?, url),
     }
 }
 

@@ -110,8 +110,8 @@ impl Db {
 
     /// Connects to the PostgreSQL database at `url` (migrating it) and starts the writer.
     pub fn open_postgres(url: &str) -> Result<Self, StoreError> {
-        let config = crate::sql::pg::config(url)?;
-        let conn = super::postgres::open(&config, url)?;
+        let config = super::postgres::config(url)?;
+        let conn = super::postgres::open(&writer_config(&config), url)?;
         Self::start(conn, Source::Postgres(Box::new(config)))
     }
 
@@ -148,7 +148,7 @@ impl Db {
                 .spawn(move || run(conn, rx, &counters, &added, &commits)),
             Source::Postgres(config) => {
                 super::listen::start((**config).clone(), commits.clone(), stats.clone())?;
-                let config = config.clone();
+                let config = writer_config(config);
                 std::thread::Builder::new()
                     .name("keel-db-writer".into())
                     .spawn(move || run_postgres(conn, &config, rx, &counters, &commits))
@@ -186,7 +186,7 @@ impl Db {
     pub async fn read<R, F>(&self, op: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
-        F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+        F: FnMut(&Connection) -> Result<R, StoreError> + Send + 'static,
     {
         let db = self.clone();
         tokio::task::spawn_blocking(move || db.read_blocking(op))
@@ -201,41 +201,60 @@ impl Db {
     /// such a read is one round trip to the server, waited for here as well.
     pub async fn read_inline<R, F>(&self, op: F) -> Result<R, StoreError>
     where
-        F: FnOnce(&Connection) -> Result<R, StoreError>,
+        F: FnMut(&Connection) -> Result<R, StoreError>,
     {
         self.read_blocking(op)
     }
 
-    /// Like [`read`](Self::read), on the calling (non-async) thread.
-    pub fn read_blocking<R, F>(&self, op: F) -> Result<R, StoreError>
+    /// Like [`read`](Self::read), on the calling (non-async) thread. A pooled PostgreSQL
+    /// connection that turns out lost when read on (the server restarted since, and the
+    /// connection had not yet noticed) is dropped and the read made again once, on a new one:
+    /// a restart costs no caller an error.
+    pub fn read_blocking<R, F>(&self, mut op: F) -> Result<R, StoreError>
     where
-        F: FnOnce(&Connection) -> Result<R, StoreError>,
+        F: FnMut(&Connection) -> Result<R, StoreError>,
     {
         let mut pooled = self.readers.lock().ok().and_then(|mut p| p.pop());
         // A PostgreSQL connection lost since it was pooled (the server restarted) is dropped.
         if pooled.as_ref().and_then(|c| c.pg()).is_some_and(|c| c.is_closed()) {
             pooled = None;
         }
-        let conn = match pooled {
-            Some(c) => c,
-            None => match &*self.source {
-                Source::Sqlite(path) => {
-                    let c = rusqlite::Connection::open_with_flags(
-                        path,
-                        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
-                            | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-                    )?;
-                    c.busy_timeout(super::BUSY_TIMEOUT)?;
-                    super::tune(&c)?;
-                    Connection::from(c)
-                }
-                Source::Postgres(config) => {
-                    Connection::postgres(crate::sql::pg::PgConn::connect(config)?)
-                }
-            },
-        };
-        let result = snapshot(&conn, op);
+        if let Some(conn) = pooled {
+            let result = snapshot(&conn, &mut op);
+            self.stats.reads.fetch_add(1, Ordering::Relaxed);
+            if !(result.is_err() && conn.pg().is_some_and(|c| c.is_closed())) {
+                self.give_back(conn);
+                return result;
+            }
+        }
+        let conn = self.connect_reader()?;
+        let result = snapshot(&conn, &mut op);
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        self.give_back(conn);
+        result
+    }
+
+    /// A new read-only connection to the store.
+    fn connect_reader(&self) -> Result<Connection, StoreError> {
+        Ok(match &*self.source {
+            Source::Sqlite(path) => {
+                let c = rusqlite::Connection::open_with_flags(
+                    path,
+                    rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+                        | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )?;
+                c.busy_timeout(super::BUSY_TIMEOUT)?;
+                super::tune(&c)?;
+                Connection::from(c)
+            }
+            Source::Postgres(config) => {
+                Connection::postgres(crate::sql::pg::PgConn::connect(config)?)
+            }
+        })
+    }
+
+    /// Pools `conn` again, unless the pool is full or the connection is lost or mid-transaction.
+    fn give_back(&self, conn: Connection) {
         if let Ok(mut p) = self.readers.lock()
             && p.len() < MAX_READERS
             && conn.is_autocommit()
@@ -243,7 +262,6 @@ impl Db {
         {
             p.push(conn);
         }
-        result
     }
 
     pub fn stats(&self) -> &DbStats {
@@ -381,6 +399,17 @@ fn run(
             commits.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
+}
+
+/// The writer's connection settings: the store's, under a name of its own (`keel-writer`,
+/// unless the URL named its connections) that tells it apart from the readers in
+/// `pg_stat_activity`.
+fn writer_config(config: &tokio_postgres::Config) -> tokio_postgres::Config {
+    let mut config = config.clone();
+    if config.get_application_name() == Some("keel") {
+        config.application_name("keel-writer");
+    }
+    config
 }
 
 /// The writer of a PostgreSQL store: each operation in a transaction of its own (the server

@@ -186,6 +186,23 @@ impl ToolService {
         Ok((prepared, Some(source)))
     }
 
+    /// [`prepared`](Self::prepared), from an async task: a component not in memory yet is
+    /// loaded — perhaps compiled, seconds of CPU — with this worker's other tasks handed to
+    /// another thread first, so a runner's lease heartbeats and the other sessions' turns go
+    /// on meanwhile.
+    fn prepared_aside(&self, digest: &str) -> Result<Arc<Prepared>, ToolServiceError> {
+        if let Some(p) = self.prepared.lock().unwrap_or_else(PoisonError::into_inner).get(digest) {
+            return Ok(p.clone());
+        }
+        let load = || self.prepared(digest).map(|(p, _)| p);
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(load)
+            }
+            _ => load(),
+        }
+    }
+
     /// The loaded tools as the model sees them, from the current catalog
     /// ([`Catalog::tools_json`](super::Catalog::tools_json)). `None` when no loaded tool is installed, or when the catalog
     /// cannot be read (no tools rather than stale ones).
@@ -349,7 +366,7 @@ impl ToolService {
             }
         };
         let run = match &resolved.source {
-            ToolSource::Component => Run::Component(self.prepared(&resolved.digest)?.0),
+            ToolSource::Component => Run::Component(self.prepared_aside(&resolved.digest)?),
             ToolSource::Host(host) => Run::Host(host.clone()),
         };
         let fs = FsPolicy {
