@@ -284,7 +284,12 @@ fn main() -> ExitCode {
             return ExitCode::from(commands::EXIT_SETUP);
         }
     };
+    // A one-shot command is one trace: its span is the root of everything it does (the task
+    // understanding, the turn, its model and tool calls). The long-lived front-ends (`serve`,
+    // `mcp serve`, `chat`) start a trace per request or input instead.
+    let root = |name: &'static str| tracing::info_span!("command", otel.name = name);
     let code = runtime.block_on(async {
+        use tracing::Instrument;
         match cli.command {
             Command::Tool(cmd) => commands::tool::execute(home, cmd).await,
             Command::Mcp(cmd) => commands::mcp::execute(home, cmd).await,
@@ -300,20 +305,30 @@ fn main() -> ExitCode {
             Command::Trust(cmd) => commands::signing::trust(&home, cmd).await,
             Command::Skill(cmd) => commands::skill::execute(home, cmd).await,
             Command::Memory(cmd) => commands::skill::memory(home, cmd).await,
-            Command::Run(args) => commands::run::execute(home, *args).await,
+            Command::Run(args) => {
+                commands::run::execute(home, *args).instrument(root("keel run")).await
+            }
             Command::Chat(args) => commands::chat::execute(home, *args).await,
-            Command::Session(cmd) => commands::session::execute(home, cmd).await,
-            Command::Workgroup(cmd) => commands::workgroup::execute(home, cmd).await,
+            Command::Session(cmd) => {
+                commands::session::execute(home, cmd).instrument(root("keel session")).await
+            }
+            Command::Workgroup(cmd) => {
+                commands::workgroup::execute(home, cmd).instrument(root("keel workgroup")).await
+            }
             Command::Approvals(args) => commands::approval::list(home, args).await,
             Command::Approve(args) => {
                 commands::approval::decide(home, args, keel::protocol::sessions::Decision::Approve)
+                    .instrument(root("keel approve"))
                     .await
             }
             Command::Reject(args) => {
                 commands::approval::decide(home, args, keel::protocol::sessions::Decision::Reject)
+                    .instrument(root("keel reject"))
                     .await
             }
-            Command::Recover(args) => commands::approval::recover(home, args).await,
+            Command::Recover(args) => {
+                commands::approval::recover(home, args).instrument(root("keel recover")).await
+            }
         }
     });
     // The runtime's tasks end first; then the last spans are sent.

@@ -617,3 +617,46 @@ async fn serve_stopped_by_sigterm_exports_its_last_spans() {
     );
     assert!(sink.bytes.load(std::sync::atomic::Ordering::Relaxed) > 0);
 }
+
+/// One input is one trace: `keel run` with OTLP export on sends its task understanding (the
+/// `understand` span and its model call), its turn and the turn's model call under one root,
+/// the command's own span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "telemetry tier: needs python3 with venv (opentelemetry-proto from PyPI)"]
+async fn telemetry_keel_run_is_one_trace_from_understanding_to_answer() {
+    let receiver = Receiver::start();
+    let model = MockModel::start(vec![Reply::text("an answer")]).await;
+    model.push_understanding(vec![Reply::understanding("establish_task", &[], &[], &[])]);
+    let home = tempfile::tempdir().unwrap();
+    let (url, home_dir) = (model.url(), home.path().to_path_buf());
+    let base = receiver.base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+            .arg("--home")
+            .arg(&home_dir)
+            .args(["run", "say something", "--new-session", "one", "--model", "m"])
+            .args(["--model-url", &url])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", &base)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(model.understanding_requests().len(), 1, "the input was understood");
+    // The root ends last: once it is in, the process sent everything.
+    let spans = receiver
+        .wait_for(Duration::from_secs(30), |spans| spans.iter().any(|s| s["name"] == "keel run"));
+    let traces: std::collections::BTreeSet<&str> =
+        spans.iter().map(|s| s["trace_id"].as_str().unwrap()).collect();
+    let names: Vec<&str> = spans.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(traces.len(), 1, "one trace, not {}: {names:?}", traces.len());
+    let roots: Vec<&Value> =
+        spans.iter().filter(|s| s["parent_span_id"].as_str().is_none_or(str::is_empty)).collect();
+    assert_eq!(roots.len(), 1, "one root: {roots:#?}");
+    assert_eq!(roots[0]["name"], "keel run", "{roots:#?}");
+    for name in ["understand", "turn"] {
+        assert!(names.contains(&name), "{name} in {names:?}");
+    }
+    assert!(names.iter().filter(|n| n.starts_with("chat")).count() >= 2, "{names:?}");
+}

@@ -110,7 +110,10 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// An OpenAI-compatible client.
 #[derive(Clone)]
 pub struct ModelClient {
-    http: reqwest::Client,
+    /// Built at the first request, not before: building it reads the system's trust store
+    /// (some 150 files), which a process that never calls a model — `keel tool list`, most
+    /// of the CLI — should not pay for.
+    http: std::sync::Arc<std::sync::OnceLock<Result<reqwest::Client, String>>>,
     api_key: Option<String>,
     /// The last endpoint parsed, by base URL: parsing one (with its host's IDNA mapping) was a
     /// few percent of a busy host's CPU, and a host almost always talks to one endpoint.
@@ -136,13 +139,26 @@ pub type OnText<'a> = &'a (dyn Fn(Streamed<'_>) + Send + Sync);
 impl ModelClient {
     /// A client using `api_key` (if any) as a bearer token.
     pub fn new(api_key: Option<String>) -> Result<Self, ModelError> {
-        crate::tls::init();
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(USER_AGENT)
-            .build()
-            .map_err(|e| ModelError::Transport(e.to_string()))?;
-        Ok(Self { http, api_key: api_key.filter(|k| !k.is_empty()), endpoint: Default::default() })
+        Ok(Self {
+            http: Default::default(),
+            api_key: api_key.filter(|k| !k.is_empty()),
+            endpoint: Default::default(),
+        })
+    }
+
+    /// The HTTP client, built at its first use.
+    fn http(&self) -> Result<&reqwest::Client, ModelError> {
+        self.http
+            .get_or_init(|| {
+                crate::tls::init();
+                reqwest::Client::builder()
+                    .redirect(reqwest::redirect::Policy::none())
+                    .user_agent(USER_AGENT)
+                    .build()
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| ModelError::Transport(e.clone()))
     }
 
     /// The key from `KEEL_API_KEY`, else `OPENAI_API_KEY`.
@@ -322,7 +338,7 @@ impl ModelClient {
         let silent =
             |waiting| move |_| ModelError::Timeout { waiting, limit_ms: config.timeout_ms };
         let mut req = self
-            .http
+            .http()?
             .post(self.endpoint(config)?)
             .header("content-type", "application/json")
             .body(body.clone());

@@ -57,7 +57,10 @@ impl ModelClient {
 
     /// `GET url` (with the key), its JSON body; an error says what went wrong, in words.
     async fn get_json(&self, url: &str) -> Result<serde_json::Value, String> {
-        let mut req = self.http.get(url);
+        let mut req = match self.http() {
+            Ok(http) => http.get(url),
+            Err(e) => return Err(format!("GET {url}: {e}")),
+        };
         if let Some(key) = &self.api_key {
             req = req.bearer_auth(key);
         }
