@@ -23,13 +23,20 @@ fn main() {
     }
     let dir = guests::cargo_build_guests(&args);
     let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap_or_default());
-    let mut code =
-        String::from("/// First-party tool components embedded in the binary: (name, bytes).\n");
-    code.push_str("pub const BUILTIN_COMPONENTS: &[(&str, &[u8])] = &[\n");
+    let mut code = String::from(
+        "/// First-party tool components embedded in the binary: (name, bytes, SHA-256 of the\n\
+         /// bytes in hex — computed here, so no process hashes megabytes at its start).\n",
+    );
+    code.push_str("pub const BUILTIN_COMPONENTS: &[(&str, &[u8], &str)] = &[\n");
     for (name, _, file) in PLUGINS {
+        use sha2::Digest;
         let path = dir.join(file);
+        let bytes =
+            std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        let digest: String =
+            sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
         code.push_str(&format!(
-            "    ({name:?}, include_bytes!({:?})),\n",
+            "    ({name:?}, include_bytes!({:?}), {digest:?}),\n",
             path.display().to_string()
         ));
         println!("cargo:rerun-if-changed={}", root.join("plugins").join(name).display());

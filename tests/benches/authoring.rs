@@ -35,9 +35,9 @@ fn ms(d: Duration) -> f64 {
 
 fn main() {
     let iters = env_usize("KEEL_BENCH_ITERS", 200);
-    let (_, fs) = keel::builtin::BUILTIN_COMPONENTS
+    let (_, fs, _) = keel::builtin::BUILTIN_COMPONENTS
         .iter()
-        .find(|(name, _)| *name == "fs")
+        .find(|(name, _, _)| *name == "fs")
         .expect("the fs component is built in");
     println!(
         "keel authoring benchmark (median of {iters} runs; fs component, {} KiB)",

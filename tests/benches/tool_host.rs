@@ -60,7 +60,7 @@ fn main() {
     println!();
 
     // Compile time of the first-party components.
-    for (name, bytes) in keel::builtin::BUILTIN_COMPONENTS {
+    for (name, bytes, _) in keel::builtin::BUILTIN_COMPONENTS {
         let samples: Vec<Duration> = (0..5)
             .map(|_| {
                 let t = Instant::now();

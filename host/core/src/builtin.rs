@@ -16,3 +16,14 @@ pub const ALWAYS_LOADED: &[&str] = &[
     "memory_write",
     "memory_find",
 ];
+
+#[cfg(test)]
+mod tests {
+    /// The digests the build script wrote are those of the bytes embedded.
+    #[test]
+    fn each_digest_is_that_of_its_bytes() {
+        for (name, bytes, digest) in super::BUILTIN_COMPONENTS {
+            assert_eq!(crate::sandbox::sha256_hex(bytes), *digest, "{name}");
+        }
+    }
+}

@@ -584,7 +584,7 @@ impl ToolService {
             return Err(ToolServiceError::InvalidComponentName { name: name.to_string() });
         }
         let builtin = mode == InstallMode::Builtin;
-        if !builtin && crate::builtin::BUILTIN_COMPONENTS.iter().any(|(n, _)| *n == name) {
+        if !builtin && crate::builtin::BUILTIN_COMPONENTS.iter().any(|(n, _, _)| *n == name) {
             return Err(ToolServiceError::Reserved { name: name.to_string() });
         }
         let existing = catalog::component(&self.db(), name)?;
@@ -724,7 +724,7 @@ impl ToolService {
     ) -> Result<super::CallOutcome, ToolServiceError> {
         // A first-party name is reserved here as at install: a file called `fs` is not keel's
         // `fs` (its trust, its name in records), unless it is those very bytes.
-        if crate::builtin::BUILTIN_COMPONENTS.iter().any(|(n, b)| *n == name && *b != bytes) {
+        if crate::builtin::BUILTIN_COMPONENTS.iter().any(|(n, b, _)| *n == name && *b != bytes) {
             return Err(ToolServiceError::ReservedFile { name: name.to_string() });
         }
         let checked = self.check_component(bytes, name).await?;

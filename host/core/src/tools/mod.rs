@@ -94,7 +94,7 @@ impl ToolService {
         let admin = crate::config::read(&home)?.tools.unwrap_or_default().control_trusted;
         let builtin: Vec<(&str, &[u8], String)> = crate::builtin::BUILTIN_COMPONENTS
             .iter()
-            .map(|(name, bytes)| (*name, *bytes, crate::sandbox::sha256_hex(bytes)))
+            .map(|(name, bytes, digest)| (*name, *bytes, (*digest).to_string()))
             .collect();
         let control_trusted = builtin
             .iter()
