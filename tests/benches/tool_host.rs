@@ -3,8 +3,9 @@
 //! `cargo bench -p keel-tests --bench tool_host` (or `cargo bench` at the root). Measures, in one
 //! run: compile time of a component; cached load time; latency p50/p99 of one call (fresh
 //! store + instantiate + invoke + drop) for a trivial tool and a small file read, at the sandbox
-//! and through the whole ToolService chain; throughput on 2 threads; and the baseline of
-//! spawning a native process (`/bin/cat`) per call, printed as a ratio.
+//! and through the whole ToolService chain; throughput on 2 threads; and two baselines printed
+//! as ratios: the same component called with plain wasmtime-wasi (no keel), and spawning a
+//! native process (`/bin/cat`) per call.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::sync::Arc;
@@ -172,6 +173,20 @@ fn main() {
     let input = r#"{"path":"/w/small.txt"}"#;
     let governed = governed_call("fs_read_file", input, &grants);
     row("ToolService call: fs_read_file (governed chain)", &governed);
+    // Baseline: the same `fs` component instantiated and called with plain wasmtime and
+    // wasmtime-wasi — the directory preopened, a fresh store per call, no keel.
+    let (_, fs_bytes, _) =
+        keel::builtin::BUILTIN_COMPONENTS.iter().find(|(n, _, _)| *n == "fs").unwrap();
+    let plain = bare_calls(&rt, fs_bytes, ws.path(), "fs_read_file", input, iters, false);
+    row("bare wasmtime-wasi call: fs_read_file, default engine", &plain);
+    let bare = bare_calls(&rt, fs_bytes, ws.path(), "fs_read_file", input, iters, true);
+    row("bare wasmtime-wasi call: fs_read_file, pooling engine", &bare);
+    println!(
+        "ratio: governed p50 / bare (pooling) p50 = {:.2}x (target <= 2x); sandbox p50 / bare p50 = {:.2}x; governed p50 / sandbox p50 = {:.2}x",
+        governed.p50.as_secs_f64() / bare.p50.as_secs_f64(),
+        read.p50.as_secs_f64() / bare.p50.as_secs_f64(),
+        governed.p50.as_secs_f64() / read.p50.as_secs_f64()
+    );
     // What the host's trust boundaries add to each call: opening the grant by its identity
     // (a walk of its path without following links, then device and inode compared), and
     // redacting the output of a call with a granted secret (whole values and cut-off starts).
@@ -347,4 +362,72 @@ fn main() {
         let secs = started.elapsed().as_secs_f64();
         println!("{label:<52} {:>9.0} calls/s", (per_task * 8) as f64 / secs);
     }
+}
+
+/// `tool` of the component `bytes` called `iters` times with plain wasmtime and wasmtime-wasi:
+/// `dir` preopened read-only as `/w`, a fresh store and instance per call, called async on
+/// `rt` as keel calls (wasmtime-wasi's sync bindings would enter a runtime on every WASI
+/// call), on the default engine or (`pooling`) one with the pooling instance allocator, as
+/// keel's engine has.
+/// Nothing of keel runs: no fuel, no deadline, no limits, no grant, no journal.
+fn bare_calls(
+    rt: &tokio::runtime::Runtime,
+    bytes: &[u8],
+    dir: &std::path::Path,
+    tool: &str,
+    input: &str,
+    iters: usize,
+    pooling: bool,
+) -> Stats {
+    use wasmtime::component::{Component, Linker, ResourceTable, Val};
+    use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+    struct Bare {
+        ctx: WasiCtx,
+        table: ResourceTable,
+    }
+    impl WasiView for Bare {
+        fn ctx(&mut self) -> WasiCtxView<'_> {
+            WasiCtxView { ctx: &mut self.ctx, table: &mut self.table }
+        }
+    }
+    let mut config = wasmtime::Config::new();
+    if pooling {
+        let mut pool = wasmtime::PoolingAllocationConfig::default();
+        pool.total_component_instances(16)
+            .total_core_instances(64)
+            .total_memories(32)
+            .total_tables(64)
+            .max_memory_size(256 << 20);
+        config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+    }
+    let engine = wasmtime::Engine::new(&config).unwrap();
+    let component = Component::new(&engine, bytes).unwrap();
+    let mut linker = Linker::<Bare>::new(&engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker).unwrap();
+    let pre = linker.instantiate_pre(&component).unwrap();
+    let tools = component.get_export_index(None, keel::sandbox::TOOLS_INTERFACE).unwrap();
+    let invoke = component.get_export_index(Some(&tools), "invoke").unwrap();
+    let mut samples = Vec::with_capacity(iters);
+    for i in 0..iters + iters / 10 {
+        let t = Instant::now();
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.preopened_dir(dir, "/w", FsPerms::ReadOnly).unwrap();
+        let state = Bare { ctx: wasi.build(), table: ResourceTable::new() };
+        let mut store = wasmtime::Store::new(&engine, state);
+        let mut out = [Val::Bool(false)];
+        rt.block_on(async {
+            let instance = pre.instantiate_async(&mut store).await.unwrap();
+            let f = instance.get_func(&mut store, invoke).unwrap();
+            let args = [Val::String(tool.into()), Val::String(input.into())];
+            f.call_async(&mut store, &args, &mut out).await.unwrap();
+        });
+        let ok = matches!(&out[0], Val::Result(Ok(_)));
+        drop(store);
+        let e = t.elapsed();
+        assert!(ok, "{tool}: {:?}", out[0]);
+        if i >= iters / 10 {
+            samples.push(e);
+        }
+    }
+    stats(samples)
 }
