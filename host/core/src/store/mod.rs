@@ -30,7 +30,7 @@ pub const LEASE_TTL: Duration = Duration::from_secs(15);
 /// frequent heartbeats (every third of the TTL) and of a paused process losing its sessions
 /// sooner. Read once per process; every host of one store should use the same value. The
 /// store bounds what one host may hold on a shared PostgreSQL database by it: an open
-/// transaction, a statement, a lock wait (see `postgres::bounds`).
+/// transaction, a statement, a lock wait (see `postgres::config`).
 pub fn lease_ttl() -> Duration {
     static TTL: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *TTL.get_or_init(|| {
@@ -111,10 +111,21 @@ impl StoreError {
     }
 
     /// Whether the database could not be reached or its connection was lost (a server that
-    /// restarted, a backend that was killed): the next operation connects again, so a
-    /// reader that waits and asks again may succeed.
+    /// restarted or is starting, a backend that was killed): the next operation connects
+    /// again, so a reader that waits and asks again may succeed. An error the server answered
+    /// with (a SQLSTATE) is not, unless its class says the connection went: `08` (connection
+    /// exception) or `57P01`–`57P03` (shut down, crashed, not yet accepting connections).
     pub fn is_unreachable(&self) -> bool {
-        matches!(self, Self::Open { .. } | Self::Sql(sql::Error::Postgres(_)))
+        match self {
+            Self::Open { .. } => true,
+            Self::Sql(sql::Error::Postgres(m)) => match m.split_once("(SQLSTATE ") {
+                None => true,
+                Some((_, code)) => {
+                    code.starts_with("08") || ["57P01", "57P02", "57P03"].iter().any(|c| code.starts_with(c))
+                }
+            },
+            _ => false,
+        }
     }
 
     /// Whether a lock wait outlasted the connection's `lock_timeout` (PostgreSQL's SQLSTATE
@@ -398,6 +409,27 @@ fn not_newer(found: i64, known: i64) -> Result<(), StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pg(m: &str) -> StoreError {
+        StoreError::Sql(sql::Error::Postgres(m.into()))
+    }
+
+    /// A lost or refused connection is waited out; an error the server answered is not,
+    /// unless it says the connection went; a lock timeout is a conflict.
+    #[test]
+    fn unreachable_and_lock_timeout_are_told_from_other_errors() {
+        assert!(pg("connection closed").is_unreachable());
+        assert!(pg("cannot connect to PostgreSQL: error connecting to server").is_unreachable());
+        let killed = "terminating connection due to administrator command (SQLSTATE 57P01)";
+        assert!(pg(killed).is_unreachable());
+        assert!(pg("the database system is starting up (SQLSTATE 57P03)").is_unreachable());
+        assert!(!pg("duplicate key value violates unique constraint (SQLSTATE 23505)").is_unreachable());
+        let timeout = pg("canceling statement due to lock timeout (SQLSTATE 55P03)");
+        assert!(!timeout.is_unreachable());
+        assert!(timeout.is_lock_timeout());
+        assert_eq!(timeout.kind(), "conflict");
+        assert_eq!(pg("connection closed").kind(), "store");
+    }
 
     #[test]
     fn migration_20_types_the_owners_of_sessions() {

@@ -166,8 +166,8 @@ impl ToolService {
         &self,
         digest: &str,
     ) -> Result<(Arc<Prepared>, Option<LoadSource>), ToolServiceError> {
-        if let Some(p) = self.prepared.lock().unwrap_or_else(PoisonError::into_inner).get(digest) {
-            return Ok((p.clone(), None));
+        if let Some(p) = self.in_memory(digest) {
+            return Ok((p, None));
         }
         let engine = self.sandbox.engine_hash()?.to_string();
         self.fetch_shared_file(digest)?;
@@ -186,13 +186,18 @@ impl ToolService {
         Ok((prepared, Some(source)))
     }
 
+    /// The component with `digest`, if this process has loaded it already.
+    fn in_memory(&self, digest: &str) -> Option<Arc<Prepared>> {
+        self.prepared.lock().unwrap_or_else(PoisonError::into_inner).get(digest).cloned()
+    }
+
     /// [`prepared`](Self::prepared), from an async task: a component not in memory yet is
     /// loaded — perhaps compiled, seconds of CPU — with this worker's other tasks handed to
     /// another thread first, so a runner's lease heartbeats and the other sessions' turns go
     /// on meanwhile.
     fn prepared_aside(&self, digest: &str) -> Result<Arc<Prepared>, ToolServiceError> {
-        if let Some(p) = self.prepared.lock().unwrap_or_else(PoisonError::into_inner).get(digest) {
-            return Ok(p.clone());
+        if let Some(p) = self.in_memory(digest) {
+            return Ok(p);
         }
         let load = || self.prepared(digest).map(|(p, _)| p);
         match tokio::runtime::Handle::try_current() {
