@@ -62,6 +62,11 @@ pub fn load_at(
     id: &str,
     counters: MetaCounters,
 ) -> Result<SessionMeta, StoreError> {
+    // Every owner's reads go to the server at once (one round trip on PostgreSQL).
+    session::prefetch_config_in(c, id)?;
+    crate::preparation::task::prefetch_task_in(c, id)?;
+    crate::preparation::prefetch_loaded_in(c, id)?;
+    crate::compaction::prefetch_current_in(c, id)?;
     Ok(SessionMeta {
         id: id.into(),
         config: session::config_in(c, id)?,

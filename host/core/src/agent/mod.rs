@@ -215,11 +215,14 @@ impl AgentService {
         events: &Events,
     ) -> Result<TurnOutcome, AgentError> {
         let started = std::time::Instant::now();
-        let out = match self.engine.config(id).await?.guards.map(LoopGuards::normalized) {
+        let outset = self.engine.outset(id).await?;
+        let out = match outset.config.guards.clone().map(LoopGuards::normalized) {
             Some(g) if g != self.guards => {
-                Self { guards: g, ..self.clone() }.run_turn_guarded(id, turn, cancel, events).await
+                Self { guards: g, ..self.clone() }
+                    .run_turn_guarded(id, turn, outset, cancel, events)
+                    .await
             }
-            _ => self.run_turn_guarded(id, turn, cancel, events).await,
+            _ => self.run_turn_guarded(id, turn, outset, cancel, events).await,
         };
         let outcome = match &out {
             Ok(o) => o.kind(),
@@ -235,11 +238,12 @@ impl AgentService {
         &self,
         id: &SessionId,
         turn: &TurnStart,
+        outset: crate::session::TurnOutset,
         cancel: &CancelToken,
         events: &Events,
     ) -> Result<TurnOutcome, AgentError> {
         let mut guard = GuardState { lease: turn.lease.clone(), ..GuardState::default() };
-        if let Some(open) = self.engine.load_open_step(id).await? {
+        if let Some(open) = outset.open_step {
             let meta = SessionMeta::read(&self.engine, id).await?;
             if !calls::can_progress(&meta, &open) {
                 let pending = open
@@ -279,7 +283,7 @@ impl AgentService {
             events(&Event::State(RuntimeState::Running));
         } else {
             // begin_turn committed `running`; a resumed turn shows it again now.
-            if self.engine.runtime(id).await?.state != RuntimeState::Running {
+            if outset.runtime.state != RuntimeState::Running {
                 self.engine.set_state(id, RuntimeState::Running, None).await?;
             }
             events(&Event::State(RuntimeState::Running));

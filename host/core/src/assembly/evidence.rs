@@ -42,7 +42,7 @@ pub fn record_evidence(
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
                  ?20, ?21)",
     )?
-    .execute(params![
+    .execute_pipelined(params![
         id,
         a.step,
         now_ms(),

@@ -602,6 +602,8 @@ pub fn assemble(
     if cached.created_at != counters.created_at {
         cached = Cached { created_at: counters.created_at, ..Cached::default() };
     }
+    const LAST: &str = "SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id=?1";
+    c.prefetch(LAST, [id])?;
     let parts = match cached.meta.take() {
         Some(m) if m.meta.runtime.meta_version == counters.meta_version => m,
         _ => {
@@ -616,9 +618,7 @@ pub fn assemble(
     let mut meta = parts.meta.clone();
     meta.apply(counters);
     let history_from = meta.runtime.context_start + 1;
-    let history_to: i64 = c
-        .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id=?1")?
-        .query_row([id], |r| r.get(0))?;
+    let history_to: i64 = c.prepare_cached(LAST)?.query_row([id], |r| r.get(0))?;
     let messages = CachedHistory::read(cached.history.take(), c, id, history_from, history_to)?;
     let own = parts.head.text.len()
         + parts.system.text.len()

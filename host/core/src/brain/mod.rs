@@ -237,9 +237,11 @@ impl Brain {
                 .read_inline({
                     let id = id.clone();
                     move |c| {
-                        let meta = crate::meta::load_in(c, &id)?;
-                        let runs = meta.runtime.active_turn.is_none()
-                            && !matches!(meta.runtime.state, RuntimeState::Interrupted);
+                        crate::session::prefetch_counters_in(c, &id)?;
+                        crate::session::prefetch_pending_inputs(c, &id)?;
+                        let runtime = crate::session::runtime_in(c, &id)?;
+                        let runs = runtime.active_turn.is_none()
+                            && !matches!(runtime.state, RuntimeState::Interrupted);
                         Ok(runs && crate::session::pending_inputs(c, &id)? > 0)
                     }
                 })
@@ -290,7 +292,7 @@ impl Brain {
                 let Some(token) = crate::session::take_in(c, &sid, &owner)? else {
                     return Ok((seq, None, None));
                 };
-                let under_way = crate::meta::load_in(c, &sid)?.runtime.active_turn.is_some();
+                let under_way = crate::session::runtime_in(c, &sid)?.active_turn.is_some();
                 let begun = if under_way { None } else { crate::session::begin_turn_in(c, &sid)? };
                 Ok((seq, Some(token), begun))
             })
@@ -339,21 +341,23 @@ impl Brain {
             let guard = RunnerTasks::start(self, id, cancel);
             let result = self.run_inbox(id, begun.take(), cancel, events).await;
             drop(guard);
-            match result {
-                Ok(Some(outcome)) => last = Some(outcome),
-                Ok(None) => {}
+            let lost = match result {
+                Ok(ran) => {
+                    last = ran.last.or(last);
+                    ran.lost
+                }
                 Err(e) => {
                     let _ = self.release(id, true).await;
                     return Err(e);
                 }
-            }
+            };
             // An interrupted or waiting turn releases the session: queued inputs wait for the
             // user (or the decision).
             let interrupted =
                 matches!(last, Some(TurnOutcome::Interrupted | TurnOutcome::WaitingApproval(_)));
             // A turn that ended idle released the lease in its last commit (unless inputs
             // waited): then there is nothing left to do here.
-            if !interrupted && !self.holds(id).await? {
+            if !interrupted && (lost || !self.holds(id).await?) {
                 return Ok(Some(Submitted::Ran(
                     last.unwrap_or(TurnOutcome::Answer(String::new())),
                 )));
@@ -373,7 +377,7 @@ impl Brain {
         begun: Option<TurnStart>,
         cancel: &CancelToken,
         events: &Events,
-    ) -> Result<Option<TurnOutcome>, AgentError> {
+    ) -> Result<InboxRun, AgentError> {
         let lease = Some(self.owner.clone());
         let mut last = None;
         // A turn already under way (it waited for an approval, or its process died) comes first.
@@ -393,7 +397,7 @@ impl Brain {
             // pass the compiler's type-depth limit.
             let outcome = Box::pin(self.agent.run_turn(id, &resume, cancel, events)).await?;
             if matches!(outcome, TurnOutcome::Interrupted | TurnOutcome::WaitingApproval(_)) {
-                return Ok(Some(outcome));
+                return Ok(InboxRun { last: Some(outcome), lost: false });
             }
             last = Some(outcome);
         }
@@ -402,7 +406,7 @@ impl Brain {
             // A turn's last commit may have released the lease: then another runner may hold
             // the session now, and this one must not start another turn.
             if last.is_some() && !self.holds(id).await? {
-                break;
+                return Ok(InboxRun { last, lost: true });
             }
             let turn = match next.take() {
                 Some(t) => t,
@@ -423,7 +427,7 @@ impl Brain {
                 break;
             }
         }
-        Ok(last)
+        Ok(InboxRun { last, lost: false })
     }
 
     /// Compacts session `id` on demand (`keel session compact`): takes its runner — refused
@@ -531,7 +535,7 @@ impl Brain {
                 // they wait for a person's next message, which takes the session again.
                 if !force
                     && crate::session::pending_inputs(c, &sid)? > 0
-                    && crate::meta::load_in(c, &sid)?.runtime.state
+                    && crate::session::runtime_in(c, &sid)?.state
                         != crate::session::RuntimeState::Interrupted
                 {
                     return Ok(false);
@@ -551,6 +555,13 @@ impl Brain {
         let (id, owner) = (id.clone(), self.owner.clone());
         self.db.run(move |c| lease::heartbeat_in(c, &id, &owner)).await
     }
+}
+
+/// What running a session's inbox came to: the last turn's outcome, and whether the runner
+/// found its lease gone after it (released by the turn's last commit).
+struct InboxRun {
+    last: Option<TurnOutcome>,
+    lost: bool,
 }
 
 /// The background work of a runner: lease renewal and interrupt watching. Stopped on drop.

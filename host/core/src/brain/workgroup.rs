@@ -64,7 +64,7 @@ impl Brain {
         let (sid, owner) = (id.clone(), self.owner.clone());
         self.db
             .run(move |c| {
-                let before = crate::meta::load_in(c, &sid)?.runtime.state;
+                let before = crate::session::runtime_in(c, &sid)?.state;
                 let why = match &reason {
                     Some(r) => format!("stopped: {r}"),
                     None => "interrupted by the user".to_string(),

@@ -409,6 +409,14 @@ pub struct CurrentCheckpoint {
     pub anchor: Option<(i64, String)>,
 }
 
+const CURRENT: &str = "SELECT seq, range_from, range_to, summary, anchor FROM checkpoints
+     WHERE session_id=?1 AND status='promoted' ORDER BY seq DESC LIMIT 1";
+
+/// Sends the first read of [`current_in`] ahead (see [`Connection::prefetch`]).
+pub(crate) fn prefetch_current_in(c: &Connection, id: &str) -> Result<(), StoreError> {
+    Ok(c.prefetch(CURRENT, [id])?)
+}
+
 /// The promoted checkpoint of session `id` that its context starts after, if any.
 pub(crate) fn current_in(
     c: &Connection,
@@ -416,10 +424,7 @@ pub(crate) fn current_in(
 ) -> Result<Option<CurrentCheckpoint>, StoreError> {
     type Row = ((i64, i64, i64), Option<String>, Option<i64>);
     let row: Option<Row> = c
-        .prepare_cached(
-            "SELECT seq, range_from, range_to, summary, anchor FROM checkpoints
-             WHERE session_id=?1 AND status='promoted' ORDER BY seq DESC LIMIT 1",
-        )?
+        .prepare_cached(CURRENT)?
         .query_row([id], |r| Ok(((r.get(0)?, r.get(1)?, r.get(2)?), r.get(3)?, r.get(4)?)))
         .optional()?;
     let Some(((seq, from, to), summary, anchor)) = row else { return Ok(None) };

@@ -67,13 +67,26 @@ pub struct LoadedCapabilities {
     pub tool_pins: std::collections::BTreeMap<String, String>,
 }
 
+const TOOLS: &str = "SELECT loaded_tools, tool_pins FROM session_config WHERE session_id=?1";
+const SKILLS: &str = "SELECT v.name, v.description, v.digest, substr(v.body, 1, ?2),
+        octet_length(v.body)
+     FROM session_capabilities s JOIN skill_versions v ON v.digest = s.digest
+     WHERE s.session_id=?1 AND s.kind='skill' ORDER BY v.name";
+
+/// Sends the reads of [`tools_in`] and [`skills_in`] ahead (see [`Connection::prefetch`]).
+pub(super) fn prefetch_loaded_in(c: &Connection, id: &str) -> Result<(), StoreError> {
+    c.prefetch(TOOLS, [id])?;
+    c.prefetch(SKILLS, params![id, crate::skills::BODY_SHOWN as i64])?;
+    Ok(())
+}
+
 /// The tools and their pins session `id` has loaded.
 pub(super) fn tools_in(
     c: &Connection,
     id: &str,
 ) -> Result<(Vec<String>, crate::tools::ToolPins), StoreError> {
     let (tools, pins): (String, String) = c
-        .prepare_cached("SELECT loaded_tools, tool_pins FROM session_config WHERE session_id=?1")?
+        .prepare_cached(TOOLS)?
         .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?
         .ok_or_else(|| crate::session::no_session(id))?;
@@ -357,12 +370,7 @@ pub fn of_session(c: &Connection, id: &str) -> Result<Vec<Capability>, StoreErro
 
 /// The skills session `id` has loaded, by name, at the versions it loaded.
 pub(crate) fn skills_in(c: &Connection, id: &str) -> Result<Vec<LoadedSkill>, StoreError> {
-    let mut stmt = c.prepare_cached(
-        "SELECT v.name, v.description, v.digest, substr(v.body, 1, ?2),
-                octet_length(v.body)
-         FROM session_capabilities s JOIN skill_versions v ON v.digest = s.digest
-         WHERE s.session_id=?1 AND s.kind='skill' ORDER BY v.name",
-    )?;
+    let mut stmt = c.prepare_cached(SKILLS)?;
     let rows = stmt.query_map(params![id, crate::skills::BODY_SHOWN as i64], |r| {
         let body: String = r.get(3)?;
         Ok(LoadedSkill {

@@ -269,6 +269,12 @@ pub(crate) fn call_evidence_in(
 
 /// What session `id` has loaded: its tools and skills, with what the latest orchestration's
 /// recall found.
+/// Sends the reads of [`loaded_in`] ahead (see [`Connection::prefetch`]).
+pub(crate) fn prefetch_loaded_in(c: &Connection, id: &str) -> Result<(), StoreError> {
+    capabilities::prefetch_loaded_in(c, id)?;
+    orchestration::prefetch_latest_in(c, id)
+}
+
 pub(crate) fn loaded_in(c: &Connection, id: &str) -> Result<LoadedCapabilities, StoreError> {
     let (loaded_tools, tool_pins) = capabilities::tools_in(c, id)?;
     let skills = capabilities::skills_in(c, id)?;

@@ -240,11 +240,16 @@ pub(crate) fn of_turn_in(
 
 /// The last orchestration of session `id` whose recall was recorded.
 pub(crate) fn latest_in(c: &Connection, id: &str) -> Result<Option<Orchestration>, StoreError> {
-    Ok(c.prepare_cached(&format!(
-        "{ORCHESTRATION} WHERE session_id=?1 ORDER BY turn DESC LIMIT 1"
-    ))?
-    .query_row([id], orchestration)
-    .optional()?)
+    Ok(c.prepare_cached(&latest_sql())?.query_row([id], orchestration).optional()?)
+}
+
+fn latest_sql() -> String {
+    format!("{ORCHESTRATION} WHERE session_id=?1 ORDER BY turn DESC LIMIT 1")
+}
+
+/// Sends the read of [`latest_in`] ahead (see [`Connection::prefetch`]).
+pub(crate) fn prefetch_latest_in(c: &Connection, id: &str) -> Result<(), StoreError> {
+    Ok(c.prefetch(&latest_sql(), [id])?)
 }
 
 /// Every orchestration of session `id`, oldest first.

@@ -27,12 +27,19 @@ impl TaskState {
     }
 }
 
+const GOALS: &str =
+    "SELECT session_goal, phase_goal, phase_turn FROM session_config WHERE session_id=?1";
+
+/// Sends the first read of [`task_in`] ahead (see [`Connection::prefetch`]); the plan's
+/// depends on it.
+pub(crate) fn prefetch_task_in(c: &Connection, id: &str) -> Result<(), StoreError> {
+    Ok(c.prefetch(GOALS, [id])?)
+}
+
 /// The task state of session `id`.
 pub(crate) fn task_in(c: &Connection, id: &str) -> Result<TaskState, StoreError> {
     let (session_goal, phase_goal, phase_turn) = c
-        .prepare_cached(
-            "SELECT session_goal, phase_goal, phase_turn FROM session_config WHERE session_id=?1",
-        )?
+        .prepare_cached(GOALS)?
         .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?
         .ok_or_else(|| no_session(id))?;

@@ -109,19 +109,19 @@ pub struct PendingUnderstanding {
 }
 
 fn recorded(c: &Connection, id: &str, turn: i64) -> Result<bool, StoreError> {
-    Ok(c.prepare_cached(
-        "SELECT EXISTS(SELECT 1 FROM task_transitions WHERE session_id=?1 AND turn=?2)",
-    )?
-    .query_row(params![id, turn], |r| r.get(0))?)
+    Ok(c.prepare_cached(RECORDED)?.query_row(params![id, turn], |r| r.get(0))?)
 }
+
+const RECORDED: &str =
+    "SELECT EXISTS(SELECT 1 FROM task_transitions WHERE session_id=?1 AND turn=?2)";
+const TURN_INPUT: &str = "SELECT body FROM messages WHERE session_id=?1 AND turn=?2 AND role='user'
+     ORDER BY seq LIMIT 1";
+const STEPS: &str = "SELECT steps FROM sessions WHERE id=?1";
 
 /// The input of turn `turn` (the content of its first user message).
 fn turn_input(c: &Connection, id: &str, turn: i64) -> Result<String, StoreError> {
     let body: Option<String> = c
-        .prepare_cached(
-            "SELECT body FROM messages WHERE session_id=?1 AND turn=?2 AND role='user'
-             ORDER BY seq LIMIT 1",
-        )?
+        .prepare_cached(TURN_INPUT)?
         .query_row(params![id, turn], |r| r.get(0))
         .optional()?;
     let body = body.ok_or_else(|| {
@@ -186,12 +186,20 @@ pub(crate) fn commit_in(
     understood: &Understood,
     recalled: Option<&crate::preparation::orchestration::RecallRecord>,
 ) -> Result<Option<Transition>, StoreError> {
+    // Every read before the first write goes to the server at once.
+    c.prefetch(RECORDED, params![id, turn])?;
+    crate::session::prefetch_preprocess_in(c, id)?;
+    crate::preparation::task::prefetch_task_in(c, id)?;
+    c.prefetch(TURN_INPUT, params![id, turn])?;
+    c.prefetch(STEPS, [id])?;
     if recorded(c, id, turn)? {
         return Ok(None);
     }
-    let config = crate::session::config_in(c, id)?;
+    let preprocess = crate::session::preprocess_on(c, id)?;
     let task = crate::preparation::task::task_in(c, id)?;
     let text = turn_input(c, id, turn)?;
+    // The step count, which nothing below changes.
+    let steps: i64 = c.prepare_cached(STEPS)?.query_row([id], |r| r.get(0))?;
     let relation = understood.understanding.as_ref().map(|u| u.task_relation);
     let mode = understood.mode(task.phase_goal.as_deref());
     let (session_goal, phase_goal) = match mode {
@@ -206,7 +214,7 @@ pub(crate) fn commit_in(
             "UPDATE session_config SET session_goal=?2, phase_goal=?3, phase_turn=?4
              WHERE session_id=?1",
         )?
-        .execute(params![id, session_goal, phase_goal, turn])?;
+        .execute_pipelined(params![id, session_goal, phase_goal, turn])?;
     }
     let terms = understood.terms();
     let (sha, bytes) = match &understood.request {
@@ -223,7 +231,7 @@ pub(crate) fn commit_in(
              phase_goal, terms, error, body_sha256, body_bytes, reply, duration_ms, attempts)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
     )?
-    .execute(params![
+    .execute_pipelined(params![
         id,
         turn,
         at_ms,
@@ -244,7 +252,7 @@ pub(crate) fn commit_in(
         id,
         &SessionEvent::TaskTransition { turn, relation, mode, error: understood.error.clone() },
     )?;
-    if prepares_capabilities(mode, config.preprocess.is_some()) {
+    if prepares_capabilities(mode, preprocess) {
         // Capability preparation: its recall (made before this commit) is recorded here; with
         // no candidates it is finished here too — otherwise the Orchestrator's call follows,
         // and its commit applies the environment.
@@ -267,8 +275,6 @@ pub(crate) fn commit_in(
                 },
             )?;
         }
-        let steps: i64 =
-            c.query_row("SELECT steps FROM sessions WHERE id=?1", [id], |r| r.get(0))?;
         events::append(c, id, &SessionEvent::ModelCallStarted { step: steps + 1, resumed: false })?;
     }
     Ok(Some(Transition {

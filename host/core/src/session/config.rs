@@ -47,13 +47,22 @@ impl SessionConfig {
     }
 }
 
+const CONFIG: &str = "SELECT policy, budget, model, system_prompt, guards, \"user\", owner, net, preprocess
+     FROM session_config WHERE session_id=?1";
+const GRANTS: &str =
+    "SELECT host, guest, access, dev, ino, within FROM session_grants WHERE session_id=?1 ORDER BY guest";
+
+/// Sends the reads of [`config_in`] ahead (see [`Connection::prefetch`]).
+pub(crate) fn prefetch_config_in(c: &Connection, id: &str) -> Result<(), StoreError> {
+    c.prefetch(CONFIG, [id])?;
+    c.prefetch(GRANTS, [id])?;
+    Ok(())
+}
+
 /// The configuration of session `id`.
 pub(crate) fn config_in(c: &Connection, id: &str) -> Result<SessionConfig, StoreError> {
     let ((policy, budget, model, system), (guards, user, owner, net, preprocess)) = c
-        .prepare_cached(
-            "SELECT policy, budget, model, system_prompt, guards, \"user\", owner, net, preprocess
-             FROM session_config WHERE session_id=?1",
-        )?
+        .prepare_cached(CONFIG)?
         .query_row([id], |r| {
             Ok((
                 (
@@ -275,9 +284,7 @@ pub(crate) fn set_title_in(c: &Connection, id: &str, title: Option<&str>) -> Res
 
 /// The directories granted to session `id`, by guest path.
 fn grants_in(c: &Connection, id: &str) -> Result<Vec<Grant>, StoreError> {
-    let mut stmt = c.prepare_cached(
-        "SELECT host, guest, access, dev, ino, within FROM session_grants WHERE session_id=?1 ORDER BY guest",
-    )?;
+    let mut stmt = c.prepare_cached(GRANTS)?;
     stmt.query_map([id], |r| {
         let (dev, ino) = (r.get::<_, Option<i64>>(3)?, r.get::<_, Option<i64>>(4)?);
         Ok((
@@ -300,9 +307,16 @@ fn grants_in(c: &Connection, id: &str) -> Result<Vec<Grant>, StoreError> {
     .collect()
 }
 
+const PREPROCESS: &str = "SELECT preprocess IS NOT NULL FROM session_config WHERE session_id=?1";
+
+/// Sends the read of [`preprocess_on`] ahead (see [`Connection::prefetch`]).
+pub(crate) fn prefetch_preprocess_in(c: &Connection, id: &str) -> Result<(), StoreError> {
+    Ok(c.prefetch(PREPROCESS, [id])?)
+}
+
 /// Whether session `id` has task understanding on (false for a session that does not exist).
 pub fn preprocess_on(c: &Connection, id: &str) -> Result<bool, StoreError> {
-    Ok(c.prepare_cached("SELECT preprocess IS NOT NULL FROM session_config WHERE session_id=?1")?
+    Ok(c.prepare_cached(PREPROCESS)?
         .query_row([id], |r| r.get(0))
         .optional()?
         .unwrap_or(false))

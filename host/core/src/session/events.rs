@@ -408,35 +408,32 @@ fn one_line(text: &str, max: usize) -> String {
     }
 }
 
-/// Appends `event` to session `id`'s events, in the caller's transaction; returns its
-/// sequence number.
+/// Appends `event` to session `id`'s events, in the caller's transaction.
 ///
 /// The event records the fencing token of the session's lease at the time (`fence`: never
 /// smaller than an earlier event's), and on PostgreSQL wakes the followers of the session
 /// (`NOTIFY keel_events`, delivered when the transaction commits; only a hint — they read the
 /// table by sequence number).
-pub fn append(c: &Connection, id: &str, event: &SessionEvent) -> Result<i64, StoreError> {
+pub fn append(c: &Connection, id: &str, event: &SessionEvent) -> Result<(), StoreError> {
     super::row::lock_in(c, id)?;
     let body = serde_json::to_string(event)
         .map_err(|e| StoreError::Corrupt(format!("an event cannot be encoded: {e}")))?;
     // Numbered after the last one, in the same statement (the session's row lock orders
-    // writers on PostgreSQL).
-    let seq: i64 = c
-        .prepare_cached(
-            "INSERT INTO session_events (session_id, seq, at_ms, kind, body, fence)
-             SELECT ?1, COALESCE(MAX(seq), 0) + 1, ?2, ?3, ?4,
-                    (SELECT fence FROM runner_leases WHERE session_id=?1)
-             FROM session_events WHERE session_id=?1
-             RETURNING seq",
-        )?
-        .query_row(params![id, now_ms(), event.kind(), body], |r| r.get(0))?;
+    // writers on PostgreSQL); sent without waiting for the server there.
+    c.prepare_cached(
+        "INSERT INTO session_events (session_id, seq, at_ms, kind, body, fence)
+         SELECT ?1, COALESCE(MAX(seq), 0) + 1, ?2, ?3, ?4,
+                (SELECT fence FROM runner_leases WHERE session_id=?1)
+         FROM session_events WHERE session_id=?1",
+    )?
+    .execute_pipelined(params![id, now_ms(), event.kind(), body])?;
     // One wake-up per session and transaction: followers read every event after their last.
     if c.backend() == crate::sql::Backend::Postgres
         && c.first_in_transaction(&format!("notify {id}"))
     {
-        c.prepare_cached("SELECT pg_notify('keel_events', ?1)")?.query_row([id], |_| Ok(()))?;
+        c.prepare_cached("SELECT pg_notify('keel_events', ?1)")?.execute_pipelined([id])?;
     }
-    Ok(seq)
+    Ok(())
 }
 
 /// Events of session `id` after sequence number `after`, oldest first, at most `limit`.

@@ -74,13 +74,18 @@ impl MetaCounters {
     }
 }
 
+const COUNTERS: &str = "SELECT meta_version, state, state_detail, context_start, steps, turns,
+            active_turn, created_at
+     FROM sessions WHERE id=?1";
+
+/// Sends the read of [`load_counters`] ahead (see [`Connection::prefetch`]).
+pub(crate) fn prefetch_counters_in(c: &Connection, id: &str) -> Result<(), StoreError> {
+    Ok(c.prefetch(COUNTERS, [id])?)
+}
+
 pub fn load_counters(c: &Connection, id: &str) -> Result<MetaCounters, StoreError> {
     let row = c
-        .prepare_cached(
-            "SELECT meta_version, state, state_detail, context_start, steps, turns, active_turn,
-                    created_at
-             FROM sessions WHERE id=?1",
-        )?
+        .prepare_cached(COUNTERS)?
         .query_row([id], |r| {
             Ok((
                 (r.get::<_, i64>(0)?, r.get::<_, i64>(7)?),
@@ -141,7 +146,7 @@ pub fn append_messages<'a>(
     let now = now_ms();
     for (role, body) in messages {
         seq += 1;
-        insert.execute(params![id, seq, turn, role, body, now])?;
+        insert.execute_pipelined(params![id, seq, turn, role, body, now])?;
     }
     Ok(seq)
 }
@@ -167,7 +172,20 @@ pub fn set_state_after(
     let before: (String, Option<String>, Option<i64>) = c
         .prepare_cached("SELECT state, state_detail, active_turn FROM sessions WHERE id=?1")?
         .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
-    if before.0 != state.as_str() || before.1.as_deref() != detail {
+    set_state_from(c, id, (&before.0, before.1.as_deref(), before.2), state, detail, step)
+}
+
+/// [`set_state_after`] where the caller has just read, in the same transaction, the session's
+/// state, its detail and its active turn: `before`.
+pub(crate) fn set_state_from(
+    c: &Connection,
+    id: &str,
+    before: (&str, Option<&str>, Option<i64>),
+    state: RuntimeState,
+    detail: Option<&str>,
+    step: Option<i64>,
+) -> Result<(), StoreError> {
+    if before.0 != state.as_str() || before.1 != detail {
         super::events::append(
             c,
             id,
@@ -182,7 +200,7 @@ pub fn set_state_after(
          active_turn=CASE WHEN ?4 THEN NULL ELSE active_turn END, steps=COALESCE(?5, steps)
          WHERE id=?1",
     )?
-    .execute(params![id, state.as_str(), detail, ends_turn, step])?;
+    .execute_pipelined(params![id, state.as_str(), detail, ends_turn, step])?;
     // This is the one place turns end and waits begin: the features that react to either
     // (a sub-session's workgroup) do so here, in the same transaction.
     let change =
@@ -206,8 +224,14 @@ pub(crate) fn unsettled_in(c: &Connection) -> Result<Vec<String>, StoreError> {
 
 /// How many inputs of session `id` wait in its inbox.
 pub fn pending_inputs(c: &Connection, id: &str) -> Result<i64, StoreError> {
-    Ok(c.prepare_cached("SELECT COUNT(*) FROM inbox WHERE session_id=?1 AND consumed_at IS NULL")?
-        .query_row([id], |r| r.get(0))?)
+    Ok(c.prepare_cached(PENDING)?.query_row([id], |r| r.get(0))?)
+}
+
+const PENDING: &str = "SELECT COUNT(*) FROM inbox WHERE session_id=?1 AND consumed_at IS NULL";
+
+/// Sends the read of [`pending_inputs`] ahead (see [`Connection::prefetch`]).
+pub(crate) fn prefetch_pending_inputs(c: &Connection, id: &str) -> Result<(), StoreError> {
+    Ok(c.prefetch(PENDING, [id])?)
 }
 
 pub fn put_journal(

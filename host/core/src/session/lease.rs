@@ -117,7 +117,7 @@ fn free_row_in(c: &Connection, id: &str) -> Result<(), StoreError> {
         "INSERT INTO runner_leases (session_id, owner, heartbeat_ms, fence)
          VALUES (?1, '', 0, 0) ON CONFLICT DO NOTHING",
     )?
-    .execute([id])?;
+    .execute_pipelined([id])?;
     Ok(())
 }
 
@@ -205,19 +205,24 @@ pub(crate) fn acquire_in(
     id: &str,
     owner: &str,
 ) -> Result<Option<Acquired>, StoreError> {
-    let now = db_now_in(c)?;
-    let current: Option<(String, i64)> = match c.backend() {
-        Backend::Sqlite => c
-            .prepare_cached("SELECT owner, heartbeat_ms FROM runner_leases WHERE session_id=?1")?
-            .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()?,
+    let (now, current): (i64, Option<(String, i64)>) = match c.backend() {
+        Backend::Sqlite => (
+            now_ms(),
+            c.prepare_cached("SELECT owner, heartbeat_ms FROM runner_leases WHERE session_id=?1")?
+                .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?,
+        ),
         Backend::Postgres => {
+            // The row exists after `free_row_in`; the server's clock is read with its lock.
             free_row_in(c, id)?;
-            c.prepare_cached(
-                "SELECT owner, heartbeat_ms FROM runner_leases WHERE session_id=?1 FOR UPDATE",
-            )?
-            .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()?
+            let (owner, beat, now) = c
+                .prepare_cached(
+                    "SELECT owner, heartbeat_ms,
+                            (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+                     FROM runner_leases WHERE session_id=?1 FOR UPDATE",
+                )?
+                .query_row([id], |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?)))?;
+            (now, Some((owner, beat)))
         }
     };
     let free = match &current {

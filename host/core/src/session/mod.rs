@@ -50,7 +50,7 @@ pub use crate::tools::ConsumedApproval;
 pub(crate) use approvals::approvals_of;
 pub use approvals::{ApprovalStatus, ApprovalUnit, DecideError, Decision};
 pub use config::{ModelChange, SessionConfig};
-pub(crate) use config::config_in;
+pub(crate) use config::{config_in, prefetch_config_in, prefetch_preprocess_in, preprocess_on};
 pub use create::{NewSession, new_id};
 pub(crate) use create::{checked_id, create_in};
 pub use direct::DIRECT_CALL_PREFIX;
@@ -60,8 +60,8 @@ pub use facts::{MetaCounters, Runtime, RuntimeState};
 pub use fork::{ForkSettings, HistoryCut, Origin};
 pub(crate) use fork::origin_in;
 pub(crate) use facts::{
-    journal_row, load_counters, lock_in, no_session, parse, pending_inputs, runtime_in, set_state,
-    set_state_after, unsettled_in,
+    journal_row, load_counters, lock_in, no_session, parse, pending_inputs, prefetch_counters_in,
+    prefetch_pending_inputs, runtime_in, set_state, set_state_after, unsettled_in,
 };
 pub use reactions::{Reactions, StateChange};
 pub use recover::RecoveredSession;
@@ -169,6 +169,14 @@ pub struct SessionEngine {
     db: Db,
     fences: Arc<lease::Fences>,
     extensions: Arc<extensions::Extensions>,
+}
+
+/// What a turn starts from ([`SessionEngine::outset`]).
+#[derive(Debug, Clone)]
+pub struct TurnOutset {
+    pub config: SessionConfig,
+    pub open_step: Option<OpenStep>,
+    pub runtime: Runtime,
 }
 
 impl SessionEngine {
@@ -345,6 +353,24 @@ impl SessionEngine {
     pub async fn runtime(&self, id: &SessionId) -> Result<Runtime, StoreError> {
         let id = id.clone();
         self.db.read_inline(move |c| facts::runtime_in(c, &id)).await
+    }
+
+    /// What a turn of `id` starts from, in one read: its configuration, its open step (one
+    /// whose calls were cut short), and its runtime.
+    pub async fn outset(&self, id: &SessionId) -> Result<TurnOutset, StoreError> {
+        let id = id.clone();
+        self.db
+            .read_inline(move |c| {
+                config::prefetch_config_in(c, &id)?;
+                steps::prefetch_open_step_in(c, &id)?;
+                facts::prefetch_counters_in(c, &id)?;
+                Ok(TurnOutset {
+                    config: config::config_in(c, &id)?,
+                    open_step: steps::load_open_step(c, &id)?,
+                    runtime: facts::runtime_in(c, &id)?,
+                })
+            })
+            .await
     }
 
     /// Records a decision on a pending approval unit (one conditional update: exactly one

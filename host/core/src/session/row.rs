@@ -1,7 +1,7 @@
 //! The session row's floor: its lock, the error for a missing session, and the reading of a
 //! stored JSON value. Every other file of the kernel stands on it.
 
-use crate::sql::{Connection, OptionalExtension};
+use crate::sql::Connection;
 use crate::store::StoreError;
 
 /// Locks session `id`'s row for the rest of the caller's transaction (PostgreSQL's
@@ -12,9 +12,9 @@ use crate::store::StoreError;
 pub(crate) fn lock_in(c: &Connection, id: &str) -> Result<(), StoreError> {
     if c.backend() == crate::sql::Backend::Postgres && c.first_in_transaction(&format!("lock {id}"))
     {
-        c.prepare_cached("SELECT 1 FROM sessions WHERE id=?1 FOR UPDATE")?
-            .query_row([id], |_| Ok(()))
-            .optional()?;
+        // Sent without waiting: the server takes the lock before it runs the statements sent
+        // after it, and a lock wait that times out fails the next one that waits.
+        c.prepare_cached("SELECT 1 FROM sessions WHERE id=?1 FOR UPDATE")?.execute_pipelined([id])?;
     }
     Ok(())
 }

@@ -66,10 +66,17 @@ pub struct WaitCommit {
     pub invalidate: Vec<UnitId>,
 }
 
+const OPEN_STEP: &str = "SELECT step, turn, assistant FROM open_steps WHERE session_id=?1";
+
+/// Sends the first read of [`load_open_step`] ahead (see [`Connection::prefetch`]).
+pub(crate) fn prefetch_open_step_in(c: &Connection, id: &str) -> Result<(), StoreError> {
+    Ok(c.prefetch(OPEN_STEP, [id])?)
+}
+
 /// The session's open step, if any.
 pub fn load_open_step(c: &Connection, id: &str) -> Result<Option<OpenStep>, StoreError> {
     let head: Option<(i64, i64, String)> = c
-        .prepare_cached("SELECT step, turn, assistant FROM open_steps WHERE session_id=?1")?
+        .prepare_cached(OPEN_STEP)?
         .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
     let Some((step, turn, assistant)) = head else { return Ok(None) };

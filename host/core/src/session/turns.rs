@@ -40,40 +40,43 @@ pub enum Again {
 /// a session's inbox is a notification.
 pub(crate) const REQUEST_KIND: &str = "request";
 
+const STATE: &str = "SELECT state FROM sessions WHERE id=?1";
+const NEXT_INPUT: &str = "SELECT i.seq, i.text, e.kind FROM inbox i
+     LEFT JOIN workgroup_events e ON e.id = i.event_id
+     WHERE i.session_id=?1 AND i.consumed_at IS NULL ORDER BY i.seq LIMIT 1";
+
 /// The turn start of [`SessionEngine::begin_turn`], for callers that compose it into a larger
 /// transaction (the Brain takes the input, the runner lease and the turn in one).
 pub(crate) fn begin_turn_in(c: &Connection, id: &str) -> Result<Option<TurnStart>, StoreError> {
     // An interrupted session takes no input until one is sent to it (which makes it
     // `preparing_context`): a stop that came before the turn began is not undone here.
-    let state: String = c
-        .prepare_cached("SELECT state FROM sessions WHERE id=?1")?
-        .query_row([id], |r| r.get(0))?;
+    // The reads before the first write go to the server at once.
+    c.prefetch(STATE, [id])?;
+    c.prefetch(NEXT_INPUT, [id])?;
+    super::config::prefetch_preprocess_in(c, id)?;
+    let state: String = c.prepare_cached(STATE)?.query_row([id], |r| r.get(0))?;
     if state == RuntimeState::Interrupted.as_str() {
         return Ok(None);
     }
     let next: Option<(i64, String, Option<String>)> = c
-        .query_row(
-            "SELECT i.seq, i.text, e.kind FROM inbox i LEFT JOIN workgroup_events e ON e.id = i.event_id
-             WHERE i.session_id=?1 AND i.consumed_at IS NULL ORDER BY i.seq LIMIT 1",
-            [id],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
+        .prepare_cached(NEXT_INPUT)?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
     let Some((seq, text, event_kind)) = next else { return Ok(None) };
     // A notification from another session of the workgroup is not a task: it bypasses task
     // understanding, as a main session's every input does (the main has none configured).
     let notification = event_kind.is_some_and(|k| k != REQUEST_KIND);
-    c.execute(
-        "UPDATE inbox SET consumed_at=?3 WHERE session_id=?1 AND seq=?2",
-        params![id, seq, now_ms()],
-    )?;
-    c.execute(
-        "UPDATE sessions SET turns=turns+1, interrupt_requested=0, state='running',
-         state_detail=NULL, meta_version=meta_version+1 WHERE id=?1",
-        [id],
-    )?;
-    let turn: i64 = c.query_row("SELECT turns FROM sessions WHERE id=?1", [id], |r| r.get(0))?;
-    c.execute("UPDATE sessions SET active_turn=?2 WHERE id=?1", params![id, turn])?;
+    let understand = !notification && super::config::preprocess_on(c, id)?;
+    c.prepare_cached("UPDATE inbox SET consumed_at=?3 WHERE session_id=?1 AND seq=?2")?
+        .execute_pipelined(params![id, seq, now_ms()])?;
+    // The right-hand sides read the row as it was: the new turn is `turns + 1`.
+    let turn: i64 = c
+        .prepare_cached(
+            "UPDATE sessions SET turns=turns+1, active_turn=turns+1, interrupt_requested=0,
+             state='running', state_detail=NULL, meta_version=meta_version+1 WHERE id=?1
+             RETURNING turns",
+        )?
+        .query_row([id], |r| r.get(0))?;
     let body = serde_json::json!({"role": "user", "content": text}).to_string();
     facts::append_message(c, id, turn, "user", &body)?;
     for e in [
@@ -84,7 +87,6 @@ pub(crate) fn begin_turn_in(c: &Connection, id: &str) -> Result<Option<TurnStart
     }
     // With task understanding on, the runner makes the call and commits the transition
     // next; without it, the transition (the fixed table on no answer) commits here.
-    let understand = !notification && super::config::preprocess_on(c, id)?;
     if understand {
         events::append(c, id, &SessionEvent::UnderstandingStarted { turn, resumed: false })?;
     }
@@ -123,21 +125,23 @@ fn inbox_in(
         return Err(StoreError::Input("an input must say something: this one is empty".into()));
     }
     crate::session::facts::lock_in(c, id)?;
+    const NEXT_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) + 1 FROM inbox WHERE session_id=?1";
+    facts::prefetch_counters_in(c, id)?;
+    c.prefetch(NEXT_SEQ, [id])?;
     let runtime = crate::session::facts::runtime_in(c, id)?;
-    let seq: i64 = c
-        .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM inbox WHERE session_id=?1")?
-        .query_row([id], |r| r.get(0))?;
+    let seq: i64 = c.prepare_cached(NEXT_SEQ)?.query_row([id], |r| r.get(0))?;
     c.prepare_cached(
         "INSERT INTO inbox (session_id, seq, text, created_at, event_id) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
-    .execute(params![id, seq, text, now_ms(), event])?;
+    .execute_pipelined(params![id, seq, text, now_ms(), event])?;
     events::append(c, id, &SessionEvent::InputAccepted { inbox_seq: seq, text: text.to_string() })?;
     // A compaction in progress keeps its state; the input is taken after it.
     if runtime.active_turn.is_none()
         && !matches!(runtime.state, RuntimeState::Running | RuntimeState::Compressing)
         && (wakes_interrupted || runtime.state != RuntimeState::Interrupted)
     {
-        facts::set_state(c, id, RuntimeState::PreparingContext, None)?;
+        let before = (runtime.state.as_str(), runtime.state_detail.as_deref(), runtime.active_turn);
+        facts::set_state_from(c, id, before, RuntimeState::PreparingContext, None, None)?;
     }
     Ok(seq)
 }

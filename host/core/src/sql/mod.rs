@@ -55,6 +55,58 @@ impl SqlRef<'_> {
     }
 }
 
+/// A value as a statement takes or a row gives it, owned.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SqlValue {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+impl SqlValue {
+    pub fn as_ref(&self) -> SqlRef<'_> {
+        match self {
+            Self::Null => SqlRef::Null,
+            Self::Int(i) => SqlRef::Int(*i),
+            Self::Real(f) => SqlRef::Real(*f),
+            Self::Text(s) => SqlRef::Text(s),
+            Self::Blob(b) => SqlRef::Blob(b),
+        }
+    }
+
+    /// Whether this is `v` (a real number: the same bits).
+    pub fn is(&self, v: &SqlRef<'_>) -> bool {
+        match (self, v) {
+            (Self::Null, SqlRef::Null) => true,
+            (Self::Int(a), SqlRef::Int(b)) => a == b,
+            (Self::Real(a), SqlRef::Real(b)) => a.to_bits() == b.to_bits(),
+            (Self::Text(a), SqlRef::Text(b)) => a == b,
+            (Self::Blob(a), SqlRef::Blob(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl From<SqlRef<'_>> for SqlValue {
+    fn from(v: SqlRef<'_>) -> Self {
+        match v {
+            SqlRef::Null => Self::Null,
+            SqlRef::Int(i) => Self::Int(i),
+            SqlRef::Real(f) => Self::Real(f),
+            SqlRef::Text(s) => Self::Text(s.to_string()),
+            SqlRef::Blob(b) => Self::Blob(b.to_vec()),
+        }
+    }
+}
+
+impl FromSql for SqlValue {
+    fn column_result(v: SqlRef<'_>) -> FromSqlResult<Self> {
+        Ok(v.into())
+    }
+}
+
 /// Errors of a statement.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -376,6 +428,17 @@ impl Connection {
         self.prepare(sql)?.query_row(params, f)
     }
 
+    /// Sends query `sql` ahead, for a statement of the open transaction to read later with
+    /// the same parameters: on PostgreSQL the queries sent ahead cost one round trip between
+    /// them, at the first read of one. A hint only — a read that finds nothing sent ahead asks
+    /// the server as always; SQLite, in process, has no round trip to save and ignores it.
+    pub fn prefetch<P: Params>(&self, sql: &str, params: P) -> Result<()> {
+        match &self.inner {
+            Inner::Sqlite(_) => Ok(()),
+            Inner::Postgres(c) => c.prefetch(&c.prepare(sql)?, &params.values()),
+        }
+    }
+
     /// Runs statements separated by `;`, without parameters.
     pub fn execute_batch(&self, sql: &str) -> Result<()> {
         match &self.inner {
@@ -523,6 +586,21 @@ impl<'c> Statement<'c> {
         }
         let s = self.sqlite().ok_or(Error::NoRows)?;
         Ok(s.execute(binds(&values))?)
+    }
+
+    /// Runs a statement whose outcome the caller does not read (rows changed, rows returned).
+    /// On PostgreSQL, inside a write transaction, it is sent without waiting for the server:
+    /// its reply is read in the round trip of the next statement that waits (at the latest the
+    /// `COMMIT`), and an error it met fails that statement — so only a statement whose error
+    /// fails the whole operation belongs here. Elsewhere it is [`execute`](Self::execute).
+    pub fn execute_pipelined<P: Params>(&mut self, params: P) -> Result<()> {
+        let values = params.values();
+        if let StmtInner::Postgres(c, s) = &self.inner {
+            return c.execute_pipelined(s, &values);
+        }
+        let s = self.sqlite().ok_or(Error::NoRows)?;
+        s.execute(binds(&values))?;
+        Ok(())
     }
 
     /// Whether the statement returns a row.

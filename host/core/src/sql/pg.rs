@@ -6,7 +6,10 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll, Waker};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -14,7 +17,7 @@ use bytes::BytesMut;
 use tokio_postgres::config::SslMode;
 use tokio_postgres::types::{FromSql as PgFromSql, IsNull, ToSql as PgToSql, Type, to_sql_checked};
 
-use super::{Error, Result, SqlRef};
+use super::{Error, Result, SqlRef, SqlValue};
 
 type BoxError = Box<dyn std::error::Error + Sync + Send>;
 
@@ -131,16 +134,47 @@ pub fn redact(url: &str) -> String {
 const MAX_CACHED: usize = 512;
 
 /// A connection, used from one thread at a time.
+///
+/// It waits for the server as little as it can: a transaction's `BEGIN` goes with its first
+/// statement, a read-only transaction's `COMMIT` with the next request, and a statement whose
+/// outcome the caller does not read ([`PgConn::execute_pipelined`]) with whatever follows it —
+/// the client sends requests in order without waiting, so each of these rides another request's
+/// round trip.
 pub(crate) struct PgConn {
-    client: tokio_postgres::Client,
+    client: Arc<tokio_postgres::Client>,
     cache: RefCell<HashMap<String, PgStatement>>,
     changes: Cell<u64>,
     in_tx: Cell<bool>,
+    /// Whether the open transaction is read-only.
+    read_only: Cell<bool>,
     /// What [`PgConn::first_in_transaction`] has seen in the open transaction.
     marks: RefCell<std::collections::HashSet<String>>,
-    /// A read-only `BEGIN` not sent yet: it goes with the transaction's first statement, in
-    /// the same round trip (and not at all when no statement follows).
+    /// A `BEGIN` not sent yet: it goes with the transaction's first statement, in the same
+    /// round trip (and not at all when no statement follows).
     pending_begin: RefCell<Option<String>>,
+    /// Requests sent whose replies are not read yet, oldest first.
+    sent: RefCell<Vec<Sent>>,
+    /// Queries sent ahead of the statements that will read them ([`PgConn::prefetch`]).
+    prefetched: RefCell<Vec<Prefetched>>,
+}
+
+/// A query sent ahead: the statement, its parameters, and its rows once its reply is read.
+struct Prefetched {
+    sql: Arc<str>,
+    params: Vec<SqlValue>,
+    rows: Arc<std::sync::Mutex<Option<Vec<PgRow>>>>,
+}
+
+type Reply = Pin<Box<dyn Future<Output = std::result::Result<(), tokio_postgres::Error>> + Send>>;
+
+/// A request sent without waiting for its reply.
+struct Sent {
+    reply: Reply,
+    /// Whether its error fails the request whose round trip it shares (a read-only
+    /// transaction's `COMMIT` has nothing to lose, and its error is dropped).
+    checked: bool,
+    /// Whether it is a `BEGIN`: one that failed leaves no transaction open.
+    begin: bool,
 }
 
 /// A prepared statement, and whether it may change rows.
@@ -148,6 +182,8 @@ pub(crate) struct PgConn {
 pub(crate) struct PgStatement {
     stmt: tokio_postgres::Statement,
     writes: bool,
+    /// Its text as keel wrote it (the cache's key).
+    sql: Arc<str>,
 }
 
 pub(crate) type PgRow = tokio_postgres::Row;
@@ -179,12 +215,15 @@ impl PgConn {
                 Error::Postgres(format!("cannot connect to PostgreSQL: {}", describe(&e)))
             })?;
         Ok(Self {
-            client,
+            client: Arc::new(client),
             cache: RefCell::new(HashMap::new()),
             changes: Cell::new(0),
             in_tx: Cell::new(false),
+            read_only: Cell::new(false),
             marks: RefCell::default(),
             pending_begin: RefCell::default(),
+            sent: RefCell::default(),
+            prefetched: RefCell::default(),
         })
     }
 
@@ -208,7 +247,7 @@ impl PgConn {
             .map_err(|e| Error::Postgres(format!("{} in: {}", describe(&e), text.trim())))?;
         let first = text.split_whitespace().next().unwrap_or("").to_ascii_uppercase();
         let writes = !matches!(first.as_str(), "SELECT" | "VALUES" | "SHOW" | "EXPLAIN");
-        let s = PgStatement { stmt, writes };
+        let s = PgStatement { stmt, writes, sql: sql.into() };
         let mut cache = self.cache.borrow_mut();
         if cache.len() >= MAX_CACHED {
             cache.clear();
@@ -227,6 +266,7 @@ impl PgConn {
 
     pub(crate) fn execute(&self, s: &PgStatement, values: &[SqlRef<'_>]) -> Result<usize> {
         let params = Self::params(s, values)?;
+        self.forget_prefetched(s);
         let refs: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as _).collect();
         let n = self.send(self.client.execute(&s.stmt, &refs)).map_err(|e| error(&e))?;
         if s.writes {
@@ -237,6 +277,10 @@ impl PgConn {
 
     pub(crate) fn query(&self, s: &PgStatement, values: &[SqlRef<'_>]) -> Result<Vec<PgRow>> {
         let params = Self::params(s, values)?;
+        if let Some(rows) = self.prefetched_rows(s, values)? {
+            return Ok(rows);
+        }
+        self.forget_prefetched(s);
         let refs: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as _).collect();
         let rows = self.send(self.client.query(&s.stmt, &refs)).map_err(|e| error(&e))?;
         if s.writes {
@@ -245,28 +289,155 @@ impl PgConn {
         Ok(rows)
     }
 
+    /// Runs a statement whose outcome the caller does not read. Inside a write transaction it
+    /// is sent without waiting: its reply is read with the next request that waits (at the
+    /// latest the `COMMIT`), in the same round trip, and its error, if any, fails that request
+    /// (the server has aborted the transaction by then). Elsewhere it is [`execute`](Self::execute).
+    pub(crate) fn execute_pipelined(&self, s: &PgStatement, values: &[SqlRef<'_>]) -> Result<()> {
+        if !self.in_transaction() || self.read_only.get() {
+            return self.execute(s, values).map(|_| ());
+        }
+        Self::params(s, values)?;
+        self.forget_prefetched(s);
+        self.send_begin().map_err(|e| error(&e))?;
+        let owned: Vec<SqlValue> = values.iter().map(|v| SqlValue::from(*v)).collect();
+        let (client, stmt) = (self.client.clone(), s.stmt.clone());
+        self.start(
+            async move {
+                let params: Vec<PgParam<'_>> = owned.iter().map(|v| PgParam(v.as_ref())).collect();
+                let refs: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as _).collect();
+                client.execute(&stmt, &refs).await.map(|_| ())
+            },
+            true,
+            false,
+        )
+        .map_err(|e| error(&e))?;
+        if s.writes {
+            self.changes.set(self.changes.get() + 1);
+        }
+        Ok(())
+    }
+
+    /// Sends query `s` now, inside a transaction, for a statement of the same transaction to
+    /// read later: [`query`](Self::query) of the same statement with the same parameters takes
+    /// its rows instead of asking the server — and the first such read waits, in one round
+    /// trip, for every query sent ahead. A statement that may change rows, or the end of the
+    /// transaction, drops what was sent ahead (a read after a write must see it). Outside a
+    /// transaction it does nothing.
+    pub(crate) fn prefetch(&self, s: &PgStatement, values: &[SqlRef<'_>]) -> Result<()> {
+        if !self.in_transaction() || s.writes {
+            return Ok(());
+        }
+        Self::params(s, values)?;
+        self.send_begin().map_err(|e| error(&e))?;
+        let params: Vec<SqlValue> = values.iter().map(|v| SqlValue::from(*v)).collect();
+        let owned: Vec<SqlValue> = values.iter().map(|v| SqlValue::from(*v)).collect();
+        let rows = Arc::new(std::sync::Mutex::new(None));
+        let (client, stmt, slot) = (self.client.clone(), s.stmt.clone(), rows.clone());
+        self.start(
+            async move {
+                let params: Vec<PgParam<'_>> = owned.iter().map(|v| PgParam(v.as_ref())).collect();
+                let refs: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as _).collect();
+                let got = client.query(&stmt, &refs).await?;
+                *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(got);
+                Ok(())
+            },
+            true,
+            false,
+        )
+        .map_err(|e| error(&e))?;
+        self.prefetched.borrow_mut().push(Prefetched { sql: s.sql.clone(), params, rows });
+        Ok(())
+    }
+
+    /// The rows of `s` with `values` if they were sent ahead, waiting for them if need be.
+    fn prefetched_rows(&self, s: &PgStatement, values: &[SqlRef<'_>]) -> Result<Option<Vec<PgRow>>> {
+        let found = {
+            let mut list = self.prefetched.borrow_mut();
+            let at = list.iter().position(|p| {
+                Arc::ptr_eq(&p.sql, &s.sql)
+                    && p.params.len() == values.len()
+                    && p.params.iter().zip(values).all(|(a, b)| a.is(b))
+            });
+            at.map(|i| list.remove(i))
+        };
+        let Some(found) = found else { return Ok(None) };
+        let take = || found.rows.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(rows) = take() {
+            return Ok(Some(rows));
+        }
+        self.send(std::future::ready(Ok::<_, tokio_postgres::Error>(()))).map_err(|e| error(&e))?;
+        Ok(take())
+    }
+
+    /// Drops what was sent ahead when `s` may change rows.
+    fn forget_prefetched(&self, s: &PgStatement) {
+        if s.writes {
+            self.prefetched.borrow_mut().clear();
+        }
+    }
+
+    /// Sends the request `reply` makes (its first poll hands it to the connection's task, in
+    /// order after every request before it) and keeps it to be read later.
+    fn start(
+        &self,
+        reply: impl Future<Output = std::result::Result<(), tokio_postgres::Error>> + Send + 'static,
+        checked: bool,
+        begin: bool,
+    ) -> std::result::Result<(), tokio_postgres::Error> {
+        let mut reply: Reply = Box::pin(reply);
+        match reply.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(Err(e)) if checked => Err(e),
+            Poll::Ready(_) => Ok(()),
+            Poll::Pending => {
+                self.sent.borrow_mut().push(Sent { reply, checked, begin });
+                Ok(())
+            }
+        }
+    }
+
+    /// Sends the pending `BEGIN`, if there is one.
+    fn send_begin(&self) -> std::result::Result<(), tokio_postgres::Error> {
+        let Some(begin) = self.pending_begin.borrow_mut().take() else { return Ok(()) };
+        let client = self.client.clone();
+        let sent = self.start(async move { client.batch_execute(&begin).await }, true, true);
+        if sent.is_err() {
+            self.in_tx.set(false);
+        }
+        sent
+    }
+
     /// Runs statements without parameters (the simple query protocol), keeping track of the
     /// transaction they open or end.
     pub(crate) fn batch(&self, sql: &str) -> Result<()> {
+        self.prefetched.borrow_mut().clear();
         let head = sql.trim_start().to_ascii_uppercase();
         let begins = head.starts_with("BEGIN") || head.starts_with("START TRANSACTION");
         let ends =
             head.starts_with("COMMIT") || head.starts_with("END") || head.starts_with("ROLLBACK");
-        // A read-only transaction begins with its first statement; one that ran none ends
-        // without a word to the server.
-        if begins && head.contains("READ ONLY") && !self.in_transaction() {
+        // A transaction begins with its first statement; one that ran none ends without a
+        // word to the server.
+        if begins && !self.in_transaction() {
             *self.pending_begin.borrow_mut() = Some(sql.to_string());
             self.in_tx.set(true);
+            self.read_only.set(head.contains("READ ONLY"));
             self.marks.borrow_mut().clear();
             return Ok(());
         }
-        if ends
-            && !head.starts_with("ROLLBACK TO")
-            && self.pending_begin.borrow_mut().take().is_some()
-        {
-            self.in_tx.set(false);
-            self.marks.borrow_mut().clear();
-            return Ok(());
+        if ends && !head.starts_with("ROLLBACK TO") {
+            let unsent = self.pending_begin.borrow_mut().take().is_some();
+            if unsent || self.read_only.get() {
+                // A read-only transaction has nothing to lose at its end: it is sent, and its
+                // reply read with the connection's next request.
+                if !unsent {
+                    let (client, sql) = (self.client.clone(), sql.to_string());
+                    let _ = self.start(async move { client.batch_execute(&sql).await }, false, false);
+                }
+                self.in_tx.set(false);
+                self.read_only.set(false);
+                self.marks.borrow_mut().clear();
+                return Ok(());
+            }
         }
         let result = self.send(self.client.batch_execute(sql)).map_err(|e| error(&e));
         if begins {
@@ -276,6 +447,7 @@ impl PgConn {
             // A rollback to a savepoint undoes the locks taken after it: forget them all.
             if !head.starts_with("ROLLBACK TO") {
                 self.in_tx.set(false);
+                self.read_only.set(false);
             }
             self.marks.borrow_mut().clear();
         } else if !head.starts_with("SAVEPOINT") && !head.starts_with("RELEASE") {
@@ -284,19 +456,31 @@ impl PgConn {
         result
     }
 
-    /// Waits for `request`, sent in one round trip with the pending read-only `BEGIN` if there
-    /// is one (the client pipelines requests polled together); a `BEGIN` that failed fails
-    /// the request.
+    /// Waits for `request`, in one round trip with the pending `BEGIN` and every request sent
+    /// before it whose reply is not read yet (the client pipelines them); the first of those
+    /// that failed fails the request.
     fn send<T>(
         &self,
-        request: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+        request: impl Future<Output = std::result::Result<T, tokio_postgres::Error>>,
     ) -> std::result::Result<T, tokio_postgres::Error> {
-        let Some(begin) = self.pending_begin.borrow_mut().take() else { return wait(request) };
-        let (began, out) =
-            wait(futures_util::future::join(self.client.batch_execute(&begin), request));
-        if let Err(e) = began {
-            self.in_tx.set(false);
-            return Err(e);
+        self.send_begin()?;
+        let sent = std::mem::take(&mut *self.sent.borrow_mut());
+        if sent.is_empty() {
+            return wait(request);
+        }
+        let earlier = futures_util::future::join_all(
+            sent.into_iter().map(|s| async move { (s.checked, s.begin, s.reply.await) }),
+        );
+        let (earlier, out) = wait(futures_util::future::join(earlier, request));
+        for (checked, begin, result) in earlier {
+            if let Err(e) = result {
+                if begin {
+                    self.in_tx.set(false);
+                }
+                if checked {
+                    return Err(e);
+                }
+            }
         }
         out
     }

@@ -231,7 +231,7 @@ fn digest(c: &Connection, table: &str, columns: &[String]) -> Result<(u64, Strin
             let mut line = String::new();
             for i in 0..columns.len() {
                 let v: Owned = r.get(i)?;
-                v.render(&mut line);
+                render(&v, &mut line);
                 line.push('\u{1f}');
             }
             Ok(line)
@@ -247,47 +247,15 @@ fn digest(c: &Connection, table: &str, columns: &[String]) -> Result<(u64, Strin
 }
 
 /// A column's value, owned.
-#[derive(Debug, Clone)]
-enum Owned {
-    Null,
-    Int(i64),
-    Real(f64),
-    Text(String),
-    Blob(Vec<u8>),
-}
+type Owned = crate::sql::SqlValue;
 
-impl Owned {
-    fn as_ref(&self) -> SqlRef<'_> {
-        match self {
-            Self::Null => SqlRef::Null,
-            Self::Int(i) => SqlRef::Int(*i),
-            Self::Real(f) => SqlRef::Real(*f),
-            Self::Text(s) => SqlRef::Text(s),
-            Self::Blob(b) => SqlRef::Blob(b),
-        }
-    }
-
-    /// One rendering for both databases: integers and reals as numbers, text as is, bytes
-    /// in hex.
-    fn render(&self, out: &mut String) {
-        match self {
-            Self::Null => out.push('\u{2205}'),
-            Self::Int(i) => out.push_str(&i.to_string()),
-            Self::Real(f) => out.push_str(&format!("{f:?}")),
-            Self::Text(s) => out.push_str(s),
-            Self::Blob(b) => out.push_str(&hex::encode(b)),
-        }
-    }
-}
-
-impl crate::sql::FromSql for Owned {
-    fn column_result(v: SqlRef<'_>) -> crate::sql::FromSqlResult<Self> {
-        Ok(match v {
-            SqlRef::Null => Self::Null,
-            SqlRef::Int(i) => Self::Int(i),
-            SqlRef::Real(f) => Self::Real(f),
-            SqlRef::Text(s) => Self::Text(s.to_string()),
-            SqlRef::Blob(b) => Self::Blob(b.to_vec()),
-        })
+/// One rendering for both databases: integers and reals as numbers, text as is, bytes in hex.
+fn render(v: &Owned, out: &mut String) {
+    match v {
+        Owned::Null => out.push('\u{2205}'),
+        Owned::Int(i) => out.push_str(&i.to_string()),
+        Owned::Real(f) => out.push_str(&format!("{f:?}")),
+        Owned::Text(s) => out.push_str(s),
+        Owned::Blob(b) => out.push_str(&hex::encode(b)),
     }
 }

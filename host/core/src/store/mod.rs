@@ -129,9 +129,11 @@ impl StoreError {
     }
 
     /// Whether a lock wait outlasted the connection's `lock_timeout` (PostgreSQL's SQLSTATE
-    /// 55P03): another host held the rows the operation needed.
+    /// 55P03): another host held the rows the operation needed. A statement sent without
+    /// waiting may report it only at the `COMMIT`.
     pub fn is_lock_timeout(&self) -> bool {
-        matches!(self, Self::Sql(sql::Error::Postgres(m)) if m.contains("SQLSTATE 55P03"))
+        matches!(self, Self::Sql(sql::Error::Postgres(m)) | Self::Commit { message: m }
+            if m.contains("SQLSTATE 55P03"))
     }
 
     /// The error's kind, as the result of a tool call it stopped carries it.
@@ -429,6 +431,10 @@ mod tests {
         assert!(timeout.is_lock_timeout());
         assert_eq!(timeout.kind(), "conflict");
         assert_eq!(pg("connection closed").kind(), "store");
+        let at_commit = StoreError::Commit {
+            message: "canceling statement due to lock timeout (SQLSTATE 55P03)".into(),
+        };
+        assert_eq!(at_commit.kind(), "conflict");
     }
 
     #[test]

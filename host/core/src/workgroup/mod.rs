@@ -197,19 +197,17 @@ pub(crate) fn create_main_in(
 
 /// Where session `id` stands in its workgroup; `None` for a standalone session.
 pub(crate) fn position_in(c: &Connection, id: &str) -> Result<Option<Position>, StoreError> {
-    let sub: Option<(String, String, u32)> = c
-        .prepare_cached("SELECT main_id, parent_id, depth FROM subsessions WHERE session_id=?1")?
-        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+    // One statement: the workgroup of the main the session is a child of, or of the session
+    // itself, with the session's place in it.
+    let row: Option<(String, Option<String>, u32, String)> = c
+        .prepare_cached(
+            "SELECT w.main_id, s.parent_id, COALESCE(s.depth, 0), w.limits
+             FROM workgroups w LEFT JOIN subsessions s ON s.session_id = ?1
+             WHERE w.main_id = COALESCE((SELECT main_id FROM subsessions WHERE session_id = ?1), ?1)",
+        )?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
         .optional()?;
-    let (main_id, parent, depth) = match sub {
-        Some((m, p, d)) => (m, Some(p), d),
-        None => (id.to_string(), None, 0),
-    };
-    let limits: Option<String> = c
-        .prepare_cached("SELECT limits FROM workgroups WHERE main_id=?1")?
-        .query_row([&main_id], |r| r.get(0))
-        .optional()?;
-    let Some(limits) = limits else { return Ok(None) };
+    let Some((main_id, parent, depth, limits)) = row else { return Ok(None) };
     Ok(Some(Position { main_id, parent, depth, limits: parse_limits(&limits)? }))
 }
 
