@@ -66,6 +66,30 @@ struct Figures {
     writer_ms: f64,
     /// Of it, commits, ms.
     commit_ms: f64,
+    /// CPU time per turn, ms: this process (hosts and model server), and the database server.
+    cpu_ms: f64,
+    db_cpu_ms: f64,
+}
+
+/// CPU time (user and system) of this process so far.
+fn own_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// CPU time of every `postgres` process of this machine so far (their `schedstat`; the bench's
+/// cluster is the only one it starts, and a backend that ended is not counted).
+fn db_cpu() -> Duration {
+    let mut ns = 0u64;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        if comm.trim() != "postgres" {
+            continue;
+        }
+        let stat = std::fs::read_to_string(entry.path().join("schedstat")).unwrap_or_default();
+        ns += stat.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    }
+    Duration::from_nanos(ns)
 }
 
 /// Runs the turns of `hosts` (each with its sessions) at once.
@@ -92,6 +116,7 @@ async fn run(hosts: &[Arc<Harness>], model: &str, sessions: usize, turns: usize)
     };
     let ops_before = ops();
     let trips_before = keel::sql::postgres_round_trips();
+    let (cpu_before, db_before) = (own_cpu(), db_cpu());
     let started = Instant::now();
     let mut tasks = Vec::new();
     for (h, id) in ids {
@@ -118,6 +143,7 @@ async fn run(hosts: &[Arc<Harness>], model: &str, sessions: usize, turns: usize)
         all.extend(t.await.unwrap());
     }
     let wall = started.elapsed().as_secs_f64();
+    let (cpu, db) = (own_cpu() - cpu_before, db_cpu().saturating_sub(db_before));
     all.sort();
     let after = ops();
     let trips = keel::sql::postgres_round_trips();
@@ -138,12 +164,14 @@ async fn run(hosts: &[Arc<Harness>], model: &str, sessions: usize, turns: usize)
         },
         writer_ms: (per_turn(2) + per_turn(3)) / 1e6,
         commit_ms: per_turn(3) / 1e6,
+        cpu_ms: cpu.as_secs_f64() * 1000.0 / n,
+        db_cpu_ms: db.as_secs_f64() * 1000.0 / n,
     }
 }
 
 fn print_row(store: &str, hosts: usize, turns: usize, f: &Figures, baseline: Option<f64>) {
     println!(
-        "{store:<9} {hosts:>5} {turns:>6} {:>8.1} {:>7.2} {:>7.2} {:>7.1} {:>6.1} {:>6.1} {:>7.0} {:>7.2} {:>7.2}{}",
+        "{store:<9} {hosts:>5} {turns:>6} {:>8.1} {:>7.2} {:>7.2} {:>7.1} {:>6.1} {:>6.1} {:>7.0} {:>7.2} {:>7.2} {:>7.2} {:>7.2}{}",
         f.turns_per_s,
         f.p50_ms,
         f.p99_ms,
@@ -153,6 +181,8 @@ fn print_row(store: &str, hosts: usize, turns: usize, f: &Figures, baseline: Opt
         f.round_trip_us,
         f.writer_ms,
         f.commit_ms,
+        f.cpu_ms,
+        f.db_cpu_ms,
         baseline.map(|b| format!("   ({:.2} × SQLite)", f.turns_per_s / b)).unwrap_or_default()
     );
 }
@@ -169,10 +199,11 @@ async fn main() {
     );
     println!(
         "per turn: writes and reads (store operations), round trips to PostgreSQL and the mean \
-         wait of one, the writers' busy time and the commits' share of it"
+         wait of one, the writers' busy time and the commits' share of it, CPU time of the \
+         hosts' process and of the database server"
     );
     println!(
-        "{:<9} {:>5} {:>6} {:>8} {:>7} {:>7} {:>7} {:>6} {:>6} {:>7} {:>7} {:>7}",
+        "{:<9} {:>5} {:>6} {:>8} {:>7} {:>7} {:>7} {:>6} {:>6} {:>7} {:>7} {:>7} {:>7} {:>7}",
         "store",
         "hosts",
         "turns",
@@ -184,7 +215,9 @@ async fn main() {
         "trips",
         "µs/trip",
         "wr ms",
-        "cmt ms"
+        "cmt ms",
+        "cpu ms",
+        "db cpu"
     );
 
     let sqlite_home = tempfile::tempdir().unwrap();
