@@ -261,3 +261,130 @@ async fn postgres_followers_wake_on_notify_across_hosts_and_catch_up_after_losse
     // The tool catalog's own connection was dropped by the restart too: it connects again.
     a.internals().tools.resolve("fs_list_dir").expect("the catalog reads after a restart");
 }
+
+/// The figure the issue set for a turn on PostgreSQL: an input, its turn and its answer.
+const TRIPS_PER_TURN: u64 = 30;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "postgres tier: needs Debian's postgresql"]
+async fn postgres_a_turn_waits_for_at_most_30_round_trips_and_loses_nothing() {
+    use keel::api::Caller;
+    use keel::cancel::CancelToken;
+    use keel_tests::mock_model::{MockModel, Reply};
+    let pg = started();
+    pg.create_database("keel").unwrap();
+    let home = home_on(&pg, "keel");
+    let h = harness(home.path()).await;
+    let model = MockModel::start_fn(std::sync::Arc::new(|body: &[u8]| {
+        // Each answer names the number of messages it was sent: a turn whose writes were lost
+        // or read stale would answer with the wrong count.
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+        Reply::text(&format!("seen {}", v["messages"].as_array().unwrap().len()))
+    }))
+    .await;
+    keel_tests::plain_session(&h, "s", &[], &model.url()).await;
+    let mut trips = Vec::new();
+    for turn in 1..=4 {
+        let before =
+            h.internals().db.stats().round_trips.load(std::sync::atomic::Ordering::Relaxed);
+        let ran = h
+            .send(
+                &Caller::Operator,
+                "s",
+                &format!("input {turn}"),
+                &CancelToken::new(),
+                &keel_tests::no_events(),
+            )
+            .await
+            .unwrap();
+        let after = h.internals().db.stats().round_trips.load(std::sync::atomic::Ordering::Relaxed);
+        trips.push(after - before);
+        // keel's two leading messages, a user and an assistant message per earlier turn, and
+        // this turn's input.
+        let want = format!("seen {}", 2 + 2 * (turn - 1) + 1);
+        assert!(
+            matches!(&ran, keel::brain::Submitted::Ran(keel::agent::TurnOutcome::Answer(a)) if *a == want),
+            "turn {turn}: {ran:?}, expected the answer {want:?}"
+        );
+    }
+    println!("round trips of turns 1-4: {trips:?}");
+    // The first turn prepares the statements of each connection; the later ones are the
+    // steady state.
+    for (i, t) in trips.iter().enumerate().skip(1) {
+        assert!(
+            *t <= TRIPS_PER_TURN,
+            "turn {} waited for {t} round trips (at most {TRIPS_PER_TURN})",
+            i + 1
+        );
+    }
+    let rows = pg
+        .psql("keel", "SELECT string_agg(role || ':' || turn, ',' ORDER BY seq) FROM messages WHERE session_id='s'")
+        .unwrap();
+    assert_eq!(rows, "user:1,assistant:1,user:2,assistant:2,user:3,assistant:3,user:4,assistant:4");
+    let idle = pg.psql("keel", "SELECT state || ',' || turns || ',' || COALESCE(active_turn::text, '-') FROM sessions WHERE id='s'").unwrap();
+    assert_eq!(idle, "idle,4,-");
+    let leases = pg.psql("keel", "SELECT owner FROM runner_leases WHERE session_id='s'").unwrap();
+    assert_eq!(leases, "", "the last turn released the lease");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "postgres tier: needs Debian's postgresql"]
+async fn postgres_statements_sent_ahead_or_without_waiting_keep_their_order_and_errors() {
+    let pg = started();
+    pg.create_database("keel").unwrap();
+    let url = pg.url("keel");
+    let mut c = keel::store::connect(&keel::store::Location::Postgres { url }).unwrap();
+    c.execute_batch("CREATE TABLE t (k TEXT PRIMARY KEY, v BIGINT NOT NULL)").unwrap();
+
+    // A statement sent without waiting that fails fails the next one that waits, with its
+    // own error (not "the transaction is aborted"), and the transaction writes nothing.
+    {
+        let tx = c.transaction().unwrap();
+        let mut insert = tx.prepare_cached("INSERT INTO t (k, v) VALUES (?1, ?2)").unwrap();
+        insert.execute_pipelined(&[&"a" as &dyn keel::sql::ToSql, &1i64]).unwrap();
+        insert.execute_pipelined(&[&"a" as &dyn keel::sql::ToSql, &2i64]).unwrap();
+        let err = tx.query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0)).unwrap_err();
+        assert!(err.to_string().contains("23505"), "{err}");
+    }
+    assert_eq!(pg.psql("keel", "SELECT count(*) FROM t").unwrap(), "0");
+
+    // Statements sent without waiting are seen by the reads after them, and their replies
+    // share one round trip with the read.
+    let tx = c.transaction().unwrap();
+    let before = tx.round_trips();
+    let mut insert = tx.prepare_cached("INSERT INTO t (k, v) VALUES (?1, ?2)").unwrap();
+    for (k, v) in [("a", 1), ("b", 2), ("c", 3)] {
+        insert.execute_pipelined(&[&k as &dyn keel::sql::ToSql, &(v as i64)]).unwrap();
+    }
+    drop(insert);
+    let sum: i64 = tx.query_row("SELECT sum(v) FROM t", [], |r| r.get(0)).unwrap();
+    assert_eq!(sum, 6);
+    // Prepared already: the BEGIN, three inserts and the read in one round trip (the read's
+    // statement was prepared in one of its own).
+    assert!(tx.round_trips() - before <= 2, "{} round trips", tx.round_trips() - before);
+
+    // Reads sent ahead are read in one round trip between them …
+    const ONE: &str = "SELECT v FROM t WHERE k=?1";
+    tx.query_row(ONE, ["a"], |r| r.get::<_, i64>(0)).unwrap();
+    let before = tx.round_trips();
+    tx.prefetch(ONE, ["b"]).unwrap();
+    tx.prefetch(ONE, ["c"]).unwrap();
+    let b: i64 = tx.prepare_cached(ONE).unwrap().query_row(["b"], |r| r.get(0)).unwrap();
+    let c3: i64 = tx.prepare_cached(ONE).unwrap().query_row(["c"], |r| r.get(0)).unwrap();
+    assert_eq!((b, c3), (2, 3));
+    assert_eq!(tx.round_trips() - before, 1);
+    // … and a write after them drops them: the read sees the write.
+    tx.prefetch(ONE, ["b"]).unwrap();
+    tx.prepare_cached("UPDATE t SET v=20 WHERE k=?1").unwrap().execute(["b"]).unwrap();
+    let b: i64 = tx.prepare_cached(ONE).unwrap().query_row(["b"], |r| r.get(0)).unwrap();
+    assert_eq!(b, 20);
+    // A read with other parameters than the one sent ahead asks the server.
+    tx.prefetch(ONE, ["a"]).unwrap();
+    let c3: i64 = tx.prepare_cached(ONE).unwrap().query_row(["c"], |r| r.get(0)).unwrap();
+    assert_eq!(c3, 3);
+    tx.commit().unwrap();
+    assert_eq!(
+        pg.psql("keel", "SELECT string_agg(k || v, ',' ORDER BY k) FROM t").unwrap(),
+        "a1,b20,c3"
+    );
+}

@@ -500,6 +500,14 @@ impl Connection {
         }
     }
 
+    /// Round trips to the server this connection has waited for (none on SQLite).
+    pub fn round_trips(&self) -> u64 {
+        match &self.inner {
+            Inner::Sqlite(_) => 0,
+            Inner::Postgres(c) => c.trips(),
+        }
+    }
+
     /// Rows changed by this connection since it opened (PostgreSQL: statements that may have
     /// changed rows).
     pub fn total_changes(&self) -> u64 {

@@ -156,6 +156,8 @@ pub(crate) struct PgConn {
     sent: RefCell<Vec<Sent>>,
     /// Queries sent ahead of the statements that will read them ([`PgConn::prefetch`]).
     prefetched: RefCell<Vec<Prefetched>>,
+    /// Round trips this connection has waited for.
+    trips: Cell<u64>,
 }
 
 /// A query sent ahead: the statement, its parameters, and its rows once its reply is read.
@@ -224,6 +226,7 @@ impl PgConn {
             pending_begin: RefCell::default(),
             sent: RefCell::default(),
             prefetched: RefCell::default(),
+            trips: Cell::new(0),
         })
     }
 
@@ -464,6 +467,7 @@ impl PgConn {
         request: impl Future<Output = std::result::Result<T, tokio_postgres::Error>>,
     ) -> std::result::Result<T, tokio_postgres::Error> {
         self.send_begin()?;
+        self.trips.set(self.trips.get() + 1);
         let sent = std::mem::take(&mut *self.sent.borrow_mut());
         if sent.is_empty() {
             return wait(request);
@@ -500,6 +504,11 @@ impl PgConn {
 
     pub(crate) fn changes(&self) -> u64 {
         self.changes.get()
+    }
+
+    /// Round trips this connection has waited for.
+    pub(crate) fn trips(&self) -> u64 {
+        self.trips.get()
     }
 }
 

@@ -52,6 +52,8 @@ pub struct DbStats {
     pub commit_cpu_ns: AtomicU64,
     /// CPU time of the writer thread, in nanoseconds.
     pub cpu_ns: AtomicU64,
+    /// Round trips to PostgreSQL that this store's operations and reads waited for.
+    pub round_trips: AtomicU64,
     /// Times the PostgreSQL writer connected again after losing its connection.
     pub reconnects: AtomicU64,
     /// Times the PostgreSQL listener (`LISTEN keel_events`) connected and listened.
@@ -220,17 +222,28 @@ impl Db {
             pooled = None;
         }
         if let Some(conn) = pooled {
-            let result = snapshot(&conn, &mut op);
-            self.stats.reads.fetch_add(1, Ordering::Relaxed);
+            let result = self.snapshot_counted(&conn, &mut op);
             if !(result.is_err() && conn.pg().is_some_and(|c| c.is_closed())) {
                 self.give_back(conn);
                 return result;
             }
         }
         let conn = self.connect_reader()?;
-        let result = snapshot(&conn, &mut op);
-        self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        let result = self.snapshot_counted(&conn, &mut op);
         self.give_back(conn);
+        result
+    }
+
+    /// [`snapshot`], counted in the store's reads and round trips.
+    fn snapshot_counted<R>(
+        &self,
+        conn: &Connection,
+        op: impl FnOnce(&Connection) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        let trips = conn.round_trips();
+        let result = snapshot(conn, op);
+        self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        self.stats.round_trips.fetch_add(conn.round_trips() - trips, Ordering::Relaxed);
         result
     }
 
@@ -440,6 +453,7 @@ fn run_postgres(
         }
         stats.batches.fetch_add(1, Ordering::Relaxed);
         let started = std::time::Instant::now();
+        let trips = conn.round_trips();
         if let Err(e) = exec(&conn, "BEGIN") {
             let message = format!("cannot begin a transaction: {e}");
             let (_, completion) = job(Err(&message));
@@ -453,6 +467,7 @@ fn run_postgres(
         stats.ops_ns.fetch_add(nanos(committing - started), Ordering::Relaxed);
         if !ok {
             let _ = exec(&conn, "ROLLBACK");
+            stats.round_trips.fetch_add(conn.round_trips() - trips, Ordering::Relaxed);
             completion(None);
             continue;
         }
@@ -468,6 +483,7 @@ fn run_postgres(
             stats.syncs.fetch_add(1, Ordering::Relaxed);
             crate::metrics::COMMIT.observe(&[], committing.elapsed().as_secs_f64());
         }
+        stats.round_trips.fetch_add(conn.round_trips() - trips, Ordering::Relaxed);
         completion(error.as_deref());
         if wrote && error.is_none() {
             commits.send_modify(|n| *n = n.wrapping_add(1));
