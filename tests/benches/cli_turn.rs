@@ -4,7 +4,8 @@
 //! LangGraph's prebuilt ReAct agent with its SQLite checkpointer (`langgraph` 1.2.24,
 //! `langgraph-checkpoint-sqlite` 3.1.2, `langchain-openai` 1.7.4, installed from PyPI into a
 //! throwaway venv under `target/bench-venv`), same server, same tool written in Python, all
-//! turns in one Python process. Prints figures; asserts nothing about time.
+//! turns in one Python process. keel's turn is also timed in process (one harness, as the HTTP
+//! API and `keel chat` run it), in the same run. Prints figures; asserts nothing about time.
 //!
 //! `cargo bench -p keel-tests --bench cli_turn`. `KEEL_BENCH_TURNS` sets the turns timed on
 //! each side (default 20). fsyncs per turn are counted with `strace -f -c` when it is
@@ -223,6 +224,45 @@ async fn main() {
     );
     println!("keel start-up (`keel session list`, idle home): median {start_ms:.1} ms");
 
+    // The same turns in process, as the HTTP API and `keel chat` run them: one harness on the
+    // same home, session `b`. The first turn warms it up (not timed), as LangGraph's is not.
+    let harness = keel::harness::Harness::open(
+        keel::home::Home::at(home.path()).unwrap(),
+        keel::sandbox::SandboxLimits::default(),
+        None,
+        keel::agent::LoopGuards::default(),
+        &|_| {},
+    )
+    .await
+    .unwrap();
+    let mut in_process_ms = Vec::new();
+    for i in 0..=turns {
+        let text = format!("inspect orders.csv, in process {i}");
+        let started = Instant::now();
+        let ran = harness
+            .send(
+                &keel::api::Caller::Operator,
+                "b",
+                &text,
+                &keel::cancel::CancelToken::new(),
+                &keel_tests::no_events(),
+            )
+            .await
+            .unwrap();
+        let took = started.elapsed().as_secs_f64() * 1e3;
+        assert!(format!("{ran:?}").contains(ANSWER), "{ran:?}");
+        if i > 0 {
+            in_process_ms.push(took);
+        }
+    }
+    drop(harness);
+    let in_process_median = median(in_process_ms.clone());
+    println!(
+        "keel in process (`Harness::send`, as the HTTP API and `keel chat` run a turn): {turns} turns, median {in_process_median:.2} ms per turn (min {:.2}, max {:.2})",
+        in_process_ms.iter().copied().fold(f64::INFINITY, f64::min),
+        in_process_ms.iter().copied().fold(0.0, f64::max),
+    );
+
     let python = match langgraph_python() {
         Ok(p) => p,
         Err(why) => {
@@ -259,8 +299,9 @@ async fn main() {
             .unwrap_or_else(|| "fsyncs not measured (no strace)".into())
     );
     println!(
-        "ratio: LangGraph / keel time per turn = {:.2}x (target >= 3x); with keel's task understanding {:.2}x",
+        "ratio: LangGraph / keel time per turn = {:.2}x (target >= 3x); with keel's task understanding {:.2}x; in process {:.2}x (target >= 10x)",
         lg_median / keel_median,
-        lg_median / understood_median
+        lg_median / understood_median,
+        lg_median / in_process_median
     );
 }

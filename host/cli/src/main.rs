@@ -233,6 +233,12 @@ fn main() -> ExitCode {
         }
     };
     let cli = Cli::parse();
+    // A short-lived process gains nothing from huge pages and pays for them: the allocator
+    // asks for them on its arenas, and each thread's first touch of one made the kernel zero
+    // 2 MiB — half of a `keel session send`'s CPU time. Only the long-lived host keeps them.
+    if !matches!(cli.command, Command::Serve(_)) {
+        let _ = rustix::thread::disable_transparent_huge_pages(true);
+    }
     commands::style::init(cli.verbose, colour);
     let home_flag = cli.home.is_some();
     let home = cli.home.unwrap_or_else(keel::protocol::setup::Home::default_root);

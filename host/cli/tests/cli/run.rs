@@ -1364,3 +1364,73 @@ async fn session_calls_show_what_each_tool_wrote_bounded_and_redacted() {
         assert!(!String::from_utf8_lossy(&body).contains("yyyyyyyy"));
     }
 }
+
+/// Files opened in `dir` since `inotify` began watching it.
+fn opened(inotify: &rustix::fd::OwnedFd) -> Vec<String> {
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+    let mut reader = rustix::fs::inotify::Reader::new(inotify, &mut buf);
+    let mut names = Vec::new();
+    while let Ok(e) = reader.next() {
+        names.push(e.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_against_a_plain_http_model_reads_no_trust_store() {
+    use rustix::fs::inotify;
+    let model = MockModel::start(vec![Reply::text("first"), Reply::text("second")]).await;
+    let home = tempfile::tempdir().unwrap();
+    // The trust store the process would read: SSL_CERT_FILE, in a directory watched for opens.
+    let certs = tempfile::tempdir().unwrap();
+    let bundle = certs.path().join("bundle.pem");
+    std::fs::write(&bundle, "not a certificate\n").unwrap();
+    let watch = inotify::init(inotify::CreateFlags::NONBLOCK).unwrap();
+    inotify::add_watch(&watch, certs.path(), inotify::WatchFlags::OPEN).unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+            .arg("--home")
+            .arg(home.path())
+            .args(args)
+            .env("SSL_CERT_FILE", &bundle)
+            .env_remove("SSL_CERT_DIR")
+            .output()
+            .unwrap()
+    };
+    let url = model.url();
+    let out = tokio::task::block_in_place(|| {
+        run(&[
+            "run",
+            "hello",
+            "--new-session",
+            "p",
+            "--no-preprocess",
+            "--model-url",
+            &url,
+            "--model",
+            "m",
+        ])
+    });
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = tokio::task::block_in_place(|| run(&["session", "send", "p", "again"]));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("second"));
+    assert_eq!(opened(&watch), Vec::<String>::new(), "a plain-HTTP turn opened the trust store");
+    // The watch sees the store read for an `https://` server (the call itself then fails:
+    // nothing listens there).
+    let out = tokio::task::block_in_place(|| {
+        run(&[
+            "run",
+            "hello",
+            "--new-session",
+            "s",
+            "--no-preprocess",
+            "--model-url",
+            "https://127.0.0.1:9/v1",
+            "--model",
+            "m",
+        ])
+    });
+    assert_ne!(out.status.code(), Some(0));
+    assert!(opened(&watch).contains(&"bundle.pem".to_string()), "the https client read no store");
+}

@@ -110,10 +110,14 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// An OpenAI-compatible client.
 #[derive(Clone)]
 pub struct ModelClient {
-    /// Built at the first request, not before: building it reads the system's trust store
-    /// (some 150 files), which a process that never calls a model — `keel tool list`, most
-    /// of the CLI — should not pay for.
-    http: std::sync::Arc<std::sync::OnceLock<Result<reqwest::Client, String>>>,
+    /// Built at the first request to an `https://` server, not before: building it reads the
+    /// system's trust store (some 150 files), which a process that never calls a model —
+    /// `keel tool list`, most of the CLI — or calls one over plain HTTP (a server on loopback
+    /// or in the same pod) should not pay for.
+    https: std::sync::Arc<std::sync::OnceLock<Result<reqwest::Client, String>>>,
+    /// Built at the first request to an `http://` server: trusts no certificate, so it reads
+    /// none (it never speaks TLS: redirects are not followed).
+    plain: std::sync::Arc<std::sync::OnceLock<Result<reqwest::Client, String>>>,
     api_key: Option<String>,
     /// The last endpoint parsed, by base URL: parsing one (with its host's IDNA mapping) was a
     /// few percent of a busy host's CPU, and a host almost always talks to one endpoint.
@@ -140,25 +144,28 @@ impl ModelClient {
     /// A client using `api_key` (if any) as a bearer token.
     pub fn new(api_key: Option<String>) -> Result<Self, ModelError> {
         Ok(Self {
-            http: Default::default(),
+            https: Default::default(),
+            plain: Default::default(),
             api_key: api_key.filter(|k| !k.is_empty()),
             endpoint: Default::default(),
         })
     }
 
-    /// The HTTP client, built at its first use.
-    fn http(&self) -> Result<&reqwest::Client, ModelError> {
-        self.http
-            .get_or_init(|| {
-                crate::tls::init();
-                reqwest::Client::builder()
-                    .redirect(reqwest::redirect::Policy::none())
-                    .user_agent(USER_AGENT)
-                    .build()
-                    .map_err(|e| e.to_string())
-            })
-            .as_ref()
-            .map_err(|e| ModelError::Transport(e.clone()))
+    /// The HTTP client for `url`, built at its first use: one that verifies servers against
+    /// the system's trust store for `https://`, one that reads no certificate for `http://`.
+    fn http(&self, url: &reqwest::Url) -> Result<&reqwest::Client, ModelError> {
+        let plain = url.scheme() == "http";
+        let cell = if plain { &self.plain } else { &self.https };
+        cell.get_or_init(|| {
+            crate::tls::init();
+            let builder = reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .user_agent(USER_AGENT);
+            let builder = if plain { builder.tls_certs_only([]) } else { builder };
+            builder.build().map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| ModelError::Transport(e.clone()))
     }
 
     /// The key from `KEEL_API_KEY`, else `OPENAI_API_KEY`.
@@ -337,9 +344,10 @@ impl ModelClient {
         let limit = Duration::from_millis(config.timeout_ms);
         let silent =
             |waiting| move |_| ModelError::Timeout { waiting, limit_ms: config.timeout_ms };
+        let url = self.endpoint(config)?;
         let mut req = self
-            .http()?
-            .post(self.endpoint(config)?)
+            .http(&url)?
+            .post(url)
             .header("content-type", "application/json")
             .body(body.clone());
         if let Some(key) = &self.api_key {

@@ -57,8 +57,9 @@ impl ModelClient {
 
     /// `GET url` (with the key), its JSON body; an error says what went wrong, in words.
     async fn get_json(&self, url: &str) -> Result<serde_json::Value, String> {
-        let mut req = match self.http() {
-            Ok(http) => http.get(url),
+        let parsed = reqwest::Url::parse(url).map_err(|e| format!("GET {url}: {e}"))?;
+        let mut req = match self.http(&parsed) {
+            Ok(http) => http.get(parsed),
             Err(e) => return Err(format!("GET {url}: {e}")),
         };
         if let Some(key) = &self.api_key {
