@@ -341,8 +341,8 @@ async fn postgres_statements_sent_ahead_or_without_waiting_keep_their_order_and_
     {
         let tx = c.transaction().unwrap();
         let mut insert = tx.prepare_cached("INSERT INTO t (k, v) VALUES (?1, ?2)").unwrap();
-        insert.execute_pipelined(&[&"a" as &dyn keel::sql::ToSql, &1i64]).unwrap();
-        insert.execute_pipelined(&[&"a" as &dyn keel::sql::ToSql, &2i64]).unwrap();
+        insert.execute_pipelined([&"a" as &dyn keel::sql::ToSql, &1i64]).unwrap();
+        insert.execute_pipelined([&"a" as &dyn keel::sql::ToSql, &2i64]).unwrap();
         let err = tx.query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0)).unwrap_err();
         assert!(err.to_string().contains("23505"), "{err}");
     }
@@ -354,7 +354,7 @@ async fn postgres_statements_sent_ahead_or_without_waiting_keep_their_order_and_
     let before = tx.round_trips();
     let mut insert = tx.prepare_cached("INSERT INTO t (k, v) VALUES (?1, ?2)").unwrap();
     for (k, v) in [("a", 1), ("b", 2), ("c", 3)] {
-        insert.execute_pipelined(&[&k as &dyn keel::sql::ToSql, &(v as i64)]).unwrap();
+        insert.execute_pipelined([&k as &dyn keel::sql::ToSql, &(v as i64)]).unwrap();
     }
     drop(insert);
     let sum: i64 = tx.query_row("SELECT sum(v) FROM t", [], |r| r.get(0)).unwrap();

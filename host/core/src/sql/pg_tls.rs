@@ -12,30 +12,34 @@ use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
 
-/// Makes a TLS connector per connection, for the host it connects to.
+/// Makes a TLS connector per connection, for the host it connects to. The client asks for one
+/// on every connection, TLS or not; the TLS settings — which read the system's trust store —
+/// are built at the first handshake, so a connection without TLS reads no certificate.
 #[derive(Clone)]
-pub(crate) struct MakeRustls(Arc<rustls::ClientConfig>);
+pub(crate) struct MakeRustls;
 
 impl MakeRustls {
-    /// The process's TLS settings for PostgreSQL (built once).
     pub(crate) fn new() -> Result<Self, String> {
-        static CONFIG: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
-        CONFIG
-            .get_or_init(|| {
-                crate::tls::init();
-                use rustls_platform_verifier::ConfigVerifierExt;
-                rustls::ClientConfig::with_platform_verifier()
-                    .map(Arc::new)
-                    .map_err(|e| format!("cannot set up TLS: {e}"))
-            })
-            .clone()
-            .map(Self)
+        Ok(Self)
     }
+}
+
+/// The process's TLS settings for PostgreSQL (built once, at the first handshake).
+fn settings() -> Result<Arc<rustls::ClientConfig>, String> {
+    static CONFIG: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            crate::tls::init();
+            use rustls_platform_verifier::ConfigVerifierExt;
+            rustls::ClientConfig::with_platform_verifier()
+                .map(Arc::new)
+                .map_err(|e| format!("cannot set up TLS: {e}"))
+        })
+        .clone()
 }
 
 /// Connects one stream to `name`.
 pub(crate) struct Rustls {
-    config: Arc<rustls::ClientConfig>,
     name: ServerName<'static>,
 }
 
@@ -51,7 +55,7 @@ where
     type Error = rustls::pki_types::InvalidDnsNameError;
 
     fn make_tls_connect(&mut self, host: &str) -> Result<Rustls, Self::Error> {
-        Ok(Rustls { config: self.0.clone(), name: ServerName::try_from(host.to_string())? })
+        Ok(Rustls { name: ServerName::try_from(host.to_string())? })
     }
 }
 
@@ -65,7 +69,7 @@ where
 
     fn connect(self, stream: S) -> Self::Future {
         Box::pin(async move {
-            let connector = tokio_rustls::TlsConnector::from(self.config);
+            let connector = tokio_rustls::TlsConnector::from(settings().map_err(io::Error::other)?);
             Ok(RustlsStream(connector.connect(self.name, stream).await?))
         })
     }
