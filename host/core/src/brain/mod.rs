@@ -237,12 +237,10 @@ impl Brain {
                 .read_inline({
                     let id = id.clone();
                     move |c| {
-                        crate::session::prefetch_counters_in(c, &id)?;
-                        crate::session::prefetch_pending_inputs(c, &id)?;
-                        let runtime = crate::session::runtime_in(c, &id)?;
+                        let (runtime, pending) = crate::session::runtime_and_pending_in(c, &id)?;
                         let runs = runtime.active_turn.is_none()
                             && !matches!(runtime.state, RuntimeState::Interrupted);
-                        Ok(runs && crate::session::pending_inputs(c, &id)? > 0)
+                        Ok(runs && pending > 0)
                     }
                 })
                 .await?;

@@ -229,9 +229,14 @@ pub fn pending_inputs(c: &Connection, id: &str) -> Result<i64, StoreError> {
 
 const PENDING: &str = "SELECT COUNT(*) FROM inbox WHERE session_id=?1 AND consumed_at IS NULL";
 
-/// Sends the read of [`pending_inputs`] ahead (see [`Connection::prefetch`]).
-pub(crate) fn prefetch_pending_inputs(c: &Connection, id: &str) -> Result<(), StoreError> {
-    Ok(c.prefetch(PENDING, [id])?)
+/// The runtime of session `id` and how many inputs wait in its inbox, in one round trip.
+pub(crate) fn runtime_and_pending_in(
+    c: &Connection,
+    id: &str,
+) -> Result<(Runtime, i64), StoreError> {
+    prefetch_counters_in(c, id)?;
+    c.prefetch(PENDING, [id])?;
+    Ok((runtime_in(c, id)?, pending_inputs(c, id)?))
 }
 
 pub fn put_journal(

@@ -60,8 +60,8 @@ pub use facts::{MetaCounters, Runtime, RuntimeState};
 pub use fork::{ForkSettings, HistoryCut, Origin};
 pub(crate) use fork::origin_in;
 pub(crate) use facts::{
-    journal_row, load_counters, lock_in, no_session, parse, pending_inputs, prefetch_counters_in,
-    prefetch_pending_inputs, runtime_in, set_state, set_state_after, unsettled_in,
+    journal_row, load_counters, lock_in, no_session, parse, pending_inputs, runtime_and_pending_in,
+    runtime_in, set_state, set_state_after, unsettled_in,
 };
 pub use reactions::{Reactions, StateChange};
 pub use recover::RecoveredSession;

@@ -112,8 +112,8 @@ pub(crate) fn config(url: &str) -> Result<tokio_postgres::Config> {
 }
 
 /// What connects to PostgreSQL: TLS, used when the configuration requires it.
-pub(crate) fn tls() -> Result<super::pg_tls::MakeRustls> {
-    super::pg_tls::MakeRustls::new().map_err(Error::Postgres)
+pub(crate) fn tls() -> super::pg_tls::MakeRustls {
+    super::pg_tls::MakeRustls
 }
 
 /// `url` with its password replaced, for messages.
@@ -194,7 +194,7 @@ impl PgConn {
     /// Connects to the database `config` names.
     pub(crate) fn connect(config: &tokio_postgres::Config) -> Result<Self> {
         let config = config.clone();
-        let tls = tls()?;
+        let tls = tls();
         let (tx, rx) = std::sync::mpsc::channel();
         runtime()?.spawn(async move {
             match config.connect(tls).await {
@@ -303,7 +303,7 @@ impl PgConn {
         Self::params(s, values)?;
         self.forget_prefetched(s);
         self.send_begin().map_err(|e| error(&e))?;
-        let owned: Vec<SqlValue> = values.iter().map(|v| SqlValue::from(*v)).collect();
+        let owned = owned(values);
         let (client, stmt) = (self.client.clone(), s.stmt.clone());
         self.start(
             async move {
@@ -333,8 +333,8 @@ impl PgConn {
         }
         Self::params(s, values)?;
         self.send_begin().map_err(|e| error(&e))?;
-        let params: Vec<SqlValue> = values.iter().map(|v| SqlValue::from(*v)).collect();
-        let owned: Vec<SqlValue> = values.iter().map(|v| SqlValue::from(*v)).collect();
+        let params = owned(values);
+        let owned = params.clone();
         let rows = Arc::new(std::sync::Mutex::new(None));
         let (client, stmt, slot) = (self.client.clone(), s.stmt.clone(), rows.clone());
         self.start(
@@ -510,6 +510,11 @@ impl PgConn {
     pub(crate) fn trips(&self) -> u64 {
         self.trips.get()
     }
+}
+
+/// `values`, kept for a request that outlives the caller's borrow of them.
+fn owned(values: &[SqlRef<'_>]) -> Vec<SqlValue> {
+    values.iter().map(|v| SqlValue::from(*v)).collect()
 }
 
 /// `?N` and `?` parameters as PostgreSQL's `$N`, outside quotes.

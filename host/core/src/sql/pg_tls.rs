@@ -18,12 +18,6 @@ use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
 #[derive(Clone)]
 pub(crate) struct MakeRustls;
 
-impl MakeRustls {
-    pub(crate) fn new() -> Result<Self, String> {
-        Ok(Self)
-    }
-}
-
 /// The process's TLS settings for PostgreSQL (built once, at the first handshake).
 fn settings() -> Result<Arc<rustls::ClientConfig>, String> {
     static CONFIG: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();

@@ -51,7 +51,7 @@ async fn listen_once(
     wake: &tokio::sync::watch::Sender<u64>,
     stats: &DbStats,
 ) -> Result<(), String> {
-    let tls = crate::sql::pg::tls().map_err(|e| e.to_string())?;
+    let tls = crate::sql::pg::tls();
     let (client, mut connection) =
         config.connect(tls).await.map_err(|e| crate::sql::pg::describe(&e))?;
     let (notified, mut notifications) = tokio::sync::mpsc::unbounded_channel();
